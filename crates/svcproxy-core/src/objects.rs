@@ -1,0 +1,139 @@
+//! The Kubernetes objects a source feeds into the state, and the updates it sends.
+//!
+//! Every source (the manifests directory, the Kubernetes API) speaks this one
+//! vocabulary: [`SourceUpdate`]s carrying raw k8s-openapi objects. Validation and
+//! conversion happen in the state, so every source gets the same checks.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+
+/// The kinds of object svcproxy consumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+    ServiceCidr,
+    /// Legacy core/v1 Endpoints; sources convert them to slices (see [`crate::mirror`]).
+    Endpoints,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
+        Kind::ServiceCidr,
+        Kind::Endpoints,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
+            Kind::Endpoints => "Endpoints",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identity of one object: kind, namespace ("" for cluster-scoped kinds) and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ObjectKey {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// One raw object as a source read it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KubeObject {
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+    Node(Node),
+    ServiceCidr(ServiceCIDR),
+    Endpoints(Endpoints),
+}
+
+impl KubeObject {
+    pub fn kind(&self) -> Kind {
+        match self {
+            KubeObject::Service(_) => Kind::Service,
+            KubeObject::EndpointSlice(_) => Kind::EndpointSlice,
+            KubeObject::Node(_) => Kind::Node,
+            KubeObject::ServiceCidr(_) => Kind::ServiceCidr,
+            KubeObject::Endpoints(_) => Kind::Endpoints,
+        }
+    }
+
+    /// The object's key. Missing names become "", which the state rejects with a
+    /// clear error rather than guessing.
+    pub fn key(&self) -> ObjectKey {
+        let meta = match self {
+            KubeObject::Service(o) => &o.metadata,
+            KubeObject::EndpointSlice(o) => &o.metadata,
+            KubeObject::Node(o) => &o.metadata,
+            KubeObject::ServiceCidr(o) => &o.metadata,
+            KubeObject::Endpoints(o) => &o.metadata,
+        };
+        let namespaced = matches!(
+            self.kind(),
+            Kind::Service | Kind::EndpointSlice | Kind::Endpoints
+        );
+        ObjectKey {
+            kind: self.kind(),
+            namespace: if namespaced {
+                meta.namespace.clone().unwrap_or_else(|| "default".to_string())
+            } else {
+                String::new()
+            },
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What a source tells the state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceUpdate {
+    /// Add or replace one object. `origin` names where it came from (a file path,
+    /// "api") so errors about it can say so.
+    Upsert { object: KubeObject, origin: String },
+    /// Remove one object (a no-op if unknown).
+    Delete(ObjectKey),
+    /// Replace every object of these kinds at once (a re-list): objects not in
+    /// `objects` disappear, others are upserted, and nothing in between is seen.
+    Replace {
+        kinds: Vec<Kind>,
+        objects: Vec<(KubeObject, String)>,
+    },
+}
