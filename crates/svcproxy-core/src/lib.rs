@@ -6,4 +6,13 @@
 //! per-family [`snapshot::NodeSnapshot`]. Nothing here touches tokio, the kube client
 //! or the kernel; the entry point is [`state::ClusterState`].
 
+pub mod convert;
+pub mod mirror;
+pub mod model;
 pub mod objects;
+pub mod problem;
+pub mod report;
+pub mod selection;
+pub mod snapshot;
+pub mod state;
+pub mod tracker;

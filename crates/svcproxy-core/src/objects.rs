@@ -113,7 +113,9 @@ impl KubeObject {
         ObjectKey {
             kind: self.kind(),
             namespace: if namespaced {
-                meta.namespace.clone().unwrap_or_else(|| "default".to_string())
+                meta.namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".to_string())
             } else {
                 String::new()
             },

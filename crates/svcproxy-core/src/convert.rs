@@ -1,0 +1,1044 @@
+//! Conversion from raw k8s-openapi objects to the validated [`crate::model`].
+//!
+//! Entry points: [`convert_service`], [`convert_slice`], [`convert_node`],
+//! [`convert_service_cidr`]. Each returns the converted value (or `None` when the
+//! object is not proxied or is unusable) and pushes every [`Problem`] it found. The
+//! rules mirror what the API server would have enforced, because manifests reach us
+//! without that validation: anything the API would refuse is refused here, with a
+//! message naming the field.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1 as corev1;
+use k8s_openapi::api::discovery::v1 as discoveryv1;
+use k8s_openapi::api::networking::v1 as networkingv1;
+
+use crate::model::*;
+use crate::objects::{Kind, ObjectKey};
+use crate::problem::{quote, Problem, Severity};
+
+/// What the state needs to decide whether a Service is ours.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertOptions {
+    /// `--service-proxy-name`: when set, only Services labelled with exactly this
+    /// value are ours; when unset, only Services without the label are.
+    pub service_proxy_name: Option<String>,
+}
+
+/// Annotation older clouds use instead of `spec.loadBalancerSourceRanges`.
+const ANNOTATION_LB_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+/// Taint the cluster autoscaler puts on nodes it is about to remove.
+const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+/// API limits, applied so that absurd manifests cannot make us allocate without bound.
+const MAX_SLICE_ENDPOINTS: usize = 1000;
+const MAX_SLICE_PORTS: usize = 100;
+const MAX_SERVICE_PORTS: usize = 1000;
+const MAX_ADDRESS_LIST: usize = 1000;
+const MAX_TOPOLOGY_KEYS: usize = 16;
+
+/// A converted EndpointSlice: which service it belongs to, its ports and endpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    pub service: ServiceName,
+    pub name: String,
+    pub family: IpFamily,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<SliceEndpoint>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`, verbatim (RFC 3339).
+    pub last_change_trigger_time: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub ip: IpAddr,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub zone_hints: Vec<String>,
+    pub node_hints: Vec<String>,
+}
+
+struct Ctx<'a> {
+    key: &'a ObjectKey,
+    problems: &'a mut Vec<Problem>,
+}
+
+impl Ctx<'_> {
+    fn push(&mut self, severity: Severity, field: impl Into<String>, message: impl Into<String>) {
+        self.problems
+            .push(Problem::new(self.key, severity, field, message));
+    }
+    fn reject(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.push(Severity::Rejected, field, message)
+    }
+    fn ignore(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.push(Severity::Ignored, field, message)
+    }
+    fn warn(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.push(Severity::Warning, field, message)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Name validation (the API server's rules, which manifests bypass).
+
+/// RFC 1123 label: lowercase alphanumerics and '-', alphanumeric at both ends, ≤ 63.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// RFC 1123 subdomain: dot-separated labels, ≤ 253.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// RFC 1035 label (Service names): a label that starts with a letter.
+pub fn is_dns1035_label(s: &str) -> bool {
+    is_dns1123_label(s) && s.as_bytes()[0].is_ascii_lowercase()
+}
+
+/// A label key: optional DNS-subdomain prefix, '/', and a name of ≤ 63 characters of
+/// alphanumerics, '-', '_' and '.', alphanumeric at both ends.
+pub fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    if let Some(p) = prefix {
+        if !is_dns1123_subdomain(p) {
+            return false;
+        }
+    }
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// A label value: empty, or ≤ 63 characters as a qualified name's name part.
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty() || (!s.contains('/') && is_qualified_name(s))
+}
+
+/// An address an endpoint may not have: loopback, link-local, unspecified or multicast
+/// (the API server refuses these for endpoints because the proxy would hijack them).
+fn forbidden_endpoint_ip(ip: &IpAddr) -> Option<&'static str> {
+    match ip {
+        _ if ip.is_loopback() => Some("loopback"),
+        _ if ip.is_unspecified() => Some("unspecified"),
+        _ if ip.is_multicast() => Some("multicast"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => Some("link-local"),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => Some("IPv4-mapped IPv6"),
+        _ => None,
+    }
+}
+
+/// Parses an IP strictly: no zones, no leading zeros ambiguity (Rust's parser
+/// already refuses `010.1.1.1`), surrounding whitespace not accepted.
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    s.parse().ok()
+}
+
+fn parse_cidr(s: &str) -> Option<IpNet> {
+    let net: IpNet = s.trim().parse().ok()?;
+    // The API requires the network address (`10.0.0.0/8`, not `10.1.2.3/8`); being
+    // lenient here would silently widen or move what the owner wrote.
+    (net.network() == net.addr()).then_some(net)
+}
+
+fn meta_key(
+    kind: Kind,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> ObjectKey {
+    let namespaced = matches!(kind, Kind::Service | Kind::EndpointSlice | Kind::Endpoints);
+    ObjectKey {
+        kind,
+        namespace: if namespaced {
+            meta.namespace.clone().unwrap_or_else(|| "default".into())
+        } else {
+            String::new()
+        },
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
+fn check_namespaced_name(ctx: &mut Ctx<'_>, name_ok: fn(&str) -> bool) -> bool {
+    let ns_ok = is_dns1123_label(&ctx.key.namespace);
+    let name_valid = name_ok(&ctx.key.name);
+    if !ns_ok {
+        let m = format!("invalid namespace {}", quote(&ctx.key.namespace));
+        ctx.reject("metadata.namespace", m);
+    }
+    if !name_valid {
+        let m = format!("invalid name {}", quote(&ctx.key.name));
+        ctx.reject("metadata.name", m);
+    }
+    ns_ok && name_valid
+}
+
+// ---------------------------------------------------------------------------
+// Service
+
+/// Converts a Service. `None` when it is not proxied: deliberately (ExternalName,
+/// headless, another proxy's) with no problem pushed, or because it is unusable,
+/// with a [`Severity::Rejected`] problem saying why.
+pub fn convert_service(
+    svc: &corev1::Service,
+    opts: &ConvertOptions,
+    problems: &mut Vec<Problem>,
+) -> Option<Service> {
+    let key = meta_key(Kind::Service, &svc.metadata);
+    let mut ctx = Ctx {
+        key: &key,
+        problems,
+    };
+    if !check_namespaced_name(&mut ctx, is_dns1035_label) {
+        return None;
+    }
+    let empty = BTreeMap::new();
+    let labels = svc.metadata.labels.as_ref().unwrap_or(&empty);
+    let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
+
+    if labels.contains_key(LABEL_HEADLESS) {
+        return None;
+    }
+    let proxy_label = labels.get(LABEL_SERVICE_PROXY_NAME).map(String::as_str);
+    if proxy_label != opts.service_proxy_name.as_deref() {
+        return None;
+    }
+
+    let Some(spec) = svc.spec.as_ref() else {
+        ctx.reject("spec", "missing spec");
+        return None;
+    };
+    let service_type = match spec.type_.as_deref() {
+        None | Some("ClusterIP") => ServiceType::ClusterIP,
+        Some("NodePort") => ServiceType::NodePort,
+        Some("LoadBalancer") => ServiceType::LoadBalancer,
+        Some("ExternalName") => return None,
+        Some(other) => {
+            ctx.reject(
+                "spec.type",
+                format!("unknown service type {}", quote(other)),
+            );
+            return None;
+        }
+    };
+
+    // Cluster IPs: clusterIPs when set (it is the dual-stack list and its first entry
+    // equals clusterIP), else the legacy single clusterIP.
+    let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips.clone(),
+        (_, Some(ip)) if !ip.is_empty() => vec![ip.clone()],
+        _ => Vec::new(),
+    };
+    if raw_ips.first().map(String::as_str) == Some("None") {
+        return None; // headless
+    }
+    if raw_ips.is_empty() {
+        ctx.reject(
+            "spec.clusterIP",
+            "not set: svcproxy proxies only Services with an allocated cluster IP",
+        );
+        return None;
+    }
+    if raw_ips.len() > 2 {
+        ctx.ignore(
+            "spec.clusterIPs",
+            format!(
+                "{} entries; at most one per IP family is used",
+                raw_ips.len()
+            ),
+        );
+    }
+    let mut cluster_ips: Vec<IpAddr> = Vec::new();
+    for (i, raw) in raw_ips.iter().enumerate().take(2) {
+        let field = format!("spec.clusterIPs[{i}]");
+        match parse_ip(raw) {
+            Some(ip) if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() => {
+                ctx.ignore(field, format!("{} cannot be a cluster IP", quote(raw)))
+            }
+            Some(ip)
+                if cluster_ips
+                    .iter()
+                    .any(|c| IpFamily::of(c) == IpFamily::of(&ip)) =>
+            {
+                ctx.ignore(
+                    field,
+                    format!("second {} cluster IP {}", IpFamily::of(&ip), quote(raw)),
+                )
+            }
+            Some(ip) => cluster_ips.push(ip),
+            None => ctx.ignore(field, format!("invalid IP address {}", quote(raw))),
+        }
+    }
+    if cluster_ips.is_empty() {
+        ctx.reject("spec.clusterIPs", "no valid cluster IP");
+        return None;
+    }
+
+    let external_ips = parse_ip_list(
+        &mut ctx,
+        "spec.externalIPs",
+        spec.external_ips.as_deref().unwrap_or_default(),
+    );
+
+    let load_balancer_ingress = if service_type == ServiceType::LoadBalancer {
+        parse_lb_ingress(&mut ctx, svc)
+    } else {
+        Vec::new()
+    };
+
+    let load_balancer_source_ranges = if service_type == ServiceType::LoadBalancer {
+        parse_source_ranges(&mut ctx, spec, annotations)
+    } else {
+        None
+    };
+
+    let external_traffic_policy = parse_policy(
+        &mut ctx,
+        "spec.externalTrafficPolicy",
+        spec.external_traffic_policy.as_deref(),
+    );
+    let internal_traffic_policy = parse_policy(
+        &mut ctx,
+        "spec.internalTrafficPolicy",
+        spec.internal_traffic_policy.as_deref(),
+    );
+
+    let session_affinity_timeout = match spec.session_affinity.as_deref() {
+        None | Some("None") | Some("") => None,
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match t {
+                None => Some(DEFAULT_AFFINITY_TIMEOUT_SECONDS),
+                Some(t) if t >= 1 && t as i64 <= MAX_AFFINITY_TIMEOUT_SECONDS as i64 => {
+                    Some(t as u32)
+                }
+                Some(t) => {
+                    ctx.ignore(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        format!(
+                            "{t} is outside 1..={MAX_AFFINITY_TIMEOUT_SECONDS}; using the default {DEFAULT_AFFINITY_TIMEOUT_SECONDS}"
+                        ),
+                    );
+                    Some(DEFAULT_AFFINITY_TIMEOUT_SECONDS)
+                }
+            }
+        }
+        Some(other) => {
+            ctx.ignore(
+                "spec.sessionAffinity",
+                format!("unknown value {}; no affinity", quote(other)),
+            );
+            None
+        }
+    };
+
+    let health_check_node_port = match spec.health_check_node_port {
+        None | Some(0) => None,
+        Some(p)
+            if service_type == ServiceType::LoadBalancer
+                && external_traffic_policy == TrafficPolicy::Local =>
+        {
+            match u16::try_from(p) {
+                Ok(p) if p > 0 => Some(p),
+                _ => {
+                    ctx.ignore(
+                        "spec.healthCheckNodePort",
+                        format!("port {p} is out of range"),
+                    );
+                    None
+                }
+            }
+        }
+        Some(_) => {
+            ctx.ignore(
+                "spec.healthCheckNodePort",
+                "only used by LoadBalancer services with externalTrafficPolicy Local",
+            );
+            None
+        }
+    };
+
+    let traffic_distribution = match spec.traffic_distribution.as_deref() {
+        None | Some("") => None,
+        Some(s) => match TrafficDistribution::parse(s) {
+            Some(td) => Some(td),
+            None => {
+                ctx.ignore(
+                    "spec.trafficDistribution",
+                    format!("unknown value {}", quote(s)),
+                );
+                None
+            }
+        },
+    };
+
+    let topology_mode = annotations
+        .get(ANNOTATION_TOPOLOGY_MODE)
+        .or_else(|| annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS))
+        .cloned();
+
+    let mut topology_keys = annotations
+        .get(ANNOTATION_TOPOLOGY_KEYS)
+        .and_then(|raw| parse_topology_keys(&mut ctx, raw));
+    let externally_accessible = service_type != ServiceType::ClusterIP
+        || !external_ips.is_empty()
+        || !load_balancer_ingress.is_empty();
+    if topology_keys.is_some()
+        && external_traffic_policy == TrafficPolicy::Local
+        && externally_accessible
+    {
+        ctx.warn(
+            format!("metadata.annotations[{ANNOTATION_TOPOLOGY_KEYS}]"),
+            "ignored: topology keys and externalTrafficPolicy Local are mutually exclusive",
+        );
+        topology_keys = None;
+    }
+
+    let raw_ports = spec.ports.as_deref().unwrap_or_default();
+    if raw_ports.is_empty() {
+        ctx.reject("spec.ports", "no ports");
+        return None;
+    }
+    if raw_ports.len() > MAX_SERVICE_PORTS {
+        ctx.reject(
+            "spec.ports",
+            format!("{} ports; at most {MAX_SERVICE_PORTS}", raw_ports.len()),
+        );
+        return None;
+    }
+    let name = ServiceName::new(key.namespace.clone(), key.name.clone());
+    let mut seen: HashSet<(String, Protocol)> = HashSet::new();
+    let mut ports = Vec::with_capacity(raw_ports.len());
+    for (i, p) in raw_ports.iter().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        let port_name = p.name.clone().unwrap_or_default();
+        if !port_name.is_empty() && !is_dns1123_label(&port_name) {
+            ctx.ignore(
+                format!("{field}.name"),
+                format!("invalid port name {}; port skipped", quote(&port_name)),
+            );
+            continue;
+        }
+        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
+            ctx.ignore(
+                format!("{field}.protocol"),
+                format!(
+                    "unknown protocol {}; port skipped",
+                    quote(p.protocol.as_deref().unwrap_or(""))
+                ),
+            );
+            continue;
+        };
+        let port = match u16::try_from(p.port) {
+            Ok(port) if port > 0 => port,
+            _ => {
+                ctx.ignore(
+                    format!("{field}.port"),
+                    format!("port {} is out of range 1-65535; port skipped", p.port),
+                );
+                continue;
+            }
+        };
+        if !seen.insert((port_name.clone(), protocol)) {
+            ctx.ignore(
+                field,
+                format!(
+                    "duplicate port name {} for {protocol}; port skipped",
+                    quote(&port_name)
+                ),
+            );
+            continue;
+        }
+        let node_port = match (service_type, p.node_port) {
+            (_, None | Some(0)) => None,
+            (ServiceType::ClusterIP, Some(_)) => {
+                ctx.ignore(
+                    format!("{field}.nodePort"),
+                    "ignored: only NodePort and LoadBalancer services have node ports",
+                );
+                None
+            }
+            (_, Some(np)) => match u16::try_from(np) {
+                Ok(np) if np > 0 => Some(np),
+                _ => {
+                    ctx.ignore(
+                        format!("{field}.nodePort"),
+                        format!("node port {np} is out of range 1-65535; ignored"),
+                    );
+                    None
+                }
+            },
+        };
+        ports.push(Arc::new(ServicePort {
+            name: ServicePortName {
+                service: name.clone(),
+                port: port_name,
+                protocol,
+            },
+            service_type,
+            cluster_ips: cluster_ips.clone(),
+            port,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ingress: load_balancer_ingress.clone(),
+            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+            external_traffic_policy,
+            internal_traffic_policy,
+            session_affinity_timeout,
+            health_check_node_port,
+            traffic_distribution,
+            topology_mode: topology_mode.clone(),
+            topology_keys: topology_keys.clone(),
+        }));
+    }
+    if ports.is_empty() {
+        ctx.reject("spec.ports", "no usable port");
+        return None;
+    }
+    Some(Service { name, ports })
+}
+
+fn parse_ip_list(ctx: &mut Ctx<'_>, field: &str, raw: &[String]) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    for (i, s) in raw.iter().enumerate() {
+        if i == MAX_ADDRESS_LIST {
+            ctx.ignore(
+                field,
+                format!("more than {MAX_ADDRESS_LIST} entries; the rest ignored"),
+            );
+            break;
+        }
+        match parse_ip(s) {
+            Some(ip) if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() => ctx.ignore(
+                format!("{field}[{i}]"),
+                format!("{} is not usable here", quote(s)),
+            ),
+            Some(ip) => {
+                if !out.contains(&ip) {
+                    out.push(ip)
+                }
+            }
+            None => ctx.ignore(
+                format!("{field}[{i}]"),
+                format!("invalid IP address {}", quote(s)),
+            ),
+        }
+    }
+    out
+}
+
+fn parse_lb_ingress(ctx: &mut Ctx<'_>, svc: &corev1::Service) -> Vec<LoadBalancerIngress> {
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or_default();
+    let mut out: Vec<LoadBalancerIngress> = Vec::new();
+    for (i, ing) in ingress.iter().enumerate().take(MAX_ADDRESS_LIST) {
+        let field = format!("status.loadBalancer.ingress[{i}]");
+        // Hostname-only entries (some clouds) carry no IP for the proxy to capture.
+        let Some(raw) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let Some(ip) = parse_ip(raw).filter(|ip| !ip.is_unspecified() && !ip.is_multicast()) else {
+            ctx.ignore(
+                format!("{field}.ip"),
+                format!("invalid IP address {}", quote(raw)),
+            );
+            continue;
+        };
+        let ip_mode = match ing.ip_mode.as_deref() {
+            None | Some("VIP") => IpMode::Vip,
+            Some("Proxy") => IpMode::Proxy,
+            Some(other) => {
+                ctx.ignore(
+                    format!("{field}.ipMode"),
+                    format!("unknown ipMode {}; entry ignored", quote(other)),
+                );
+                continue;
+            }
+        };
+        if !out.iter().any(|o| o.ip == ip) {
+            out.push(LoadBalancerIngress { ip, ip_mode });
+        }
+    }
+    out
+}
+
+fn parse_source_ranges(
+    ctx: &mut Ctx<'_>,
+    spec: &corev1::ServiceSpec,
+    annotations: &BTreeMap<String, String>,
+) -> Option<Vec<IpNet>> {
+    let (field, raw): (String, Vec<String>) = match spec.load_balancer_source_ranges.as_deref() {
+        Some(r) if !r.is_empty() => ("spec.loadBalancerSourceRanges".into(), r.to_vec()),
+        _ => match annotations.get(ANNOTATION_LB_SOURCE_RANGES) {
+            Some(a) if !a.trim().is_empty() => (
+                format!("metadata.annotations[{ANNOTATION_LB_SOURCE_RANGES}]"),
+                a.split(',').map(|s| s.trim().to_string()).collect(),
+            ),
+            _ => return None,
+        },
+    };
+    let mut out = Vec::new();
+    for (i, s) in raw.iter().enumerate().take(MAX_ADDRESS_LIST) {
+        match parse_cidr(s) {
+            Some(net) => out.push(net),
+            None => ctx.ignore(
+                format!("{field}[{i}]"),
+                format!("invalid CIDR {}", quote(s)),
+            ),
+        }
+    }
+    if out.is_empty() {
+        // The owner asked for a restriction we cannot read: fail closed, not open.
+        ctx.warn(
+            field,
+            "no valid source range: the load balancer IPs accept no source",
+        );
+    }
+    Some(out)
+}
+
+fn parse_policy(ctx: &mut Ctx<'_>, field: &str, raw: Option<&str>) -> TrafficPolicy {
+    match raw {
+        None | Some("") | Some("Cluster") => TrafficPolicy::Cluster,
+        Some("Local") => TrafficPolicy::Local,
+        Some(other) => {
+            ctx.ignore(
+                field,
+                format!("unknown policy {}; using Cluster", quote(other)),
+            );
+            TrafficPolicy::Cluster
+        }
+    }
+}
+
+/// Parses `svcproxy.io/topology-keys`. A malformed list is ignored as a whole (the
+/// service routes as if it had none) with an error: guessing at the owner's intent
+/// from a partial list could route further than they allowed.
+fn parse_topology_keys(ctx: &mut Ctx<'_>, raw: &str) -> Option<Vec<TopologyKey>> {
+    let field = format!("metadata.annotations[{ANNOTATION_TOPOLOGY_KEYS}]");
+    let mut keys = Vec::new();
+    let parts: Vec<&str> = raw.split(',').map(str::trim).collect();
+    if parts.len() > MAX_TOPOLOGY_KEYS {
+        ctx.ignore(
+            field,
+            format!(
+                "{} keys; at most {MAX_TOPOLOGY_KEYS}; annotation ignored",
+                parts.len()
+            ),
+        );
+        return None;
+    }
+    for (i, part) in parts.iter().enumerate() {
+        let key = if *part == "*" {
+            if i + 1 != parts.len() {
+                ctx.ignore(field, "\"*\" must be the last key; annotation ignored");
+                return None;
+            }
+            TopologyKey::Any
+        } else if is_qualified_name(part) {
+            TopologyKey::Label(part.to_string())
+        } else {
+            ctx.ignore(
+                field,
+                format!("invalid topology key {}; annotation ignored", quote(part)),
+            );
+            return None;
+        };
+        if keys.contains(&key) {
+            ctx.ignore(
+                field,
+                format!("duplicate topology key {}; annotation ignored", quote(part)),
+            );
+            return None;
+        }
+        keys.push(key);
+    }
+    Some(keys)
+}
+
+// ---------------------------------------------------------------------------
+// EndpointSlice
+
+/// Converts an EndpointSlice. `None` when it is not proxied (headless, FQDN) or
+/// unusable (no service label, bad address type, bad name).
+pub fn convert_slice(
+    slice: &discoveryv1::EndpointSlice,
+    problems: &mut Vec<Problem>,
+) -> Option<Slice> {
+    let key = meta_key(Kind::EndpointSlice, &slice.metadata);
+    let mut ctx = Ctx {
+        key: &key,
+        problems,
+    };
+    if !check_namespaced_name(&mut ctx, is_dns1123_subdomain) {
+        return None;
+    }
+    let empty = BTreeMap::new();
+    let labels = slice.metadata.labels.as_ref().unwrap_or(&empty);
+    if labels.contains_key(LABEL_HEADLESS) {
+        return None;
+    }
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        "FQDN" => return None,
+        other => {
+            ctx.reject(
+                "addressType",
+                format!("unknown address type {}", quote(other)),
+            );
+            return None;
+        }
+    };
+    let Some(service_name) = labels.get(LABEL_SERVICE_NAME) else {
+        ctx.reject(
+            format!("metadata.labels[{LABEL_SERVICE_NAME}]"),
+            "missing: the slice belongs to no service",
+        );
+        return None;
+    };
+    if !is_dns1035_label(service_name) {
+        ctx.reject(
+            format!("metadata.labels[{LABEL_SERVICE_NAME}]"),
+            format!("invalid service name {}", quote(service_name)),
+        );
+        return None;
+    }
+    let raw_ports = slice.ports.as_deref().unwrap_or_default();
+    if raw_ports.len() > MAX_SLICE_PORTS || slice.endpoints.len() > MAX_SLICE_ENDPOINTS {
+        ctx.reject(
+            "",
+            format!(
+                "{} ports and {} endpoints; at most {MAX_SLICE_PORTS} and {MAX_SLICE_ENDPOINTS}",
+                raw_ports.len(),
+                slice.endpoints.len()
+            ),
+        );
+        return None;
+    }
+
+    let mut ports: Vec<SlicePort> = Vec::new();
+    for (i, p) in raw_ports.iter().enumerate() {
+        let field = format!("ports[{i}]");
+        let name = p.name.clone().unwrap_or_default();
+        if !name.is_empty() && !is_dns1123_label(&name) {
+            ctx.ignore(
+                format!("{field}.name"),
+                format!("invalid port name {}", quote(&name)),
+            );
+            continue;
+        }
+        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
+            ctx.ignore(
+                format!("{field}.protocol"),
+                format!(
+                    "unknown protocol {}",
+                    quote(p.protocol.as_deref().unwrap_or(""))
+                ),
+            );
+            continue;
+        };
+        let port = match p.port.map(u16::try_from) {
+            Some(Ok(port)) if port > 0 => port,
+            None => {
+                ctx.ignore(format!("{field}.port"), "port not set");
+                continue;
+            }
+            Some(_) => {
+                ctx.ignore(
+                    format!("{field}.port"),
+                    format!(
+                        "port {} is out of range 1-65535",
+                        p.port.unwrap_or_default()
+                    ),
+                );
+                continue;
+            }
+        };
+        if ports
+            .iter()
+            .any(|q| q.name == name && q.protocol == protocol)
+        {
+            ctx.ignore(
+                field,
+                format!("duplicate port {} for {protocol}", quote(&name)),
+            );
+            continue;
+        }
+        ports.push(SlicePort {
+            name,
+            port,
+            protocol,
+        });
+    }
+
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let field = format!("endpoints[{i}]");
+        // Only the first address is used, as upstream: the rest are reserved.
+        let Some(raw) = ep.addresses.first() else {
+            ctx.ignore(format!("{field}.addresses"), "no address");
+            continue;
+        };
+        let Some(ip) = parse_ip(raw) else {
+            ctx.ignore(
+                format!("{field}.addresses[0]"),
+                format!("invalid IP address {}", quote(raw)),
+            );
+            continue;
+        };
+        if IpFamily::of(&ip) != family {
+            ctx.ignore(
+                format!("{field}.addresses[0]"),
+                format!("{} is not an {family} address", quote(raw)),
+            );
+            continue;
+        }
+        if let Some(why) = forbidden_endpoint_ip(&ip) {
+            ctx.ignore(
+                format!("{field}.addresses[0]"),
+                format!("{why} address {} cannot be an endpoint", quote(raw)),
+            );
+            continue;
+        }
+        let node_name = match ep.node_name.as_deref() {
+            None | Some("") => None,
+            Some(n) if is_dns1123_subdomain(n) => Some(n.to_string()),
+            Some(n) => {
+                ctx.ignore(
+                    format!("{field}.nodeName"),
+                    format!("invalid node name {}", quote(n)),
+                );
+                None
+            }
+        };
+        let zone = match ep.zone.as_deref() {
+            None | Some("") => None,
+            Some(z) if is_label_value(z) => Some(z.to_string()),
+            Some(z) => {
+                ctx.ignore(
+                    format!("{field}.zone"),
+                    format!("invalid zone {}", quote(z)),
+                );
+                None
+            }
+        };
+        let cond = ep.conditions.clone().unwrap_or_default();
+        // Upstream defaulting: unset ready means ready; unset serving means "same as
+        // ready"; unset terminating means not terminating.
+        let ready = cond.ready.unwrap_or(true);
+        let serving = cond.serving.unwrap_or(ready);
+        let terminating = cond.terminating.unwrap_or(false);
+        let hints = ep.hints.clone().unwrap_or_default();
+        let zone_hints = hint_list(
+            &mut ctx,
+            &format!("{field}.hints.forZones"),
+            hints
+                .for_zones
+                .unwrap_or_default()
+                .into_iter()
+                .map(|z| z.name),
+        );
+        let node_hints = hint_list(
+            &mut ctx,
+            &format!("{field}.hints.forNodes"),
+            hints
+                .for_nodes
+                .unwrap_or_default()
+                .into_iter()
+                .map(|n| n.name),
+        );
+        endpoints.push(SliceEndpoint {
+            ip,
+            node_name,
+            zone,
+            ready,
+            serving,
+            terminating,
+            zone_hints,
+            node_hints,
+        });
+    }
+    Some(Slice {
+        service: ServiceName::new(key.namespace.clone(), service_name.clone()),
+        name: key.name.clone(),
+        family,
+        ports,
+        endpoints,
+        last_change_trigger_time: slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME))
+            .cloned(),
+    })
+}
+
+fn hint_list(ctx: &mut Ctx<'_>, field: &str, names: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (i, n) in names.enumerate() {
+        if i == 64 {
+            ctx.ignore(field, "more than 64 hints; the rest ignored");
+            break;
+        }
+        if is_dns1123_subdomain(&n) || is_label_value(&n) {
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        } else {
+            ctx.ignore(
+                format!("{field}[{i}]"),
+                format!("invalid hint {}", quote(&n)),
+            );
+        }
+    }
+    out.sort();
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Node and ServiceCIDR
+
+pub fn convert_node(node: &corev1::Node, problems: &mut Vec<Problem>) -> Option<NodeInfo> {
+    let key = meta_key(Kind::Node, &node.metadata);
+    let mut ctx = Ctx {
+        key: &key,
+        problems,
+    };
+    if !is_dns1123_subdomain(&key.name) {
+        let m = format!("invalid name {}", quote(&key.name));
+        ctx.reject("metadata.name", m);
+        return None;
+    }
+    let mut labels = BTreeMap::new();
+    for (k, v) in node.metadata.labels.iter().flatten() {
+        if is_qualified_name(k) && is_label_value(v) {
+            labels.insert(k.clone(), v.clone());
+        } else {
+            ctx.ignore(
+                format!("metadata.labels[{}]", quote(k)),
+                "invalid label; ignored",
+            );
+        }
+    }
+    let status_addrs = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_deref())
+        .unwrap_or_default();
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    // InternalIPs first: they are the node's primary addresses, as upstream.
+    for wanted in ["InternalIP", "ExternalIP"] {
+        for (i, a) in status_addrs.iter().enumerate() {
+            if a.type_ != wanted {
+                continue;
+            }
+            match parse_ip(&a.address) {
+                Some(ip) if !addresses.contains(&ip) => addresses.push(ip),
+                Some(_) => {}
+                None => ctx.ignore(
+                    format!("status.addresses[{i}]"),
+                    format!("invalid IP address {}", quote(&a.address)),
+                ),
+            }
+        }
+    }
+    let spec = node.spec.clone().unwrap_or_default();
+    let raw_cidrs = match (spec.pod_cidrs, spec.pod_cidr) {
+        (Some(c), _) if !c.is_empty() => c,
+        (_, Some(c)) if !c.is_empty() => vec![c],
+        _ => Vec::new(),
+    };
+    let mut pod_cidrs = Vec::new();
+    for (i, c) in raw_cidrs.iter().enumerate().take(2) {
+        match parse_cidr(c) {
+            Some(net) => pod_cidrs.push(net),
+            None => ctx.ignore(
+                format!("spec.podCIDRs[{i}]"),
+                format!("invalid CIDR {}", quote(c)),
+            ),
+        }
+    }
+    let to_be_deleted = spec
+        .taints
+        .iter()
+        .flatten()
+        .any(|t| t.key == TAINT_TO_BE_DELETED);
+    Some(NodeInfo {
+        name: key.name.clone(),
+        labels,
+        addresses,
+        pod_cidrs,
+        deleting: node.metadata.deletion_timestamp.is_some(),
+        to_be_deleted,
+    })
+}
+
+pub fn convert_service_cidr(
+    cidr: &networkingv1::ServiceCIDR,
+    problems: &mut Vec<Problem>,
+) -> Option<Vec<IpNet>> {
+    let key = meta_key(Kind::ServiceCidr, &cidr.metadata);
+    let mut ctx = Ctx {
+        key: &key,
+        problems,
+    };
+    if !is_dns1123_subdomain(&key.name) {
+        let m = format!("invalid name {}", quote(&key.name));
+        ctx.reject("metadata.name", m);
+        return None;
+    }
+    let raw = cidr
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_deref())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (i, c) in raw.iter().enumerate().take(2) {
+        match parse_cidr(c) {
+            Some(net) => out.push(net),
+            None => ctx.ignore(
+                format!("spec.cidrs[{i}]"),
+                format!("invalid CIDR {}", quote(c)),
+            ),
+        }
+    }
+    if out.is_empty() {
+        ctx.reject("spec.cidrs", "no valid CIDR");
+        return None;
+    }
+    Some(out)
+}

@@ -1,0 +1,401 @@
+//! The validated model svcproxy works from: service ports, endpoints and nodes.
+//!
+//! These types are what [`crate::convert`] produces from raw Kubernetes objects; once a
+//! value of one of them exists, every IP, port and range in it is known to be valid,
+//! so planners never re-check.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use serde::Serialize;
+
+/// Default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours), as upstream.
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
+/// Upper bound the API server enforces on the affinity timeout (one day).
+pub const MAX_AFFINITY_TIMEOUT_SECONDS: u32 = 86400;
+
+/// Label whose value names the proxy that owns a Service.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label marking headless Services and their EndpointSlices.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label attaching an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Node label holding the node's zone.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Annotation selecting topology-aware routing (`Auto`).
+pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+/// The older name of [`ANNOTATION_TOPOLOGY_MODE`].
+pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+/// svcproxy's arbitrary topology keys (the topology-aware service routing proposal).
+pub const ANNOTATION_TOPOLOGY_KEYS: &str = "svcproxy.io/topology-keys";
+/// EndpointSlice annotation with the time the endpoints last changed.
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum IpFamily {
+    #[serde(rename = "IPv4")]
+    V4,
+    #[serde(rename = "IPv6")]
+    V6,
+}
+
+impl IpFamily {
+    pub const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+    pub fn of(ip: &IpAddr) -> IpFamily {
+        match ip {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+
+    pub fn of_net(net: &IpNet) -> IpFamily {
+        match net {
+            IpNet::V4(_) => IpFamily::V4,
+            IpNet::V6(_) => IpFamily::V6,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl Protocol {
+    /// Parses the API spelling; an unset protocol means TCP, as the API server defaults it.
+    pub fn parse(s: Option<&str>) -> Option<Protocol> {
+        match s {
+            None | Some("TCP") => Some(Protocol::Tcp),
+            Some("UDP") => Some(Protocol::Udp),
+            Some("SCTP") => Some(Protocol::Sctp),
+            Some(_) => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A Service's namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Identity of one service port: the service, the port's name and its protocol.
+///
+/// Printed as upstream prints it: `ns/name:portname`, or `ns/name` for an unnamed port.
+/// The protocol is part of the identity (a DNS service has `dns` on both TCP and UDP
+/// under different names, but nothing stops two unnamed-in-spirit ports differing only
+/// by protocol) but not of the printed form.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub service: ServiceName,
+    pub port: String,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() {
+            write!(f, "{}", self.service)
+        } else {
+            write!(f, "{}:{}", self.service, self.port)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+impl TrafficPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrafficPolicy::Cluster => "Cluster",
+            TrafficPolicy::Local => "Local",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+/// How the load balancer delivers traffic for an ingress IP (`status.loadBalancer.ingress[].ipMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum IpMode {
+    /// Traffic arrives with the LB IP as destination: the proxy captures it.
+    #[default]
+    #[serde(rename = "VIP")]
+    Vip,
+    /// The load balancer proxies to the nodes itself; the proxy leaves the IP alone.
+    Proxy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum TrafficDistribution {
+    PreferSameNode,
+    PreferSameZone,
+    /// The older spelling of `PreferSameZone`.
+    PreferClose,
+}
+
+impl TrafficDistribution {
+    pub fn parse(s: &str) -> Option<TrafficDistribution> {
+        match s {
+            "PreferSameNode" => Some(TrafficDistribution::PreferSameNode),
+            "PreferSameZone" => Some(TrafficDistribution::PreferSameZone),
+            "PreferClose" => Some(TrafficDistribution::PreferClose),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of the `svcproxy.io/topology-keys` annotation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TopologyKey {
+    /// A node label key: endpoints on nodes with this node's value match.
+    Label(String),
+    /// `*`: every endpoint matches.
+    Any,
+}
+
+impl fmt::Display for TopologyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TopologyKey::Label(k) => f.write_str(k),
+            TopologyKey::Any => f.write_str("*"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LoadBalancerIngress {
+    pub ip: IpAddr,
+    pub ip_mode: IpMode,
+}
+
+/// Everything about one port of one Service that the data planes need, for all
+/// families. [`ServicePort::for_family`] narrows it to one family.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    pub service_type: ServiceType,
+    pub cluster_ips: Vec<IpAddr>,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    /// `None`: no restriction. `Some(v)`: only sources inside `v` (possibly none).
+    pub load_balancer_source_ranges: Option<Vec<IpNet>>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `Some(timeout seconds)` when sessionAffinity is ClientIP.
+    pub session_affinity_timeout: Option<u32>,
+    pub health_check_node_port: Option<u16>,
+    pub traffic_distribution: Option<TrafficDistribution>,
+    /// `service.kubernetes.io/topology-mode` (or the older hints annotation), verbatim.
+    pub topology_mode: Option<String>,
+    /// Parsed `svcproxy.io/topology-keys`; `None` when absent (or ignored).
+    pub topology_keys: Option<Vec<TopologyKey>>,
+}
+
+impl ServicePort {
+    /// This port as seen by one family's proxier: only that family's addresses and
+    /// ranges. `None` when the service has no cluster IP of that family, in which case
+    /// that family does not proxy it at all.
+    pub fn for_family(&self, family: IpFamily) -> Option<ServicePort> {
+        let cluster_ips: Vec<IpAddr> = self
+            .cluster_ips
+            .iter()
+            .copied()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .collect();
+        if cluster_ips.is_empty() {
+            return None;
+        }
+        Some(ServicePort {
+            cluster_ips,
+            external_ips: self
+                .external_ips
+                .iter()
+                .copied()
+                .filter(|ip| IpFamily::of(ip) == family)
+                .collect(),
+            load_balancer_ingress: self
+                .load_balancer_ingress
+                .iter()
+                .copied()
+                .filter(|i| IpFamily::of(&i.ip) == family)
+                .collect(),
+            // A restriction given only for the other family still restricts this one
+            // (to nobody): failing open would expose an LB the owner meant to fence.
+            load_balancer_source_ranges: self.load_balancer_source_ranges.as_ref().map(|r| {
+                r.iter()
+                    .copied()
+                    .filter(|n| IpFamily::of_net(n) == family)
+                    .collect()
+            }),
+            ..self.clone()
+        })
+    }
+
+    /// Load-balancer IPs the proxy captures (ipMode VIP).
+    pub fn load_balancer_vips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.load_balancer_ingress
+            .iter()
+            .filter(|i| i.ip_mode == IpMode::Vip)
+            .map(|i| i.ip)
+    }
+
+    /// Reachable from outside the cluster: by NodePort, external IP or LB IP.
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ingress.is_empty()
+    }
+
+    /// External traffic uses only this node's endpoints.
+    pub fn external_policy_local(&self) -> bool {
+        self.external_traffic_policy == TrafficPolicy::Local && self.externally_accessible()
+    }
+
+    pub fn internal_policy_local(&self) -> bool {
+        self.internal_traffic_policy == TrafficPolicy::Local
+    }
+
+    /// Some traffic to this port goes to cluster-wide endpoints: internal traffic with
+    /// iTP Cluster, or any external traffic (even with eTP Local, pods reaching the
+    /// LB/external IP are short-circuited to the cluster endpoints).
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local() || self.externally_accessible()
+    }
+
+    /// Some traffic to this port is restricted to this node's endpoints.
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local() || self.external_policy_local()
+    }
+}
+
+/// A converted Service: its ports, each carrying the service-wide fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub name: ServiceName,
+    pub ports: Vec<Arc<ServicePort>>,
+}
+
+/// One endpoint of one service port, after port resolution and condition defaulting.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    /// `hints.forZones`; empty when unset.
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes`; empty when unset.
+    pub node_hints: Vec<String>,
+}
+
+impl Endpoint {
+    /// Usable only as a fallback: still serving, but on its way out.
+    pub fn serving_terminating(&self) -> bool {
+        self.serving && self.terminating
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip {
+            IpAddr::V4(ip) => write!(f, "{}:{}", ip, self.port),
+            IpAddr::V6(ip) => write!(f, "[{}]:{}", ip, self.port),
+        }
+    }
+}
+
+/// What svcproxy needs to know about a Node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// status.addresses of type InternalIP and ExternalIP, in the API's order.
+    pub addresses: Vec<IpAddr>,
+    /// spec.podCIDRs (for `--detect-local-mode NodeCIDR`).
+    pub pod_cidrs: Vec<IpNet>,
+    /// The Node has a deletionTimestamp.
+    pub deleting: bool,
+    /// Tainted for removal by the cluster autoscaler (`ToBeDeletedByClusterAutoscaler`).
+    pub to_be_deleted: bool,
+}
+
+impl NodeInfo {
+    /// The node's primary address of a family: the first InternalIP (or else
+    /// ExternalIP) of that family, as upstream's `GetNodeHostIPs`.
+    pub fn primary_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        self.addresses
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(ip) == family)
+    }
+}

@@ -1,0 +1,205 @@
+//! `svcproxy snapshot` output: the JSON contract scripts rely on, and a table for people.
+//!
+//! Entry points: [`snapshot_json`] and [`snapshot_table`]. The JSON shape is documented
+//! in README.md; fields are only ever added, never renamed or retyped.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::model::{Endpoint, IpMode};
+use crate::problem::Problem;
+use crate::snapshot::{NodeSnapshot, ServicePortView};
+
+fn endpoint_list(eps: &Option<Vec<Endpoint>>) -> Value {
+    match eps {
+        None => Value::Null,
+        Some(v) => Value::Array(v.iter().map(|e| Value::String(e.to_string())).collect()),
+    }
+}
+
+fn view_json(family: &str, v: &ServicePortView) -> Value {
+    let p = &v.port;
+    let ips = |it: &mut dyn Iterator<Item = std::net::IpAddr>| -> Vec<String> {
+        it.map(|ip| ip.to_string()).collect()
+    };
+    json!({
+        "name": p.name.to_string(),
+        "protocol": p.name.protocol.as_str(),
+        "family": family,
+        "type": format!("{:?}", p.service_type),
+        "clusterIPs": ips(&mut p.cluster_ips.iter().copied()),
+        "port": p.port,
+        "nodePort": p.node_port,
+        "externalIPs": ips(&mut p.external_ips.iter().copied()),
+        "loadBalancerIPs": ips(&mut p.load_balancer_vips()),
+        "loadBalancerProxyModeIPs": ips(&mut p
+            .load_balancer_ingress
+            .iter()
+            .filter(|i| i.ip_mode == IpMode::Proxy)
+            .map(|i| i.ip)),
+        "loadBalancerSourceRanges": p
+            .load_balancer_source_ranges
+            .as_ref()
+            .map(|r| r.iter().map(|n| n.to_string()).collect::<Vec<_>>()),
+        "externalTrafficPolicy": p.external_traffic_policy.as_str(),
+        "internalTrafficPolicy": p.internal_traffic_policy.as_str(),
+        "sessionAffinityTimeoutSeconds": p.session_affinity_timeout,
+        "healthCheckNodePort": p.health_check_node_port,
+        "topologyKeys": p
+            .topology_keys
+            .as_ref()
+            .map(|k| k.iter().map(|k| k.to_string()).collect::<Vec<_>>()),
+        "clusterEndpoints": endpoint_list(&v.selection.cluster_endpoints),
+        "localEndpoints": endpoint_list(&v.selection.local_endpoints),
+        "hasAnyEndpoints": v.selection.has_any_endpoints,
+        "reason": v.selection.reason,
+    })
+}
+
+/// The snapshot of one node (both families) as the documented JSON object.
+pub fn snapshot_json(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Value {
+    let node = snapshots
+        .first()
+        .map(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let labels = snapshots
+        .first()
+        .and_then(|s| s.node.as_ref())
+        .map(|n| json!(n.labels))
+        .unwrap_or(Value::Null);
+    let mut rows: Vec<(String, &str, &str, Value)> = Vec::new();
+    for snap in snapshots {
+        for v in snap.service_ports.values() {
+            rows.push((
+                v.port.name.to_string(),
+                v.port.name.protocol.as_str(),
+                snap.family.as_str(),
+                view_json(snap.family.as_str(), v),
+            ));
+        }
+    }
+    rows.sort_by(|a, b| (&a.0, a.1, a.2).cmp(&(&b.0, b.1, b.2)));
+    json!({
+        "node": node,
+        "nodeLabels": labels,
+        "servicePorts": rows.into_iter().map(|r| r.3).collect::<Vec<_>>(),
+        "problems": problems.iter().map(|p| json!({
+            "object": p.object.to_string(),
+            "origin": p.origin,
+            "severity": p.severity.as_str(),
+            "field": p.field,
+            "message": p.message,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The same, as a table for people.
+pub fn snapshot_table(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> String {
+    let mut out = String::new();
+    if let Some(first) = snapshots.first() {
+        let labels = first
+            .node
+            .as_ref()
+            .map(|n| {
+                n.labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_else(|| "(no Node object for this node)".into());
+        let _ = writeln!(out, "node {}  [{}]\n", first.node_name, labels);
+    }
+    let header = [
+        "SERVICE PORT",
+        "PROTO",
+        "FAMILY",
+        "ADDRESSES",
+        "POLICY ext/int",
+        "CLUSTER ENDPOINTS",
+        "LOCAL ENDPOINTS",
+    ];
+    let mut rows: Vec<([String; 7], String)> = Vec::new();
+    for snap in snapshots {
+        for v in snap.service_ports.values() {
+            let p = &v.port;
+            let mut addrs: Vec<String> = p
+                .cluster_ips
+                .iter()
+                .chain(p.external_ips.iter())
+                .map(|ip| fmt_addr(*ip, p.port))
+                .collect();
+            addrs.extend(p.load_balancer_vips().map(|ip| fmt_addr(ip, p.port)));
+            if let Some(np) = p.node_port {
+                addrs.push(format!("nodePort {np}"));
+            }
+            let eps = |e: &Option<Vec<Endpoint>>| match e {
+                None => "-".to_string(),
+                Some(v) if v.is_empty() => "(none)".to_string(),
+                Some(v) => v
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            };
+            rows.push((
+                [
+                    p.name.to_string(),
+                    p.name.protocol.to_string(),
+                    snap.family.to_string(),
+                    addrs.join(" "),
+                    format!(
+                        "{}/{}",
+                        p.external_traffic_policy.as_str(),
+                        p.internal_traffic_policy.as_str()
+                    ),
+                    eps(&v.selection.cluster_endpoints),
+                    eps(&v.selection.local_endpoints),
+                ],
+                v.selection.reason.clone(),
+            ));
+        }
+    }
+    rows.sort_by(|a, b| (&a.0[0], &a.0[1], &a.0[2]).cmp(&(&b.0[0], &b.0[1], &b.0[2])));
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for (r, _) in &rows {
+        for (w, c) in widths.iter_mut().zip(r.iter()) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| -> String {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                let _ = write!(s, "{c:<w$}  ");
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let _ = writeln!(out, "{}", line(&header));
+    for (r, reason) in &rows {
+        let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "{}", line(&cells));
+        let _ = writeln!(out, "    ↳ {reason}");
+    }
+    if rows.is_empty() {
+        let _ = writeln!(out, "(no proxied service ports)");
+    }
+    if !problems.is_empty() {
+        let _ = writeln!(out, "\nproblems in the input ({}):", problems.len());
+        for p in problems {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    out
+}
+
+fn fmt_addr(ip: std::net::IpAddr, port: u16) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    }
+}

@@ -1,0 +1,547 @@
+//! The cluster as svcproxy knows it, fed by sources and read as node snapshots.
+//!
+//! Entry point: [`ClusterState`]. Sources call [`ClusterState::apply`] with
+//! [`SourceUpdate`]s; each object is validated and converted once, its problems logged
+//! and counted, and the converted value recorded in a [`Tracker`]. The sync runner
+//! calls [`ClusterState::snapshot`], which rebuilds only the views of services whose
+//! Service, slices or relevant Nodes changed and says which service ports moved.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+
+use crate::convert::{self, ConvertOptions, Slice};
+use crate::model::*;
+use crate::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
+use crate::problem::{Problem, Severity};
+use crate::selection::{select_endpoints, NodeContext};
+use crate::snapshot::{NodeSnapshot, ServicePortView};
+use crate::tracker::Tracker;
+
+#[derive(Clone, Debug, Default)]
+pub struct StateConfig {
+    /// This node's name: the Node whose labels define locality and whose endpoints
+    /// are local.
+    pub node_name: String,
+    /// `--service-proxy-name`.
+    pub service_proxy_name: Option<String>,
+}
+
+type SliceKey = (String, String);
+
+/// The result of [`ClusterState::snapshot`].
+#[derive(Clone, Debug)]
+pub struct SnapshotUpdate {
+    pub v4: Arc<NodeSnapshot>,
+    pub v6: Arc<NodeSnapshot>,
+    /// Service ports (either family) whose view was added, removed or changed.
+    pub changed: BTreeSet<ServicePortName>,
+    /// Changed Services and EndpointSlices consumed by this snapshot.
+    pub service_changes: usize,
+    pub endpoint_changes: usize,
+    /// The newest `last-change-trigger-time` among consumed slice changes.
+    pub trigger_times: Vec<String>,
+}
+
+impl SnapshotUpdate {
+    pub fn family(&self, family: IpFamily) -> &Arc<NodeSnapshot> {
+        match family {
+            IpFamily::V4 => &self.v4,
+            IpFamily::V6 => &self.v6,
+        }
+    }
+}
+
+pub struct ClusterState {
+    config: StateConfig,
+    opts: ConvertOptions,
+    services: Tracker<ServiceName, Service>,
+    slices: Tracker<SliceKey, Slice>,
+    /// Slice names per service, from the current slices.
+    slices_by_service: HashMap<ServiceName, BTreeSet<String>>,
+    nodes: Tracker<String, NodeInfo>,
+    service_cidrs: Tracker<String, Vec<IpNet>>,
+    /// Slices mirrored from each legacy Endpoints object.
+    mirrored: HashMap<ObjectKey, Vec<ObjectKey>>,
+    /// Problems of the objects currently held, by object (for reports).
+    problems: BTreeMap<ObjectKey, Vec<Problem>>,
+    /// Invalid objects and fields seen, by kind (a metric).
+    invalid_counts: BTreeMap<Kind, u64>,
+    last: Option<(Arc<NodeSnapshot>, Arc<NodeSnapshot>)>,
+}
+
+impl ClusterState {
+    pub fn new(config: StateConfig) -> Self {
+        ClusterState {
+            opts: ConvertOptions {
+                service_proxy_name: config.service_proxy_name.clone(),
+            },
+            config,
+            services: Tracker::default(),
+            slices: Tracker::default(),
+            slices_by_service: HashMap::new(),
+            nodes: Tracker::default(),
+            service_cidrs: Tracker::default(),
+            mirrored: HashMap::new(),
+            problems: BTreeMap::new(),
+            invalid_counts: BTreeMap::new(),
+            last: None,
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.config.node_name
+    }
+
+    /// Applies one update from a source.
+    pub fn apply(&mut self, update: SourceUpdate) {
+        match update {
+            SourceUpdate::Upsert { object, origin } => self.upsert(&object, Some(&origin)),
+            SourceUpdate::Delete(key) => self.delete(&key),
+            SourceUpdate::Replace { kinds, objects } => {
+                let incoming: HashSet<ObjectKey> = objects.iter().map(|(o, _)| o.key()).collect();
+                for key in self.keys_of(&kinds) {
+                    if !incoming.contains(&key) {
+                        self.delete(&key);
+                    }
+                }
+                for (object, origin) in objects {
+                    if kinds.contains(&object.kind()) {
+                        self.upsert(&object, Some(&origin));
+                    }
+                }
+            }
+        }
+    }
+
+    fn keys_of(&self, kinds: &[Kind]) -> Vec<ObjectKey> {
+        let mut keys = Vec::new();
+        for kind in kinds {
+            match kind {
+                Kind::Service => keys.extend(
+                    self.services
+                        .keys()
+                        .map(|k| ObjectKey::new(Kind::Service, &k.namespace, &k.name)),
+                ),
+                Kind::EndpointSlice => keys.extend(
+                    self.slices
+                        .keys()
+                        .map(|(ns, n)| ObjectKey::new(Kind::EndpointSlice, ns, n)),
+                ),
+                Kind::Node => {
+                    keys.extend(self.nodes.keys().map(|n| ObjectKey::new(Kind::Node, "", n)))
+                }
+                Kind::ServiceCidr => keys.extend(
+                    self.service_cidrs
+                        .keys()
+                        .map(|n| ObjectKey::new(Kind::ServiceCidr, "", n)),
+                ),
+                Kind::Endpoints => keys.extend(self.mirrored.keys().cloned()),
+            }
+        }
+        // Objects that were rejected are still "held" for Replace purposes.
+        keys.extend(
+            self.problems
+                .keys()
+                .filter(|k| kinds.contains(&k.kind))
+                .cloned(),
+        );
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    fn upsert(&mut self, object: &KubeObject, origin: Option<&str>) {
+        let key = object.key();
+        let mut problems = Vec::new();
+        match object {
+            KubeObject::Service(svc) => {
+                let converted = convert::convert_service(svc, &self.opts, &mut problems);
+                let name = ServiceName::new(&key.namespace, &key.name);
+                self.services.set(name, converted.map(Arc::new));
+            }
+            KubeObject::EndpointSlice(slice) => {
+                let converted = convert::convert_slice(slice, &mut problems);
+                self.set_slice((key.namespace.clone(), key.name.clone()), converted);
+            }
+            KubeObject::Node(node) => {
+                let converted = convert::convert_node(node, &mut problems);
+                self.nodes.set(key.name.clone(), converted.map(Arc::new));
+            }
+            KubeObject::ServiceCidr(cidr) => {
+                let converted = convert::convert_service_cidr(cidr, &mut problems);
+                self.service_cidrs
+                    .set(key.name.clone(), converted.map(Arc::new));
+            }
+            KubeObject::Endpoints(ep) => {
+                let mirrored = crate::mirror::endpoints_to_slices(ep);
+                for p in mirrored.problems {
+                    problems.push(Problem::new(&key, Severity::Ignored, "subsets", p));
+                }
+                let new_keys: Vec<ObjectKey> = mirrored
+                    .slices
+                    .iter()
+                    .map(|s| KubeObject::EndpointSlice(s.clone()).key())
+                    .collect();
+                for old in self.mirrored.remove(&key).unwrap_or_default() {
+                    if !new_keys.contains(&old) {
+                        self.delete(&old);
+                    }
+                }
+                for slice in mirrored.slices {
+                    self.upsert(&KubeObject::EndpointSlice(slice), origin);
+                }
+                self.mirrored.insert(key.clone(), new_keys);
+            }
+        }
+        self.record_problems(key, origin, problems);
+    }
+
+    fn delete(&mut self, key: &ObjectKey) {
+        match key.kind {
+            Kind::Service => {
+                self.services
+                    .set(ServiceName::new(&key.namespace, &key.name), None);
+            }
+            Kind::EndpointSlice => self.set_slice((key.namespace.clone(), key.name.clone()), None),
+            Kind::Node => {
+                self.nodes.set(key.name.clone(), None);
+            }
+            Kind::ServiceCidr => {
+                self.service_cidrs.set(key.name.clone(), None);
+            }
+            Kind::Endpoints => {
+                for old in self.mirrored.remove(key).unwrap_or_default() {
+                    self.delete(&old);
+                }
+            }
+        }
+        self.problems.remove(key);
+    }
+
+    fn set_slice(&mut self, key: SliceKey, slice: Option<Slice>) {
+        if let Some(old) = self.slices.get(&key) {
+            let svc = old.service.clone();
+            if let Some(set) = self.slices_by_service.get_mut(&svc) {
+                set.remove(&key.1);
+                if set.is_empty() {
+                    self.slices_by_service.remove(&svc);
+                }
+            }
+        }
+        if let Some(new) = &slice {
+            self.slices_by_service
+                .entry(new.service.clone())
+                .or_default()
+                .insert(key.1.clone());
+        }
+        self.slices.set(key, slice.map(Arc::new));
+    }
+
+    fn record_problems(
+        &mut self,
+        key: ObjectKey,
+        origin: Option<&str>,
+        mut problems: Vec<Problem>,
+    ) {
+        for p in &mut problems {
+            p.origin = origin.map(str::to_string);
+        }
+        if problems.is_empty() {
+            self.problems.remove(&key);
+            return;
+        }
+        // The same object re-sent unchanged (a re-list, a rescan) is not news.
+        if self.problems.get(&key) == Some(&problems) {
+            return;
+        }
+        for p in &problems {
+            log_problem(p);
+            if p.severity != Severity::Warning {
+                *self.invalid_counts.entry(p.object.kind).or_default() += 1;
+            }
+        }
+        self.problems.insert(key, problems);
+    }
+
+    /// Problems of the objects currently held, by object.
+    pub fn problems(&self) -> &BTreeMap<ObjectKey, Vec<Problem>> {
+        &self.problems
+    }
+
+    /// Invalid objects and fields seen since start, by kind.
+    pub fn invalid_counts(&self) -> &BTreeMap<Kind, u64> {
+        &self.invalid_counts
+    }
+
+    /// Services and slices changed since the last snapshot.
+    pub fn pending_changes(&self) -> (usize, usize) {
+        (self.services.pending(), self.slices.pending())
+    }
+
+    /// This node's Node object, if known.
+    pub fn own_node(&self) -> Option<&Arc<NodeInfo>> {
+        self.nodes.get(&self.config.node_name)
+    }
+
+    /// Builds this node's snapshots from everything applied so far, reusing the views
+    /// of services that did not change since the previous call.
+    pub fn snapshot(&mut self) -> SnapshotUpdate {
+        let service_changes = self.services.take_changes();
+        let slice_changes = self.slices.take_changes();
+        let node_changes = self.nodes.take_changes();
+        self.service_cidrs.take_changes();
+
+        let mut trigger_times = Vec::new();
+        let mut affected: BTreeSet<ServiceName> = BTreeSet::new();
+        affected.extend(service_changes.iter().map(|c| c.key.clone()));
+        for c in &slice_changes {
+            for s in c.previous.iter().chain(c.current.iter()) {
+                affected.insert(s.service.clone());
+            }
+            if let Some(t) = c
+                .current
+                .as_ref()
+                .and_then(|s| s.last_change_trigger_time.clone())
+            {
+                trigger_times.push(t);
+            }
+        }
+        let full =
+            self.last.is_none() || node_changes.iter().any(|c| c.key == self.config.node_name);
+        if full {
+            affected.extend(self.services.keys().cloned());
+        } else if node_changes.iter().any(|c| {
+            c.previous.as_ref().map(|n| &n.labels) != c.current.as_ref().map(|n| &n.labels)
+        }) {
+            // Other nodes' labels only matter to services with topology keys.
+            affected.extend(
+                self.services
+                    .iter()
+                    .filter(|(_, s)| s.ports.iter().any(|p| p.topology_keys.is_some()))
+                    .map(|(k, _)| k.clone()),
+            );
+        }
+        // A rejected re-upsert removes the service: make sure its old ports go.
+        affected.extend(
+            service_changes
+                .iter()
+                .filter(|c| c.current.is_none())
+                .map(|c| c.key.clone()),
+        );
+        self.warn_unmatched_slice_ports(&affected);
+
+        let mut changed = BTreeSet::new();
+        let (prev_v4, prev_v6) = match &self.last {
+            Some((a, b)) => (Some(a.clone()), Some(b.clone())),
+            None => (None, None),
+        };
+        let v4 =
+            Arc::new(self.build_family(IpFamily::V4, prev_v4.as_deref(), &affected, &mut changed));
+        let v6 =
+            Arc::new(self.build_family(IpFamily::V6, prev_v6.as_deref(), &affected, &mut changed));
+        self.last = Some((v4.clone(), v6.clone()));
+        SnapshotUpdate {
+            v4,
+            v6,
+            changed,
+            service_changes: service_changes.len(),
+            endpoint_changes: slice_changes.len(),
+            trigger_times,
+        }
+    }
+
+    fn build_family(
+        &self,
+        family: IpFamily,
+        previous: Option<&NodeSnapshot>,
+        affected: &BTreeSet<ServiceName>,
+        changed: &mut BTreeSet<ServicePortName>,
+    ) -> NodeSnapshot {
+        let mut ports = previous
+            .map(|p| p.service_ports.clone())
+            .unwrap_or_default();
+        let empty = BTreeMap::new();
+        let own = self.nodes.get(&self.config.node_name);
+        let node_labels = |name: &str| self.nodes.get(&name.to_string()).map(|n| &n.labels);
+        let ctx = NodeContext {
+            node_name: &self.config.node_name,
+            labels: own.map(|n| &n.labels).unwrap_or(&empty),
+            node_labels: &node_labels,
+        };
+        for svc_name in affected {
+            let old: Vec<ServicePortName> = ports
+                .range(port_range_start(svc_name)..)
+                .take_while(|(k, _)| &k.service == svc_name)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut old_views: HashMap<ServicePortName, Arc<ServicePortView>> = old
+                .into_iter()
+                .filter_map(|k| ports.remove(&k).map(|v| (k, v)))
+                .collect();
+            if let Some(svc) = self.services.get(svc_name) {
+                for port in &svc.ports {
+                    let Some(narrowed) = port.for_family(family) else {
+                        continue;
+                    };
+                    let endpoints = self.endpoints_for(&narrowed, family);
+                    let selection = select_endpoints(&narrowed, &endpoints, &ctx);
+                    let view = ServicePortView {
+                        port: Arc::new(narrowed),
+                        endpoints,
+                        selection,
+                    };
+                    let view = match old_views.remove(&port.name) {
+                        Some(old) if *old == view => old,
+                        _ => {
+                            changed.insert(port.name.clone());
+                            Arc::new(view)
+                        }
+                    };
+                    ports.insert(port.name.clone(), view);
+                }
+            }
+            changed.extend(old_views.into_keys());
+        }
+        let mut service_cidrs: Vec<IpNet> = self
+            .service_cidrs
+            .iter()
+            .flat_map(|(_, c)| c.iter().copied())
+            .filter(|n| IpFamily::of_net(n) == family)
+            .collect();
+        service_cidrs.sort();
+        service_cidrs.dedup();
+        NodeSnapshot {
+            node_name: self.config.node_name.clone(),
+            family,
+            node: own.cloned(),
+            service_cidrs,
+            service_ports: ports,
+        }
+    }
+
+    /// The endpoints of one service port in one family: every slice of the service of
+    /// that family contributes the endpoints of its port with the same name and
+    /// protocol, at that slice's port number. The same address and port listed twice
+    /// counts once (the local copy wins, as upstream).
+    fn endpoints_for(&self, port: &ServicePort, family: IpFamily) -> Vec<Endpoint> {
+        let svc = &port.name.service;
+        let mut by_addr: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
+        for slice_name in self.slices_by_service.get(svc).into_iter().flatten() {
+            let Some(slice) = self
+                .slices
+                .get(&(svc.namespace.clone(), slice_name.clone()))
+            else {
+                continue;
+            };
+            if slice.family != family {
+                continue;
+            }
+            let Some(sp) = slice
+                .ports
+                .iter()
+                .find(|p| p.name == port.name.port && p.protocol == port.name.protocol)
+            else {
+                continue;
+            };
+            for e in &slice.endpoints {
+                let ep = Endpoint {
+                    ip: e.ip,
+                    port: sp.port,
+                    node_name: e.node_name.clone(),
+                    zone: e.zone.clone(),
+                    ready: e.ready,
+                    serving: e.serving,
+                    terminating: e.terminating,
+                    zone_hints: e.zone_hints.clone(),
+                    node_hints: e.node_hints.clone(),
+                };
+                let local = ep.node_name.as_deref() == Some(self.config.node_name.as_str());
+                match by_addr.entry((ep.ip, ep.port)) {
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(ep);
+                    }
+                    std::collections::btree_map::Entry::Occupied(mut o) => {
+                        if local {
+                            o.insert(ep);
+                        }
+                    }
+                }
+            }
+        }
+        by_addr.into_values().collect()
+    }
+
+    /// A slice port that names no port of its (existing) service is a mistake worth
+    /// saying once, when the service or slice changes.
+    fn warn_unmatched_slice_ports(&mut self, affected: &BTreeSet<ServiceName>) {
+        let mut found = Vec::new();
+        for svc_name in affected {
+            let Some(svc) = self.services.get(svc_name) else {
+                continue;
+            };
+            for slice_name in self.slices_by_service.get(svc_name).into_iter().flatten() {
+                let Some(slice) = self
+                    .slices
+                    .get(&(svc_name.namespace.clone(), slice_name.clone()))
+                else {
+                    continue;
+                };
+                for (i, sp) in slice.ports.iter().enumerate() {
+                    let matched = svc
+                        .ports
+                        .iter()
+                        .any(|p| p.name.port == sp.name && p.name.protocol == sp.protocol);
+                    if !matched {
+                        let key =
+                            ObjectKey::new(Kind::EndpointSlice, &svc_name.namespace, slice_name);
+                        found.push(Problem::new(
+                            &key,
+                            Severity::Ignored,
+                            format!("ports[{i}]"),
+                            format!(
+                                "port {}/{} matches no port of service {svc_name}",
+                                crate::problem::quote(&sp.name),
+                                sp.protocol
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for p in found {
+            log_problem(&p);
+            *self.invalid_counts.entry(Kind::EndpointSlice).or_default() += 1;
+        }
+    }
+}
+
+fn port_range_start(svc: &ServiceName) -> ServicePortName {
+    ServicePortName {
+        service: svc.clone(),
+        port: String::new(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+fn log_problem(p: &Problem) {
+    match p.severity {
+        Severity::Rejected | Severity::Ignored => tracing::error!(
+            kind = %p.object.kind,
+            object = %p.object,
+            origin = p.origin.as_deref().unwrap_or(""),
+            field = %p.field,
+            "{}",
+            p
+        ),
+        Severity::Warning => tracing::warn!(
+            kind = %p.object.kind,
+            object = %p.object,
+            origin = p.origin.as_deref().unwrap_or(""),
+            field = %p.field,
+            "{}",
+            p
+        ),
+    }
+}
