@@ -1,0 +1,285 @@
+//! The sync runner: turns a stream of source updates into bounded-frequency syncs.
+//!
+//! Entry point: [`run`]. Bursts of updates are coalesced so that syncs happen at most
+//! once per `min_sync_period`; a full resync happens at least once per `sync_period`;
+//! a failed sync is retried with exponential backoff (and the retry is a full sync,
+//! since the kernel state is then unknown) while the last good rules stay in force.
+//! Time comes from tokio's clock, so tests run it with paused time.
+
+use std::time::Duration;
+
+use svcproxy_core::objects::SourceUpdate;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+#[derive(Clone, Copy, Debug)]
+pub struct RunnerConfig {
+    pub min_sync_period: Duration,
+    pub sync_period: Duration,
+    /// First retry delay after a failed sync; doubles per failure up to `retry_max`.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+}
+
+impl RunnerConfig {
+    pub fn new(min_sync_period: Duration, sync_period: Duration) -> Self {
+        RunnerConfig {
+            min_sync_period,
+            sync_period,
+            retry_min: Duration::from_secs(1),
+            retry_max: sync_period.max(Duration::from_secs(1)),
+        }
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        let factor = 1u32.checked_shl(failures.saturating_sub(1).min(20)).unwrap_or(u32::MAX);
+        self.retry_min.saturating_mul(factor).min(self.retry_max)
+    }
+}
+
+/// What the runner drives: a state that takes updates and a data plane that syncs.
+pub trait Syncer {
+    /// Records updates from a source; called as they arrive, between syncs.
+    fn apply(&mut self, updates: Vec<SourceUpdate>);
+    /// Programs the data plane from the current state. `full` asks for a complete
+    /// rewrite rather than a partial one.
+    fn sync(&mut self, full: bool) -> anyhow::Result<()>;
+    /// Called when updates are queued but not yet synced (for health and metrics).
+    fn queued(&mut self) {}
+}
+
+/// Messages sources send to the runner.
+#[derive(Debug)]
+pub enum Event {
+    Updates(Vec<SourceUpdate>),
+}
+
+/// Runs until `events` closes (every source is gone) or, with `once`, after the first
+/// sync. Returns the result of the last sync attempt. The caller must have applied
+/// every source's initial list before calling, so the first sync never programs a
+/// partial picture.
+pub async fn run<S: Syncer>(
+    cfg: RunnerConfig,
+    syncer: &mut S,
+    mut events: mpsc::Receiver<Event>,
+    once: bool,
+) -> anyhow::Result<()> {
+    // The first sync is due at once and is full.
+    let mut pending = true;
+    let mut force_full = true;
+    let mut last_sync: Option<Instant> = None;
+    let mut last_full = Instant::now();
+    let mut failures: u32 = 0;
+    let mut retry_at: Option<Instant> = None;
+    let mut events_open = true;
+
+    loop {
+        let now = Instant::now();
+        let periodic_due = last_full + cfg.sync_period;
+        let mut due = periodic_due;
+        if pending {
+            let earliest = last_sync.map_or(now, |t| t + cfg.min_sync_period);
+            due = due.min(earliest.max(retry_at.unwrap_or(earliest)));
+        }
+
+        if due <= now {
+            let full = force_full || now >= periodic_due;
+            match syncer.sync(full) {
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(after_failures = failures, "sync succeeded again");
+                    }
+                    failures = 0;
+                    retry_at = None;
+                    pending = false;
+                    force_full = false;
+                    if full {
+                        last_full = now;
+                    }
+                    last_sync = Some(now);
+                    if once {
+                        return Ok(());
+                    }
+                }
+                Err(err) => {
+                    failures += 1;
+                    let delay = cfg.backoff(failures);
+                    tracing::error!(error = %format!("{err:#}"), failures, retry_in = ?delay, "sync failed; the previous rules stay in force");
+                    if once {
+                        return Err(err);
+                    }
+                    retry_at = Some(now + delay);
+                    pending = true;
+                    force_full = true;
+                    last_sync = Some(now);
+                }
+            }
+            continue;
+        }
+
+        if !events_open {
+            tokio::time::sleep_until(due).await;
+            continue;
+        }
+        tokio::select! {
+            ev = events.recv() => match ev {
+                Some(Event::Updates(updates)) => {
+                    if !updates.is_empty() {
+                        syncer.apply(updates);
+                        pending = true;
+                        syncer.queued();
+                    }
+                }
+                None => {
+                    events_open = false;
+                    tracing::debug!("all sources closed; periodic syncs continue");
+                }
+            },
+            _ = tokio::time::sleep_until(due) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Log {
+        syncs: Vec<(Duration, bool)>,
+        applied: usize,
+        fail_next: u32,
+    }
+
+    struct FakeSyncer {
+        start: Instant,
+        log: Arc<Mutex<Log>>,
+    }
+
+    impl Syncer for FakeSyncer {
+        fn apply(&mut self, updates: Vec<SourceUpdate>) {
+            self.log.lock().unwrap().applied += updates.len();
+        }
+        fn sync(&mut self, full: bool) -> anyhow::Result<()> {
+            let mut log = self.log.lock().unwrap();
+            log.syncs.push((self.start.elapsed(), full));
+            if log.fail_next > 0 {
+                log.fail_next -= 1;
+                anyhow::bail!("injected failure");
+            }
+            Ok(())
+        }
+    }
+
+    fn update() -> Event {
+        Event::Updates(vec![SourceUpdate::Delete(
+            svcproxy_core::objects::ObjectKey::new(
+                svcproxy_core::objects::Kind::Service,
+                "ns",
+                "x",
+            ),
+        )])
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    /// Spawns the runner and returns its log and event sender.
+    fn start(
+        cfg: RunnerConfig,
+        fail_first: u32,
+    ) -> (Arc<Mutex<Log>>, mpsc::Sender<Event>, Instant) {
+        let log = Arc::new(Mutex::new(Log {
+            fail_next: fail_first,
+            ..Log::default()
+        }));
+        let (tx, rx) = mpsc::channel(16);
+        let start = Instant::now();
+        let mut syncer = FakeSyncer {
+            start,
+            log: log.clone(),
+        };
+        tokio::spawn(async move { run(cfg, &mut syncer, rx, false).await });
+        (log, tx, start)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bursts_are_coalesced_to_one_sync_per_min_sync_period() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let (log, tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(0.1)).await;
+        for _ in 0..50 {
+            tx.send(update()).await.unwrap();
+            tokio::time::sleep(secs(0.01)).await;
+        }
+        tokio::time::sleep(secs(3.0)).await;
+        let log = log.lock().unwrap();
+        assert_eq!(log.applied, 50);
+        // The initial full sync at 0, then one partial sync at 1s for the whole burst.
+        assert_eq!(log.syncs, vec![(secs(0.0), true), (secs(1.0), false)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_min_sync_period_syncs_immediately() {
+        let cfg = RunnerConfig::new(Duration::ZERO, secs(30.0));
+        let (log, tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(0.5)).await;
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(secs(0.1)).await;
+        assert_eq!(
+            log.lock().unwrap().syncs,
+            vec![(secs(0.0), true), (secs(0.5), false)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_resync_runs_every_sync_period_without_changes() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let (log, _tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(95.0)).await;
+        assert_eq!(
+            log.lock().unwrap().syncs,
+            vec![
+                (secs(0.0), true),
+                (secs(30.0), true),
+                (secs(60.0), true),
+                (secs(90.0), true)
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_syncs_are_retried_with_backoff_as_full_syncs() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let (log, _tx, _) = start(cfg, 3);
+        tokio::time::sleep(secs(10.0)).await;
+        assert_eq!(
+            log.lock().unwrap().syncs,
+            vec![
+                (secs(0.0), true),
+                (secs(1.0), true),
+                (secs(3.0), true),
+                (secs(7.0), true)
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_returns_the_first_sync_result() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let log = Arc::new(Mutex::new(Log {
+            fail_next: 1,
+            ..Log::default()
+        }));
+        let (_tx, rx) = mpsc::channel(1);
+        let mut syncer = FakeSyncer {
+            start: Instant::now(),
+            log,
+        };
+        assert!(run(cfg, &mut syncer, rx, true).await.is_err());
+        let (_tx, rx) = mpsc::channel(1);
+        assert!(run(cfg, &mut syncer, rx, true).await.is_ok());
+    }
+}

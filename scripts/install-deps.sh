@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what svcproxy's demo and tests need on a fresh Debian/Ubuntu machine:
+# nftables, iproute2, conntrack (the data plane's tools) and a Rust toolchain check.
+# Idempotent: does nothing when everything is already there.
+set -euo pipefail
+
+need=()
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
+command -v iptables-restore >/dev/null 2>&1 || need+=(iptables)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "svcproxy: need root to install: ${need[*]}" >&2
+    exit 1
+  fi
+  echo "svcproxy: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "svcproxy: cargo (a stable Rust toolchain) is required: https://rustup.rs" >&2
+  exit 1
+fi
