@@ -234,7 +234,7 @@ pub fn convert_service(
         return None;
     };
     let service_type = match spec.type_.as_deref() {
-        None | Some("ClusterIP") => ServiceType::ClusterIP,
+        None | Some("") | Some("ClusterIP") => ServiceType::ClusterIP,
         Some("NodePort") => ServiceType::NodePort,
         Some("LoadBalancer") => ServiceType::LoadBalancer,
         Some("ExternalName") => return None,
@@ -448,7 +448,9 @@ pub fn convert_service(
             );
             continue;
         }
-        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
+        // The API server defaults an empty service port protocol to TCP.
+        let Some(protocol) = Protocol::parse(p.protocol.as_deref().filter(|s| !s.is_empty()))
+        else {
             ctx.ignore(
                 format!("{field}.protocol"),
                 format!(
@@ -564,7 +566,14 @@ fn parse_lb_ingress(ctx: &mut Ctx<'_>, svc: &corev1::Service) -> Vec<LoadBalance
         .and_then(|lb| lb.ingress.as_deref())
         .unwrap_or_default();
     let mut out: Vec<LoadBalancerIngress> = Vec::new();
-    for (i, ing) in ingress.iter().enumerate().take(MAX_ADDRESS_LIST) {
+    for (i, ing) in ingress.iter().enumerate() {
+        if i == MAX_ADDRESS_LIST {
+            ctx.ignore(
+                "status.loadBalancer.ingress",
+                format!("more than {MAX_ADDRESS_LIST} entries; the rest ignored"),
+            );
+            break;
+        }
         let field = format!("status.loadBalancer.ingress[{i}]");
         // Hostname-only entries (some clouds) carry no IP for the proxy to capture.
         let Some(raw) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
@@ -611,7 +620,14 @@ fn parse_source_ranges(
         },
     };
     let mut out = Vec::new();
-    for (i, s) in raw.iter().enumerate().take(MAX_ADDRESS_LIST) {
+    for (i, s) in raw.iter().enumerate() {
+        if i == MAX_ADDRESS_LIST {
+            ctx.ignore(
+                field.as_str(),
+                format!("more than {MAX_ADDRESS_LIST} entries; the rest ignored"),
+            );
+            break;
+        }
         match parse_cidr(s) {
             Some(net) => out.push(net),
             None => ctx.ignore(
@@ -738,12 +754,18 @@ pub fn convert_slice(
         return None;
     }
     let raw_ports = slice.ports.as_deref().unwrap_or_default();
-    if raw_ports.len() > MAX_SLICE_PORTS || slice.endpoints.len() > MAX_SLICE_ENDPOINTS {
+    if raw_ports.len() > MAX_SLICE_PORTS {
         ctx.reject(
-            "",
+            "ports",
+            format!("{} ports; at most {MAX_SLICE_PORTS}", raw_ports.len()),
+        );
+        return None;
+    }
+    if slice.endpoints.len() > MAX_SLICE_ENDPOINTS {
+        ctx.reject(
+            "endpoints",
             format!(
-                "{} ports and {} endpoints; at most {MAX_SLICE_PORTS} and {MAX_SLICE_ENDPOINTS}",
-                raw_ports.len(),
+                "{} endpoints; at most {MAX_SLICE_ENDPOINTS}",
                 slice.endpoints.len()
             ),
         );

@@ -67,15 +67,38 @@ impl ObjectKey {
 
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Keys of rejected objects can hold anything; print those quoted and bounded
+        // so a hostile name cannot forge or flood log lines.
+        let show = |s: &str| -> String {
+            let plain = !s.is_empty()
+                && s.len() <= 253
+                && s.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+                });
+            if plain {
+                s.to_string()
+            } else {
+                crate::problem::quote(s)
+            }
+        };
         if self.namespace.is_empty() {
-            write!(f, "{} {}", self.kind, self.name)
+            write!(f, "{} {}", self.kind, show(&self.name))
         } else {
-            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+            write!(
+                f,
+                "{} {}/{}",
+                self.kind,
+                show(&self.namespace),
+                show(&self.name)
+            )
         }
     }
 }
 
 /// One raw object as a source read it.
+// Objects arrive one at a time from sources; boxing each would cost an allocation
+// per event for no memory win.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum KubeObject {
     Service(Service),
@@ -125,6 +148,7 @@ impl KubeObject {
 }
 
 /// What a source tells the state.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum SourceUpdate {
     /// Add or replace one object. `origin` names where it came from (a file path,

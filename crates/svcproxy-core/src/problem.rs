@@ -58,7 +58,7 @@ impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.object)?;
         if let Some(origin) = &self.origin {
-            write!(f, " (from {origin})")?;
+            write!(f, " (from {})", quote_path(origin))?;
         }
         if !self.field.is_empty() {
             write!(f, ": {}", self.field)?;
@@ -82,4 +82,13 @@ pub fn quote(value: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// A path for a message: as is when it is printable, else quoted and bounded.
+fn quote_path(path: &str) -> String {
+    if path.len() <= 4096 && !path.chars().any(char::is_control) {
+        path.to_string()
+    } else {
+        quote(path)
+    }
 }

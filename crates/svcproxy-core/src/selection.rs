@@ -45,7 +45,7 @@ impl Selection {
             .flatten()
             .chain(self.local_endpoints.iter().flatten())
             .collect();
-        all.sort_by(|a, b| (a.ip, a.port).cmp(&(b.ip, b.port)));
+        all.sort_by_key(|e| (e.ip, e.port));
         all.dedup_by(|a, b| (a.ip, a.port) == (b.ip, b.port));
         all
     }
@@ -111,7 +111,7 @@ fn ready_or_terminating<'e>(
 
 fn collect<'e>(it: impl Iterator<Item = &'e Endpoint>) -> Vec<Endpoint> {
     let mut v: Vec<Endpoint> = it.cloned().collect();
-    v.sort_by(|a, b| (a.ip, a.port).cmp(&(b.ip, b.port)));
+    v.sort_by_key(|e| (e.ip, e.port));
     v
 }
 

@@ -66,6 +66,9 @@ pub struct ClusterState {
     mirrored: HashMap<ObjectKey, Vec<ObjectKey>>,
     /// Problems of the objects currently held, by object (for reports).
     problems: BTreeMap<ObjectKey, Vec<Problem>>,
+    /// Slice ports that match no port of their service, by slice: found when the
+    /// service is re-evaluated, reported only when they change.
+    unmatched_ports: BTreeMap<ObjectKey, Vec<Problem>>,
     /// Invalid objects and fields seen, by kind (a metric).
     invalid_counts: BTreeMap<Kind, u64>,
     last: Option<(Arc<NodeSnapshot>, Arc<NodeSnapshot>)>,
@@ -85,6 +88,7 @@ impl ClusterState {
             service_cidrs: Tracker::default(),
             mirrored: HashMap::new(),
             problems: BTreeMap::new(),
+            unmatched_ports: BTreeMap::new(),
             invalid_counts: BTreeMap::new(),
             last: None,
         }
@@ -124,11 +128,17 @@ impl ClusterState {
                         .keys()
                         .map(|k| ObjectKey::new(Kind::Service, &k.namespace, &k.name)),
                 ),
-                Kind::EndpointSlice => keys.extend(
-                    self.slices
-                        .keys()
-                        .map(|(ns, n)| ObjectKey::new(Kind::EndpointSlice, ns, n)),
-                ),
+                Kind::EndpointSlice => {
+                    // Slices mirrored from Endpoints belong to their Endpoints object:
+                    // a re-list of slices alone must not remove them.
+                    let mirrored: HashSet<&ObjectKey> = self.mirrored.values().flatten().collect();
+                    keys.extend(
+                        self.slices
+                            .keys()
+                            .map(|(ns, n)| ObjectKey::new(Kind::EndpointSlice, ns, n))
+                            .filter(|k| !mirrored.contains(k)),
+                    )
+                }
                 Kind::Node => {
                     keys.extend(self.nodes.keys().map(|n| ObjectKey::new(Kind::Node, "", n)))
                 }
@@ -141,10 +151,11 @@ impl ClusterState {
             }
         }
         // Objects that were rejected are still "held" for Replace purposes.
+        let mirrored: HashSet<&ObjectKey> = self.mirrored.values().flatten().collect();
         keys.extend(
             self.problems
                 .keys()
-                .filter(|k| kinds.contains(&k.kind))
+                .filter(|k| kinds.contains(&k.kind) && !mirrored.contains(k))
                 .cloned(),
         );
         keys.sort();
@@ -218,6 +229,7 @@ impl ClusterState {
             }
         }
         self.problems.remove(key);
+        self.unmatched_ports.remove(key);
     }
 
     fn set_slice(&mut self, key: SliceKey, slice: Option<Slice>) {
@@ -266,8 +278,12 @@ impl ClusterState {
     }
 
     /// Problems of the objects currently held, by object.
-    pub fn problems(&self) -> &BTreeMap<ObjectKey, Vec<Problem>> {
-        &self.problems
+    pub fn problems(&self) -> BTreeMap<ObjectKey, Vec<Problem>> {
+        let mut all = self.problems.clone();
+        for (k, v) in &self.unmatched_ports {
+            all.entry(k.clone()).or_default().extend(v.iter().cloned());
+        }
+        all
     }
 
     /// Invalid objects and fields seen since start, by kind.
@@ -474,45 +490,58 @@ impl ClusterState {
     }
 
     /// A slice port that names no port of its (existing) service is a mistake worth
-    /// saying once, when the service or slice changes.
+    /// saying once: re-checked when the service is re-evaluated, reported and counted
+    /// only when the list for a slice changes.
     fn warn_unmatched_slice_ports(&mut self, affected: &BTreeSet<ServiceName>) {
-        let mut found = Vec::new();
         for svc_name in affected {
-            let Some(svc) = self.services.get(svc_name) else {
-                continue;
-            };
-            for slice_name in self.slices_by_service.get(svc_name).into_iter().flatten() {
-                let Some(slice) = self
-                    .slices
-                    .get(&(svc_name.namespace.clone(), slice_name.clone()))
-                else {
-                    continue;
-                };
-                for (i, sp) in slice.ports.iter().enumerate() {
-                    let matched = svc
-                        .ports
-                        .iter()
-                        .any(|p| p.name.port == sp.name && p.name.protocol == sp.protocol);
-                    if !matched {
-                        let key =
-                            ObjectKey::new(Kind::EndpointSlice, &svc_name.namespace, slice_name);
-                        found.push(Problem::new(
-                            &key,
-                            Severity::Ignored,
-                            format!("ports[{i}]"),
-                            format!(
-                                "port {}/{} matches no port of service {svc_name}",
-                                crate::problem::quote(&sp.name),
-                                sp.protocol
-                            ),
-                        ));
+            let svc = self.services.get(svc_name).cloned();
+            let slice_names: Vec<String> = self
+                .slices_by_service
+                .get(svc_name)
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            for slice_name in slice_names {
+                let key = ObjectKey::new(Kind::EndpointSlice, &svc_name.namespace, &slice_name);
+                let mut found = Vec::new();
+                if let (Some(svc), Some(slice)) = (
+                    svc.as_ref(),
+                    self.slices
+                        .get(&(svc_name.namespace.clone(), slice_name.clone())),
+                ) {
+                    for (i, sp) in slice.ports.iter().enumerate() {
+                        let matched = svc
+                            .ports
+                            .iter()
+                            .any(|p| p.name.port == sp.name && p.name.protocol == sp.protocol);
+                        if !matched {
+                            found.push(Problem::new(
+                                &key,
+                                Severity::Ignored,
+                                format!("ports[{i}]"),
+                                format!(
+                                    "port {}/{} matches no port of service {svc_name}",
+                                    crate::problem::quote(&sp.name),
+                                    sp.protocol
+                                ),
+                            ));
+                        }
                     }
                 }
+                if found.is_empty() {
+                    self.unmatched_ports.remove(&key);
+                    continue;
+                }
+                if self.unmatched_ports.get(&key) == Some(&found) {
+                    continue;
+                }
+                for p in &found {
+                    log_problem(p);
+                    *self.invalid_counts.entry(Kind::EndpointSlice).or_default() += 1;
+                }
+                self.unmatched_ports.insert(key, found);
             }
-        }
-        for p in found {
-            log_problem(&p);
-            *self.invalid_counts.entry(Kind::EndpointSlice).or_default() += 1;
         }
     }
 }

@@ -239,7 +239,11 @@ fn topology_keys_follow_the_proposal_test_plan() {
     let mut failures = Vec::new();
     for (key_set, topo, want) in table {
         let mut port = cluster_ip_port();
-        port.topology_keys = if key_set.is_empty() { None } else { keys(key_set) };
+        port.topology_keys = if key_set.is_empty() {
+            None
+        } else {
+            keys(key_set)
+        };
         let got = select(&port, &topology(topo));
         let got_names = names(&got.cluster_endpoints).unwrap();
         if got_names != *want {
@@ -339,7 +343,10 @@ fn internal_local_policy_uses_only_this_nodes_endpoints() {
     let mut port = cluster_ip_port();
     port.internal_traffic_policy = TrafficPolicy::Local;
     let sel = select(&port, &[ep("local"), ep("local2"), ep("far")]);
-    assert_eq!(sel.cluster_endpoints, None, "no traffic uses the cluster policy");
+    assert_eq!(
+        sel.cluster_endpoints, None,
+        "no traffic uses the cluster policy"
+    );
     assert_eq!(names(&sel.local_endpoints), Some(vec!["local", "local2"]));
 }
 
@@ -431,7 +438,11 @@ fn hinted() -> Vec<Endpoint> {
 #[test]
 fn zone_hints_are_used_when_the_service_opts_in() {
     for (case, td, mode) in [
-        ("PreferSameZone", Some(TrafficDistribution::PreferSameZone), None),
+        (
+            "PreferSameZone",
+            Some(TrafficDistribution::PreferSameZone),
+            None,
+        ),
         ("PreferClose", Some(TrafficDistribution::PreferClose), None),
         ("topology-mode Auto", None, Some("Auto")),
         ("topology-mode auto", None, Some("auto")),
@@ -440,19 +451,33 @@ fn zone_hints_are_used_when_the_service_opts_in() {
         port.traffic_distribution = td;
         port.topology_mode = mode.map(str::to_string);
         let sel = select(&port, &hinted());
-        assert_eq!(names(&sel.cluster_endpoints), Some(vec!["local", "zone"]), "{case}");
-        assert!(sel.reason.contains("zone hints for zone-1"), "{case}: {}", sel.reason);
+        assert_eq!(
+            names(&sel.cluster_endpoints),
+            Some(vec!["local", "zone"]),
+            "{case}"
+        );
+        assert!(
+            sel.reason.contains("zone hints for zone-1"),
+            "{case}: {}",
+            sel.reason
+        );
     }
 }
 
 #[test]
 fn hints_are_ignored_without_opt_in() {
     let sel = select(&cluster_ip_port(), &hinted());
-    assert_eq!(names(&sel.cluster_endpoints), Some(vec!["far", "local", "zone"]));
+    assert_eq!(
+        names(&sel.cluster_endpoints),
+        Some(vec!["far", "local", "zone"])
+    );
     let mut port = cluster_ip_port();
     port.topology_mode = Some("Disabled".into());
     let sel = select(&port, &hinted());
-    assert_eq!(names(&sel.cluster_endpoints), Some(vec!["far", "local", "zone"]));
+    assert_eq!(
+        names(&sel.cluster_endpoints),
+        Some(vec!["far", "local", "zone"])
+    );
 }
 
 #[test]
@@ -495,7 +520,10 @@ fn hints_are_ignored_on_a_node_without_a_zone_label() {
     let mut port = cluster_ip_port();
     port.traffic_distribution = Some(TrafficDistribution::PreferSameZone);
     let sel = select_on(THIS_NODE, &all, &port, &hinted());
-    assert_eq!(names(&sel.cluster_endpoints), Some(vec!["far", "local", "zone"]));
+    assert_eq!(
+        names(&sel.cluster_endpoints),
+        Some(vec!["far", "local", "zone"])
+    );
 }
 
 #[test]
@@ -515,7 +543,11 @@ fn node_hints_win_over_zone_hints() {
     let eps_without_b = [eps[0].clone(), eps[2].clone()];
     let on_b = select_on("node-b", &nodes(), &port, &eps_without_b);
     // With no endpoint hinted for node-b, node-b falls back to its zone's hints.
-    assert_eq!(names(&on_b.cluster_endpoints), Some(vec!["local"]), "zone-1 hints");
+    assert_eq!(
+        names(&on_b.cluster_endpoints),
+        Some(vec!["local"]),
+        "zone-1 hints"
+    );
 }
 
 #[test]
