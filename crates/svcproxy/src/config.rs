@@ -1,0 +1,857 @@
+//! Configuration: kube-proxy's command-line flags and `KubeProxyConfiguration` file,
+//! resolved with kube-proxy's precedence into the [`Settings`] the rest of svcproxy uses.
+//!
+//! Entry point: [`resolve`]. Submodules: `flags` ([`ProxyFlags`]), `file`
+//! ([`KubeProxyConfiguration`]), `duration` (Go duration syntax).
+//!
+//! Precedence, as upstream: kube-proxy binds its flags into a config struct and, when
+//! `--config` is given, replaces that struct with the loaded file. So with a file, every
+//! flag the file models is ignored (and svcproxy warns about those given explicitly),
+//! whether or not the file sets the field; absent file fields take upstream's
+//! *file* defaults. Only `--hostname-override` (when non-empty) wins over the file, and
+//! flags outside the config (`--master`, `--cleanup`, `-v`, svcproxy's own) always apply.
+
+pub mod duration;
+pub mod file;
+pub mod flags;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use duration::{format_go_duration, GoDuration};
+pub use file::KubeProxyConfiguration;
+pub use flags::{explicitly_set_in, ProxyFlags};
+use flags::{system_hostname, CONFIG_MODELED_FLAGS};
+
+/// Everything svcproxy's runtime needs, with defaults applied and values validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The Node this proxy serves: `--hostname-override`, else the file's
+    /// `hostnameOverride`, else the host name; trimmed and lowercased.
+    pub node_name: String,
+    pub proxy_mode: ProxyMode,
+    /// kube-proxy's `bindAddress`: an override for the node's primary IP. Unspecified
+    /// (0.0.0.0 or ::) means "from the Node object"; its family still hints the
+    /// primary IP family.
+    pub bind_address: IpAddr,
+    /// Pod CIDRs: empty, one, or one per IP family.
+    pub cluster_cidrs: Vec<IpNet>,
+    pub nodeport_addresses: NodePortAddresses,
+    pub masquerade_all: bool,
+    /// Bit (0-31) of the packet mark that flags packets for SNAT.
+    pub masquerade_bit: u8,
+    /// iptables mode, IPv4 only: NodePorts also answer on 127.0.0.1.
+    pub localhost_nodeports: bool,
+    /// `None`: health check server disabled.
+    pub healthz_bind: Option<SocketAddr>,
+    /// `None`: metrics server disabled.
+    pub metrics_bind: Option<SocketAddr>,
+    pub min_sync_period: Duration,
+    pub sync_period: Duration,
+    /// Informer resync period (kube-proxy's configSyncPeriod).
+    pub config_sync_period: Duration,
+    /// `None`: in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
+    /// API server URL overriding the kubeconfig's.
+    pub master: Option<String>,
+    pub client_connection: ClientConnection,
+    pub cleanup: bool,
+    pub detect_local: DetectLocal,
+    pub conntrack: Conntrack,
+    /// The `--config` file the settings came from, if any (to watch it for changes, as
+    /// kube-proxy exits when its config file changes).
+    pub config_file: Option<PathBuf>,
+    pub manifests: Option<PathBuf>,
+    pub service_proxy_name: Option<String>,
+    pub once: bool,
+    /// klog-style verbosity (`-v`), or the file's logging.verbosity if `-v` is not given.
+    pub verbosity: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProxyMode {
+    /// svcproxy's default (kube-proxy's default is iptables).
+    #[default]
+    Nftables,
+    Iptables,
+}
+
+impl ProxyMode {
+    /// The name kube-proxy uses for the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Iptables => "iptables",
+        }
+    }
+}
+
+impl std::fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which node IPs accept NodePort connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// The Node object's primary IP(s), one per family (`primary`; nftables' default).
+    Primary,
+    /// Every local IP (iptables' default when unset).
+    All,
+    /// Local IPs within these ranges (never empty).
+    Cidrs(Vec<IpNet>),
+}
+
+/// How pod-originated ("local") traffic is recognised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetectLocal {
+    /// No local detection (ClusterCIDR mode without a cluster CIDR, as upstream).
+    None,
+    /// Source IP within the cluster CIDR(s), at most one per family.
+    ClusterCidr(Vec<IpNet>),
+    /// Source IP within the Node object's `spec.podCIDRs` (known only at run time).
+    NodeCidr,
+    /// Arriving through this bridge interface.
+    BridgeInterface(String),
+    /// Arriving through an interface whose name starts with this prefix.
+    InterfaceNamePrefix(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientConnection {
+    pub qps: f32,
+    pub burst: u32,
+    pub content_type: String,
+    /// Accept header; empty means the client's default (application/json).
+    pub accept_content_types: String,
+}
+
+/// Conntrack sysctls to apply. `None` timeouts and a zero `max_per_core` mean "leave
+/// the kernel's value as it is", as kube-proxy's 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conntrack {
+    pub max_per_core: u32,
+    pub min: u32,
+    pub tcp_established_timeout: Option<Duration>,
+    pub tcp_close_wait_timeout: Option<Duration>,
+    pub tcp_be_liberal: bool,
+    pub udp_timeout: Option<Duration>,
+    pub udp_stream_timeout: Option<Duration>,
+}
+
+const HEALTHZ_PORT: u16 = 10256;
+const METRICS_PORT: u16 = 10249;
+const DEFAULT_MASQUERADE_BIT: u8 = 14;
+const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+const DEFAULT_CONFIG_SYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
+const DEFAULT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
+
+/// Resolves flags (and the `--config` file they name) into [`Settings`], plus warnings
+/// for the caller to log (`tracing::warn!` each). `explicitly_set(id)` tells whether
+/// the flag with clap id `id` (the [`ProxyFlags`] field name) was given on the command
+/// line; [`explicitly_set_in`] builds it from `ArgMatches`.
+///
+/// Errors name the flag or config field and the bad value; all invalid values are
+/// reported at once.
+pub fn resolve(
+    flags: &ProxyFlags,
+    explicitly_set: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<(Settings, Vec<String>)> {
+    resolve_with(flags, explicitly_set, &system_hostname)
+}
+
+/// The configuration fields that come from either the flags or the file.
+struct Modeled {
+    proxy_mode: ProxyMode,
+    bind_address: IpAddr,
+    cluster_cidrs: Vec<IpNet>,
+    /// `None`: the mode's default.
+    nodeport_addresses: Option<NodePortAddresses>,
+    masquerade_all: bool,
+    masquerade_bit: u8,
+    localhost_nodeports: bool,
+    healthz_bind: Option<SocketAddr>,
+    metrics_bind: Option<SocketAddr>,
+    min_sync_period: Duration,
+    sync_period: Duration,
+    config_sync_period: Duration,
+    kubeconfig: Option<PathBuf>,
+    client_connection: ClientConnection,
+    detect_local: DetectLocal,
+    conntrack: Conntrack,
+    hostname_override: Option<String>,
+    verbosity: Option<u32>,
+}
+
+/// Collects every validation error so that one run reports them all.
+#[derive(Default)]
+struct Errors(Vec<String>);
+
+impl Errors {
+    fn push(&mut self, msg: String) {
+        self.0.push(msg);
+    }
+
+    /// `r`'s value, or `fallback` after recording its error under `field`.
+    fn check<T>(&mut self, field: &str, r: Result<T, String>, fallback: T) -> T {
+        r.unwrap_or_else(|e| {
+            self.push(format!("{field}: {e}"));
+            fallback
+        })
+    }
+
+    fn finish(self, what: &str) -> anyhow::Result<()> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => anyhow::bail!("invalid {what}: {}", self.0[0]),
+            _ => anyhow::bail!("invalid {what}:\n  {}", self.0.join("\n  ")),
+        }
+    }
+}
+
+fn resolve_with(
+    flags: &ProxyFlags,
+    explicitly_set: &dyn Fn(&str) -> bool,
+    hostname: &dyn Fn() -> anyhow::Result<String>,
+) -> anyhow::Result<(Settings, Vec<String>)> {
+    let mut warnings = Vec::new();
+    let mut errors = Errors::default();
+    let modeled = match &flags.config {
+        None => {
+            let m = from_flags(flags, &mut errors, &mut warnings);
+            errors.finish("flags")?;
+            m
+        }
+        Some(path) => {
+            let file = KubeProxyConfiguration::load(path)?;
+            let ignored: Vec<&str> = CONFIG_MODELED_FLAGS
+                .iter()
+                .filter(|(id, _)| explicitly_set(id))
+                .map(|&(_, flag)| flag)
+                .collect();
+            if !ignored.is_empty() {
+                warnings.push(format!(
+                    "ignoring {} because --config is set (as with kube-proxy, the config file \
+                     replaces the flags it models; set these in {} instead)",
+                    ignored.join(", "),
+                    path.display()
+                ));
+            }
+            let m = from_file(&file, &mut errors, &mut warnings);
+            errors
+                .finish(&format!("config file {}", path.display()))
+                .map_err(|e| e.context(format!("loading config file {}", path.display())))?;
+            m
+        }
+    };
+
+    // processHostnameOverrideFlag: a non-empty flag beats the file.
+    let override_name = match flags.hostname_override.as_deref() {
+        Some(f) if !f.is_empty() => {
+            if f.trim().is_empty() {
+                anyhow::bail!("--hostname-override: empty (whitespace-only) name is invalid");
+            }
+            Some(f.to_string())
+        }
+        _ => modeled.hostname_override.clone(),
+    };
+    let node_name = match override_name.map(|n| n.trim().to_lowercase()) {
+        Some(n) if !n.is_empty() => n,
+        _ => hostname()?,
+    };
+
+    let nodeport_addresses = modeled
+        .nodeport_addresses
+        .unwrap_or(match modeled.proxy_mode {
+            ProxyMode::Nftables => NodePortAddresses::Primary,
+            ProxyMode::Iptables => NodePortAddresses::All,
+        });
+    let verbosity = if explicitly_set("v") {
+        flags.v
+    } else {
+        modeled.verbosity.unwrap_or(flags.v)
+    };
+
+    let settings = Settings {
+        node_name,
+        proxy_mode: modeled.proxy_mode,
+        bind_address: modeled.bind_address,
+        cluster_cidrs: modeled.cluster_cidrs,
+        nodeport_addresses,
+        masquerade_all: modeled.masquerade_all,
+        masquerade_bit: modeled.masquerade_bit,
+        localhost_nodeports: modeled.localhost_nodeports,
+        healthz_bind: modeled.healthz_bind,
+        metrics_bind: modeled.metrics_bind,
+        min_sync_period: modeled.min_sync_period,
+        sync_period: modeled.sync_period,
+        config_sync_period: modeled.config_sync_period,
+        kubeconfig: modeled.kubeconfig,
+        master: flags.master.clone().filter(|m| !m.is_empty()),
+        client_connection: modeled.client_connection,
+        cleanup: flags.cleanup,
+        detect_local: modeled.detect_local,
+        conntrack: modeled.conntrack,
+        config_file: flags.config.clone(),
+        manifests: flags.manifests.clone(),
+        service_proxy_name: flags.service_proxy_name.clone().filter(|n| !n.is_empty()),
+        once: flags.once,
+        verbosity,
+    };
+    Ok((settings, warnings))
+}
+
+fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String>) -> Modeled {
+    let (proxy_mode, mode_warning) = errors.check(
+        "--proxy-mode",
+        parse_proxy_mode(&flags.proxy_mode),
+        (ProxyMode::default(), None),
+    );
+    warnings.extend(mode_warning.map(|w| format!("--proxy-mode: {w}")));
+    let cluster_cidrs = errors.check(
+        "--cluster-cidr",
+        parse_cluster_cidrs(flags.cluster_cidr.as_deref().unwrap_or("")),
+        Vec::new(),
+    );
+    let nodeport_items: Vec<String> = flags
+        .nodeport_addresses
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let nodeport_addresses = errors.check(
+        "--nodeport-addresses",
+        parse_nodeport_addresses(&nodeport_items),
+        None,
+    );
+    if flags.sync_period.is_zero() {
+        errors.push("--sync-period: must be greater than 0".to_string());
+    }
+    if flags.config_sync_period.is_zero() {
+        errors.push("--config-sync-period: must be greater than 0".to_string());
+    }
+    if let Some(gates) = &flags.feature_gates {
+        let names = errors.check("--feature-gates", parse_feature_gates(gates), Vec::new());
+        if !names.is_empty() {
+            warnings.push(format!(
+                "--feature-gates: svcproxy has no feature gates; ignoring {}",
+                names.join(", ")
+            ));
+        }
+    }
+    let detect_local = errors.check(
+        "--detect-local-mode",
+        detect_local(
+            &flags.detect_local_mode,
+            &cluster_cidrs,
+            &flags.pod_bridge_interface,
+            &flags.pod_interface_name_prefix,
+            (
+                "--pod-bridge-interface",
+                "--pod-interface-name-prefix",
+                "--cluster-cidr",
+            ),
+            warnings,
+        ),
+        DetectLocal::None,
+    );
+    let nonzero = |d: Duration| Some(d).filter(|d| !d.is_zero());
+    Modeled {
+        proxy_mode,
+        bind_address: errors.check(
+            "--bind-address",
+            parse_ip(&flags.bind_address),
+            Ipv4Addr::UNSPECIFIED.into(),
+        ),
+        cluster_cidrs,
+        nodeport_addresses,
+        masquerade_all: flags.masquerade_all,
+        masquerade_bit: flags.iptables_masquerade_bit,
+        localhost_nodeports: flags.iptables_localhost_nodeports,
+        healthz_bind: errors.check(
+            "--healthz-bind-address",
+            parse_bind_address(&flags.healthz_bind_address, HEALTHZ_PORT),
+            None,
+        ),
+        metrics_bind: errors.check(
+            "--metrics-bind-address",
+            parse_bind_address(&flags.metrics_bind_address, METRICS_PORT),
+            None,
+        ),
+        min_sync_period: flags.min_sync_period,
+        sync_period: flags.sync_period,
+        config_sync_period: flags.config_sync_period,
+        kubeconfig: flags
+            .kubeconfig
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty()),
+        client_connection: ClientConnection {
+            qps: flags.kube_api_qps,
+            burst: flags.kube_api_burst,
+            content_type: flags.kube_api_content_type.clone(),
+            accept_content_types: String::new(),
+        },
+        detect_local,
+        conntrack: Conntrack {
+            max_per_core: flags.conntrack_max_per_core,
+            min: flags.conntrack_min,
+            tcp_established_timeout: nonzero(flags.conntrack_tcp_timeout_established),
+            tcp_close_wait_timeout: nonzero(flags.conntrack_tcp_timeout_close_wait),
+            tcp_be_liberal: flags.conntrack_tcp_be_liberal,
+            udp_timeout: nonzero(flags.conntrack_udp_timeout),
+            udp_stream_timeout: nonzero(flags.conntrack_udp_timeout_stream),
+        },
+        hostname_override: None,
+        verbosity: None,
+    }
+}
+
+fn from_file(
+    file: &KubeProxyConfiguration,
+    errors: &mut Errors,
+    warnings: &mut Vec<String>,
+) -> Modeled {
+    warnings.extend(file.unsupported_fields());
+
+    let mode_str = file.mode.as_deref().unwrap_or("");
+    let (proxy_mode, mode_warning) = errors.check(
+        "mode",
+        parse_proxy_mode(mode_str),
+        (ProxyMode::default(), None),
+    );
+    warnings.extend(mode_warning.map(|w| format!("mode: {w}")));
+
+    let ipt = file.iptables.clone().unwrap_or_default();
+    let nft = file.nftables.clone().unwrap_or_default();
+    let ipvs = file.ipvs.clone().unwrap_or_default();
+
+    // Upstream's v1alpha1 conversion reads the sync periods from the section of the
+    // configured mode (ipvs included), and masqueradeAll from nftables in nftables mode
+    // and from iptables otherwise. An empty mode means svcproxy's nftables, so it reads
+    // the nftables section where kube-proxy (defaulting to iptables) would read
+    // iptables; the warnings below point that out when it matters.
+    let (section, sec_sync, sec_min) = match mode_str {
+        "ipvs" => ("ipvs", ipvs.sync_period, ipvs.min_sync_period),
+        "iptables" => ("iptables", ipt.sync_period, ipt.min_sync_period),
+        _ => ("nftables", nft.sync_period, nft.min_sync_period),
+    };
+    let set = |d: Option<GoDuration>| d.map(|d| d.0).filter(|d| !d.is_zero());
+    let pick = |top: Option<GoDuration>,
+                sec: Option<GoDuration>,
+                name: &str,
+                default,
+                warnings: &mut Vec<String>| {
+        // Upstream defaulting treats zero as unset, so `0s` in the file also means
+        // "default" (a file cannot ask for minSyncPeriod 0; the flag can).
+        match (set(top), set(sec)) {
+            (Some(t), Some(s)) if t != s => {
+                warnings.push(format!(
+                    "{section}.{name}: ignored, the top-level {name} ({}) takes precedence",
+                    format_go_duration(t)
+                ));
+                t
+            }
+            (Some(t), _) => t,
+            (None, Some(s)) => s,
+            (None, None) => default,
+        }
+    };
+    let sync_period = pick(
+        file.sync_period,
+        sec_sync,
+        "syncPeriod",
+        DEFAULT_SYNC_PERIOD,
+        warnings,
+    );
+    let min_sync_period = pick(
+        file.min_sync_period,
+        sec_min,
+        "minSyncPeriod",
+        DEFAULT_MIN_SYNC_PERIOD,
+        warnings,
+    );
+
+    let (masq_all, masq_bit) = match proxy_mode {
+        ProxyMode::Nftables => (nft.masquerade_all, nft.masquerade_bit),
+        ProxyMode::Iptables => (ipt.masquerade_all, ipt.masquerade_bit),
+    };
+    let active = proxy_mode.as_str();
+    let mut ignored_section = |name: &str,
+                               sync: Option<GoDuration>,
+                               min: Option<GoDuration>,
+                               masq: Option<bool>,
+                               bit: Option<i32>| {
+        let mut fields = Vec::new();
+        if set(sync).is_some_and(|d| d != DEFAULT_SYNC_PERIOD && d != sync_period) {
+            fields.push("syncPeriod");
+        }
+        if set(min).is_some_and(|d| d != DEFAULT_MIN_SYNC_PERIOD && d != min_sync_period) {
+            fields.push("minSyncPeriod");
+        }
+        if masq == Some(true) && masq_all != Some(true) {
+            fields.push("masqueradeAll");
+        }
+        if bit.is_some_and(|b| b != i32::from(DEFAULT_MASQUERADE_BIT) && Some(b) != masq_bit) {
+            fields.push("masqueradeBit");
+        }
+        if !fields.is_empty() {
+            let hint = if mode_str.is_empty() && name == "iptables" {
+                " (svcproxy's default mode is nftables, kube-proxy's is iptables; set mode: iptables to use this section)"
+            } else {
+                ""
+            };
+            warnings.push(format!(
+                "{}: ignored in {active} mode{hint}",
+                fields
+                    .iter()
+                    .map(|f| format!("{name}.{f}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
+    };
+    match proxy_mode {
+        ProxyMode::Nftables => ignored_section(
+            "iptables",
+            ipt.sync_period,
+            ipt.min_sync_period,
+            ipt.masquerade_all,
+            ipt.masquerade_bit,
+        ),
+        ProxyMode::Iptables => ignored_section(
+            "nftables",
+            nft.sync_period,
+            nft.min_sync_period,
+            nft.masquerade_all,
+            nft.masquerade_bit,
+        ),
+    }
+    if mode_str != "ipvs" {
+        let mut fields = Vec::new();
+        if set(ipvs.sync_period).is_some_and(|d| d != DEFAULT_SYNC_PERIOD) {
+            fields.push("ipvs.syncPeriod");
+        }
+        if set(ipvs.min_sync_period).is_some() {
+            fields.push("ipvs.minSyncPeriod");
+        }
+        if !fields.is_empty() {
+            warnings.push(format!(
+                "{}: svcproxy has no ipvs mode; ignored",
+                fields.join(", ")
+            ));
+        }
+    }
+
+    let masquerade_bit = match masq_bit {
+        None => DEFAULT_MASQUERADE_BIT,
+        Some(b) => errors.check(
+            &format!("{active}.masqueradeBit"),
+            u8::try_from(b)
+                .ok()
+                .filter(|b| *b <= 31)
+                .ok_or_else(|| format!("{b} must be within the range [0, 31]")),
+            DEFAULT_MASQUERADE_BIT,
+        ),
+    };
+
+    let cluster_cidrs = errors.check(
+        "clusterCIDR",
+        parse_cluster_cidrs(file.cluster_cidr.as_deref().unwrap_or("")),
+        Vec::new(),
+    );
+    let nodeport_addresses = errors.check(
+        "nodePortAddresses",
+        parse_nodeport_addresses(file.node_port_addresses.as_deref().unwrap_or(&[])),
+        None,
+    );
+
+    let bind_address = match file.bind_address.as_deref().unwrap_or("") {
+        "" => Ipv4Addr::UNSPECIFIED.into(),
+        s => errors.check("bindAddress", parse_ip(s), Ipv4Addr::UNSPECIFIED.into()),
+    };
+    // SetDefaults_KubeProxyConfiguration: empty means the default for bindAddress's
+    // family (so a file cannot disable these servers; the flags can).
+    let (healthz_default, metrics_default): (IpAddr, IpAddr) = if bind_address.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED.into(), Ipv4Addr::LOCALHOST.into())
+    } else {
+        (Ipv6Addr::UNSPECIFIED.into(), Ipv6Addr::LOCALHOST.into())
+    };
+    let mut bind = |field: &str, value: &Option<String>, default_ip: IpAddr, port: u16| match value
+        .as_deref()
+        .unwrap_or("")
+    {
+        "" => Some(SocketAddr::new(default_ip, port)),
+        s => errors.check(field, parse_bind_address(s, port), None),
+    };
+    let healthz_bind = bind(
+        "healthzBindAddress",
+        &file.healthz_bind_address,
+        healthz_default,
+        HEALTHZ_PORT,
+    );
+    let metrics_bind = bind(
+        "metricsBindAddress",
+        &file.metrics_bind_address,
+        metrics_default,
+        METRICS_PORT,
+    );
+
+    let cc = file.client_connection.clone().unwrap_or_default();
+    let burst = match cc.burst.unwrap_or(0) {
+        0 => 10,
+        b => errors.check(
+            "clientConnection.burst",
+            u32::try_from(b).map_err(|_| format!("{b} must be greater than or equal to 0")),
+            10,
+        ),
+    };
+    let qps = cc.qps.filter(|q| *q != 0.0).unwrap_or(5.0);
+
+    let ct = file.conntrack.clone().unwrap_or_default();
+    let mut count = |field: &str, v: Option<i32>, default: u32| match v {
+        None => default,
+        Some(n) => errors.check(
+            field,
+            u32::try_from(n).map_err(|_| format!("{n} must be greater than or equal to 0")),
+            default,
+        ),
+    };
+    let max_per_core = count("conntrack.maxPerCore", ct.max_per_core, 32 * 1024);
+    let min = count("conntrack.min", ct.min, 128 * 1024);
+    // The TCP timeouts are pointers upstream: null means the default, 0 "leave as is".
+    let tcp_timeout = |d: Option<GoDuration>, default: Duration| {
+        Some(d.map_or(default, |d| d.0)).filter(|d| !d.is_zero())
+    };
+    let conntrack = Conntrack {
+        max_per_core,
+        min,
+        tcp_established_timeout: tcp_timeout(
+            ct.tcp_established_timeout,
+            Duration::from_secs(24 * 3600),
+        ),
+        tcp_close_wait_timeout: tcp_timeout(ct.tcp_close_wait_timeout, Duration::from_secs(3600)),
+        tcp_be_liberal: ct.tcp_be_liberal.unwrap_or(false),
+        udp_timeout: set(ct.udp_timeout),
+        udp_stream_timeout: set(ct.udp_stream_timeout),
+    };
+
+    let dl = file.detect_local.clone().unwrap_or_default();
+    let detect_local = errors.check(
+        "detectLocalMode",
+        detect_local(
+            file.detect_local_mode.as_deref().unwrap_or(""),
+            &cluster_cidrs,
+            dl.bridge_interface.as_deref().unwrap_or(""),
+            dl.interface_name_prefix.as_deref().unwrap_or(""),
+            (
+                "detectLocal.bridgeInterface",
+                "detectLocal.interfaceNamePrefix",
+                "clusterCIDR",
+            ),
+            warnings,
+        ),
+        DetectLocal::None,
+    );
+
+    Modeled {
+        proxy_mode,
+        bind_address,
+        cluster_cidrs,
+        nodeport_addresses,
+        masquerade_all: masq_all.unwrap_or(false),
+        masquerade_bit,
+        localhost_nodeports: ipt.localhost_node_ports.unwrap_or(true),
+        healthz_bind,
+        metrics_bind,
+        min_sync_period,
+        sync_period,
+        config_sync_period: set(file.config_sync_period).unwrap_or(DEFAULT_CONFIG_SYNC_PERIOD),
+        kubeconfig: cc.kubeconfig.filter(|k| !k.is_empty()).map(PathBuf::from),
+        client_connection: ClientConnection {
+            qps,
+            burst,
+            content_type: cc
+                .content_type
+                .filter(|c| !c.is_empty())
+                .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_string()),
+            accept_content_types: cc.accept_content_types.unwrap_or_default(),
+        },
+        detect_local,
+        conntrack,
+        hostname_override: file.hostname_override.clone().filter(|h| !h.is_empty()),
+        verbosity: file.logging.as_ref().and_then(|l| l.verbosity),
+    }
+}
+
+/// A kube-proxy mode name: the mode svcproxy runs, and a warning if that is not the
+/// one asked for.
+fn parse_proxy_mode(s: &str) -> Result<(ProxyMode, Option<String>), String> {
+    match s {
+        "" | "nftables" => Ok((ProxyMode::Nftables, None)),
+        "iptables" => Ok((ProxyMode::Iptables, None)),
+        "ipvs" | "kernelspace" => Ok((
+            ProxyMode::Nftables,
+            Some(format!(
+                "{s:?} mode is not supported by svcproxy; using nftables"
+            )),
+        )),
+        _ => Err(format!(
+            "unknown proxy mode {s:?}: must be nftables, iptables or empty (nftables)"
+        )),
+    }
+}
+
+/// One CIDR or a dual-stack pair (`10.0.0.0/16,fd00::/48`), as upstream validates
+/// clusterCIDR. Host bits are cleared, as Go's ParseCIDR does.
+pub fn parse_cluster_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cidrs = s
+        .split(',')
+        .map(|c| parse_cidr(c.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    match cidrs.as_slice() {
+        [_] => Ok(cidrs),
+        [a, b] if a.addr().is_ipv4() != b.addr().is_ipv4() => Ok(cidrs),
+        [_, _] => Err(format!(
+            "{s:?} must be one CIDR or a dual-stack pair (one IPv4, one IPv6), e.g. 10.100.0.0/16,fde4:8dba:82e1::/48"
+        )),
+        _ => Err(format!("{s:?}: at most two CIDRs (one per IP family) are allowed")),
+    }
+}
+
+fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .map(|n| n.trunc())
+        .map_err(|_| format!("invalid CIDR {s:?} (expected e.g. 10.0.0.0/8 or fd00::/64)"))
+}
+
+/// nodePortAddresses / --nodeport-addresses: `primary` alone, or CIDRs. `None` when
+/// empty (the mode's default applies).
+pub fn parse_nodeport_addresses(items: &[String]) -> Result<Option<NodePortAddresses>, String> {
+    if items.is_empty() {
+        return Ok(None);
+    }
+    if items.iter().any(|i| i == "primary") {
+        if items.len() != 1 {
+            return Err(format!(
+                "{:?}: 'primary' cannot be combined with CIDRs",
+                items.join(",")
+            ));
+        }
+        return Ok(Some(NodePortAddresses::Primary));
+    }
+    let cidrs = items
+        .iter()
+        .map(|i| {
+            parse_cidr(i.trim()).map_err(|e| format!("{e}; entries must be CIDRs or 'primary'"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(NodePortAddresses::Cidrs(cidrs)))
+}
+
+fn parse_ip(s: &str) -> Result<IpAddr, String> {
+    s.parse().map_err(|_| format!("invalid IP address {s:?}"))
+}
+
+/// `IP:PORT` or a bare `IP` meaning `default_port` (upstream's AppendPortIfNeeded and
+/// validateHostPort); empty disables the server.
+pub fn parse_bind_address(s: &str, default_port: u16) -> Result<Option<SocketAddr>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let addr = match (s.parse::<SocketAddr>(), s.parse::<IpAddr>()) {
+        (Ok(a), _) => a,
+        (_, Ok(ip)) => SocketAddr::new(ip, default_port),
+        _ => {
+            return Err(format!(
+                "invalid address {s:?}: must be IP:PORT ([IPv6]:PORT) or an IP"
+            ))
+        }
+    };
+    if addr.port() == 0 {
+        return Err(format!("invalid address {s:?}: port must be 1-65535"));
+    }
+    Ok(Some(addr))
+}
+
+/// `Name=true,Other=false` (Go ParseBool values); returns the gate names.
+fn parse_feature_gates(s: &str) -> Result<Vec<String>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => flags::parse_go_bool(v.trim())
+                .map(|_| k.trim().to_string())
+                .map_err(|e| format!("{kv:?}: {e}")),
+            _ => Err(format!("{kv:?}: expected Name=true or Name=false")),
+        })
+        .collect()
+}
+
+/// detectLocalMode and its companions, as upstream's validation and
+/// getLocalDetectors: ClusterCIDR without a CIDR degrades to no detection (with a
+/// warning); BridgeInterface and InterfaceNamePrefix require their name.
+fn detect_local(
+    mode: &str,
+    cluster_cidrs: &[IpNet],
+    bridge: &str,
+    prefix: &str,
+    (bridge_field, prefix_field, cidr_field): (&str, &str, &str),
+    warnings: &mut Vec<String>,
+) -> Result<DetectLocal, String> {
+    match mode {
+        "" | "ClusterCIDR" => {
+            if cluster_cidrs.is_empty() {
+                warnings.push(format!(
+                    "detect-local-mode is ClusterCIDR but {cidr_field} is not set: no traffic is \
+                     treated as local (as kube-proxy)"
+                ));
+                Ok(DetectLocal::None)
+            } else {
+                Ok(DetectLocal::ClusterCidr(cluster_cidrs.to_vec()))
+            }
+        }
+        "NodeCIDR" => Ok(DetectLocal::NodeCidr),
+        "BridgeInterface" => {
+            let name = bridge.trim();
+            if name.is_empty() {
+                return Err(format!("BridgeInterface requires {bridge_field}"));
+            }
+            validate_interface_name(name).map_err(|e| format!("{bridge_field}: {e}"))?;
+            Ok(DetectLocal::BridgeInterface(name.to_string()))
+        }
+        "InterfaceNamePrefix" => {
+            let p = prefix.trim();
+            if p.is_empty() {
+                return Err(format!("InterfaceNamePrefix requires {prefix_field}"));
+            }
+            Ok(DetectLocal::InterfaceNamePrefix(p.to_string()))
+        }
+        _ => Err(format!(
+            "unknown mode {mode:?}: must be ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix"
+        )),
+    }
+}
+
+/// Linux interface-name rules (IFNAMSIZ - 1 bytes, no '/' or whitespace).
+fn validate_interface_name(name: &str) -> Result<(), String> {
+    if name.len() > 15 {
+        return Err(format!("{name:?} is longer than 15 characters"));
+    }
+    if name == "." || name == ".." || name.contains('/') || name.chars().any(char::is_whitespace) {
+        return Err(format!("{name:?} is not a valid interface name"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,488 @@
+//! Resolution tests: flags alone, file alone, and the precedence between them.
+
+use super::*;
+use clap::{CommandFactory, FromArgMatches, Parser};
+use std::io::Write as _;
+use std::path::Path;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    flags: ProxyFlags,
+}
+
+const HEAD: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+/// Parses `args` as the binary would and resolves them, with "host-a" as the host
+/// name so tests do not depend on the machine.
+fn run(args: &[&str]) -> anyhow::Result<(Settings, Vec<String>)> {
+    let argv = std::iter::once("svcproxy").chain(args.iter().copied());
+    let matches = Cli::command().try_get_matches_from(argv)?;
+    let flags = Cli::from_arg_matches(&matches)?.flags;
+    let set = explicitly_set_in(&matches);
+    resolve_with(&flags, &set, &|| Ok("host-a".to_string()))
+}
+
+fn ok(args: &[&str]) -> (Settings, Vec<String>) {
+    run(args).unwrap_or_else(|e| panic!("{args:?}: {e:#}"))
+}
+
+fn err(args: &[&str]) -> String {
+    match run(args) {
+        Ok(s) => panic!("{args:?} should fail, got {s:?}"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+fn write_config(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+fn config_arg(f: &tempfile::NamedTempFile) -> String {
+    format!("--config={}", f.path().display())
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn warned(warnings: &[String], needle: &str) -> bool {
+    warnings.iter().any(|w| w.contains(needle))
+}
+
+#[test]
+fn flags_only_defaults() {
+    let (s, w) = ok(&[]);
+    assert_eq!(s.node_name, "host-a");
+    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
+    assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
+    assert_eq!(s.sync_period, Duration::from_secs(30));
+    assert_eq!(s.min_sync_period, Duration::from_secs(1));
+    assert_eq!(s.masquerade_bit, 14);
+    assert_eq!(s.detect_local, DetectLocal::None);
+    assert_eq!(
+        s.conntrack,
+        Conntrack {
+            max_per_core: 32768,
+            min: 131072,
+            tcp_established_timeout: Some(Duration::from_secs(86400)),
+            tcp_close_wait_timeout: Some(Duration::from_secs(3600)),
+            tcp_be_liberal: false,
+            udp_timeout: None,
+            udp_stream_timeout: None,
+        }
+    );
+    assert_eq!(s.kubeconfig, None);
+    // The only warning: ClusterCIDR local detection without a cluster CIDR.
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(warned(&w, "--cluster-cidr is not set"), "{w:?}");
+}
+
+#[test]
+fn flags_only_values() {
+    let (s, w) = ok(&[
+        "--proxy-mode=iptables",
+        "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
+        "--hostname-override=  Node-1 ",
+        "--healthz-bind-address=",
+        "--metrics-bind-address=::1",
+        "--min-sync-period=0",
+        "--sync-period=1m30s",
+        "--kubeconfig=/etc/kubeconfig",
+        "--master=https://10.0.0.1:6443",
+        "--manifests=/tmp/m",
+        "--service-proxy-name=svcproxy",
+        "--once",
+        "--cleanup",
+        "-v=5",
+    ]);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(s.proxy_mode, ProxyMode::Iptables);
+    assert_eq!(
+        s.cluster_cidrs,
+        vec![net("10.244.0.0/16"), net("fd00:10:244::/56")]
+    );
+    assert_eq!(
+        s.detect_local,
+        DetectLocal::ClusterCidr(s.cluster_cidrs.clone())
+    );
+    assert_eq!(s.node_name, "node-1");
+    assert_eq!(
+        s.nodeport_addresses,
+        NodePortAddresses::All,
+        "iptables default"
+    );
+    assert_eq!(s.healthz_bind, None, "empty disables");
+    assert_eq!(
+        s.metrics_bind,
+        Some("[::1]:10249".parse().unwrap()),
+        "bare IP gets the port"
+    );
+    assert_eq!(s.min_sync_period, Duration::ZERO);
+    assert_eq!(s.sync_period, Duration::from_secs(90));
+    assert_eq!(s.kubeconfig.as_deref(), Some(Path::new("/etc/kubeconfig")));
+    assert_eq!(s.master.as_deref(), Some("https://10.0.0.1:6443"));
+    assert_eq!(s.manifests.as_deref(), Some(Path::new("/tmp/m")));
+    assert_eq!(s.service_proxy_name.as_deref(), Some("svcproxy"));
+    assert!(s.once && s.cleanup);
+    assert_eq!(s.verbosity, 5);
+}
+
+#[test]
+fn nodeport_addresses_flag() {
+    let (s, _) = ok(&["--nodeport-addresses=primary"]);
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    let (s, _) = ok(&["--nodeport-addresses=10.0.0.5/8,fd00::/64"]);
+    assert_eq!(
+        s.nodeport_addresses,
+        NodePortAddresses::Cidrs(vec![net("10.0.0.0/8"), net("fd00::/64")])
+    );
+    let e = err(&["--nodeport-addresses=10.0.0.0/8,bogus"]);
+    assert!(
+        e.contains("--nodeport-addresses") && e.contains("\"bogus\""),
+        "{e}"
+    );
+    let e = err(&["--nodeport-addresses=primary,10.0.0.0/8"]);
+    assert!(e.contains("cannot be combined"), "{e}");
+}
+
+#[test]
+fn bad_flag_values_are_all_reported() {
+    let e = err(&[
+        "--cluster-cidr=10.0.0.0/33",
+        "--healthz-bind-address=localhost:10256",
+        "--metrics-bind-address=127.0.0.1:0",
+        "--proxy-mode=userspace",
+        "--sync-period=0s",
+        "--detect-local-mode=BridgeInterface",
+        "--feature-gates=A=maybe",
+    ]);
+    for want in [
+        "--cluster-cidr: invalid CIDR \"10.0.0.0/33\"",
+        "--healthz-bind-address: invalid address \"localhost:10256\"",
+        "--metrics-bind-address: invalid address \"127.0.0.1:0\"",
+        "--proxy-mode: unknown proxy mode \"userspace\"",
+        "--sync-period: must be greater than 0",
+        "--detect-local-mode: BridgeInterface requires --pod-bridge-interface",
+        "--feature-gates: \"A=maybe\"",
+    ] {
+        assert!(e.contains(want), "{want:?} missing from:\n{e}");
+    }
+    let e = err(&["--cluster-cidr=10.0.0.0/8,10.1.0.0/16"]);
+    assert!(e.contains("dual-stack pair"), "{e}");
+    let e = err(&["--hostname-override=   "]);
+    assert!(e.contains("--hostname-override"), "{e}");
+}
+
+#[test]
+fn detect_local_modes() {
+    let (s, _) = ok(&["--detect-local-mode=NodeCIDR"]);
+    assert_eq!(s.detect_local, DetectLocal::NodeCidr);
+    let (s, _) = ok(&[
+        "--detect-local-mode=BridgeInterface",
+        "--pod-bridge-interface=cbr0",
+    ]);
+    assert_eq!(s.detect_local, DetectLocal::BridgeInterface("cbr0".into()));
+    let (s, _) = ok(&[
+        "--detect-local-mode=InterfaceNamePrefix",
+        "--pod-interface-name-prefix=veth",
+    ]);
+    assert_eq!(
+        s.detect_local,
+        DetectLocal::InterfaceNamePrefix("veth".into())
+    );
+    let e = err(&["--detect-local-mode=InterfaceNamePrefix"]);
+    assert!(e.contains("requires --pod-interface-name-prefix"), "{e}");
+    let e = err(&[
+        "--detect-local-mode=BridgeInterface",
+        "--pod-bridge-interface=a-very-long-bridge-name",
+    ]);
+    assert!(e.contains("longer than 15"), "{e}");
+    let e = err(&["--detect-local-mode=clustercidr"]);
+    assert!(e.contains("unknown mode \"clustercidr\""), "{e}");
+}
+
+#[test]
+fn proxy_mode_ipvs_falls_back_with_warning() {
+    let (s, w) = ok(&["--proxy-mode=ipvs", "--cluster-cidr=10.0.0.0/8"]);
+    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert!(
+        warned(&w, "--proxy-mode: \"ipvs\" mode is not supported"),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn kubeadm_config_file_resolves() {
+    let f = write_config(super::file::tests::KUBEADM_DEFAULT);
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert!(w.is_empty(), "{w:?}");
+    // Upstream's file defaults fill every zero/null field.
+    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.cluster_cidrs, vec![net("10.244.0.0/16")]);
+    assert_eq!(
+        s.detect_local,
+        DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")])
+    );
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
+    assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
+    assert_eq!(s.sync_period, Duration::from_secs(30));
+    assert_eq!(s.min_sync_period, Duration::from_secs(1));
+    assert_eq!(s.config_sync_period, Duration::from_secs(900));
+    assert_eq!(s.masquerade_bit, 14);
+    assert_eq!(s.conntrack.max_per_core, 32768);
+    assert_eq!(s.conntrack.min, 131072);
+    assert_eq!(
+        s.conntrack.tcp_established_timeout,
+        Some(Duration::from_secs(86400))
+    );
+    assert_eq!(
+        s.conntrack.tcp_close_wait_timeout,
+        Some(Duration::from_secs(3600))
+    );
+    assert_eq!(
+        s.kubeconfig.as_deref(),
+        Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf"))
+    );
+    assert_eq!(
+        s.client_connection,
+        ClientConnection {
+            qps: 5.0,
+            burst: 10,
+            content_type: "application/vnd.kubernetes.protobuf".into(),
+            accept_content_types: String::new(),
+        }
+    );
+    assert_eq!(s.node_name, "host-a");
+    assert_eq!(s.config_file.as_deref(), Some(f.path()));
+}
+
+#[test]
+fn example_config_loads() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/kube-proxy-config.yaml"
+    );
+    let (s, w) = ok(&[&format!("--config={path}"), "--hostname-override=node-a"]);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.node_name, "node-a");
+    assert_eq!(
+        s.cluster_cidrs,
+        vec![net("10.244.0.0/16"), net("fd00:10:244::/56")]
+    );
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.verbosity, 2);
+}
+
+#[test]
+fn file_wins_over_flags_and_says_so() {
+    let f = write_config(&format!(
+        "{HEAD}mode: iptables\nclusterCIDR: 10.1.0.0/16\nhostnameOverride: From-File\n\
+         iptables:\n  syncPeriod: 10s\n  masqueradeAll: true\n"
+    ));
+    let (s, w) = ok(&[
+        &config_arg(&f),
+        "--proxy-mode=nftables",
+        "--cluster-cidr=10.2.0.0/16",
+        "--sync-period=20s",
+        "--min-sync-period=5s",
+        "--master=https://api:6443",
+        "--once",
+    ]);
+    assert_eq!(s.proxy_mode, ProxyMode::Iptables);
+    assert_eq!(s.cluster_cidrs, vec![net("10.1.0.0/16")]);
+    assert_eq!(s.sync_period, Duration::from_secs(10));
+    // Not in the file: the file default, not the flag.
+    assert_eq!(s.min_sync_period, Duration::from_secs(1));
+    assert!(s.masquerade_all);
+    assert_eq!(s.node_name, "from-file");
+    // Flags outside the config still apply.
+    assert_eq!(s.master.as_deref(), Some("https://api:6443"));
+    assert!(s.once);
+    let ignored = w
+        .iter()
+        .find(|w| w.starts_with("ignoring "))
+        .expect("warning");
+    for flag in [
+        "--proxy-mode",
+        "--cluster-cidr",
+        "--sync-period",
+        "--min-sync-period",
+    ] {
+        assert!(ignored.contains(flag), "{flag} missing from {ignored}");
+    }
+    assert!(
+        !ignored.contains("--master") && !ignored.contains("--once"),
+        "{ignored}"
+    );
+}
+
+#[test]
+fn hostname_override_flag_wins_over_file() {
+    let f = write_config(&format!("{HEAD}hostnameOverride: from-file\n"));
+    let (s, w) = ok(&[&config_arg(&f), "--hostname-override=From-Flag"]);
+    assert_eq!(s.node_name, "from-flag");
+    assert!(!warned(&w, "--hostname-override"), "{w:?}");
+    // An empty flag does not override.
+    let (s, _) = ok(&[&config_arg(&f), "--hostname-override="]);
+    assert_eq!(s.node_name, "from-file");
+    let f = write_config(HEAD);
+    let (s, _) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.node_name, "host-a");
+}
+
+#[test]
+fn verbosity_flag_wins_over_file() {
+    let f = write_config(&format!("{HEAD}logging:\n  verbosity: 3\n"));
+    assert_eq!(ok(&[&config_arg(&f)]).0.verbosity, 3);
+    assert_eq!(ok(&[&config_arg(&f), "-v", "1"]).0.verbosity, 1);
+}
+
+#[test]
+fn file_sync_periods_by_mode() {
+    // nftables (also the empty mode) reads the nftables section.
+    let f = write_config(&format!(
+        "{HEAD}nftables:\n  syncPeriod: 1m\n  minSyncPeriod: 2s\niptables:\n  syncPeriod: 30s\n  minSyncPeriod: 1s\n"
+    ));
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(
+        (s.sync_period, s.min_sync_period),
+        (Duration::from_secs(60), Duration::from_secs(2))
+    );
+    assert!(
+        !warned(&w, "iptables."),
+        "upstream-default values are not worth a warning: {w:?}"
+    );
+
+    // A non-default value in the inactive section is reported.
+    let f = write_config(&format!(
+        "{HEAD}iptables:\n  syncPeriod: 5s\n  masqueradeAll: true\n"
+    ));
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.sync_period, Duration::from_secs(30));
+    assert!(!s.masquerade_all);
+    assert!(
+        warned(
+            &w,
+            "iptables.syncPeriod, iptables.masqueradeAll: ignored in nftables mode"
+        ),
+        "{w:?}"
+    );
+    assert!(warned(&w, "set mode: iptables"), "{w:?}");
+
+    // Top-level periods (internal/v1alpha2 layout) win over the section.
+    let f = write_config(&format!(
+        "{HEAD}mode: nftables\nsyncPeriod: 45s\nnftables:\n  syncPeriod: 1m\n  minSyncPeriod: 3s\n"
+    ));
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(
+        (s.sync_period, s.min_sync_period),
+        (Duration::from_secs(45), Duration::from_secs(3))
+    );
+    assert!(
+        warned(
+            &w,
+            "nftables.syncPeriod: ignored, the top-level syncPeriod (45s)"
+        ),
+        "{w:?}"
+    );
+
+    // ipvs: unsupported, so nftables runs, but with the ipvs section's periods.
+    let f = write_config(&format!(
+        "{HEAD}mode: ipvs\nipvs:\n  syncPeriod: 20s\n  minSyncPeriod: 0s\n  scheduler: rr\n"
+    ));
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.sync_period, Duration::from_secs(20));
+    assert!(warned(&w, "mode: \"ipvs\" mode is not supported"), "{w:?}");
+    assert!(warned(&w, "ipvs.scheduler"), "{w:?}");
+}
+
+#[test]
+fn file_nodeport_addresses_and_bind_addresses() {
+    let f = write_config(&format!(
+        "{HEAD}mode: iptables\nnodePortAddresses: [primary]\nbindAddress: \"::\"\n\
+         healthzBindAddress: \"\"\nmetricsBindAddress: 0.0.0.0\n"
+    ));
+    let (s, _) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.bind_address, "::".parse::<IpAddr>().unwrap());
+    // Empty in the file means the default for bindAddress's family.
+    assert_eq!(s.healthz_bind, Some("[::]:10256".parse().unwrap()));
+    assert_eq!(s.metrics_bind, Some("0.0.0.0:10249".parse().unwrap()));
+
+    let f = write_config(&format!("{HEAD}mode: iptables\n"));
+    assert_eq!(
+        ok(&[&config_arg(&f)]).0.nodeport_addresses,
+        NodePortAddresses::All
+    );
+}
+
+#[test]
+fn bad_file_values_name_field_and_value() {
+    let f = write_config(&format!(
+        "{HEAD}clusterCIDR: 10.0.0.0/8,not-a-cidr\nnodePortAddresses: [10.0.0.0/8, 300.0.0.0/8]\n\
+         nftables:\n  masqueradeBit: 32\nhealthzBindAddress: 1.2.3.4:99999\n\
+         detectLocalMode: InterfaceNamePrefix\nconntrack:\n  maxPerCore: -1\nmode: userspace\n\
+         clientConnection:\n  burst: -5\n"
+    ));
+    let e = err(&[&config_arg(&f)]);
+    for want in [
+        "clusterCIDR: invalid CIDR \"not-a-cidr\"",
+        "nodePortAddresses: invalid CIDR \"300.0.0.0/8\"",
+        "nftables.masqueradeBit: 32 must be within the range [0, 31]",
+        "healthzBindAddress: invalid address \"1.2.3.4:99999\"",
+        "detectLocalMode: InterfaceNamePrefix requires detectLocal.interfaceNamePrefix",
+        "conntrack.maxPerCore: -1 must be greater than or equal to 0",
+        "mode: unknown proxy mode \"userspace\"",
+        "clientConnection.burst: -5",
+    ] {
+        assert!(e.contains(want), "{want:?} missing from:\n{e}");
+    }
+    assert!(e.contains(&f.path().display().to_string()), "{e}");
+}
+
+#[test]
+fn file_errors_from_decoding_name_the_file() {
+    let f = write_config(&format!(
+        "{HEAD}iptables:\n  masqueradeAll2: true\nfoo: 1\n"
+    ));
+    let e = err(&[&config_arg(&f)]);
+    assert!(
+        e.contains("iptables.masqueradeAll2") && e.contains("foo"),
+        "{e}"
+    );
+    assert!(e.contains(&f.path().display().to_string()), "{e}");
+    let e = err(&["--config=/nonexistent/kube-proxy.yaml"]);
+    assert!(e.contains("/nonexistent/kube-proxy.yaml"), "{e}");
+}
+
+#[test]
+fn file_conntrack_pointers() {
+    let f = write_config(&format!(
+        "{HEAD}conntrack:\n  maxPerCore: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 30m\n  udpTimeout: 30s\n"
+    ));
+    let c = ok(&[&config_arg(&f)]).0.conntrack;
+    assert_eq!(c.max_per_core, 0, "explicit 0 leaves the limit alone");
+    assert_eq!(c.min, 131072);
+    assert_eq!(
+        c.tcp_established_timeout, None,
+        "explicit 0s leaves it alone"
+    );
+    assert_eq!(c.tcp_close_wait_timeout, Some(Duration::from_secs(1800)));
+    assert_eq!(c.udp_timeout, Some(Duration::from_secs(30)));
+}
+
+#[test]
+fn system_hostname_is_lowercase_and_trimmed() {
+    if let Ok(name) = system_hostname() {
+        assert_eq!(name, name.trim().to_lowercase());
+        assert!(!name.is_empty());
+    }
+}
