@@ -1,0 +1,1430 @@
+//! The standalone source: a directory of Kubernetes manifests.
+//!
+//! Entry points: [`ManifestDir::rescan`], which reads every `*.yaml`, `*.yml` and
+//! `*.json` file under the directory and returns the [`SourceUpdate`]s that move the
+//! state from what this source last yielded to what the files hold now, and [`watch`],
+//! which does that after every burst of filesystem events.
+//!
+//! Files are read as a person editing them would expect: a file that does not parse
+//! (half-saved, a typo) is reported and the objects it last yielded stay in force
+//! until it is fixed; one bad object in a file skips that object only; and when two
+//! files define the same object, the first in path order wins, whatever order the
+//! filesystem lists them in.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use svcproxy_core::mirror::endpoints_to_slices;
+use svcproxy_core::objects::{KubeObject, ObjectKey, SourceUpdate};
+use svcproxy_core::problem::quote;
+
+/// Larger files are skipped: no real manifest is this big, and reading one whole
+/// into memory must stay cheap.
+pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+/// Documents plus list items per file; past it the file is treated as unreadable.
+pub const MAX_OBJECTS_PER_FILE: usize = 100_000;
+/// Directory nesting followed at most; deeper directories are reported and skipped.
+const MAX_DEPTH: usize = 64;
+/// Messages quote user input; this keeps one absurd value from flooding the log.
+const MAX_MESSAGE_CHARS: usize = 1024;
+/// Quiet time that ends a burst of filesystem events.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// A directory that never stops changing is still rescanned this often.
+const MAX_DEBOUNCE: Duration = Duration::from_secs(2);
+
+/// Something wrong with one file: it could not be read or parsed (its previous
+/// objects stay in force), or one of its objects was skipped.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FileError {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+impl FileError {
+    fn new(path: &Path, message: impl Into<String>) -> Self {
+        FileError {
+            path: path.to_path_buf(),
+            message: clean_message(&message.into()),
+        }
+    }
+}
+
+impl fmt::Display for FileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.message)
+    }
+}
+
+/// The outcome of one [`ManifestDir::rescan`].
+#[derive(Clone, Debug, Default)]
+pub struct RescanResult {
+    /// Deletes first, then upserts, each in key order.
+    pub updates: Vec<SourceUpdate>,
+    /// Every problem the directory has now (not only new ones), in path order and,
+    /// within a file, in document order.
+    pub errors: Vec<FileError>,
+}
+
+/// One object a file yielded, with where in the file it came from.
+#[derive(Clone, Debug)]
+struct Entry {
+    key: ObjectKey,
+    object: Arc<KubeObject>,
+    /// `document 2` or `document 2, items[3]`.
+    at: String,
+    /// For slices mirrored from an Endpoints object: that object, for messages.
+    mirrored_from: Option<ObjectKey>,
+}
+
+impl Entry {
+    fn describe(&self) -> String {
+        match &self.mirrored_from {
+            Some(ep) => format!("{} (mirrored from {ep})", self.key),
+            None => self.key.to_string(),
+        }
+    }
+}
+
+/// A directory of manifests and what this source last yielded from it.
+#[derive(Debug)]
+pub struct ManifestDir {
+    root: PathBuf,
+    /// Objects each file last yielded while it parsed; a file that stops parsing
+    /// keeps its entry here, which is what keeps its objects in force.
+    files: BTreeMap<PathBuf, Vec<Entry>>,
+    /// The merged view of `files` as last yielded, with each object's file.
+    yielded: BTreeMap<ObjectKey, (Arc<KubeObject>, PathBuf)>,
+    /// Errors of the last rescan, so that an unchanged error is logged once.
+    reported: BTreeSet<FileError>,
+}
+
+impl ManifestDir {
+    /// A source for `root`; nothing is read until [`ManifestDir::rescan`].
+    pub fn new(root: PathBuf) -> Self {
+        ManifestDir {
+            root,
+            files: BTreeMap::new(),
+            yielded: BTreeMap::new(),
+            reported: BTreeSet::new(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Re-reads the directory and returns the updates that move the state from what
+    /// this source last yielded to what the directory holds now: an upsert (origin =
+    /// file path) for each new or changed object, a delete for each vanished one, and
+    /// nothing for unchanged ones. The first call's upserts are the initial list.
+    ///
+    /// Problems with single files are logged (once while they persist) and returned
+    /// in [`RescanResult::errors`]. Only a missing or unreadable root is an `Err`, and
+    /// then nothing changes.
+    pub fn rescan(&mut self) -> anyhow::Result<RescanResult> {
+        let listing = list_files(&self.root)?;
+        let mut errors = listing.errors;
+        let mut files: BTreeMap<PathBuf, Vec<Entry>> = BTreeMap::new();
+        for path in listing.files {
+            match read_manifest(&path) {
+                Ok(parsed) => {
+                    errors.extend(parsed.errors.into_iter().map(|m| FileError::new(&path, m)));
+                    files.insert(path, parsed.entries);
+                }
+                Err(message) => {
+                    errors.push(FileError::new(
+                        &path,
+                        format!("{message}; its previous objects stay in force"),
+                    ));
+                    if let Some(previous) = self.files.remove(&path) {
+                        files.insert(path, previous);
+                    }
+                }
+            }
+        }
+        // Files under a directory we could not list are unknown, not gone.
+        for (path, entries) in std::mem::take(&mut self.files) {
+            if listing.unreadable_dirs.iter().any(|d| path.starts_with(d)) {
+                files.entry(path).or_insert(entries);
+            }
+        }
+
+        let mut wanted: BTreeMap<ObjectKey, (Arc<KubeObject>, PathBuf)> = BTreeMap::new();
+        let mut first_seen: BTreeMap<&ObjectKey, (&Path, &str)> = BTreeMap::new();
+        for (path, entries) in &files {
+            for entry in entries {
+                if let Some((first_path, first_at)) = first_seen.get(&entry.key) {
+                    let message = if *first_path == path.as_path() {
+                        format!(
+                            "{}: {} is defined twice in this file ({first_at} and {}); the first is used",
+                            entry.at,
+                            entry.describe(),
+                            entry.at
+                        )
+                    } else {
+                        format!(
+                            "{}: {} is also defined in {} ({first_at}); that definition is used",
+                            entry.at,
+                            entry.describe(),
+                            first_path.display()
+                        )
+                    };
+                    errors.push(FileError::new(path, message));
+                    continue;
+                }
+                first_seen.insert(&entry.key, (path, &entry.at));
+                wanted.insert(entry.key.clone(), (entry.object.clone(), path.clone()));
+            }
+        }
+
+        let mut updates: Vec<SourceUpdate> = self
+            .yielded
+            .keys()
+            .filter(|k| !wanted.contains_key(*k))
+            .map(|k| SourceUpdate::Delete(k.clone()))
+            .collect();
+        for (key, (object, path)) in &wanted {
+            let unchanged = self
+                .yielded
+                .get(key)
+                .is_some_and(|(o, p)| p == path && (Arc::ptr_eq(o, object) || o == object));
+            if !unchanged {
+                updates.push(SourceUpdate::Upsert {
+                    object: (**object).clone(),
+                    origin: path.display().to_string(),
+                });
+            }
+        }
+
+        // Stable: within a file, errors stay in document order.
+        errors.sort_by(|a, b| a.path.cmp(&b.path));
+        self.log_errors(&errors);
+        self.files = files;
+        self.yielded = wanted;
+        Ok(RescanResult { updates, errors })
+    }
+
+    fn log_errors(&mut self, errors: &[FileError]) {
+        let now: BTreeSet<FileError> = errors.iter().cloned().collect();
+        for e in now.difference(&self.reported) {
+            tracing::error!("manifests: {e}");
+        }
+        let still_failing: HashSet<&Path> = now.iter().map(|e| e.path.as_path()).collect();
+        let cleared: BTreeSet<&Path> = self
+            .reported
+            .iter()
+            .map(|e| e.path.as_path())
+            .filter(|p| !still_failing.contains(p))
+            .collect();
+        for path in cleared {
+            tracing::info!("manifests: {} has no more errors", path.display());
+        }
+        self.reported = now;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Listing
+
+struct Listing {
+    /// Candidate files, sorted, each reachable file once.
+    files: Vec<PathBuf>,
+    errors: Vec<FileError>,
+    unreadable_dirs: Vec<PathBuf>,
+}
+
+fn is_manifest_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.ends_with(".yaml") || lower.ends_with(".yml") || lower.ends_with(".json")
+}
+
+/// Lists manifest files under `root`, following symlinks (ConfigMap volumes are made
+/// of them) but entering each real directory once, which also stops symlink loops.
+fn list_files(root: &Path) -> anyhow::Result<Listing> {
+    let canonical_root = fs::canonicalize(root)
+        .with_context(|| format!("cannot open manifests directory {}", root.display()))?;
+    let top = read_sorted_dir(root)
+        .with_context(|| format!("cannot read manifests directory {}", root.display()))?;
+
+    let mut listing = Listing {
+        files: Vec::new(),
+        errors: Vec::new(),
+        unreadable_dirs: Vec::new(),
+    };
+    let mut visited: HashSet<PathBuf> = HashSet::from([canonical_root]);
+    // Depth-first, children pushed in reverse so they are visited in name order.
+    let mut stack: Vec<(PathBuf, usize)> = top.into_iter().rev().map(|p| (p, 1)).collect();
+    while let Some((path, depth)) = stack.pop() {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.starts_with('.') {
+            continue;
+        }
+        // Follows symlinks; a dangling one fails here.
+        let meta = match fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) => {
+                if is_manifest_name(&name) {
+                    // Listed so that reading it reports the problem and keeps what
+                    // it yielded before.
+                    listing.files.push(path);
+                } else {
+                    tracing::debug!(path = %path.display(), "skipping unreadable entry: {e}");
+                }
+                continue;
+            }
+        };
+        if meta.is_dir() {
+            if depth > MAX_DEPTH {
+                listing.errors.push(FileError::new(
+                    &path,
+                    format!("nested more than {MAX_DEPTH} directories deep; skipped"),
+                ));
+                continue;
+            }
+            match fs::canonicalize(&path) {
+                Ok(real) => {
+                    if !visited.insert(real) {
+                        tracing::debug!(path = %path.display(), "directory already read (symlink); skipped");
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    listing.errors.push(FileError::new(
+                        &path,
+                        format!("cannot resolve directory: {e}"),
+                    ));
+                    listing.unreadable_dirs.push(path);
+                    continue;
+                }
+            }
+            match read_sorted_dir(&path) {
+                Ok(children) => stack.extend(children.into_iter().rev().map(|p| (p, depth + 1))),
+                Err(e) => {
+                    listing
+                        .errors
+                        .push(FileError::new(&path, format!("cannot read directory: {e}")));
+                    listing.unreadable_dirs.push(path);
+                }
+            }
+        } else if is_manifest_name(&name) {
+            if meta.is_file() {
+                listing.files.push(path);
+            } else {
+                // Opening a FIFO or a device would block or never end.
+                listing
+                    .errors
+                    .push(FileError::new(&path, "not a regular file; skipped"));
+            }
+        }
+    }
+
+    listing.files.sort();
+    // A file reached through two paths (a symlink to a sibling) is read once, under
+    // its first path, rather than reported as a duplicate of itself.
+    let mut seen = HashSet::new();
+    listing.files.retain(|p| match fs::canonicalize(p) {
+        Ok(real) => seen.insert(real),
+        Err(_) => true,
+    });
+    Ok(listing)
+}
+
+fn read_sorted_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        out.push(entry?.path());
+    }
+    out.sort();
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------
+// Reading one file
+
+/// What one readable file yields: its objects and the problems with single objects.
+#[derive(Debug, Default)]
+struct Parsed {
+    entries: Vec<Entry>,
+    errors: Vec<String>,
+}
+
+/// Reads and parses one file. `Err` means the file as a whole is unusable.
+fn read_manifest(path: &Path) -> Result<Parsed, String> {
+    let file = fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut bytes = Vec::new();
+    // Bounded read: the size seen when listing may not be the size now.
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "larger than {} MiB; skipped",
+            MAX_FILE_BYTES / (1024 * 1024)
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let documents = if is_json {
+        parse_json(text)?
+    } else {
+        parse_yaml(text)?
+    };
+    parse_documents(path, documents)
+}
+
+fn parse_json(text: &str) -> Result<Vec<Value>, String> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::from_str(text)
+        .map(|v| vec![v])
+        .map_err(|e| format!("invalid JSON: {e}"))
+}
+
+/// Parses every document. Any document failing fails the file: the parser stops at a
+/// syntax error, so what follows it is unknown, and a half-saved file must not
+/// delete the objects it held.
+fn parse_yaml(text: &str) -> Result<Vec<Value>, String> {
+    let mut documents = Vec::new();
+    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        if i == MAX_OBJECTS_PER_FILE {
+            return Err(format!(
+                "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
+            ));
+        }
+        let value = Value::deserialize(document)
+            .map_err(|e| format!("invalid YAML in document {}: {e}", i + 1))?;
+        documents.push(value);
+    }
+    Ok(documents)
+}
+
+/// A value still to be looked at: a document or a list item.
+struct Pending {
+    value: Value,
+    at: String,
+    /// Inside a typed list (`ServiceList`): the apiVersion and kind its items lack.
+    defaults: Option<(Option<String>, String)>,
+    in_list: bool,
+}
+
+fn parse_documents(path: &Path, documents: Vec<Value>) -> Result<Parsed, String> {
+    let mut parsed = Parsed::default();
+    let mut stack: Vec<Pending> = documents
+        .into_iter()
+        .enumerate()
+        .rev()
+        .map(|(i, value)| Pending {
+            value,
+            at: format!("document {}", i + 1),
+            defaults: None,
+            in_list: false,
+        })
+        .collect();
+    let mut seen = 0usize;
+    while let Some(pending) = stack.pop() {
+        seen += 1;
+        if seen > MAX_OBJECTS_PER_FILE {
+            return Err(format!(
+                "more than {MAX_OBJECTS_PER_FILE} documents and list items; skipped"
+            ));
+        }
+        let Pending {
+            value,
+            at,
+            defaults,
+            in_list,
+        } = pending;
+        let mut map = match value {
+            Value::Object(map) => map,
+            // An empty document (`---` twice, a comment-only file).
+            Value::Null if !in_list => continue,
+            other => {
+                parsed.errors.push(format!(
+                    "{at}: is {}, not an object; skipped",
+                    json_type(&other)
+                ));
+                continue;
+            }
+        };
+        let (default_version, default_kind) = match defaults {
+            Some((v, k)) => (v, Some(k)),
+            None => (None, None),
+        };
+        let api_version = str_field(&map, "apiVersion").or(default_version);
+        let Some(kind) = str_field(&map, "kind").or(default_kind) else {
+            if in_list {
+                parsed
+                    .errors
+                    .push(format!("{at}: list item has no kind; skipped"));
+            } else {
+                tracing::debug!(path = %path.display(), "{at}: no kind; not a Kubernetes object, ignored");
+            }
+            continue;
+        };
+
+        if kind.ends_with("List") && (kind == "List" || map.contains_key("items")) {
+            let items = match map.remove("items") {
+                Some(Value::Array(items)) => items,
+                None | Some(Value::Null) => Vec::new(),
+                Some(other) => {
+                    parsed.errors.push(format!(
+                        "{at}: {kind} items is {}, not a list; skipped",
+                        json_type(&other)
+                    ));
+                    continue;
+                }
+            };
+            let item_defaults = match kind.strip_suffix("List") {
+                Some(item_kind) if !item_kind.is_empty() => {
+                    Some((api_version.clone(), item_kind.to_string()))
+                }
+                _ => None,
+            };
+            stack.extend(
+                items
+                    .into_iter()
+                    .enumerate()
+                    .rev()
+                    .map(|(i, value)| Pending {
+                        value,
+                        at: format!("{at}, items[{i}]"),
+                        defaults: item_defaults.clone(),
+                        in_list: true,
+                    }),
+            );
+            continue;
+        }
+
+        let target = match target(api_version.as_deref(), &kind) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                tracing::debug!(
+                    path = %path.display(),
+                    "{at}: {} {kind} is not used by svcproxy; ignored",
+                    api_version.as_deref().unwrap_or("")
+                );
+                continue;
+            }
+            Err(reason) => {
+                parsed.errors.push(format!(
+                    "{at}: {kind} {}: {reason}; skipped",
+                    object_name(&map)
+                ));
+                continue;
+            }
+        };
+        let name = object_name(&map);
+        let object = match deserialize(target, map) {
+            Ok(o) => o,
+            Err(reason) => {
+                parsed
+                    .errors
+                    .push(format!("{at}: {kind} {name}: {reason}; skipped"));
+                continue;
+            }
+        };
+        let key = object.key();
+        if key.name.is_empty() {
+            parsed
+                .errors
+                .push(format!("{at}: {kind} has no metadata.name; skipped"));
+            continue;
+        }
+        if let KubeObject::Endpoints(ep) = &object {
+            let mirrored = endpoints_to_slices(ep);
+            for problem in mirrored.problems {
+                parsed.errors.push(format!("{at}: {key}: {problem}"));
+            }
+            for slice in mirrored.slices {
+                let object = KubeObject::EndpointSlice(slice);
+                parsed.entries.push(Entry {
+                    key: object.key(),
+                    object: Arc::new(object),
+                    at: at.clone(),
+                    mirrored_from: Some(key.clone()),
+                });
+            }
+            continue;
+        }
+        parsed.entries.push(Entry {
+            key,
+            object: Arc::new(object),
+            at,
+            mirrored_from: None,
+        });
+    }
+    Ok(parsed)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    Service,
+    EndpointSlice,
+    Node,
+    ServiceCidr,
+    Endpoints,
+}
+
+/// Which of our types `apiVersion`/`kind` names. `Ok(None)` for other kinds, including
+/// another group's kind of the same name (a Knative `Service`); `Err` for a version
+/// of one of our groups that we do not read, which would otherwise vanish silently.
+fn target(api_version: Option<&str>, kind: &str) -> Result<Option<Target>, String> {
+    let (target, group, versions): (Target, &str, &[&str]) = match kind {
+        "Service" => (Target::Service, "", &["v1"]),
+        "Node" => (Target::Node, "", &["v1"]),
+        "Endpoints" => (Target::Endpoints, "", &["v1"]),
+        "EndpointSlice" => (Target::EndpointSlice, "discovery.k8s.io", &["v1"]),
+        // v1beta1 has the same shape as v1.
+        "ServiceCIDR" => (Target::ServiceCidr, "networking.k8s.io", &["v1", "v1beta1"]),
+        _ => return Ok(None),
+    };
+    let wanted = |v: &str| {
+        if group.is_empty() {
+            v.to_string()
+        } else {
+            format!("{group}/{v}")
+        }
+    };
+    let Some(api_version) = api_version else {
+        return Err(format!("no apiVersion (want {})", wanted(versions[0])));
+    };
+    let (have_group, have_version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    if have_group != group {
+        return Ok(None);
+    }
+    if versions.contains(&have_version) {
+        Ok(Some(target))
+    } else {
+        Err(format!(
+            "apiVersion {} is not supported (want {})",
+            quote(api_version),
+            wanted(versions[0])
+        ))
+    }
+}
+
+fn deserialize(target: Target, mut map: Map<String, Value>) -> Result<KubeObject, String> {
+    fn de<T: DeserializeOwned>(map: Map<String, Value>) -> Result<T, String> {
+        serde_json::from_value(Value::Object(map)).map_err(|e| e.to_string())
+    }
+    Ok(match target {
+        Target::Service => KubeObject::Service(de::<Service>(map)?),
+        Target::EndpointSlice => KubeObject::EndpointSlice(de::<EndpointSlice>(map)?),
+        Target::Node => KubeObject::Node(de::<Node>(map)?),
+        Target::Endpoints => KubeObject::Endpoints(de::<Endpoints>(map)?),
+        Target::ServiceCidr => {
+            // The v1 type checks apiVersion, and v1beta1 is the same shape.
+            map.insert(
+                "apiVersion".to_string(),
+                Value::String("networking.k8s.io/v1".to_string()),
+            );
+            KubeObject::ServiceCidr(de::<ServiceCIDR>(map)?)
+        }
+    })
+}
+
+fn str_field(map: &Map<String, Value>, field: &str) -> Option<String> {
+    map.get(field)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// `"ns/name"`, `"name"` or `(no name)`, quoted for a message.
+fn object_name(map: &Map<String, Value>) -> String {
+    let meta = map.get("metadata");
+    let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str);
+    match (field("namespace"), field("name")) {
+        (_, None) | (_, Some("")) => "(no name)".to_string(),
+        (Some(ns), Some(name)) if !ns.is_empty() => quote(&format!("{ns}/{name}")),
+        (_, Some(name)) => quote(name),
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Bounded, single-line: parser messages can quote large or multi-line input.
+fn clean_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(MAX_MESSAGE_CHARS));
+    for (i, c) in message.chars().enumerate() {
+        if i == MAX_MESSAGE_CHARS {
+            out.push('…');
+            break;
+        }
+        out.push(if c.is_control() { ' ' } else { c });
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Watching
+
+enum Msg {
+    Event(notify::Result<notify::Event>),
+    Stop,
+}
+
+/// Stops the watch when dropped; once `drop` returns, `on_change` is not called again.
+pub struct WatchHandle {
+    stop: mpsc::Sender<Msg>,
+    watcher: Option<notify::RecommendedWatcher>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        let _ = self.stop.send(Msg::Stop);
+        drop(self.watcher.take());
+        if let Some(thread) = self.thread.take() {
+            // Dropping the handle from inside `on_change` must not wait for itself.
+            if thread.thread().id() != thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// Watches `dir` recursively and calls `on_change` on a background thread with the
+/// updates from a rescan after each burst of filesystem events (a burst ends after
+/// 200 ms of quiet). Runs one rescan straight away to catch changes made since the
+/// caller's own first rescan. `on_change` is not called when nothing changed, and
+/// should not block for long: it holds up the next rescan and dropping the handle.
+pub fn watch(
+    dir: ManifestDir,
+    on_change: impl FnMut(Vec<SourceUpdate>) + Send + 'static,
+) -> anyhow::Result<WatchHandle> {
+    let (tx, rx) = mpsc::channel();
+    let events = tx.clone();
+    let mut watcher = notify::recommended_watcher(move |event| {
+        let _ = events.send(Msg::Event(event));
+    })
+    .context("cannot start a filesystem watcher")?;
+    watcher
+        .watch(dir.root(), RecursiveMode::Recursive)
+        .with_context(|| format!("cannot watch manifests directory {}", dir.root().display()))?;
+    let thread = thread::Builder::new()
+        .name("manifests-watch".to_string())
+        .spawn(move || watch_loop(dir, &rx, on_change))
+        .context("cannot start the manifests watch thread")?;
+    Ok(WatchHandle {
+        stop: tx,
+        watcher: Some(watcher),
+        thread: Some(thread),
+    })
+}
+
+fn watch_loop(
+    mut dir: ManifestDir,
+    rx: &mpsc::Receiver<Msg>,
+    mut on_change: impl FnMut(Vec<SourceUpdate>),
+) {
+    rescan_and_send(&mut dir, &mut on_change);
+    loop {
+        match rx.recv() {
+            Ok(Msg::Event(event)) if relevant(&event) => {}
+            Ok(Msg::Event(_)) => continue,
+            Ok(Msg::Stop) | Err(_) => return,
+        }
+        let burst = Instant::now();
+        loop {
+            let left = MAX_DEBOUNCE.saturating_sub(burst.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(DEBOUNCE.min(left)) {
+                Ok(Msg::Event(_)) => {}
+                Err(RecvTimeoutError::Timeout) => break,
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        rescan_and_send(&mut dir, &mut on_change);
+    }
+}
+
+fn rescan_and_send(dir: &mut ManifestDir, on_change: &mut impl FnMut(Vec<SourceUpdate>)) {
+    match dir.rescan() {
+        Ok(result) if !result.updates.is_empty() => on_change(result.updates),
+        Ok(_) => {}
+        Err(e) => tracing::error!("manifests: {e:#}; keeping the objects read before"),
+    }
+}
+
+/// Opening and closing files without writing is what our own rescans do; letting
+/// those through would rescan forever.
+fn relevant(event: &notify::Result<notify::Event>) -> bool {
+    match event {
+        Ok(event) => match event.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            EventKind::Access(_) => false,
+            _ => true,
+        },
+        Err(e) => {
+            // Missed events (a queue overflow) are caught up by rescanning.
+            tracing::warn!("manifests watch: {e}");
+            true
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use svcproxy_core::objects::Kind;
+
+    struct Dir {
+        tmp: tempfile::TempDir,
+        src: ManifestDir,
+    }
+
+    impl Dir {
+        fn new() -> Self {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let src = ManifestDir::new(tmp.path().to_path_buf());
+            Dir { tmp, src }
+        }
+
+        fn path(&self, rel: &str) -> PathBuf {
+            self.tmp.path().join(rel)
+        }
+
+        fn write(&self, rel: &str, text: &str) {
+            let path = self.path(rel);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).expect("mkdir");
+            }
+            fs::write(path, text).expect("write");
+        }
+
+        fn remove(&self, rel: &str) {
+            fs::remove_file(self.path(rel)).expect("remove");
+        }
+
+        fn rescan(&mut self) -> RescanResult {
+            self.src.rescan().expect("rescan")
+        }
+    }
+
+    fn svc(name: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    }
+
+    fn key(kind: Kind, ns: &str, name: &str) -> ObjectKey {
+        ObjectKey::new(kind, ns, name)
+    }
+
+    fn svc_key(name: &str) -> ObjectKey {
+        key(Kind::Service, "default", name)
+    }
+
+    /// Upserted keys with their origin file name, and deleted keys, in update order.
+    fn summary(updates: &[SourceUpdate]) -> (Vec<(ObjectKey, String)>, Vec<ObjectKey>) {
+        let mut upserts = Vec::new();
+        let mut deletes = Vec::new();
+        for u in updates {
+            match u {
+                SourceUpdate::Upsert { object, origin } => {
+                    let file = Path::new(origin)
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    upserts.push((object.key(), file));
+                }
+                SourceUpdate::Delete(k) => deletes.push(k.clone()),
+                SourceUpdate::Replace { .. } => panic!("rescan never replaces"),
+            }
+        }
+        (upserts, deletes)
+    }
+
+    fn upserted(updates: &[SourceUpdate]) -> Vec<ObjectKey> {
+        summary(updates).0.into_iter().map(|(k, _)| k).collect()
+    }
+
+    fn cluster_ip(updates: &[SourceUpdate], name: &str) -> Option<String> {
+        updates.iter().find_map(|u| match u {
+            SourceUpdate::Upsert {
+                object: KubeObject::Service(s),
+                ..
+            } if s.metadata.name.as_deref() == Some(name) => {
+                s.spec.as_ref().and_then(|s| s.cluster_ip.clone())
+            }
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn multi_document_yaml_with_empty_documents() {
+        let mut d = Dir::new();
+        d.write(
+            "all.yaml",
+            &format!(
+                "---\n# only a comment\n---\n{}---\n{}\n---\n",
+                svc("a", "10.96.0.1"),
+                svc("b", "10.96.0.2")
+            ),
+        );
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(upserted(&r.updates), [svc_key("a"), svc_key("b")]);
+    }
+
+    #[test]
+    fn lists_are_expanded_including_nested_and_typed_lists() {
+        let mut d = Dir::new();
+        d.write(
+            "list.yaml",
+            r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: a}
+  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+- apiVersion: v1
+  kind: List
+  items:
+  - apiVersion: v1
+    kind: Node
+    metadata: {name: node-a}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSliceList
+  items:
+  - metadata: {name: a-1, labels: {kubernetes.io/service-name: a}}
+    addressType: IPv4
+    endpoints: [{addresses: [10.0.0.1]}]
+"#,
+        );
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let mut got = upserted(&r.updates);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                svc_key("a"),
+                key(Kind::EndpointSlice, "default", "a-1"),
+                key(Kind::Node, "", "node-a"),
+            ]
+        );
+    }
+
+    #[test]
+    fn nested_directories_are_read_in_path_order_and_hidden_ones_skipped() {
+        let mut d = Dir::new();
+        d.write("z/deep/er/svc.yml", &svc("deep", "10.96.0.3"));
+        d.write("a.yaml", &svc("top", "10.96.0.4"));
+        d.write(".hidden/svc.yaml", &svc("hidden", "10.96.0.5"));
+        d.write(".dotfile.yaml", &svc("dotfile", "10.96.0.6"));
+        d.write("notes.txt", &svc("txt", "10.96.0.7"));
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(
+            summary(&r.updates).0,
+            [
+                (svc_key("deep"), "svc.yml".to_string()),
+                (svc_key("top"), "a.yaml".to_string()),
+            ]
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_are_followed_without_looping() {
+        let mut d = Dir::new();
+        d.write("real/svc.yaml", &svc("a", "10.96.0.1"));
+        std::os::unix::fs::symlink(d.path("real"), d.path("real/loop")).expect("symlink");
+        std::os::unix::fs::symlink(d.path("real"), d.path("alias")).expect("symlink");
+        std::os::unix::fs::symlink(d.path("real/svc.yaml"), d.path("link.yaml")).expect("symlink");
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(upserted(&r.updates), [svc_key("a")]);
+    }
+
+    #[test]
+    fn json_files_hold_one_object_or_a_list() {
+        let mut d = Dir::new();
+        d.write(
+            "one.json",
+            r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}"#,
+        );
+        d.write(
+            "list.json",
+            r#"{"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}},
+                {"apiVersion": "networking.k8s.io/v1beta1", "kind": "ServiceCIDR",
+                 "metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}
+            ]}"#,
+        );
+        d.write("empty.json", "  \n");
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let mut got = upserted(&r.updates);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                key(Kind::Node, "", "n1"),
+                key(Kind::Node, "", "n2"),
+                key(Kind::ServiceCidr, "", "kubernetes"),
+            ]
+        );
+    }
+
+    #[test]
+    fn endpoints_become_mirrored_slices() {
+        let mut d = Dir::new();
+        d.write(
+            "legacy.yaml",
+            r#"
+apiVersion: v1
+kind: Endpoints
+metadata: {name: legacy, namespace: shop}
+subsets:
+- addresses: [{ip: 10.0.0.1}, {ip: "fd00::1"}, {ip: bogus}]
+  ports: [{name: http, port: 8080}]
+"#,
+        );
+        let r = d.rescan();
+        assert_eq!(
+            upserted(&r.updates),
+            [
+                key(Kind::EndpointSlice, "shop", "legacy-mirror-0"),
+                key(Kind::EndpointSlice, "shop", "legacy-mirror-1"),
+            ]
+        );
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert!(r.errors[0].message.contains("bogus"), "{}", r.errors[0]);
+        assert!(
+            r.errors[0].message.contains("document 1"),
+            "{}",
+            r.errors[0]
+        );
+
+        // Losing an address family deletes that slice.
+        d.write(
+            "legacy.yaml",
+            r#"
+apiVersion: v1
+kind: Endpoints
+metadata: {name: legacy, namespace: shop}
+subsets:
+- addresses: [{ip: 10.0.0.1}]
+  ports: [{name: http, port: 8080}]
+"#,
+        );
+        let r = d.rescan();
+        assert_eq!(
+            summary(&r.updates).1,
+            [key(Kind::EndpointSlice, "shop", "legacy-mirror-1")]
+        );
+        assert!(upserted(&r.updates).is_empty(), "mirror-0 is unchanged");
+    }
+
+    #[test]
+    fn unknown_kinds_and_non_kubernetes_yaml_are_ignored() {
+        let mut d = Dir::new();
+        d.write(
+            "app.yaml",
+            &format!(
+                r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec: {{replicas: "not even checked"}}
+---
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {{name: knative}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: cm}}
+---
+{}"#,
+                svc("web", "10.96.0.9")
+            ),
+        );
+        d.write(
+            "Chart.yaml",
+            "apiVersion: v2\nname: chart\nversion: 1.0.0\n",
+        );
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(upserted(&r.updates), [svc_key("web")]);
+    }
+
+    #[test]
+    fn unsupported_versions_of_our_kinds_are_reported() {
+        let mut d = Dir::new();
+        d.write(
+            "old.yaml",
+            r#"
+apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata: {name: old}
+addressType: IPv4
+endpoints: []
+---
+kind: Service
+metadata: {name: versionless}
+"#,
+        );
+        let r = d.rescan();
+        assert!(r.updates.is_empty());
+        assert_eq!(r.errors.len(), 2, "{:?}", r.errors);
+        assert!(r.errors[0]
+            .message
+            .contains("document 1: EndpointSlice \"old\""));
+        assert!(r.errors[0].message.contains("not supported"));
+        assert!(r.errors[1]
+            .message
+            .contains("document 2: Service \"versionless\""));
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_objects_until_fixed() {
+        let mut d = Dir::new();
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        d.write("b.yaml", &svc("b", "10.96.0.2"));
+        let r = d.rescan();
+        assert_eq!(upserted(&r.updates).len(), 2);
+
+        d.write(
+            "a.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a\n  bad: [",
+        );
+        let r = d.rescan();
+        assert!(r.updates.is_empty(), "{:?}", r.updates);
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert_eq!(r.errors[0].path, d.path("a.yaml"));
+        assert!(r.errors[0].to_string().contains("a.yaml"));
+        assert!(r.errors[0].message.contains("stay in force"));
+
+        // Still broken: still nothing to do, still reported.
+        let r = d.rescan();
+        assert!(r.updates.is_empty());
+        assert_eq!(r.errors.len(), 1);
+
+        d.write("a.yaml", &svc("a2", "10.96.0.3"));
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let (upserts, deletes) = summary(&r.updates);
+        assert_eq!(deletes, [svc_key("a")]);
+        assert_eq!(upserts, [(svc_key("a2"), "a.yaml".to_string())]);
+    }
+
+    #[test]
+    fn a_broken_later_document_breaks_the_whole_file() {
+        let mut d = Dir::new();
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        d.rescan();
+        d.write(
+            "a.yaml",
+            &format!("{}---\nkey: [unclosed\n", svc("a", "10.96.0.9")),
+        );
+        let r = d.rescan();
+        assert!(
+            r.updates.is_empty(),
+            "the earlier document is not applied alone"
+        );
+        assert_eq!(r.errors.len(), 1);
+    }
+
+    #[test]
+    fn a_file_broken_from_the_start_yields_nothing_and_is_reported() {
+        let mut d = Dir::new();
+        d.write("bad.json", "{\"apiVersion\": ");
+        d.write("good.yaml", &svc("good", "10.96.0.1"));
+        let r = d.rescan();
+        assert_eq!(upserted(&r.updates), [svc_key("good")]);
+        assert_eq!(r.errors.len(), 1);
+        assert_eq!(r.errors[0].path, d.path("bad.json"));
+        assert!(r.errors[0].message.contains("invalid JSON"));
+    }
+
+    #[test]
+    fn deleting_a_file_deletes_its_objects() {
+        let mut d = Dir::new();
+        d.write(
+            "a.yaml",
+            &format!("{}---\n{}", svc("a", "10.96.0.1"), svc("b", "10.96.0.2")),
+        );
+        d.write("c.yaml", &svc("c", "10.96.0.3"));
+        d.rescan();
+        d.remove("a.yaml");
+        let r = d.rescan();
+        assert_eq!(
+            summary(&r.updates),
+            (vec![], vec![svc_key("a"), svc_key("b")])
+        );
+    }
+
+    #[test]
+    fn only_changed_objects_are_upserted() {
+        let mut d = Dir::new();
+        d.write(
+            "a.yaml",
+            &format!("{}---\n{}", svc("a", "10.96.0.1"), svc("b", "10.96.0.2")),
+        );
+        d.rescan();
+        // Reformatted but equal, and one real change.
+        d.write(
+            "a.yaml",
+            &format!(
+                "{}---\n{}",
+                r#"{"apiVersion": "v1", "kind": "Service",
+                    "metadata": {"namespace": "default", "name": "a"},
+                    "spec": {"ports": [{"port": 80}], "clusterIP": "10.96.0.1"}}
+"#,
+                svc("b", "10.96.0.20")
+            ),
+        );
+        let r = d.rescan();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(upserted(&r.updates), [svc_key("b")]);
+        assert_eq!(cluster_ip(&r.updates, "b").as_deref(), Some("10.96.0.20"));
+        assert!(d.rescan().updates.is_empty(), "nothing changed since");
+    }
+
+    #[test]
+    fn an_object_moving_to_another_file_is_upserted_with_its_new_origin() {
+        let mut d = Dir::new();
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        d.rescan();
+        d.remove("a.yaml");
+        d.write("b.yaml", &svc("a", "10.96.0.1"));
+        let r = d.rescan();
+        assert_eq!(
+            summary(&r.updates),
+            (vec![(svc_key("a"), "b.yaml".to_string())], vec![])
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_across_files_first_path_wins() {
+        let mut d = Dir::new();
+        d.write("b.yaml", &svc("web", "10.96.0.2"));
+        d.write("a.yaml", &svc("web", "10.96.0.1"));
+        let r = d.rescan();
+        assert_eq!(
+            summary(&r.updates).0,
+            [(svc_key("web"), "a.yaml".to_string())]
+        );
+        assert_eq!(cluster_ip(&r.updates, "web").as_deref(), Some("10.96.0.1"));
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert_eq!(r.errors[0].path, d.path("b.yaml"));
+        assert!(r.errors[0].message.contains("a.yaml"), "{}", r.errors[0]);
+
+        // When the winner goes, the other definition takes over.
+        d.remove("a.yaml");
+        let r = d.rescan();
+        assert!(r.errors.is_empty());
+        assert_eq!(
+            summary(&r.updates).0,
+            [(svc_key("web"), "b.yaml".to_string())]
+        );
+        assert_eq!(cluster_ip(&r.updates, "web").as_deref(), Some("10.96.0.2"));
+    }
+
+    #[test]
+    fn duplicate_keys_within_one_file_first_wins() {
+        let mut d = Dir::new();
+        d.write(
+            "a.yaml",
+            &format!(
+                "{}---\n{}",
+                svc("web", "10.96.0.1"),
+                svc("web", "10.96.0.2")
+            ),
+        );
+        let r = d.rescan();
+        assert_eq!(cluster_ip(&r.updates, "web").as_deref(), Some("10.96.0.1"));
+        assert_eq!(r.errors.len(), 1);
+        assert!(r.errors[0].message.contains("twice"), "{}", r.errors[0]);
+    }
+
+    #[test]
+    fn a_bad_object_is_skipped_and_the_rest_of_the_file_counts() {
+        let mut d = Dir::new();
+        d.write(
+            "a.yaml",
+            &format!(
+                "{}---\n{}---\n{}---\njust a string\n---\nkind: List\nitems: [{{metadata: {{name: x}}}}]\n",
+                svc("a", "10.96.0.1"),
+                "apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: shop}\n\
+                 spec: {ports: [{port: eighty}]}\n",
+                svc("c", "10.96.0.3")
+            ),
+        );
+        let r = d.rescan();
+        assert_eq!(upserted(&r.updates), [svc_key("a"), svc_key("c")]);
+        assert_eq!(r.errors.len(), 3, "{:?}", r.errors);
+        let bad = &r.errors[0];
+        assert_eq!(bad.path, d.path("a.yaml"));
+        for part in ["document 2", "Service", "\"shop/bad\"", "invalid"] {
+            assert!(bad.message.contains(part), "{part} missing from {bad}");
+        }
+        assert!(
+            r.errors[1].message.contains("document 4"),
+            "{}",
+            r.errors[1]
+        );
+        assert!(r.errors[2].message.contains("items[0]"), "{}", r.errors[2]);
+    }
+
+    #[test]
+    fn nameless_objects_are_reported() {
+        let mut d = Dir::new();
+        d.write(
+            "a.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {labels: {a: b}}\n",
+        );
+        let r = d.rescan();
+        assert!(r.updates.is_empty());
+        assert_eq!(r.errors.len(), 1);
+        assert!(r.errors[0].message.contains("no metadata.name"));
+    }
+
+    #[test]
+    fn a_missing_root_is_an_error() {
+        let d = Dir::new();
+        let mut src = ManifestDir::new(d.path("nope"));
+        let err = src.rescan().expect_err("missing directory");
+        assert!(format!("{err:#}").contains("nope"), "{err:#}");
+    }
+
+    #[test]
+    fn absurd_input_is_an_error_not_a_panic() {
+        let mut d = Dir::new();
+        d.write("many.yaml", &"---\n".repeat(MAX_OBJECTS_PER_FILE + 10));
+        d.write(
+            "deep.json",
+            &format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)),
+        );
+        d.write(
+            "deep.yaml",
+            &format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)),
+        );
+        d.write(
+            "bomb.yaml",
+            "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n\
+             c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n\
+             e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n\
+             g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]\nh: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]\n",
+        );
+        d.write(
+            "tags.yaml",
+            "!!binary aGVsbG8=\n---\n{1: 2}\n---\n!custom {a: b}\n",
+        );
+        d.write("binary.yaml", "");
+        fs::write(d.path("binary.yaml"), [0xff, 0xfe, 0x00, 0x01]).expect("write");
+        d.write(
+            "wrongtypes.yaml",
+            "apiVersion: 1\nkind: [Service]\nmetadata: 7\n",
+        );
+        d.write(
+            "weird.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: \"a\\nb\"}\nspec: 12\n",
+        );
+        let big = d.path("big.yaml");
+        let file = fs::File::create(&big).expect("create");
+        file.set_len(MAX_FILE_BYTES + 1).expect("set_len");
+        let r = d.rescan();
+        assert!(r.updates.is_empty(), "{:?}", r.updates);
+        for e in &r.errors {
+            assert!(e.message.chars().count() <= MAX_MESSAGE_CHARS + 1, "{e}");
+            assert!(!e.message.chars().any(char::is_control), "{e}");
+        }
+        let failing: BTreeSet<String> = r
+            .errors
+            .iter()
+            .filter_map(|e| e.path.file_name().map(|f| f.to_string_lossy().into_owned()))
+            .collect();
+        for f in [
+            "many.yaml",
+            "deep.json",
+            "deep.yaml",
+            "bomb.yaml",
+            "binary.yaml",
+            "big.yaml",
+            "weird.yaml",
+        ] {
+            assert!(failing.contains(f), "{f} not reported: {:?}", r.errors);
+        }
+    }
+
+    #[test]
+    fn watch_delivers_updates_after_a_write() {
+        let d = Dir::new();
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        let mut src = ManifestDir::new(d.path(""));
+        let initial = src.rescan().expect("rescan");
+        assert_eq!(upserted(&initial.updates), [svc_key("a")]);
+
+        let (tx, rx) = mpsc::channel();
+        let handle = watch(src, move |updates| {
+            let _ = tx.send(updates);
+        })
+        .expect("watch");
+        d.write("sub/b.yaml", &svc("b", "10.96.0.2"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = Vec::new();
+        while !seen.contains(&svc_key("b")) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let updates = rx.recv_timeout(left).expect("an update within 10 s");
+            seen.extend(upserted(&updates));
+        }
+        assert!(
+            !seen.contains(&svc_key("a")),
+            "unchanged objects are not re-sent"
+        );
+
+        d.remove("a.yaml");
+        let updates = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the delete");
+        assert_eq!(summary(&updates).1, [svc_key("a")]);
+
+        // Our own reads must not trigger further rescans with updates, and nothing
+        // arrives once the handle is gone.
+        drop(handle);
+        d.write("c.yaml", &svc("c", "10.96.0.3"));
+        assert!(rx.recv_timeout(Duration::from_millis(600)).is_err());
+    }
+}
