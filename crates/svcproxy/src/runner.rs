@@ -32,7 +32,9 @@ impl RunnerConfig {
     }
 
     fn backoff(&self, failures: u32) -> Duration {
-        let factor = 1u32.checked_shl(failures.saturating_sub(1).min(20)).unwrap_or(u32::MAX);
+        let factor = 1u32
+            .checked_shl(failures.saturating_sub(1).min(20))
+            .unwrap_or(u32::MAX);
         self.retry_min.saturating_mul(factor).min(self.retry_max)
     }
 }
