@@ -1,0 +1,359 @@
+//! The shared skeleton of each family's table: base chains on the netfilter hooks,
+//! the dispatch chains, the verdict maps and sets, masquerading and the
+//! "no endpoints" and ServiceCIDR checks.
+//!
+//! Entry point: [`base_ruleset`]. It depends only on [`BaseCtx`] (configuration,
+//! node addresses and ServiceCIDRs), never on individual services; when the context
+//! changes the planner does a full resync. Map elements and `cluster-ips` are filled
+//! in by the planner from the service ports' claims.
+//!
+//! Hooks and priorities follow upstream nftables mode:
+//! - `filter-prerouting`/`filter-output` (filter, -110, before DNAT): the
+//!   loadBalancerSourceRanges `firewall-check`, on the original destination.
+//! - `filter-input`/`filter-forward` (filter, -110; after prerouting DNAT) and
+//!   `filter-output-post-dnat` (filter, -90, after output DNAT): the "no endpoints"
+//!   drop/reject checks and the `cluster-ips-check`. Upstream checks locally
+//!   generated traffic before DNAT; checking it after DNAT means the host's own
+//!   connections to an eTP Local external address, which the external chain
+//!   short-circuits, are not dropped on nodes without local endpoints.
+//! - `nat-prerouting`/`nat-output` (nat, -100): `services` dispatch.
+//! - `nat-postrouting` (nat, 100): `masquerading` of marked packets.
+//!
+//! The table deliberately has few sets: the kernel's loop check walks every set of
+//! the table for every chain it visits, so per-service anonymous sets make loading
+//! quadratic. Several local-pod CIDRs therefore live in one `pod-cidrs` set here.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use svcproxy_core::model::IpFamily;
+use svcproxy_core::snapshot::NodeSnapshot;
+
+use crate::config::{NodePortAddresses, PlanConfig};
+use crate::fragment::{
+    detection_cidrs, family_nets, join, MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN,
+};
+use crate::ruleset::{
+    addr_type, family_keyword, BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set,
+};
+
+pub(crate) const CLUSTER_IPS_SET: &str = "cluster-ips";
+pub(crate) const NODEPORT_IPS_SET: &str = "nodeport-ips";
+
+const SERVICES_CHAIN: &str = "services";
+const MASQUERADING_CHAIN: &str = "masquerading";
+const FIREWALL_CHECK_CHAIN: &str = "firewall-check";
+const SERVICE_ENDPOINTS_CHECK_CHAIN: &str = "service-endpoints-check";
+const NODEPORT_ENDPOINTS_CHECK_CHAIN: &str = "nodeport-endpoints-check";
+const CLUSTER_IPS_CHECK_CHAIN: &str = "cluster-ips-check";
+
+/// Filter chains run before DNAT (-100) so they see the service address.
+const PRIORITY_FILTER: i32 = -110;
+const PRIORITY_DSTNAT: i32 = -100;
+/// After output DNAT: sees where locally generated traffic really goes.
+const PRIORITY_FILTER_POST_DNAT: i32 = -90;
+const PRIORITY_SRCNAT: i32 = 100;
+
+/// Which destinations NodePort dispatch applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum NodePortMatch {
+    /// The `nodeport-ips` set.
+    Ips(Vec<IpAddr>),
+    /// Any local address (`fib daddr type local`).
+    AllLocal,
+}
+
+/// Everything the skeleton depends on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BaseCtx {
+    pub family: IpFamily,
+    pub mark: u32,
+    pub nodeports: NodePortMatch,
+    /// NodePorts also on 127.0.0.0/8 (IPv4 only).
+    pub localhost: bool,
+    pub service_cidrs: Vec<IpNet>,
+    /// Local-pod CIDRs, when detection uses several (the `pod-cidrs` set).
+    pub pod_cidrs: Vec<IpNet>,
+}
+
+impl BaseCtx {
+    pub fn new(family: IpFamily, cfg: &PlanConfig, snap: &NodeSnapshot) -> Self {
+        let nodeports = match &cfg.nodeport_addresses {
+            NodePortAddresses::AllLocal => NodePortMatch::AllLocal,
+            NodePortAddresses::Primary => NodePortMatch::Ips(
+                snap.node
+                    .as_ref()
+                    .and_then(|n| n.primary_ip(family))
+                    .into_iter()
+                    .filter(|ip| !ip.is_loopback())
+                    .collect(),
+            ),
+            NodePortAddresses::Ips(ips) => {
+                // Loopback is never a NodePort address by this route: localhost
+                // NodePorts need masquerade and a sysctl, so they have their own flag.
+                let mut v: Vec<IpAddr> = ips
+                    .iter()
+                    .copied()
+                    .filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback())
+                    .collect();
+                v.sort();
+                v.dedup();
+                NodePortMatch::Ips(v)
+            }
+        };
+        BaseCtx {
+            family,
+            mark: cfg.masquerade_mark(),
+            nodeports,
+            localhost: cfg.localhost_nodeports && family == IpFamily::V4,
+            service_cidrs: family_nets(&snap.service_cidrs, family),
+            pod_cidrs: {
+                let cidrs = detection_cidrs(family, cfg, snap);
+                if cidrs.len() > 1 {
+                    cidrs
+                } else {
+                    Vec::new()
+                }
+            },
+        }
+    }
+}
+
+fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<String>) -> Chain {
+    Chain {
+        base: Some(BaseChain {
+            chain_type,
+            hook,
+            priority,
+        }),
+        comment: None,
+        rules,
+    }
+}
+
+fn regular(rules: Vec<String>) -> Chain {
+    Chain {
+        base: None,
+        comment: None,
+        rules,
+    }
+}
+
+/// The shared objects of one family's table, without map elements or cluster IPs.
+pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
+    let family = ctx.family;
+    let ipx = family_keyword(family);
+    let mut rs = Ruleset::new(family);
+
+    rs.sets.insert(
+        CLUSTER_IPS_SET.to_string(),
+        Set {
+            key_type: addr_type(family).to_string(),
+            timeout: None,
+            interval: false,
+            elements: Vec::new(),
+        },
+    );
+    if let NodePortMatch::Ips(ips) = &ctx.nodeports {
+        rs.sets.insert(
+            NODEPORT_IPS_SET.to_string(),
+            Set {
+                key_type: addr_type(family).to_string(),
+                timeout: None,
+                interval: false,
+                elements: ips.iter().map(ToString::to_string).collect(),
+            },
+        );
+    }
+    if !ctx.pod_cidrs.is_empty() {
+        rs.sets.insert(
+            POD_CIDRS_SET.to_string(),
+            Set {
+                key_type: addr_type(family).to_string(),
+                timeout: None,
+                interval: true,
+                elements: ctx.pod_cidrs.iter().map(ToString::to_string).collect(),
+            },
+        );
+    }
+    for map in MapId::ALL {
+        rs.maps.insert(
+            map.name().to_string(),
+            Map {
+                key_type: map.key_type(family),
+                elements: Vec::new(),
+            },
+        );
+    }
+
+    // The destinations NodePort lookups apply to, one rule each.
+    let mut nodeport_dests = Vec::new();
+    match &ctx.nodeports {
+        NodePortMatch::Ips(_) => nodeport_dests.push(format!("{ipx} daddr @{NODEPORT_IPS_SET}")),
+        NodePortMatch::AllLocal if ctx.localhost => {
+            nodeport_dests.push("fib daddr type local".to_string())
+        }
+        NodePortMatch::AllLocal => {
+            let loopback = match family {
+                IpFamily::V4 => "127.0.0.0/8",
+                IpFamily::V6 => "::1",
+            };
+            nodeport_dests.push(format!("fib daddr type local {ipx} daddr != {loopback}"));
+        }
+    }
+    if ctx.localhost && matches!(ctx.nodeports, NodePortMatch::Ips(_)) {
+        nodeport_dests.push(format!("{ipx} daddr 127.0.0.0/8"));
+    }
+    let tuple = format!("{ipx} daddr . meta l4proto . th dport");
+
+    let new = "ct state new";
+    let chains = [
+        (
+            "filter-prerouting",
+            base(
+                ChainType::Filter,
+                Hook::Prerouting,
+                PRIORITY_FILTER,
+                vec![format!("{new} jump {FIREWALL_CHECK_CHAIN}")],
+            ),
+        ),
+        (
+            "filter-input",
+            base(
+                ChainType::Filter,
+                Hook::Input,
+                PRIORITY_FILTER,
+                vec![
+                    format!("{new} jump {NODEPORT_ENDPOINTS_CHECK_CHAIN}"),
+                    format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
+                ],
+            ),
+        ),
+        (
+            "filter-forward",
+            base(
+                ChainType::Filter,
+                Hook::Forward,
+                PRIORITY_FILTER,
+                vec![
+                    format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
+                    format!("{new} jump {CLUSTER_IPS_CHECK_CHAIN}"),
+                ],
+            ),
+        ),
+        (
+            "filter-output",
+            base(
+                ChainType::Filter,
+                Hook::Output,
+                PRIORITY_FILTER,
+                vec![format!("{new} jump {FIREWALL_CHECK_CHAIN}")],
+            ),
+        ),
+        (
+            "filter-output-post-dnat",
+            base(
+                ChainType::Filter,
+                Hook::Output,
+                PRIORITY_FILTER_POST_DNAT,
+                vec![
+                    format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
+                    format!("{new} jump {CLUSTER_IPS_CHECK_CHAIN}"),
+                ],
+            ),
+        ),
+        (
+            "nat-prerouting",
+            base(
+                ChainType::Nat,
+                Hook::Prerouting,
+                PRIORITY_DSTNAT,
+                vec![format!("jump {SERVICES_CHAIN}")],
+            ),
+        ),
+        (
+            "nat-output",
+            base(
+                ChainType::Nat,
+                Hook::Output,
+                PRIORITY_DSTNAT,
+                vec![format!("jump {SERVICES_CHAIN}")],
+            ),
+        ),
+        (
+            "nat-postrouting",
+            base(
+                ChainType::Nat,
+                Hook::Postrouting,
+                PRIORITY_SRCNAT,
+                vec![format!("jump {MASQUERADING_CHAIN}")],
+            ),
+        ),
+        (SERVICES_CHAIN, {
+            let mut rules = vec![format!("{tuple} vmap @{}", MapId::ServiceIps.name())];
+            for dest in &nodeport_dests {
+                rules.push(format!(
+                    "{dest} meta l4proto . th dport vmap @{}",
+                    MapId::ServiceNodePorts.name()
+                ));
+            }
+            regular(rules)
+        }),
+        (
+            SERVICE_ENDPOINTS_CHECK_CHAIN,
+            regular(vec![format!(
+                "{tuple} vmap @{}",
+                MapId::NoEndpointServices.name()
+            )]),
+        ),
+        (
+            NODEPORT_ENDPOINTS_CHECK_CHAIN,
+            regular(
+                nodeport_dests
+                    .iter()
+                    .map(|dest| {
+                        format!(
+                            "{dest} meta l4proto . th dport vmap @{}",
+                            MapId::NoEndpointNodePorts.name()
+                        )
+                    })
+                    .collect(),
+            ),
+        ),
+        (
+            FIREWALL_CHECK_CHAIN,
+            regular(vec![format!("{tuple} vmap @{}", MapId::FirewallIps.name())]),
+        ),
+        (CLUSTER_IPS_CHECK_CHAIN, {
+            // Runs after DNAT: a packet still addressed to a cluster IP here matched
+            // no service port, and one inside a ServiceCIDR hit no cluster IP.
+            let mut rules = vec![format!("{ipx} daddr @{CLUSTER_IPS_SET} reject")];
+            if !ctx.service_cidrs.is_empty() {
+                rules.push(format!(
+                    "{ipx} daddr {{ {} }} drop",
+                    join(ctx.service_cidrs.iter())
+                ));
+            }
+            regular(rules)
+        }),
+        (REJECT_CHAIN, regular(vec!["reject".to_string()])),
+        (
+            MARK_MASQ_CHAIN,
+            regular(vec![format!("mark set mark or {:#x}", ctx.mark)]),
+        ),
+        (
+            MASQUERADING_CHAIN,
+            regular(vec![
+                format!("mark and {:#x} == 0 return", ctx.mark),
+                // Clear the bit so a packet re-entering (e.g. tunnelled) is not
+                // masqueraded twice.
+                format!("mark set mark xor {:#x}", ctx.mark),
+                "masquerade fully-random".to_string(),
+            ]),
+        ),
+    ];
+    for (name, chain) in chains {
+        rs.chains.insert(name.to_string(), chain);
+    }
+    rs
+}

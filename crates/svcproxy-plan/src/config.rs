@@ -1,0 +1,177 @@
+//! What the planner needs to know beyond the snapshot: masquerading, local-traffic
+//! detection, which addresses accept NodePorts, and which families to program.
+//!
+//! Entry point: [`PlanConfig`]. Everything here that ends up in rule text is either
+//! a number, an address or CIDR (printed by the standard library), or an
+//! [`InterfaceName`], which can only be built from a validated string.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use svcproxy_core::model::IpFamily;
+
+/// Upstream kube-proxy's default `--iptables-masquerade-bit`: mark 0x4000.
+pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("interface name {0:?} is not 1-15 characters of [A-Za-z0-9_.-]")]
+    InterfaceName(String),
+    #[error("masquerade bit {0} is outside 0..=31")]
+    MasqueradeBit(u8),
+}
+
+/// A network interface name (or name prefix) safe to print inside double quotes:
+/// 1 to 15 characters of `[A-Za-z0-9_.-]` (Linux allows 15).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct InterfaceName(String);
+
+impl InterfaceName {
+    pub fn parse(name: &str) -> Result<Self, ConfigError> {
+        let ok = !name.is_empty()
+            && name.len() <= 15
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if ok {
+            Ok(InterfaceName(name.to_string()))
+        } else {
+            Err(ConfigError::InterfaceName(name.to_string()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for InterfaceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How traffic from this node's pods is recognised (`--detect-local-mode`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum LocalDetection {
+    /// No detection: nothing is masqueraded for being non-local, and pod traffic to
+    /// external IPs is not short-circuited.
+    #[default]
+    None,
+    /// `ClusterCIDR`: sources inside these CIDRs (`--cluster-cidr`) are local pods.
+    ClusterCidr(Vec<IpNet>),
+    /// `NodeCIDR`: sources inside these CIDRs are local pods. Empty means "this node's
+    /// `spec.podCIDRs` from the snapshot".
+    NodeCidr(Vec<IpNet>),
+    /// `BridgeInterface`: packets arriving on this interface come from local pods.
+    BridgeInterface(InterfaceName),
+    /// `InterfaceNamePrefix`: packets arriving on interfaces with this prefix.
+    InterfaceNamePrefix(InterfaceName),
+}
+
+/// Which destination addresses accept NodePort traffic (`--nodeport-addresses`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// The node's primary IP of each family, from the snapshot's Node (upstream
+    /// nftables mode's default, `primary`).
+    #[default]
+    Primary,
+    /// These addresses: the caller resolved `--nodeport-addresses` CIDRs to the
+    /// node's local IPs inside them. Loopback addresses are ignored here (see
+    /// [`PlanConfig::localhost_nodeports`]).
+    Ips(Vec<IpAddr>),
+    /// Every local address except loopback (`fib daddr type local`), as upstream does
+    /// for `0.0.0.0/0` and `::/0`.
+    AllLocal,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// `--masquerade-all`: masquerade all traffic to cluster IPs.
+    pub masquerade_all: bool,
+    /// Bit of the packet mark that asks for masquerade (0..=31).
+    pub masquerade_bit: u8,
+    pub local_detection: LocalDetection,
+    /// This node's IPs (either family), used to decide whether a node address lies
+    /// inside `loadBalancerSourceRanges`. Empty for a family: the snapshot Node's
+    /// addresses of that family.
+    pub node_ips: Vec<IpAddr>,
+    pub nodeport_addresses: NodePortAddresses,
+    /// Accept NodePorts on 127.0.0.0/8 (IPv4 only; upstream's `localhostNodePorts`).
+    /// The connection is masqueraded; the data plane must set
+    /// `net.ipv4.conf.all.route_localnet=1` for it to leave the host.
+    pub localhost_nodeports: bool,
+    /// Program the IPv4 table.
+    pub ipv4: bool,
+    /// Program the IPv6 table.
+    pub ipv6: bool,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            masquerade_all: false,
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            local_detection: LocalDetection::None,
+            node_ips: Vec::new(),
+            nodeport_addresses: NodePortAddresses::Primary,
+            localhost_nodeports: false,
+            ipv4: true,
+            ipv6: true,
+        }
+    }
+}
+
+impl PlanConfig {
+    /// Checks what the types cannot. The planner never fails: given an invalid
+    /// masquerade bit it uses the default one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.masquerade_bit > 31 {
+            return Err(ConfigError::MasqueradeBit(self.masquerade_bit));
+        }
+        Ok(())
+    }
+
+    /// The mark value meaning "masquerade this packet".
+    pub fn masquerade_mark(&self) -> u32 {
+        let bit = if self.masquerade_bit > 31 {
+            DEFAULT_MASQUERADE_BIT
+        } else {
+            self.masquerade_bit
+        };
+        1u32 << bit
+    }
+
+    pub fn family_enabled(&self, family: IpFamily) -> bool {
+        match family {
+            IpFamily::V4 => self.ipv4,
+            IpFamily::V6 => self.ipv6,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names_are_strict() {
+        assert!(InterfaceName::parse("cbr0").is_ok());
+        assert!(InterfaceName::parse("veth_a.b-c").is_ok());
+        for bad in ["", "a\"b", "eth0 ", "x;y", "0123456789abcdef", "a*", "a{b}"] {
+            assert!(InterfaceName::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn default_mark_is_upstreams() {
+        assert_eq!(PlanConfig::default().masquerade_mark(), 0x4000);
+        let bad = PlanConfig {
+            masquerade_bit: 40,
+            ..PlanConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        assert_eq!(bad.masquerade_mark(), 0x4000);
+    }
+}

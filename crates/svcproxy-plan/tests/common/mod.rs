@@ -1,0 +1,380 @@
+//! Helpers shared by svcproxy-plan's integration tests: scenario directories (YAML
+//! objects in, snapshots out, through the real `ClusterState`), their plan
+//! configuration, and throwaway network namespaces for running the real `nft`.
+//!
+//! Address plan (every scenario, stated once in `testdata/cluster.yaml`):
+//! - nodes node-a 198.18.0.1 / 2001:db8::1 (zone-1), node-b 198.18.0.2 /
+//!   2001:db8::2 (zone-1), node-c 198.18.0.3 / 2001:db8::3 (zone-2)
+//! - pods 198.18.<n>.0/24 and 2001:db8:<n>::/64 on node n (a=1, b=2, c=3)
+//! - ServiceCIDRs 198.19.0.0/16 and 2001:db8:ffff::/112
+//! - external and load-balancer IPs 203.0.113.0/24 and 2001:db8:ee::/64
+//! - external clients 198.51.100.0/24
+//!
+//! Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use serde::Deserialize;
+use svcproxy_core::model::{Protocol, ServiceName, ServicePortName};
+use svcproxy_core::objects::{KubeObject, SourceUpdate};
+use svcproxy_core::snapshot::NodeSnapshot;
+use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
+use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
+
+pub fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata")
+}
+
+/// The scenario directories, sorted.
+pub fn cases() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(testdata())
+        .expect("testdata")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every object in a YAML file: multi-document, `kind: List` expanded.
+pub fn load_objects(path: &Path) -> Vec<KubeObject> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        if value.is_null() {
+            continue;
+        }
+        push_object(value, path, &mut out);
+    }
+    out
+}
+
+fn push_object(value: serde_yaml::Value, path: &Path, out: &mut Vec<KubeObject>) {
+    let kind = value
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or_else(|| panic!("{path:?}: object without kind"))
+        .to_string();
+    fn parse<T: serde::de::DeserializeOwned>(v: serde_yaml::Value, path: &Path) -> T {
+        serde_yaml::from_value(v).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+    }
+    match kind.as_str() {
+        "List" => {
+            let items = value
+                .get("items")
+                .and_then(|i| i.as_sequence())
+                .cloned()
+                .unwrap_or_default();
+            for item in items {
+                push_object(item, path, out);
+            }
+        }
+        "Service" => out.push(KubeObject::Service(parse::<Service>(value, path))),
+        "EndpointSlice" => out.push(KubeObject::EndpointSlice(parse::<EndpointSlice>(
+            value, path,
+        ))),
+        "Node" => out.push(KubeObject::Node(parse::<Node>(value, path))),
+        "ServiceCIDR" => out.push(KubeObject::ServiceCidr(parse::<ServiceCIDR>(value, path))),
+        other => panic!("{path:?}: unsupported kind {other}"),
+    }
+}
+
+/// How a scenario's `config.yaml` spells a [`PlanConfig`]. Absent: the defaults
+/// below (NodeCIDR detection from node-a's podCIDRs, primary NodePort addresses).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TestConfig {
+    #[serde(default)]
+    pub masquerade_all: bool,
+    pub detect_local: Option<TestDetect>,
+    #[serde(default)]
+    pub node_ips: Vec<IpAddr>,
+    pub node_port_addresses: Option<TestNodePorts>,
+    #[serde(default)]
+    pub localhost_node_ports: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "mode", deny_unknown_fields)]
+pub enum TestDetect {
+    None,
+    ClusterCIDR { cidrs: Vec<IpNet> },
+    NodeCIDR,
+    BridgeInterface { interface: String },
+    InterfaceNamePrefix { interface: String },
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "mode", deny_unknown_fields)]
+pub enum TestNodePorts {
+    Primary,
+    Ips { ips: Vec<IpAddr> },
+    AllLocal,
+}
+
+impl TestConfig {
+    pub fn to_plan_config(&self) -> PlanConfig {
+        let local_detection = match &self.detect_local {
+            None | Some(TestDetect::NodeCIDR) => LocalDetection::NodeCidr(Vec::new()),
+            Some(TestDetect::None) => LocalDetection::None,
+            Some(TestDetect::ClusterCIDR { cidrs }) => LocalDetection::ClusterCidr(cidrs.clone()),
+            Some(TestDetect::BridgeInterface { interface }) => {
+                LocalDetection::BridgeInterface(InterfaceName::parse(interface).unwrap())
+            }
+            Some(TestDetect::InterfaceNamePrefix { interface }) => {
+                LocalDetection::InterfaceNamePrefix(InterfaceName::parse(interface).unwrap())
+            }
+        };
+        let nodeport_addresses = match &self.node_port_addresses {
+            None | Some(TestNodePorts::Primary) => NodePortAddresses::Primary,
+            Some(TestNodePorts::Ips { ips }) => NodePortAddresses::Ips(ips.clone()),
+            Some(TestNodePorts::AllLocal) => NodePortAddresses::AllLocal,
+        };
+        PlanConfig {
+            masquerade_all: self.masquerade_all,
+            local_detection,
+            node_ips: self.node_ips.clone(),
+            nodeport_addresses,
+            localhost_nodeports: self.localhost_node_ports,
+            ..PlanConfig::default()
+        }
+    }
+}
+
+/// One scenario directory loaded into a live `ClusterState`.
+pub struct Scenario {
+    pub dir: PathBuf,
+    pub state: ClusterState,
+    pub cfg: PlanConfig,
+}
+
+impl Scenario {
+    /// `testdata/cluster.yaml` (nodes and ServiceCIDRs) plus the case's `*.yaml`
+    /// files in name order, as node `node.txt` (default node-a).
+    pub fn load(case: &str) -> Scenario {
+        let dir = testdata().join(case);
+        let node = std::fs::read_to_string(dir.join("node.txt"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "node-a".to_string());
+        let cfg: TestConfig = match std::fs::read_to_string(dir.join("config.yaml")) {
+            Ok(text) => {
+                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{case}/config.yaml: {e}"))
+            }
+            Err(_) => TestConfig::default(),
+        };
+        let mut state = ClusterState::new(StateConfig {
+            node_name: node,
+            service_proxy_name: None,
+        });
+        let mut files = vec![testdata().join("cluster.yaml")];
+        let mut own: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{dir:?}: {e}"))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml") && !p.ends_with("config.yaml"))
+            .collect();
+        own.sort();
+        files.extend(own);
+        for file in files {
+            for object in load_objects(&file) {
+                state.apply(SourceUpdate::Upsert {
+                    object,
+                    origin: file.display().to_string(),
+                });
+            }
+        }
+        Scenario {
+            dir,
+            state,
+            cfg: cfg.to_plan_config(),
+        }
+    }
+
+    pub fn upsert_yaml(&mut self, yaml: &str) {
+        let tmp = std::env::temp_dir().join(format!(
+            "svcproxy-plan-{}-{}.yaml",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::write(&tmp, yaml).unwrap();
+        let objects = load_objects(&tmp);
+        let _ = std::fs::remove_file(&tmp);
+        for object in objects {
+            self.state.apply(SourceUpdate::Upsert {
+                object,
+                origin: "test".to_string(),
+            });
+        }
+    }
+
+    pub fn snapshot(&mut self) -> SnapshotUpdate {
+        self.state.snapshot()
+    }
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+pub fn spn(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        service: ServiceName::new(ns, name),
+        port: port.to_string(),
+        protocol,
+    }
+}
+
+pub fn no_changes() -> BTreeSet<ServicePortName> {
+    BTreeSet::new()
+}
+
+pub fn snaps(update: &SnapshotUpdate) -> (Arc<NodeSnapshot>, Arc<NodeSnapshot>) {
+    (update.v4.clone(), update.v6.clone())
+}
+
+// ---------------------------------------------------------------------------
+// Throwaway network namespaces for the real nft.
+
+/// A network namespace that exists until dropped (deleted even when the test
+/// panics). Never touches the root namespace.
+pub struct Netns {
+    pub name: String,
+}
+
+static NETNS_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl Netns {
+    /// `None` (with a printed reason) when not root or `ip`/`nft` are missing.
+    pub fn create(test: &str) -> Option<Netns> {
+        let is_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        if !is_root {
+            eprintln!("SKIP {test}: not root, cannot create a network namespace");
+            return None;
+        }
+        for tool in ["ip", "nft"] {
+            let found = Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {tool}"))
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            if !found {
+                eprintln!("SKIP {test}: {tool} not installed");
+                return None;
+            }
+        }
+        let name = format!(
+            "svcproxy-plan-test-{}-{}",
+            std::process::id(),
+            NETNS_SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let out = Command::new("ip")
+            .args(["netns", "add", &name])
+            .output()
+            .expect("ip netns add");
+        if !out.status.success() {
+            eprintln!(
+                "SKIP {test}: ip netns add failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return None;
+        }
+        Some(Netns { name })
+    }
+
+    /// Runs `nft -f -` with `script` inside the namespace.
+    pub fn nft_apply(&self, script: &str) -> Result<(), String> {
+        let tmp = std::env::temp_dir().join(format!(
+            "{}-{}.nft",
+            self.name,
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::write(&tmp, script).unwrap();
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name, "nft", "-f"])
+            .arg(&tmp)
+            .output()
+            .expect("nft");
+        let _ = std::fs::remove_file(&tmp);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// `nft` arguments run inside the namespace; stdout.
+    pub fn nft(&self, args: &[&str]) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name, "nft"])
+            .args(args)
+            .output()
+            .expect("nft");
+        assert!(
+            out.status.success(),
+            "nft {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The namespace's whole ruleset, normalised for comparison: object handles
+    /// dropped, set and map elements sorted, objects sorted (rule order within a
+    /// chain kept).
+    pub fn ruleset_normalized(&self) -> Vec<String> {
+        let json: serde_json::Value =
+            serde_json::from_str(&self.nft(&["-j", "list", "ruleset"])).expect("nft -j");
+        let mut objects = Vec::new();
+        let mut rules: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for item in json["nftables"].as_array().into_iter().flatten() {
+            let Some((kind, body)) = item.as_object().and_then(|o| o.iter().next()) else {
+                continue;
+            };
+            if kind == "metainfo" {
+                continue;
+            }
+            let mut body = body.clone();
+            if let Some(o) = body.as_object_mut() {
+                o.remove("handle");
+                if let Some(serde_json::Value::Array(elems)) = o.get_mut("elem") {
+                    elems.sort_by_key(|e| e.to_string());
+                }
+            }
+            if kind == "rule" {
+                let chain = format!("{}/{}/{}", body["family"], body["table"], body["chain"]);
+                rules
+                    .entry(chain)
+                    .or_default()
+                    .push(body["expr"].to_string());
+            } else {
+                objects.push(format!("{kind} {body}"));
+            }
+        }
+        for (chain, r) in rules {
+            objects.push(format!("rules {chain}: {}", r.join(" ; ")));
+        }
+        objects.sort();
+        objects
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}

@@ -1,0 +1,119 @@
+//! Golden rulesets: each scenario directory under `testdata/` renders, through the
+//! real `ClusterState` and a fresh planner, exactly its `expected.nft` (the script a
+//! first sync applies, which is what `svcproxy render` prints).
+//!
+//! `UPDATE_GOLDEN=1 cargo test -p svcproxy-plan --test golden` rewrites the files;
+//! review the diff like code. `tests/nft_netns.rs` loads every golden file into the
+//! real `nft` inside a throwaway network namespace.
+
+mod common;
+
+use common::*;
+use pretty_assertions::assert_eq;
+use svcproxy_plan::{render_full, PlanKind, Planner};
+
+#[test]
+fn every_scenario_renders_its_golden_ruleset() {
+    let update = std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1");
+    let cases = cases();
+    assert!(cases.len() >= 11, "scenario directories missing: {cases:?}");
+    for case in cases {
+        let mut sc = Scenario::load(&case);
+        let up = sc.snapshot();
+        let text = render_full(&up.v4, &up.v6, &sc.cfg);
+        let path = sc.dir.join("expected.nft");
+        if update {
+            std::fs::write(&path, &text).unwrap();
+            continue;
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            panic!("{case}: no expected.nft; run with UPDATE_GOLDEN=1 to create it")
+        });
+        assert_eq!(
+            expected, text,
+            "{case}: rendered ruleset differs from expected.nft"
+        );
+    }
+}
+
+#[test]
+fn rendering_is_deterministic_and_matches_the_first_sync() {
+    for case in cases() {
+        let mut sc = Scenario::load(&case);
+        let up = sc.snapshot();
+        let once = render_full(&up.v4, &up.v6, &sc.cfg);
+        let twice = render_full(&up.v4, &up.v6, &sc.cfg);
+        assert_eq!(once, twice, "{case}");
+
+        // A sync's first script is the same text, and so is the planner's render.
+        let mut planner = Planner::new();
+        let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
+        assert_eq!(plan.kind, PlanKind::Recreate, "{case}");
+        assert_eq!(plan.script, once, "{case}");
+        assert_eq!(planner.render(), once, "{case}");
+
+        // The typed model renders deterministically too, and holds every chain
+        // the text declares.
+        for family in svcproxy_core::model::IpFamily::BOTH {
+            let rs = planner.ruleset(family).expect("family programmed");
+            assert_eq!(rs.render(), rs.clone().render());
+            for name in rs.chains.keys() {
+                assert!(
+                    once.contains(&format!("\tchain {name} {{\n")),
+                    "{case}: {name}"
+                );
+            }
+        }
+    }
+}
+
+/// Every dispatch chain (`service-`, `local-`) in every golden file picks each of
+/// its endpoints with probability exactly 1/n: rule k of n is `numgen random mod
+/// (n-k) == 0 goto ...` and the last is a plain `goto`, so endpoint k is taken with
+/// probability prod_{j<k} (1 - 1/(n-j)) * 1/(n-k) = 1/n.
+#[test]
+fn endpoint_dispatch_is_uniform() {
+    let mut checked = 0;
+    for case in cases() {
+        let text = std::fs::read_to_string(testdata().join(&case).join("expected.nft")).unwrap();
+        for block in text.split("\n\n") {
+            let Some(head) = block.trim_start().strip_prefix("chain ") else {
+                continue;
+            };
+            let name = head.split(' ').next().unwrap_or("");
+            let hashed = |prefix: &str| {
+                name.strip_prefix(prefix)
+                    .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            };
+            if !(hashed("service-") || hashed("local-")) {
+                continue;
+            }
+            let picks: Vec<&str> = block
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.contains("goto endpoint-") && !l.contains(" @affinity-"))
+                .collect();
+            let n = picks.len() as u64;
+            assert!(n > 0, "{case}: {head}");
+            // Probability of reaching rule k, as a fraction num/den.
+            let (mut num, mut den) = (1u64, 1u64);
+            for (k, rule) in picks.iter().enumerate() {
+                let k = k as u64;
+                let (p_num, p_den) = if k + 1 == n {
+                    assert!(rule.starts_with("goto endpoint-"), "{case}: {rule}");
+                    (1, 1)
+                } else {
+                    let want = format!("numgen random mod {} == 0 goto endpoint-", n - k);
+                    assert!(rule.starts_with(&want), "{case}: {rule}");
+                    (1, n - k)
+                };
+                // P(endpoint k) = reach * p must be 1/n.
+                assert_eq!(num * p_num * n, den * p_den, "{case}: {head} rule {k}");
+                num *= p_den - p_num;
+                den *= p_den;
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} dispatch chains found");
+}
