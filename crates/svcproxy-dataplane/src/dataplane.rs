@@ -1,0 +1,176 @@
+//! [`NftDataPlane`]: plan, apply atomically, commit or abandon.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use svcproxy_core::model::IpFamily;
+use svcproxy_core::state::SnapshotUpdate;
+use svcproxy_plan::{
+    cleanup_script, render_full, Conflict, PlanConfig, PlanKind, PlanStats, Planner,
+};
+
+use crate::error::DataPlaneError;
+use crate::sink::{NftCommand, ScriptSink};
+
+/// What one successful sync did.
+#[derive(Clone, Debug)]
+pub struct SyncReport {
+    /// The kind of transaction applied.
+    pub kind: PlanKind,
+    /// Planning, rendering and applying.
+    pub duration: Duration,
+    /// Of which applying (running `nft`).
+    pub apply_duration: Duration,
+    /// Size of the script applied; 0 when nothing changed (and `nft` was not run).
+    pub script_bytes: usize,
+    /// Every destination conflict in the desired state (logged when they change).
+    pub conflicts: Vec<Conflict>,
+    pub stats: PlanStats,
+}
+
+/// svcproxy's nftables data plane: keeps the planner, which keeps the desired (and,
+/// after a commit, the kernel's) state in memory.
+pub struct NftDataPlane<S = NftCommand> {
+    cfg: PlanConfig,
+    planner: Planner,
+    sink: S,
+    /// The conflicts last logged, by family and destination.
+    logged_conflicts: BTreeMap<(IpFamily, String), Conflict>,
+}
+
+impl NftDataPlane<NftCommand> {
+    /// A data plane running `nft` from `PATH`.
+    pub fn new(cfg: PlanConfig) -> Self {
+        NftDataPlane::with_sink(cfg, NftCommand::default())
+    }
+}
+
+impl<S: ScriptSink> NftDataPlane<S> {
+    /// A data plane applying its scripts to `sink` (e.g. an [`NftCommand`] with
+    /// another binary or a netns prefix, or a [`RecordingSink`](crate::RecordingSink)).
+    pub fn with_sink(cfg: PlanConfig, sink: S) -> Self {
+        if let Err(e) = cfg.validate() {
+            tracing::warn!(error = %e, "invalid data plane configuration; using the default");
+        }
+        NftDataPlane {
+            cfg,
+            planner: Planner::new(),
+            sink,
+            logged_conflicts: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &PlanConfig {
+        &self.cfg
+    }
+
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    pub fn sink_mut(&mut self) -> &mut S {
+        &mut self.sink
+    }
+
+    /// Brings the kernel to `update`'s state in one atomic transaction.
+    ///
+    /// `full` asks for a full resync (periodic, or a retry). The first sync, and the
+    /// first after a failure, recreates the tables whatever `full` says; otherwise
+    /// only `update.changed` (and any view that is not the previous `Arc`) is
+    /// re-planned. On error the previous rules stay in force and the next sync
+    /// recreates the tables.
+    pub fn sync(
+        &mut self,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> Result<SyncReport, DataPlaneError> {
+        let start = Instant::now();
+        let plan = self
+            .planner
+            .plan(&update.v4, &update.v6, &self.cfg, full, &update.changed);
+        self.log_conflicts(&plan.conflicts);
+        let apply_start = Instant::now();
+        let applied = if plan.is_empty() {
+            Ok(())
+        } else {
+            self.sink.apply(&plan.script)
+        };
+        let apply_duration = apply_start.elapsed();
+        match applied {
+            Ok(()) => self.planner.commit(&plan),
+            Err(e) => {
+                self.planner.abandon();
+                return Err(e);
+            }
+        }
+        let report = SyncReport {
+            kind: plan.kind,
+            duration: start.elapsed(),
+            apply_duration,
+            script_bytes: plan.script.len(),
+            conflicts: plan.conflicts,
+            stats: plan.stats,
+        };
+        tracing::debug!(
+            kind = ?report.kind,
+            bytes = report.script_bytes,
+            duration = ?report.duration,
+            apply = ?report.apply_duration,
+            replanned = report.stats.replanned,
+            "nftables synced"
+        );
+        Ok(report)
+    }
+
+    /// The full script a first sync of `update` would apply (`svcproxy render`),
+    /// from a fresh planner: neither the kernel nor this data plane's state is
+    /// touched.
+    pub fn render(&self, update: &SnapshotUpdate) -> String {
+        render_full(&update.v4, &update.v6, &self.cfg)
+    }
+
+    /// Warns about each conflict that is new or changed since the last plan, and
+    /// notes those that went away.
+    fn log_conflicts(&mut self, conflicts: &[Conflict]) {
+        let current: BTreeMap<(IpFamily, String), Conflict> = conflicts
+            .iter()
+            .map(|c| ((c.family, c.destination.clone()), c.clone()))
+            .collect();
+        if current == self.logged_conflicts {
+            return;
+        }
+        for (key, c) in &current {
+            if self.logged_conflicts.get(key) != Some(c) {
+                let ignored: Vec<String> = c.ignored.iter().map(ToString::to_string).collect();
+                tracing::warn!(
+                    family = %c.family,
+                    destination = %c.destination,
+                    kept = %c.kept,
+                    ignored = %ignored.join(", "),
+                    "several service ports claim one destination; only the first by name gets it"
+                );
+            }
+        }
+        for (key, c) in &self.logged_conflicts {
+            if !current.contains_key(key) {
+                tracing::info!(
+                    family = %c.family,
+                    destination = %c.destination,
+                    "destination conflict resolved"
+                );
+            }
+        }
+        self.logged_conflicts = current;
+    }
+}
+
+/// Removes svcproxy's tables (both families) and nothing else, running the `nft`
+/// binary at `nft`. Succeeds when they do not exist.
+pub fn cleanup(nft: &str) -> Result<(), DataPlaneError> {
+    cleanup_with(&mut NftCommand::new(nft))
+}
+
+/// [`cleanup`] through any sink (e.g. an [`NftCommand`] with a netns prefix).
+pub fn cleanup_with<S: ScriptSink + ?Sized>(sink: &mut S) -> Result<(), DataPlaneError> {
+    sink.apply(&cleanup_script())
+}

@@ -1,0 +1,260 @@
+//! Where scripts go: the real `nft`, or a recorder for tests.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::{self, Write};
+use std::process::{Command, Stdio};
+
+use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
+
+/// Applies `nft -f` scripts, each as one atomic transaction.
+pub trait ScriptSink {
+    /// Applies `script`. On error nothing of it is in force (`nft` applies a whole
+    /// file or nothing).
+    fn apply(&mut self, script: &str) -> Result<(), DataPlaneError>;
+}
+
+impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
+    fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply(script)
+    }
+}
+
+impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
+    fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply(script)
+    }
+}
+
+/// The real `nft`: runs `ARGV... -f -` with the script on stdin.
+///
+/// `ARGV` is the `nft` binary (default `nft`, looked up in `PATH`), optionally behind
+/// a prefix: `["ip", "netns", "exec", "NAME", "nft"]` applies inside a network
+/// namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftCommand {
+    argv: Vec<String>,
+}
+
+impl Default for NftCommand {
+    fn default() -> Self {
+        NftCommand::new("nft")
+    }
+}
+
+impl NftCommand {
+    /// The `nft` binary at `program` (a path, or a name looked up in `PATH`).
+    pub fn new(program: impl Into<String>) -> Self {
+        NftCommand {
+            argv: vec![program.into()],
+        }
+    }
+
+    /// A command line that ends in `nft`, e.g. `ip netns exec NAME nft`; `-f -` is
+    /// appended. An empty `argv` means plain `nft`.
+    pub fn from_argv<I, T>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
+        if argv.is_empty() {
+            NftCommand::default()
+        } else {
+            NftCommand { argv }
+        }
+    }
+
+    /// The command line without the trailing `-f -`.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// Runs `ARGV... -f -`, feeding `script` on stdin while stderr is read (so a
+    /// chatty failure cannot deadlock against a large script).
+    pub fn run(&self, script: &str) -> Result<(), DataPlaneError> {
+        let command = self.to_string();
+        let mut child = Command::new(&self.argv[0])
+            .args(&self.argv[1..])
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| DataPlaneError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let (written, output) = std::thread::scope(|s| {
+            let writer = s.spawn(move || {
+                let result = stdin.write_all(script.as_bytes());
+                // Closing stdin tells nft the script is complete.
+                drop(stdin);
+                result
+            });
+            let output = child.wait_with_output();
+            let written = writer
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("stdin writer panicked")));
+            (written, output)
+        });
+        let output = output.map_err(|source| DataPlaneError::Io {
+            command: command.clone(),
+            source,
+        })?;
+        let stderr = bounded_text(&output.stderr, STDERR_LIMIT);
+        if !output.status.success() {
+            // A write error here is nft closing its stdin on the way out: the exit
+            // status and stderr say why.
+            return Err(DataPlaneError::Rejected {
+                command,
+                status: output.status.to_string(),
+                stderr,
+            });
+        }
+        // nft succeeded without reading the whole script: whatever it applied is
+        // not the plan.
+        written.map_err(|source| DataPlaneError::Io {
+            command: command.clone(),
+            source,
+        })?;
+        if !stderr.is_empty() {
+            tracing::warn!(command = %command, stderr = %stderr, "nft succeeded with messages");
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for NftCommand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for arg in &self.argv {
+            write!(f, "{arg} ")?;
+        }
+        f.write_str("-f -")
+    }
+}
+
+impl ScriptSink for NftCommand {
+    fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
+        self.run(script)
+    }
+}
+
+/// A fake `nft` for tests: records every script and fails when told to.
+#[derive(Clone, Debug, Default)]
+pub struct RecordingSink {
+    /// Every script handed to [`ScriptSink::apply`], accepted or not, in order.
+    pub attempts: Vec<String>,
+    /// The scripts accepted, in order.
+    pub applied: Vec<String>,
+    failures: VecDeque<String>,
+    always: Option<String>,
+}
+
+impl RecordingSink {
+    /// The command name in the errors it returns.
+    pub const COMMAND: &'static str = "fake-nft -f -";
+
+    pub fn new() -> Self {
+        RecordingSink::default()
+    }
+
+    /// The next apply fails with this stderr (queued: call twice to fail twice).
+    pub fn fail_next(&mut self, stderr: impl Into<String>) {
+        self.failures.push_back(stderr.into());
+    }
+
+    /// Every apply fails with this stderr until called with `None`.
+    pub fn fail_always(&mut self, stderr: Option<String>) {
+        self.always = stderr;
+    }
+
+    /// The last accepted script.
+    pub fn last_applied(&self) -> Option<&str> {
+        self.applied.last().map(String::as_str)
+    }
+}
+
+impl ScriptSink for RecordingSink {
+    fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
+        self.attempts.push(script.to_string());
+        let failure = self.failures.pop_front().or_else(|| self.always.clone());
+        if let Some(stderr) = failure {
+            return Err(DataPlaneError::Rejected {
+                command: Self::COMMAND.to_string(),
+                status: "exit status: 1".to_string(),
+                stderr: bounded_text(stderr.as_bytes(), STDERR_LIMIT),
+            });
+        }
+        self.applied.push(script.to_string());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for `nft` run through `sh -c`: `-f -` become `$1 $2`.
+    fn sh(body: &str) -> NftCommand {
+        NftCommand::from_argv(["sh", "-c", body, "fake-nft"])
+    }
+
+    #[test]
+    fn the_script_arrives_on_stdin_after_dash_f_dash() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("got");
+        let cmd = sh(&format!(
+            "test \"$1 $2\" = '-f -' || exit 9; cat > '{}'",
+            out.display()
+        ));
+        let script = "add table ip svcproxy\n".repeat(50_000);
+        cmd.run(&script).expect("applied");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), script);
+    }
+
+    #[test]
+    fn failure_reports_status_and_bounded_stderr_without_deadlock() {
+        // Floods stderr before reading stdin: reading stderr only after the write
+        // would deadlock on a script larger than the pipe buffer.
+        let cmd = sh("head -c 300000 /dev/zero | tr '\\0' x >&2; cat >/dev/null; exit 3");
+        let err = cmd.run(&"x".repeat(1 << 20)).unwrap_err();
+        let DataPlaneError::Rejected { status, stderr, .. } = &err else {
+            panic!("{err:?}");
+        };
+        assert!(status.contains('3'), "{status}");
+        assert!(stderr.starts_with("xxxx"));
+        assert!(stderr.len() < STDERR_LIMIT + 64, "{}", stderr.len());
+        assert!(stderr.ends_with("more bytes]"));
+    }
+
+    #[test]
+    fn early_exit_is_a_rejection_not_a_broken_pipe() {
+        let cmd = sh("echo 'Error: syntax error' >&2; exit 1");
+        let err = cmd.run(&"y".repeat(4 << 20)).unwrap_err();
+        assert_eq!(err.stderr(), Some("Error: syntax error"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_binary_is_a_spawn_error() {
+        let err = NftCommand::new("/nonexistent/nft").run("").unwrap_err();
+        assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
+        assert!(err.to_string().contains("/nonexistent/nft -f -"), "{err}");
+    }
+
+    #[test]
+    fn the_recorder_fails_on_request() {
+        let mut sink = RecordingSink::new();
+        sink.fail_next("Error: one");
+        assert_eq!(sink.apply("a").unwrap_err().stderr(), Some("Error: one"));
+        sink.apply("b").unwrap();
+        sink.fail_always(Some("Error: all".into()));
+        assert!(sink.apply("c").is_err());
+        assert!(sink.apply("d").is_err());
+        sink.fail_always(None);
+        sink.apply("e").unwrap();
+        assert_eq!(sink.attempts, ["a", "b", "c", "d", "e"]);
+        assert_eq!(sink.applied, ["b", "e"]);
+    }
+}

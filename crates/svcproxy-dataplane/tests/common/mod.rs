@@ -1,0 +1,196 @@
+//! Shared by the data plane's integration tests: a small cluster built from YAML
+//! through the real `ClusterState`.
+//!
+//! Address plan (as svcproxy-plan's testdata): node-a 198.18.0.1 / 2001:db8::1, pods
+//! 198.18.<n>.0/24 on node n, ServiceCIDRs 198.19.0.0/16 and 2001:db8:ffff::/112,
+//! external IPs 203.0.113.0/24.
+#![allow(dead_code)]
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use serde::Deserialize;
+use svcproxy_core::model::{IpFamily, Protocol, ServiceName, ServicePortName};
+use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
+use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
+use svcproxy_plan::names::service_port_hash;
+use svcproxy_plan::{LocalDetection, PlanConfig};
+
+pub const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {kubernetes.io/hostname: node-a, topology.kubernetes.io/zone: zone-1}
+spec:
+  podCIDRs: ["198.18.1.0/24", "2001:db8:1::/64"]
+status:
+  addresses:
+  - {type: InternalIP, address: 198.18.0.1}
+  - {type: InternalIP, address: "2001:db8::1"}
+---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec:
+  cidrs: ["198.19.0.0/16", "2001:db8:ffff::/112"]
+"#;
+
+/// web: 198.19.0.10:80 → :8080 on 198.18.1.10 (local) and 198.18.2.10.
+pub const WEB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  clusterIP: 198.19.0.10
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+- {name: http, port: 8080}
+endpoints:
+- {addresses: [198.18.1.10], nodeName: node-a}
+- {addresses: [198.18.2.10], nodeName: node-b}
+"#;
+
+/// web's endpoints changed: 198.18.2.10 replaced by 198.18.3.10.
+pub const WEB_MOVED: &str = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+- {name: http, port: 8080}
+endpoints:
+- {addresses: [198.18.1.10], nodeName: node-a}
+- {addresses: [198.18.3.10], nodeName: node-c}
+"#;
+
+/// db: 198.19.0.20:5432 on 198.18.2.20, plus external IP 203.0.113.20.
+pub const DB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: demo}
+spec:
+  clusterIP: 198.19.0.20
+  externalIPs: [203.0.113.20]
+  ports:
+  - {name: pg, port: 5432}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: db-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: db}
+addressType: IPv4
+ports:
+- {name: pg, port: 5432}
+endpoints:
+- {addresses: [198.18.2.20], nodeName: node-b}
+"#;
+
+/// cache: claims db's external IP and port (a conflict cache wins: first by name).
+pub const CACHE_CONFLICT: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: cache, namespace: demo}
+spec:
+  clusterIP: 198.19.0.30
+  externalIPs: [203.0.113.20]
+  ports:
+  - {name: pg, port: 5432}
+"#;
+
+/// Every object in a multi-document YAML text.
+pub fn objects(yaml: &str) -> Vec<KubeObject> {
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = serde_yaml::Value::deserialize(doc).expect("yaml");
+        if value.is_null() {
+            continue;
+        }
+        let kind = value["kind"].as_str().expect("kind").to_string();
+        let object = match kind.as_str() {
+            "Service" => KubeObject::Service(serde_yaml::from_value::<Service>(value).unwrap()),
+            "EndpointSlice" => {
+                KubeObject::EndpointSlice(serde_yaml::from_value::<EndpointSlice>(value).unwrap())
+            }
+            "Node" => KubeObject::Node(serde_yaml::from_value::<Node>(value).unwrap()),
+            "ServiceCIDR" => {
+                KubeObject::ServiceCidr(serde_yaml::from_value::<ServiceCIDR>(value).unwrap())
+            }
+            other => panic!("unsupported kind {other}"),
+        };
+        out.push(object);
+    }
+    out
+}
+
+/// A cluster state for node-a holding `CLUSTER` and the given YAML texts.
+pub fn cluster(yamls: &[&str]) -> ClusterState {
+    let mut state = ClusterState::new(StateConfig {
+        node_name: "node-a".to_string(),
+        service_proxy_name: None,
+    });
+    upsert(&mut state, CLUSTER);
+    for yaml in yamls {
+        upsert(&mut state, yaml);
+    }
+    state
+}
+
+pub fn upsert(state: &mut ClusterState, yaml: &str) {
+    for object in objects(yaml) {
+        state.apply(SourceUpdate::Upsert {
+            object,
+            origin: "test".to_string(),
+        });
+    }
+}
+
+pub fn delete_service(state: &mut ClusterState, name: &str) {
+    state.apply(SourceUpdate::Delete(ObjectKey::new(
+        Kind::Service,
+        "demo",
+        name,
+    )));
+}
+
+/// NodeCIDR local detection from node-a's podCIDRs.
+pub fn plan_config() -> PlanConfig {
+    PlanConfig {
+        local_detection: LocalDetection::NodeCidr(Vec::new()),
+        ..PlanConfig::default()
+    }
+}
+
+pub fn spn(name: &str, port: &str) -> ServicePortName {
+    ServicePortName {
+        service: ServiceName::new("demo", name),
+        port: port.to_string(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+/// The IPv4 service chain of `demo/<name>:<port>/tcp`.
+pub fn service_chain(name: &str, port: &str) -> String {
+    format!(
+        "service-{:016x}",
+        service_port_hash(IpFamily::V4, &spn(name, port))
+    )
+}
+
+pub fn snapshot(state: &mut ClusterState) -> SnapshotUpdate {
+    state.snapshot()
+}

@@ -1,0 +1,249 @@
+//! The real `nft` in a throwaway network namespace: full, partial and deleting
+//! syncs show in `nft list table ip svcproxy`; a rejected transaction leaves the
+//! previous rules in force and the next sync recreates the tables; a bogus `nft`
+//! is an error; cleanup removes svcproxy's tables and nothing else.
+//!
+//! Every `nft` here runs as `ip netns exec svp-dp-<pid>-<tag> nft`: the root
+//! namespace is never touched. Without root (or `ip`/`nft`) the tests print SKIP and
+//! pass, unless `CI` is set, in which case they fail.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use svcproxy_dataplane::{cleanup, cleanup_with, DataPlaneError, NftCommand, NftDataPlane};
+use svcproxy_plan::PlanKind;
+
+/// A network namespace that exists until dropped (deleted even when the test panics).
+struct Netns {
+    name: String,
+}
+
+fn skip(test: &str, why: &str) -> Option<Netns> {
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: cannot run under CI: {why}");
+    }
+    eprintln!("SKIP {test}: {why}");
+    None
+}
+
+impl Netns {
+    fn create(test: &str, tag: &str) -> Option<Netns> {
+        let uid = Command::new("id").arg("-u").output();
+        if !uid.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0") {
+            return skip(test, "not root, cannot create a network namespace");
+        }
+        for tool in ["ip", "nft"] {
+            let found = Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {tool}"))
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !found {
+                return skip(test, &format!("{tool} not installed"));
+            }
+        }
+        let name = format!("svp-dp-{}-{tag}", std::process::id());
+        let out = Command::new("ip")
+            .args(["netns", "add", &name])
+            .output()
+            .expect("run ip");
+        if !out.status.success() {
+            return skip(
+                test,
+                &format!(
+                    "ip netns add {name} failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            );
+        }
+        Some(Netns { name })
+    }
+
+    /// `nft` inside the namespace, for the data plane.
+    fn nft_command(&self) -> NftCommand {
+        NftCommand::from_argv(["ip", "netns", "exec", &self.name, "nft"])
+    }
+
+    /// Runs `nft ARGS` inside the namespace; stdout.
+    fn nft(&self, args: &[&str]) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name, "nft"])
+            .args(args)
+            .output()
+            .expect("run ip netns exec");
+        assert!(
+            out.status.success(),
+            "nft {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn table(&self) -> String {
+        self.nft(&["list", "table", "ip", "svcproxy"])
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+#[track_caller]
+fn has(table: &str, needle: &str, step: &str) {
+    assert!(
+        table.contains(needle),
+        "{step}: {needle:?} missing:\n{table}"
+    );
+}
+
+#[track_caller]
+fn lacks(table: &str, needle: &str, step: &str) {
+    assert!(
+        !table.contains(needle),
+        "{step}: {needle:?} present:\n{table}"
+    );
+}
+
+#[test]
+fn syncs_show_in_the_kernel_and_failures_recover() {
+    let Some(ns) = Netns::create("syncs_show_in_the_kernel_and_failures_recover", "sync") else {
+        return;
+    };
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp = NftDataPlane::with_sink(plan_config(), ns.nft_command());
+    let web = service_chain("web", "http");
+    let db = service_chain("db", "pg");
+
+    // Full sync.
+    let report = dp.sync(&snapshot(&mut state), true).expect("full sync");
+    assert_eq!(report.kind, PlanKind::Recreate);
+    assert!(report.script_bytes > 0);
+    let t = ns.table();
+    for needle in [
+        "198.19.0.10 . tcp . 80 : goto ".to_string(),
+        "198.19.0.20 . tcp . 5432 : goto ".to_string(),
+        "203.0.113.20 . tcp . 5432 : goto ".to_string(),
+        "dnat to 198.18.1.10:8080".to_string(),
+        "dnat to 198.18.2.10:8080".to_string(),
+        "dnat to 198.18.2.20:5432".to_string(),
+        format!("chain {web}"),
+        format!("chain {db}"),
+    ] {
+        has(&t, &needle, "full sync");
+    }
+    assert!(ns.nft(&["list", "tables"]).contains("table ip6 svcproxy"));
+
+    // One service's endpoints change: a partial sync.
+    upsert(&mut state, WEB_MOVED);
+    let report = dp.sync(&snapshot(&mut state), false).expect("partial sync");
+    assert_eq!(report.kind, PlanKind::Partial);
+    let t = ns.table();
+    has(&t, "dnat to 198.18.3.10:8080", "endpoints changed");
+    has(&t, "dnat to 198.18.1.10:8080", "endpoints changed");
+    lacks(&t, "198.18.2.10", "endpoints changed");
+    has(&t, "dnat to 198.18.2.20:5432", "endpoints changed");
+
+    // A service deleted: its elements and chains go.
+    delete_service(&mut state, "db");
+    let report = dp.sync(&snapshot(&mut state), false).expect("delete sync");
+    assert_eq!(report.kind, PlanKind::Partial);
+    let t = ns.table();
+    lacks(&t, "198.19.0.20", "db deleted");
+    lacks(&t, "203.0.113.20", "db deleted");
+    lacks(&t, &db, "db deleted");
+    has(&t, &format!("chain {web}"), "db deleted");
+
+    // nft rejects a transaction (the kernel no longer holds what the planner
+    // believes): nothing of it applies, the error carries nft's stderr, and the next
+    // sync recreates the tables.
+    ns.nft(&[
+        "delete",
+        "element",
+        "ip",
+        "svcproxy",
+        "service-ips",
+        "{ 198.19.0.10 . tcp . 80 }",
+    ]);
+    delete_service(&mut state, "web");
+    let err = dp.sync(&snapshot(&mut state), false).unwrap_err();
+    let DataPlaneError::Rejected { stderr, .. } = &err else {
+        panic!("expected a rejection, got {err:?}");
+    };
+    assert!(stderr.contains("Error: Could not process rule"), "{err}");
+    assert!(stderr.contains("service-ips"), "{err}");
+    assert!(err.to_string().contains("ip netns exec"), "{err}");
+    has(
+        &ns.table(),
+        &format!("chain {web}"),
+        "rejected (rolled back)",
+    );
+    let report = dp.sync(&snapshot(&mut state), false).expect("recreate");
+    assert_eq!(report.kind, PlanKind::Recreate);
+    let t = ns.table();
+    lacks(&t, &web, "recreated without web");
+    lacks(&t, "198.19.0.10", "recreated without web");
+
+    // A bogus nft: an error, and again a recreate once nft is back.
+    upsert(&mut state, DB);
+    *dp.sink_mut() = NftCommand::from_argv([
+        "ip",
+        "netns",
+        "exec",
+        &ns.name,
+        "/nonexistent/svcproxy-test/nft",
+    ]);
+    let err = dp.sync(&snapshot(&mut state), false).unwrap_err();
+    assert!(
+        err.to_string().contains("/nonexistent/svcproxy-test/nft"),
+        "{err}"
+    );
+    lacks(&ns.table(), "198.19.0.20", "bogus nft");
+    *dp.sink_mut() = ns.nft_command();
+    let report = dp.sync(&snapshot(&mut state), false).expect("recovered");
+    assert_eq!(report.kind, PlanKind::Recreate);
+    has(&ns.table(), "198.19.0.20 . tcp . 5432 : goto ", "recovered");
+
+    // A missing binary cannot even start.
+    let err = NftDataPlane::with_sink(plan_config(), NftCommand::new("/nonexistent/nft"))
+        .sync(&snapshot(&mut cluster(&[WEB])), true)
+        .unwrap_err();
+    assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
+}
+
+#[test]
+fn cleanup_removes_only_svcproxy_tables() {
+    let Some(ns) = Netns::create("cleanup_removes_only_svcproxy_tables", "cleanup") else {
+        return;
+    };
+    let mut nft = ns.nft_command();
+    // Nothing to clean: still fine.
+    cleanup_with(&mut nft).expect("cleanup of nothing");
+    ns.nft(&["add", "table", "inet", "other"]);
+    ns.nft(&["add chain inet other input { type filter hook input priority 0 ; policy accept ; }"]);
+    ns.nft(&["add table ip svcproxy-other"]);
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp = NftDataPlane::with_sink(plan_config(), ns.nft_command());
+    dp.sync(&snapshot(&mut state), false).expect("sync");
+    let tables = ns.nft(&["list", "tables"]);
+    assert!(tables.contains("table ip svcproxy\n"), "{tables}");
+    assert!(tables.contains("table ip6 svcproxy\n"), "{tables}");
+
+    cleanup_with(&mut nft).expect("cleanup");
+    assert_eq!(
+        ns.nft(&["list", "tables"]),
+        "table inet other\ntable ip svcproxy-other\n"
+    );
+    assert!(ns
+        .nft(&["list", "table", "inet", "other"])
+        .contains("chain input"));
+
+    // The plain-path form reports a missing binary (and runs nothing).
+    let err = cleanup("/nonexistent/nft").unwrap_err();
+    assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
+}

@@ -1,0 +1,223 @@
+//! The commit/abandon logic of `NftDataPlane::sync`, against a fake `nft`
+//! (`RecordingSink`): no kernel, no root.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use svcproxy_dataplane::{cleanup_with, DataPlaneError, NftDataPlane, RecordingSink};
+use svcproxy_plan::PlanKind;
+
+fn plane() -> NftDataPlane<RecordingSink> {
+    NftDataPlane::with_sink(plan_config(), RecordingSink::new())
+}
+
+#[test]
+fn first_sync_recreates_then_nothing_changed_runs_no_nft() {
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp = plane();
+    let report = dp.sync(&snapshot(&mut state), false).expect("sync");
+    assert_eq!(report.kind, PlanKind::Recreate);
+    let script = dp.sink().last_applied().unwrap();
+    assert_eq!(report.script_bytes, script.len());
+    assert!(script.starts_with("add table ip svcproxy"), "{script}");
+    assert!(script.contains("delete table ip svcproxy"));
+    assert!(script.contains("198.19.0.10 . tcp . 80"));
+    assert!(script.contains("198.19.0.20 . tcp . 5432"));
+
+    let report = dp.sync(&snapshot(&mut state), false).expect("sync");
+    assert_eq!(report.kind, PlanKind::Partial);
+    assert_eq!(report.script_bytes, 0);
+    assert_eq!(
+        dp.sink().attempts.len(),
+        1,
+        "an empty plan must not run nft"
+    );
+
+    let report = dp.sync(&snapshot(&mut state), true).expect("sync");
+    assert_eq!(report.kind, PlanKind::Resync);
+    assert_eq!(dp.sink().attempts.len(), 2);
+}
+
+#[test]
+fn a_failed_apply_makes_the_next_plan_a_full_recreate() {
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp = plane();
+    dp.sync(&snapshot(&mut state), false).expect("first sync");
+
+    upsert(&mut state, WEB_MOVED);
+    dp.sink_mut()
+        .fail_next("Error: Could not process rule: No such file or directory");
+    let err = dp.sync(&snapshot(&mut state), false).unwrap_err();
+    assert!(matches!(err, DataPlaneError::Rejected { .. }), "{err:?}");
+    assert_eq!(
+        err.stderr(),
+        Some("Error: Could not process rule: No such file or directory")
+    );
+    assert!(
+        err.to_string().contains("No such file or directory"),
+        "{err}"
+    );
+    let failed = dp.sink().attempts.last().unwrap().clone();
+    assert!(
+        !failed.contains("delete table"),
+        "the failed plan was partial"
+    );
+
+    // Nothing changed since, and no full sync asked for: still a full recreate,
+    // holding the state the failed plan wanted.
+    let report = dp.sync(&snapshot(&mut state), false).expect("retry");
+    assert_eq!(report.kind, PlanKind::Recreate);
+    let script = dp.sink().last_applied().unwrap();
+    assert!(script.contains("delete table ip svcproxy"));
+    assert!(script.contains("198.18.3.10:8080"), "{script}");
+    assert!(!script.contains("198.18.2.10"), "{script}");
+    assert!(script.contains("198.19.0.20 . tcp . 5432"));
+
+    // Success: the next change is partial again.
+    delete_service(&mut state, "db");
+    let report = dp.sync(&snapshot(&mut state), false).expect("partial");
+    assert_eq!(report.kind, PlanKind::Partial);
+}
+
+#[test]
+fn failures_in_a_row_keep_recreating() {
+    let mut state = cluster(&[WEB]);
+    let mut dp = plane();
+    dp.sink_mut().fail_always(Some("Error: busy".into()));
+    for _ in 0..3 {
+        assert!(dp.sync(&snapshot(&mut state), false).is_err());
+    }
+    dp.sink_mut().fail_always(None);
+    let report = dp.sync(&snapshot(&mut state), false).expect("sync");
+    assert_eq!(report.kind, PlanKind::Recreate);
+    assert!(dp
+        .sink()
+        .attempts
+        .iter()
+        .all(|s| s.contains("delete table ip svcproxy")));
+}
+
+#[test]
+fn a_one_service_change_touches_only_that_service() {
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp = plane();
+    dp.sync(&snapshot(&mut state), false).expect("first sync");
+
+    upsert(&mut state, WEB_MOVED);
+    let report = dp.sync(&snapshot(&mut state), false).expect("partial");
+    assert_eq!(report.kind, PlanKind::Partial);
+    assert_eq!(report.stats.replanned, 1);
+    let script = dp.sink().last_applied().unwrap();
+    assert!(script.contains(&service_chain("web", "http")), "{script}");
+    assert!(script.contains("198.18.3.10:8080"), "{script}");
+    assert!(!script.contains(&service_chain("db", "pg")), "{script}");
+    assert!(!script.contains("198.19.0.20"), "{script}");
+    assert!(!script.contains("203.0.113.20"), "{script}");
+    assert!(
+        !script.contains("table"),
+        "no table-level statement: {script}"
+    );
+    assert!(!script.contains("ip6 svcproxy"), "{script}");
+
+    // Deleting the other service touches only it.
+    delete_service(&mut state, "db");
+    let report = dp.sync(&snapshot(&mut state), false).expect("partial");
+    assert_eq!(report.kind, PlanKind::Partial);
+    let script = dp.sink().last_applied().unwrap();
+    assert!(script.contains(&service_chain("db", "pg")), "{script}");
+    assert!(script.contains("delete element"), "{script}");
+    assert!(!script.contains(&service_chain("web", "http")), "{script}");
+}
+
+#[test]
+fn render_is_the_first_sync_script_and_touches_nothing() {
+    let mut state = cluster(&[WEB, DB]);
+    let up = snapshot(&mut state);
+    let mut dp = plane();
+    let rendered = dp.render(&up);
+    assert!(dp.sink().attempts.is_empty());
+    dp.sync(&up, false).expect("sync");
+    assert_eq!(dp.sink().last_applied().unwrap(), rendered);
+
+    // Rendering later does not disturb the partial-sync state.
+    upsert(&mut state, WEB_MOVED);
+    let up = snapshot(&mut state);
+    let rendered = dp.render(&up);
+    assert!(rendered.contains("198.18.3.10:8080"));
+    assert_eq!(dp.sync(&up, false).unwrap().kind, PlanKind::Partial);
+}
+
+#[test]
+fn cleanup_applies_the_cleanup_script() {
+    let mut sink = RecordingSink::new();
+    cleanup_with(&mut sink).expect("cleanup");
+    assert_eq!(sink.applied, [svcproxy_plan::cleanup_script()]);
+    sink.fail_next("Error: nope");
+    assert_eq!(
+        cleanup_with(&mut sink).unwrap_err().stderr(),
+        Some("Error: nope")
+    );
+}
+
+/// Captured log output.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn take(&self) -> String {
+        String::from_utf8(std::mem::take(&mut *self.0.lock().unwrap())).unwrap()
+    }
+}
+
+#[test]
+fn conflicts_are_reported_and_logged_once_per_change() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let mut state = cluster(&[WEB, DB, CACHE_CONFLICT]);
+        let mut dp = plane();
+        let report = dp.sync(&snapshot(&mut state), false).expect("sync");
+        assert_eq!(report.conflicts.len(), 1, "{:?}", report.conflicts);
+        let c = &report.conflicts[0];
+        assert_eq!(c.kept, spn("cache", "pg"));
+        assert_eq!(c.ignored, [spn("db", "pg")]);
+        let out = logs.take();
+        assert_eq!(out.matches("claim one destination").count(), 1, "{out}");
+        assert!(out.contains("203.0.113.20"), "{out}");
+
+        // Unchanged conflicts: reported, not logged again (even across a failure).
+        dp.sink_mut().fail_next("Error: x");
+        upsert(&mut state, WEB_MOVED);
+        assert!(dp.sync(&snapshot(&mut state), false).is_err());
+        let report = dp.sync(&snapshot(&mut state), true).expect("sync");
+        assert_eq!(report.conflicts.len(), 1);
+        assert!(!logs.take().contains("claim one destination"));
+
+        // Resolved: noted once.
+        delete_service(&mut state, "cache");
+        let report = dp.sync(&snapshot(&mut state), false).expect("sync");
+        assert!(report.conflicts.is_empty());
+        let out = logs.take();
+        assert_eq!(out.matches("conflict resolved").count(), 1, "{out}");
+        dp.sync(&snapshot(&mut state), true).expect("sync");
+        assert!(!logs.take().contains("conflict"));
+    });
+}

@@ -1,0 +1,251 @@
+//! `svcproxy snapshot` on the bundled example cluster, through the real binary: the
+//! JSON contract, and two nodes with different labels choosing different endpoints.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster")
+}
+
+fn snapshot(node: &str) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+        .args(["snapshot", "--format", "json", "--hostname-override", node])
+        .arg("--manifests")
+        .arg(examples())
+        .output()
+        .expect("run svcproxy");
+    assert!(
+        out.status.success(),
+        "svcproxy snapshot failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+fn port<'a>(snap: &'a Value, name: &str, proto: &str, family: &str) -> &'a Value {
+    snap["servicePorts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name && p["protocol"] == proto && p["family"] == family)
+        .unwrap_or_else(|| panic!("no {name} {proto} {family} in {snap:#}"))
+}
+
+fn eps(v: &Value) -> Option<Vec<String>> {
+    v.as_array()
+        .map(|a| a.iter().map(|e| e.as_str().unwrap().to_string()).collect())
+}
+
+fn list(items: &[&str]) -> Option<Vec<String>> {
+    Some(items.iter().map(|s| s.to_string()).collect())
+}
+
+#[test]
+fn the_example_snapshot_follows_the_json_contract() {
+    let snap = snapshot("node-a");
+    assert_eq!(snap["node"], "node-a");
+    assert_eq!(
+        snap["problems"],
+        serde_json::json!([]),
+        "the example is clean"
+    );
+    let web = port(&snap, "demo/web:http", "TCP", "IPv4");
+    for field in [
+        "clusterIPs",
+        "port",
+        "nodePort",
+        "externalIPs",
+        "loadBalancerIPs",
+        "externalTrafficPolicy",
+        "internalTrafficPolicy",
+        "clusterEndpoints",
+        "localEndpoints",
+        "hasAnyEndpoints",
+        "reason",
+    ] {
+        assert!(web.get(field).is_some(), "{field} missing from {web:#}");
+    }
+    assert_eq!(web["clusterIPs"], serde_json::json!(["198.19.0.10"]));
+    assert_eq!(web["port"], 80);
+    assert_eq!(web["nodePort"], 30080);
+    assert_eq!(
+        eps(&web["clusterEndpoints"]),
+        list(&[
+            "198.18.17.10:8080",
+            "198.18.18.10:8080",
+            "198.18.19.10:8080"
+        ])
+    );
+    assert_eq!(web["localEndpoints"], Value::Null);
+    // Sorted by name, protocol, family.
+    let keys: Vec<(String, String, String)> = snap["servicePorts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().into(),
+                p["protocol"].as_str().unwrap().into(),
+                p["family"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+}
+
+#[test]
+fn two_nodes_with_different_labels_get_different_endpoints() {
+    let a = snapshot("node-a");
+    let c = snapshot("node-c");
+    let cluster =
+        |s: &Value, name: &str, proto: &str| eps(&port(s, name, proto, "IPv4")["clusterEndpoints"]);
+    // Hard same-node key: node-c has no logger, so it rejects (endpoints exist elsewhere).
+    assert_eq!(
+        cluster(&a, "demo/logger:syslog", "UDP"),
+        list(&["198.18.17.20:5514"])
+    );
+    assert_eq!(cluster(&c, "demo/logger:syslog", "UDP"), list(&[]));
+    assert_eq!(
+        port(&c, "demo/logger:syslog", "UDP", "IPv4")["hasAnyEndpoints"],
+        true
+    );
+    // Same node, else zone, else anywhere.
+    assert_eq!(
+        cluster(&a, "demo/cache:redis", "TCP"),
+        list(&["198.18.18.21:6379", "198.18.18.22:6379"])
+    );
+    assert_eq!(
+        cluster(&c, "demo/cache:redis", "TCP"),
+        list(&["198.18.18.21:6379", "198.18.18.22:6379"])
+    );
+    assert!(port(&a, "demo/cache:redis", "TCP", "IPv4")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("topology key topology.kubernetes.io/zone"));
+    assert!(port(&c, "demo/cache:redis", "TCP", "IPv4")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("topology key *"));
+    // Zone hints.
+    assert_eq!(
+        cluster(&a, "demo/zonal:grpc", "TCP"),
+        list(&["198.18.17.30:9000"])
+    );
+    assert_eq!(
+        cluster(&c, "demo/zonal:grpc", "TCP"),
+        list(&["198.18.19.30:9000"])
+    );
+    // externalTrafficPolicy Local: node-c has no local endpoint, node-a has one.
+    let api_a = port(&a, "demo/api:https", "TCP", "IPv4");
+    let api_c = port(&c, "demo/api:https", "TCP", "IPv4");
+    assert_eq!(eps(&api_a["localEndpoints"]), list(&["198.18.17.40:8443"]));
+    assert_eq!(eps(&api_c["localEndpoints"]), list(&[]));
+    assert_eq!(api_c["hasAnyEndpoints"], true, "DROP, not REJECT");
+    assert_eq!(
+        api_a["loadBalancerIPs"],
+        serde_json::json!(["198.18.100.10"])
+    );
+    // A terminating local endpoint is node-b's fallback.
+    let b = snapshot("node-b");
+    assert_eq!(
+        eps(&port(&b, "demo/api:https", "TCP", "IPv4")["localEndpoints"]),
+        list(&["198.18.18.40:8443"])
+    );
+    // internalTrafficPolicy Local: no cluster-policy traffic at all.
+    let m_a = port(&a, "demo/node-metrics:metrics", "TCP", "IPv4");
+    assert_eq!(m_a["clusterEndpoints"], Value::Null);
+    assert_eq!(eps(&m_a["localEndpoints"]), list(&["198.18.17.50:9100"]));
+    assert_eq!(
+        eps(&port(&c, "demo/node-metrics:metrics", "TCP", "IPv4")["localEndpoints"]),
+        list(&["198.18.19.50:9100"])
+    );
+}
+
+#[test]
+fn dual_stack_named_ports_and_legacy_endpoints() {
+    let a = snapshot("node-a");
+    let v4 = port(&a, "demo/dns:dns", "UDP", "IPv4");
+    assert_eq!(
+        eps(&v4["clusterEndpoints"]),
+        list(&["198.18.17.53:5353", "198.18.18.53:53"]),
+        "each backend keeps its own named target port"
+    );
+    let v6 = port(&a, "demo/dns:dns", "UDP", "IPv6");
+    assert_eq!(v6["clusterIPs"], serde_json::json!(["2001:db8:ffff::53"]));
+    assert_eq!(eps(&v6["clusterEndpoints"]), list(&[]));
+    assert_eq!(v6["hasAnyEndpoints"], false, "IPv6 rejects on its own");
+    let legacy = port(&a, "demo/legacy", "TCP", "IPv4");
+    assert_eq!(
+        eps(&legacy["clusterEndpoints"]),
+        list(&["198.18.19.60:8000"])
+    );
+    assert_eq!(legacy["externalIPs"], serde_json::json!(["198.18.100.60"]));
+}
+
+#[test]
+fn bad_input_is_reported_and_the_rest_still_served() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("mixed.yaml"),
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: good, namespace: ns}
+spec:
+  clusterIP: 198.19.0.1
+  ports: [{name: http, port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: bad, namespace: ns}
+spec:
+  clusterIP: 300.1.1.1
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: good-1, namespace: ns, labels: {kubernetes.io/service-name: good}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [198.18.17.1]
+- addresses: [127.0.0.1]
+"#,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("broken.yaml"), "kind: [unclosed").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+        .args([
+            "snapshot",
+            "--format",
+            "json",
+            "--hostname-override",
+            "node-a",
+        ])
+        .arg("--manifests")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("broken.yaml"),
+        "file error names the file: {stderr}"
+    );
+    let snap: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let good = port(&snap, "ns/good:http", "TCP", "IPv4");
+    assert_eq!(eps(&good["clusterEndpoints"]), list(&["198.18.17.1:8080"]));
+    let problems = snap["problems"].as_array().unwrap();
+    assert!(problems.iter().any(|p| p["object"] == "Service ns/bad"
+        && p["severity"] == "rejected"
+        && p["origin"].as_str().unwrap().ends_with("mixed.yaml")));
+    assert!(problems
+        .iter()
+        .any(|p| p["object"] == "EndpointSlice ns/good-1"
+            && p["field"] == "endpoints[1].addresses[0]"));
+}
