@@ -107,8 +107,9 @@ fn main() -> Result<()> {
         Host::Ext,
         node_port,
     );
-    println!("\nA pod's connection keeps its source IP; external traffic to a backend on");
-    println!("another node is masqueraded to node-a's IP so replies come back through it.");
+    println!("\nA pod's connection keeps its source IP, except when it reaches itself (hairpin,");
+    println!("masqueraded to the node's gateway address); external traffic is masqueraded to");
+    println!("node-a's address (externalTrafficPolicy Cluster) so replies come back through it.");
 
     let rules = cluster.exec_ok(
         Host::Node(NODE_A),
