@@ -327,7 +327,7 @@ pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
         (CLUSTER_IPS_CHECK_CHAIN, {
             // Runs after DNAT: a packet still addressed to a cluster IP here matched
             // no service port, and one inside a ServiceCIDR hit no cluster IP.
-            let mut rules = vec![format!("{ipx} daddr @{CLUSTER_IPS_SET} reject")];
+            let mut rules = vec![format!("{ipx} daddr @{CLUSTER_IPS_SET} goto {REJECT_CHAIN}")];
             if !ctx.service_cidrs.is_empty() {
                 rules.push(format!(
                     "{ipx} daddr {{ {} }} drop",
@@ -336,7 +336,15 @@ pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
             }
             regular(rules)
         }),
-        (REJECT_CHAIN, regular(vec!["reject".to_string()])),
+        // A TCP reset refuses a TCP client at once; an ICMP error can reach a
+        // connecting socket before it is ready for it and cost a SYN retry (~1 s).
+        (
+            REJECT_CHAIN,
+            regular(vec![
+                "meta l4proto tcp reject with tcp reset".to_string(),
+                "reject".to_string(),
+            ]),
+        ),
         (
             MARK_MASQ_CHAIN,
             regular(vec![format!("mark set mark or {:#x}", ctx.mark)]),
