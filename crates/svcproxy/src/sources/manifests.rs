@@ -758,13 +758,21 @@ fn watch_loop(
             Ok(Msg::Stop) | Err(_) => return,
         }
         let burst = Instant::now();
+        let mut quiet_until = burst + DEBOUNCE;
         loop {
-            let left = MAX_DEBOUNCE.saturating_sub(burst.elapsed());
+            // Only relevant events restart the quiet window: other processes merely
+            // reading the directory must not hold our edits back.
+            let deadline = quiet_until.min(burst + MAX_DEBOUNCE);
+            let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            match rx.recv_timeout(DEBOUNCE.min(left)) {
-                Ok(Msg::Event(_)) => {}
+            match rx.recv_timeout(left) {
+                Ok(Msg::Event(event)) => {
+                    if relevant(&event) {
+                        quiet_until = Instant::now() + DEBOUNCE;
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => break,
                 Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
             }
