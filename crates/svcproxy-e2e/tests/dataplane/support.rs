@@ -1,0 +1,910 @@
+//! Support for the data-plane tests: manifests written the way `examples/cluster/` writes
+//! them, svcproxy started in every node namespace, and assertions that collect every
+//! failed observation of a test before failing it (so one run tells the whole story).
+//!
+//! Manifest builders: [`Svc`], [`SvcPort`], [`Slice`], [`Ep`], [`nodes_yaml`],
+//! [`service_cidr_yaml`]. Running: [`Env::start`] (cluster + echo backends + manifests +
+//! one svcproxy per node, synced), [`Env::write`] / [`Env::remove`] to edit manifests
+//! while svcproxy runs. Assertions: [`Checks`].
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use svcproxy_e2e::plan::{self, Family};
+use svcproxy_e2e::{
+    svcproxy_bin, tally, Attempt, BackendPorts, Backends, Cluster, ClusterSpec, Host, NsProcess,
+    ProbeResult, ProbeSpec, Proto, SctpMode,
+};
+
+/// The namespace every test object lives in.
+pub const NS: &str = "e2e";
+/// The port every echo backend listens on (TCP, UDP and SCTP).
+pub const BACKEND_PORT: u16 = 8080;
+/// A second TCP port of every backend, for per-endpoint ports.
+pub const BACKEND_PORT_2: u16 = 8081;
+
+/// How long an answer may take (answers come in milliseconds; this is slack for load).
+pub const ANSWER: Duration = Duration::from_secs(2);
+/// How long a probe waits before calling it a DROP. Longer than the ~1 s a TCP SYN needs to
+/// see an ICMP refusal that the kernel dropped the first time (see the harness docs), so a
+/// late refusal is never mistaken for a drop.
+pub const DROP_WAIT: Duration = Duration::from_millis(1500);
+/// How long a probe waits for a refusal: long enough to see a late one and report it.
+pub const REFUSE_WAIT: Duration = Duration::from_secs(3);
+/// What "refused at once" means.
+pub const FAST_REFUSAL: Duration = Duration::from_secs(1);
+/// Bound on waiting for svcproxy's first sync in a node.
+pub const SYNC_DEADLINE: Duration = Duration::from_secs(30);
+
+pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
+    SocketAddr::new(ip, port)
+}
+
+pub fn family_name(f: Family) -> &'static str {
+    match f {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
+}
+
+pub fn proto_name(p: Proto) -> &'static str {
+    match p {
+        Proto::Tcp => "TCP",
+        Proto::Udp => "UDP",
+        Proto::Sctp => "SCTP",
+    }
+}
+
+fn q(s: impl std::fmt::Display) -> String {
+    format!("\"{s}\"")
+}
+
+fn list(items: impl IntoIterator<Item = String>) -> String {
+    format!("[{}]", items.into_iter().collect::<Vec<_>>().join(", "))
+}
+
+// ---------------------------------------------------------------------------------------
+// Manifests
+// ---------------------------------------------------------------------------------------
+
+/// Node objects for every node of the plan: hostname and zone labels, pod CIDRs and
+/// InternalIPs (both families) from the harness address plan.
+pub fn nodes_yaml(zones: &[&str]) -> String {
+    let mut out = String::new();
+    for (n, zone) in zones.iter().enumerate() {
+        let name = plan::node_name(n);
+        let _ = write!(
+            out,
+            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: \
+             {{kubernetes.io/hostname: {name}, topology.kubernetes.io/zone: {zone}}}\n\
+             spec:\n  podCIDRs: {cidrs}\nstatus:\n  addresses:\n  \
+             - {{type: InternalIP, address: {v4}}}\n  - {{type: InternalIP, address: {v6}}}\n  \
+             - {{type: Hostname, address: {name}}}\n",
+            cidrs = list(Family::BOTH.map(|f| q(plan::pod_cidr(n, f)))),
+            v4 = q(plan::node_ip(n, Family::V4)),
+            v6 = q(plan::node_ip(n, Family::V6)),
+        );
+    }
+    out
+}
+
+pub fn service_cidr_yaml() -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: kubernetes}}\n\
+         spec:\n  cidrs: {}\n",
+        list(Family::BOTH.map(|f| q(plan::service_cidr(f))))
+    )
+}
+
+/// One port of a Service.
+#[derive(Clone, Debug)]
+pub struct SvcPort {
+    pub name: String,
+    pub proto: Proto,
+    pub port: u16,
+    /// A number or a port name.
+    pub target: String,
+    pub node_port: Option<u16>,
+}
+
+impl SvcPort {
+    pub fn new(name: &str, proto: Proto, port: u16, target: u16) -> SvcPort {
+        SvcPort {
+            name: name.into(),
+            proto,
+            port,
+            target: target.to_string(),
+            node_port: None,
+        }
+    }
+
+    pub fn named_target(mut self, target: &str) -> SvcPort {
+        self.target = target.into();
+        self
+    }
+
+    pub fn node_port(mut self, p: u16) -> SvcPort {
+        self.node_port = Some(p);
+        self
+    }
+}
+
+/// A Service; `yaml()` renders it as the examples write them.
+#[derive(Clone, Debug)]
+pub struct Svc {
+    pub name: String,
+    pub type_: &'static str,
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<SvcPort>,
+    pub external_ips: Vec<IpAddr>,
+    /// Load-balancer ingress IPs with their ipMode (`VIP` or `Proxy`).
+    pub ingress: Vec<(IpAddr, &'static str)>,
+    pub etp_local: bool,
+    pub itp_local: bool,
+    pub health_check_node_port: Option<u16>,
+    pub source_ranges: Vec<String>,
+    pub affinity_timeout: Option<u32>,
+    pub annotations: Vec<(String, String)>,
+}
+
+impl Svc {
+    /// A ClusterIP service with the given cluster IPs (one per family, first is primary).
+    pub fn new(name: &str, cluster_ips: &[IpAddr]) -> Svc {
+        Svc {
+            name: name.into(),
+            type_: "ClusterIP",
+            cluster_ips: cluster_ips.to_vec(),
+            ports: Vec::new(),
+            external_ips: Vec::new(),
+            ingress: Vec::new(),
+            etp_local: false,
+            itp_local: false,
+            health_check_node_port: None,
+            source_ranges: Vec::new(),
+            affinity_timeout: None,
+            annotations: Vec::new(),
+        }
+    }
+
+    /// A dual-stack service whose cluster IPs are `plan::cluster_ip(n, _)` in both families.
+    pub fn dual(name: &str, n: u16) -> Svc {
+        Svc::new(name, &Family::BOTH.map(|f| plan::cluster_ip(n, f)))
+    }
+
+    pub fn port(mut self, p: SvcPort) -> Svc {
+        self.ports.push(p);
+        self
+    }
+
+    pub fn node_port(mut self) -> Svc {
+        self.type_ = "NodePort";
+        self
+    }
+
+    pub fn load_balancer(mut self) -> Svc {
+        self.type_ = "LoadBalancer";
+        self
+    }
+
+    pub fn external_ips(mut self, ips: &[IpAddr]) -> Svc {
+        self.external_ips.extend_from_slice(ips);
+        self
+    }
+
+    pub fn ingress(mut self, ip: IpAddr, mode: &'static str) -> Svc {
+        self.ingress.push((ip, mode));
+        self
+    }
+
+    pub fn etp_local(mut self, health_check_node_port: u16) -> Svc {
+        self.etp_local = true;
+        if self.type_ == "LoadBalancer" {
+            self.health_check_node_port = Some(health_check_node_port);
+        }
+        self
+    }
+
+    pub fn itp_local(mut self) -> Svc {
+        self.itp_local = true;
+        self
+    }
+
+    pub fn source_ranges(mut self, cidrs: &[String]) -> Svc {
+        self.source_ranges.extend_from_slice(cidrs);
+        self
+    }
+
+    pub fn affinity(mut self, timeout_seconds: u32) -> Svc {
+        self.affinity_timeout = Some(timeout_seconds);
+        self
+    }
+
+    pub fn annotate(mut self, key: &str, value: &str) -> Svc {
+        self.annotations.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn cluster_ip(&self, f: Family) -> IpAddr {
+        *self
+            .cluster_ips
+            .iter()
+            .find(|ip| Family::of(**ip) == f)
+            .unwrap_or_else(|| panic!("{} has no {} cluster IP", self.name, family_name(f)))
+    }
+
+    pub fn yaml(&self) -> String {
+        let mut y = String::new();
+        let _ = writeln!(y, "apiVersion: v1\nkind: Service\nmetadata:");
+        let _ = writeln!(y, "  name: {}\n  namespace: {NS}", self.name);
+        if !self.annotations.is_empty() {
+            let a: Vec<String> = self
+                .annotations
+                .iter()
+                .map(|(k, v)| format!("{}: {}", q(k), q(v)))
+                .collect();
+            let _ = writeln!(y, "  annotations: {{{}}}", a.join(", "));
+        }
+        let _ = writeln!(y, "spec:\n  type: {}", self.type_);
+        let _ = writeln!(y, "  clusterIP: {}", q(self.cluster_ips[0]));
+        let _ = writeln!(y, "  clusterIPs: {}", list(self.cluster_ips.iter().map(q)));
+        let fams: Vec<String> = self
+            .cluster_ips
+            .iter()
+            .map(|ip| family_name(Family::of(*ip)).to_string())
+            .collect();
+        let _ = writeln!(y, "  ipFamilies: [{}]", fams.join(", "));
+        let policy = if self.cluster_ips.len() > 1 {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        };
+        let _ = writeln!(y, "  ipFamilyPolicy: {policy}");
+        if self.type_ != "ClusterIP" {
+            let etp = if self.etp_local { "Local" } else { "Cluster" };
+            let _ = writeln!(y, "  externalTrafficPolicy: {etp}");
+        }
+        if let Some(p) = self.health_check_node_port {
+            let _ = writeln!(y, "  healthCheckNodePort: {p}");
+        }
+        if self.itp_local {
+            let _ = writeln!(y, "  internalTrafficPolicy: Local");
+        }
+        if !self.external_ips.is_empty() {
+            let _ = writeln!(
+                y,
+                "  externalIPs: {}",
+                list(self.external_ips.iter().map(q))
+            );
+        }
+        if !self.source_ranges.is_empty() {
+            let _ = writeln!(
+                y,
+                "  loadBalancerSourceRanges: {}",
+                list(self.source_ranges.iter().map(q))
+            );
+        }
+        if let Some(t) = self.affinity_timeout {
+            let _ = writeln!(
+                y,
+                "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}"
+            );
+        }
+        let _ = writeln!(y, "  ports:");
+        for p in &self.ports {
+            let target = if p.target.parse::<u16>().is_ok() {
+                p.target.clone()
+            } else {
+                q(&p.target)
+            };
+            let node_port = p
+                .node_port
+                .map(|n| format!(", nodePort: {n}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                y,
+                "  - {{name: {}, protocol: {}, port: {}, targetPort: {target}{node_port}}}",
+                p.name,
+                proto_name(p.proto),
+                p.port
+            );
+        }
+        if !self.ingress.is_empty() {
+            let _ = writeln!(y, "status:\n  loadBalancer:\n    ingress:");
+            for (ip, mode) in &self.ingress {
+                let _ = writeln!(y, "    - {{ip: {}, ipMode: {mode}}}", q(ip));
+            }
+        }
+        y
+    }
+}
+
+/// One endpoint of a slice.
+#[derive(Clone, Debug)]
+pub struct Ep {
+    pub ip: IpAddr,
+    pub node: String,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+impl Ep {
+    /// The pod `host` (a `Host::Pod`) as a ready endpoint in `family`.
+    pub fn pod(host: Host, family: Family) -> Ep {
+        let Host::Pod(n, p) = host else {
+            panic!("{host:?} is not a pod")
+        };
+        Ep {
+            ip: plan::pod_ip(n, p, family),
+            node: plan::node_name(n),
+            ready: true,
+            serving: true,
+            terminating: false,
+        }
+    }
+
+    /// Serving but terminating (what a draining pod looks like).
+    pub fn terminating(mut self) -> Ep {
+        self.ready = false;
+        self.serving = true;
+        self.terminating = true;
+        self
+    }
+
+    /// Neither ready nor serving (a pod that is not up).
+    pub fn not_ready(mut self) -> Ep {
+        self.ready = false;
+        self.serving = false;
+        self
+    }
+}
+
+/// An EndpointSlice of one family.
+#[derive(Clone, Debug)]
+pub struct Slice {
+    pub name: String,
+    pub service: String,
+    pub family: Family,
+    /// (name, protocol, port)
+    pub ports: Vec<(String, Proto, u16)>,
+    pub endpoints: Vec<Ep>,
+}
+
+impl Slice {
+    /// A slice for `svc` in `family` whose ports are the service's ports with their numeric
+    /// target ports (named targets must use [`Slice::with_ports`]).
+    pub fn of(svc: &Svc, family: Family, pods: &[Host]) -> Slice {
+        let ports = svc
+            .ports
+            .iter()
+            .map(|p| {
+                let port = p
+                    .target
+                    .parse::<u16>()
+                    .unwrap_or_else(|_| panic!("named target {}: use with_ports", p.target));
+                (p.name.clone(), p.proto, port)
+            })
+            .collect();
+        Slice {
+            name: format!(
+                "{}-{}",
+                svc.name,
+                match family {
+                    Family::V4 => "v4",
+                    Family::V6 => "v6",
+                }
+            ),
+            service: svc.name.clone(),
+            family,
+            ports,
+            endpoints: pods.iter().map(|h| Ep::pod(*h, family)).collect(),
+        }
+    }
+
+    pub fn with_ports(
+        svc: &Svc,
+        name: &str,
+        family: Family,
+        ports: &[(&str, Proto, u16)],
+        endpoints: Vec<Ep>,
+    ) -> Slice {
+        Slice {
+            name: name.into(),
+            service: svc.name.clone(),
+            family,
+            ports: ports
+                .iter()
+                .map(|(n, p, port)| (n.to_string(), *p, *port))
+                .collect(),
+            endpoints,
+        }
+    }
+
+    pub fn endpoints(mut self, endpoints: Vec<Ep>) -> Slice {
+        self.endpoints = endpoints;
+        self
+    }
+
+    pub fn yaml(&self) -> String {
+        let mut y = String::new();
+        let _ = writeln!(
+            y,
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:"
+        );
+        let _ = writeln!(
+            y,
+            "  name: {}\n  namespace: {NS}\n  labels: {{kubernetes.io/service-name: {}}}",
+            self.name, self.service
+        );
+        let _ = writeln!(y, "addressType: {}", family_name(self.family));
+        let _ = writeln!(y, "ports:");
+        for (name, proto, port) in &self.ports {
+            let _ = writeln!(
+                y,
+                "- {{name: {name}, protocol: {}, port: {port}}}",
+                proto_name(*proto)
+            );
+        }
+        if self.endpoints.is_empty() {
+            let _ = writeln!(y, "endpoints: []");
+        } else {
+            let _ = writeln!(y, "endpoints:");
+        }
+        for ep in &self.endpoints {
+            let _ = writeln!(
+                y,
+                "- addresses: [{}]\n  nodeName: {}\n  conditions: {{ready: {}, serving: {}, terminating: {}}}",
+                q(ep.ip),
+                ep.node,
+                ep.ready,
+                ep.serving,
+                ep.terminating
+            );
+        }
+        y
+    }
+}
+
+/// Several objects as one multi-document YAML file.
+pub fn docs(parts: &[String]) -> String {
+    parts
+        .iter()
+        .map(|p| format!("---\n{p}"))
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+/// A service and its slices, one file's worth.
+pub fn svc_file(svc: &Svc, slices: &[Slice]) -> String {
+    let mut parts = vec![svc.yaml()];
+    parts.extend(slices.iter().map(Slice::yaml));
+    docs(&parts)
+}
+
+// ---------------------------------------------------------------------------------------
+// The environment: cluster, backends, manifests, svcproxy per node
+// ---------------------------------------------------------------------------------------
+
+/// What a test wants besides its manifests.
+#[derive(Clone, Debug)]
+pub struct EnvSpec {
+    pub pods_per_node: usize,
+    /// Zone label of node-a, node-b.
+    pub zones: [&'static str; 2],
+    /// Extra svcproxy flags, for every node.
+    pub flags: Vec<String>,
+    /// Start a long-running svcproxy in each node (and wait for its first sync).
+    pub start_proxies: bool,
+}
+
+impl Default for EnvSpec {
+    fn default() -> Self {
+        EnvSpec {
+            pods_per_node: 2,
+            zones: ["zone-1", "zone-1"],
+            flags: Vec::new(),
+            start_proxies: true,
+        }
+    }
+}
+
+/// A running test environment. Field order matters for drop: svcproxy and backends are
+/// killed before the cluster deletes the namespaces, and the manifests go last.
+pub struct Env {
+    pub proxies: Vec<NsProcess>,
+    /// Echo servers in every pod (kept alive with the environment).
+    pub _backends: Backends,
+    pub c: Cluster,
+    pub manifests: tempfile::TempDir,
+    pub started: Instant,
+}
+
+impl Env {
+    /// Builds the cluster, starts echo backends in every pod (TCP 8080 and 8081, UDP 8080,
+    /// SCTP 8080 where available), writes `files` (plus nodes and ServiceCIDR) into a fresh
+    /// manifests directory, starts svcproxy in each node namespace and waits until each has
+    /// programmed both families. `None` when namespace tests cannot run here.
+    pub fn start(spec: EnvSpec, files: &[(&str, String)]) -> Option<Env> {
+        if !svcproxy_e2e::require_root_or_skip() {
+            return None;
+        }
+        let started = Instant::now();
+        let bin = svcproxy_bin();
+        let c = Cluster::create(ClusterSpec {
+            nodes: 2,
+            pods_per_node: spec.pods_per_node,
+            dual_stack: true,
+            ext_via: 0,
+        })
+        .expect("create cluster");
+        let sctp = if c.sctp_mode() == SctpMode::Unavailable {
+            vec![]
+        } else {
+            vec![BACKEND_PORT]
+        };
+        let backends = c
+            .start_backends(&BackendPorts {
+                tcp: vec![BACKEND_PORT, BACKEND_PORT_2],
+                udp: vec![BACKEND_PORT],
+                sctp,
+            })
+            .expect("start echo backends");
+        let manifests = tempfile::Builder::new()
+            .prefix("svcproxy-dataplane-")
+            .tempdir()
+            .expect("manifests dir");
+        let mut env = Env {
+            proxies: Vec::new(),
+            _backends: backends,
+            c,
+            manifests,
+            started,
+        };
+        env.write("00-nodes.yaml", &nodes_yaml(&spec.zones));
+        env.write("00-servicecidr.yaml", &service_cidr_yaml());
+        for (name, text) in files {
+            env.write(name, text);
+        }
+        if spec.start_proxies {
+            for n in 0..2 {
+                let proc = env.spawn_svcproxy(&bin, n, &spec.flags);
+                env.proxies.push(proc);
+            }
+            for n in 0..2 {
+                env.wait_synced(n);
+            }
+        }
+        eprintln!(
+            "[dataplane] environment ready in {:?} (sctp: {:?})",
+            env.started.elapsed(),
+            env.c.sctp_mode()
+        );
+        Some(env)
+    }
+
+    /// The run-mode arguments of svcproxy for `node` (without the binary).
+    pub fn proxy_args(&self, node: usize) -> Vec<String> {
+        vec![
+            "--manifests".into(),
+            self.manifests.path().to_string_lossy().into_owned(),
+            "--hostname-override".into(),
+            plan::node_name(node),
+            "--cluster-cidr".into(),
+            format!(
+                "{},{}",
+                plan::cluster_cidr(Family::V4),
+                plan::cluster_cidr(Family::V6)
+            ),
+            "--min-sync-period".into(),
+            "0s".into(),
+        ]
+    }
+
+    /// Starts a long-running svcproxy in `node` (not waiting for it to sync).
+    pub fn spawn_svcproxy(&self, bin: &Path, node: usize, flags: &[String]) -> NsProcess {
+        let bin = bin.to_string_lossy().into_owned();
+        let args = self.proxy_args(node);
+        let mut argv: Vec<&str> = vec![&bin];
+        argv.extend(args.iter().map(String::as_str));
+        argv.extend(flags.iter().map(String::as_str));
+        self.c
+            .spawn(
+                Host::Node(node),
+                &format!("svcproxy-{}", plan::node_name(node)),
+                &argv,
+            )
+            .expect("spawn svcproxy")
+    }
+
+    /// Waits until svcproxy in `node` has created both of its tables (its first sync is a
+    /// full, atomic one, so the tables then hold the whole initial snapshot).
+    pub fn wait_synced(&self, node: usize) {
+        let label = format!("svcproxy-{}", plan::node_name(node));
+        let proxy = self
+            .proxies
+            .iter()
+            .rev()
+            .find(|p| p.label() == label)
+            .unwrap_or_else(|| panic!("no {label} started"));
+        self.wait_tables(node, Some(proxy));
+    }
+
+    /// Waits (bounded) until both svcproxy tables exist in `node`, failing early if
+    /// `proxy` exits.
+    pub fn wait_tables(&self, node: usize, proxy: Option<&NsProcess>) {
+        let deadline = Instant::now() + SYNC_DEADLINE;
+        let logs = || proxy.map(NsProcess::logs).unwrap_or_default();
+        loop {
+            if let Some(status) = proxy.and_then(NsProcess::exit_status) {
+                panic!(
+                    "svcproxy on {} exited ({status}) before syncing\n{}",
+                    plan::node_name(node),
+                    logs()
+                );
+            }
+            if self.has_table(node, "ip") && self.has_table(node, "ip6") {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "svcproxy on {} did not program both tables within {SYNC_DEADLINE:?}\n{}",
+                    plan::node_name(node),
+                    logs()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether `table <family> svcproxy` exists in `node`.
+    pub fn has_table(&self, node: usize, family: &str) -> bool {
+        self.c
+            .exec(
+                Host::Node(node),
+                &["nft", "list", "table", family, "svcproxy"],
+            )
+            .status
+            .success()
+    }
+
+    /// Writes a manifest atomically (a temporary name svcproxy ignores, then a rename), so
+    /// the watcher never reads half a file.
+    pub fn write(&self, name: &str, text: &str) {
+        let path = self.path(name);
+        let tmp = self.path(&format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write manifest");
+        std::fs::rename(&tmp, &path).expect("rename manifest");
+    }
+
+    pub fn remove(&self, name: &str) {
+        std::fs::remove_file(self.path(name)).expect("remove manifest");
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.manifests.path().join(name)
+    }
+
+    /// Both svcproxy tables of a node, as `nft list` prints them.
+    pub fn ruleset(&self, node: usize) -> String {
+        let mut out = String::new();
+        for fam in ["ip", "ip6"] {
+            let o = self
+                .c
+                .exec(Host::Node(node), &["nft", "list", "table", fam, "svcproxy"]);
+            out.push_str(&String::from_utf8_lossy(&o.stdout));
+        }
+        out
+    }
+
+    pub fn probe(
+        &self,
+        from: Host,
+        proto: Proto,
+        target: SocketAddr,
+        count: usize,
+        timeout: Duration,
+    ) -> Vec<Attempt> {
+        self.c.probe(from, proto, target, count, timeout)
+    }
+
+    /// Protocols to exercise: SCTP only where this kernel (or the raw emulation) allows it.
+    pub fn protos(&self) -> Vec<Proto> {
+        if self.c.sctp_mode() == SctpMode::Unavailable {
+            eprintln!("[dataplane] SCTP unavailable here: SCTP cases skipped");
+            vec![Proto::Tcp, Proto::Udp]
+        } else {
+            Proto::ALL.to_vec()
+        }
+    }
+
+    /// Probes with `spec` every 50 ms until `done` accepts a batch, or `deadline` passes;
+    /// returns the last batch and, if accepted, how long that took.
+    pub fn probe_until(
+        &self,
+        from: Host,
+        spec: &ProbeSpec,
+        deadline: Duration,
+        done: impl Fn(&[Attempt]) -> bool,
+    ) -> (Vec<Attempt>, Option<Duration>) {
+        let start = Instant::now();
+        loop {
+            let got = self.c.probe_spec(from, spec);
+            if done(&got) {
+                return (got, Some(start.elapsed()));
+            }
+            if start.elapsed() >= deadline {
+                return (got, None);
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs the svcproxy binary to completion inside a node namespace.
+    pub fn run_svcproxy(&self, node: usize, args: &[&str]) -> std::process::Output {
+        let bin = svcproxy_bin().to_string_lossy().into_owned();
+        let mut argv = vec![bin.as_str()];
+        argv.extend_from_slice(args);
+        self.c.exec(Host::Node(node), &argv)
+    }
+
+    /// svcproxy's logs, for failure messages.
+    pub fn proxy_logs(&self) -> String {
+        self.proxies
+            .iter()
+            .map(NsProcess::logs)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Assertions that collect
+// ---------------------------------------------------------------------------------------
+
+/// Collects failed observations; [`Checks::finish`] fails the test with all of them.
+pub struct Checks {
+    test: &'static str,
+    passed: usize,
+    failures: Vec<String>,
+}
+
+fn show(attempts: &[Attempt]) -> String {
+    let t = tally(attempts);
+    let first_bad = attempts
+        .iter()
+        .find(|a| a.backend().is_none())
+        .map(|a| format!(", e.g. {:?} after {:?}", a.result, a.elapsed))
+        .unwrap_or_default();
+    format!("{t:?}{first_bad}")
+}
+
+impl Checks {
+    pub fn new(test: &'static str) -> Checks {
+        Checks {
+            test,
+            passed: 0,
+            failures: Vec::new(),
+        }
+    }
+
+    pub fn check(&mut self, ok: bool, what: impl FnOnce() -> String) -> bool {
+        if ok {
+            self.passed += 1;
+        } else {
+            let msg = what();
+            eprintln!("[dataplane] {}: FAILED: {msg}", self.test);
+            self.failures.push(msg);
+        }
+        ok
+    }
+
+    /// Whether every observation so far held.
+    pub fn is_ok(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// Every attempt answered, each by one of `allowed`; returns the tally.
+    pub fn answered_by(
+        &mut self,
+        what: &str,
+        attempts: &[Attempt],
+        allowed: &[&str],
+    ) -> BTreeMap<String, usize> {
+        let t = tally(attempts);
+        let ok = !attempts.is_empty()
+            && attempts
+                .iter()
+                .all(|a| a.backend().is_some_and(|b| allowed.contains(&b)));
+        self.check(ok, || {
+            format!(
+                "{what}: expected answers from {allowed:?} only, got {}",
+                show(attempts)
+            )
+        });
+        t
+    }
+
+    /// Every answered attempt saw `client` as its source address.
+    pub fn client_is(&mut self, what: &str, attempts: &[Attempt], client: IpAddr) {
+        let seen: Vec<IpAddr> = attempts
+            .iter()
+            .filter_map(|a| a.client_seen().map(|s| s.ip()))
+            .collect();
+        self.check(
+            !seen.is_empty() && seen.iter().all(|ip| *ip == client),
+            || format!("{what}: expected the backend to see client {client}, saw {seen:?}"),
+        );
+    }
+
+    /// Every answered attempt reached the backend on `port`.
+    pub fn backend_port_is(&mut self, what: &str, attempts: &[Attempt], port: u16) {
+        let ports: Vec<u16> = attempts
+            .iter()
+            .filter_map(|a| match &a.result {
+                ProbeResult::Answered { backend_port, .. } => Some(*backend_port),
+                _ => None,
+            })
+            .collect();
+        self.check(
+            !ports.is_empty() && ports.iter().all(|p| *p == port),
+            || format!("{what}: expected backend port {port}, saw {ports:?}"),
+        );
+    }
+
+    /// Every attempt refused; and (a separate observation) each refusal came at once.
+    pub fn refused_fast(&mut self, what: &str, attempts: &[Attempt]) {
+        let refused = attempts.iter().all(Attempt::is_refused);
+        if self.check(refused && !attempts.is_empty(), || {
+            format!("{what}: expected a refusal, got {}", show(attempts))
+        }) {
+            let slowest = attempts.iter().map(|a| a.elapsed).max().unwrap_or_default();
+            self.check(slowest < FAST_REFUSAL, || {
+                format!(
+                    "{what}: refused, but only after {slowest:?} (not at once: an ICMP \
+                     refusal of a TCP SYN dropped by the kernel and seen at the SYN retransmit)"
+                )
+            });
+        }
+    }
+
+    /// Every attempt timed out (a DROP).
+    pub fn dropped(&mut self, what: &str, attempts: &[Attempt]) {
+        self.check(
+            !attempts.is_empty() && attempts.iter().all(Attempt::is_timeout),
+            || format!("{what}: expected a drop (timeout), got {}", show(attempts)),
+        );
+    }
+
+    /// No attempt answered.
+    pub fn not_answered(&mut self, what: &str, attempts: &[Attempt]) {
+        self.check(attempts.iter().all(|a| a.backend().is_none()), || {
+            format!("{what}: expected no answer, got {}", show(attempts))
+        });
+    }
+
+    /// Fails the test with every failed observation, or reports how many passed.
+    pub fn finish(&self, env: &Env) {
+        if self.failures.is_empty() {
+            eprintln!(
+                "[dataplane] {}: {} checks passed in {:?}",
+                self.test,
+                self.passed,
+                env.started.elapsed()
+            );
+            return;
+        }
+        panic!(
+            "{}: {} of {} checks failed:\n  - {}\n\nnode-a ruleset:\n{}\n{}",
+            self.test,
+            self.failures.len(),
+            self.failures.len() + self.passed,
+            self.failures.join("\n  - "),
+            env.ruleset(0),
+            env.proxy_logs()
+        );
+    }
+}
