@@ -339,13 +339,6 @@ impl ClusterState {
                     .map(|(k, _)| k.clone()),
             );
         }
-        // A rejected re-upsert removes the service: make sure its old ports go.
-        affected.extend(
-            service_changes
-                .iter()
-                .filter(|c| c.current.is_none())
-                .map(|c| c.key.clone()),
-        );
         self.warn_unmatched_slice_ports(&affected);
 
         let mut changed = BTreeSet::new();
