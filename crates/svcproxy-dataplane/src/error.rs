@@ -22,6 +22,13 @@ pub enum DataPlaneError {
         #[source]
         source: io::Error,
     },
+    /// The command did not finish in time and was killed: nft applies a file as one
+    /// transaction, so a killed nft applied nothing.
+    #[error("`{command}` did not finish within {after:?} and was killed")]
+    TimedOut {
+        command: String,
+        after: std::time::Duration,
+    },
     /// The command ran and failed: the transaction was not applied.
     #[error("`{command}` failed ({status}): {stderr}")]
     Rejected {

@@ -2,8 +2,9 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
 
@@ -34,7 +35,13 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftCommand {
     argv: Vec<String>,
+    timeout: Duration,
 }
+
+/// How long one `nft -f` may take before it is killed. A full load of 10k services
+/// with 10 endpoints each takes 7-9 s on a 2-core machine; a hung nft must not stall
+/// syncs forever (the runner retries with backoff).
+pub const DEFAULT_NFT_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Default for NftCommand {
     fn default() -> Self {
@@ -47,6 +54,7 @@ impl NftCommand {
     pub fn new(program: impl Into<String>) -> Self {
         NftCommand {
             argv: vec![program.into()],
+            timeout: DEFAULT_NFT_TIMEOUT,
         }
     }
 
@@ -61,8 +69,17 @@ impl NftCommand {
         if argv.is_empty() {
             NftCommand::default()
         } else {
-            NftCommand { argv }
+            NftCommand {
+                argv,
+                timeout: DEFAULT_NFT_TIMEOUT,
+            }
         }
+    }
+
+    /// The same command with another time limit.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The command line without the trailing `-f -`.
@@ -86,23 +103,55 @@ impl NftCommand {
                 source,
             })?;
         let mut stdin = child.stdin.take().expect("stdin is piped");
-        let (written, output) = std::thread::scope(|s| {
+        let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
+        let deadline = Instant::now() + self.timeout;
+        let (written, stderr_bytes, status) = std::thread::scope(|s| {
             let writer = s.spawn(move || {
                 let result = stdin.write_all(script.as_bytes());
                 // Closing stdin tells nft the script is complete.
                 drop(stdin);
                 result
             });
-            let output = child.wait_with_output();
+            let reader = s.spawn(move || {
+                let mut buf = Vec::new();
+                let _ = stderr_pipe.read_to_end(&mut buf);
+                buf
+            });
+            // Killing the child closes its pipes, which ends both threads (nft is a
+            // single process; `ip netns exec` execs it, so no grandchild holds them).
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break Ok(Some(status)),
+                    Ok(None) if Instant::now() >= deadline => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break Ok(None);
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                    Err(e) => break Err(e),
+                }
+            };
             let written = writer
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("stdin writer panicked")));
-            (written, output)
+            let stderr_bytes = reader.join().unwrap_or_default();
+            (written, stderr_bytes, status)
         });
-        let output = output.map_err(|source| DataPlaneError::Io {
+        let status = status.map_err(|source| DataPlaneError::Io {
             command: command.clone(),
             source,
         })?;
+        let Some(status) = status else {
+            return Err(DataPlaneError::TimedOut {
+                command,
+                after: self.timeout,
+            });
+        };
+        let output = std::process::Output {
+            status,
+            stdout: Vec::new(),
+            stderr: stderr_bytes,
+        };
         let stderr = bounded_text(&output.stderr, STDERR_LIMIT);
         if !output.status.success() {
             // A write error here is nft closing its stdin on the way out: the exit
@@ -199,6 +248,19 @@ mod tests {
     /// A stand-in for `nft` run through `sh -c`: `-f -` become `$1 $2`.
     fn sh(body: &str) -> NftCommand {
         NftCommand::from_argv(["sh", "-c", body, "fake-nft"])
+    }
+
+    #[test]
+    fn a_hung_nft_is_killed_at_the_time_limit() {
+        let cmd = sh("exec sleep 30").with_timeout(Duration::from_millis(300));
+        let started = Instant::now();
+        let err = cmd.run("add table ip x\n").unwrap_err();
+        assert!(matches!(err, DataPlaneError::TimedOut { .. }), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
