@@ -12,13 +12,16 @@ use svcproxy_core::objects::SourceUpdate;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RunnerConfig {
     pub min_sync_period: Duration,
     pub sync_period: Duration,
     /// First retry delay after a failed sync; doubles per failure up to `retry_max`.
     pub retry_min: Duration,
     pub retry_max: Duration,
+    /// Sources whose initial list must be complete ([`Event::Ready`]) before the first
+    /// sync: programming from a partial picture would black-hole live traffic.
+    pub initial_sources: Vec<&'static str>,
 }
 
 impl RunnerConfig {
@@ -28,6 +31,7 @@ impl RunnerConfig {
             sync_period,
             retry_min: Duration::from_secs(1),
             retry_max: sync_period.max(Duration::from_secs(1)),
+            initial_sources: Vec::new(),
         }
     }
 
@@ -54,14 +58,17 @@ pub trait Syncer {
 #[derive(Debug)]
 pub enum Event {
     Updates(Vec<SourceUpdate>),
+    /// The named source has delivered its complete initial list (repeats, e.g. after
+    /// a re-list, are harmless).
+    Ready(&'static str),
 }
 
 /// Runs until `events` closes (every source is gone) or, with `once`, after the first
-/// sync. Returns the result of the last sync attempt. The caller must have applied
-/// every source's initial list before calling, so the first sync never programs a
-/// partial picture.
+/// sync. Returns the result of the last sync attempt. The first sync waits until every
+/// source in `cfg.initial_sources` is [`Event::Ready`]; sources not listed there must
+/// have been applied before calling.
 pub async fn run<S: Syncer>(
-    cfg: RunnerConfig,
+    mut cfg: RunnerConfig,
     syncer: &mut S,
     mut events: mpsc::Receiver<Event>,
     once: bool,
@@ -74,8 +81,30 @@ pub async fn run<S: Syncer>(
     let mut failures: u32 = 0;
     let mut retry_at: Option<Instant> = None;
     let mut events_open = true;
+    let mut waiting: Vec<&'static str> = std::mem::take(&mut cfg.initial_sources);
+    if !waiting.is_empty() {
+        tracing::info!(sources = ?waiting, "waiting for the initial lists before the first sync");
+    }
 
     loop {
+        if !waiting.is_empty() {
+            match events.recv().await {
+                Some(Event::Updates(updates)) => {
+                    if !updates.is_empty() {
+                        syncer.apply(updates);
+                    }
+                }
+                Some(Event::Ready(name)) => {
+                    waiting.retain(|w| *w != name);
+                    if waiting.is_empty() {
+                        tracing::info!("every initial list is complete; first sync");
+                        last_full = Instant::now();
+                    }
+                }
+                None => anyhow::bail!("the sources stopped before their initial lists completed"),
+            }
+            continue;
+        }
         let now = Instant::now();
         let periodic_due = last_full + cfg.sync_period;
         let mut due = periodic_due;
@@ -132,6 +161,7 @@ pub async fn run<S: Syncer>(
                         syncer.queued();
                     }
                 }
+                Some(Event::Ready(_)) => {}
                 None => {
                     events_open = false;
                     tracing::debug!("all sources closed; periodic syncs continue");
@@ -269,6 +299,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_first_sync_waits_for_every_initial_list() {
+        let mut cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        cfg.initial_sources = vec!["services", "nodes"];
+        let (log, tx, _) = start(cfg, 0);
+        tx.send(update()).await.unwrap();
+        tx.send(Event::Ready("services")).await.unwrap();
+        tokio::time::sleep(secs(100.0)).await;
+        assert_eq!(log.lock().unwrap().syncs, vec![]);
+        assert_eq!(log.lock().unwrap().applied, 1);
+        tx.send(update()).await.unwrap();
+        tx.send(Event::Ready("nodes")).await.unwrap();
+        tokio::time::sleep(secs(0.5)).await;
+        let log = log.lock().unwrap();
+        assert_eq!(log.applied, 2);
+        assert_eq!(log.syncs, vec![(secs(100.0), true)]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn once_returns_the_first_sync_result() {
         let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
         let log = Arc::new(Mutex::new(Log {
@@ -280,7 +328,7 @@ mod tests {
             start: Instant::now(),
             log,
         };
-        assert!(run(cfg, &mut syncer, rx, true).await.is_err());
+        assert!(run(cfg.clone(), &mut syncer, rx, true).await.is_err());
         let (_tx, rx) = mpsc::channel(1);
         assert!(run(cfg, &mut syncer, rx, true).await.is_ok());
     }
