@@ -3,12 +3,13 @@
 //! A [`NodeSnapshot`] is immutable and cheap to share: service port views are `Arc`s,
 //! and a new snapshot reuses every view whose service did not change.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use crate::model::{Endpoint, IpFamily, NodeInfo, ServicePort, ServicePortName};
+use crate::model::{Endpoint, IpFamily, NodeInfo, ServiceName, ServicePort, ServicePortName};
 use crate::selection::Selection;
 
 /// One service port as this node proxies it in one family.
@@ -54,4 +55,71 @@ impl NodeSnapshot {
             .filter(|ip| IpFamily::of(ip) == self.family)
             .collect()
     }
+}
+
+/// What this node's healthCheckNodePort server for one service answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub node_port: u16,
+    /// This node's ready endpoints of the service (distinct IPs, every port and
+    /// family), as upstream's `LocalReadyEndpoints`: serving-but-terminating ones do
+    /// not count, so a load balancer drains a node whose pods are going away.
+    pub local_endpoints: usize,
+}
+
+/// The services that need a healthCheckNodePort server on this node (LoadBalancer,
+/// `externalTrafficPolicy: Local`, a health check port), across both families.
+pub fn health_checks(snaps: &[&NodeSnapshot]) -> BTreeMap<ServiceName, HealthCheck> {
+    let mut ports: BTreeMap<ServiceName, u16> = BTreeMap::new();
+    let mut local: BTreeMap<ServiceName, BTreeSet<IpAddr>> = BTreeMap::new();
+    for snap in snaps {
+        for (name, view) in &snap.service_ports {
+            let Some(port) = view.port.health_check_node_port else {
+                continue;
+            };
+            ports.entry(name.service.clone()).or_insert(port);
+            let ips = local.entry(name.service.clone()).or_default();
+            for ep in &view.endpoints {
+                if ep.ready && ep.node_name.as_deref() == Some(snap.node_name.as_str()) {
+                    ips.insert(ep.ip);
+                }
+            }
+        }
+    }
+    ports
+        .into_iter()
+        .map(|(svc, node_port)| {
+            let local_endpoints = local.get(&svc).map_or(0, BTreeSet::len);
+            (
+                svc,
+                HealthCheck {
+                    node_port,
+                    local_endpoints,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Service ports whose Local traffic policy finds no endpoint on this node although
+/// the service has endpoints elsewhere: `(internal, external)`, as upstream's
+/// `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}`.
+pub fn no_local_endpoints(snaps: &[&NodeSnapshot]) -> (usize, usize) {
+    let (mut internal, mut external) = (0, 0);
+    for snap in snaps {
+        for view in snap.service_ports.values() {
+            let sel = &view.selection;
+            let no_local = sel.local_endpoints.as_ref().is_none_or(Vec::is_empty);
+            if !sel.has_any_endpoints || !no_local {
+                continue;
+            }
+            if view.port.internal_policy_local() {
+                internal += 1;
+            }
+            if view.port.external_policy_local() {
+                external += 1;
+            }
+        }
+    }
+    (internal, external)
 }
