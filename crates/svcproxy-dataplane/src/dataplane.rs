@@ -1,4 +1,5 @@
-//! [`NftDataPlane`]: plan, apply atomically, commit or abandon.
+//! [`NftDataPlane`]: plan, apply atomically, commit or abandon; then clean up the
+//! UDP conntrack entries the change left stale.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -9,6 +10,10 @@ use svcproxy_plan::{
     cleanup_script, render_full, Conflict, PlanConfig, PlanKind, PlanStats, Planner,
 };
 
+use crate::conntrack::{
+    cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, NoConntrackCleanup,
+};
+use crate::ctnetlink::NetlinkConntrack;
 use crate::error::DataPlaneError;
 use crate::sink::{NftCommand, ScriptSink};
 
@@ -17,7 +22,7 @@ use crate::sink::{NftCommand, ScriptSink};
 pub struct SyncReport {
     /// The kind of transaction applied.
     pub kind: PlanKind,
-    /// Planning, rendering and applying.
+    /// Planning, rendering, applying and conntrack cleanup.
     pub duration: Duration,
     /// Of which applying (running `nft`).
     pub apply_duration: Duration,
@@ -26,29 +31,48 @@ pub struct SyncReport {
     /// Every destination conflict in the desired state (logged when they change).
     pub conflicts: Vec<Conflict>,
     pub stats: PlanStats,
+    /// What UDP conntrack cleanup did after the apply (its failure does not fail
+    /// the sync).
+    pub conntrack: ConntrackCleanupReport,
 }
 
 /// svcproxy's nftables data plane: keeps the planner, which keeps the desired (and,
-/// after a commit, the kernel's) state in memory.
-pub struct NftDataPlane<S = NftCommand> {
+/// after a commit, the kernel's) state in memory, and the last snapshot applied, from
+/// which the next successful sync computes the conntrack entries to delete.
+pub struct NftDataPlane<S = NftCommand, C = NetlinkConntrack> {
     cfg: PlanConfig,
     planner: Planner,
     sink: S,
+    cleaner: C,
+    /// The snapshot the kernel holds (the last one applied successfully).
+    applied: Option<SnapshotUpdate>,
     /// The conflicts last logged, by family and destination.
     logged_conflicts: BTreeMap<(IpFamily, String), Conflict>,
 }
 
-impl NftDataPlane<NftCommand> {
-    /// A data plane running `nft` from `PATH`.
+impl NftDataPlane<NftCommand, NetlinkConntrack> {
+    /// A data plane running `nft` from `PATH` and cleaning conntrack over netlink,
+    /// both in the current network namespace.
     pub fn new(cfg: PlanConfig) -> Self {
-        NftDataPlane::with_sink(cfg, NftCommand::default())
+        NftDataPlane::with_cleaner(cfg, NftCommand::default(), NetlinkConntrack::new())
     }
 }
 
-impl<S: ScriptSink> NftDataPlane<S> {
+impl<S: ScriptSink> NftDataPlane<S, NoConntrackCleanup> {
     /// A data plane applying its scripts to `sink` (e.g. an [`NftCommand`] with
-    /// another binary or a netns prefix, or a [`RecordingSink`](crate::RecordingSink)).
+    /// another binary or a netns prefix, or a [`RecordingSink`](crate::RecordingSink)),
+    /// without conntrack cleanup: the sink may apply somewhere other than this
+    /// namespace. [`NftDataPlane::with_cleaner`] adds one.
     pub fn with_sink(cfg: PlanConfig, sink: S) -> Self {
+        NftDataPlane::with_cleaner(cfg, sink, NoConntrackCleanup)
+    }
+}
+
+impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
+    /// A data plane applying its scripts to `sink` and cleaning stale UDP conntrack
+    /// entries with `cleaner` (e.g. a [`NetlinkConntrack`] in the sink's namespace,
+    /// or a [`RecordingCleaner`](crate::RecordingCleaner)).
+    pub fn with_cleaner(cfg: PlanConfig, sink: S, cleaner: C) -> Self {
         if let Err(e) = cfg.validate() {
             tracing::warn!(error = %e, "invalid data plane configuration; using the default");
         }
@@ -56,8 +80,18 @@ impl<S: ScriptSink> NftDataPlane<S> {
             cfg,
             planner: Planner::new(),
             sink,
+            cleaner,
+            applied: None,
             logged_conflicts: BTreeMap::new(),
         }
+    }
+
+    pub fn cleaner(&self) -> &C {
+        &self.cleaner
+    }
+
+    pub fn cleaner_mut(&mut self) -> &mut C {
+        &mut self.cleaner
     }
 
     pub fn config(&self) -> &PlanConfig {
@@ -79,6 +113,12 @@ impl<S: ScriptSink> NftDataPlane<S> {
     /// only `update.changed` (and any view that is not the previous `Arc`) is
     /// re-planned. On error the previous rules stay in force and the next sync
     /// recreates the tables.
+    ///
+    /// After a successful apply, the UDP conntrack entries made stale by the change
+    /// from the previously applied snapshot are deleted
+    /// ([`cleanup_filters`](crate::cleanup_filters)); a failure there is logged and
+    /// reported in [`SyncReport::conntrack`], never an error of the sync. The first
+    /// sync has nothing to compare with and cleans nothing.
     pub fn sync(
         &mut self,
         update: &SnapshotUpdate,
@@ -103,6 +143,7 @@ impl<S: ScriptSink> NftDataPlane<S> {
                 return Err(e);
             }
         }
+        let conntrack = self.clean_conntrack(update);
         let report = SyncReport {
             kind: plan.kind,
             duration: start.elapsed(),
@@ -110,6 +151,7 @@ impl<S: ScriptSink> NftDataPlane<S> {
             script_bytes: plan.script.len(),
             conflicts: plan.conflicts,
             stats: plan.stats,
+            conntrack,
         };
         tracing::debug!(
             kind = ?report.kind,
@@ -120,6 +162,71 @@ impl<S: ScriptSink> NftDataPlane<S> {
             "nftables synced"
         );
         Ok(report)
+    }
+
+    /// Deletes the conntrack entries the move from the applied snapshot to `update`
+    /// made stale, and remembers `update` as applied.
+    fn clean_conntrack(&mut self, update: &SnapshotUpdate) -> ConntrackCleanupReport {
+        let start = Instant::now();
+        // Only the snapshots matter; `changed` can be large.
+        let applied = SnapshotUpdate {
+            v4: update.v4.clone(),
+            v6: update.v6.clone(),
+            changed: Default::default(),
+            service_changes: 0,
+            endpoint_changes: 0,
+            trigger_times: Vec::new(),
+        };
+        let previous = self.applied.replace(applied);
+        let Some(previous) = previous else {
+            return ConntrackCleanupReport::default();
+        };
+        let filters = cleanup_filters(&previous, update);
+        if filters.is_empty() {
+            return ConntrackCleanupReport {
+                duration: start.elapsed(),
+                ..ConntrackCleanupReport::default()
+            };
+        }
+        for f in &filters {
+            tracing::debug!(filter = %f, "deleting stale conntrack entries");
+        }
+        let mut report = match self.cleaner.delete(&filters) {
+            Ok(stats) => ConntrackCleanupReport {
+                scanned: stats.scanned,
+                deleted: stats.deleted,
+                ..ConntrackCleanupReport::default()
+            },
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    filters = filters.len(),
+                    "UDP conntrack cleanup failed; stale flows may keep reaching removed endpoints"
+                );
+                ConntrackCleanupReport {
+                    error: Some(e.to_string()),
+                    ..ConntrackCleanupReport::default()
+                }
+            }
+        };
+        report.filters = filters;
+        report.duration = start.elapsed();
+        if report.deleted > 0 {
+            tracing::info!(
+                deleted = report.deleted,
+                filters = report.filters.len(),
+                duration = ?report.duration,
+                "deleted stale UDP conntrack entries"
+            );
+        }
+        tracing::debug!(
+            filters = report.filters.len(),
+            scanned = report.scanned,
+            deleted = report.deleted,
+            duration = ?report.duration,
+            "conntrack cleanup done"
+        );
+        report
     }
 
     /// The full script a first sync of `update` would apply (`svcproxy render`),

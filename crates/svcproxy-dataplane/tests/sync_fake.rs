@@ -7,10 +7,12 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use svcproxy_dataplane::{cleanup_with, DataPlaneError, NftDataPlane, RecordingSink};
+use svcproxy_dataplane::{
+    cleanup_with, DataPlaneError, NftDataPlane, NoConntrackCleanup, RecordingSink,
+};
 use svcproxy_plan::PlanKind;
 
-fn plane() -> NftDataPlane<RecordingSink> {
+fn plane() -> NftDataPlane<RecordingSink, NoConntrackCleanup> {
     NftDataPlane::with_sink(plan_config(), RecordingSink::new())
 }
 
