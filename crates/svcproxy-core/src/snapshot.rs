@@ -61,44 +61,42 @@ impl NodeSnapshot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HealthCheck {
     pub node_port: u16,
-    /// This node's ready endpoints of the service (distinct IPs, every port and
-    /// family), as upstream's `LocalReadyEndpoints`: serving-but-terminating ones do
-    /// not count, so a load balancer drains a node whose pods are going away.
+    /// This node's ready endpoints of the service: distinct IPs across its ports, as
+    /// upstream's `LocalReadyEndpoints` (serving-but-terminating ones do not count, so
+    /// a load balancer drains a node whose pods are going away). Counted per IP family
+    /// and the larger taken: upstream runs one proxier per family, each answering with
+    /// its own family's count, so a dual-stack pod counts once, not twice.
     pub local_endpoints: usize,
 }
 
 /// The services that need a healthCheckNodePort server on this node (LoadBalancer,
 /// `externalTrafficPolicy: Local`, a health check port), across both families.
 pub fn health_checks(snaps: &[&NodeSnapshot]) -> BTreeMap<ServiceName, HealthCheck> {
-    let mut ports: BTreeMap<ServiceName, u16> = BTreeMap::new();
-    let mut local: BTreeMap<ServiceName, BTreeSet<IpAddr>> = BTreeMap::new();
+    let mut checks: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
     for snap in snaps {
+        let mut local: BTreeMap<&ServiceName, BTreeSet<IpAddr>> = BTreeMap::new();
         for (name, view) in &snap.service_ports {
             let Some(port) = view.port.health_check_node_port else {
                 continue;
             };
-            ports.entry(name.service.clone()).or_insert(port);
-            let ips = local.entry(name.service.clone()).or_default();
+            checks.entry(name.service.clone()).or_insert(HealthCheck {
+                node_port: port,
+                local_endpoints: 0,
+            });
+            let ips = local.entry(&name.service).or_default();
             for ep in &view.endpoints {
                 if ep.ready && ep.node_name.as_deref() == Some(snap.node_name.as_str()) {
                     ips.insert(ep.ip);
                 }
             }
         }
+        for (svc, ips) in local {
+            if let Some(hc) = checks.get_mut(svc) {
+                hc.local_endpoints = hc.local_endpoints.max(ips.len());
+            }
+        }
     }
-    ports
-        .into_iter()
-        .map(|(svc, node_port)| {
-            let local_endpoints = local.get(&svc).map_or(0, BTreeSet::len);
-            (
-                svc,
-                HealthCheck {
-                    node_port,
-                    local_endpoints,
-                },
-            )
-        })
-        .collect()
+    checks
 }
 
 /// Service ports whose Local traffic policy finds no endpoint on this node although

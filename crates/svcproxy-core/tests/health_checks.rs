@@ -1,6 +1,6 @@
 //! What the healthCheckNodePort servers and the no-local-endpoints metric read from
-//! a snapshot: per service, this node's ready endpoints (distinct IPs across ports
-//! and families; terminating ones excluded), and the Local-policy ports with
+//! a snapshot: per service, this node's ready endpoints (distinct IPs across ports,
+//! per family, the larger family's count; terminating ones excluded), and the Local-policy ports with
 //! endpoints elsewhere but none here.
 //!
 //! This node is node-a (see tests/common).
@@ -58,7 +58,7 @@ fn lb() -> ServiceName {
 }
 
 #[test]
-fn local_ready_endpoints_are_counted_once_per_ip_across_ports_and_families() {
+fn local_ready_endpoints_are_counted_once_per_ip_across_ports_and_per_family() {
     let mut state = new_state();
     upsert(&mut state, service(LB_LOCAL));
     upsert(
@@ -68,6 +68,7 @@ fn local_ready_endpoints_are_counted_once_per_ip_across_ports_and_families() {
             "IPv4",
             r#"
 - {addresses: [10.244.1.5], nodeName: node-a, conditions: {ready: true}}
+- {addresses: [10.244.1.7], nodeName: node-a, conditions: {ready: true}}
 - {addresses: [10.244.1.6], nodeName: node-a, conditions: {ready: false, serving: true, terminating: true}}
 - {addresses: [10.244.2.5], nodeName: node-b, conditions: {ready: true}}
 "#,
@@ -83,6 +84,9 @@ fn local_ready_endpoints_are_counted_once_per_ip_across_ports_and_families() {
 "#,
         )),
     );
+    // IPv4: two (each on both ports, the terminating one left out); IPv6: one, the
+    // same pods' other addresses. Not 3: a dual-stack pod is one endpoint, as each of
+    // upstream's per-family proxiers reports.
     assert_eq!(
         checks(&mut state),
         vec![(
