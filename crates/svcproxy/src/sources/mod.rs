@@ -6,4 +6,5 @@
 //! is the standalone [`manifests`] directory (entry point
 //! [`manifests::ManifestDir`]); a Kubernetes API source will live beside it.
 
+pub mod kube;
 pub mod manifests;
