@@ -7,20 +7,17 @@
 //! what svcproxy created (`cleanup`).
 
 mod config;
+mod http;
 mod proxy;
 mod runner;
 mod sources;
 
-use std::io::Write as _;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use svcproxy_core::report;
-use svcproxy_core::state::{ClusterState, StateConfig};
 
-use config::{explicitly_set_in, ProxyFlags, Settings};
-use sources::manifests::ManifestDir;
+use config::{explicitly_set_in, ProxyFlags};
+use proxy::{Output, Servers};
 
 /// A Kubernetes Service proxy: a drop-in replacement for kube-proxy.
 ///
@@ -45,6 +42,11 @@ enum Command {
         /// `table` for people, `json` for scripts (a stable contract: see README).
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+        /// Keep watching the sources and print the snapshot again after every sync that
+        /// changes it (JSON: one document per line). Serves /healthz and /metrics only
+        /// when --healthz-bind-address / --metrics-bind-address are given explicitly.
+        #[arg(long)]
+        watch: bool,
         #[command(flatten)]
         flags: ProxyFlags,
     },
@@ -92,11 +94,34 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     let result = match command {
-        Some(Command::Snapshot { format, .. }) => snapshot(&settings, *format),
-        Some(Command::Render { .. }) => render(&settings),
+        Some(Command::Snapshot { format, watch, .. }) => {
+            let explicit = |id: &str, addr| explicitly_set(id).then_some(addr).flatten();
+            let servers = if *watch {
+                Servers {
+                    healthz: explicit("healthz_bind_address", settings.healthz_bind),
+                    metrics: explicit("metrics_bind_address", settings.metrics_bind),
+                    health_check_node_ports: false,
+                }
+            } else {
+                Servers::default()
+            };
+            let output = Output::Snapshot {
+                json: matches!(format, Format::Json),
+                watch: *watch,
+            };
+            proxy::run(settings, output, servers)
+        }
+        Some(Command::Render { .. }) => proxy::run(settings, Output::Render, Servers::default()),
         Some(Command::Cleanup { .. }) => proxy::cleanup(),
         None if settings.cleanup => proxy::cleanup(),
-        None => proxy::run(settings),
+        None => {
+            let servers = Servers {
+                healthz: settings.healthz_bind,
+                metrics: settings.metrics_bind,
+                health_check_node_ports: true,
+            };
+            proxy::run(settings, Output::Kernel, servers)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -121,58 +146,4 @@ fn init_logging(verbosity: u32) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-}
-
-/// The state built from every source's initial list, and the manifests source (for
-/// watching) if there is one.
-pub(crate) fn initial_state(
-    settings: &Settings,
-) -> anyhow::Result<(ClusterState, Option<ManifestDir>)> {
-    let mut state = ClusterState::new(StateConfig {
-        node_name: settings.node_name.clone(),
-        service_proxy_name: settings.service_proxy_name.clone(),
-    });
-    let Some(dir) = &settings.manifests else {
-        if settings.kubeconfig.is_some() || settings.master.is_some() {
-            bail!("the Kubernetes API source is not implemented yet; use --manifests DIR");
-        }
-        bail!("no source of Services: pass --manifests DIR");
-    };
-    let mut manifests = ManifestDir::new(dir.clone());
-    let scan = manifests
-        .rescan()
-        .with_context(|| format!("reading manifests from {}", dir.display()))?;
-    for e in &scan.errors {
-        tracing::error!("{e}");
-    }
-    for update in scan.updates {
-        state.apply(update);
-    }
-    Ok((state, Some(manifests)))
-}
-
-fn snapshot(settings: &Settings, format: Format) -> anyhow::Result<()> {
-    let (mut state, _) = initial_state(settings)?;
-    let update = state.snapshot();
-    let all = state.problems();
-    let problems: Vec<_> = all.values().flatten().collect();
-    let snaps = [update.v4.as_ref(), update.v6.as_ref()];
-    let text = match format {
-        Format::Json => {
-            let mut s = serde_json::to_string_pretty(&report::snapshot_json(&snaps, &problems))?;
-            s.push('\n');
-            s
-        }
-        Format::Table => report::snapshot_table(&snaps, &problems),
-    };
-    std::io::stdout().write_all(text.as_bytes())?;
-    Ok(())
-}
-
-fn render(settings: &Settings) -> anyhow::Result<()> {
-    let (mut state, _) = initial_state(settings)?;
-    let update = state.snapshot();
-    let text = proxy::render(settings, &update)?;
-    std::io::stdout().write_all(text.as_bytes())?;
-    Ok(())
 }

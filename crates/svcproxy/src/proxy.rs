@@ -1,21 +1,56 @@
-//! Running the proxy: the state, the sync runner and the nftables data plane together.
+//! Running the proxy: a source, the state, the sync runner, a sync target, and the
+//! HTTP servers around them.
 //!
-//! Entry points: [`run`] (the daemon, or one sync with `--once`), [`render`] and
-//! [`cleanup`]. Sources hand updates to the runner over a channel; the runner owns the
-//! state and the data plane, so no lock is ever needed.
+//! Entry points: [`run`] (the daemon, `--once`, and the `snapshot`/`render` tools, which
+//! share everything but the target), [`plan_config`] and [`cleanup`]. Sources hand
+//! updates to the runner over a channel; the runner owns the state and the target, so
+//! no lock is needed around them. Health and metrics are shared with the HTTP servers.
 
-use std::net::IpAddr;
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
+use svcproxy_core::model::IpFamily;
 use svcproxy_core::objects::SourceUpdate;
-use svcproxy_core::state::{ClusterState, SnapshotUpdate};
+use svcproxy_core::report;
+use svcproxy_core::snapshot::{health_checks, no_local_endpoints};
+use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
 use svcproxy_dataplane::NftDataPlane;
-use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
-use tokio::sync::mpsc;
+use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig, PlanKind};
+use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, DetectLocal, ProxyMode, Settings};
+use crate::http::health::ProxyHealth;
+use crate::http::metrics::Metrics;
+use crate::http::service_health::ServiceHealthServers;
 use crate::runner::{self, Event, RunnerConfig, Syncer};
+use crate::sources::kube::{self as kube_source, KubeSourceConfig};
+use crate::sources::manifests::ManifestDir;
+
+/// What each sync does with the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Program this node's nftables (the proxy).
+    Kernel,
+    /// Print the snapshot (`svcproxy snapshot`); with `watch`, again after every sync
+    /// that changed it.
+    Snapshot { json: bool, watch: bool },
+    /// Print the full nftables script a first sync would apply (`svcproxy render`).
+    Render,
+}
+
+/// Which HTTP servers to run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Servers {
+    pub healthz: Option<SocketAddr>,
+    pub metrics: Option<SocketAddr>,
+    /// healthCheckNodePort servers (only when programming the kernel).
+    pub health_check_node_ports: bool,
+}
 
 /// The planner's configuration from the resolved settings.
 pub fn plan_config(settings: &Settings) -> anyhow::Result<PlanConfig> {
@@ -88,23 +123,36 @@ fn local_ips() -> anyhow::Result<Vec<IpAddr>> {
     Ok(ips)
 }
 
-struct ProxySyncer {
-    state: ClusterState,
-    dataplane: NftDataPlane,
+/// Where a sync's snapshot goes.
+trait Target {
+    /// Programs or prints `update`; returns the kind of sync done.
+    fn sync(
+        &mut self,
+        state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone>;
 }
 
-impl Syncer for ProxySyncer {
-    fn apply(&mut self, updates: Vec<SourceUpdate>) {
-        for u in updates {
-            self.state.apply(u);
-        }
-    }
+/// What a target reports of a successful sync.
+struct SyncDone {
+    /// A full (re)write rather than a partial update.
+    full: bool,
+    duration: Duration,
+    /// UDP conntrack entries deleted and whether that cleanup failed (kernel only).
+    conntrack: Option<(usize, bool)>,
+}
 
-    fn sync(&mut self, full: bool) -> anyhow::Result<()> {
-        // The snapshot is always complete; `changed` only lets the planner skip work.
-        // After a failed apply the data plane re-plans everything regardless.
-        let update = self.state.snapshot();
-        let report = self.dataplane.sync(&update, full)?;
+struct KernelTarget(NftDataPlane);
+
+impl Target for KernelTarget {
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let report = self.0.sync(update, full)?;
         tracing::info!(
             kind = ?report.kind,
             duration_ms = report.duration.as_secs_f64() * 1000.0,
@@ -112,7 +160,187 @@ impl Syncer for ProxySyncer {
             changed = update.changed.len(),
             "synced"
         );
-        Ok(())
+        Ok(SyncDone {
+            full: report.kind != PlanKind::Partial,
+            duration: report.duration,
+            conntrack: Some((report.conntrack.deleted, report.conntrack.error.is_some())),
+        })
+    }
+}
+
+/// Prints snapshots (`svcproxy snapshot`): only when they differ from the last one.
+struct SnapshotPrinter {
+    json: bool,
+    /// One line per snapshot (NDJSON) rather than pretty-printed.
+    compact: bool,
+    last: Option<String>,
+}
+
+impl Target for SnapshotPrinter {
+    fn sync(
+        &mut self,
+        state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let start = std::time::Instant::now();
+        let all = state.problems();
+        let problems: Vec<_> = all.values().flatten().collect();
+        let snaps = [update.v4.as_ref(), update.v6.as_ref()];
+        let text = if self.json {
+            let value = report::snapshot_json(&snaps, &problems);
+            let mut s = if self.compact {
+                serde_json::to_string(&value)?
+            } else {
+                serde_json::to_string_pretty(&value)?
+            };
+            s.push('\n');
+            s
+        } else {
+            let mut s = report::snapshot_table(&snaps, &problems);
+            if self.compact {
+                s.push('\n');
+            }
+            s
+        };
+        if self.last.as_deref() != Some(text.as_str()) {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+            self.last = Some(text);
+        }
+        Ok(SyncDone {
+            full,
+            duration: start.elapsed(),
+            conntrack: None,
+        })
+    }
+}
+
+/// Prints the script a first sync would apply (`svcproxy render`).
+struct RenderPrinter(NftDataPlane);
+
+impl Target for RenderPrinter {
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let start = std::time::Instant::now();
+        let mut out = std::io::stdout().lock();
+        out.write_all(self.0.render(update).as_bytes())?;
+        out.flush()?;
+        Ok(SyncDone {
+            full,
+            duration: start.elapsed(),
+            conntrack: None,
+        })
+    }
+}
+
+/// Addresses the healthCheckNodePort servers listen on.
+#[derive(Clone, Debug)]
+enum HealthCheckAddresses {
+    /// Every address.
+    All,
+    /// These local addresses (`--nodeport-addresses` CIDRs).
+    Ips(Vec<IpAddr>),
+    /// The Node's primary IPs (or every address until they are known).
+    Primary,
+}
+
+struct ProxySyncer<T> {
+    state: ClusterState,
+    target: T,
+    health: Arc<ProxyHealth>,
+    metrics: Arc<Metrics>,
+    health_checks: Option<(ServiceHealthServers, HealthCheckAddresses)>,
+    node_eligible: bool,
+}
+
+impl<T: Target> ProxySyncer<T> {
+    fn update_node_eligibility(&mut self) {
+        let eligible = self
+            .state
+            .own_node()
+            .is_none_or(|n| !n.deleting && !n.to_be_deleted);
+        if eligible != self.node_eligible {
+            if eligible {
+                tracing::info!("this Node is eligible for load-balancer traffic again");
+            } else {
+                tracing::warn!("this Node is being deleted or drained by the cluster autoscaler: /healthz reports it not eligible");
+            }
+            self.node_eligible = eligible;
+        }
+        self.health.set_node_eligible(eligible);
+    }
+
+    fn after_sync(&mut self, update: &SnapshotUpdate, done: &SyncDone) {
+        let now = SystemTime::now();
+        self.health.updated();
+        self.metrics.observe_sync(done.full, done.duration);
+        self.metrics
+            .observe_network_programming(&update.trigger_times, now);
+        let snaps = [update.v4.as_ref(), update.v6.as_ref()];
+        let (internal, external) = no_local_endpoints(&snaps);
+        self.metrics.set_no_local_endpoints(internal, external);
+        self.metrics
+            .set_invalid_objects(self.state.invalid_counts());
+        if let Some((deleted, failed)) = done.conntrack {
+            self.metrics.conntrack_cleanup(deleted, failed);
+        }
+        if let Some((servers, addresses)) = &mut self.health_checks {
+            if let HealthCheckAddresses::Primary = addresses {
+                let ips: Vec<IpAddr> = [IpFamily::V4, IpFamily::V6]
+                    .into_iter()
+                    .filter_map(|f| update.family(f).node_ips().first().copied())
+                    .collect();
+                servers.set_listen_ips(ips);
+            }
+            let wanted: BTreeMap<_, _> = health_checks(&snaps)
+                .into_iter()
+                .map(|(svc, hc)| (svc, (hc.node_port, hc.local_endpoints)))
+                .collect();
+            servers.sync(&wanted);
+            self.metrics
+                .set_health_check_bind_failures(servers.bind_failures());
+        }
+    }
+}
+
+impl<T: Target> Syncer for ProxySyncer<T> {
+    fn apply(&mut self, updates: Vec<SourceUpdate>) {
+        for u in updates {
+            self.state.apply(u);
+        }
+        self.update_node_eligibility();
+    }
+
+    fn queued(&mut self) {
+        self.health.queued_update();
+        self.metrics.queued(SystemTime::now());
+        let (services, endpoints) = self.state.pending_changes();
+        self.metrics.set_pending_changes(services, endpoints);
+    }
+
+    fn sync(&mut self, full: bool) -> anyhow::Result<()> {
+        // The snapshot is always complete; `changed` only lets the planner skip work.
+        // After a failed apply the data plane re-plans everything regardless.
+        let update = self.state.snapshot();
+        self.metrics
+            .add_changes(update.service_changes, update.endpoint_changes);
+        self.metrics.set_pending_changes(0, 0);
+        match self.target.sync(&self.state, &update, full) {
+            Ok(done) => {
+                self.after_sync(&update, &done);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.sync_failed();
+                Err(e)
+            }
+        }
     }
 }
 
@@ -126,44 +354,218 @@ fn check_mode(settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the proxy until SIGTERM/SIGINT (rules stay in place for a successor), or
-/// syncs once with `--once`.
-pub fn run(settings: Settings) -> anyhow::Result<()> {
-    check_mode(&settings)?;
-    let plan_cfg = plan_config(&settings)?;
-    // Every source's initial list is applied before the first sync.
-    let (state, manifests) = crate::initial_state(&settings)?;
-    svcproxy_dataplane::prepare_node(&plan_cfg);
-    let dataplane = NftDataPlane::new(plan_cfg);
-    let mut syncer = ProxySyncer { state, dataplane };
-    let runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
-    let (tx, rx) = mpsc::channel::<Event>(64);
+/// Where Services, EndpointSlices and Nodes come from.
+enum Source {
+    Manifests(ManifestDir),
+    Api(KubeSourceConfig),
+}
 
+fn source(settings: &Settings) -> anyhow::Result<Source> {
+    match &settings.manifests {
+        Some(_) if settings.kubeconfig.is_some() || settings.master.is_some() => {
+            bail!("--manifests and --kubeconfig/--master are alternatives: pass one")
+        }
+        Some(dir) => Ok(Source::Manifests(ManifestDir::new(dir.clone()))),
+        None => Ok(Source::Api(KubeSourceConfig {
+            node_name: settings.node_name.clone(),
+            service_proxy_name: settings.service_proxy_name.clone(),
+            kubeconfig: settings.kubeconfig.clone(),
+            master: settings.master.clone(),
+            client_connection: settings.client_connection.clone(),
+        })),
+    }
+}
+
+/// Runs until SIGTERM/SIGINT (rules stay in place for a successor), or syncs once
+/// (`--once`, and the one-shot tools).
+pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
-        let _watch = match (manifests, settings.once) {
-            (Some(dir), false) => {
+    match output {
+        Output::Kernel => {
+            check_mode(&settings)?;
+            let plan_cfg = plan_config(&settings)?;
+            svcproxy_dataplane::prepare_node(&plan_cfg);
+            apply_conntrack_sysctls(&settings);
+            let hc = health_check_addresses(&settings, &plan_cfg);
+            let target = KernelTarget(NftDataPlane::new(plan_cfg));
+            let once = settings.once;
+            rt.block_on(serve(settings, target, servers, once, Some(hc)))
+        }
+        Output::Snapshot { json, watch } => {
+            let target = SnapshotPrinter {
+                json,
+                compact: watch,
+                last: None,
+            };
+            rt.block_on(serve(settings, target, servers, !watch, None))
+        }
+        Output::Render => {
+            check_mode(&settings)?;
+            let target = RenderPrinter(NftDataPlane::new(plan_config(&settings)?));
+            rt.block_on(serve(settings, target, servers, true, None))
+        }
+    }
+}
+
+fn health_check_addresses(settings: &Settings, plan_cfg: &PlanConfig) -> HealthCheckAddresses {
+    match (&settings.nodeport_addresses, &plan_cfg.nodeport_addresses) {
+        (config::NodePortAddresses::All, _) => HealthCheckAddresses::All,
+        (_, NodePortAddresses::Ips(ips)) => HealthCheckAddresses::Ips(ips.clone()),
+        _ if !settings.bind_address.is_unspecified() => {
+            HealthCheckAddresses::Ips(vec![settings.bind_address])
+        }
+        _ => HealthCheckAddresses::Primary,
+    }
+}
+
+fn apply_conntrack_sysctls(settings: &Settings) {
+    let c = &settings.conntrack;
+    let wanted = svcproxy_dataplane::ConntrackSettings {
+        max_per_core: c.max_per_core,
+        min: c.min,
+        tcp_established_timeout: c.tcp_established_timeout,
+        tcp_close_wait_timeout: c.tcp_close_wait_timeout,
+        tcp_be_liberal: c.tcp_be_liberal,
+        udp_timeout: c.udp_timeout,
+        udp_stream_timeout: c.udp_stream_timeout,
+    };
+    let report = svcproxy_dataplane::apply_conntrack_sysctls(&wanted);
+    if !report.changed.is_empty() {
+        tracing::info!(changed = ?report.changed, "conntrack settings applied");
+    }
+}
+
+async fn serve<T: Target>(
+    settings: Settings,
+    target: T,
+    servers: Servers,
+    once: bool,
+    health_check_addresses: Option<HealthCheckAddresses>,
+) -> anyhow::Result<()> {
+    // Bind first: an address in use is a start-up error, before anything else runs.
+    let healthz = match servers.healthz {
+        Some(addr) => Some(crate::http::bind(addr, "--healthz-bind-address").await?),
+        None => None,
+    };
+    let metrics_listener = match servers.metrics {
+        Some(addr) => Some(crate::http::bind(addr, "--metrics-bind-address").await?),
+        None => None,
+    };
+    // As upstream: unhealthy when an update waits longer than twice the sync period.
+    let health = ProxyHealth::new(settings.sync_period.saturating_mul(2));
+    let metrics = Metrics::new();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut http_tasks = Vec::new();
+    let mut source_task = None;
+    if let Some(l) = healthz {
+        http_tasks.push(tokio::spawn(crate::http::health::serve(
+            l,
+            health.clone(),
+            Some(metrics.clone()),
+            stopped(stop_rx.clone()),
+        )));
+    }
+    if let Some(l) = metrics_listener {
+        http_tasks.push(tokio::spawn(crate::http::metrics::serve(
+            l,
+            metrics.clone(),
+            health.clone(),
+            stopped(stop_rx.clone()),
+        )));
+    }
+
+    let mut state = ClusterState::new(StateConfig {
+        node_name: settings.node_name.clone(),
+        service_proxy_name: settings.service_proxy_name.clone(),
+    });
+    let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    let mut _manifest_watch = None;
+    match source(&settings)? {
+        Source::Manifests(mut dir) => {
+            // The directory's initial list is read here, before the first sync.
+            let scan = dir
+                .rescan()
+                .with_context(|| format!("reading manifests from {}", dir.root().display()))?;
+            for e in &scan.errors {
+                tracing::error!("{e}");
+            }
+            for update in scan.updates {
+                state.apply(update);
+            }
+            if !once {
                 let tx = tx.clone();
-                Some(crate::sources::manifests::watch(dir, move |updates| {
+                _manifest_watch = Some(crate::sources::manifests::watch(dir, move |updates| {
                     // Blocking send from the watcher thread: backpressure, never loss.
                     let _ = tx.blocking_send(Event::Updates(updates));
-                })?)
-            }
-            _ => None,
-        };
-        tracing::info!(node = %settings.node_name, "svcproxy started");
-        let run = runner::run(runner_cfg, &mut syncer, rx, settings.once);
-        tokio::select! {
-            r = run => r,
-            _ = shutdown_signal() => {
-                tracing::info!("shutting down; the rules stay in place");
-                Ok(())
+                })?);
             }
         }
-    })
+        Source::Api(cfg) => {
+            let client = kube_source::client(&cfg).await?;
+            runner_cfg.initial_sources = kube_source::WATCHES.to_vec();
+            if servers.health_check_node_ports {
+                // The daemon announces itself on its Node, as kube-proxy does.
+                tokio::spawn(kube_source::record_startup_event(
+                    client.clone(),
+                    cfg.node_name.clone(),
+                ));
+            }
+            source_task = Some(tokio::spawn(kube_source::run(client, cfg, tx)));
+        }
+    }
+    let health_checks = match (servers.health_check_node_ports, health_check_addresses) {
+        (true, Some(addrs)) => {
+            let ips = match &addrs {
+                HealthCheckAddresses::Ips(ips) => ips.clone(),
+                HealthCheckAddresses::All | HealthCheckAddresses::Primary => Vec::new(),
+            };
+            Some((
+                ServiceHealthServers::new(ips, health.clone(), Some(metrics.clone())),
+                addrs,
+            ))
+        }
+        _ => None,
+    };
+    let mut syncer = ProxySyncer {
+        state,
+        target,
+        health,
+        metrics,
+        health_checks,
+        node_eligible: true,
+    };
+    syncer.update_node_eligibility();
+    tracing::info!(node = %settings.node_name, "svcproxy started");
+    let result = tokio::select! {
+        r = runner::run(runner_cfg, &mut syncer, rx, once) => r,
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down; the rules stay in place");
+            Ok(())
+        }
+    };
+    let _ = stop_tx.send(true);
+    if let Some((servers, _)) = &mut syncer.health_checks {
+        servers.shutdown();
+    }
+    if let Some(t) = source_task {
+        t.abort();
+    }
+    // Let in-flight HTTP answers finish, briefly.
+    for t in http_tasks {
+        match tokio::time::timeout(Duration::from_secs(2), t).await {
+            Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e:#}"),
+            Ok(_) => {}
+            Err(_) => tracing::warn!("an HTTP server did not stop within 2s"),
+        }
+    }
+    result
 }
 
 async fn shutdown_signal() {
@@ -179,13 +581,6 @@ async fn shutdown_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
-}
-
-/// The full ruleset a first sync would apply.
-pub fn render(settings: &Settings, update: &SnapshotUpdate) -> anyhow::Result<String> {
-    check_mode(settings)?;
-    let dp = NftDataPlane::new(plan_config(settings)?);
-    Ok(dp.render(update))
 }
 
 /// Removes svcproxy's nftables tables (and nothing else).

@@ -1,0 +1,473 @@
+//! Proxy health, as kube-proxy's ProxyHealthServer defines it, and the
+//! `--healthz-bind-address` server (`/healthz`, `/livez`).
+//!
+//! Entry points: [`ProxyHealth`] (shared by the runner, the healthCheckNodePort servers
+//! and the HTTP handlers) and [`serve`]. The proxy is *healthy* unless an update has
+//! waited longer than the health timeout without being applied; it is *ready* once the
+//! first sync succeeded. `/livez` reports health alone; `/healthz` (the readiness probe,
+//! and what cloud load balancers of `externalTrafficPolicy: Cluster` services check)
+//! also requires readiness and that the Node is not on its way out.
+//!
+//! Time comes from a [`Clock`]: wall time for the bodies, monotonic time for the
+//! timeout, so that a wall-clock step (NTP at boot) never flips the verdict.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use tokio::net::TcpListener;
+
+use super::go_time_string;
+use super::metrics::Metrics;
+
+/// Where [`ProxyHealth`] reads the time.
+pub trait Clock: Send + Sync + 'static {
+    /// Wall-clock time, reported in bodies.
+    fn wall(&self) -> SystemTime;
+    /// Monotonic time, for the health timeout.
+    fn monotonic(&self) -> Instant;
+}
+
+/// The system's clocks.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn wall(&self) -> SystemTime {
+        SystemTime::now()
+    }
+    fn monotonic(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// One reading of both clocks.
+#[derive(Clone, Copy, Debug)]
+struct Stamp {
+    wall: SystemTime,
+    mono: Instant,
+}
+
+#[derive(Debug)]
+struct Inner {
+    last_updated: Option<Stamp>,
+    /// The oldest update queued since the last successful sync.
+    oldest_pending: Option<Stamp>,
+    node_eligible: bool,
+}
+
+/// The proxy's health, shared between the sync loop and the HTTP servers.
+pub struct ProxyHealth {
+    timeout: Duration,
+    clock: Arc<dyn Clock>,
+    inner: Mutex<Inner>,
+}
+
+/// A snapshot of [`ProxyHealth`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthStatus {
+    /// No update has waited longer than the health timeout.
+    pub healthy: bool,
+    /// A sync has succeeded since start.
+    pub ready: bool,
+    /// The last successful sync.
+    pub last_updated: Option<SystemTime>,
+    pub current_time: SystemTime,
+    /// False while the Node is being deleted or drained by the cluster autoscaler.
+    pub node_eligible: bool,
+}
+
+impl ProxyHealth {
+    /// `health_timeout` is upstream's: twice the sync period.
+    pub fn new(health_timeout: Duration) -> Arc<Self> {
+        Self::with_clock(health_timeout, Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(health_timeout: Duration, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let now = Stamp {
+            wall: clock.wall(),
+            mono: clock.monotonic(),
+        };
+        Arc::new(ProxyHealth {
+            timeout: health_timeout,
+            clock,
+            inner: Mutex::new(Inner {
+                last_updated: None,
+                // The initial sync is pending from the start: a proxy that can never
+                // sync (API server unreachable) turns unhealthy after the timeout.
+                oldest_pending: Some(now),
+                // As upstream: eligible until a Node event says otherwise.
+                node_eligible: true,
+            }),
+        })
+    }
+
+    fn now(&self) -> Stamp {
+        Stamp {
+            wall: self.clock.wall(),
+            mono: self.clock.monotonic(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The state stays consistent even if a holder panicked: every update is a
+        // single assignment.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An update was received but not yet applied. Only the oldest pending one counts.
+    pub fn queued_update(&self) {
+        let now = self.now();
+        self.lock().oldest_pending.get_or_insert(now);
+    }
+
+    /// A sync succeeded: nothing is pending, and the rules are current as of now.
+    pub fn updated(&self) {
+        let now = self.now();
+        let mut inner = self.lock();
+        inner.oldest_pending = None;
+        inner.last_updated = Some(now);
+    }
+
+    /// False while the Node has a deletionTimestamp or the
+    /// `ToBeDeletedByClusterAutoscaler` taint.
+    pub fn set_node_eligible(&self, eligible: bool) {
+        self.lock().node_eligible = eligible;
+    }
+
+    /// The timeout rule alone (what healthCheckNodePort answers report as
+    /// `serviceProxyHealthy`).
+    pub fn is_healthy(&self) -> bool {
+        self.status().healthy
+    }
+
+    pub fn status(&self) -> HealthStatus {
+        let now = self.now();
+        let inner = self.lock();
+        let healthy = inner
+            .oldest_pending
+            .is_none_or(|p| now.mono.saturating_duration_since(p.mono) < self.timeout);
+        HealthStatus {
+            healthy,
+            ready: inner.last_updated.is_some(),
+            last_updated: inner.last_updated.map(|s| s.wall),
+            current_time: now.wall,
+            node_eligible: inner.node_eligible,
+        }
+    }
+}
+
+/// A JSON answer with the headers kube-proxy sets on every health answer.
+pub(super) fn json_response(status: StatusCode, body: String) -> Response {
+    let mut resp = (status, body).into_response();
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// Upstream's answer body quirk: a healthy proxy reports lastUpdated = currentTime
+/// (older releases updated it on every sync loop, and clients rely on it being recent).
+fn reported_last_updated(ok: bool, s: &HealthStatus) -> String {
+    go_time_string(if ok {
+        Some(s.current_time)
+    } else {
+        s.last_updated
+    })
+}
+
+/// `/healthz`: 200 when healthy, ready and the Node is eligible; 503 otherwise.
+pub(super) fn healthz(health: &ProxyHealth, metrics: Option<&Metrics>) -> Response {
+    let s = health.status();
+    let ok = s.healthy && s.ready && s.node_eligible;
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if let Some(m) = metrics {
+        m.count_healthz(code.as_u16());
+    }
+    let body = format!(
+        r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}}}"#,
+        reported_last_updated(ok, &s),
+        go_time_string(Some(s.current_time)),
+        s.node_eligible
+    );
+    json_response(code, body)
+}
+
+/// `/livez`: 200 when healthy (ignores readiness and the Node); 503 otherwise.
+pub(super) fn livez(health: &ProxyHealth, metrics: Option<&Metrics>) -> Response {
+    let s = health.status();
+    let code = if s.healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if let Some(m) = metrics {
+        m.count_livez(code.as_u16());
+    }
+    let body = format!(
+        r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
+        reported_last_updated(s.healthy, &s),
+        go_time_string(Some(s.current_time)),
+    );
+    json_response(code, body)
+}
+
+type AppState = (Arc<ProxyHealth>, Option<Arc<Metrics>>);
+
+/// Serves `/healthz` and `/livez` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    health: Arc<ProxyHealth>,
+    metrics: Option<Arc<Metrics>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route(
+            "/healthz",
+            any(|State((h, m)): State<AppState>| async move { healthz(&h, m.as_deref()) }),
+        )
+        .route(
+            "/livez",
+            any(|State((h, m)): State<AppState>| async move { livez(&h, m.as_deref()) }),
+        )
+        .with_state((health, metrics));
+    let addr = listener.local_addr().ok();
+    tracing::debug!(?addr, "serving /healthz and /livez");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| anyhow::anyhow!("health server on {addr:?}: {e}"))
+}
+
+/// A clock tests move by hand.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    pub(crate) struct ManualClock {
+        wall: SystemTime,
+        mono: Instant,
+        offset: Mutex<Duration>,
+    }
+
+    impl ManualClock {
+        pub(crate) fn new(wall: SystemTime) -> Arc<Self> {
+            Arc::new(ManualClock {
+                wall,
+                mono: Instant::now(),
+                offset: Mutex::new(Duration::ZERO),
+            })
+        }
+
+        pub(crate) fn advance(&self, d: Duration) {
+            *self.offset.lock().unwrap() += d;
+        }
+    }
+
+    impl Clock for ManualClock {
+        fn wall(&self) -> SystemTime {
+            self.wall + *self.offset.lock().unwrap()
+        }
+        fn monotonic(&self) -> Instant {
+            self.mono + *self.offset.lock().unwrap()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::ManualClock;
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// 2024-05-01 10:00:00 UTC.
+    fn start_time() -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_714_557_600)
+    }
+
+    fn health() -> (Arc<ProxyHealth>, Arc<ManualClock>) {
+        let clock = ManualClock::new(start_time());
+        (ProxyHealth::with_clock(TIMEOUT, clock.clone()), clock)
+    }
+
+    #[test]
+    fn healthy_until_the_initial_sync_is_overdue() {
+        let (h, clock) = health();
+        let s = h.status();
+        assert!(s.healthy && !s.ready && s.node_eligible);
+        assert_eq!(s.last_updated, None);
+        clock.advance(TIMEOUT - Duration::from_millis(1));
+        assert!(h.is_healthy());
+        clock.advance(Duration::from_millis(1));
+        assert!(!h.is_healthy());
+        h.updated();
+        let s = h.status();
+        assert!(s.healthy && s.ready);
+        assert_eq!(s.last_updated, Some(start_time() + TIMEOUT));
+    }
+
+    #[test]
+    fn a_queued_update_left_unapplied_past_the_timeout_is_unhealthy() {
+        let (h, clock) = health();
+        h.updated();
+        clock.advance(Duration::from_secs(600));
+        assert!(h.is_healthy(), "nothing pending: healthy however long ago");
+        h.queued_update();
+        clock.advance(Duration::from_secs(40));
+        // A later update does not reset the clock: the oldest pending one counts.
+        h.queued_update();
+        clock.advance(Duration::from_secs(20));
+        assert!(!h.is_healthy());
+        h.updated();
+        assert!(h.is_healthy());
+    }
+
+    /// An HTTP client without connection reuse, so each request sees the server as is.
+    fn client() -> reqwest::Client {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    }
+
+    async fn start_server(
+        h: Arc<ProxyHealth>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, h, metrics, async move {
+            let _ = rx.await;
+        }));
+        (base, tx)
+    }
+
+    async fn get(base: &str, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
+        let resp = client().get(format!("{base}{path}")).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        (status, headers, resp.text().await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn healthz_is_not_ready_before_the_first_sync_while_livez_is_alive() {
+        let (h, _clock) = health();
+        let (base, _stop) = start_server(h.clone(), None).await;
+        let (code, headers, body) = get(&base, "/healthz").await;
+        assert_eq!(code, 503);
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        assert_eq!(
+            body,
+            r#"{"lastUpdated": "0001-01-01 00:00:00 +0000 UTC","currentTime": "2024-05-01 10:00:00 +0000 UTC", "nodeEligible": true}"#
+        );
+        let (code, headers, body) = get(&base, "/livez").await;
+        assert_eq!(code, 200);
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        // Healthy: lastUpdated is reported as now (upstream's compatibility quirk).
+        assert_eq!(
+            body,
+            r#"{"lastUpdated": "2024-05-01 10:00:00 +0000 UTC","currentTime": "2024-05-01 10:00:00 +0000 UTC"}"#
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(v.is_object());
+    }
+
+    #[tokio::test]
+    async fn both_probes_fail_once_a_queued_update_is_overdue() {
+        let (h, clock) = health();
+        let metrics = Metrics::new();
+        let (base, _stop) = start_server(h.clone(), Some(metrics.clone())).await;
+        h.updated();
+        clock.advance(Duration::from_millis(250));
+        assert_eq!(get(&base, "/healthz").await.0, 200);
+        h.queued_update();
+        clock.advance(TIMEOUT);
+        let (code, _, body) = get(&base, "/healthz").await;
+        assert_eq!(code, 503);
+        // Unhealthy: lastUpdated is the real last sync.
+        assert_eq!(
+            body,
+            r#"{"lastUpdated": "2024-05-01 10:00:00 +0000 UTC","currentTime": "2024-05-01 10:01:00.25 +0000 UTC", "nodeEligible": true}"#
+        );
+        let (code, _, body) = get(&base, "/livez").await;
+        assert_eq!(code, 503);
+        assert_eq!(
+            body,
+            r#"{"lastUpdated": "2024-05-01 10:00:00 +0000 UTC","currentTime": "2024-05-01 10:01:00.25 +0000 UTC"}"#
+        );
+        h.updated();
+        assert_eq!(get(&base, "/healthz").await.0, 200);
+        assert_eq!(get(&base, "/livez").await.0, 200);
+        let text = metrics.render();
+        for line in [
+            r#"kubeproxy_proxy_healthz_total{code="200"} 2"#,
+            r#"kubeproxy_proxy_healthz_total{code="503"} 1"#,
+            r#"kubeproxy_proxy_livez_total{code="200"} 1"#,
+            r#"kubeproxy_proxy_livez_total{code="503"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_node_on_its_way_out_fails_healthz_but_not_livez() {
+        let (h, clock) = health();
+        let (base, _stop) = start_server(h.clone(), None).await;
+        h.updated();
+        h.set_node_eligible(false);
+        clock.advance(Duration::from_secs(1));
+        let (code, _, body) = get(&base, "/healthz").await;
+        assert_eq!(code, 503);
+        assert_eq!(
+            body,
+            r#"{"lastUpdated": "2024-05-01 10:00:00 +0000 UTC","currentTime": "2024-05-01 10:00:01 +0000 UTC", "nodeEligible": false}"#
+        );
+        let (code, _, body) = get(&base, "/livez").await;
+        assert_eq!(code, 200);
+        assert_eq!(
+            body,
+            r#"{"lastUpdated": "2024-05-01 10:00:01 +0000 UTC","currentTime": "2024-05-01 10:00:01 +0000 UTC"}"#
+        );
+        h.set_node_eligible(true);
+        assert_eq!(get(&base, "/healthz").await.0, 200);
+    }
+
+    #[tokio::test]
+    async fn other_paths_are_not_found_and_shutdown_stops_the_server() {
+        let (h, _clock) = health();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, h, None, async move {
+            let _ = rx.await;
+        }));
+        let base = format!("http://{addr}");
+        assert_eq!(get(&base, "/metrics").await.0, 404);
+        tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("server stops")
+            .unwrap()
+            .unwrap();
+        assert!(client().get(&base).send().await.is_err());
+    }
+}

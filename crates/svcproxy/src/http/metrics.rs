@@ -1,0 +1,764 @@
+//! Prometheus metrics under kube-proxy's names, types, help texts, label sets and
+//! buckets (from upstream `pkg/proxy/metrics/metrics.go`; help texts carry the
+//! `[ALPHA] ` prefix component-base adds), plus svcproxy's own `svcproxy_*` metrics,
+//! and the `--metrics-bind-address` server.
+//!
+//! Entry points: [`Metrics`] (one private registry, shared with the sync loop) and
+//! [`serve`]: `/metrics` (text format 0.0.4), `/healthz` and `/proxyMode`, as
+//! kube-proxy's metrics server.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use prometheus::core::Collector;
+use prometheus::{
+    exponential_buckets, linear_buckets, Encoder, Gauge, Histogram, HistogramOpts, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use svcproxy_core::objects::Kind;
+use tokio::net::TcpListener;
+
+use super::health::ProxyHealth;
+use super::{parse_rfc3339, unix_nanos};
+
+/// What `/proxyMode` answers (svcproxy implements the nftables mode only).
+const PROXY_MODE: &str = "nftables";
+
+/// The metrics svcproxy exports.
+pub struct Metrics {
+    registry: Registry,
+    sync_duration: Histogram,
+    sync_full_duration: Histogram,
+    sync_partial_duration: Histogram,
+    network_programming_duration: Histogram,
+    last_timestamp: Gauge,
+    last_queued_timestamp: Gauge,
+    endpoint_changes_pending: IntGauge,
+    endpoint_changes_total: IntCounter,
+    service_changes_pending: IntGauge,
+    service_changes_total: IntCounter,
+    no_local_endpoints: IntGaugeVec,
+    nftables_sync_failures: IntCounter,
+    nftables_cleanup_failures: IntCounter,
+    healthz_total: IntCounterVec,
+    livez_total: IntCounterVec,
+    invalid_objects: IntCounterVec,
+    /// The counts last reported per kind, to turn the state's running totals into
+    /// counter increments.
+    invalid_reported: Mutex<BTreeMap<Kind, u64>>,
+    conntrack_cleanup_failures: IntCounter,
+    conntrack_entries_deleted: IntCounter,
+    health_check_bind_failures: IntGauge,
+}
+
+/// kube-proxy's help texts are component-base's: prefixed with the stability level.
+fn alpha(help: &str) -> String {
+    format!("[ALPHA] {help}")
+}
+
+fn register<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric names are unique and valid");
+    c
+}
+
+/// Upstream's SyncProxyRules buckets: 1ms doubling 15 times (up to 16.384s).
+fn sync_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 15).expect("valid buckets")
+}
+
+/// Upstream's NetworkProgrammingLatency buckets. component-base's `MergeBuckets`
+/// starts from a zero bucket, so upstream exposes `le="0"` too.
+fn network_programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.0];
+    for (start, width, count) in [
+        (0.25, 0.25, 2),  // 0.25s, 0.5s
+        (1.0, 1.0, 59),   // 1s .. 59s
+        (60.0, 5.0, 12),  // 60s .. 115s
+        (120.0, 30.0, 7), // 2min .. 5min
+    ] {
+        b.extend(linear_buckets(start, width, count).expect("valid buckets"));
+    }
+    b
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    unix_nanos(t) as f64 / 1e9
+}
+
+fn to_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let r = Registry::new();
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            register(
+                &r,
+                Histogram::with_opts(HistogramOpts::new(name, alpha(help)).buckets(buckets))
+                    .expect("valid histogram"),
+            )
+        };
+        let gauge = |name: &str, help: &str| {
+            register(
+                &r,
+                Gauge::with_opts(Opts::new(name, alpha(help))).expect("valid gauge"),
+            )
+        };
+        let int_gauge = |name: &str, help: String| {
+            register(
+                &r,
+                IntGauge::with_opts(Opts::new(name, help)).expect("valid gauge"),
+            )
+        };
+        let counter = |name: &str, help: String| {
+            register(
+                &r,
+                IntCounter::with_opts(Opts::new(name, help)).expect("valid counter"),
+            )
+        };
+        let counter_vec = |name: &str, help: String, label: &str| {
+            register(
+                &r,
+                IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid counter"),
+            )
+        };
+
+        let m = Metrics {
+            sync_duration: histogram(
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds",
+                sync_buckets(),
+            ),
+            sync_full_duration: histogram(
+                "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for full resyncs",
+                sync_buckets(),
+            ),
+            sync_partial_duration: histogram(
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for partial resyncs",
+                sync_buckets(),
+            ),
+            network_programming_duration: histogram(
+                "kubeproxy_network_programming_duration_seconds",
+                "In Cluster Network Programming Latency in seconds",
+                network_programming_buckets(),
+            ),
+            last_timestamp: gauge(
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                "The last time proxy rules were successfully synced",
+            ),
+            last_queued_timestamp: gauge(
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of proxy rules was queued",
+            ),
+            endpoint_changes_pending: int_gauge(
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                alpha("Pending proxy rules Endpoint changes"),
+            ),
+            endpoint_changes_total: counter(
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                alpha("Cumulative proxy rules Endpoint changes"),
+            ),
+            service_changes_pending: int_gauge(
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                alpha("Pending proxy rules Service changes"),
+            ),
+            service_changes_total: counter(
+                "kubeproxy_sync_proxy_rules_service_changes_total",
+                alpha("Cumulative proxy rules Service changes"),
+            ),
+            // A gauge despite the name, as upstream.
+            no_local_endpoints: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                        alpha("Number of services with a Local traffic policy and no endpoints"),
+                    ),
+                    &["traffic_policy"],
+                )
+                .expect("valid gauge"),
+            ),
+            nftables_sync_failures: counter(
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                alpha("Cumulative proxy nftables sync failures"),
+            ),
+            nftables_cleanup_failures: counter(
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                alpha("Cumulative proxy nftables cleanup failures"),
+            ),
+            healthz_total: counter_vec(
+                "kubeproxy_proxy_healthz_total",
+                alpha("Cumulative proxy healthz HTTP status"),
+                "code",
+            ),
+            livez_total: counter_vec(
+                "kubeproxy_proxy_livez_total",
+                alpha("Cumulative proxy livez HTTP status"),
+                "code",
+            ),
+            invalid_objects: counter_vec(
+                "svcproxy_invalid_objects_total",
+                "Objects rejected as invalid (logged and skipped), by kind".to_string(),
+                "kind",
+            ),
+            invalid_reported: Mutex::new(BTreeMap::new()),
+            conntrack_cleanup_failures: counter(
+                "svcproxy_conntrack_cleanup_failures_total",
+                "Syncs whose UDP conntrack cleanup failed".to_string(),
+            ),
+            conntrack_entries_deleted: counter(
+                "svcproxy_conntrack_entries_deleted_total",
+                "Stale UDP conntrack entries deleted".to_string(),
+            ),
+            health_check_bind_failures: int_gauge(
+                "svcproxy_service_health_check_bind_failures",
+                "healthCheckNodePort servers that cannot currently listen on their port"
+                    .to_string(),
+            ),
+            registry: r,
+        };
+        // Series that exist from the start, so dashboards see zeros rather than gaps.
+        for policy in ["internal", "external"] {
+            m.no_local_endpoints.with_label_values(&[policy]).set(0);
+        }
+        for kind in Kind::ALL {
+            m.invalid_objects.with_label_values(&[kind.as_str()]);
+        }
+        Arc::new(m)
+    }
+
+    /// A successful sync that took `duration`.
+    pub fn observe_sync(&self, full: bool, duration: Duration) {
+        let secs = duration.as_secs_f64();
+        self.sync_duration.observe(secs);
+        if full {
+            self.sync_full_duration.observe(secs);
+        } else {
+            self.sync_partial_duration.observe(secs);
+        }
+        self.last_timestamp.set(unix_seconds(SystemTime::now()));
+    }
+
+    /// A failed attempt to apply the rules.
+    pub fn sync_failed(&self) {
+        self.nftables_sync_failures.inc();
+    }
+
+    /// A failed removal of stale chains or sets.
+    // Until the data plane reports cleanup failures apart from sync failures.
+    #[allow(dead_code)]
+    pub fn cleanup_failed(&self) {
+        self.nftables_cleanup_failures.inc();
+    }
+
+    /// A sync was queued at `when`.
+    pub fn queued(&self, when: SystemTime) {
+        self.last_queued_timestamp.set(unix_seconds(when));
+    }
+
+    /// Changes received but not yet synced.
+    pub fn set_pending_changes(&self, services: usize, endpoints: usize) {
+        self.service_changes_pending.set(to_i64(services));
+        self.endpoint_changes_pending.set(to_i64(endpoints));
+    }
+
+    /// Changes taken into a sync (the cumulative counters).
+    pub fn add_changes(&self, services: usize, endpoints: usize) {
+        self.service_changes_total.inc_by(services as u64);
+        self.endpoint_changes_total.inc_by(endpoints as u64);
+    }
+
+    /// Observes, for each `endpoints.kubernetes.io/last-change-trigger-time` of the
+    /// EndpointSlices a sync took in, the time from that change to `now` (negative
+    /// with clock skew, observed anyway as upstream). Unparsable values are skipped.
+    pub fn observe_network_programming(&self, trigger_times: &[String], now: SystemTime) {
+        for t in trigger_times {
+            match parse_rfc3339(t) {
+                Some(at) => {
+                    let latency = (unix_nanos(now) - unix_nanos(at)) as f64 / 1e9;
+                    self.network_programming_duration.observe(latency);
+                }
+                None => tracing::debug!(
+                    value = %t.escape_debug(),
+                    "ignoring an unparsable last-change-trigger-time"
+                ),
+            }
+        }
+    }
+
+    /// Services with a Local traffic policy and no local endpoints, per policy.
+    pub fn set_no_local_endpoints(&self, internal: usize, external: usize) {
+        self.no_local_endpoints
+            .with_label_values(&["internal"])
+            .set(to_i64(internal));
+        self.no_local_endpoints
+            .with_label_values(&["external"])
+            .set(to_i64(external));
+    }
+
+    /// The state's running totals of rejected objects per kind.
+    pub fn set_invalid_objects(&self, counts: &BTreeMap<Kind, u64>) {
+        let mut reported = self
+            .invalid_reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (&kind, &count) in counts {
+            let last = reported.entry(kind).or_insert(0);
+            if count > *last {
+                self.invalid_objects
+                    .with_label_values(&[kind.as_str()])
+                    .inc_by(count - *last);
+                *last = count;
+            }
+        }
+    }
+
+    /// One sync's UDP conntrack cleanup.
+    pub fn conntrack_cleanup(&self, deleted: usize, failed: bool) {
+        self.conntrack_entries_deleted.inc_by(deleted as u64);
+        if failed {
+            self.conntrack_cleanup_failures.inc();
+        }
+    }
+
+    pub fn set_health_check_bind_failures(&self, n: usize) {
+        self.health_check_bind_failures.set(to_i64(n));
+    }
+
+    pub fn count_healthz(&self, code: u16) {
+        self.healthz_total
+            .with_label_values(&[&code.to_string()])
+            .inc();
+    }
+
+    pub fn count_livez(&self, code: u16) {
+        self.livez_total
+            .with_label_values(&[&code.to_string()])
+            .inc();
+    }
+
+    /// Everything in the Prometheus text format 0.0.4.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!("encoding metrics: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+fn text(body: String, content_type: &'static str) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// The generic component `/healthz` kube-proxy installs on its metrics server (a
+/// ping check only: the proxy's own health is on the healthz port).
+fn ping_healthz(query: Option<String>) -> Response {
+    let verbose = query.as_deref().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv.split('=').next() == Some("verbose"))
+    });
+    let body = if verbose {
+        "[+]ping ok\nhealthz check passed\n"
+    } else {
+        "ok"
+    };
+    text(body.to_string(), "text/plain; charset=utf-8")
+}
+
+/// Serves `/metrics`, `/healthz` (and `/healthz/ping`) and `/proxyMode` on `listener`
+/// until `shutdown` completes.
+///
+/// `/healthz` here is what kube-proxy's metrics port answers: an "ok" ping, whatever
+/// the proxy's health (that is `--healthz-bind-address`'s job).
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    _health: Arc<ProxyHealth>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            any(|State(m): State<Arc<Metrics>>| async move {
+                text(m.render(), "text/plain; version=0.0.4; charset=utf-8")
+            }),
+        )
+        .route(
+            "/healthz",
+            any(|RawQuery(q): RawQuery| async move { ping_healthz(q) }),
+        )
+        .route(
+            "/healthz/ping",
+            any(|| async { text("ok".to_string(), "text/plain; charset=utf-8") }),
+        )
+        .route(
+            "/proxyMode",
+            any(|| async { text(PROXY_MODE.to_string(), "text/plain; charset=utf-8") }),
+        )
+        .with_state(metrics);
+    let addr = listener.local_addr().ok();
+    tracing::debug!(?addr, "serving /metrics");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| anyhow::anyhow!("metrics server on {addr:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_parse::{Scrape, Value};
+    use std::collections::{BTreeSet, HashMap};
+    use std::time::UNIX_EPOCH;
+
+    async fn scrape(m: Arc<Metrics>) -> (reqwest::header::HeaderMap, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(
+            listener,
+            m,
+            ProxyHealth::new(Duration::from_secs(60)),
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        let resp = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let headers = resp.headers().clone();
+        let body = resp.text().await.unwrap();
+        tx.send(()).unwrap();
+        task.await.unwrap().unwrap();
+        (headers, body)
+    }
+
+    fn parse(text: &str) -> Scrape {
+        Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+    }
+
+    /// The `# TYPE` of every family in `text`.
+    fn types(text: &str) -> HashMap<String, String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect()
+    }
+
+    fn label_sets(s: &Scrape, name: &str) -> BTreeSet<String> {
+        s.samples
+            .iter()
+            .filter(|x| x.metric == name)
+            .map(|x| x.labels.to_string())
+            .collect()
+    }
+
+    fn histogram<'a>(s: &'a Scrape, name: &str) -> &'a [prometheus_parse::HistogramCount] {
+        match s
+            .samples
+            .iter()
+            .find(|x| x.metric == name)
+            .map(|x| &x.value)
+        {
+            Some(Value::Histogram(b)) => b,
+            other => panic!("{name}: not a histogram: {other:?}"),
+        }
+    }
+
+    fn value(s: &Scrape, name: &str, labels: &str) -> f64 {
+        let sample = s
+            .samples
+            .iter()
+            .find(|x| x.metric == name && x.labels.to_string() == labels)
+            .unwrap_or_else(|| panic!("{name}{{{labels}}} missing"));
+        match sample.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            ref other => panic!("{name}: unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_under_upstream_names_types_and_labels() {
+        let m = Metrics::new();
+        let (headers, text) = scrape(m.clone()).await;
+        assert_eq!(
+            headers["content-type"],
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        let t = types(&text);
+        let expected = [
+            ("kubeproxy_sync_proxy_rules_duration_seconds", "histogram"),
+            (
+                "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                "histogram",
+            ),
+            (
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                "histogram",
+            ),
+            (
+                "kubeproxy_network_programming_duration_seconds",
+                "histogram",
+            ),
+            ("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "gauge"),
+            (
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "gauge",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "gauge",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                "counter",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "gauge",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_total",
+                "counter",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                "gauge",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                "counter",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                "counter",
+            ),
+            ("svcproxy_invalid_objects_total", "counter"),
+            ("svcproxy_conntrack_cleanup_failures_total", "counter"),
+            ("svcproxy_conntrack_entries_deleted_total", "counter"),
+            ("svcproxy_service_health_check_bind_failures", "gauge"),
+        ];
+        for (name, ty) in expected {
+            assert_eq!(t.get(name).map(String::as_str), Some(ty), "{name}");
+        }
+        let s = parse(&text);
+        assert_eq!(
+            s.docs["kubeproxy_sync_proxy_rules_duration_seconds"],
+            "[ALPHA] SyncProxyRules latency in seconds"
+        );
+        assert_eq!(
+            label_sets(&s, "kubeproxy_sync_proxy_rules_no_local_endpoints_total"),
+            BTreeSet::from([
+                r#"traffic_policy="external""#.to_string(),
+                r#"traffic_policy="internal""#.to_string()
+            ])
+        );
+        assert_eq!(
+            label_sets(&s, "svcproxy_invalid_objects_total"),
+            Kind::ALL
+                .iter()
+                .map(|k| format!(r#"kind="{}""#, k.as_str()))
+                .collect()
+        );
+        let sync = histogram(&s, "kubeproxy_sync_proxy_rules_duration_seconds");
+        let bounds: Vec<f64> = sync.iter().map(|b| b.less_than).collect();
+        let mut want: Vec<f64> = (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect();
+        want.push(f64::INFINITY);
+        assert_eq!(bounds, want);
+        assert!(
+            text.contains(r#"kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"} 0"#)
+        );
+        let np = histogram(&s, "kubeproxy_network_programming_duration_seconds");
+        let bounds: Vec<f64> = np.iter().map(|b| b.less_than).collect();
+        assert_eq!(bounds.len(), 1 + 2 + 59 + 12 + 7 + 1);
+        assert_eq!(&bounds[..5], &[0.0, 0.25, 0.5, 1.0, 2.0]);
+        assert_eq!(bounds[61], 59.0);
+        assert_eq!(&bounds[62..64], &[60.0, 65.0]);
+        assert_eq!(bounds[73], 115.0);
+        assert_eq!(
+            &bounds[74..],
+            &[
+                120.0,
+                150.0,
+                180.0,
+                210.0,
+                240.0,
+                270.0,
+                300.0,
+                f64::INFINITY
+            ]
+        );
+        // Counted only once answered, as upstream.
+        assert!(!text.contains("kubeproxy_proxy_healthz_total"));
+    }
+
+    #[tokio::test]
+    async fn observed_values_appear_in_the_scrape() {
+        let m = Metrics::new();
+        m.observe_sync(true, Duration::from_millis(3));
+        m.observe_sync(false, Duration::from_millis(20));
+        m.observe_sync(false, Duration::from_millis(20));
+        m.sync_failed();
+        m.cleanup_failed();
+        m.cleanup_failed();
+        m.queued(UNIX_EPOCH + Duration::from_millis(1_714_557_600_500));
+        m.set_pending_changes(2, 5);
+        m.add_changes(3, 7);
+        m.add_changes(1, 1);
+        let now = UNIX_EPOCH + Duration::from_secs(1_714_557_600);
+        m.observe_network_programming(
+            &[
+                "2024-05-01T09:59:59.7Z".to_string(),
+                "2024-05-01T09:59:30Z".to_string(),
+                "not a time".to_string(),
+            ],
+            now,
+        );
+        m.set_no_local_endpoints(4, 1);
+        m.set_invalid_objects(&BTreeMap::from([(Kind::Service, 2), (Kind::Node, 1)]));
+        m.set_invalid_objects(&BTreeMap::from([(Kind::Service, 3), (Kind::Node, 1)]));
+        m.conntrack_cleanup(12, false);
+        m.conntrack_cleanup(3, true);
+        m.set_health_check_bind_failures(1);
+        m.count_healthz(200);
+        m.count_healthz(503);
+        m.count_livez(200);
+        let (_, text) = scrape(m).await;
+        let s = parse(&text);
+
+        let full = histogram(&s, "kubeproxy_sync_full_proxy_rules_duration_seconds");
+        let at = |b: &[prometheus_parse::HistogramCount], le: f64| {
+            b.iter().find(|c| c.less_than == le).unwrap().count
+        };
+        assert_eq!(at(full, 0.002), 0.0);
+        assert_eq!(at(full, 0.004), 1.0);
+        let partial = histogram(&s, "kubeproxy_sync_partial_proxy_rules_duration_seconds");
+        assert_eq!(at(partial, 0.016), 0.0);
+        assert_eq!(at(partial, 0.032), 2.0);
+        let all = histogram(&s, "kubeproxy_sync_proxy_rules_duration_seconds");
+        assert_eq!(at(all, f64::INFINITY), 3.0);
+        assert_eq!(
+            value(&s, "kubeproxy_sync_proxy_rules_duration_seconds_count", ""),
+            3.0
+        );
+        let np = histogram(&s, "kubeproxy_network_programming_duration_seconds");
+        assert_eq!(at(np, 0.25), 0.0);
+        assert_eq!(at(np, 0.5), 1.0);
+        assert_eq!(at(np, 29.0), 1.0);
+        assert_eq!(at(np, 30.0), 2.0);
+        assert_eq!(at(np, f64::INFINITY), 2.0);
+
+        let last = value(&s, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", "");
+        let wall = unix_seconds(SystemTime::now());
+        assert!(last > wall - 60.0 && last <= wall, "{last}");
+        assert_eq!(
+            value(
+                &s,
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                ""
+            ),
+            1_714_557_600.5
+        );
+        for (name, labels, want) in [
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "",
+                2.0,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "",
+                5.0,
+            ),
+            ("kubeproxy_sync_proxy_rules_service_changes_total", "", 4.0),
+            ("kubeproxy_sync_proxy_rules_endpoint_changes_total", "", 8.0),
+            (
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                r#"traffic_policy="internal""#,
+                4.0,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                r#"traffic_policy="external""#,
+                1.0,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                "",
+                1.0,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                "",
+                2.0,
+            ),
+            ("svcproxy_invalid_objects_total", r#"kind="Service""#, 3.0),
+            ("svcproxy_invalid_objects_total", r#"kind="Node""#, 1.0),
+            (
+                "svcproxy_invalid_objects_total",
+                r#"kind="EndpointSlice""#,
+                0.0,
+            ),
+            ("svcproxy_conntrack_entries_deleted_total", "", 15.0),
+            ("svcproxy_conntrack_cleanup_failures_total", "", 1.0),
+            ("svcproxy_service_health_check_bind_failures", "", 1.0),
+            ("kubeproxy_proxy_healthz_total", r#"code="200""#, 1.0),
+            ("kubeproxy_proxy_healthz_total", r#"code="503""#, 1.0),
+            ("kubeproxy_proxy_livez_total", r#"code="200""#, 1.0),
+        ] {
+            assert_eq!(value(&s, name, labels), want, "{name}{{{labels}}}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_metrics_port_answers_healthz_and_proxy_mode_as_upstream() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Even an unhealthy proxy: this port's /healthz is a liveness ping.
+        let health = ProxyHealth::new(Duration::ZERO);
+        let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, Metrics::new(), health, async move {
+            let _ = rx.await;
+        }));
+        for (path, body) in [
+            ("/healthz", "ok"),
+            ("/healthz/ping", "ok"),
+            ("/healthz?verbose", "[+]ping ok\nhealthz check passed\n"),
+            ("/proxyMode", "nftables"),
+        ] {
+            let resp = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+            assert_eq!(resp.status(), 200, "{path}");
+            assert_eq!(
+                resp.headers()["content-type"],
+                "text/plain; charset=utf-8",
+                "{path}"
+            );
+            assert_eq!(resp.headers()["x-content-type-options"], "nosniff");
+            assert_eq!(resp.text().await.unwrap(), body, "{path}");
+        }
+        let resp = reqwest::get(format!("http://{addr}/livez")).await.unwrap();
+        assert_eq!(resp.status(), 404);
+    }
+}
