@@ -1,0 +1,306 @@
+//! UDP conntrack cleanup with real packets: a UDP client keeps sending from one
+//! source port to a ClusterIP; its endpoint is replaced; after svcproxy's next sync
+//! the same flow reaches the new endpoint — while the old backend keeps running, so
+//! only the deletion of the stale conntrack entry can move it. The control case
+//! applies the same rule change without cleanup (a fresh `svcproxy --once`, which has
+//! no previous snapshot to compare with) and shows the flow stuck on the removed
+//! endpoint, so the first test cannot pass by accident.
+//!
+//! Address plan (the harness's): service `dns` at `plan::cluster_ip(53)` port 53/UDP
+//! → the echo backends' 8080; endpoint A is pod-b0, B is pod-b1 (both behind
+//! node-b); the client is pod-a1, behind node-a, source port 40053. svcproxy runs in
+//! node-a (and node-b); the flow is NATed in node-a.
+//!
+//! Needs root (skips cleanly otherwise) and a `svcproxy` binary built from the
+//! current tree (`cargo build -p svcproxy` first, as for the other data-plane tests).
+
+// Shared with the other end-to-end test binaries; each uses only part of it.
+#[allow(dead_code)]
+#[path = "dataplane/support.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+use svcproxy_e2e::plan::{self, Family};
+use svcproxy_e2e::probe::ProbeLine;
+use svcproxy_e2e::{echo_bin, Attempt, Host, NsProcess, ProbeResult, Proto, NODE_A};
+
+const A: Host = Host::Pod(1, 0);
+const B: Host = Host::Pod(1, 1);
+const CLIENT: Host = Host::Pod(0, 1);
+const CLIENT_PORT: u16 = 40053;
+const FILE: &str = "svc-dns.yaml";
+/// How long the client sends at most (it stops by itself).
+const CLIENT_LIFETIME: Duration = Duration::from_secs(16);
+const INTERVAL_MS: u64 = 50;
+/// Bound on the flow moving after the manifests changed.
+const MOVE_DEADLINE: Duration = Duration::from_secs(5);
+
+fn dns() -> Svc {
+    Svc::new("dns", &[plan::cluster_ip(53, Family::V4)]).port(SvcPort::new(
+        "dns",
+        Proto::Udp,
+        53,
+        BACKEND_PORT,
+    ))
+}
+
+fn dns_file(endpoint: Host) -> String {
+    let svc = dns();
+    svc_file(&svc, &[Slice::of(&svc, Family::V4, &[endpoint])])
+}
+
+fn pod_ip(h: Host) -> std::net::IpAddr {
+    match h {
+        Host::Pod(n, p) => plan::pod_ip(n, p, Family::V4),
+        other => panic!("{other:?} is not a pod"),
+    }
+}
+
+/// The long-running client: one UDP request every 50 ms from `CLIENT_PORT`, each
+/// waiting up to 300 ms for its answer; stops by itself after `CLIENT_LIFETIME`.
+fn start_client(env: &Env) -> NsProcess {
+    let bin = echo_bin().expect("svcproxy-echo");
+    let bin = bin.to_string_lossy().into_owned();
+    let count = (CLIENT_LIFETIME.as_millis() as u64 / (INTERVAL_MS + 10)).to_string();
+    let target = sa(dns().cluster_ip(Family::V4), 53).to_string();
+    let port = CLIENT_PORT.to_string();
+    let interval = INTERVAL_MS.to_string();
+    let argv = [
+        bin.as_str(),
+        "probe",
+        "--proto",
+        "udp",
+        "--target",
+        &target,
+        "--count",
+        &count,
+        "--timeout-ms",
+        "300",
+        "--interval-ms",
+        &interval,
+        "--source-port",
+        &port,
+    ];
+    env.c
+        .spawn(CLIENT, "udp-client", &argv)
+        .expect("start the UDP client")
+}
+
+/// The client's attempts so far (complete lines only).
+fn attempts(client: &NsProcess) -> Vec<Attempt> {
+    let out = client.stdout();
+    out.lines()
+        .filter(|l| l.ends_with('}'))
+        .filter_map(|l| serde_json::from_str::<ProbeLine>(l).ok())
+        .map(Attempt::from)
+        .collect()
+}
+
+fn backend(a: &Attempt) -> &str {
+    match &a.result {
+        ProbeResult::Answered { backend, .. } => backend,
+        ProbeResult::TimedOut => "timeout",
+        ProbeResult::Refused => "refused",
+        _ => "other",
+    }
+}
+
+fn summary(attempts: &[Attempt]) -> String {
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for a in attempts {
+        match runs.last_mut() {
+            Some((b, n)) if b == backend(a) => *n += 1,
+            _ => runs.push((backend(a).to_string(), 1)),
+        }
+    }
+    runs.iter()
+        .map(|(b, n)| format!("{b}×{n}"))
+        .collect::<Vec<_>>()
+        .join(" → ")
+}
+
+/// Waits (bounded) until `done` holds for the client's attempts after the first
+/// `from`; returns them and whether it held.
+fn wait_attempts(
+    client: &NsProcess,
+    from: usize,
+    deadline: Duration,
+    done: impl Fn(&[Attempt]) -> bool,
+) -> (Vec<Attempt>, bool) {
+    let start = Instant::now();
+    loop {
+        let all = attempts(client);
+        let after = all.get(from..).unwrap_or_default().to_vec();
+        if done(&after) {
+            return (after, true);
+        }
+        if start.elapsed() >= deadline || client.exit_status().is_some() {
+            return (after, false);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The client is on `name`: at least `n` answers, the last `n` all from `name`.
+fn settled_on(name: &'static str, n: usize) -> impl Fn(&[Attempt]) -> bool {
+    move |a: &[Attempt]| a.len() >= n && a[a.len() - n..].iter().all(|x| backend(x) == name)
+}
+
+/// Every answered attempt came from our one source port (one conntrack entry).
+fn one_flow(ck: &mut Checks, attempts: &[Attempt]) {
+    let ports: Vec<u16> = attempts
+        .iter()
+        .filter_map(|a| a.local.map(|l| l.port()))
+        .collect();
+    ck.check(
+        !ports.is_empty() && ports.iter().all(|p| *p == CLIENT_PORT),
+        || format!("the client must send from port {CLIENT_PORT} only, saw {ports:?}"),
+    );
+}
+
+fn wait_rules_mention(env: &Env, ip: std::net::IpAddr, present: bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let rules = env.ruleset(NODE_A);
+        let has = rules
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .any(|t| t == ip.to_string());
+        if has == present {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one() {
+    let Some(env) = Env::start(EnvSpec::default(), &[(FILE, dns_file(A))]) else {
+        return;
+    };
+    let mut ck = Checks::new("conntrack cleanup");
+    let client = start_client(&env);
+    let (before, ok) = wait_attempts(&client, 0, Duration::from_secs(5), settled_on("pod-b0", 5));
+    ck.check(ok, || {
+        format!(
+            "before the change the flow must reach pod-b0: {}",
+            summary(&before)
+        )
+    });
+
+    // Replace A by B; A's backend keeps running, so a stale entry would keep working.
+    let mark = attempts(&client).len();
+    let changed = Instant::now();
+    env.write(FILE, &dns_file(B));
+    ck.check(wait_rules_mention(&env, pod_ip(B), true), || {
+        "svcproxy on node-a did not program pod-b1 within 10 s".into()
+    });
+    let synced = changed.elapsed();
+    let (after, moved) = wait_attempts(&client, mark, MOVE_DEADLINE, settled_on("pod-b1", 1));
+    let took = changed.elapsed();
+    ck.check(moved, || {
+        format!(
+            "the flow must reach pod-b1 within {MOVE_DEADLINE:?} of the change (rules synced \
+             after {synced:?}); got {}",
+            summary(&after)
+        )
+    });
+    // And it stays there: ten more attempts, all to B.
+    let first_b = after.iter().position(|a| backend(a) == "pod-b1");
+    if let Some(i) = first_b {
+        let (rest, ok) =
+            wait_attempts(&client, mark + i, Duration::from_secs(3), |a| a.len() >= 10);
+        ck.check(ok && rest.iter().all(|a| backend(a) == "pod-b1"), || {
+            format!(
+                "once moved, the flow must stay on pod-b1: {}",
+                summary(&rest)
+            )
+        });
+    }
+    one_flow(&mut ck, &attempts(&client));
+    eprintln!(
+        "[conntrack] rules synced {synced:?} after the change, flow on pod-b1 after {took:?}: {}",
+        summary(&attempts(&client))
+    );
+    // The move is svcproxy's doing: it says it deleted the stale entry.
+    let start = Instant::now();
+    let deleted = loop {
+        let logs = env.proxy_logs();
+        if logs.contains("deleted stale UDP conntrack entries") || start.elapsed() > ANSWER {
+            break logs;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    ck.check(
+        deleted.contains("deleted stale UDP conntrack entries")
+            && !deleted.contains("conntrack cleanup failed"),
+        || format!("svcproxy must report deleting the stale entry:\n{deleted}"),
+    );
+    ck.finish(&env);
+}
+
+#[test]
+fn without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint() {
+    let spec = EnvSpec {
+        start_proxies: false,
+        ..EnvSpec::default()
+    };
+    let Some(env) = Env::start(spec, &[(FILE, dns_file(A))]) else {
+        return;
+    };
+    let mut ck = Checks::new("no conntrack cleanup");
+    let once = |what: &str| {
+        let mut args = env.proxy_args(NODE_A);
+        args.push("--once".into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = env.run_svcproxy(NODE_A, &args);
+        assert!(
+            out.status.success(),
+            "svcproxy --once ({what}) failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    once("initial rules");
+    let client = start_client(&env);
+    let (before, ok) = wait_attempts(&client, 0, Duration::from_secs(5), settled_on("pod-b0", 5));
+    ck.check(ok, || {
+        format!(
+            "before the change the flow must reach pod-b0: {}",
+            summary(&before)
+        )
+    });
+
+    // The same change, applied by a fresh process: a first sync, no previous
+    // snapshot, so no conntrack cleanup.
+    let mark = attempts(&client).len();
+    env.write(FILE, &dns_file(B));
+    once("new rules");
+    ck.check(wait_rules_mention(&env, pod_ip(A), false), || {
+        "the new rules must not mention pod-b0".into()
+    });
+    ck.check(wait_rules_mention(&env, pod_ip(B), true), || {
+        "the new rules must send to pod-b1".into()
+    });
+    // A new flow (another source port) follows the new rules...
+    let fresh = env.probe(
+        CLIENT,
+        Proto::Udp,
+        sa(dns().cluster_ip(Family::V4), 53),
+        3,
+        ANSWER,
+    );
+    ck.answered_by("a new UDP flow after the change", &fresh, &["pod-b1"]);
+    // ...while the old one stays on the removed endpoint for as long as we look.
+    let (after, ok) = wait_attempts(&client, mark, Duration::from_secs(4), |a| a.len() >= 30);
+    ck.check(ok && after.iter().all(|a| backend(a) == "pod-b0"), || {
+        format!(
+            "without cleanup the old flow should stay on pod-b0 (the stale entry), got {}",
+            summary(&after)
+        )
+    });
+    one_flow(&mut ck, &attempts(&client));
+    eprintln!("[conntrack] control: {}", summary(&attempts(&client)));
+    ck.finish(&env);
+}

@@ -1,0 +1,287 @@
+//! The operator-facing servers of a real svcproxy daemon, over real HTTP between network
+//! namespaces: healthCheckNodePort servers as a cloud load balancer sees them (from
+//! outside the cluster, through the node's nftables), /healthz and /livez on
+//! 10256, /metrics on 127.0.0.1:10249, an address already in use, and SIGTERM closing
+//! the servers while the rules stay.
+//!
+//! HTTP requests are made with bash's /dev/tcp inside the client's namespace (no extra
+//! tools), one `Connection: close` request each.
+
+// Shared with the other end-to-end test binaries; each uses only part of it.
+#[allow(dead_code)]
+#[path = "dataplane/support.rs"]
+mod support;
+
+use std::net::IpAddr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::*;
+use svcproxy_e2e::plan::{self, Family};
+use svcproxy_e2e::{Host, Proto, NODE_A, NODE_B};
+
+const A0: Host = Host::Pod(NODE_A, 0);
+const B0: Host = Host::Pod(NODE_B, 0);
+const HC_PORT: u16 = 32100;
+
+/// One HTTP answer: status code, headers (lowercased names) and body.
+#[derive(Debug, Default)]
+struct Answer {
+    code: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// GET `path` from `ip:port`, made inside `from`'s namespace. `None`: no answer
+/// (refused, timed out).
+fn get(env: &Env, from: Host, ip: IpAddr, port: u16, path: &str) -> Option<Answer> {
+    let script = format!(
+        "exec 3<>/dev/tcp/{ip}/{port} || exit 7; \
+         printf 'GET {path} HTTP/1.1\\r\\nHost: svcproxy\\r\\nConnection: close\\r\\n\\r\\n' >&3; \
+         cat <&3"
+    );
+    let out = env.c.exec(from, &["timeout", "3", "bash", "-c", &script]);
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let code = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some(Answer {
+        code,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+/// Polls until `ok` accepts an answer (or none), bounded.
+fn get_until(
+    env: &Env,
+    from: Host,
+    ip: IpAddr,
+    port: u16,
+    path: &str,
+    ok: impl Fn(&Option<Answer>) -> bool,
+) -> (Option<Answer>, Option<Duration>) {
+    let start = Instant::now();
+    loop {
+        let a = get(env, from, ip, port, path);
+        if ok(&a) {
+            return (a, Some(start.elapsed()));
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            return (a, None);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn lb_local() -> Svc {
+    Svc::dual("lb", 120)
+        .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT).node_port(30120))
+        .load_balancer()
+        .etp_local(HC_PORT)
+}
+
+fn lb_file(svc: &Svc, pods: &[Host]) -> String {
+    let slices: Vec<Slice> = svc
+        .cluster_ips
+        .iter()
+        .map(|ip| Slice::of(svc, Family::of(*ip), pods))
+        .collect();
+    svc_file(svc, &slices)
+}
+
+fn local_endpoints(a: &Answer) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(&a.body).ok()?;
+    v["localEndpoints"].as_u64()
+}
+
+#[test]
+fn health_check_node_ports_follow_local_endpoints_for_a_load_balancer() {
+    let lb = lb_local();
+    let Some(env) = Env::start(EnvSpec::default(), &[("svc-lb.yaml", lb_file(&lb, &[A0]))]) else {
+        return;
+    };
+    let mut ck = Checks::new("health-check-node-ports");
+    let node_ip = |n, f| plan::node_ip(n, f);
+
+    // node-a has the only endpoint: 200 there, 503 on node-b; both families.
+    for f in Family::BOTH {
+        let (a, _) = get_until(&env, Host::Ext, node_ip(NODE_A, f), HC_PORT, "/", |a| {
+            a.as_ref().is_some_and(|a| a.code == 200)
+        });
+        match &a {
+            Some(a) => {
+                ck.check(a.code == 200, || format!("{f:?} node-a: {a:?}"));
+                ck.check(
+                    a.header("x-load-balancing-endpoint-weight") == Some("1"),
+                    || format!("{f:?} node-a weight header: {a:?}"),
+                );
+                ck.check(a.header("content-type") == Some("application/json"), || {
+                    format!("{f:?} content type: {a:?}")
+                });
+                let v: serde_json::Value =
+                    serde_json::from_str(&a.body).unwrap_or(serde_json::Value::Null);
+                ck.check(
+                    v["service"]["namespace"] == NS
+                        && v["service"]["name"] == "lb"
+                        && v["localEndpoints"] == 1
+                        && v["serviceProxyHealthy"] == true,
+                    || format!("{f:?} node-a body: {}", a.body),
+                );
+            }
+            None => {
+                ck.check(false, || format!("{f:?} node-a:{HC_PORT} did not answer"));
+            }
+        }
+        let b = get(&env, Host::Ext, node_ip(NODE_B, f), HC_PORT, "/");
+        ck.check(
+            b.as_ref()
+                .is_some_and(|b| b.code == 503 && local_endpoints(b) == Some(0)),
+            || format!("{f:?} node-b: {b:?}"),
+        );
+    }
+
+    // The endpoint moves to node-b: node-a 200 → 503, node-b 503 → 200.
+    env.write("svc-lb.yaml", &lb_file(&lb, &[B0]));
+    for f in Family::BOTH {
+        let (a, took) = get_until(&env, Host::Ext, node_ip(NODE_A, f), HC_PORT, "/", |a| {
+            a.as_ref().is_some_and(|a| a.code == 503)
+        });
+        ck.check(took.is_some(), || {
+            format!("{f:?} node-a did not turn 503: {a:?}")
+        });
+        let (b, took) = get_until(&env, Host::Ext, node_ip(NODE_B, f), HC_PORT, "/", |a| {
+            a.as_ref().is_some_and(|a| a.code == 200)
+        });
+        ck.check(took.is_some(), || {
+            format!("{f:?} node-b did not turn 200: {b:?}")
+        });
+    }
+
+    // The service goes away: the servers close.
+    env.remove("svc-lb.yaml");
+    let (a, took) = get_until(
+        &env,
+        Host::Ext,
+        node_ip(NODE_B, Family::V4),
+        HC_PORT,
+        "/",
+        Option::is_none,
+    );
+    ck.check(took.is_some(), || {
+        format!("node-b still answers on {HC_PORT} after the service was deleted: {a:?}")
+    });
+    ck.finish(&env);
+}
+
+#[test]
+fn healthz_livez_metrics_address_in_use_and_sigterm() {
+    let lb = lb_local();
+    let Some(env) = Env::start(EnvSpec::default(), &[("svc-lb.yaml", lb_file(&lb, &[A0]))]) else {
+        return;
+    };
+    let mut ck = Checks::new("health-and-metrics");
+    let a4 = plan::node_ip(NODE_A, Family::V4);
+
+    // /healthz and /livez answer on every address (0.0.0.0:10256), here from outside.
+    for path in ["/healthz", "/livez"] {
+        let (a, _) = get_until(&env, Host::Ext, a4, 10256, path, |a| {
+            a.as_ref().is_some_and(|a| a.code == 200)
+        });
+        let body: serde_json::Value = a
+            .as_ref()
+            .and_then(|a| serde_json::from_str(&a.body).ok())
+            .unwrap_or_default();
+        ck.check(
+            a.as_ref().is_some_and(|a| a.code == 200)
+                && body["lastUpdated"].is_string()
+                && body["currentTime"].is_string(),
+            || format!("{path} on node-a: {a:?}"),
+        );
+    }
+
+    // /metrics only on the node's loopback.
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let m = get(&env, Host::Node(NODE_A), loopback, 10249, "/metrics");
+    let text = m.as_ref().map(|m| m.body.clone()).unwrap_or_default();
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+    ] {
+        ck.check(text.contains(name), || {
+            format!("/metrics lacks {name}: {m:?}")
+        });
+    }
+    // node-b has no local endpoint for the eTP Local service, in both families.
+    let mb = get(&env, Host::Node(NODE_B), loopback, 10249, "/metrics");
+    let text_b = mb.map(|m| m.body).unwrap_or_default();
+    ck.check(
+        text_b
+            .lines()
+            .any(|l| l == "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2"),
+        || format!("node-b's no-local-endpoint gauge: {text_b}"),
+    );
+    ck.check(
+        get(&env, Host::Ext, a4, 10249, "/metrics").is_none(),
+        || "/metrics answered from outside the node".to_string(),
+    );
+
+    // A second svcproxy on node-a cannot bind 10256: a clear error, not a panic.
+    let args = env.proxy_args(NODE_A);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.run_svcproxy(NODE_A, &argv);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ck.check(
+        !out.status.success()
+            && stderr.contains("10256")
+            && stderr.contains("healthz-bind-address")
+            && !stderr.contains("panicked"),
+        || format!("second svcproxy: {}\n{stderr}", out.status),
+    );
+
+    // SIGTERM: the servers close, the rules stay.
+    let proxy = env
+        .proxies
+        .iter()
+        .find(|p| p.label() == "svcproxy-node-a")
+        .expect("node-a's svcproxy");
+    let pid = proxy.pid().expect("pid").to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.exit_status().is_none() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let status = proxy.exit_status();
+    ck.check(status.is_some_and(|s| s.success()), || {
+        format!("svcproxy after SIGTERM: {status:?}")
+    });
+    ck.check(
+        get(&env, Host::Ext, a4, 10256, "/healthz").is_none(),
+        || "/healthz still answers after SIGTERM".to_string(),
+    );
+    ck.check(
+        env.has_table(NODE_A, "ip") && env.has_table(NODE_A, "ip6"),
+        || "SIGTERM removed the rules".to_string(),
+    );
+    ck.finish(&env);
+}
