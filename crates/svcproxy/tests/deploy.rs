@@ -1,0 +1,377 @@
+//! The manifests in `deploy/` against svcproxy itself.
+//!
+//! `scripts/validate-manifests.sh` checks them against the Kubernetes API schemas, but
+//! those do not cover the KubeProxyConfiguration embedded in the ConfigMap, nor whether
+//! the DaemonSet agrees with it. Here: the embedded config goes through the real binary
+//! (strict parsing, resolution, a full render) without a warning, and the DaemonSet
+//! mounts it where `--config` looks, probes the port `healthzBindAddress` binds, and
+//! runs with the identity and privileges the rest of deploy/ sets up.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize as _;
+use serde_yaml::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every object in deploy/*.yaml (multi-document), with the file it came from.
+fn objects() -> Vec<(String, Value)> {
+    let dir = repo().join("deploy");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .filter(|p| p.file_stem().is_none_or(|s| s != "kustomization"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if !v.is_null() {
+                out.push((name.clone(), v));
+            }
+        }
+    }
+    out
+}
+
+/// The one object of `kind` in deploy/.
+fn the(kind: &str) -> Value {
+    let found: Vec<Value> = objects()
+        .into_iter()
+        .filter(|(_, v)| v["kind"] == kind)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(found.len(), 1, "expected one {kind} in deploy/");
+    found.into_iter().next().unwrap()
+}
+
+fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what}: expected a string, got {v:?}"))
+}
+
+fn seq<'a>(v: &'a Value, what: &str) -> &'a [Value] {
+    v.as_sequence()
+        .map(Vec::as_slice)
+        .unwrap_or_else(|| panic!("{what}: expected a list, got {v:?}"))
+}
+
+fn strings(v: &Value, what: &str) -> Vec<String> {
+    seq(v, what)
+        .iter()
+        .map(|s| str_of(s, what).to_string())
+        .collect()
+}
+
+fn container(ds: &Value) -> &Value {
+    let cs = seq(&ds["spec"]["template"]["spec"]["containers"], "containers");
+    assert_eq!(cs.len(), 1, "the DaemonSet should run one container");
+    &cs[0]
+}
+
+/// The value of `--NAME=VALUE` or `--NAME VALUE` in the container's command line.
+fn flag(c: &Value, name: &str) -> Option<String> {
+    let mut argv = Vec::new();
+    for key in ["command", "args"] {
+        if !c[key].is_null() {
+            argv.extend(strings(&c[key], key));
+        }
+    }
+    let long = format!("--{name}");
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix(&format!("{long}=")) {
+            return Some(v.to_string());
+        }
+        if *a == long {
+            return it.next().cloned();
+        }
+    }
+    None
+}
+
+/// The ConfigMap key the DaemonSet's `--config` reads, with the ConfigMap: the path
+/// must be inside a read-only mount of a volume built from that ConfigMap.
+fn mounted_config(ds: &Value) -> (Value, String) {
+    let c = container(ds);
+    let config = flag(c, "config").expect("the DaemonSet passes no --config");
+    let config = Path::new(&config);
+    let pod = &ds["spec"]["template"]["spec"];
+    for m in seq(&c["volumeMounts"], "volumeMounts") {
+        let mount = Path::new(str_of(&m["mountPath"], "mountPath"));
+        let Ok(rel) = config.strip_prefix(mount) else {
+            continue;
+        };
+        let rel = rel.to_str().unwrap().to_string();
+        assert_eq!(m["readOnly"], true, "the config mount should be read-only");
+        let vol_name = &m["name"];
+        let vol = seq(&pod["volumes"], "volumes")
+            .iter()
+            .find(|v| v["name"] == *vol_name)
+            .unwrap_or_else(|| panic!("volumeMount {vol_name:?} has no volume"));
+        let cm_name = str_of(&vol["configMap"]["name"], "volume's configMap.name");
+        let cm = the("ConfigMap");
+        assert_eq!(
+            cm["metadata"]["name"], cm_name,
+            "the config volume names ConfigMap {cm_name:?}, deploy/ has another"
+        );
+        // A volume with `items` maps keys to paths; without, each key is a file.
+        let key = match vol["configMap"]["items"].as_sequence() {
+            Some(items) => str_of(
+                &items
+                    .iter()
+                    .find(|i| i["path"] == rel.as_str())
+                    .unwrap_or_else(|| panic!("no configMap item has path {rel:?}"))["key"],
+                "items[].key",
+            )
+            .to_string(),
+            None => rel,
+        };
+        assert!(
+            cm["data"][key.as_str()].is_string(),
+            "--config={} reads key {key:?}, which ConfigMap {cm_name} does not have",
+            config.display()
+        );
+        return (cm, key);
+    }
+    panic!(
+        "--config={} is not inside any volumeMount",
+        config.display()
+    );
+}
+
+/// The embedded KubeProxyConfiguration's text.
+fn config_text() -> String {
+    let (cm, key) = mounted_config(&the("DaemonSet"));
+    str_of(&cm["data"][key.as_str()], "config").to_string()
+}
+
+/// The port `healthzBindAddress` binds (kube-proxy's rules: empty means 0.0.0.0:10256,
+/// a bare IP means port 10256), and whether it binds a loopback address.
+fn healthz_bind(config: &Value) -> (String, u16) {
+    let addr = config["healthzBindAddress"].as_str().unwrap_or("");
+    if addr.is_empty() {
+        return ("0.0.0.0".into(), 10256);
+    }
+    if let Ok(sa) = addr.parse::<std::net::SocketAddr>() {
+        return (sa.ip().to_string(), sa.port());
+    }
+    let ip: std::net::IpAddr = addr
+        .parse()
+        .unwrap_or_else(|_| panic!("healthzBindAddress {addr:?} is not IP[:PORT]"));
+    (ip.to_string(), 10256)
+}
+
+#[test]
+fn configmap_config_is_accepted_by_svcproxy_without_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, config_text()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+        .current_dir(repo())
+        .arg("render")
+        .arg("--config")
+        .arg(&file)
+        .args(["--hostname-override", "node-a"])
+        .args(["--manifests", "examples/cluster"])
+        // The verbosity the config asks for, not the developer's.
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "svcproxy render with deploy/'s config failed ({}):\n{stderr}",
+        out.status
+    );
+    let complaints: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            let l = l.to_lowercase();
+            l.contains("warn") || l.contains("unknown") || l.contains("ignor")
+        })
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "svcproxy complains about deploy/'s config:\n{}",
+        complaints.join("\n")
+    );
+    assert!(
+        stdout.contains("table ip svcproxy"),
+        "render printed no ruleset:\n{stdout}"
+    );
+}
+
+#[test]
+fn configmap_config_leaves_conntrack_sysctls_alone() {
+    // Without privileges /proc/sys is read-only in the container: a config that asks
+    // for conntrack tuning would fail (or warn) on every start.
+    let config: Value = serde_yaml::from_str(&config_text()).unwrap();
+    let ct = &config["conntrack"];
+    assert_eq!(ct["maxPerCore"], 0, "conntrack.maxPerCore must be 0");
+    for field in [
+        "tcpEstablishedTimeout",
+        "tcpCloseWaitTimeout",
+        "udpTimeout",
+        "udpStreamTimeout",
+    ] {
+        assert_eq!(ct[field], "0s", "conntrack.{field} must be 0s");
+    }
+    assert_ne!(
+        ct["tcpBeLiberal"], true,
+        "conntrack.tcpBeLiberal writes a sysctl"
+    );
+}
+
+#[test]
+fn daemonset_agrees_with_configmap() {
+    let ds = the("DaemonSet");
+    let c = container(&ds);
+    let config: Value = serde_yaml::from_str(&config_text()).unwrap();
+
+    // The node name from the downward API.
+    assert_eq!(
+        flag(c, "hostname-override").as_deref(),
+        Some("$(NODE_NAME)")
+    );
+    let node_name = seq(&c["env"], "env")
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .expect("no NODE_NAME env");
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    // Flags the config file replaces would be ignored (with a warning): keep them out.
+    for f in [
+        "healthz-bind-address",
+        "metrics-bind-address",
+        "proxy-mode",
+        "cluster-cidr",
+    ] {
+        assert_eq!(
+            flag(c, f),
+            None,
+            "--{f} is ignored with --config; set it in the ConfigMap"
+        );
+    }
+
+    // The probes hit the health server where the config binds it.
+    let (ip, port) = healthz_bind(&config);
+    let loopback = ip.parse::<std::net::IpAddr>().unwrap().is_loopback();
+    assert!(
+        !loopback,
+        "healthzBindAddress {ip} is unreachable by the kubelet's probes"
+    );
+    let port_of = |probe: &Value, what: &str| -> u16 {
+        let p = &probe["httpGet"]["port"];
+        if let Some(n) = p.as_u64() {
+            return n as u16;
+        }
+        let name = str_of(p, what);
+        let named = seq(&c["ports"], "ports")
+            .iter()
+            .find(|cp| cp["name"] == name)
+            .unwrap_or_else(|| panic!("{what}: no container port named {name:?}"));
+        named["containerPort"].as_u64().unwrap() as u16
+    };
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/healthz")] {
+        let p = &c[probe];
+        assert_eq!(p["httpGet"]["path"], path, "{probe} path");
+        assert_eq!(
+            port_of(p, probe),
+            port,
+            "{probe} probes a port that healthzBindAddress ({ip}:{port}) does not bind"
+        );
+        assert!(
+            p["httpGet"]["scheme"].is_null() || p["httpGet"]["scheme"] == "HTTP",
+            "{probe}: the health server speaks plain HTTP"
+        );
+    }
+    for cp in c["ports"].as_sequence().into_iter().flatten() {
+        if cp["name"] == "healthz" {
+            assert_eq!(cp["containerPort"].as_u64(), Some(port.into()));
+        }
+    }
+}
+
+#[test]
+fn daemonset_runs_as_its_service_account_with_only_network_privileges() {
+    let ds = the("DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = container(&ds);
+    assert_eq!(
+        pod["hostNetwork"], true,
+        "the rules live in the node's netns"
+    );
+
+    let sc = &c["securityContext"];
+    assert_ne!(sc["privileged"], true);
+    let mut add = strings(&sc["capabilities"]["add"], "capabilities.add");
+    add.sort();
+    assert_eq!(add, ["NET_ADMIN", "NET_RAW"]);
+    assert_eq!(
+        strings(&sc["capabilities"]["drop"], "capabilities.drop"),
+        ["ALL"]
+    );
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    for v in seq(&pod["volumes"], "volumes") {
+        assert!(v["hostPath"].is_null(), "no host paths are needed: {v:?}");
+    }
+
+    // The ServiceAccount exists and is what the ClusterRoleBinding binds.
+    let sa_name = str_of(&pod["serviceAccountName"], "serviceAccountName");
+    let sa = the("ServiceAccount");
+    assert_eq!(sa["metadata"]["name"], sa_name);
+    assert_eq!(sa["metadata"]["namespace"], ds["metadata"]["namespace"]);
+    let crb = the("ClusterRoleBinding");
+    assert!(seq(&crb["subjects"], "subjects").iter().any(|s| {
+        s["kind"] == "ServiceAccount"
+            && s["name"] == sa_name
+            && s["namespace"] == ds["metadata"]["namespace"]
+    }));
+    let role = the("ClusterRole");
+    assert_eq!(crb["roleRef"]["name"], role["metadata"]["name"]);
+
+    // And the role lets it read what the API source watches.
+    let allows = |group: &str, resource: &str, verb: &str| {
+        seq(&role["rules"], "rules").iter().any(|r| {
+            strings(&r["apiGroups"], "apiGroups")
+                .iter()
+                .any(|g| g == group)
+                && strings(&r["resources"], "resources")
+                    .iter()
+                    .any(|x| x == resource)
+                && strings(&r["verbs"], "verbs").iter().any(|v| v == verb)
+        })
+    };
+    for (group, resource) in [
+        ("", "services"),
+        ("", "nodes"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("networking.k8s.io", "servicecidrs"),
+    ] {
+        for verb in ["get", "list", "watch"] {
+            assert!(
+                allows(group, resource, verb),
+                "cannot {verb} {group}/{resource}"
+            );
+        }
+    }
+    for group in ["", "events.k8s.io"] {
+        for verb in ["create", "patch"] {
+            assert!(
+                allows(group, "events", verb),
+                "cannot {verb} {group}/events"
+            );
+        }
+    }
+}
