@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Resident memory of svcproxy watching a large cluster.
+#
+# Serves a generated cluster with svcproxy-fakeapi (default: 10000 Services with 10
+# endpoints each, i.e. 100k endpoints, and 5000 Nodes), runs
+#   svcproxy snapshot --watch --format json --kubeconfig ... --hostname-override node-1
+# against it and, once the first snapshot line is printed, reads VmHWM (peak RSS) and
+# VmRSS from /proc/PID/status. The same is done first against an empty cluster (the
+# baseline); both are printed with the difference and the time to the first snapshot.
+#
+# Usage: scripts/bench-memory.sh [--services N] [--endpoints-per-service M]
+#          [--nodes K] [--hostname NAME] [--timeout SECS] [--settle SECS] [--no-build]
+# --settle SECS: also read VmRSS again SECS after the first snapshot (default 0: no).
+# Linux only (/proc). Needs no privileges: snapshot mode touches no kernel state.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+services=10000
+endpoints=10
+nodes=5000
+hostname=node-1
+timeout_s=300
+settle=0
+build=1
+
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --services) services=$2; shift 2 ;;
+        --endpoints-per-service) endpoints=$2; shift 2 ;;
+        --nodes) nodes=$2; shift 2 ;;
+        --hostname) hostname=$2; shift 2 ;;
+        --timeout) timeout_s=$2; shift 2 ;;
+        --settle) settle=$2; shift 2 ;;
+        --no-build) build=0; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+for v in "$services" "$endpoints" "$nodes" "$timeout_s" "$settle"; do
+    case "$v" in ''|*[!0-9]*) echo "not a non-negative integer: $v" >&2; exit 2 ;; esac
+done
+
+if [ "$build" = 1 ]; then
+    cargo build --release -p svcproxy -p svcproxy-fakeapi >&2
+fi
+target_dir=${CARGO_TARGET_DIR:-target}
+svcproxy=$target_dir/release/svcproxy
+fakeapi=$target_dir/release/svcproxy-fakeapi
+for b in "$svcproxy" "$fakeapi"; do
+    [ -x "$b" ] || { echo "missing $b (build it, or drop --no-build)" >&2; exit 1; }
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/svcproxy-bench.XXXXXX")
+pids=()
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+# A /proc/PID/status field (kB) in MiB.
+mib() { awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024; found = 1 } END { if (!found) print "n/a" }' "/proc/$2/status"; }
+
+# run_case LABEL SERVICES ENDPOINTS NODES: sets hwm, rss, ttfs (and rss_settled).
+run_case() {
+    local label=$1 n_svc=$2 n_eps=$3 n_nodes=$4
+    local dir=$work/$label
+    mkdir -p "$dir"
+    "$fakeapi" --listen 127.0.0.1:0 --kubeconfig-out "$dir/kubeconfig" \
+        --services "$n_svc" --endpoints-per-service "$n_eps" --nodes "$n_nodes" \
+        >"$dir/fakeapi.out" 2>"$dir/fakeapi.err" &
+    local api=$!
+    pids+=("$api")
+    local deadline=$((SECONDS + timeout_s))
+    until grep -qx ready "$dir/fakeapi.out" 2>/dev/null; do
+        if ! kill -0 "$api" 2>/dev/null; then
+            echo "[$label] svcproxy-fakeapi exited:" >&2; cat "$dir/fakeapi.err" >&2; exit 1
+        fi
+        if [ $SECONDS -ge $deadline ]; then
+            echo "[$label] svcproxy-fakeapi not ready within ${timeout_s}s" >&2; exit 1
+        fi
+        sleep 0.1
+    done
+    echo "[$label] $(tail -n 1 "$dir/fakeapi.err")" >&2
+
+    local start
+    start=$(now)
+    "$svcproxy" snapshot --watch --format json --kubeconfig "$dir/kubeconfig" \
+        --hostname-override "$hostname" >"$dir/snapshots" 2>"$dir/svcproxy.err" &
+    local proxy=$!
+    pids+=("$proxy")
+    deadline=$((SECONDS + timeout_s))
+    # The first snapshot is complete once its line is terminated.
+    while [ "$(wc -l <"$dir/snapshots")" -lt 1 ]; do
+        if ! kill -0 "$proxy" 2>/dev/null; then
+            echo "[$label] svcproxy exited before its first snapshot:" >&2
+            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
+        fi
+        if [ $SECONDS -ge $deadline ]; then
+            echo "[$label] no snapshot within ${timeout_s}s; svcproxy's log:" >&2
+            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
+        fi
+        sleep 0.05
+    done
+    ttfs=$(elapsed "$start" "$(now)")
+    hwm=$(mib VmHWM "$proxy")
+    rss=$(mib VmRSS "$proxy")
+    rss_settled=
+    if [ "$settle" -gt 0 ]; then
+        sleep "$settle"
+        rss_settled=$(mib VmRSS "$proxy")
+    fi
+    local bytes
+    bytes=$(head -n 1 "$dir/snapshots" | wc -c)
+    echo "[$label] first snapshot after ${ttfs}s ($bytes bytes): VmHWM $hwm MiB, VmRSS $rss MiB" >&2
+    kill "$proxy" "$api" 2>/dev/null || true
+    wait "$proxy" 2>/dev/null || true
+    wait "$api" 2>/dev/null || true
+}
+
+run_case baseline 0 0 0
+base_hwm=$hwm base_rss=$rss base_ttfs=$ttfs base_settled=$rss_settled
+run_case large "$services" "$endpoints" "$nodes"
+
+diff() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a") print "n/a"; else printf "%.1f", b - a }'; }
+echo
+echo "svcproxy memory: $services services x $endpoints endpoints ($((services * endpoints)) endpoints), $nodes nodes"
+printf '%-10s %12s %12s %14s%s\n' case "VmHWM MiB" "VmRSS MiB" "first snap s" "$([ "$settle" -gt 0 ] && printf ' %14s' "RSS +${settle}s MiB")"
+printf '%-10s %12s %12s %14s%s\n' baseline "$base_hwm" "$base_rss" "$base_ttfs" "$([ "$settle" -gt 0 ] && printf ' %14s' "$base_settled")"
+printf '%-10s %12s %12s %14s%s\n' large "$hwm" "$rss" "$ttfs" "$([ "$settle" -gt 0 ] && printf ' %14s' "$rss_settled")"
+printf '%-10s %12s %12s\n' difference "$(diff "$base_hwm" "$hwm")" "$(diff "$base_rss" "$rss")"
