@@ -1,17 +1,21 @@
 //! `svcproxy snapshot` output: the JSON contract scripts rely on, and a table for people.
 //!
-//! Entry points: [`snapshot_json`] and [`snapshot_table`]. The JSON shape is documented
+//! Entry points: [`write_snapshot_json`] (streamed), [`snapshot_json`] and
+//! [`snapshot_table`]. The JSON shape is documented
 //! in README.md; fields are only ever added, never renamed or retyped.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Value};
 
 use crate::model::{Endpoint, IpMode};
 use crate::problem::Problem;
 use crate::snapshot::{NodeSnapshot, ServicePortView};
 
-fn endpoint_list(eps: &Option<Vec<Endpoint>>) -> Value {
+fn endpoint_list(eps: &Option<Vec<Arc<Endpoint>>>) -> Value {
     match eps {
         None => Value::Null,
         Some(v) => Value::Array(v.iter().map(|e| Value::String(e.to_string())).collect()),
@@ -57,41 +61,89 @@ fn view_json(family: &str, v: &ServicePortView) -> Value {
     })
 }
 
-/// The snapshot of one node (both families) as the documented JSON object.
-pub fn snapshot_json(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Value {
-    let node = snapshots
-        .first()
-        .map(|s| s.node_name.clone())
-        .unwrap_or_default();
-    let labels = snapshots
-        .first()
-        .and_then(|s| s.node.as_ref())
-        .map(|n| json!(n.labels))
-        .unwrap_or(Value::Null);
-    let mut rows: Vec<(String, &str, &str, Value)> = Vec::new();
-    for snap in snapshots {
-        for v in snap.service_ports.values() {
-            rows.push((
-                v.port.name.to_string(),
-                v.port.name.protocol.as_str(),
-                snap.family.as_str(),
-                view_json(snap.family.as_str(), v),
-            ));
+/// The documented JSON object of one node's snapshot (both families), serialized
+/// without building it: at 100k endpoints a `Value` tree of it takes well over
+/// 100 MiB, while this streams one service port's small `Value` at a time. Keys come
+/// out sorted, as `Value`'s maps sort them.
+struct SnapshotDoc<'a> {
+    snapshots: &'a [&'a NodeSnapshot],
+    problems: &'a [&'a Problem],
+}
+
+impl Serialize for SnapshotDoc<'_> {
+    fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let first = self.snapshots.first();
+        let node = first.map(|s| s.node_name.as_str()).unwrap_or_default();
+        let labels = first.and_then(|s| s.node.as_ref()).map(|n| &n.labels);
+        let mut rows: Vec<(String, &str, &str, &ServicePortView)> = Vec::new();
+        for snap in self.snapshots {
+            for v in snap.service_ports.values() {
+                rows.push((
+                    v.port.name.to_string(),
+                    v.port.name.protocol.as_str(),
+                    snap.family.as_str(),
+                    v,
+                ));
+            }
+        }
+        rows.sort_by(|a, b| (&a.0, a.1, a.2).cmp(&(&b.0, b.1, b.2)));
+        let problems = self.problems.iter().map(|p| {
+            json!({
+                "object": p.object.to_string(),
+                "origin": p.origin,
+                "severity": p.severity.as_str(),
+                "field": p.field,
+                "message": p.message,
+            })
+        });
+        let ports = rows.iter().map(|(_, _, family, v)| view_json(family, v));
+        let mut map = ser.serialize_map(Some(4))?;
+        map.serialize_entry("node", node)?;
+        map.serialize_entry("nodeLabels", &labels)?;
+        map.serialize_entry("problems", &Lazy(RefCell::new(Some(problems))))?;
+        map.serialize_entry("servicePorts", &Lazy(RefCell::new(Some(ports))))?;
+        map.end()
+    }
+}
+
+/// A sequence serialized from an iterator, consumed once.
+struct Lazy<I>(RefCell<Option<I>>);
+
+impl<I: Iterator<Item = Value>> Serialize for Lazy<I> {
+    fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        match self.0.borrow_mut().take() {
+            Some(items) => ser.collect_seq(items),
+            None => Err(serde::ser::Error::custom("serialized twice")),
         }
     }
-    rows.sort_by(|a, b| (&a.0, a.1, a.2).cmp(&(&b.0, b.1, b.2)));
-    json!({
-        "node": node,
-        "nodeLabels": labels,
-        "servicePorts": rows.into_iter().map(|r| r.3).collect::<Vec<_>>(),
-        "problems": problems.iter().map(|p| json!({
-            "object": p.object.to_string(),
-            "origin": p.origin,
-            "severity": p.severity.as_str(),
-            "field": p.field,
-            "message": p.message,
-        })).collect::<Vec<_>>(),
+}
+
+/// The snapshot of one node (both families) as the documented JSON object.
+pub fn snapshot_json(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Value {
+    serde_json::to_value(SnapshotDoc {
+        snapshots,
+        problems,
     })
+    .unwrap_or(Value::Null)
+}
+
+/// Writes [`snapshot_json`]'s document to `out` as it is serialized (compact, or
+/// pretty-printed), without holding it in memory.
+pub fn write_snapshot_json(
+    out: &mut dyn std::io::Write,
+    snapshots: &[&NodeSnapshot],
+    problems: &[&Problem],
+    pretty: bool,
+) -> serde_json::Result<()> {
+    let doc = SnapshotDoc {
+        snapshots,
+        problems,
+    };
+    if pretty {
+        serde_json::to_writer_pretty(out, &doc)
+    } else {
+        serde_json::to_writer(out, &doc)
+    }
 }
 
 /// The same, as a table for people.
@@ -134,7 +186,7 @@ pub fn snapshot_table(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Str
             if let Some(np) = p.node_port {
                 addrs.push(format!("nodePort {np}"));
             }
-            let eps = |e: &Option<Vec<Endpoint>>| match e {
+            let eps = |e: &Option<Vec<Arc<Endpoint>>>| match e {
                 None => "-".to_string(),
                 Some(v) if v.is_empty() => "(none)".to_string(),
                 Some(v) => v

@@ -7,6 +7,7 @@
 //! topology keys. Precedence: Local policies > topology keys > hints.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::model::{Endpoint, ServicePort, TopologyKey, LABEL_ZONE};
 
@@ -25,10 +26,10 @@ pub struct NodeContext<'a> {
 pub struct Selection {
     /// Endpoints cluster-policy traffic may reach; `None` when no traffic to this
     /// port uses the cluster policy on this node.
-    pub cluster_endpoints: Option<Vec<Endpoint>>,
+    pub cluster_endpoints: Option<Vec<Arc<Endpoint>>>,
     /// Endpoints local-policy traffic may reach (this node's); `None` when no traffic
     /// to this port uses a Local policy.
-    pub local_endpoints: Option<Vec<Endpoint>>,
+    pub local_endpoints: Option<Vec<Arc<Endpoint>>>,
     /// Usable (ready, or serving and terminating) endpoints exist anywhere: with none,
     /// traffic is rejected; with some but none local, Local-policy traffic is dropped.
     pub has_any_endpoints: bool,
@@ -44,6 +45,7 @@ impl Selection {
             .iter()
             .flatten()
             .chain(self.local_endpoints.iter().flatten())
+            .map(|e| &**e)
             .collect();
         all.sort_by_key(|e| (e.ip, e.port));
         all.dedup_by(|a, b| (a.ip, a.port) == (b.ip, b.port));
@@ -61,10 +63,10 @@ impl Endpoint {
 /// this node. `endpoints` are the port's endpoints of the port's family.
 pub fn select_endpoints(
     port: &ServicePort,
-    endpoints: &[Endpoint],
+    endpoints: &[Arc<Endpoint>],
     node: &NodeContext<'_>,
 ) -> Selection {
-    let has_any_endpoints = endpoints.iter().any(Endpoint::usable);
+    let has_any_endpoints = endpoints.iter().any(|e| e.usable());
     let mut reasons = Vec::new();
 
     let cluster_endpoints = port.uses_cluster_endpoints().then(|| {
@@ -77,7 +79,7 @@ pub fn select_endpoints(
     });
 
     let local_endpoints = port.uses_local_endpoints().then(|| {
-        let local = |ep: &&Endpoint| ep.node_name.as_deref() == Some(node.node_name);
+        let local = |ep: &&Arc<Endpoint>| ep.node_name.as_deref() == Some(node.node_name);
         let (eps, why) = ready_or_terminating(endpoints.iter().filter(local));
         reasons.push(format!("local: {why} on this node"));
         eps
@@ -93,8 +95,8 @@ pub fn select_endpoints(
 
 /// The ready endpoints among `candidates`; if none, the serving-terminating ones.
 fn ready_or_terminating<'e>(
-    candidates: impl Iterator<Item = &'e Endpoint> + Clone,
-) -> (Vec<Endpoint>, &'static str) {
+    candidates: impl Iterator<Item = &'e Arc<Endpoint>> + Clone,
+) -> (Vec<Arc<Endpoint>>, &'static str) {
     let ready = collect(candidates.clone().filter(|e| e.ready));
     if !ready.is_empty() {
         return (ready, "ready endpoints");
@@ -109,8 +111,8 @@ fn ready_or_terminating<'e>(
     (Vec::new(), "no usable endpoint")
 }
 
-fn collect<'e>(it: impl Iterator<Item = &'e Endpoint>) -> Vec<Endpoint> {
-    let mut v: Vec<Endpoint> = it.cloned().collect();
+fn collect<'e>(it: impl Iterator<Item = &'e Arc<Endpoint>>) -> Vec<Arc<Endpoint>> {
+    let mut v: Vec<Arc<Endpoint>> = it.cloned().collect();
     v.sort_by_key(|e| (e.ip, e.port));
     v
 }
@@ -121,9 +123,9 @@ fn collect<'e>(it: impl Iterator<Item = &'e Endpoint>) -> Vec<Endpoint> {
 /// The same filter then applies to the serving-terminating fallback.
 fn by_hints(
     port: &ServicePort,
-    endpoints: &[Endpoint],
+    endpoints: &[Arc<Endpoint>],
     node: &NodeContext<'_>,
-) -> (Vec<Endpoint>, String) {
+) -> (Vec<Arc<Endpoint>>, String) {
     let opted_in = port.traffic_distribution.is_some()
         || matches!(port.topology_mode.as_deref(), Some("Auto" | "auto"));
     let zone = node
@@ -131,7 +133,7 @@ fn by_hints(
         .get(LABEL_ZONE)
         .map(String::as_str)
         .unwrap_or("");
-    let ready: Vec<&Endpoint> = endpoints.iter().filter(|e| e.ready).collect();
+    let ready: Vec<&Arc<Endpoint>> = endpoints.iter().filter(|e| e.ready).collect();
 
     #[derive(Clone, Copy)]
     enum Mode {
@@ -156,7 +158,7 @@ fn by_hints(
             mode = Mode::Zone;
         }
     }
-    let fits = |e: &&Endpoint| match mode {
+    let fits = |e: &&Arc<Endpoint>| match mode {
         Mode::All => true,
         Mode::Node => e.node_hints.iter().any(|h| h == node.node_name),
         Mode::Zone => e.zone_hints.iter().any(|h| h == zone),
@@ -182,9 +184,9 @@ fn by_hints(
 /// never beats a ready one that a later key (such as `*`) allows.
 fn by_topology_keys(
     keys: &[TopologyKey],
-    endpoints: &[Endpoint],
+    endpoints: &[Arc<Endpoint>],
     node: &NodeContext<'_>,
-) -> (Vec<Endpoint>, String) {
+) -> (Vec<Arc<Endpoint>>, String) {
     let matches = |key: &TopologyKey, ep: &Endpoint| -> bool {
         match key {
             TopologyKey::Any => true,

@@ -18,8 +18,9 @@ pub struct ServicePortView {
     /// The port narrowed to this family (its addresses and ranges only).
     pub port: Arc<ServicePort>,
     /// Every endpoint of this family the slices list for this port (deduplicated,
-    /// sorted by address and port), whatever its condition.
-    pub endpoints: Vec<Endpoint>,
+    /// sorted by address and port), whatever its condition. Shared with
+    /// `selection`, which picks among them.
+    pub endpoints: Vec<Arc<Endpoint>>,
     /// What each kind of traffic may reach from this node.
     pub selection: Selection,
 }

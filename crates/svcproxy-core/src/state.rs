@@ -434,7 +434,7 @@ impl ClusterState {
     /// that family contributes the endpoints of its port with the same name and
     /// protocol, at that slice's port number. The same address and port listed twice
     /// counts once (the local copy wins, as upstream).
-    fn endpoints_for(&self, port: &ServicePort, family: IpFamily) -> Vec<Endpoint> {
+    fn endpoints_for(&self, port: &ServicePort, family: IpFamily) -> Vec<Arc<Endpoint>> {
         let svc = &port.name.service;
         let mut by_addr: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
         for slice_name in self.slices_by_service.get(svc).into_iter().flatten() {
@@ -479,7 +479,7 @@ impl ClusterState {
                 }
             }
         }
-        by_addr.into_values().collect()
+        by_addr.into_values().map(Arc::new).collect()
     }
 
     /// A slice port that names no port of its (existing) service is a mistake worth

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use svcproxy_core::model::*;
 use svcproxy_core::selection::{select_endpoints, NodeContext, Selection};
@@ -102,9 +103,9 @@ fn name_of(e: &Endpoint) -> &'static str {
     panic!("unplanned endpoint {e}")
 }
 
-fn names(eps: &Option<Vec<Endpoint>>) -> Option<Vec<&'static str>> {
+fn names(eps: &Option<Vec<Arc<Endpoint>>>) -> Option<Vec<&'static str>> {
     eps.as_ref().map(|v| {
-        let mut n: Vec<_> = v.iter().map(name_of).collect();
+        let mut n: Vec<_> = v.iter().map(|e| name_of(e)).collect();
         n.sort();
         n
     })
@@ -169,7 +170,8 @@ fn select_on(
         labels: all_nodes.get(this_node).unwrap_or(&empty),
         node_labels: &lookup,
     };
-    select_endpoints(port, eps, &ctx)
+    let eps: Vec<Arc<Endpoint>> = eps.iter().cloned().map(Arc::new).collect();
+    select_endpoints(port, &eps, &ctx)
 }
 
 fn select(port: &ServicePort, eps: &[Endpoint]) -> Selection {

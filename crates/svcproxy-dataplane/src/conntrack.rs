@@ -439,8 +439,8 @@ mod tests {
         }
     }
 
-    fn ep(addr: &str, port: u16) -> Endpoint {
-        Endpoint {
+    fn ep(addr: &str, port: u16) -> Arc<Endpoint> {
+        Arc::new(Endpoint {
             ip: ip(addr),
             port,
             node_name: Some("node-b".into()),
@@ -450,10 +450,10 @@ mod tests {
             terminating: false,
             zone_hints: vec![],
             node_hints: vec![],
-        }
+        })
     }
 
-    fn view(port: &ServicePort, eps: &[Endpoint], usable: bool) -> Arc<ServicePortView> {
+    fn view(port: &ServicePort, eps: &[Arc<Endpoint>], usable: bool) -> Arc<ServicePortView> {
         Arc::new(ServicePortView {
             port: Arc::new(port.clone()),
             endpoints: eps.to_vec(),

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use svcproxy_core::model::{Endpoint, IpFamily, Protocol, ServicePortName};
@@ -318,7 +319,7 @@ impl Fragment {
         let name_of = |prefix| ObjName::new(prefix, hash);
         let affinity_timeout = p.session_affinity_timeout.map(|t| t.max(1));
 
-        let of_family = |eps: &Option<Vec<Endpoint>>| -> Option<Vec<(IpAddr, u16)>> {
+        let of_family = |eps: &Option<Vec<Arc<Endpoint>>>| -> Option<Vec<(IpAddr, u16)>> {
             let v: Vec<(IpAddr, u16)> = eps
                 .iter()
                 .flatten()

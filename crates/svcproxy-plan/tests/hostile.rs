@@ -27,8 +27,8 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn endpoint(addr: &str, node: &str) -> Endpoint {
-    Endpoint {
+fn endpoint(addr: &str, node: &str) -> Arc<Endpoint> {
+    Arc::new(Endpoint {
         ip: ip(addr),
         port: 8080,
         node_name: Some(node.to_string()),
@@ -38,7 +38,7 @@ fn endpoint(addr: &str, node: &str) -> Endpoint {
         terminating: false,
         zone_hints: vec!["}{".to_string()],
         node_hints: Vec::new(),
-    }
+    })
 }
 
 /// node-a's snapshot holding one service port with every kind of object.

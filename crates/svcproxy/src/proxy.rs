@@ -173,7 +173,48 @@ struct SnapshotPrinter {
     json: bool,
     /// One line per snapshot (NDJSON) rather than pretty-printed.
     compact: bool,
-    last: Option<String>,
+    /// A hash of the last printed text: at 100k endpoints the text is ~14 MB, too
+    /// much to keep just to compare.
+    last: Option<u64>,
+}
+
+/// An `io::Write` that only hashes what is written to it.
+struct HashWriter(std::hash::DefaultHasher);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::hash::Hasher::write(&mut self.0, buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SnapshotPrinter {
+    /// Writes the snapshot as text to `out`. JSON is streamed (it is written twice
+    /// per sync, to hash and to print, rather than held).
+    fn write(
+        &self,
+        out: &mut dyn std::io::Write,
+        state: &ClusterState,
+        update: &SnapshotUpdate,
+    ) -> anyhow::Result<()> {
+        let all = state.problems();
+        let problems: Vec<_> = all.values().flatten().collect();
+        let snaps = [update.v4.as_ref(), update.v6.as_ref()];
+        if self.json {
+            report::write_snapshot_json(out, &snaps, &problems, !self.compact)?;
+            out.write_all(b"\n")?;
+        } else {
+            out.write_all(report::snapshot_table(&snaps, &problems).as_bytes())?;
+            if self.compact {
+                out.write_all(b"\n")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Target for SnapshotPrinter {
@@ -184,30 +225,14 @@ impl Target for SnapshotPrinter {
         full: bool,
     ) -> anyhow::Result<SyncDone> {
         let start = std::time::Instant::now();
-        let all = state.problems();
-        let problems: Vec<_> = all.values().flatten().collect();
-        let snaps = [update.v4.as_ref(), update.v6.as_ref()];
-        let text = if self.json {
-            let value = report::snapshot_json(&snaps, &problems);
-            let mut s = if self.compact {
-                serde_json::to_string(&value)?
-            } else {
-                serde_json::to_string_pretty(&value)?
-            };
-            s.push('\n');
-            s
-        } else {
-            let mut s = report::snapshot_table(&snaps, &problems);
-            if self.compact {
-                s.push('\n');
-            }
-            s
-        };
-        if self.last.as_deref() != Some(text.as_str()) {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes())?;
+        let mut hash = HashWriter(std::hash::DefaultHasher::new());
+        self.write(&mut hash, state, update)?;
+        let hash = std::hash::Hasher::finish(&hash.0);
+        if self.last != Some(hash) {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            self.write(&mut out, state, update)?;
             out.flush()?;
-            self.last = Some(text);
+            self.last = Some(hash);
         }
         Ok(SyncDone {
             full,
