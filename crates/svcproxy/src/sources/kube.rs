@@ -137,22 +137,21 @@ pub async fn client(cfg: &KubeSourceConfig) -> anyhow::Result<Client> {
             .with_context(|| format!("loading kubeconfig {}", path.display()))?
     } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
         Config::incluster().context("loading the in-cluster configuration")?
+    } else if let Some(m) = cfg.master.as_deref() {
+        // As kube-proxy: a bare --master is talked to without credentials (never
+        // with those of some default kubeconfig meant for another server).
+        Config::new(
+            m.parse()
+                .with_context(|| format!("invalid --master {m:?}"))?,
+        )
     } else {
-        match Config::from_kubeconfig(&options).await {
-            Ok(config) => config,
-            Err(err) => match cfg.master.as_deref() {
-                // kube-proxy talks to a bare --master without credentials.
-                Some(m) => Config::new(
-                    m.parse()
-                        .with_context(|| format!("invalid --master {m:?}"))?,
-                ),
-                None => anyhow::bail!(
-                    "no Kubernetes API server configured: not running in a pod \
-                     (KUBERNETES_SERVICE_HOST is unset), neither --kubeconfig nor --master \
-                     given, and no default kubeconfig ($KUBECONFIG, ~/.kube/config): {err}"
-                ),
-            },
-        }
+        Config::from_kubeconfig(&options).await.map_err(|err| {
+            anyhow::anyhow!(
+                "no Kubernetes API server configured: not running in a pod \
+                 (KUBERNETES_SERVICE_HOST is unset), neither --kubeconfig nor --master \
+                 given, and no default kubeconfig ($KUBECONFIG, ~/.kube/config): {err}"
+            )
+        })?
     };
     if let Some(m) = cfg.master.as_deref() {
         config.cluster_url = m
@@ -161,25 +160,27 @@ pub async fn client(cfg: &KubeSourceConfig) -> anyhow::Result<Client> {
     }
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = None;
-    log_client_connection(&cfg.client_connection);
-    Client::try_from(config).context("building the Kubernetes client")
+    let cc = &cfg.client_connection;
+    warn_content_type(cc);
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("building the Kubernetes client")?
+        .with_layer(&rate_limit::RateLimitLayer::new(cc.qps, cc.burst))
+        .build();
+    tracing::debug!(qps = cc.qps, burst = cc.burst, "API client rate limit");
+    Ok(client)
 }
 
-/// kube-rs speaks JSON only and has no client-side rate limiter: say so (at debug).
-fn log_client_connection(cc: &ClientConnection) {
+/// kube-rs speaks JSON only: a request for protobuf is answered in JSON (the API
+/// server serves both), which costs the API server some CPU and nothing else.
+fn warn_content_type(cc: &ClientConnection) {
     let ct = cc.content_type.trim();
     if !ct.is_empty() && ct != "application/json" {
-        tracing::debug!(
+        tracing::warn!(
             content_type = ct,
-            "clientConnection.contentType accepted, but the API is spoken in JSON"
+            "clientConnection.contentType is not supported: svcproxy speaks JSON to the \
+             API server (set it to application/json to silence this)"
         );
     }
-    tracing::debug!(
-        qps = cc.qps,
-        burst = cc.burst,
-        "clientConnection.qps/burst accepted, not enforced: svcproxy makes a handful of \
-         list and watch requests, retried with exponential backoff"
-    );
 }
 
 /// Runs every watch until `tx` closes. Sends [`Event::Updates`] and, once a watch's
@@ -807,6 +808,8 @@ fn strip_cidr(mut cidr: ServiceCIDR) -> ServiceCIDR {
     cidr.status = None;
     cidr
 }
+
+mod rate_limit;
 
 #[cfg(test)]
 mod tests;
