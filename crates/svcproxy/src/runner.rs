@@ -4,6 +4,8 @@
 //! once per `min_sync_period`; a full resync happens at least once per `sync_period`;
 //! a failed sync is retried with exponential backoff (and the retry is a full sync,
 //! since the kernel state is then unknown) while the last good rules stay in force.
+//! While a source re-lists ([`Event::Relisting`] to [`Event::Ready`]) syncs wait, so
+//! the kernel never sees a half-old, half-new picture (bounded by `relist_hold`).
 //! Time comes from tokio's clock, so tests run it with paused time.
 
 use std::time::Duration;
@@ -22,6 +24,9 @@ pub struct RunnerConfig {
     /// Sources whose initial list must be complete ([`Event::Ready`]) before the first
     /// sync: programming from a partial picture would black-hole live traffic.
     pub initial_sources: Vec<&'static str>,
+    /// The longest syncs wait for a re-list to complete: past it, updates are synced
+    /// anyway (a server that keeps failing mid-list must not freeze the rules).
+    pub relist_hold: Duration,
 }
 
 impl RunnerConfig {
@@ -32,6 +37,7 @@ impl RunnerConfig {
             retry_min: Duration::from_secs(1),
             retry_max: sync_period.max(Duration::from_secs(1)),
             initial_sources: Vec::new(),
+            relist_hold: Duration::from_secs(30),
         }
     }
 
@@ -61,6 +67,9 @@ pub enum Event {
     /// The named source has delivered its complete initial list (repeats, e.g. after
     /// a re-list, are harmless).
     Ready(&'static str),
+    /// The named source (already [`Event::Ready`] once) is re-listing: its picture is
+    /// incomplete until it is `Ready` again.
+    Relisting(&'static str),
 }
 
 /// Runs until `events` closes (every source is gone) or, with `once`, after the first
@@ -82,6 +91,9 @@ pub async fn run<S: Syncer>(
     let mut retry_at: Option<Instant> = None;
     let mut events_open = true;
     let mut waiting: Vec<&'static str> = std::mem::take(&mut cfg.initial_sources);
+    // Sources re-listing, and since when.
+    let mut relisting: Vec<(&'static str, Instant)> = Vec::new();
+    let mut hold_expired_logged = false;
     if !waiting.is_empty() {
         tracing::info!(sources = ?waiting, "waiting for the initial lists before the first sync");
     }
@@ -94,6 +106,7 @@ pub async fn run<S: Syncer>(
                         syncer.apply(updates);
                     }
                 }
+                Some(Event::Relisting(_)) => {}
                 Some(Event::Ready(name)) => {
                     waiting.retain(|w| *w != name);
                     if waiting.is_empty() {
@@ -106,11 +119,26 @@ pub async fn run<S: Syncer>(
             continue;
         }
         let now = Instant::now();
-        let periodic_due = last_full + cfg.sync_period;
+        // No sync, periodic ones included, comes sooner than min_sync_period after
+        // the last one, nor before a failed sync's retry time.
+        let earliest = last_sync.map_or(now, |t| t + cfg.min_sync_period);
+        let periodic_due = (last_full + cfg.sync_period).max(earliest);
         let mut due = periodic_due;
         if pending {
-            let earliest = last_sync.map_or(now, |t| t + cfg.min_sync_period);
-            due = due.min(earliest.max(retry_at.unwrap_or(earliest)));
+            due = due.min(earliest);
+        }
+        if let Some(retry) = retry_at {
+            due = due.max(retry);
+        }
+        if let Some(since) = relisting.iter().map(|(_, t)| *t).min() {
+            let hold = since + cfg.relist_hold;
+            if hold > now {
+                due = due.max(hold);
+            } else if !hold_expired_logged {
+                hold_expired_logged = true;
+                let names: Vec<_> = relisting.iter().map(|(n, _)| *n).collect();
+                tracing::warn!(sources = ?names, hold = ?cfg.relist_hold, "a re-list is taking too long; syncing what has arrived");
+            }
         }
 
         if due <= now {
@@ -161,7 +189,18 @@ pub async fn run<S: Syncer>(
                         syncer.queued();
                     }
                 }
-                Some(Event::Ready(_)) => {}
+                Some(Event::Relisting(name)) => {
+                    if !relisting.iter().any(|(n, _)| *n == name) {
+                        tracing::debug!(source = name, "re-listing: syncs wait for it");
+                        relisting.push((name, Instant::now()));
+                    }
+                }
+                Some(Event::Ready(name)) => {
+                    relisting.retain(|(n, _)| *n != name);
+                    if relisting.is_empty() {
+                        hold_expired_logged = false;
+                    }
+                }
                 None => {
                     events_open = false;
                     tracing::debug!("all sources closed; periodic syncs continue");
@@ -299,6 +338,39 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn syncs_failing_for_longer_than_sync_period_keep_backing_off() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let (log, _tx, _) = start(cfg, 1000);
+        tokio::time::sleep(secs(100.0)).await;
+        let times: Vec<Duration> = log.lock().unwrap().syncs.iter().map(|s| s.0).collect();
+        // Backoff doubles to its cap (sync_period): the periodic resync does not
+        // turn into a retry loop once it is overdue.
+        let want: Vec<Duration> = [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 61.0, 91.0]
+            .into_iter()
+            .map(secs)
+            .collect();
+        assert_eq!(times, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_periodic_resync_respects_min_sync_period_too() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let (log, tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(29.8)).await;
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(secs(31.5)).await;
+        assert_eq!(
+            log.lock().unwrap().syncs,
+            vec![
+                (secs(0.0), true),
+                (secs(29.8), false),
+                (secs(30.8), true),
+                (secs(60.8), true)
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_first_sync_waits_for_every_initial_list() {
         let mut cfg = RunnerConfig::new(secs(1.0), secs(30.0));
         cfg.initial_sources = vec!["services", "nodes"];
@@ -314,6 +386,44 @@ mod tests {
         let log = log.lock().unwrap();
         assert_eq!(log.applied, 2);
         assert_eq!(log.syncs, vec![(secs(100.0), true)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn syncs_wait_for_a_relist_to_complete() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let (log, tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(2.0)).await;
+        tx.send(Event::Relisting("services")).await.unwrap();
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(secs(5.0)).await;
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(secs(1.0)).await;
+        // Nothing synced mid-list (it started at 2s)...
+        assert_eq!(log.lock().unwrap().syncs, vec![(secs(0.0), true)]);
+        tx.send(Event::Ready("services")).await.unwrap();
+        tokio::time::sleep(secs(0.5)).await;
+        // ...and the whole re-list goes in one sync once it is complete.
+        assert_eq!(
+            log.lock().unwrap().syncs,
+            vec![(secs(0.0), true), (secs(8.0), false)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relist_that_never_completes_holds_syncs_for_relist_hold_only() {
+        let mut cfg = RunnerConfig::new(secs(1.0), secs(300.0));
+        cfg.relist_hold = secs(10.0);
+        let (log, tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(2.0)).await;
+        tx.send(Event::Relisting("endpointslices")).await.unwrap();
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(secs(15.0)).await;
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(secs(0.5)).await;
+        assert_eq!(
+            log.lock().unwrap().syncs,
+            vec![(secs(0.0), true), (secs(12.0), false), (secs(17.0), false)]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -456,6 +456,10 @@ impl WatchState {
                         "re-listing (the watch could not resume); objects gone meanwhile \
                          are removed when the list completes"
                     );
+                    // Syncs wait until the list is complete: the state is a mix of
+                    // the old and the new picture until then.
+                    self.seal();
+                    self.outbox.push(Event::Relisting(self.name));
                 }
                 self.listing = Some(HashSet::new());
             }

@@ -130,6 +130,7 @@ impl Model {
                 let n = kind.map_or(0, |k| self.count(k));
                 self.ready.push((name, n));
             }
+            Event::Relisting(_) => {}
         }
     }
 }
