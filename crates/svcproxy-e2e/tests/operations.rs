@@ -198,10 +198,17 @@ fn healthz_livez_metrics_address_in_use_and_sigterm() {
     };
     let mut ck = Checks::new("health-and-metrics");
     let a4 = plan::node_ip(NODE_A, Family::V4);
+    let a6 = plan::node_ip(NODE_A, Family::V6);
 
-    // /healthz and /livez answer on every address (0.0.0.0:10256), here from outside.
-    for path in ["/healthz", "/livez"] {
-        let (a, _) = get_until(&env, Host::Ext, a4, 10256, path, |a| {
+    // /healthz and /livez answer on every address (0.0.0.0:10256 is dual-stack, as
+    // kube-proxy's), here from outside, on both of the node's families.
+    for (path, ip) in [
+        ("/healthz", a4),
+        ("/livez", a4),
+        ("/healthz", a6),
+        ("/livez", a6),
+    ] {
+        let (a, _) = get_until(&env, Host::Ext, ip, 10256, path, |a| {
             a.as_ref().is_some_and(|a| a.code == 200)
         });
         let body: serde_json::Value = a
@@ -212,7 +219,7 @@ fn healthz_livez_metrics_address_in_use_and_sigterm() {
             a.as_ref().is_some_and(|a| a.code == 200)
                 && body["lastUpdated"].is_string()
                 && body["currentTime"].is_string(),
-            || format!("{path} on node-a: {a:?}"),
+            || format!("{path} on node-a {ip}: {a:?}"),
         );
     }
 

@@ -15,7 +15,7 @@ pub mod health;
 pub mod metrics;
 pub mod service_health;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -23,13 +23,30 @@ use tokio::net::TcpListener;
 
 /// Binds a TCP listener for `what` (the flag, e.g. "--healthz-bind-address"). An address
 /// in use is a clear error naming the flag and the address.
+///
+/// `0.0.0.0` listens on IPv6 too, as Go's `net.Listen("tcp", "0.0.0.0:port")` does for
+/// kube-proxy (one dual-stack socket): load balancers of dual-stack clusters check
+/// nodes' IPv6 addresses on 10256. Where IPv6 wildcards are IPv6-only or the host has
+/// no IPv6, it is IPv4 only.
 pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    match TcpListener::bind(addr).await {
-        Ok(l) => Ok(l),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(anyhow::anyhow!(
+    let in_use = || {
+        anyhow::anyhow!(
             "{what} {addr}: address already in use (is kube-proxy or another svcproxy \
              running on this node?)"
-        )),
+        )
+    };
+    if addr.ip() == IpAddr::V4(Ipv4Addr::UNSPECIFIED) && !service_health::ipv6_wildcard_is_v6_only()
+    {
+        let any6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
+        match TcpListener::bind(any6).await {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(in_use()),
+            Err(_) => {} // no IPv6 here
+        }
+    }
+    match TcpListener::bind(addr).await {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(in_use()),
         Err(e) => Err(e).with_context(|| format!("{what} {addr}: cannot listen")),
     }
 }

@@ -146,7 +146,7 @@ fn answer(h: &Handler) -> Response {
 
 /// Whether a wildcard IPv6 socket is IPv6-only on this host (it is dual-stack unless
 /// the `net.ipv6.bindv6only` sysctl says otherwise).
-fn ipv6_wildcard_is_v6_only() -> bool {
+pub(super) fn ipv6_wildcard_is_v6_only() -> bool {
     std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|s| s.trim() == "1")
 }
 
