@@ -53,6 +53,10 @@ pub struct Metrics {
     /// The counts last reported per kind, to turn the state's running totals into
     /// counter increments.
     invalid_reported: Mutex<BTreeMap<Kind, u64>>,
+    /// Trigger times before this are not network-programming latency: the initial
+    /// list carries every slice's last change, however old (as upstream's
+    /// `trackerStartTime`).
+    started: SystemTime,
     conntrack_cleanup_failures: IntCounter,
     conntrack_entries_deleted: IntCounter,
     health_check_bind_failures: IntGauge,
@@ -100,6 +104,11 @@ fn to_i64(n: usize) -> i64 {
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
+        Self::started_at(SystemTime::now())
+    }
+
+    /// Metrics of a proxy that started at `started`.
+    pub fn started_at(started: SystemTime) -> Arc<Self> {
         let r = Registry::new();
         let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
             register(
@@ -214,6 +223,7 @@ impl Metrics {
                 "kind",
             ),
             invalid_reported: Mutex::new(BTreeMap::new()),
+            started,
             conntrack_cleanup_failures: counter(
                 "svcproxy_conntrack_cleanup_failures_total",
                 "Syncs whose UDP conntrack cleanup failed".to_string(),
@@ -282,10 +292,12 @@ impl Metrics {
 
     /// Observes, for each `endpoints.kubernetes.io/last-change-trigger-time` of the
     /// EndpointSlices a sync took in, the time from that change to `now` (negative
-    /// with clock skew, observed anyway as upstream). Unparsable values are skipped.
+    /// with clock skew, observed anyway as upstream). Unparsable values, and changes
+    /// from before svcproxy started, are skipped.
     pub fn observe_network_programming(&self, trigger_times: &[String], now: SystemTime) {
         for t in trigger_times {
             match parse_rfc3339(t) {
+                Some(at) if at < self.started => {}
                 Some(at) => {
                     let latency = (unix_nanos(now) - unix_nanos(at)) as f64 / 1e9;
                     self.network_programming_duration.observe(latency);
@@ -615,8 +627,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn changes_from_before_the_start_are_not_programming_latency() {
+        let started = UNIX_EPOCH + Duration::from_secs(1_714_557_600); // 10:00:00
+        let m = Metrics::started_at(started);
+        m.observe_network_programming(
+            &[
+                // From the initial list: hours old, not this proxy's latency.
+                "2024-05-01T07:00:00Z".to_string(),
+                "2024-05-01T10:00:01Z".to_string(),
+            ],
+            started + Duration::from_secs(2),
+        );
+        let (_, text) = scrape(m).await;
+        let s = parse(&text);
+        let h = histogram(&s, "kubeproxy_network_programming_duration_seconds");
+        let at = |le: f64| h.iter().find(|c| c.less_than == le).unwrap().count;
+        assert_eq!(at(1.0), 1.0);
+        assert_eq!(at(f64::INFINITY), 1.0);
+    }
+
+    #[tokio::test]
     async fn observed_values_appear_in_the_scrape() {
-        let m = Metrics::new();
+        let m = Metrics::started_at(UNIX_EPOCH);
         m.observe_sync(true, Duration::from_millis(3));
         m.observe_sync(false, Duration::from_millis(20));
         m.observe_sync(false, Duration::from_millis(20));
