@@ -143,7 +143,13 @@ struct SyncDone {
     conntrack: Option<(usize, bool)>,
 }
 
-struct KernelTarget(NftDataPlane);
+struct KernelTarget {
+    plane: NftDataPlane,
+    /// The config's conntrack sysctls, applied once after the first successful sync:
+    /// by then the NAT rules have loaded `nf_conntrack` (whose files they are), and
+    /// nothing is written by an instance that fails at start (e.g. a port in use).
+    conntrack_sysctls: Option<svcproxy_dataplane::ConntrackSettings>,
+}
 
 impl Target for KernelTarget {
     fn sync(
@@ -152,7 +158,13 @@ impl Target for KernelTarget {
         update: &SnapshotUpdate,
         full: bool,
     ) -> anyhow::Result<SyncDone> {
-        let report = self.0.sync(update, full)?;
+        let report = self.plane.sync(update, full)?;
+        if let Some(wanted) = self.conntrack_sysctls.take() {
+            let report = svcproxy_dataplane::apply_conntrack_sysctls(&wanted);
+            if !report.changed.is_empty() {
+                tracing::info!(changed = ?report.changed, "conntrack settings applied");
+            }
+        }
         tracing::info!(
             kind = ?report.kind,
             duration_ms = report.duration.as_secs_f64() * 1000.0,
@@ -413,9 +425,11 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             check_mode(&settings)?;
             let plan_cfg = plan_config(&settings)?;
             svcproxy_dataplane::prepare_node(&plan_cfg);
-            apply_conntrack_sysctls(&settings);
             let hc = health_check_addresses(&settings, &plan_cfg);
-            let target = KernelTarget(NftDataPlane::new(plan_cfg));
+            let target = KernelTarget {
+                plane: NftDataPlane::new(plan_cfg),
+                conntrack_sysctls: Some(conntrack_settings(&settings)),
+            };
             let once = settings.once;
             rt.block_on(serve(settings, target, servers, once, Some(hc)))
         }
@@ -446,9 +460,9 @@ fn health_check_addresses(settings: &Settings, plan_cfg: &PlanConfig) -> HealthC
     }
 }
 
-fn apply_conntrack_sysctls(settings: &Settings) {
+fn conntrack_settings(settings: &Settings) -> svcproxy_dataplane::ConntrackSettings {
     let c = &settings.conntrack;
-    let wanted = svcproxy_dataplane::ConntrackSettings {
+    svcproxy_dataplane::ConntrackSettings {
         max_per_core: c.max_per_core,
         min: c.min,
         tcp_established_timeout: c.tcp_established_timeout,
@@ -456,10 +470,6 @@ fn apply_conntrack_sysctls(settings: &Settings) {
         tcp_be_liberal: c.tcp_be_liberal,
         udp_timeout: c.udp_timeout,
         udp_stream_timeout: c.udp_stream_timeout,
-    };
-    let report = svcproxy_dataplane::apply_conntrack_sysctls(&wanted);
-    if !report.changed.is_empty() {
-        tracing::info!(changed = ?report.changed, "conntrack settings applied");
     }
 }
 
