@@ -88,18 +88,16 @@ impl ProxyHealth {
     }
 
     pub fn with_clock(health_timeout: Duration, clock: Arc<dyn Clock>) -> Arc<Self> {
-        let now = Stamp {
-            wall: clock.wall(),
-            mono: clock.monotonic(),
-        };
         Arc::new(ProxyHealth {
             timeout: health_timeout,
             clock,
             inner: Mutex::new(Inner {
                 last_updated: None,
-                // The initial sync is pending from the start: a proxy that can never
-                // sync (API server unreachable) turns unhealthy after the timeout.
-                oldest_pending: Some(now),
+                // As upstream (its sync loop starts with `Updated()`), waiting for
+                // the initial lists is not unhealthy: /livez stays 200, so that an
+                // API server unreachable at boot does not become a restart loop that
+                // delays recovery. /healthz is not ready until the first sync.
+                oldest_pending: None,
                 // As upstream: eligible until a Node event says otherwise.
                 node_eligible: true,
             }),
@@ -307,15 +305,14 @@ mod tests {
     }
 
     #[test]
-    fn healthy_until_the_initial_sync_is_overdue() {
+    fn healthy_but_not_ready_however_long_the_initial_sync_takes() {
         let (h, clock) = health();
         let s = h.status();
         assert!(s.healthy && !s.ready && s.node_eligible);
         assert_eq!(s.last_updated, None);
-        clock.advance(TIMEOUT - Duration::from_millis(1));
-        assert!(h.is_healthy());
-        clock.advance(Duration::from_millis(1));
-        assert!(!h.is_healthy());
+        clock.advance(TIMEOUT);
+        let s = h.status();
+        assert!(s.healthy && !s.ready);
         h.updated();
         let s = h.status();
         assert!(s.healthy && s.ready);
