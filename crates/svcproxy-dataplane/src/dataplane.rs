@@ -11,8 +11,11 @@ use svcproxy_plan::{
 };
 
 use crate::conntrack::{
-    cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, NoConntrackCleanup,
+    cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, ConntrackFilter, NoConntrackCleanup,
 };
+
+/// The most failed conntrack filters kept for a retry.
+const MAX_CONNTRACK_RETRY: usize = 10_000;
 use crate::ctnetlink::NetlinkConntrack;
 use crate::error::DataPlaneError;
 use crate::sink::{NftCommand, ScriptSink};
@@ -46,6 +49,9 @@ pub struct NftDataPlane<S = NftCommand, C = NetlinkConntrack> {
     cleaner: C,
     /// The snapshot the kernel holds (the last one applied successfully).
     applied: Option<SnapshotUpdate>,
+    /// Conntrack filters whose deletion failed, tried again with the next cleanup: a
+    /// UDP client that keeps sending keeps its stale entry alive forever otherwise.
+    conntrack_retry: Vec<ConntrackFilter>,
     /// The conflicts last logged, by family and destination.
     logged_conflicts: BTreeMap<(IpFamily, String), Conflict>,
 }
@@ -82,6 +88,7 @@ impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
             sink,
             cleaner,
             applied: None,
+            conntrack_retry: Vec::new(),
             logged_conflicts: BTreeMap::new(),
         }
     }
@@ -181,7 +188,12 @@ impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
         let Some(previous) = previous else {
             return ConntrackCleanupReport::default();
         };
-        let filters = cleanup_filters(&previous, update);
+        let mut filters = cleanup_filters(&previous, update);
+        if !self.conntrack_retry.is_empty() {
+            filters.append(&mut self.conntrack_retry);
+            filters.sort();
+            filters.dedup();
+        }
         if filters.is_empty() {
             return ConntrackCleanupReport {
                 duration: start.elapsed(),
@@ -201,8 +213,10 @@ impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
                 tracing::warn!(
                     error = %e,
                     filters = filters.len(),
-                    "UDP conntrack cleanup failed; stale flows may keep reaching removed endpoints"
+                    "UDP conntrack cleanup failed; retrying with the next sync"
                 );
+                // Bounded: a cleaner that never works must not grow this forever.
+                self.conntrack_retry = filters.iter().take(MAX_CONNTRACK_RETRY).cloned().collect();
                 ConntrackCleanupReport {
                     error: Some(e.to_string()),
                     ..ConntrackCleanupReport::default()

@@ -177,9 +177,10 @@ fn a_failed_apply_cleans_nothing_and_the_next_success_cleans_from_the_applied_st
 }
 
 #[test]
-fn a_cleanup_failure_is_reported_not_an_error() {
+fn a_cleanup_failure_is_reported_not_an_error_and_retried_with_the_next_sync() {
+    let to_a = flow("198.19.0.53", 53, "198.18.2.10", 5353, true);
     let mut state = cluster(&[DNS, &dns_slice(&["198.18.2.10"])]);
-    let mut dp = plane(vec![]);
+    let mut dp = plane(vec![to_a.clone()]);
     dp.sync(&snapshot(&mut state), false).expect("first sync");
     upsert(&mut state, &dns_slice(&[]));
     dp.cleaner_mut().fail_next("netlink went away");
@@ -190,9 +191,15 @@ fn a_cleanup_failure_is_reported_not_an_error() {
     assert!(err.contains("netlink went away"), "{err}");
     assert_eq!(report.conntrack.deleted, 0);
     assert!(!report.conntrack.filters.is_empty());
-    // The failed cleanup is not retried: the next sync compares with what it applied.
+    assert!(dp.cleaner().deleted.is_empty());
+    // The next sync has no change of its own, but retries what failed.
     let next = dp.sync(&snapshot(&mut state), false).expect("sync");
-    assert!(next.conntrack.filters.is_empty());
+    assert_eq!(next.conntrack.filters, report.conntrack.filters);
+    assert_eq!(next.conntrack.error, None);
+    assert_eq!(dp.cleaner().deleted, [to_a]);
+    // Once done, nothing is retried.
+    let idle = dp.sync(&snapshot(&mut state), false).expect("sync");
+    assert!(idle.conntrack.filters.is_empty());
 }
 
 #[test]
