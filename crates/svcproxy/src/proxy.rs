@@ -556,6 +556,11 @@ async fn serve<T: Target>(
         }
     }
     let health_checks = match (servers.health_check_node_ports, health_check_addresses) {
+        (true, Some(HealthCheckAddresses::Ips(ips))) if ips.is_empty() => {
+            // Not "every address": the operator restricted them, and none is here.
+            tracing::warn!("no local address matches --nodeport-addresses: no healthCheckNodePort server runs on this node");
+            None
+        }
         (true, Some(addrs)) => {
             let ips = match &addrs {
                 HealthCheckAddresses::Ips(ips) => ips.clone(),

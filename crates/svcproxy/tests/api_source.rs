@@ -23,6 +23,8 @@ struct Proxy {
     child: Child,
     lines: mpsc::Receiver<Value>,
     last: Option<Value>,
+    /// Every snapshot received so far, in order.
+    seen: Vec<Value>,
     _dir: tempfile::TempDir,
 }
 
@@ -64,6 +66,7 @@ impl Proxy {
             child,
             lines,
             last: None,
+            seen: Vec::new(),
             _dir: dir,
         }
     }
@@ -72,6 +75,7 @@ impl Proxy {
     fn next(&mut self, timeout: Duration) -> Option<Value> {
         let v = self.lines.recv_timeout(timeout).ok()?;
         self.last = Some(v.clone());
+        self.seen.push(v.clone());
         Some(v)
     }
 
@@ -297,20 +301,55 @@ async fn headless_and_other_proxies_services_are_filtered_by_label() {
     });
     assert_eq!(names(&snap), vec!["default/mine:http"]);
 
-    // The filtering happens on the server: the selectors were sent.
-    let selectors: Vec<String> = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.path == "/api/v1/services")
-        .map(|r| r.query)
-        .collect();
-    assert!(
-        selectors
-            .iter()
-            .any(|q| q.contains("service.kubernetes.io%2Fheadless")
-                || q.contains("service.kubernetes.io/headless")),
-        "no headless selector in {selectors:?}"
-    );
+    // The filtering happens on the server (svcproxy-core would also drop these
+    // services, so the snapshots alone cannot tell): exactly these selectors were
+    // sent, by each proxy, for Services and EndpointSlices alike.
+    let want = [
+        "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name",
+        "!service.kubernetes.io/headless,service.kubernetes.io/service-proxy-name=svcproxy",
+    ];
+    for path in [
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+    ] {
+        let mut sent: Vec<String> = server
+            .requests()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .map(|r| label_selector(&r.query).unwrap_or_else(|| format!("none in {}", r.query)))
+            .collect();
+        sent.sort();
+        sent.dedup();
+        assert_eq!(sent, want, "{path}");
+    }
+}
+
+/// The decoded `labelSelector` of a query string.
+fn label_selector(query: &str) -> Option<String> {
+    let raw = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("labelSelector="))?;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,6 +401,7 @@ async fn an_expired_resource_version_relists_and_removes_what_was_deleted_meanwh
     seed(&server);
     let mut proxy = Proxy::start(&server.url(), &["--min-sync-period", "100ms"]);
     proxy.wait_for(T, "the seed", |s| has(s, "api", &["10.244.2.7:8080"]));
+    let seen_before = proxy.seen.len();
     let lists_before = count_lists(&server);
     // While the watches are down, api goes away and the history is compacted: the
     // reconnecting watches get 410 Gone and must re-list.
@@ -378,9 +418,24 @@ async fn an_expired_resource_version_relists_and_removes_what_was_deleted_meanwh
         count_lists(&server) > lists_before,
         "the deletion arrived without a re-list"
     );
-    // The rest never flapped: every snapshot printed since kept web's endpoints.
-    let snap = proxy.last.clone().unwrap();
-    assert!(has(&snap, "web", &["10.244.2.5:8080", "10.244.2.6:8080"]));
+    // Nothing flapped: every snapshot printed since kept web's endpoints, and api,
+    // once gone, never came back.
+    proxy.next(Duration::from_millis(500));
+    let since = &proxy.seen[seen_before..];
+    assert!(!since.is_empty());
+    for snap in since {
+        assert!(
+            has(snap, "web", &["10.244.2.5:8080", "10.244.2.6:8080"]),
+            "web flapped: {snap:#}"
+        );
+    }
+    let gone_at = since
+        .iter()
+        .position(|s| !names(s).contains(&"default/api:http".to_string()))
+        .unwrap();
+    assert!(since[gone_at..]
+        .iter()
+        .all(|s| !names(s).contains(&"default/api:http".to_string())));
 }
 
 fn count_lists(server: &FakeApiServer) -> usize {
