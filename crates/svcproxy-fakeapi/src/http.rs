@@ -624,13 +624,16 @@ impl Ctx<'_> {
 
     fn watch(&self, kind: usize, ns: Option<&str>) -> Response {
         let info = &KINDS[kind];
-        if self.shared.watches_refused.load(Ordering::SeqCst) {
-            return status_response(
+        let refused = || {
+            status_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalError",
                 "Internal error occurred: watches are refused (svcproxy-fakeapi set_watches_refused)",
                 None,
-            );
+            )
+        };
+        if self.shared.watches_refused.load(Ordering::SeqCst) {
+            return refused();
         }
         let meta = match parse_accept(self.accept) {
             Some(Want::Full) => false,
@@ -667,6 +670,11 @@ impl Ctx<'_> {
             },
         };
         let mut store = self.shared.store();
+        // Again under the store lock, which set_watches_refused also takes: a watch
+        // checked just before refusal began cannot register after a drop_watches.
+        if self.shared.watches_refused.load(Ordering::SeqCst) {
+            return refused();
+        }
         let (from, initial_end) = match send_initial {
             Some(true) => {
                 if !bookmarks {

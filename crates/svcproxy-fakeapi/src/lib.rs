@@ -234,6 +234,9 @@ impl FakeApiServer {
     /// While true, every new watch request fails with 500 InternalError (lists still
     /// work): a way to keep clients disconnected while changing and compacting.
     pub fn set_watches_refused(&self, refused: bool) {
+        // Under the store lock, so that no watch registers across the change (see
+        // the check in the watch handler).
+        let _store = self.shared.store();
         self.shared.watches_refused.store(refused, Ordering::SeqCst);
     }
 
