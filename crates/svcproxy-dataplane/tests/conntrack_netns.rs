@@ -13,66 +13,27 @@
 //! (2001:db8:ffff::53) port 53, endpoints 198.18.2.10 / .11 (2001:db8:2::10) port
 //! 5353; unrelated flows 10.50.0.0/16 → 10.60.0.1.
 
+mod common;
+
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::netns::{skip, Netns};
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_dataplane::{
     apply_conntrack_sysctls_at, ConntrackCleaner, ConntrackFilter, ConntrackSettings,
     NetlinkConntrack, IPS_DST_NAT,
 };
 
-struct Netns {
-    name: String,
+fn create(test: &str, tag: &str) -> Option<Netns> {
+    Netns::create(test, "svp-ct", tag, &["ip", "conntrack"])
 }
 
-fn skip(test: &str, why: &str) -> Option<Netns> {
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: cannot run under CI: {why}");
-    }
-    eprintln!("SKIP {test}: {why}");
-    None
-}
-
-fn found(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
+/// What these tests do inside their namespace (`svp-ct-<pid>-<tag>`).
 impl Netns {
-    fn create(test: &str, tag: &str) -> Option<Netns> {
-        let uid = Command::new("id").arg("-u").output();
-        if !uid.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0") {
-            return skip(test, "not root, cannot create a network namespace");
-        }
-        for tool in ["ip", "conntrack"] {
-            if !found(tool) {
-                return skip(test, &format!("{tool} not installed"));
-            }
-        }
-        let name = format!("svp-ct-{}-{tag}", std::process::id());
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .expect("run ip");
-        if !out.status.success() {
-            return skip(
-                test,
-                &format!(
-                    "ip netns add {name} failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            );
-        }
-        Some(Netns { name })
-    }
-
     fn path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.name)
     }
@@ -133,14 +94,6 @@ impl Netns {
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
 fn ip(s: &str) -> std::net::IpAddr {
     s.parse().unwrap()
 }
@@ -160,7 +113,7 @@ fn removed_endpoint(family: IpFamily, vip: &str, ep: &str) -> ConntrackFilter {
 #[test]
 fn dumps_and_deletes_exactly_what_a_filter_matches() {
     let test = "dumps_and_deletes_exactly_what_a_filter_matches";
-    let Some(ns) = Netns::create(test, "del") else {
+    let Some(ns) = create(test, "del") else {
         return;
     };
     let udp = "-I -p udp -s 198.18.1.20 -d 198.19.0.53 --dport 53 -t 300";
@@ -253,7 +206,7 @@ fn dumps_and_deletes_exactly_what_a_filter_matches() {
 #[test]
 fn dump_and_delete_time_beside_10k_unrelated_entries() {
     let test = "dump_and_delete_time_beside_10k_unrelated_entries";
-    let Some(ns) = Netns::create(test, "perf") else {
+    let Some(ns) = create(test, "perf") else {
         return;
     };
     let mut ct = NetlinkConntrack::in_netns(ns.path());
@@ -304,7 +257,7 @@ fn dump_and_delete_time_beside_10k_unrelated_entries() {
 #[test]
 fn timeout_sysctls_are_written_in_the_namespace_only() {
     let test = "timeout_sysctls_are_written_in_the_namespace_only";
-    let Some(ns) = Netns::create(test, "sysctl") else {
+    let Some(ns) = create(test, "sysctl") else {
         return;
     };
     let host = |name: &str| {

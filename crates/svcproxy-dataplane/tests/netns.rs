@@ -11,56 +11,13 @@ mod common;
 
 use std::process::Command;
 
+use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::{cleanup, cleanup_with, DataPlaneError, NftCommand, NftDataPlane};
 use svcproxy_plan::PlanKind;
 
-/// A network namespace that exists until dropped (deleted even when the test panics).
-struct Netns {
-    name: String,
-}
-
-fn skip(test: &str, why: &str) -> Option<Netns> {
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: cannot run under CI: {why}");
-    }
-    eprintln!("SKIP {test}: {why}");
-    None
-}
-
+/// What these tests do inside their namespace (`svp-dp-<pid>-<tag>`).
 impl Netns {
-    fn create(test: &str, tag: &str) -> Option<Netns> {
-        let uid = Command::new("id").arg("-u").output();
-        if !uid.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0") {
-            return skip(test, "not root, cannot create a network namespace");
-        }
-        for tool in ["ip", "nft"] {
-            let found = Command::new("sh")
-                .arg("-c")
-                .arg(format!("command -v {tool}"))
-                .output()
-                .is_ok_and(|o| o.status.success());
-            if !found {
-                return skip(test, &format!("{tool} not installed"));
-            }
-        }
-        let name = format!("svp-dp-{}-{tag}", std::process::id());
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .expect("run ip");
-        if !out.status.success() {
-            return skip(
-                test,
-                &format!(
-                    "ip netns add {name} failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            );
-        }
-        Some(Netns { name })
-    }
-
     /// `nft` inside the namespace, for the data plane.
     fn nft_command(&self) -> NftCommand {
         NftCommand::from_argv(["ip", "netns", "exec", &self.name, "nft"])
@@ -86,12 +43,8 @@ impl Netns {
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
+fn create(test: &str, tag: &str) -> Option<Netns> {
+    Netns::create(test, "svp-dp", tag, &["ip", "nft"])
 }
 
 #[track_caller]
@@ -112,7 +65,7 @@ fn lacks(table: &str, needle: &str, step: &str) {
 
 #[test]
 fn syncs_show_in_the_kernel_and_failures_recover() {
-    let Some(ns) = Netns::create("syncs_show_in_the_kernel_and_failures_recover", "sync") else {
+    let Some(ns) = create("syncs_show_in_the_kernel_and_failures_recover", "sync") else {
         return;
     };
     let mut state = cluster(&[WEB, DB]);
@@ -218,7 +171,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
 
 #[test]
 fn cleanup_removes_only_svcproxy_tables() {
-    let Some(ns) = Netns::create("cleanup_removes_only_svcproxy_tables", "cleanup") else {
+    let Some(ns) = create("cleanup_removes_only_svcproxy_tables", "cleanup") else {
         return;
     };
     let mut nft = ns.nft_command();

@@ -6,6 +6,8 @@
 //! external IPs 203.0.113.0/24.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
