@@ -851,14 +851,15 @@ impl Ctx<'_> {
             );
         }
         let rv = store.next_rv();
-        ev["kind"] = json!("Event");
-        ev["apiVersion"] = json!(api_version);
-        let meta = ev["metadata"].as_object_mut().expect("object");
-        meta.insert("name".into(), json!(name));
-        meta.insert("namespace".into(), json!(ns));
-        meta.insert("uid".into(), json!(util::new_uid()));
-        meta.insert("creationTimestamp".into(), json!(util::now_rfc3339()));
-        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        stamp_event(
+            &mut ev,
+            api_version,
+            ns,
+            &name,
+            Some(json!(util::new_uid())),
+            Some(json!(util::now_rfc3339())),
+            rv,
+        );
         store.events.insert(key.clone(), ev.clone());
         store.event_order.push(key);
         json_response(StatusCode::CREATED, &ev)
@@ -908,21 +909,7 @@ impl Ctx<'_> {
         let (uid, created_at) = (keep(&ev, "uid"), keep(&ev, "creationTimestamp"));
         util::merge_patch(&mut ev, &patch);
         let rv = store.next_rv();
-        ev["kind"] = json!("Event");
-        ev["apiVersion"] = json!(api_version);
-        if !ev.get("metadata").is_some_and(Value::is_object) {
-            ev["metadata"] = json!({});
-        }
-        let meta = ev["metadata"].as_object_mut().expect("object");
-        meta.insert("name".into(), json!(name));
-        meta.insert("namespace".into(), json!(ns));
-        if let Some(uid) = uid {
-            meta.insert("uid".into(), uid);
-        }
-        if let Some(ts) = created_at {
-            meta.insert("creationTimestamp".into(), ts);
-        }
-        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        stamp_event(&mut ev, api_version, ns, name, uid, created_at, rv);
         store.events.insert(key.clone(), ev.clone());
         if created {
             store.event_order.push(key);
@@ -949,23 +936,47 @@ impl Ctx<'_> {
             return bad_request("the name of the object does not match the name on the URL");
         }
         let rv = store.next_rv();
-        ev["kind"] = json!("Event");
-        ev["apiVersion"] = json!(api_version);
-        if !ev.get("metadata").is_some_and(Value::is_object) {
-            ev["metadata"] = json!({});
-        }
-        let meta = ev["metadata"].as_object_mut().expect("object");
-        meta.insert("name".into(), json!(name));
-        meta.insert("namespace".into(), json!(ns));
-        meta.insert("uid".into(), old["metadata"]["uid"].clone());
-        meta.insert(
-            "creationTimestamp".into(),
-            old["metadata"]["creationTimestamp"].clone(),
+        let keep = |f: &str| Some(old["metadata"][f].clone());
+        stamp_event(
+            &mut ev,
+            api_version,
+            ns,
+            name,
+            keep("uid"),
+            keep("creationTimestamp"),
+            rv,
         );
-        meta.insert("resourceVersion".into(), json!(rv.to_string()));
         store.events.insert(key, ev.clone());
         json_response(StatusCode::OK, &ev)
     }
+}
+
+/// Sets the fields of an Event the server owns: its type, identity, and (when given)
+/// uid and creation time, and the new resourceVersion.
+fn stamp_event(
+    ev: &mut Value,
+    api_version: &str,
+    ns: &str,
+    name: &str,
+    uid: Option<Value>,
+    created: Option<Value>,
+    rv: u64,
+) {
+    ev["kind"] = json!("Event");
+    ev["apiVersion"] = json!(api_version);
+    if !ev.get("metadata").is_some_and(Value::is_object) {
+        ev["metadata"] = json!({});
+    }
+    let meta = ev["metadata"].as_object_mut().expect("object");
+    meta.insert("name".into(), json!(name));
+    meta.insert("namespace".into(), json!(ns));
+    if let Some(uid) = uid {
+        meta.insert("uid".into(), uid);
+    }
+    if let Some(ts) = created {
+        meta.insert("creationTimestamp".into(), ts);
+    }
+    meta.insert("resourceVersion".into(), json!(rv.to_string()));
 }
 
 fn watch_response(body: Body) -> Response {
