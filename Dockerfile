@@ -14,7 +14,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p svcproxy \
- && install -D -m 0755 target/release/svcproxy /out/svcproxy
+ && install -s -D -m 0755 target/release/svcproxy /out/svcproxy
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -248,10 +248,41 @@ pub async fn run(client: Client, cfg: KubeSourceConfig, tx: mpsc::Sender<Event>)
     );
 }
 
-/// Emits the start-up Event on this node's object, as kube-proxy does (best effort:
-/// a failure is logged, never fatal).
+/// How long the start-up Event is retried for (an API server still coming up at
+/// boot), and the first and largest delays between tries.
+const STARTUP_EVENT_FOR: Duration = Duration::from_secs(600);
+const STARTUP_EVENT_RETRY: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_secs(60));
+
+/// Emits the start-up Event on this node's object, as kube-proxy does: best effort,
+/// retried with backoff for [`STARTUP_EVENT_FOR`]; a failure is logged, never fatal.
 pub async fn record_startup_event(client: Client, node_name: String) {
-    let node_name = node_name.as_str();
+    let deadline = Instant::now() + STARTUP_EVENT_FOR;
+    let mut delay = STARTUP_EVENT_RETRY.0;
+    loop {
+        match try_startup_event(client.clone(), &node_name).await {
+            Ok(()) => {
+                tracing::debug!(node = node_name, "recorded the start-up event");
+                return;
+            }
+            Err(err) if Instant::now() + delay < deadline => {
+                tracing::debug!(error = %err, retry_in = ?delay, "recording the start-up event");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(STARTUP_EVENT_RETRY.1);
+            }
+            Err(err) => {
+                tracing::warn!(
+                    error = %err,
+                    node = node_name,
+                    "could not record the start-up event on this node's object"
+                );
+                return;
+            }
+        }
+    }
+}
+
+async fn try_startup_event(client: Client, node_name: &str) -> Result<(), kube::Error> {
     // kube-proxy refers to the node by name (it uses the name as UID); the real UID
     // is better when we can read it.
     let uid = match Api::<Node>::all(client.clone())
@@ -283,17 +314,9 @@ pub async fn record_startup_event(client: Client, node_name: String) {
         action: "StartSvcproxy".into(),
         secondary: None,
     };
-    match Recorder::new(client, reporter)
+    Recorder::new(client, reporter)
         .publish(&event, &reference)
         .await
-    {
-        Ok(()) => tracing::debug!(node = node_name, "recorded the start-up event"),
-        Err(err) => tracing::warn!(
-            error = %err,
-            node = node_name,
-            "could not record the start-up event on this node's object"
-        ),
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -615,8 +638,8 @@ impl Health {
                 tracing::warn!(
                     watch = self.name,
                     error = %chain(err),
-                    "lost the connection to the API server; the last known state stays in \
-                     force while the watch reconnects with backoff"
+                    "{}",
+                    failure_message(status)
                 );
             }
             Some(_) => {
@@ -666,6 +689,21 @@ impl Health {
             );
         }
         self.retry_at = None;
+    }
+}
+
+/// What a watch failure means, for the one warning it gets.
+fn failure_message(status: Option<u16>) -> &'static str {
+    match status {
+        Some(401 | 403) => {
+            "the API server refuses this watch: check svcproxy's credentials and its \
+             ClusterRole (deploy/rbac.yaml); the last known state stays in force while it \
+             retries with backoff"
+        }
+        _ => {
+            "lost the connection to the API server; the last known state stays in force \
+             while the watch reconnects with backoff"
+        }
     }
 }
 

@@ -358,4 +358,14 @@ fn errors_are_classified() {
     assert_eq!(h.error(&gone), Retry::Now);
 }
 
+#[test]
+fn a_refused_watch_points_at_credentials_and_rbac() {
+    for code in [401, 403] {
+        assert!(failure_message(Some(code)).contains("ClusterRole"));
+    }
+    for code in [None, Some(500)] {
+        assert!(failure_message(code).contains("lost the connection"));
+    }
+}
+
 mod fakeapi;

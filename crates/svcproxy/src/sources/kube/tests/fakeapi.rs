@@ -590,6 +590,32 @@ async fn the_startup_event_is_posted_on_this_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_event_is_retried_until_the_server_answers() {
+    let server = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, server.kubeconfig_yaml()).unwrap();
+    let addr = server.addr();
+    server.shutdown().await;
+    let mut c = cfg(None);
+    c.kubeconfig = Some(path);
+    let client = client(&c).await.unwrap();
+    let task = tokio::spawn(record_startup_event(client, NODE.to_string()));
+    // Down for the first tries (0, 0.5, 1.5 s...).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!task.is_finished(), "gave up while the server was down");
+    let server = FakeApiServer::start_on(addr).await.unwrap();
+    seed(&server);
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the event was retried within 10 s")
+        .unwrap();
+    let events = server.events();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["regarding"]["name"], NODE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_overrides_the_kubeconfig_server() {
     let server = FakeApiServer::start().await.unwrap();
     seed(&server);
