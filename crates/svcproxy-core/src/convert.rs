@@ -61,13 +61,15 @@ pub struct SlicePort {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SliceEndpoint {
     pub ip: IpAddr,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
-    pub ready: bool,
-    pub serving: bool,
-    pub terminating: bool,
-    pub zone_hints: Vec<String>,
-    pub node_hints: Vec<String>,
+    /// Shared with every service port's [`Endpoint`](crate::model::Endpoint) of this address.
+    pub info: Arc<EndpointInfo>,
+}
+
+impl std::ops::Deref for SliceEndpoint {
+    type Target = EndpointInfo;
+    fn deref(&self) -> &EndpointInfo {
+        &self.info
+    }
 }
 
 struct Ctx<'a> {
@@ -858,7 +860,7 @@ pub fn convert_slice(
         }
         let node_name = match ep.node_name.as_deref() {
             None | Some("") => None,
-            Some(n) if is_dns1123_subdomain(n) => Some(n.to_string()),
+            Some(n) if is_dns1123_subdomain(n) => Some(Arc::from(n)),
             Some(n) => {
                 ctx.ignore(
                     format!("{field}.nodeName"),
@@ -869,7 +871,7 @@ pub fn convert_slice(
         };
         let zone = match ep.zone.as_deref() {
             None | Some("") => None,
-            Some(z) if is_label_value(z) => Some(z.to_string()),
+            Some(z) if is_label_value(z) => Some(Arc::from(z)),
             Some(z) => {
                 ctx.ignore(
                     format!("{field}.zone"),
@@ -905,13 +907,15 @@ pub fn convert_slice(
         );
         endpoints.push(SliceEndpoint {
             ip,
-            node_name,
-            zone,
-            ready,
-            serving,
-            terminating,
-            zone_hints,
-            node_hints,
+            info: Arc::new(EndpointInfo {
+                node_name,
+                zone,
+                ready,
+                serving,
+                terminating,
+                zone_hints,
+                node_hints,
+            }),
         });
     }
     Some(Slice {
@@ -929,7 +933,11 @@ pub fn convert_slice(
     })
 }
 
-fn hint_list(ctx: &mut Ctx<'_>, field: &str, names: impl Iterator<Item = String>) -> Vec<String> {
+fn hint_list(
+    ctx: &mut Ctx<'_>,
+    field: &str,
+    names: impl Iterator<Item = String>,
+) -> Box<[Arc<str>]> {
     let mut out: Vec<String> = Vec::new();
     for (i, n) in names.enumerate() {
         if i == 64 {
@@ -948,7 +956,7 @@ fn hint_list(ctx: &mut Ctx<'_>, field: &str, names: impl Iterator<Item = String>
         }
     }
     out.sort();
-    out
+    out.into_iter().map(Arc::from).collect()
 }
 
 // ---------------------------------------------------------------------------

@@ -298,6 +298,27 @@ impl ServicePort {
         })
     }
 
+    /// [`ServicePort::for_family`], sharing `port` itself when it has addresses and
+    /// ranges of `family` only (a single-stack service, the common case).
+    pub fn shared_for_family(
+        port: &Arc<ServicePort>,
+        family: IpFamily,
+    ) -> Option<Arc<ServicePort>> {
+        let of_family = |ip: &IpAddr| IpFamily::of(ip) == family;
+        let only_family = port.cluster_ips.iter().all(of_family)
+            && port.external_ips.iter().all(of_family)
+            && port.load_balancer_ingress.iter().all(|i| of_family(&i.ip))
+            && port
+                .load_balancer_source_ranges
+                .iter()
+                .flatten()
+                .all(|n| IpFamily::of_net(n) == family);
+        if only_family && !port.cluster_ips.is_empty() {
+            return Some(port.clone());
+        }
+        port.for_family(family).map(Arc::new)
+    }
+
     /// Load-balancer IPs the proxy captures (ipMode VIP).
     pub fn load_balancer_vips(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.load_balancer_ingress
@@ -342,20 +363,39 @@ pub struct Service {
     pub ports: Vec<Arc<ServicePort>>,
 }
 
-/// One endpoint of one service port, after port resolution and condition defaulting.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Endpoint {
-    pub ip: IpAddr,
-    pub port: u16,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+/// What an EndpointSlice says about one endpoint address, whatever the port: shared
+/// (behind an `Arc`) by the slice and by the endpoint list of every service port
+/// that includes the address, so 100k endpoints on two ports are stored once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointInfo {
+    /// Interned: one allocation per distinct node name, however many endpoints.
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
     /// `hints.forZones`; empty when unset.
-    pub zone_hints: Vec<String>,
+    pub zone_hints: Box<[Arc<str>]>,
     /// `hints.forNodes`; empty when unset.
-    pub node_hints: Vec<String>,
+    pub node_hints: Box<[Arc<str>]>,
+}
+
+/// One endpoint of one service port, after port resolution and condition defaulting.
+///
+/// Derefs to its [`EndpointInfo`] (`ep.ready`, `ep.node_name`); the info is shared,
+/// so changing it goes through `Arc::make_mut(&mut ep.info)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub info: Arc<EndpointInfo>,
+}
+
+impl std::ops::Deref for Endpoint {
+    type Target = EndpointInfo;
+    fn deref(&self) -> &EndpointInfo {
+        &self.info
+    }
 }
 
 impl Endpoint {

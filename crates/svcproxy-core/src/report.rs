@@ -15,7 +15,7 @@ use crate::model::{Endpoint, IpMode};
 use crate::problem::Problem;
 use crate::snapshot::{NodeSnapshot, ServicePortView};
 
-fn endpoint_list(eps: &Option<Vec<Arc<Endpoint>>>) -> Value {
+fn endpoint_list(eps: &Option<Arc<[Endpoint]>>) -> Value {
     match eps {
         None => Value::Null,
         Some(v) => Value::Array(v.iter().map(|e| Value::String(e.to_string())).collect()),
@@ -186,7 +186,7 @@ pub fn snapshot_table(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Str
             if let Some(np) = p.node_port {
                 addrs.push(format!("nodePort {np}"));
             }
-            let eps = |e: &Option<Vec<Arc<Endpoint>>>| match e {
+            let eps = |e: &Option<Arc<[Endpoint]>>| match e {
                 None => "-".to_string(),
                 Some(v) if v.is_empty() => "(none)".to_string(),
                 Some(v) => v

@@ -25,11 +25,12 @@ pub struct NodeContext<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Selection {
     /// Endpoints cluster-policy traffic may reach; `None` when no traffic to this
-    /// port uses the cluster policy on this node.
-    pub cluster_endpoints: Option<Vec<Arc<Endpoint>>>,
+    /// port uses the cluster policy on this node. Shares the port's list when it
+    /// holds every endpoint (the usual case).
+    pub cluster_endpoints: Option<Arc<[Endpoint]>>,
     /// Endpoints local-policy traffic may reach (this node's); `None` when no traffic
     /// to this port uses a Local policy.
-    pub local_endpoints: Option<Vec<Arc<Endpoint>>>,
+    pub local_endpoints: Option<Arc<[Endpoint]>>,
     /// Usable (ready, or serving and terminating) endpoints exist anywhere: with none,
     /// traffic is rejected; with some but none local, Local-policy traffic is dropped.
     pub has_any_endpoints: bool,
@@ -43,9 +44,8 @@ impl Selection {
         let mut all: Vec<&Endpoint> = self
             .cluster_endpoints
             .iter()
-            .flatten()
-            .chain(self.local_endpoints.iter().flatten())
-            .map(|e| &**e)
+            .chain(self.local_endpoints.iter())
+            .flat_map(|l| l.iter())
             .collect();
         all.sort_by_key(|e| (e.ip, e.port));
         all.dedup_by(|a, b| (a.ip, a.port) == (b.ip, b.port));
@@ -60,12 +60,20 @@ impl Endpoint {
 }
 
 /// Decides which endpoints serve cluster-wide and node-local traffic to `port` from
-/// this node. `endpoints` are the port's endpoints of the port's family.
+/// this node. `endpoints` are the port's endpoints of the port's family, sorted by
+/// address and port; a selection of all of them shares the list.
 pub fn select_endpoints(
     port: &ServicePort,
-    endpoints: &[Arc<Endpoint>],
+    endpoints: &Arc<[Endpoint]>,
     node: &NodeContext<'_>,
 ) -> Selection {
+    let share = |picked: Vec<Endpoint>| -> Arc<[Endpoint]> {
+        if *picked == **endpoints {
+            endpoints.clone()
+        } else {
+            picked.into()
+        }
+    };
     let has_any_endpoints = endpoints.iter().any(|e| e.usable());
     let mut reasons = Vec::new();
 
@@ -75,14 +83,14 @@ pub fn select_endpoints(
             None => by_hints(port, endpoints, node),
         };
         reasons.push(format!("cluster: {why}"));
-        eps
+        share(eps)
     });
 
     let local_endpoints = port.uses_local_endpoints().then(|| {
-        let local = |ep: &&Arc<Endpoint>| ep.node_name.as_deref() == Some(node.node_name);
+        let local = |ep: &&Endpoint| ep.node_name.as_deref() == Some(node.node_name);
         let (eps, why) = ready_or_terminating(endpoints.iter().filter(local));
         reasons.push(format!("local: {why} on this node"));
-        eps
+        share(eps)
     });
 
     Selection {
@@ -95,8 +103,8 @@ pub fn select_endpoints(
 
 /// The ready endpoints among `candidates`; if none, the serving-terminating ones.
 fn ready_or_terminating<'e>(
-    candidates: impl Iterator<Item = &'e Arc<Endpoint>> + Clone,
-) -> (Vec<Arc<Endpoint>>, &'static str) {
+    candidates: impl Iterator<Item = &'e Endpoint> + Clone,
+) -> (Vec<Endpoint>, &'static str) {
     let ready = collect(candidates.clone().filter(|e| e.ready));
     if !ready.is_empty() {
         return (ready, "ready endpoints");
@@ -111,8 +119,8 @@ fn ready_or_terminating<'e>(
     (Vec::new(), "no usable endpoint")
 }
 
-fn collect<'e>(it: impl Iterator<Item = &'e Arc<Endpoint>>) -> Vec<Arc<Endpoint>> {
-    let mut v: Vec<Arc<Endpoint>> = it.cloned().collect();
+fn collect<'e>(it: impl Iterator<Item = &'e Endpoint>) -> Vec<Endpoint> {
+    let mut v: Vec<Endpoint> = it.cloned().collect();
     v.sort_by_key(|e| (e.ip, e.port));
     v
 }
@@ -123,9 +131,9 @@ fn collect<'e>(it: impl Iterator<Item = &'e Arc<Endpoint>>) -> Vec<Arc<Endpoint>
 /// The same filter then applies to the serving-terminating fallback.
 fn by_hints(
     port: &ServicePort,
-    endpoints: &[Arc<Endpoint>],
+    endpoints: &[Endpoint],
     node: &NodeContext<'_>,
-) -> (Vec<Arc<Endpoint>>, String) {
+) -> (Vec<Endpoint>, String) {
     let opted_in = port.traffic_distribution.is_some()
         || matches!(port.topology_mode.as_deref(), Some("Auto" | "auto"));
     let zone = node
@@ -133,7 +141,7 @@ fn by_hints(
         .get(LABEL_ZONE)
         .map(String::as_str)
         .unwrap_or("");
-    let ready: Vec<&Arc<Endpoint>> = endpoints.iter().filter(|e| e.ready).collect();
+    let ready: Vec<&Endpoint> = endpoints.iter().filter(|e| e.ready).collect();
 
     #[derive(Clone, Copy)]
     enum Mode {
@@ -146,10 +154,12 @@ fn by_hints(
         let all_node = ready.iter().all(|e| !e.node_hints.is_empty());
         let for_node = ready
             .iter()
-            .any(|e| e.node_hints.iter().any(|h| h == node.node_name));
+            .any(|e| e.node_hints.iter().any(|h| &**h == node.node_name));
         let all_zone = ready.iter().all(|e| !e.zone_hints.is_empty());
-        let for_zone =
-            !zone.is_empty() && ready.iter().any(|e| e.zone_hints.iter().any(|h| h == zone));
+        let for_zone = !zone.is_empty()
+            && ready
+                .iter()
+                .any(|e| e.zone_hints.iter().any(|h| &**h == zone));
         // Node hints are only ever written for PreferSameNode; honour them whenever
         // present, as upstream does, and fall back to zone hints otherwise.
         if all_node && for_node {
@@ -158,10 +168,10 @@ fn by_hints(
             mode = Mode::Zone;
         }
     }
-    let fits = |e: &&Arc<Endpoint>| match mode {
+    let fits = |e: &&Endpoint| match mode {
         Mode::All => true,
-        Mode::Node => e.node_hints.iter().any(|h| h == node.node_name),
-        Mode::Zone => e.zone_hints.iter().any(|h| h == zone),
+        Mode::Node => e.node_hints.iter().any(|h| &**h == node.node_name),
+        Mode::Zone => e.zone_hints.iter().any(|h| &**h == zone),
     };
     let (eps, why) = ready_or_terminating(endpoints.iter().filter(fits));
     let why = match (mode, port.traffic_distribution) {
@@ -184,9 +194,9 @@ fn by_hints(
 /// never beats a ready one that a later key (such as `*`) allows.
 fn by_topology_keys(
     keys: &[TopologyKey],
-    endpoints: &[Arc<Endpoint>],
+    endpoints: &[Endpoint],
     node: &NodeContext<'_>,
-) -> (Vec<Arc<Endpoint>>, String) {
+) -> (Vec<Endpoint>, String) {
     let matches = |key: &TopologyKey, ep: &Endpoint| -> bool {
         match key {
             TopologyKey::Any => true,

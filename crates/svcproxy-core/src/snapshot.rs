@@ -20,7 +20,7 @@ pub struct ServicePortView {
     /// Every endpoint of this family the slices list for this port (deduplicated,
     /// sorted by address and port), whatever its condition. Shared with
     /// `selection`, which picks among them.
-    pub endpoints: Vec<Arc<Endpoint>>,
+    pub endpoints: Arc<[Endpoint]>,
     /// What each kind of traffic may reach from this node.
     pub selection: Selection,
 }
@@ -85,7 +85,7 @@ pub fn health_checks(snaps: &[&NodeSnapshot]) -> BTreeMap<ServiceName, HealthChe
                 local_endpoints: 0,
             });
             let ips = local.entry(&name.service).or_default();
-            for ep in &view.endpoints {
+            for ep in view.endpoints.iter() {
                 if ep.ready && ep.node_name.as_deref() == Some(snap.node_name.as_str()) {
                     ips.insert(ep.ip);
                 }
@@ -108,7 +108,7 @@ pub fn no_local_endpoints(snaps: &[&NodeSnapshot]) -> (usize, usize) {
     for snap in snaps {
         for view in snap.service_ports.values() {
             let sel = &view.selection;
-            let no_local = sel.local_endpoints.as_ref().is_none_or(Vec::is_empty);
+            let no_local = sel.local_endpoints.as_ref().is_none_or(|l| l.is_empty());
             if !sel.has_any_endpoints || !no_local {
                 continue;
             }

@@ -72,6 +72,59 @@ pub struct ClusterState {
     /// Invalid objects and fields seen, by kind (a metric).
     invalid_counts: BTreeMap<Kind, u64>,
     last: Option<(Arc<NodeSnapshot>, Arc<NodeSnapshot>)>,
+    /// Endpoint infos (and the names in them), interned.
+    interned: Interner,
+}
+
+/// Interned endpoint infos: endpoints differ by address, but all the endpoints on one
+/// node with the same conditions and hints say the same thing about it, so 100k
+/// endpoints on 5k nodes hold about 5k infos and 5k node-name strings.
+#[derive(Default)]
+struct Interner {
+    names: HashSet<Arc<str>>,
+    infos: HashSet<Arc<EndpointInfo>>,
+    /// Sizes after the last [`Interner::prune`].
+    kept: usize,
+}
+
+impl Interner {
+    fn name(&mut self, name: &mut Arc<str>) {
+        match self.names.get(&**name) {
+            Some(shared) => *name = shared.clone(),
+            None => {
+                self.names.insert(name.clone());
+            }
+        }
+    }
+
+    fn info(&mut self, info: &mut Arc<EndpointInfo>) {
+        if let Some(shared) = self.infos.get(info) {
+            *info = shared.clone();
+            return;
+        }
+        if let Some(fresh) = Arc::get_mut(info) {
+            for name in fresh.node_name.iter_mut().chain(fresh.zone.iter_mut()) {
+                self.name(name);
+            }
+            for name in fresh
+                .zone_hints
+                .iter_mut()
+                .chain(fresh.node_hints.iter_mut())
+            {
+                self.name(name);
+            }
+        }
+        self.infos.insert(info.clone());
+    }
+
+    /// Forgets what no endpoint uses any more, once the sets have doubled.
+    fn prune(&mut self) {
+        if self.names.len() + self.infos.len() > 2 * self.kept + 1024 {
+            self.infos.retain(|i| Arc::strong_count(i) > 1);
+            self.names.retain(|n| Arc::strong_count(n) > 1);
+            self.kept = self.names.len() + self.infos.len();
+        }
+    }
 }
 
 impl ClusterState {
@@ -91,6 +144,7 @@ impl ClusterState {
             unmatched_ports: BTreeMap::new(),
             invalid_counts: BTreeMap::new(),
             last: None,
+            interned: Interner::default(),
         }
     }
 
@@ -232,7 +286,10 @@ impl ClusterState {
         self.unmatched_ports.remove(key);
     }
 
-    fn set_slice(&mut self, key: SliceKey, slice: Option<Slice>) {
+    fn set_slice(&mut self, key: SliceKey, mut slice: Option<Slice>) {
+        for e in slice.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
+            self.interned.info(&mut e.info);
+        }
         if let Some(old) = self.slices.get(&key) {
             let svc = old.service.clone();
             if let Some(set) = self.slices_by_service.get_mut(&svc) {
@@ -308,6 +365,7 @@ impl ClusterState {
         let slice_changes = self.slices.take_changes();
         let node_changes = self.nodes.take_changes();
         self.service_cidrs.take_changes();
+        self.interned.prune();
 
         let mut trigger_times = Vec::new();
         let mut affected: BTreeSet<ServiceName> = BTreeSet::new();
@@ -391,13 +449,13 @@ impl ClusterState {
                 .collect();
             if let Some(svc) = self.services.get(svc_name) {
                 for port in &svc.ports {
-                    let Some(narrowed) = port.for_family(family) else {
+                    let Some(narrowed) = ServicePort::shared_for_family(port, family) else {
                         continue;
                     };
                     let endpoints = self.endpoints_for(&narrowed, family);
                     let selection = select_endpoints(&narrowed, &endpoints, &ctx);
                     let view = ServicePortView {
-                        port: Arc::new(narrowed),
+                        port: narrowed,
                         endpoints,
                         selection,
                     };
@@ -434,7 +492,7 @@ impl ClusterState {
     /// that family contributes the endpoints of its port with the same name and
     /// protocol, at that slice's port number. The same address and port listed twice
     /// counts once (the local copy wins, as upstream).
-    fn endpoints_for(&self, port: &ServicePort, family: IpFamily) -> Vec<Arc<Endpoint>> {
+    fn endpoints_for(&self, port: &ServicePort, family: IpFamily) -> Arc<[Endpoint]> {
         let svc = &port.name.service;
         let mut by_addr: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
         for slice_name in self.slices_by_service.get(svc).into_iter().flatten() {
@@ -458,13 +516,7 @@ impl ClusterState {
                 let ep = Endpoint {
                     ip: e.ip,
                     port: sp.port,
-                    node_name: e.node_name.clone(),
-                    zone: e.zone.clone(),
-                    ready: e.ready,
-                    serving: e.serving,
-                    terminating: e.terminating,
-                    zone_hints: e.zone_hints.clone(),
-                    node_hints: e.node_hints.clone(),
+                    info: e.info.clone(),
                 };
                 let local = ep.node_name.as_deref() == Some(self.config.node_name.as_str());
                 match by_addr.entry((ep.ip, ep.port)) {
@@ -479,7 +531,7 @@ impl ClusterState {
                 }
             }
         }
-        by_addr.into_values().map(Arc::new).collect()
+        by_addr.into_values().collect()
     }
 
     /// A slice port that names no port of its (existing) service is a mistake worth

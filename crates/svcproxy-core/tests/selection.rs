@@ -54,43 +54,48 @@ fn ep(name: &str) -> Endpoint {
     Endpoint {
         ip: ip.parse().unwrap(),
         port: 8080,
-        node_name: node.map(str::to_string),
-        zone: zone.map(str::to_string),
-        ready: true,
-        serving: true,
-        terminating: false,
-        zone_hints: vec![],
-        node_hints: vec![],
+        info: Arc::new(EndpointInfo {
+            node_name: node.map(Arc::from),
+            zone: zone.map(Arc::from),
+            ready: true,
+            serving: true,
+            terminating: false,
+            zone_hints: Box::default(),
+            node_hints: Box::default(),
+        }),
     }
 }
 
 fn terminating(mut e: Endpoint) -> Endpoint {
-    e.ready = false;
-    e.serving = true;
-    e.terminating = true;
+    let info = Arc::make_mut(&mut e.info);
+    info.ready = false;
+    info.serving = true;
+    info.terminating = true;
     e
 }
 
 fn not_serving(mut e: Endpoint) -> Endpoint {
-    e.ready = false;
-    e.serving = false;
-    e.terminating = true;
+    let info = Arc::make_mut(&mut e.info);
+    info.ready = false;
+    info.serving = false;
+    info.terminating = true;
     e
 }
 
 fn not_ready(mut e: Endpoint) -> Endpoint {
-    e.ready = false;
-    e.serving = false;
+    let info = Arc::make_mut(&mut e.info);
+    info.ready = false;
+    info.serving = false;
     e
 }
 
 fn zone_hints(mut e: Endpoint, zones: &[&str]) -> Endpoint {
-    e.zone_hints = zones.iter().map(|z| z.to_string()).collect();
+    Arc::make_mut(&mut e.info).zone_hints = zones.iter().map(|&z| Arc::from(z)).collect();
     e
 }
 
 fn node_hints(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
-    e.node_hints = nodes.iter().map(|n| n.to_string()).collect();
+    Arc::make_mut(&mut e.info).node_hints = nodes.iter().map(|&n| Arc::from(n)).collect();
     e
 }
 
@@ -103,7 +108,7 @@ fn name_of(e: &Endpoint) -> &'static str {
     panic!("unplanned endpoint {e}")
 }
 
-fn names(eps: &Option<Vec<Arc<Endpoint>>>) -> Option<Vec<&'static str>> {
+fn names(eps: &Option<Arc<[Endpoint]>>) -> Option<Vec<&'static str>> {
     eps.as_ref().map(|v| {
         let mut n: Vec<_> = v.iter().map(|e| name_of(e)).collect();
         n.sort();
@@ -170,8 +175,10 @@ fn select_on(
         labels: all_nodes.get(this_node).unwrap_or(&empty),
         node_labels: &lookup,
     };
-    let eps: Vec<Arc<Endpoint>> = eps.iter().cloned().map(Arc::new).collect();
-    select_endpoints(port, &eps, &ctx)
+    // The state hands selection each port's list sorted by address and port.
+    let mut eps = eps.to_vec();
+    eps.sort_by_key(|e| (e.ip, e.port));
+    select_endpoints(port, &Arc::from(eps), &ctx)
 }
 
 fn select(port: &ServicePort, eps: &[Endpoint]) -> Selection {

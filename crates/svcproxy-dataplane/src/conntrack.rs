@@ -388,8 +388,8 @@ fn push_port_filters(
 mod tests {
     use super::*;
     use svcproxy_core::model::{
-        Endpoint, IpMode, LoadBalancerIngress, ServiceName, ServicePortName, ServiceType,
-        TrafficPolicy,
+        Endpoint, EndpointInfo, IpMode, LoadBalancerIngress, ServiceName, ServicePortName,
+        ServiceType, TrafficPolicy,
     };
     use svcproxy_core::selection::Selection;
 
@@ -439,26 +439,25 @@ mod tests {
         }
     }
 
-    fn ep(addr: &str, port: u16) -> Arc<Endpoint> {
-        Arc::new(Endpoint {
+    fn ep(addr: &str, port: u16) -> Endpoint {
+        Endpoint {
             ip: ip(addr),
             port,
-            node_name: Some("node-b".into()),
-            zone: None,
-            ready: true,
-            serving: true,
-            terminating: false,
-            zone_hints: vec![],
-            node_hints: vec![],
-        })
+            info: Arc::new(EndpointInfo {
+                node_name: Some("node-b".into()),
+                ready: true,
+                serving: true,
+                ..EndpointInfo::default()
+            }),
+        }
     }
 
-    fn view(port: &ServicePort, eps: &[Arc<Endpoint>], usable: bool) -> Arc<ServicePortView> {
+    fn view(port: &ServicePort, eps: &[Endpoint], usable: bool) -> Arc<ServicePortView> {
         Arc::new(ServicePortView {
             port: Arc::new(port.clone()),
-            endpoints: eps.to_vec(),
+            endpoints: eps.into(),
             selection: Selection {
-                cluster_endpoints: Some(eps.to_vec()),
+                cluster_endpoints: Some(eps.into()),
                 local_endpoints: None,
                 has_any_endpoints: usable,
                 reason: String::new(),
@@ -600,7 +599,7 @@ mod tests {
         let before = view(&p, &[ep(EP_A, 8080), ep(EP_B, 8080)], true);
         // Same endpoints listed, but selection now keeps only EP_B for this node.
         let mut narrowed = (*before).clone();
-        narrowed.selection.cluster_endpoints = Some(vec![ep(EP_B, 8080)]);
+        narrowed.selection.cluster_endpoints = Some(Arc::from([ep(EP_B, 8080)]));
         let got = cleanup_filters(&update(&[before]), &update(&[Arc::new(narrowed)]));
         assert_eq!(got.len(), 4);
         assert!(got.iter().all(|f| f.reply_src == Some(ip(EP_A))));

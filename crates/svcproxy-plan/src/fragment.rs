@@ -319,10 +319,10 @@ impl Fragment {
         let name_of = |prefix| ObjName::new(prefix, hash);
         let affinity_timeout = p.session_affinity_timeout.map(|t| t.max(1));
 
-        let of_family = |eps: &Option<Vec<Arc<Endpoint>>>| -> Option<Vec<(IpAddr, u16)>> {
+        let of_family = |eps: &Option<Arc<[Endpoint]>>| -> Option<Vec<(IpAddr, u16)>> {
             let v: Vec<(IpAddr, u16)> = eps
                 .iter()
-                .flatten()
+                .flat_map(|l| l.iter())
                 .filter(|e| IpFamily::of(&e.ip) == family)
                 .map(|e| (e.ip, e.port))
                 .collect();

@@ -27,18 +27,20 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn endpoint(addr: &str, node: &str) -> Arc<Endpoint> {
-    Arc::new(Endpoint {
+fn endpoint(addr: &str, node: &str) -> Endpoint {
+    Endpoint {
         ip: ip(addr),
         port: 8080,
-        node_name: Some(node.to_string()),
-        zone: Some("zone\"; drop".to_string()),
-        ready: true,
-        serving: true,
-        terminating: false,
-        zone_hints: vec!["}{".to_string()],
-        node_hints: Vec::new(),
-    })
+        info: Arc::new(EndpointInfo {
+            node_name: Some(node.into()),
+            zone: Some("zone\"; drop".into()),
+            ready: true,
+            serving: true,
+            terminating: false,
+            zone_hints: Box::new(["}{".into()]),
+            node_hints: Box::default(),
+        }),
+    }
 }
 
 /// node-a's snapshot holding one service port with every kind of object.
@@ -72,10 +74,10 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
     };
     let view = ServicePortView {
         port: Arc::new(sp),
-        endpoints: vec![local.clone(), remote.clone()],
+        endpoints: Arc::from([local.clone(), remote.clone()]),
         selection: Selection {
-            cluster_endpoints: Some(vec![local.clone(), remote]),
-            local_endpoints: Some(vec![local]),
+            cluster_endpoints: Some(Arc::from([local.clone(), remote])),
+            local_endpoints: Some(Arc::from([local])),
             has_any_endpoints: true,
             reason: "\"}; flush ruleset".to_string(),
         },

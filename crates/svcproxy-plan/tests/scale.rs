@@ -33,19 +33,16 @@ fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
         protocol: Protocol::Tcp,
     };
     let cluster_ip = IpAddr::V4(Ipv4Addr::from(0xC613_0000u32 + i as u32 + 1)); // 198.19.x.y
-    let eps: Vec<Arc<Endpoint>> = (0..endpoints)
-        .map(|e| {
-            Arc::new(Endpoint {
-                ip: IpAddr::V4(Ipv4Addr::from(0x0A00_0000u32 + (i * endpoints + e) as u32)),
-                port: 8080,
-                node_name: Some(format!("node-{}", e % 3)),
-                zone: None,
+    let eps: Vec<Endpoint> = (0..endpoints)
+        .map(|e| Endpoint {
+            ip: IpAddr::V4(Ipv4Addr::from(0x0A00_0000u32 + (i * endpoints + e) as u32)),
+            port: 8080,
+            info: Arc::new(EndpointInfo {
+                node_name: Some(format!("node-{}", e % 3).into()),
                 ready: true,
                 serving: true,
-                terminating: false,
-                zone_hints: Vec::new(),
-                node_hints: Vec::new(),
-            })
+                ..EndpointInfo::default()
+            }),
         })
         .collect();
     let port = ServicePort {
@@ -67,9 +64,9 @@ fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
     };
     let v = ServicePortView {
         port: Arc::new(port),
-        endpoints: eps.clone(),
+        endpoints: eps.clone().into(),
         selection: Selection {
-            cluster_endpoints: Some(eps),
+            cluster_endpoints: Some(eps.into()),
             local_endpoints: None,
             has_any_endpoints: true,
             reason: String::new(),
