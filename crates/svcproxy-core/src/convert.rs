@@ -505,7 +505,7 @@ pub fn convert_service(
         ports.push(Arc::new(ServicePort {
             name: ServicePortName {
                 service: name.clone(),
-                port: port_name,
+                port: port_name.into(),
                 protocol,
             },
             service_type,

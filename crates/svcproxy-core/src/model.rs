@@ -110,18 +110,19 @@ impl fmt::Display for Protocol {
     }
 }
 
-/// A Service's namespace and name.
+/// A Service's namespace and name. Cheap to clone: the strings are shared by every
+/// port, slice and snapshot entry of the service.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceName {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl ServiceName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
         ServiceName {
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: namespace.as_ref().into(),
+            name: name.as_ref().into(),
         }
     }
 }
@@ -141,7 +142,7 @@ impl fmt::Display for ServiceName {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServicePortName {
     pub service: ServiceName,
-    pub port: String,
+    pub port: Arc<str>,
     pub protocol: Protocol,
 }
 

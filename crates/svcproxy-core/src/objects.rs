@@ -56,11 +56,11 @@ pub struct ObjectKey {
 }
 
 impl ObjectKey {
-    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(kind: Kind, namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
         ObjectKey {
             kind,
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: namespace.as_ref().to_string(),
+            name: name.as_ref().to_string(),
         }
     }
 }

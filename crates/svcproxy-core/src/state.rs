@@ -28,7 +28,8 @@ pub struct StateConfig {
     pub service_proxy_name: Option<String>,
 }
 
-type SliceKey = (String, String);
+/// A slice's namespace and name.
+type SliceKey = (Arc<str>, Arc<str>);
 
 /// The result of [`ClusterState::snapshot`].
 #[derive(Clone, Debug)]
@@ -59,7 +60,7 @@ pub struct ClusterState {
     services: Tracker<ServiceName, Service>,
     slices: Tracker<SliceKey, Slice>,
     /// Slice names per service, from the current slices.
-    slices_by_service: HashMap<ServiceName, BTreeSet<String>>,
+    slices_by_service: HashMap<ServiceName, BTreeSet<Arc<str>>>,
     nodes: Tracker<String, NodeInfo>,
     service_cidrs: Tracker<String, Vec<IpNet>>,
     /// Slices mirrored from each legacy Endpoints object.
@@ -228,7 +229,7 @@ impl ClusterState {
             }
             KubeObject::EndpointSlice(slice) => {
                 let converted = convert::convert_slice(slice, &mut problems);
-                self.set_slice((key.namespace.clone(), key.name.clone()), converted);
+                self.set_slice(slice_key(&key), converted);
             }
             KubeObject::Node(node) => {
                 let converted = convert::convert_node(node, &mut problems);
@@ -269,7 +270,7 @@ impl ClusterState {
                 self.services
                     .set(ServiceName::new(&key.namespace, &key.name), None);
             }
-            Kind::EndpointSlice => self.set_slice((key.namespace.clone(), key.name.clone()), None),
+            Kind::EndpointSlice => self.set_slice(slice_key(key), None),
             Kind::Node => {
                 self.nodes.set(key.name.clone(), None);
             }
@@ -508,7 +509,7 @@ impl ClusterState {
             let Some(sp) = slice
                 .ports
                 .iter()
-                .find(|p| p.name == port.name.port && p.protocol == port.name.protocol)
+                .find(|p| *p.name == *port.name.port && p.protocol == port.name.protocol)
             else {
                 continue;
             };
@@ -540,7 +541,7 @@ impl ClusterState {
     fn warn_unmatched_slice_ports(&mut self, affected: &BTreeSet<ServiceName>) {
         for svc_name in affected {
             let svc = self.services.get(svc_name).cloned();
-            let slice_names: Vec<String> = self
+            let slice_names: Vec<Arc<str>> = self
                 .slices_by_service
                 .get(svc_name)
                 .into_iter()
@@ -559,7 +560,7 @@ impl ClusterState {
                         let matched = svc
                             .ports
                             .iter()
-                            .any(|p| p.name.port == sp.name && p.name.protocol == sp.protocol);
+                            .any(|p| *p.name.port == *sp.name && p.name.protocol == sp.protocol);
                         if !matched {
                             found.push(Problem::new(
                                 &key,
@@ -591,10 +592,14 @@ impl ClusterState {
     }
 }
 
+fn slice_key(key: &ObjectKey) -> SliceKey {
+    (key.namespace.as_str().into(), key.name.as_str().into())
+}
+
 fn port_range_start(svc: &ServiceName) -> ServicePortName {
     ServicePortName {
         service: svc.clone(),
-        port: String::new(),
+        port: "".into(),
         protocol: Protocol::Tcp,
     }
 }

@@ -47,7 +47,7 @@ fn endpoint(addr: &str, node: &str) -> Endpoint {
 fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
     let spn = ServicePortName {
         service: ServiceName::new(ns, name),
-        port: port.to_string(),
+        port: port.into(),
         protocol: Protocol::Tcp,
     };
     let local = endpoint("198.18.1.5", node);

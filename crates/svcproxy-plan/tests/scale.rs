@@ -29,7 +29,7 @@ fn env(name: &str, default: usize) -> usize {
 fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
     let name = ServicePortName {
         service: ServiceName::new("bench", format!("svc-{i}")),
-        port: "http".to_string(),
+        port: "http".into(),
         protocol: Protocol::Tcp,
     };
     let cluster_ip = IpAddr::V4(Ipv4Addr::from(0xC613_0000u32 + i as u32 + 1)); // 198.19.x.y

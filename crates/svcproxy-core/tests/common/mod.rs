@@ -76,7 +76,7 @@ pub fn port_name(
 ) -> ServicePortName {
     ServicePortName {
         service: ServiceName::new(namespace, service),
-        port: port.to_string(),
+        port: port.into(),
         protocol,
     }
 }

@@ -180,7 +180,7 @@ pub fn plan_config() -> PlanConfig {
 pub fn spn(name: &str, port: &str) -> ServicePortName {
     ServicePortName {
         service: ServiceName::new("demo", name),
-        port: port.to_string(),
+        port: port.into(),
         protocol: Protocol::Tcp,
     }
 }

@@ -228,7 +228,7 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 pub fn spn(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
     ServicePortName {
         service: ServiceName::new(ns, name),
-        port: port.to_string(),
+        port: port.into(),
         protocol,
     }
 }
