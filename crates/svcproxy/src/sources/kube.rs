@@ -37,7 +37,7 @@ use svcproxy_core::model::{
     ANNOTATION_LAST_CHANGE_TRIGGER_TIME, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_TOPOLOGY_KEYS,
     ANNOTATION_TOPOLOGY_MODE, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME,
 };
-use svcproxy_core::objects::{KubeObject, ObjectKey, SourceUpdate};
+use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -443,14 +443,39 @@ impl<K> MapObject<K> for watcher::Event<K> {
     }
 }
 
+/// An [`ObjectKey`] in one allocation (the namespace and name back to back): a
+/// watch of 10k objects holds 10k of these.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    kind: Kind,
+    namespace_len: u32,
+    text: Box<str>,
+}
+
+impl Key {
+    fn of(key: &ObjectKey) -> Key {
+        Key {
+            kind: key.kind,
+            namespace_len: key.namespace.len() as u32,
+            text: [key.namespace.as_str(), key.name.as_str()].concat().into(),
+        }
+    }
+
+    fn object_key(&self) -> ObjectKey {
+        let (namespace, name) = self.text.split_at(self.namespace_len as usize);
+        ObjectKey::new(self.kind, namespace, name)
+    }
+}
+
 /// What one watch has sent, and what it is about to send.
 struct WatchState {
     name: &'static str,
-    /// Every key upserted and not since deleted (including those of an interrupted
-    /// list, so that a later list can still delete them).
-    known: HashSet<ObjectKey>,
+    /// Every key upserted and not since deleted, apart from those of the list in
+    /// progress (an interrupted list's keys are merged in, so that a later list can
+    /// still delete them).
+    known: HashSet<Key>,
     /// Keys seen by the list in progress.
-    listing: Option<HashSet<ObjectKey>>,
+    listing: Option<HashSet<Key>>,
     lists_done: u64,
     ready_sent: bool,
     pending: Vec<SourceUpdate>,
@@ -484,16 +509,22 @@ impl WatchState {
                     self.seal();
                     self.outbox.push(Event::Relisting(self.name));
                 }
-                self.listing = Some(HashSet::new());
+                if let Some(interrupted) = self.listing.replace(HashSet::new()) {
+                    self.known.extend(interrupted);
+                }
             }
             watcher::Event::InitApply(obj) => {
-                let key = obj.key();
+                let key = Key::of(&obj.key());
                 self.listing.get_or_insert_with(HashSet::new).insert(key);
-                self.upsert(obj);
+                self.send_upsert(obj);
             }
             watcher::Event::InitDone => {
                 let listed = self.listing.take().unwrap_or_default();
-                let mut gone: Vec<ObjectKey> = self.known.difference(&listed).cloned().collect();
+                let mut gone: Vec<ObjectKey> = self
+                    .known
+                    .difference(&listed)
+                    .map(Key::object_key)
+                    .collect();
                 gone.sort();
                 if self.lists_done > 0 || !gone.is_empty() {
                     tracing::info!(
@@ -518,9 +549,10 @@ impl WatchState {
             watcher::Event::Apply(obj) => self.upsert(obj),
             watcher::Event::Delete(obj) => {
                 let key = obj.key();
-                self.known.remove(&key);
+                let packed = Key::of(&key);
+                self.known.remove(&packed);
                 if let Some(listing) = &mut self.listing {
-                    listing.remove(&key);
+                    listing.remove(&packed);
                 }
                 self.pending.push(SourceUpdate::Delete(key));
             }
@@ -531,7 +563,11 @@ impl WatchState {
     }
 
     fn upsert(&mut self, object: KubeObject) {
-        self.known.insert(object.key());
+        self.known.insert(Key::of(&object.key()));
+        self.send_upsert(object);
+    }
+
+    fn send_upsert(&mut self, object: KubeObject) {
         self.pending.push(SourceUpdate::Upsert {
             object,
             origin: ORIGIN.to_string(),

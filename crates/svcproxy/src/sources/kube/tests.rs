@@ -140,7 +140,7 @@ fn a_relist_deletes_what_vanished_in_the_same_batch_as_its_end() {
         summary(&w.take_outbox()),
         ["relisting nodes", "+a +c +d -b", "ready nodes"]
     );
-    let mut known: Vec<_> = w.known.iter().cloned().collect();
+    let mut known: Vec<_> = w.known.iter().map(Key::object_key).collect();
     known.sort();
     assert_eq!(known, [node_key("a"), node_key("c"), node_key("d")]);
 }
@@ -369,3 +369,20 @@ fn a_refused_watch_points_at_credentials_and_rbac() {
 }
 
 mod fakeapi;
+
+#[test]
+fn packed_keys_give_back_the_object_key() {
+    for (kind, ns, name) in [
+        (Kind::Service, "demo", "web"),
+        (Kind::Node, "", "node-1"),
+        // Whatever a broken server sends, namespace and name stay apart.
+        (Kind::EndpointSlice, "a/b", "c/d"),
+        (Kind::EndpointSlice, "ab", "cd"),
+    ] {
+        let key = ObjectKey::new(kind, ns, name);
+        assert_eq!(Key::of(&key).object_key(), key);
+    }
+    let ab_cd = Key::of(&ObjectKey::new(Kind::Service, "ab", "cd"));
+    assert_ne!(ab_cd, Key::of(&ObjectKey::new(Kind::Service, "a", "bcd")));
+    assert_ne!(ab_cd, Key::of(&ObjectKey::new(Kind::Node, "ab", "cd")));
+}
