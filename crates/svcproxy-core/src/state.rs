@@ -60,7 +60,8 @@ pub struct ClusterState {
     services: Tracker<ServiceName, Service>,
     slices: Tracker<SliceKey, Slice>,
     /// Slice names per service, from the current slices.
-    slices_by_service: HashMap<ServiceName, BTreeSet<Arc<str>>>,
+    /// Sorted; a Vec because almost every service has one or two slices.
+    slices_by_service: HashMap<ServiceName, Vec<Arc<str>>>,
     nodes: Tracker<String, NodeInfo>,
     service_cidrs: Tracker<String, Vec<IpNet>>,
     /// Slices mirrored from each legacy Endpoints object.
@@ -293,18 +294,21 @@ impl ClusterState {
         }
         if let Some(old) = self.slices.get(&key) {
             let svc = old.service.clone();
-            if let Some(set) = self.slices_by_service.get_mut(&svc) {
-                set.remove(&key.1);
-                if set.is_empty() {
+            if let Some(names) = self.slices_by_service.get_mut(&svc) {
+                names.retain(|n| *n != key.1);
+                if names.is_empty() {
                     self.slices_by_service.remove(&svc);
                 }
             }
         }
         if let Some(new) = &slice {
-            self.slices_by_service
+            let names = self
+                .slices_by_service
                 .entry(new.service.clone())
-                .or_default()
-                .insert(key.1.clone());
+                .or_default();
+            if let Err(at) = names.binary_search(&key.1) {
+                names.insert(at, key.1.clone());
+            }
         }
         self.slices.set(key, slice.map(Arc::new));
     }
