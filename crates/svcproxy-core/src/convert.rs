@@ -976,7 +976,7 @@ pub fn convert_node(node: &corev1::Node, problems: &mut Vec<Problem>) -> Option<
     let mut labels = BTreeMap::new();
     for (k, v) in node.metadata.labels.iter().flatten() {
         if is_qualified_name(k) && is_label_value(v) {
-            labels.insert(k.clone(), v.clone());
+            labels.insert(Arc::from(k.as_str()), Arc::from(v.as_str()));
         } else {
             ctx.ignore(
                 format!("metadata.labels[{}]", quote(k)),

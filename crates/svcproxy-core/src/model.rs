@@ -415,11 +415,15 @@ impl fmt::Display for Endpoint {
     }
 }
 
+/// A Node's labels. Keys and values are interned by the state: 5k Nodes with a
+/// dozen labels each share a few dozen distinct strings besides their hostnames.
+pub type Labels = BTreeMap<Arc<str>, Arc<str>>;
+
 /// What svcproxy needs to know about a Node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// status.addresses of type InternalIP and ExternalIP, in the API's order.
     pub addresses: Vec<IpAddr>,
     /// spec.podCIDRs (for `--detect-local-mode NodeCIDR`).

@@ -6,19 +6,18 @@
 //! policies, topology hints and `trafficDistribution`) and adds svcproxy's arbitrary
 //! topology keys. Precedence: Local policies > topology keys > hints.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::model::{Endpoint, ServicePort, TopologyKey, LABEL_ZONE};
+use crate::model::{Endpoint, Labels, ServicePort, TopologyKey, LABEL_ZONE};
 
 /// What this node knows about locality.
 pub struct NodeContext<'a> {
     /// This node's name (`--hostname-override`).
     pub node_name: &'a str,
     /// This node's labels; empty when its Node object is unknown.
-    pub labels: &'a BTreeMap<String, String>,
+    pub labels: &'a Labels,
     /// Labels of any node by name; `None` for unknown nodes.
-    pub node_labels: &'a dyn Fn(&str) -> Option<&'a BTreeMap<String, String>>,
+    pub node_labels: &'a dyn Fn(&str) -> Option<&'a Labels>,
 }
 
 /// The outcome of selection for one service port on one node.
@@ -136,11 +135,7 @@ fn by_hints(
 ) -> (Vec<Endpoint>, String) {
     let opted_in = port.traffic_distribution.is_some()
         || matches!(port.topology_mode.as_deref(), Some("Auto" | "auto"));
-    let zone = node
-        .labels
-        .get(LABEL_ZONE)
-        .map(String::as_str)
-        .unwrap_or("");
+    let zone = node.labels.get(LABEL_ZONE).map(|z| &**z).unwrap_or("");
     let ready: Vec<&Endpoint> = endpoints.iter().filter(|e| e.ready).collect();
 
     #[derive(Clone, Copy)]
@@ -201,13 +196,13 @@ fn by_topology_keys(
         match key {
             TopologyKey::Any => true,
             TopologyKey::Label(k) => {
-                let Some(mine) = node.labels.get(k) else {
+                let Some(mine) = node.labels.get(k.as_str()) else {
                     return false;
                 };
                 ep.node_name
                     .as_deref()
                     .and_then(|n| (node.node_labels)(n))
-                    .and_then(|labels| labels.get(k))
+                    .and_then(|labels| labels.get(k.as_str()))
                     == Some(mine)
             }
         }

@@ -78,9 +78,10 @@ pub struct ClusterState {
     interned: Interner,
 }
 
-/// Interned endpoint infos: endpoints differ by address, but all the endpoints on one
-/// node with the same conditions and hints say the same thing about it, so 100k
-/// endpoints on 5k nodes hold about 5k infos and 5k node-name strings.
+/// Interned endpoint infos and node labels: endpoints differ by address, but all the
+/// endpoints on one node with the same conditions and hints say the same thing about
+/// it, so 100k endpoints on 5k nodes hold about 5k infos and 5k node-name strings;
+/// and Nodes share their label keys and most values.
 #[derive(Default)]
 struct Interner {
     names: HashSet<Arc<str>>,
@@ -233,8 +234,18 @@ impl ClusterState {
                 self.set_slice(slice_key(&key), converted);
             }
             KubeObject::Node(node) => {
-                let converted = convert::convert_node(node, &mut problems);
-                self.nodes.set(key.name.clone(), converted.map(Arc::new));
+                let converted = convert::convert_node(node, &mut problems).map(|mut n| {
+                    n.labels = std::mem::take(&mut n.labels)
+                        .into_iter()
+                        .map(|(mut k, mut v)| {
+                            self.interned.name(&mut k);
+                            self.interned.name(&mut v);
+                            (k, v)
+                        })
+                        .collect();
+                    Arc::new(n)
+                });
+                self.nodes.set(key.name.clone(), converted);
             }
             KubeObject::ServiceCidr(cidr) => {
                 let converted = convert::convert_service_cidr(cidr, &mut problems);

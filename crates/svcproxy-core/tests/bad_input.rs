@@ -2164,7 +2164,7 @@ status:
     assert_baseline_works(&update);
     let labels = &update.v4.node.as_ref().unwrap().labels;
     assert_eq!(
-        labels.keys().map(String::as_str).collect::<Vec<_>>(),
+        labels.keys().map(|k| &**k).collect::<Vec<_>>(),
         vec!["example.com/empty", "topology.kubernetes.io/zone"]
     );
 }

@@ -24,15 +24,15 @@ const THIS_NODE: &str = "node-a";
 const HOSTNAME: &str = "kubernetes.io/hostname";
 const RACK: &str = "example.com/rack";
 
-fn labels(node: &str, zone: &str, rack: &str) -> BTreeMap<String, String> {
+fn labels(node: &str, zone: &str, rack: &str) -> Labels {
     BTreeMap::from([
-        (HOSTNAME.to_string(), node.to_string()),
-        (LABEL_ZONE.to_string(), zone.to_string()),
-        (RACK.to_string(), rack.to_string()),
+        (HOSTNAME.into(), node.into()),
+        (LABEL_ZONE.into(), zone.into()),
+        (RACK.into(), rack.into()),
     ])
 }
 
-fn nodes() -> BTreeMap<String, BTreeMap<String, String>> {
+fn nodes() -> BTreeMap<String, Labels> {
     BTreeMap::from([
         ("node-a".to_string(), labels("node-a", "zone-1", "r1")),
         ("node-b".to_string(), labels("node-b", "zone-1", "r2")),
@@ -164,7 +164,7 @@ fn keys(spec: &[&str]) -> Option<Vec<TopologyKey>> {
 
 fn select_on(
     this_node: &str,
-    all_nodes: &BTreeMap<String, BTreeMap<String, String>>,
+    all_nodes: &BTreeMap<String, Labels>,
     port: &ServicePort,
     eps: &[Endpoint],
 ) -> Selection {

@@ -788,7 +788,7 @@ fn a_label_change_on_this_node_reevaluates_every_service() {
     );
     assert_eq!(
         second.v4.node.as_ref().unwrap().labels["topology.kubernetes.io/zone"],
-        "zone-b"
+        "zone-b".into()
     );
     // Re-evaluated but unchanged views keep their identity.
     assert_views_reused(&first.v4, &second.v4, &[hinted, topo]);

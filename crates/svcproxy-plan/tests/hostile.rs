@@ -89,7 +89,7 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
         family: IpFamily::V4,
         node: Some(Arc::new(NodeInfo {
             name: node.to_string(),
-            labels: BTreeMap::from([("k\"".to_string(), "v;".to_string())]),
+            labels: BTreeMap::from([("k\"".into(), "v;".into())]),
             addresses: vec![ip("198.18.0.1")],
             pod_cidrs: vec!["198.18.1.0/24".parse().unwrap()],
             deleting: false,
