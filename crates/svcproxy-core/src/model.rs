@@ -444,3 +444,53 @@ impl NodeInfo {
             .find(|ip| IpFamily::of(ip) == family)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(cluster_ips: &[&str], source_ranges: Option<&[&str]>) -> Arc<ServicePort> {
+        Arc::new(ServicePort {
+            name: ServicePortName {
+                service: ServiceName::new("ns", "svc"),
+                port: "http".into(),
+                protocol: Protocol::Tcp,
+            },
+            service_type: ServiceType::LoadBalancer,
+            cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            port: 80,
+            node_port: Some(30080),
+            external_ips: Vec::new(),
+            load_balancer_ingress: Vec::new(),
+            load_balancer_source_ranges: source_ranges
+                .map(|r| r.iter().map(|n| n.parse().unwrap()).collect()),
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            session_affinity_timeout: None,
+            health_check_node_port: None,
+            traffic_distribution: None,
+            topology_mode: None,
+            topology_keys: None,
+        })
+    }
+
+    #[test]
+    fn a_single_stack_port_is_shared_and_a_dual_stack_one_narrowed() {
+        let v4 = port(&["10.96.0.10"], Some(&["192.0.2.0/24"]));
+        let shared = ServicePort::shared_for_family(&v4, IpFamily::V4).unwrap();
+        assert!(Arc::ptr_eq(&shared, &v4));
+        assert_eq!(ServicePort::shared_for_family(&v4, IpFamily::V6), None);
+
+        let dual = port(&["10.96.0.10", "fd00::10"], Some(&["192.0.2.0/24"]));
+        for family in IpFamily::BOTH {
+            let narrowed = ServicePort::shared_for_family(&dual, family).unwrap();
+            assert!(!Arc::ptr_eq(&narrowed, &dual));
+            assert_eq!(*narrowed, dual.for_family(family).unwrap());
+        }
+        // A v4-only source range on a v6-only port still fences it (to nobody): the
+        // port is narrowed, not shared.
+        let v6 = port(&["fd00::10"], Some(&["192.0.2.0/24"]));
+        let narrowed = ServicePort::shared_for_family(&v6, IpFamily::V6).unwrap();
+        assert_eq!(narrowed.load_balancer_source_ranges, Some(Vec::new()));
+    }
+}

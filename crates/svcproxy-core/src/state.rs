@@ -639,3 +639,48 @@ fn log_problem(p: &Problem) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(node: &str) -> Arc<EndpointInfo> {
+        Arc::new(EndpointInfo {
+            node_name: Some(node.into()),
+            zone: Some("zone-a".into()),
+            ready: true,
+            serving: true,
+            ..EndpointInfo::default()
+        })
+    }
+
+    #[test]
+    fn equal_infos_and_names_are_stored_once_and_forgotten_when_unused() {
+        let mut interner = Interner::default();
+        let (mut a, mut b, mut c) = (info("node-1"), info("node-1"), info("node-2"));
+        interner.info(&mut a);
+        interner.info(&mut b);
+        interner.info(&mut c);
+        assert!(Arc::ptr_eq(&a, &b));
+        // Different infos still share the names they have in common.
+        assert!(Arc::ptr_eq(
+            a.zone.as_ref().unwrap(),
+            c.zone.as_ref().unwrap()
+        ));
+        assert_eq!((interner.infos.len(), interner.names.len()), (2, 3));
+
+        // Pruning waits until the sets have grown past twice what was kept (plus
+        // 1024): `c` is unused but still held.
+        drop(c);
+        interner.prune();
+        assert_eq!((interner.infos.len(), interner.names.len()), (2, 3));
+
+        let mut churn: Vec<Arc<EndpointInfo>> = (0..1100).map(|i| info(&format!("n{i}"))).collect();
+        churn.iter_mut().for_each(|i| interner.info(i));
+        drop(churn);
+        interner.prune();
+        // What `a` (and `b`) hold is left: one info, node-1 and zone-a.
+        assert_eq!((interner.infos.len(), interner.names.len()), (1, 2));
+        assert_eq!(interner.kept, 3);
+    }
+}
