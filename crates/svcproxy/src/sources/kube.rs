@@ -60,9 +60,13 @@ pub const ORIGIN: &str = "api";
 const BATCH: usize = 500;
 /// Objects per list page (client-go's default).
 const PAGE_SIZE: u32 = 500;
-/// The API server's connect timeout; watches themselves are long-lived and bounded by
-/// kube-runtime's `timeoutSeconds` plus its idle timeout, so no read timeout.
+/// The API server's connect timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request other than a watch may wait for its response, and then for
+/// each piece of its body (see `request_timeout`). Watches are long-lived and
+/// bounded by kube-runtime's `timeoutSeconds` plus its idle timeout instead, so the
+/// connection itself has no read timeout.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// After a failed attempt, a watch that shows no new error for this long has
 /// reconnected (a resumed watch yields nothing until something changes). Longer
 /// than the largest backoff (30 s) is not needed: the quiet time counts from the
@@ -165,16 +169,20 @@ pub async fn client(cfg: &KubeSourceConfig) -> anyhow::Result<Client> {
     let client = kube::client::ClientBuilder::try_from(config)
         .context("building the Kubernetes client")?
         .with_layer(&rate_limit::RateLimitLayer::new(cc.qps, cc.burst))
+        .with_layer(&request_timeout::RequestTimeoutLayer::new(REQUEST_TIMEOUT))
         .build();
     tracing::debug!(qps = cc.qps, burst = cc.burst, "API client rate limit");
     Ok(client)
 }
 
-/// kube-rs speaks JSON only: a request for protobuf is answered in JSON (the API
-/// server serves both), which costs the API server some CPU and nothing else.
+/// kube-rs speaks JSON only, and the API server serves every resource in JSON too.
+/// Protobuf (kube-proxy's default for `--kube-api-content-type`) is quietly replaced;
+/// anything else is probably a mistake worth a word.
 fn warn_content_type(cc: &ClientConnection) {
     let ct = cc.content_type.trim();
-    if !ct.is_empty() && ct != "application/json" {
+    if ct == PROTOBUF {
+        tracing::debug!("clientConnection.contentType {PROTOBUF}: svcproxy uses JSON instead");
+    } else if !ct.is_empty() && ct != "application/json" {
         tracing::warn!(
             content_type = ct,
             "clientConnection.contentType is not supported: svcproxy speaks JSON to the \
@@ -182,6 +190,8 @@ fn warn_content_type(cc: &ClientConnection) {
         );
     }
 }
+
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 
 /// Runs every watch until `tx` closes. Sends [`Event::Updates`] and, once a watch's
 /// initial list is complete (and again after each re-list), [`Event::Ready`] with
@@ -888,6 +898,7 @@ fn strip_cidr(mut cidr: ServiceCIDR) -> ServiceCIDR {
 }
 
 mod rate_limit;
+mod request_timeout;
 
 #[cfg(test)]
 mod tests;
