@@ -9,9 +9,13 @@
 # baseline); both are printed with the difference and the time to the first snapshot.
 #
 # Usage: scripts/bench-memory.sh [--services N] [--endpoints-per-service M]
-#          [--nodes K] [--hostname NAME] [--timeout SECS] [--settle SECS] [--no-build]
+#          [--nodes K] [--hostname NAME] [--timeout SECS] [--settle SECS] [--kernel]
+#          [--no-build]
 # --settle SECS: also read VmRSS again SECS after the first snapshot (default 0: no).
-# Linux only (/proc). Needs no privileges: snapshot mode touches no kernel state.
+# --kernel: also run the daemon itself (nftables mode) against the same cluster, in
+#   a network namespace this script creates and deletes (the fake API server runs
+#   there too), and read its memory after its first sync. Needs root, ip and nft.
+# Linux only (/proc). Snapshot mode needs no privileges: it touches no kernel state.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +26,9 @@ hostname=node-1
 timeout_s=300
 settle=0
 build=1
+kernel=0
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --services) services=$2; shift 2 ;;
@@ -32,6 +37,7 @@ while [ $# -gt 0 ]; do
         --hostname) hostname=$2; shift 2 ;;
         --timeout) timeout_s=$2; shift 2 ;;
         --settle) settle=$2; shift 2 ;;
+        --kernel) kernel=1; shift ;;
         --no-build) build=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -53,6 +59,7 @@ done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/svcproxy-bench.XXXXXX")
 pids=()
+netns=
 cleanup() {
     local pid
     for pid in "${pids[@]}"; do
@@ -61,6 +68,9 @@ cleanup() {
     for pid in "${pids[@]}"; do
         wait "$pid" 2>/dev/null || true
     done
+    if [ -n "$netns" ]; then
+        ip netns delete "$netns" 2>/dev/null || true
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -71,12 +81,14 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 # A /proc/PID/status field (kB) in MiB.
 mib() { awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024; found = 1 } END { if (!found) print "n/a" }' "/proc/$2/status"; }
 
-# run_case LABEL SERVICES ENDPOINTS NODES: sets hwm, rss, ttfs (and rss_settled).
-run_case() {
+# start_api LABEL SERVICES ENDPOINTS NODES [PREFIX...]: starts the fake API server
+# (under PREFIX, e.g. `ip netns exec NS`) and waits until it serves.
+start_api() {
     local label=$1 n_svc=$2 n_eps=$3 n_nodes=$4
+    shift 4
     local dir=$work/$label
     mkdir -p "$dir"
-    "$fakeapi" --listen 127.0.0.1:0 --kubeconfig-out "$dir/kubeconfig" \
+    "$@" "$fakeapi" --listen 127.0.0.1:0 --kubeconfig-out "$dir/kubeconfig" \
         --services "$n_svc" --endpoints-per-service "$n_eps" --nodes "$n_nodes" \
         >"$dir/fakeapi.out" 2>"$dir/fakeapi.err" &
     local api=$!
@@ -92,6 +104,14 @@ run_case() {
         sleep 0.1
     done
     echo "[$label] $(tail -n 1 "$dir/fakeapi.err")" >&2
+}
+
+# run_case LABEL SERVICES ENDPOINTS NODES: sets hwm, rss, ttfs (and rss_settled).
+run_case() {
+    local label=$1
+    local dir=$work/$label
+    start_api "$@"
+    local api=${pids[-1]}
 
     local start
     start=$(now)
@@ -99,7 +119,7 @@ run_case() {
         --hostname-override "$hostname" >"$dir/snapshots" 2>"$dir/svcproxy.err" &
     local proxy=$!
     pids+=("$proxy")
-    deadline=$((SECONDS + timeout_s))
+    local deadline=$((SECONDS + timeout_s))
     # The first snapshot is complete once its line is terminated.
     while [ "$(wc -l <"$dir/snapshots")" -lt 1 ]; do
         if ! kill -0 "$proxy" 2>/dev/null; then
@@ -128,9 +148,62 @@ run_case() {
     wait "$api" 2>/dev/null || true
 }
 
+# run_kernel_case SERVICES ENDPOINTS NODES: the daemon in a throwaway network
+# namespace; sets k_hwm, k_rss, k_sync (seconds to the first sync), k_settled.
+run_kernel_case() {
+    local label=kernel dir=$work/kernel
+    netns=svcproxy-bench-$$
+    ip netns add "$netns"
+    ip -n "$netns" link set lo up
+    start_api "$label" "$@" ip netns exec "$netns"
+    local api=${pids[-1]}
+    # The node's InternalIP, so that its healthCheckNodePort servers can listen.
+    local node_ip
+    local server
+    server=$(sed -n 's/^ *server: *//p' "$dir/kubeconfig" | head -n 1)
+    node_ip=$(ip netns exec "$netns" curl -sf "$server/api/v1/nodes/$hostname" | tr -d ' \n' |
+        sed -nE 's/.*"address":"([^"]*)","type":"InternalIP".*/\1/p; t; s/.*"type":"InternalIP","address":"([^"]*)".*/\1/p' |
+        head -n 1 || true)
+    [ -z "$node_ip" ] || ip -n "$netns" addr add "$node_ip/32" dev lo
+    local start
+    start=$(now)
+    # `ip netns exec` execs: the PID is svcproxy's.
+    ip netns exec "$netns" "$svcproxy" --kubeconfig "$dir/kubeconfig" \
+        --hostname-override "$hostname" --healthz-bind-address 127.0.0.1:10256 \
+        >"$dir/svcproxy.out" 2>"$dir/svcproxy.err" &
+    local proxy=$!
+    pids+=("$proxy")
+    local deadline=$((SECONDS + timeout_s))
+    until grep -q ' synced' "$dir/svcproxy.err"; do
+        if ! kill -0 "$proxy" 2>/dev/null; then
+            echo "[$label] svcproxy exited before its first sync:" >&2
+            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
+        fi
+        if [ $SECONDS -ge $deadline ]; then
+            echo "[$label] no sync within ${timeout_s}s; svcproxy's log:" >&2
+            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
+        fi
+        sleep 0.05
+    done
+    k_sync=$(elapsed "$start" "$(now)")
+    k_hwm=$(mib VmHWM "$proxy")
+    k_rss=$(mib VmRSS "$proxy")
+    sleep "$((settle > 0 ? settle : 5))"
+    k_settled=$(mib VmRSS "$proxy")
+    echo "[$label] first sync after ${k_sync}s: VmHWM $k_hwm MiB, VmRSS $k_rss MiB" >&2
+    kill "$proxy" "$api" 2>/dev/null || true
+    wait "$proxy" 2>/dev/null || true
+    wait "$api" 2>/dev/null || true
+    ip netns delete "$netns"
+    netns=
+}
+
 run_case baseline 0 0 0
 base_hwm=$hwm base_rss=$rss base_ttfs=$ttfs base_settled=$rss_settled
 run_case large "$services" "$endpoints" "$nodes"
+if [ "$kernel" = 1 ]; then
+    run_kernel_case "$services" "$endpoints" "$nodes"
+fi
 
 diff() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a") print "n/a"; else printf "%.1f", b - a }'; }
 echo
@@ -139,3 +212,9 @@ printf '%-10s %12s %12s %14s%s\n' case "VmHWM MiB" "VmRSS MiB" "first snap s" "$
 printf '%-10s %12s %12s %14s%s\n' baseline "$base_hwm" "$base_rss" "$base_ttfs" "$([ "$settle" -gt 0 ] && printf ' %14s' "$base_settled")"
 printf '%-10s %12s %12s %14s%s\n' large "$hwm" "$rss" "$ttfs" "$([ "$settle" -gt 0 ] && printf ' %14s' "$rss_settled")"
 printf '%-10s %12s %12s\n' difference "$(diff "$base_hwm" "$hwm")" "$(diff "$base_rss" "$rss")"
+if [ "$kernel" = 1 ]; then
+    echo
+    echo "daemon (nftables mode, in a network namespace), same cluster:"
+    printf '%-10s %12s %12s %14s %14s\n' case "VmHWM MiB" "VmRSS MiB" "first sync s" "RSS +$((settle > 0 ? settle : 5))s MiB"
+    printf '%-10s %12s %12s %14s %14s\n' kernel "$k_hwm" "$k_rss" "$k_sync" "$k_settled"
+fi
