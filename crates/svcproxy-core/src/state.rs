@@ -447,7 +447,7 @@ impl ClusterState {
             .unwrap_or_default();
         let empty = BTreeMap::new();
         let own = self.nodes.get(&self.config.node_name);
-        let node_labels = |name: &str| self.nodes.get(&name.to_string()).map(|n| &n.labels);
+        let node_labels = |name: &str| self.nodes.get(name).map(|n| &n.labels);
         let ctx = NodeContext {
             node_name: &self.config.node_name,
             labels: own.map(|n| &n.labels).unwrap_or(&empty),

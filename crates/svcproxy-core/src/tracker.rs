@@ -5,6 +5,7 @@
 //! back to where it started is no change at all (an add then delete, or an update
 //! that is undone, vanishes), so a burst of events costs one sync of what really moved.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -50,7 +51,11 @@ impl<K: Clone + Eq + Hash, V: PartialEq> Tracker<K, V> {
         }
     }
 
-    pub fn get(&self, key: &K) -> Option<&Arc<V>> {
+    pub fn get<Q>(&self, key: &Q) -> Option<&Arc<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.current.get(key)
     }
 
