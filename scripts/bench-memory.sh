@@ -61,13 +61,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/svcproxy-bench.XXXXXX")
 pids=()
 netns=
 cleanup() {
-    local pid
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
+    [ "${#pids[@]}" -eq 0 ] || stop "${pids[@]}"
     if [ -n "$netns" ]; then
         ip netns delete "$netns" 2>/dev/null || true
     fi
@@ -81,6 +75,35 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 # A /proc/PID/status field (kB) in MiB.
 mib() { awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024; found = 1 } END { if (!found) print "n/a" }' "/proc/$2/status"; }
 
+# wait_until LABEL PID WHAT LOG CMD...: polls CMD until it succeeds; gives up, with
+# the tail of LOG, if PID exits first or after --timeout seconds.
+wait_until() {
+    local label=$1 pid=$2 what=$3 log=$4
+    shift 4
+    local deadline=$((SECONDS + timeout_s))
+    until "$@" 2>/dev/null; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "[$label] exited before $what:" >&2; tail -n 20 "$log" >&2; exit 1
+        fi
+        if [ $SECONDS -ge $deadline ]; then
+            echo "[$label] no $what within ${timeout_s}s:" >&2; tail -n 20 "$log" >&2; exit 1
+        fi
+        sleep 0.05
+    done
+}
+
+# stop PID...: terminates and reaps.
+stop() {
+    kill "$@" 2>/dev/null || true
+    local pid
+    for pid in "$@"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+
+# The first snapshot is complete once its line is terminated.
+has_line() { [ "$(wc -l <"$1")" -ge 1 ]; }
+
 # start_api LABEL SERVICES ENDPOINTS NODES [PREFIX...]: starts the fake API server
 # (under PREFIX, e.g. `ip netns exec NS`) and waits until it serves.
 start_api() {
@@ -91,18 +114,9 @@ start_api() {
     "$@" "$fakeapi" --listen 127.0.0.1:0 --kubeconfig-out "$dir/kubeconfig" \
         --services "$n_svc" --endpoints-per-service "$n_eps" --nodes "$n_nodes" \
         >"$dir/fakeapi.out" 2>"$dir/fakeapi.err" &
-    local api=$!
-    pids+=("$api")
-    local deadline=$((SECONDS + timeout_s))
-    until grep -qx ready "$dir/fakeapi.out" 2>/dev/null; do
-        if ! kill -0 "$api" 2>/dev/null; then
-            echo "[$label] svcproxy-fakeapi exited:" >&2; cat "$dir/fakeapi.err" >&2; exit 1
-        fi
-        if [ $SECONDS -ge $deadline ]; then
-            echo "[$label] svcproxy-fakeapi not ready within ${timeout_s}s" >&2; exit 1
-        fi
-        sleep 0.1
-    done
+    pids+=("$!")
+    wait_until "$label" "$!" "svcproxy-fakeapi serving" "$dir/fakeapi.err" \
+        grep -qx ready "$dir/fakeapi.out"
     echo "[$label] $(tail -n 1 "$dir/fakeapi.err")" >&2
 }
 
@@ -119,19 +133,8 @@ run_case() {
         --hostname-override "$hostname" >"$dir/snapshots" 2>"$dir/svcproxy.err" &
     local proxy=$!
     pids+=("$proxy")
-    local deadline=$((SECONDS + timeout_s))
-    # The first snapshot is complete once its line is terminated.
-    while [ "$(wc -l <"$dir/snapshots")" -lt 1 ]; do
-        if ! kill -0 "$proxy" 2>/dev/null; then
-            echo "[$label] svcproxy exited before its first snapshot:" >&2
-            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
-        fi
-        if [ $SECONDS -ge $deadline ]; then
-            echo "[$label] no snapshot within ${timeout_s}s; svcproxy's log:" >&2
-            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
-        fi
-        sleep 0.05
-    done
+    wait_until "$label" "$proxy" "svcproxy's first snapshot" "$dir/svcproxy.err" \
+        has_line "$dir/snapshots"
     ttfs=$(elapsed "$start" "$(now)")
     hwm=$(mib VmHWM "$proxy")
     rss=$(mib VmRSS "$proxy")
@@ -143,9 +146,7 @@ run_case() {
     local bytes
     bytes=$(head -n 1 "$dir/snapshots" | wc -c)
     echo "[$label] first snapshot after ${ttfs}s ($bytes bytes): VmHWM $hwm MiB, VmRSS $rss MiB" >&2
-    kill "$proxy" "$api" 2>/dev/null || true
-    wait "$proxy" 2>/dev/null || true
-    wait "$api" 2>/dev/null || true
+    stop "$proxy" "$api"
 }
 
 # run_kernel_case SERVICES ENDPOINTS NODES: the daemon in a throwaway network
@@ -158,8 +159,7 @@ run_kernel_case() {
     start_api "$label" "$@" ip netns exec "$netns"
     local api=${pids[-1]}
     # The node's InternalIP, so that its healthCheckNodePort servers can listen.
-    local node_ip
-    local server
+    local node_ip server
     server=$(sed -n 's/^ *server: *//p' "$dir/kubeconfig" | head -n 1)
     node_ip=$(ip netns exec "$netns" curl -sf "$server/api/v1/nodes/$hostname" | tr -d ' \n' |
         sed -nE 's/.*"address":"([^"]*)","type":"InternalIP".*/\1/p; t; s/.*"type":"InternalIP","address":"([^"]*)".*/\1/p' |
@@ -173,27 +173,15 @@ run_kernel_case() {
         >"$dir/svcproxy.out" 2>"$dir/svcproxy.err" &
     local proxy=$!
     pids+=("$proxy")
-    local deadline=$((SECONDS + timeout_s))
-    until grep -q ' synced' "$dir/svcproxy.err"; do
-        if ! kill -0 "$proxy" 2>/dev/null; then
-            echo "[$label] svcproxy exited before its first sync:" >&2
-            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
-        fi
-        if [ $SECONDS -ge $deadline ]; then
-            echo "[$label] no sync within ${timeout_s}s; svcproxy's log:" >&2
-            tail -n 20 "$dir/svcproxy.err" >&2; exit 1
-        fi
-        sleep 0.05
-    done
+    wait_until "$label" "$proxy" "svcproxy's first sync" "$dir/svcproxy.err" \
+        grep -q ' synced' "$dir/svcproxy.err"
     k_sync=$(elapsed "$start" "$(now)")
     k_hwm=$(mib VmHWM "$proxy")
     k_rss=$(mib VmRSS "$proxy")
     sleep "$((settle > 0 ? settle : 5))"
     k_settled=$(mib VmRSS "$proxy")
     echo "[$label] first sync after ${k_sync}s: VmHWM $k_hwm MiB, VmRSS $k_rss MiB" >&2
-    kill "$proxy" "$api" 2>/dev/null || true
-    wait "$proxy" 2>/dev/null || true
-    wait "$api" 2>/dev/null || true
+    stop "$proxy" "$api"
     ip netns delete "$netns"
     netns=
 }
