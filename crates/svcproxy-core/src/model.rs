@@ -445,32 +445,49 @@ impl NodeInfo {
     }
 }
 
+/// A plain ClusterIP port on port 80, for the crate's unit tests.
+#[cfg(test)]
+pub(crate) fn test_port(
+    ns: &str,
+    name: &str,
+    port: &str,
+    protocol: Protocol,
+    cluster_ips: &[&str],
+) -> ServicePort {
+    ServicePort {
+        name: ServicePortName {
+            service: ServiceName::new(ns, name),
+            port: port.into(),
+            protocol,
+        },
+        service_type: ServiceType::ClusterIP,
+        cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+        port: 80,
+        node_port: None,
+        external_ips: Vec::new(),
+        load_balancer_ingress: Vec::new(),
+        load_balancer_source_ranges: None,
+        external_traffic_policy: TrafficPolicy::Cluster,
+        internal_traffic_policy: TrafficPolicy::Cluster,
+        session_affinity_timeout: None,
+        health_check_node_port: None,
+        traffic_distribution: None,
+        topology_mode: None,
+        topology_keys: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn port(cluster_ips: &[&str], source_ranges: Option<&[&str]>) -> Arc<ServicePort> {
         Arc::new(ServicePort {
-            name: ServicePortName {
-                service: ServiceName::new("ns", "svc"),
-                port: "http".into(),
-                protocol: Protocol::Tcp,
-            },
             service_type: ServiceType::LoadBalancer,
-            cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-            port: 80,
             node_port: Some(30080),
-            external_ips: Vec::new(),
-            load_balancer_ingress: Vec::new(),
             load_balancer_source_ranges: source_ranges
                 .map(|r| r.iter().map(|n| n.parse().unwrap()).collect()),
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: None,
-            traffic_distribution: None,
-            topology_mode: None,
-            topology_keys: None,
+            ..test_port("ns", "svc", "http", Protocol::Tcp, cluster_ips)
         })
     }
 

@@ -282,33 +282,12 @@ fn fmt_addr(ip: std::net::IpAddr, port: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{IpFamily, Protocol, ServiceName, ServicePort, ServiceType, TrafficPolicy};
+    use crate::model::{test_port, IpFamily, Protocol};
     use crate::selection::Selection;
 
     fn view(ns: &str, name: &str, port: &str, protocol: Protocol) -> Arc<ServicePortView> {
-        let port = ServicePort {
-            name: ServicePortName {
-                service: ServiceName::new(ns, name),
-                port: port.into(),
-                protocol,
-            },
-            service_type: ServiceType::ClusterIP,
-            cluster_ips: vec!["10.96.0.1".parse().unwrap()],
-            port: 80,
-            node_port: None,
-            external_ips: Vec::new(),
-            load_balancer_ingress: Vec::new(),
-            load_balancer_source_ranges: None,
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: None,
-            traffic_distribution: None,
-            topology_mode: None,
-            topology_keys: None,
-        };
         Arc::new(ServicePortView {
-            port: Arc::new(port),
+            port: Arc::new(test_port(ns, name, port, protocol, &["10.96.0.1"])),
             endpoints: Arc::from([]),
             selection: Selection {
                 cluster_endpoints: Some(Arc::from([])),
