@@ -120,7 +120,18 @@ impl Interner {
         self.infos.insert(info.clone());
     }
 
-    /// Forgets what no endpoint uses any more, once the sets have doubled.
+    fn labels(&mut self, labels: &mut Labels) {
+        *labels = std::mem::take(labels)
+            .into_iter()
+            .map(|(mut k, mut v)| {
+                self.name(&mut k);
+                self.name(&mut v);
+                (k, v)
+            })
+            .collect();
+    }
+
+    /// Forgets what no endpoint or Node uses any more, once the sets have doubled.
     fn prune(&mut self) {
         if self.names.len() + self.infos.len() > 2 * self.kept + 1024 {
             self.infos.retain(|i| Arc::strong_count(i) > 1);
@@ -235,14 +246,7 @@ impl ClusterState {
             }
             KubeObject::Node(node) => {
                 let converted = convert::convert_node(node, &mut problems).map(|mut n| {
-                    n.labels = std::mem::take(&mut n.labels)
-                        .into_iter()
-                        .map(|(mut k, mut v)| {
-                            self.interned.name(&mut k);
-                            self.interned.name(&mut v);
-                            (k, v)
-                        })
-                        .collect();
+                    self.interned.labels(&mut n.labels);
                     Arc::new(n)
                 });
                 self.nodes.set(key.name.clone(), converted);
