@@ -52,15 +52,16 @@ pub fn required_sysctls(cfg: &PlanConfig) -> Vec<Sysctl> {
     out
 }
 
-/// Applies [`required_sysctls`] through `/proc/sys` in the current network namespace.
-pub fn prepare_node(cfg: &PlanConfig) -> NodePreparation {
-    prepare_node_at(Path::new("/proc/sys"), cfg)
+/// Writes `sysctls` (a data plane's [`NodeRequirements`](crate::NodeRequirements))
+/// through `/proc/sys` in the current network namespace.
+pub fn prepare_node(sysctls: &[Sysctl]) -> NodePreparation {
+    prepare_node_at(Path::new("/proc/sys"), sysctls)
 }
 
 /// [`prepare_node`] under another `/proc/sys`-like root (tests).
-pub fn prepare_node_at(proc_sys: &Path, cfg: &PlanConfig) -> NodePreparation {
+pub fn prepare_node_at(proc_sys: &Path, sysctls: &[Sysctl]) -> NodePreparation {
     let mut out = NodePreparation::default();
-    for sysctl in required_sysctls(cfg) {
+    for sysctl in sysctls {
         let path = sysctl.path(proc_sys);
         let setting = format!("{}={}", sysctl.name, sysctl.value);
         match std::fs::read_to_string(&path) {
@@ -106,7 +107,7 @@ mod tests {
         assert!(required_sysctls(&v6_only).is_empty());
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(
-            prepare_node_at(dir.path(), &localhost(false)),
+            prepare_node_at(dir.path(), &required_sysctls(&localhost(false))),
             NodePreparation::default()
         );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -118,11 +119,11 @@ mod tests {
         let file = dir.path().join("net/ipv4/conf/all/route_localnet");
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, "0\n").unwrap();
-        let done = prepare_node_at(dir.path(), &localhost(true));
+        let done = prepare_node_at(dir.path(), &required_sysctls(&localhost(true)));
         assert_eq!(done.changed, ["net.ipv4.conf.all.route_localnet=1"]);
         assert!(done.warnings.is_empty());
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "1\n");
-        let again = prepare_node_at(dir.path(), &localhost(true));
+        let again = prepare_node_at(dir.path(), &required_sysctls(&localhost(true)));
         assert_eq!(again.unchanged, ["net.ipv4.conf.all.route_localnet=1"]);
         assert!(again.changed.is_empty());
     }
@@ -131,7 +132,10 @@ mod tests {
     fn failures_are_warnings() {
         let dir = tempfile::tempdir().unwrap();
         // No such directory: the write fails.
-        let done = prepare_node_at(&dir.path().join("missing"), &localhost(true));
+        let done = prepare_node_at(
+            &dir.path().join("missing"),
+            &required_sysctls(&localhost(true)),
+        );
         assert!(done.changed.is_empty());
         assert_eq!(done.warnings.len(), 1);
         assert!(

@@ -1,4 +1,4 @@
-//! UDP conntrack cleanup as `NftDataPlane::sync` drives it, against a fake `nft`
+//! UDP conntrack cleanup as `Proxier::sync` drives it, against a fake `nft`
 //! (`RecordingSink`) and a fake conntrack table (`RecordingCleaner`): when it runs,
 //! what it is asked to delete, and that its failure never fails a sync.
 //!
@@ -10,7 +10,8 @@ mod common;
 use common::*;
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_dataplane::{
-    ConntrackEntry, ConntrackFilter, NftDataPlane, RecordingCleaner, RecordingSink, IPS_DST_NAT,
+    ConntrackEntry, ConntrackFilter, NftDataPlane, Proxier, RecordingCleaner, RecordingSink,
+    IPS_DST_NAT,
 };
 
 /// dns: 198.19.0.53:53/UDP (+ external IP 203.0.113.53, NodePort 30053) → :5353.
@@ -67,10 +68,10 @@ fn flow(dst: &str, dport: u16, reply: &str, rport: u16, dnat: bool) -> Conntrack
     }
 }
 
-fn plane(entries: Vec<ConntrackEntry>) -> NftDataPlane<RecordingSink, RecordingCleaner> {
-    NftDataPlane::with_cleaner(
+fn plane(entries: Vec<ConntrackEntry>) -> Proxier<NftDataPlane<RecordingSink>, RecordingCleaner> {
+    Proxier::with_cleaner(
         plan_config(),
-        RecordingSink::new(),
+        NftDataPlane::with_sink(RecordingSink::new()),
         RecordingCleaner::with_entries(entries),
     )
 }
@@ -162,7 +163,7 @@ fn a_failed_apply_cleans_nothing_and_the_next_success_cleans_from_the_applied_st
     dp.sync(&snapshot(&mut state), false).expect("first sync");
 
     upsert(&mut state, &dns_slice(&["198.18.2.11"]));
-    dp.sink_mut().fail_next("Error: nope");
+    dp.plane_mut().sink_mut().fail_next("Error: nope");
     dp.sync(&snapshot(&mut state), false).unwrap_err();
     assert!(
         dp.cleaner().calls.is_empty(),

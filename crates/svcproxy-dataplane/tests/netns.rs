@@ -13,8 +13,8 @@ use std::process::Command;
 
 use common::netns::Netns;
 use common::*;
-use svcproxy_dataplane::{cleanup, cleanup_with, DataPlaneError, NftCommand, NftDataPlane};
-use svcproxy_plan::PlanKind;
+use svcproxy_dataplane::nft::{cleanup, cleanup_with};
+use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, Proxier, SyncKind};
 
 /// What these tests do inside their namespace (`svp-dp-<pid>-<tag>`).
 impl Netns {
@@ -69,13 +69,14 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
         return;
     };
     let mut state = cluster(&[WEB, DB]);
-    let mut dp = NftDataPlane::with_sink(plan_config(), ns.nft_command());
+    let mut dp =
+        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
     let web = service_chain("web", "http");
     let db = service_chain("db", "pg");
 
     // Full sync.
     let report = dp.sync(&snapshot(&mut state), true).expect("full sync");
-    assert_eq!(report.kind, PlanKind::Recreate);
+    assert_eq!(report.kind, SyncKind::Recreate);
     assert!(report.script_bytes > 0);
     let t = ns.table();
     for needle in [
@@ -95,7 +96,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     // One service's endpoints change: a partial sync.
     upsert(&mut state, WEB_MOVED);
     let report = dp.sync(&snapshot(&mut state), false).expect("partial sync");
-    assert_eq!(report.kind, PlanKind::Partial);
+    assert_eq!(report.kind, SyncKind::Partial);
     let t = ns.table();
     has(&t, "dnat to 198.18.3.10:8080", "endpoints changed");
     has(&t, "dnat to 198.18.1.10:8080", "endpoints changed");
@@ -105,7 +106,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     // A service deleted: its elements and chains go.
     delete_service(&mut state, "db");
     let report = dp.sync(&snapshot(&mut state), false).expect("delete sync");
-    assert_eq!(report.kind, PlanKind::Partial);
+    assert_eq!(report.kind, SyncKind::Partial);
     let t = ns.table();
     lacks(&t, "198.19.0.20", "db deleted");
     lacks(&t, "203.0.113.20", "db deleted");
@@ -137,14 +138,14 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
         "rejected (rolled back)",
     );
     let report = dp.sync(&snapshot(&mut state), false).expect("recreate");
-    assert_eq!(report.kind, PlanKind::Recreate);
+    assert_eq!(report.kind, SyncKind::Recreate);
     let t = ns.table();
     lacks(&t, &web, "recreated without web");
     lacks(&t, "198.19.0.10", "recreated without web");
 
     // A bogus nft: an error, and again a recreate once nft is back.
     upsert(&mut state, DB);
-    *dp.sink_mut() = NftCommand::from_argv([
+    *dp.plane_mut().sink_mut() = NftCommand::from_argv([
         "ip",
         "netns",
         "exec",
@@ -157,15 +158,18 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
         "{err}"
     );
     lacks(&ns.table(), "198.19.0.20", "bogus nft");
-    *dp.sink_mut() = ns.nft_command();
+    *dp.plane_mut().sink_mut() = ns.nft_command();
     let report = dp.sync(&snapshot(&mut state), false).expect("recovered");
-    assert_eq!(report.kind, PlanKind::Recreate);
+    assert_eq!(report.kind, SyncKind::Recreate);
     has(&ns.table(), "198.19.0.20 . tcp . 5432 : goto ", "recovered");
 
     // A missing binary cannot even start.
-    let err = NftDataPlane::with_sink(plan_config(), NftCommand::new("/nonexistent/nft"))
-        .sync(&snapshot(&mut cluster(&[WEB])), true)
-        .unwrap_err();
+    let err = Proxier::without_conntrack(
+        plan_config(),
+        NftDataPlane::with_sink(NftCommand::new("/nonexistent/nft")),
+    )
+    .sync(&snapshot(&mut cluster(&[WEB])), true)
+    .unwrap_err();
     assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
 }
 
@@ -181,7 +185,8 @@ fn cleanup_removes_only_svcproxy_tables() {
     ns.nft(&["add chain inet other input { type filter hook input priority 0 ; policy accept ; }"]);
     ns.nft(&["add table ip svcproxy-other"]);
     let mut state = cluster(&[WEB, DB]);
-    let mut dp = NftDataPlane::with_sink(plan_config(), ns.nft_command());
+    let mut dp =
+        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
     dp.sync(&snapshot(&mut state), false).expect("sync");
     let tables = ns.nft(&["list", "tables"]);
     assert!(tables.contains("table ip svcproxy\n"), "{tables}");

@@ -1,4 +1,4 @@
-//! The commit/abandon logic of `NftDataPlane::sync`, against a fake `nft`
+//! The commit/abandon logic of the nftables data plane under `Proxier::sync`, against a fake `nft`
 //! (`RecordingSink`): no kernel, no root.
 
 mod common;
@@ -8,12 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use svcproxy_dataplane::{
-    cleanup_with, DataPlaneError, NftDataPlane, NoConntrackCleanup, RecordingSink,
+    DataPlaneError, NftDataPlane, NoConntrackCleanup, Proxier, RecordingSink, SyncKind,
 };
-use svcproxy_plan::PlanKind;
 
-fn plane() -> NftDataPlane<RecordingSink, NoConntrackCleanup> {
-    NftDataPlane::with_sink(plan_config(), RecordingSink::new())
+fn plane() -> Proxier<NftDataPlane<RecordingSink>, NoConntrackCleanup> {
+    Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(RecordingSink::new()))
 }
 
 #[test]
@@ -21,8 +20,8 @@ fn first_sync_recreates_then_nothing_changed_runs_no_nft() {
     let mut state = cluster(&[WEB, DB]);
     let mut dp = plane();
     let report = dp.sync(&snapshot(&mut state), false).expect("sync");
-    assert_eq!(report.kind, PlanKind::Recreate);
-    let script = dp.sink().last_applied().unwrap();
+    assert_eq!(report.kind, SyncKind::Recreate);
+    let script = dp.plane().sink().last_applied().unwrap();
     assert_eq!(report.script_bytes, script.len());
     assert!(script.starts_with("add table ip svcproxy"), "{script}");
     assert!(script.contains("delete table ip svcproxy"));
@@ -30,17 +29,17 @@ fn first_sync_recreates_then_nothing_changed_runs_no_nft() {
     assert!(script.contains("198.19.0.20 . tcp . 5432"));
 
     let report = dp.sync(&snapshot(&mut state), false).expect("sync");
-    assert_eq!(report.kind, PlanKind::Partial);
+    assert_eq!(report.kind, SyncKind::Partial);
     assert_eq!(report.script_bytes, 0);
     assert_eq!(
-        dp.sink().attempts.len(),
+        dp.plane().sink().attempts.len(),
         1,
         "an empty plan must not run nft"
     );
 
     let report = dp.sync(&snapshot(&mut state), true).expect("sync");
-    assert_eq!(report.kind, PlanKind::Resync);
-    assert_eq!(dp.sink().attempts.len(), 2);
+    assert_eq!(report.kind, SyncKind::Resync);
+    assert_eq!(dp.plane().sink().attempts.len(), 2);
 }
 
 #[test]
@@ -50,7 +49,8 @@ fn a_failed_apply_makes_the_next_plan_a_full_recreate() {
     dp.sync(&snapshot(&mut state), false).expect("first sync");
 
     upsert(&mut state, WEB_MOVED);
-    dp.sink_mut()
+    dp.plane_mut()
+        .sink_mut()
         .fail_next("Error: Could not process rule: No such file or directory");
     let err = dp.sync(&snapshot(&mut state), false).unwrap_err();
     assert!(matches!(err, DataPlaneError::Rejected { .. }), "{err:?}");
@@ -62,7 +62,7 @@ fn a_failed_apply_makes_the_next_plan_a_full_recreate() {
         err.to_string().contains("No such file or directory"),
         "{err}"
     );
-    let failed = dp.sink().attempts.last().unwrap().clone();
+    let failed = dp.plane().sink().attempts.last().unwrap().clone();
     assert!(
         !failed.contains("delete table"),
         "the failed plan was partial"
@@ -71,8 +71,8 @@ fn a_failed_apply_makes_the_next_plan_a_full_recreate() {
     // Nothing changed since, and no full sync asked for: still a full recreate,
     // holding the state the failed plan wanted.
     let report = dp.sync(&snapshot(&mut state), false).expect("retry");
-    assert_eq!(report.kind, PlanKind::Recreate);
-    let script = dp.sink().last_applied().unwrap();
+    assert_eq!(report.kind, SyncKind::Recreate);
+    let script = dp.plane().sink().last_applied().unwrap();
     assert!(script.contains("delete table ip svcproxy"));
     assert!(script.contains("198.18.3.10:8080"), "{script}");
     assert!(!script.contains("198.18.2.10"), "{script}");
@@ -81,21 +81,24 @@ fn a_failed_apply_makes_the_next_plan_a_full_recreate() {
     // Success: the next change is partial again.
     delete_service(&mut state, "db");
     let report = dp.sync(&snapshot(&mut state), false).expect("partial");
-    assert_eq!(report.kind, PlanKind::Partial);
+    assert_eq!(report.kind, SyncKind::Partial);
 }
 
 #[test]
 fn failures_in_a_row_keep_recreating() {
     let mut state = cluster(&[WEB]);
     let mut dp = plane();
-    dp.sink_mut().fail_always(Some("Error: busy".into()));
+    dp.plane_mut()
+        .sink_mut()
+        .fail_always(Some("Error: busy".into()));
     for _ in 0..3 {
         assert!(dp.sync(&snapshot(&mut state), false).is_err());
     }
-    dp.sink_mut().fail_always(None);
+    dp.plane_mut().sink_mut().fail_always(None);
     let report = dp.sync(&snapshot(&mut state), false).expect("sync");
-    assert_eq!(report.kind, PlanKind::Recreate);
+    assert_eq!(report.kind, SyncKind::Recreate);
     assert!(dp
+        .plane()
         .sink()
         .attempts
         .iter()
@@ -110,9 +113,9 @@ fn a_one_service_change_touches_only_that_service() {
 
     upsert(&mut state, WEB_MOVED);
     let report = dp.sync(&snapshot(&mut state), false).expect("partial");
-    assert_eq!(report.kind, PlanKind::Partial);
-    assert_eq!(report.stats.replanned, 1);
-    let script = dp.sink().last_applied().unwrap();
+    assert_eq!(report.kind, SyncKind::Partial);
+    assert_eq!(report.replanned, 1);
+    let script = dp.plane().sink().last_applied().unwrap();
     assert!(script.contains(&service_chain("web", "http")), "{script}");
     assert!(script.contains("198.18.3.10:8080"), "{script}");
     assert!(!script.contains(&service_chain("db", "pg")), "{script}");
@@ -127,8 +130,8 @@ fn a_one_service_change_touches_only_that_service() {
     // Deleting the other service touches only it.
     delete_service(&mut state, "db");
     let report = dp.sync(&snapshot(&mut state), false).expect("partial");
-    assert_eq!(report.kind, PlanKind::Partial);
-    let script = dp.sink().last_applied().unwrap();
+    assert_eq!(report.kind, SyncKind::Partial);
+    let script = dp.plane().sink().last_applied().unwrap();
     assert!(script.contains(&service_chain("db", "pg")), "{script}");
     assert!(script.contains("delete element"), "{script}");
     assert!(!script.contains(&service_chain("web", "http")), "{script}");
@@ -140,26 +143,28 @@ fn render_is_the_first_sync_script_and_touches_nothing() {
     let up = snapshot(&mut state);
     let mut dp = plane();
     let rendered = dp.render(&up);
-    assert!(dp.sink().attempts.is_empty());
+    assert!(dp.plane().sink().attempts.is_empty());
     dp.sync(&up, false).expect("sync");
-    assert_eq!(dp.sink().last_applied().unwrap(), rendered);
+    assert_eq!(dp.plane().sink().last_applied().unwrap(), rendered);
 
     // Rendering later does not disturb the partial-sync state.
     upsert(&mut state, WEB_MOVED);
     let up = snapshot(&mut state);
     let rendered = dp.render(&up);
     assert!(rendered.contains("198.18.3.10:8080"));
-    assert_eq!(dp.sync(&up, false).unwrap().kind, PlanKind::Partial);
+    assert_eq!(dp.sync(&up, false).unwrap().kind, SyncKind::Partial);
 }
 
 #[test]
 fn cleanup_applies_the_cleanup_script() {
     let mut sink = RecordingSink::new();
-    cleanup_with(&mut sink).expect("cleanup");
-    assert_eq!(sink.applied, [svcproxy_plan::cleanup_script()]);
+    svcproxy_dataplane::nft::cleanup_with(&mut sink).expect("cleanup");
+    assert_eq!(sink.applied, [svcproxy_plan::nft::cleanup_script()]);
     sink.fail_next("Error: nope");
     assert_eq!(
-        cleanup_with(&mut sink).unwrap_err().stderr(),
+        svcproxy_dataplane::nft::cleanup_with(&mut sink)
+            .unwrap_err()
+            .stderr(),
         Some("Error: nope")
     );
 }
@@ -206,7 +211,7 @@ fn conflicts_are_reported_and_logged_once_per_change() {
         assert!(out.contains("203.0.113.20"), "{out}");
 
         // Unchanged conflicts: reported, not logged again (even across a failure).
-        dp.sink_mut().fail_next("Error: x");
+        dp.plane_mut().sink_mut().fail_next("Error: x");
         upsert(&mut state, WEB_MOVED);
         assert!(dp.sync(&snapshot(&mut state), false).is_err());
         let report = dp.sync(&snapshot(&mut state), true).expect("sync");

@@ -14,7 +14,7 @@ use common::*;
 use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
 use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
 use svcproxy_plan::names::{service_port_hash, EndpointHasher, Prefix};
-use svcproxy_plan::{PlanKind, Planner};
+use svcproxy_plan::nft::PlanKind;
 
 const API_SLICE_WITH_NODE_C: &str = r#"
 apiVersion: discovery.k8s.io/v1
@@ -33,10 +33,10 @@ endpoints:
 "#;
 
 /// A planner that has planned and committed the scenario's first sync.
-fn synced(case: &str) -> (Scenario, Planner) {
+fn synced(case: &str) -> (Scenario, NftPipeline) {
     let mut sc = Scenario::load(case);
     let up = sc.snapshot();
-    let mut planner = Planner::new();
+    let mut planner = NftPipeline::new();
     let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
     assert_eq!(plan.kind, PlanKind::Recreate);
     planner.commit(&plan);
@@ -504,7 +504,7 @@ spec:
 #[test]
 fn the_cleanup_script_deletes_only_svcproxy_tables() {
     assert_eq!(
-        svcproxy_plan::cleanup_script(),
+        svcproxy_plan::nft::cleanup_script(),
         "add table ip svcproxy { comment \"managed-by-svcproxy\" ; }\n\
          delete table ip svcproxy\n\
          add table ip6 svcproxy { comment \"managed-by-svcproxy\" ; }\n\

@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use pretty_assertions::assert_eq;
-use svcproxy_plan::{render_full, PlanKind, Planner};
+use svcproxy_plan::nft::PlanKind;
 
 #[test]
 fn every_scenario_renders_its_golden_ruleset() {
@@ -46,7 +46,7 @@ fn rendering_is_deterministic_and_matches_the_first_sync() {
         assert_eq!(once, twice, "{case}");
 
         // A sync's first script is the same text, and so is the planner's render.
-        let mut planner = Planner::new();
+        let mut planner = NftPipeline::new();
         let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
         assert_eq!(plan.kind, PlanKind::Recreate, "{case}");
         assert_eq!(plan.script, once, "{case}");

@@ -21,7 +21,7 @@ use svcproxy_core::model::*;
 use svcproxy_core::selection::Selection;
 use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
 use svcproxy_plan::names::{is_sanitized_comment, Prefix};
-use svcproxy_plan::{render_full, PlanConfig};
+use svcproxy_plan::PlanConfig;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
-use svcproxy_plan::{cleanup_script, PlanKind, Planner};
+use svcproxy_plan::nft::{cleanup_script, PlanKind};
 
 #[test]
 fn every_golden_ruleset_loads_into_the_kernel() {
@@ -37,7 +37,12 @@ fn every_golden_ruleset_loads_into_the_kernel() {
 
 /// Applies `plan`'s script, commits it, and checks the namespace now holds what a
 /// fresh namespace holds after loading the planner's full render.
-fn apply_and_compare(ns: &Netns, planner: &mut Planner, plan: &svcproxy_plan::Plan, step: &str) {
+fn apply_and_compare(
+    ns: &Netns,
+    planner: &mut NftPipeline,
+    plan: &svcproxy_plan::nft::Plan,
+    step: &str,
+) {
     if let Err(e) = ns.nft_apply(&plan.script) {
         panic!(
             "{step}: nft rejected the {:?} script:\n{e}\n--- script ---\n{}",
@@ -66,7 +71,7 @@ fn partial_and_resync_plans_leave_the_kernel_as_a_full_load_would() {
         return;
     };
     let mut sc = Scenario::load("loadbalancer-source-ranges-etp-local");
-    let mut planner = Planner::new();
+    let mut planner = NftPipeline::new();
     let up = sc.snapshot();
     let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
     apply_and_compare(&ns, &mut planner, &plan, "first sync");
@@ -223,7 +228,7 @@ fn conflict_takeover_applies_cleanly() {
         return;
     };
     let mut sc = Scenario::load("conflicting-vips");
-    let mut planner = Planner::new();
+    let mut planner = NftPipeline::new();
     let up = sc.snapshot();
     let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
     apply_and_compare(&ns, &mut planner, &plan, "first sync");
@@ -254,7 +259,7 @@ fn the_cleanup_script_removes_only_svcproxy_tables() {
     .expect("other tables");
     let mut sc = Scenario::load("nodeport");
     let up = sc.snapshot();
-    let mut planner = Planner::new();
+    let mut planner = NftPipeline::new();
     let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
     ns.nft_apply(&plan.script).expect("first sync");
     ns.nft_apply(&cleanup_script()).expect("cleanup");

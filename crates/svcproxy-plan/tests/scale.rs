@@ -17,7 +17,8 @@ use common::*;
 use svcproxy_core::model::*;
 use svcproxy_core::selection::Selection;
 use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
-use svcproxy_plan::{PlanConfig, PlanKind, Planner};
+use svcproxy_plan::nft::PlanKind;
+use svcproxy_plan::PlanConfig;
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -91,7 +92,7 @@ fn scale_probe() {
     let v6 = NodeSnapshot::empty("node-0", IpFamily::V6);
     let cfg = PlanConfig::default();
 
-    let mut planner = Planner::new();
+    let mut planner = NftPipeline::new();
     let t = Instant::now();
     let full = planner.plan(&v4, &v6, &cfg, false, &BTreeSet::new());
     let full_time = t.elapsed();

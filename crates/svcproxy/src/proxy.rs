@@ -19,8 +19,8 @@ use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::report;
 use svcproxy_core::snapshot::{health_checks, no_local_endpoints};
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
-use svcproxy_dataplane::NftDataPlane;
-use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig, PlanKind};
+use svcproxy_dataplane::{Backend, DataPlane, NoConntrackCleanup, Proxier};
+use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, DetectLocal, ProxyMode, Settings};
@@ -144,7 +144,7 @@ struct SyncDone {
 }
 
 struct KernelTarget {
-    plane: NftDataPlane,
+    plane: Proxier,
     /// The config's conntrack sysctls, applied once after the first successful sync:
     /// by then the NAT rules have loaded `nf_conntrack` (whose files they are), and
     /// nothing is written by an instance that fails at start (e.g. a port in use).
@@ -166,6 +166,7 @@ impl Target for KernelTarget {
             }
         }
         tracing::info!(
+            mode = self.plane.plane().mode(),
             kind = ?report.kind,
             duration_ms = report.duration.as_secs_f64() * 1000.0,
             script_bytes = report.script_bytes,
@@ -173,7 +174,7 @@ impl Target for KernelTarget {
             "synced"
         );
         Ok(SyncDone {
-            full: report.kind != PlanKind::Partial,
+            full: report.kind.is_full(),
             duration: report.duration,
             conntrack: Some((report.conntrack.deleted, report.conntrack.error.is_some())),
         })
@@ -254,8 +255,8 @@ impl Target for SnapshotPrinter {
     }
 }
 
-/// Prints the script a first sync would apply (`svcproxy render`).
-struct RenderPrinter(NftDataPlane);
+/// Prints what a first sync would apply, in the mode's own text (`svcproxy render`).
+struct RenderPrinter(Proxier<Box<dyn DataPlane>, NoConntrackCleanup>);
 
 impl Target for RenderPrinter {
     fn sync(
@@ -381,14 +382,22 @@ impl<T: Target> Syncer for ProxySyncer<T> {
     }
 }
 
-fn check_mode(settings: &Settings) -> anyhow::Result<()> {
-    if settings.proxy_mode != ProxyMode::Nftables {
-        bail!(
-            "--proxy-mode {} is not implemented yet; use nftables",
-            settings.proxy_mode.as_str()
-        );
+/// The data plane of `--proxy-mode`, from the registry of implemented modes.
+fn backend(settings: &Settings) -> anyhow::Result<&'static Backend> {
+    let mode = settings.proxy_mode.as_str();
+    match svcproxy_dataplane::backend(mode) {
+        Some(b) => Ok(b),
+        None => {
+            let implemented: Vec<&str> = svcproxy_dataplane::BACKENDS
+                .iter()
+                .map(|b| b.mode)
+                .collect();
+            bail!(
+                "--proxy-mode {mode} is not implemented yet; implemented: {}",
+                implemented.join(", ")
+            )
+        }
     }
-    Ok(())
 }
 
 /// Where Services, EndpointSlices and Nodes come from.
@@ -422,16 +431,34 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
         .build()?;
     match output {
         Output::Kernel => {
-            check_mode(&settings)?;
+            let backend = backend(&settings)?;
             let plan_cfg = plan_config(&settings)?;
-            svcproxy_dataplane::prepare_node(&plan_cfg);
             let hc = health_check_addresses(&settings, &plan_cfg);
+            let plane = Proxier::new(plan_cfg.clone(), (backend.new)(&plan_cfg));
+            let needs = plane.node_requirements();
+            svcproxy_dataplane::prepare_node(&needs.sysctls);
+            for module in &needs.modules {
+                if !std::path::Path::new("/sys/module").join(module).exists() {
+                    tracing::warn!(
+                        module,
+                        mode = backend.mode,
+                        "a kernel module this mode needs is not loaded"
+                    );
+                }
+            }
             let target = KernelTarget {
-                plane: NftDataPlane::new(plan_cfg),
+                plane,
                 conntrack_sysctls: Some(conntrack_settings(&settings)),
             };
             let once = settings.once;
-            rt.block_on(serve(settings, target, servers, once, Some(hc)))
+            rt.block_on(serve(
+                settings,
+                target,
+                servers,
+                once,
+                Some(hc),
+                Some(backend),
+            ))
         }
         Output::Snapshot { json, watch } => {
             let target = SnapshotPrinter {
@@ -439,12 +466,14 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
                 compact: watch,
                 last: None,
             };
-            rt.block_on(serve(settings, target, servers, !watch, None))
+            rt.block_on(serve(settings, target, servers, !watch, None, None))
         }
         Output::Render => {
-            check_mode(&settings)?;
-            let target = RenderPrinter(NftDataPlane::new(plan_config(&settings)?));
-            rt.block_on(serve(settings, target, servers, true, None))
+            let backend = backend(&settings)?;
+            let plan_cfg = plan_config(&settings)?;
+            let plane = (backend.new)(&plan_cfg);
+            let target = RenderPrinter(Proxier::without_conntrack(plan_cfg, plane));
+            rt.block_on(serve(settings, target, servers, true, None, Some(backend)))
         }
     }
 }
@@ -479,6 +508,7 @@ async fn serve<T: Target>(
     servers: Servers,
     once: bool,
     health_check_addresses: Option<HealthCheckAddresses>,
+    backend: Option<&'static Backend>,
 ) -> anyhow::Result<()> {
     // Bind first: an address in use is a start-up error, before anything else runs.
     let healthz = match servers.healthz {
@@ -491,7 +521,10 @@ async fn serve<T: Target>(
     };
     // As upstream: unhealthy when an update waits longer than twice the sync period.
     let health = ProxyHealth::new(settings.sync_period.saturating_mul(2));
-    let metrics = Metrics::new();
+    let metrics = match backend {
+        Some(b) => Metrics::for_backend(b),
+        None => Metrics::new(),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -623,9 +656,18 @@ async fn shutdown_signal() {
     }
 }
 
-/// Removes svcproxy's nftables tables (and nothing else).
+/// Removes what every svcproxy mode created (each mode's own objects, and only
+/// those). Every mode is tried; the first failure is returned.
 pub fn cleanup() -> anyhow::Result<()> {
-    svcproxy_dataplane::cleanup("nft").context("removing svcproxy's nftables tables")?;
-    tracing::info!("removed svcproxy's nftables tables");
-    Ok(())
+    let failures = svcproxy_dataplane::cleanup_all(&PlanConfig::default());
+    for b in svcproxy_dataplane::BACKENDS {
+        match failures.iter().find(|(mode, _)| *mode == b.mode) {
+            Some((mode, e)) => tracing::error!(mode, error = %e, "cleanup failed"),
+            None => tracing::info!(mode = b.mode, "removed svcproxy's objects"),
+        }
+    }
+    match failures.into_iter().next() {
+        Some((mode, e)) => Err(e).with_context(|| format!("removing svcproxy's {mode} objects")),
+        None => Ok(()),
+    }
 }

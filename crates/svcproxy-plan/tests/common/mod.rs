@@ -378,3 +378,55 @@ impl Drop for Netns {
             .output();
     }
 }
+
+/// The intent builder and the nftables planner as the data plane chains them:
+/// snapshots in, one planned script out.
+pub struct NftPipeline {
+    pub builder: svcproxy_plan::IntentBuilder,
+    pub planner: svcproxy_plan::nft::Planner,
+}
+
+impl NftPipeline {
+    pub fn new() -> Self {
+        NftPipeline {
+            builder: svcproxy_plan::IntentBuilder::new(),
+            planner: svcproxy_plan::nft::Planner::new(),
+        }
+    }
+
+    pub fn plan(
+        &mut self,
+        v4: &NodeSnapshot,
+        v6: &NodeSnapshot,
+        cfg: &PlanConfig,
+        full: bool,
+        changed: &BTreeSet<ServicePortName>,
+    ) -> svcproxy_plan::nft::Plan {
+        let delta = self.builder.update(v4, v6, cfg, changed);
+        self.planner.plan(self.builder.intent(), &delta, full)
+    }
+
+    pub fn commit(&mut self, plan: &svcproxy_plan::nft::Plan) {
+        self.planner.commit(plan)
+    }
+
+    pub fn abandon(&mut self) {
+        self.planner.abandon()
+    }
+
+    pub fn render(&self) -> String {
+        self.planner.render(self.builder.intent())
+    }
+
+    pub fn ruleset(
+        &self,
+        family: svcproxy_core::model::IpFamily,
+    ) -> Option<svcproxy_plan::nft::Ruleset> {
+        self.planner.ruleset(self.builder.intent(), family)
+    }
+}
+
+/// The script a first sync of these snapshots applies.
+pub fn render_full(v4: &NodeSnapshot, v6: &NodeSnapshot, cfg: &PlanConfig) -> String {
+    svcproxy_plan::nft::render_full(&svcproxy_plan::build_intent(v4, v6, cfg))
+}

@@ -23,13 +23,11 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use svcproxy_core::objects::Kind;
+use svcproxy_dataplane::{Backend, FailureKind};
 use tokio::net::TcpListener;
 
 use super::health::ProxyHealth;
 use super::{parse_rfc3339, unix_nanos};
-
-/// What `/proxyMode` answers (svcproxy implements the nftables mode only).
-const PROXY_MODE: &str = "nftables";
 
 /// The metrics svcproxy exports.
 pub struct Metrics {
@@ -45,8 +43,10 @@ pub struct Metrics {
     service_changes_pending: IntGauge,
     service_changes_total: IntCounter,
     no_local_endpoints: IntGaugeVec,
-    nftables_sync_failures: IntCounter,
-    nftables_cleanup_failures: IntCounter,
+    /// What `/proxyMode` answers: the data plane's mode.
+    proxy_mode: &'static str,
+    /// The mode's failure counters, with upstream's names for that mode.
+    failures: Vec<(FailureKind, IntCounter)>,
     healthz_total: IntCounterVec,
     livez_total: IntCounterVec,
     invalid_objects: IntCounterVec,
@@ -103,12 +103,18 @@ fn to_i64(n: usize) -> i64 {
 }
 
 impl Metrics {
+    /// Metrics of an nftables-mode proxy starting now.
     pub fn new() -> Arc<Self> {
-        Self::started_at(SystemTime::now())
+        Self::for_backend(&svcproxy_dataplane::nft::BACKEND)
     }
 
-    /// Metrics of a proxy that started at `started`.
-    pub fn started_at(started: SystemTime) -> Arc<Self> {
+    /// Metrics of a proxy running `backend`, starting now.
+    pub fn for_backend(backend: &Backend) -> Arc<Self> {
+        Self::started_at(SystemTime::now(), backend)
+    }
+
+    /// Metrics of a proxy running `backend` that started at `started`.
+    pub fn started_at(started: SystemTime, backend: &Backend) -> Arc<Self> {
         let r = Registry::new();
         let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
             register(
@@ -199,14 +205,12 @@ impl Metrics {
                 )
                 .expect("valid gauge"),
             ),
-            nftables_sync_failures: counter(
-                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
-                alpha("Cumulative proxy nftables sync failures"),
-            ),
-            nftables_cleanup_failures: counter(
-                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
-                alpha("Cumulative proxy nftables cleanup failures"),
-            ),
+            proxy_mode: backend.mode,
+            failures: backend
+                .failure_counters
+                .iter()
+                .map(|c| (c.kind, counter(c.name, alpha(c.help))))
+                .collect(),
             healthz_total: counter_vec(
                 "kubeproxy_proxy_healthz_total",
                 alpha("Cumulative proxy healthz HTTP status"),
@@ -263,14 +267,22 @@ impl Metrics {
 
     /// A failed attempt to apply the rules.
     pub fn sync_failed(&self) {
-        self.nftables_sync_failures.inc();
+        self.count_failure(FailureKind::Sync);
+    }
+
+    fn count_failure(&self, kind: FailureKind) {
+        for (k, c) in &self.failures {
+            if *k == kind {
+                c.inc();
+            }
+        }
     }
 
     /// A failed removal of stale chains or sets.
     // Until the data plane reports cleanup failures apart from sync failures.
     #[allow(dead_code)]
     pub fn cleanup_failed(&self) {
-        self.nftables_cleanup_failures.inc();
+        self.count_failure(FailureKind::Cleanup);
     }
 
     /// A sync was queued at `when`.
@@ -425,7 +437,9 @@ pub async fn serve(
         )
         .route(
             "/proxyMode",
-            any(|| async { text(PROXY_MODE.to_string(), "text/plain; charset=utf-8") }),
+            any(|State(m): State<Arc<Metrics>>| async move {
+                text(m.proxy_mode.to_string(), "text/plain; charset=utf-8")
+            }),
         )
         .with_state(metrics);
     let addr = listener.local_addr().ok();
@@ -629,7 +643,7 @@ mod tests {
     #[tokio::test]
     async fn changes_from_before_the_start_are_not_programming_latency() {
         let started = UNIX_EPOCH + Duration::from_secs(1_714_557_600); // 10:00:00
-        let m = Metrics::started_at(started);
+        let m = Metrics::started_at(started, &svcproxy_dataplane::nft::BACKEND);
         m.observe_network_programming(
             &[
                 // From the initial list: hours old, not this proxy's latency.
@@ -648,7 +662,7 @@ mod tests {
 
     #[tokio::test]
     async fn observed_values_appear_in_the_scrape() {
-        let m = Metrics::started_at(UNIX_EPOCH);
+        let m = Metrics::started_at(UNIX_EPOCH, &svcproxy_dataplane::nft::BACKEND);
         m.observe_sync(true, Duration::from_millis(3));
         m.observe_sync(false, Duration::from_millis(20));
         m.observe_sync(false, Duration::from_millis(20));

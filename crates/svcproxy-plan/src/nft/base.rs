@@ -2,9 +2,9 @@
 //! the dispatch chains, the verdict maps and sets, masquerading and the
 //! "no endpoints" and ServiceCIDR checks.
 //!
-//! Entry point: [`base_ruleset`]. It depends only on [`BaseCtx`] (configuration,
-//! node addresses and ServiceCIDRs), never on individual services; when the context
-//! changes the planner does a full resync. Map elements and `cluster-ips` are filled
+//! Entry point: [`base_ruleset`]. It translates the family's [`NodeIntent`] and
+//! never looks at individual services; when that changes the planner does a full
+//! resync. Map elements and `cluster-ips` are filled
 //! in by the planner from the service ports' claims.
 //!
 //! Hooks and priorities follow upstream nftables mode:
@@ -23,19 +23,14 @@
 //! the table for every chain it visits, so per-service anonymous sets make loading
 //! quadratic. Several local-pod CIDRs therefore live in one `pod-cidrs` set here.
 
-use std::net::IpAddr;
-
-use ipnet::IpNet;
 use svcproxy_core::model::IpFamily;
-use svcproxy_core::snapshot::NodeSnapshot;
 
-use crate::config::{NodePortAddresses, PlanConfig};
-use crate::fragment::{
-    detection_cidrs, family_nets, join, MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN,
-};
-use crate::ruleset::{
+use crate::intent::{LocalTraffic, NodeIntent, NodePortDestinations};
+
+use super::ruleset::{
     addr_type, family_keyword, BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set,
 };
+use super::service::{join, MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 
 pub(crate) const CLUSTER_IPS_SET: &str = "cluster-ips";
 pub(crate) const NODEPORT_IPS_SET: &str = "nodeport-ips";
@@ -53,71 +48,6 @@ const PRIORITY_DSTNAT: i32 = -100;
 /// After output DNAT: sees where locally generated traffic really goes.
 const PRIORITY_FILTER_POST_DNAT: i32 = -90;
 const PRIORITY_SRCNAT: i32 = 100;
-
-/// Which destinations NodePort dispatch applies to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum NodePortMatch {
-    /// The `nodeport-ips` set.
-    Ips(Vec<IpAddr>),
-    /// Any local address (`fib daddr type local`).
-    AllLocal,
-}
-
-/// Everything the skeleton depends on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct BaseCtx {
-    pub family: IpFamily,
-    pub mark: u32,
-    pub nodeports: NodePortMatch,
-    /// NodePorts also on 127.0.0.0/8 (IPv4 only).
-    pub localhost: bool,
-    pub service_cidrs: Vec<IpNet>,
-    /// Local-pod CIDRs, when detection uses several (the `pod-cidrs` set).
-    pub pod_cidrs: Vec<IpNet>,
-}
-
-impl BaseCtx {
-    pub fn new(family: IpFamily, cfg: &PlanConfig, snap: &NodeSnapshot) -> Self {
-        let nodeports = match &cfg.nodeport_addresses {
-            NodePortAddresses::AllLocal => NodePortMatch::AllLocal,
-            NodePortAddresses::Primary => NodePortMatch::Ips(
-                snap.node
-                    .as_ref()
-                    .and_then(|n| n.primary_ip(family))
-                    .into_iter()
-                    .filter(|ip| !ip.is_loopback())
-                    .collect(),
-            ),
-            NodePortAddresses::Ips(ips) => {
-                // Loopback is never a NodePort address by this route: localhost
-                // NodePorts need masquerade and a sysctl, so they have their own flag.
-                let mut v: Vec<IpAddr> = ips
-                    .iter()
-                    .copied()
-                    .filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback())
-                    .collect();
-                v.sort();
-                v.dedup();
-                NodePortMatch::Ips(v)
-            }
-        };
-        BaseCtx {
-            family,
-            mark: cfg.masquerade_mark(),
-            nodeports,
-            localhost: cfg.localhost_nodeports && family == IpFamily::V4,
-            service_cidrs: family_nets(&snap.service_cidrs, family),
-            pod_cidrs: {
-                let cidrs = detection_cidrs(family, cfg, snap);
-                if cidrs.len() > 1 {
-                    cidrs
-                } else {
-                    Vec::new()
-                }
-            },
-        }
-    }
-}
 
 fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<String>) -> Chain {
     Chain {
@@ -140,8 +70,13 @@ fn regular(rules: Vec<String>) -> Chain {
 }
 
 /// The shared objects of one family's table, without map elements or cluster IPs.
-pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
+pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
     let family = ctx.family;
+    // Several local-pod CIDRs live in one named set (see `Detect`).
+    let pod_cidrs = match &ctx.local_traffic {
+        Some(LocalTraffic::Cidrs(nets)) if nets.len() > 1 => nets.as_slice(),
+        _ => &[],
+    };
     let ipx = family_keyword(family);
     let mut rs = Ruleset::new(family);
 
@@ -154,7 +89,7 @@ pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
             elements: Vec::new(),
         },
     );
-    if let NodePortMatch::Ips(ips) = &ctx.nodeports {
+    if let NodePortDestinations::Ips(ips) = &ctx.nodeports {
         rs.sets.insert(
             NODEPORT_IPS_SET.to_string(),
             Set {
@@ -165,14 +100,14 @@ pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
             },
         );
     }
-    if !ctx.pod_cidrs.is_empty() {
+    if !pod_cidrs.is_empty() {
         rs.sets.insert(
             POD_CIDRS_SET.to_string(),
             Set {
                 key_type: addr_type(family).to_string(),
                 timeout: None,
                 interval: true,
-                elements: ctx.pod_cidrs.iter().map(ToString::to_string).collect(),
+                elements: pod_cidrs.iter().map(ToString::to_string).collect(),
             },
         );
     }
@@ -189,11 +124,13 @@ pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
     // The destinations NodePort lookups apply to, one rule each.
     let mut nodeport_dests = Vec::new();
     match &ctx.nodeports {
-        NodePortMatch::Ips(_) => nodeport_dests.push(format!("{ipx} daddr @{NODEPORT_IPS_SET}")),
-        NodePortMatch::AllLocal if ctx.localhost => {
+        NodePortDestinations::Ips(_) => {
+            nodeport_dests.push(format!("{ipx} daddr @{NODEPORT_IPS_SET}"))
+        }
+        NodePortDestinations::AllLocal if ctx.localhost_nodeports => {
             nodeport_dests.push("fib daddr type local".to_string())
         }
-        NodePortMatch::AllLocal => {
+        NodePortDestinations::AllLocal => {
             let loopback = match family {
                 IpFamily::V4 => "127.0.0.0/8",
                 IpFamily::V6 => "::1",
@@ -201,7 +138,7 @@ pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
             nodeport_dests.push(format!("fib daddr type local {ipx} daddr != {loopback}"));
         }
     }
-    if ctx.localhost && matches!(ctx.nodeports, NodePortMatch::Ips(_)) {
+    if ctx.localhost_nodeports && matches!(ctx.nodeports, NodePortDestinations::Ips(_)) {
         nodeport_dests.push(format!("{ipx} daddr 127.0.0.0/8"));
     }
     let tuple = format!("{ipx} daddr . meta l4proto . th dport");
@@ -349,15 +286,15 @@ pub(crate) fn base_ruleset(ctx: &BaseCtx) -> Ruleset {
         ),
         (
             MARK_MASQ_CHAIN,
-            regular(vec![format!("mark set mark or {:#x}", ctx.mark)]),
+            regular(vec![format!("mark set mark or {:#x}", ctx.masquerade_mark)]),
         ),
         (
             MASQUERADING_CHAIN,
             regular(vec![
-                format!("mark and {:#x} == 0 return", ctx.mark),
+                format!("mark and {:#x} == 0 return", ctx.masquerade_mark),
                 // Clear the bit so a packet re-entering (e.g. tunnelled) is not
                 // masqueraded twice.
-                format!("mark set mark xor {:#x}", ctx.mark),
+                format!("mark set mark xor {:#x}", ctx.masquerade_mark),
                 "masquerade fully-random".to_string(),
             ]),
         ),

@@ -1,51 +1,52 @@
-//! [`NftDataPlane`]: plan, apply atomically, commit or abandon; then clean up the
-//! UDP conntrack entries the change left stale.
+//! [`Proxier`]: what every data plane shares around a sync. It keeps the intent
+//! builder, hands the intent and its delta to the [`DataPlane`], logs destination
+//! conflicts when they change, and after each successful apply deletes the UDP
+//! conntrack entries the change left stale (retrying failed deletions with the
+//! next sync).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use svcproxy_core::model::IpFamily;
 use svcproxy_core::state::SnapshotUpdate;
-use svcproxy_plan::{
-    cleanup_script, render_full, Conflict, PlanConfig, PlanKind, PlanStats, Planner,
-};
+use svcproxy_plan::{build_intent, Conflict, IntentBuilder, PlanConfig};
 
+use crate::backend::{DataPlane, NodeRequirements, SyncKind};
 use crate::conntrack::{
     cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, ConntrackFilter, NoConntrackCleanup,
 };
+use crate::ctnetlink::NetlinkConntrack;
+use crate::error::DataPlaneError;
 
 /// The most failed conntrack filters kept for a retry.
 const MAX_CONNTRACK_RETRY: usize = 10_000;
-use crate::ctnetlink::NetlinkConntrack;
-use crate::error::DataPlaneError;
-use crate::sink::{NftCommand, ScriptSink};
 
 /// What one successful sync did.
 #[derive(Clone, Debug)]
 pub struct SyncReport {
-    /// The kind of transaction applied.
-    pub kind: PlanKind,
-    /// Planning, rendering, applying and conntrack cleanup.
+    /// How the data plane applied it.
+    pub kind: SyncKind,
+    /// Deciding, translating, applying and conntrack cleanup.
     pub duration: Duration,
-    /// Of which applying (running `nft`).
+    /// Of which applying (the kernel's tool or API).
     pub apply_duration: Duration,
-    /// Size of the script applied; 0 when nothing changed (and `nft` was not run).
+    /// Size of what was applied; 0 when nothing changed (and nothing ran).
     pub script_bytes: usize,
+    /// Service port intents decided again.
+    pub replanned: usize,
     /// Every destination conflict in the desired state (logged when they change).
     pub conflicts: Vec<Conflict>,
-    pub stats: PlanStats,
     /// What UDP conntrack cleanup did after the apply (its failure does not fail
     /// the sync).
     pub conntrack: ConntrackCleanupReport,
 }
 
-/// svcproxy's nftables data plane: keeps the planner, which keeps the desired (and,
-/// after a commit, the kernel's) state in memory, and the last snapshot applied, from
-/// which the next successful sync computes the conntrack entries to delete.
-pub struct NftDataPlane<S = NftCommand, C = NetlinkConntrack> {
+/// One data plane with the shared logic around it: the intent, conflicts, and
+/// conntrack cleanup against the last snapshot applied.
+pub struct Proxier<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
     cfg: PlanConfig,
-    planner: Planner,
-    sink: S,
+    intents: IntentBuilder,
+    plane: P,
     cleaner: C,
     /// The snapshot the kernel holds (the last one applied successfully).
     applied: Option<SnapshotUpdate>,
@@ -56,41 +57,46 @@ pub struct NftDataPlane<S = NftCommand, C = NetlinkConntrack> {
     logged_conflicts: BTreeMap<(IpFamily, String), Conflict>,
 }
 
-impl NftDataPlane<NftCommand, NetlinkConntrack> {
-    /// A data plane running `nft` from `PATH` and cleaning conntrack over netlink,
-    /// both in the current network namespace.
-    pub fn new(cfg: PlanConfig) -> Self {
-        NftDataPlane::with_cleaner(cfg, NftCommand::default(), NetlinkConntrack::new())
+impl<P: DataPlane> Proxier<P, NetlinkConntrack> {
+    /// `plane`, with conntrack cleaned over netlink in the current namespace.
+    pub fn new(cfg: PlanConfig, plane: P) -> Self {
+        Proxier::with_cleaner(cfg, plane, NetlinkConntrack::new())
     }
 }
 
-impl<S: ScriptSink> NftDataPlane<S, NoConntrackCleanup> {
-    /// A data plane applying its scripts to `sink` (e.g. an [`NftCommand`] with
-    /// another binary or a netns prefix, or a [`RecordingSink`](crate::RecordingSink)),
-    /// without conntrack cleanup: the sink may apply somewhere other than this
-    /// namespace. [`NftDataPlane::with_cleaner`] adds one.
-    pub fn with_sink(cfg: PlanConfig, sink: S) -> Self {
-        NftDataPlane::with_cleaner(cfg, sink, NoConntrackCleanup)
+impl<P: DataPlane> Proxier<P, NoConntrackCleanup> {
+    /// `plane` without conntrack cleanup (it may apply somewhere other than this
+    /// namespace).
+    pub fn without_conntrack(cfg: PlanConfig, plane: P) -> Self {
+        Proxier::with_cleaner(cfg, plane, NoConntrackCleanup)
     }
 }
 
-impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
-    /// A data plane applying its scripts to `sink` and cleaning stale UDP conntrack
-    /// entries with `cleaner` (e.g. a [`NetlinkConntrack`] in the sink's namespace,
-    /// or a [`RecordingCleaner`](crate::RecordingCleaner)).
-    pub fn with_cleaner(cfg: PlanConfig, sink: S, cleaner: C) -> Self {
+impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
+    /// `plane`, cleaning stale UDP conntrack entries with `cleaner` (e.g. a
+    /// [`NetlinkConntrack`] in the plane's namespace, or a
+    /// [`RecordingCleaner`](crate::RecordingCleaner)).
+    pub fn with_cleaner(cfg: PlanConfig, plane: P, cleaner: C) -> Self {
         if let Err(e) = cfg.validate() {
             tracing::warn!(error = %e, "invalid data plane configuration; using the default");
         }
-        NftDataPlane {
+        Proxier {
             cfg,
-            planner: Planner::new(),
-            sink,
+            intents: IntentBuilder::new(),
+            plane,
             cleaner,
             applied: None,
             conntrack_retry: Vec::new(),
             logged_conflicts: BTreeMap::new(),
         }
+    }
+
+    pub fn plane(&self) -> &P {
+        &self.plane
+    }
+
+    pub fn plane_mut(&mut self) -> &mut P {
+        &mut self.plane
     }
 
     pub fn cleaner(&self) -> &C {
@@ -105,21 +111,17 @@ impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
         &self.cfg
     }
 
-    pub fn sink(&self) -> &S {
-        &self.sink
+    /// What the node needs for this data plane.
+    pub fn node_requirements(&self) -> NodeRequirements {
+        self.plane.node_requirements(&self.cfg)
     }
 
-    pub fn sink_mut(&mut self) -> &mut S {
-        &mut self.sink
-    }
-
-    /// Brings the kernel to `update`'s state in one atomic transaction.
+    /// Brings the kernel to `update`'s state.
     ///
-    /// `full` asks for a full resync (periodic, or a retry). The first sync, and the
-    /// first after a failure, recreates the tables whatever `full` says; otherwise
-    /// only `update.changed` (and any view that is not the previous `Arc`) is
-    /// re-planned. On error the previous rules stay in force and the next sync
-    /// recreates the tables.
+    /// `full` asks for a full resync (periodic, or a retry). Only `update.changed`
+    /// (and any view that is not the previous `Arc`) is decided again; the data
+    /// plane writes what changed, or everything when it must. On error the
+    /// previous rules stay in force.
     ///
     /// After a successful apply, the UDP conntrack entries made stale by the change
     /// from the previously applied snapshot are deleted
@@ -132,41 +134,30 @@ impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
         full: bool,
     ) -> Result<SyncReport, DataPlaneError> {
         let start = Instant::now();
-        let plan = self
-            .planner
-            .plan(&update.v4, &update.v6, &self.cfg, full, &update.changed);
-        self.log_conflicts(&plan.conflicts);
-        let apply_start = Instant::now();
-        let applied = if plan.is_empty() {
-            Ok(())
-        } else {
-            self.sink.apply(&plan.script)
-        };
-        let apply_duration = apply_start.elapsed();
-        match applied {
-            Ok(()) => self.planner.commit(&plan),
-            Err(e) => {
-                self.planner.abandon();
-                return Err(e);
-            }
-        }
+        let delta = self
+            .intents
+            .update(&update.v4, &update.v6, &self.cfg, &update.changed);
+        let conflicts = self.intents.intent().conflicts();
+        self.log_conflicts(&conflicts);
+        let applied = self.plane.sync(self.intents.intent(), &delta, full)?;
         let conntrack = self.clean_conntrack(update);
         let report = SyncReport {
-            kind: plan.kind,
+            kind: applied.kind,
             duration: start.elapsed(),
-            apply_duration,
-            script_bytes: plan.script.len(),
-            conflicts: plan.conflicts,
-            stats: plan.stats,
+            apply_duration: applied.apply_duration,
+            script_bytes: applied.script_bytes,
+            replanned: delta.rebuilt,
+            conflicts,
             conntrack,
         };
         tracing::debug!(
+            mode = self.plane.mode(),
             kind = ?report.kind,
             bytes = report.script_bytes,
             duration = ?report.duration,
             apply = ?report.apply_duration,
-            replanned = report.stats.replanned,
-            "nftables synced"
+            replanned = report.replanned,
+            "synced"
         );
         Ok(report)
     }
@@ -243,11 +234,12 @@ impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
         report
     }
 
-    /// The full script a first sync of `update` would apply (`svcproxy render`),
-    /// from a fresh planner: neither the kernel nor this data plane's state is
-    /// touched.
+    /// What a first sync of `update` would apply, in the data plane's own text
+    /// (`svcproxy render`), from a fresh intent: neither the kernel nor this
+    /// proxier's state is touched.
     pub fn render(&self, update: &SnapshotUpdate) -> String {
-        render_full(&update.v4, &update.v6, &self.cfg)
+        self.plane
+            .render(&build_intent(&update.v4, &update.v6, &self.cfg))
     }
 
     /// Warns about each conflict that is new or changed since the last plan, and
@@ -283,15 +275,4 @@ impl<S: ScriptSink, C: ConntrackCleaner> NftDataPlane<S, C> {
         }
         self.logged_conflicts = current;
     }
-}
-
-/// Removes svcproxy's tables (both families) and nothing else, running the `nft`
-/// binary at `nft`. Succeeds when they do not exist.
-pub fn cleanup(nft: &str) -> Result<(), DataPlaneError> {
-    cleanup_with(&mut NftCommand::new(nft))
-}
-
-/// [`cleanup`] through any sink (e.g. an [`NftCommand`] with a netns prefix).
-pub fn cleanup_with<S: ScriptSink + ?Sized>(sink: &mut S) -> Result<(), DataPlaneError> {
-    sink.apply(&cleanup_script())
 }

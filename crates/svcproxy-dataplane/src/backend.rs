@@ -1,0 +1,164 @@
+//! The seam between the shared sync logic and each data plane: the [`DataPlane`]
+//! trait, and the registry of backends keyed on `--proxy-mode`.
+//!
+//! Entry points: [`backend`] (the factory: a mode name to its [`Backend`]) and
+//! [`BACKENDS`]. A backend translates the intent ([`svcproxy_plan::intent`]) into
+//! its kernel objects and applies them; it decides nothing about traffic. Adding a
+//! mode is one module implementing [`DataPlane`] plus one entry in [`BACKENDS`].
+
+use std::time::Duration;
+
+use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
+
+use crate::error::DataPlaneError;
+use crate::node::Sysctl;
+
+/// How a sync was applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Everything written from scratch (the backend's objects deleted and
+    /// re-created): the first sync, and the first after a failure.
+    Recreate,
+    /// Everything written again in place, keeping dynamic state (affinity).
+    Resync,
+    /// Only what changed since the last successful sync.
+    Partial,
+}
+
+impl SyncKind {
+    pub fn is_full(self) -> bool {
+        self != SyncKind::Partial
+    }
+}
+
+/// What a backend reports of a successful sync.
+#[derive(Clone, Debug)]
+pub struct ApplyReport {
+    pub kind: SyncKind,
+    /// Time spent in the kernel's tool or API (translation excluded).
+    pub apply_duration: Duration,
+    /// Size of what was sent to the kernel; 0 when nothing changed (and nothing
+    /// was run).
+    pub script_bytes: usize,
+}
+
+/// What the node must provide for a backend to work.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeRequirements {
+    /// Kernel settings, written at start in the proxy's network namespace.
+    pub sysctls: Vec<Sysctl>,
+    /// Kernel modules the kernel does not load on demand (checked and logged).
+    pub modules: Vec<&'static str>,
+}
+
+/// One data plane. Implementations translate and apply; they never look at
+/// traffic policies, topology or endpoint conditions.
+pub trait DataPlane: Send {
+    /// The `--proxy-mode` name, as `/proxyMode` answers it.
+    fn mode(&self) -> &'static str;
+
+    /// Brings the kernel to `intent`. `delta` is how `intent` differs from the
+    /// intent of the previous call (whether or not that call succeeded); `full`
+    /// asks for a full sync. After an error the previous rules stay in force and
+    /// the next call must write everything.
+    fn sync(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        full: bool,
+    ) -> Result<ApplyReport, DataPlaneError>;
+
+    /// What a first sync of `intent` would apply, as the backend's own text
+    /// (`svcproxy render`, golden files). Touches neither the kernel nor `self`'s
+    /// state.
+    fn render(&self, intent: &Intent) -> String;
+
+    /// Removes exactly this backend's kernel objects; succeeds when there are none.
+    fn cleanup(&mut self) -> Result<(), DataPlaneError>;
+
+    /// What the node needs for this backend under `cfg`.
+    fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements;
+}
+
+impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
+    fn mode(&self) -> &'static str {
+        (**self).mode()
+    }
+
+    fn sync(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        full: bool,
+    ) -> Result<ApplyReport, DataPlaneError> {
+        (**self).sync(intent, delta, full)
+    }
+
+    fn render(&self, intent: &Intent) -> String {
+        (**self).render(intent)
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataPlaneError> {
+        (**self).cleanup()
+    }
+
+    fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements {
+        (**self).node_requirements(cfg)
+    }
+}
+
+/// Which failures a counter counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Every failed sync.
+    Sync,
+    /// Failed partial syncs only.
+    PartialSync,
+    /// Failed removals of stale objects done apart from the sync.
+    Cleanup,
+}
+
+/// A failure counter of a mode, with upstream kube-proxy's name for that mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailureCounter {
+    pub kind: FailureKind,
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+/// A registered data plane.
+#[derive(Clone, Copy)]
+pub struct Backend {
+    /// The `--proxy-mode` name.
+    pub mode: &'static str,
+    /// The mode's failure counters, named as upstream names them for that mode.
+    pub failure_counters: &'static [FailureCounter],
+    /// A data plane programming the current network namespace.
+    pub new: fn(&PlanConfig) -> Box<dyn DataPlane>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").field("mode", &self.mode).finish()
+    }
+}
+
+/// Every implemented mode. The factory: a new backend is one line here.
+pub const BACKENDS: &[Backend] = &[crate::nft::BACKEND];
+
+/// The backend for `--proxy-mode NAME`, if implemented.
+pub fn backend(mode: &str) -> Option<&'static Backend> {
+    BACKENDS.iter().find(|b| b.mode == mode)
+}
+
+/// Runs every backend's cleanup (`svcproxy cleanup`): each removes its own objects
+/// and nothing else. Returns each mode's failure.
+pub fn cleanup_all(cfg: &PlanConfig) -> Vec<(&'static str, DataPlaneError)> {
+    let mut failures = Vec::new();
+    for b in BACKENDS {
+        if let Err(e) = (b.new)(cfg).cleanup() {
+            failures.push((b.mode, e));
+        }
+    }
+    failures
+}

@@ -1,0 +1,152 @@
+//! The nftables data plane: the intent translated by [`svcproxy_plan::nft`] and
+//! applied with `nft -f` as one atomic transaction per sync.
+//!
+//! Entry point: [`NftDataPlane`]. It keeps the planner, which knows whether the
+//! kernel holds the last plan: a plan is committed when `nft` accepted it and
+//! abandoned otherwise (the next one then recreates the tables).
+
+use std::time::Instant;
+
+use svcproxy_plan::nft::{cleanup_script, PlanKind, Planner};
+use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
+
+use crate::backend::{
+    ApplyReport, Backend, DataPlane, FailureCounter, FailureKind, NodeRequirements, SyncKind,
+};
+use crate::error::DataPlaneError;
+use crate::node::required_sysctls;
+use crate::sink::{NftCommand, ScriptSink};
+
+/// The nftables mode in the registry.
+pub const BACKEND: Backend = Backend {
+    mode: "nftables",
+    failure_counters: &[
+        FailureCounter {
+            kind: FailureKind::Sync,
+            name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            help: "Cumulative proxy nftables sync failures",
+        },
+        // Stale chains go in the same transaction as the sync, so a failed
+        // cleanup shows as a failed sync and this stays 0 (as upstream names it).
+        FailureCounter {
+            kind: FailureKind::Cleanup,
+            name: "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+            help: "Cumulative proxy nftables cleanup failures",
+        },
+    ],
+    new: |_| Box::new(NftDataPlane::new()),
+};
+
+/// svcproxy's nftables tables (`ip svcproxy`, `ip6 svcproxy`), written through a
+/// [`ScriptSink`]: the real `nft` ([`NftCommand`], optionally behind a netns
+/// prefix) or a recorder in tests.
+pub struct NftDataPlane<S = NftCommand> {
+    planner: Planner,
+    sink: S,
+}
+
+impl NftDataPlane<NftCommand> {
+    /// Runs `nft` from `PATH` in the current network namespace.
+    pub fn new() -> Self {
+        NftDataPlane::with_sink(NftCommand::default())
+    }
+}
+
+impl Default for NftDataPlane<NftCommand> {
+    fn default() -> Self {
+        NftDataPlane::new()
+    }
+}
+
+impl<S: ScriptSink> NftDataPlane<S> {
+    pub fn with_sink(sink: S) -> Self {
+        NftDataPlane {
+            planner: Planner::new(),
+            sink,
+        }
+    }
+
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    pub fn sink_mut(&mut self) -> &mut S {
+        &mut self.sink
+    }
+}
+
+impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
+    fn mode(&self) -> &'static str {
+        BACKEND.mode
+    }
+
+    fn sync(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        full: bool,
+    ) -> Result<ApplyReport, DataPlaneError> {
+        let plan = self.planner.plan(intent, delta, full);
+        let start = Instant::now();
+        let applied = if plan.is_empty() {
+            Ok(())
+        } else {
+            self.sink.apply(&plan.script)
+        };
+        let apply_duration = start.elapsed();
+        match applied {
+            Ok(()) => self.planner.commit(&plan),
+            Err(e) => {
+                self.planner.abandon();
+                return Err(e);
+            }
+        }
+        tracing::debug!(
+            kind = ?plan.kind,
+            bytes = plan.script.len(),
+            chains = plan.stats.chains,
+            chains_written = plan.stats.chains_written,
+            chains_deleted = plan.stats.chains_deleted,
+            elements_added = plan.stats.elements_added,
+            elements_deleted = plan.stats.elements_deleted,
+            apply = ?apply_duration,
+            "nftables applied"
+        );
+        Ok(ApplyReport {
+            kind: match plan.kind {
+                PlanKind::Recreate => SyncKind::Recreate,
+                PlanKind::Resync => SyncKind::Resync,
+                PlanKind::Partial => SyncKind::Partial,
+            },
+            apply_duration,
+            script_bytes: plan.script.len(),
+        })
+    }
+
+    fn render(&self, intent: &Intent) -> String {
+        svcproxy_plan::nft::render_full(intent)
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataPlaneError> {
+        self.sink.apply(&cleanup_script())
+    }
+
+    fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements {
+        NodeRequirements {
+            sysctls: required_sysctls(cfg),
+            // nf_tables and its expressions are loaded by the kernel on demand.
+            modules: Vec::new(),
+        }
+    }
+}
+
+/// Removes svcproxy's tables (both families) and nothing else, running the `nft`
+/// binary at `nft`. Succeeds when they do not exist.
+pub fn cleanup(nft: &str) -> Result<(), DataPlaneError> {
+    cleanup_with(&mut NftCommand::new(nft))
+}
+
+/// [`cleanup`] through any sink (e.g. an [`NftCommand`] with a netns prefix).
+pub fn cleanup_with<S: ScriptSink + ?Sized>(sink: &mut S) -> Result<(), DataPlaneError> {
+    sink.apply(&cleanup_script())
+}

@@ -1,0 +1,437 @@
+//! One service port in one family, decided: its frontends and what happens to a
+//! connection to each (forward to an endpoint set, drop, reject), when the
+//! connection is masqueraded, the short circuits of external traffic, the
+//! loadBalancerSourceRanges firewall and session affinity.
+//!
+//! Entry point: [`ServiceIntent::build`]. It depends only on the port's view in the
+//! snapshot (its addresses, policies and endpoint selection) and the family's
+//! [`NodeIntent`], and it is the one place where traffic policies turn into
+//! actions; data planes read the result and decide nothing. The rules follow the
+//! service proxy implementation notes and upstream kube-proxy:
+//!
+//! - A cluster IP forwards to the endpoints its internal traffic policy selects
+//!   (cluster-wide, or this node's for `internalTrafficPolicy: Local`). With none:
+//!   REJECT, except a Local policy while endpoints exist elsewhere, which DROPs.
+//! - An external IP, load-balancer IP or NodePort forwards along the port's
+//!   [`ExternalRoute`]: `externalTrafficPolicy: Cluster` masquerades everything
+//!   (the reply could leave through another node), `Local` keeps the client's
+//!   address and uses this node's endpoints only, yet sends this node's pods and
+//!   the host itself to the cluster-wide endpoints (they must not be dropped just
+//!   because this node has no endpoint). Traffic with no endpoint to go to is
+//!   rejected, or dropped under a Local policy while endpoints exist elsewhere.
+//! - loadBalancerSourceRanges admit only those sources to load-balancer IPs (and
+//!   the node itself when one of its addresses is in them).
+//! - Connections to a cluster IP are masqueraded with `--masquerade-all`, or when
+//!   they do not come from this node's pods (when local traffic can be told);
+//!   a connection from an endpoint to itself (hairpin) always is.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use svcproxy_core::model::{Endpoint, IpFamily, Protocol, ServicePortName};
+use svcproxy_core::snapshot::ServicePortView;
+
+use super::node::{family_nets, NodeIntent};
+
+/// A destination a service port claims. Two ports claiming the same one conflict;
+/// the first by name gets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrontendKey {
+    /// A service IP (cluster, external or load-balancer) with protocol and port.
+    Vip {
+        ip: IpAddr,
+        protocol: Protocol,
+        port: u16,
+    },
+    /// A NodePort, on every NodePort destination of the node.
+    NodePort { protocol: Protocol, port: u16 },
+}
+
+impl std::fmt::Display for FrontendKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrontendKey::Vip { ip, protocol, port } => match ip {
+                IpAddr::V4(a) => write!(f, "{a}:{port}/{protocol}"),
+                IpAddr::V6(a) => write!(f, "[{a}]:{port}/{protocol}"),
+            },
+            FrontendKey::NodePort { protocol, port } => write!(f, "nodePort {port}/{protocol}"),
+        }
+    }
+}
+
+/// What kind of address a frontend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrontendKind {
+    ClusterIp,
+    ExternalIp,
+    LoadBalancerIp,
+    NodePort,
+}
+
+impl FrontendKind {
+    /// Traffic to it is external traffic (`externalTrafficPolicy` applies).
+    pub fn is_external(self) -> bool {
+        self != FrontendKind::ClusterIp
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontendKind::ClusterIp => "ClusterIP",
+            FrontendKind::ExternalIp => "ExternalIP",
+            FrontendKind::LoadBalancerIp => "LoadBalancerIP",
+            FrontendKind::NodePort => "NodePort",
+        }
+    }
+}
+
+/// What happens to a new connection to a frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Forwarded: along [`ServiceIntent::internal`] for a cluster IP, along
+    /// [`ServiceIntent::external`] for the other kinds.
+    Forward,
+    /// Dropped silently: a Local policy with no endpoint on this node while some
+    /// exist elsewhere (a load balancer or client should try another node).
+    Drop,
+    /// Refused (TCP reset / ICMP unreachable): no endpoint may take it.
+    Reject,
+}
+
+/// The two endpoint sets a service port can have on a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EndpointSetId {
+    /// Endpoints cluster-policy traffic may reach (after topology).
+    Cluster,
+    /// This node's endpoints (Local policies).
+    Local,
+}
+
+/// When a connection to a cluster IP is masqueraded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Masquerade {
+    Never,
+    /// `--masquerade-all`.
+    Always,
+    /// When it does not come from this node's pods (so its reply, coming back
+    /// through this node, can be un-DNATed).
+    UnlessFromLocalPod,
+}
+
+/// How traffic to the cluster IPs is forwarded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InternalRoute {
+    /// The set the internal traffic policy selects.
+    pub set: EndpointSetId,
+    pub masquerade: Masquerade,
+}
+
+/// Where external traffic that no short circuit took goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Disposition {
+    Forward(EndpointSetId),
+    /// Local policy, no endpoint on this node, some elsewhere.
+    Drop,
+}
+
+/// How traffic to the external frontends (external IPs, load-balancer IPs,
+/// NodePorts) is forwarded, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExternalRoute {
+    /// Every connection is masqueraded (`externalTrafficPolicy: Cluster`).
+    pub masquerade: bool,
+    /// Connections from this node's pods go to the cluster set, unmasqueraded
+    /// (`Local` policy: the pod→LB short circuit).
+    pub pods_to_cluster: bool,
+    /// Connections from the node itself are masqueraded (`Local` policy: their
+    /// source is often the external address itself, which an endpoint could not
+    /// answer).
+    pub host_masquerade: bool,
+    /// ... and go to the cluster set.
+    pub host_to_cluster: bool,
+    /// Everything else.
+    pub rest: Disposition,
+}
+
+/// loadBalancerSourceRanges of a port, for its load-balancer IPs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Firewall {
+    /// The node's own connections pass (one of its addresses is in the ranges).
+    pub allow_from_node: bool,
+    /// Sources allowed (merged, sorted; may be empty: nobody).
+    pub ranges: Vec<IpNet>,
+}
+
+/// One frontend of a service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Frontend {
+    pub key: FrontendKey,
+    pub kind: FrontendKind,
+    pub action: Action,
+    /// Sources are checked against [`ServiceIntent::firewall`] first (before DNAT,
+    /// on the original destination).
+    pub firewall: bool,
+}
+
+/// Everything this node does for one service port in one family.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceIntent {
+    pub name: ServicePortName,
+    pub family: IpFamily,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// The port's cluster IPs of this family.
+    pub cluster_ips: Vec<IpAddr>,
+    /// Every endpoint some traffic may reach: the union of the sets, sorted.
+    pub endpoints: Vec<SocketAddr>,
+    /// The cluster set, as indices into `endpoints` in selection order; `None`
+    /// when empty or unused.
+    pub cluster: Option<Vec<u32>>,
+    /// The local set, likewise.
+    pub local: Option<Vec<u32>>,
+    /// ClientIP session affinity: seconds a client sticks to its endpoint (≥ 1).
+    pub affinity_timeout: Option<u32>,
+    pub internal: InternalRoute,
+    /// `None` when no external traffic is forwarded (no external frontend, or
+    /// every one rejects).
+    pub external: Option<ExternalRoute>,
+    pub firewall: Option<Firewall>,
+    /// The service's healthCheckNodePort (LoadBalancer with a Local policy).
+    pub health_check_node_port: Option<u16>,
+    /// Sorted by key, one per key.
+    pub frontends: Vec<Frontend>,
+    /// Usable endpoints exist somewhere in the cluster.
+    pub has_any_endpoints: bool,
+    /// Why the endpoints were chosen (the snapshot's reason), for people.
+    pub reason: String,
+}
+
+impl ServiceIntent {
+    pub fn build(name: &ServicePortName, view: &ServicePortView, node: &NodeIntent) -> Self {
+        let family = node.family;
+        let p = &view.port;
+        let sel = &view.selection;
+        let protocol = name.protocol;
+
+        let of_family = |eps: &Option<Arc<[Endpoint]>>| -> Option<Vec<SocketAddr>> {
+            let v: Vec<SocketAddr> = eps
+                .iter()
+                .flat_map(|l| l.iter())
+                .filter(|e| IpFamily::of(&e.ip) == family)
+                .map(|e| SocketAddr::new(e.ip, e.port))
+                .collect();
+            (!v.is_empty()).then_some(v)
+        };
+        let cluster_list = of_family(&sel.cluster_endpoints);
+        let local_list = of_family(&sel.local_endpoints);
+        let mut endpoints: Vec<SocketAddr> = cluster_list
+            .iter()
+            .flatten()
+            .chain(local_list.iter().flatten())
+            .copied()
+            .collect();
+        endpoints.sort();
+        endpoints.dedup();
+        let index = |list: Option<Vec<SocketAddr>>| -> Option<Vec<u32>> {
+            list.map(|l| {
+                l.iter()
+                    .map(|k| endpoints.binary_search(k).expect("endpoint listed") as u32)
+                    .collect()
+            })
+        };
+        let cluster = index(cluster_list);
+        let local = index(local_list);
+
+        let has_any = sel.has_any_endpoints;
+        // With no endpoint anywhere everything is refused; when endpoints exist but
+        // none may take this traffic, a Local policy drops (the client should try
+        // another node) and a cluster policy (hard topology keys) refuses.
+        let fail = |policy_local: bool| {
+            if policy_local && has_any {
+                Action::Drop
+            } else {
+                Action::Reject
+            }
+        };
+        let set_of = |local_policy: bool| {
+            if local_policy {
+                EndpointSetId::Local
+            } else {
+                EndpointSetId::Cluster
+            }
+        };
+        let usable = |set: EndpointSetId| match set {
+            EndpointSetId::Cluster => cluster.is_some(),
+            EndpointSetId::Local => local.is_some(),
+        };
+
+        let internal_local = p.internal_policy_local();
+        let internal = InternalRoute {
+            set: set_of(internal_local),
+            masquerade: if node.masquerade_all {
+                Masquerade::Always
+            } else if node.local_traffic.is_some() {
+                Masquerade::UnlessFromLocalPod
+            } else {
+                Masquerade::Never
+            },
+        };
+        let internal_action = if usable(internal.set) {
+            Action::Forward
+        } else {
+            fail(internal_local)
+        };
+
+        let ext_local = p.external_policy_local();
+        let ext_ok = usable(set_of(ext_local));
+        // A Local-policy port keeps its route even without local endpoints: pods
+        // and the host reaching its external addresses are short-circuited.
+        let external =
+            (p.externally_accessible() && (ext_ok || (ext_local && has_any))).then(|| {
+                if ext_local {
+                    ExternalRoute {
+                        masquerade: false,
+                        pods_to_cluster: node.local_traffic.is_some() && cluster.is_some(),
+                        host_masquerade: true,
+                        host_to_cluster: cluster.is_some(),
+                        rest: if local.is_some() {
+                            Disposition::Forward(EndpointSetId::Local)
+                        } else {
+                            Disposition::Drop
+                        },
+                    }
+                } else {
+                    ExternalRoute {
+                        masquerade: true,
+                        pods_to_cluster: false,
+                        host_masquerade: false,
+                        host_to_cluster: false,
+                        rest: Disposition::Forward(EndpointSetId::Cluster),
+                    }
+                }
+            });
+        let external_action = if external.is_some() {
+            Action::Forward
+        } else {
+            fail(ext_local)
+        };
+
+        let vips: Vec<IpAddr> = p
+            .load_balancer_vips()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .collect();
+        let firewall = match &p.load_balancer_source_ranges {
+            Some(ranges) if !vips.is_empty() => {
+                let ranges = family_nets(ranges, family);
+                let allow_from_node = node
+                    .node_ips
+                    .iter()
+                    .any(|ip| ranges.iter().any(|r| r.contains(ip)));
+                Some(Firewall {
+                    allow_from_node,
+                    ranges,
+                })
+            }
+            _ => None,
+        };
+
+        // The first claim of a key within one port wins (a cluster IP that is also
+        // listed as an external IP stays a cluster IP).
+        let mut frontends: BTreeMap<FrontendKey, Frontend> = BTreeMap::new();
+        let mut claim = |key: FrontendKey, kind: FrontendKind| {
+            let action = if kind.is_external() {
+                external_action
+            } else {
+                internal_action
+            };
+            frontends.entry(key).or_insert(Frontend {
+                key,
+                kind,
+                action,
+                firewall: kind == FrontendKind::LoadBalancerIp && firewall.is_some(),
+            });
+        };
+        let cluster_ips: Vec<IpAddr> = p
+            .cluster_ips
+            .iter()
+            .copied()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .collect();
+        let vip = |ip| FrontendKey::Vip {
+            ip,
+            protocol,
+            port: p.port,
+        };
+        for &ip in &cluster_ips {
+            claim(vip(ip), FrontendKind::ClusterIp);
+        }
+        let mut external_ips: Vec<(IpAddr, FrontendKind)> = p
+            .external_ips
+            .iter()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .map(|&ip| (ip, FrontendKind::ExternalIp))
+            .collect();
+        // An address that is both an external IP and an LB IP is an LB IP: the
+        // firewall applies to it.
+        external_ips.extend(vips.iter().map(|&ip| (ip, FrontendKind::LoadBalancerIp)));
+        external_ips.sort_by_key(|&(ip, kind)| (ip, std::cmp::Reverse(kind)));
+        external_ips.dedup_by_key(|(ip, _)| *ip);
+        for (ip, kind) in external_ips {
+            claim(vip(ip), kind);
+        }
+        if let Some(node_port) = p.node_port {
+            claim(
+                FrontendKey::NodePort {
+                    protocol,
+                    port: node_port,
+                },
+                FrontendKind::NodePort,
+            );
+        }
+
+        ServiceIntent {
+            name: name.clone(),
+            family,
+            protocol,
+            port: p.port,
+            cluster_ips,
+            endpoints,
+            cluster,
+            local,
+            affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),
+            internal,
+            external,
+            firewall,
+            health_check_node_port: p.health_check_node_port,
+            frontends: frontends.into_values().collect(),
+            has_any_endpoints: has_any,
+            reason: sel.reason.clone(),
+        }
+    }
+
+    /// The endpoints of one set, in selection order; `None` when the set is empty
+    /// or unused.
+    pub fn set(&self, id: EndpointSetId) -> Option<Vec<SocketAddr>> {
+        let list = match id {
+            EndpointSetId::Cluster => self.cluster.as_ref(),
+            EndpointSetId::Local => self.local.as_ref(),
+        }?;
+        Some(list.iter().map(|&i| self.endpoints[i as usize]).collect())
+    }
+
+    /// The set's indices into `endpoints`.
+    pub fn set_indices(&self, id: EndpointSetId) -> Option<&[u32]> {
+        match id {
+            EndpointSetId::Cluster => self.cluster.as_deref(),
+            EndpointSetId::Local => self.local.as_deref(),
+        }
+    }
+
+    pub fn frontend(&self, key: &FrontendKey) -> Option<&Frontend> {
+        self.frontends
+            .binary_search_by(|f| f.key.cmp(key))
+            .ok()
+            .map(|i| &self.frontends[i])
+    }
+}

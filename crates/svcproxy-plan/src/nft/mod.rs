@@ -1,0 +1,25 @@
+//! The nftables translation of the intent: svcproxy's tables `ip svcproxy` and
+//! `ip6 svcproxy`, as a typed model ([`Ruleset`]), `nft -f` text, and minimal
+//! deltas between syncs.
+//!
+//! Entry point: [`Planner::plan`] (intent and delta in, one script out), then
+//! [`Planner::commit`] or [`Planner::abandon`]. [`render_full`] prints what a first
+//! sync applies (`svcproxy render`); [`cleanup_script`] removes the tables.
+//!
+//! The shape follows upstream kube-proxy's nftables mode: O(1) dispatch through
+//! verdict maps keyed on `daddr . meta l4proto . th dport` (service IPs) and
+//! `meta l4proto . th dport` (NodePorts), per-service chains named by hashes (the
+//! endpoint is then chosen by a short `numgen random` cascade, not an anonymous
+//! verdict map per service: see `service`), and filter chains for "no endpoints",
+//! loadBalancerSourceRanges and ServiceCIDRs. The private modules `base` (the shared
+//! skeleton, from the node intent) and `service` (one service intent's objects) say
+//! which rule implements which behaviour. Nothing here decides a behaviour: every
+//! choice is read from the [`crate::intent`].
+
+mod base;
+mod planner;
+pub mod ruleset;
+mod service;
+
+pub use planner::{cleanup_script, render_full, Plan, PlanKind, PlanStats, Planner};
+pub use ruleset::{BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set, TABLE_NAME};

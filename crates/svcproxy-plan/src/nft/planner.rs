@@ -1,0 +1,620 @@
+//! The incremental nftables planner: the intent and its delta in, one `nft -f`
+//! script out, with the translated state kept in memory so that a change to one
+//! service costs a script about that service only.
+//!
+//! Entry point: [`Planner::plan`], then [`Planner::commit`] once `nft` accepted the
+//! script, or [`Planner::abandon`] when it did not.
+//!
+//! State per family: the node intent the skeleton was written from, and per service
+//! port its [`Fragment`] (the intent and its objects' hashed names). Map elements
+//! come from the intent's frontends: only each frontend's owner puts elements in
+//! the maps, so a conflict can never make `nft` fail.
+//!
+//! Three kinds of script, all applied as one atomic `nft -f` transaction:
+//! - [`PlanKind::Recreate`] when the kernel's state is unknown (first sync, after a
+//!   failed or unconfirmed apply): `add table` + `delete table` + the whole table.
+//! - [`PlanKind::Resync`] for a requested full sync, when the shared skeleton
+//!   changed, or when the delta does not follow the last planned intent, while the kernel is
+//!   known to hold the last committed plan: flush every rule and every shared set
+//!   and map, delete objects no longer wanted, then add the whole table again.
+//!   Unlike Recreate it keeps the session-affinity sets' contents.
+//! - [`PlanKind::Partial`]: only the objects and elements of changed service ports
+//!   and frontends. Order within the script: declare new chains and sets; rewrite
+//!   changed chains; delete, then add, map elements; flush and delete stale chains;
+//!   delete stale sets. A stale chain is therefore unreferenced by the time it is
+//!   deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use svcproxy_core::model::{IpFamily, ServicePortName};
+
+use crate::intent::{Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, NodeIntent};
+use crate::names::service_port_hash;
+
+use super::base::{base_ruleset, CLUSTER_IPS_SET};
+use super::ruleset::{stmt, write_table_close, write_table_open, Ruleset};
+use super::service::{elems, key_text, Detect, Elem, Fragment};
+
+/// What kind of transaction a [`Plan`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanKind {
+    /// Delete and re-create the tables.
+    Recreate,
+    /// Replace the tables' contents in place (affinity state survives).
+    Resync,
+    /// Only what changed since the last committed plan.
+    Partial,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanStats {
+    /// Service ports programmed, both families.
+    pub service_ports: usize,
+    /// Service port intents decided again for this plan.
+    pub replanned: usize,
+    /// Per-service chains in the desired state.
+    pub chains: usize,
+    /// Chains the script adds or rewrites (every chain for a full plan).
+    pub chains_written: usize,
+    /// Chains the script deletes.
+    pub chains_deleted: usize,
+    /// Map and set elements the script adds and deletes (partial plans).
+    pub elements_added: usize,
+    pub elements_deleted: usize,
+}
+
+/// One planned transaction.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub kind: PlanKind,
+    /// The `nft -f` script. Empty for a partial plan with nothing to do (which needs
+    /// no apply, but still a [`Planner::commit`]).
+    pub script: String,
+    /// Every destination conflict in the desired state.
+    pub conflicts: Vec<Conflict>,
+    pub stats: PlanStats,
+    generation: u64,
+}
+
+impl Plan {
+    pub fn is_full(&self) -> bool {
+        self.kind != PlanKind::Partial
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.script.is_empty()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// Nothing known: the next plan recreates the tables.
+    Unknown,
+    /// The kernel holds exactly the planner's state.
+    InSync,
+    /// A plan was handed out and not yet committed or abandoned.
+    Pending(u64),
+}
+
+/// Names of a family's objects, to work out what a resync must delete.
+#[derive(Default)]
+struct Names {
+    chains: BTreeSet<String>,
+    /// Set name and whether it is a dynamic (affinity) set, whose contents survive.
+    sets: BTreeMap<String, bool>,
+    maps: BTreeSet<String>,
+}
+
+/// Script fragments of a partial plan, kept apart so they can be emitted in an
+/// order in which every reference resolves.
+struct Delta {
+    family: IpFamily,
+    declare: String,
+    flush: String,
+    rules: String,
+    delete_elements: String,
+    add_elements: String,
+    flush_stale: String,
+    delete_stale_chains: String,
+    delete_stale_sets: String,
+}
+
+impl Delta {
+    fn new(family: IpFamily) -> Self {
+        Delta {
+            family,
+            declare: String::new(),
+            flush: String::new(),
+            rules: String::new(),
+            delete_elements: String::new(),
+            add_elements: String::new(),
+            flush_stale: String::new(),
+            delete_stale_chains: String::new(),
+            delete_stale_sets: String::new(),
+        }
+    }
+
+    fn finish(self, out: &mut String) {
+        for part in [
+            self.declare,
+            self.flush,
+            self.rules,
+            self.delete_elements,
+            self.add_elements,
+            self.flush_stale,
+            self.delete_stale_chains,
+            self.delete_stale_sets,
+        ] {
+            out.push_str(&part);
+        }
+    }
+
+    /// Statements turning `old` objects of one service port into `new` ones.
+    fn objects(&mut self, old: &Ruleset, new: &Ruleset, stats: &mut PlanStats) {
+        let f = self.family;
+        for (name, chain) in &new.chains {
+            match old.chains.get(name) {
+                Some(prev) if prev == chain => continue,
+                Some(_) => self.flush.push_str(&stmt::flush_chain(f, name)),
+                None => self.declare.push_str(&stmt::add_chain(f, name, chain)),
+            }
+            stats.chains_written += 1;
+            for rule in &chain.rules {
+                self.rules.push_str(&stmt::add_rule(f, name, rule));
+            }
+        }
+        for name in old.chains.keys() {
+            if !new.chains.contains_key(name) {
+                // Stale chains reference each other (service → endpoint), so all
+                // are flushed before any is deleted.
+                self.flush_stale.push_str(&stmt::flush_chain(f, name));
+                self.delete_stale_chains
+                    .push_str(&stmt::delete_chain(f, name));
+                stats.chains_deleted += 1;
+            }
+        }
+        for (name, set) in &new.sets {
+            if !old.sets.contains_key(name) {
+                self.declare.push_str(&stmt::add_set(f, name, set));
+            }
+        }
+        for name in old.sets.keys() {
+            if !new.sets.contains_key(name) {
+                self.delete_stale_sets.push_str(&stmt::delete_set(f, name));
+            }
+        }
+    }
+}
+
+struct FamilyState {
+    family: IpFamily,
+    /// The node intent last planned; `None` while the family is not programmed.
+    node: Option<Arc<NodeIntent>>,
+    detect: Option<Detect>,
+    entries: BTreeMap<ServicePortName, Fragment>,
+    chain_total: usize,
+}
+
+/// The elements the owner of a frontend puts in the maps.
+fn owner_elems(
+    owner: &Option<Arc<crate::intent::ServiceIntent>>,
+    key: &crate::intent::FrontendKey,
+) -> Vec<Elem> {
+    owner
+        .as_ref()
+        .map(|svc| elems(svc, service_port_hash(svc.family, &svc.name), key))
+        .unwrap_or_default()
+}
+
+impl FamilyState {
+    fn new(family: IpFamily) -> Self {
+        FamilyState {
+            family,
+            node: None,
+            detect: None,
+            entries: BTreeMap::new(),
+            chain_total: 0,
+        }
+    }
+
+    /// Whether moving to `node` changes more than per-service chains: the shared
+    /// objects, or the rule text that recognises local traffic (which every
+    /// service chain uses, whether or not its intent changed).
+    fn skeleton_changes(&self, node: Option<&Arc<NodeIntent>>) -> bool {
+        match (&self.node, node) {
+            (None, None) => false,
+            (Some(old), Some(new)) if Arc::ptr_eq(old, new) => false,
+            (Some(old), Some(new)) => {
+                base_ruleset(old) != base_ruleset(new)
+                    || self.detect.as_ref() != Detect::new(new).as_ref()
+            }
+            _ => true,
+        }
+    }
+
+    fn set_node(&mut self, node: Option<Arc<NodeIntent>>) {
+        self.detect = node.as_deref().and_then(Detect::new);
+        self.node = node;
+    }
+
+    /// Applies one family's delta to the fragments and, when `delta` is given,
+    /// writes the statements that take the kernel along.
+    fn apply(
+        &mut self,
+        fd: &FamilyDelta,
+        node: Option<&Arc<NodeIntent>>,
+        mut delta: Option<&mut Delta>,
+        stats: &mut PlanStats,
+    ) {
+        if fd.node_changed || self.node.as_ref() != node {
+            self.set_node(node.cloned());
+        }
+        for change in &fd.services {
+            let old = self.entries.remove(&change.name);
+            let new = change.after.clone().map(Fragment::new);
+            if let Some(d) = delta.as_deref_mut() {
+                let empty = Ruleset::new(self.family);
+                let detect = self.detect.as_ref();
+                let old_objs = old
+                    .as_ref()
+                    .map_or_else(|| empty.clone(), |f| f.objects(detect));
+                let new_objs = new.as_ref().map_or(empty, |f| f.objects(detect));
+                d.objects(&old_objs, &new_objs, stats);
+            }
+            if let Some(old) = old {
+                self.chain_total -= old.chain_count();
+            }
+            if let Some(new) = new {
+                self.chain_total += new.chain_count();
+                self.entries.insert(change.name.clone(), new);
+            }
+        }
+        let Some(d) = delta else {
+            return;
+        };
+        for change in &fd.frontends {
+            let text = key_text(&change.key);
+            let before = owner_elems(&change.before, &change.key);
+            let after = owner_elems(&change.after, &change.key);
+            for b in &before {
+                if !after.contains(b) {
+                    d.delete_elements.push_str(&stmt::delete_element(
+                        self.family,
+                        b.map.name(),
+                        &text,
+                    ));
+                    stats.elements_deleted += 1;
+                }
+            }
+            for a in &after {
+                if !before.contains(a) {
+                    d.add_elements.push_str(&stmt::add_element(
+                        self.family,
+                        a.map.name(),
+                        &text,
+                        Some(&a.verdict.text()),
+                    ));
+                    stats.elements_added += 1;
+                }
+            }
+        }
+        for ip in &fd.cluster_ips_removed {
+            d.delete_elements.push_str(&stmt::delete_element(
+                self.family,
+                CLUSTER_IPS_SET,
+                &ip.to_string(),
+            ));
+            stats.elements_deleted += 1;
+        }
+        for ip in &fd.cluster_ips_added {
+            d.add_elements.push_str(&stmt::add_element(
+                self.family,
+                CLUSTER_IPS_SET,
+                &ip.to_string(),
+                None,
+            ));
+            stats.elements_added += 1;
+        }
+    }
+
+    /// Rebuilds the fragments from the whole intent (reusing those whose intent
+    /// is the same `Arc`): for a delta that does not follow the last plan.
+    fn reset(&mut self, fam: &FamilyIntent) {
+        self.set_node(fam.node().cloned());
+        let mut old = std::mem::take(&mut self.entries);
+        self.chain_total = 0;
+        for (name, svc) in fam.services() {
+            let frag = match old.remove(name) {
+                Some(f) if Arc::ptr_eq(&f.intent, svc) => f,
+                _ => Fragment::new(svc.clone()),
+            };
+            self.chain_total += frag.chain_count();
+            self.entries.insert(name.clone(), frag);
+        }
+    }
+
+    /// The shared objects with their elements filled in.
+    fn base_with_elements(&self, node: &NodeIntent, fam: &FamilyIntent) -> Ruleset {
+        let mut rs = base_ruleset(node);
+        if let Some(set) = rs.sets.get_mut(CLUSTER_IPS_SET) {
+            set.elements = fam.cluster_ips().map(|ip| ip.to_string()).collect();
+        }
+        for (svc, frontend) in fam.frontends() {
+            let hash = match self.entries.get(&svc.name) {
+                Some(f) => f.hash,
+                None => service_port_hash(svc.family, &svc.name),
+            };
+            let text = key_text(&frontend.key);
+            for elem in elems(svc, hash, &frontend.key) {
+                if let Some(map) = rs.maps.get_mut(elem.map.name()) {
+                    map.elements.push((text.clone(), elem.verdict.text()));
+                }
+            }
+        }
+        rs
+    }
+
+    /// The whole table block, streamed: the shared objects, then each service
+    /// port's objects in name order. Nothing but the output grows with the table.
+    fn write_table(&self, fam: &FamilyIntent, out: &mut String) -> usize {
+        let Some(node) = &self.node else {
+            return 0;
+        };
+        write_table_open(out, self.family);
+        let shared = self.base_with_elements(node, fam);
+        let mut chains = shared.chains.len();
+        shared.write_body(out);
+        for frag in self.entries.values() {
+            let objs = frag.objects(self.detect.as_ref());
+            chains += objs.chains.len();
+            objs.write_body(out);
+        }
+        write_table_close(out);
+        chains
+    }
+
+    /// The whole desired table as one typed ruleset.
+    fn ruleset(&self, fam: &FamilyIntent) -> Option<Ruleset> {
+        let node = self.node.as_ref()?;
+        let mut rs = self.base_with_elements(node, fam);
+        for frag in self.entries.values() {
+            rs.extend(frag.objects(self.detect.as_ref()));
+        }
+        Some(rs)
+    }
+
+    fn names(&self) -> Names {
+        let mut names = Names::default();
+        let Some(node) = &self.node else {
+            return names;
+        };
+        let shared = base_ruleset(node);
+        names.chains.extend(shared.chains.into_keys());
+        names.sets.extend(
+            shared
+                .sets
+                .into_iter()
+                .map(|(n, s)| (n, s.timeout.is_some())),
+        );
+        names.maps.extend(shared.maps.into_keys());
+        for frag in self.entries.values() {
+            let (chains, sets) = frag.object_names();
+            names.chains.extend(chains);
+            names.sets.extend(sets.into_iter().map(|s| (s, true)));
+        }
+        names
+    }
+}
+
+/// Plans svcproxy's nftables tables from the intent, keeping the translated state
+/// in memory.
+pub struct Planner {
+    families: [FamilyState; 2],
+    kernel: Kernel,
+    generation: u64,
+    /// The intent generation last planned: a delta from any other is not trusted.
+    intent_generation: Option<u64>,
+}
+
+impl Default for Planner {
+    fn default() -> Self {
+        Planner::new()
+    }
+}
+
+impl Planner {
+    pub fn new() -> Self {
+        Planner {
+            families: [
+                FamilyState::new(IpFamily::V4),
+                FamilyState::new(IpFamily::V6),
+            ],
+            kernel: Kernel::Unknown,
+            generation: 0,
+            intent_generation: None,
+        }
+    }
+
+    /// Plans the tables for `intent`, which `delta` says how it differs from the
+    /// intent of the previous plan.
+    ///
+    /// `full` asks for a full sync (periodic resync). The result is a full plan
+    /// whenever the kernel's state is not known to match the previous plan (see
+    /// [`Planner::commit`]), the shared skeleton changed, or `delta` does not start
+    /// at the previous plan's intent.
+    pub fn plan(&mut self, intent: &Intent, delta: &IntentDelta, full: bool) -> Plan {
+        self.generation += 1;
+        let in_step = self.intent_generation == Some(delta.from) && delta.to == intent.generation();
+        self.intent_generation = Some(intent.generation());
+        let skeleton_changed = self
+            .families
+            .iter()
+            .any(|fam| fam.skeleton_changes(intent.family(fam.family).node()));
+        let kind = if self.kernel != Kernel::InSync {
+            PlanKind::Recreate
+        } else if full || skeleton_changed || !in_step {
+            PlanKind::Resync
+        } else {
+            PlanKind::Partial
+        };
+        // What the kernel holds right now, before the state moves on.
+        let old_names: Vec<Names> = if kind == PlanKind::Resync {
+            self.families.iter().map(FamilyState::names).collect()
+        } else {
+            Vec::new()
+        };
+
+        let mut stats = PlanStats {
+            replanned: delta.rebuilt,
+            ..PlanStats::default()
+        };
+        let mut script = String::new();
+        for fam in &mut self.families {
+            let fi = intent.family(fam.family);
+            if !in_step {
+                fam.reset(fi);
+                continue;
+            }
+            let mut d = (kind == PlanKind::Partial).then(|| Delta::new(fam.family));
+            fam.apply(delta.family(fam.family), fi.node(), d.as_mut(), &mut stats);
+            if let Some(d) = d {
+                d.finish(&mut script);
+            }
+        }
+        match kind {
+            PlanKind::Partial => {}
+            PlanKind::Recreate => {
+                script = self.render_counting(intent, &mut stats);
+            }
+            PlanKind::Resync => {
+                for (fam, old) in self.families.iter().zip(&old_names) {
+                    Self::write_resync(
+                        fam,
+                        intent.family(fam.family),
+                        old,
+                        &mut script,
+                        &mut stats,
+                    );
+                }
+            }
+        }
+        for fam in &self.families {
+            stats.service_ports += fam.entries.len();
+            stats.chains += fam.chain_total;
+        }
+        self.kernel = Kernel::Pending(self.generation);
+        Plan {
+            kind,
+            script,
+            conflicts: intent.conflicts(),
+            stats,
+            generation: self.generation,
+        }
+    }
+
+    fn write_resync(
+        fam: &FamilyState,
+        fi: &FamilyIntent,
+        old: &Names,
+        out: &mut String,
+        stats: &mut PlanStats,
+    ) {
+        let f = fam.family;
+        out.push_str(&stmt::add_table(f));
+        if fam.node.is_none() {
+            out.push_str(&stmt::delete_table(f));
+            return;
+        }
+        // Drop every rule and every static element first: after that nothing in
+        // the table references a chain, so stale ones can go.
+        out.push_str(&stmt::flush_table(f));
+        for name in &old.maps {
+            out.push_str(&stmt::flush_map(f, name));
+        }
+        for (name, dynamic) in &old.sets {
+            if !dynamic {
+                out.push_str(&stmt::flush_set(f, name));
+            }
+        }
+        let new = fam.names();
+        for name in old.chains.difference(&new.chains) {
+            out.push_str(&stmt::delete_chain(f, name));
+            stats.chains_deleted += 1;
+        }
+        for name in old.sets.keys() {
+            if !new.sets.contains_key(name) {
+                out.push_str(&stmt::delete_set(f, name));
+            }
+        }
+        for name in old.maps.difference(&new.maps) {
+            out.push_str(&stmt::delete_map(f, name));
+        }
+        stats.chains_written += fam.write_table(fi, out);
+    }
+
+    /// Marks `plan` as applied: the kernel now holds the planned state, so the next
+    /// plan may be partial. Committing anything but the latest plan forgets what the
+    /// kernel holds (the next plan recreates the tables).
+    pub fn commit(&mut self, plan: &Plan) {
+        self.kernel = if self.kernel == Kernel::Pending(plan.generation) {
+            Kernel::InSync
+        } else {
+            Kernel::Unknown
+        };
+    }
+
+    /// The last plan was not applied (or failed): the next plan recreates the
+    /// tables from scratch.
+    pub fn abandon(&mut self) {
+        self.kernel = Kernel::Unknown;
+    }
+
+    /// The full script for `intent`, which must be the intent last planned, as a
+    /// first sync would apply it: for each family `add table` and `delete table`
+    /// (so it applies whatever exists) and then the whole table. Rendering it costs
+    /// time and memory in proportion to the whole ruleset, so partial plans do not
+    /// carry it.
+    pub fn render(&self, intent: &Intent) -> String {
+        self.render_counting(intent, &mut PlanStats::default())
+    }
+
+    fn render_counting(&self, intent: &Intent, stats: &mut PlanStats) -> String {
+        let mut out = String::new();
+        for fam in &self.families {
+            out.push_str(&stmt::add_table(fam.family));
+            out.push_str(&stmt::delete_table(fam.family));
+            stats.chains_written += fam.write_table(intent.family(fam.family), &mut out);
+        }
+        out
+    }
+
+    /// The last planned state of one family as a typed ruleset (`intent`: the one
+    /// last planned); `None` when the family is not programmed.
+    pub fn ruleset(&self, intent: &Intent, family: IpFamily) -> Option<Ruleset> {
+        self.families
+            .iter()
+            .find(|f| f.family == family)
+            .and_then(|f| f.ruleset(intent.family(family)))
+    }
+}
+
+/// The full script for `intent` from a fresh planner: exactly what the first sync
+/// would apply.
+pub fn render_full(intent: &Intent) -> String {
+    let mut planner = Planner::new();
+    planner
+        .plan(intent, &intent.delta_from_empty(), true)
+        .script
+}
+
+/// A script deleting svcproxy's tables, and nothing else, in both families. It
+/// succeeds whether or not they exist (`add table` first makes `delete` safe).
+pub fn cleanup_script() -> String {
+    let mut out = String::new();
+    for family in IpFamily::BOTH {
+        out.push_str(&stmt::add_table(family));
+        out.push_str(&stmt::delete_table(family));
+    }
+    out
+}
