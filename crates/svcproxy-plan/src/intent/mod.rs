@@ -14,6 +14,7 @@
 
 mod node;
 mod service;
+mod text;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -29,6 +30,7 @@ pub use service::{
     Action, Disposition, EndpointSetId, ExternalRoute, Firewall, Frontend, FrontendKey,
     FrontendKind, InternalRoute, Masquerade, ServiceIntent,
 };
+pub use text::describe;
 
 /// Two or more service ports claiming one frontend.
 #[derive(Clone, Debug, PartialEq, Eq)]

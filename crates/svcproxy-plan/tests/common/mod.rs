@@ -430,3 +430,32 @@ impl NftPipeline {
 pub fn render_full(v4: &NodeSnapshot, v6: &NodeSnapshot, cfg: &PlanConfig) -> String {
     svcproxy_plan::nft::render_full(&svcproxy_plan::build_intent(v4, v6, cfg))
 }
+
+impl Scenario {
+    /// Only `testdata/cluster.yaml` (nodes and ServiceCIDRs), as `node`, with the
+    /// default configuration.
+    pub fn empty(node: &str) -> Scenario {
+        let file = testdata().join("cluster.yaml");
+        let mut state = ClusterState::new(StateConfig {
+            node_name: node.to_string(),
+            service_proxy_name: None,
+        });
+        for object in load_objects(&file) {
+            state.apply(SourceUpdate::Upsert {
+                object,
+                origin: file.display().to_string(),
+            });
+        }
+        Scenario {
+            dir: testdata(),
+            state,
+            cfg: TestConfig::default().to_plan_config(),
+        }
+    }
+
+    /// The intent of the current state under the scenario's configuration.
+    pub fn intent(&mut self) -> svcproxy_plan::Intent {
+        let up = self.snapshot();
+        svcproxy_plan::build_intent(&up.v4, &up.v6, &self.cfg)
+    }
+}

@@ -1,0 +1,158 @@
+//! The intent as plain text, one line per decision: what golden `expected.intent`
+//! files hold, and what a person reads to see what this node will do without
+//! reading any backend's rules.
+//!
+//! Entry point: [`describe`]. Names of services are printed with `{:?}` quoting,
+//! so no user string can forge a line.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+use super::{
+    Action, Disposition, EndpointSetId, ExternalRoute, FamilyIntent, Intent, LocalTraffic,
+    Masquerade, NodeIntent, NodePortDestinations, ServiceIntent,
+};
+
+fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    let v: Vec<String> = items.into_iter().map(|i| i.to_string()).collect();
+    format!("[{}]", v.join(" "))
+}
+
+fn set_name(id: EndpointSetId) -> &'static str {
+    match id {
+        EndpointSetId::Cluster => "cluster",
+        EndpointSetId::Local => "local",
+    }
+}
+
+fn endpoints(svc: &ServiceIntent, id: EndpointSetId) -> String {
+    let eps: Vec<SocketAddr> = svc.set(id).unwrap_or_default();
+    format!("{} {}", set_name(id), list(eps))
+}
+
+fn node_line(n: &NodeIntent) -> String {
+    let local = match &n.local_traffic {
+        None => "unknown".to_string(),
+        Some(LocalTraffic::Cidrs(c)) => format!("from {}", list(c)),
+        Some(LocalTraffic::Interface(i)) => format!("on interface {:?}", i.as_str()),
+        Some(LocalTraffic::InterfacePrefix(i)) => format!("on interfaces {:?}*", i.as_str()),
+    };
+    let nodeports = match &n.nodeports {
+        NodePortDestinations::Ips(ips) => list(ips),
+        NodePortDestinations::AllLocal => "every local address".to_string(),
+    };
+    format!(
+        "node: masquerade mark {:#x}{}; local pods {local}; nodePorts on {nodeports}{}; node IPs {}; ServiceCIDRs {} (unallocated: drop)",
+        n.masquerade_mark,
+        if n.masquerade_all { ", masquerade all" } else { "" },
+        if n.localhost_nodeports { " and 127.0.0.0/8" } else { "" },
+        list(&n.node_ips),
+        list(&n.service_cidrs),
+    )
+}
+
+fn external_route(svc: &ServiceIntent, r: &ExternalRoute) -> String {
+    let mut steps = Vec::new();
+    if r.masquerade {
+        steps.push("masquerade".to_string());
+    }
+    if r.pods_to_cluster {
+        steps.push(format!(
+            "local pods -> {}",
+            endpoints(svc, EndpointSetId::Cluster)
+        ));
+    }
+    match (r.host_masquerade, r.host_to_cluster) {
+        (true, true) => steps.push(format!(
+            "host (masqueraded) -> {}",
+            endpoints(svc, EndpointSetId::Cluster)
+        )),
+        (true, false) => steps.push("host masqueraded".to_string()),
+        _ => {}
+    }
+    steps.push(match r.rest {
+        Disposition::Forward(id) => format!("forward {}", endpoints(svc, id)),
+        Disposition::Drop => "others drop".to_string(),
+    });
+    steps.join("; ")
+}
+
+fn internal_route(svc: &ServiceIntent) -> String {
+    let masq = match svc.internal.masquerade {
+        Masquerade::Never => "",
+        Masquerade::Always => "; masquerade",
+        Masquerade::UnlessFromLocalPod => "; masquerade unless from a local pod",
+    };
+    format!("forward {}{masq}", endpoints(svc, svc.internal.set))
+}
+
+fn family(out: &mut String, fam: &FamilyIntent) {
+    let _ = writeln!(out, "{}", fam.family());
+    let Some(node) = fam.node() else {
+        let _ = writeln!(out, "  not programmed");
+        return;
+    };
+    let _ = writeln!(out, "  {}", node_line(node));
+    let _ = writeln!(
+        out,
+        "  cluster IPs {} (other ports: reject)",
+        list(fam.cluster_ips())
+    );
+    for (svc, f) in fam.frontends() {
+        let action = match (f.action, f.kind.is_external()) {
+            (Action::Drop, _) => "drop".to_string(),
+            (Action::Reject, _) => "reject".to_string(),
+            (Action::Forward, false) => internal_route(svc),
+            (Action::Forward, true) => match &svc.external {
+                Some(r) => external_route(svc, r),
+                None => "reject".to_string(),
+            },
+        };
+        let firewall = match (&svc.firewall, f.firewall) {
+            (Some(fw), true) => format!(
+                "only from {}{}; ",
+                list(&fw.ranges),
+                if fw.allow_from_node {
+                    " and the node"
+                } else {
+                    ""
+                }
+            ),
+            _ => String::new(),
+        };
+        let affinity = svc
+            .affinity_timeout
+            .map(|t| format!("; ClientIP affinity {t}s"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {} {} {:?}: {firewall}{action}{affinity}",
+            f.key,
+            f.kind.as_str(),
+            svc.name.to_string(),
+        );
+    }
+    for c in fam.conflicts() {
+        let ignored: Vec<String> = c
+            .ignored
+            .iter()
+            .map(|n| format!("{:?}", n.to_string()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  conflict {}: {:?} kept, {} ignored",
+            c.destination,
+            c.kept.to_string(),
+            ignored.join(" ")
+        );
+    }
+}
+
+/// The whole intent as text, IPv4 then IPv6.
+pub fn describe(intent: &Intent) -> String {
+    let mut out = String::new();
+    for fam in intent.families() {
+        family(&mut out, fam);
+    }
+    out
+}

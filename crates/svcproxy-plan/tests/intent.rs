@@ -1,0 +1,499 @@
+//! The intent decides every behaviour of the service proxy implementation notes,
+//! without naming a backend: each case builds objects on the shared address plan
+//! (see `common`), takes the intent for node-a, and checks the decision for one
+//! frontend. Nothing here imports a data plane.
+//!
+//! Address plan: node-a 198.18.0.1 (pods 198.18.1.0/24, local), node-b 198.18.0.2
+//! (pods 198.18.2.0/24); ServiceCIDR 198.19.0.0/16; external and LB IPs in
+//! 203.0.113.0/24; clients outside in 198.51.100.0/24.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+
+use common::*;
+use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_plan::intent::{
+    Action, Disposition, EndpointSetId, ExternalRoute, Frontend, FrontendKey, FrontendKind,
+    IntentBuilder, Masquerade, ServiceIntent,
+};
+use svcproxy_plan::{Intent, LocalDetection};
+
+const LOCAL_POD: &str = "198.18.1.10";
+const REMOTE_POD: &str = "198.18.2.10";
+
+/// A Service `demo/NAME` with cluster IP 198.19.0.N, port 80 named `http`
+/// (target 8080), `spec` lines added, and a slice with `endpoints` given as
+/// (address, node, ready, serving, terminating).
+fn service(name: &str, n: u8, spec: &str, endpoints: &[(&str, &str, bool, bool, bool)]) -> String {
+    let mut eps = String::new();
+    for (ip, node, ready, serving, terminating) in endpoints {
+        eps.push_str(&format!(
+            "- {{addresses: [{ip}], nodeName: {node}, conditions: {{ready: {ready}, serving: {serving}, terminating: {terminating}}}}}\n"
+        ));
+    }
+    let eps = if eps.is_empty() {
+        " []\n".to_string()
+    } else {
+        format!("\n{eps}")
+    };
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: demo}}
+spec:
+  clusterIP: 198.19.0.{n}
+  ports:
+  - {{name: http, port: 80, targetPort: 8080, nodePort: 300{n:02}}}
+{spec}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: demo
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports:
+- {{name: http, port: 8080}}
+endpoints:{eps}"
+    )
+}
+
+fn ready(ip: &str, node: &str) -> (&'static str, &'static str, bool, bool, bool) {
+    let ip: &'static str = Box::leak(ip.to_string().into_boxed_str());
+    let node: &'static str = Box::leak(node.to_string().into_boxed_str());
+    (ip, node, true, true, false)
+}
+
+fn terminating(ip: &str, node: &str) -> (&'static str, &'static str, bool, bool, bool) {
+    let (ip, node, ..) = ready(ip, node);
+    (ip, node, false, true, true)
+}
+
+/// The intent of node-a for these objects, with `tweak` applied to the config.
+fn intent_with(yaml: &str, tweak: impl FnOnce(&mut svcproxy_plan::PlanConfig)) -> Intent {
+    let mut sc = Scenario::empty("node-a");
+    tweak(&mut sc.cfg);
+    sc.upsert_yaml(yaml);
+    sc.intent()
+}
+
+fn intent(yaml: &str) -> Intent {
+    intent_with(yaml, |_| {})
+}
+
+fn vip(ip: &str, port: u16) -> FrontendKey {
+    FrontendKey::Vip {
+        ip: ip.parse().unwrap(),
+        protocol: Protocol::Tcp,
+        port,
+    }
+}
+
+fn node_port(port: u16) -> FrontendKey {
+    FrontendKey::NodePort {
+        protocol: Protocol::Tcp,
+        port,
+    }
+}
+
+/// The frontend at `key` (IPv4) and the service port that owns it.
+fn at(intent: &Intent, key: FrontendKey) -> (ServiceIntent, Frontend) {
+    let (svc, f) = intent
+        .family(IpFamily::V4)
+        .frontend(&key)
+        .unwrap_or_else(|| panic!("no frontend {key}"));
+    ((**svc).clone(), *f)
+}
+
+fn eps(list: &[&str]) -> Option<Vec<SocketAddr>> {
+    Some(
+        list.iter()
+            .map(|ip| SocketAddr::new(ip.parse::<IpAddr>().unwrap(), 8080))
+            .collect(),
+    )
+}
+
+#[test]
+fn a_cluster_ip_forwards_to_every_ready_endpoint() {
+    let i = intent(&service(
+        "web",
+        10,
+        "",
+        &[ready(LOCAL_POD, "node-a"), ready(REMOTE_POD, "node-b")],
+    ));
+    let (svc, f) = at(&i, vip("198.19.0.10", 80));
+    assert_eq!(
+        (f.kind, f.action),
+        (FrontendKind::ClusterIp, Action::Forward)
+    );
+    assert_eq!(svc.internal.set, EndpointSetId::Cluster);
+    assert_eq!(
+        svc.set(EndpointSetId::Cluster),
+        eps(&[LOCAL_POD, REMOTE_POD])
+    );
+    assert!(!f.firewall);
+}
+
+#[test]
+fn not_ready_endpoints_are_not_used() {
+    let i = intent(&service(
+        "web",
+        10,
+        "",
+        &[
+            ready(LOCAL_POD, "node-a"),
+            (REMOTE_POD, "node-b", false, false, false),
+        ],
+    ));
+    let (svc, _) = at(&i, vip("198.19.0.10", 80));
+    assert_eq!(svc.set(EndpointSetId::Cluster), eps(&[LOCAL_POD]));
+}
+
+#[test]
+fn a_service_without_endpoints_rejects_on_every_frontend() {
+    let i = intent(&service(
+        "empty",
+        40,
+        "  type: NodePort\n  externalIPs: [203.0.113.40]",
+        &[],
+    ));
+    for key in [
+        vip("198.19.0.40", 80),
+        vip("203.0.113.40", 80),
+        node_port(30040),
+    ] {
+        let (svc, f) = at(&i, key);
+        assert_eq!(f.action, Action::Reject, "{key}");
+        assert!(!svc.has_any_endpoints);
+    }
+}
+
+#[test]
+fn only_serving_terminating_endpoints_are_used_when_none_is_ready() {
+    let i = intent(&service(
+        "drain",
+        10,
+        "",
+        &[
+            terminating(LOCAL_POD, "node-a"),
+            (REMOTE_POD, "node-b", false, false, true),
+        ],
+    ));
+    let (svc, f) = at(&i, vip("198.19.0.10", 80));
+    assert_eq!(f.action, Action::Forward);
+    assert_eq!(svc.set(EndpointSetId::Cluster), eps(&[LOCAL_POD]));
+}
+
+#[test]
+fn cluster_ip_traffic_is_masqueraded_unless_it_comes_from_a_local_pod() {
+    let yaml = service("web", 10, "", &[ready(REMOTE_POD, "node-b")]);
+    let (svc, _) = at(&intent(&yaml), vip("198.19.0.10", 80));
+    assert_eq!(svc.internal.masquerade, Masquerade::UnlessFromLocalPod);
+
+    let all = intent_with(&yaml, |c| c.masquerade_all = true);
+    assert_eq!(
+        at(&all, vip("198.19.0.10", 80)).0.internal.masquerade,
+        Masquerade::Always
+    );
+
+    // Without a way to tell local traffic, nothing is masqueraded for being
+    // non-local (as upstream without a local detector).
+    let blind = intent_with(&yaml, |c| c.local_detection = LocalDetection::None);
+    assert_eq!(
+        at(&blind, vip("198.19.0.10", 80)).0.internal.masquerade,
+        Masquerade::Never
+    );
+}
+
+#[test]
+fn internal_local_policy_uses_only_this_nodes_endpoints() {
+    let i = intent(&service(
+        "agent",
+        60,
+        "  internalTrafficPolicy: Local",
+        &[ready(LOCAL_POD, "node-a"), ready(REMOTE_POD, "node-b")],
+    ));
+    let (svc, f) = at(&i, vip("198.19.0.60", 80));
+    assert_eq!(f.action, Action::Forward);
+    assert_eq!(svc.internal.set, EndpointSetId::Local);
+    assert_eq!(svc.set(EndpointSetId::Local), eps(&[LOCAL_POD]));
+}
+
+#[test]
+fn internal_local_policy_without_local_endpoints_drops_while_others_exist() {
+    let i = intent(&service(
+        "agent",
+        61,
+        "  internalTrafficPolicy: Local",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    assert_eq!(at(&i, vip("198.19.0.61", 80)).1.action, Action::Drop);
+}
+
+#[test]
+fn external_cluster_policy_masquerades_every_external_connection() {
+    let i = intent(&service(
+        "web",
+        11,
+        "  type: NodePort\n  externalIPs: [203.0.113.11]",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    for key in [node_port(30011), vip("203.0.113.11", 80)] {
+        let (svc, f) = at(&i, key);
+        assert_eq!(f.action, Action::Forward, "{key}");
+        assert_eq!(
+            svc.external,
+            Some(ExternalRoute {
+                masquerade: true,
+                pods_to_cluster: false,
+                host_masquerade: false,
+                host_to_cluster: false,
+                rest: Disposition::Forward(EndpointSetId::Cluster),
+            }),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        at(&i, vip("203.0.113.11", 80)).1.kind,
+        FrontendKind::ExternalIp
+    );
+}
+
+#[test]
+fn external_local_policy_keeps_the_client_address_and_uses_local_endpoints() {
+    let i = intent(&service(
+        "lb",
+        30,
+        "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32030\nstatus:\n  loadBalancer:\n    ingress:\n    - {ip: 203.0.113.30}",
+        &[ready(LOCAL_POD, "node-a"), ready(REMOTE_POD, "node-b")],
+    ));
+    let (svc, f) = at(&i, vip("203.0.113.30", 80));
+    assert_eq!(
+        (f.kind, f.action),
+        (FrontendKind::LoadBalancerIp, Action::Forward)
+    );
+    let route = svc.external.unwrap();
+    assert!(!route.masquerade);
+    assert_eq!(route.rest, Disposition::Forward(EndpointSetId::Local));
+    assert_eq!(svc.set(EndpointSetId::Local), eps(&[LOCAL_POD]));
+    // Pods and the host reaching the LB IP are short-circuited to every endpoint.
+    assert!(route.pods_to_cluster && route.host_masquerade && route.host_to_cluster);
+    assert_eq!(
+        svc.set(EndpointSetId::Cluster),
+        eps(&[LOCAL_POD, REMOTE_POD])
+    );
+    assert_eq!(svc.health_check_node_port, Some(32030));
+    // Internal traffic still uses the cluster policy.
+    assert_eq!(svc.internal.set, EndpointSetId::Cluster);
+}
+
+#[test]
+fn external_local_policy_without_local_endpoints_drops_others_but_short_circuits_pods_and_host() {
+    let i = intent(&service(
+        "remote",
+        50,
+        "  type: NodePort\n  externalTrafficPolicy: Local",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    let (svc, f) = at(&i, node_port(30050));
+    assert_eq!(f.action, Action::Forward);
+    let route = svc.external.unwrap();
+    assert_eq!(route.rest, Disposition::Drop);
+    assert!(route.pods_to_cluster && route.host_to_cluster);
+    // Without local-traffic detection pods cannot be told apart: no pod short
+    // circuit, the host one stays.
+    let blind = intent_with(
+        &service(
+            "remote",
+            50,
+            "  type: NodePort\n  externalTrafficPolicy: Local",
+            &[ready(REMOTE_POD, "node-b")],
+        ),
+        |c| c.local_detection = LocalDetection::None,
+    );
+    let route = at(&blind, node_port(30050)).0.external.unwrap();
+    assert!(!route.pods_to_cluster && route.host_to_cluster);
+}
+
+#[test]
+fn external_local_policy_with_no_endpoint_anywhere_rejects() {
+    let i = intent(&service(
+        "gone",
+        51,
+        "  type: NodePort\n  externalTrafficPolicy: Local",
+        &[],
+    ));
+    assert_eq!(at(&i, node_port(30051)).1.action, Action::Reject);
+    assert_eq!(at(&i, vip("198.19.0.51", 80)).1.action, Action::Reject);
+}
+
+#[test]
+fn load_balancer_source_ranges_fence_only_the_load_balancer_ips() {
+    let i = intent(&service(
+        "api",
+        31,
+        "  type: LoadBalancer\n  externalIPs: [203.0.113.131]\n  loadBalancerSourceRanges: [198.51.100.0/24, 198.18.0.0/24]\nstatus:\n  loadBalancer:\n    ingress:\n    - {ip: 203.0.113.31}",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    let (svc, f) = at(&i, vip("203.0.113.31", 80));
+    assert!(f.firewall);
+    let fw = svc.firewall.unwrap();
+    assert_eq!(
+        fw.ranges,
+        [
+            "198.18.0.0/24".parse().unwrap(),
+            "198.51.100.0/24".parse().unwrap()
+        ]
+    );
+    // node-a's 198.18.0.1 is inside: the node itself may connect.
+    assert!(fw.allow_from_node);
+    assert!(!at(&i, vip("203.0.113.131", 80)).1.firewall);
+    assert!(!at(&i, node_port(30031)).1.firewall);
+    assert!(!at(&i, vip("198.19.0.31", 80)).1.firewall);
+}
+
+#[test]
+fn a_load_balancer_ip_in_proxy_mode_is_left_to_the_load_balancer() {
+    let i = intent(&service(
+        "proxied",
+        32,
+        "  type: LoadBalancer\nstatus:\n  loadBalancer:\n    ingress:\n    - {ip: 203.0.113.32, ipMode: Proxy}",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    assert!(i
+        .family(IpFamily::V4)
+        .frontend(&vip("203.0.113.32", 80))
+        .is_none());
+    assert!(i.family(IpFamily::V4).frontend(&node_port(30032)).is_some());
+}
+
+#[test]
+fn client_ip_session_affinity_carries_its_timeout() {
+    let i = intent(&service(
+        "sticky",
+        70,
+        "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}",
+        &[ready(LOCAL_POD, "node-a")],
+    ));
+    assert_eq!(at(&i, vip("198.19.0.70", 80)).0.affinity_timeout, Some(60));
+}
+
+#[test]
+fn hard_topology_keys_without_a_match_reject_cluster_traffic() {
+    let i = intent(&service(
+        "rack",
+        120,
+        "",
+        &[ready(REMOTE_POD, "node-b")],
+    )
+    .replace(
+        "metadata: {name: rack, namespace: demo}",
+        "metadata: {name: rack, namespace: demo, annotations: {svcproxy.io/topology-keys: kubernetes.io/hostname}}",
+    ));
+    let (svc, f) = at(&i, vip("198.19.0.120", 80));
+    assert_eq!(f.action, Action::Reject);
+    assert!(svc.has_any_endpoints);
+}
+
+#[test]
+fn a_contested_address_goes_to_the_first_port_by_name_and_is_reported() {
+    let yaml = format!(
+        "{}\n---\n{}",
+        service(
+            "beta",
+            131,
+            "  externalIPs: [203.0.113.130]",
+            &[ready(LOCAL_POD, "node-a")]
+        ),
+        service(
+            "alpha",
+            130,
+            "  externalIPs: [203.0.113.130]",
+            &[ready(REMOTE_POD, "node-b")]
+        ),
+    );
+    let i = intent(&yaml);
+    let (svc, _) = at(&i, vip("203.0.113.130", 80));
+    assert_eq!(svc.name.service.name.as_ref(), "alpha");
+    let conflicts = i.conflicts();
+    assert_eq!(conflicts.len(), 1);
+    assert_eq!(conflicts[0].destination, "203.0.113.130:80/TCP");
+    assert_eq!(conflicts[0].ignored[0].service.name.as_ref(), "beta");
+    // The loser keeps what it does not contest.
+    assert_eq!(
+        at(&i, vip("198.19.0.131", 80)).0.name.service.name.as_ref(),
+        "beta"
+    );
+}
+
+#[test]
+fn a_cluster_ip_also_listed_as_external_ip_stays_a_cluster_ip() {
+    let i = intent(&service(
+        "self",
+        12,
+        "  externalIPs: [198.19.0.12]",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    assert_eq!(
+        at(&i, vip("198.19.0.12", 80)).1.kind,
+        FrontendKind::ClusterIp
+    );
+}
+
+#[test]
+fn node_wide_parts_follow_the_configuration_and_the_node() {
+    let i = intent(&service("web", 10, "", &[ready(LOCAL_POD, "node-a")]));
+    let v4 = i.family(IpFamily::V4);
+    let node = v4.node().unwrap();
+    assert_eq!(node.masquerade_mark, 0x4000);
+    assert_eq!(node.service_cidrs, ["198.19.0.0/16".parse().unwrap()]);
+    assert_eq!(
+        v4.cluster_ips().collect::<Vec<_>>(),
+        ["198.19.0.10".parse::<IpAddr>().unwrap()]
+    );
+
+    let v4_only = intent_with(&service("web", 10, "", &[]), |c| c.ipv6 = false);
+    assert!(v4_only.family(IpFamily::V6).node().is_none());
+    assert!(v4_only.family(IpFamily::V6).services().is_empty());
+}
+
+#[test]
+fn the_delta_names_exactly_what_changed() {
+    let mut sc = Scenario::empty("node-a");
+    sc.upsert_yaml(&format!(
+        "{}\n---\n{}",
+        service("web", 10, "", &[ready(LOCAL_POD, "node-a")]),
+        service("db", 20, "", &[ready(REMOTE_POD, "node-b")]),
+    ));
+    let mut builder = IntentBuilder::new();
+    let up = sc.snapshot();
+    let first = builder.update(&up.v4, &up.v6, &sc.cfg, &up.changed);
+    assert!(first.family(IpFamily::V4).node_changed);
+    assert_eq!(first.family(IpFamily::V4).services.len(), 2);
+
+    // Nothing changed: an empty delta, nothing decided again.
+    let up = sc.snapshot();
+    let idle = builder.update(&up.v4, &up.v6, &sc.cfg, &up.changed);
+    assert!(idle.is_empty(), "{idle:?}");
+    assert_eq!(idle.rebuilt, 0);
+    assert_eq!(idle.from, first.to);
+
+    // db loses its endpoint: one service and its one frontend change to reject.
+    sc.upsert_yaml(&service("db", 20, "", &[]));
+    let up = sc.snapshot();
+    let d = builder.update(&up.v4, &up.v6, &sc.cfg, &up.changed);
+    let fd = d.family(IpFamily::V4);
+    assert!(!fd.node_changed);
+    assert_eq!(fd.services.len(), 1);
+    assert_eq!(fd.services[0].name.service.name.as_ref(), "db");
+    assert_eq!(fd.frontends.len(), 1);
+    assert_eq!(fd.frontends[0].key, vip("198.19.0.20", 80));
+    let after = fd.frontends[0].after.as_ref().unwrap();
+    assert_eq!(
+        after.frontend(&vip("198.19.0.20", 80)).unwrap().action,
+        Action::Reject
+    );
+    assert!(fd.cluster_ips_added.is_empty() && fd.cluster_ips_removed.is_empty());
+}
