@@ -14,25 +14,12 @@ use svcproxy_plan::nft::PlanKind;
 
 #[test]
 fn every_scenario_renders_its_golden_ruleset() {
-    let update = std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1");
     let cases = cases();
     assert!(cases.len() >= 11, "scenario directories missing: {cases:?}");
     for case in cases {
         let mut sc = Scenario::load(&case);
         let up = sc.snapshot();
-        let text = render_full(&up.v4, &up.v6, &sc.cfg);
-        let path = sc.dir.join("expected.nft");
-        if update {
-            std::fs::write(&path, &text).unwrap();
-            continue;
-        }
-        let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-            panic!("{case}: no expected.nft; run with UPDATE_GOLDEN=1 to create it")
-        });
-        assert_eq!(
-            expected, text,
-            "{case}: rendered ruleset differs from expected.nft"
-        );
+        assert_golden(&case, "expected.nft", &render_full(&up.v4, &up.v6, &sc.cfg));
     }
 }
 

@@ -8,26 +8,12 @@
 mod common;
 
 use common::*;
-use pretty_assertions::assert_eq;
 use svcproxy_plan::intent::describe;
 
 #[test]
 fn every_scenario_describes_its_golden_intent() {
-    let update = std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1");
     for case in cases() {
         let mut sc = Scenario::load(&case);
-        let text = describe(&sc.intent());
-        let path = sc.dir.join("expected.intent");
-        if update {
-            std::fs::write(&path, &text).unwrap();
-            continue;
-        }
-        let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-            panic!("{case}: no expected.intent; run with UPDATE_GOLDEN=1 to create it")
-        });
-        assert_eq!(
-            expected, text,
-            "{case}: intent differs from expected.intent"
-        );
+        assert_golden(&case, "expected.intent", &describe(&sc.intent()));
     }
 }

@@ -44,5 +44,9 @@ fn the_nftables_translation_contains_no_policy_decision() {
         }
         checked += 1;
     }
-    assert!(checked >= 4, "expected the nft modules in {}", dir.display());
+    assert!(
+        checked >= 4,
+        "expected the nft modules in {}",
+        dir.display()
+    );
 }

@@ -20,7 +20,11 @@ fn svcproxy(args: &[&str]) -> std::process::Output {
 fn render_in_nftables_mode_prints_the_nft_script() {
     for args in [&["render"][..], &["render", "--proxy-mode", "nftables"][..]] {
         let out = svcproxy(args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.starts_with("add table ip svcproxy"), "{text}");
         assert!(text.contains("table ip6 svcproxy"));

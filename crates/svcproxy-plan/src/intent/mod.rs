@@ -270,15 +270,7 @@ impl Intent {
 
     /// A delta from nothing to this intent: everything added.
     pub fn delta_from_empty(&self) -> IntentDelta {
-        let mut delta = IntentDelta {
-            from: 0,
-            to: self.generation,
-            families: [
-                FamilyDelta::new(IpFamily::V4),
-                FamilyDelta::new(IpFamily::V6),
-            ],
-            rebuilt: 0,
-        };
+        let mut delta = IntentDelta::new(0, self.generation);
         for (fam, d) in self.families.iter().zip(&mut delta.families) {
             d.node_changed = fam.node.is_some();
             d.services = fam
@@ -368,6 +360,19 @@ pub struct IntentDelta {
 }
 
 impl IntentDelta {
+    /// Nothing changed yet between generations `from` and `to`.
+    fn new(from: u64, to: u64) -> Self {
+        IntentDelta {
+            from,
+            to,
+            families: [
+                FamilyDelta::new(IpFamily::V4),
+                FamilyDelta::new(IpFamily::V6),
+            ],
+            rebuilt: 0,
+        }
+    }
+
     pub fn family(&self, family: IpFamily) -> &FamilyDelta {
         match family {
             IpFamily::V4 => &self.families[0],
@@ -416,15 +421,7 @@ impl IntentBuilder {
     ) -> IntentDelta {
         let from = self.intent.generation;
         self.intent.generation += 1;
-        let mut delta = IntentDelta {
-            from,
-            to: self.intent.generation,
-            families: [
-                FamilyDelta::new(IpFamily::V4),
-                FamilyDelta::new(IpFamily::V6),
-            ],
-            rebuilt: 0,
-        };
+        let mut delta = IntentDelta::new(from, self.intent.generation);
         for ((fam, views), (snap, d)) in self
             .intent
             .families

@@ -459,3 +459,16 @@ impl Scenario {
         svcproxy_plan::build_intent(&up.v4, &up.v6, &self.cfg)
     }
 }
+
+/// Compares `text` with the golden file `name` of `case` (or rewrites the file
+/// when `UPDATE_GOLDEN=1`).
+pub fn assert_golden(case: &str, name: &str, text: &str) {
+    let path = testdata().join(case).join(name);
+    if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{case}: no {name}; run with UPDATE_GOLDEN=1 to create it"));
+    pretty_assertions::assert_eq!(expected, text, "{case}: differs from {name}");
+}
