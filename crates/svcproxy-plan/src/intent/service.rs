@@ -203,8 +203,6 @@ pub struct ServiceIntent {
     pub frontends: Vec<Frontend>,
     /// Usable endpoints exist somewhere in the cluster.
     pub has_any_endpoints: bool,
-    /// Why the endpoints were chosen (the snapshot's reason), for people.
-    pub reason: String,
 }
 
 impl ServiceIntent {
@@ -406,7 +404,6 @@ impl ServiceIntent {
             health_check_node_port: p.health_check_node_port,
             frontends: frontends.into_values().collect(),
             has_any_endpoints: has_any,
-            reason: sel.reason.clone(),
         }
     }
 

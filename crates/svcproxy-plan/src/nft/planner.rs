@@ -247,7 +247,7 @@ impl FamilyState {
         mut delta: Option<&mut Delta>,
         stats: &mut PlanStats,
     ) {
-        if fd.node_changed || self.node.as_ref() != node {
+        if self.node.as_ref() != node {
             self.set_node(node.cloned());
         }
         for change in &fd.services {
