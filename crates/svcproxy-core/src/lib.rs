@@ -7,6 +7,7 @@
 //! or the kernel; the entry point is [`state::ClusterState`].
 
 pub mod convert;
+pub mod manifest;
 pub mod mirror;
 pub mod model;
 pub mod objects;

@@ -22,23 +22,14 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
-use serde::de::DeserializeOwned;
-use serde::Deserialize;
-use serde_json::{Map, Value};
-use svcproxy_core::mirror::endpoints_to_slices;
+use svcproxy_core::manifest::{self, Format, Manifest, ManifestObject};
 use svcproxy_core::objects::{KubeObject, ObjectKey, SourceUpdate};
-use svcproxy_core::problem::quote;
 
 /// Larger files are skipped: no real manifest is this big, and reading one whole
 /// into memory must stay cheap.
 pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
-/// Documents plus list items per file; past it the file is treated as unreadable.
-pub const MAX_OBJECTS_PER_FILE: usize = 100_000;
 /// Directory nesting followed at most; deeper directories are reported and skipped.
 const MAX_DEPTH: usize = 64;
 /// Messages quote user input; this keeps one absurd value from flooding the log.
@@ -81,33 +72,13 @@ pub struct RescanResult {
     pub errors: Vec<FileError>,
 }
 
-/// One object a file yielded, with where in the file it came from.
-#[derive(Clone, Debug)]
-struct Entry {
-    key: ObjectKey,
-    object: Arc<KubeObject>,
-    /// `document 2` or `document 2, items[3]`.
-    at: String,
-    /// For slices mirrored from an Endpoints object: that object, for messages.
-    mirrored_from: Option<ObjectKey>,
-}
-
-impl Entry {
-    fn describe(&self) -> String {
-        match &self.mirrored_from {
-            Some(ep) => format!("{} (mirrored from {ep})", self.key),
-            None => self.key.to_string(),
-        }
-    }
-}
-
 /// A directory of manifests and what this source last yielded from it.
 #[derive(Debug)]
 pub struct ManifestDir {
     root: PathBuf,
     /// Objects each file last yielded while it parsed; a file that stops parsing
     /// keeps its entry here, which is what keeps its objects in force.
-    files: BTreeMap<PathBuf, Vec<Entry>>,
+    files: BTreeMap<PathBuf, Vec<ManifestObject>>,
     /// The merged view of `files` as last yielded, with each object's file.
     yielded: BTreeMap<ObjectKey, (Arc<KubeObject>, PathBuf)>,
     /// Errors of the last rescan, so that an unchanged error is logged once.
@@ -140,12 +111,12 @@ impl ManifestDir {
     pub fn rescan(&mut self) -> anyhow::Result<RescanResult> {
         let listing = list_files(&self.root)?;
         let mut errors = listing.errors;
-        let mut files: BTreeMap<PathBuf, Vec<Entry>> = BTreeMap::new();
+        let mut files: BTreeMap<PathBuf, Vec<ManifestObject>> = BTreeMap::new();
         for path in listing.files {
             match read_manifest(&path) {
                 Ok(parsed) => {
                     errors.extend(parsed.errors.into_iter().map(|m| FileError::new(&path, m)));
-                    files.insert(path, parsed.entries);
+                    files.insert(path, parsed.objects);
                 }
                 Err(message) => {
                     errors.push(FileError::new(
@@ -360,15 +331,8 @@ fn read_sorted_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 // ---------------------------------------------------------------------------
 // Reading one file
 
-/// What one readable file yields: its objects and the problems with single objects.
-#[derive(Debug, Default)]
-struct Parsed {
-    entries: Vec<Entry>,
-    errors: Vec<String>,
-}
-
 /// Reads and parses one file. `Err` means the file as a whole is unusable.
-fn read_manifest(path: &Path) -> Result<Parsed, String> {
+fn read_manifest(path: &Path) -> Result<Manifest, String> {
     let file = fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let mut bytes = Vec::new();
     // Bounded read: the size seen when listing may not be the size now.
@@ -382,297 +346,15 @@ fn read_manifest(path: &Path) -> Result<Parsed, String> {
         ));
     }
     let text = String::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-    let is_json = path
+    let format = if path
         .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    let documents = if is_json {
-        parse_json(text)?
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
+        Format::Json
     } else {
-        parse_yaml(text)?
+        Format::Yaml
     };
-    parse_documents(path, documents)
-}
-
-fn parse_json(text: &str) -> Result<Vec<Value>, String> {
-    if text.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    serde_json::from_str(text)
-        .map(|v| vec![v])
-        .map_err(|e| format!("invalid JSON: {e}"))
-}
-
-/// Parses every document. Any document failing fails the file: the parser stops at a
-/// syntax error, so what follows it is unknown, and a half-saved file must not
-/// delete the objects it held.
-fn parse_yaml(text: &str) -> Result<Vec<Value>, String> {
-    let mut documents = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        if i == MAX_OBJECTS_PER_FILE {
-            return Err(format!(
-                "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
-            ));
-        }
-        let value = Value::deserialize(document)
-            .map_err(|e| format!("invalid YAML in document {}: {e}", i + 1))?;
-        documents.push(value);
-    }
-    Ok(documents)
-}
-
-/// A value still to be looked at: a document or a list item.
-struct Pending {
-    value: Value,
-    at: String,
-    /// Inside a typed list (`ServiceList`): the apiVersion and kind its items lack.
-    defaults: Option<(Option<String>, String)>,
-    in_list: bool,
-}
-
-fn parse_documents(path: &Path, documents: Vec<Value>) -> Result<Parsed, String> {
-    let mut parsed = Parsed::default();
-    let mut stack: Vec<Pending> = documents
-        .into_iter()
-        .enumerate()
-        .rev()
-        .map(|(i, value)| Pending {
-            value,
-            at: format!("document {}", i + 1),
-            defaults: None,
-            in_list: false,
-        })
-        .collect();
-    let mut seen = 0usize;
-    while let Some(pending) = stack.pop() {
-        seen += 1;
-        if seen > MAX_OBJECTS_PER_FILE {
-            return Err(format!(
-                "more than {MAX_OBJECTS_PER_FILE} documents and list items; skipped"
-            ));
-        }
-        let Pending {
-            value,
-            at,
-            defaults,
-            in_list,
-        } = pending;
-        let mut map = match value {
-            Value::Object(map) => map,
-            // An empty document (`---` twice, a comment-only file).
-            Value::Null if !in_list => continue,
-            other => {
-                parsed.errors.push(format!(
-                    "{at}: is {}, not an object; skipped",
-                    json_type(&other)
-                ));
-                continue;
-            }
-        };
-        let (default_version, default_kind) = match defaults {
-            Some((v, k)) => (v, Some(k)),
-            None => (None, None),
-        };
-        let api_version = str_field(&map, "apiVersion").or(default_version);
-        let Some(kind) = str_field(&map, "kind").or(default_kind) else {
-            if in_list {
-                parsed
-                    .errors
-                    .push(format!("{at}: list item has no kind; skipped"));
-            } else {
-                tracing::debug!(path = %path.display(), "{at}: no kind; not a Kubernetes object, ignored");
-            }
-            continue;
-        };
-
-        if kind.ends_with("List") && (kind == "List" || map.contains_key("items")) {
-            let items = match map.remove("items") {
-                Some(Value::Array(items)) => items,
-                None | Some(Value::Null) => Vec::new(),
-                Some(other) => {
-                    parsed.errors.push(format!(
-                        "{at}: {kind} items is {}, not a list; skipped",
-                        json_type(&other)
-                    ));
-                    continue;
-                }
-            };
-            let item_defaults = match kind.strip_suffix("List") {
-                Some(item_kind) if !item_kind.is_empty() => {
-                    Some((api_version.clone(), item_kind.to_string()))
-                }
-                _ => None,
-            };
-            stack.extend(
-                items
-                    .into_iter()
-                    .enumerate()
-                    .rev()
-                    .map(|(i, value)| Pending {
-                        value,
-                        at: format!("{at}, items[{i}]"),
-                        defaults: item_defaults.clone(),
-                        in_list: true,
-                    }),
-            );
-            continue;
-        }
-
-        let target = match target(api_version.as_deref(), &kind) {
-            Ok(Some(t)) => t,
-            Ok(None) => {
-                tracing::debug!(
-                    path = %path.display(),
-                    "{at}: {} {kind} is not used by svcproxy; ignored",
-                    api_version.as_deref().unwrap_or("")
-                );
-                continue;
-            }
-            Err(reason) => {
-                parsed.errors.push(format!(
-                    "{at}: {kind} {}: {reason}; skipped",
-                    object_name(&map)
-                ));
-                continue;
-            }
-        };
-        let name = object_name(&map);
-        let object = match deserialize(target, map) {
-            Ok(o) => o,
-            Err(reason) => {
-                parsed
-                    .errors
-                    .push(format!("{at}: {kind} {name}: {reason}; skipped"));
-                continue;
-            }
-        };
-        let key = object.key();
-        if key.name.is_empty() {
-            parsed
-                .errors
-                .push(format!("{at}: {kind} has no metadata.name; skipped"));
-            continue;
-        }
-        if let KubeObject::Endpoints(ep) = &object {
-            let mirrored = endpoints_to_slices(ep);
-            for problem in mirrored.problems {
-                parsed.errors.push(format!("{at}: {key}: {problem}"));
-            }
-            for slice in mirrored.slices {
-                let object = KubeObject::EndpointSlice(slice);
-                parsed.entries.push(Entry {
-                    key: object.key(),
-                    object: Arc::new(object),
-                    at: at.clone(),
-                    mirrored_from: Some(key.clone()),
-                });
-            }
-            continue;
-        }
-        parsed.entries.push(Entry {
-            key,
-            object: Arc::new(object),
-            at,
-            mirrored_from: None,
-        });
-    }
-    Ok(parsed)
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Target {
-    Service,
-    EndpointSlice,
-    Node,
-    ServiceCidr,
-    Endpoints,
-}
-
-/// Which of our types `apiVersion`/`kind` names. `Ok(None)` for other kinds, including
-/// another group's kind of the same name (a Knative `Service`); `Err` for a version
-/// of one of our groups that we do not read, which would otherwise vanish silently.
-fn target(api_version: Option<&str>, kind: &str) -> Result<Option<Target>, String> {
-    let (target, group, versions): (Target, &str, &[&str]) = match kind {
-        "Service" => (Target::Service, "", &["v1"]),
-        "Node" => (Target::Node, "", &["v1"]),
-        "Endpoints" => (Target::Endpoints, "", &["v1"]),
-        "EndpointSlice" => (Target::EndpointSlice, "discovery.k8s.io", &["v1"]),
-        // v1beta1 has the same shape as v1.
-        "ServiceCIDR" => (Target::ServiceCidr, "networking.k8s.io", &["v1", "v1beta1"]),
-        _ => return Ok(None),
-    };
-    let wanted = |v: &str| {
-        if group.is_empty() {
-            v.to_string()
-        } else {
-            format!("{group}/{v}")
-        }
-    };
-    let Some(api_version) = api_version else {
-        return Err(format!("no apiVersion (want {})", wanted(versions[0])));
-    };
-    let (have_group, have_version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    if have_group != group {
-        return Ok(None);
-    }
-    if versions.contains(&have_version) {
-        Ok(Some(target))
-    } else {
-        Err(format!(
-            "apiVersion {} is not supported (want {})",
-            quote(api_version),
-            wanted(versions[0])
-        ))
-    }
-}
-
-fn deserialize(target: Target, mut map: Map<String, Value>) -> Result<KubeObject, String> {
-    fn de<T: DeserializeOwned>(map: Map<String, Value>) -> Result<T, String> {
-        serde_json::from_value(Value::Object(map)).map_err(|e| e.to_string())
-    }
-    Ok(match target {
-        Target::Service => KubeObject::Service(de::<Service>(map)?),
-        Target::EndpointSlice => KubeObject::EndpointSlice(de::<EndpointSlice>(map)?),
-        Target::Node => KubeObject::Node(de::<Node>(map)?),
-        Target::Endpoints => KubeObject::Endpoints(de::<Endpoints>(map)?),
-        Target::ServiceCidr => {
-            // The v1 type checks apiVersion, and v1beta1 is the same shape.
-            map.insert(
-                "apiVersion".to_string(),
-                Value::String("networking.k8s.io/v1".to_string()),
-            );
-            KubeObject::ServiceCidr(de::<ServiceCIDR>(map)?)
-        }
-    })
-}
-
-fn str_field(map: &Map<String, Value>, field: &str) -> Option<String> {
-    map.get(field)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-}
-
-/// `"ns/name"`, `"name"` or `(no name)`, quoted for a message.
-fn object_name(map: &Map<String, Value>) -> String {
-    let meta = map.get("metadata");
-    let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str);
-    match (field("namespace"), field("name")) {
-        (_, None) | (_, Some("")) => "(no name)".to_string(),
-        (Some(ns), Some(name)) if !ns.is_empty() => quote(&format!("{ns}/{name}")),
-        (_, Some(name)) => quote(name),
-    }
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
+    manifest::parse(&text, format, &path.display().to_string())
 }
 
 /// Bounded, single-line: parser messages can quote large or multi-line input.
@@ -809,6 +491,7 @@ fn relevant(event: &notify::Result<notify::Event>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use svcproxy_core::manifest::MAX_OBJECTS_PER_FILE;
     use svcproxy_core::objects::Kind;
 
     struct Dir {
