@@ -3,7 +3,7 @@
 //! the entries a filter matches; how long a dump and delete takes beside 10k
 //! unrelated entries; and the conntrack sysctls written for real, per namespace.
 //!
-//! Every kernel operation happens inside `svp-ct-<pid>-<tag>`: the `conntrack` tool
+//! Every kernel operation happens inside a namespace the test creates (`svp-<pid>-<n>-<tag>`): the `conntrack` tool
 //! through `ip netns exec`, the netlink socket opened by a helper thread that entered
 //! the namespace, and the sysctl writes by a thread that entered it and checked so
 //! before writing. Without root (or `ip` / `conntrack`) the tests print SKIP and
@@ -29,10 +29,10 @@ use svcproxy_dataplane::{
 };
 
 fn create(test: &str, tag: &str) -> Option<Netns> {
-    Netns::create(test, "svp-ct", tag, &["ip", "conntrack"])
+    Netns::create(test, tag, &["conntrack"])
 }
 
-/// What these tests do inside their namespace (`svp-ct-<pid>-<tag>`).
+/// What these tests do inside their namespace.
 impl Netns {
     fn path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.name)

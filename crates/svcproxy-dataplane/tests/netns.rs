@@ -3,7 +3,7 @@
 //! previous rules in force and the next sync recreates the tables; a bogus `nft`
 //! is an error; cleanup removes svcproxy's tables and nothing else.
 //!
-//! Every `nft` here runs as `ip netns exec svp-dp-<pid>-<tag> nft`: the root
+//! Every `nft` here runs as `ip netns exec <namespace> nft`: the root
 //! namespace is never touched. Without root (or `ip`/`nft`) the tests print SKIP and
 //! pass, unless `CI` is set, in which case they fail.
 
@@ -16,7 +16,7 @@ use common::*;
 use svcproxy_dataplane::nft::{cleanup, cleanup_with};
 use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, Proxier, SyncKind};
 
-/// What these tests do inside their namespace (`svp-dp-<pid>-<tag>`).
+/// What these tests do inside their namespace.
 impl Netns {
     /// `nft` inside the namespace, for the data plane.
     fn nft_command(&self) -> NftCommand {
@@ -44,7 +44,7 @@ impl Netns {
 }
 
 fn create(test: &str, tag: &str) -> Option<Netns> {
-    Netns::create(test, "svp-dp", tag, &["ip", "nft"])
+    Netns::create(test, tag, &["nft"])
 }
 
 #[track_caller]

@@ -44,13 +44,13 @@
 //!   (`bridge-nf-call-*=0`, where br_netfilter exists).
 //!
 //! Modules: [`plan`] (addresses), [`cluster`] (topology and probes), [`process`] (processes
-//! in namespaces), [`netns`] (namespace lifecycle), [`echo`] / [`sctp_raw`] (the
-//! `svcproxy-echo` tool), [`probe`] (results), [`bins`] (binary locations).
+//! in namespaces), [`netns`] (namespace lifecycle and the skip rule, from
+//! `svcproxy-testkit`), [`echo`] / [`sctp_raw`] (the `svcproxy-echo` tool), [`probe`]
+//! (results), [`bins`] (binary locations).
 
 pub mod bins;
 pub mod cluster;
 pub mod echo;
-pub mod netns;
 pub mod plan;
 pub mod probe;
 pub mod process;
@@ -61,10 +61,20 @@ pub use cluster::{
     BackendPorts, Backends, Cluster, ClusterSpec, Host, PodInfo, ProbeSpec, NODE_A, NODE_B,
 };
 pub use echo::SctpMode;
-pub use netns::{cleanup_stale, require_root_or_skip};
 pub use plan::Family;
 pub use probe::{tally, Attempt, ProbeResult, Proto, Reply};
 pub use process::NsProcess;
+pub use svcproxy_testkit::netns;
+pub use svcproxy_testkit::netns::cleanup_stale;
+
+/// The tools the harness needs besides root.
+pub const TOOLS: &[&str] = &["ip", "nft", "sysctl"];
+
+/// Returns `true` when the harness can run here; otherwise applies the workspace's one
+/// skip rule ([`netns::can_run`]: print `SKIP`, or fail under `CI`).
+pub fn require_root_or_skip() -> bool {
+    netns::can_run("svcproxy-e2e", TOOLS)
+}
 
 /// Returns `true` when SCTP can be probed here (kernel sockets or the raw-socket emulation);
 /// otherwise prints why and returns `false` so an SCTP test can return early.

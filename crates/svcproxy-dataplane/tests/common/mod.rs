@@ -8,12 +8,8 @@
 
 pub mod netns;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
-use serde::Deserialize;
 use svcproxy_core::model::{IpFamily, Protocol, ServiceName, ServicePortName};
-use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
+use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
 use svcproxy_plan::names::service_port_hash;
 use svcproxy_plan::{LocalDetection, PlanConfig};
@@ -114,30 +110,8 @@ spec:
   - {name: pg, port: 5432}
 "#;
 
-/// Every object in a multi-document YAML text.
-pub fn objects(yaml: &str) -> Vec<KubeObject> {
-    let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde_yaml::Value::deserialize(doc).expect("yaml");
-        if value.is_null() {
-            continue;
-        }
-        let kind = value["kind"].as_str().expect("kind").to_string();
-        let object = match kind.as_str() {
-            "Service" => KubeObject::Service(serde_yaml::from_value::<Service>(value).unwrap()),
-            "EndpointSlice" => {
-                KubeObject::EndpointSlice(serde_yaml::from_value::<EndpointSlice>(value).unwrap())
-            }
-            "Node" => KubeObject::Node(serde_yaml::from_value::<Node>(value).unwrap()),
-            "ServiceCIDR" => {
-                KubeObject::ServiceCidr(serde_yaml::from_value::<ServiceCIDR>(value).unwrap())
-            }
-            other => panic!("unsupported kind {other}"),
-        };
-        out.push(object);
-    }
-    out
-}
+/// Every object in a multi-document YAML text (the workspace's one loader).
+pub use svcproxy_testkit::objects::parse as objects;
 
 /// A cluster state for node-a holding `CLUSTER` and the given YAML texts.
 pub fn cluster(yamls: &[&str]) -> ClusterState {

@@ -16,17 +16,13 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::Deserialize;
 use svcproxy_core::model::{Protocol, ServiceName, ServicePortName};
-use svcproxy_core::objects::{KubeObject, SourceUpdate};
+use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::snapshot::NodeSnapshot;
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
 use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
@@ -47,49 +43,8 @@ pub fn cases() -> Vec<String> {
     v
 }
 
-/// Every object in a YAML file: multi-document, `kind: List` expanded.
-pub fn load_objects(path: &Path) -> Vec<KubeObject> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value = serde_yaml::Value::deserialize(doc).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-        if value.is_null() {
-            continue;
-        }
-        push_object(value, path, &mut out);
-    }
-    out
-}
-
-fn push_object(value: serde_yaml::Value, path: &Path, out: &mut Vec<KubeObject>) {
-    let kind = value
-        .get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or_else(|| panic!("{path:?}: object without kind"))
-        .to_string();
-    fn parse<T: serde::de::DeserializeOwned>(v: serde_yaml::Value, path: &Path) -> T {
-        serde_yaml::from_value(v).unwrap_or_else(|e| panic!("{path:?}: {e}"))
-    }
-    match kind.as_str() {
-        "List" => {
-            let items = value
-                .get("items")
-                .and_then(|i| i.as_sequence())
-                .cloned()
-                .unwrap_or_default();
-            for item in items {
-                push_object(item, path, out);
-            }
-        }
-        "Service" => out.push(KubeObject::Service(parse::<Service>(value, path))),
-        "EndpointSlice" => out.push(KubeObject::EndpointSlice(parse::<EndpointSlice>(
-            value, path,
-        ))),
-        "Node" => out.push(KubeObject::Node(parse::<Node>(value, path))),
-        "ServiceCIDR" => out.push(KubeObject::ServiceCidr(parse::<ServiceCIDR>(value, path))),
-        other => panic!("{path:?}: unsupported kind {other}"),
-    }
-}
+/// Every object in a YAML file (the workspace's one loader).
+pub use svcproxy_testkit::objects::load as load_objects;
 
 /// How a scenario's `config.yaml` spells a [`PlanConfig`]. Absent: the defaults
 /// below (NodeCIDR detection from node-a's podCIDRs, primary NodePort addresses).
@@ -244,55 +199,21 @@ pub fn snaps(update: &SnapshotUpdate) -> (Arc<NodeSnapshot>, Arc<NodeSnapshot>) 
 // ---------------------------------------------------------------------------
 // Throwaway network namespaces for the real nft.
 
-/// A network namespace that exists until dropped (deleted even when the test
-/// panics). Never touches the root namespace.
+/// A throwaway network namespace (the workspace's one helper and skip rule, from
+/// `svcproxy-testkit`) with the real `nft` in it; deleted when dropped.
 pub struct Netns {
+    ns: svcproxy_testkit::netns::Netns,
     pub name: String,
 }
 
-static NETNS_SEQ: AtomicUsize = AtomicUsize::new(0);
-
 impl Netns {
-    /// `None` (with a printed reason) when not root or `ip`/`nft` are missing.
+    /// `None` after a skip (not root, `ip`/`nft` missing); under `CI` that fails.
     pub fn create(test: &str) -> Option<Netns> {
-        let is_root = Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-            .unwrap_or(false);
-        if !is_root {
-            eprintln!("SKIP {test}: not root, cannot create a network namespace");
-            return None;
-        }
-        for tool in ["ip", "nft"] {
-            let found = Command::new("sh")
-                .arg("-c")
-                .arg(format!("command -v {tool}"))
-                .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false);
-            if !found {
-                eprintln!("SKIP {test}: {tool} not installed");
-                return None;
-            }
-        }
-        let name = format!(
-            "svcproxy-plan-test-{}-{}",
-            std::process::id(),
-            NETNS_SEQ.fetch_add(1, Ordering::SeqCst)
-        );
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .expect("ip netns add");
-        if !out.status.success() {
-            eprintln!(
-                "SKIP {test}: ip netns add failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return None;
-        }
-        Some(Netns { name })
+        let ns = svcproxy_testkit::netns::Netns::create(test, "plan", &["nft"])?;
+        Some(Netns {
+            name: ns.name.clone(),
+            ns,
+        })
     }
 
     /// Runs `nft -f -` with `script` inside the namespace.
@@ -303,11 +224,13 @@ impl Netns {
             NEXT.fetch_add(1, Ordering::SeqCst)
         ));
         std::fs::write(&tmp, script).unwrap();
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name, "nft", "-f"])
-            .arg(&tmp)
-            .output()
-            .expect("nft");
+        let path = tmp.display().to_string();
+        let out = svcproxy_testkit::netns::run(
+            &mut self.ns.command(&["nft", "-f", &path]),
+            None,
+            NFT_TIMEOUT,
+        )
+        .expect("nft");
         let _ = std::fs::remove_file(&tmp);
         if out.status.success() {
             Ok(())
@@ -318,10 +241,9 @@ impl Netns {
 
     /// `nft` arguments run inside the namespace; stdout.
     pub fn nft(&self, args: &[&str]) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name, "nft"])
-            .args(args)
-            .output()
+        let mut argv = vec!["nft"];
+        argv.extend_from_slice(args);
+        let out = svcproxy_testkit::netns::run(&mut self.ns.command(&argv), None, NFT_TIMEOUT)
             .expect("nft");
         assert!(
             out.status.success(),
@@ -371,13 +293,8 @@ impl Netns {
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
+/// Bound on one `nft` run (the scale probes load large rulesets on a loaded machine).
+const NFT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The intent builder and the nftables planner as the data plane chains them:
 /// snapshots in, one planned script out.

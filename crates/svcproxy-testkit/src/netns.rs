@@ -1,13 +1,14 @@
-//! Network namespaces the harness owns, and bounded command execution.
+//! Network namespaces the tests own, bounded command execution, and the one skip rule.
 //!
-//! Every namespace is named `svp-<pid>-<cluster>-<role>`: the pid keeps concurrent test
+//! Every namespace is named `svp-<pid>-<set>-<role>`: the pid keeps concurrent test
 //! processes apart and lets [`cleanup_stale`] recognise leftovers of dead processes (a test
 //! binary killed by SIGKILL never runs its destructors). Nothing here touches the root
 //! namespace: commands either run with `ip -n NS` / `ip netns exec NS` or only add and delete
 //! our own namespaces.
 //!
-//! Entry points: [`run`] (a command with a deadline), [`NsSet`] (create / delete a group of
-//! namespaces), [`cleanup_stale`], [`require_root_or_skip`].
+//! Entry points: [`can_run`] (the skip rule), [`Netns`] (one namespace for a test),
+//! [`NsSet`] (a group of namespaces), [`run`] (a command with a deadline),
+//! [`cleanup_stale`].
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-/// Prefix of every namespace the harness creates.
+/// Prefix of every namespace the tests create.
 pub const NS_PREFIX: &str = "svp-";
 
 /// Where `ip netns` keeps its named namespaces.
@@ -44,13 +45,17 @@ pub fn run(cmd: &mut Command, stdin: Option<&str>, timeout: Duration) -> Result<
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start `{desc}`"))?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // Batches are a few KiB, below the pipe buffer, so writing before reading is safe.
-        pipe.write_all(text.as_bytes())
-            .with_context(|| format!("cannot feed `{desc}`"))?;
-    }
+    // Drained before stdin is written: a large input (a whole ruleset) must not deadlock
+    // against a command that answers while it reads.
     let out = child.stdout.take().map(drain);
     let err = child.stderr.take().map(drain);
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        if let Err(e) = pipe.write_all(text.as_bytes()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).with_context(|| format!("cannot feed `{desc}`"));
+        }
+    }
     let deadline = Instant::now() + timeout;
     let status: ExitStatus = loop {
         if let Some(status) = child.try_wait()? {
@@ -186,7 +191,7 @@ pub fn cleanup_stale() -> Vec<String> {
         .collect();
     if !stale.is_empty() {
         if let Err(e) = delete_namespaces(&stale) {
-            eprintln!("svcproxy-e2e: cleaning stale namespaces: {e:#}");
+            eprintln!("svcproxy-testkit: cleaning stale namespaces: {e:#}");
         }
     }
     // Log directories a failed run kept (`svp-<pid>-<n>-logs-*`) live until the next run.
@@ -321,27 +326,20 @@ impl Default for NsSet {
 impl Drop for NsSet {
     fn drop(&mut self) {
         if let Err(e) = self.delete() {
-            eprintln!("svcproxy-e2e: {e:#}");
+            eprintln!("svcproxy-testkit: {e:#}");
         }
     }
 }
 
-/// Why the harness cannot run here, or `None` when it can (checked once per process).
-pub fn missing_requirements() -> Option<String> {
-    static CHECKED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    CHECKED.get_or_init(check_requirements).clone()
-}
-
-fn check_requirements() -> Option<String> {
+/// Why tests needing `tools` cannot run here, or `None` when they can: root (euid 0)
+/// and every tool on `PATH`.
+pub fn missing(tools: &[&str]) -> Option<String> {
     let mut missing = Vec::new();
     if effective_uid() != Some(0) {
         missing.push("root (euid 0)".to_string());
     }
-    for (tool, arg) in [("ip", "-V"), ("nft", "-v"), ("sysctl", "-V")] {
-        let ok = run(Command::new(tool).arg(arg), None, Duration::from_secs(10))
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !ok {
+    for tool in tools {
+        if !on_path(tool) {
             missing.push(format!("`{tool}`"));
         }
     }
@@ -350,6 +348,18 @@ fn check_requirements() -> Option<String> {
     } else {
         Some(format!("missing {}", missing.join(", ")))
     }
+}
+
+fn on_path(tool: &str) -> bool {
+    let Some(path) = std::env::var_os("PATH") else {
+        return false;
+    };
+    std::env::split_paths(&path).any(|dir| {
+        std::fs::metadata(dir.join(tool)).is_ok_and(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.is_file() && m.permissions().mode() & 0o111 != 0
+        })
+    })
 }
 
 fn effective_uid() -> Option<u32> {
@@ -361,28 +371,110 @@ fn effective_uid() -> Option<u32> {
 /// Environment variable that turns a skip into a failure (CI must never skip silently).
 pub const REQUIRE_ENV: &str = "SVCPROXY_E2E_REQUIRED";
 
-/// Returns `true` when namespace tests can run. Otherwise prints why and returns `false`,
-/// so a test can `return` early on a developer machine without root; when `CI` or
-/// `SVCPROXY_E2E_REQUIRED` is set, panics instead, because CI must really run these tests.
-pub fn require_root_or_skip() -> bool {
-    let Some(why) = missing_requirements() else {
-        return true;
-    };
-    let required = [REQUIRE_ENV, "CI"].iter().any(|v| {
-        std::env::var(v)
-            .map(|s| !s.is_empty() && s != "0" && s != "false")
-            .unwrap_or(false)
-    });
-    if required {
-        panic!("svcproxy-e2e: cannot run ({why}) and CI / {REQUIRE_ENV} forbids skipping");
+/// Whether skipping is forbidden: `CI` or `SVCPROXY_E2E_REQUIRED` set (and not `0`/`false`).
+pub fn skipping_forbidden() -> bool {
+    forbids_skipping(|v| std::env::var(v).ok())
+}
+
+fn forbids_skipping(var: impl Fn(&str) -> Option<String>) -> bool {
+    [REQUIRE_ENV, "CI"]
+        .iter()
+        .any(|v| var(v).is_some_and(|s| !s.is_empty() && s != "0" && s != "false"))
+}
+
+/// The one skip rule. A test that cannot run (`why`) prints `SKIP <test>: <why>` and
+/// should return; under `CI` / `SVCPROXY_E2E_REQUIRED` it panics instead, because CI must
+/// really run it.
+pub fn skip(test: &str, why: &str) {
+    if skipping_forbidden() {
+        panic!("{test}: cannot run ({why}) and CI / {REQUIRE_ENV} forbids skipping");
     }
-    eprintln!("skipped: needs root and ip/nft/sysctl ({why})");
-    false
+    eprintln!("SKIP {test}: {why}");
+}
+
+/// `true` when a test needing root and `tools` can run; otherwise [`skip`] and `false`.
+pub fn can_run(test: &str, tools: &[&str]) -> bool {
+    match missing(tools) {
+        None => true,
+        Some(why) => {
+            skip(test, &why);
+            false
+        }
+    }
+}
+
+/// One namespace for one test, deleted (with every process in it) when dropped.
+#[derive(Debug)]
+pub struct Netns {
+    pub name: String,
+    _set: NsSet,
+}
+
+impl Netns {
+    /// A new namespace `svp-<pid>-<n>-<tag>` if [`can_run`] allows (root, `ip` and every
+    /// tool in `tools`); `None` after a skip. Failing to create it is a skip too (a
+    /// container without the privilege), under the same rule.
+    pub fn create(test: &str, tag: &str, tools: &[&str]) -> Option<Netns> {
+        let mut needed = vec!["ip"];
+        needed.extend_from_slice(tools);
+        if !can_run(test, &needed) {
+            return None;
+        }
+        let mut set = NsSet::new();
+        match set.add(&[tag.to_string()]) {
+            Ok(mut names) => Some(Netns {
+                name: names.pop().expect("one namespace"),
+                _set: set,
+            }),
+            Err(e) => {
+                skip(test, &format!("cannot create a network namespace: {e:#}"));
+                None
+            }
+        }
+    }
+
+    /// A command that runs `argv` inside this namespace.
+    pub fn command(&self, argv: &[&str]) -> Command {
+        ns_command(&self.name, argv)
+    }
+
+    /// Runs `argv` inside the namespace with `stdin`; its stdout, or an error with its
+    /// stderr when it fails.
+    pub fn run_ok(&self, argv: &[&str], stdin: Option<&str>) -> Result<String> {
+        run_ok(&mut self.command(argv), stdin)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ci_or_the_require_variable_forbids_skipping() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(!forbids_skipping(env(&[])));
+        assert!(forbids_skipping(env(&[("CI", "true")])));
+        assert!(forbids_skipping(env(&[(REQUIRE_ENV, "1")])));
+        assert!(!forbids_skipping(env(&[
+            ("CI", "false"),
+            (REQUIRE_ENV, "0")
+        ])));
+        assert!(!forbids_skipping(env(&[("CI", "")])));
+    }
+
+    #[test]
+    fn missing_names_each_absent_tool() {
+        let why = missing(&["sh", "svcproxy-no-such-tool"]).expect("a tool is missing");
+        assert!(why.contains("`svcproxy-no-such-tool`"), "{why}");
+        assert!(!why.contains("`sh`"), "{why}");
+    }
 
     #[test]
     fn owner_pid_reads_our_names_only() {

@@ -1,0 +1,14 @@
+//! What every svcproxy test shares, so there is one of each in the workspace:
+//!
+//! - [`objects`]: Kubernetes objects from YAML, through the same parser the `--manifests`
+//!   source uses ([`svcproxy_core::manifest`]); test data that the proxy would reject or
+//!   skip fails the test instead of vanishing.
+//! - [`netns`]: network namespaces the test creates and deletes (also on panic, and
+//!   leftovers of killed test processes), bounded command execution, and the one skip rule:
+//!   a test that cannot run here (not root, a tool missing) prints `SKIP` and passes on a
+//!   developer machine, and fails when `CI` or `SVCPROXY_E2E_REQUIRED` is set.
+//!
+//! A dev-dependency only: nothing here ships in the proxy.
+
+pub mod netns;
+pub mod objects;
