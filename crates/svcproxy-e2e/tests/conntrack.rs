@@ -26,6 +26,12 @@ use svcproxy_e2e::plan::{self, Family};
 use svcproxy_e2e::probe::ProbeLine;
 use svcproxy_e2e::{echo_bin, Attempt, Host, NsProcess, ProbeResult, Proto, NODE_A};
 
+// Every test below, once per data plane (`<mode>::<test>`).
+per_mode!(
+    after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one,
+    without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint,
+);
+
 const A: Host = Host::Pod(1, 0);
 const B: Host = Host::Pod(1, 1);
 const CLIENT: Host = Host::Pod(0, 1);
@@ -175,9 +181,8 @@ fn wait_rules_mention(env: &Env, ip: std::net::IpAddr, present: bool) -> bool {
     false
 }
 
-#[test]
-fn after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one() {
-    let Some(env) = Env::start(EnvSpec::default(), &[(FILE, dns_file(A))]) else {
+fn after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one(mode: Mode) {
+    let Some(env) = Env::start(mode, EnvSpec::default(), &[(FILE, dns_file(A))]) else {
         return;
     };
     let mut ck = Checks::new("conntrack cleanup");
@@ -241,13 +246,12 @@ fn after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one() {
     ck.finish(&env);
 }
 
-#[test]
-fn without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint() {
+fn without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint(mode: Mode) {
     let spec = EnvSpec {
         start_proxies: false,
         ..EnvSpec::default()
     };
-    let Some(env) = Env::start(spec, &[(FILE, dns_file(A))]) else {
+    let Some(env) = Env::start(mode, spec, &[(FILE, dns_file(A))]) else {
         return;
     };
     let mut ck = Checks::new("no conntrack cleanup");

@@ -46,6 +46,24 @@ use support::*;
 use svcproxy_e2e::plan::{self, Family};
 use svcproxy_e2e::{Host, ProbeSpec, Proto, NODE_A, NODE_B};
 
+// Every test below, once per data plane (`<mode>::<test>`).
+per_mode!(
+    captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_ingress,
+    spreads_300_connections_over_3_endpoints_with_each_endpoints_port,
+    rejects_without_endpoints_and_drops_local_policies_without_local_endpoints,
+    preserves_or_masquerades_the_client_ip_exactly_where_needed,
+    masquerade_all_snats_pod_traffic_to_cluster_ips,
+    local_traffic_detection_modes_decide_masquerading,
+    nodeport_addresses_select_the_node_ips,
+    load_balancer_source_ranges_and_short_circuit,
+    session_affinity_sticks_and_expires,
+    each_family_is_proxied_on_its_own,
+    topology_keys_choose_endpoints_per_node,
+    edits_while_running_change_what_answers,
+    serving_terminating_endpoints_are_the_fallback,
+    once_cleanup_and_sigterm,
+);
+
 const A0: Host = Host::Pod(NODE_A, 0);
 const A1: Host = Host::Pod(NODE_A, 1);
 const A2: Host = Host::Pod(NODE_A, 2);
@@ -115,8 +133,7 @@ fn mentions(text: &str, ip: IpAddr) -> bool {
 // 1. Interception: cluster IPs, NodePorts, external IPs, LB ingress IPs (VIP, not Proxy)
 // -----------------------------------------------------------------------------------------
 
-#[test]
-fn captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_ingress() {
+fn captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_ingress(mode: Mode) {
     let web = web_ports(
         Svc::dual("web", 10).node_port(),
         Some([30080, 30053, 30900]),
@@ -128,6 +145,7 @@ fn captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_in
         .ingress(plan::external_ip(12, Family::V4), "Proxy")
         .ingress(plan::external_ip(12, Family::V6), "Proxy");
     let Some(env) = Env::start(
+        mode,
         EnvSpec::default(),
         &[
             (&fname(&web), file(&web, &[A0, B0])),
@@ -211,8 +229,7 @@ fn captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_in
 // 2. Random, uniform DNAT with the endpoint's port
 // -----------------------------------------------------------------------------------------
 
-#[test]
-fn spreads_300_connections_over_3_endpoints_with_each_endpoints_port() {
+fn spreads_300_connections_over_3_endpoints_with_each_endpoints_port(mode: Mode) {
     // Named target port: two endpoints serve it on 8080, the third on 8081.
     let svc =
         Svc::dual("spread", 20).port(SvcPort::new("http", Proto::Tcp, 80, 0).named_target("http"));
@@ -240,7 +257,7 @@ fn spreads_300_connections_over_3_endpoints_with_each_endpoints_port() {
             .yaml(),
         );
     }
-    let Some(env) = Env::start(EnvSpec::default(), &[("spread.yaml", docs(&parts))]) else {
+    let Some(env) = Env::start(mode, EnvSpec::default(), &[("spread.yaml", docs(&parts))]) else {
         return;
     };
     let mut ck = Checks::new("spread");
@@ -304,8 +321,7 @@ fn spreads_300_connections_over_3_endpoints_with_each_endpoints_port() {
 /// (`cluster-ips-check`, after DNAT): a service IP on a port it does not expose is rejected
 /// (`ip daddr @cluster-ips goto reject-chain`), an unallocated address inside a ServiceCIDR
 /// is dropped (`ip daddr { 198.19.0.0/16 } drop`).
-#[test]
-fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints() {
+fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints(mode: Mode) {
     let empty = Svc::dual("empty", 30)
         .node_port()
         .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT).node_port(30180))
@@ -324,6 +340,7 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints() 
         .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT));
     let web = tcp_only(Svc::dual("web", 33), None);
     let Some(env) = Env::start(
+        mode,
         EnvSpec::default(),
         &[
             (&fname(&empty), svc_file(&empty, &empty_slices)),
@@ -389,9 +406,9 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints() 
         // the LAN router's blackhole): node-a maps iTP's destinations to `drop`.
         let rules = env.ruleset(NODE_A);
         for (proto, port) in [("tcp", 80), ("udp", 53)] {
-            let element = format!("{} . {proto} . {port} : drop", itp.cluster_ip(f));
-            ck.check(rules.contains(&element), || {
-                format!("{fam}: node-a's rules lack `{element}` for the iTP Local service")
+            let ip = itp.cluster_ip(f);
+            ck.check(mode.shows_drop(&rules, ip, proto, port), || {
+                format!("{fam}: node-a's rules do not drop {ip} {proto}/{port} for the iTP Local service")
             });
         }
         // A service IP on a port (or protocol) it does not expose: rejected.
@@ -431,8 +448,7 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints() 
 // 4. Source IP the backend sees: preserved, SNAT to the node, hairpin, --masquerade-all
 // -----------------------------------------------------------------------------------------
 
-#[test]
-fn preserves_or_masquerades_the_client_ip_exactly_where_needed() {
+fn preserves_or_masquerades_the_client_ip_exactly_where_needed(mode: Mode) {
     let same = Svc::dual("same", 40)
         .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT))
         .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT));
@@ -445,6 +461,7 @@ fn preserves_or_masquerades_the_client_ip_exactly_where_needed() {
         Some(30281),
     );
     let Some(env) = Env::start(
+        mode,
         EnvSpec::default(),
         &[
             (&fname(&same), file(&same, &[A0])),
@@ -497,11 +514,11 @@ fn preserves_or_masquerades_the_client_ip_exactly_where_needed() {
     ck.finish(&env);
 }
 
-#[test]
-fn masquerade_all_snats_pod_traffic_to_cluster_ips() {
+fn masquerade_all_snats_pod_traffic_to_cluster_ips(mode: Mode) {
     let local = tcp_only(Svc::dual("to-local", 43), None);
     let remote = tcp_only(Svc::dual("to-remote", 44), None);
     let Some(env) = Env::start(
+        mode,
         EnvSpec {
             flags: vec!["--masquerade-all".into()],
             ..EnvSpec::default()
@@ -530,10 +547,9 @@ fn masquerade_all_snats_pod_traffic_to_cluster_ips() {
 
 /// `--detect-local-mode`: which sources count as this node's pods decides whether traffic
 /// to a cluster IP is masqueraded. The node itself is never a pod.
-#[test]
-fn local_traffic_detection_modes_decide_masquerading() {
+fn local_traffic_detection_modes_decide_masquerading(mode: Mode) {
     let remote = tcp_only(Svc::dual("remote", 45), None);
-    let modes: [(&str, &[&str], bool); 4] = [
+    let detection: [(&str, &[&str], bool); 4] = [
         ("NodeCIDR", &["--detect-local-mode=NodeCIDR"], true),
         (
             "InterfaceNamePrefix p (the pod veths)",
@@ -562,8 +578,9 @@ fn local_traffic_detection_modes_decide_masquerading() {
     ];
     let mut ck = Checks::new("detect-local");
     let mut last = None;
-    for (mode, flags, pods_are_local) in modes {
+    for (detect, flags, pods_are_local) in detection {
         let Some(env) = Env::start(
+            mode,
             EnvSpec {
                 flags: flags.iter().map(|s| s.to_string()).collect(),
                 ..EnvSpec::default()
@@ -576,7 +593,7 @@ fn local_traffic_detection_modes_decide_masquerading() {
             let fam = family_name(f);
             let target = sa(remote.cluster_ip(f), 80);
             let got = env.probe(A1, Proto::Tcp, target, 2, ANSWER);
-            let what = format!("{fam} {mode}: pod-a1 -> cluster IP -> pod-b0");
+            let what = format!("{fam} {detect}: pod-a1 -> cluster IP -> pod-b0");
             ck.answered_by(&what, &got, &["pod-b0"]);
             let want = if pods_are_local {
                 pod_ip(A1, f)
@@ -585,7 +602,7 @@ fn local_traffic_detection_modes_decide_masquerading() {
             };
             ck.client_is(&what, &got, want);
             let got = env.probe(Host::Node(NODE_A), Proto::Tcp, target, 2, ANSWER);
-            let what = format!("{fam} {mode}: node-a itself -> cluster IP -> pod-b0");
+            let what = format!("{fam} {detect}: node-a itself -> cluster IP -> pod-b0");
             ck.answered_by(&what, &got, &["pod-b0"]);
             ck.client_is(&what, &got, plan::node_ip(NODE_A, f));
         }
@@ -601,8 +618,7 @@ fn local_traffic_detection_modes_decide_masquerading() {
 
 /// `--nodeport-addresses`: NodePorts are accepted on the node's primary IPs by default (and
 /// with `primary`), and on exactly the local addresses inside the given CIDRs otherwise.
-#[test]
-fn nodeport_addresses_select_the_node_ips() {
+fn nodeport_addresses_select_the_node_ips(mode: Mode) {
     let np = tcp_only(Svc::dual("np", 46).node_port(), Some(30600));
     let pod_cidrs = format!(
         "--nodeport-addresses={},{}",
@@ -618,6 +634,7 @@ fn nodeport_addresses_select_the_node_ips() {
     let mut last = None;
     for (name, flags, on_primary) in cases {
         let Some(env) = Env::start(
+            mode,
             EnvSpec {
                 flags,
                 ..EnvSpec::default()
@@ -656,8 +673,7 @@ fn nodeport_addresses_select_the_node_ips() {
 // 5. loadBalancerSourceRanges; short circuit of pod -> LB IP
 // -----------------------------------------------------------------------------------------
 
-#[test]
-fn load_balancer_source_ranges_and_short_circuit() {
+fn load_balancer_source_ranges_and_short_circuit(mode: Mode) {
     // Only the external client's first address may use this LB IP.
     let fenced = tcp_only(Svc::dual("fenced", 50).load_balancer(), Some(30350))
         .ingress(plan::external_ip(50, Family::V4), "VIP")
@@ -674,6 +690,7 @@ fn load_balancer_source_ranges_and_short_circuit() {
         .ingress(plan::external_ip(52, Family::V4), "VIP")
         .ingress(plan::external_ip(52, Family::V6), "VIP");
     let Some(env) = Env::start(
+        mode,
         EnvSpec::default(),
         &[
             (&fname(&fenced), file(&fenced, &[A0, B0])),
@@ -746,32 +763,12 @@ fn load_balancer_source_ranges_and_short_circuit() {
 // 6. Session affinity ClientIP, with its kernel-side timeout
 // -----------------------------------------------------------------------------------------
 
-/// The `affinity-*` sets of a ruleset listing, as text.
-fn affinity_sets(ruleset: &str) -> String {
-    let mut out = String::new();
-    let mut inside = false;
-    for line in ruleset.lines() {
-        let t = line.trim();
-        if t.starts_with("set affinity-") {
-            inside = true;
-        }
-        if inside {
-            out.push_str(t);
-            out.push('\n');
-            if t == "}" {
-                inside = false;
-            }
-        }
-    }
-    out
-}
-
-#[test]
-fn session_affinity_sticks_and_expires() {
+fn session_affinity_sticks_and_expires(mode: Mode) {
     const TIMEOUT_S: u32 = 2;
     let sticky = tcp_only(Svc::dual("sticky", 60), None).affinity(TIMEOUT_S);
     let endpoints = [A0, A1, Host::Pod(NODE_B, 0), Host::Pod(NODE_B, 1)];
     let Some(env) = Env::start(
+        mode,
         EnvSpec {
             pods_per_node: 3,
             ..EnvSpec::default()
@@ -799,11 +796,11 @@ fn session_affinity_sticks_and_expires() {
         }
     }
     // The kernel holds the client in an affinity set, with the service's timeout.
-    let sets = affinity_sets(&env.ruleset(NODE_A));
+    let sets = mode.affinity_state(&env.c, NODE_A);
     for f in Family::BOTH {
         let ip = pod_ip(client, f);
         ck.check(
-            mentions(&sets, ip) && sets.contains(&format!("timeout {TIMEOUT_S}s")),
+            mentions(&sets, ip) && mode.affinity_timeout_shown(&sets, TIMEOUT_S),
             || {
                 format!(
                     "{}: no affinity element for {ip} with timeout {TIMEOUT_S}s in\n{sets}",
@@ -814,7 +811,7 @@ fn session_affinity_sticks_and_expires() {
     }
     // Idle past the timeout: the elements expire...
     thread::sleep(Duration::from_millis(u64::from(TIMEOUT_S) * 1000 + 1000));
-    let sets = affinity_sets(&env.ruleset(NODE_A));
+    let sets = mode.affinity_state(&env.c, NODE_A);
     for f in Family::BOTH {
         let ip = pod_ip(client, f);
         ck.check(!mentions(&sets, ip), || {
@@ -870,8 +867,7 @@ fn session_affinity_sticks_and_expires() {
 // 7. Dual-stack: each family on its own; IPv6-only services
 // -----------------------------------------------------------------------------------------
 
-#[test]
-fn each_family_is_proxied_on_its_own() {
+fn each_family_is_proxied_on_its_own(mode: Mode) {
     let dns = Svc::dual("dns", 70)
         .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT))
         .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT));
@@ -881,6 +877,7 @@ fn each_family_is_proxied_on_its_own() {
         Some(30471),
     );
     let Some(env) = Env::start(
+        mode,
         EnvSpec::default(),
         &[
             (&fname(&dns), svc_file(&dns, &dns_slices)),
@@ -954,8 +951,7 @@ fn each_family_is_proxied_on_its_own() {
 // 8. Topology: per-node endpoint choice (svcproxy.io/topology-keys)
 // -----------------------------------------------------------------------------------------
 
-#[test]
-fn topology_keys_choose_endpoints_per_node() {
+fn topology_keys_choose_endpoints_per_node(mode: Mode) {
     const KEYS: &str = "svcproxy.io/topology-keys";
     let per_node =
         tcp_only(Svc::dual("per-node", 80), None).annotate(KEYS, "kubernetes.io/hostname");
@@ -965,6 +961,7 @@ fn topology_keys_choose_endpoints_per_node() {
         tcp_only(Svc::dual("fallback", 82), None).annotate(KEYS, "topology.kubernetes.io/zone, *");
     let hard = tcp_only(Svc::dual("hard", 83), None).annotate(KEYS, "kubernetes.io/hostname");
     let Some(env) = Env::start(
+        mode,
         EnvSpec {
             zones: ["zone-1", "zone-2"],
             ..EnvSpec::default()
@@ -1021,22 +1018,6 @@ fn topology_keys_choose_endpoints_per_node() {
 // 9. Partial sync: manifests edited while svcproxy runs
 // -----------------------------------------------------------------------------------------
 
-/// How many per-service chains `<prefix><16 hex digits>` one table of a node declares
-/// (base chains such as `service-endpoints-check` do not count).
-fn chains(env: &Env, node: usize, family: &str, prefix: &str) -> usize {
-    let out = env.c.exec(
-        Host::Node(node),
-        &["nft", "list", "table", family, "svcproxy"],
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("chain "))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .filter_map(|name| name.strip_prefix(prefix))
-        .filter(|hash| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
-        .count()
-}
-
 /// Edits must reach every node's rules: svcproxy promises them within min-sync-period (0
 /// here) plus a ~200 ms debounce; allow its 2 s longest debounce plus slack.
 const EDIT_VISIBLE: Duration = Duration::from_secs(3);
@@ -1073,14 +1054,14 @@ fn wait_visible(
     }
 }
 
-#[test]
-fn edits_while_running_change_what_answers() {
+fn edits_while_running_change_what_answers(mode: Mode) {
     let web = Svc::dual("web", 90)
         .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT))
         .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT));
     let other = tcp_only(Svc::dual("other", 91), None);
     let late = tcp_only(Svc::dual("late", 92), None);
     let Some(env) = Env::start(
+        mode,
         EnvSpec::default(),
         &[
             ("web.yaml", web.yaml()),
@@ -1208,11 +1189,14 @@ fn edits_while_running_change_what_answers() {
     // No stale chains: two TCP services with one endpoint each remain, per family, per node.
     for node in [NODE_A, NODE_B] {
         let node_name = plan::node_name(node);
-        for fam in ["ip", "ip6"] {
-            for prefix in ["service-", "endpoint-"] {
-                let n = chains(&env, node, fam, prefix);
+        for fam in Family::BOTH {
+            for kind in [ServiceObject::Service, ServiceObject::Endpoint] {
+                let n = mode.service_objects(&env.c, node, fam, kind);
                 ck.check(n == 2, || {
-                    format!("{node_name} table {fam}: {n} `{prefix}` chains after deleting web, expected 2")
+                    format!(
+                        "{node_name} {}: {n} {kind:?} objects after deleting web, expected 2",
+                        family_name(fam)
+                    )
                 });
             }
             let rules = env.ruleset(node);
@@ -1238,8 +1222,7 @@ fn edits_while_running_change_what_answers() {
 // 10. Terminating endpoints as the fallback
 // -----------------------------------------------------------------------------------------
 
-#[test]
-fn serving_terminating_endpoints_are_the_fallback() {
+fn serving_terminating_endpoints_are_the_fallback(mode: Mode) {
     let drain = tcp_only(Svc::dual("drain", 100), None);
     let drain_slices: Vec<Slice> = Family::BOTH
         .map(|f| Slice::of(&drain, f, &[]).endpoints(vec![Ep::pod(B0, f).terminating()]))
@@ -1263,6 +1246,7 @@ fn serving_terminating_endpoints_are_the_fallback() {
         })
         .to_vec();
     let Some(env) = Env::start(
+        mode,
         EnvSpec::default(),
         &[
             (&fname(&drain), svc_file(&drain, &drain_slices)),
@@ -1319,14 +1303,10 @@ fn serving_terminating_endpoints_are_the_fallback() {
 // 11. --once, cleanup, SIGTERM
 // -----------------------------------------------------------------------------------------
 
-fn table_list(env: &Env, node: usize) -> String {
-    env.c.exec_ok(Host::Node(node), &["nft", "list", "tables"])
-}
-
-#[test]
-fn once_cleanup_and_sigterm() {
+fn once_cleanup_and_sigterm(mode: Mode) {
     let web = tcp_only(Svc::dual("web", 110), None);
     let Some(env) = Env::start(
+        mode,
         EnvSpec {
             start_proxies: false,
             ..EnvSpec::default()
@@ -1336,12 +1316,9 @@ fn once_cleanup_and_sigterm() {
         return;
     };
     let mut ck = Checks::new("once-cleanup");
-    let keep = "table inet keepme {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 1 counter\n }\n}\n";
     for node in [NODE_A, NODE_B] {
         let node_name = plan::node_name(node);
-        env.c
-            .nft(Host::Node(node), keep)
-            .expect("add a foreign table");
+        mode.add_foreign(&env.c, node);
         let args = env.proxy_args(node);
         let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
         argv.push("--once");
@@ -1359,15 +1336,12 @@ fn once_cleanup_and_sigterm() {
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-        ck.check(
-            env.has_table(node, "ip") && env.has_table(node, "ip6"),
-            || {
-                format!(
-                    "after --once, {node_name} lacks a svcproxy table: {}",
-                    table_list(&env, node)
-                )
-            },
-        );
+        ck.check(env.programmed(node), || {
+            format!(
+                "after --once, {node_name} lacks svcproxy's objects: {}",
+                env.ruleset(node)
+            )
+        });
     }
     // The rules stay after --once exits.
     for f in Family::BOTH {
@@ -1391,21 +1365,17 @@ fn once_cleanup_and_sigterm() {
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-        let tables = table_list(&env, node);
-        ck.check(
-            !env.has_table(node, "ip") && !env.has_table(node, "ip6"),
-            || format!("after svcproxy {how}, {node_name} still has: {tables}"),
-        );
-        ck.check(tables.contains("table inet keepme"), || {
-            format!("svcproxy {how} removed a foreign table on {node_name}: {tables}")
+        ck.check(env.nothing_programmed(node), || {
+            format!(
+                "after svcproxy {how}, {node_name} still has: {}",
+                env.ruleset(node)
+            )
         });
-        let keep_rules = env.c.exec_ok(
-            Host::Node(node),
-            &["nft", "list", "table", "inet", "keepme"],
-        );
-        ck.check(keep_rules.contains("tcp dport 1 counter"), || {
-            format!("svcproxy {how} changed the foreign table: {keep_rules}")
-        });
+        if let Err(e) = mode.foreign_intact(&env.c, node) {
+            ck.check(false, || {
+                format!("svcproxy {how} removed or changed a foreign object on {node_name}: {e}")
+            });
+        }
     }
     // Without rules the cluster IP is just an address routed into the LAN router's blackhole.
     let got = env.probe(
@@ -1420,21 +1390,18 @@ fn once_cleanup_and_sigterm() {
     // A long-running svcproxy: SIGTERM ends it and leaves the rules in force.
     let bin = svcproxy_e2e::svcproxy_bin();
     let proxy = env.spawn_svcproxy(&bin, NODE_A, &[]);
-    env.wait_tables(NODE_A, Some(&proxy));
+    env.wait_programmed(NODE_A, Some(&proxy));
     let status = proxy.terminate(Duration::from_secs(10));
     ck.check(status.is_some(), || {
         format!("svcproxy ignored SIGTERM for 10 s\n{}", proxy.logs())
     });
     eprintln!("[dataplane] svcproxy exit status after SIGTERM: {status:?}");
-    ck.check(
-        env.has_table(NODE_A, "ip") && env.has_table(NODE_A, "ip6"),
-        || {
-            format!(
-                "after SIGTERM the svcproxy tables are gone: {}",
-                table_list(&env, NODE_A)
-            )
-        },
-    );
+    ck.check(env.programmed(NODE_A), || {
+        format!(
+            "after SIGTERM svcproxy's objects are gone: {}",
+            env.ruleset(NODE_A)
+        )
+    });
     // node-a DNATs; replies from pod-b0 come back through node-a without any rules on
     // node-b (whose tables were cleaned up above).
     for f in Family::BOTH {
@@ -1446,8 +1413,21 @@ fn once_cleanup_and_sigterm() {
         );
     }
     let out = env.run_svcproxy(NODE_A, &["cleanup"]);
-    ck.check(out.status.success() && !env.has_table(NODE_A, "ip"), || {
-        format!("final cleanup: {}", out.status)
-    });
+    ck.check(
+        out.status.success() && env.nothing_programmed(NODE_A),
+        || format!("final cleanup: {}", out.status),
+    );
     ck.finish(&env);
+}
+
+/// The suite runs in exactly the modes svcproxy implements: a new backend in the registry
+/// without a [`Mode`] here (or the reverse) fails this test.
+#[test]
+fn every_implemented_mode_runs_the_suite() {
+    let suite: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+    let registry: Vec<&str> = svcproxy_dataplane::BACKENDS
+        .iter()
+        .map(|b| b.mode)
+        .collect();
+    assert_eq!(suite, registry);
 }

@@ -6,6 +6,14 @@
 //! [`service_cidr_yaml`]. Running: [`Env::start`] (cluster + echo backends + manifests +
 //! one svcproxy per node, synced), [`Env::write`] / [`Env::remove`] to edit manifests
 //! while svcproxy runs. Assertions: [`Checks`].
+//!
+//! **Modes.** Every test is written once and runs once per data plane: write it as
+//! `fn name(mode: Mode)`, list it in the file's [`per_mode!`], and it runs as
+//! `<mode>::<name>` for each [`Mode`]. What a test reads back
+//! from the kernel (is anything programmed, the rules as text, affinity state, per-service
+//! chains, cleanup leaving foreign objects alone) goes through [`Mode`], so a test body
+//! never names a mode's tool. Adding a mode: a variant and its arms in [`Mode`], one
+//! module in [`per_mode!`]; `every_implemented_mode_runs_the_suite` fails until both exist.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -19,6 +27,176 @@ use svcproxy_e2e::{
     svcproxy_bin, tally, Attempt, BackendPorts, Backends, Cluster, ClusterSpec, Host, NsProcess,
     ProbeResult, ProbeSpec, Proto, SctpMode,
 };
+
+/// Runs each listed test function (`fn name(mode: Mode)`) once per [`Mode`], as
+/// `<mode>::<name>`: `cargo test nftables::` runs one mode's suite, `cargo test captures_`
+/// one test in every mode. A test function left out of the list is dead code, which the
+/// build rejects.
+#[macro_export]
+macro_rules! per_mode {
+    ($($test:ident),* $(,)?) => {
+        mod nftables {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Nftables)
+                }
+            )*
+        }
+    };
+}
+
+/// A data plane the suite runs in, and how a test reads back what svcproxy programmed
+/// there. Only this type names a mode's tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Nftables,
+}
+
+/// A kind of per-service object, for counting what a sync left behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceObject {
+    /// One per service port and family (nftables: a `service-<hash>` chain).
+    Service,
+    /// One per endpoint (nftables: an `endpoint-<hash>` chain).
+    Endpoint,
+}
+
+impl Mode {
+    /// Every mode the suite runs in (must equal svcproxy's implemented modes).
+    pub const ALL: &'static [Mode] = &[Mode::Nftables];
+
+    /// The `--proxy-mode` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Nftables => "nftables",
+        }
+    }
+
+    /// The node's commands that list everything svcproxy owns, one per family.
+    fn listings(self) -> [Vec<&'static str>; 2] {
+        match self {
+            Mode::Nftables => [
+                vec!["nft", "list", "table", "ip", "svcproxy"],
+                vec!["nft", "list", "table", "ip6", "svcproxy"],
+            ],
+        }
+    }
+
+    /// Whether svcproxy's objects exist in `node`, per family (v4, v6).
+    pub fn programmed(self, c: &Cluster, node: usize) -> [bool; 2] {
+        self.listings()
+            .map(|argv| c.exec(Host::Node(node), &argv).status.success())
+    }
+
+    /// Everything svcproxy programmed in `node`, as the mode's own tool lists it.
+    pub fn dump(self, c: &Cluster, node: usize) -> String {
+        let mut out = String::new();
+        for argv in self.listings() {
+            let o = c.exec(Host::Node(node), &argv);
+            out.push_str(&String::from_utf8_lossy(&o.stdout));
+        }
+        out
+    }
+
+    /// Whether a dump shows `ip`/`proto`/`port` explicitly dropped (the "no local endpoint"
+    /// verdict, told apart from "no rule at all", which also ends in a timeout).
+    pub fn shows_drop(self, dump: &str, ip: IpAddr, proto: &str, port: u16) -> bool {
+        match self {
+            Mode::Nftables => dump.contains(&format!("{ip} . {proto} . {port} : drop")),
+        }
+    }
+
+    /// The session-affinity state the kernel keeps in `node`, as text naming the clients.
+    pub fn affinity_state(self, c: &Cluster, node: usize) -> String {
+        match self {
+            Mode::Nftables => {
+                let mut out = String::new();
+                let mut inside = false;
+                for line in self.dump(c, node).lines() {
+                    let t = line.trim();
+                    if t.starts_with("set affinity-") {
+                        inside = true;
+                    }
+                    if inside {
+                        out.push_str(t);
+                        out.push('\n');
+                        if t == "}" {
+                            inside = false;
+                        }
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Whether affinity state shows the service's timeout of `seconds`.
+    pub fn affinity_timeout_shown(self, state: &str, seconds: u32) -> bool {
+        match self {
+            Mode::Nftables => state.contains(&format!("timeout {seconds}s")),
+        }
+    }
+
+    /// How many per-service objects of `kind` svcproxy holds in `node` for family `f`.
+    pub fn service_objects(
+        self,
+        c: &Cluster,
+        node: usize,
+        f: Family,
+        kind: ServiceObject,
+    ) -> usize {
+        match self {
+            Mode::Nftables => {
+                let prefix = match kind {
+                    ServiceObject::Service => "service-",
+                    ServiceObject::Endpoint => "endpoint-",
+                };
+                let argv = &self.listings()[usize::from(f == Family::V6)];
+                let out = c.exec(Host::Node(node), argv);
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix("chain "))
+                    .filter_map(|rest| rest.split_whitespace().next())
+                    .filter_map(|name| name.strip_prefix(prefix))
+                    .filter(|hash| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .count()
+            }
+        }
+    }
+
+    /// Adds an object of the mode's kind that svcproxy does not own, for cleanup to leave.
+    pub fn add_foreign(self, c: &Cluster, node: usize) {
+        match self {
+            Mode::Nftables => {
+                let keep = "table inet keepme {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 1 counter\n }\n}\n";
+                c.nft(Host::Node(node), keep).expect("add a foreign table");
+            }
+        }
+    }
+
+    /// `Err` with what is wrong when the object of [`Mode::add_foreign`] is gone or changed.
+    pub fn foreign_intact(self, c: &Cluster, node: usize) -> Result<(), String> {
+        match self {
+            Mode::Nftables => {
+                let out = c.exec(
+                    Host::Node(node),
+                    &["nft", "list", "table", "inet", "keepme"],
+                );
+                let text = String::from_utf8_lossy(&out.stdout);
+                if out.status.success() && text.contains("tcp dport 1 counter") {
+                    Ok(())
+                } else {
+                    let all = c.exec(Host::Node(node), &["nft", "list", "tables"]);
+                    Err(format!(
+                        "table inet keepme: {text}; tables: {}",
+                        String::from_utf8_lossy(&all.stdout)
+                    ))
+                }
+            }
+        }
+    }
+}
 
 /// The namespace every test object lives in.
 pub const NS: &str = "e2e";
@@ -515,6 +693,7 @@ impl Default for EnvSpec {
 /// A running test environment. Field order matters for drop: svcproxy and backends are
 /// killed before the cluster deletes the namespaces, and the manifests go last.
 pub struct Env {
+    pub mode: Mode,
     pub proxies: Vec<NsProcess>,
     /// Echo servers in every pod (kept alive with the environment).
     pub _backends: Backends,
@@ -527,8 +706,8 @@ impl Env {
     /// Builds the cluster, starts echo backends in every pod (TCP 8080 and 8081, UDP 8080,
     /// SCTP 8080 where available), writes `files` (plus nodes and ServiceCIDR) into a fresh
     /// manifests directory, starts svcproxy in each node namespace and waits until each has
-    /// programmed both families. `None` when namespace tests cannot run here.
-    pub fn start(spec: EnvSpec, files: &[(&str, String)]) -> Option<Env> {
+    /// programmed both families, in `mode`. `None` when namespace tests cannot run here.
+    pub fn start(mode: Mode, spec: EnvSpec, files: &[(&str, String)]) -> Option<Env> {
         if !svcproxy_e2e::require_root_or_skip() {
             return None;
         }
@@ -558,6 +737,7 @@ impl Env {
             .tempdir()
             .expect("manifests dir");
         let mut env = Env {
+            mode,
             proxies: Vec::new(),
             _backends: backends,
             c,
@@ -579,7 +759,8 @@ impl Env {
             }
         }
         eprintln!(
-            "[dataplane] environment ready in {:?} (sctp: {:?})",
+            "[dataplane] {} environment ready in {:?} (sctp: {:?})",
+            mode.name(),
             env.started.elapsed(),
             env.c.sctp_mode()
         );
@@ -589,6 +770,8 @@ impl Env {
     /// The run-mode arguments of svcproxy for `node` (without the binary).
     pub fn proxy_args(&self, node: usize) -> Vec<String> {
         vec![
+            "--proxy-mode".into(),
+            self.mode.name().into(),
             "--manifests".into(),
             self.manifests.path().to_string_lossy().into_owned(),
             "--hostname-override".into(),
@@ -620,8 +803,8 @@ impl Env {
             .expect("spawn svcproxy")
     }
 
-    /// Waits until svcproxy in `node` has created both of its tables (its first sync is a
-    /// full, atomic one, so the tables then hold the whole initial snapshot).
+    /// Waits until svcproxy in `node` has programmed both families (its first sync is a
+    /// full, atomic one, so the kernel then holds the whole initial snapshot).
     pub fn wait_synced(&self, node: usize) {
         let label = format!("svcproxy-{}", plan::node_name(node));
         let proxy = self
@@ -630,12 +813,12 @@ impl Env {
             .rev()
             .find(|p| p.label() == label)
             .unwrap_or_else(|| panic!("no {label} started"));
-        self.wait_tables(node, Some(proxy));
+        self.wait_programmed(node, Some(proxy));
     }
 
-    /// Waits (bounded) until both svcproxy tables exist in `node`, failing early if
-    /// `proxy` exits.
-    pub fn wait_tables(&self, node: usize, proxy: Option<&NsProcess>) {
+    /// Waits (bounded) until svcproxy's objects exist in `node` for both families, failing
+    /// early if `proxy` exits.
+    pub fn wait_programmed(&self, node: usize, proxy: Option<&NsProcess>) {
         let deadline = Instant::now() + SYNC_DEADLINE;
         let logs = || proxy.map(NsProcess::logs).unwrap_or_default();
         loop {
@@ -646,12 +829,13 @@ impl Env {
                     logs()
                 );
             }
-            if self.has_table(node, "ip") && self.has_table(node, "ip6") {
+            if self.programmed(node) {
                 return;
             }
             if Instant::now() >= deadline {
                 panic!(
-                    "svcproxy on {} did not program both tables within {SYNC_DEADLINE:?}\n{}",
+                    "svcproxy ({}) on {} did not program both families within {SYNC_DEADLINE:?}\n{}",
+                    self.mode.name(),
                     plan::node_name(node),
                     logs()
                 );
@@ -660,15 +844,14 @@ impl Env {
         }
     }
 
-    /// Whether `table <family> svcproxy` exists in `node`.
-    pub fn has_table(&self, node: usize, family: &str) -> bool {
-        self.c
-            .exec(
-                Host::Node(node),
-                &["nft", "list", "table", family, "svcproxy"],
-            )
-            .status
-            .success()
+    /// Whether svcproxy's objects exist in `node` for both families.
+    pub fn programmed(&self, node: usize) -> bool {
+        self.mode.programmed(&self.c, node) == [true, true]
+    }
+
+    /// Whether no svcproxy object exists in `node`, in either family.
+    pub fn nothing_programmed(&self, node: usize) -> bool {
+        self.mode.programmed(&self.c, node) == [false, false]
     }
 
     /// Writes a manifest atomically (a temporary name svcproxy ignores, then a rename), so
@@ -688,16 +871,9 @@ impl Env {
         self.manifests.path().join(name)
     }
 
-    /// Both svcproxy tables of a node, as `nft list` prints them.
+    /// Everything svcproxy programmed in a node, as the mode's tool lists it.
     pub fn ruleset(&self, node: usize) -> String {
-        let mut out = String::new();
-        for fam in ["ip", "ip6"] {
-            let o = self
-                .c
-                .exec(Host::Node(node), &["nft", "list", "table", fam, "svcproxy"]);
-            out.push_str(&String::from_utf8_lossy(&o.stdout));
-        }
-        out
+        self.mode.dump(&self.c, node)
     }
 
     pub fn probe(
@@ -898,8 +1074,9 @@ impl Checks {
             return;
         }
         panic!(
-            "{}: {} of {} checks failed:\n  - {}\n\nnode-a ruleset:\n{}\n{}",
+            "{} ({}): {} of {} checks failed:\n  - {}\n\nnode-a ruleset:\n{}\n{}",
             self.test,
+            env.mode.name(),
             self.failures.len(),
             self.failures.len() + self.passed,
             self.failures.join("\n  - "),
