@@ -1,7 +1,7 @@
 //! Shared by the data plane's integration tests: a small cluster built from YAML
 //! through the real `ClusterState`.
 //!
-//! Address plan (as svcproxy-plan's testdata): node-a 198.18.0.1 / 2001:db8::1, pods
+//! Address plan (as testdata/scenarios): node-a 198.18.0.1 / 2001:db8::1, pods
 //! 198.18.<n>.0/24 on node n, ServiceCIDRs 198.19.0.0/16 and 2001:db8:ffff::/112,
 //! external IPs 203.0.113.0/24.
 #![allow(dead_code)]
