@@ -717,6 +717,55 @@ impl Cluster {
         Ok(())
     }
 
+    /// Gives a pod one more address (a scenario's endpoint or client IP outside the
+    /// address plan) and routes it: on the pod's node through the pod's veth, on every
+    /// other node via the pod's node.
+    pub fn add_pod_address(&self, pod: Host, ip: IpAddr) -> Result<()> {
+        let Host::Pod(n, p) = pod else {
+            bail!("{pod:?} is not a pod");
+        };
+        let f = Family::of(ip);
+        ip_batch(
+            self.ns(pod),
+            &[format!(
+                "addr add {} dev eth0{}",
+                plan::host_cidr(ip),
+                nodad(f)
+            )],
+        )?;
+        ip_batch(
+            self.ns(Host::Node(n)),
+            &[format!("route add {} dev p{p}", plan::host_cidr(ip))],
+        )?;
+        for other in (0..self.spec.nodes).filter(|o| *o != n) {
+            ip_batch(
+                self.ns(Host::Node(other)),
+                &[format!(
+                    "route add {} via {}",
+                    plan::host_cidr(ip),
+                    plan::node_ip(n, f)
+                )],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Routes `cidr` (service addresses outside the address plan) from `ext` through `node`.
+    pub fn route_ext(&self, cidr: &str, node: usize) -> Result<()> {
+        let f = if cidr.contains(':') {
+            Family::V6
+        } else {
+            Family::V4
+        };
+        ip_batch(
+            &self.ext,
+            &[format!(
+                "route replace {cidr} via {}",
+                plan::node_ip(node, f)
+            )],
+        )
+    }
+
     /// The node `ext` currently routes external IPs through.
     pub fn ext_via(&self) -> usize {
         *self.ext_via.lock().unwrap_or_else(|e| e.into_inner())
