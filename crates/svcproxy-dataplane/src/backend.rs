@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
+use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 
 use crate::error::DataPlaneError;
 use crate::node::Sysctl;
@@ -133,6 +133,9 @@ pub struct Backend {
     pub mode: &'static str,
     /// The mode's failure counters, named as upstream names them for that mode.
     pub failure_counters: &'static [FailureCounter],
+    /// Where this mode behaves differently from the others, as upstream's same mode
+    /// does; folded into the configuration before the intent is built.
+    pub semantics: ModeSemantics,
     /// A data plane programming the current network namespace.
     pub new: fn(&PlanConfig) -> Box<dyn DataPlane>,
 }

@@ -102,6 +102,11 @@ pub struct PlanConfig {
     /// The connection is masqueraded; the data plane must set
     /// `net.ipv4.conf.all.route_localnet=1` for it to leave the host.
     pub localhost_nodeports: bool,
+    /// Guard the service address space, as upstream's nftables mode does: a cluster IP
+    /// on a port no service exposes is rejected, and an unallocated address inside a
+    /// ServiceCIDR is dropped. Upstream's iptables mode does neither (such packets are
+    /// just routed); see [`ModeSemantics`].
+    pub guard_service_ips: bool,
     /// Program the IPv4 table.
     pub ipv4: bool,
     /// Program the IPv6 table.
@@ -117,9 +122,32 @@ impl Default for PlanConfig {
             node_ips: Vec::new(),
             nodeport_addresses: NodePortAddresses::Primary,
             localhost_nodeports: false,
+            guard_service_ips: true,
             ipv4: true,
             ipv6: true,
         }
+    }
+}
+
+/// What a proxy mode does where upstream's modes differ in behaviour (not in syntax):
+/// each backend declares it, and [`ModeSemantics::apply`] folds it into the
+/// configuration before the intent is built, so the intent stays the one place that
+/// decides and the backends only translate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModeSemantics {
+    /// NodePorts on 127.0.0.0/8 can be served (`--iptables-localhost-nodeports`);
+    /// upstream's nftables mode never does (it would need `route_localnet`).
+    pub localhost_nodeports: bool,
+    /// See [`PlanConfig::guard_service_ips`].
+    pub guard_service_ips: bool,
+}
+
+impl ModeSemantics {
+    /// `cfg` as this mode runs it.
+    pub fn apply(&self, mut cfg: PlanConfig) -> PlanConfig {
+        cfg.localhost_nodeports &= self.localhost_nodeports;
+        cfg.guard_service_ips = self.guard_service_ips;
+        cfg
     }
 }
 
@@ -154,6 +182,29 @@ impl PlanConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mode_semantics_fold_into_the_config() {
+        let cfg = PlanConfig {
+            localhost_nodeports: true,
+            ..PlanConfig::default()
+        };
+        let nft_like = ModeSemantics {
+            localhost_nodeports: false,
+            guard_service_ips: true,
+        };
+        let ipt_like = ModeSemantics {
+            localhost_nodeports: true,
+            guard_service_ips: false,
+        };
+        let a = nft_like.apply(cfg.clone());
+        assert!(!a.localhost_nodeports && a.guard_service_ips);
+        let b = ipt_like.apply(cfg.clone());
+        assert!(b.localhost_nodeports && !b.guard_service_ips);
+        // A mode that can serve localhost NodePorts still only does when asked.
+        let c = ipt_like.apply(PlanConfig::default());
+        assert!(!c.localhost_nodeports);
+    }
 
     #[test]
     fn interface_names_are_strict() {

@@ -21,5 +21,7 @@ pub mod intent;
 pub mod names;
 pub mod nft;
 
-pub use config::{ConfigError, InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
+pub use config::{
+    ConfigError, InterfaceName, LocalDetection, ModeSemantics, NodePortAddresses, PlanConfig,
+};
 pub use intent::{build_intent, Conflict, Intent, IntentBuilder, IntentDelta};

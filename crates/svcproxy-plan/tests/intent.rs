@@ -497,3 +497,27 @@ fn the_delta_names_exactly_what_changed() {
     );
     assert!(fd.cluster_ips_added.is_empty() && fd.cluster_ips_removed.is_empty());
 }
+
+/// Upstream's iptables mode leaves the service address space alone: the intent says so
+/// and the nftables translation then has no cluster-IP reject or ServiceCIDR drop.
+#[test]
+fn an_unguarded_service_address_space_is_routed() {
+    let yaml = service("web", 10, "", &[ready("198.18.1.10", "node-a")]);
+    let guarded = intent(&yaml);
+    let text = svcproxy_plan::intent::describe(&guarded);
+    assert!(text.contains("(other ports: reject)") && text.contains("(unallocated: drop)"));
+    let open = intent_with(&yaml, |c| c.guard_service_ips = false);
+    let text = svcproxy_plan::intent::describe(&open);
+    assert!(
+        text.contains("(other ports: routed)") && text.contains("(unallocated: routed)"),
+        "{text}"
+    );
+    let nft = svcproxy_plan::nft::render_full(&open);
+    assert!(
+        !nft.contains("daddr @cluster-ips goto reject-chain"),
+        "{nft}"
+    );
+    assert!(
+        svcproxy_plan::nft::render_full(&guarded).contains("daddr @cluster-ips goto reject-chain")
+    );
+}

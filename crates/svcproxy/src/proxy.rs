@@ -23,7 +23,7 @@ use svcproxy_dataplane::{Backend, DataPlane, NoConntrackCleanup, Proxier};
 use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{self, DetectLocal, ProxyMode, Settings};
+use crate::config::{self, DetectLocal, Settings};
 use crate::http::health::ProxyHealth;
 use crate::http::metrics::Metrics;
 use crate::http::service_health::ServiceHealthServers;
@@ -53,7 +53,8 @@ pub struct Servers {
 }
 
 /// The planner's configuration from the resolved settings.
-pub fn plan_config(settings: &Settings) -> anyhow::Result<PlanConfig> {
+/// The plan configuration for `settings`, as `backend`'s mode runs it.
+pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<PlanConfig> {
     let local_detection = match &settings.detect_local {
         DetectLocal::None => LocalDetection::None,
         DetectLocal::ClusterCidr(c) => LocalDetection::ClusterCidr(c.clone()),
@@ -89,12 +90,10 @@ pub fn plan_config(settings: &Settings) -> anyhow::Result<PlanConfig> {
             vec![settings.bind_address]
         },
         nodeport_addresses,
-        // As upstream nftables mode: NodePorts on 127.0.0.1 would need route_localnet,
-        // which exposes localhost-bound services to the network (CVE-2020-8558).
-        localhost_nodeports: settings.localhost_nodeports
-            && settings.proxy_mode != ProxyMode::Nftables,
+        localhost_nodeports: settings.localhost_nodeports,
         ..PlanConfig::default()
     };
+    let cfg = backend.semantics.apply(cfg);
     cfg.validate()?;
     Ok(cfg)
 }
@@ -432,7 +431,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
     match output {
         Output::Kernel => {
             let backend = backend(&settings)?;
-            let plan_cfg = plan_config(&settings)?;
+            let plan_cfg = plan_config(&settings, backend)?;
             let hc = health_check_addresses(&settings, &plan_cfg);
             let plane = Proxier::new(plan_cfg.clone(), (backend.new)(&plan_cfg));
             let needs = plane.node_requirements();
@@ -470,7 +469,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
         }
         Output::Render => {
             let backend = backend(&settings)?;
-            let plan_cfg = plan_config(&settings)?;
+            let plan_cfg = plan_config(&settings, backend)?;
             let plane = (backend.new)(&plan_cfg);
             let target = RenderPrinter(Proxier::without_conntrack(plan_cfg, plane));
             rt.block_on(serve(settings, target, servers, true, None, Some(backend)))

@@ -57,6 +57,9 @@ pub struct NodeIntent {
     /// The family's ServiceCIDRs (merged, sorted): a packet to an address inside
     /// them that is no service's cluster IP is dropped.
     pub service_cidrs: Vec<IpNet>,
+    /// Reject a cluster IP's unexposed ports and drop unallocated addresses of
+    /// `service_cidrs` ([`PlanConfig::guard_service_ips`]).
+    pub guard_service_ips: bool,
 }
 
 impl NodeIntent {
@@ -113,6 +116,7 @@ impl NodeIntent {
             nodeports,
             localhost_nodeports: cfg.localhost_nodeports && family == IpFamily::V4,
             service_cidrs: family_nets(&snap.service_cidrs, family),
+            guard_service_ips: cfg.guard_service_ips,
         }
     }
 }

@@ -42,12 +42,13 @@ fn node_line(n: &NodeIntent) -> String {
         NodePortDestinations::AllLocal => "every local address".to_string(),
     };
     format!(
-        "node: masquerade mark {:#x}{}; local pods {local}; nodePorts on {nodeports}{}; node IPs {}; ServiceCIDRs {} (unallocated: drop)",
+        "node: masquerade mark {:#x}{}; local pods {local}; nodePorts on {nodeports}{}; node IPs {}; ServiceCIDRs {} (unallocated: {})",
         n.masquerade_mark,
         if n.masquerade_all { ", masquerade all" } else { "" },
         if n.localhost_nodeports { " and 127.0.0.0/8" } else { "" },
         list(&n.node_ips),
         list(&n.service_cidrs),
+        if n.guard_service_ips { "drop" } else { "routed" },
     )
 }
 
@@ -95,8 +96,13 @@ fn family(out: &mut String, fam: &FamilyIntent) {
     let _ = writeln!(out, "  {}", node_line(node));
     let _ = writeln!(
         out,
-        "  cluster IPs {} (other ports: reject)",
-        list(fam.cluster_ips())
+        "  cluster IPs {} (other ports: {})",
+        list(fam.cluster_ips()),
+        if node.guard_service_ips {
+            "reject"
+        } else {
+            "routed"
+        }
     );
     for (svc, f) in fam.frontends() {
         let action = match (f.action, f.kind.is_external()) {

@@ -264,10 +264,13 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         (CLUSTER_IPS_CHECK_CHAIN, {
             // Runs after DNAT: a packet still addressed to a cluster IP here matched
             // no service port, and one inside a ServiceCIDR hit no cluster IP.
-            let mut rules = vec![format!(
-                "{ipx} daddr @{CLUSTER_IPS_SET} goto {REJECT_CHAIN}"
-            )];
-            if !ctx.service_cidrs.is_empty() {
+            let mut rules = Vec::new();
+            if ctx.guard_service_ips {
+                rules.push(format!(
+                    "{ipx} daddr @{CLUSTER_IPS_SET} goto {REJECT_CHAIN}"
+                ));
+            }
+            if ctx.guard_service_ips && !ctx.service_cidrs.is_empty() {
                 rules.push(format!(
                     "{ipx} daddr {{ {} }} drop",
                     join(ctx.service_cidrs.iter())
