@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use svcproxy_plan::nft::{cleanup_script, PlanKind, Planner};
-use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
+use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
     ApplyReport, Backend, DataPlane, FailureCounter, FailureKind, NodeRequirements, SyncKind,
@@ -34,13 +34,7 @@ pub const BACKEND: Backend = Backend {
             help: "Cumulative proxy nftables cleanup failures",
         },
     ],
-    // As upstream nftables mode: NodePorts on 127.0.0.1 would need route_localnet, which
-    // exposes localhost-bound services to the network (CVE-2020-8558); the service
-    // address space is guarded.
-    semantics: ModeSemantics {
-        localhost_nodeports: false,
-        guard_service_ips: true,
-    },
+    semantics: svcproxy_plan::nft::SEMANTICS,
     new: |_| Box::new(NftDataPlane::new()),
 };
 

@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod intent;
+pub mod iptables;
 pub mod names;
 pub mod nft;
 

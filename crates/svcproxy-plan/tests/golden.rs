@@ -104,3 +104,27 @@ fn endpoint_dispatch_is_uniform() {
     }
     assert!(checked >= 10, "only {checked} dispatch chains found");
 }
+
+/// Golden iptables-restore input: each scenario, run as iptables mode runs it (its
+/// semantics folded into the scenario's configuration), renders exactly its
+/// `expected.iptables` (what `svcproxy --proxy-mode iptables render` prints).
+#[test]
+fn every_scenario_renders_its_golden_iptables_rules() {
+    for case in cases() {
+        let sc = svcproxy_testkit::scenario::Scenario::load(&case);
+        let cfg = svcproxy_plan::iptables::SEMANTICS.apply(sc.config.to_plan_config());
+        let up = sc.state().snapshot();
+        let intent = svcproxy_plan::build_intent(&up.v4, &up.v6, &cfg);
+        let text = svcproxy_plan::iptables::render_full(&intent);
+        assert_golden(&case, "expected.iptables", &text);
+        // Names are the kernel's to check, but the length limit is ours to keep.
+        for line in text.lines().filter(|l| l.starts_with(':')) {
+            let name = line[1..].split(' ').next().unwrap_or("");
+            assert!(
+                name.len() <= 28,
+                "{case}: chain {name} is too long for iptables"
+            );
+            assert!(svcproxy_plan::iptables::is_ours(name), "{case}: {name}");
+        }
+    }
+}

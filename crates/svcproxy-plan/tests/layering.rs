@@ -1,4 +1,4 @@
-//! The nftables translation decides nothing: it reads the intent and prints.
+//! The backend translations (nftables, iptables) decide nothing: it reads the intent and prints.
 //! This checks the source for what a decision would need — the snapshot, the
 //! endpoint selection, traffic policies, topology, endpoint conditions — so that
 //! a policy branch added to a renderer fails here rather than in review.
@@ -25,7 +25,18 @@ const FORBIDDEN: &[&str] = &[
 
 #[test]
 fn the_nftables_translation_contains_no_policy_decision() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/nft");
+    check("nft", 4);
+}
+
+#[test]
+fn the_iptables_translation_contains_no_policy_decision() {
+    check("iptables", 2);
+}
+
+fn check(module: &str, files: usize) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(module);
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -45,8 +56,8 @@ fn the_nftables_translation_contains_no_policy_decision() {
         checked += 1;
     }
     assert!(
-        checked >= 4,
-        "expected the nft modules in {}",
+        checked >= files,
+        "expected the {module} modules in {}",
         dir.display()
     );
 }

@@ -21,5 +21,13 @@ mod planner;
 pub mod ruleset;
 mod service;
 
+/// How upstream's nftables mode behaves where the modes differ: never NodePorts on
+/// 127.0.0.1 (that would need `route_localnet`, which exposes localhost-bound services
+/// to the network: CVE-2020-8558), and the service address space is guarded.
+pub const SEMANTICS: crate::config::ModeSemantics = crate::config::ModeSemantics {
+    localhost_nodeports: false,
+    guard_service_ips: true,
+};
+
 pub use planner::{cleanup_script, render_full, Plan, PlanKind, PlanStats, Planner};
 pub use ruleset::{BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set, TABLE_NAME};
