@@ -147,7 +147,7 @@ impl std::fmt::Debug for Backend {
 }
 
 /// Every implemented mode. The factory: a new backend is one line here.
-pub const BACKENDS: &[Backend] = &[crate::nft::BACKEND];
+pub const BACKENDS: &[Backend] = &[crate::nft::BACKEND, crate::iptables::BACKEND];
 
 /// The backend for `--proxy-mode NAME`, if implemented.
 pub fn backend(mode: &str) -> Option<&'static Backend> {

@@ -38,6 +38,10 @@ pub enum DataPlaneError {
         /// Its stderr, trimmed and bounded to [`STDERR_LIMIT`] bytes.
         stderr: String,
     },
+    /// A partial sync failed (for the modes that count those apart, as upstream's
+    /// iptables mode does); the next sync is full.
+    #[error("partial sync: {0}")]
+    Partial(Box<DataPlaneError>),
 }
 
 impl DataPlaneError {
@@ -45,8 +49,14 @@ impl DataPlaneError {
     pub fn stderr(&self) -> Option<&str> {
         match self {
             DataPlaneError::Rejected { stderr, .. } => Some(stderr),
+            DataPlaneError::Partial(inner) => inner.stderr(),
             _ => None,
         }
+    }
+
+    /// Whether this is the failure of a partial sync.
+    pub fn is_partial(&self) -> bool {
+        matches!(self, DataPlaneError::Partial(_))
     }
 }
 

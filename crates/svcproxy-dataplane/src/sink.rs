@@ -90,89 +90,124 @@ impl NftCommand {
     /// Runs `ARGV... -f -`, feeding `script` on stdin while stderr is read (so a
     /// chatty failure cannot deadlock against a large script).
     pub fn run(&self, script: &str) -> Result<(), DataPlaneError> {
-        let command = self.to_string();
-        let mut child = Command::new(&self.argv[0])
-            .args(&self.argv[1..])
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| DataPlaneError::Spawn {
-                command: command.clone(),
-                source,
-            })?;
-        let mut stdin = child.stdin.take().expect("stdin is piped");
-        let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
-        let deadline = Instant::now() + self.timeout;
-        let (written, stderr_bytes, status) = std::thread::scope(|s| {
-            let writer = s.spawn(move || {
-                let result = stdin.write_all(script.as_bytes());
-                // Closing stdin tells nft the script is complete.
-                drop(stdin);
-                result
-            });
-            let reader = s.spawn(move || {
-                let mut buf = Vec::new();
-                let _ = stderr_pipe.read_to_end(&mut buf);
-                buf
-            });
-            // Killing the child closes its pipes, which ends both threads (nft is a
-            // single process; `ip netns exec` execs it, so no grandchild holds them).
-            let status = loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => break Ok(Some(status)),
-                    Ok(None) if Instant::now() >= deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break Ok(None);
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                    Err(e) => break Err(e),
-                }
-            };
-            let written = writer
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("stdin writer panicked")));
-            let stderr_bytes = reader.join().unwrap_or_default();
-            (written, stderr_bytes, status)
-        });
-        let status = status.map_err(|source| DataPlaneError::Io {
-            command: command.clone(),
-            source,
-        })?;
-        let Some(status) = status else {
-            return Err(DataPlaneError::TimedOut {
-                command,
-                after: self.timeout,
-            });
-        };
-        let output = std::process::Output {
-            status,
-            stdout: Vec::new(),
-            stderr: stderr_bytes,
-        };
-        let stderr = bounded_text(&output.stderr, STDERR_LIMIT);
-        if !output.status.success() {
-            // A write error here is nft closing its stdin on the way out: the exit
-            // status and stderr say why.
-            return Err(DataPlaneError::Rejected {
-                command,
-                status: output.status.to_string(),
-                stderr,
-            });
-        }
-        // nft succeeded without reading the whole script: whatever it applied is
-        // not the plan.
-        written.map_err(|source| DataPlaneError::Io {
-            command: command.clone(),
-            source,
-        })?;
-        if !stderr.is_empty() {
-            tracing::warn!(command = %command, stderr = %stderr, "nft succeeded with messages");
+        let mut argv = self.argv.clone();
+        argv.extend(["-f".to_string(), "-".to_string()]);
+        let out = run_command(&argv, Some(script), self.timeout)?;
+        if !out.stderr.is_empty() {
+            tracing::warn!(command = %self, stderr = %out.stderr, "nft succeeded with messages");
         }
         Ok(())
     }
+}
+
+/// What a successful [`run_command`] printed.
+#[derive(Clone, Debug, Default)]
+pub struct CommandOutput {
+    pub stdout: Vec<u8>,
+    /// Trimmed and bounded to [`STDERR_LIMIT`] bytes.
+    pub stderr: String,
+}
+
+/// Runs `argv`, feeding `stdin` (if any) while stdout and stderr are read (so neither
+/// a large input nor a chatty command can deadlock), killing it after `timeout`. A
+/// non-zero exit is [`DataPlaneError::Rejected`] with its stderr.
+pub fn run_command(
+    argv: &[String],
+    stdin: Option<&str>,
+    timeout: Duration,
+) -> Result<CommandOutput, DataPlaneError> {
+    let command = argv.join(" ");
+    let Some((program, args)) = argv.split_first() else {
+        return Err(DataPlaneError::Spawn {
+            command,
+            source: io::Error::other("empty command line"),
+        });
+    };
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| DataPlaneError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+    let stdin_pipe = child.stdin.take();
+    let mut stdout_pipe = child.stdout.take().expect("stdout is piped");
+    let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
+    let deadline = Instant::now() + timeout;
+    let (written, stdout, stderr_bytes, status) = std::thread::scope(|s| {
+        let writer = s.spawn(move || match (stdin_pipe, stdin) {
+            (Some(mut pipe), Some(text)) => {
+                let result = pipe.write_all(text.as_bytes());
+                // Closing stdin tells the command the input is complete.
+                drop(pipe);
+                result
+            }
+            _ => Ok(()),
+        });
+        let out_reader = s.spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stdout_pipe.read_to_end(&mut buf);
+            buf
+        });
+        let err_reader = s.spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stderr_pipe.read_to_end(&mut buf);
+            buf
+        });
+        // Killing the child closes its pipes, which ends the threads (the commands are
+        // single processes; `ip netns exec` execs them, so no grandchild holds them).
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Ok(Some(status)),
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break Ok(None);
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => break Err(e),
+            }
+        };
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("stdin writer panicked")));
+        let stdout = out_reader.join().unwrap_or_default();
+        let stderr_bytes = err_reader.join().unwrap_or_default();
+        (written, stdout, stderr_bytes, status)
+    });
+    let status = status.map_err(|source| DataPlaneError::Io {
+        command: command.clone(),
+        source,
+    })?;
+    let Some(status) = status else {
+        return Err(DataPlaneError::TimedOut {
+            command,
+            after: timeout,
+        });
+    };
+    let stderr = bounded_text(&stderr_bytes, STDERR_LIMIT);
+    if !status.success() {
+        // A write error here is the command closing its stdin on the way out: the
+        // exit status and stderr say why.
+        return Err(DataPlaneError::Rejected {
+            command,
+            status: status.to_string(),
+            stderr,
+        });
+    }
+    // It succeeded without reading the whole input: whatever it applied is not ours.
+    written.map_err(|source| DataPlaneError::Io {
+        command: command.clone(),
+        source,
+    })?;
+    Ok(CommandOutput { stdout, stderr })
 }
 
 impl fmt::Display for NftCommand {

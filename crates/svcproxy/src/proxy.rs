@@ -374,7 +374,10 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                 Ok(())
             }
             Err(e) => {
-                self.metrics.sync_failed();
+                let partial = e
+                    .downcast_ref::<svcproxy_dataplane::DataPlaneError>()
+                    .is_some_and(|d| d.is_partial());
+                self.metrics.sync_failed(partial);
                 Err(e)
             }
         }

@@ -38,7 +38,7 @@ mod rules;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::{IpFamily, ServicePortName};
 
 use crate::config::ModeSemantics;
 use crate::intent::Intent;
@@ -260,6 +260,8 @@ pub struct FamilyRules {
     pub family: IpFamily,
     pub filter: Table,
     pub nat: Table,
+    /// The service port each per-service chain belongs to (fixed chains have none).
+    pub owners: HashMap<String, ServicePortName>,
 }
 
 impl FamilyRules {
@@ -274,18 +276,37 @@ impl FamilyRules {
     /// (each declared chain is flushed and rewritten) and deleting `stale` chains
     /// (per table; declared, so flushed, then `-X`).
     pub fn restore(&self, stale: &HashMap<TableId, Vec<String>>) -> String {
+        self.restore_only(|_| true, stale)
+    }
+
+    /// [`FamilyRules::restore`] limited to the fixed chains (which dispatch to every
+    /// service, so are always rewritten whole) and the chains of the service ports
+    /// `changed` accepts: a partial sync. Chains left out stay as the kernel has them.
+    pub fn restore_changed(
+        &self,
+        changed: impl Fn(&ServicePortName) -> bool,
+        stale: &HashMap<TableId, Vec<String>>,
+    ) -> String {
+        self.restore_only(|chain| self.owners.get(chain).is_none_or(&changed), stale)
+    }
+
+    fn restore_only(
+        &self,
+        include: impl Fn(&str) -> bool,
+        stale: &HashMap<TableId, Vec<String>>,
+    ) -> String {
         let mut out = String::new();
         for id in TableId::ALL {
             let table = self.table(id);
             let _ = writeln!(out, "*{}", id.name());
             let gone = stale.get(&id).map(Vec::as_slice).unwrap_or_default();
-            for (name, _) in table.chains() {
+            for (name, _) in table.chains().filter(|(n, _)| include(n)) {
                 let _ = writeln!(out, ":{name} - [0:0]");
             }
             for name in gone {
                 let _ = writeln!(out, ":{name} - [0:0]");
             }
-            for (name, rules) in table.chains() {
+            for (name, rules) in table.chains().filter(|(n, _)| include(n)) {
                 for rule in rules {
                     let _ = writeln!(out, "-A {name} {rule}");
                 }

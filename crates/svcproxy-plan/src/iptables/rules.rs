@@ -3,7 +3,7 @@
 //! implements which behaviour is said where it is written; what to do always comes
 //! from the intent.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use svcproxy_core::model::{IpFamily, Protocol};
@@ -96,6 +96,7 @@ pub fn rules(intent: &Intent, family: IpFamily) -> Option<FamilyRules> {
         family,
         filter: Table::default(),
         nat: Table::default(),
+        owners: HashMap::new(),
     };
     for c in FILTER_CHAINS {
         r.filter.chain(c);
@@ -106,7 +107,12 @@ pub fn rules(intent: &Intent, family: IpFamily) -> Option<FamilyRules> {
     let detect = Detect::new(node);
     node_rules(&mut r, node, detect.as_ref());
     for svc in fam.services().values() {
+        // The chains this service port declares are appended: they are its own.
+        let before = r.nat.chains.len();
         service_rules(&mut r, fam, svc, detect.as_ref());
+        for (name, _) in &r.nat.chains[before..] {
+            r.owners.insert(name.clone(), svc.name.clone());
+        }
     }
     tail_rules(&mut r, fam, node);
     Some(r)

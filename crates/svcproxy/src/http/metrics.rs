@@ -265,9 +265,13 @@ impl Metrics {
         self.last_timestamp.set(unix_seconds(SystemTime::now()));
     }
 
-    /// A failed attempt to apply the rules.
-    pub fn sync_failed(&self) {
+    /// A failed attempt to apply the rules (`partial`: a partial sync's, which the
+    /// modes counting those apart count again).
+    pub fn sync_failed(&self, partial: bool) {
         self.count_failure(FailureKind::Sync);
+        if partial {
+            self.count_failure(FailureKind::PartialSync);
+        }
     }
 
     fn count_failure(&self, kind: FailureKind) {
@@ -661,12 +665,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn iptables_mode_counts_restore_and_partial_restore_failures_as_upstream() {
+        let m = Metrics::started_at(UNIX_EPOCH, &svcproxy_dataplane::iptables::BACKEND);
+        m.sync_failed(false);
+        m.sync_failed(true);
+        let (_, text) = scrape(m).await;
+        let s = parse(&text);
+        let value = |name: &str| {
+            s.samples
+                .iter()
+                .find(|x| x.metric == name)
+                .map(|x| match x.value {
+                    prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                    _ => -1.0,
+                })
+        };
+        assert_eq!(
+            value("kubeproxy_sync_proxy_rules_iptables_restore_failures_total"),
+            Some(2.0)
+        );
+        assert_eq!(
+            value("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value("kubeproxy_sync_proxy_rules_nftables_sync_failures_total"),
+            None
+        );
+    }
+
+    #[tokio::test]
     async fn observed_values_appear_in_the_scrape() {
         let m = Metrics::started_at(UNIX_EPOCH, &svcproxy_dataplane::nft::BACKEND);
         m.observe_sync(true, Duration::from_millis(3));
         m.observe_sync(false, Duration::from_millis(20));
         m.observe_sync(false, Duration::from_millis(20));
-        m.sync_failed();
+        m.sync_failed(false);
         m.cleanup_failed();
         m.cleanup_failed();
         m.queued(UNIX_EPOCH + Duration::from_millis(1_714_557_600_500));

@@ -1,0 +1,214 @@
+//! iptables mode against the real `iptables-restore` in a throwaway network namespace:
+//! a first sync adds the jumps and the chains; a partial sync rewrites only what
+//! changed (and says so); a deleted service's chains go; a rejected restore leaves
+//! the previous rules in force and the next sync is full; a restart finds its own
+//! chains and adds no second jump; cleanup removes exactly svcproxy's chains and
+//! jumps, leaving another chain in the same tables alone.
+//!
+//! Without root (or `ip`/`iptables`) the tests print SKIP and pass, unless `CI` is
+//! set, in which case they fail.
+
+mod common;
+
+use common::netns::Netns;
+use common::*;
+use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
+use svcproxy_dataplane::{DataPlane, DataPlaneError, NoConntrackCleanup, Proxier, SyncKind};
+use svcproxy_plan::iptables::SEMANTICS;
+
+const TOOLS: &[&str] = &["iptables", "ip6tables", "iptables-restore", "iptables-save"];
+
+impl Netns {
+    fn commands(&self) -> IptablesCommands {
+        IptablesCommands::with_prefix(["ip", "netns", "exec", &self.name])
+    }
+
+    fn save(&self, tool: &str) -> String {
+        self.run_ok(&[tool], None).expect("iptables-save")
+    }
+
+    fn ours(&self, tool: &str) -> Vec<String> {
+        self.save(tool)
+            .lines()
+            .filter(|l| l.contains("SVCPROXY-") || l.contains("SVP-"))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn proxier(ns: &Netns) -> Proxier<IptablesDataPlane, NoConntrackCleanup> {
+    Proxier::without_conntrack(
+        SEMANTICS.apply(plan_config()),
+        IptablesDataPlane::new(ns.commands()),
+    )
+}
+
+#[track_caller]
+fn has(text: &str, needle: &str, step: &str) {
+    assert!(text.contains(needle), "{step}: {needle:?} missing:\n{text}");
+}
+
+/// A line holding every part (iptables-save orders a rule's matches its own way).
+#[track_caller]
+fn has_rule(text: &str, parts: &[&str], step: &str) {
+    assert!(
+        text.lines().any(|l| parts.iter().all(|p| l.contains(p))),
+        "{step}: no rule with {parts:?}:\n{text}"
+    );
+}
+
+#[track_caller]
+fn lacks(text: &str, needle: &str, step: &str) {
+    assert!(
+        !text.contains(needle),
+        "{step}: {needle:?} present:\n{text}"
+    );
+}
+
+#[test]
+fn syncs_partial_syncs_failures_restarts_and_cleanup() {
+    let Some(ns) = Netns::create("iptables_syncs", "ipt-sync", TOOLS) else {
+        return;
+    };
+    // Someone else's chain in the same table, which nothing of ours may touch.
+    ns.run_ok(&["iptables", "-w", "-t", "nat", "-N", "OTHER"], None)
+        .unwrap();
+    ns.run_ok(
+        &[
+            "iptables",
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-j",
+            "OTHER",
+        ],
+        None,
+    )
+    .unwrap();
+
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp = proxier(&ns);
+    let report = dp.sync(&snapshot(&mut state), true).expect("first sync");
+    assert_eq!(report.kind, SyncKind::Recreate);
+    let v4 = ns.save("iptables-save");
+    for needle in [
+        "-A PREROUTING -m comment --comment svcproxy -j SVCPROXY-SERVICES",
+        "-A POSTROUTING -m comment --comment svcproxy -j SVCPROXY-POSTROUTING",
+        "--to-destination 198.18.2.10:8080",
+        "--to-destination 198.18.2.20:5432",
+    ] {
+        has(&v4, needle, "first sync");
+    }
+    has_rule(
+        &v4,
+        &["-d 198.19.0.10/32", "--dport 80 -j SVP-SVC-"],
+        "first sync",
+    );
+    has_rule(
+        &v4,
+        &["-d 203.0.113.20/32", "--dport 5432 -j SVP-EXT-"],
+        "first sync",
+    );
+    has(
+        &ns.save("ip6tables-save"),
+        ":SVCPROXY-SERVICES",
+        "first sync v6",
+    );
+
+    // web's endpoints move: a partial restore, and only web's chains were sent.
+    upsert(&mut state, WEB_MOVED);
+    let report = dp.sync(&snapshot(&mut state), false).expect("partial");
+    assert_eq!(report.kind, SyncKind::Partial);
+    let v4 = ns.save("iptables-save");
+    has(&v4, "--to-destination 198.18.3.10:8080", "partial");
+    lacks(&v4, "198.18.2.10", "partial");
+    has(
+        &v4,
+        "--to-destination 198.18.2.20:5432",
+        "partial: db untouched",
+    );
+
+    // db deleted: its chains go.
+    delete_service(&mut state, "db");
+    dp.sync(&snapshot(&mut state), false).expect("delete");
+    let v4 = ns.save("iptables-save");
+    lacks(&v4, "198.19.0.20", "db deleted");
+    lacks(&v4, "198.18.2.20", "db deleted");
+
+    // The kernel loses a chain behind our back (someone flushes our dispatch chain
+    // and deletes web's set chain): the next partial restore, which rewrites the
+    // dispatch chain but not web's unchanged chains, is rejected as a whole (a partial
+    // failure); then a full sync repairs everything.
+    let svc = v4
+        .lines()
+        .find_map(|l| l.strip_prefix(":SVP-SVC-"))
+        .map(|rest| format!("SVP-SVC-{}", rest.split(' ').next().unwrap()))
+        .expect("web's set chain");
+    for args in [
+        &["-F", "SVCPROXY-SERVICES"][..],
+        &["-F", svc.as_str()][..],
+        &["-X", svc.as_str()][..],
+    ] {
+        let mut argv = vec!["iptables", "-w", "-t", "nat"];
+        argv.extend_from_slice(args);
+        ns.run_ok(&argv, None).expect("break the rules");
+    }
+    upsert(&mut state, DB);
+    let err = dp.sync(&snapshot(&mut state), false).unwrap_err();
+    assert!(err.is_partial(), "{err:?}");
+    lacks(
+        &ns.save("iptables-save"),
+        "198.19.0.20",
+        "rejected restore applied nothing",
+    );
+    let report = dp
+        .sync(&snapshot(&mut state), false)
+        .expect("full after failure");
+    assert_eq!(report.kind, SyncKind::Recreate);
+    let v4 = ns.save("iptables-save");
+    has(&v4, &format!(":{svc}"), "repaired");
+    has_rule(
+        &v4,
+        &["-d 198.19.0.10/32", &format!("-j {svc}")],
+        "repaired",
+    );
+    has(&v4, "--to-destination 198.18.2.20:5432", "repaired");
+
+    // A restart: a new data plane finds its chains, and adds no second jump.
+    let before = ns.ours("iptables-save");
+    let mut restarted = proxier(&ns);
+    restarted
+        .sync(&snapshot(&mut state), true)
+        .expect("restart");
+    assert_eq!(
+        ns.ours("iptables-save"),
+        before,
+        "a restart changes nothing"
+    );
+
+    // Cleanup: every chain and jump of ours goes, OTHER stays.
+    restarted.plane_mut().cleanup().expect("cleanup");
+    for tool in ["iptables-save", "ip6tables-save"] {
+        assert!(ns.ours(tool).is_empty(), "{tool}: {:?}", ns.ours(tool));
+    }
+    let v4 = ns.save("iptables-save");
+    has(&v4, ":OTHER", "cleanup keeps others");
+    has(&v4, "-A PREROUTING -j OTHER", "cleanup keeps others");
+    // Cleaning up twice is fine.
+    restarted.plane_mut().cleanup().expect("second cleanup");
+}
+
+#[test]
+fn a_missing_tool_is_an_error_that_names_it() {
+    let mut dp = IptablesDataPlane::new(IptablesCommands::with_prefix(["/nonexistent/svcproxy"]));
+    let mut state = cluster(&[WEB]);
+    let mut p = Proxier::without_conntrack(SEMANTICS.apply(plan_config()), dp);
+    let err = p.sync(&snapshot(&mut state), true).unwrap_err();
+    assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
+    assert!(err.to_string().contains("/nonexistent/svcproxy"), "{err}");
+    dp = IptablesDataPlane::new(IptablesCommands::with_prefix(["/nonexistent/svcproxy"]));
+    // Cleanup where the tools do not exist: nothing of ours can exist either.
+    dp.cleanup().expect("cleanup without iptables");
+}
