@@ -15,7 +15,8 @@
 //!   cluster): first the firewall (`loadBalancerSourceRanges`: a source outside them is
 //!   dropped), then the action, and for `forward` the external route's last step (to the
 //!   cluster or local set, or drop);
-//! - a cluster IP on a port no service exposes: refused.
+//! - a cluster IP on a port no service exposes: refused (where the mode guards the
+//!   service address space; the intent says, from the mode's semantics).
 //!
 //! What this does not check (the hand-written suite in `dataplane.rs` does): which client
 //! address the backend sees (the scenario configurations are not all expressible as
@@ -194,12 +195,19 @@ fn run_scenario(mode: Mode, case: &'static str) {
     }
     let started = Instant::now();
     let sc = Scenario::load(case);
-    let intent = sc.intent();
     assert_eq!(
-        describe(&intent),
+        describe(&sc.intent()),
         sc.expected("expected.intent"),
         "{case}: the intent differs from expected.intent (the golden test says more)"
     );
+    // The intent as this mode runs it: the golden one with the mode's semantics (e.g.
+    // iptables mode leaves the service address space unguarded, as upstream's does).
+    let semantics = svcproxy_dataplane::backend(mode.name())
+        .expect("a registered mode")
+        .semantics;
+    let up = sc.state().snapshot();
+    let intent =
+        svcproxy_plan::build_intent(&up.v4, &up.v6, &semantics.apply(sc.config.to_plan_config()));
     let node = (0..3)
         .find(|n| plan::node_name(*n) == sc.node)
         .unwrap_or_else(|| panic!("{case}: unknown node {}", sc.node));
@@ -414,8 +422,10 @@ fn probes(intent: &svcproxy_plan::Intent, node: usize, client: Host, sctp_ok: bo
                 expect,
             });
         }
-        // A cluster IP on a port nothing exposes: refused.
-        for ip in fam.cluster_ips() {
+        // A cluster IP on a port nothing exposes: refused, where the mode guards the
+        // service address space.
+        let guarded = fam.node().is_some_and(|n| n.guard_service_ips);
+        for ip in fam.cluster_ips().filter(|_| guarded) {
             let key = FrontendKey::Vip {
                 ip,
                 protocol: Protocol::Tcp,

@@ -43,6 +43,14 @@ macro_rules! per_mode {
                 }
             )*
         }
+        mod iptables {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Iptables)
+                }
+            )*
+        }
     };
 }
 
@@ -51,6 +59,7 @@ macro_rules! per_mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Nftables,
+    Iptables,
 }
 
 /// A kind of per-service object, for counting what a sync left behind.
@@ -64,12 +73,43 @@ pub enum ServiceObject {
 
 impl Mode {
     /// Every mode the suite runs in (must equal svcproxy's implemented modes).
-    pub const ALL: &'static [Mode] = &[Mode::Nftables];
+    pub const ALL: &'static [Mode] = &[Mode::Nftables, Mode::Iptables];
 
     /// The `--proxy-mode` value.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Nftables => "nftables",
+            Mode::Iptables => "iptables",
+        }
+    }
+
+    /// Whether the mode guards the service address space (rejects a cluster IP's
+    /// unexposed ports, drops unallocated ServiceCIDR addresses), as the registry says.
+    pub fn guards_service_ips(self) -> bool {
+        svcproxy_dataplane::backend(self.name())
+            .expect("a registered mode")
+            .semantics
+            .guard_service_ips
+    }
+
+    /// Whether NodePorts answer on every local address when `--nodeport-addresses` is
+    /// not given (upstream iptables mode), rather than on the primary IP (nftables).
+    pub fn default_nodeports_on_every_address(self) -> bool {
+        match self {
+            Mode::Nftables => false,
+            Mode::Iptables => true,
+        }
+    }
+
+    /// Whether a dump shows a drop of the whole ServiceCIDR `cidr`.
+    pub fn shows_cidr_drop(self, dump: &str, cidr: &str) -> bool {
+        match self {
+            Mode::Nftables => dump
+                .lines()
+                .any(|l| l.contains(cidr) && l.trim_end().ends_with("drop")),
+            Mode::Iptables => dump
+                .lines()
+                .any(|l| l.contains(&format!("-d {cidr} ")) && l.ends_with("-j DROP")),
         }
     }
 
@@ -80,13 +120,23 @@ impl Mode {
                 vec!["nft", "list", "table", "ip", "svcproxy"],
                 vec!["nft", "list", "table", "ip6", "svcproxy"],
             ],
+            Mode::Iptables => [vec!["iptables-save"], vec!["ip6tables-save"]],
         }
     }
 
     /// Whether svcproxy's objects exist in `node`, per family (v4, v6).
     pub fn programmed(self, c: &Cluster, node: usize) -> [bool; 2] {
-        self.listings()
-            .map(|argv| c.exec(Host::Node(node), &argv).status.success())
+        self.listings().map(|argv| {
+            let out = c.exec(Host::Node(node), &argv);
+            match self {
+                Mode::Nftables => out.status.success(),
+                // The jumps from the built-in chains are added after the restore:
+                // the last one in place means the whole sync is.
+                Mode::Iptables => String::from_utf8_lossy(&out.stdout).contains(
+                    "-A POSTROUTING -m comment --comment svcproxy -j SVCPROXY-POSTROUTING",
+                ),
+            }
+        })
     }
 
     /// Everything svcproxy programmed in `node`, as the mode's own tool lists it.
@@ -104,6 +154,18 @@ impl Mode {
     pub fn shows_drop(self, dump: &str, ip: IpAddr, proto: &str, port: u16) -> bool {
         match self {
             Mode::Nftables => dump.contains(&format!("{ip} . {proto} . {port} : drop")),
+            Mode::Iptables => {
+                let host = match ip {
+                    IpAddr::V4(_) => format!("-d {ip}/32 "),
+                    IpAddr::V6(_) => format!("-d {ip}/128 "),
+                };
+                dump.lines().any(|l| {
+                    l.contains(&host)
+                        && l.contains(&format!("-p {proto} "))
+                        && l.contains(&format!("--dport {port} "))
+                        && l.ends_with("-j DROP")
+                })
+            }
         }
     }
 
@@ -128,6 +190,42 @@ impl Mode {
                 }
                 out
             }
+            // The `recent` lists (the clients), then the rules that check them (the
+            // timeout lives in the rule, not in the list).
+            Mode::Iptables => {
+                let lists = c.exec(
+                    Host::Node(node),
+                    &[
+                        "sh",
+                        "-c",
+                        "for f in /proc/net/xt_recent/*; do echo \"$f\"; cat \"$f\"; done",
+                    ],
+                );
+                // The lists print IPv6 sources in full (`2001:0db8:0011:...`): write
+                // them the canonical way the tests compare.
+                let mut out = String::new();
+                for line in String::from_utf8_lossy(&lists.stdout).lines() {
+                    let canonical = line
+                        .strip_prefix("src=")
+                        .and_then(|rest| rest.split(' ').next())
+                        .and_then(|a| a.parse::<IpAddr>().ok());
+                    match canonical {
+                        Some(ip) => out.push_str(&format!(
+                            "src={ip}{}",
+                            &line[4 + line[4..].find(' ').unwrap_or(line.len() - 4)..]
+                        )),
+                        None => out.push_str(line),
+                    }
+                    out.push('\n');
+                }
+                for line in self.dump(c, node).lines() {
+                    if line.contains("--rcheck") {
+                        out.push_str(line);
+                        out.push('\n');
+                    }
+                }
+                out
+            }
         }
     }
 
@@ -135,6 +233,17 @@ impl Mode {
     pub fn affinity_timeout_shown(self, state: &str, seconds: u32) -> bool {
         match self {
             Mode::Nftables => state.contains(&format!("timeout {seconds}s")),
+            Mode::Iptables => state.contains(&format!("--seconds {seconds} ")),
+        }
+    }
+
+    /// Whether expired affinity entries leave the kernel's listing. nftables' set
+    /// elements time out; iptables' `recent` entries stay listed until a check reaps
+    /// them, and only stop matching (which the tests see in where traffic goes).
+    pub fn affinity_expiry_listed(self) -> bool {
+        match self {
+            Mode::Nftables => true,
+            Mode::Iptables => false,
         }
     }
 
@@ -162,6 +271,18 @@ impl Mode {
                     .filter(|hash| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
                     .count()
             }
+            Mode::Iptables => {
+                let prefix = match kind {
+                    ServiceObject::Service => ":SVP-SVC-",
+                    ServiceObject::Endpoint => ":SVP-SEP-",
+                };
+                let argv = &self.listings()[usize::from(f == Family::V6)];
+                let out = c.exec(Host::Node(node), argv);
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| l.starts_with(prefix))
+                    .count()
+            }
         }
     }
 
@@ -171,6 +292,17 @@ impl Mode {
             Mode::Nftables => {
                 let keep = "table inet keepme {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 1 counter\n }\n}\n";
                 c.nft(Host::Node(node), keep).expect("add a foreign table");
+            }
+            Mode::Iptables => {
+                for args in [
+                    &["-N", "KEEPME"][..],
+                    &["-A", "KEEPME", "-p", "tcp", "--dport", "1", "-j", "RETURN"][..],
+                    &["-A", "PREROUTING", "-j", "KEEPME"][..],
+                ] {
+                    let mut argv = vec!["iptables", "-w", "-t", "nat"];
+                    argv.extend_from_slice(args);
+                    c.exec_ok(Host::Node(node), &argv);
+                }
             }
         }
     }
@@ -192,6 +324,19 @@ impl Mode {
                         "table inet keepme: {text}; tables: {}",
                         String::from_utf8_lossy(&all.stdout)
                     ))
+                }
+            }
+            Mode::Iptables => {
+                let out = c.exec(Host::Node(node), &["iptables-save", "-t", "nat"]);
+                let text = String::from_utf8_lossy(&out.stdout);
+                let want = [
+                    "-A PREROUTING -j KEEPME",
+                    "-A KEEPME -p tcp -m tcp --dport 1 -j RETURN",
+                ];
+                if want.iter().all(|w| text.contains(w)) {
+                    Ok(())
+                } else {
+                    Err(format!("nat table: {text}"))
                 }
             }
         }
