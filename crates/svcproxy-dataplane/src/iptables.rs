@@ -4,10 +4,10 @@
 //! `iptables` is.
 //!
 //! Entry points: [`BACKEND`], [`IptablesDataPlane`]. A full sync (the first, the first
-//! after a failure, a periodic resync, a node-wide change) ensures the jumps from the
-//! built-in chains (`-C`, then `-I` when missing), rewrites every svcproxy chain, and
-//! deletes svcproxy chains nothing uses any more (found with `iptables-save` on the
-//! first sync, from what it wrote since). A partial sync (upstream's
+//! after a failure, a periodic resync, a node-wide change) reads the kernel with one
+//! `iptables-save` per table, then in one restore rewrites every svcproxy chain, deletes
+//! svcproxy chains nothing uses any more, and inserts the jumps from the built-in chains
+//! that are missing. A partial sync (upstream's
 //! `MinimizeIPTablesRestore`) rewrites the fixed chains, which dispatch to every
 //! service, and only the chains of the service ports that changed.
 
@@ -164,6 +164,13 @@ impl IptablesRunner for IptablesCommands {
     }
 }
 
+/// What `iptables-save` shows of svcproxy in one family.
+#[derive(Default)]
+struct KernelState {
+    chains: HashMap<TableId, BTreeSet<String>>,
+    missing_jumps: Vec<&'static svcproxy_plan::iptables::Jump>,
+}
+
 /// svcproxy's iptables chains, applied through an [`IptablesRunner`].
 pub struct IptablesDataPlane<R = IptablesCommands> {
     runner: R,
@@ -188,45 +195,11 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         &mut self.runner
     }
 
-    /// Puts every jump from the built-in chains in place (checked first: a restart
-    /// must not add a second copy).
-    fn ensure_jumps(&mut self, family: IpFamily) -> Result<(), DataPlaneError> {
-        for j in JUMPS {
-            let args = j.args();
-            let mut check = vec![
-                "-t".to_string(),
-                j.table.name().into(),
-                "-C".into(),
-                j.from.into(),
-            ];
-            check.extend(args.iter().cloned());
-            if self.runner.run(family, &check)?.is_ok() {
-                continue;
-            }
-            let mut insert = vec![
-                "-t".to_string(),
-                j.table.name().into(),
-                "-I".into(),
-                j.from.into(),
-            ];
-            insert.extend(args);
-            if let Err(stderr) = self.runner.run(family, &insert)? {
-                return Err(DataPlaneError::Rejected {
-                    command: format!("{} {}", tool(family, ""), insert.join(" ")),
-                    status: "failed".into(),
-                    stderr,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// svcproxy's chains in the kernel now, per table (from `iptables-save`).
-    fn chains_in_kernel(
-        &mut self,
-        family: IpFamily,
-    ) -> Result<HashMap<TableId, BTreeSet<String>>, DataPlaneError> {
-        let mut out = HashMap::new();
+    /// svcproxy's chains in the kernel now, per table, and the jumps from the built-in
+    /// chains that are missing (from one `iptables-save` per table: `iptables -C` per
+    /// jump would fetch the whole ruleset each time).
+    fn kernel_state(&mut self, family: IpFamily) -> Result<KernelState, DataPlaneError> {
+        let mut state = KernelState::default();
         for table in TableId::ALL {
             let text = self.runner.save(family, table)?;
             let chains: BTreeSet<String> = text
@@ -236,9 +209,15 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
                 .filter(|c| is_ours(c))
                 .map(str::to_string)
                 .collect();
-            out.insert(table, chains);
+            state.chains.insert(table, chains);
+            let lines: HashSet<&str> = text.lines().collect();
+            for j in JUMPS.iter().filter(|j| j.table == table) {
+                if !lines.contains(j.saved_line().as_str()) {
+                    state.missing_jumps.push(j);
+                }
+            }
         }
-        Ok(out)
+        Ok(state)
     }
 
     fn sync_family(
@@ -253,15 +232,24 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         };
         let fd = delta.family(family);
         let known = self.written.remove(&family);
-        let (kind, before) = match known {
-            Some(before) if !full && !fd.node_changed => (SyncKind::Partial, before),
-            Some(before) => (SyncKind::Resync, before),
-            None => {
+        let partial = known.is_some() && !full && !fd.node_changed;
+        let (kind, before, jumps) = if partial {
+            (SyncKind::Partial, known.unwrap_or_default(), Vec::new())
+        } else {
+            if known.is_none() {
                 if let Some(variant) = self.runner.variant() {
                     tracing::info!(%variant, ?family, "iptables mode: the host's iptables uses {variant}");
                 }
-                (SyncKind::Recreate, self.chains_in_kernel(family)?)
             }
+            // A full sync looks at the kernel: someone may have flushed the built-in
+            // chains, or left chains of ours behind.
+            let state = self.kernel_state(family)?;
+            let kind = if known.is_some() {
+                SyncKind::Resync
+            } else {
+                SyncKind::Recreate
+            };
+            (kind, state.chains, state.missing_jumps)
         };
         let now: HashMap<TableId, BTreeSet<String>> = TableId::ALL
             .into_iter()
@@ -290,7 +278,7 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
             let changed: HashSet<&ServicePortName> = fd.services.iter().map(|c| &c.name).collect();
             rules.restore_changed(|name| changed.contains(name), &stale)
         } else {
-            rules.restore(&stale)
+            rules.restore_with_jumps(&stale, &jumps)
         };
         if let Err(e) = self.runner.restore(family, &input) {
             return Err(if kind == SyncKind::Partial {
@@ -298,11 +286,6 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
             } else {
                 e
             });
-        }
-        if kind != SyncKind::Partial {
-            // After the restore, which creates the chains they jump to; on every full
-            // sync, since someone may have flushed the built-in chains.
-            self.ensure_jumps(family)?;
         }
         self.written.insert(family, now);
         Ok(Some((kind, input.len())))
@@ -357,8 +340,8 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         self.written.clear();
         for family in IpFamily::BOTH {
             // No iptables for this family here: nothing of ours can exist either.
-            let chains = match self.chains_in_kernel(family) {
-                Ok(c) => c,
+            let chains = match self.kernel_state(family) {
+                Ok(state) => state.chains,
                 Err(DataPlaneError::Spawn { .. }) => continue,
                 Err(e) => return Err(e),
             };

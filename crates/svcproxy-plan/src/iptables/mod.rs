@@ -103,6 +103,11 @@ pub struct Jump {
 }
 
 impl Jump {
+    /// The line `iptables-save` prints for this rule.
+    pub fn saved_line(&self) -> String {
+        format!("-A {} {}", self.from, self.args().join(" "))
+    }
+
     /// The rule's arguments after `-A/-C/-D/-I <chain>`: matches, the comment that
     /// marks it as svcproxy's, and the jump.
     pub fn args(&self) -> Vec<String> {
@@ -276,7 +281,17 @@ impl FamilyRules {
     /// (each declared chain is flushed and rewritten) and deleting `stale` chains
     /// (per table; declared, so flushed, then `-X`).
     pub fn restore(&self, stale: &HashMap<TableId, Vec<String>>) -> String {
-        self.restore_only(|_| true, stale)
+        self.restore_only(|_| true, stale, &[])
+    }
+
+    /// [`FamilyRules::restore`] that also inserts `jumps` at the top of their built-in
+    /// chains, in the same transaction (after the chains they jump to exist).
+    pub fn restore_with_jumps(
+        &self,
+        stale: &HashMap<TableId, Vec<String>>,
+        jumps: &[&Jump],
+    ) -> String {
+        self.restore_only(|_| true, stale, jumps)
     }
 
     /// [`FamilyRules::restore`] limited to the fixed chains (which dispatch to every
@@ -287,13 +302,18 @@ impl FamilyRules {
         changed: impl Fn(&ServicePortName) -> bool,
         stale: &HashMap<TableId, Vec<String>>,
     ) -> String {
-        self.restore_only(|chain| self.owners.get(chain).is_none_or(&changed), stale)
+        self.restore_only(
+            |chain| self.owners.get(chain).is_none_or(&changed),
+            stale,
+            &[],
+        )
     }
 
     fn restore_only(
         &self,
         include: impl Fn(&str) -> bool,
         stale: &HashMap<TableId, Vec<String>>,
+        jumps: &[&Jump],
     ) -> String {
         let mut out = String::new();
         for id in TableId::ALL {
@@ -313,6 +333,9 @@ impl FamilyRules {
             }
             for name in gone {
                 let _ = writeln!(out, "-X {name}");
+            }
+            for j in jumps.iter().filter(|j| j.table == id) {
+                let _ = writeln!(out, "-I {} {}", j.from, j.args().join(" "));
             }
             out.push_str("COMMIT\n");
         }

@@ -1,0 +1,158 @@
+//! Sync benchmark (ignored by default: a benchmark, not a timed test). For N services
+//! × M endpoints (env `BENCH_SERVICES`, default 1000 and 10000; `BENCH_ENDPOINTS`,
+//! default 10) it runs, each in a fresh network namespace and in the same run:
+//!
+//! - the floor: `iptables-restore --noflush` of as many bare rules as the iptables
+//!   mode's full restore holds (`-A BENCH-n -j RETURN`, in as many chains);
+//! - iptables mode: the full sync (both families), then one service added (partial);
+//! - nftables mode: the same two syncs.
+//!
+//! and prints the times and the ratio of iptables mode's full sync to the floor (target:
+//! at most 1.5) and of its one-service sync (target: under 100 ms at 10k).
+//!
+//! `cargo test --release -p svcproxy-dataplane --test bench_sync -- --ignored --nocapture`
+
+mod common;
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use common::netns::Netns;
+use common::*;
+use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
+use svcproxy_dataplane::{NftCommand, NftDataPlane, Proxier};
+
+fn env(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// `n` services `svc-i` (cluster IP from 198.19.0.0/16) with `m` endpoints each.
+fn services_yaml(from: usize, to: usize, m: usize) -> String {
+    let mut y = String::new();
+    for i in from..to {
+        let ip = format!("198.19.{}.{}", i / 250, i % 250 + 1);
+        let _ = write!(
+            y,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\nspec:\n  clusterIP: {ip}\n  ports:\n  - {{name: http, port: 80, targetPort: 8080}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc-{i}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080}}\nendpoints:\n"
+        );
+        for e in 0..m {
+            let n = i * m + e;
+            let _ = writeln!(
+                y,
+                "- {{addresses: [10.{}.{}.{}], nodeName: node-b}}",
+                n / 62500 % 250,
+                n / 250 % 250,
+                n % 250 + 1
+            );
+        }
+    }
+    y
+}
+
+fn run(n: usize, m: usize) {
+    let tools = ["nft", "iptables-restore", "ip6tables-restore", "iptables"];
+    let Some(floor_ns) = Netns::create("bench_sync", "bench-floor", &tools) else {
+        return;
+    };
+    let mut state = cluster(&[]);
+    upsert(&mut state, &services_yaml(0, n, m));
+    let base = snapshot(&mut state);
+    upsert(&mut state, &services_yaml(n, n + 1, m));
+    let added = snapshot(&mut state);
+
+    // iptables mode.
+    let ipt_ns = Netns::create("bench_sync", "bench-ipt", &tools).expect("netns");
+    let cfg = svcproxy_plan::iptables::SEMANTICS.apply(plan_config());
+    let mut ipt = Proxier::without_conntrack(
+        cfg.clone(),
+        IptablesDataPlane::new(IptablesCommands::with_prefix([
+            "ip",
+            "netns",
+            "exec",
+            &ipt_ns.name,
+        ])),
+    );
+    let t = Instant::now();
+    let full = ipt.sync(&base, true).expect("iptables full");
+    let ipt_full = t.elapsed();
+    let t = Instant::now();
+    let partial = ipt.sync(&added, false).expect("iptables one added");
+    let ipt_partial = t.elapsed();
+    // The rule count of the full restore, for the floor.
+    let rules = svcproxy_plan::iptables::rules(
+        &svcproxy_plan::build_intent(&base.v4, &base.v6, &cfg),
+        svcproxy_core::model::IpFamily::V4,
+    )
+    .expect("v4");
+    let (chains, rule_count) = (
+        rules.nat.chains().count() + rules.filter.chains().count(),
+        rules.nat.rule_count() + rules.filter.rule_count(),
+    );
+
+    // The floor: the same number of bare rules, in as many chains, one restore.
+    let mut floor = String::from("*nat\n");
+    for c in 0..chains {
+        let _ = writeln!(floor, ":BENCH-{c} - [0:0]");
+    }
+    for r in 0..rule_count {
+        let _ = writeln!(floor, "-A BENCH-{} -j RETURN", r % chains);
+    }
+    floor.push_str("COMMIT\n");
+    let t = Instant::now();
+    floor_ns
+        .run_ok(&["iptables-restore", "-w", "--noflush"], Some(&floor))
+        .expect("floor restore");
+    let floor_time = t.elapsed();
+
+    // nftables mode.
+    let nft_ns = Netns::create("bench_sync", "bench-nft", &tools).expect("netns");
+    let mut nft = Proxier::without_conntrack(
+        plan_config(),
+        NftDataPlane::with_sink(NftCommand::from_argv([
+            "ip",
+            "netns",
+            "exec",
+            &nft_ns.name,
+            "nft",
+        ])),
+    );
+    let t = Instant::now();
+    nft.sync(&base, true).expect("nft full");
+    let nft_full = t.elapsed();
+    let t = Instant::now();
+    nft.sync(&added, false).expect("nft one added");
+    let nft_partial = t.elapsed();
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{n} services x {m} endpoints ({rule_count} iptables rules in {chains} chains, v4):\n\
+         \x20 floor: iptables-restore of {rule_count} bare rules   {:>9.1} ms\n\
+         \x20 iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor; target <= 1.5; {} bytes; in the tools {:.1} ms)\n\
+         \x20 iptables mode: one service added                  {:>9.1} ms  (target < 100 ms at 10k; {} bytes, {:?})\n\
+         \x20 nftables mode: full sync (both families)          {:>9.1} ms\n\
+         \x20 nftables mode: one service added                  {:>9.1} ms",
+        ms(floor_time),
+        ms(ipt_full),
+        ipt_full.as_secs_f64() / floor_time.as_secs_f64(),
+        full.script_bytes,
+        ms(full.apply_duration),
+        ms(ipt_partial),
+        partial.script_bytes,
+        partial.kind,
+        ms(nft_full),
+        ms(nft_partial),
+    );
+}
+
+#[test]
+#[ignore]
+fn bench_sync() {
+    let m = env("BENCH_ENDPOINTS").unwrap_or(10);
+    let sizes = match env("BENCH_SERVICES") {
+        Some(n) => vec![n],
+        None => vec![1000, 10_000],
+    };
+    for n in sizes {
+        run(n, m);
+    }
+}
