@@ -4,7 +4,8 @@
 //! `iptables` is.
 //!
 //! Entry points: [`BACKEND`], [`IptablesDataPlane`]. A full sync (the first, the first
-//! after a failure, a periodic resync, a node-wide change) reads the kernel with one
+//! after a failure, a requested resync at most every [`FULL_SYNC_PERIOD`], a node-wide
+//! change) reads the kernel with one
 //! `iptables-save` per table, then in one restore rewrites every svcproxy chain, deletes
 //! svcproxy chains nothing uses any more, and inserts the jumps from the built-in chains
 //! that are missing. A partial sync (upstream's
@@ -72,6 +73,8 @@ pub trait IptablesRunner: Send {
 #[derive(Clone, Debug, Default)]
 pub struct IptablesCommands {
     prefix: Vec<String>,
+    /// Run `iptables-legacy*` rather than whatever `iptables*` points to (benchmarks).
+    legacy: bool,
 }
 
 impl IptablesCommands {
@@ -83,6 +86,22 @@ impl IptablesCommands {
     {
         IptablesCommands {
             prefix: prefix.into_iter().map(Into::into).collect(),
+            legacy: false,
+        }
+    }
+
+    /// The `iptables-legacy` tools explicitly (the default is whichever backend the
+    /// plain names point to, as the node's other components use).
+    pub fn legacy(mut self) -> Self {
+        self.legacy = true;
+        self
+    }
+
+    fn tool(&self, family: IpFamily, suffix: &str) -> String {
+        let legacy = if self.legacy { "-legacy" } else { "" };
+        match family {
+            IpFamily::V4 => format!("iptables{legacy}{suffix}"),
+            IpFamily::V6 => format!("ip6tables{legacy}{suffix}"),
         }
     }
 
@@ -97,7 +116,7 @@ impl IptablesCommands {
     /// `iptables --version`.
     pub fn variant(&self) -> Result<String, DataPlaneError> {
         let out = run_command(
-            &self.argv("iptables".into(), &["--version"]),
+            &self.argv(self.tool(IpFamily::V4, ""), &["--version"]),
             None,
             Duration::from_secs(10),
         )?;
@@ -112,16 +131,9 @@ impl IptablesCommands {
     }
 }
 
-fn tool(family: IpFamily, suffix: &str) -> String {
-    match family {
-        IpFamily::V4 => format!("iptables{suffix}"),
-        IpFamily::V6 => format!("ip6tables{suffix}"),
-    }
-}
-
 impl IptablesRunner for IptablesCommands {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), DataPlaneError> {
-        let argv = self.argv(tool(family, "-restore"), &["-w", "--noflush"]);
+        let argv = self.argv(self.tool(family, "-restore"), &["-w", "--noflush"]);
         let out = run_command(&argv, Some(input), DEFAULT_RESTORE_TIMEOUT)?;
         if !out.stderr.is_empty() {
             tracing::warn!(stderr = %out.stderr, "{} succeeded with messages", argv.join(" "));
@@ -130,7 +142,7 @@ impl IptablesRunner for IptablesCommands {
     }
 
     fn save(&mut self, family: IpFamily, table: TableId) -> Result<String, DataPlaneError> {
-        let argv = self.argv(tool(family, "-save"), &["-t", table.name()]);
+        let argv = self.argv(self.tool(family, "-save"), &["-t", table.name()]);
         let out = run_command(&argv, None, DEFAULT_RESTORE_TIMEOUT)?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -153,7 +165,7 @@ impl IptablesRunner for IptablesCommands {
         let mut all = vec!["-w"];
         all.extend(args.iter().map(String::as_str));
         match run_command(
-            &self.argv(tool(family, ""), &all),
+            &self.argv(self.tool(family, ""), &all),
             None,
             Duration::from_secs(60),
         ) {
@@ -177,13 +189,21 @@ pub struct IptablesDataPlane<R = IptablesCommands> {
     /// Per family: the chains the kernel holds from svcproxy's last successful
     /// restore, per table. `None`: unknown (first sync, or a restore failed).
     written: HashMap<IpFamily, HashMap<TableId, BTreeSet<String>>>,
+    /// When the last full restore of every family succeeded.
+    last_full: Option<Instant>,
 }
+
+/// How often a requested full sync (the runner's `--sync-period` resync) really
+/// rewrites everything; in between it is partial. Upstream's iptables mode does the
+/// same (a full restore of a large ruleset takes seconds to minutes).
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 impl<R: IptablesRunner> IptablesDataPlane<R> {
     pub fn new(runner: R) -> Self {
         IptablesDataPlane {
             runner,
             written: HashMap::new(),
+            last_full: None,
         }
     }
 
@@ -304,6 +324,10 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         full: bool,
     ) -> Result<ApplyReport, DataPlaneError> {
         let start = Instant::now();
+        let full = full
+            && self
+                .last_full
+                .is_none_or(|t| t.elapsed() >= FULL_SYNC_PERIOD);
         let mut kind = SyncKind::Partial;
         let mut bytes = 0;
         for family in IpFamily::BOTH {
@@ -325,6 +349,9 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                 }
             }
         }
+        if kind.is_full() {
+            self.last_full = Some(start);
+        }
         Ok(ApplyReport {
             kind,
             apply_duration: start.elapsed(),
@@ -338,6 +365,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
 
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {
         self.written.clear();
+        self.last_full = None;
         for family in IpFamily::BOTH {
             // No iptables for this family here: nothing of ours can exist either.
             let chains = match self.kernel_state(family) {

@@ -60,25 +60,9 @@ fn run(n: usize, m: usize) {
     upsert(&mut state, &services_yaml(n, n + 1, m));
     let added = snapshot(&mut state);
 
-    // iptables mode.
-    let ipt_ns = Netns::create("bench_sync", "bench-ipt", &tools).expect("netns");
+    let legacy = std::env::var("BENCH_IPTABLES").is_ok_and(|v| v == "legacy");
     let cfg = svcproxy_plan::iptables::SEMANTICS.apply(plan_config());
-    let mut ipt = Proxier::without_conntrack(
-        cfg.clone(),
-        IptablesDataPlane::new(IptablesCommands::with_prefix([
-            "ip",
-            "netns",
-            "exec",
-            &ipt_ns.name,
-        ])),
-    );
-    let t = Instant::now();
-    let full = ipt.sync(&base, true).expect("iptables full");
-    let ipt_full = t.elapsed();
-    let t = Instant::now();
-    let partial = ipt.sync(&added, false).expect("iptables one added");
-    let ipt_partial = t.elapsed();
-    // The rule count of the full restore, for the floor.
+    // The rule count of iptables mode's full restore (v4), for the floor.
     let rules = svcproxy_plan::iptables::rules(
         &svcproxy_plan::build_intent(&base.v4, &base.v6, &cfg),
         svcproxy_core::model::IpFamily::V4,
@@ -98,11 +82,74 @@ fn run(n: usize, m: usize) {
         let _ = writeln!(floor, "-A BENCH-{} -j RETURN", r % chains);
     }
     floor.push_str("COMMIT\n");
+    let restore = if legacy {
+        "iptables-legacy-restore"
+    } else {
+        "iptables-restore"
+    };
     let t = Instant::now();
-    floor_ns
-        .run_ok(&["iptables-restore", "-w", "--noflush"], Some(&floor))
-        .expect("floor restore");
+    let floor_ok = svcproxy_dataplane::run_command(
+        &[
+            "ip",
+            "netns",
+            "exec",
+            &floor_ns.name,
+            restore,
+            "-w",
+            "--noflush",
+        ]
+        .map(String::from),
+        Some(&floor),
+        Duration::from_secs(900),
+    );
     let floor_time = t.elapsed();
+    println!(
+        "{n} services x {m} endpoints ({rule_count} iptables rules in {chains} chains, v4; {}):\n\
+         \x20 floor: {restore} of {rule_count} bare rules   {:>9.1} ms{}",
+        if legacy {
+            "legacy"
+        } else {
+            "the host's iptables"
+        },
+        ms(floor_time),
+        floor_ok
+            .err()
+            .map(|e| format!("  FAILED: {e}"))
+            .unwrap_or_default(),
+    );
+
+    // iptables mode.
+    let ipt_ns = Netns::create("bench_sync", "bench-ipt", &tools).expect("netns");
+    let commands = IptablesCommands::with_prefix(["ip", "netns", "exec", &ipt_ns.name]);
+    let commands = if legacy { commands.legacy() } else { commands };
+    let mut ipt = Proxier::without_conntrack(cfg, IptablesDataPlane::new(commands));
+    let t = Instant::now();
+    match ipt.sync(&base, true) {
+        Ok(full) => {
+            let ipt_full = t.elapsed();
+            println!(
+                "  iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor; target <= 1.5; {} bytes; in the tools {:.1} ms)",
+                ms(ipt_full),
+                ipt_full.as_secs_f64() / floor_time.as_secs_f64(),
+                full.script_bytes,
+                ms(full.apply_duration),
+            );
+            let t = Instant::now();
+            match ipt.sync(&added, false) {
+                Ok(partial) => println!(
+                    "  iptables mode: one service added                  {:>9.1} ms  (target < 100 ms at 10k; {} bytes, {:?})",
+                    ms(t.elapsed()),
+                    partial.script_bytes,
+                    partial.kind
+                ),
+                Err(e) => println!("  iptables mode: one service added FAILED after {:?}: {e}", t.elapsed()),
+            }
+        }
+        Err(e) => println!(
+            "  iptables mode: full sync FAILED after {:?}: {e}",
+            t.elapsed()
+        ),
+    }
 
     // nftables mode.
     let nft_ns = Netns::create("bench_sync", "bench-nft", &tools).expect("netns");
@@ -123,25 +170,16 @@ fn run(n: usize, m: usize) {
     nft.sync(&added, false).expect("nft one added");
     let nft_partial = t.elapsed();
 
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "{n} services x {m} endpoints ({rule_count} iptables rules in {chains} chains, v4):\n\
-         \x20 floor: iptables-restore of {rule_count} bare rules   {:>9.1} ms\n\
-         \x20 iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor; target <= 1.5; {} bytes; in the tools {:.1} ms)\n\
-         \x20 iptables mode: one service added                  {:>9.1} ms  (target < 100 ms at 10k; {} bytes, {:?})\n\
-         \x20 nftables mode: full sync (both families)          {:>9.1} ms\n\
+        "  nftables mode: full sync (both families)          {:>9.1} ms\n\
          \x20 nftables mode: one service added                  {:>9.1} ms",
-        ms(floor_time),
-        ms(ipt_full),
-        ipt_full.as_secs_f64() / floor_time.as_secs_f64(),
-        full.script_bytes,
-        ms(full.apply_duration),
-        ms(ipt_partial),
-        partial.script_bytes,
-        partial.kind,
         ms(nft_full),
         ms(nft_partial),
     );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 #[test]

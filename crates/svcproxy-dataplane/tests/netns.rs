@@ -47,22 +47,6 @@ fn create(test: &str, tag: &str) -> Option<Netns> {
     Netns::create(test, tag, &["nft"])
 }
 
-#[track_caller]
-fn has(table: &str, needle: &str, step: &str) {
-    assert!(
-        table.contains(needle),
-        "{step}: {needle:?} missing:\n{table}"
-    );
-}
-
-#[track_caller]
-fn lacks(table: &str, needle: &str, step: &str) {
-    assert!(
-        !table.contains(needle),
-        "{step}: {needle:?} present:\n{table}"
-    );
-}
-
 #[test]
 fn syncs_show_in_the_kernel_and_failures_recover() {
     let Some(ns) = create("syncs_show_in_the_kernel_and_failures_recover", "sync") else {

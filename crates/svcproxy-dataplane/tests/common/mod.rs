@@ -170,3 +170,18 @@ pub fn service_chain(name: &str, port: &str) -> String {
 pub fn snapshot(state: &mut ClusterState) -> SnapshotUpdate {
     state.snapshot()
 }
+
+/// `text` (a ruleset listing) holds `needle`; `step` names the moment for the message.
+#[track_caller]
+pub fn has(text: &str, needle: &str, step: &str) {
+    assert!(text.contains(needle), "{step}: {needle:?} missing:\n{text}");
+}
+
+/// `text` does not hold `needle`.
+#[track_caller]
+pub fn lacks(text: &str, needle: &str, step: &str) {
+    assert!(
+        !text.contains(needle),
+        "{step}: {needle:?} present:\n{text}"
+    );
+}
