@@ -670,6 +670,22 @@ fn nodeport_addresses_select_the_node_ips(mode: Mode) {
                 ck.answered_by(&what2, &got2, &["pod-b0"]);
             }
         }
+        // NodePorts on 127.0.0.1, from the node itself: iptables mode serves them by
+        // default (`--iptables-localhost-nodeports`; masqueraded, with route_localnet),
+        // nftables mode never; on ::1 no mode does.
+        if name == "default" {
+            let lo4 = sa(IpAddr::from([127, 0, 0, 1]), 30600);
+            let got = env.probe(Host::Node(NODE_A), Proto::Tcp, lo4, 2, ANSWER);
+            let what = "IPv4 default: node-a -> 127.0.0.1 NodePort";
+            if mode.localhost_nodeports() {
+                ck.answered_by(what, &got, &["pod-b0"]);
+            } else {
+                ck.not_answered(what, &got);
+            }
+            let lo6 = sa(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 30600);
+            let got = env.probe(Host::Node(NODE_A), Proto::Tcp, lo6, 1, ANSWER);
+            ck.not_answered("IPv6 default: node-a -> [::1] NodePort", &got);
+        }
         if !ck.is_ok() {
             ck.finish(&env);
         }

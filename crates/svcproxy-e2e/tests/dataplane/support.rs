@@ -92,6 +92,15 @@ impl Mode {
             .guard_service_ips
     }
 
+    /// Whether NodePorts answer on 127.0.0.1 with the default flags (iptables mode's
+    /// `--iptables-localhost-nodeports` is on by default; nftables mode never serves them).
+    pub fn localhost_nodeports(self) -> bool {
+        svcproxy_dataplane::backend(self.name())
+            .expect("a registered mode")
+            .semantics
+            .localhost_nodeports
+    }
+
     /// Whether NodePorts answer on every local address when `--nodeport-addresses` is
     /// not given (upstream iptables mode), rather than on the primary IP (nftables).
     pub fn default_nodeports_on_every_address(self) -> bool {
