@@ -107,6 +107,14 @@ pub struct PlanConfig {
     /// ServiceCIDR is dropped. Upstream's iptables mode does neither (such packets are
     /// just routed); see [`ModeSemantics`].
     pub guard_service_ips: bool,
+    /// `nf_conntrack_tcp_be_liberal` is set (`--conntrack-tcp-be-liberal`): conntrack
+    /// accepts out-of-window TCP packets rather than marking them INVALID.
+    pub conntrack_tcp_be_liberal: bool,
+    /// Drop forwarded packets conntrack marks INVALID (unless
+    /// `conntrack_tcp_be_liberal`), as upstream's iptables mode does: such a packet
+    /// would otherwise reach a pod un-DNATed and draw a spurious reset
+    /// (kubernetes#74839). See [`ModeSemantics`].
+    pub drop_invalid_forwarded: bool,
     /// Program the IPv4 table.
     pub ipv4: bool,
     /// Program the IPv6 table.
@@ -123,6 +131,8 @@ impl Default for PlanConfig {
             nodeport_addresses: NodePortAddresses::Primary,
             localhost_nodeports: false,
             guard_service_ips: true,
+            conntrack_tcp_be_liberal: false,
+            drop_invalid_forwarded: false,
             ipv4: true,
             ipv6: true,
         }
@@ -140,6 +150,8 @@ pub struct ModeSemantics {
     pub localhost_nodeports: bool,
     /// See [`PlanConfig::guard_service_ips`].
     pub guard_service_ips: bool,
+    /// See [`PlanConfig::drop_invalid_forwarded`].
+    pub drop_invalid_forwarded: bool,
 }
 
 impl ModeSemantics {
@@ -147,6 +159,7 @@ impl ModeSemantics {
     pub fn apply(&self, mut cfg: PlanConfig) -> PlanConfig {
         cfg.localhost_nodeports &= self.localhost_nodeports;
         cfg.guard_service_ips = self.guard_service_ips;
+        cfg.drop_invalid_forwarded = self.drop_invalid_forwarded;
         cfg
     }
 }
@@ -192,15 +205,17 @@ mod tests {
         let nft_like = ModeSemantics {
             localhost_nodeports: false,
             guard_service_ips: true,
+            drop_invalid_forwarded: false,
         };
         let ipt_like = ModeSemantics {
             localhost_nodeports: true,
             guard_service_ips: false,
+            drop_invalid_forwarded: true,
         };
         let a = nft_like.apply(cfg.clone());
         assert!(!a.localhost_nodeports && a.guard_service_ips);
         let b = ipt_like.apply(cfg.clone());
-        assert!(b.localhost_nodeports && !b.guard_service_ips);
+        assert!(b.localhost_nodeports && !b.guard_service_ips && b.drop_invalid_forwarded);
         // A mode that can serve localhost NodePorts still only does when asked.
         let c = ipt_like.apply(PlanConfig::default());
         assert!(!c.localhost_nodeports);

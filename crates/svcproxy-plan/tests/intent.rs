@@ -521,3 +521,33 @@ fn an_unguarded_service_address_space_is_routed() {
         svcproxy_plan::nft::render_full(&guarded).contains("daddr @cluster-ips goto reject-chain")
     );
 }
+
+/// Upstream's iptables mode drops forwarded conntrack-INVALID packets unless conntrack
+/// is liberal; the intent says so, and both translations honour it.
+#[test]
+fn invalid_forwarded_packets_are_dropped_unless_conntrack_is_liberal() {
+    let yaml = service("web", 10, "", &[ready("198.18.1.10", "node-a")]);
+    let strict = intent_with(&yaml, |c| c.drop_invalid_forwarded = true);
+    let node = strict.family(IpFamily::V4).node().unwrap().clone();
+    assert!(node.drop_invalid_forwarded);
+    assert!(svcproxy_plan::nft::render_full(&strict).contains("ct state invalid drop"));
+    let ipt = svcproxy_plan::iptables::render_full(&strict);
+    assert!(
+        ipt.contains("-A SVCPROXY-FORWARD -m conntrack --ctstate INVALID -j DROP"),
+        "{ipt}"
+    );
+    let liberal = intent_with(&yaml, |c| {
+        c.drop_invalid_forwarded = true;
+        c.conntrack_tcp_be_liberal = true;
+    });
+    assert!(
+        !liberal
+            .family(IpFamily::V4)
+            .node()
+            .unwrap()
+            .drop_invalid_forwarded
+    );
+    assert!(!svcproxy_plan::iptables::render_full(&liberal).contains("INVALID"));
+    // nftables mode (the default semantics) never asks for it.
+    assert!(!svcproxy_plan::nft::render_full(&intent(&yaml)).contains("invalid"));
+}

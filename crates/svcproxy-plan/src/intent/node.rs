@@ -60,6 +60,8 @@ pub struct NodeIntent {
     /// Reject a cluster IP's unexposed ports and drop unallocated addresses of
     /// `service_cidrs` ([`PlanConfig::guard_service_ips`]).
     pub guard_service_ips: bool,
+    /// Drop forwarded packets conntrack marks INVALID.
+    pub drop_invalid_forwarded: bool,
 }
 
 impl NodeIntent {
@@ -117,6 +119,7 @@ impl NodeIntent {
             localhost_nodeports: cfg.localhost_nodeports && family == IpFamily::V4,
             service_cidrs: family_nets(&snap.service_cidrs, family),
             guard_service_ips: cfg.guard_service_ips,
+            drop_invalid_forwarded: cfg.drop_invalid_forwarded && !cfg.conntrack_tcp_be_liberal,
         }
     }
 }

@@ -49,7 +49,11 @@ fn node_line(n: &NodeIntent) -> String {
         list(&n.node_ips),
         list(&n.service_cidrs),
         if n.guard_service_ips { "drop" } else { "routed" },
-    )
+    ) + if n.drop_invalid_forwarded {
+        "; forwarded conntrack-INVALID: drop"
+    } else {
+        ""
+    }
 }
 
 fn external_route(svc: &ServiceIntent, r: &ExternalRoute) -> String {

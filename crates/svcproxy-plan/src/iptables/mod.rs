@@ -26,7 +26,7 @@
 //! | `SVCPROXY-EXTERNAL` | filter | reject / drop external traffic with no usable endpoint |
 //! | `SVCPROXY-FIREWALL` | filter | drop load-balancer traffic the firewall chain did not DNAT |
 //! | `SVCPROXY-NODEPORTS` | filter | accept healthCheckNodePorts |
-//! | `SVCPROXY-FORWARD` | filter | accept marked and established forwarded traffic |
+//! | `SVCPROXY-FORWARD` | filter | drop conntrack-INVALID forwarded packets (unless `tcp_be_liberal`), accept marked and established forwarded traffic |
 //! | `SVCPROXY-LOCALNET` | filter | the CVE-2020-8558 guard when NodePorts answer on 127.0.0.1 |
 //!
 //! Refusals use a TCP reset for TCP (an ICMP error can reach a connecting socket
@@ -46,11 +46,13 @@ use crate::intent::Intent;
 pub use rules::rules;
 
 /// How upstream's iptables mode behaves where the modes differ: NodePorts can answer on
-/// 127.0.0.1 (`--iptables-localhost-nodeports`, on by default), and the service address
-/// space is not guarded (unexposed ports and unallocated addresses are just routed).
+/// 127.0.0.1 (`--iptables-localhost-nodeports`, on by default), the service address
+/// space is not guarded (unexposed ports and unallocated addresses are just routed),
+/// and forwarded conntrack-INVALID packets are dropped.
 pub const SEMANTICS: ModeSemantics = ModeSemantics {
     localhost_nodeports: true,
     guard_service_ips: false,
+    drop_invalid_forwarded: true,
 };
 
 /// Prefix of every fixed chain.

@@ -142,6 +142,14 @@ fn node_rules(r: &mut FamilyRules, node: &NodeIntent, detect: Option<&Detect>) {
         }
         r.nat.add(NOT_LOCAL, format!("-j {MARK_MASQ}"));
     }
+    // An out-of-window packet conntrack calls INVALID is not un-DNATed; reaching the
+    // pod, it would draw a reset that kills the connection (kubernetes#74839).
+    if node.drop_invalid_forwarded {
+        r.filter.add(
+            FORWARD,
+            "-m conntrack --ctstate INVALID -j DROP".to_string(),
+        );
+    }
     // Forwarded service traffic is accepted even under a FORWARD policy of DROP.
     r.filter
         .add(FORWARD, format!("-m mark --mark {mark}/{mark} -j ACCEPT"));

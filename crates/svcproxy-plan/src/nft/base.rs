@@ -172,10 +172,14 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 ChainType::Filter,
                 Hook::Forward,
                 PRIORITY_FILTER,
-                vec![
-                    format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
-                    format!("{new} jump {CLUSTER_IPS_CHECK_CHAIN}"),
-                ],
+                ctx.drop_invalid_forwarded
+                    .then(|| "ct state invalid drop".to_string())
+                    .into_iter()
+                    .chain([
+                        format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
+                        format!("{new} jump {CLUSTER_IPS_CHECK_CHAIN}"),
+                    ])
+                    .collect(),
             ),
         ),
         (

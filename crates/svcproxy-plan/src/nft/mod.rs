@@ -27,6 +27,7 @@ mod service;
 pub const SEMANTICS: crate::config::ModeSemantics = crate::config::ModeSemantics {
     localhost_nodeports: false,
     guard_service_ips: true,
+    drop_invalid_forwarded: false,
 };
 
 pub use planner::{cleanup_script, render_full, Plan, PlanKind, PlanStats, Planner};
