@@ -246,10 +246,12 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         delta: &IntentDelta,
         family: IpFamily,
         full: bool,
-    ) -> Result<Option<(SyncKind, usize)>, DataPlaneError> {
+    ) -> Result<Option<(SyncKind, usize, Duration)>, DataPlaneError> {
         let Some(rules) = ipt::rules(intent, family) else {
             return Ok(None);
         };
+        // Time in the tools (saves and the restore), apart from translation.
+        let mut in_tools = Duration::ZERO;
         let fd = delta.family(family);
         let known = self.written.remove(&family);
         let partial = known.is_some() && !full && !fd.node_changed;
@@ -263,7 +265,9 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
             }
             // A full sync looks at the kernel: someone may have flushed the built-in
             // chains, or left chains of ours behind.
+            let t = Instant::now();
             let state = self.kernel_state(family)?;
+            in_tools += t.elapsed();
             let kind = if known.is_some() {
                 SyncKind::Resync
             } else {
@@ -300,7 +304,10 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         } else {
             rules.restore_with_jumps(&stale, &jumps)
         };
-        if let Err(e) = self.runner.restore(family, &input) {
+        let t = Instant::now();
+        let restored = self.runner.restore(family, &input);
+        in_tools += t.elapsed();
+        if let Err(e) = restored {
             return Err(if kind == SyncKind::Partial {
                 DataPlaneError::Partial(Box::new(e))
             } else {
@@ -308,7 +315,7 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
             });
         }
         self.written.insert(family, now);
-        Ok(Some((kind, input.len())))
+        Ok(Some((kind, input.len(), in_tools)))
     }
 }
 
@@ -330,10 +337,12 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                 .is_none_or(|t| t.elapsed() >= FULL_SYNC_PERIOD);
         let mut kind = SyncKind::Partial;
         let mut bytes = 0;
+        let mut in_tools = Duration::ZERO;
         for family in IpFamily::BOTH {
             match self.sync_family(intent, delta, family, full) {
-                Ok(Some((k, b))) => {
+                Ok(Some((k, b, t))) => {
                     bytes += b;
+                    in_tools += t;
                     // The report's kind is the fullest of the families'.
                     kind = match (kind, k) {
                         (SyncKind::Recreate, _) | (_, SyncKind::Recreate) => SyncKind::Recreate,
@@ -354,7 +363,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         }
         Ok(ApplyReport {
             kind,
-            apply_duration: start.elapsed(),
+            apply_duration: in_tools,
             script_bytes: bytes,
         })
     }
