@@ -207,14 +207,6 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         }
     }
 
-    pub fn runner(&self) -> &R {
-        &self.runner
-    }
-
-    pub fn runner_mut(&mut self) -> &mut R {
-        &mut self.runner
-    }
-
     /// svcproxy's chains in the kernel now, per table, and the jumps from the built-in
     /// chains that are missing (from one `iptables-save` per table: `iptables -C` per
     /// jump would fetch the whole ruleset each time).

@@ -202,12 +202,7 @@ fn run_scenario(mode: Mode, case: &'static str) {
     );
     // The intent as this mode runs it: the golden one with the mode's semantics (e.g.
     // iptables mode leaves the service address space unguarded, as upstream's does).
-    let semantics = svcproxy_dataplane::backend(mode.name())
-        .expect("a registered mode")
-        .semantics;
-    let up = sc.state().snapshot();
-    let intent =
-        svcproxy_plan::build_intent(&up.v4, &up.v6, &semantics.apply(sc.config.to_plan_config()));
+    let intent = sc.intent_as(mode.semantics());
     let node = (0..3)
         .find(|n| plan::node_name(*n) == sc.node)
         .unwrap_or_else(|| panic!("{case}: unknown node {}", sc.node));

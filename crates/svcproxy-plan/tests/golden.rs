@@ -112,9 +112,7 @@ fn endpoint_dispatch_is_uniform() {
 fn every_scenario_renders_its_golden_iptables_rules() {
     for case in cases() {
         let sc = svcproxy_testkit::scenario::Scenario::load(&case);
-        let cfg = svcproxy_plan::iptables::SEMANTICS.apply(sc.config.to_plan_config());
-        let up = sc.state().snapshot();
-        let intent = svcproxy_plan::build_intent(&up.v4, &up.v6, &cfg);
+        let intent = sc.intent_as(svcproxy_plan::iptables::SEMANTICS);
         let text = svcproxy_plan::iptables::render_full(&intent);
         assert_golden(&case, "expected.iptables", &text);
         // Names are the kernel's to check, but the length limit is ours to keep.

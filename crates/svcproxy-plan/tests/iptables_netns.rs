@@ -38,9 +38,7 @@ fn every_scenario_loads_into_iptables_restore() {
     let mut loaded = 0;
     for case in cases() {
         let sc = Scenario::load(&case);
-        let cfg = iptables::SEMANTICS.apply(sc.config.to_plan_config());
-        let up = sc.state().snapshot();
-        let intent = svcproxy_plan::build_intent(&up.v4, &up.v6, &cfg);
+        let intent = sc.intent_as(iptables::SEMANTICS);
         for family in IpFamily::BOTH {
             let rules = iptables::rules(&intent, family).expect("family programmed");
             let input = rules.restore(&HashMap::new());

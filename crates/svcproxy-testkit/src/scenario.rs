@@ -183,10 +183,19 @@ impl Scenario {
         state
     }
 
-    /// The intent of the scenario under its configuration.
+    /// The intent of the scenario under its configuration (the one `expected.intent`
+    /// holds).
     pub fn intent(&self) -> svcproxy_plan::Intent {
         let up = self.state().snapshot();
         svcproxy_plan::build_intent(&up.v4, &up.v6, &self.config.to_plan_config())
+    }
+
+    /// The intent as a mode with `semantics` runs the scenario (its configuration with
+    /// the mode's behaviour folded in).
+    pub fn intent_as(&self, semantics: svcproxy_plan::ModeSemantics) -> svcproxy_plan::Intent {
+        let up = self.state().snapshot();
+        let cfg = semantics.apply(self.config.to_plan_config());
+        svcproxy_plan::build_intent(&up.v4, &up.v6, &cfg)
     }
 
     /// The golden file `name` of this scenario.

@@ -86,19 +86,20 @@ impl Mode {
     /// Whether the mode guards the service address space (rejects a cluster IP's
     /// unexposed ports, drops unallocated ServiceCIDR addresses), as the registry says.
     pub fn guards_service_ips(self) -> bool {
+        self.semantics().guard_service_ips
+    }
+
+    /// Where the mode behaves as upstream's same mode does, as the registry says.
+    pub fn semantics(self) -> svcproxy_plan::ModeSemantics {
         svcproxy_dataplane::backend(self.name())
             .expect("a registered mode")
             .semantics
-            .guard_service_ips
     }
 
     /// Whether NodePorts answer on 127.0.0.1 with the default flags (iptables mode's
     /// `--iptables-localhost-nodeports` is on by default; nftables mode never serves them).
     pub fn localhost_nodeports(self) -> bool {
-        svcproxy_dataplane::backend(self.name())
-            .expect("a registered mode")
-            .semantics
-            .localhost_nodeports
+        self.semantics().localhost_nodeports
     }
 
     /// Whether NodePorts answer on every local address when `--nodeport-addresses` is
@@ -264,16 +265,16 @@ impl Mode {
         f: Family,
         kind: ServiceObject,
     ) -> usize {
+        let argv = &self.listings()[usize::from(f == Family::V6)];
+        let out = c.exec(Host::Node(node), argv);
+        let text = String::from_utf8_lossy(&out.stdout);
         match self {
             Mode::Nftables => {
                 let prefix = match kind {
                     ServiceObject::Service => "service-",
                     ServiceObject::Endpoint => "endpoint-",
                 };
-                let argv = &self.listings()[usize::from(f == Family::V6)];
-                let out = c.exec(Host::Node(node), argv);
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
+                text.lines()
                     .filter_map(|l| l.trim().strip_prefix("chain "))
                     .filter_map(|rest| rest.split_whitespace().next())
                     .filter_map(|name| name.strip_prefix(prefix))
@@ -285,12 +286,7 @@ impl Mode {
                     ServiceObject::Service => ":SVP-SVC-",
                     ServiceObject::Endpoint => ":SVP-SEP-",
                 };
-                let argv = &self.listings()[usize::from(f == Family::V6)];
-                let out = c.exec(Host::Node(node), argv);
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .filter(|l| l.starts_with(prefix))
-                    .count()
+                text.lines().filter(|l| l.starts_with(prefix)).count()
             }
         }
     }
