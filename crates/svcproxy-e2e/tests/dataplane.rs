@@ -55,6 +55,7 @@ per_mode!(
     masquerade_all_snats_pod_traffic_to_cluster_ips,
     local_traffic_detection_modes_decide_masquerading,
     nodeport_addresses_select_the_node_ips,
+    localhost_is_not_reachable_from_outside_the_node,
     load_balancer_source_ranges_and_short_circuit,
     session_affinity_sticks_and_expires,
     each_family_is_proxied_on_its_own,
@@ -155,6 +156,13 @@ fn captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_in
         return;
     };
     let mut ck = Checks::new("capture");
+    // iptables mode says which backend the node's tools drive (and so drives that one).
+    if let Some(want) = mode.variant_logged() {
+        let logs = env.proxy_logs();
+        ck.check(logs.contains(want), || {
+            format!("the logs do not say {want:?}")
+        });
+    }
     let allowed = ["pod-a0", "pod-b0"];
     for f in Family::BOTH {
         let fam = family_name(f);
@@ -694,6 +702,97 @@ fn nodeport_addresses_select_the_node_ips(mode: Mode) {
     if let Some(env) = last {
         ck.finish(&env);
     }
+}
+
+/// The node's delivered-or-unclaimed UDP datagram count (`Udp: InDatagrams + NoPorts` of
+/// its namespace): what reached its UDP layer, listener or not.
+fn udp_delivered(env: &Env, node: usize) -> u64 {
+    let snmp = env.c.exec_ok(Host::Node(node), &["cat", "/proc/net/snmp"]);
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
+        panic!("no Udp lines in /proc/net/snmp:\n{snmp}");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .filter(|(n, _)| matches!(*n, "InDatagrams" | "NoPorts"))
+        .map(|(_, v)| v.parse::<u64>().expect("a counter"))
+        .sum()
+}
+
+/// CVE-2020-8558: localhost NodePorts need `route_localnet=1`, which would let a
+/// neighbour reach services bound to 127.0.0.1 by sending packets addressed to
+/// 127.0.0.1 to the node. A mode that serves them installs upstream's guard (drop
+/// packets to 127.0.0.0/8 from other sources unless DNATed); the others leave
+/// `route_localnet` off, so the kernel drops them as martians. A real packet from the
+/// external host to node-a's 127.0.0.1 shows it; with the guard removed by hand the same
+/// packet gets in, so the check can fail.
+fn localhost_is_not_reachable_from_outside_the_node(mode: Mode) {
+    let np = tcp_only(Svc::dual("np", 47).node_port(), Some(30601));
+    let Some(env) = Env::start(mode, EnvSpec::default(), &[(&fname(&np), file(&np, &[B0]))]) else {
+        return;
+    };
+    let mut ck = Checks::new("localnet-guard");
+    let localnet = env.c.exec_ok(
+        Host::Node(NODE_A),
+        &["sysctl", "-n", "net.ipv4.conf.all.route_localnet"],
+    );
+    let want = if mode.localhost_nodeports() { "1" } else { "0" };
+    ck.check(localnet.trim() == want, || {
+        format!("route_localnet is {:?}, want {want}", localnet.trim())
+    });
+    // ext sends to 127.0.0.1 through node-a (policy routing ahead of its own local table).
+    let node = plan::node_ip(NODE_A, Family::V4).to_string();
+    for argv in [
+        &["ip", "rule", "add", "pref", "10", "table", "local"][..],
+        &["ip", "rule", "del", "pref", "0"][..],
+        &[
+            "ip",
+            "rule",
+            "add",
+            "pref",
+            "5",
+            "to",
+            "127.0.0.1/32",
+            "lookup",
+            "100",
+        ][..],
+        &[
+            "ip",
+            "route",
+            "add",
+            "127.0.0.1/32",
+            "via",
+            &node,
+            "table",
+            "100",
+        ][..],
+    ] {
+        env.c.exec_ok(Host::Ext, argv);
+    }
+    let send = || {
+        let before = udp_delivered(&env, NODE_A);
+        let spec = ProbeSpec::new(Proto::Udp, sa(IpAddr::from([127, 0, 0, 1]), 5999))
+            .count(3)
+            .timeout(Duration::from_millis(200))
+            .source_ip(plan::ext_ip(Family::V4));
+        env.c.probe_spec(Host::Ext, &spec);
+        thread::sleep(Duration::from_millis(200));
+        udp_delivered(&env, NODE_A) - before
+    };
+    let got = send();
+    ck.check(got == 0, || {
+        format!("{got} datagrams from ext to node-a's 127.0.0.1 reached its UDP layer")
+    });
+    if mode.remove_localnet_guard(&env.c, NODE_A) {
+        let got = send();
+        ck.check(got > 0, || {
+            "with the guard removed, datagrams to 127.0.0.1 still did not arrive: \
+             the check above proves nothing"
+                .to_string()
+        });
+    }
+    ck.finish(&env);
 }
 
 // -----------------------------------------------------------------------------------------
@@ -1452,10 +1551,12 @@ fn once_cleanup_and_sigterm(mode: Mode) {
 }
 
 /// The suite runs in exactly the modes svcproxy implements: a new backend in the registry
-/// without a [`Mode`] here (or the reverse) fails this test.
+/// without a [`Mode`] here (or the reverse) fails this test. (iptables mode runs twice,
+/// once per backend of the tools.)
 #[test]
 fn every_implemented_mode_runs_the_suite() {
-    let suite: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+    let mut suite: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+    suite.dedup();
     let registry: Vec<&str> = svcproxy_dataplane::BACKENDS
         .iter()
         .map(|b| b.mode)

@@ -286,9 +286,8 @@ fn run_scenario(mode: Mode, case: &'static str) {
         manifests,
         started,
     };
-    let bin = svcproxy_bin().to_string_lossy().into_owned();
-    let mut argv: Vec<String> = vec![
-        bin,
+    let mut argv: Vec<String> = mode.launch(&svcproxy_bin());
+    argv.extend([
         "--proxy-mode".into(),
         mode.name().into(),
         "--manifests".into(),
@@ -297,7 +296,7 @@ fn run_scenario(mode: Mode, case: &'static str) {
         sc.node.clone(),
         "--min-sync-period".into(),
         "0s".into(),
-    ];
+    ]);
     argv.extend(config_flags(&sc.config));
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let proxy = env
@@ -334,7 +333,7 @@ fn run_scenario(mode: Mode, case: &'static str) {
     }
     eprintln!(
         "[scenarios] {case} ({}): {} probes",
-        mode.name(),
+        mode.label(),
         probes.len()
     );
     ck.finish(&env);

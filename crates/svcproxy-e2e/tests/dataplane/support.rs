@@ -51,6 +51,14 @@ macro_rules! per_mode {
                 }
             )*
         }
+        mod iptables_legacy {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::IptablesLegacy)
+                }
+            )*
+        }
     };
 }
 
@@ -59,7 +67,12 @@ macro_rules! per_mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Nftables,
+    /// iptables mode with the host's `iptables` (here `nf_tables`, as Debian's default).
     Iptables,
+    /// iptables mode on a node whose `iptables` is the legacy (x_tables) backend: svcproxy
+    /// runs with a `PATH` whose `iptables*` tools are `iptables-legacy*`, as a node
+    /// whose alternatives point there, and must detect and drive that backend.
+    IptablesLegacy,
 }
 
 /// A kind of per-service object, for counting what a sync left behind.
@@ -73,13 +86,56 @@ pub enum ServiceObject {
 
 impl Mode {
     /// Every mode the suite runs in (must equal svcproxy's implemented modes).
-    pub const ALL: &'static [Mode] = &[Mode::Nftables, Mode::Iptables];
+    pub const ALL: &'static [Mode] = &[Mode::Nftables, Mode::Iptables, Mode::IptablesLegacy];
 
     /// The `--proxy-mode` value.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Nftables => "nftables",
+            Mode::Iptables | Mode::IptablesLegacy => "iptables",
+        }
+    }
+
+    /// The mode and, for iptables, the backend of the tools (for messages).
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Nftables => "nftables",
             Mode::Iptables => "iptables",
+            Mode::IptablesLegacy => "iptables (legacy)",
+        }
+    }
+
+    /// The `iptables` tool `base` (`iptables`, `ip6tables-save`, ...) of this mode's backend.
+    pub fn tool(self, base: &str) -> String {
+        match self {
+            Mode::IptablesLegacy => match base.split_once('-') {
+                Some((family, rest)) => format!("{family}-legacy-{rest}"),
+                None => format!("{base}-legacy"),
+            },
+            _ => base.to_string(),
+        }
+    }
+
+    /// The argv that runs svcproxy's binary `bin` in this mode (before its arguments):
+    /// for the legacy backend, under a `PATH` whose `iptables*` are `iptables-legacy*`.
+    pub fn launch(self, bin: &Path) -> Vec<String> {
+        let bin = bin.to_string_lossy().into_owned();
+        match self {
+            Mode::IptablesLegacy => {
+                let dir = legacy_tools_dir();
+                let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin".into());
+                vec!["env".into(), format!("PATH={}:{path}", dir.display()), bin]
+            }
+            _ => vec![bin],
+        }
+    }
+
+    /// What svcproxy logs at its first sync about the tools' backend, if anything.
+    pub fn variant_logged(self) -> Option<&'static str> {
+        match self {
+            Mode::Nftables => None,
+            Mode::Iptables => Some("the host's iptables uses nf_tables"),
+            Mode::IptablesLegacy => Some("the host's iptables uses legacy"),
         }
     }
 
@@ -107,7 +163,7 @@ impl Mode {
     pub fn default_nodeports_on_every_address(self) -> bool {
         match self {
             Mode::Nftables => false,
-            Mode::Iptables => true,
+            Mode::Iptables | Mode::IptablesLegacy => true,
         }
     }
 
@@ -117,34 +173,39 @@ impl Mode {
             Mode::Nftables => dump
                 .lines()
                 .any(|l| l.contains(cidr) && l.trim_end().ends_with("drop")),
-            Mode::Iptables => dump
+            Mode::Iptables | Mode::IptablesLegacy => dump
                 .lines()
                 .any(|l| l.contains(&format!("-d {cidr} ")) && l.ends_with("-j DROP")),
         }
     }
 
     /// The node's commands that list everything svcproxy owns, one per family.
-    fn listings(self) -> [Vec<&'static str>; 2] {
+    fn listings(self) -> [Vec<String>; 2] {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match self {
             Mode::Nftables => [
-                vec!["nft", "list", "table", "ip", "svcproxy"],
-                vec!["nft", "list", "table", "ip6", "svcproxy"],
+                argv(&["nft", "list", "table", "ip", "svcproxy"]),
+                argv(&["nft", "list", "table", "ip6", "svcproxy"]),
             ],
-            Mode::Iptables => [vec!["iptables-save"], vec!["ip6tables-save"]],
+            Mode::Iptables | Mode::IptablesLegacy => [
+                vec![self.tool("iptables-save")],
+                vec![self.tool("ip6tables-save")],
+            ],
         }
     }
 
     /// Whether svcproxy's objects exist in `node`, per family (v4, v6).
     pub fn programmed(self, c: &Cluster, node: usize) -> [bool; 2] {
         self.listings().map(|argv| {
-            let out = c.exec(Host::Node(node), &argv);
+            let out = exec_owned(c, node, &argv);
             match self {
                 Mode::Nftables => out.status.success(),
                 // The jumps from the built-in chains are added after the restore:
                 // the last one in place means the whole sync is.
-                Mode::Iptables => String::from_utf8_lossy(&out.stdout).contains(
-                    "-A POSTROUTING -m comment --comment svcproxy -j SVCPROXY-POSTROUTING",
-                ),
+                Mode::Iptables | Mode::IptablesLegacy => String::from_utf8_lossy(&out.stdout)
+                    .contains(
+                        "-A POSTROUTING -m comment --comment svcproxy -j SVCPROXY-POSTROUTING",
+                    ),
             }
         })
     }
@@ -153,7 +214,7 @@ impl Mode {
     pub fn dump(self, c: &Cluster, node: usize) -> String {
         let mut out = String::new();
         for argv in self.listings() {
-            let o = c.exec(Host::Node(node), &argv);
+            let o = exec_owned(c, node, &argv);
             out.push_str(&String::from_utf8_lossy(&o.stdout));
         }
         out
@@ -164,7 +225,7 @@ impl Mode {
     pub fn shows_drop(self, dump: &str, ip: IpAddr, proto: &str, port: u16) -> bool {
         match self {
             Mode::Nftables => dump.contains(&format!("{ip} . {proto} . {port} : drop")),
-            Mode::Iptables => {
+            Mode::Iptables | Mode::IptablesLegacy => {
                 let host = match ip {
                     IpAddr::V4(_) => format!("-d {ip}/32 "),
                     IpAddr::V6(_) => format!("-d {ip}/128 "),
@@ -202,7 +263,7 @@ impl Mode {
             }
             // The `recent` lists (the clients), then the rules that check them (the
             // timeout lives in the rule, not in the list).
-            Mode::Iptables => {
+            Mode::Iptables | Mode::IptablesLegacy => {
                 let lists = c.exec(
                     Host::Node(node),
                     &[
@@ -243,7 +304,9 @@ impl Mode {
     pub fn affinity_timeout_shown(self, state: &str, seconds: u32) -> bool {
         match self {
             Mode::Nftables => state.contains(&format!("timeout {seconds}s")),
-            Mode::Iptables => state.contains(&format!("--seconds {seconds} ")),
+            Mode::Iptables | Mode::IptablesLegacy => {
+                state.contains(&format!("--seconds {seconds} "))
+            }
         }
     }
 
@@ -253,7 +316,7 @@ impl Mode {
     pub fn affinity_expiry_listed(self) -> bool {
         match self {
             Mode::Nftables => true,
-            Mode::Iptables => false,
+            Mode::Iptables | Mode::IptablesLegacy => false,
         }
     }
 
@@ -266,7 +329,7 @@ impl Mode {
         kind: ServiceObject,
     ) -> usize {
         let argv = &self.listings()[usize::from(f == Family::V6)];
-        let out = c.exec(Host::Node(node), argv);
+        let out = exec_owned(c, node, argv);
         let text = String::from_utf8_lossy(&out.stdout);
         match self {
             Mode::Nftables => {
@@ -281,12 +344,28 @@ impl Mode {
                     .filter(|hash| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
                     .count()
             }
-            Mode::Iptables => {
+            Mode::Iptables | Mode::IptablesLegacy => {
                 let prefix = match kind {
                     ServiceObject::Service => ":SVP-SVC-",
                     ServiceObject::Endpoint => ":SVP-SEP-",
                 };
                 text.lines().filter(|l| l.starts_with(prefix)).count()
+            }
+        }
+    }
+
+    /// Removes the CVE-2020-8558 guard (drop of outside packets to 127.0.0.0/8) from
+    /// `node` by hand, for a test to show what it stops; `false` when the mode has none.
+    pub fn remove_localnet_guard(self, c: &Cluster, node: usize) -> bool {
+        match self {
+            Mode::Nftables => false,
+            Mode::Iptables | Mode::IptablesLegacy => {
+                let tool = self.tool("iptables");
+                c.exec_ok(
+                    Host::Node(node),
+                    &[&tool, "-w", "-F", svcproxy_plan::iptables::LOCALNET],
+                );
+                true
             }
         }
     }
@@ -298,13 +377,14 @@ impl Mode {
                 let keep = "table inet keepme {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 1 counter\n }\n}\n";
                 c.nft(Host::Node(node), keep).expect("add a foreign table");
             }
-            Mode::Iptables => {
+            Mode::Iptables | Mode::IptablesLegacy => {
                 for args in [
                     &["-N", "KEEPME"][..],
                     &["-A", "KEEPME", "-p", "tcp", "--dport", "1", "-j", "RETURN"][..],
                     &["-A", "PREROUTING", "-j", "KEEPME"][..],
                 ] {
-                    let mut argv = vec!["iptables", "-w", "-t", "nat"];
+                    let tool = self.tool("iptables");
+                    let mut argv = vec![tool.as_str(), "-w", "-t", "nat"];
                     argv.extend_from_slice(args);
                     c.exec_ok(Host::Node(node), &argv);
                 }
@@ -331,8 +411,11 @@ impl Mode {
                     ))
                 }
             }
-            Mode::Iptables => {
-                let out = c.exec(Host::Node(node), &["iptables-save", "-t", "nat"]);
+            Mode::Iptables | Mode::IptablesLegacy => {
+                let out = c.exec(
+                    Host::Node(node),
+                    &[&self.tool("iptables-save"), "-t", "nat"],
+                );
                 let text = String::from_utf8_lossy(&out.stdout);
                 let want = [
                     "-A PREROUTING -j KEEPME",
@@ -346,6 +429,47 @@ impl Mode {
             }
         }
     }
+}
+
+/// Runs `argv` in `node`'s namespace.
+fn exec_owned(c: &Cluster, node: usize, argv: &[String]) -> std::process::Output {
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    c.exec(Host::Node(node), &argv)
+}
+
+/// A directory whose `iptables`, `iptables-save`, `iptables-restore` and `ip6tables*`
+/// are the `*-legacy*` tools (created once, beside the test binaries).
+fn legacy_tools_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = svcproxy_e2e::bins::bin_dir()
+            .expect("test binary directory")
+            .join("iptables-legacy-tools");
+        std::fs::create_dir_all(&dir).expect("create the legacy tools directory");
+        for base in ["iptables", "ip6tables"] {
+            for suffix in ["", "-save", "-restore"] {
+                let target = Mode::IptablesLegacy.tool(&format!("{base}{suffix}"));
+                let Some(found) = ["/usr/sbin", "/sbin", "/usr/bin"]
+                    .iter()
+                    .map(|d| Path::new(d).join(&target))
+                    .find(|p| p.exists())
+                else {
+                    panic!("{target} not found: install Debian's iptables package");
+                };
+                // Atomic and idempotent: test processes run side by side.
+                let link = dir.join(format!("{base}{suffix}"));
+                if std::fs::read_link(&link).is_ok_and(|t| t == found) {
+                    continue;
+                }
+                let tmp = dir.join(format!(".{base}{suffix}.{}", std::process::id()));
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(&found, &tmp).expect("link a legacy tool");
+                std::fs::rename(&tmp, &link).expect("move a legacy tool link in place");
+            }
+        }
+        dir
+    })
+    .clone()
 }
 
 /// The namespace every test object lives in.
@@ -910,7 +1034,7 @@ impl Env {
         }
         eprintln!(
             "[dataplane] {} environment ready in {:?} (sctp: {:?})",
-            mode.name(),
+            mode.label(),
             env.started.elapsed(),
             env.c.sctp_mode()
         );
@@ -939,9 +1063,9 @@ impl Env {
 
     /// Starts a long-running svcproxy in `node` (not waiting for it to sync).
     pub fn spawn_svcproxy(&self, bin: &Path, node: usize, flags: &[String]) -> NsProcess {
-        let bin = bin.to_string_lossy().into_owned();
+        let launch = self.mode.launch(bin);
         let args = self.proxy_args(node);
-        let mut argv: Vec<&str> = vec![&bin];
+        let mut argv: Vec<&str> = launch.iter().map(String::as_str).collect();
         argv.extend(args.iter().map(String::as_str));
         argv.extend(flags.iter().map(String::as_str));
         self.c
@@ -985,7 +1109,7 @@ impl Env {
             if Instant::now() >= deadline {
                 panic!(
                     "svcproxy ({}) on {} did not program both families within {SYNC_DEADLINE:?}\n{}",
-                    self.mode.name(),
+                    self.mode.label(),
                     plan::node_name(node),
                     logs()
                 );
@@ -1071,8 +1195,8 @@ impl Env {
 
     /// Runs the svcproxy binary to completion inside a node namespace.
     pub fn run_svcproxy(&self, node: usize, args: &[&str]) -> std::process::Output {
-        let bin = svcproxy_bin().to_string_lossy().into_owned();
-        let mut argv = vec![bin.as_str()];
+        let launch = self.mode.launch(&svcproxy_bin());
+        let mut argv: Vec<&str> = launch.iter().map(String::as_str).collect();
         argv.extend_from_slice(args);
         self.c.exec(Host::Node(node), &argv)
     }
@@ -1226,7 +1350,7 @@ impl Checks {
         panic!(
             "{} ({}): {} of {} checks failed:\n  - {}\n\nnode-a ruleset:\n{}\n{}",
             self.test,
-            env.mode.name(),
+            env.mode.label(),
             self.failures.len(),
             self.failures.len() + self.passed,
             self.failures.join("\n  - "),
