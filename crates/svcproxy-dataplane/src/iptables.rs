@@ -299,6 +299,18 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         let t = Instant::now();
         let restored = self.runner.restore(family, &input);
         in_tools += t.elapsed();
+        // The chains that went away were flushed by that restore: nothing jumps to
+        // them any more, and a second one deletes them.
+        let deletion = ipt::stale_deletion(&stale);
+        let restored = restored.and_then(|()| match &deletion {
+            Some(input) => {
+                let t = Instant::now();
+                let done = self.runner.restore(family, input);
+                in_tools += t.elapsed();
+                done
+            }
+            None => Ok(()),
+        });
         if let Err(e) = restored {
             return Err(if kind == SyncKind::Partial {
                 DataPlaneError::Partial(Box::new(e))
@@ -307,7 +319,8 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
             });
         }
         self.written.insert(family, now);
-        Ok(Some((kind, input.len(), in_tools)))
+        let bytes = input.len() + deletion.map_or(0, |d| d.len());
+        Ok(Some((kind, bytes, in_tools)))
     }
 }
 
@@ -390,20 +403,24 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                     }
                 }
             }
-            let mut input = String::new();
+            // Flush them all, then delete them all: two restores, each naming every
+            // chain once in descending order (linear in `iptables-nft`).
+            let mut flush = String::new();
             for table in TableId::ALL {
                 let ours = &chains[&table];
-                input.push_str(&format!("*{}\n", table.name()));
-                for c in ours {
-                    input.push_str(&format!(":{c} - [0:0]\n"));
+                flush.push_str(&format!("*{}\n", table.name()));
+                for c in ours.iter().rev() {
+                    flush.push_str(&format!(":{c} - [0:0]\n"));
                 }
-                for c in ours {
-                    input.push_str(&format!("-X {c}\n"));
-                }
-                input.push_str("COMMIT\n");
+                flush.push_str("COMMIT\n");
             }
-            if chains.values().any(|c| !c.is_empty()) {
-                self.runner.restore(family, &input)?;
+            let all: HashMap<TableId, Vec<String>> = chains
+                .into_iter()
+                .map(|(t, c)| (t, c.into_iter().collect()))
+                .collect();
+            if let Some(delete) = ipt::stale_deletion(&all) {
+                self.runner.restore(family, &flush)?;
+                self.runner.restore(family, &delete)?;
             }
         }
         Ok(())

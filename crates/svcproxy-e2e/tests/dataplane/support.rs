@@ -345,11 +345,22 @@ impl Mode {
                     .count()
             }
             Mode::Iptables | Mode::IptablesLegacy => {
-                let prefix = match kind {
-                    ServiceObject::Service => ":SVP-SVC-",
-                    ServiceObject::Endpoint => ":SVP-SEP-",
-                };
-                text.lines().filter(|l| l.starts_with(prefix)).count()
+                // `:SVP-<12 hex>-SVC` per service port, `:SVP-<12 hex>-E<10 hex>` per
+                // endpoint.
+                text.lines()
+                    .filter_map(|l| l.strip_prefix(":SVP-"))
+                    .filter_map(|l| l.split(' ').next())
+                    .filter_map(|name| name.split_once('-'))
+                    .filter(|(hash, _)| hash.len() == 12)
+                    .filter(|(_, tail)| match kind {
+                        ServiceObject::Service => *tail == "SVC",
+                        ServiceObject::Endpoint => {
+                            tail.len() == 11
+                                && tail.starts_with('E')
+                                && tail[1..].bytes().all(|b| b.is_ascii_hexdigit())
+                        }
+                    })
+                    .count()
             }
         }
     }

@@ -3,7 +3,7 @@
 //! implements which behaviour is said where it is written; what to do always comes
 //! from the intent.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use svcproxy_core::model::{IpFamily, Protocol};
@@ -92,29 +92,30 @@ fn loopback(family: IpFamily) -> &'static str {
 pub fn rules(intent: &Intent, family: IpFamily) -> Option<FamilyRules> {
     let fam = intent.family(family);
     let node = fam.node()?;
-    let mut r = FamilyRules {
-        family,
-        filter: Table::default(),
-        nat: Table::default(),
-        owners: HashMap::new(),
-    };
+    let mut r = FamilyRules::new(family);
     for c in FILTER_CHAINS {
-        r.filter.chain(c);
+        r.filter.declare(c);
     }
     for c in NAT_CHAINS {
-        r.nat.chain(c);
+        r.nat.declare(c);
     }
     let detect = Detect::new(node);
     node_rules(&mut r, node, detect.as_ref());
-    for svc in fam.services().values() {
-        // The chains this service port declares are appended: they are its own.
-        let before = r.nat.chains.len();
-        service_rules(&mut r, fam, svc, detect.as_ref());
-        for (name, _) in &r.nat.chains[before..] {
-            r.owners.insert(name.clone(), svc.name.clone());
-        }
+    // In descending order of their chains' names, which keeps restores linear (see
+    // `FamilyRules::restore`).
+    let mut services: Vec<(Names, &ServiceIntent)> = fam
+        .services()
+        .values()
+        .map(|svc| (Names::new(svc), &**svc))
+        .collect();
+    services.sort_by(|a, b| b.0.prefix.cmp(&a.0.prefix).then(b.1.name.cmp(&a.1.name)));
+    for (names, svc) in &services {
+        r.begin_group(Some(&svc.name));
+        service_rules(&mut r, fam, svc, names, detect.as_ref());
     }
+    r.begin_group(None);
     tail_rules(&mut r, fam, node);
+    r.finish();
     Some(r)
 }
 
@@ -213,32 +214,40 @@ fn tail_rules(r: &mut FamilyRules, fam: &FamilyIntent, node: &NodeIntent) {
     }
 }
 
-/// The hashed chain names of one service port.
+/// The hashed chain names of one service port: `SVP-<12 hex digits>-<kind>` for its
+/// own chains, `SVP-<same 12>-E<10 hex digits>` per endpoint (28 characters, the most
+/// iptables allows). The shared prefix (48 bits of the service port's hash) keeps a
+/// service port's chains together in name order; the endpoint part (40 bits of the
+/// endpoint's hash) only has to be unique within the service port.
 struct Names {
-    hash: u64,
+    prefix: String,
     endpoints: Vec<String>,
 }
 
 impl Names {
     fn new(svc: &ServiceIntent) -> Names {
         let hasher = EndpointHasher::new(svc.family, &svc.name);
+        let prefix = format!(
+            "{HASHED_PREFIX}{:012X}-",
+            service_port_hash(svc.family, &svc.name) >> 16
+        );
         Names {
-            hash: service_port_hash(svc.family, &svc.name),
             endpoints: svc
                 .endpoints
                 .iter()
                 .map(|ep| {
                     format!(
-                        "{HASHED_PREFIX}SEP-{:016X}",
-                        hasher.endpoint(ep.ip(), ep.port())
+                        "{prefix}E{:010X}",
+                        hasher.endpoint(ep.ip(), ep.port()) >> 24
                     )
                 })
                 .collect(),
+            prefix,
         }
     }
 
     fn chain(&self, kind: &str) -> String {
-        format!("{HASHED_PREFIX}{kind}-{:016X}", self.hash)
+        format!("{}{kind}", self.prefix)
     }
 
     fn set(&self, id: EndpointSetId) -> String {
@@ -253,9 +262,9 @@ fn service_rules(
     r: &mut FamilyRules,
     fam: &FamilyIntent,
     svc: &ServiceIntent,
+    names: &Names,
     detect: Option<&Detect>,
 ) {
-    let names = Names::new(svc);
     let text = service_port_comment(&svc.name);
     let note = comment(&text);
     let proto = svc.protocol;
@@ -275,17 +284,17 @@ fn service_rules(
         declared.insert(id);
         endpoints.extend(list.iter().copied());
         let chain = names.set(id);
-        let rules = r.nat.chain(&chain);
+        r.nat.declare(&chain);
         if svc.internal.set == id {
             // Only traffic that came for the cluster IP: external traffic reaches the
             // same chain through the external chain, which decides for it.
             for ip in &svc.cluster_ips {
                 let d = dest(*ip, proto, svc.port);
                 match (svc.internal.masquerade, detect) {
-                    (Masquerade::Always, _) => rules.push(format!("{d} -j {MARK_MASQ}")),
+                    (Masquerade::Always, _) => r.nat.add(&chain, format!("{d} -j {MARK_MASQ}")),
                     (Masquerade::UnlessFromLocalPod, Some(det)) => match &det.if_not_local {
-                        Some(m) => rules.push(format!("{d} {m} -j {MARK_MASQ}")),
-                        None => rules.push(format!("{d} -j {NOT_LOCAL}")),
+                        Some(m) => r.nat.add(&chain, format!("{d} {m} -j {MARK_MASQ}")),
+                        None => r.nat.add(&chain, format!("{d} -j {NOT_LOCAL}")),
                     },
                     _ => {}
                 }
@@ -294,9 +303,10 @@ fn service_rules(
         if let Some(timeout) = svc.affinity_timeout {
             for &i in list {
                 let ep = &names.endpoints[i as usize];
-                rules.push(format!(
-                    "-m recent --name {ep} --rcheck --seconds {timeout} --reap -j {ep}"
-                ));
+                r.nat.add(
+                    &chain,
+                    format!("-m recent --name {ep} --rcheck --seconds {timeout} --reap -j {ep}"),
+                );
             }
         }
         // Uniform choice: endpoint k is taken with probability 1/(n-k) among those left.
@@ -304,30 +314,33 @@ fn service_rules(
         for (k, &i) in list.iter().enumerate() {
             let ep = &names.endpoints[i as usize];
             if k + 1 == n {
-                rules.push(format!("-j {ep}"));
+                r.nat.add(&chain, format!("-j {ep}"));
             } else {
                 let p = 1.0 / (n - k) as f64;
-                rules.push(format!(
-                    "-m statistic --mode random --probability {p:.10} -j {ep}"
-                ));
+                r.nat.add(
+                    &chain,
+                    format!("-m statistic --mode random --probability {p:.10} -j {ep}"),
+                );
             }
         }
     }
     for i in endpoints {
         let ep: SocketAddr = svc.endpoints[i as usize];
         let chain = &names.endpoints[i as usize];
-        let rules = r.nat.chain(chain);
+        r.nat.declare(chain);
         // Hairpin: an endpoint reaching itself through the service.
-        rules.push(format!("-s {} -j {MARK_MASQ}", host(ep.ip())));
+        r.nat
+            .add(chain, format!("-s {} -j {MARK_MASQ}", host(ep.ip())));
         let affinity = if svc.affinity_timeout.is_some() {
             format!("-m recent --name {chain} --set ")
         } else {
             String::new()
         };
         let p = protocol_keyword(proto);
-        rules.push(format!(
-            "{affinity}-p {p} -m {p} -j DNAT --to-destination {ep}"
-        ));
+        r.nat.add(
+            chain,
+            format!("{affinity}-p {p} -m {p} -j DNAT --to-destination {ep}"),
+        );
     }
 
     // The external route.
@@ -339,24 +352,30 @@ fn service_rules(
         .any(|f| f.kind.is_external() && f.action == Action::Forward);
     if let (Some(ext), true) = (&svc.external, forwards_external) {
         let has_cluster = declared.contains(&EndpointSetId::Cluster);
-        let rules = r.nat.chain(&ext_chain);
+        r.nat.declare(&ext_chain);
         if ext.masquerade {
-            rules.push(format!("-j {MARK_MASQ}"));
+            r.nat.add(&ext_chain, format!("-j {MARK_MASQ}"));
         }
         if ext.pods_to_cluster && has_cluster {
             for m in detect.map(|d| d.if_local.as_slice()).unwrap_or_default() {
-                rules.push(format!("{m} -j {cluster}"));
+                r.nat.add(&ext_chain, format!("{m} -j {cluster}"));
             }
         }
         if ext.host_masquerade {
-            rules.push(format!("-m addrtype --src-type LOCAL -j {MARK_MASQ}"));
+            r.nat.add(
+                &ext_chain,
+                format!("-m addrtype --src-type LOCAL -j {MARK_MASQ}"),
+            );
         }
         if ext.host_to_cluster && has_cluster {
-            rules.push(format!("-m addrtype --src-type LOCAL -j {cluster}"));
+            r.nat.add(
+                &ext_chain,
+                format!("-m addrtype --src-type LOCAL -j {cluster}"),
+            );
         }
         if let Disposition::Forward(id) = ext.rest {
             if declared.contains(&id) {
-                rules.push(format!("-j {}", names.set(id)));
+                r.nat.add(&ext_chain, format!("-j {}", names.set(id)));
             }
         }
     }
@@ -365,12 +384,15 @@ fn service_rules(
     // is not DNATed and the filter chain drops it by its destination.
     let firewalled: Vec<_> = owned.iter().filter(|f| f.firewall).collect();
     if let (Some(fw), false) = (&svc.firewall, firewalled.is_empty()) {
-        let rules = r.nat.chain(&fw_chain);
+        r.nat.declare(&fw_chain);
         if fw.allow_from_node {
-            rules.push(format!("-m addrtype --src-type LOCAL -j {ext_chain}"));
+            r.nat.add(
+                &fw_chain,
+                format!("-m addrtype --src-type LOCAL -j {ext_chain}"),
+            );
         }
         for range in &fw.ranges {
-            rules.push(format!("-s {range} -j {ext_chain}"));
+            r.nat.add(&fw_chain, format!("-s {range} -j {ext_chain}"));
         }
     }
 
@@ -386,7 +408,7 @@ fn service_rules(
                         format!("{note} {d} -j {}", names.set(svc.internal.set)),
                     ),
                     (Action::Forward, true) => {
-                        let to = if f.firewall && r.nat.index.contains_key(&fw_chain) {
+                        let to = if f.firewall && r.nat.has(&fw_chain) {
                             &fw_chain
                         } else {
                             &ext_chain
@@ -436,9 +458,8 @@ fn service_rules(
     // (One rule per port: the ports of one Service share it.)
     if let Some(hc) = svc.health_check_node_port {
         let rule = format!("{} -j ACCEPT", proto_match(Protocol::Tcp, hc));
-        let rules = r.filter.chain(NODEPORTS);
-        if !rules.contains(&rule) {
-            rules.push(rule);
+        if !r.filter.contains(NODEPORTS, &rule) {
+            r.filter.add(NODEPORTS, rule);
         }
     }
 }
