@@ -8,7 +8,9 @@
 //! - nftables mode: the same two syncs.
 //!
 //! and prints the times and the ratio of iptables mode's full sync to the floor (target:
-//! at most 1.5) and of its one-service sync (target: under 100 ms at 10k).
+//! at most 1.5) and of its one-service sync (target: under 100 ms at 10k), and the peak
+//! RSS of the tools each sync ran (`iptables-save`/`-restore`, `nft`), read with GNU
+//! `time` when `/usr/bin/time` exists.
 //!
 //! `cargo test --release -p svcproxy-dataplane --test bench_sync -- --ignored --nocapture`
 
@@ -122,7 +124,15 @@ fn run(n: usize, m: usize) {
 
     // iptables mode.
     let ipt_ns = Netns::create("bench_sync", "bench-ipt", &tools).expect("netns");
-    let commands = IptablesCommands::with_prefix(["ip", "netns", "exec", &ipt_ns.name]);
+    let rss_log = std::env::temp_dir().join(format!("bench_sync-rss-{}", std::process::id()));
+    let _ = std::fs::write(&rss_log, "");
+    let time = peak_rss_prefix(&rss_log).unwrap_or_default();
+    let netns_exec = |ns: &str| {
+        let mut argv = time.clone();
+        argv.extend(["ip", "netns", "exec", ns].map(String::from));
+        argv
+    };
+    let commands = IptablesCommands::with_prefix(netns_exec(&ipt_ns.name));
     let commands = if legacy { commands.legacy() } else { commands };
     let mut ipt = Proxier::without_conntrack(cfg, IptablesDataPlane::new(commands));
     let t = Instant::now();
@@ -130,20 +140,22 @@ fn run(n: usize, m: usize) {
         Ok(full) => {
             let ipt_full = t.elapsed();
             println!(
-                "  iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor; target <= 1.5; {} bytes; in the tools {:.1} ms)",
+                "  iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor; target <= 1.5; {} bytes; in the tools {:.1} ms; tools' peak RSS {})",
                 ms(ipt_full),
                 ipt_full.as_secs_f64() / floor_time.as_secs_f64(),
                 full.script_bytes,
                 ms(full.apply_duration),
+                take_peak_rss(&rss_log),
             );
             let t = Instant::now();
             match ipt.sync(&added, false) {
                 Ok(partial) => println!(
-                    "  iptables mode: one service added                  {:>9.1} ms  (target < 100 ms at 10k; {} bytes, {:?}; in the tools {:.1} ms)",
+                    "  iptables mode: one service added                  {:>9.1} ms  (target < 100 ms at 10k; {} bytes, {:?}; in the tools {:.1} ms; tools' peak RSS {})",
                     ms(t.elapsed()),
                     partial.script_bytes,
                     partial.kind,
                     ms(partial.apply_duration),
+                    take_peak_rss(&rss_log),
                 ),
                 Err(e) => println!("  iptables mode: one service added FAILED after {:?}: {e}", t.elapsed()),
             }
@@ -158,27 +170,56 @@ fn run(n: usize, m: usize) {
     let nft_ns = Netns::create("bench_sync", "bench-nft", &tools).expect("netns");
     let mut nft = Proxier::without_conntrack(
         plan_config(),
-        NftDataPlane::with_sink(NftCommand::from_argv([
-            "ip",
-            "netns",
-            "exec",
-            &nft_ns.name,
-            "nft",
-        ])),
+        NftDataPlane::with_sink(NftCommand::from_argv({
+            let mut argv = netns_exec(&nft_ns.name);
+            argv.push("nft".into());
+            argv
+        })),
     );
+    let _ = take_peak_rss(&rss_log);
     let t = Instant::now();
     nft.sync(&base, true).expect("nft full");
     let nft_full = t.elapsed();
+    let nft_full_rss = take_peak_rss(&rss_log);
     let t = Instant::now();
     nft.sync(&added, false).expect("nft one added");
     let nft_partial = t.elapsed();
 
     println!(
-        "  nftables mode: full sync (both families)          {:>9.1} ms\n\
-         \x20 nftables mode: one service added                  {:>9.1} ms",
+        "  nftables mode: full sync (both families)          {:>9.1} ms  (nft's peak RSS {nft_full_rss})\n\
+         \x20 nftables mode: one service added                  {:>9.1} ms  (nft's peak RSS {})",
         ms(nft_full),
         ms(nft_partial),
+        take_peak_rss(&rss_log),
     );
+    let _ = std::fs::remove_file(&rss_log);
+}
+
+/// GNU time, to read each tool's peak RSS (`-f %M`, KiB, appended to `log`); `None`
+/// when it is not installed (the memory figures are then left out).
+fn peak_rss_prefix(log: &std::path::Path) -> Option<Vec<String>> {
+    let time = std::path::Path::new("/usr/bin/time");
+    time.exists().then(|| {
+        vec![
+            time.display().to_string(),
+            "-f".into(),
+            "%M".into(),
+            "-a".into(),
+            "-o".into(),
+            log.display().to_string(),
+        ]
+    })
+}
+
+/// The largest peak RSS (MiB) recorded in `log` since the last call (which empties it).
+fn take_peak_rss(log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let _ = std::fs::write(log, "");
+    text.lines()
+        .filter_map(|l| l.trim().parse::<f64>().ok())
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        .map(|kib| format!("{:.1} MiB", kib / 1024.0))
+        .unwrap_or_else(|| "n/a".into())
 }
 
 fn ms(d: Duration) -> f64 {
