@@ -207,6 +207,33 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         }
     }
 
+    /// Whether the `mangle` canary of a family svcproxy has written is gone (asked
+    /// of `mangle` only: it is small, so cheap to list with either backend).
+    fn canary_missing(&mut self) -> bool {
+        let families: Vec<IpFamily> = self.written.keys().copied().collect();
+        let args: Vec<String> = ["-t", "mangle", "-S", ipt::CANARY]
+            .map(String::from)
+            .to_vec();
+        families.into_iter().any(|family| {
+            match self.runner.run(family, &args) {
+                Ok(Ok(())) => false,
+                Ok(Err(_)) => {
+                    tracing::warn!(
+                        ?family,
+                        "iptables mode: the {} chain is gone (tables flushed?): rewriting everything",
+                        ipt::CANARY
+                    );
+                    true
+                }
+                // Cannot ask: the hourly full sync and failed restores still repair.
+                Err(e) => {
+                    tracing::warn!(?family, "iptables mode: cannot check the canary: {e}");
+                    false
+                }
+            }
+        })
+    }
+
     /// svcproxy's chains in the kernel now, per table, and the jumps from the built-in
     /// chains that are missing (from one `iptables-save` per table: `iptables -C` per
     /// jump would fetch the whole ruleset each time).
@@ -336,10 +363,14 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         full: bool,
     ) -> Result<ApplyReport, DataPlaneError> {
         let start = Instant::now();
+        // A requested resync within the hour is partial, unless the tables were
+        // flushed behind our back (the canary is gone): then the jumps from the
+        // built-in chains are gone too, which only a full restore puts back.
         let full = full
-            && self
+            && (self
                 .last_full
-                .is_none_or(|t| t.elapsed() >= FULL_SYNC_PERIOD);
+                .is_none_or(|t| t.elapsed() >= FULL_SYNC_PERIOD)
+                || self.canary_missing());
         let mut kind = SyncKind::Partial;
         let mut bytes = 0;
         let mut in_tools = Duration::ZERO;
@@ -403,6 +434,11 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                     }
                 }
             }
+            // The mangle canary (nothing jumps to it); absent is fine.
+            let canary: Vec<String> = ["-t", "mangle", "-X", ipt::CANARY]
+                .map(String::from)
+                .to_vec();
+            let _ = self.runner.run(family, &canary)?;
             // Flush them all, then delete them all: two restores, each naming every
             // chain once in descending order (linear in `iptables-nft`).
             let mut flush = String::new();

@@ -213,6 +213,29 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
     has(&v4, "-A PREROUTING -j OTHER", "cleanup keeps others");
     // Cleaning up twice is fine.
     restarted.plane_mut().cleanup().expect("second cleanup");
+
+    // A firewalld-style reload: every table flushed, every chain deleted, the jumps
+    // from the built-in chains with them. The next requested resync, though within
+    // the hour of the last full one, sees the canary gone and rewrites everything.
+    let mut p = proxier(&ns);
+    p.sync(&snapshot(&mut state), true).expect("first");
+    let report = p.sync(&snapshot(&mut state), true).expect("resync");
+    assert_eq!(report.kind, SyncKind::Partial, "canary in place: partial");
+    let before = ns.ours("iptables-save");
+    assert!(
+        before.iter().any(|l| l.starts_with(":SVCPROXY-CANARY")),
+        "{before:?}"
+    );
+    for table in ["mangle", "nat", "filter"] {
+        for op in ["-F", "-X"] {
+            ns.run_ok(&["iptables", "-w", "-t", table, op], None)
+                .expect("reload");
+        }
+    }
+    assert!(ns.ours("iptables-save").is_empty());
+    let report = p.sync(&snapshot(&mut state), true).expect("after reload");
+    assert_eq!(report.kind, SyncKind::Resync, "the reload is noticed");
+    assert_eq!(ns.ours("iptables-save"), before, "everything is back");
 }
 
 #[test]

@@ -70,11 +70,25 @@ pub const NOT_LOCAL: &str = "SVCPROXY-NOT-LOCAL";
 pub const FORWARD: &str = "SVCPROXY-FORWARD";
 pub const FIREWALL: &str = "SVCPROXY-FIREWALL";
 pub const LOCALNET: &str = "SVCPROXY-LOCALNET";
+/// An empty chain in `mangle`, `nat` and `filter` whose disappearance means someone
+/// flushed and deleted the tables (a firewalld reload, `iptables -X`): a periodic
+/// resync finding it gone in `mangle` (small, so cheap to ask) rewrites everything,
+/// as upstream's iptables monitor does with `KUBE-PROXY-CANARY`.
+pub const CANARY: &str = "SVCPROXY-CANARY";
 
 /// The fixed chains of each table, declared (and so flushed and rewritten) by every
 /// full restore, in this order.
-pub const FILTER_CHAINS: [&str; 6] = [SERVICES, EXTERNAL, FIREWALL, NODEPORTS, FORWARD, LOCALNET];
-pub const NAT_CHAINS: [&str; 5] = [SERVICES, NODEPORTS, POSTROUTING, MARK_MASQ, NOT_LOCAL];
+pub const FILTER_CHAINS: [&str; 7] = [
+    SERVICES, EXTERNAL, FIREWALL, NODEPORTS, FORWARD, LOCALNET, CANARY,
+];
+pub const NAT_CHAINS: [&str; 6] = [
+    SERVICES,
+    NODEPORTS,
+    POSTROUTING,
+    MARK_MASQ,
+    NOT_LOCAL,
+    CANARY,
+];
 
 /// `filter` or `nat`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -352,7 +366,7 @@ impl FamilyRules {
     /// (each declared chain is flushed and rewritten) and flushing `stale` chains
     /// (per table), which [`stale_deletion`] then deletes.
     pub fn restore(&self, stale: &HashMap<TableId, Vec<String>>) -> String {
-        self.restore_only(|_| true, stale, &[])
+        self.restore_only(|_| true, stale, Some(&[]))
     }
 
     /// [`FamilyRules::restore`] that also inserts `jumps` at the top of their built-in
@@ -362,7 +376,7 @@ impl FamilyRules {
         stale: &HashMap<TableId, Vec<String>>,
         jumps: &[&Jump],
     ) -> String {
-        self.restore_only(|_| true, stale, jumps)
+        self.restore_only(|_| true, stale, Some(jumps))
     }
 
     /// [`FamilyRules::restore`] limited to the fixed chains (which dispatch to every
@@ -373,7 +387,7 @@ impl FamilyRules {
         changed: impl Fn(&ServicePortName) -> bool,
         stale: &HashMap<TableId, Vec<String>>,
     ) -> String {
-        self.restore_only(changed, stale, &[])
+        self.restore_only(changed, stale, None)
     }
 
     /// The input, in an order that keeps `iptables-restore` linear.
@@ -391,14 +405,21 @@ impl FamilyRules {
     /// `SVCPROXY-` names sort before every `SVP-` name). Every mention then walks past
     /// the fixed names and its own group only. The kernel sees the same rules in the
     /// same chains; the dispatch chains hold services in the translation order.
+    ///
+    /// `jumps`: `Some` for a full restore, which also (re)creates the `mangle` canary
+    /// ([`CANARY`]) and inserts these jumps.
     fn restore_only(
         &self,
         include: impl Fn(&ServicePortName) -> bool,
         stale: &HashMap<TableId, Vec<String>>,
-        jumps: &[&Jump],
+        jumps: Option<&[&Jump]>,
     ) -> String {
         let included: Vec<bool> = self.groups.iter().map(&include).collect();
         let mut out = String::new();
+        if jumps.is_some() {
+            let _ = write!(out, "*mangle\n:{CANARY} - [0:0]\nCOMMIT\n");
+        }
+        let jumps = jumps.unwrap_or_default();
         for id in TableId::ALL {
             let table = self.table(id);
             let _ = writeln!(out, "*{}", id.name());
