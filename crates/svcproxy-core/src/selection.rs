@@ -124,9 +124,11 @@ fn collect<'e>(it: impl Iterator<Item = &'e Endpoint>) -> Vec<Endpoint> {
     v
 }
 
-/// Topology-aware hints (`trafficDistribution`, or the topology-mode annotation
-/// `Auto`): as upstream, chosen from the ready endpoints — node hints if every ready
-/// endpoint has one and one names this node, else zone hints likewise, else none.
+/// Topology-aware hints: as upstream's `CategorizeEndpoints`, chosen from the ready
+/// endpoints — node hints if every ready endpoint has one and one names this node,
+/// else zone hints likewise, else none — whatever the service says: the EndpointSlice
+/// controller only writes hints for services that asked (`trafficDistribution`, the
+/// topology-mode annotation), so their presence on every ready endpoint is the signal.
 /// The same filter then applies to the serving-terminating fallback.
 fn by_hints(
     port: &ServicePort,
@@ -145,7 +147,7 @@ fn by_hints(
         Zone,
     }
     let mut mode = Mode::All;
-    if opted_in && !ready.is_empty() {
+    if !ready.is_empty() {
         let all_node = ready.iter().all(|e| !e.node_hints.is_empty());
         let for_node = ready
             .iter()

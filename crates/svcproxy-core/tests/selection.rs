@@ -473,18 +473,27 @@ fn zone_hints_are_used_when_the_service_opts_in() {
     }
 }
 
+/// As upstream's `CategorizeEndpoints`: the hints are used whenever every ready endpoint
+/// carries them, whatever the service says (the EndpointSlice controller only writes
+/// them for services that asked, so a cluster whose controller wrote them routes the
+/// same under svcproxy as under kube-proxy).
 #[test]
-fn hints_are_ignored_without_opt_in() {
+fn hints_are_used_whenever_every_ready_endpoint_carries_them() {
     let sel = select(&cluster_ip_port(), &hinted());
-    assert_eq!(
-        names(&sel.cluster_endpoints),
-        Some(vec!["far", "local", "zone"])
+    assert_eq!(names(&sel.cluster_endpoints), Some(vec!["local", "zone"]));
+    assert!(
+        sel.reason.contains("zone hints for zone-1"),
+        "{}",
+        sel.reason
     );
     let mut port = cluster_ip_port();
     port.topology_mode = Some("Disabled".into());
     let sel = select(&port, &hinted());
+    assert_eq!(names(&sel.cluster_endpoints), Some(vec!["local", "zone"]));
+    // Without hints, every endpoint.
+    let plain = vec![ep("local"), ep("zone"), ep("far")];
     assert_eq!(
-        names(&sel.cluster_endpoints),
+        names(&select(&cluster_ip_port(), &plain).cluster_endpoints),
         Some(vec!["far", "local", "zone"])
     );
 }

@@ -42,7 +42,9 @@ fn render_in_iptables_mode_prints_the_restore_input_of_both_families() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.starts_with("# iptables-restore --noflush\n*filter\n"),
+        text.starts_with(
+            "# iptables-restore --noflush\n*mangle\n:SVCPROXY-CANARY - [0:0]\nCOMMIT\n*filter\n"
+        ),
         "{text}"
     );
     assert!(text.contains("# ip6tables-restore --noflush\n"), "{text}");
