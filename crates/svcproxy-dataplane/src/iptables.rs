@@ -441,20 +441,11 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
             let _ = self.runner.run(family, &canary)?;
             // Flush them all, then delete them all: two restores, each naming every
             // chain once in descending order (linear in `iptables-nft`).
-            let mut flush = String::new();
-            for table in TableId::ALL {
-                let ours = &chains[&table];
-                flush.push_str(&format!("*{}\n", table.name()));
-                for c in ours.iter().rev() {
-                    flush.push_str(&format!(":{c} - [0:0]\n"));
-                }
-                flush.push_str("COMMIT\n");
-            }
             let all: HashMap<TableId, Vec<String>> = chains
                 .into_iter()
                 .map(|(t, c)| (t, c.into_iter().collect()))
                 .collect();
-            if let Some(delete) = ipt::stale_deletion(&all) {
+            if let (Some(flush), Some(delete)) = (ipt::flush(&all), ipt::stale_deletion(&all)) {
                 self.runner.restore(family, &flush)?;
                 self.runner.restore(family, &delete)?;
             }

@@ -317,8 +317,6 @@ pub struct FamilyRules {
     /// The service ports translated, in translation order (descending chain-name
     /// prefix); a group's index is its position here.
     pub groups: Vec<ServicePortName>,
-    /// The service port each per-service chain belongs to (fixed chains have none).
-    pub owners: HashMap<String, ServicePortName>,
 }
 
 impl FamilyRules {
@@ -328,7 +326,6 @@ impl FamilyRules {
             filter: Table::default(),
             nat: Table::default(),
             groups: Vec::new(),
-            owners: HashMap::new(),
         }
     }
 
@@ -350,16 +347,15 @@ impl FamilyRules {
         self.nat.current = g;
     }
 
-    /// Fills [`FamilyRules::owners`] from the groups (after translation).
-    pub(crate) fn finish(&mut self) {
-        for table in [&self.filter, &self.nat] {
-            for ((name, _), g) in table.chains.iter().zip(&table.chain_group) {
-                if let Some(g) = g {
-                    self.owners
-                        .insert(name.clone(), self.groups[*g as usize].clone());
-                }
-            }
-        }
+    /// The chains (both tables) of the `g`-th service port of [`FamilyRules::groups`].
+    pub fn group_chains(&self, g: usize) -> impl Iterator<Item = &str> {
+        [&self.filter, &self.nat].into_iter().flat_map(move |t| {
+            t.chains
+                .iter()
+                .zip(&t.chain_group)
+                .filter(move |(_, owner)| **owner == Some(g as u32))
+                .map(|((name, _), _)| name.as_str())
+        })
     }
 
     /// `iptables-restore --noflush` input replacing every svcproxy chain of this family
@@ -430,9 +426,7 @@ impl FamilyRules {
             }
             // Stale chains are flushed here, in descending order, and deleted by a
             // second restore ([`stale_deletion`]) once nothing jumps to them.
-            let mut gone: Vec<&String> = stale.get(&id).into_iter().flatten().collect();
-            gone.sort_unstable_by(|a, b| b.cmp(a));
-            for name in gone {
+            for name in descending(stale.get(&id).into_iter().flatten()) {
                 let _ = writeln!(out, ":{name} - [0:0]");
             }
             // Chains of each included group, declared when the group's rules begin.
@@ -447,12 +441,7 @@ impl FamilyRules {
             let mut current: Option<u32> = None;
             let declare = |out: &mut String, g: usize| {
                 if included[g] {
-                    let mut names: Vec<&str> = group_chains[g]
-                        .iter()
-                        .map(|&c| table.chains[c].0.as_str())
-                        .collect();
-                    names.sort_unstable_by(|a, b| b.cmp(a));
-                    for name in names {
+                    for name in descending(group_chains[g].iter().map(|&c| &table.chains[c].0)) {
                         let _ = writeln!(out, ":{name} - [0:0]");
                     }
                 }
@@ -488,27 +477,48 @@ impl FamilyRules {
     }
 }
 
-/// The second restore of a sync that left `stale` chains (flushed by the first, so
-/// empty and unreferenced): `-X` for each, in descending order (each name mentioned
-/// once, so linear; see [`FamilyRules::restore`]). `None` when there is none.
-pub fn stale_deletion(stale: &HashMap<TableId, Vec<String>>) -> Option<String> {
-    if stale.values().all(Vec::is_empty) {
+/// Chain names in descending order: the order a restore mentions them in (see
+/// [`FamilyRules::restore`]).
+fn descending<'a>(names: impl IntoIterator<Item = &'a String>) -> Vec<&'a String> {
+    let mut v: Vec<&String> = names.into_iter().collect();
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    v
+}
+
+/// Restore input running `op` (`:NAME - [0:0]` or `-X NAME`) on each chain of `chains`,
+/// per table, in descending order; `None` when there is none.
+fn per_chain(
+    chains: &HashMap<TableId, Vec<String>>,
+    op: impl Fn(&str) -> String,
+) -> Option<String> {
+    if chains.values().all(Vec::is_empty) {
         return None;
     }
     let mut out = String::new();
     for id in TableId::ALL {
-        let Some(gone) = stale.get(&id).filter(|g| !g.is_empty()) else {
+        let Some(names) = chains.get(&id).filter(|c| !c.is_empty()) else {
             continue;
         };
-        let mut gone: Vec<&String> = gone.iter().collect();
-        gone.sort_unstable_by(|a, b| b.cmp(a));
         let _ = writeln!(out, "*{}", id.name());
-        for name in gone {
-            let _ = writeln!(out, "-X {name}");
+        for name in descending(names) {
+            out.push_str(&op(name));
         }
         out.push_str("COMMIT\n");
     }
     Some(out)
+}
+
+/// A restore flushing every chain of `chains` (what [`FamilyRules::restore`] does for
+/// stale chains; cleanup's first step). `None` when there is none.
+pub fn flush(chains: &HashMap<TableId, Vec<String>>) -> Option<String> {
+    per_chain(chains, |name| format!(":{name} - [0:0]\n"))
+}
+
+/// The second restore of a sync that left `stale` chains (flushed by the first, so
+/// empty and unreferenced): `-X` for each, in descending order (each name mentioned
+/// once, so linear; see [`FamilyRules::restore`]). `None` when there is none.
+pub fn stale_deletion(stale: &HashMap<TableId, Vec<String>>) -> Option<String> {
+    per_chain(stale, |name| format!("-X {name}\n"))
 }
 
 /// The restore command for a family.

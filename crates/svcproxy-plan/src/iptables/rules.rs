@@ -115,7 +115,6 @@ pub fn rules(intent: &Intent, family: IpFamily) -> Option<FamilyRules> {
     }
     r.begin_group(None);
     tail_rules(&mut r, fam, node);
-    r.finish();
     Some(r)
 }
 
