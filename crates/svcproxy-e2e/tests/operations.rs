@@ -199,6 +199,18 @@ fn health_check_node_ports_follow_local_endpoints_for_a_load_balancer(mode: Mode
     ck.finish(&env);
 }
 
+/// Whether this process holds CAP_SYS_RESOURCE (bit 24 of its effective set).
+fn has_cap_sys_resource() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 24) != 0)
+}
+
 fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
     let lb = lb_local();
     let Some(env) = Env::start(
@@ -263,8 +275,51 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
         || "/metrics answered from outside the node".to_string(),
     );
 
-    // A second svcproxy on node-a cannot bind 10256: a clear error, not a panic.
-    let args = env.proxy_args(NODE_A);
+    // The operators' endpoints kube-proxy has: the effective configuration, the
+    // process's own metrics, client metrics (zero requests with --manifests, but the
+    // families exist only once observed, so only the process ones are checked here).
+    let z = get(&env, Host::Node(NODE_A), loopback, 10249, "/configz");
+    let configz: serde_json::Value = z
+        .as_ref()
+        .and_then(|a| serde_json::from_str(&a.body).ok())
+        .unwrap_or_default();
+    ck.check(
+        configz["kubeproxy.config.k8s.io"]["mode"] == mode.name()
+            && configz["kubeproxy.config.k8s.io"]["hostnameOverride"]
+                == plan::node_name(NODE_A).as_str(),
+        || format!("/configz: {z:?}"),
+    );
+    for name in [
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        ck.check(text.contains(name), || format!("/metrics lacks {name}"));
+    }
+
+    // kube-proxy's OOM score adjustment by default.
+    let proxy = env
+        .proxies
+        .iter()
+        .find(|p| p.label() == "svcproxy-node-a")
+        .expect("node-a's svcproxy");
+    let pid = proxy.pid().expect("pid").to_string();
+    // Lowering it needs CAP_SYS_RESOURCE, which some sandboxes drop even for root:
+    // there the failure must be logged instead.
+    let oom = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap_or_default();
+    let logged = env
+        .proxy_logs()
+        .contains("cannot set the OOM score adjustment");
+    ck.check(
+        oom.trim() == "-999" || (!has_cap_sys_resource() && logged),
+        || format!("svcproxy's oom_score_adj is {oom:?}, not kube-proxy's -999 (logged: {logged})"),
+    );
+
+    // A second svcproxy on node-a cannot bind 10256. With --bind-address-hard-fail:
+    // a clear error and exit, not a panic.
+    let mut args = env.proxy_args(NODE_A);
+    args.push("--bind-address-hard-fail".into());
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = env.run_svcproxy(NODE_A, &argv);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -273,16 +328,21 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
             && stderr.contains("10256")
             && stderr.contains("healthz-bind-address")
             && !stderr.contains("panicked"),
-        || format!("second svcproxy: {}\n{stderr}", out.status),
+        || format!("second svcproxy, hard fail: {}\n{stderr}", out.status),
+    );
+    // Without it (kube-proxy's default) the failure is logged and the bind retried
+    // while the proxy works: here one sync (--once, the same rules), then exit 0.
+    let mut args = env.proxy_args(NODE_A);
+    args.push("--once".into());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.run_svcproxy(NODE_A, &argv);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ck.check(
+        out.status.success() && stderr.contains("10256") && stderr.contains("retrying every 5s"),
+        || format!("second svcproxy, soft fail: {}\n{stderr}", out.status),
     );
 
     // SIGTERM: the servers close, the rules stay.
-    let proxy = env
-        .proxies
-        .iter()
-        .find(|p| p.label() == "svcproxy-node-a")
-        .expect("node-a's svcproxy");
-    let pid = proxy.pid().expect("pid").to_string();
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid])
         .status();

@@ -12,6 +12,7 @@
 //! flags outside the config (`--master`, `--cleanup`, `-v`, svcproxy's own) always apply.
 
 pub mod duration;
+pub mod effective;
 pub mod file;
 pub mod flags;
 
@@ -69,6 +70,42 @@ pub struct Settings {
     pub once: bool,
     /// klog-style verbosity (`-v`), or the file's logging.verbosity if `-v` is not given.
     pub verbosity: u32,
+    /// `--logging-format`, or the file's logging.format if the flag is not given.
+    pub log_format: LogFormat,
+    /// The process's `/proc/self/oom_score_adj` (kube-proxy's `oomScoreAdj`).
+    pub oom_score_adj: i32,
+    /// A health or metrics server that cannot bind ends the process (otherwise the bind
+    /// is retried).
+    pub bind_address_hard_fail: bool,
+    /// `--init-only`: prepare the node and exit.
+    pub init_only: bool,
+    /// `--write-config-to`: write the effective configuration there and exit.
+    pub write_config_to: Option<PathBuf>,
+}
+
+/// kube-proxy's `--logging-format` / `logging.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+
+    fn parse(s: &str) -> Result<LogFormat, String> {
+        match s {
+            "" | "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("unsupported log format {s:?} (use text or json)")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -150,6 +187,8 @@ const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
 const DEFAULT_CONFIG_SYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
 const DEFAULT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
+/// Upstream's `qos.KubeProxyOOMScoreAdj`.
+const DEFAULT_OOM_SCORE_ADJ: i32 = -999;
 
 /// Resolves flags (and the `--config` file they name) into [`Settings`], plus warnings
 /// for the caller to log (`tracing::warn!` each). `explicitly_set(id)` tells whether
@@ -186,6 +225,9 @@ struct Modeled {
     conntrack: Conntrack,
     hostname_override: Option<String>,
     verbosity: Option<u32>,
+    log_format: Option<LogFormat>,
+    oom_score_adj: i32,
+    bind_address_hard_fail: bool,
 }
 
 /// Collects every validation error so that one run reports them all.
@@ -228,7 +270,16 @@ fn resolve_with(
             m
         }
         Some(path) => {
-            let file = KubeProxyConfiguration::load(path)?;
+            let (file, unknown) = KubeProxyConfiguration::load(path)?;
+            if !unknown.is_empty() {
+                let s = if unknown.len() == 1 { "" } else { "s" };
+                warnings.push(format!(
+                    "{}: unknown field{s} ignored (strict decoding failed, so the file was \
+                     decoded leniently, as kube-proxy does): {}",
+                    path.display(),
+                    unknown.join(", ")
+                ));
+            }
             let ignored: Vec<&str> = CONFIG_MODELED_FLAGS
                 .iter()
                 .filter(|(id, _)| explicitly_set(id))
@@ -242,7 +293,17 @@ fn resolve_with(
                     path.display()
                 ));
             }
-            let m = from_file(&file, &mut errors, &mut warnings);
+            let mut m = from_file(&file, &mut errors, &mut warnings);
+            if flags.manifests.is_some() {
+                // svcproxy's own source flag chooses the source over the file's client
+                // connection (a kubeadm config names a kubeconfig).
+                if let Some(k) = m.kubeconfig.take() {
+                    warnings.push(format!(
+                        "clientConnection.kubeconfig ({}) unused: --manifests is the source",
+                        k.display()
+                    ));
+                }
+            }
             errors
                 .finish(&format!("config file {}", path.display()))
                 .map_err(|e| e.context(format!("loading config file {}", path.display())))?;
@@ -276,6 +337,15 @@ fn resolve_with(
     } else {
         modeled.verbosity.unwrap_or(flags.v)
     };
+    // Logging flags win over the file (upstream's copyLogsFromFlags).
+    let flag_format = LogFormat::parse(&flags.logging_format)
+        .map_err(|e| anyhow::anyhow!("--logging-format: {e}"))?;
+    let log_format = if explicitly_set("logging_format") {
+        flag_format
+    } else {
+        modeled.log_format.unwrap_or(flag_format)
+    };
+    warnings.extend(flags.ignored.warnings());
 
     let settings = Settings {
         node_name,
@@ -302,6 +372,14 @@ fn resolve_with(
         service_proxy_name: flags.service_proxy_name.clone().filter(|n| !n.is_empty()),
         once: flags.once,
         verbosity,
+        log_format,
+        oom_score_adj: modeled.oom_score_adj,
+        bind_address_hard_fail: modeled.bind_address_hard_fail,
+        init_only: flags.init_only,
+        write_config_to: flags
+            .write_config_to
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty()),
     };
     Ok((settings, warnings))
 }
@@ -331,7 +409,43 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         parse_nodeport_addresses(&nodeport_items),
         None,
     );
-    if flags.sync_period.is_zero() {
+    // kube-proxy's mode-specific names (processV1Alpha1Flags): --ipvs-* in ipvs mode,
+    // --iptables-* in every other mode; each wins over svcproxy's mode-neutral flag.
+    let ipvs_mode = flags.proxy_mode == "ipvs";
+    let (mode_sync, mode_min, other) = if ipvs_mode {
+        (
+            flags.ipvs_sync_period,
+            flags.ipvs_min_sync_period,
+            [
+                ("--iptables-sync-period", flags.iptables_sync_period),
+                ("--iptables-min-sync-period", flags.iptables_min_sync_period),
+            ],
+        )
+    } else {
+        (
+            flags.iptables_sync_period,
+            flags.iptables_min_sync_period,
+            [
+                ("--ipvs-sync-period", flags.ipvs_sync_period),
+                ("--ipvs-min-sync-period", flags.ipvs_min_sync_period),
+            ],
+        )
+    };
+    for (flag, value) in other {
+        if value.is_some() {
+            warnings.push(format!(
+                "{flag}: ignored, --proxy-mode is {} (as kube-proxy)",
+                if flags.proxy_mode.is_empty() {
+                    "nftables"
+                } else {
+                    &flags.proxy_mode
+                }
+            ));
+        }
+    }
+    let sync_period = mode_sync.unwrap_or(flags.sync_period);
+    let min_sync_period = mode_min.unwrap_or(flags.min_sync_period);
+    if sync_period.is_zero() {
         errors.push("--sync-period: must be greater than 0".to_string());
     }
     if flags.config_sync_period.is_zero() {
@@ -375,18 +489,26 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         masquerade_all: flags.masquerade_all,
         masquerade_bit: flags.iptables_masquerade_bit,
         localhost_nodeports: flags.iptables_localhost_nodeports,
-        healthz_bind: errors.check(
-            "--healthz-bind-address",
-            parse_bind_address(&flags.healthz_bind_address, HEALTHZ_PORT),
-            None,
-        ),
-        metrics_bind: errors.check(
-            "--metrics-bind-address",
-            parse_bind_address(&flags.metrics_bind_address, METRICS_PORT),
-            None,
-        ),
-        min_sync_period: flags.min_sync_period,
-        sync_period: flags.sync_period,
+        // The deprecated --healthz-port/--metrics-port (addressFromDeprecatedFlags):
+        // 0 disables the server; another port only fills in an address without one.
+        healthz_bind: match flags.healthz_port {
+            Some(0) => None,
+            port => errors.check(
+                "--healthz-bind-address",
+                parse_bind_address(&flags.healthz_bind_address, port.unwrap_or(HEALTHZ_PORT)),
+                None,
+            ),
+        },
+        metrics_bind: match flags.metrics_port {
+            Some(0) => None,
+            port => errors.check(
+                "--metrics-bind-address",
+                parse_bind_address(&flags.metrics_bind_address, port.unwrap_or(METRICS_PORT)),
+                None,
+            ),
+        },
+        min_sync_period,
+        sync_period,
         config_sync_period: flags.config_sync_period,
         kubeconfig: flags
             .kubeconfig
@@ -410,6 +532,9 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         },
         hostname_override: None,
         verbosity: None,
+        log_format: None,
+        oom_score_adj: flags.oom_score_adj,
+        bind_address_hard_fail: flags.bind_address_hard_fail,
     }
 }
 
@@ -687,6 +812,22 @@ fn from_file(
         conntrack,
         hostname_override: file.hostname_override.clone().filter(|h| !h.is_empty()),
         verbosity: file.logging.as_ref().and_then(|l| l.verbosity),
+        log_format: file
+            .logging
+            .as_ref()
+            .and_then(|l| l.format.as_deref())
+            .and_then(|f| errors.check("logging.format", LogFormat::parse(f).map(Some), None)),
+        oom_score_adj: match file.oom_score_adj {
+            None => DEFAULT_OOM_SCORE_ADJ,
+            Some(n) => errors.check(
+                "oomScoreAdj",
+                Some(n)
+                    .filter(|n| (-1000..=1000).contains(n))
+                    .ok_or_else(|| format!("{n} must be within the range [-1000, 1000]")),
+                DEFAULT_OOM_SCORE_ADJ,
+            ),
+        },
+        bind_address_hard_fail: file.bind_address_hard_fail.unwrap_or(false),
     }
 }
 

@@ -25,12 +25,47 @@ use proxy::{Output, Servers};
 /// and programs this node's nftables so that connections to Service IPs and ports
 /// reach a ready backend. Flags are kube-proxy's where kube-proxy has them.
 #[derive(Parser, Debug)]
-#[command(name = "svcproxy", version, propagate_version = true)]
+#[command(name = "svcproxy", disable_version_flag = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
     flags: ProxyFlags,
+    /// Print the version, and the kube-proxy release whose behaviour svcproxy follows, then exit ('raw': as key: value lines).
+    #[arg(long, value_name = "true|raw", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    version: Option<String>,
+}
+
+/// The kube-proxy release whose semantics, flags, config file and metrics svcproxy
+/// follows (its API types are k8s-openapi's `v1_34`).
+const KUBE_PROXY_RELEASE: &str = "v1.34";
+
+/// `--version`, as component-base's verflag: `true` (or no value) prints one line,
+/// `raw` the details, `false` does nothing.
+fn print_version(value: &str) -> Option<ExitCode> {
+    let version = env!("CARGO_PKG_VERSION");
+    match value {
+        "false" | "f" | "F" | "0" | "FALSE" | "False" => None,
+        "raw" => {
+            println!(
+                "svcproxy: {version}\nkubeProxyCompatibility: {KUBE_PROXY_RELEASE}\n\
+                 kubernetesApi: {}\nplatform: {}/{}",
+                KUBE_PROXY_RELEASE,
+                std::env::consts::OS,
+                std::env::consts::ARCH
+            );
+            Some(ExitCode::SUCCESS)
+        }
+        v if config::flags::parse_go_bool(v) == Ok(true) => {
+            println!("svcproxy {version} (kube-proxy {KUBE_PROXY_RELEASE} compatible)");
+            Some(ExitCode::SUCCESS)
+        }
+        v => {
+            eprintln!("svcproxy: --version: invalid value {v:?} (use true, false or raw)");
+            Some(ExitCode::from(2))
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -95,6 +130,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let Some(code) = cli.version.as_deref().and_then(print_version) {
+        return code;
+    }
     let sub_matches = matches.subcommand().map(|(_, m)| m).unwrap_or(&matches);
     let (flags, command) = match &cli.command {
         None => (&cli.flags, None),
@@ -110,9 +148,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(settings.verbosity);
+    init_logging(settings.verbosity, settings.log_format);
     for w in &warnings {
         tracing::warn!("{w}");
+    }
+    if let Some(path) = &settings.write_config_to {
+        // As kube-proxy: write the resolved configuration and exit, nothing else.
+        return match config::effective::to_yaml(&settings)
+            .and_then(|y| std::fs::write(path, y).map_err(anyhow::Error::from))
+        {
+            Ok(()) => {
+                tracing::info!(file = %path.display(), "wrote the effective configuration");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("svcproxy: writing {}: {e:#}", path.display());
+                ExitCode::FAILURE
+            }
+        };
     }
     let result = match command {
         Some(Command::Snapshot { format, watch, .. }) => {
@@ -154,7 +207,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbosity: u32) {
+fn init_logging(verbosity: u32, format: config::LogFormat) {
     // klog-style -v: 0-2 info, 3-5 debug, 6+ trace. RUST_LOG wins when set.
     let level = match verbosity {
         0..=2 => "info",
@@ -163,8 +216,13 @@ fn init_logging(verbosity: u32) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        config::LogFormat::Text => builder.init(),
+        // One object per line, the message and fields at the top level (as
+        // kube-proxy's json format: ts, level, msg, and the key/value pairs).
+        config::LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }

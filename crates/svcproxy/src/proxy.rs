@@ -434,12 +434,31 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
         .build()?;
     match output {
         Output::Kernel => {
+            set_oom_score_adj(settings.oom_score_adj);
             let backend = backend(&settings)?;
             let plan_cfg = plan_config(&settings, backend)?;
             let hc = health_check_addresses(&settings, &plan_cfg);
             let plane = Proxier::new(plan_cfg.clone(), (backend.new)(&plan_cfg));
             let needs = plane.node_requirements();
-            svcproxy_dataplane::prepare_node(&needs.sysctls);
+            let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
+            if settings.init_only {
+                // kube-proxy's --init-only: what needs full privileges, then exit; the
+                // proxy itself then runs with NET_ADMIN only (no rule is written here).
+                let conntrack =
+                    svcproxy_dataplane::apply_conntrack_sysctls(&conntrack_settings(&settings));
+                let warnings: Vec<_> = prepared
+                    .warnings
+                    .iter()
+                    .chain(&conntrack.warnings)
+                    .collect();
+                tracing::info!(
+                    changed = ?prepared.changed.iter().chain(&conntrack.changed).collect::<Vec<_>>(),
+                    warnings = warnings.len(),
+                    mode = backend.mode,
+                    "--init-only: node prepared; exiting"
+                );
+                return Ok(());
+            }
             for module in &needs.modules {
                 if !std::path::Path::new("/sys/module").join(module).exists() {
                     tracing::warn!(
@@ -481,6 +500,87 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
     }
 }
 
+/// Writes the process's OOM score adjustment (kube-proxy's `oomScoreAdj`): a failure
+/// (no CAP_SYS_RESOURCE for a negative value, no procfs) is logged, never fatal, as
+/// upstream.
+fn set_oom_score_adj(value: i32) {
+    let path = "/proc/self/oom_score_adj";
+    match std::fs::read_to_string(path) {
+        Ok(current) if current.trim() == value.to_string() => {}
+        _ => match std::fs::write(path, value.to_string()) {
+            Ok(()) => tracing::debug!(value, "OOM score adjustment set"),
+            Err(e) => tracing::warn!(value, error = %e, "cannot set the OOM score adjustment"),
+        },
+    }
+}
+
+/// A fixed-address HTTP server's listener: bound at start-up, or (without
+/// `bindAddressHardFail`, as upstream) bound later by a retry every 5 seconds after a
+/// failure that is logged.
+enum Listener {
+    Bound(tokio::net::TcpListener),
+    Retrying(SocketAddr, &'static str),
+}
+
+async fn listener(
+    addr: SocketAddr,
+    what: &'static str,
+    hard_fail: bool,
+) -> anyhow::Result<Listener> {
+    match crate::http::bind(addr, what).await {
+        Ok(l) => Ok(Listener::Bound(l)),
+        Err(e) if hard_fail => Err(e.context("bindAddressHardFail is set")),
+        Err(e) => {
+            tracing::error!(
+                "{e:#}; retrying every 5s (set --bind-address-hard-fail to exit instead)"
+            );
+            Ok(Listener::Retrying(addr, what))
+        }
+    }
+}
+
+impl Listener {
+    async fn get(self) -> tokio::net::TcpListener {
+        match self {
+            Listener::Bound(l) => l,
+            Listener::Retrying(addr, what) => {
+                let mut attempts = 1u32;
+                loop {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    attempts += 1;
+                    match crate::http::bind(addr, what).await {
+                        Ok(l) => {
+                            tracing::info!(%addr, attempts, "{what}: listening now");
+                            return l;
+                        }
+                        Err(e) => tracing::debug!(attempts, "{e:#}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when the `--config` file's content differs from `initial` (checked every
+/// second: a plain read follows ConfigMap volumes' symlink swaps, which a watch on the
+/// file's inode misses). kube-proxy exits when its config file changes, so that the
+/// DaemonSet restarts it with the new configuration; svcproxy does the same.
+async fn config_file_changed(path: std::path::PathBuf, initial: Option<Vec<u8>>) -> anyhow::Error {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A file missing for a moment (mid-swap) is not a change; new content is.
+        if let Ok(now) = std::fs::read(&path) {
+            if Some(&now) != initial.as_ref() {
+                return anyhow::anyhow!(
+                    "the content of the config file {} changed; exiting so that svcproxy is \
+                     restarted with it (as kube-proxy)",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
 fn health_check_addresses(settings: &Settings, plan_cfg: &PlanConfig) -> HealthCheckAddresses {
     match (&settings.nodeport_addresses, &plan_cfg.nodeport_addresses) {
         (config::NodePortAddresses::All, _) => HealthCheckAddresses::All,
@@ -513,14 +613,21 @@ async fn serve<T: Target>(
     health_check_addresses: Option<HealthCheckAddresses>,
     backend: Option<&'static Backend>,
 ) -> anyhow::Result<()> {
-    // Bind first: an address in use is a start-up error, before anything else runs.
+    // Bind first: with bindAddressHardFail an address in use is a start-up error,
+    // before anything else runs; otherwise it is logged and retried.
+    let hard_fail = settings.bind_address_hard_fail;
     let healthz = match servers.healthz {
-        Some(addr) => Some(crate::http::bind(addr, "--healthz-bind-address").await?),
+        Some(addr) => Some(listener(addr, "--healthz-bind-address", hard_fail).await?),
         None => None,
     };
     let metrics_listener = match servers.metrics {
-        Some(addr) => Some(crate::http::bind(addr, "--metrics-bind-address").await?),
+        Some(addr) => Some(listener(addr, "--metrics-bind-address", hard_fail).await?),
         None => None,
+    };
+    // Read now, so that a change between start-up and the first check is seen.
+    let config_watch = match (&settings.config_file, once) {
+        (Some(path), false) => Some((path.clone(), std::fs::read(path).ok())),
+        _ => None,
     };
     // As upstream: unhealthy when an update waits longer than twice the sync period.
     let health = ProxyHealth::new(settings.sync_period.saturating_mul(2));
@@ -534,21 +641,26 @@ async fn serve<T: Target>(
     };
     let mut http_tasks = Vec::new();
     let mut source_task = None;
+    metrics.set_configz(&config::effective::configz_json(&settings));
     if let Some(l) = healthz {
-        http_tasks.push(tokio::spawn(crate::http::health::serve(
-            l,
-            health.clone(),
-            Some(metrics.clone()),
-            stopped(stop_rx.clone()),
-        )));
+        let (health, metrics, stop) = (health.clone(), metrics.clone(), stop_rx.clone());
+        http_tasks.push(tokio::spawn(async move {
+            let l = tokio::select! {
+                l = l.get() => l,
+                _ = stopped(stop.clone()) => return Ok(()),
+            };
+            crate::http::health::serve(l, health, Some(metrics), stopped(stop)).await
+        }));
     }
     if let Some(l) = metrics_listener {
-        http_tasks.push(tokio::spawn(crate::http::metrics::serve(
-            l,
-            metrics.clone(),
-            health.clone(),
-            stopped(stop_rx.clone()),
-        )));
+        let (health, metrics, stop) = (health.clone(), metrics.clone(), stop_rx.clone());
+        http_tasks.push(tokio::spawn(async move {
+            let l = tokio::select! {
+                l = l.get() => l,
+                _ = stopped(stop.clone()) => return Ok(()),
+            };
+            crate::http::metrics::serve(l, metrics, health, stopped(stop)).await
+        }));
     }
 
     let mut state = ClusterState::new(StateConfig {
@@ -579,7 +691,7 @@ async fn serve<T: Target>(
             }
         }
         Source::Api(cfg) => {
-            let client = kube_source::client(&cfg).await?;
+            let client = kube_source::client_with_metrics(&cfg, metrics.rest_client()).await?;
             runner_cfg.initial_sources = kube_source::WATCHES.to_vec();
             if servers.health_check_node_ports {
                 // The daemon announces itself on its Node, as kube-proxy does.
@@ -619,12 +731,19 @@ async fn serve<T: Target>(
     };
     syncer.update_node_eligibility();
     tracing::info!(node = %settings.node_name, "svcproxy started");
+    let config_changed = async move {
+        match config_watch {
+            Some((path, initial)) => config_file_changed(path, initial).await,
+            None => std::future::pending().await,
+        }
+    };
     let result = tokio::select! {
         r = runner::run(runner_cfg, &mut syncer, rx, once) => r,
         _ = shutdown_signal() => {
             tracing::info!("shutting down; the rules stay in place");
             Ok(())
         }
+        e = config_changed => Err(e),
     };
     let _ = stop_tx.send(true);
     if let Some((servers, _)) = &mut syncer.health_checks {

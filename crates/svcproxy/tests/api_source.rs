@@ -460,10 +460,17 @@ async fn healthz(addr: SocketAddr) -> Option<u16> {
 async fn a_server_down_at_start_up_is_retried_and_healthz_turns_ready_when_it_returns() {
     let api = free_port();
     let health = free_port();
+    let metrics = free_port();
     let health_arg = health.to_string();
+    let metrics_arg = metrics.to_string();
     let mut proxy = Proxy::start(
         &format!("http://{api}"),
-        &["--healthz-bind-address", &health_arg],
+        &[
+            "--healthz-bind-address",
+            &health_arg,
+            "--metrics-bind-address",
+            &metrics_arg,
+        ],
     );
     // Not ready while nothing could be listed.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -487,4 +494,27 @@ async fn a_server_down_at_start_up_is_retried_and_healthz_turns_ready_when_it_re
         has(s, "web", &["10.244.2.5:8080", "10.244.2.6:8080"])
     });
     assert_eq!(healthz(health).await, Some(200));
+
+    // client-go's REST client metrics saw both: the refused connections and the lists.
+    let text = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |code: &str| -> f64 {
+        let prefix =
+            format!("rest_client_requests_total{{code=\"{code}\",host=\"{api}\",method=\"GET\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(count("<error>") >= 1.0 && count("200") >= 4.0, "{text}");
+    assert!(
+        text.contains(&format!(
+            "rest_client_request_duration_seconds_count{{host=\"{api}\",verb=\"GET\"}}"
+        )),
+        "{text}"
+    );
 }

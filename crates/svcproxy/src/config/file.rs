@@ -290,20 +290,20 @@ struct TypeMeta {
 }
 
 impl KubeProxyConfiguration {
-    /// Reads and decodes a config file; errors name the file.
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
+    /// Reads and decodes a config file (see [`Self::parse`]); errors name the file.
+    pub fn load(path: &Path) -> anyhow::Result<(Self, Vec<String>)> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("loading config file {}", path.display()))
     }
 
-    /// Decodes YAML or JSON strictly: the type header must be
-    /// `kubeproxy.config.k8s.io/v1alpha1` / `KubeProxyConfiguration`, and every
-    /// unknown field is reported, with its path, in one error.
-    ///
-    /// (Upstream falls back to lenient decoding with a log line when strict decoding
-    /// fails; a typo silently ignored is worse than one refused, so svcproxy refuses.)
-    pub fn parse(text: &str) -> anyhow::Result<Self> {
+    /// Decodes YAML or JSON as upstream does: strictly first, then leniently. The type
+    /// header must be `kubeproxy.config.k8s.io/v1alpha1` / `KubeProxyConfiguration`
+    /// and every known field must have a value of its type (errors name the field);
+    /// unknown fields (a config written for a newer kube-proxy, or a typo) are
+    /// returned, each with its path, for the caller to warn about, and otherwise
+    /// ignored: a node's proxy must not stop over a field it does not know.
+    pub fn parse(text: &str) -> anyhow::Result<(Self, Vec<String>)> {
         if text.trim().is_empty() {
             anyhow::bail!("the config file is empty (expected a {KIND})");
         }
@@ -328,11 +328,7 @@ impl KubeProxyConfiguration {
         }
         ignored.clear();
         let config: Self = decode(&doc, &mut ignored)?;
-        if !ignored.is_empty() {
-            let s = if ignored.len() == 1 { "" } else { "s" };
-            anyhow::bail!("unknown field{s} in {KIND}: {}", ignored.join(", "));
-        }
-        Ok(config)
+        Ok((config, ignored))
     }
 
     /// Fields that are known but that svcproxy does not implement, and that the file
@@ -344,23 +340,11 @@ impl KubeProxyConfiguration {
         let mut warn = |field: &str, why: &str| out.push(format!("{field}: {why}"));
         let unsupported = "not supported by svcproxy; ignored";
 
-        if self.bind_address_hard_fail == Some(true) {
-            warn(
-                "bindAddressHardFail",
-                "not supported by svcproxy (a failed bind is always logged and retried); ignored",
-            );
-        }
         if self.enable_profiling == Some(true) {
             warn("enableProfiling", unsupported);
         }
         if non_empty(&self.show_hidden_metrics_for_version) {
             warn("showHiddenMetricsForVersion", unsupported);
-        }
-        if let Some(adj) = self.oom_score_adj {
-            warn(
-                "oomScoreAdj",
-                &format!("svcproxy does not adjust its OOM score (set to {adj}); ignored"),
-            );
         }
         if non_empty(&self.port_range) {
             warn(
@@ -453,15 +437,8 @@ impl KubeProxyConfiguration {
         }
 
         if let Some(log) = &self.logging {
-            let svc =
-                "svcproxy logs through its own logger (only logging.verbosity is used); ignored";
-            if log
-                .format
-                .as_deref()
-                .is_some_and(|f| !f.is_empty() && f != "text")
-            {
-                warn("logging.format", svc);
-            }
+            let svc = "svcproxy logs through its own logger (only logging.verbosity and \
+                       logging.format are used); ignored";
             let default_flush = |f: &FlushFrequency| match f {
                 FlushFrequency::Nanos(n) => *n == 0 || *n == 5_000_000_000,
                 FlushFrequency::Duration(d) => d.0.is_zero() || d.0.as_secs_f64() == 5.0,
@@ -708,7 +685,7 @@ winkernel:
 
     #[test]
     fn kubeadm_default_parses_without_warnings() {
-        let c = KubeProxyConfiguration::parse(KUBEADM_DEFAULT).unwrap();
+        let c = KubeProxyConfiguration::parse(KUBEADM_DEFAULT).unwrap().0;
         assert_eq!(c.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
         assert_eq!(
             c.client_connection.as_ref().unwrap().kubeconfig.as_deref(),
@@ -725,7 +702,7 @@ winkernel:
 
     #[test]
     fn upstream_defaulted_parses_without_warnings() {
-        let c = KubeProxyConfiguration::parse(UPSTREAM_DEFAULTED).unwrap();
+        let c = KubeProxyConfiguration::parse(UPSTREAM_DEFAULTED).unwrap().0;
         assert_eq!(
             c.conntrack.as_ref().unwrap().tcp_established_timeout,
             Some(GoDuration(Duration::from_secs(24 * 3600)))
@@ -742,16 +719,24 @@ winkernel:
         let c = KubeProxyConfiguration::parse(
             "{\n\t\"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",\n\t\"kind\": \"KubeProxyConfiguration\",\n\t\"mode\": \"nftables\",\n\t\"nftables\": {\"syncPeriod\": \"1m30s\", \"minSyncPeriod\": null}\n}",
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(c.mode.as_deref(), Some("nftables"));
         let nft = c.nftables.unwrap();
         assert_eq!(nft.sync_period, Some(GoDuration(Duration::from_secs(90))));
         assert_eq!(nft.min_sync_period, None);
     }
 
+    /// The unknown fields `text` decodes with (it must decode).
+    fn unknown(text: &str) -> String {
+        let (_, unknown) = KubeProxyConfiguration::parse(text).unwrap();
+        unknown.join(", ")
+    }
+
     #[test]
     fn every_unknown_field_is_named_with_its_path() {
-        let e = err(r#"
+        let e = unknown(
+            r#"
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 bogus: 1
@@ -765,7 +750,8 @@ logging:
   - filePattern: foo
     level: 3
 anotherBogus: {a: 1}
-"#);
+"#,
+        );
         for want in [
             "bogus",
             "iptables.masqueradeAll2",
@@ -775,15 +761,11 @@ anotherBogus: {a: 1}
         ] {
             assert!(e.contains(want), "{want:?} missing from: {e}");
         }
-        assert!(
-            e.starts_with("unknown fields in KubeProxyConfiguration:"),
-            "{e}"
-        );
     }
 
     #[test]
     fn unknown_fields_in_json_too() {
-        let e = err(
+        let e = unknown(
             r#"{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration", "conntrack": {"maxPerCpu": 1}, "x": null}"#,
         );
         assert!(e.contains("conntrack.maxPerCpu") && e.contains("x"), "{e}");
@@ -849,13 +831,12 @@ logging:
   flushFrequency: 1s
 "#,
         )
-        .unwrap();
+        .unwrap()
+        .0;
         let w = c.unsupported_fields().join("\n");
         for field in [
-            "bindAddressHardFail",
             "enableProfiling",
             "showHiddenMetricsForVersion",
-            "oomScoreAdj",
             "portRange",
             "windowsRunAsService",
             "featureGates: svcproxy has no feature gates; ignoring SomeGate",
@@ -863,10 +844,16 @@ logging:
             "ipvs.scheduler",
             "ipvs.strictARP",
             "winkernel.networkName",
-            "logging.format",
             "logging.flushFrequency",
         ] {
             assert!(w.contains(field), "{field:?} missing from:\n{w}");
+        }
+        // Implemented: the process's OOM score, hard bind failures, JSON logs.
+        for field in ["oomScoreAdj", "bindAddressHardFail", "logging.format"] {
+            assert!(
+                !w.lines().any(|l| l.starts_with(field)),
+                "{field:?} is implemented:\n{w}"
+            );
         }
     }
 
@@ -876,7 +863,8 @@ logging:
         for v in ["5000000000", "5s", "\"5s\""] {
             let c =
                 KubeProxyConfiguration::parse(&format!("{head}logging:\n  flushFrequency: {v}\n"))
-                    .unwrap();
+                    .unwrap()
+                    .0;
             assert!(c.unsupported_fields().is_empty(), "{v}");
         }
     }

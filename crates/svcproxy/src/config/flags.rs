@@ -226,6 +226,63 @@ pub struct ProxyFlags {
     )]
     pub v: u32,
 
+    /// Write the effective configuration (flags or --config resolved, as a KubeProxyConfiguration in YAML) to FILE and exit.
+    #[arg(long, value_name = "FILE", help_heading = "kube-proxy")]
+    pub write_config_to: Option<PathBuf>,
+
+    /// Prepare the node (the sysctls the proxy mode and the conntrack settings need) and exit, without programming any rule: run it with full privileges, then the proxy with only NET_ADMIN.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
+    pub init_only: bool,
+
+    /// The proxy process's OOM score adjustment, -1000..1000 (as kube-proxy, -999 by default).
+    #[arg(long, value_name = "N", default_value_t = -999, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(-1000..=1000), help_heading = "kube-proxy")]
+    pub oom_score_adj: i32,
+
+    /// Exit when the health or metrics server cannot bind its address; otherwise the failure is logged and the bind retried every 5s (as kube-proxy).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
+    pub bind_address_hard_fail: bool,
+
+    /// kube-proxy's name for --sync-period outside ipvs mode (wins over it when both are given).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    pub iptables_sync_period: Option<Duration>,
+
+    /// kube-proxy's name for --min-sync-period outside ipvs mode (wins over it when both are given).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    pub iptables_min_sync_period: Option<Duration>,
+
+    /// --sync-period when --proxy-mode is ipvs (which svcproxy runs as nftables), as kube-proxy.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    pub ipvs_sync_period: Option<Duration>,
+
+    /// --min-sync-period when --proxy-mode is ipvs (which svcproxy runs as nftables), as kube-proxy.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    pub ipvs_min_sync_period: Option<Duration>,
+
+    /// Deprecated (kube-proxy too): the health server's port when --healthz-bind-address has none; 0 disables the server.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = "kube-proxy")]
+    pub healthz_port: Option<u16>,
+
+    /// Deprecated (kube-proxy too): the metrics server's port when --metrics-bind-address has none; 0 disables the server.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = "kube-proxy")]
+    pub metrics_port: Option<u16>,
+
+    /// Log format: 'text' (the default) or 'json' (one JSON object per line, as kube-proxy's json format).
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        default_value = "text",
+        help_heading = "kube-proxy"
+    )]
+    pub logging_format: String,
+
+    #[command(flatten)]
+    pub ignored: IgnoredFlags,
+
     /// Read Services, EndpointSlices and Nodes from the manifests in DIR instead of the API server (svcproxy only).
     #[arg(long, value_name = "DIR", help_heading = "svcproxy")]
     pub manifests: Option<PathBuf>,
@@ -237,6 +294,199 @@ pub struct ProxyFlags {
     /// Sync once, then exit (svcproxy only).
     #[arg(long, help_heading = "svcproxy")]
     pub once: bool,
+}
+
+/// kube-proxy flags that have no effect in svcproxy (IPVS, Go runtime, klog output
+/// tuning, flags removed upstream): accepted so that a kube-proxy command line starts
+/// unchanged, each reported by one warning ([`IgnoredFlags::warnings`]). Values are
+/// still checked as kube-proxy checks them (a bad duration is an error).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct IgnoredFlags {
+    /// Go's pprof handlers; svcproxy has none. Ignored.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_go_bool, help_heading = IGNORED)]
+    pub profiling: Option<bool>,
+    /// Ignored: svcproxy hides no metrics.
+    #[arg(long, value_name = "VERSION", help_heading = IGNORED)]
+    pub show_hidden_metrics_for_version: Option<String>,
+    /// IPVS only; svcproxy has no ipvs mode. Ignored.
+    #[arg(long, value_name = "NAME", help_heading = IGNORED)]
+    pub ipvs_scheduler: Option<String>,
+    /// IPVS only. Ignored.
+    #[arg(long, value_name = "CIDRS", help_heading = IGNORED)]
+    pub ipvs_exclude_cidrs: Option<String>,
+    /// IPVS only. Ignored.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_go_bool, help_heading = IGNORED)]
+    pub ipvs_strict_arp: Option<bool>,
+    /// IPVS only. Ignored.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
+    pub ipvs_tcp_timeout: Option<Duration>,
+    /// IPVS only. Ignored.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
+    pub ipvs_tcpfin_timeout: Option<Duration>,
+    /// IPVS only. Ignored.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
+    pub ipvs_udp_timeout: Option<Duration>,
+    /// Removed upstream with the userspace proxy. Ignored.
+    #[arg(long, value_name = "RANGE", help_heading = IGNORED)]
+    pub proxy_port_range: Option<String>,
+    /// Removed upstream with the userspace proxy. Ignored.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, hide = true)]
+    pub udp_timeout: Option<Duration>,
+    /// Removed upstream. Ignored.
+    #[arg(long, value_name = "NAME", hide = true)]
+    pub resource_container: Option<String>,
+    /// klog per-file verbosity (pattern=N,...); svcproxy's log levels are per message. Ignored.
+    #[arg(long, value_name = "PATTERN=N,...", help_heading = IGNORED)]
+    pub vmodule: Option<String>,
+    /// svcproxy writes every log line at once. Ignored.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
+    pub log_flush_frequency: Option<Duration>,
+    /// Ignored: every log line goes to stderr.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_go_bool, help_heading = IGNORED)]
+    pub log_text_split_stream: Option<bool>,
+    /// Ignored.
+    #[arg(long, value_name = "SIZE", help_heading = IGNORED)]
+    pub log_text_info_buffer_size: Option<String>,
+    /// Ignored: every log line goes to stderr.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = parse_go_bool, help_heading = IGNORED)]
+    pub log_json_split_stream: Option<bool>,
+    /// Ignored.
+    #[arg(long, value_name = "SIZE", help_heading = IGNORED)]
+    pub log_json_info_buffer_size: Option<String>,
+    // klog's own flags, removed from kube-proxy in 1.26 but still in older manifests.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_go_bool, hide = true)]
+    pub logtostderr: Option<bool>,
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_go_bool, hide = true)]
+    pub alsologtostderr: Option<bool>,
+    #[arg(long, hide = true)]
+    pub log_dir: Option<String>,
+    #[arg(long, hide = true)]
+    pub log_file: Option<String>,
+    #[arg(long, value_parser = clap::value_parser!(u64), hide = true)]
+    pub log_file_max_size: Option<u64>,
+    #[arg(long, hide = true)]
+    pub log_backtrace_at: Option<String>,
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_go_bool, hide = true)]
+    pub skip_headers: Option<bool>,
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_go_bool, hide = true)]
+    pub skip_log_headers: Option<bool>,
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_go_bool, hide = true)]
+    pub one_output: Option<bool>,
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_go_bool, hide = true)]
+    pub add_dir_header: Option<bool>,
+    #[arg(long, hide = true)]
+    pub stderrthreshold: Option<String>,
+}
+
+const IGNORED: &str = "kube-proxy, accepted without effect";
+
+impl IgnoredFlags {
+    /// One warning per flag given, naming it and why it has no effect.
+    pub fn warnings(&self) -> Vec<String> {
+        let ipvs = "svcproxy has no ipvs mode";
+        let klog = "svcproxy's logger has no such setting (every line goes to stderr at once)";
+        let given: [(&str, bool, &str); 28] = [
+            (
+                "--profiling",
+                self.profiling.is_some(),
+                "svcproxy has no pprof handlers",
+            ),
+            (
+                "--show-hidden-metrics-for-version",
+                self.show_hidden_metrics_for_version.is_some(),
+                "svcproxy hides no metrics",
+            ),
+            ("--ipvs-scheduler", self.ipvs_scheduler.is_some(), ipvs),
+            (
+                "--ipvs-exclude-cidrs",
+                self.ipvs_exclude_cidrs.is_some(),
+                ipvs,
+            ),
+            ("--ipvs-strict-arp", self.ipvs_strict_arp.is_some(), ipvs),
+            ("--ipvs-tcp-timeout", self.ipvs_tcp_timeout.is_some(), ipvs),
+            (
+                "--ipvs-tcpfin-timeout",
+                self.ipvs_tcpfin_timeout.is_some(),
+                ipvs,
+            ),
+            ("--ipvs-udp-timeout", self.ipvs_udp_timeout.is_some(), ipvs),
+            (
+                "--proxy-port-range",
+                self.proxy_port_range.is_some(),
+                "removed upstream with the userspace proxy",
+            ),
+            (
+                "--udp-timeout",
+                self.udp_timeout.is_some(),
+                "removed upstream with the userspace proxy",
+            ),
+            (
+                "--resource-container",
+                self.resource_container.is_some(),
+                "removed upstream",
+            ),
+            (
+                "--vmodule",
+                self.vmodule.is_some(),
+                "svcproxy's log levels are per message, not per file (use -v)",
+            ),
+            (
+                "--log-flush-frequency",
+                self.log_flush_frequency.is_some(),
+                klog,
+            ),
+            (
+                "--log-text-split-stream",
+                self.log_text_split_stream.is_some(),
+                klog,
+            ),
+            (
+                "--log-text-info-buffer-size",
+                self.log_text_info_buffer_size.is_some(),
+                klog,
+            ),
+            (
+                "--log-json-split-stream",
+                self.log_json_split_stream.is_some(),
+                klog,
+            ),
+            (
+                "--log-json-info-buffer-size",
+                self.log_json_info_buffer_size.is_some(),
+                klog,
+            ),
+            ("--logtostderr", self.logtostderr.is_some(), klog),
+            ("--alsologtostderr", self.alsologtostderr.is_some(), klog),
+            ("--log-dir", self.log_dir.is_some(), klog),
+            ("--log-file", self.log_file.is_some(), klog),
+            (
+                "--log-file-max-size",
+                self.log_file_max_size.is_some(),
+                klog,
+            ),
+            ("--log-backtrace-at", self.log_backtrace_at.is_some(), klog),
+            ("--skip-headers", self.skip_headers.is_some(), klog),
+            ("--skip-log-headers", self.skip_log_headers.is_some(), klog),
+            ("--one-output", self.one_output.is_some(), klog),
+            ("--add-dir-header", self.add_dir_header.is_some(), klog),
+            ("--stderrthreshold", self.stderrthreshold.is_some(), klog),
+        ];
+        given
+            .into_iter()
+            .filter(|(_, set, _)| *set)
+            .map(|(flag, _, why)| format!("{flag}: accepted for compatibility, no effect: {why}"))
+            .collect()
+    }
 }
 
 /// Flags whose value a `--config` file replaces (clap id, flag as typed). Those not
@@ -282,6 +532,14 @@ pub const CONFIG_MODELED_FLAGS: &[(&str, &str)] = &[
         "--conntrack-udp-timeout-stream",
     ),
     ("feature_gates", "--feature-gates"),
+    ("iptables_sync_period", "--iptables-sync-period"),
+    ("iptables_min_sync_period", "--iptables-min-sync-period"),
+    ("ipvs_sync_period", "--ipvs-sync-period"),
+    ("ipvs_min_sync_period", "--ipvs-min-sync-period"),
+    ("healthz_port", "--healthz-port"),
+    ("metrics_port", "--metrics-port"),
+    ("oom_score_adj", "--oom-score-adj"),
+    ("bind_address_hard_fail", "--bind-address-hard-fail"),
 ];
 
 /// The `explicitly_set` predicate for `config::resolve`, from the binary's matches:

@@ -449,15 +449,29 @@ fn bad_file_values_name_field_and_value() {
 }
 
 #[test]
-fn file_errors_from_decoding_name_the_file() {
+fn unknown_file_fields_are_decoded_leniently_with_one_warning() {
+    // A field from a newer kube-proxy, beside known ones: as upstream (strict, then
+    // lenient), the known fields apply and the unknown ones are named in a warning.
     let f = write_config(&format!(
-        "{HEAD}iptables:\n  masqueradeAll2: true\nfoo: 1\n"
+        "{HEAD}mode: iptables\niptables:\n  masqueradeAll2: true\n  syncPeriod: 10s\nfutureFeature: {{enabled: true}}\n"
     ));
-    let e = err(&[&config_arg(&f)]);
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.proxy_mode, ProxyMode::Iptables);
+    assert_eq!(s.sync_period, Duration::from_secs(10));
+    let unknown: Vec<_> = w.iter().filter(|w| w.contains("unknown field")).collect();
+    assert_eq!(unknown.len(), 1, "{w:?}");
     assert!(
-        e.contains("iptables.masqueradeAll2") && e.contains("foo"),
-        "{e}"
+        unknown[0].contains("futureFeature, iptables.masqueradeAll2")
+            && unknown[0].contains(&f.path().display().to_string()),
+        "{w:?}"
     );
+}
+
+#[test]
+fn file_errors_from_decoding_name_the_file() {
+    let f = write_config(&format!("{HEAD}iptables:\n  masqueradeAll: maybe\n"));
+    let e = err(&[&config_arg(&f)]);
+    assert!(e.contains("iptables.masqueradeAll"), "{e}");
     assert!(e.contains(&f.path().display().to_string()), "{e}");
     let e = err(&["--config=/nonexistent/kube-proxy.yaml"]);
     assert!(e.contains("/nonexistent/kube-proxy.yaml"), "{e}");
@@ -485,4 +499,228 @@ fn system_hostname_is_lowercase_and_trimmed() {
         assert_eq!(name, name.trim().to_lowercase());
         assert!(!name.is_empty());
     }
+}
+
+/// kube-up's (GCE) kube-proxy command line, the longest upstream ships, plus the
+/// deprecated and removed flags still found in older manifests: every one is
+/// accepted; those without effect get one warning each.
+#[test]
+fn every_kube_proxy_flag_is_accepted() {
+    let args = [
+        "--master=https://10.0.0.1",
+        "--kubeconfig=/var/lib/kube-proxy/kubeconfig",
+        "--cluster-cidr=10.64.0.0/14",
+        "--oom-score-adj=-998",
+        "--v=2",
+        "--iptables-sync-period=1m",
+        "--iptables-min-sync-period=10s",
+        "--ipvs-sync-period=1m",
+        "--ipvs-min-sync-period=10s",
+        "--feature-gates=AllAlpha=false",
+        "--profiling",
+        "--bind-address-hard-fail=true",
+        "--show-hidden-metrics-for-version=1.33",
+        "--ipvs-scheduler=rr",
+        "--ipvs-exclude-cidrs=10.0.0.0/8",
+        "--ipvs-strict-arp",
+        "--ipvs-tcp-timeout=0s",
+        "--ipvs-tcpfin-timeout=0s",
+        "--ipvs-udp-timeout=0s",
+        "--healthz-port=10256",
+        "--metrics-port=10249",
+        "--proxy-port-range=30000-32767",
+        "--logging-format=json",
+        "--vmodule=proxier*=4",
+        "--log-flush-frequency=5s",
+        "--log-text-split-stream=false",
+        "--log-text-info-buffer-size=0",
+        "--log-json-split-stream",
+        "--log-json-info-buffer-size=64Ki",
+        "--logtostderr=false",
+        "--alsologtostderr",
+        "--log-dir=/var/log",
+        "--log-file=/var/log/kube-proxy.log",
+        "--log-file-max-size=1800",
+        "--skip-headers",
+        "--stderrthreshold=2",
+        "--udp-timeout=250ms",
+        "--init-only=false",
+        "--masquerade-all=false",
+        "--conntrack-max-per-core=0",
+    ];
+    let (s, w) = ok(&args);
+    assert_eq!(s.sync_period, Duration::from_secs(60));
+    assert_eq!(s.min_sync_period, Duration::from_secs(10));
+    assert_eq!(s.oom_score_adj, -998);
+    assert_eq!(s.log_format, LogFormat::Json);
+    assert!(s.bind_address_hard_fail && !s.init_only);
+    assert_eq!(s.verbosity, 2);
+    for flag in [
+        "--profiling",
+        "--show-hidden-metrics-for-version",
+        "--ipvs-scheduler",
+        "--ipvs-exclude-cidrs",
+        "--ipvs-strict-arp",
+        "--ipvs-tcp-timeout",
+        "--ipvs-tcpfin-timeout",
+        "--ipvs-udp-timeout",
+        "--ipvs-sync-period",
+        "--ipvs-min-sync-period",
+        "--proxy-port-range",
+        "--vmodule",
+        "--log-flush-frequency",
+        "--log-json-info-buffer-size",
+        "--logtostderr",
+        "--log-file-max-size",
+        "--stderrthreshold",
+        "--udp-timeout",
+        "--feature-gates",
+    ] {
+        let n = w
+            .iter()
+            .filter(|w| w.starts_with(&format!("{flag}:")))
+            .count();
+        assert_eq!(n, 1, "{flag}: {n} warnings in {w:#?}");
+    }
+    // Flags with an effect are not reported as ignored.
+    for flag in [
+        "--oom-score-adj",
+        "--iptables-sync-period",
+        "--logging-format",
+        "--healthz-port",
+    ] {
+        assert!(!warned(&w, flag), "{flag} has an effect: {w:#?}");
+    }
+    // A bad value is still an error, as kube-proxy's flag parsing makes it.
+    assert!(run(&["--ipvs-tcp-timeout=soon"]).is_err());
+    assert!(run(&["--oom-score-adj=-1001"]).is_err());
+    assert!(err(&["--logging-format=xml"]).contains("--logging-format"));
+}
+
+#[test]
+fn mode_specific_sync_period_flags_as_upstream() {
+    // Outside ipvs mode the iptables names apply (and win over --sync-period).
+    let (s, w) = ok(&[
+        "--sync-period=5s",
+        "--iptables-sync-period=7s",
+        "--ipvs-min-sync-period=3s",
+    ]);
+    assert_eq!(s.sync_period, Duration::from_secs(7));
+    assert_eq!(s.min_sync_period, Duration::from_secs(1));
+    assert!(warned(&w, "--ipvs-min-sync-period: ignored"), "{w:?}");
+    // In ipvs mode (run as nftables), the ipvs names apply.
+    let (s, w) = ok(&[
+        "--proxy-mode=ipvs",
+        "--iptables-sync-period=7s",
+        "--ipvs-sync-period=9s",
+    ]);
+    assert_eq!(s.sync_period, Duration::from_secs(9));
+    assert!(warned(&w, "--iptables-sync-period: ignored"), "{w:?}");
+    assert!(err(&["--iptables-sync-period=0s"]).contains("greater than 0"));
+}
+
+#[test]
+fn deprecated_port_flags_as_upstream() {
+    // 0 disables the server.
+    let (s, _) = ok(&["--healthz-port=0", "--metrics-port=0"]);
+    assert_eq!((s.healthz_bind, s.metrics_bind), (None, None));
+    // Another port only fills in an address given without one.
+    let (s, _) = ok(&["--healthz-port=1234", "--metrics-port=4321"]);
+    assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
+    assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
+    let (s, _) = ok(&["--healthz-bind-address=10.0.0.5", "--healthz-port=1234"]);
+    assert_eq!(s.healthz_bind, Some("10.0.0.5:1234".parse().unwrap()));
+}
+
+#[test]
+fn oom_score_logging_and_hard_fail_from_the_file() {
+    let f = write_config(&format!(
+        "{HEAD}oomScoreAdj: -500\nbindAddressHardFail: true\nlogging:\n  format: json\n"
+    ));
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.oom_score_adj, -500);
+    assert!(s.bind_address_hard_fail);
+    assert_eq!(s.log_format, LogFormat::Json);
+    assert!(
+        !warned(&w, "oomScoreAdj") && !warned(&w, "logging.format"),
+        "{w:?}"
+    );
+    // The logging flags win over the file (upstream copies them over it).
+    let (s, _) = ok(&[&config_arg(&f), "--logging-format=text"]);
+    assert_eq!(s.log_format, LogFormat::Text);
+    // Defaults: kube-proxy's OOM score, text logs, soft bind failures.
+    let (s, _) = ok(&[]);
+    assert_eq!((s.oom_score_adj, s.log_format), (-999, LogFormat::Text));
+    assert!(!s.bind_address_hard_fail);
+    let f = write_config(&format!("{HEAD}oomScoreAdj: 2000\n"));
+    assert!(err(&[&config_arg(&f)]).contains("oomScoreAdj: 2000"));
+}
+
+/// `--write-config-to` writes a file that, loaded with `--config`, resolves to the
+/// same settings as the flags it came from.
+#[test]
+fn the_effective_config_round_trips_through_the_file_format() {
+    let cases: &[&[&str]] = &[
+        &[],
+        &["--proxy-mode=iptables"],
+        &[
+            "--proxy-mode=iptables",
+            "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
+            "--nodeport-addresses=10.0.0.0/8,fd00::/8",
+            "--masquerade-all",
+            "--iptables-masquerade-bit=5",
+            "--iptables-localhost-nodeports=false",
+            "--sync-period=45s",
+            "--min-sync-period=2s",
+            "--config-sync-period=20m",
+            "--kubeconfig=/etc/kubeconfig",
+            "--kube-api-qps=50",
+            "--kube-api-burst=100",
+            "--kube-api-content-type=application/json",
+            "--detect-local-mode=InterfaceNamePrefix",
+            "--pod-interface-name-prefix=veth",
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-established=0s",
+            "--conntrack-tcp-be-liberal",
+            "--conntrack-udp-timeout=30s",
+            "--conntrack-udp-timeout-stream=2m",
+            "--bind-address=10.0.0.7",
+            "--healthz-bind-address=10.0.0.7:10256",
+            "--metrics-bind-address=0.0.0.0:9999",
+            "--oom-score-adj=-10",
+            "--bind-address-hard-fail",
+            "--logging-format=json",
+            "--hostname-override=Node-B",
+            "-v=4",
+        ],
+        &[
+            "--nodeport-addresses=primary",
+            "--detect-local-mode=NodeCIDR",
+        ],
+        &[
+            "--detect-local-mode=BridgeInterface",
+            "--pod-bridge-interface=cbr0",
+        ],
+    ];
+    for args in cases {
+        let (want, _) = ok(args);
+        let yaml = effective::to_yaml(&want).unwrap();
+        let f = write_config(&yaml);
+        let (mut got, w) = ok(&[&config_arg(&f)]);
+        assert!(
+            !w.iter()
+                .any(|w| w.contains("unknown") || w.contains("ignored")),
+            "{args:?}: {w:#?}\n{yaml}"
+        );
+        got.config_file = None;
+        assert_eq!(got, want, "{args:?}:\n{yaml}");
+    }
+    // /configz serves the same object under its API group.
+    let (s, _) = ok(&["--proxy-mode=iptables"]);
+    let z = effective::configz_json(&s);
+    assert_eq!(z["kubeproxy.config.k8s.io"]["mode"], "iptables");
+    assert_eq!(
+        z["kubeproxy.config.k8s.io"]["kind"],
+        "KubeProxyConfiguration"
+    );
 }

@@ -60,6 +60,10 @@ pub struct Metrics {
     conntrack_cleanup_failures: IntCounter,
     conntrack_entries_deleted: IntCounter,
     health_check_bind_failures: IntGauge,
+    /// client-go's REST client families, observed by the API client's layer.
+    rest_client: crate::sources::kube::client_metrics::RestClientMetrics,
+    /// `/configz`'s body, set once the configuration is known.
+    configz: std::sync::OnceLock<String>,
 }
 
 /// kube-proxy's help texts are component-base's: prefixed with the stability level.
@@ -241,8 +245,23 @@ impl Metrics {
                 "healthCheckNodePort servers that cannot currently listen on their port"
                     .to_string(),
             ),
+            rest_client: {
+                let rc = crate::sources::kube::client_metrics::RestClientMetrics::new();
+                register(&r, rc.requests.clone());
+                register(&r, rc.duration.clone());
+                rc
+            },
+            configz: std::sync::OnceLock::new(),
             registry: r,
         };
+        // The process's own figures (process_resident_memory_bytes,
+        // process_cpu_seconds_total, process_open_fds, ...), as every Go component has.
+        #[cfg(target_os = "linux")]
+        m.registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process metrics register once");
         // Series that exist from the start, so dashboards see zeros rather than gaps.
         for policy in ["internal", "external"] {
             m.no_local_endpoints.with_label_values(&[policy]).set(0);
@@ -251,6 +270,16 @@ impl Metrics {
             m.invalid_objects.with_label_values(&[kind.as_str()]);
         }
         Arc::new(m)
+    }
+
+    /// The families the API client's metrics layer observes into.
+    pub fn rest_client(&self) -> crate::sources::kube::client_metrics::RestClientMetrics {
+        self.rest_client.clone()
+    }
+
+    /// Sets `/configz`'s body (the effective configuration as JSON); the first call wins.
+    pub fn set_configz(&self, json: &serde_json::Value) {
+        let _ = self.configz.set(json.to_string());
     }
 
     /// A successful sync that took `duration`.
@@ -438,6 +467,17 @@ pub async fn serve(
         .route(
             "/healthz/ping",
             any(|| async { text("ok".to_string(), "text/plain; charset=utf-8") }),
+        )
+        .route(
+            "/configz",
+            any(|State(m): State<Arc<Metrics>>| async move {
+                match m.configz.get() {
+                    Some(body) => text(body.clone(), "application/json"),
+                    None => {
+                        (StatusCode::NOT_FOUND, "no configuration registered\n").into_response()
+                    }
+                }
+            }),
         )
         .route(
             "/proxyMode",

@@ -130,7 +130,16 @@ impl KubeSourceConfig {
 /// A client configured as kube-proxy's: the `--kubeconfig` file if given, else the
 /// in-cluster service account when running in a pod, else the default kubeconfig
 /// (`$KUBECONFIG`, `~/.kube/config`); `--master` overrides the server URL.
+#[cfg(test)]
 pub async fn client(cfg: &KubeSourceConfig) -> anyhow::Result<Client> {
+    client_with_metrics(cfg, client_metrics::RestClientMetrics::new()).await
+}
+
+/// [`client`], observing every request in `metrics` (client-go's REST client metrics).
+pub async fn client_with_metrics(
+    cfg: &KubeSourceConfig,
+    metrics: client_metrics::RestClientMetrics,
+) -> anyhow::Result<Client> {
     cfg.validate()?;
     let options = KubeConfigOptions::default();
     let mut config = if let Some(path) = &cfg.kubeconfig {
@@ -166,8 +175,15 @@ pub async fn client(cfg: &KubeSourceConfig) -> anyhow::Result<Client> {
     config.read_timeout = None;
     let cc = &cfg.client_connection;
     warn_content_type(cc);
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let client = kube::client::ClientBuilder::try_from(config)
         .context("building the Kubernetes client")?
+        // Outermost: a request waiting for the rate limiter is not yet a request.
+        .with_layer(&client_metrics::ClientMetricsLayer::new(metrics, host))
         .with_layer(&rate_limit::RateLimitLayer::new(cc.qps, cc.burst))
         .with_layer(&request_timeout::RequestTimeoutLayer::new(REQUEST_TIMEOUT))
         .build();
@@ -897,6 +913,7 @@ fn strip_cidr(mut cidr: ServiceCIDR) -> ServiceCIDR {
     cidr
 }
 
+pub mod client_metrics;
 mod rate_limit;
 mod request_timeout;
 

@@ -1,0 +1,131 @@
+//! The effective configuration as a `KubeProxyConfiguration`: what `--write-config-to`
+//! writes (YAML) and `/configz` serves (JSON), as kube-proxy does with its resolved
+//! config object.
+//!
+//! Entry point: [`effective_config`]. Loading what it writes with `--config` gives the
+//! same [`Settings`] back, except where the file format itself cannot say what a flag
+//! can (as upstream): an empty health or metrics address in a file means the default
+//! address, not "disabled", and a zero `minSyncPeriod` means the default (1s).
+
+use std::collections::BTreeMap;
+
+use super::duration::GoDuration;
+use super::file::{
+    ClientConnectionConfiguration, ConntrackConfiguration, DetectLocalConfiguration,
+    IPTablesConfiguration, KubeProxyConfiguration, LoggingConfiguration, NFTablesConfiguration,
+    API_VERSION, KIND,
+};
+use super::{DetectLocal, NodePortAddresses, Settings};
+
+/// `settings` as a complete v1alpha1 `KubeProxyConfiguration` (every field svcproxy
+/// reads is set; the sync periods and masquerade settings in both the iptables and
+/// nftables sections, so the file reads the same whichever mode loads it).
+pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
+    let dur = |d: std::time::Duration| Some(GoDuration(d));
+    let zero_if_none = |d: Option<std::time::Duration>| dur(d.unwrap_or_default());
+    let addr = |a: Option<std::net::SocketAddr>| Some(a.map(|a| a.to_string()).unwrap_or_default());
+    let i32_of = |n: u32| Some(i32::try_from(n).unwrap_or(i32::MAX));
+    let (detect_local_mode, bridge, prefix) = match &settings.detect_local {
+        DetectLocal::None | DetectLocal::ClusterCidr(_) => ("ClusterCIDR", "", ""),
+        DetectLocal::NodeCidr => ("NodeCIDR", "", ""),
+        DetectLocal::BridgeInterface(b) => ("BridgeInterface", b.as_str(), ""),
+        DetectLocal::InterfaceNamePrefix(p) => ("InterfaceNamePrefix", "", p.as_str()),
+    };
+    let c = &settings.conntrack;
+    let cc = &settings.client_connection;
+    KubeProxyConfiguration {
+        api_version: Some(API_VERSION.to_string()),
+        kind: Some(KIND.to_string()),
+        feature_gates: Some(BTreeMap::new()),
+        client_connection: Some(ClientConnectionConfiguration {
+            kubeconfig: Some(
+                settings
+                    .kubeconfig
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+            ),
+            accept_content_types: Some(cc.accept_content_types.clone()),
+            content_type: Some(cc.content_type.clone()),
+            qps: Some(cc.qps),
+            burst: i32_of(cc.burst),
+        }),
+        logging: Some(LoggingConfiguration {
+            format: Some(settings.log_format.as_str().to_string()),
+            verbosity: Some(settings.verbosity),
+            ..LoggingConfiguration::default()
+        }),
+        hostname_override: Some(settings.node_name.clone()),
+        bind_address: Some(settings.bind_address.to_string()),
+        healthz_bind_address: addr(settings.healthz_bind),
+        metrics_bind_address: addr(settings.metrics_bind),
+        bind_address_hard_fail: Some(settings.bind_address_hard_fail),
+        enable_profiling: Some(false),
+        show_hidden_metrics_for_version: Some(String::new()),
+        mode: Some(settings.proxy_mode.as_str().to_string()),
+        iptables: Some(IPTablesConfiguration {
+            masquerade_bit: Some(i32::from(settings.masquerade_bit)),
+            masquerade_all: Some(settings.masquerade_all),
+            localhost_node_ports: Some(settings.localhost_nodeports),
+            snat_node_internal_ip: None,
+            sync_period: dur(settings.sync_period),
+            min_sync_period: dur(settings.min_sync_period),
+        }),
+        ipvs: None,
+        nftables: Some(NFTablesConfiguration {
+            masquerade_bit: Some(i32::from(settings.masquerade_bit)),
+            masquerade_all: Some(settings.masquerade_all),
+            sync_period: dur(settings.sync_period),
+            min_sync_period: dur(settings.min_sync_period),
+        }),
+        winkernel: None,
+        detect_local_mode: Some(detect_local_mode.to_string()),
+        detect_local: Some(DetectLocalConfiguration {
+            bridge_interface: Some(bridge.to_string()),
+            interface_name_prefix: Some(prefix.to_string()),
+        }),
+        cluster_cidr: Some(
+            settings
+                .cluster_cidrs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        node_port_addresses: match &settings.nodeport_addresses {
+            NodePortAddresses::Primary => Some(vec!["primary".to_string()]),
+            // Only iptables mode's default, which an absent field gives back.
+            NodePortAddresses::All => None,
+            NodePortAddresses::Cidrs(c) => Some(c.iter().map(ToString::to_string).collect()),
+        },
+        oom_score_adj: Some(settings.oom_score_adj),
+        conntrack: Some(ConntrackConfiguration {
+            max_per_core: i32_of(c.max_per_core),
+            min: i32_of(c.min),
+            tcp_established_timeout: zero_if_none(c.tcp_established_timeout),
+            tcp_close_wait_timeout: zero_if_none(c.tcp_close_wait_timeout),
+            tcp_be_liberal: Some(c.tcp_be_liberal),
+            udp_timeout: zero_if_none(c.udp_timeout),
+            udp_stream_timeout: zero_if_none(c.udp_stream_timeout),
+            max: None,
+        }),
+        config_sync_period: dur(settings.config_sync_period),
+        port_range: Some(String::new()),
+        windows_run_as_service: None,
+        sync_period: None,
+        min_sync_period: None,
+        udp_idle_timeout: None,
+        resource_container: None,
+    }
+}
+
+/// The effective configuration as YAML (`--write-config-to`).
+pub fn to_yaml(settings: &Settings) -> anyhow::Result<String> {
+    Ok(serde_yaml::to_string(&effective_config(settings))?)
+}
+
+/// `/configz`'s body: the configuration under its API group, as upstream's configz
+/// handler serves it.
+pub fn configz_json(settings: &Settings) -> serde_json::Value {
+    serde_json::json!({ "kubeproxy.config.k8s.io": effective_config(settings) })
+}
