@@ -157,17 +157,42 @@ fn forbidden_endpoint_ip(ip: &IpAddr) -> Option<&'static str> {
     }
 }
 
-/// Parses an IP strictly: no zones, no leading zeros ambiguity (Rust's parser
-/// already refuses `010.1.1.1`), surrounding whitespace not accepted.
-fn parse_ip(s: &str) -> Option<IpAddr> {
-    s.parse().ok()
+/// Parses an IP as upstream's `ParseIPSloppy`: no zones, no surrounding whitespace;
+/// IPv4 octets with leading zeros are read as decimal (never octal) and the value
+/// normalised, with a warning naming `field` (objects from before the API server
+/// refused them still hold such addresses).
+fn parse_ip(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<IpAddr> {
+    let parsed = crate::addr::parse_ip_sloppy(s)?;
+    if parsed.normalised {
+        ctx.warn(
+            field,
+            format!(
+                "{} has leading zeros: read as decimal, {}",
+                quote(s),
+                parsed.value
+            ),
+        );
+    }
+    Some(parsed.value)
 }
 
-fn parse_cidr(s: &str) -> Option<IpNet> {
-    let net: IpNet = s.trim().parse().ok()?;
+/// Parses a CIDR as upstream's `ParseCIDRSloppy` (see [`parse_ip`]), after trimming
+/// surrounding whitespace.
+fn parse_cidr(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<IpNet> {
+    let parsed = crate::addr::parse_cidr_sloppy(s.trim())?;
+    let net = parsed.value;
     // The API requires the network address (`10.0.0.0/8`, not `10.1.2.3/8`); being
     // lenient here would silently widen or move what the owner wrote.
-    (net.network() == net.addr()).then_some(net)
+    if net.network() != net.addr() {
+        return None;
+    }
+    if parsed.normalised {
+        ctx.warn(
+            field,
+            format!("{} has leading zeros: read as decimal, {net}", quote(s)),
+        );
+    }
+    Some(net)
 }
 
 fn meta_key(
@@ -278,7 +303,7 @@ pub fn convert_service(
     let mut cluster_ips: Vec<IpAddr> = Vec::new();
     for (i, raw) in raw_ips.iter().enumerate().take(2) {
         let field = format!("spec.clusterIPs[{i}]");
-        match parse_ip(raw) {
+        match parse_ip(&mut ctx, &field, raw) {
             Some(ip) if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() => {
                 ctx.ignore(field, format!("{} cannot be a cluster IP", quote(raw)))
             }
@@ -541,7 +566,7 @@ fn parse_ip_list(ctx: &mut Ctx<'_>, field: &str, raw: &[String]) -> Vec<IpAddr> 
             );
             break;
         }
-        match parse_ip(s) {
+        match parse_ip(ctx, &format!("{field}[{i}]"), s) {
             Some(ip) if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() => ctx.ignore(
                 format!("{field}[{i}]"),
                 format!("{} is not usable here", quote(s)),
@@ -581,7 +606,9 @@ fn parse_lb_ingress(ctx: &mut Ctx<'_>, svc: &corev1::Service) -> Vec<LoadBalance
         let Some(raw) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
             continue;
         };
-        let Some(ip) = parse_ip(raw).filter(|ip| !ip.is_unspecified() && !ip.is_multicast()) else {
+        let Some(ip) = parse_ip(ctx, &format!("{field}.ip"), raw)
+            .filter(|ip| !ip.is_unspecified() && !ip.is_multicast())
+        else {
             ctx.ignore(
                 format!("{field}.ip"),
                 format!("invalid IP address {}", quote(raw)),
@@ -630,7 +657,7 @@ fn parse_source_ranges(
             );
             break;
         }
-        match parse_cidr(s) {
+        match parse_cidr(ctx, &format!("{field}[{i}]"), s) {
             Some(net) => out.push(net),
             None => ctx.ignore(
                 format!("{field}[{i}]"),
@@ -837,7 +864,7 @@ pub fn convert_slice(
             ctx.ignore(format!("{field}.addresses"), "no address");
             continue;
         };
-        let Some(ip) = parse_ip(raw) else {
+        let Some(ip) = parse_ip(&mut ctx, &format!("{field}.addresses[0]"), raw) else {
             ctx.ignore(
                 format!("{field}.addresses[0]"),
                 format!("invalid IP address {}", quote(raw)),
@@ -996,7 +1023,7 @@ pub fn convert_node(node: &corev1::Node, problems: &mut Vec<Problem>) -> Option<
             if a.type_ != wanted {
                 continue;
             }
-            match parse_ip(&a.address) {
+            match parse_ip(&mut ctx, &format!("status.addresses[{i}]"), &a.address) {
                 Some(ip) if !addresses.contains(&ip) => addresses.push(ip),
                 Some(_) => {}
                 None => ctx.ignore(
@@ -1014,7 +1041,7 @@ pub fn convert_node(node: &corev1::Node, problems: &mut Vec<Problem>) -> Option<
     };
     let mut pod_cidrs = Vec::new();
     for (i, c) in raw_cidrs.iter().enumerate().take(2) {
-        match parse_cidr(c) {
+        match parse_cidr(&mut ctx, &format!("spec.podCIDRs[{i}]"), c) {
             Some(net) => pod_cidrs.push(net),
             None => ctx.ignore(
                 format!("spec.podCIDRs[{i}]"),
@@ -1058,7 +1085,7 @@ pub fn convert_service_cidr(
         .unwrap_or_default();
     let mut out = Vec::new();
     for (i, c) in raw.iter().enumerate().take(2) {
-        match parse_cidr(c) {
+        match parse_cidr(&mut ctx, &format!("spec.cidrs[{i}]"), c) {
             Some(net) => out.push(net),
             None => ctx.ignore(
                 format!("spec.cidrs[{i}]"),

@@ -6,6 +6,7 @@
 //! per-family [`snapshot::NodeSnapshot`]. Nothing here touches tokio, the kube client
 //! or the kernel; the entry point is [`state::ClusterState`].
 
+pub mod addr;
 pub mod convert;
 pub mod manifest;
 pub mod mirror;

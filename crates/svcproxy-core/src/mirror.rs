@@ -8,7 +8,7 @@
 //! unchanged object changes nothing downstream.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, Endpoints};
 use k8s_openapi::api::discovery::v1 as discoveryv1;
@@ -232,27 +232,10 @@ fn mirror_port(p: &EndpointPort) -> discoveryv1::EndpointPort {
 /// Parses an address the way upstream's `ParseIPSloppy` + `To4` does: IPv4 octets may
 /// carry leading zeros (read as decimal), and an IPv4-mapped IPv6 address is IPv4.
 fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
-    let ip = match s.parse::<IpAddr>() {
-        Ok(ip) => ip,
-        Err(_) => IpAddr::V4(parse_v4_leading_zeros(s)?),
-    };
-    Some(match ip {
+    Some(match crate::addr::parse_ip_sloppy(s)?.value {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     })
-}
-
-fn parse_v4_leading_zeros(s: &str) -> Option<Ipv4Addr> {
-    let mut octets = [0u8; 4];
-    let mut parts = s.split('.');
-    for octet in &mut octets {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        *octet = part.parse().ok()?;
-    }
-    parts.next().is_none().then(|| Ipv4Addr::from(octets))
 }
 
 #[cfg(test)]
@@ -584,7 +567,7 @@ subsets:
                 addresses: Some(
                     (0..1200u32)
                         .map(|i| EndpointAddress {
-                            ip: Ipv4Addr::from(0x0a00_0000 + i).to_string(),
+                            ip: std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string(),
                             ..EndpointAddress::default()
                         })
                         .collect(),

@@ -2367,3 +2367,86 @@ endpoints: [{}]
     // Nothing here is valid for IPv6 either.
     assert!(update.v6.service_ports.is_empty());
 }
+
+/// Upstream reads addresses with `ParseIPSloppy`/`ParseCIDRSloppy` (objects stored
+/// before the API server refused leading zeros still carry them): every field is read
+/// as decimal and normalised, with one warning naming it; source ranges are trimmed.
+#[test]
+fn leading_zeros_are_read_as_decimal_and_normalised_with_a_warning_per_field() {
+    let mut st = baseline_state();
+    upsert(
+        &mut st,
+        service(
+            r#"
+metadata: {name: legacy, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.040
+  clusterIPs: [10.96.0.040]
+  externalIPs: [203.0.113.007]
+  loadBalancerSourceRanges: [" 198.51.100.000/024 ", "203.0.113.0/24 "]
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30081}]
+status:
+  loadBalancer:
+    ingress:
+    - ip: 198.51.100.011
+"#,
+        ),
+    );
+    upsert(
+        &mut st,
+        slice(
+            r#"
+metadata:
+  name: legacy-1
+  namespace: default
+  labels: {kubernetes.io/service-name: legacy}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.244.1.010], nodeName: node-a}
+"#,
+        ),
+    );
+    let svc = key(Kind::Service, "default", "legacy");
+    expect_problems(
+        &st,
+        &svc,
+        &[
+            ("spec.clusterIPs[0]", Warning),
+            ("spec.externalIPs[0]", Warning),
+            ("status.loadBalancer.ingress[0].ip", Warning),
+            ("spec.loadBalancerSourceRanges[0]", Warning),
+        ],
+    );
+    let p = expect_problem(&st, &svc, "spec.clusterIPs[0]", Warning);
+    assert!(p.message.contains("10.96.0.40"), "{p}");
+    expect_problems(
+        &st,
+        &key(Kind::EndpointSlice, "default", "legacy-1"),
+        &[("endpoints[0].addresses[0]", Warning)],
+    );
+    assert_eq!(count(&st, Kind::Service), 0, "warnings are not counted");
+    let update = st.snapshot();
+    assert_baseline_works(&update);
+    let v = must_view(&update.v4, &tcp("default", "legacy", "http"));
+    // Decimal, never octal: 040 is 40 (octal would be 32).
+    assert_eq!(v.port.cluster_ips, vec![ip("10.96.0.40")]);
+    assert_eq!(v.port.external_ips, vec![ip("203.0.113.7")]);
+    assert_eq!(
+        v.port.load_balancer_ingress,
+        vec![LoadBalancerIngress {
+            ip: ip("198.51.100.11"),
+            ip_mode: IpMode::Vip
+        }]
+    );
+    assert_eq!(
+        v.port.load_balancer_source_ranges,
+        Some(vec![
+            "198.51.100.0/24".parse().unwrap(),
+            "203.0.113.0/24".parse().unwrap()
+        ])
+    );
+    let eps: Vec<String> = v.endpoints.iter().map(|e| e.ip.to_string()).collect();
+    assert_eq!(eps, ["10.244.1.10"]);
+}

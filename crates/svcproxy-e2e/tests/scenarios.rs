@@ -69,6 +69,7 @@ scenarios! {
     no_endpoints_reject => "no-endpoints-reject",
     nodeport => "nodeport",
     session_affinity => "session-affinity",
+    sloppy_addresses => "sloppy-addresses",
     terminating_fallback => "terminating-fallback",
     topology_keys_no_match => "topology-keys-no-match",
 }
