@@ -164,17 +164,129 @@ pub trait ConntrackCleaner {
     /// Deletes every entry matching at least one of `filters` (which may be empty:
     /// then nothing is looked at). Entries no filter matches are never touched.
     fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError>;
+
+    /// Deletes every entry `stale` calls stale (the first sync's reconciliation of the
+    /// whole table with the rules just applied).
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError>;
 }
 
 impl<C: ConntrackCleaner + ?Sized> ConntrackCleaner for &mut C {
     fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
         (**self).delete(filters)
     }
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+        (**self).delete_stale(stale)
+    }
 }
 
 impl<C: ConntrackCleaner + ?Sized> ConntrackCleaner for Box<C> {
     fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
         (**self).delete(filters)
+    }
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+        (**self).delete_stale(stale)
+    }
+}
+
+/// Where a UDP frontend's flows may go: the endpoints its rules reach, and whether it
+/// has any (with none, its traffic is rejected or dropped, not DNATed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct FrontendFlows {
+    endpoints: BTreeSet<(IpAddr, u16)>,
+    active: bool,
+}
+
+/// The first sync's conntrack reconciliation, as upstream's `CleanStaleEntries`: after
+/// a restart there is no previous snapshot, so instead of comparing snapshots the
+/// kernel's UDP entries are compared with the rules just applied. An entry is stale
+/// when it was DNATed, through one of this snapshot's UDP frontends (a service IP and
+/// port, or a NodePort), to an endpoint that frontend no longer reaches (it vanished,
+/// or stopped being selected, while svcproxy was down); or when it was not DNATed, to
+/// a service IP and port that now has endpoints (a REJECT cached from when it had
+/// none). Entries to addresses this snapshot does not serve are never touched.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StaleUdpFlows {
+    /// (family, service IP, port) → where its flows may go.
+    by_ip: BTreeMap<(IpFamily, IpAddr, u16), FrontendFlows>,
+    /// (family, NodePort) → likewise.
+    by_node_port: BTreeMap<(IpFamily, u16), FrontendFlows>,
+}
+
+impl StaleUdpFlows {
+    /// The UDP frontends of `update` and their endpoints.
+    pub fn from_snapshot(update: &SnapshotUpdate) -> Self {
+        let mut out = StaleUdpFlows::default();
+        for family in IpFamily::BOTH {
+            for (name, view) in &update.family(family).service_ports {
+                if name.protocol != Protocol::Udp {
+                    continue;
+                }
+                let flows = FrontendFlows {
+                    endpoints: view
+                        .selection
+                        .all_reachable()
+                        .iter()
+                        .map(|e| (e.ip, e.port))
+                        .collect(),
+                    active: view.selection.has_any_endpoints,
+                };
+                let port = &view.port;
+                let ips = port
+                    .cluster_ips
+                    .iter()
+                    .chain(&port.external_ips)
+                    .copied()
+                    .chain(port.load_balancer_vips())
+                    .filter(|ip| IpFamily::of(ip) == family);
+                for ip in ips {
+                    out.by_ip.insert((family, ip, port.port), flows.clone());
+                }
+                if let Some(np) = port.node_port {
+                    out.by_node_port.insert((family, np), flows);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether there is any UDP frontend (else the table need not be read).
+    pub fn is_empty(&self) -> bool {
+        self.by_ip.is_empty() && self.by_node_port.is_empty()
+    }
+
+    /// The families with UDP frontends.
+    pub fn families(&self) -> Vec<IpFamily> {
+        IpFamily::BOTH
+            .into_iter()
+            .filter(|f| {
+                self.by_ip.keys().any(|k| k.0 == *f) || self.by_node_port.keys().any(|k| k.0 == *f)
+            })
+            .collect()
+    }
+
+    /// Whether `entry` is a stale flow of one of the frontends.
+    pub fn is_stale(&self, entry: &ConntrackEntry) -> bool {
+        if entry.protocol != ip_protocol(Protocol::Udp) {
+            return false;
+        }
+        let Some(dport) = entry.orig_dport else {
+            return false;
+        };
+        let dnat = entry.status & IPS_DST_NAT != 0;
+        let reply = entry.reply_sport.map(|p| (entry.reply_src, p));
+        if let Some(f) = self.by_ip.get(&(entry.family, entry.orig_dst, dport)) {
+            return if dnat {
+                reply.is_none_or(|r| !f.endpoints.contains(&r))
+            } else {
+                f.active
+            };
+        }
+        // A NodePort answers on node addresses svcproxy does not list here: only its
+        // DNATed flows are recognisable as the service's.
+        match self.by_node_port.get(&(entry.family, dport)) {
+            Some(f) if dnat => reply.is_none_or(|r| !f.endpoints.contains(&r)),
+            _ => false,
+        }
     }
 }
 
@@ -185,6 +297,9 @@ pub struct NoConntrackCleanup;
 
 impl ConntrackCleaner for NoConntrackCleanup {
     fn delete(&mut self, _filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
+        Ok(CleanupStats::default())
+    }
+    fn delete_stale(&mut self, _stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
         Ok(CleanupStats::default())
     }
 }
@@ -199,6 +314,8 @@ pub struct RecordingCleaner {
     pub entries: Vec<ConntrackEntry>,
     /// The entries deleted so far, in order.
     pub deleted: Vec<ConntrackEntry>,
+    /// How many reconciliations ([`ConntrackCleaner::delete_stale`]) were asked for.
+    pub reconciliations: usize,
     failures: VecDeque<String>,
 }
 
@@ -235,18 +352,32 @@ impl ConntrackCleaner for RecordingCleaner {
         if let Some(message) = self.failures.pop_front() {
             return Err(ConntrackError::Fake(message));
         }
+        Ok(self.remove_where(|e| filters.iter().any(|f| f.matches(e))))
+    }
+
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+        self.reconciliations += 1;
+        if let Some(message) = self.failures.pop_front() {
+            return Err(ConntrackError::Fake(message));
+        }
+        Ok(self.remove_where(|e| stale.is_stale(e)))
+    }
+}
+
+impl RecordingCleaner {
+    fn remove_where(&mut self, doomed: impl Fn(&ConntrackEntry) -> bool) -> CleanupStats {
         let scanned = self.entries.len();
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.entries)
             .into_iter()
-            .partition(|e| filters.iter().any(|f| f.matches(e)));
+            .partition(|e| doomed(e));
         self.entries = kept;
         let deleted = gone.len();
         self.deleted.extend(gone);
-        Ok(CleanupStats {
+        CleanupStats {
             scanned,
             deleted,
             ..CleanupStats::default()
-        })
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use svcproxy_core::model::IpFamily;
 
 use crate::conntrack::{
-    CleanupStats, ConntrackCleaner, ConntrackEntry, ConntrackError, ConntrackFilter,
+    CleanupStats, ConntrackCleaner, ConntrackEntry, ConntrackError, ConntrackFilter, StaleUdpFlows,
 };
 
 const CTA_ID: u16 = 12;
@@ -160,6 +160,23 @@ impl ConntrackCleaner for NetlinkConntrack {
                 continue;
             }
             let (deleted, vanished) = self.delete_entries(&doomed)?;
+            stats.deleted += deleted;
+            stats.vanished += vanished;
+        }
+        Ok(stats)
+    }
+
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+        let mut stats = CleanupStats::default();
+        for family in stale.families() {
+            let dumped =
+                self.with_socket(|sock, seq| dump_on(sock, seq, family, |e| stale.is_stale(e)))?;
+            stats.scanned += dumped.scanned;
+            stats.unparsed += dumped.unparsed;
+            if dumped.kept.is_empty() {
+                continue;
+            }
+            let (deleted, vanished) = self.delete_entries(&dumped.kept)?;
             stats.deleted += deleted;
             stats.vanished += vanished;
         }

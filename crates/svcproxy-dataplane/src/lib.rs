@@ -37,7 +37,7 @@ pub use backend::{
 pub use conntrack::{
     cleanup_filters, ip_protocol, CleanupStats, ConntrackCleaner, ConntrackCleanupReport,
     ConntrackEntry, ConntrackError, ConntrackFilter, NoConntrackCleanup, RecordingCleaner,
-    IPS_DST_NAT,
+    StaleUdpFlows, IPS_DST_NAT,
 };
 pub use conntrack_sysctl::{
     apply_conntrack_sysctls, apply_conntrack_sysctls_at, online_cpus, ConntrackSettings,

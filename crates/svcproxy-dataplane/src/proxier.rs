@@ -14,6 +14,7 @@ use svcproxy_plan::{build_intent, Conflict, IntentBuilder, PlanConfig};
 use crate::backend::{DataPlane, NodeRequirements, SyncKind};
 use crate::conntrack::{
     cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, ConntrackFilter, NoConntrackCleanup,
+    StaleUdpFlows,
 };
 use crate::ctnetlink::NetlinkConntrack;
 use crate::error::DataPlaneError;
@@ -127,7 +128,8 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
     /// from the previously applied snapshot are deleted
     /// ([`cleanup_filters`](crate::cleanup_filters)); a failure there is logged and
     /// reported in [`SyncReport::conntrack`], never an error of the sync. The first
-    /// sync has nothing to compare with and cleans nothing.
+    /// sync has nothing to compare with: it compares the kernel's UDP entries with
+    /// the rules it applied instead ([`StaleUdpFlows`]).
     pub fn sync(
         &mut self,
         update: &SnapshotUpdate,
@@ -162,6 +164,45 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
         Ok(report)
     }
 
+    /// The first sync's cleanup: nothing to compare with, so the kernel's UDP entries
+    /// are compared with `update` ([`StaleUdpFlows`]): a flow stuck on an endpoint
+    /// that went away while svcproxy was down is deleted. A failure is logged and not
+    /// retried (the next syncs compare snapshots again).
+    fn reconcile_conntrack(
+        &mut self,
+        update: &SnapshotUpdate,
+        start: Instant,
+    ) -> ConntrackCleanupReport {
+        let stale = StaleUdpFlows::from_snapshot(update);
+        if stale.is_empty() {
+            return ConntrackCleanupReport::default();
+        }
+        let mut report = match self.cleaner.delete_stale(&stale) {
+            Ok(stats) => ConntrackCleanupReport {
+                scanned: stats.scanned,
+                deleted: stats.deleted,
+                ..ConntrackCleanupReport::default()
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "UDP conntrack reconciliation at start failed");
+                ConntrackCleanupReport {
+                    error: Some(e.to_string()),
+                    ..ConntrackCleanupReport::default()
+                }
+            }
+        };
+        report.duration = start.elapsed();
+        if report.deleted > 0 {
+            tracing::info!(
+                deleted = report.deleted,
+                scanned = report.scanned,
+                duration = ?report.duration,
+                "deleted stale UDP conntrack entries (first sync: the table against the rules)"
+            );
+        }
+        report
+    }
+
     /// Deletes the conntrack entries the move from the applied snapshot to `update`
     /// made stale, and remembers `update` as applied.
     fn clean_conntrack(&mut self, update: &SnapshotUpdate) -> ConntrackCleanupReport {
@@ -177,7 +218,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
         };
         let previous = self.applied.replace(applied);
         let Some(previous) = previous else {
-            return ConntrackCleanupReport::default();
+            return self.reconcile_conntrack(update, start);
         };
         let mut filters = cleanup_filters(&previous, update);
         if !self.conntrack_retry.is_empty() {

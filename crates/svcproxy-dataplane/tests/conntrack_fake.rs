@@ -96,10 +96,17 @@ fn a_removed_endpoint_loses_exactly_its_udp_flows_after_the_apply() {
     let mut state = cluster(&[DNS, &dns_slice(&["198.18.2.10", "198.18.2.11"])]);
     let mut dp = plane(all);
 
-    // First sync: nothing to compare with, nothing cleaned.
+    // First sync: nothing to compare with; the table is reconciled with the rules,
+    // and every flow here is one they still serve (or not a service's).
     let first = dp.sync(&snapshot(&mut state), false).expect("first sync");
     assert!(first.conntrack.filters.is_empty());
     assert!(dp.cleaner().calls.is_empty());
+    assert_eq!(dp.cleaner().reconciliations, 1);
+    assert!(
+        dp.cleaner().deleted.is_empty(),
+        "{:?}",
+        dp.cleaner().deleted
+    );
 
     upsert(&mut state, &dns_slice(&["198.18.2.11"]));
     let report = dp.sync(&snapshot(&mut state), false).expect("sync");
@@ -212,4 +219,70 @@ fn tcp_only_changes_never_reach_the_cleaner() {
     let report = dp.sync(&snapshot(&mut state), false).expect("sync");
     assert!(report.conntrack.filters.is_empty());
     assert!(dp.cleaner().calls.is_empty());
+}
+
+/// After a restart (a first sync), flows stuck on an endpoint that went away while
+/// svcproxy was down are deleted: the table is compared with the rules just applied
+/// (upstream's `CleanStaleEntries`). Flows the rules still serve, TCP, and traffic
+/// not to a UDP frontend are left alone.
+#[test]
+fn the_first_sync_deletes_flows_stuck_on_endpoints_that_went_away_meanwhile() {
+    let to_gone = flow("198.19.0.53", 53, "198.18.2.10", 5353, true);
+    let ext_to_gone = flow("203.0.113.53", 53, "198.18.2.10", 5353, true);
+    let np_to_gone = flow("198.18.0.1", 30053, "198.18.2.10", 5353, true);
+    let cached_reject = flow("198.19.0.53", 53, "198.19.0.53", 53, false);
+    let to_live = flow("198.19.0.53", 53, "198.18.2.11", 5353, true);
+    let np_to_live = flow("198.18.0.1", 30053, "198.18.2.11", 5353, true);
+    let mut tcp_to_gone = flow("198.19.0.53", 53, "198.18.2.10", 5353, true);
+    tcp_to_gone.protocol = 6;
+    let other_service = flow("198.19.0.99", 53, "198.18.2.10", 5353, true);
+    let direct = flow("198.18.2.10", 5353, "198.18.2.10", 5353, false);
+    let undnat_node_port = flow("198.18.0.1", 30053, "198.18.0.1", 30053, false);
+    let mut state = cluster(&[DNS, &dns_slice(&["198.18.2.11"])]);
+    let mut dp = plane(vec![
+        to_gone.clone(),
+        ext_to_gone.clone(),
+        np_to_gone.clone(),
+        cached_reject.clone(),
+        to_live.clone(),
+        np_to_live.clone(),
+        tcp_to_gone.clone(),
+        other_service.clone(),
+        direct.clone(),
+        undnat_node_port.clone(),
+    ]);
+    let first = dp.sync(&snapshot(&mut state), false).expect("first sync");
+    assert_eq!(first.conntrack.error, None);
+    assert_eq!(first.conntrack.deleted, 4, "{:?}", first.conntrack);
+    assert_eq!(
+        dp.cleaner().deleted,
+        [to_gone, ext_to_gone, np_to_gone, cached_reject]
+    );
+    assert_eq!(
+        dp.cleaner().entries,
+        [
+            to_live,
+            np_to_live,
+            tcp_to_gone,
+            other_service,
+            direct,
+            undnat_node_port
+        ]
+    );
+    // Later syncs compare snapshots again: no second reconciliation.
+    dp.sync(&snapshot(&mut state), false).expect("sync");
+    assert_eq!(dp.cleaner().reconciliations, 1);
+}
+
+/// With no endpoints at all, a DNATed flow is stale (its endpoint is gone) but an
+/// un-NATed one is not a cached reject to clear: the service still rejects.
+#[test]
+fn a_first_sync_without_endpoints_keeps_what_the_reject_would_answer() {
+    let to_gone = flow("198.19.0.53", 53, "198.18.2.10", 5353, true);
+    let rejected = flow("198.19.0.53", 53, "198.19.0.53", 53, false);
+    let mut state = cluster(&[DNS, &dns_slice(&[])]);
+    let mut dp = plane(vec![to_gone.clone(), rejected.clone()]);
+    dp.sync(&snapshot(&mut state), false).expect("first sync");
+    assert_eq!(dp.cleaner().deleted, [to_gone]);
+    assert_eq!(dp.cleaner().entries, [rejected]);
 }

@@ -1,10 +1,12 @@
 //! UDP conntrack cleanup with real packets: a UDP client keeps sending from one
 //! source port to a ClusterIP; its endpoint is replaced; after svcproxy's next sync
 //! the same flow reaches the new endpoint — while the old backend keeps running, so
-//! only the deletion of the stale conntrack entry can move it. The control case
-//! applies the same rule change without cleanup (a fresh `svcproxy --once`, which has
-//! no previous snapshot to compare with) and shows the flow stuck on the removed
-//! endpoint, so the first test cannot pass by accident.
+//! only the deletion of the stale conntrack entry can move it (while svcproxy is
+//! down, with the old rules in place, the flow is shown staying on the old one). The
+//! second test replaces the endpoint while svcproxy is down: the restarted process
+//! has no previous snapshot, and its first sync compares the conntrack table with its
+//! rules instead, so the flow moves there too. (Before that reconciliation existed,
+//! the same steps left the flow on the removed endpoint for as long as one looked.)
 //!
 //! Address plan (the harness's): service `dns` at `plan::cluster_ip(53)` port 53/UDP
 //! → the echo backends' 8080; endpoint A is pod-b0, B is pod-b1 (both behind
@@ -29,7 +31,7 @@ use svcproxy_e2e::{echo_bin, Attempt, Host, NsProcess, ProbeResult, Proto, NODE_
 // Every test below, once per data plane (`<mode>::<test>`).
 per_mode!(
     after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one,
-    without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint,
+    after_a_restart_the_first_sync_clears_a_flow_stuck_on_a_removed_endpoint,
 );
 
 const A: Host = Host::Pod(1, 0);
@@ -246,7 +248,10 @@ fn after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one(mode: Mod
     ck.finish(&env);
 }
 
-fn without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint(mode: Mode) {
+/// The endpoint is replaced while svcproxy is down; the restarted proxy's first sync
+/// has no previous snapshot, so it compares the kernel's conntrack table with the
+/// rules it applies (issue 17 item 3): the flow stuck on the removed endpoint moves.
+fn after_a_restart_the_first_sync_clears_a_flow_stuck_on_a_removed_endpoint(mode: Mode) {
     let spec = EnvSpec {
         start_proxies: false,
         ..EnvSpec::default()
@@ -254,19 +259,20 @@ fn without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint(
     let Some(env) = Env::start(mode, spec, &[(FILE, dns_file(A))]) else {
         return;
     };
-    let mut ck = Checks::new("no conntrack cleanup");
-    let once = |what: &str| {
+    let mut ck = Checks::new("conntrack after restart");
+    let once = |what: &str| -> String {
         let mut args = env.proxy_args(NODE_A);
         args.push("--once".into());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = env.run_svcproxy(NODE_A, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(
             out.status.success(),
-            "svcproxy --once ({what}) failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "svcproxy --once ({what}) failed: {stderr}"
         );
+        stderr
     };
-    once("initial rules");
+    once("before the restart");
     let client = start_client(&env);
     let (before, ok) = wait_attempts(&client, 0, Duration::from_secs(5), settled_on("pod-b0", 5));
     ck.check(ok, || {
@@ -276,35 +282,40 @@ fn without_cleanup_the_same_rule_change_leaves_the_flow_on_the_removed_endpoint(
         )
     });
 
-    // The same change, applied by a fresh process: a first sync, no previous
-    // snapshot, so no conntrack cleanup.
-    let mark = attempts(&client).len();
+    // svcproxy is down (its rules stay); the endpoint is replaced meanwhile. The old
+    // rules and the entry keep the flow on pod-b0 (its backend keeps running).
     env.write(FILE, &dns_file(B));
-    once("new rules");
-    ck.check(wait_rules_mention(&env, pod_ip(A), false), || {
-        "the new rules must not mention pod-b0".into()
+    let mark = attempts(&client).len();
+    let (still, ok) = wait_attempts(&client, mark, Duration::from_secs(3), |a| a.len() >= 5);
+    ck.check(ok && still.iter().all(|a| backend(a) == "pod-b0"), || {
+        format!(
+            "while svcproxy is down the flow stays on pod-b0: {}",
+            summary(&still)
+        )
     });
+
+    // The restart: a first sync.
+    let mark = attempts(&client).len();
+    let restarted = Instant::now();
+    let logs = once("after the restart");
     ck.check(wait_rules_mention(&env, pod_ip(B), true), || {
         "the new rules must send to pod-b1".into()
     });
-    // A new flow (another source port) follows the new rules...
-    let fresh = env.probe(
-        CLIENT,
-        Proto::Udp,
-        sa(dns().cluster_ip(Family::V4), 53),
-        3,
-        ANSWER,
-    );
-    ck.answered_by("a new UDP flow after the change", &fresh, &["pod-b1"]);
-    // ...while the old one stays on the removed endpoint for as long as we look.
-    let (after, ok) = wait_attempts(&client, mark, Duration::from_secs(4), |a| a.len() >= 30);
-    ck.check(ok && after.iter().all(|a| backend(a) == "pod-b0"), || {
+    let (after, moved) = wait_attempts(&client, mark, MOVE_DEADLINE, settled_on("pod-b1", 5));
+    ck.check(moved, || {
         format!(
-            "without cleanup the old flow should stay on pod-b0 (the stale entry), got {}",
+            "after the restart the same flow must reach pod-b1 within {MOVE_DEADLINE:?}; got {}",
             summary(&after)
         )
     });
+    ck.check(logs.contains("deleted stale UDP conntrack entries"), || {
+        format!("the restarted svcproxy must report the deletion:\n{logs}")
+    });
     one_flow(&mut ck, &attempts(&client));
-    eprintln!("[conntrack] control: {}", summary(&attempts(&client)));
+    eprintln!(
+        "[conntrack] restart: flow on pod-b1 {:?} after the restart: {}",
+        restarted.elapsed(),
+        summary(&attempts(&client))
+    );
     ck.finish(&env);
 }
