@@ -231,14 +231,7 @@ impl StaleUdpFlows {
                     active: view.selection.has_any_endpoints,
                 };
                 let port = &view.port;
-                let ips = port
-                    .cluster_ips
-                    .iter()
-                    .chain(&port.external_ips)
-                    .copied()
-                    .chain(port.load_balancer_vips())
-                    .filter(|ip| IpFamily::of(ip) == family);
-                for ip in ips {
+                for ip in service_ips(port, family) {
                     out.by_ip.insert((family, ip, port.port), flows.clone());
                 }
                 if let Some(np) = port.node_port {
@@ -484,6 +477,17 @@ fn family_filters(prev: &NodeSnapshot, next: &NodeSnapshot, out: &mut BTreeSet<C
     }
 }
 
+/// The addresses of `port` in `family` whose flows svcproxy NATs: cluster IPs, external
+/// IPs and load-balancer (VIP mode) IPs.
+fn service_ips(port: &ServicePort, family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
+    port.cluster_ips
+        .iter()
+        .chain(&port.external_ips)
+        .copied()
+        .chain(port.load_balancer_vips())
+        .filter(move |ip| IpFamily::of(ip) == family)
+}
+
 /// `base` once per destination of `port`: each service IP with the service port, and
 /// the NodePort on any address.
 fn push_port_filters(
@@ -492,14 +496,7 @@ fn push_port_filters(
     base: &ConntrackFilter,
     out: &mut BTreeSet<ConntrackFilter>,
 ) {
-    let ips = port
-        .cluster_ips
-        .iter()
-        .chain(&port.external_ips)
-        .copied()
-        .chain(port.load_balancer_vips())
-        .filter(|ip| IpFamily::of(ip) == family);
-    for ip in ips {
+    for ip in service_ips(port, family) {
         out.insert(ConntrackFilter {
             orig_dst: Some(ip),
             orig_dport: Some(port.port),
