@@ -164,16 +164,17 @@ fn forbidden_endpoint_ip(ip: &IpAddr) -> Option<&'static str> {
 fn parse_ip(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<IpAddr> {
     let parsed = crate::addr::parse_ip_sloppy(s)?;
     if parsed.normalised {
-        ctx.warn(
-            field,
-            format!(
-                "{} has leading zeros: read as decimal, {}",
-                quote(s),
-                parsed.value
-            ),
-        );
+        warn_normalised(ctx, field, s, parsed.value);
     }
     Some(parsed.value)
+}
+
+/// The warning for an address written with leading zeros and read as `value`.
+fn warn_normalised(ctx: &mut Ctx<'_>, field: &str, raw: &str, value: impl std::fmt::Display) {
+    ctx.warn(
+        field,
+        format!("{} has leading zeros: read as decimal, {value}", quote(raw)),
+    );
 }
 
 /// Parses a CIDR as upstream's `ParseCIDRSloppy` (see [`parse_ip`]), after trimming
@@ -187,10 +188,7 @@ fn parse_cidr(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<IpNet> {
         return None;
     }
     if parsed.normalised {
-        ctx.warn(
-            field,
-            format!("{} has leading zeros: read as decimal, {net}", quote(s)),
-        );
+        warn_normalised(ctx, field, s, net);
     }
     Some(net)
 }

@@ -46,7 +46,6 @@ const KUBE_PROXY_RELEASE: &str = "v1.34";
 fn print_version(value: &str) -> Option<ExitCode> {
     let version = env!("CARGO_PKG_VERSION");
     match value {
-        "false" | "f" | "F" | "0" | "FALSE" | "False" => None,
         "raw" => {
             println!(
                 "svcproxy: {version}\nkubeProxyCompatibility: {KUBE_PROXY_RELEASE}\n\
@@ -57,14 +56,17 @@ fn print_version(value: &str) -> Option<ExitCode> {
             );
             Some(ExitCode::SUCCESS)
         }
-        v if config::flags::parse_go_bool(v) == Ok(true) => {
-            println!("svcproxy {version} (kube-proxy {KUBE_PROXY_RELEASE} compatible)");
-            Some(ExitCode::SUCCESS)
-        }
-        v => {
-            eprintln!("svcproxy: --version: invalid value {v:?} (use true, false or raw)");
-            Some(ExitCode::from(2))
-        }
+        v => match config::flags::parse_go_bool(v) {
+            Ok(false) => None,
+            Ok(true) => {
+                println!("svcproxy {version} (kube-proxy {KUBE_PROXY_RELEASE} compatible)");
+                Some(ExitCode::SUCCESS)
+            }
+            Err(_) => {
+                eprintln!("svcproxy: --version: invalid value {v:?} (use true, false or raw)");
+                Some(ExitCode::from(2))
+            }
+        },
     }
 }
 

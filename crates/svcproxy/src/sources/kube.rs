@@ -182,7 +182,9 @@ pub async fn client_with_metrics(
         .unwrap_or_default();
     let client = kube::client::ClientBuilder::try_from(config)
         .context("building the Kubernetes client")?
-        // Outermost: a request waiting for the rate limiter is not yet a request.
+        // Innermost (each later layer wraps the ones before): a request waiting for
+        // the rate limiter is not yet a request. (A request the timeout layer ends is
+        // dropped before this layer records it.)
         .with_layer(&client_metrics::ClientMetricsLayer::new(metrics, host))
         .with_layer(&rate_limit::RateLimitLayer::new(cc.qps, cc.burst))
         .with_layer(&request_timeout::RequestTimeoutLayer::new(REQUEST_TIMEOUT))
