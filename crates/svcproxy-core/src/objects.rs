@@ -162,4 +162,8 @@ pub enum SourceUpdate {
         kinds: Vec<Kind>,
         objects: Vec<(KubeObject, String)>,
     },
+    /// This host's own addresses (every interface, both families), as the kernel
+    /// lists them now: replaces the previous list. `--nodeport-addresses` CIDRs select
+    /// NodePort addresses among them.
+    HostAddresses(Vec<std::net::IpAddr>),
 }

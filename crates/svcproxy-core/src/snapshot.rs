@@ -31,6 +31,10 @@ pub struct NodeSnapshot {
     pub family: IpFamily,
     /// This node's Node object, when known.
     pub node: Option<Arc<NodeInfo>>,
+    /// This host's own addresses of this family (sorted), as the kernel lists them;
+    /// empty unless a source reports them (only `--nodeport-addresses` CIDRs need
+    /// them).
+    pub host_ips: Arc<[std::net::IpAddr]>,
     /// The cluster's ServiceCIDRs of this family (sorted).
     pub service_cidrs: Vec<IpNet>,
     /// Every proxied service port of this family, ordered by name.
@@ -43,6 +47,7 @@ impl NodeSnapshot {
             node_name: node_name.to_string(),
             family,
             node: None,
+            host_ips: Arc::from([]),
             service_cidrs: Vec::new(),
             service_ports: BTreeMap::new(),
         }

@@ -7,6 +7,7 @@
 //! Service, slices or relevant Nodes changed and says which service ports moved.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -74,6 +75,9 @@ pub struct ClusterState {
     /// Invalid objects and fields seen, by kind (a metric).
     invalid_counts: BTreeMap<Kind, u64>,
     last: Option<(Arc<NodeSnapshot>, Arc<NodeSnapshot>)>,
+    /// This host's own addresses per family (sorted, deduplicated), from the latest
+    /// [`SourceUpdate::HostAddresses`].
+    host_ips: [Arc<[IpAddr]>; 2],
     /// Endpoint infos (and the names in them), interned.
     interned: Interner,
 }
@@ -158,6 +162,7 @@ impl ClusterState {
             unmatched_ports: BTreeMap::new(),
             invalid_counts: BTreeMap::new(),
             last: None,
+            host_ips: [Arc::from([]), Arc::from([])],
             interned: Interner::default(),
         }
     }
@@ -181,6 +186,20 @@ impl ClusterState {
                 for (object, origin) in objects {
                     if kinds.contains(&object.kind()) {
                         self.upsert(&object, Some(&origin));
+                    }
+                }
+            }
+            SourceUpdate::HostAddresses(mut ips) => {
+                ips.sort();
+                ips.dedup();
+                for (slot, family) in self.host_ips.iter_mut().zip([IpFamily::V4, IpFamily::V6]) {
+                    let of_family: Vec<IpAddr> = ips
+                        .iter()
+                        .copied()
+                        .filter(|ip| IpFamily::of(ip) == family)
+                        .collect();
+                    if **slot != *of_family {
+                        *slot = Arc::from(of_family);
                     }
                 }
             }
@@ -503,6 +522,7 @@ impl ClusterState {
             node_name: self.config.node_name.clone(),
             family,
             node: own.cloned(),
+            host_ips: self.host_ips[family as usize].clone(),
             service_cidrs,
             service_ports: ports,
         }

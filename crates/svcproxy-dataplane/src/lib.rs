@@ -24,6 +24,7 @@ mod conntrack;
 mod conntrack_sysctl;
 mod ctnetlink;
 mod error;
+mod host_addrs;
 pub mod iptables;
 pub mod nft;
 mod node;
@@ -44,6 +45,7 @@ pub use conntrack_sysctl::{
 };
 pub use ctnetlink::{NetlinkConntrack, DEFAULT_CONNTRACK_TIMEOUT};
 pub use error::{DataPlaneError, STDERR_LIMIT};
+pub use host_addrs::{host_addresses, AddressChanges};
 pub use nft::NftDataPlane;
 pub use node::{prepare_node, prepare_node_at, required_sysctls, NodePreparation, Sysctl};
 pub use proxier::{Proxier, SyncReport};

@@ -42,7 +42,7 @@ pub struct NodePreparation {
 /// The settings `cfg` needs.
 pub fn required_sysctls(cfg: &PlanConfig) -> Vec<Sysctl> {
     let mut out = Vec::new();
-    if cfg.ipv4 && cfg.localhost_nodeports {
+    if cfg.serves_localhost_nodeports() {
         out.push(Sysctl {
             name: "net.ipv4.conf.all.route_localnet",
             value: "1",
@@ -93,6 +93,7 @@ mod tests {
     fn localhost(on: bool) -> PlanConfig {
         PlanConfig {
             localhost_nodeports: on,
+            nodeport_addresses: svcproxy_plan::NodePortAddresses::AllLocal,
             ..PlanConfig::default()
         }
     }

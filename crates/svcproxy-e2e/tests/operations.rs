@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 
 use support::*;
 use svcproxy_e2e::plan::{self, Family};
-use svcproxy_e2e::{Host, Proto, NODE_A, NODE_B};
+use svcproxy_e2e::{Host, ProbeSpec, Proto, NODE_A, NODE_B};
 
 // Every test below, once per data plane (`<mode>::<test>`).
 per_mode!(
     health_check_node_ports_follow_local_endpoints_for_a_load_balancer,
+    nodeport_addresses_follow_the_hosts_addresses,
     healthz_livez_metrics_address_in_use_and_sigterm,
 );
 
@@ -196,6 +197,129 @@ fn health_check_node_ports_follow_local_endpoints_for_a_load_balancer(mode: Mode
     ck.check(took.is_some(), || {
         format!("node-b still answers on {HC_PORT} after the service was deleted: {a:?}")
     });
+    ck.finish(&env);
+}
+
+/// An address node-a gains while svcproxy runs, inside the `--nodeport-addresses`
+/// CIDRs of [`nodeport_addresses_follow_the_hosts_addresses`] (its primary IP is not).
+fn extra_address(f: Family) -> IpAddr {
+    match f {
+        Family::V4 => IpAddr::from([198, 18, 0, 11]),
+        Family::V6 => "2001:db8::b".parse().unwrap(),
+    }
+}
+
+/// Whether `text` mentions `ip` as a whole address (not inside a longer one).
+fn mentions(text: &str, ip: IpAddr) -> bool {
+    let want = ip.to_string();
+    text.split(|c: char| !(c.is_ascii_hexdigit() || c == '.' || c == ':'))
+        .any(|tok| tok == want)
+}
+
+/// `--nodeport-addresses` CIDRs select among the host's addresses as they are now:
+/// node-a's LAN interface gains an address inside them while svcproxy runs, and its
+/// NodePort and healthCheckNodePort answer there without a restart; the address goes
+/// away and so do the rules naming it.
+fn nodeport_addresses_follow_the_hosts_addresses(mode: Mode) {
+    let lb = lb_local();
+    let flags = vec!["--nodeport-addresses=198.18.0.8/29,2001:db8::8/125".to_string()];
+    let Some(env) = Env::start(
+        mode,
+        EnvSpec {
+            flags,
+            ..EnvSpec::default()
+        },
+        &[("svc-lb.yaml", lb_file(&lb, &[A0]))],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("nodeport-addresses-follow");
+    let node_port = lb.ports[0].node_port.expect("a NodePort");
+    let lan_dev = |f: Family| {
+        let ip = plan::node_ip(NODE_A, f);
+        let out = env.c.exec_ok(
+            Host::Node(NODE_A),
+            &["ip", "-o", "addr", "show", "to", &ip.to_string()],
+        );
+        out.split_whitespace()
+            .nth(1)
+            .unwrap_or_else(|| panic!("no interface holds {ip}: {out:?}"))
+            .to_string()
+    };
+    let prefix = |f: Family| match f {
+        Family::V4 => plan::NODE_LAN_PREFIX_V4,
+        Family::V6 => plan::NODE_LAN_PREFIX_V6,
+    };
+
+    // The primary IP is outside the CIDRs: neither the NodePort nor the health check
+    // answers there.
+    for f in Family::BOTH {
+        let primary = sa(plan::node_ip(NODE_A, f), node_port);
+        let got = env.probe(Host::Ext, Proto::Tcp, primary, 1, ANSWER);
+        ck.not_answered(&format!("{f:?} primary IP NodePort before"), &got);
+        let hc = get(&env, Host::Ext, plan::node_ip(NODE_A, f), HC_PORT, "/");
+        ck.check(hc.is_none(), || {
+            format!("{f:?} primary IP health check answered: {hc:?}")
+        });
+    }
+
+    // node-a gains an address inside the CIDRs (no DAD wait for IPv6).
+    for f in Family::BOTH {
+        let addr = format!("{}/{}", extra_address(f), prefix(f));
+        env.c.exec_ok(
+            Host::Node(NODE_A),
+            &["ip", "addr", "add", &addr, "dev", &lan_dev(f), "nodad"],
+        );
+    }
+    for f in Family::BOTH {
+        let target = sa(extra_address(f), node_port);
+        let (got, took) = env.probe_until(
+            Host::Ext,
+            &ProbeSpec::new(Proto::Tcp, target),
+            Duration::from_secs(10),
+            |a| a.iter().all(|a| a.backend() == Some("pod-a0")),
+        );
+        ck.check(took.is_some(), || {
+            format!("{f:?} NodePort on the new address {target} never answered: {got:?}")
+        });
+        let (hc, took) = get_until(&env, Host::Ext, extra_address(f), HC_PORT, "/", |a| {
+            a.as_ref().is_some_and(|a| a.code == 200)
+        });
+        ck.check(took.is_some(), || {
+            format!("{f:?} health check on the new address never answered 200: {hc:?}")
+        });
+        // Still nothing on the primary IP.
+        let primary = sa(plan::node_ip(NODE_A, f), node_port);
+        let got = env.probe(Host::Ext, Proto::Tcp, primary, 1, ANSWER);
+        ck.not_answered(&format!("{f:?} primary IP NodePort after"), &got);
+    }
+
+    // The addresses go away: so do the rules that name them.
+    for f in Family::BOTH {
+        let addr = format!("{}/{}", extra_address(f), prefix(f));
+        env.c.exec_ok(
+            Host::Node(NODE_A),
+            &["ip", "addr", "del", &addr, "dev", &lan_dev(f)],
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut rules = env.ruleset(NODE_A);
+    while Family::BOTH
+        .iter()
+        .any(|f| mentions(&rules, extra_address(*f)))
+        && Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(100));
+        rules = env.ruleset(NODE_A);
+    }
+    for f in Family::BOTH {
+        ck.check(!mentions(&rules, extra_address(f)), || {
+            format!(
+                "{f:?} rules still name the removed {}:\n{rules}",
+                extra_address(f)
+            )
+        });
+    }
     ck.finish(&env);
 }
 

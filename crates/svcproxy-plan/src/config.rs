@@ -73,14 +73,19 @@ pub enum LocalDetection {
 /// Which destination addresses accept NodePort traffic (`--nodeport-addresses`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NodePortAddresses {
-    /// The node's primary IP of each family, from the snapshot's Node (upstream
-    /// nftables mode's default, `primary`).
+    /// The node's primary IP of each family: the configured bind address of its
+    /// family, else the snapshot Node's first address (upstream nftables mode's
+    /// default, `primary`). A family without one takes every local address, as
+    /// upstream (it turns `primary` into `<ip>/32` CIDRs, and a family without a CIDR
+    /// matches all).
     #[default]
     Primary,
-    /// These addresses: the caller resolved `--nodeport-addresses` CIDRs to the
-    /// node's local IPs inside them. Loopback addresses are ignored here (see
+    /// The host's own addresses inside these CIDRs (the snapshot's `host_ips`, so
+    /// NodePorts follow the host's addresses as they change). Per family, as
+    /// upstream: a family with no CIDR here, or with a `/0`, takes every local
+    /// address. Loopback addresses are never selected this way (see
     /// [`PlanConfig::localhost_nodeports`]).
-    Ips(Vec<IpAddr>),
+    Cidrs(Vec<IpNet>),
     /// Every local address except loopback (`fib daddr type local`), as upstream does
     /// for `0.0.0.0/0` and `::/0`.
     AllLocal,
@@ -98,8 +103,9 @@ pub struct PlanConfig {
     /// addresses of that family.
     pub node_ips: Vec<IpAddr>,
     pub nodeport_addresses: NodePortAddresses,
-    /// Accept NodePorts on 127.0.0.0/8 (IPv4 only; upstream's `localhostNodePorts`).
-    /// The connection is masqueraded; the data plane must set
+    /// Accept NodePorts on 127.0.0.0/8 (IPv4 only; upstream's `localhostNodePorts`)
+    /// where the IPv4 NodePort addresses include loopback: every local address, or a
+    /// CIDR containing 127.0.0.0 (never `primary`). The connection is masqueraded; the data plane must set
     /// `net.ipv4.conf.all.route_localnet=1` for it to leave the host.
     pub localhost_nodeports: bool,
     /// Guard the service address space, as upstream's nftables mode does: a cluster IP
@@ -182,6 +188,28 @@ impl PlanConfig {
             self.masquerade_bit
         };
         1u32 << bit
+    }
+
+    /// Whether IPv4 NodePorts also answer on 127.0.0.0/8: `localhost_nodeports`, and
+    /// the IPv4 NodePort addresses include loopback (upstream's
+    /// `ContainsIPv4Loopback`): every local address, or a CIDR that holds 127.0.0.0
+    /// or starts at a loopback address; never `primary`.
+    pub fn serves_localhost_nodeports(&self) -> bool {
+        let v4_includes_loopback = match &self.nodeport_addresses {
+            NodePortAddresses::Primary => false,
+            NodePortAddresses::AllLocal => true,
+            NodePortAddresses::Cidrs(cidrs) => {
+                let mut v4 = cidrs
+                    .iter()
+                    .filter(|c| matches!(c, IpNet::V4(_)))
+                    .peekable();
+                v4.peek().is_none()
+                    || v4.any(|c| {
+                        c.addr().is_loopback() || c.contains(&IpAddr::from([127, 0, 0, 0]))
+                    })
+            }
+        };
+        self.ipv4 && self.localhost_nodeports && v4_includes_loopback
     }
 
     pub fn family_enabled(&self, family: IpFamily) -> bool {

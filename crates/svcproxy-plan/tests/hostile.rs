@@ -87,6 +87,7 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
     NodeSnapshot {
         node_name: node.to_string(),
         family: IpFamily::V4,
+        host_ips: Arc::from([]),
         node: Some(Arc::new(NodeInfo {
             name: node.to_string(),
             labels: BTreeMap::from([("k\"".into(), "v;".into())]),

@@ -70,7 +70,11 @@ pub enum Detect {
 #[serde(tag = "mode", deny_unknown_fields)]
 pub enum NodePorts {
     Primary,
-    Ips { ips: Vec<IpAddr> },
+    /// These host addresses: the scenario's host has them, and `--nodeport-addresses`
+    /// names each as a single-address CIDR.
+    Ips {
+        ips: Vec<IpAddr>,
+    },
     AllLocal,
 }
 
@@ -89,7 +93,9 @@ impl ScenarioConfig {
         };
         let nodeport_addresses = match &self.node_port_addresses {
             None | Some(NodePorts::Primary) => NodePortAddresses::Primary,
-            Some(NodePorts::Ips { ips }) => NodePortAddresses::Ips(ips.clone()),
+            Some(NodePorts::Ips { ips }) => {
+                NodePortAddresses::Cidrs(ips.iter().map(|ip| IpNet::from(*ip)).collect())
+            }
             Some(NodePorts::AllLocal) => NodePortAddresses::AllLocal,
         };
         PlanConfig {
@@ -179,6 +185,9 @@ impl Scenario {
                 object: object.clone(),
                 origin: file.display().to_string(),
             });
+        }
+        if let Some(NodePorts::Ips { ips }) = &self.config.node_port_addresses {
+            state.apply(SourceUpdate::HostAddresses(ips.clone()));
         }
         state
     }

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -20,13 +19,14 @@ use svcproxy_core::report;
 use svcproxy_core::snapshot::{health_checks, no_local_endpoints};
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
 use svcproxy_dataplane::{Backend, DataPlane, NoConntrackCleanup, Proxier};
+use svcproxy_plan::intent::{nodeport_destinations, NodePortDestinations};
 use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, DetectLocal, Settings};
 use crate::http::health::ProxyHealth;
 use crate::http::metrics::Metrics;
-use crate::http::service_health::ServiceHealthServers;
+use crate::http::service_health::{Listen, ServiceHealthServers};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
 use crate::sources::kube::{self as kube_source, KubeSourceConfig};
 use crate::sources::manifests::ManifestDir;
@@ -69,16 +69,7 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
     let nodeport_addresses = match &settings.nodeport_addresses {
         config::NodePortAddresses::Primary => NodePortAddresses::Primary,
         config::NodePortAddresses::All => NodePortAddresses::AllLocal,
-        config::NodePortAddresses::Cidrs(cidrs) => {
-            let ips: Vec<IpAddr> = local_ips()?
-                .into_iter()
-                .filter(|ip| cidrs.iter().any(|c| c.contains(ip)))
-                .collect();
-            if ips.is_empty() {
-                tracing::warn!(?cidrs, "no local address is inside --nodeport-addresses: NodePorts are not reachable on this node");
-            }
-            NodePortAddresses::Ips(ips)
-        }
+        config::NodePortAddresses::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs.clone()),
     };
     let cfg = PlanConfig {
         masquerade_all: settings.masquerade_all,
@@ -99,28 +90,67 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
     Ok(cfg)
 }
 
-/// This host's addresses, from `ip -j addr` (iproute2).
-fn local_ips() -> anyhow::Result<Vec<IpAddr>> {
-    let out = Command::new("ip")
-        .args(["-j", "addr", "show"])
-        .output()
-        .context("running `ip -j addr show` to resolve --nodeport-addresses")?;
-    if !out.status.success() {
-        bail!(
-            "`ip -j addr show` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let links: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let mut ips = Vec::new();
-    for link in links.as_array().into_iter().flatten() {
-        for a in link["addr_info"].as_array().into_iter().flatten() {
-            if let Some(ip) = a["local"].as_str().and_then(|s| s.parse().ok()) {
-                ips.push(ip);
+/// Whether the plan needs this host's own addresses: `--nodeport-addresses` CIDRs
+/// select NodePort addresses among them.
+fn needs_host_addresses(cfg: &PlanConfig) -> bool {
+    matches!(cfg.nodeport_addresses, NodePortAddresses::Cidrs(_))
+}
+
+/// Feeds this host's addresses to the state: read once now (before the first sync),
+/// then, unless `once`, again whenever the kernel announces a change, from a thread
+/// that sends each new list to the runner. An address added to or removed from an
+/// interface thus moves NodePorts and healthCheckNodePort servers at the next sync.
+fn watch_host_addresses(
+    state: &mut ClusterState,
+    tx: &mpsc::Sender<Event>,
+    once: bool,
+) -> anyhow::Result<()> {
+    let changes = if once {
+        None
+    } else {
+        // Subscribed before the first read, so no change in between is missed.
+        Some(
+            svcproxy_dataplane::AddressChanges::subscribe()
+                .context("subscribing to this host's address changes (rtnetlink)")?,
+        )
+    };
+    let mut current = svcproxy_dataplane::host_addresses()
+        .context("listing this host's addresses to resolve --nodeport-addresses")?;
+    tracing::info!(addresses = ?current, "host addresses for --nodeport-addresses");
+    state.apply(SourceUpdate::HostAddresses(current.clone()));
+    let Some(mut changes) = changes else {
+        return Ok(());
+    };
+    let tx = tx.clone();
+    std::thread::Builder::new()
+        .name("host-addresses".into())
+        .spawn(move || loop {
+            if let Err(e) = changes.wait() {
+                tracing::error!(error = %e, "watching this host's addresses failed; NodePort addresses no longer follow them");
+                return;
             }
-        }
-    }
-    Ok(ips)
+            match svcproxy_dataplane::host_addresses() {
+                Ok(now) if now != current => {
+                    tracing::info!(addresses = ?now, "host addresses changed");
+                    current = now;
+                    // Blocking send: backpressure, never loss; Err when the runner is gone.
+                    if tx
+                        .blocking_send(Event::Updates(vec![SourceUpdate::HostAddresses(
+                            current.clone(),
+                        )]))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list this host's addresses; retrying at the next change");
+                }
+            }
+        })
+        .context("starting the host-address watcher")?;
+    Ok(())
 }
 
 /// Where a sync's snapshot goes.
@@ -277,23 +307,13 @@ impl Target for RenderPrinter {
     }
 }
 
-/// Addresses the healthCheckNodePort servers listen on.
-#[derive(Clone, Debug)]
-enum HealthCheckAddresses {
-    /// Every address.
-    All,
-    /// These local addresses (`--nodeport-addresses` CIDRs).
-    Ips(Vec<IpAddr>),
-    /// The Node's primary IPs (or every address until they are known).
-    Primary,
-}
-
 struct ProxySyncer<T> {
     state: ClusterState,
     target: T,
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
-    health_checks: Option<(ServiceHealthServers, HealthCheckAddresses)>,
+    /// The servers, and the plan configuration that says where they listen.
+    health_checks: Option<(ServiceHealthServers, PlanConfig)>,
     node_eligible: bool,
 }
 
@@ -328,14 +348,8 @@ impl<T: Target> ProxySyncer<T> {
         if let Some((deleted, failed)) = done.conntrack {
             self.metrics.conntrack_cleanup(deleted, failed);
         }
-        if let Some((servers, addresses)) = &mut self.health_checks {
-            if let HealthCheckAddresses::Primary = addresses {
-                let ips: Vec<IpAddr> = [IpFamily::V4, IpFamily::V6]
-                    .into_iter()
-                    .filter_map(|f| update.family(f).node_ips().first().copied())
-                    .collect();
-                servers.set_listen_ips(ips);
-            }
+        if let Some((servers, cfg)) = &mut self.health_checks {
+            servers.set_listen(health_check_listen(cfg, update));
             let wanted: BTreeMap<_, _> = health_checks(&snaps)
                 .into_iter()
                 .map(|(svc, hc)| (svc, (hc.node_port, hc.local_endpoints)))
@@ -437,7 +451,6 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             set_oom_score_adj(settings.oom_score_adj);
             let backend = backend(&settings)?;
             let plan_cfg = plan_config(&settings, backend)?;
-            let hc = health_check_addresses(&settings, &plan_cfg);
             let plane = Proxier::new(plan_cfg.clone(), (backend.new)(&plan_cfg));
             let needs = plane.node_requirements();
             let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
@@ -478,7 +491,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
                 target,
                 servers,
                 once,
-                Some(hc),
+                Some(plan_cfg),
                 Some(backend),
             ))
         }
@@ -494,8 +507,15 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             let backend = backend(&settings)?;
             let plan_cfg = plan_config(&settings, backend)?;
             let plane = (backend.new)(&plan_cfg);
-            let target = RenderPrinter(Proxier::without_conntrack(plan_cfg, plane));
-            rt.block_on(serve(settings, target, servers, true, None, Some(backend)))
+            let target = RenderPrinter(Proxier::without_conntrack(plan_cfg.clone(), plane));
+            rt.block_on(serve(
+                settings,
+                target,
+                servers,
+                true,
+                Some(plan_cfg),
+                Some(backend),
+            ))
         }
     }
 }
@@ -581,14 +601,33 @@ async fn config_file_changed(path: std::path::PathBuf, initial: Option<Vec<u8>>)
     }
 }
 
-fn health_check_addresses(settings: &Settings, plan_cfg: &PlanConfig) -> HealthCheckAddresses {
-    match (&settings.nodeport_addresses, &plan_cfg.nodeport_addresses) {
-        (config::NodePortAddresses::All, _) => HealthCheckAddresses::All,
-        (_, NodePortAddresses::Ips(ips)) => HealthCheckAddresses::Ips(ips.clone()),
-        _ if !settings.bind_address.is_unspecified() => {
-            HealthCheckAddresses::Ips(vec![settings.bind_address])
+/// Where healthCheckNodePort servers listen: on the NodePort addresses of each
+/// family, as upstream (its servers listen on the addresses `--nodeport-addresses`
+/// selects, everywhere when it selects all), recomputed after every sync so they
+/// follow the Node's primary IPs and the host's addresses.
+fn health_check_listen(cfg: &PlanConfig, update: &SnapshotUpdate) -> Listen {
+    let mut ips = Vec::new();
+    let mut every_family = true;
+    for family in [IpFamily::V4, IpFamily::V6] {
+        if !cfg.family_enabled(family) {
+            every_family = false;
+            continue;
         }
-        _ => HealthCheckAddresses::Primary,
+        match nodeport_destinations(family, cfg, update.family(family)) {
+            NodePortDestinations::AllLocal => ips.push(match family {
+                IpFamily::V4 => IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED),
+                IpFamily::V6 => IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
+            }),
+            NodePortDestinations::Ips(v) => {
+                every_family = false;
+                ips.extend(v);
+            }
+        }
+    }
+    if every_family {
+        Listen::Everywhere
+    } else {
+        Listen::ips(ips)
     }
 }
 
@@ -610,7 +649,9 @@ async fn serve<T: Target>(
     target: T,
     servers: Servers,
     once: bool,
-    health_check_addresses: Option<HealthCheckAddresses>,
+    // The plan's configuration (for the kernel and `render`): where NodePorts and
+    // healthCheckNodePort servers listen.
+    plan_cfg: Option<PlanConfig>,
     backend: Option<&'static Backend>,
 ) -> anyhow::Result<()> {
     // Bind first: with bindAddressHardFail an address in use is a start-up error,
@@ -669,6 +710,9 @@ async fn serve<T: Target>(
     });
     let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
     let (tx, rx) = mpsc::channel::<Event>(64);
+    if plan_cfg.as_ref().is_some_and(needs_host_addresses) {
+        watch_host_addresses(&mut state, &tx, once)?;
+    }
     let mut _manifest_watch = None;
     match source(&settings)? {
         Source::Manifests(mut dir) => {
@@ -703,22 +747,12 @@ async fn serve<T: Target>(
             source_task = Some(tokio::spawn(kube_source::run(client, cfg, tx)));
         }
     }
-    let health_checks = match (servers.health_check_node_ports, health_check_addresses) {
-        (true, Some(HealthCheckAddresses::Ips(ips))) if ips.is_empty() => {
-            // Not "every address": the operator restricted them, and none is here.
-            tracing::warn!("no local address matches --nodeport-addresses: no healthCheckNodePort server runs on this node");
-            None
-        }
-        (true, Some(addrs)) => {
-            let ips = match &addrs {
-                HealthCheckAddresses::Ips(ips) => ips.clone(),
-                HealthCheckAddresses::All | HealthCheckAddresses::Primary => Vec::new(),
-            };
-            Some((
-                ServiceHealthServers::new(ips, health.clone(), Some(metrics.clone())),
-                addrs,
-            ))
-        }
+    let health_checks = match plan_cfg {
+        Some(cfg) if servers.health_check_node_ports => Some((
+            // Everywhere until the first sync says where.
+            ServiceHealthServers::new(Listen::Everywhere, health.clone(), Some(metrics.clone())),
+            cfg,
+        )),
         _ => None,
     };
     let mut syncer = ProxySyncer {

@@ -25,7 +25,9 @@ use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
 
 use crate::config::PlanConfig;
 
-pub use node::{family_nets, LocalTraffic, NodeIntent, NodePortDestinations};
+pub use node::{
+    family_nets, nodeport_destinations, LocalTraffic, NodeIntent, NodePortDestinations,
+};
 pub use service::{
     Action, Disposition, EndpointSetId, ExternalRoute, Firewall, Frontend, FrontendKey,
     FrontendKind, InternalRoute, Masquerade, ServiceIntent,

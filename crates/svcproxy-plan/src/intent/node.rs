@@ -86,29 +86,7 @@ impl NodeIntent {
                 Some(LocalTraffic::InterfacePrefix(prefix.clone()))
             }
         };
-        let nodeports = match &cfg.nodeport_addresses {
-            NodePortAddresses::AllLocal => NodePortDestinations::AllLocal,
-            NodePortAddresses::Primary => NodePortDestinations::Ips(
-                snap.node
-                    .as_ref()
-                    .and_then(|n| n.primary_ip(family))
-                    .into_iter()
-                    .filter(|ip| !ip.is_loopback())
-                    .collect(),
-            ),
-            NodePortAddresses::Ips(ips) => {
-                // Loopback is never a NodePort address by this route: localhost
-                // NodePorts need masquerade and a sysctl, so they have their own flag.
-                let mut v: Vec<IpAddr> = ips
-                    .iter()
-                    .copied()
-                    .filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback())
-                    .collect();
-                v.sort();
-                v.dedup();
-                NodePortDestinations::Ips(v)
-            }
-        };
+        let nodeports = nodeport_destinations(family, cfg, snap);
         NodeIntent {
             family,
             masquerade_mark: cfg.masquerade_mark(),
@@ -116,10 +94,56 @@ impl NodeIntent {
             local_traffic,
             node_ips,
             nodeports,
-            localhost_nodeports: cfg.localhost_nodeports && family == IpFamily::V4,
+            localhost_nodeports: cfg.serves_localhost_nodeports() && family == IpFamily::V4,
             service_cidrs: family_nets(&snap.service_cidrs, family),
             guard_service_ips: cfg.guard_service_ips,
             drop_invalid_forwarded: cfg.drop_invalid_forwarded && !cfg.conntrack_tcp_be_liberal,
+        }
+    }
+}
+
+/// The destinations that take NodePorts in one family under
+/// `--nodeport-addresses`, as upstream's `NodePortAddresses`: `primary` is the
+/// family's node IP (the bind address, else the Node's), CIDRs select the host's own
+/// addresses inside them (so they follow the host's addresses as they change), and a
+/// family left without a choice (no primary IP, no CIDR of the family, or a `/0`)
+/// takes every local address. Loopback is never listed (localhost NodePorts need
+/// masquerade and a sysctl, so they have their own flag).
+pub fn nodeport_destinations(
+    family: IpFamily,
+    cfg: &PlanConfig,
+    snap: &NodeSnapshot,
+) -> NodePortDestinations {
+    match &cfg.nodeport_addresses {
+        NodePortAddresses::AllLocal => NodePortDestinations::AllLocal,
+        NodePortAddresses::Primary => {
+            let primary = cfg
+                .node_ips
+                .iter()
+                .copied()
+                .find(|ip| IpFamily::of(ip) == family)
+                .or_else(|| snap.node.as_ref().and_then(|n| n.primary_ip(family)));
+            match primary {
+                Some(ip) if !ip.is_loopback() => NodePortDestinations::Ips(vec![ip]),
+                _ => NodePortDestinations::AllLocal,
+            }
+        }
+        NodePortAddresses::Cidrs(cidrs) => {
+            let cidrs: Vec<&IpNet> = cidrs
+                .iter()
+                .filter(|c| IpFamily::of_net(c) == family)
+                .collect();
+            if cidrs.is_empty() || cidrs.iter().any(|c| c.prefix_len() == 0) {
+                return NodePortDestinations::AllLocal;
+            }
+            // `host_ips` is sorted and deduplicated.
+            NodePortDestinations::Ips(
+                snap.host_ips
+                    .iter()
+                    .copied()
+                    .filter(|ip| !ip.is_loopback() && cidrs.iter().any(|c| c.contains(ip)))
+                    .collect(),
+            )
         }
     }
 }
@@ -151,4 +175,158 @@ pub fn family_nets(nets: &[IpNet], family: IpFamily) -> Vec<IpNet> {
         .filter(|n| IpFamily::of_net(n) == family)
         .collect();
     IpNet::aggregate(&of_family)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use svcproxy_core::model::NodeInfo;
+
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// A snapshot of `family` whose Node lists `node_ips` and whose host has
+    /// `host_ips` (loopback included, as the kernel lists it).
+    fn snap(family: IpFamily, node_ips: &[&str], host_ips: &[&str]) -> NodeSnapshot {
+        let mut s = NodeSnapshot::empty("node-a", family);
+        s.node = Some(Arc::new(NodeInfo {
+            name: "node-a".into(),
+            labels: BTreeMap::new(),
+            addresses: node_ips.iter().map(|s| ip(s)).collect(),
+            pod_cidrs: Vec::new(),
+            deleting: false,
+            to_be_deleted: false,
+        }));
+        let mut hosts: Vec<IpAddr> = host_ips
+            .iter()
+            .map(|s| ip(s))
+            .filter(|ip| IpFamily::of(ip) == family)
+            .collect();
+        hosts.sort();
+        s.host_ips = Arc::from(hosts);
+        s
+    }
+
+    fn cfg(addresses: NodePortAddresses) -> PlanConfig {
+        PlanConfig {
+            nodeport_addresses: addresses,
+            ..PlanConfig::default()
+        }
+    }
+
+    fn ips(v: &[&str]) -> NodePortDestinations {
+        NodePortDestinations::Ips(v.iter().map(|s| ip(s)).collect())
+    }
+
+    const HOST: &[&str] = &[
+        "127.0.0.1",
+        "10.0.0.1",
+        "10.0.0.7",
+        "192.0.2.1",
+        "::1",
+        "fd00::1",
+    ];
+
+    #[test]
+    fn cidrs_select_the_host_addresses_inside_them_never_loopback() {
+        let c = cfg(NodePortAddresses::Cidrs(vec![
+            net("10.0.0.0/8"),
+            net("127.0.0.0/8"),
+            net("fd00::/64"),
+        ]));
+        let v4 = snap(IpFamily::V4, &["192.0.2.1"], HOST);
+        let v6 = snap(IpFamily::V6, &[], HOST);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V4, &c, &v4),
+            ips(&["10.0.0.1", "10.0.0.7"])
+        );
+        assert_eq!(
+            nodeport_destinations(IpFamily::V6, &c, &v6),
+            ips(&["fd00::1"])
+        );
+        // The host's addresses change: so do the destinations.
+        let v4 = snap(IpFamily::V4, &["192.0.2.1"], &["10.9.9.9"]);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V4, &c, &v4),
+            ips(&["10.9.9.9"])
+        );
+        let v4 = snap(IpFamily::V4, &["192.0.2.1"], &["192.0.2.1"]);
+        assert_eq!(nodeport_destinations(IpFamily::V4, &c, &v4), ips(&[]));
+    }
+
+    #[test]
+    fn a_family_without_a_cidr_or_with_a_zero_cidr_takes_every_local_address() {
+        // As upstream's NewNodePortAddresses: no IPv6 CIDR means ::/0 for IPv6.
+        let c = cfg(NodePortAddresses::Cidrs(vec![net("10.0.0.0/8")]));
+        let v6 = snap(IpFamily::V6, &[], HOST);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V6, &c, &v6),
+            NodePortDestinations::AllLocal
+        );
+        let c = cfg(NodePortAddresses::Cidrs(vec![
+            net("10.0.0.0/8"),
+            net("0.0.0.0/0"),
+        ]));
+        let v4 = snap(IpFamily::V4, &[], HOST);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V4, &c, &v4),
+            NodePortDestinations::AllLocal
+        );
+    }
+
+    #[test]
+    fn primary_is_the_bind_address_else_the_nodes_first_address_else_everything() {
+        let v4 = snap(IpFamily::V4, &["192.0.2.1", "10.0.0.1"], HOST);
+        let c = cfg(NodePortAddresses::Primary);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V4, &c, &v4),
+            ips(&["192.0.2.1"])
+        );
+        let bound = PlanConfig {
+            node_ips: vec![ip("10.0.0.7")],
+            ..c.clone()
+        };
+        assert_eq!(
+            nodeport_destinations(IpFamily::V4, &bound, &v4),
+            ips(&["10.0.0.7"])
+        );
+        // No IPv6 node IP: upstream's `primary` names no IPv6 CIDR, so all of them.
+        let v6 = snap(IpFamily::V6, &["192.0.2.1"], HOST);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V6, &c, &v6),
+            NodePortDestinations::AllLocal
+        );
+    }
+
+    #[test]
+    fn localhost_nodeports_need_loopback_among_the_ipv4_nodeport_addresses() {
+        let with = |a: NodePortAddresses| PlanConfig {
+            localhost_nodeports: true,
+            ..cfg(a)
+        };
+        assert!(with(NodePortAddresses::AllLocal).serves_localhost_nodeports());
+        assert!(!with(NodePortAddresses::Primary).serves_localhost_nodeports());
+        let cidrs = |v: &[&str]| NodePortAddresses::Cidrs(v.iter().map(|s| net(s)).collect());
+        assert!(with(cidrs(&["127.0.0.1/32"])).serves_localhost_nodeports());
+        assert!(with(cidrs(&["10.0.0.0/8", "0.0.0.0/0"])).serves_localhost_nodeports());
+        assert!(
+            with(cidrs(&["fd00::/64"])).serves_localhost_nodeports(),
+            "no IPv4 CIDR: all"
+        );
+        assert!(!with(cidrs(&["10.0.0.0/8"])).serves_localhost_nodeports());
+        let off = PlanConfig {
+            localhost_nodeports: false,
+            ..cfg(NodePortAddresses::AllLocal)
+        };
+        assert!(!off.serves_localhost_nodeports());
+    }
 }

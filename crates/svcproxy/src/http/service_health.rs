@@ -27,10 +27,32 @@ use tokio::sync::watch;
 use super::health::{json_response, ProxyHealth};
 use super::metrics::Metrics;
 
+/// Where the healthCheckNodePort servers listen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// Every address of both families (one dual-stack socket where the host allows).
+    Everywhere,
+    /// These addresses; an unspecified one (`0.0.0.0`, `::`) is every address of its
+    /// family only. Empty: nowhere (no server runs until addresses appear).
+    Ips(Vec<IpAddr>),
+}
+
+impl Listen {
+    /// `ips` sorted and deduplicated, so equal sets compare equal.
+    pub fn ips(mut ips: Vec<IpAddr>) -> Listen {
+        ips.sort();
+        ips.dedup();
+        Listen::Ips(ips)
+    }
+
+    fn is_nowhere(&self) -> bool {
+        matches!(self, Listen::Ips(ips) if ips.is_empty())
+    }
+}
+
 /// The healthCheckNodePort servers of this node.
 pub struct ServiceHealthServers {
-    /// Empty: every address.
-    listen_ips: Vec<IpAddr>,
+    listen: Listen,
     health: Arc<ProxyHealth>,
     metrics: Option<Arc<Metrics>>,
     runtime: tokio::runtime::Handle,
@@ -156,16 +178,24 @@ fn bind_std(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(l)
 }
 
+/// A listener on every IPv6 address and no IPv4 one (`IPV6_V6ONLY`), so that
+/// specific IPv4 addresses can take the same port.
+fn bind_v6_only_wildcard(port: u16) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let sock = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+    sock.set_only_v6(true)?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port).into())?;
+    sock.listen(1024)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
+}
+
 impl ServiceHealthServers {
-    /// `listen_ips`: empty means every address (IPv4 and IPv6). Must be called inside
-    /// a tokio runtime, where the servers will run.
-    pub fn new(
-        listen_ips: Vec<IpAddr>,
-        health: Arc<ProxyHealth>,
-        metrics: Option<Arc<Metrics>>,
-    ) -> Self {
+    /// Must be called inside a tokio runtime, where the servers will run.
+    pub fn new(listen: Listen, health: Arc<ProxyHealth>, metrics: Option<Arc<Metrics>>) -> Self {
         ServiceHealthServers {
-            listen_ips,
+            listen,
             health,
             metrics,
             runtime: tokio::runtime::Handle::current(),
@@ -180,6 +210,14 @@ impl ServiceHealthServers {
     /// whose port changed, and updates the counts running ones answer with.
     pub fn sync(&mut self, services: &BTreeMap<ServiceName, (u16, usize)>) {
         self.wanted = services.clone();
+        if self.listen.is_nowhere() {
+            self.servers.clear();
+            self.failing.clear();
+            if let Some(m) = &self.metrics {
+                m.set_health_check_bind_failures(0);
+            }
+            return;
+        }
         // Close first, so a port moving from one service to another is free.
         self.servers.retain(|name, server| {
             let keep = services.get(name).is_some_and(|(p, _)| *p == server.port);
@@ -225,19 +263,18 @@ impl ServiceHealthServers {
         }
     }
 
-    /// Changes the addresses the servers listen on; when they differ, every server is
-    /// re-opened on the new ones.
-    pub fn set_listen_ips(&mut self, mut ips: Vec<IpAddr>) {
-        ips.sort();
-        ips.dedup();
-        let mut current = self.listen_ips.clone();
-        current.sort();
-        current.dedup();
-        if ips == current {
+    /// Changes where the servers listen; when it differs, every server is re-opened
+    /// there.
+    pub fn set_listen(&mut self, listen: Listen) {
+        if listen == self.listen {
             return;
         }
-        tracing::info!(?ips, "healthCheckNodePort servers move to new addresses");
-        self.listen_ips = ips;
+        if listen.is_nowhere() {
+            tracing::warn!("no address of this host is a NodePort address (--nodeport-addresses): healthCheckNodePort servers are closed until one is");
+        } else {
+            tracing::info!(?listen, "healthCheckNodePort servers move to new addresses");
+        }
+        self.listen = listen;
         self.servers.clear();
         self.failing.clear();
         let wanted = std::mem::take(&mut self.wanted);
@@ -259,13 +296,16 @@ impl ServiceHealthServers {
     /// The listening sockets for `port`: one per configured IP, or the wildcard.
     fn bind_all(&self, port: u16) -> Result<Vec<std::net::TcpListener>, String> {
         let describe = |addr: SocketAddr, e: io::Error| format!("listen on {addr}: {e}");
-        if !self.listen_ips.is_empty() {
-            return self
-                .listen_ips
+        if let Listen::Ips(ips) = &self.listen {
+            return ips
                 .iter()
                 .map(|ip| {
                     let addr = SocketAddr::new(*ip, port);
-                    bind_std(addr).map_err(|e| describe(addr, e))
+                    match ip {
+                        IpAddr::V6(v6) if v6.is_unspecified() => bind_v6_only_wildcard(port),
+                        _ => bind_std(addr),
+                    }
+                    .map_err(|e| describe(addr, e))
                 })
                 .collect();
         }
@@ -408,7 +448,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn servers_answer_with_the_local_endpoint_count_and_follow_its_changes() {
         let (health, _clock) = synced_health();
-        let mut servers = ServiceHealthServers::new(vec![LOCALHOST], health, None);
+        let mut servers = ServiceHealthServers::new(Listen::ips(vec![LOCALHOST]), health, None);
         let (p1, p2) = (free_port(), free_port());
         let web = svc("shop", "web");
         let api = svc("shop", "api");
@@ -453,7 +493,7 @@ mod tests {
     #[tokio::test]
     async fn a_port_change_moves_the_server() {
         let (health, _clock) = synced_health();
-        let mut servers = ServiceHealthServers::new(vec![LOCALHOST], health, None);
+        let mut servers = ServiceHealthServers::new(Listen::ips(vec![LOCALHOST]), health, None);
         let (p1, p2) = (free_port(), free_port());
         let web = svc("shop", "web");
         servers.sync(&BTreeMap::from([(web.clone(), (p1, 1))]));
@@ -472,7 +512,8 @@ mod tests {
     async fn a_port_in_use_is_counted_and_retried_without_affecting_others() {
         let (health, _clock) = synced_health();
         let metrics = Metrics::new();
-        let mut servers = ServiceHealthServers::new(vec![LOCALHOST], health, Some(metrics.clone()));
+        let mut servers =
+            ServiceHealthServers::new(Listen::ips(vec![LOCALHOST]), health, Some(metrics.clone()));
         let squatter = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
         let taken = squatter.local_addr().unwrap().port();
         let free = free_port();
@@ -506,7 +547,8 @@ mod tests {
     #[tokio::test]
     async fn an_unhealthy_proxy_answers_503_even_with_local_endpoints() {
         let (health, clock) = synced_health();
-        let mut servers = ServiceHealthServers::new(vec![LOCALHOST], health.clone(), None);
+        let mut servers =
+            ServiceHealthServers::new(Listen::ips(vec![LOCALHOST]), health.clone(), None);
         let port = free_port();
         servers.sync(&BTreeMap::from([(svc("shop", "web"), (port, 3))]));
         assert_eq!(get(port, "/").await.unwrap().0, 200);
@@ -522,7 +564,7 @@ mod tests {
     #[tokio::test]
     async fn names_are_json_escaped() {
         let (health, _clock) = synced_health();
-        let mut servers = ServiceHealthServers::new(vec![LOCALHOST], health, None);
+        let mut servers = ServiceHealthServers::new(Listen::ips(vec![LOCALHOST]), health, None);
         let port = free_port();
         servers.sync(&BTreeMap::from([(svc("ns\"x", "a\\b\n"), (port, 1))]));
         let (_, _, text) = get(port, "/").await.unwrap();
@@ -537,17 +579,39 @@ mod tests {
     async fn new_listen_addresses_reopen_every_server() {
         let (health, _clock) = synced_health();
         // Every address first (dual-stack or IPv4 wildcard), then 127.0.0.1 only.
-        let mut servers = ServiceHealthServers::new(Vec::new(), health, None);
+        let mut servers = ServiceHealthServers::new(Listen::Everywhere, health, None);
         let port = free_port();
         let wanted = BTreeMap::from([(svc("shop", "web"), (port, 1))]);
         servers.sync(&wanted);
         assert_eq!(servers.bind_failures(), 0);
         assert_eq!(get(port, "/").await.unwrap().0, 200);
         assert!(std::net::TcpListener::bind((LOCALHOST, port)).is_err());
-        servers.set_listen_ips(vec![LOCALHOST]);
+        servers.set_listen(Listen::ips(vec![LOCALHOST]));
         assert_eq!(servers.bind_failures(), 0, "the wildcard was closed first");
         assert_eq!(get(port, "/").await.unwrap().0, 200);
-        servers.set_listen_ips(vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))]);
+        servers.set_listen(Listen::ips(vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))]));
         assert!(get(port, "/").await.unwrap_err().is_connect());
+        // Nowhere: nothing listens, nothing fails; addresses coming back re-open.
+        servers.set_listen(Listen::ips(Vec::new()));
+        assert_eq!(servers.bind_failures(), 0);
+        assert!(std::net::TcpListener::bind((Ipv4Addr::new(127, 0, 0, 2), port)).is_ok());
+        servers.set_listen(Listen::ips(vec![LOCALHOST]));
+        assert_eq!(get(port, "/").await.unwrap().0, 200);
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_wildcard_leaves_ipv4_addresses_to_their_own_listeners() {
+        if std::net::TcpListener::bind((Ipv6Addr::LOCALHOST, 0)).is_err() {
+            eprintln!("SKIP: this host has no IPv6");
+            return;
+        }
+        let (health, _clock) = synced_health();
+        let listen = Listen::ips(vec![Ipv6Addr::UNSPECIFIED.into(), LOCALHOST]);
+        let mut servers = ServiceHealthServers::new(listen, health, None);
+        let port = free_port();
+        servers.sync(&BTreeMap::from([(svc("shop", "web"), (port, 1))]));
+        // Without IPV6_V6ONLY the `::` socket would also hold 127.0.0.1's port.
+        assert_eq!(servers.bind_failures(), 0);
+        assert_eq!(get(port, "/").await.unwrap().0, 200);
     }
 }

@@ -556,7 +556,9 @@ mod tests {
                     upserts.push((object.key(), file));
                 }
                 SourceUpdate::Delete(k) => deletes.push(k.clone()),
-                SourceUpdate::Replace { .. } => panic!("rescan never replaces"),
+                SourceUpdate::Replace { .. } | SourceUpdate::HostAddresses(_) => {
+                    panic!("a rescan only upserts and deletes: {u:?}")
+                }
             }
         }
         (upserts, deletes)

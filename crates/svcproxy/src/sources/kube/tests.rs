@@ -53,6 +53,7 @@ fn summary(events: &[Event]) -> Vec<String> {
                         SourceUpdate::Upsert { object, .. } => format!("+{}", object.key().name),
                         SourceUpdate::Delete(key) => format!("-{}", key.name),
                         SourceUpdate::Replace { .. } => "replace".into(),
+                        SourceUpdate::HostAddresses(_) => "host addresses".into(),
                     })
                     .collect::<Vec<_>>()
                     .join(" "),

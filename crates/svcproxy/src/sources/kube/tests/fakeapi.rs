@@ -116,7 +116,9 @@ impl Model {
                             *self.deletes.entry(key.clone()).or_default() += 1;
                             self.objects.remove(&key);
                         }
-                        SourceUpdate::Replace { .. } => panic!("unexpected Replace"),
+                        SourceUpdate::Replace { .. } | SourceUpdate::HostAddresses(_) => {
+                            panic!("unexpected {u:?}")
+                        }
                     }
                 }
             }
