@@ -26,6 +26,7 @@ mod ctnetlink;
 mod error;
 mod host_addrs;
 pub mod iptables;
+pub mod kube_proxy;
 pub mod nft;
 mod node;
 mod proxier;

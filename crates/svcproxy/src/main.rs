@@ -92,8 +92,14 @@ enum Command {
         #[command(flatten)]
         flags: ProxyFlags,
     },
-    /// Remove everything svcproxy created in the kernel (its nftables tables) and exit.
+    /// Remove everything svcproxy created in the kernel (its nftables tables and
+    /// iptables chains) and exit.
     Cleanup {
+        /// Remove kube-proxy's leftovers instead (its iptables chains, its `kube-proxy`
+        /// nftables tables, its IPVS interface, virtual servers and ipsets), as
+        /// `kube-proxy --cleanup` does; refused while a kube-proxy process runs.
+        #[arg(long)]
+        kube_proxy: bool,
         #[command(flatten)]
         flags: ProxyFlags,
     },
@@ -140,7 +146,7 @@ fn main() -> ExitCode {
         None => (&cli.flags, None),
         Some(Command::Snapshot { flags, .. })
         | Some(Command::Render { flags })
-        | Some(Command::Cleanup { flags }) => (flags, cli.command.as_ref()),
+        | Some(Command::Cleanup { flags, .. }) => (flags, cli.command.as_ref()),
     };
     let explicitly_set = explicitly_set_in(sub_matches);
     let (settings, warnings) = match config::resolve(flags, &explicitly_set) {
@@ -188,6 +194,9 @@ fn main() -> ExitCode {
             proxy::run(settings, output, servers)
         }
         Some(Command::Render { .. }) => proxy::run(settings, Output::Render, Servers::default()),
+        Some(Command::Cleanup {
+            kube_proxy: true, ..
+        }) => proxy::cleanup_kube_proxy(),
         Some(Command::Cleanup { .. }) => proxy::cleanup(),
         None if settings.cleanup => proxy::cleanup(),
         None => {

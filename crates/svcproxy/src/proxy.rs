@@ -449,6 +449,9 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
     match output {
         Output::Kernel => {
             set_oom_score_adj(settings.oom_score_adj);
+            if !settings.init_only {
+                warn_about_kube_proxy_leftovers(&settings);
+            }
             let backend = backend(&settings)?;
             let plan_cfg = plan_config(&settings, backend)?;
             let plane = Proxier::new(plan_cfg.clone(), (backend.new)(&plan_cfg));
@@ -814,6 +817,73 @@ async fn shutdown_signal() {
 
 /// Removes what every svcproxy mode created (each mode's own objects, and only
 /// those). Every mode is tried; the first failure is returned.
+/// `svcproxy cleanup --kube-proxy`: removes kube-proxy's leftovers from this node, as
+/// `kube-proxy --cleanup` does, unless kube-proxy still runs (it would put them back
+/// at its next sync, and both would answer for the same Services).
+pub fn cleanup_kube_proxy() -> anyhow::Result<()> {
+    use svcproxy_dataplane::kube_proxy;
+    if let Some(pid) = kube_proxy::kube_proxy_running() {
+        bail!(
+            "kube-proxy is running (PID {pid}): stop it first (scale its DaemonSet off \
+             this node or delete it), or it re-creates its rules at its next sync"
+        );
+    }
+    let done = kube_proxy::cleanup_kube_proxy(&[]);
+    for (place, chains) in &done.iptables {
+        tracing::info!(%place, chains = chains.len(), "removed kube-proxy's iptables chains");
+    }
+    for (place, chains) in &done.kept {
+        tracing::warn!(%place, ?chains, "kept kube-proxy chains that another chain still jumps to");
+    }
+    for table in &done.nft_tables {
+        tracing::info!(table = %table, "removed kube-proxy's nftables table");
+    }
+    if done.ipvs {
+        tracing::info!("removed kube-proxy's IPVS state (kube-ipvs0)");
+    }
+    for w in &done.warnings {
+        tracing::warn!("{w}");
+    }
+    if done.is_empty() && done.kept.is_empty() {
+        tracing::info!("no kube-proxy leftovers found");
+    }
+    match done.errors.as_slice() {
+        [] => Ok(()),
+        errors => {
+            for e in errors {
+                tracing::error!("{e}");
+            }
+            bail!(
+                "{} part(s) of kube-proxy's leftovers could not be removed",
+                errors.len()
+            )
+        }
+    }
+}
+
+/// At start (no `--service-proxy-name`): kube-proxy's rules still in the kernel would
+/// answer for the same Services as svcproxy's (stale once kube-proxy is stopped), so
+/// say so and how to remove them.
+fn warn_about_kube_proxy_leftovers(settings: &Settings) {
+    if settings.service_proxy_name.is_some() {
+        return;
+    }
+    let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
+    if found.is_empty() {
+        return;
+    }
+    let running = svcproxy_dataplane::kube_proxy::kube_proxy_running();
+    tracing::warn!(
+        iptables = ?found.iptables.keys().collect::<Vec<_>>(),
+        nftables = ?found.nft_tables,
+        ipvs = found.ipvs,
+        kube_proxy_pid = ?running,
+        "kube-proxy's rules are installed on this node: they answer for the same Services \
+         (stale once kube-proxy is stopped); stop kube-proxy and run `svcproxy cleanup \
+         --kube-proxy`, or run beside it with --service-proxy-name"
+    );
+}
+
 pub fn cleanup() -> anyhow::Result<()> {
     let failures = svcproxy_dataplane::cleanup_all(&PlanConfig::default());
     for b in svcproxy_dataplane::BACKENDS {

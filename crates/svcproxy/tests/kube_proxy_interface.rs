@@ -339,3 +339,201 @@ fn a_changed_config_file_ends_the_proxy_so_that_it_restarts_with_it() {
     // The rules stay for the successor.
     assert!(nft_tables(&ns).contains("svcproxy"));
 }
+
+/// kube-proxy's iptables-mode rules for one family: its chains in `nat` and `filter`
+/// with the jumps into them, beside another component's chain that uses
+/// `KUBE-MARK-MASQ` and a built-in rule that is not kube-proxy's.
+fn kube_proxy_iptables(cluster_ip: &str, masq_src: &str) -> String {
+    format!(
+        r#"*nat
+:CNI-HOSTPORT-SETMARK - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SEP-ABCDEFGHIJKLMNOP - [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -s {masq_src} -m comment --comment "not kube-proxy: -j KUBE-SERVICES" -j MASQUERADE
+-A CNI-HOSTPORT-SETMARK -m comment --comment "CNI portfwd masquerade mark" -j KUBE-MARK-MASQ
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MASQUERADE --random-fully
+-A KUBE-SEP-ABCDEFGHIJKLMNOP -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination {cluster_ip}
+-A KUBE-SERVICES -d {cluster_ip} -p tcp -m comment --comment "default/web:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-ABCDEFGHIJKLMNOP
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-SVC-ABCDEFGHIJKLMNOP -m comment --comment "default/web:http -> endpoint" -j KUBE-SEP-ABCDEFGHIJKLMNOP
+COMMIT
+*filter
+:KUBE-FIREWALL - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-SERVICES - [0:0]
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A INPUT -j KUBE-FIREWALL
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-FIREWALL -m comment --comment "kubelet rule" -j RETURN
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+COMMIT
+"#
+    )
+}
+
+/// Every kube-proxy chain name the rules above use, and the ones they must keep.
+const KUBE_PROXY_CHAINS: &[&str] = &[
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-SEP-",
+    "KUBE-SERVICES",
+    "KUBE-SVC-",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-FIREWALL",
+];
+
+#[test]
+fn cleanup_kube_proxy_removes_kube_proxys_leftovers_and_nothing_else() {
+    let Some(ns) = Netns::create(
+        "cleanup_kube_proxy_removes_kube_proxys_leftovers_and_nothing_else",
+        "kpcleanup",
+        &[
+            "nft",
+            "iptables-restore",
+            "ip6tables-restore",
+            "iptables-legacy-restore",
+        ],
+    ) else {
+        return;
+    };
+    // kube-proxy's leftovers: iptables (both families, default backend; IPv4 also in
+    // the legacy one), its nftables tables, ipvs mode's kube-ipvs0. Beside them:
+    // another table and svcproxy's own (from a --once run below).
+    let v4 = kube_proxy_iptables("10.96.0.10", "10.0.0.0/8");
+    let v6 = kube_proxy_iptables("fd00::10", "fd00::/8");
+    ns.run_ok(&["iptables-restore", "--noflush"], Some(&v4))
+        .unwrap();
+    ns.run_ok(&["ip6tables-restore", "--noflush"], Some(&v6))
+        .unwrap();
+    ns.run_ok(&["iptables-legacy-restore", "--noflush"], Some(&v4))
+        .unwrap();
+    let nft = "table ip kube-proxy {\n chain services {\n  type nat hook prerouting priority dstnat;\n }\n}\n\
+               table ip6 kube-proxy {\n chain services {\n  type nat hook prerouting priority dstnat;\n }\n}\n\
+               table inet other {\n chain c {\n }\n}\n";
+    ns.run_ok(&["nft", "-f", "-"], Some(nft)).unwrap();
+    ns.run_ok(
+        &[
+            "ip",
+            "link",
+            "add",
+            "kube-ipvs0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "kpx-peer",
+        ],
+        None,
+    )
+    .unwrap();
+
+    // svcproxy warns at start while they are there (not with --service-proxy-name).
+    let examples = examples();
+    let once = |extra: &[&str]| {
+        let mut argv = vec![
+            bin(),
+            "--hostname-override=node-a",
+            "--manifests",
+            examples.to_str().unwrap(),
+            "--once",
+        ];
+        argv.extend_from_slice(extra);
+        let out = output(&mut ns.command(&argv), Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let stderr = once(&[]);
+    assert!(
+        stderr.contains("kube-proxy's rules are installed")
+            && stderr.contains("cleanup --kube-proxy"),
+        "{stderr}"
+    );
+    assert!(!once(&["--service-proxy-name=svcproxy"]).contains("kube-proxy's rules"));
+
+    // Refused while a process named kube-proxy runs.
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("kube-proxy");
+    std::fs::copy("/bin/sleep", &fake).unwrap();
+    let mut kube_proxy = Command::new(&fake)
+        .arg("30")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = output(
+        &mut ns.command(&[bin(), "cleanup", "--kube-proxy"]),
+        Duration::from_secs(60),
+    );
+    let _ = kube_proxy.kill();
+    let _ = kube_proxy.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("kube-proxy is running"),
+        "{stderr}"
+    );
+    assert!(
+        nft_tables(&ns).contains("table ip kube-proxy"),
+        "nothing removed"
+    );
+
+    let out = output(
+        &mut ns.command(&[bin(), "cleanup", "--kube-proxy"]),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("kept kube-proxy chains") && stderr.contains("KUBE-MARK-MASQ"),
+        "{stderr}"
+    );
+
+    for save in ["iptables-save", "ip6tables-save", "iptables-legacy-save"] {
+        let rules = ns.run_ok(&[save], None).unwrap();
+        for chain in KUBE_PROXY_CHAINS {
+            let left = rules.lines().any(|l| {
+                l.starts_with(&format!(":{chain}"))
+                    || l.starts_with(&format!("-A {chain}"))
+                    || l.ends_with(&format!("-j {chain}"))
+            });
+            assert!(!left, "{save} still has {chain}:\n{rules}");
+        }
+        // Not kube-proxy's, or still used by another chain: kept, with their rules.
+        for kept in [
+            "-A CNI-HOSTPORT-SETMARK -m comment --comment \"CNI portfwd masquerade mark\" -j KUBE-MARK-MASQ",
+            "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000",
+            "-A INPUT -j KUBE-FIREWALL",
+            "-A KUBE-FIREWALL -m comment --comment \"kubelet rule\" -j RETURN",
+            "--comment \"not kube-proxy: -j KUBE-SERVICES\" -j MASQUERADE",
+        ] {
+            assert!(rules.contains(kept), "{save} lost {kept:?}:\n{rules}");
+        }
+    }
+    let tables = nft_tables(&ns);
+    assert!(!tables.contains("kube-proxy"), "{tables}");
+    assert!(
+        tables.contains("table inet other") && tables.contains("table ip svcproxy"),
+        "other tables survive:\n{tables}"
+    );
+    let links = ns.run_ok(&["ip", "-o", "link"], None).unwrap();
+    assert!(!links.contains("kube-ipvs0"), "{links}");
+
+    // A second run finds nothing left to do.
+    let out = output(
+        &mut ns.command(&[bin(), "cleanup", "--kube-proxy"]),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("removed kube-proxy"), "{stderr}");
+}
