@@ -522,7 +522,11 @@ impl ClusterState {
             node_name: self.config.node_name.clone(),
             family,
             node: own.cloned(),
-            host_ips: self.host_ips[family as usize].clone(),
+            host_ips: self.host_ips[match family {
+                IpFamily::V4 => 0,
+                IpFamily::V6 => 1,
+            }]
+            .clone(),
             service_cidrs,
             service_ports: ports,
         }
@@ -706,5 +710,27 @@ mod tests {
         // What `a` (and `b`) hold is left: one info, node-1 and zone-a.
         assert_eq!((interner.infos.len(), interner.names.len()), (1, 2));
         assert_eq!(interner.kept, 3);
+    }
+
+    #[test]
+    fn host_addresses_reach_each_familys_snapshot_and_are_replaced_whole() {
+        let mut state = ClusterState::new(StateConfig {
+            node_name: "node-a".into(),
+            service_proxy_name: None,
+        });
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        state.apply(SourceUpdate::HostAddresses(vec![
+            ip("fd00::1"),
+            ip("10.0.0.2"),
+            ip("127.0.0.1"),
+            ip("10.0.0.2"),
+        ]));
+        let up = state.snapshot();
+        assert_eq!(*up.v4.host_ips, [ip("10.0.0.2"), ip("127.0.0.1")]);
+        assert_eq!(*up.v6.host_ips, [ip("fd00::1")]);
+        state.apply(SourceUpdate::HostAddresses(vec![ip("10.0.0.3")]));
+        let up = state.snapshot();
+        assert_eq!(*up.v4.host_ips, [ip("10.0.0.3")]);
+        assert!(up.v6.host_ips.is_empty());
     }
 }

@@ -249,6 +249,17 @@ fn run(
     }
 }
 
+/// Whether the legacy (x_tables) `table` of `tool`'s family exists, from
+/// `/proc/net/ip{,6}_tables_names` (read where the tools run).
+fn legacy_table_exists(prefix: &[String], tool: &str, table: &str) -> bool {
+    let names = if tool.starts_with("ip6") {
+        "/proc/net/ip6_tables_names"
+    } else {
+        "/proc/net/ip_tables_names"
+    };
+    matches!(run(prefix, &["cat", names], None), Ok(Some(list)) if list.lines().any(|l| l.trim() == table))
+}
+
 /// Whether the `kube-proxy` nftables table of `family` exists.
 fn nft_table_exists(prefix: &[String], family: &str) -> Result<bool, DataPlaneError> {
     match run(
@@ -288,6 +299,11 @@ fn walk(prefix: &[String], remove: bool) -> Leftovers {
     for (v4, v6) in iptables_tools() {
         for tool in [v4, v6] {
             for table in TABLES {
+                if tool.ends_with("-legacy") && !legacy_table_exists(prefix, tool, table) {
+                    // Listing it would load the legacy table's module (and so create
+                    // it): only a table that exists can hold kube-proxy's chains.
+                    continue;
+                }
                 let save_tool = format!("{tool}-save");
                 let save = match run(prefix, &[&save_tool, "-t", table], None) {
                     Ok(Some(s)) => s,

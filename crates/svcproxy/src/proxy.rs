@@ -121,7 +121,9 @@ fn watch_host_addresses(
     let Some(mut changes) = changes else {
         return Ok(());
     };
-    let tx = tx.clone();
+    // Weak: the runner ends when every source is gone, and this is no source of
+    // objects; it must not keep the channel open.
+    let tx = tx.downgrade();
     std::thread::Builder::new()
         .name("host-addresses".into())
         .spawn(move || loop {
@@ -133,13 +135,9 @@ fn watch_host_addresses(
                 Ok(now) if now != current => {
                     tracing::info!(addresses = ?now, "host addresses changed");
                     current = now;
-                    // Blocking send: backpressure, never loss; Err when the runner is gone.
-                    if tx
-                        .blocking_send(Event::Updates(vec![SourceUpdate::HostAddresses(
-                            current.clone(),
-                        )]))
-                        .is_err()
-                    {
+                    // Blocking send: backpressure, never loss. Gone: the runner is.
+                    let update = Event::Updates(vec![SourceUpdate::HostAddresses(current.clone())]);
+                    if tx.upgrade().is_none_or(|tx| tx.blocking_send(update).is_err()) {
                         return;
                     }
                 }
@@ -815,8 +813,6 @@ async fn shutdown_signal() {
     }
 }
 
-/// Removes what every svcproxy mode created (each mode's own objects, and only
-/// those). Every mode is tried; the first failure is returned.
 /// `svcproxy cleanup --kube-proxy`: removes kube-proxy's leftovers from this node, as
 /// `kube-proxy --cleanup` does, unless kube-proxy still runs (it would put them back
 /// at its next sync, and both would answer for the same Services).
@@ -884,6 +880,8 @@ fn warn_about_kube_proxy_leftovers(settings: &Settings) {
     );
 }
 
+/// Removes what every svcproxy mode created (each mode's own objects, and only
+/// those). Every mode is tried; the first failure is returned.
 pub fn cleanup() -> anyhow::Result<()> {
     let failures = svcproxy_dataplane::cleanup_all(&PlanConfig::default());
     for b in svcproxy_dataplane::BACKENDS {
