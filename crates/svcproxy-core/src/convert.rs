@@ -157,6 +157,24 @@ fn forbidden_endpoint_ip(ip: &IpAddr) -> Option<&'static str> {
     }
 }
 
+/// An address no Service may claim as a cluster, external or load-balancer IP, and
+/// why: capturing loopback or link-local addresses would hijack the node's own
+/// traffic (its local services, its metadata and neighbour addresses), and
+/// unspecified, multicast and broadcast addresses are no unicast destination. The
+/// API server refuses these for `externalIPs`; objects from elsewhere (manifests, old
+/// clusters) may still hold them.
+fn forbidden_service_ip(ip: &IpAddr) -> Option<&'static str> {
+    match ip {
+        _ if ip.is_loopback() => Some("loopback"),
+        _ if ip.is_unspecified() => Some("unspecified"),
+        _ if ip.is_multicast() => Some("multicast"),
+        IpAddr::V4(v4) if v4.is_broadcast() => Some("broadcast"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => Some("link-local"),
+        _ => None,
+    }
+}
+
 /// Parses an IP as upstream's `ParseIPSloppy`: no zones, no surrounding whitespace;
 /// IPv4 octets with leading zeros are read as decimal (never octal) and the value
 /// normalised, with a warning naming `field` (objects from before the API server
@@ -302,9 +320,14 @@ pub fn convert_service(
     for (i, raw) in raw_ips.iter().enumerate().take(2) {
         let field = format!("spec.clusterIPs[{i}]");
         match parse_ip(&mut ctx, &field, raw) {
-            Some(ip) if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() => {
-                ctx.ignore(field, format!("{} cannot be a cluster IP", quote(raw)))
-            }
+            Some(ip) if forbidden_service_ip(&ip).is_some() => ctx.ignore(
+                field,
+                format!(
+                    "{} cannot be a cluster IP ({} address)",
+                    quote(raw),
+                    forbidden_service_ip(&ip).unwrap_or_default()
+                ),
+            ),
             Some(ip)
                 if cluster_ips
                     .iter()
@@ -565,9 +588,13 @@ fn parse_ip_list(ctx: &mut Ctx<'_>, field: &str, raw: &[String]) -> Vec<IpAddr> 
             break;
         }
         match parse_ip(ctx, &format!("{field}[{i}]"), s) {
-            Some(ip) if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() => ctx.ignore(
+            Some(ip) if forbidden_service_ip(&ip).is_some() => ctx.ignore(
                 format!("{field}[{i}]"),
-                format!("{} is not usable here", quote(s)),
+                format!(
+                    "{} is not usable here ({} address)",
+                    quote(s),
+                    forbidden_service_ip(&ip).unwrap_or_default()
+                ),
             ),
             Some(ip) => {
                 if !out.contains(&ip) {
@@ -604,15 +631,20 @@ fn parse_lb_ingress(ctx: &mut Ctx<'_>, svc: &corev1::Service) -> Vec<LoadBalance
         let Some(raw) = ing.ip.as_deref().filter(|s| !s.is_empty()) else {
             continue;
         };
-        let Some(ip) = parse_ip(ctx, &format!("{field}.ip"), raw)
-            .filter(|ip| !ip.is_unspecified() && !ip.is_multicast())
-        else {
+        let Some(ip) = parse_ip(ctx, &format!("{field}.ip"), raw) else {
             ctx.ignore(
                 format!("{field}.ip"),
                 format!("invalid IP address {}", quote(raw)),
             );
             continue;
         };
+        if let Some(why) = forbidden_service_ip(&ip) {
+            ctx.ignore(
+                format!("{field}.ip"),
+                format!("{} is not usable here ({why} address)", quote(raw)),
+            );
+            continue;
+        }
         let ip_mode = match ing.ip_mode.as_deref() {
             None | Some("VIP") => IpMode::Vip,
             Some("Proxy") => IpMode::Proxy,
@@ -1084,6 +1116,14 @@ pub fn convert_service_cidr(
     let mut out = Vec::new();
     for (i, c) in raw.iter().enumerate().take(2) {
         match parse_cidr(&mut ctx, &format!("spec.cidrs[{i}]"), c) {
+            Some(net) if net.prefix_len() == 0 => ctx.ignore(
+                format!("spec.cidrs[{i}]"),
+                format!(
+                    "{} covers every address: dropping its unallocated addresses would cut \
+                     all of the node's traffic",
+                    quote(c)
+                ),
+            ),
             Some(net) => out.push(net),
             None => ctx.ignore(
                 format!("spec.cidrs[{i}]"),

@@ -725,6 +725,93 @@ fn an_invalid_external_ip_is_ignored_and_the_others_kept() {
     );
 }
 
+/// Addresses that would capture the node's own traffic (loopback, link-local) or are
+/// no unicast destination (broadcast) are refused as cluster, external and
+/// load-balancer IPs, each with the reason, and the service keeps its other ones.
+#[test]
+fn node_local_and_broadcast_addresses_are_refused_as_service_ips() {
+    let mut st = baseline_state();
+    upsert(
+        &mut st,
+        simple_service(
+            "ext",
+            "10.96.0.31",
+            r#"  externalIPs: [203.0.113.10, 127.0.0.53, 169.254.169.254, "fe80::1", 255.255.255.255, "::1"]"#,
+        ),
+    );
+    upsert(
+        &mut st,
+        service(
+            r#"
+metadata: {name: metadata-hijack, namespace: default}
+spec:
+  clusterIPs: [169.254.169.254, "fd00:96::40"]
+  ports: [{name: http, port: 80}]
+"#,
+        ),
+    );
+    upsert(
+        &mut st,
+        load_balancer(
+            "lb",
+            "",
+            r#"
+    - ip: 198.51.100.10
+    - ip: 127.0.0.1
+    - ip: 169.254.0.1
+"#,
+        ),
+    );
+    let ext = key(Kind::Service, "default", "ext");
+    expect_problems(
+        &st,
+        &ext,
+        &[
+            ("spec.externalIPs[1]", Ignored),
+            ("spec.externalIPs[2]", Ignored),
+            ("spec.externalIPs[3]", Ignored),
+            ("spec.externalIPs[4]", Ignored),
+            ("spec.externalIPs[5]", Ignored),
+        ],
+    );
+    for (field, why) in [
+        ("spec.externalIPs[1]", "loopback"),
+        ("spec.externalIPs[2]", "link-local"),
+        ("spec.externalIPs[3]", "link-local"),
+        ("spec.externalIPs[4]", "broadcast"),
+    ] {
+        let p = expect_problem(&st, &ext, field, Ignored);
+        assert!(p.message.contains(why), "{p}");
+    }
+    let p = expect_problem(
+        &st,
+        &key(Kind::Service, "default", "metadata-hijack"),
+        "spec.clusterIPs[0]",
+        Ignored,
+    );
+    assert!(p.message.contains("link-local"), "{p}");
+    expect_problems(
+        &st,
+        &key(Kind::Service, "default", "lb"),
+        &[
+            ("status.loadBalancer.ingress[1].ip", Ignored),
+            ("status.loadBalancer.ingress[2].ip", Ignored),
+        ],
+    );
+    let update = st.snapshot();
+    assert_baseline_works(&update);
+    let ext = must_view(&update.v4, &tcp("default", "ext", "http"));
+    assert_eq!(ext.port.external_ips, vec![ip("203.0.113.10")]);
+    assert!(view(&update.v4, &tcp("default", "metadata-hijack", "http")).is_none());
+    let v6 = must_view(&update.v6, &tcp("default", "metadata-hijack", "http"));
+    assert_eq!(v6.port.cluster_ips, vec![ip("fd00:96::40")]);
+    let lb = must_view(&update.v4, &tcp("default", "lb", "http"));
+    assert_eq!(
+        lb.port.load_balancer_vips().collect::<Vec<_>>(),
+        vec![ip("198.51.100.10")]
+    );
+}
+
 fn load_balancer(name: &str, extra_spec: &str, ingress: &str) -> KubeObject {
     service(&format!(
         r#"
@@ -2254,6 +2341,38 @@ spec: {cidrs: [nonsense]}
     assert_eq!(
         update.v6.service_cidrs,
         vec!["fd00:96::/112".parse::<ipnet::IpNet>().unwrap()]
+    );
+}
+
+#[test]
+fn a_service_cidr_covering_every_address_is_refused() {
+    let mut st = baseline_state();
+    upsert(
+        &mut st,
+        service_cidr(
+            r#"
+metadata: {name: everything}
+spec: {cidrs: [0.0.0.0/0, "::/0"]}
+"#,
+        ),
+    );
+    let everything = key(Kind::ServiceCidr, "", "everything");
+    expect_problems(
+        &st,
+        &everything,
+        &[
+            ("spec.cidrs[0]", Ignored),
+            ("spec.cidrs[1]", Ignored),
+            ("spec.cidrs", Rejected),
+        ],
+    );
+    let p = expect_problem(&st, &everything, "spec.cidrs[0]", Ignored);
+    assert!(p.message.contains("covers every address"), "{p}");
+    let update = st.snapshot();
+    assert_baseline_works(&update);
+    assert_eq!(
+        update.v4.service_cidrs,
+        vec!["10.96.0.0/16".parse::<ipnet::IpNet>().unwrap()]
     );
 }
 

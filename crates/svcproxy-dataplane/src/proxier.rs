@@ -56,6 +56,8 @@ pub struct Proxier<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
     conntrack_retry: Vec<ConntrackFilter>,
     /// The conflicts last logged, by family and destination.
     logged_conflicts: BTreeMap<(IpFamily, String), Conflict>,
+    /// The ServiceCIDRs last logged as refused (both families).
+    logged_refused_cidrs: Vec<(ipnet::IpNet, std::net::IpAddr)>,
 }
 
 impl<P: DataPlane> Proxier<P, NetlinkConntrack> {
@@ -89,6 +91,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             applied: None,
             conntrack_retry: Vec::new(),
             logged_conflicts: BTreeMap::new(),
+            logged_refused_cidrs: Vec::new(),
         }
     }
 
@@ -141,6 +144,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             .update(&update.v4, &update.v6, &self.cfg, &update.changed);
         let conflicts = self.intents.intent().conflicts();
         self.log_conflicts(&conflicts);
+        self.log_refused_service_cidrs();
         let applied = self.plane.sync(self.intents.intent(), &delta, full)?;
         let conntrack = self.clean_conntrack(update);
         let report = SyncReport {
@@ -283,6 +287,34 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             .render(&build_intent(&update.v4, &update.v6, &self.cfg))
     }
 
+    /// Logs an error for each ServiceCIDR the intent refuses (it holds a node
+    /// address) when the set changes, and notes when none is left.
+    fn log_refused_service_cidrs(&mut self) {
+        let current: Vec<(ipnet::IpNet, std::net::IpAddr)> = self
+            .intents
+            .intent()
+            .families()
+            .filter_map(|f| f.node())
+            .flat_map(|n| n.refused_service_cidrs.iter().copied())
+            .collect();
+        if current == self.logged_refused_cidrs {
+            return;
+        }
+        for (cidr, ip) in &current {
+            if !self.logged_refused_cidrs.contains(&(*cidr, *ip)) {
+                tracing::error!(
+                    %cidr,
+                    node_address = %ip,
+                    "a ServiceCIDR holds an address of this node: its unallocated addresses are not dropped (that would cut the node's own traffic); fix the ServiceCIDR"
+                );
+            }
+        }
+        if current.is_empty() {
+            tracing::info!("no ServiceCIDR holds an address of this node any more");
+        }
+        self.logged_refused_cidrs = current;
+    }
+
     /// Warns about each conflict that is new or changed since the last plan, and
     /// notes those that went away.
     fn log_conflicts(&mut self, conflicts: &[Conflict]) {
@@ -301,7 +333,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
                     destination = %c.destination,
                     kept = %c.kept,
                     ignored = %ignored.join(", "),
-                    "several service ports claim one destination; only the first by name gets it"
+                    "several service ports claim one destination; a cluster IP wins, then the first port by name"
                 );
             }
         }

@@ -24,6 +24,7 @@ use svcproxy_e2e::{Host, ProbeSpec, Proto, NODE_A, NODE_B};
 per_mode!(
     health_check_node_ports_follow_local_endpoints_for_a_load_balancer,
     nodeport_addresses_follow_the_hosts_addresses,
+    a_service_cidr_holding_the_nodes_addresses_does_not_cut_them_off,
     healthz_livez_metrics_address_in_use_and_sigterm,
 );
 
@@ -320,6 +321,54 @@ fn nodeport_addresses_follow_the_hosts_addresses(mode: Mode) {
             )
         });
     }
+    ck.finish(&env);
+}
+
+/// A ServiceCIDR that holds the nodes' own LAN (a typo away from the real one) must
+/// not make svcproxy drop traffic to the nodes' addresses as "unallocated service
+/// addresses": the range is refused with an error and the nodes stay reachable.
+fn a_service_cidr_holding_the_nodes_addresses_does_not_cut_them_off(mode: Mode) {
+    let bad = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: typo}}\n\
+         spec:\n  cidrs: [\"{}\", \"{}\"]\n",
+        plan::NODE_LAN_V4,
+        plan::NODE_LAN_V6
+    );
+    let lb = lb_local();
+    let Some(env) = Env::start(
+        mode,
+        EnvSpec::default(),
+        &[
+            ("00-servicecidr-typo.yaml", bad),
+            ("svc-lb.yaml", lb_file(&lb, &[A0])),
+        ],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("service-cidr-holding-node-addresses");
+    for f in Family::BOTH {
+        let ip = plan::node_ip(NODE_A, f);
+        // From outside, and from node-b (both inside the bad range too).
+        for from in [Host::Ext, Host::Node(NODE_B)] {
+            let (a, _) = get_until(&env, from, ip, 10256, "/healthz", |a| {
+                a.as_ref().is_some_and(|a| a.code == 200)
+            });
+            ck.check(a.as_ref().is_some_and(|a| a.code == 200), || {
+                format!("{f:?} {from:?} -> node-a {ip}:10256/healthz: {a:?}")
+            });
+        }
+    }
+    // The service's own cluster IPs still work.
+    for f in Family::BOTH {
+        let vip = sa(lb.cluster_ip(f), 80);
+        let got = env.probe(Host::Pod(NODE_B, 0), Proto::Tcp, vip, 1, ANSWER);
+        ck.answered_by(&format!("{f:?} pod-b0 -> cluster IP"), &got, &["pod-a0"]);
+    }
+    let logs = env.proxies[NODE_A].logs();
+    ck.check(
+        logs.contains("a ServiceCIDR holds an address of this node"),
+        || "no error logged for the refused ServiceCIDR".to_string(),
+    );
     ck.finish(&env);
 }
 

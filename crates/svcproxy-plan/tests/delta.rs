@@ -392,6 +392,7 @@ fn conflicting_destinations_go_to_the_first_claimant_and_pass_on_when_it_goes() 
     let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
     let alpha = spn("demo", "alpha", "http", Protocol::Tcp);
     let beta = spn("demo", "beta", "http", Protocol::Tcp);
+    let aardvark = spn("demo", "aardvark", "http", Protocol::Tcp);
     let got: Vec<(String, ServicePortName, Vec<ServicePortName>)> = plan
         .conflicts
         .iter()
@@ -400,6 +401,13 @@ fn conflicting_destinations_go_to_the_first_claimant_and_pass_on_when_it_goes() 
     assert_eq!(
         got,
         vec![
+            // alpha's cluster IP beats aardvark's external IP, though aardvark
+            // sorts first.
+            (
+                "198.19.0.130:80/TCP".to_string(),
+                alpha.clone(),
+                vec![aardvark.clone()]
+            ),
             (
                 "203.0.113.130:80/TCP".to_string(),
                 alpha.clone(),

@@ -169,6 +169,8 @@ struct SyncDone {
     duration: Duration,
     /// UDP conntrack entries deleted and whether that cleanup failed (kernel only).
     conntrack: Option<(usize, bool)>,
+    /// Claims on destinations that other service ports hold (kernel only).
+    lost_claims: Option<usize>,
 }
 
 struct KernelTarget {
@@ -205,6 +207,7 @@ impl Target for KernelTarget {
             full: report.kind.is_full(),
             duration: report.duration,
             conntrack: Some((report.conntrack.deleted, report.conntrack.error.is_some())),
+            lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),
         })
     }
 }
@@ -279,6 +282,7 @@ impl Target for SnapshotPrinter {
             full,
             duration: start.elapsed(),
             conntrack: None,
+            lost_claims: None,
         })
     }
 }
@@ -301,6 +305,7 @@ impl Target for RenderPrinter {
             full,
             duration: start.elapsed(),
             conntrack: None,
+            lost_claims: None,
         })
     }
 }
@@ -345,6 +350,9 @@ impl<T: Target> ProxySyncer<T> {
             .set_invalid_objects(self.state.invalid_counts());
         if let Some((deleted, failed)) = done.conntrack {
             self.metrics.conntrack_cleanup(deleted, failed);
+        }
+        if let Some(n) = done.lost_claims {
+            self.metrics.set_lost_claims(n);
         }
         if let Some((servers, cfg)) = &mut self.health_checks {
             servers.set_listen(health_check_listen(cfg, update));

@@ -34,13 +34,33 @@ pub use service::{
 };
 pub use text::describe;
 
+/// One service port's claim on a frontend. Claims order by rank, then by name: a
+/// service's cluster IP always beats another service's external or load-balancer IP
+/// at the same address (so no Service can take over the cluster's own addresses by
+/// listing them), and among claims of one rank the first port by name wins.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Claim {
+    /// 0: a cluster IP; 1: anything else.
+    rank: u8,
+    name: ServicePortName,
+}
+
+impl Claim {
+    fn new(kind: FrontendKind, name: &ServicePortName) -> Claim {
+        Claim {
+            rank: u8::from(kind != FrontendKind::ClusterIp),
+            name: name.clone(),
+        }
+    }
+}
+
 /// Two or more service ports claiming one frontend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
     pub family: IpFamily,
     /// The destination, e.g. `198.19.255.1:80/TCP` or `nodePort 30080/TCP`.
     pub destination: String,
-    /// The port that gets the destination (the first by name).
+    /// The port that gets the destination (a cluster IP first, then the first by name).
     pub kept: ServicePortName,
     /// The ports whose claim is ignored.
     pub ignored: Vec<ServicePortName>,
@@ -53,8 +73,8 @@ pub struct FamilyIntent {
     /// `None` while the family is not programmed (then there are no services).
     node: Option<Arc<NodeIntent>>,
     services: BTreeMap<ServicePortName, Arc<ServiceIntent>>,
-    /// Claimants of each frontend, sorted; the first wins.
-    owners: BTreeMap<FrontendKey, Vec<ServicePortName>>,
+    /// Claimants of each frontend, sorted by [`Claim`]; the first wins.
+    owners: BTreeMap<FrontendKey, Vec<Claim>>,
     /// Cluster IPs, with the number of service ports using each.
     cluster_ips: BTreeMap<IpAddr, u32>,
     conflicted: BTreeSet<FrontendKey>,
@@ -96,7 +116,7 @@ impl FamilyIntent {
         self.owners
             .get(key)
             .and_then(|o| o.first())
-            .and_then(|name| self.services.get(name))
+            .and_then(|claim| self.services.get(&claim.name))
     }
 
     /// The frontend at `key` with the port that owns it.
@@ -124,8 +144,8 @@ impl FamilyIntent {
                 Some(Conflict {
                     family: self.family,
                     destination: key.to_string(),
-                    kept: owners[0].clone(),
-                    ignored: owners[1..].to_vec(),
+                    kept: owners[0].name.clone(),
+                    ignored: owners[1..].iter().map(|c| c.name.clone()).collect(),
                 })
             })
             .collect()
@@ -167,7 +187,7 @@ impl FamilyIntent {
             if let Some(old) = &old {
                 for f in &old.frontends {
                     if let Some(owners) = self.owners.get_mut(&f.key) {
-                        owners.retain(|o| o != &name);
+                        owners.retain(|o| o.name != name);
                         if owners.is_empty() {
                             self.owners.remove(&f.key);
                         }
@@ -185,8 +205,9 @@ impl FamilyIntent {
             if let Some(new) = &new {
                 for f in &new.frontends {
                     let owners = self.owners.entry(f.key).or_default();
-                    if let Err(i) = owners.binary_search(&name) {
-                        owners.insert(i, name.clone());
+                    let claim = Claim::new(f.kind, &name);
+                    if let Err(i) = owners.binary_search(&claim) {
+                        owners.insert(i, claim);
                     }
                 }
                 for ip in &new.cluster_ips {

@@ -57,6 +57,10 @@ pub struct NodeIntent {
     /// The family's ServiceCIDRs (merged, sorted): a packet to an address inside
     /// them that is no service's cluster IP is dropped.
     pub service_cidrs: Vec<IpNet>,
+    /// ServiceCIDRs left out of `service_cidrs`, each with the node address inside
+    /// it: dropping their unallocated addresses would black out the node's own
+    /// traffic (a `0.0.0.0/0` ServiceCIDR would drop every connection it makes).
+    pub refused_service_cidrs: Vec<(IpNet, IpAddr)>,
     /// Reject a cluster IP's unexposed ports and drop unallocated addresses of
     /// `service_cidrs` ([`PlanConfig::guard_service_ips`]).
     pub guard_service_ips: bool,
@@ -87,6 +91,7 @@ impl NodeIntent {
             }
         };
         let nodeports = nodeport_destinations(family, cfg, snap);
+        let (service_cidrs, refused_service_cidrs) = guarded_service_cidrs(family, snap, &node_ips);
         NodeIntent {
             family,
             masquerade_mark: cfg.masquerade_mark(),
@@ -95,11 +100,46 @@ impl NodeIntent {
             node_ips,
             nodeports,
             localhost_nodeports: cfg.serves_localhost_nodeports() && family == IpFamily::V4,
-            service_cidrs: family_nets(&snap.service_cidrs, family),
+            service_cidrs,
+            refused_service_cidrs,
             guard_service_ips: cfg.guard_service_ips,
             drop_invalid_forwarded: cfg.drop_invalid_forwarded && !cfg.conntrack_tcp_be_liberal,
         }
     }
+}
+
+/// The family's ServiceCIDRs whose unallocated addresses may be dropped, and those
+/// refused with the node address each holds: the family's loopback address, the
+/// node's IPs (`node_ips`, the Node object's, the host's own) are never inside a
+/// dropped range, whatever a ServiceCIDR object says.
+fn guarded_service_cidrs(
+    family: IpFamily,
+    snap: &NodeSnapshot,
+    node_ips: &[IpAddr],
+) -> (Vec<IpNet>, Vec<(IpNet, IpAddr)>) {
+    let loopback = match family {
+        IpFamily::V4 => IpAddr::from([127, 0, 0, 1]),
+        IpFamily::V6 => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+    };
+    let own: Vec<IpAddr> = std::iter::once(loopback)
+        .chain(node_ips.iter().copied())
+        .chain(snap.node_ips())
+        .chain(snap.host_ips.iter().copied())
+        .collect();
+    let mut kept = Vec::new();
+    let mut refused = Vec::new();
+    for cidr in snap.service_cidrs.iter().map(IpNet::trunc) {
+        if IpFamily::of_net(&cidr) != family {
+            continue;
+        }
+        match own.iter().find(|ip| cidr.contains(*ip)) {
+            Some(ip) => refused.push((cidr, *ip)),
+            None => kept.push(cidr),
+        }
+    }
+    refused.sort();
+    refused.dedup();
+    (family_nets(&kept, family), refused)
 }
 
 /// The destinations that take NodePorts in one family under
@@ -305,6 +345,35 @@ mod tests {
             nodeport_destinations(IpFamily::V6, &c, &v6),
             NodePortDestinations::AllLocal
         );
+    }
+
+    #[test]
+    fn a_service_cidr_holding_a_node_address_is_refused_not_dropped() {
+        let mut v4 = snap(IpFamily::V4, &["192.0.2.1"], &["10.9.0.7", "127.0.0.1"]);
+        v4.service_cidrs = ["10.96.0.0/16", "192.0.2.0/24", "10.9.0.0/16", "127.0.0.0/8"]
+            .iter()
+            .map(|s| net(s))
+            .collect();
+        let n = NodeIntent::new(IpFamily::V4, &cfg(NodePortAddresses::Primary), &v4);
+        assert_eq!(n.service_cidrs, vec![net("10.96.0.0/16")]);
+        assert_eq!(
+            n.refused_service_cidrs,
+            vec![
+                (net("10.9.0.0/16"), ip("10.9.0.7")),
+                (net("127.0.0.0/8"), ip("127.0.0.1")),
+                (net("192.0.2.0/24"), ip("192.0.2.1")),
+            ]
+        );
+        // The bind address counts as the node's too.
+        let bound = PlanConfig {
+            node_ips: vec![ip("10.96.3.3")],
+            ..cfg(NodePortAddresses::Primary)
+        };
+        let n = NodeIntent::new(IpFamily::V4, &bound, &v4);
+        assert!(n.service_cidrs.is_empty());
+        assert!(n
+            .refused_service_cidrs
+            .contains(&(net("10.96.0.0/16"), ip("10.96.3.3"))));
     }
 
     #[test]

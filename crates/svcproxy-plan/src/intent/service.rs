@@ -35,8 +35,8 @@ use svcproxy_core::snapshot::ServicePortView;
 
 use super::node::{family_nets, NodeIntent};
 
-/// A destination a service port claims. Two ports claiming the same one conflict;
-/// the first by name gets it.
+/// A destination a service port claims. Two ports claiming the same one conflict: a
+/// cluster IP claim wins, then the first port by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FrontendKey {
     /// A service IP (cluster, external or load-balancer) with protocol and port.

@@ -53,7 +53,20 @@ fn node_line(n: &NodeIntent) -> String {
         "; forwarded conntrack-INVALID: drop"
     } else {
         ""
+    } + &refused_cidrs(n)
+}
+
+/// ServiceCIDRs the guard leaves out, if any.
+fn refused_cidrs(n: &NodeIntent) -> String {
+    if n.refused_service_cidrs.is_empty() {
+        return String::new();
     }
+    let each: Vec<String> = n
+        .refused_service_cidrs
+        .iter()
+        .map(|(cidr, ip)| format!("{cidr} (holds {ip})"))
+        .collect();
+    format!("; ServiceCIDRs refused: {}", each.join(", "))
 }
 
 fn external_route(svc: &ServiceIntent, r: &ExternalRoute) -> String {

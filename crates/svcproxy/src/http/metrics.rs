@@ -60,6 +60,8 @@ pub struct Metrics {
     conntrack_cleanup_failures: IntCounter,
     conntrack_entries_deleted: IntCounter,
     health_check_bind_failures: IntGauge,
+    /// Service ports' claims on a destination another port holds (each logged).
+    lost_claims: IntGauge,
     /// client-go's REST client families, observed by the API client's layer.
     rest_client: crate::sources::kube::client_metrics::RestClientMetrics,
     /// `/configz`'s body, set once the configuration is known.
@@ -245,6 +247,12 @@ impl Metrics {
                 "healthCheckNodePort servers that cannot currently listen on their port"
                     .to_string(),
             ),
+            lost_claims: int_gauge(
+                "svcproxy_destination_conflicts",
+                "Claims on a destination (service IP and port, or NodePort) that another \
+                 service port holds and this one therefore does not get (each is logged)"
+                    .to_string(),
+            ),
             rest_client: {
                 let rc = crate::sources::kube::client_metrics::RestClientMetrics::new();
                 register(&r, rc.requests.clone());
@@ -392,6 +400,12 @@ impl Metrics {
 
     pub fn set_health_check_bind_failures(&self, n: usize) {
         self.health_check_bind_failures.set(to_i64(n));
+    }
+
+    /// The claims the last plan ignored because another service port holds the
+    /// destination.
+    pub fn set_lost_claims(&self, n: usize) {
+        self.lost_claims.set(to_i64(n));
     }
 
     pub fn count_healthz(&self, code: u16) {
@@ -629,6 +643,7 @@ mod tests {
             ("svcproxy_conntrack_cleanup_failures_total", "counter"),
             ("svcproxy_conntrack_entries_deleted_total", "counter"),
             ("svcproxy_service_health_check_bind_failures", "gauge"),
+            ("svcproxy_destination_conflicts", "gauge"),
         ];
         for (name, ty) in expected {
             assert_eq!(t.get(name).map(String::as_str), Some(ty), "{name}");
@@ -762,6 +777,7 @@ mod tests {
         m.conntrack_cleanup(12, false);
         m.conntrack_cleanup(3, true);
         m.set_health_check_bind_failures(1);
+        m.set_lost_claims(2);
         m.count_healthz(200);
         m.count_healthz(503);
         m.count_livez(200);
@@ -844,6 +860,7 @@ mod tests {
             ("svcproxy_conntrack_entries_deleted_total", "", 15.0),
             ("svcproxy_conntrack_cleanup_failures_total", "", 1.0),
             ("svcproxy_service_health_check_bind_failures", "", 1.0),
+            ("svcproxy_destination_conflicts", "", 2.0),
             ("kubeproxy_proxy_healthz_total", r#"code="200""#, 1.0),
             ("kubeproxy_proxy_healthz_total", r#"code="503""#, 1.0),
             ("kubeproxy_proxy_livez_total", r#"code="200""#, 1.0),
