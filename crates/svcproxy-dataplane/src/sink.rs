@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, Read, Write};
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -111,6 +112,12 @@ pub struct CommandOutput {
 /// Runs `argv`, feeding `stdin` (if any) while stdout and stderr are read (so neither
 /// a large input nor a chatty command can deadlock), killing it after `timeout`. A
 /// non-zero exit is [`DataPlaneError::Rejected`] with its stderr.
+///
+/// The command runs in a process group of its own, and the deadline ends the whole
+/// group: a wrapper's children (`ip netns exec` that forks, a script) cannot outlive
+/// it holding the pipes and keep the caller, and so the sync, waiting past the
+/// deadline. After the command exits, whatever it left behind holding the pipes is
+/// ended at the deadline too.
 pub fn run_command(
     argv: &[String],
     stdin: Option<&str>,
@@ -125,6 +132,7 @@ pub fn run_command(
     };
     let mut child = Command::new(program)
         .args(args)
+        .process_group(0)
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -137,6 +145,8 @@ pub fn run_command(
             command: command.clone(),
             source,
         })?;
+    // `process_group(0)`: the group's id is the child's pid.
+    let group = child.id();
     let stdin_pipe = child.stdin.take();
     let mut stdout_pipe = child.stdout.take().expect("stdout is piped");
     let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
@@ -161,13 +171,12 @@ pub fn run_command(
             let _ = stderr_pipe.read_to_end(&mut buf);
             buf
         });
-        // Killing the child closes its pipes, which ends the threads (the commands are
-        // single processes; `ip netns exec` execs them, so no grandchild holds them).
+        // Killing the group closes every copy of the pipes, which ends the threads.
         let status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break Ok(Some(status)),
                 Ok(None) if Instant::now() >= deadline => {
-                    let _ = child.kill();
+                    kill_group(group);
                     let _ = child.wait();
                     break Ok(None);
                 }
@@ -175,6 +184,14 @@ pub fn run_command(
                 Err(e) => break Err(e),
             }
         };
+        // Exited: a process it left in its group may still hold a pipe open.
+        while !(writer.is_finished() && out_reader.is_finished() && err_reader.is_finished()) {
+            if Instant::now() >= deadline {
+                kill_group(group);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("stdin writer panicked")));
@@ -208,6 +225,16 @@ pub fn run_command(
         source,
     })?;
     Ok(CommandOutput { stdout, stderr })
+}
+
+/// SIGKILL to every process of group `group` (gone already: nothing to do).
+fn kill_group(group: u32) {
+    if let Some(pid) = i32::try_from(group)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
 }
 
 impl fmt::Display for NftCommand {
@@ -291,6 +318,34 @@ mod tests {
         let started = Instant::now();
         let err = cmd.run("add table ip x\n").unwrap_err();
         assert!(matches!(err, DataPlaneError::TimedOut { .. }), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_hung_wrappers_children_are_killed_with_it() {
+        // The shell forks `sleep` (which inherits the pipes) and waits: killing the
+        // shell alone would leave the readers waiting 30 s for `sleep`.
+        let cmd = sh("sleep 30; true").with_timeout(Duration::from_millis(300));
+        let started = Instant::now();
+        let err = cmd.run("add table ip x\n").unwrap_err();
+        assert!(matches!(err, DataPlaneError::TimedOut { .. }), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn what_a_finished_command_leaves_holding_its_pipes_ends_at_the_deadline() {
+        let cmd = sh("sleep 30 & echo applied").with_timeout(Duration::from_millis(300));
+        let started = Instant::now();
+        cmd.run("add table ip x\n")
+            .expect("the command itself succeeded");
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{:?}",

@@ -151,6 +151,28 @@ fn watch_host_addresses(
     Ok(())
 }
 
+/// Passes the sources' events on to the runner, noting each update's arrival first
+/// (the health timeout and the last-queued metric count from when an update reaches
+/// svcproxy, as upstream's: the runner takes events only between syncs, and a sync
+/// that hangs must not hide the updates waiting behind it). Ends when every source
+/// is gone, closing the runner's channel in turn.
+async fn forward_events(
+    mut from: mpsc::Receiver<Event>,
+    to: mpsc::Sender<Event>,
+    health: Arc<ProxyHealth>,
+    metrics: Arc<Metrics>,
+) {
+    while let Some(ev) = from.recv().await {
+        if matches!(&ev, Event::Updates(u) if !u.is_empty()) {
+            health.queued_update();
+            metrics.queued(SystemTime::now());
+        }
+        if to.send(ev).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Where a sync's snapshot goes.
 trait Target {
     /// Programs or prints `update`; returns the kind of sync done.
@@ -318,6 +340,9 @@ struct ProxySyncer<T> {
     /// The servers, and the plan configuration that says where they listen.
     health_checks: Option<(ServiceHealthServers, PlanConfig)>,
     node_eligible: bool,
+    /// Update events applied so far (what a sync now covers, in `forward_events`'
+    /// numbering).
+    received: u64,
 }
 
 impl<T: Target> ProxySyncer<T> {
@@ -339,7 +364,7 @@ impl<T: Target> ProxySyncer<T> {
 
     fn after_sync(&mut self, update: &SnapshotUpdate, done: &SyncDone) {
         let now = SystemTime::now();
-        self.health.updated();
+        self.health.updated_through(self.received);
         self.metrics.observe_sync(done.full, done.duration);
         self.metrics
             .observe_network_programming(&update.trigger_times, now);
@@ -369,6 +394,8 @@ impl<T: Target> ProxySyncer<T> {
 
 impl<T: Target> Syncer for ProxySyncer<T> {
     fn apply(&mut self, updates: Vec<SourceUpdate>) {
+        // One call per update event, as `forward_events` numbers them.
+        self.received += 1;
         for u in updates {
             self.state.apply(u);
         }
@@ -376,8 +403,7 @@ impl<T: Target> Syncer for ProxySyncer<T> {
     }
 
     fn queued(&mut self) {
-        self.health.queued_update();
-        self.metrics.queued(SystemTime::now());
+        // Arrival itself was noted by `forward_events`.
         let (services, endpoints) = self.state.pending_changes();
         self.metrics.set_pending_changes(services, endpoints);
     }
@@ -718,7 +744,17 @@ async fn serve<T: Target>(
         service_proxy_name: settings.service_proxy_name.clone(),
     });
     let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
-    let (tx, rx) = mpsc::channel::<Event>(64);
+    // Sources send to `tx`; a forwarding task notes each update's arrival (health,
+    // last-queued metric) before the runner, which takes events only between syncs,
+    // sees it on `rx`.
+    let (tx, from_sources) = mpsc::channel::<Event>(64);
+    let (to_runner, rx) = mpsc::channel::<Event>(64);
+    tokio::spawn(forward_events(
+        from_sources,
+        to_runner,
+        health.clone(),
+        metrics.clone(),
+    ));
     if plan_cfg.as_ref().is_some_and(needs_host_addresses) {
         watch_host_addresses(&mut state, &tx, once)?;
     }
@@ -771,6 +807,7 @@ async fn serve<T: Target>(
         metrics,
         health_checks,
         node_eligible: true,
+        received: 0,
     };
     syncer.update_node_eligibility();
     tracing::info!(node = %settings.node_name, "svcproxy started");
@@ -901,5 +938,94 @@ pub fn cleanup() -> anyhow::Result<()> {
     match failures.into_iter().next() {
         Some((mode, e)) => Err(e).with_context(|| format!("removing svcproxy's {mode} objects")),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A syncer whose syncs after the first block until released (a hung apply), as
+    /// the runner runs them: on its own task, taking events only between syncs.
+    struct Hanging {
+        health: Arc<ProxyHealth>,
+        release: Arc<AtomicBool>,
+        syncs: u32,
+        received: u64,
+    }
+
+    impl Syncer for Hanging {
+        fn apply(&mut self, _updates: Vec<SourceUpdate>) {
+            self.received += 1;
+        }
+
+        fn sync(&mut self, _full: bool) -> anyhow::Result<()> {
+            self.syncs += 1;
+            if self.syncs > 1 {
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while !self.release.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            self.health.updated_through(self.received);
+            Ok(())
+        }
+    }
+
+    fn update() -> Event {
+        Event::Updates(vec![SourceUpdate::Delete(
+            svcproxy_core::objects::ObjectKey::new(
+                svcproxy_core::objects::Kind::Service,
+                "ns",
+                "x",
+            ),
+        )])
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_update_waiting_behind_a_hung_sync_makes_the_proxy_unhealthy() {
+        let timeout = Duration::from_millis(300);
+        let health = ProxyHealth::new(timeout);
+        let (tx, from_sources) = mpsc::channel::<Event>(64);
+        let (to_runner, rx) = mpsc::channel::<Event>(64);
+        tokio::spawn(forward_events(
+            from_sources,
+            to_runner,
+            health.clone(),
+            Metrics::new(),
+        ));
+        let release = Arc::new(AtomicBool::new(false));
+        let mut syncer = Hanging {
+            health: health.clone(),
+            release: release.clone(),
+            syncs: 0,
+            received: 0,
+        };
+        // The first sync at once; the periodic one 100 ms later hangs.
+        let cfg = RunnerConfig::new(Duration::ZERO, Duration::from_millis(100));
+        let runner = tokio::spawn(async move {
+            let _ = runner::run(cfg, &mut syncer, rx, false).await;
+        });
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(health.status().healthy, "nothing is waiting yet");
+        // An update arrives while the periodic sync hangs: nothing takes it from the
+        // runner's channel, yet it counts from now.
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(timeout + Duration::from_millis(200)).await;
+        assert!(
+            !health.status().healthy,
+            "an update has waited past the timeout behind a hung sync"
+        );
+        // The sync finishes; the next one takes the update and health comes back.
+        release.store(true, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !health.status().healthy && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(health.status().healthy);
+        drop(tx);
+        runner.abort();
     }
 }

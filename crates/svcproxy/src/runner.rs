@@ -143,7 +143,7 @@ pub async fn run<S: Syncer>(
 
         if due <= now {
             let full = force_full || now >= periodic_due;
-            match syncer.sync(full) {
+            match sync_blocking(syncer, full) {
                 Ok(()) => {
                     if failures > 0 {
                         tracing::info!(after_failures = failures, "sync succeeded again");
@@ -208,6 +208,18 @@ pub async fn run<S: Syncer>(
             },
             _ = tokio::time::sleep_until(due) => {}
         }
+    }
+}
+
+/// Runs one sync, which blocks (it waits for the kernel's tools). On a multi-threaded
+/// runtime the worker hands its other duties (its queued tasks, and the I/O and
+/// timer driver it may hold) to another thread first, so the HTTP servers answer
+/// and sources keep delivering while a sync takes long or hangs.
+fn sync_blocking<S: Syncer>(syncer: &mut S, full: bool) -> anyhow::Result<()> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| syncer.sync(full)),
+        _ => syncer.sync(full),
     }
 }
 

@@ -11,6 +11,7 @@
 //! Time comes from a [`Clock`]: wall time for the bodies, monotonic time for the
 //! timeout, so that a wall-clock step (NTP at boot) never flips the verdict.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -55,8 +56,11 @@ struct Stamp {
 #[derive(Debug)]
 struct Inner {
     last_updated: Option<Stamp>,
-    /// The oldest update queued since the last successful sync.
-    oldest_pending: Option<Stamp>,
+    /// Updates received and not yet covered by a successful sync, oldest first,
+    /// numbered from 1 in the order they arrived.
+    pending: VecDeque<(u64, Stamp)>,
+    /// Updates received so far.
+    received: u64,
     node_eligible: bool,
 }
 
@@ -97,7 +101,8 @@ impl ProxyHealth {
                 // the initial lists is not unhealthy: /livez stays 200, so that an
                 // API server unreachable at boot does not become a restart loop that
                 // delays recovery. /healthz is not ready until the first sync.
-                oldest_pending: None,
+                pending: VecDeque::new(),
+                received: 0,
                 // As upstream: eligible until a Node event says otherwise.
                 node_eligible: true,
             }),
@@ -117,17 +122,34 @@ impl ProxyHealth {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An update was received but not yet applied. Only the oldest pending one counts.
-    pub fn queued_update(&self) {
-        let now = self.now();
-        self.lock().oldest_pending.get_or_insert(now);
-    }
-
-    /// A sync succeeded: nothing is pending, and the rules are current as of now.
-    pub fn updated(&self) {
+    /// An update reached svcproxy (counted when it arrives, not when the sync loop
+    /// takes it: a hung sync must not hide it). Returns its number.
+    pub fn queued_update(&self) -> u64 {
         let now = self.now();
         let mut inner = self.lock();
-        inner.oldest_pending = None;
+        inner.received += 1;
+        let n = inner.received;
+        // Only the oldest matters for the timeout, but a sync may cover some and not
+        // the rest; the queue is bounded by what the channel holds.
+        inner.pending.push_back((n, now));
+        n
+    }
+
+    /// A sync succeeded that covers every update received so far.
+    #[cfg(test)]
+    pub fn updated(&self) {
+        let through = self.lock().received;
+        self.updated_through(through);
+    }
+
+    /// A sync succeeded that covers the updates numbered up to `through` (later ones
+    /// arrived while it ran and still wait); the rules are current as of now.
+    pub fn updated_through(&self, through: u64) {
+        let now = self.now();
+        let mut inner = self.lock();
+        while inner.pending.front().is_some_and(|(n, _)| *n <= through) {
+            inner.pending.pop_front();
+        }
         inner.last_updated = Some(now);
     }
 
@@ -147,8 +169,9 @@ impl ProxyHealth {
         let now = self.now();
         let inner = self.lock();
         let healthy = inner
-            .oldest_pending
-            .is_none_or(|p| now.mono.saturating_duration_since(p.mono) < self.timeout);
+            .pending
+            .front()
+            .is_none_or(|(_, p)| now.mono.saturating_duration_since(p.mono) < self.timeout);
         HealthStatus {
             healthy,
             ready: inner.last_updated.is_some(),
@@ -317,6 +340,23 @@ mod tests {
         let s = h.status();
         assert!(s.healthy && s.ready);
         assert_eq!(s.last_updated, Some(start_time() + TIMEOUT));
+    }
+
+    #[test]
+    fn a_sync_clears_only_the_updates_it_covered() {
+        let (h, clock) = health();
+        h.updated();
+        assert_eq!(h.queued_update(), 1);
+        clock.advance(TIMEOUT / 2);
+        assert_eq!(h.queued_update(), 2);
+        // A sync that took update 1 only (2 arrived while it ran).
+        h.updated_through(1);
+        clock.advance(TIMEOUT / 2);
+        assert!(h.is_healthy(), "update 2 has waited half the timeout");
+        clock.advance(TIMEOUT / 2);
+        assert!(!h.is_healthy(), "update 2 has waited the whole timeout");
+        h.updated_through(2);
+        assert!(h.is_healthy());
     }
 
     #[test]
