@@ -68,11 +68,17 @@ pub struct Manifest {
 /// documents); `origin` (a file name) only labels debug logs of ignored documents.
 pub fn parse(text: &str, format: Format, origin: &str) -> Result<Manifest, String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let documents = match format {
-        Format::Json => parse_json(text)?,
+    let (documents, errors) = match format {
+        Format::Json => (
+            parse_json(text)?.into_iter().map(Some).collect(),
+            Vec::new(),
+        ),
         Format::Yaml => parse_yaml(text)?,
     };
-    parse_documents(origin, documents)
+    let mut parsed = parse_documents(origin, documents)?;
+    // Documents that did not convert come first: they are whole documents.
+    parsed.errors.splice(0..0, errors);
+    Ok(parsed)
 }
 
 fn parse_json(text: &str) -> Result<Vec<Value>, String> {
@@ -84,22 +90,42 @@ fn parse_json(text: &str) -> Result<Vec<Value>, String> {
         .map_err(|e| format!("invalid JSON: {e}"))
 }
 
-/// Parses every document. Any document failing fails the file: the parser stops at a
-/// syntax error, so what follows it is unknown, and a half-saved file must not
-/// delete the objects it held.
-fn parse_yaml(text: &str) -> Result<Vec<Value>, String> {
-    let mut documents = Vec::new();
+/// Parses every document, in two passes. A syntax error anywhere fails the file: the
+/// parser stops there, so what follows it is unknown, and a half-saved file must
+/// not delete the objects it held. A document that is valid YAML but no valid
+/// object tree (a number out of range, a key given twice, a non-string key) is that
+/// document's error alone: it is `None` here, with its message, and the others
+/// count.
+fn parse_yaml(text: &str) -> Result<(Vec<Option<Value>>, Vec<String>), String> {
+    let mut count = 0;
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         if i == MAX_OBJECTS_PER_FILE {
             return Err(format!(
                 "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
             ));
         }
-        let value = Value::deserialize(document)
+        serde::de::IgnoredAny::deserialize(document)
             .map_err(|e| format!("invalid YAML in document {}: {e}", i + 1))?;
-        documents.push(value);
+        count += 1;
     }
-    Ok(documents)
+    let mut documents = Vec::with_capacity(count);
+    let mut errors = Vec::new();
+    for (i, document) in serde_yaml::Deserializer::from_str(text)
+        .enumerate()
+        .take(count)
+    {
+        let value = serde_yaml::Value::deserialize(document)
+            .map_err(|e| e.to_string())
+            .and_then(|v| serde_json::to_value(v).map_err(|e| e.to_string()));
+        match value {
+            Ok(v) => documents.push(Some(v)),
+            Err(e) => {
+                errors.push(format!("document {}: {e}; skipped", i + 1));
+                documents.push(None);
+            }
+        }
+    }
+    Ok((documents, errors))
 }
 
 /// A value still to be looked at: a document or a list item.
@@ -111,12 +137,13 @@ struct Pending {
     in_list: bool,
 }
 
-fn parse_documents(origin: &str, documents: Vec<Value>) -> Result<Manifest, String> {
+fn parse_documents(origin: &str, documents: Vec<Option<Value>>) -> Result<Manifest, String> {
     let mut parsed = Manifest::default();
     let mut stack: Vec<Pending> = documents
         .into_iter()
         .enumerate()
         .rev()
+        .filter_map(|(i, value)| Some((i, value?)))
         .map(|(i, value)| Pending {
             value,
             at: format!("document {}", i + 1),
@@ -160,6 +187,13 @@ fn parse_documents(origin: &str, documents: Vec<Value>) -> Result<Manifest, Stri
                 parsed
                     .errors
                     .push(format!("{at}: list item has no kind; skipped"));
+            } else if map.contains_key("metadata") {
+                // Shaped like an object (a `metadata`), so a forgotten `kind`, not
+                // some other YAML (a Helm Chart.yaml, a config file).
+                parsed.errors.push(format!(
+                    "{at}: {} has metadata but no kind; skipped",
+                    object_name(&map)
+                ));
             } else {
                 tracing::debug!(origin, "{at}: no kind; not a Kubernetes object, ignored");
             }

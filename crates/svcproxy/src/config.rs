@@ -66,6 +66,8 @@ pub struct Settings {
     /// kube-proxy exits when its config file changes).
     pub config_file: Option<PathBuf>,
     pub manifests: Option<PathBuf>,
+    /// `--manifests-rescan-period`; zero: only filesystem events trigger rescans.
+    pub manifests_rescan_period: Duration,
     pub service_proxy_name: Option<String>,
     pub once: bool,
     /// klog-style verbosity (`-v`), or the file's logging.verbosity if `-v` is not given.
@@ -369,6 +371,7 @@ fn resolve_with(
         conntrack: modeled.conntrack,
         config_file: flags.config.clone(),
         manifests: flags.manifests.clone(),
+        manifests_rescan_period: flags.manifests_rescan_period,
         service_proxy_name: flags.service_proxy_name.clone().filter(|n| !n.is_empty()),
         once: flags.once,
         verbosity,

@@ -773,10 +773,15 @@ async fn serve<T: Target>(
             }
             if !once {
                 let tx = tx.clone();
-                _manifest_watch = Some(crate::sources::manifests::watch(dir, move |updates| {
-                    // Blocking send from the watcher thread: backpressure, never loss.
-                    let _ = tx.blocking_send(Event::Updates(updates));
-                })?);
+                let period = settings.manifests_rescan_period;
+                _manifest_watch = Some(crate::sources::manifests::watch(
+                    dir,
+                    period,
+                    move |updates| {
+                        // Blocking send from the watcher thread: backpressure, never loss.
+                        let _ = tx.blocking_send(Event::Updates(updates));
+                    },
+                )?);
             }
         }
         Source::Api(cfg) => {

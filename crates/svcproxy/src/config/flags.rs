@@ -287,6 +287,10 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "DIR", help_heading = "svcproxy")]
     pub manifests: Option<PathBuf>,
 
+    /// With --manifests: rescan the whole directory this often even without filesystem events (the safety net for changes the watch cannot see); 0 disables (svcproxy only).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration_arg, help_heading = "svcproxy")]
+    pub manifests_rescan_period: Duration,
+
     /// Handle only Services labelled service.kubernetes.io/service-proxy-name=NAME; default: only Services without that label, as kube-proxy (svcproxy only).
     #[arg(long, value_name = "NAME", help_heading = "svcproxy")]
     pub service_proxy_name: Option<String>,

@@ -38,6 +38,14 @@ const MAX_MESSAGE_CHARS: usize = 1024;
 const DEBOUNCE: Duration = Duration::from_millis(200);
 /// A directory that never stops changing is still rescanned this often.
 const MAX_DEBOUNCE: Duration = Duration::from_secs(2);
+/// A file that has yielded objects and was written less than this long ago is left
+/// as it was (its objects stay in force) and read once it has been quiet this long:
+/// a file caught in the middle of an in-place rewrite (truncated, half written) must
+/// not delete its services, even for a moment.
+const SETTLE: Duration = Duration::from_millis(500);
+/// While the directory is missing (deleted before being re-created), how often to
+/// look for it.
+const REARM_POLL: Duration = Duration::from_secs(1);
 
 /// Something wrong with one file: it could not be read or parsed (its previous
 /// objects stay in force), or one of its objects was skipped.
@@ -70,6 +78,9 @@ pub struct RescanResult {
     /// Every problem the directory has now (not only new ones), in path order and,
     /// within a file, in document order.
     pub errors: Vec<FileError>,
+    /// Some file was written too recently to be read (see `SETTLE`): its previous
+    /// objects stand, and a rescan shortly will read it.
+    pub unsettled: bool,
 }
 
 /// A directory of manifests and what this source last yielded from it.
@@ -83,6 +94,8 @@ pub struct ManifestDir {
     yielded: BTreeMap<ObjectKey, (Arc<KubeObject>, PathBuf)>,
     /// Errors of the last rescan, so that an unchanged error is logged once.
     reported: BTreeSet<FileError>,
+    /// See `SETTLE`.
+    settle: Duration,
 }
 
 impl ManifestDir {
@@ -93,7 +106,16 @@ impl ManifestDir {
             files: BTreeMap::new(),
             yielded: BTreeMap::new(),
             reported: BTreeSet::new(),
+            settle: SETTLE,
         }
+    }
+
+    /// The same, reading files however recently they were written (tests that
+    /// rewrite a file and rescan at once).
+    #[cfg(test)]
+    fn unsettled_reads(mut self) -> Self {
+        self.settle = Duration::ZERO;
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -112,7 +134,15 @@ impl ManifestDir {
         let listing = list_files(&self.root)?;
         let mut errors = listing.errors;
         let mut files: BTreeMap<PathBuf, Vec<ManifestObject>> = BTreeMap::new();
+        let mut unsettled = false;
         for path in listing.files {
+            if self.files.contains_key(&path) && written_within(&path, self.settle) {
+                unsettled = true;
+                if let Some(previous) = self.files.remove(&path) {
+                    files.insert(path, previous);
+                }
+                continue;
+            }
             match read_manifest(&path) {
                 Ok(parsed) => {
                     errors.extend(parsed.errors.into_iter().map(|m| FileError::new(&path, m)));
@@ -188,7 +218,11 @@ impl ManifestDir {
         self.log_errors(&errors);
         self.files = files;
         self.yielded = wanted;
-        Ok(RescanResult { updates, errors })
+        Ok(RescanResult {
+            updates,
+            errors,
+            unsettled,
+        })
     }
 
     fn log_errors(&mut self, errors: &[FileError]) {
@@ -331,6 +365,16 @@ fn read_sorted_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 // ---------------------------------------------------------------------------
 // Reading one file
 
+/// Whether `path` was modified less than `window` ago (a modification time in the
+/// future, a clock step, counts as settled: it must not hold the file back forever).
+fn written_within(path: &Path, window: Duration) -> bool {
+    fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+        .is_some_and(|age| age < window)
+}
+
 /// Reads and parses one file. `Err` means the file as a whole is unusable.
 fn read_manifest(path: &Path) -> Result<Manifest, String> {
     let file = fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
@@ -381,14 +425,12 @@ enum Msg {
 /// Stops the watch when dropped; once `drop` returns, `on_change` is not called again.
 pub struct WatchHandle {
     stop: mpsc::Sender<Msg>,
-    watcher: Option<notify::RecommendedWatcher>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for WatchHandle {
     fn drop(&mut self) {
         let _ = self.stop.send(Msg::Stop);
-        drop(self.watcher.take());
         if let Some(thread) = self.thread.take() {
             // Dropping the handle from inside `on_change` must not wait for itself.
             if thread.thread().id() != thread::current().id() {
@@ -400,11 +442,15 @@ impl Drop for WatchHandle {
 
 /// Watches `dir` recursively and calls `on_change` on a background thread with the
 /// updates from a rescan after each burst of filesystem events (a burst ends after
-/// 200 ms of quiet). Runs one rescan straight away to catch changes made since the
-/// caller's own first rescan. `on_change` is not called when nothing changed, and
-/// should not block for long: it holds up the next rescan and dropping the handle.
+/// 200 ms of quiet), and every `rescan_period` without events (zero: never). Runs one
+/// rescan straight away to catch changes made since the caller's own first rescan.
+/// When the directory is replaced (deleted and re-created, renamed over, or the
+/// symlink naming it re-pointed), the watch follows the new one. `on_change` is not
+/// called when nothing changed, and should not block for long: it holds up the next
+/// rescan and dropping the handle.
 pub fn watch(
     dir: ManifestDir,
+    rescan_period: Duration,
     on_change: impl FnMut(Vec<SourceUpdate>) + Send + 'static,
 ) -> anyhow::Result<WatchHandle> {
     let (tx, rx) = mpsc::channel();
@@ -416,58 +462,136 @@ pub fn watch(
     watcher
         .watch(dir.root(), RecursiveMode::Recursive)
         .with_context(|| format!("cannot watch manifests directory {}", dir.root().display()))?;
+    let armed = DirIdentity::of(dir.root());
     let thread = thread::Builder::new()
         .name("manifests-watch".to_string())
-        .spawn(move || watch_loop(dir, &rx, on_change))
+        .spawn(move || {
+            let rearm = move |root: &Path| {
+                // The old watch may be gone already (the directory was deleted).
+                let _ = watcher.unwatch(root);
+                watcher.watch(root, RecursiveMode::Recursive)
+            };
+            watch_loop(dir, &rx, rescan_period, armed, rearm, on_change)
+        })
         .context("cannot start the manifests watch thread")?;
     Ok(WatchHandle {
         stop: tx,
-        watcher: Some(watcher),
         thread: Some(thread),
     })
+}
+
+/// Which directory a path names now (symlinks followed): when it changes, the
+/// directory was replaced and the watch must follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DirIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl DirIdentity {
+    fn of(path: &Path) -> Option<DirIdentity> {
+        use std::os::unix::fs::MetadataExt as _;
+        fs::metadata(path).ok().map(|m| DirIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
 }
 
 fn watch_loop(
     mut dir: ManifestDir,
     rx: &mpsc::Receiver<Msg>,
+    rescan_period: Duration,
+    mut armed: Option<DirIdentity>,
+    mut rearm: impl FnMut(&Path) -> notify::Result<()>,
     mut on_change: impl FnMut(Vec<SourceUpdate>),
 ) {
-    rescan_and_send(&mut dir, &mut on_change);
+    let mut unsettled = rescan_and_send(&mut dir, &mut on_change);
     loop {
-        match rx.recv() {
-            Ok(Msg::Event(event)) if relevant(&event) => {}
+        // Without events: settle a file caught mid-write, look for a missing
+        // directory, or the periodic safety-net rescan.
+        let idle = if unsettled {
+            Some(SETTLE)
+        } else if armed.is_none() {
+            Some(REARM_POLL)
+        } else {
+            (!rescan_period.is_zero()).then_some(rescan_period)
+        };
+        let first = match idle {
+            Some(wait) => rx.recv_timeout(wait),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let go_on = match first {
+            Ok(Msg::Event(event)) if relevant(&event) => debounce(rx).is_ok(),
             Ok(Msg::Event(_)) => continue,
-            Ok(Msg::Stop) | Err(_) => return,
+            Err(RecvTimeoutError::Timeout) => true,
+            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if !go_on {
+            return;
         }
-        let burst = Instant::now();
-        let mut quiet_until = burst + DEBOUNCE;
-        loop {
-            // Only relevant events restart the quiet window: other processes merely
-            // reading the directory must not hold our edits back.
-            let deadline = quiet_until.min(burst + MAX_DEBOUNCE);
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match rx.recv_timeout(left) {
-                Ok(Msg::Event(event)) => {
-                    if relevant(&event) {
-                        quiet_until = Instant::now() + DEBOUNCE;
+        let now = DirIdentity::of(dir.root());
+        if now != armed {
+            match now {
+                Some(_) => match rearm(dir.root()) {
+                    Ok(()) => {
+                        tracing::info!(dir = %dir.root().display(), "manifests directory replaced; watching the new one");
+                        armed = now;
                     }
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.root().display(), "cannot watch the replaced manifests directory (retrying): {e}")
+                    }
+                },
+                None => {
+                    if armed.is_some() {
+                        tracing::warn!(dir = %dir.root().display(), "manifests directory gone; its objects stay in force until it is back");
+                    }
+                    armed = None;
                 }
-                Err(RecvTimeoutError::Timeout) => break,
-                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
             }
         }
-        rescan_and_send(&mut dir, &mut on_change);
+        unsettled = rescan_and_send(&mut dir, &mut on_change);
     }
 }
 
-fn rescan_and_send(dir: &mut ManifestDir, on_change: &mut impl FnMut(Vec<SourceUpdate>)) {
+/// Waits for the end of a burst of events (`DEBOUNCE` of quiet, at most
+/// `MAX_DEBOUNCE`). `Err` when the watch is stopping.
+fn debounce(rx: &mpsc::Receiver<Msg>) -> Result<(), ()> {
+    let burst = Instant::now();
+    let mut quiet_until = burst + DEBOUNCE;
+    loop {
+        // Only relevant events restart the quiet window: other processes merely
+        // reading the directory must not hold our edits back.
+        let deadline = quiet_until.min(burst + MAX_DEBOUNCE);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        match rx.recv_timeout(left) {
+            Ok(Msg::Event(event)) => {
+                if relevant(&event) {
+                    quiet_until = Instant::now() + DEBOUNCE;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => return Ok(()),
+            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return Err(()),
+        }
+    }
+}
+
+/// Rescans and sends what changed; returns whether some file was left unsettled.
+fn rescan_and_send(dir: &mut ManifestDir, on_change: &mut impl FnMut(Vec<SourceUpdate>)) -> bool {
     match dir.rescan() {
-        Ok(result) if !result.updates.is_empty() => on_change(result.updates),
-        Ok(_) => {}
-        Err(e) => tracing::error!("manifests: {e:#}; keeping the objects read before"),
+        Ok(result) => {
+            if !result.updates.is_empty() {
+                on_change(result.updates);
+            }
+            result.unsettled
+        }
+        Err(e) => {
+            tracing::error!("manifests: {e:#}; keeping the objects read before");
+            false
+        }
     }
 }
 
@@ -502,7 +626,7 @@ mod tests {
     impl Dir {
         fn new() -> Self {
             let tmp = tempfile::tempdir().expect("tempdir");
-            let src = ManifestDir::new(tmp.path().to_path_buf());
+            let src = ManifestDir::new(tmp.path().to_path_buf()).unsettled_reads();
             Dir { tmp, src }
         }
 
@@ -1002,6 +1126,42 @@ metadata: {name: versionless}
     }
 
     #[test]
+    fn an_out_of_range_number_or_a_repeated_key_skips_that_document_only() {
+        let mut d = Dir::new();
+        d.write(
+            "a.yaml",
+            &format!(
+                "{}---
+{}---
+{}---
+{}---
+{}",
+                svc("a", "10.96.0.1"),
+                "apiVersion: v1\nkind: Service\nmetadata: {name: huge, namespace: default}\n\
+                 spec: {clusterIP: 10.96.0.2, ports: [{port: 99999999999999999999999}]}\n",
+                "apiVersion: v1\nkind: Service\nmetadata: {name: twice, namespace: default}\n\
+                 spec:\n  clusterIP: 10.96.0.3\n  clusterIP: 10.96.0.4\n  ports: [{port: 80}]\n",
+                "apiVersion: v1\nmetadata: {name: kindless, namespace: default}\n\
+                 spec: {clusterIP: 10.96.0.5}\n",
+                svc("e", "10.96.0.6")
+            ),
+        );
+        let r = d.rescan();
+        assert_eq!(upserted(&r.updates), [svc_key("a"), svc_key("e")]);
+        let messages: Vec<&str> = r.errors.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(messages.len(), 3, "{messages:?}");
+        assert!(messages[0].starts_with("document 2:"), "{messages:?}");
+        assert!(
+            messages[1].starts_with("document 3:") && messages[1].contains("duplicate"),
+            "{messages:?}"
+        );
+        assert!(
+            messages[2].contains("document 4") && messages[2].contains("no kind"),
+            "{messages:?}"
+        );
+    }
+
+    #[test]
     fn nameless_objects_are_reported() {
         let mut d = Dir::new();
         d.write(
@@ -1091,7 +1251,7 @@ metadata: {name: versionless}
         assert_eq!(upserted(&initial.updates), [svc_key("a")]);
 
         let (tx, rx) = mpsc::channel();
-        let handle = watch(src, move |updates| {
+        let handle = watch(src, Duration::ZERO, move |updates| {
             let _ = tx.send(updates);
         })
         .expect("watch");
@@ -1119,5 +1279,169 @@ metadata: {name: versionless}
         drop(handle);
         d.write("c.yaml", &svc("c", "10.96.0.3"));
         assert!(rx.recv_timeout(Duration::from_millis(600)).is_err());
+    }
+
+    /// Collects every key upserted through `rx` until `want` is among them (10 s).
+    fn wait_for(rx: &mpsc::Receiver<Vec<SourceUpdate>>, want: &ObjectKey) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(updates) if upserted(&updates).contains(want) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    #[test]
+    fn a_directory_replaced_under_the_watch_is_followed() {
+        let d = Dir::new();
+        d.write("m/a.yaml", &svc("a", "10.96.0.1"));
+        let mut src = ManifestDir::new(d.path("m"));
+        src.rescan().expect("rescan");
+        let (tx, rx) = mpsc::channel();
+        let _handle = watch(src, Duration::ZERO, move |u| {
+            let _ = tx.send(u);
+        })
+        .expect("watch");
+        // Renamed away and a new one put in its place (what `kubectl cp`, rsync
+        // --delete-after or a deploy script swapping directories does).
+        fs::rename(d.path("m"), d.path("m.old")).unwrap();
+        d.write("m.new/b.yaml", &svc("b", "10.96.0.2"));
+        fs::rename(d.path("m.new"), d.path("m")).unwrap();
+        assert!(wait_for(&rx, &svc_key("b")), "the new directory was read");
+        // And edits in the new directory are seen: the watch moved with it.
+        d.write("m/c.yaml", &svc("c", "10.96.0.3"));
+        assert!(
+            wait_for(&rx, &svc_key("c")),
+            "edits after the swap are seen"
+        );
+        // Deleted, then re-created later.
+        fs::remove_dir_all(d.path("m")).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        d.write("m/d.yaml", &svc("d", "10.96.0.4"));
+        assert!(
+            wait_for(&rx, &svc_key("d")),
+            "a re-created directory is found"
+        );
+        d.write("m/e.yaml", &svc("e", "10.96.0.5"));
+        assert!(wait_for(&rx, &svc_key("e")), "and watched");
+    }
+
+    #[test]
+    fn a_configmap_volume_update_is_seen() {
+        // As the kubelet lays out a ConfigMap volume: `web.yaml -> ..data/web.yaml`,
+        // `..data -> ..v1`, updated by renaming a new `..data` link over the old.
+        let d = Dir::new();
+        d.write("..v1/web.yaml", &svc("web", "10.96.0.1"));
+        std::os::unix::fs::symlink("..v1", d.path("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/web.yaml", d.path("web.yaml")).unwrap();
+        let mut src = ManifestDir::new(d.path(""));
+        assert_eq!(
+            cluster_ip(&src.rescan().expect("rescan").updates, "web").as_deref(),
+            Some("10.96.0.1")
+        );
+        let (tx, rx) = mpsc::channel();
+        let _handle = watch(src, Duration::ZERO, move |u| {
+            let _ = tx.send(u);
+        })
+        .expect("watch");
+        d.write("..v2/web.yaml", &svc("web", "10.96.0.2"));
+        std::os::unix::fs::symlink("..v2", d.path("..data_tmp")).unwrap();
+        fs::rename(d.path("..data_tmp"), d.path("..data")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ip = None;
+        while ip.as_deref() != Some("10.96.0.2") {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let updates = rx.recv_timeout(left).expect("the new version within 10 s");
+            ip = cluster_ip(&updates, "web").or(ip);
+        }
+    }
+
+    #[test]
+    fn a_repointed_symlink_is_followed() {
+        let d = Dir::new();
+        d.write("v1/a.yaml", &svc("a", "10.96.0.1"));
+        d.write("v2/b.yaml", &svc("b", "10.96.0.2"));
+        std::os::unix::fs::symlink(d.path("v1"), d.path("current")).unwrap();
+        let mut src = ManifestDir::new(d.path("current"));
+        src.rescan().expect("rescan");
+        let (tx, rx) = mpsc::channel();
+        let _handle = watch(src, Duration::ZERO, move |u| {
+            let _ = tx.send(u);
+        })
+        .expect("watch");
+        // Atomically, as `ln -sfn` through a rename.
+        std::os::unix::fs::symlink(d.path("v2"), d.path("next")).unwrap();
+        fs::rename(d.path("next"), d.path("current")).unwrap();
+        // No event reaches the old watch for this: the periodic look-up finds it
+        // only with a rescan period, so touch v2 as a later edit would.
+        d.write("v2/c.yaml", &svc("c", "10.96.0.3"));
+        d.write("v1/touch.yaml", "");
+        assert!(wait_for(&rx, &svc_key("b")), "the new target was read");
+        d.write("v2/e.yaml", &svc("e", "10.96.0.5"));
+        assert!(
+            wait_for(&rx, &svc_key("e")),
+            "edits in the new target are seen"
+        );
+    }
+
+    #[test]
+    fn the_periodic_rescan_catches_what_no_event_reported() {
+        let d = Dir::new();
+        let mut src = ManifestDir::new(d.path(""));
+        src.rescan().expect("rescan");
+        // No watcher at all: only the period can notice.
+        let (stop, events) = mpsc::channel::<Msg>();
+        let (tx, rx) = mpsc::channel();
+        let armed = DirIdentity::of(src.root());
+        let thread = thread::spawn(move || {
+            watch_loop(
+                src,
+                &events,
+                Duration::from_millis(200),
+                armed,
+                |_| Ok(()),
+                move |u| {
+                    let _ = tx.send(u);
+                },
+            )
+        });
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        assert!(wait_for(&rx, &svc_key("a")));
+        stop.send(Msg::Stop).unwrap();
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_file_caught_mid_rewrite_keeps_its_objects_until_it_settles() {
+        let mut d = Dir::new();
+        d.src.settle = SETTLE;
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        // Old enough to be settled.
+        std::thread::sleep(SETTLE);
+        assert_eq!(upserted(&d.rescan().updates), [svc_key("a")]);
+        // Truncated by an in-place rewrite, not yet written again.
+        fs::write(d.path("a.yaml"), "").unwrap();
+        let r = d.rescan();
+        assert!(
+            r.updates.is_empty(),
+            "nothing deleted mid-write: {:?}",
+            r.updates
+        );
+        assert!(r.unsettled);
+        // The writer finishes within the settle time: the service never went away.
+        fs::write(d.path("a.yaml"), svc("a", "10.96.0.9")).unwrap();
+        std::thread::sleep(SETTLE);
+        let r = d.rescan();
+        assert!(!r.unsettled);
+        assert_eq!(cluster_ip(&r.updates, "a").as_deref(), Some("10.96.0.9"));
+        assert!(summary(&r.updates).1.is_empty(), "no delete ever");
+        // Emptied for good: deleted once settled.
+        fs::write(d.path("a.yaml"), "").unwrap();
+        assert!(d.rescan().updates.is_empty());
+        std::thread::sleep(SETTLE);
+        assert_eq!(summary(&d.rescan().updates).1, [svc_key("a")]);
     }
 }
