@@ -151,6 +151,18 @@ fn watch_host_addresses(
     Ok(())
 }
 
+/// The sources' sender and the runner's receiver, with [`forward_events`] between
+/// them (spawned on the current runtime).
+fn event_channel(
+    health: Arc<ProxyHealth>,
+    metrics: Arc<Metrics>,
+) -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
+    let (tx, from_sources) = mpsc::channel::<Event>(64);
+    let (to_runner, rx) = mpsc::channel::<Event>(64);
+    tokio::spawn(forward_events(from_sources, to_runner, health, metrics));
+    (tx, rx)
+}
+
 /// Passes the sources' events on to the runner, noting each update's arrival first
 /// (the health timeout and the last-queued metric count from when an update reaches
 /// svcproxy, as upstream's: the runner takes events only between syncs, and a sync
@@ -744,17 +756,7 @@ async fn serve<T: Target>(
         service_proxy_name: settings.service_proxy_name.clone(),
     });
     let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
-    // Sources send to `tx`; a forwarding task notes each update's arrival (health,
-    // last-queued metric) before the runner, which takes events only between syncs,
-    // sees it on `rx`.
-    let (tx, from_sources) = mpsc::channel::<Event>(64);
-    let (to_runner, rx) = mpsc::channel::<Event>(64);
-    tokio::spawn(forward_events(
-        from_sources,
-        to_runner,
-        health.clone(),
-        metrics.clone(),
-    ));
+    let (tx, rx) = event_channel(health.clone(), metrics.clone());
     if plan_cfg.as_ref().is_some_and(needs_host_addresses) {
         watch_host_addresses(&mut state, &tx, once)?;
     }
@@ -993,14 +995,7 @@ mod tests {
     async fn an_update_waiting_behind_a_hung_sync_makes_the_proxy_unhealthy() {
         let timeout = Duration::from_millis(300);
         let health = ProxyHealth::new(timeout);
-        let (tx, from_sources) = mpsc::channel::<Event>(64);
-        let (to_runner, rx) = mpsc::channel::<Event>(64);
-        tokio::spawn(forward_events(
-            from_sources,
-            to_runner,
-            health.clone(),
-            Metrics::new(),
-        ));
+        let (tx, rx) = event_channel(health.clone(), Metrics::new());
         let release = Arc::new(AtomicBool::new(false));
         let mut syncer = Hanging {
             health: health.clone(),
