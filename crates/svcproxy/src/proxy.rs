@@ -981,16 +981,6 @@ mod tests {
         }
     }
 
-    fn update() -> Event {
-        Event::Updates(vec![SourceUpdate::Delete(
-            svcproxy_core::objects::ObjectKey::new(
-                svcproxy_core::objects::Kind::Service,
-                "ns",
-                "x",
-            ),
-        )])
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_update_waiting_behind_a_hung_sync_makes_the_proxy_unhealthy() {
         let timeout = Duration::from_millis(300);
@@ -1012,7 +1002,7 @@ mod tests {
         assert!(health.status().healthy, "nothing is waiting yet");
         // An update arrives while the periodic sync hangs: nothing takes it from the
         // runner's channel, yet it counts from now.
-        tx.send(update()).await.unwrap();
+        tx.send(runner::tests::update()).await.unwrap();
         tokio::time::sleep(timeout + Duration::from_millis(200)).await;
         assert!(
             !health.status().healthy,

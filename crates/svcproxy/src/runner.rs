@@ -224,7 +224,7 @@ fn sync_blocking<S: Syncer>(syncer: &mut S, full: bool) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
@@ -255,7 +255,8 @@ mod tests {
         }
     }
 
-    fn update() -> Event {
+    /// One update event (a Service deleted), for tests that drive the runner.
+    pub(crate) fn update() -> Event {
         Event::Updates(vec![SourceUpdate::Delete(
             svcproxy_core::objects::ObjectKey::new(
                 svcproxy_core::objects::Kind::Service,
