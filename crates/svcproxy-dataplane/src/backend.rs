@@ -78,6 +78,14 @@ pub trait DataPlane: Send {
 
     /// What the node needs for this backend under `cfg`.
     fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements;
+
+    /// Checks, cheaply (not rule by rule), that the kernel still holds what the last
+    /// successful sync wrote, and says why not: tables deleted, re-created or made
+    /// dormant behind svcproxy's back, or the built-in chains flushed. On drift the
+    /// next sync rewrites everything. `Ok(None)` before the first sync and after a
+    /// failed one (the next sync is full anyway); `Err` when the kernel could not be
+    /// asked.
+    fn drift(&mut self) -> Result<Option<String>, DataPlaneError>;
 }
 
 impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
@@ -104,6 +112,10 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
 
     fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements {
         (**self).node_requirements(cfg)
+    }
+
+    fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
+        (**self).drift()
     }
 }
 

@@ -190,7 +190,10 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> ConntrackErro
 }
 
 /// A connected ctnetlink socket in `netns` (or the calling thread's namespace).
-fn open_socket(netns: Option<&Path>, timeout: Duration) -> Result<Socket, ConntrackError> {
+pub(crate) fn open_socket(
+    netns: Option<&Path>,
+    timeout: Duration,
+) -> Result<Socket, ConntrackError> {
     let Some(path) = netns else {
         return new_socket(timeout);
     };
@@ -331,9 +334,9 @@ pub(crate) enum Reply {
     Other,
 }
 
-/// Splits a datagram into netlink messages: `(sequence number, reply)` each. A length
-/// that runs past the datagram ends it with an error (no resync is possible).
-pub(crate) fn parse_datagram(buf: &[u8]) -> Result<Vec<(u32, Reply)>, ConntrackError> {
+/// Splits a datagram into netlink messages: `(sequence number, message)` each. A
+/// length that runs past the datagram ends it with an error (no resync is possible).
+pub(crate) fn split_datagram(buf: &[u8]) -> Result<Vec<(u32, &[u8])>, ConntrackError> {
     let mut out = Vec::new();
     let mut rest = buf;
     while !rest.is_empty() {
@@ -351,11 +354,19 @@ pub(crate) fn parse_datagram(buf: &[u8]) -> Result<Vec<(u32, Reply)>, ConntrackE
                 rest.len()
             )));
         }
-        out.push((seq, parse_message(&rest[..len])));
+        out.push((seq, &rest[..len]));
         let aligned = (len + 3) & !3;
         rest = rest.get(aligned..).unwrap_or_default();
     }
     Ok(out)
+}
+
+/// [`split_datagram`], each message read as a ctnetlink [`Reply`].
+pub(crate) fn parse_datagram(buf: &[u8]) -> Result<Vec<(u32, Reply)>, ConntrackError> {
+    Ok(split_datagram(buf)?
+        .into_iter()
+        .map(|(seq, msg)| (seq, parse_message(msg)))
+        .collect())
 }
 
 fn parse_message(msg: &[u8]) -> Reply {
@@ -474,7 +485,7 @@ fn entry_from_attrs(family: IpFamily, attrs: &[ConntrackAttribute]) -> Option<Co
         .then_some(entry)
 }
 
-fn recv(sock: &Socket, buf: &mut Vec<u8>) -> Result<(), ConntrackError> {
+pub(crate) fn recv_datagram(sock: &Socket, buf: &mut Vec<u8>) -> Result<(), ConntrackError> {
     loop {
         buf.clear();
         match sock.recv(buf, MSG_TRUNC) {
@@ -497,7 +508,7 @@ fn recv(sock: &Socket, buf: &mut Vec<u8>) -> Result<(), ConntrackError> {
     }
 }
 
-fn send(sock: &Socket, buf: &[u8], what: &str) -> Result<(), ConntrackError> {
+pub(crate) fn send_request(sock: &Socket, buf: &[u8], what: &str) -> Result<(), ConntrackError> {
     let n = sock
         .send(buf, 0)
         .map_err(io_err(format!("sending {what}")))?;
@@ -527,7 +538,7 @@ fn dump_on(
     keep: impl Fn(&ConntrackEntry) -> bool,
 ) -> Result<Dumped, ConntrackError> {
     let seq = next_seq(seq);
-    send(sock, &dump_request(seq, family), "the dump request")?;
+    send_request(sock, &dump_request(seq, family), "the dump request")?;
     let mut buf = Vec::with_capacity(RECV_BUFFER);
     let mut out = Dumped {
         kept: Vec::new(),
@@ -535,7 +546,7 @@ fn dump_on(
         unparsed: 0,
     };
     loop {
-        recv(sock, &mut buf)?;
+        recv_datagram(sock, &mut buf)?;
         for (s, reply) in parse_datagram(&buf)? {
             if s != seq {
                 continue;
@@ -578,9 +589,9 @@ fn delete_on(
             out.extend(delete_request(s, entry));
             pending.insert(s, entry);
         }
-        send(sock, &out, "delete requests")?;
+        send_request(sock, &out, "delete requests")?;
         while !pending.is_empty() {
-            recv(sock, &mut buf)?;
+            recv_datagram(sock, &mut buf)?;
             for (s, reply) in parse_datagram(&buf)? {
                 let Reply::Ack(code) = reply else { continue };
                 let Some(entry) = pending.remove(&s) else {

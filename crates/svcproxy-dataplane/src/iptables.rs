@@ -207,31 +207,22 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         }
     }
 
-    /// Whether the `mangle` canary of a family svcproxy has written is gone (asked
-    /// of `mangle` only: it is small, so cheap to list with either backend).
-    fn canary_missing(&mut self) -> bool {
-        let families: Vec<IpFamily> = self.written.keys().copied().collect();
+    /// The families svcproxy has written whose `mangle` canary is gone: the tables
+    /// were flushed behind its back (asked of `mangle` only, as upstream does: it is
+    /// small, so cheap to list with either backend).
+    fn canary_missing(&mut self) -> Result<Vec<IpFamily>, DataPlaneError> {
+        let mut families: Vec<IpFamily> = self.written.keys().copied().collect();
+        families.sort();
         let args: Vec<String> = ["-t", "mangle", "-S", ipt::CANARY]
             .map(String::from)
             .to_vec();
-        families.into_iter().any(|family| {
-            match self.runner.run(family, &args) {
-                Ok(Ok(())) => false,
-                Ok(Err(_)) => {
-                    tracing::warn!(
-                        ?family,
-                        "iptables mode: the {} chain is gone (tables flushed?): rewriting everything",
-                        ipt::CANARY
-                    );
-                    true
-                }
-                // Cannot ask: the hourly full sync and failed restores still repair.
-                Err(e) => {
-                    tracing::warn!(?family, "iptables mode: cannot check the canary: {e}");
-                    false
-                }
+        let mut missing = Vec::new();
+        for family in families {
+            if self.runner.run(family, &args)?.is_err() {
+                missing.push(family);
             }
-        })
+        }
+        Ok(missing)
     }
 
     /// svcproxy's chains in the kernel now, per table, and the jumps from the built-in
@@ -370,7 +361,14 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
             && (self
                 .last_full
                 .is_none_or(|t| t.elapsed() >= FULL_SYNC_PERIOD)
-                || self.canary_missing());
+                || match self.canary_missing() {
+                    Ok(missing) => !missing.is_empty(),
+                    // Cannot ask: the hourly full sync and failed restores still repair.
+                    Err(e) => {
+                        tracing::warn!("iptables mode: cannot check the canary: {e}");
+                        false
+                    }
+                });
         let mut kind = SyncKind::Partial;
         let mut bytes = 0;
         let mut in_tools = Duration::ZERO;
@@ -406,6 +404,30 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
 
     fn render(&self, intent: &Intent) -> String {
         ipt::render_full(intent)
+    }
+
+    fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
+        let missing = self.canary_missing()?;
+        if missing.is_empty() {
+            return Ok(None);
+        }
+        // Unknown kernel state: the next sync of every family is full.
+        self.written.clear();
+        self.last_full = None;
+        let what: Vec<String> = missing
+            .iter()
+            .map(|f| {
+                let tool = match f {
+                    IpFamily::V4 => "iptables",
+                    IpFamily::V6 => "ip6tables",
+                };
+                format!(
+                    "{tool} chain mangle {} is gone (tables flushed?)",
+                    ipt::CANARY
+                )
+            })
+            .collect();
+        Ok(Some(what.join("; ")))
     }
 
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {

@@ -5,15 +5,18 @@
 //! kernel holds the last plan: a plan is committed when `nft` accepted it and
 //! abandoned otherwise (the next one then recreates the tables).
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use svcproxy_plan::nft::{cleanup_script, PlanKind, Planner};
+use svcproxy_core::model::IpFamily;
+use svcproxy_plan::nft::{cleanup_script, PlanKind, Planner, TABLE_NAME};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
     ApplyReport, Backend, DataPlane, FailureCounter, FailureKind, NodeRequirements, SyncKind,
 };
 use crate::error::DataPlaneError;
+use crate::nft_table::TableState;
 use crate::node::required_sysctls;
 use crate::sink::{NftCommand, ScriptSink};
 
@@ -44,6 +47,9 @@ pub const BACKEND: Backend = Backend {
 pub struct NftDataPlane<S = NftCommand> {
     planner: Planner,
     sink: S,
+    /// Each family's table as the last successful full sync left it (what the drift
+    /// check compares with); empty before it and after a failure.
+    expected: BTreeMap<IpFamily, TableState>,
 }
 
 impl NftDataPlane<NftCommand> {
@@ -64,6 +70,7 @@ impl<S: ScriptSink> NftDataPlane<S> {
         NftDataPlane {
             planner: Planner::new(),
             sink,
+            expected: BTreeMap::new(),
         }
     }
 
@@ -73,6 +80,46 @@ impl<S: ScriptSink> NftDataPlane<S> {
 
     pub fn sink_mut(&mut self) -> &mut S {
         &mut self.sink
+    }
+}
+
+impl<S: ScriptSink> NftDataPlane<S> {
+    /// Reads the tables a full sync just wrote (a recreated table has a new handle).
+    /// A family that cannot be read is left out of the drift check until the next
+    /// full sync.
+    fn remember_tables(&mut self) {
+        self.expected.clear();
+        for family in IpFamily::BOTH {
+            match self.sink.table_state(family, TABLE_NAME) {
+                Ok(state) => {
+                    self.expected.insert(family, state);
+                }
+                Err(e) => {
+                    tracing::warn!(%family, error = %e, "cannot read svcproxy's nftables table; its drift check waits for the next full sync")
+                }
+            }
+        }
+    }
+}
+
+/// Why `now` is not the table a sync left (`expected`), if it is not.
+fn table_drift(family: IpFamily, expected: TableState, now: TableState) -> Option<String> {
+    let table = format!(
+        "table {} {TABLE_NAME}",
+        svcproxy_plan::nft::family_keyword(family)
+    );
+    match (expected, now) {
+        (a, b) if a == b => None,
+        (TableState::Present { .. }, TableState::Missing) => Some(format!("{table} was deleted")),
+        (TableState::Missing, TableState::Present { .. }) => Some(format!(
+            "{table} exists, though svcproxy programs no {family} service"
+        )),
+        (_, TableState::Present { dormant: true, .. }) => Some(format!(
+            "{table} was made dormant (its rules see no packets)"
+        )),
+        _ => Some(format!(
+            "{table} was deleted and created again by someone else"
+        )),
     }
 }
 
@@ -99,8 +146,12 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             Ok(()) => self.planner.commit(&plan),
             Err(e) => {
                 self.planner.abandon();
+                self.expected.clear();
                 return Err(e);
             }
+        }
+        if plan.kind != PlanKind::Partial || self.expected.is_empty() {
+            self.remember_tables();
         }
         tracing::debug!(
             kind = ?plan.kind,
@@ -130,6 +181,24 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
 
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {
         self.sink.apply(&cleanup_script())
+    }
+
+    fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
+        let mut found = Vec::new();
+        let expected: Vec<(IpFamily, TableState)> =
+            self.expected.iter().map(|(f, s)| (*f, *s)).collect();
+        for (family, want) in expected {
+            let now = self.sink.table_state(family, TABLE_NAME)?;
+            found.extend(table_drift(family, want, now));
+        }
+        if found.is_empty() {
+            return Ok(None);
+        }
+        // The kernel no longer holds the last plan: the next one recreates the
+        // tables (which also wakes a dormant one).
+        self.planner.abandon();
+        self.expected.clear();
+        Ok(Some(found.join("; ")))
     }
 
     fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements {

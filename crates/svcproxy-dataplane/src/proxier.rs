@@ -115,6 +115,12 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
         &self.cfg
     }
 
+    /// Why the kernel no longer holds what the last sync wrote, if it does not
+    /// ([`DataPlane::drift`]); the next sync then rewrites everything.
+    pub fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
+        self.plane.drift()
+    }
+
     /// What the node needs for this data plane.
     pub fn node_requirements(&self) -> NodeRequirements {
         self.plane.node_requirements(&self.cfg)

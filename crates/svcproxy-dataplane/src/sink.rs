@@ -7,18 +7,32 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
-/// Applies `nft -f` scripts, each as one atomic transaction.
+use svcproxy_core::model::IpFamily;
+
+use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
+use crate::nft_table::{table_state, TableState};
+
+/// Applies `nft -f` scripts, each as one atomic transaction, and says what the
+/// kernel holds of a table (the drift check).
 pub trait ScriptSink {
     /// Applies `script`. On error nothing of it is in force (`nft` applies a whole
     /// file or nothing).
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError>;
+
+    /// Table `name` of `family` as the kernel holds it now.
+    fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError>;
 }
 
 impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
         (**self).apply(script)
+    }
+
+    fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
+        (**self).table_state(family, name)
     }
 }
 
@@ -26,17 +40,23 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
         (**self).apply(script)
     }
+
+    fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
+        (**self).table_state(family, name)
+    }
 }
 
 /// The real `nft`: runs `ARGV... -f -` with the script on stdin.
 ///
 /// `ARGV` is the `nft` binary (default `nft`, looked up in `PATH`), optionally behind
 /// a prefix: `["ip", "netns", "exec", "NAME", "nft"]` applies inside a network
-/// namespace.
+/// namespace, in which case [`NftCommand::in_netns`] names that namespace for the
+/// tables' drift check (over netlink, not through `ARGV`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftCommand {
     argv: Vec<String>,
     timeout: Duration,
+    netns: Option<PathBuf>,
 }
 
 /// How long one `nft -f` may take before it is killed. A full load of 10k services
@@ -56,6 +76,7 @@ impl NftCommand {
         NftCommand {
             argv: vec![program.into()],
             timeout: DEFAULT_NFT_TIMEOUT,
+            netns: None,
         }
     }
 
@@ -73,8 +94,16 @@ impl NftCommand {
             NftCommand {
                 argv,
                 timeout: DEFAULT_NFT_TIMEOUT,
+                netns: None,
             }
         }
+    }
+
+    /// The tables' state is read in the network namespace `path` names (e.g.
+    /// `/run/netns/NAME`, where a prefix runs `nft`) rather than in the caller's.
+    pub fn in_netns(mut self, path: impl Into<PathBuf>) -> Self {
+        self.netns = Some(path.into());
+        self
     }
 
     /// The same command with another time limit.
@@ -250,6 +279,13 @@ impl ScriptSink for NftCommand {
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
         self.run(script)
     }
+
+    fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
+        table_state(self.netns.as_deref(), family, name).map_err(|e| DataPlaneError::Io {
+            command: format!("netlink NFT_MSG_GETTABLE {family} {name}"),
+            source: io::Error::other(e.to_string()),
+        })
+    }
 }
 
 /// A fake `nft` for tests: records every script and fails when told to.
@@ -261,6 +297,9 @@ pub struct RecordingSink {
     pub applied: Vec<String>,
     failures: VecDeque<String>,
     always: Option<String>,
+    /// What [`ScriptSink::table_state`] answers per family; a family not set answers
+    /// present and active (handle 1).
+    pub tables: BTreeMap<IpFamily, TableState>,
 }
 
 impl RecordingSink {
@@ -300,6 +339,17 @@ impl ScriptSink for RecordingSink {
         }
         self.applied.push(script.to_string());
         Ok(())
+    }
+
+    fn table_state(&mut self, family: IpFamily, _name: &str) -> Result<TableState, DataPlaneError> {
+        Ok(self
+            .tables
+            .get(&family)
+            .copied()
+            .unwrap_or(TableState::Present {
+                handle: 1,
+                dormant: false,
+            }))
     }
 }
 

@@ -7,8 +7,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use common::*;
+use svcproxy_core::model::IpFamily;
 use svcproxy_dataplane::{
-    DataPlaneError, NftDataPlane, NoConntrackCleanup, Proxier, RecordingSink, SyncKind,
+    DataPlaneError, NftDataPlane, NoConntrackCleanup, Proxier, RecordingSink, SyncKind, TableState,
 };
 
 fn plane() -> Proxier<NftDataPlane<RecordingSink>, NoConntrackCleanup> {
@@ -227,4 +228,55 @@ fn conflicts_are_reported_and_logged_once_per_change() {
         dp.sync(&snapshot(&mut state), true).expect("sync");
         assert!(!logs.take().contains("conflict"));
     });
+}
+
+#[test]
+fn a_table_taken_away_behind_our_back_is_drift_and_the_next_sync_recreates() {
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp = plane();
+    // Nothing written yet: nothing to compare with.
+    assert_eq!(dp.drift().unwrap(), None);
+    dp.sync(&snapshot(&mut state), false).expect("first sync");
+    assert_eq!(
+        dp.drift().unwrap(),
+        None,
+        "the kernel holds what was written"
+    );
+
+    let cases = [
+        (TableState::Missing, "table ip svcproxy was deleted"),
+        (
+            TableState::Present {
+                handle: 1,
+                dormant: true,
+            },
+            "table ip svcproxy was made dormant",
+        ),
+        (
+            TableState::Present {
+                handle: 9,
+                dormant: false,
+            },
+            "table ip svcproxy was deleted and created again by someone else",
+        ),
+    ];
+    for (now, reason) in cases {
+        dp.plane_mut().sink_mut().tables.insert(IpFamily::V4, now);
+        let drift = dp.drift().unwrap().expect("drift");
+        assert!(drift.contains(reason), "{drift}");
+        assert!(!drift.contains("ip6"), "{drift}");
+        // Asked again before a sync: nothing known to compare with any more.
+        assert_eq!(dp.drift().unwrap(), None);
+        // The kernel (here: the fake) gets a fresh table from the recreate.
+        dp.plane_mut().sink_mut().tables.remove(&IpFamily::V4);
+        let report = dp.sync(&snapshot(&mut state), false).expect("repair");
+        assert_eq!(report.kind, SyncKind::Recreate, "{reason}");
+        assert_eq!(dp.drift().unwrap(), None, "{reason}: repaired");
+    }
+
+    // A partial sync keeps the handle it knows.
+    upsert(&mut state, WEB_MOVED);
+    let report = dp.sync(&snapshot(&mut state), false).expect("partial");
+    assert_eq!(report.kind, SyncKind::Partial);
+    assert_eq!(dp.drift().unwrap(), None);
 }

@@ -25,6 +25,7 @@ per_mode!(
     health_check_node_ports_follow_local_endpoints_for_a_load_balancer,
     nodeport_addresses_follow_the_hosts_addresses,
     a_service_cidr_holding_the_nodes_addresses_does_not_cut_them_off,
+    rules_taken_away_by_hand_are_put_back_and_healthz_says_so_meanwhile,
     healthz_livez_metrics_address_in_use_and_sigterm,
 );
 
@@ -369,6 +370,89 @@ fn a_service_cidr_holding_the_nodes_addresses_does_not_cut_them_off(mode: Mode) 
         logs.contains("a ServiceCIDR holds an address of this node"),
         || "no error logged for the refused ServiceCIDR".to_string(),
     );
+    ck.finish(&env);
+}
+
+/// The value of the counter `name` on node-a's /metrics (0 when absent).
+fn counter(env: &Env, name: &str) -> f64 {
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let text = get(env, Host::Node(NODE_A), loopback, 10249, "/metrics")
+        .map(|a| a.body)
+        .unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Polls node-a's /healthz (from node-a) until it answers `code`, for up to `bound`;
+/// how long that took.
+fn healthz_until(env: &Env, code: u16, bound: Duration) -> Option<Duration> {
+    let ip = plan::node_ip(NODE_A, Family::V4);
+    let start = Instant::now();
+    while start.elapsed() < bound {
+        if get(env, Host::Node(NODE_A), ip, 10256, "/healthz").is_some_and(|a| a.code == code) {
+            return Some(start.elapsed());
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Issue 15's fault test: the rules deleted, made dormant or flushed by hand (as a
+/// firewall reload does) are noticed by the periodic drift check (every 5 s), /healthz
+/// answers 503 from then until a full sync has put them back, and connections work
+/// again. `--min-sync-period 20s` holds that sync back long enough to see the 503.
+fn rules_taken_away_by_hand_are_put_back_and_healthz_says_so_meanwhile(mode: Mode) {
+    let web = Svc::dual("web", 130).port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT));
+    let Some(env) = Env::start(
+        mode,
+        EnvSpec {
+            flags: vec!["--min-sync-period".into(), "20s".into()],
+            ..EnvSpec::default()
+        },
+        &[("svc-web.yaml", lb_file(&web, &[A0]))],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("drift-repaired");
+    let client = Host::Pod(NODE_A, 1);
+    let reaches = |f: Family| {
+        let vip = sa(web.cluster_ip(f), 80);
+        env.probe(client, Proto::Tcp, vip, 1, ANSWER)
+    };
+    for how in mode.breakages() {
+        for f in Family::BOTH {
+            ck.answered_by(&format!("{how}: {f:?} before"), &reaches(f), &["pod-a0"]);
+        }
+        let drifts = counter(&env, "svcproxy_kernel_drift_total");
+        let said = mode.break_rules(&env.c, NODE_A, how);
+        let broken = reaches(Family::V4);
+        ck.check(!broken.iter().any(|a| a.backend().is_some()), || {
+            format!("{how}: the cluster IP still answered with the rules gone: {broken:?}")
+        });
+        let unhealthy = healthz_until(&env, 503, Duration::from_secs(10));
+        ck.check(unhealthy.is_some(), || {
+            format!("{how}: /healthz never said 503 within 10 s of the drift")
+        });
+        let repaired = healthz_until(&env, 200, Duration::from_secs(30));
+        ck.check(repaired.is_some(), || {
+            format!("{how}: /healthz did not say 200 again within 30 s")
+        });
+        eprintln!("[operations] {how}: 503 after {unhealthy:?}, 200 again after {repaired:?}");
+        for f in Family::BOTH {
+            let got = reaches(f);
+            ck.answered_by(&format!("{how}: {f:?} after the repair"), &got, &["pod-a0"]);
+        }
+        let after = counter(&env, "svcproxy_kernel_drift_total");
+        ck.check(after > drifts, || {
+            format!("{how}: svcproxy_kernel_drift_total stayed at {after}")
+        });
+        let logs = env.proxies[NODE_A].logs();
+        ck.check(logs.contains(said), || {
+            format!("{how}: the log does not say {said:?}")
+        });
+    }
     ck.finish(&env);
 }
 

@@ -194,6 +194,11 @@ trait Target {
         update: &SnapshotUpdate,
         full: bool,
     ) -> anyhow::Result<SyncDone>;
+
+    /// Why the kernel no longer holds what the last sync wrote, if it does not.
+    fn drift(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// What a target reports of a successful sync.
@@ -213,6 +218,8 @@ struct KernelTarget {
     /// by then the NAT rules have loaded `nf_conntrack` (whose files they are), and
     /// nothing is written by an instance that fails at start (e.g. a port in use).
     conntrack_sysctls: Option<svcproxy_dataplane::ConntrackSettings>,
+    /// The drift check failed last time (logged once until it works again).
+    drift_check_failing: bool,
 }
 
 impl Target for KernelTarget {
@@ -243,6 +250,23 @@ impl Target for KernelTarget {
             conntrack: Some((report.conntrack.deleted, report.conntrack.error.is_some())),
             lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),
         })
+    }
+
+    fn drift(&mut self) -> Option<String> {
+        match self.plane.drift() {
+            Ok(drift) => {
+                if std::mem::take(&mut self.drift_check_failing) {
+                    tracing::info!("the drift check works again");
+                }
+                drift
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.drift_check_failing, true) {
+                    tracing::warn!(error = %e, "cannot check that the kernel still holds the rules (the periodic full sync still repairs them)");
+                }
+                None
+            }
+        }
     }
 }
 
@@ -414,6 +438,16 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         self.update_node_eligibility();
     }
 
+    fn check_drift(&mut self) -> bool {
+        let Some(drift) = self.target.drift() else {
+            return false;
+        };
+        tracing::warn!(%drift, "the kernel lost svcproxy's rules behind its back: rewriting everything now; /healthz says 503 until then");
+        self.health.drift_detected();
+        self.metrics.drift_detected();
+        true
+    }
+
     fn queued(&mut self) {
         // Arrival itself was noted by `forward_events`.
         let (services, endpoints) = self.state.pending_changes();
@@ -531,6 +565,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             let target = KernelTarget {
                 plane,
                 conntrack_sysctls: Some(conntrack_settings(&settings)),
+                drift_check_failing: false,
             };
             let once = settings.once;
             rt.block_on(serve(

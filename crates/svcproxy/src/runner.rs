@@ -27,7 +27,14 @@ pub struct RunnerConfig {
     /// The longest syncs wait for a re-list to complete: past it, updates are synced
     /// anyway (a server that keeps failing mid-list must not freeze the rules).
     pub relist_hold: Duration,
+    /// How often [`Syncer::check_drift`] asks whether the kernel still holds the
+    /// rules; a drift found is repaired by a full sync at once.
+    pub drift_check_period: Duration,
 }
+
+/// The longest time between two drift checks: a table deleted or flushed by hand is
+/// noticed within this (or the sync period, if shorter) and repaired at once.
+pub const DRIFT_CHECK_PERIOD: Duration = Duration::from_secs(5);
 
 impl RunnerConfig {
     pub fn new(min_sync_period: Duration, sync_period: Duration) -> Self {
@@ -38,6 +45,9 @@ impl RunnerConfig {
             retry_max: sync_period.max(Duration::from_secs(1)),
             initial_sources: Vec::new(),
             relist_hold: Duration::from_secs(30),
+            drift_check_period: sync_period
+                .min(DRIFT_CHECK_PERIOD)
+                .max(Duration::from_millis(100)),
         }
     }
 
@@ -58,6 +68,11 @@ pub trait Syncer {
     fn sync(&mut self, full: bool) -> anyhow::Result<()>;
     /// Called when updates are queued but not yet synced (for health and metrics).
     fn queued(&mut self) {}
+    /// Whether the kernel lost what the last sync wrote (tables deleted or flushed
+    /// behind svcproxy's back): if so, a full sync follows at once.
+    fn check_drift(&mut self) -> bool {
+        false
+    }
 }
 
 /// Messages sources send to the runner.
@@ -94,6 +109,7 @@ pub async fn run<S: Syncer>(
     // Sources re-listing, and since when.
     let mut relisting: Vec<(&'static str, Instant)> = Vec::new();
     let mut hold_expired_logged = false;
+    let mut next_check = Instant::now() + cfg.drift_check_period;
     if !waiting.is_empty() {
         tracing::info!(sources = ?waiting, "waiting for the initial lists before the first sync");
     }
@@ -141,9 +157,18 @@ pub async fn run<S: Syncer>(
             }
         }
 
+        if now >= next_check {
+            next_check = now + cfg.drift_check_period;
+            if blocking(|| syncer.check_drift()) {
+                pending = true;
+                force_full = true;
+            }
+            continue;
+        }
+
         if due <= now {
             let full = force_full || now >= periodic_due;
-            match sync_blocking(syncer, full) {
+            match blocking(|| syncer.sync(full)) {
                 Ok(()) => {
                     if failures > 0 {
                         tracing::info!(after_failures = failures, "sync succeeded again");
@@ -176,8 +201,9 @@ pub async fn run<S: Syncer>(
             continue;
         }
 
+        let wake = due.min(next_check);
         if !events_open {
-            tokio::time::sleep_until(due).await;
+            tokio::time::sleep_until(wake).await;
             continue;
         }
         tokio::select! {
@@ -206,20 +232,20 @@ pub async fn run<S: Syncer>(
                     tracing::debug!("all sources closed; periodic syncs continue");
                 }
             },
-            _ = tokio::time::sleep_until(due) => {}
+            _ = tokio::time::sleep_until(wake) => {}
         }
     }
 }
 
-/// Runs one sync, which blocks (it waits for the kernel's tools). On a multi-threaded
-/// runtime the worker hands its other duties (its queued tasks, and the I/O and
-/// timer driver it may hold) to another thread first, so the HTTP servers answer
-/// and sources keep delivering while a sync takes long or hangs.
-fn sync_blocking<S: Syncer>(syncer: &mut S, full: bool) -> anyhow::Result<()> {
+/// Runs `work` (a sync or a drift check), which blocks (it waits for the kernel's
+/// tools). On a multi-threaded runtime the worker hands its other duties (its queued
+/// tasks, and the I/O and timer driver it may hold) to another thread first, so the
+/// HTTP servers answer and sources keep delivering while a sync takes long or hangs.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| syncer.sync(full)),
-        _ => syncer.sync(full),
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
     }
 }
 
@@ -233,6 +259,10 @@ pub(crate) mod tests {
         syncs: Vec<(Duration, bool)>,
         applied: usize,
         fail_next: u32,
+        /// When drift checks ran.
+        checks: Vec<Duration>,
+        /// The next check finds drift.
+        drift_next: bool,
     }
 
     struct FakeSyncer {
@@ -252,6 +282,11 @@ pub(crate) mod tests {
                 anyhow::bail!("injected failure");
             }
             Ok(())
+        }
+        fn check_drift(&mut self) -> bool {
+            let mut log = self.log.lock().unwrap();
+            log.checks.push(self.start.elapsed());
+            std::mem::take(&mut log.drift_next)
         }
     }
 
@@ -303,6 +338,28 @@ pub(crate) mod tests {
         assert_eq!(log.applied, 50);
         // The initial full sync at 0, then one partial sync at 1s for the whole burst.
         assert_eq!(log.syncs, vec![(secs(0.0), true), (secs(1.0), false)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drift_found_by_the_periodic_check_brings_a_full_sync_at_once() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        assert_eq!(cfg.drift_check_period, DRIFT_CHECK_PERIOD);
+        let (log, _tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(12.0)).await;
+        log.lock().unwrap().drift_next = true;
+        tokio::time::sleep(secs(10.0)).await;
+        let log = log.lock().unwrap();
+        assert_eq!(
+            log.checks,
+            vec![secs(5.0), secs(10.0), secs(15.0), secs(20.0)]
+        );
+        // Found at 15 s, repaired at once by a full sync, long before the periodic one.
+        assert_eq!(log.syncs, vec![(secs(0.0), true), (secs(15.0), true)]);
+        // A short sync period checks as often as it syncs.
+        assert_eq!(
+            RunnerConfig::new(secs(0.0), secs(2.0)).drift_check_period,
+            secs(2.0)
+        );
     }
 
     #[tokio::test(start_paused = true)]

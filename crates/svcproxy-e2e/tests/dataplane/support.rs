@@ -381,6 +381,53 @@ impl Mode {
         }
     }
 
+    /// The ways of taking svcproxy's rules away behind its back that this mode's drift
+    /// check must notice, by name, for [`Mode::break_rules`].
+    #[allow(dead_code)] // operations.rs's drift test only
+    pub fn breakages(self) -> &'static [&'static str] {
+        match self {
+            Mode::Nftables => &["tables deleted", "tables dormant"],
+            Mode::Iptables | Mode::IptablesLegacy => &["every table flushed"],
+        }
+    }
+
+    /// Takes svcproxy's rules in `node` away by hand, as [`Mode::breakages`] names it,
+    /// in both families. Returns what the log says about it.
+    #[allow(dead_code)] // operations.rs's drift test only
+    pub fn break_rules(self, c: &Cluster, node: usize, how: &str) -> &'static str {
+        match (self, how) {
+            (Mode::Nftables, "tables deleted") => {
+                c.nft(
+                    Host::Node(node),
+                    "delete table ip svcproxy\ndelete table ip6 svcproxy\n",
+                )
+                .expect("delete the tables");
+                "was deleted"
+            }
+            (Mode::Nftables, "tables dormant") => {
+                c.nft(
+                    Host::Node(node),
+                    "add table ip svcproxy { flags dormant; }\nadd table ip6 svcproxy { flags dormant; }\n",
+                )
+                .expect("make the tables dormant");
+                "was made dormant"
+            }
+            (Mode::Iptables | Mode::IptablesLegacy, "every table flushed") => {
+                // What a firewall reload does: every rule and user chain gone.
+                for base in ["iptables", "ip6tables"] {
+                    let tool = self.tool(base);
+                    for table in ["mangle", "nat", "filter"] {
+                        for op in ["-F", "-X"] {
+                            c.exec_ok(Host::Node(node), &[&tool, "-w", "-t", table, op]);
+                        }
+                    }
+                }
+                "is gone"
+            }
+            _ => panic!("{self:?} has no breakage {how:?}"),
+        }
+    }
+
     /// Adds an object of the mode's kind that svcproxy does not own, for cleanup to leave.
     pub fn add_foreign(self, c: &Cluster, node: usize) {
         match self {
@@ -1072,10 +1119,18 @@ impl Env {
         ]
     }
 
-    /// Starts a long-running svcproxy in `node` (not waiting for it to sync).
+    /// Starts a long-running svcproxy in `node` (not waiting for it to sync). A
+    /// `--min-sync-period` in `flags` replaces the default `0s`.
     pub fn spawn_svcproxy(&self, bin: &Path, node: usize, flags: &[String]) -> NsProcess {
         let launch = self.mode.launch(bin);
-        let args = self.proxy_args(node);
+        let mut args = self.proxy_args(node);
+        if flags.iter().any(|f| f == "--min-sync-period") {
+            let at = args
+                .iter()
+                .position(|a| a == "--min-sync-period")
+                .expect("a default");
+            args.drain(at..at + 2);
+        }
         let mut argv: Vec<&str> = launch.iter().map(String::as_str).collect();
         argv.extend(args.iter().map(String::as_str));
         argv.extend(flags.iter().map(String::as_str));

@@ -31,4 +31,6 @@ pub const SEMANTICS: crate::config::ModeSemantics = crate::config::ModeSemantics
 };
 
 pub use planner::{cleanup_script, render_full, Plan, PlanKind, PlanStats, Planner};
-pub use ruleset::{BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set, TABLE_NAME};
+pub use ruleset::{
+    family_keyword, BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set, TABLE_NAME,
+};

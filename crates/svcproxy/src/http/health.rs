@@ -3,10 +3,12 @@
 //!
 //! Entry points: [`ProxyHealth`] (shared by the runner, the healthCheckNodePort servers
 //! and the HTTP handlers) and [`serve`]. The proxy is *healthy* unless an update has
-//! waited longer than the health timeout without being applied; it is *ready* once the
-//! first sync succeeded. `/livez` reports health alone; `/healthz` (the readiness probe,
-//! and what cloud load balancers of `externalTrafficPolicy: Cluster` services check)
-//! also requires readiness and that the Node is not on its way out.
+//! waited longer than the health timeout without being applied (nor a drift of the
+//! kernel's rules gone unrepaired that long); it is *ready* once the first sync
+//! succeeded. `/livez` reports health alone; `/healthz` (the readiness probe, and what
+//! cloud load balancers of `externalTrafficPolicy: Cluster` services check) also
+//! requires readiness, that the Node is not on its way out, and that no drift found
+//! by the periodic check is waiting for its repair.
 //!
 //! Time comes from a [`Clock`]: wall time for the bodies, monotonic time for the
 //! timeout, so that a wall-clock step (NTP at boot) never flips the verdict.
@@ -62,6 +64,9 @@ struct Inner {
     /// Updates received so far.
     received: u64,
     node_eligible: bool,
+    /// Since when the kernel has not held the rules (a drift check found them
+    /// deleted, re-created or made dormant by someone else), until a sync repairs it.
+    drift_since: Option<Stamp>,
 }
 
 /// The proxy's health, shared between the sync loop and the HTTP servers.
@@ -83,6 +88,8 @@ pub struct HealthStatus {
     pub current_time: SystemTime,
     /// False while the Node is being deleted or drained by the cluster autoscaler.
     pub node_eligible: bool,
+    /// The kernel lost the rules and no sync has put them back yet.
+    pub drift: bool,
 }
 
 impl ProxyHealth {
@@ -105,6 +112,7 @@ impl ProxyHealth {
                 received: 0,
                 // As upstream: eligible until a Node event says otherwise.
                 node_eligible: true,
+                drift_since: None,
             }),
         })
     }
@@ -151,6 +159,18 @@ impl ProxyHealth {
             inner.pending.pop_front();
         }
         inner.last_updated = Some(now);
+        // Checks and syncs take turns: a sync that succeeded after the drift was
+        // found rewrote everything.
+        inner.drift_since = None;
+    }
+
+    /// The kernel lost the rules behind svcproxy's back: `/healthz` says 503 until a
+    /// sync has put them back, and if none does within the health timeout the proxy
+    /// is unhealthy (`/livez` too), as for an update not applied in time.
+    pub fn drift_detected(&self) {
+        let now = self.now();
+        let mut inner = self.lock();
+        inner.drift_since.get_or_insert(now);
     }
 
     /// False while the Node has a deletionTimestamp or the
@@ -168,12 +188,16 @@ impl ProxyHealth {
     pub fn status(&self) -> HealthStatus {
         let now = self.now();
         let inner = self.lock();
-        let healthy = inner
+        let waited_too_long =
+            |since: &Stamp| now.mono.saturating_duration_since(since.mono) >= self.timeout;
+        let healthy = !inner
             .pending
             .front()
-            .is_none_or(|(_, p)| now.mono.saturating_duration_since(p.mono) < self.timeout);
+            .is_some_and(|(_, p)| waited_too_long(p))
+            && !inner.drift_since.as_ref().is_some_and(waited_too_long);
         HealthStatus {
             healthy,
+            drift: inner.drift_since.is_some(),
             ready: inner.last_updated.is_some(),
             last_updated: inner.last_updated.map(|s| s.wall),
             current_time: now.wall,
@@ -207,10 +231,11 @@ fn reported_last_updated(ok: bool, s: &HealthStatus) -> String {
     })
 }
 
-/// `/healthz`: 200 when healthy, ready and the Node is eligible; 503 otherwise.
+/// `/healthz`: 200 when healthy, ready, the Node is eligible and the kernel holds the
+/// rules (no drift waiting for repair); 503 otherwise.
 pub(super) fn healthz(health: &ProxyHealth, metrics: Option<&Metrics>) -> Response {
     let s = health.status();
-    let ok = s.healthy && s.ready && s.node_eligible;
+    let ok = s.healthy && s.ready && s.node_eligible && !s.drift;
     let code = if ok {
         StatusCode::OK
     } else {
@@ -426,6 +451,32 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert!(v.is_object());
+    }
+
+    #[tokio::test]
+    async fn a_drift_fails_healthz_until_a_sync_repairs_it_and_livez_once_overdue() {
+        let (h, clock) = health();
+        let (base, _stop) = start_server(h.clone(), None).await;
+        h.updated();
+        assert_eq!(get(&base, "/healthz").await.0, 200);
+        h.drift_detected();
+        assert!(h.status().drift);
+        assert_eq!(get(&base, "/healthz").await.0, 503);
+        // The repair is under way: the process itself is fine.
+        assert_eq!(get(&base, "/livez").await.0, 200);
+        // A second check before the repair does not restart the clock.
+        clock.advance(TIMEOUT / 2);
+        h.drift_detected();
+        clock.advance(TIMEOUT / 2);
+        assert_eq!(
+            get(&base, "/livez").await.0,
+            503,
+            "unrepaired for the whole timeout"
+        );
+        h.updated_through(0);
+        assert!(!h.status().drift);
+        assert_eq!(get(&base, "/healthz").await.0, 200);
+        assert_eq!(get(&base, "/livez").await.0, 200);
     }
 
     #[tokio::test]

@@ -62,6 +62,8 @@ pub struct Metrics {
     health_check_bind_failures: IntGauge,
     /// Service ports' claims on a destination another port holds (each logged).
     lost_claims: IntGauge,
+    /// Drift checks that found the kernel without the rules.
+    drift_detected: IntCounter,
     /// client-go's REST client families, observed by the API client's layer.
     rest_client: crate::sources::kube::client_metrics::RestClientMetrics,
     /// `/configz`'s body, set once the configuration is known.
@@ -253,6 +255,13 @@ impl Metrics {
                  service port holds and this one therefore does not get (each is logged)"
                     .to_string(),
             ),
+            drift_detected: counter(
+                "svcproxy_kernel_drift_total",
+                "Times the periodic check found the kernel without svcproxy's rules (tables \
+                 deleted, re-created or made dormant, iptables flushed), each repaired by a \
+                 full sync"
+                    .to_string(),
+            ),
             rest_client: {
                 let rc = crate::sources::kube::client_metrics::RestClientMetrics::new();
                 register(&r, rc.requests.clone());
@@ -404,6 +413,10 @@ impl Metrics {
 
     /// The claims the last plan ignored because another service port holds the
     /// destination.
+    pub fn drift_detected(&self) {
+        self.drift_detected.inc();
+    }
+
     pub fn set_lost_claims(&self, n: usize) {
         self.lost_claims.set(to_i64(n));
     }
@@ -644,6 +657,7 @@ mod tests {
             ("svcproxy_conntrack_entries_deleted_total", "counter"),
             ("svcproxy_service_health_check_bind_failures", "gauge"),
             ("svcproxy_destination_conflicts", "gauge"),
+            ("svcproxy_kernel_drift_total", "counter"),
         ];
         for (name, ty) in expected {
             assert_eq!(t.get(name).map(String::as_str), Some(ty), "{name}");
@@ -778,6 +792,7 @@ mod tests {
         m.conntrack_cleanup(3, true);
         m.set_health_check_bind_failures(1);
         m.set_lost_claims(2);
+        m.drift_detected();
         m.count_healthz(200);
         m.count_healthz(503);
         m.count_livez(200);
@@ -861,6 +876,7 @@ mod tests {
             ("svcproxy_conntrack_cleanup_failures_total", "", 1.0),
             ("svcproxy_service_health_check_bind_failures", "", 1.0),
             ("svcproxy_destination_conflicts", "", 2.0),
+            ("svcproxy_kernel_drift_total", "", 1.0),
             ("kubeproxy_proxy_healthz_total", r#"code="200""#, 1.0),
             ("kubeproxy_proxy_healthz_total", r#"code="503""#, 1.0),
             ("kubeproxy_proxy_livez_total", r#"code="200""#, 1.0),

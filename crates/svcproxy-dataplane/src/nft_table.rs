@@ -1,0 +1,173 @@
+//! One nftables table as the kernel holds it, asked over netlink
+//! (`NFT_MSG_GETTABLE`): whether it exists, its handle, and whether it is dormant.
+//!
+//! Entry point: [`table_state`]. It is the drift check of the nftables mode: a few
+//! microseconds whatever the ruleset's size, where `nft list` would fetch the whole
+//! table (and `nft -j list tables` of nft 1.0.6 prints a dormant table's flags as its
+//! release name). The messages are `netlink-packet-netfilter`'s nftables types.
+
+use std::io;
+use std::path::Path;
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST,
+};
+use netlink_packet_netfilter::nftables::{
+    NfTablesMessage, TableAttribute, TableFlags, TableMessage,
+};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use svcproxy_core::model::IpFamily;
+
+use crate::conntrack::ConntrackError;
+use crate::ctnetlink::{open_socket, recv_datagram, send_request, DEFAULT_CONNTRACK_TIMEOUT};
+
+const ENOENT: i32 = 2;
+
+/// A table as the kernel holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableState {
+    Missing,
+    Present {
+        /// The kernel's handle: a table deleted and created again has a new one.
+        handle: u64,
+        /// `flags dormant`: the table's chains see no packets.
+        dormant: bool,
+    },
+}
+
+fn nf_family(family: IpFamily) -> NetfilterProtoFamily {
+    match family {
+        IpFamily::V4 => NetfilterProtoFamily::IPv4,
+        IpFamily::V6 => NetfilterProtoFamily::IPv6,
+    }
+}
+
+/// The `GETTABLE` request for table `name` of `family`.
+fn request(seq: u32, family: IpFamily, name: &str) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.sequence_number = seq;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(nf_family(family), 0, 0),
+            NfTablesMessage::GetTable(TableMessage {
+                attributes: vec![TableAttribute::Name(name.to_string())],
+            }),
+        )),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    buf
+}
+
+/// What one message of the reply said.
+#[derive(Debug, PartialEq, Eq)]
+enum Reply {
+    Table(TableState),
+    /// `0` for success, else a negative errno.
+    Ack(i32),
+    Other,
+}
+
+fn parse(msg: &[u8]) -> Result<Reply, ConntrackError> {
+    let parsed = NetlinkMessage::<NetfilterMessage>::deserialize(msg)
+        .map_err(|e| ConntrackError::Protocol(format!("an nftables reply did not parse: {e}")))?;
+    Ok(match parsed.payload {
+        NetlinkPayload::Error(e) => Reply::Ack(e.raw_code()),
+        NetlinkPayload::InnerMessage(nf) => match nf.inner {
+            NetfilterMessageInner::NfTables(NfTablesMessage::NewTable(t)) => {
+                let mut handle = None;
+                let mut dormant = false;
+                for a in &t.attributes {
+                    match a {
+                        TableAttribute::Handle(h) => handle = Some(*h),
+                        TableAttribute::Flags(f) => dormant = f.contains(TableFlags::Dormant),
+                        _ => {}
+                    }
+                }
+                let handle = handle.ok_or_else(|| {
+                    ConntrackError::Protocol("an nftables table without a handle".into())
+                })?;
+                Reply::Table(TableState::Present { handle, dormant })
+            }
+            _ => Reply::Other,
+        },
+        _ => Reply::Other,
+    })
+}
+
+/// Table `name` of `family` in the network namespace `netns` names (or the calling
+/// thread's).
+pub fn table_state(
+    netns: Option<&Path>,
+    family: IpFamily,
+    name: &str,
+) -> Result<TableState, ConntrackError> {
+    let sock = open_socket(netns, DEFAULT_CONNTRACK_TIMEOUT)?;
+    let seq = 1;
+    send_request(&sock, &request(seq, family, name), "the table request")?;
+    let mut buf = Vec::with_capacity(64 * 1024);
+    let mut found = None;
+    loop {
+        recv_datagram(&sock, &mut buf)?;
+        for (s, msg) in crate::ctnetlink::split_datagram(&buf)? {
+            if s != seq {
+                continue;
+            }
+            match parse(msg)? {
+                Reply::Table(t) => found = Some(t),
+                Reply::Other => {}
+                Reply::Ack(0) => {
+                    return found.ok_or_else(|| {
+                        ConntrackError::Protocol(format!(
+                            "the kernel acknowledged the {family} table request without the table"
+                        ))
+                    })
+                }
+                Reply::Ack(code) if code.saturating_abs() == ENOENT => {
+                    return Ok(TableState::Missing)
+                }
+                Reply::Ack(code) => {
+                    return Err(ConntrackError::Kernel {
+                        context: format!("asking for table {family} {name}"),
+                        source: io::Error::from_raw_os_error(code.saturating_abs()),
+                    })
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_names_the_table_and_family() {
+        let req = request(7, IpFamily::V6, "svcproxy");
+        // nlmsghdr: type NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETTABLE, flags REQUEST|ACK.
+        assert_eq!(u16::from_ne_bytes([req[4], req[5]]), (10 << 8) | 1);
+        assert_eq!(
+            u16::from_ne_bytes([req[6], req[7]]),
+            NLM_F_REQUEST | NLM_F_ACK
+        );
+        assert_eq!(u32::from_ne_bytes([req[8], req[9], req[10], req[11]]), 7);
+        // nfgenmsg: the family.
+        assert_eq!(req[16], 10);
+        // NFTA_TABLE_NAME, NUL-terminated.
+        assert_eq!(u16::from_ne_bytes([req[22], req[23]]), 1);
+        assert_eq!(&req[24..33], b"svcproxy\0");
+    }
+
+    #[test]
+    fn a_garbled_reply_is_an_error_not_a_panic() {
+        assert!(parse(&[0u8; 3]).is_err());
+        let mut bogus = request(1, IpFamily::V4, "x");
+        bogus[0] = 200; // a length past the message
+        assert!(parse(&bogus).is_err());
+    }
+}
