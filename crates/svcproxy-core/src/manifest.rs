@@ -97,6 +97,7 @@ fn parse_json(text: &str) -> Result<Vec<Value>, String> {
 /// document's error alone: it is `None` here, with its message, and the others
 /// count.
 fn parse_yaml(text: &str) -> Result<(Vec<Option<Value>>, Vec<String>), String> {
+    check_flow_nesting(text)?;
     let mut count = 0;
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         if i == MAX_OBJECTS_PER_FILE {
@@ -126,6 +127,67 @@ fn parse_yaml(text: &str) -> Result<(Vec<Option<Value>>, Vec<String>), String> {
         }
     }
     Ok((documents, errors))
+}
+
+/// Flow collections (`[...]`, `{...}`) nested deeper than this fail the file before
+/// it is parsed. The YAML parser would fail them anyway (its recursion limit is 128),
+/// but only after reading every event of the document into memory: seconds for a few
+/// MiB of `[[[[`. Twice the parser's limit, so that brackets in plain or block
+/// scalars, which this scan cannot tell apart, never reject a file the parser takes.
+pub const MAX_FLOW_NESTING: usize = 256;
+
+/// Rejects text whose flow collections nest deeper than [`MAX_FLOW_NESTING`], in one
+/// pass over the bytes that stops at the first offending bracket. Brackets inside
+/// quoted strings and comments are not counted; an apostrophe inside a plain scalar
+/// (`don't`) is taken as a quote, which can only make the count lower.
+fn check_flow_nesting(text: &str) -> Result<(), String> {
+    #[derive(PartialEq)]
+    enum In {
+        Plain,
+        Single,
+        Double,
+        Comment,
+    }
+    let mut state = In::Plain;
+    let mut depth = 0usize;
+    let mut line = 1usize;
+    let mut previous = b'\n';
+    let mut bytes = text.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'\n' {
+            line += 1;
+        }
+        match state {
+            In::Plain => match b {
+                b'[' | b'{' => {
+                    depth += 1;
+                    if depth > MAX_FLOW_NESTING {
+                        return Err(format!(
+                            "line {line}: flow collections nested more than {MAX_FLOW_NESTING} deep; skipped"
+                        ));
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                b'\'' => state = In::Single,
+                b'"' => state = In::Double,
+                b'#' if previous.is_ascii_whitespace() => state = In::Comment,
+                _ => {}
+            },
+            // `''` inside a single-quoted string is a quote: leaving and entering again
+            // comes to the same.
+            In::Single if b == b'\'' => state = In::Plain,
+            In::Double => match (b, b == b'\\' && bytes.next() == Some(b'\n')) {
+                // An escape: the next byte is taken with it.
+                (_, true) => line += 1,
+                (b'"', _) => state = In::Plain,
+                _ => {}
+            },
+            In::Comment if b == b'\n' => state = In::Plain,
+            _ => {}
+        }
+        previous = b;
+    }
+    Ok(())
 }
 
 /// A value still to be looked at: a document or a list item.
@@ -387,5 +449,53 @@ fn json_type(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn deep_flow_nesting_is_refused_before_parsing_whatever_the_size() {
+        for open in ["[", "{a: ", "[{b: "] {
+            let text = format!(
+                "apiVersion: v1\nkind: Service\nspec: {}",
+                open.repeat(4 << 20)
+            );
+            let start = Instant::now();
+            let err = parse(&text, Format::Yaml, "deep.yaml").unwrap_err();
+            assert!(
+                start.elapsed() < Duration::from_millis(500),
+                "{open}: {:?}",
+                start.elapsed()
+            );
+            assert!(
+                err.contains("line 3: flow collections nested more than 256"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn brackets_in_strings_and_comments_are_not_nesting() {
+        let deep = "[".repeat(MAX_FLOW_NESTING + 10);
+        let text = format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: web # {deep}\n  \
+             annotations: {{a: '{deep}', b: \"\\\"{deep}\", c: 'it''s {deep}'}}\n"
+        );
+        assert_eq!(check_flow_nesting(&text), Ok(()));
+        let m = parse(&text, Format::Yaml, "ok.yaml").unwrap();
+        assert_eq!(m.objects.len(), 1, "{:?}", m.errors);
+        // Balanced nesting up to the limit passes the scan (the parser has its own).
+        let ok = format!(
+            "{}{}",
+            "[".repeat(MAX_FLOW_NESTING),
+            "]".repeat(MAX_FLOW_NESTING)
+        );
+        assert_eq!(check_flow_nesting(&ok), Ok(()));
+        let wide = "[[]]".repeat(100_000);
+        assert_eq!(check_flow_nesting(&wide), Ok(()));
     }
 }
