@@ -32,6 +32,7 @@ use svcproxy_e2e::{echo_bin, Attempt, Host, NsProcess, ProbeResult, Proto, NODE_
 per_mode!(
     after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one,
     after_a_restart_the_first_sync_clears_a_flow_stuck_on_a_removed_endpoint,
+    a_restart_keeps_an_established_tcp_connection_and_a_udp_flow,
 );
 
 const A: Host = Host::Pod(1, 0);
@@ -318,4 +319,166 @@ fn after_a_restart_the_first_sync_clears_a_flow_stuck_on_a_removed_endpoint(mode
         summary(&attempts(&client))
     );
     ck.finish(&env);
+}
+
+/// A line-echo TCP server on `LINE_PORT`: every line sent on a connection comes back on
+/// it (the echo backends answer once and close, so they cannot show a connection
+/// living through a restart).
+const LINE_SERVER: &str = r#"
+import socket, sys, threading
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(16)
+print("listening", flush=True)
+def serve(c):
+    f = c.makefile("rwb", buffering=0)
+    for line in f:
+        f.write(line)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// The client: one TCP connection and one UDP socket (fixed source port) to the
+/// service, a round trip on each every 100 ms for `argv[4]` seconds, one line per round:
+/// `tcp ok|err … udp <backend>|timeout`. A TCP failure ends it.
+const FLOW_CLIENT: &str = r#"
+import json, socket, sys, time
+vip, tcp_port, udp_port, seconds, src = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+t = socket.create_connection((vip, tcp_port), timeout=2)
+f = t.makefile("rwb", buffering=0)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind(("0.0.0.0", src))
+u.settimeout(0.3)
+end = time.time() + seconds
+i = 0
+while time.time() < end:
+    i += 1
+    try:
+        f.write(b"ping %d\n" % i)
+        ok = f.readline() == b"ping %d\n" % i
+        tcp = "ok" if ok else "err mismatch"
+    except Exception as e:
+        tcp = "err " + type(e).__name__
+    try:
+        u.sendto(b"x", (vip, udp_port))
+        udp = json.loads(u.recv(4096))["backend"]
+    except Exception:
+        udp = "timeout"
+    print("%.3f tcp %s udp %s" % (time.time(), tcp, udp), flush=True)
+    if tcp != "ok":
+        sys.exit(1)
+    time.sleep(0.1)
+"#;
+
+const LINE_PORT: u16 = 9100;
+
+/// Issue 15's restart fault: an established TCP connection and a UDP flow through a
+/// cluster IP, both NATed in node-a, go on through a restart of node-a's svcproxy
+/// (SIGTERM, then a new process whose first sync recreates everything and reconciles
+/// UDP conntrack entries against its rules): same connection, same UDP backend, no
+/// round trip lost.
+fn a_restart_keeps_an_established_tcp_connection_and_a_udp_flow(mode: Mode) {
+    let svc = Svc::new("flows", &[plan::cluster_ip(54, Family::V4)])
+        .port(SvcPort::new("chat", Proto::Tcp, 80, LINE_PORT))
+        .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT));
+    let file = svc_file(&svc, &[Slice::of(&svc, Family::V4, &[A])]);
+    let Some(mut env) = Env::start(mode, EnvSpec::default(), &[("svc-flows.yaml", file)]) else {
+        return;
+    };
+    let mut ck = Checks::new("flows through a restart");
+    let port = LINE_PORT.to_string();
+    let server = env
+        .c
+        .spawn(A, "line-server", &["python3", "-c", LINE_SERVER, &port])
+        .expect("start the line server");
+    server
+        .wait_for_stdout("listening", Duration::from_secs(10))
+        .expect("line server up");
+    let vip = plan::cluster_ip(54, Family::V4).to_string();
+    let src = CLIENT_PORT.to_string();
+    let client = env
+        .c
+        .spawn(
+            CLIENT,
+            "flow-client",
+            &["python3", "-c", FLOW_CLIENT, &vip, "80", "53", "14", &src],
+        )
+        .expect("start the client");
+    let rounds = |c: &NsProcess| -> Vec<(f64, String)> {
+        c.stdout()
+            .lines()
+            .filter_map(|l| {
+                let (t, rest) = l.split_once(' ')?;
+                Some((t.parse().ok()?, rest.to_string()))
+            })
+            .collect()
+    };
+    let wait_rounds = |n: usize, bound: Duration| {
+        let start = Instant::now();
+        while rounds(&client).len() < n && start.elapsed() < bound && client.is_running() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_rounds(10, Duration::from_secs(10));
+
+    // The restart: SIGTERM leaves the rules; the successor recreates them.
+    let bin = svcproxy_e2e::svcproxy_bin();
+    let stopped_at = now();
+    let old = env.proxies.remove(NODE_A);
+    ck.check(old.terminate(Duration::from_secs(10)).is_some(), || {
+        "svcproxy did not stop on SIGTERM".into()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let new = env.spawn_svcproxy(&bin, NODE_A, &[]);
+    env.proxies.insert(NODE_A, new);
+    env.wait_synced(NODE_A);
+    let synced_at = now();
+    let n = rounds(&client).len();
+    wait_rounds(n + 15, Duration::from_secs(10));
+    let _ = client.wait(Duration::from_secs(20));
+
+    let all = rounds(&client);
+    let after: Vec<_> = all.iter().filter(|(t, _)| *t > synced_at).collect();
+    let during: Vec<_> = all
+        .iter()
+        .filter(|(t, _)| *t >= stopped_at && *t <= synced_at)
+        .collect();
+    ck.check(after.len() >= 10, || {
+        format!(
+            "the client must go on after the restart; its rounds: {all:?}\nstderr: {}",
+            client.stderr()
+        )
+    });
+    ck.check(!during.is_empty(), || {
+        "no round while svcproxy restarted".into()
+    });
+    for (t, line) in &all {
+        ck.check(line == "tcp ok udp pod-b0", || {
+            format!("round at {t} (restart {stopped_at}..{synced_at}): {line}")
+        });
+    }
+    ck.check(client.exit_status().is_some_and(|s| s.success()), || {
+        format!(
+            "the client failed: {:?} {}",
+            client.exit_status(),
+            client.stderr()
+        )
+    });
+    eprintln!(
+        "[conntrack] restart with flows: {} rounds, {} during the restart, {} after",
+        all.len(),
+        during.len(),
+        after.len()
+    );
+    ck.finish(&env);
+}
+
+/// Wall-clock seconds, as the client prints them.
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
