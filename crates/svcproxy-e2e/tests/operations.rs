@@ -26,6 +26,7 @@ per_mode!(
     nodeport_addresses_follow_the_hosts_addresses,
     a_service_cidr_holding_the_nodes_addresses_does_not_cut_them_off,
     rules_taken_away_by_hand_are_put_back_and_healthz_says_so_meanwhile,
+    runs_with_only_the_daemonsets_privileges,
     healthz_livez_metrics_address_in_use_and_sigterm,
 );
 
@@ -451,6 +452,112 @@ fn rules_taken_away_by_hand_are_put_back_and_healthz_says_so_meanwhile(mode: Mod
         let logs = env.proxies[NODE_A].logs();
         ck.check(logs.contains(said), || {
             format!("{how}: the log does not say {said:?}")
+        });
+    }
+    ck.finish(&env);
+}
+
+/// How the DaemonSet's container runs, emulated around one process (the argv that
+/// follows): a private mount namespace whose root filesystem is read-only (and so
+/// `/run` and `/tmp`, which are part of it in a container) and whose `/proc/sys` is
+/// read-only (as a runtime mounts it for an unprivileged container), with
+/// `/run/xtables.lock` bind-mounted writable (the hostPath deploy/README.md asks for
+/// in iptables mode); then uid 0 with every capability dropped but `NET_ADMIN` and
+/// `NET_RAW` (bounding, inheritable and ambient sets), and no_new_privs
+/// (`allowPrivilegeEscalation: false`). The OOM score adjustment is -997, as the
+/// kubelet sets it for a `system-node-critical` pod, where the machine lets the test
+/// lower it (it needs CAP_SYS_RESOURCE), and `--oom-score-adj` is the value the
+/// process has, as deploy/configmap.yaml's -997 is in a real pod. A write to the root
+/// filesystem is checked to fail first. Not emulated: seccomp's RuntimeDefault profile (svcproxy makes no
+/// syscall outside it: no namespace, mount, module or BPF calls).
+const CONTAINER: &str = r#"set -e
+echo -997 > /proc/self/oom_score_adj 2>/dev/null || true
+touch /run/xtables.lock
+mount --bind /run/xtables.lock /run/xtables.lock
+mount -o remount,bind,ro /
+for m in /run /tmp; do
+  if mountpoint -q "$m"; then mount -o remount,bind,ro "$m"; fi
+done
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
+if touch /.svcproxy-rw-probe 2>/dev/null; then echo "root filesystem" "still writable" >&2; exit 97; fi
+exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all,+net_admin,+net_raw --no-new-privs "$@" --oom-score-adj="$(cat /proc/self/oom_score_adj)"
+"#;
+
+/// Issue 15's least-privilege proof: svcproxy as deploy/daemonset.yaml runs it (read-only
+/// root filesystem, read-only /proc/sys, only NET_ADMIN and NET_RAW, no privilege
+/// escalation, the ConfigMap's conntrack settings that leave the node's alone) programs
+/// the node, serves real connections and /healthz, and its drift checks work. NET_RAW is
+/// what the legacy iptables tools need (their raw socket to x_tables); nftables and
+/// `iptables-nft` use netlink alone.
+fn runs_with_only_the_daemonsets_privileges(mode: Mode) {
+    let web = Svc::dual("web", 140).port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT));
+    let Some(mut env) = Env::start(
+        mode,
+        EnvSpec {
+            start_proxies: false,
+            ..EnvSpec::default()
+        },
+        &[("svc-web.yaml", lb_file(&web, &[A0]))],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("least-privilege");
+    let bin = svcproxy_e2e::svcproxy_bin();
+    let mut argv: Vec<String> = ["unshare", "--mount", "sh", "-c", CONTAINER, "container"]
+        .map(String::from)
+        .to_vec();
+    argv.extend(mode.launch(&bin));
+    argv.extend(env.proxy_args(NODE_A));
+    // deploy/configmap.yaml's settings that keep svcproxy off /proc/sys and its OOM
+    // score, and what deploy/README.md says a mode needs in such a container.
+    for flag in [
+        "--conntrack-max-per-core=0",
+        "--conntrack-min=0",
+        "--conntrack-tcp-timeout-established=0s",
+        "--conntrack-tcp-timeout-close-wait=0s",
+    ]
+    .into_iter()
+    .chain(mode.unprivileged_flags().iter().copied())
+    {
+        argv.push(flag.into());
+    }
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let proxy = env
+        .c
+        .spawn(
+            Host::Node(NODE_A),
+            &format!("svcproxy-{}", plan::node_name(NODE_A)),
+            &argv,
+        )
+        .expect("spawn svcproxy");
+    env.proxies.push(proxy);
+    env.wait_synced(NODE_A);
+    for f in Family::BOTH {
+        let vip = sa(web.cluster_ip(f), 80);
+        let got = env.probe(Host::Pod(NODE_A, 1), Proto::Tcp, vip, 1, ANSWER);
+        ck.answered_by(&format!("{f:?} pod-a1 -> cluster IP"), &got, &["pod-a0"]);
+    }
+    // Past the first drift checks (every 5 s).
+    thread::sleep(Duration::from_secs(6));
+    let healthy = healthz_until(&env, 200, Duration::from_secs(10));
+    ck.check(healthy.is_some(), || "/healthz never said 200".into());
+    let proxy = &env.proxies[0];
+    ck.check(proxy.is_running(), || {
+        format!("svcproxy exited: {}", proxy.logs())
+    });
+    let logs = proxy.logs();
+    for bad in [
+        "root filesystem still writable",
+        "sync failed",
+        "cannot check that the kernel",
+        "kernel lost svcproxy's rules",
+        "Permission denied",
+        "Operation not permitted",
+        "Read-only file system",
+    ] {
+        ck.check(!logs.contains(bad), || {
+            format!("the log says {bad:?}:\n{logs}")
         });
     }
     ck.finish(&env);

@@ -611,7 +611,9 @@ fn set_oom_score_adj(value: i32) {
         Ok(current) if current.trim() == value.to_string() => {}
         _ => match std::fs::write(path, value.to_string()) {
             Ok(()) => tracing::debug!(value, "OOM score adjustment set"),
-            Err(e) => tracing::warn!(value, error = %e, "cannot set the OOM score adjustment"),
+            // As upstream (at its verbosity 2): lowering it needs CAP_SYS_RESOURCE,
+            // which a container without privileges lacks.
+            Err(e) => tracing::info!(value, error = %e, "cannot set the OOM score adjustment"),
         },
     }
 }

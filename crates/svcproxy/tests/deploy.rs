@@ -323,6 +323,9 @@ fn daemonset_runs_as_its_service_account_with_only_network_privileges() {
         ["ALL"]
     );
     assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    // What operations.rs's runs_with_only_the_daemonsets_privileges emulates.
     for v in seq(&pod["volumes"], "volumes") {
         assert!(v["hostPath"].is_null(), "no host paths are needed: {v:?}");
     }

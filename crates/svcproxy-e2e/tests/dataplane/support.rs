@@ -381,6 +381,17 @@ impl Mode {
         }
     }
 
+    /// The flags this mode needs in a container without privileges (read-only
+    /// `/proc/sys`), as deploy/README.md says: iptables mode's localhost NodePorts
+    /// need `route_localnet`, which such a container cannot set.
+    #[allow(dead_code)] // operations.rs's least-privilege test only
+    pub fn unprivileged_flags(self) -> &'static [&'static str] {
+        match self {
+            Mode::Nftables => &[],
+            Mode::Iptables | Mode::IptablesLegacy => &["--iptables-localhost-nodeports=false"],
+        }
+    }
+
     /// The ways of taking svcproxy's rules away behind its back that this mode's drift
     /// check must notice, by name, for [`Mode::break_rules`].
     #[allow(dead_code)] // operations.rs's drift test only
