@@ -518,3 +518,76 @@ async fn a_server_down_at_start_up_is_retried_and_healthz_turns_ready_when_it_re
         "{text}"
     );
 }
+
+/// Issue 15's fault: the API server gone for a while (20 s here; set
+/// `SVCPROXY_API_OUTAGE_SECS` for minutes) changes nothing the proxy programs, and
+/// `/healthz` stays 200 throughout (no update is waiting: the last known state is
+/// the best one); when the server answers again (restarted, its store kept as etcd
+/// keeps it: resource versions go on from where they were), with changes made
+/// meanwhile, the proxy converges to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_gone_for_a_while_changes_nothing_and_its_return_is_followed() {
+    let outage = Duration::from_secs(
+        std::env::var("SVCPROXY_API_OUTAGE_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20),
+    );
+    let api = free_port();
+    let health = free_port();
+    let health_arg = health.to_string();
+    let server = FakeApiServer::start_on(api).await.unwrap();
+    seed(&server);
+    let mut proxy = Proxy::start(
+        &format!("http://{api}"),
+        &["--healthz-bind-address", &health_arg, "--sync-period", "2s"],
+    );
+    proxy.wait_for(Duration::from_secs(60), "the seed", |s| {
+        has(s, "web", &["10.244.2.5:8080", "10.244.2.6:8080"])
+    });
+    assert_eq!(healthz(health).await, Some(200));
+
+    let last_version = server.resource_version();
+    server.shutdown().await;
+    let gone = Instant::now();
+    while gone.elapsed() < outage {
+        assert_eq!(
+            healthz(health).await,
+            Some(200),
+            "/healthz after {:?} without an API server",
+            gone.elapsed()
+        );
+        if let Some(changed) = proxy.next(Duration::from_millis(500)) {
+            panic!(
+                "the snapshot changed {:?} into the outage: {changed}",
+                gone.elapsed()
+            );
+        }
+    }
+
+    // Back (the fake's new store first catches up with the old one: the same objects,
+    // and resource versions past the old ones), then what changed meanwhile arrives:
+    // web moved, api deleted.
+    let server = FakeApiServer::start_on(api).await.unwrap();
+    while server.resource_version() <= last_version {
+        server.apply(node("node-x", "192.168.0.99"));
+        server.delete("Node", None, "node-x");
+    }
+    seed(&server);
+    server.apply(slice("web-1", "web", &["10.244.2.9"], json!({})));
+    server.delete("Service", Some("default"), "api");
+    server.delete("EndpointSlice", Some("default"), "api-1");
+    let back = Instant::now();
+    let snap = proxy.wait_for(Duration::from_secs(60), "the state after the outage", |s| {
+        has(s, "web", &["10.244.2.9:8080"])
+            && !services(s)
+                .iter()
+                .any(|(n, _)| n.starts_with("default/api"))
+    });
+    eprintln!(
+        "[api] {outage:?} outage: followed the returned server in {:?}: {snap}",
+        back.elapsed()
+    );
+    assert_eq!(healthz(health).await, Some(200));
+    drop(server);
+}
