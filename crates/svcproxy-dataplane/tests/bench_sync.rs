@@ -170,11 +170,14 @@ fn run(n: usize, m: usize) {
     let nft_ns = Netns::create("bench_sync", "bench-nft", &tools).expect("netns");
     let mut nft = Proxier::without_conntrack(
         plan_config(),
-        NftDataPlane::with_sink(NftCommand::from_argv({
-            let mut argv = netns_exec(&nft_ns.name);
-            argv.push("nft".into());
-            argv
-        })),
+        NftDataPlane::with_sink(
+            NftCommand::from_argv({
+                let mut argv = netns_exec(&nft_ns.name);
+                argv.push("nft".into());
+                argv
+            })
+            .in_netns(format!("/run/netns/{}", nft_ns.name)),
+        ),
     );
     let _ = take_peak_rss(&rss_log);
     let t = Instant::now();

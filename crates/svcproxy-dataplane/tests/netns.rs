@@ -18,9 +18,11 @@ use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, Proxier, Sync
 
 /// What these tests do inside their namespace.
 impl Netns {
-    /// `nft` inside the namespace, for the data plane.
+    /// `nft` inside the namespace, for the data plane (whose drift check reads the
+    /// namespace's tables over netlink).
     fn nft_command(&self) -> NftCommand {
         NftCommand::from_argv(["ip", "netns", "exec", &self.name, "nft"])
+            .in_netns(format!("/run/netns/{}", self.name))
     }
 
     /// Runs `nft ARGS` inside the namespace; stdout.
@@ -45,6 +47,43 @@ impl Netns {
 
 fn create(test: &str, tag: &str) -> Option<Netns> {
     Netns::create(test, tag, &["nft"])
+}
+
+#[test]
+fn the_drift_check_reads_the_namespaces_tables_over_netlink() {
+    let Some(ns) = create(
+        "the_drift_check_reads_the_namespaces_tables_over_netlink",
+        "drift",
+    ) else {
+        return;
+    };
+    let mut state = cluster(&[WEB, DB]);
+    let mut dp =
+        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
+    dp.sync(&snapshot(&mut state), true).expect("full sync");
+    assert_eq!(dp.drift().unwrap(), None);
+    for (by_hand, said) in [
+        (
+            "add table ip svcproxy { flags dormant; }",
+            "table ip svcproxy was made dormant",
+        ),
+        (
+            "delete table ip6 svcproxy",
+            "table ip6 svcproxy was deleted",
+        ),
+        (
+            "delete table ip svcproxy\nadd table ip svcproxy",
+            "table ip svcproxy was deleted and created again by someone else",
+        ),
+    ] {
+        ns.nft(&[by_hand]);
+        let drift = dp.drift().unwrap().expect("a drift");
+        assert!(drift.contains(said), "{by_hand}: {drift}");
+        let report = dp.sync(&snapshot(&mut state), false).expect("repair");
+        assert_eq!(report.kind, SyncKind::Recreate);
+        assert_eq!(dp.drift().unwrap(), None, "{by_hand}: repaired");
+        has(&ns.table(), "dnat to 198.18.1.10:8080", "repaired");
+    }
 }
 
 #[test]
@@ -135,7 +174,8 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
         "exec",
         &ns.name,
         "/nonexistent/svcproxy-test/nft",
-    ]);
+    ])
+    .in_netns(format!("/run/netns/{}", ns.name));
     let err = dp.sync(&snapshot(&mut state), false).unwrap_err();
     assert!(
         err.to_string().contains("/nonexistent/svcproxy-test/nft"),
