@@ -257,8 +257,14 @@ fn next_seq(seq: &mut u32) -> u32 {
     *seq
 }
 
-/// One netlink request: header flags, sequence number, ctnetlink payload.
-fn encode(flags: u16, seq: u32, family: IpFamily, msg: ConntrackMessage) -> Vec<u8> {
+/// One `NETLINK_NETFILTER` request: header flags, sequence number, and a payload of
+/// any netfilter subsystem (ctnetlink's, nftables').
+pub(crate) fn encode(
+    flags: u16,
+    seq: u32,
+    family: IpFamily,
+    msg: impl Into<NetfilterMessageInner>,
+) -> Vec<u8> {
     let mut header = NetlinkHeader::default();
     header.flags = flags;
     header.sequence_number = seq;

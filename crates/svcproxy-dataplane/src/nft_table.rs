@@ -9,19 +9,17 @@
 use std::io;
 use std::path::Path;
 
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST,
-};
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
 use netlink_packet_netfilter::nftables::{
     NfTablesMessage, TableAttribute, TableFlags, TableMessage,
 };
-use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
-};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 use svcproxy_core::model::IpFamily;
 
 use crate::conntrack::ConntrackError;
-use crate::ctnetlink::{open_socket, recv_datagram, send_request, DEFAULT_CONNTRACK_TIMEOUT};
+use crate::ctnetlink::{
+    encode, open_socket, recv_datagram, send_request, DEFAULT_CONNTRACK_TIMEOUT,
+};
 
 const ENOENT: i32 = 2;
 
@@ -37,31 +35,16 @@ pub enum TableState {
     },
 }
 
-fn nf_family(family: IpFamily) -> NetfilterProtoFamily {
-    match family {
-        IpFamily::V4 => NetfilterProtoFamily::IPv4,
-        IpFamily::V6 => NetfilterProtoFamily::IPv6,
-    }
-}
-
 /// The `GETTABLE` request for table `name` of `family`.
 fn request(seq: u32, family: IpFamily, name: &str) -> Vec<u8> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(nf_family(family), 0, 0),
-            NfTablesMessage::GetTable(TableMessage {
-                attributes: vec![TableAttribute::Name(name.to_string())],
-            }),
-        )),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    buf
+    encode(
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        family,
+        NfTablesMessage::GetTable(TableMessage {
+            attributes: vec![TableAttribute::Name(name.to_string())],
+        }),
+    )
 }
 
 /// What one message of the reply said.
