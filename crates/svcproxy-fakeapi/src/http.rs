@@ -160,10 +160,24 @@ fn status_response(
     message: &str,
     details: Option<Value>,
 ) -> Response {
-    json_response(
+    // As the API server's responsewriters: a Status asking to be retried after some
+    // seconds says so in a Retry-After header too, which clients act on.
+    let retry_after = details
+        .as_ref()
+        .and_then(|d| d.get("retryAfterSeconds"))
+        .and_then(Value::as_u64)
+        .filter(|s| *s > 0);
+    let mut resp = json_response(
         code,
         &status_object(code.as_u16(), reason, message, details),
-    )
+    );
+    if let Some(secs) = retry_after {
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(secs),
+        );
+    }
+    resp
 }
 
 fn not_found_path() -> Response {

@@ -591,3 +591,56 @@ async fn an_api_server_gone_for_a_while_changes_nothing_and_its_return_is_follow
     assert_eq!(healthz(health).await, Some(200));
     drop(server);
 }
+
+/// An API server whose etcd was restored from an older backup answers with resource
+/// versions below those the watches resume from ("Too large resource version"):
+/// kube-rs' watcher would ask again from the same version forever, a silent stall
+/// with `/healthz` at 200. The watches start over from a fresh list instead (as
+/// client-go's reflector does), and the restored state, older objects back and newer
+/// ones gone, is followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_restored_from_an_older_backup_is_listed_afresh() {
+    let api = free_port();
+    let server = FakeApiServer::start_on(api).await.unwrap();
+    seed(&server);
+    // Changes the backup will not have.
+    server.apply(service("new", "10.96.0.12", json!({})));
+    server.apply(slice("new-1", "new", &["10.244.2.8"], json!({})));
+    for _ in 0..20 {
+        server.apply(node("node-x", "192.168.0.99"));
+        server.delete("Node", None, "node-x");
+    }
+    let mut proxy = Proxy::start(&format!("http://{api}"), &[]);
+    proxy.wait_for(
+        Duration::from_secs(60),
+        "the seed and the new service",
+        |s| {
+            has(s, "web", &["10.244.2.5:8080", "10.244.2.6:8080"])
+                && has(s, "new", &["10.244.2.8:8080"])
+        },
+    );
+    let last_version = server.resource_version();
+    server.shutdown().await;
+
+    // The restored server: the seed only, with web's endpoints as they were then
+    // changed once, at resource versions well below what the watches hold.
+    let restored = FakeApiServer::start_on(api).await.unwrap();
+    seed(&restored);
+    restored.apply(slice("web-1", "web", &["10.244.2.9"], json!({})));
+    assert!(restored.resource_version() < last_version);
+    let back = Instant::now();
+    let snap = proxy.wait_for(Duration::from_secs(60), "the restored state", |s| {
+        has(s, "web", &["10.244.2.9:8080"])
+            && !names(s).iter().any(|n| n.starts_with("default/new"))
+    });
+    eprintln!(
+        "[api] restored from a backup: followed in {:?}: {snap}",
+        back.elapsed()
+    );
+    // Later changes are watched again.
+    restored.apply(slice("api-1", "api", &["10.244.2.10"], json!({})));
+    proxy.wait_for(Duration::from_secs(30), "a change after the re-list", |s| {
+        has(s, "api", &["10.244.2.10:8080"])
+    });
+    drop(restored);
+}

@@ -173,6 +173,9 @@ pub async fn client_with_metrics(
     }
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = None;
+    // client-go's retries instead (server_retry.rs): kube-rs' would hide a watch's
+    // "Too large resource version" for minutes.
+    config.default_retry = false;
     let cc = &cfg.client_connection;
     warn_content_type(cc);
     let host = config
@@ -187,6 +190,11 @@ pub async fn client_with_metrics(
         // dropped before this layer records it.)
         .with_layer(&client_metrics::ClientMetricsLayer::new(metrics, host))
         .with_layer(&rate_limit::RateLimitLayer::new(cc.qps, cc.burst))
+        // One task polls the limiter (a retry resends through the queue).
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
+        .with_layer(&server_retry::ServerRetryLayer::new(
+            server_retry::MAX_RETRIES,
+        ))
         .with_layer(&request_timeout::RequestTimeoutLayer::new(REQUEST_TIMEOUT))
         .build();
     tracing::debug!(qps = cc.qps, burst = cc.burst, "API client rate limit");
@@ -223,24 +231,31 @@ pub async fn run(client: Client, cfg: KubeSourceConfig, tx: mpsc::Sender<Event>)
     let node = cfg.node_name.as_str();
     let listed = || watcher::Config::default().page_size(PAGE_SIZE);
 
-    let services = watcher::watcher(
-        Api::<Service>::all(client.clone()),
-        listed().labels(&selector),
-    );
-    let slices = watcher::watcher(
-        Api::<EndpointSlice>::all(client.clone()),
-        listed().labels(&selector),
-    );
+    // Factories, not streams: a watch whose resourceVersion the server no longer
+    // knows of (ahead of it, after a restore) starts again from a fresh list.
+    let services = || {
+        watcher::watcher(
+            Api::<Service>::all(client.clone()),
+            listed().labels(&selector),
+        )
+    };
+    let slices = || {
+        watcher::watcher(
+            Api::<EndpointSlice>::all(client.clone()),
+            listed().labels(&selector),
+        )
+    };
     // Thousands of Nodes: metadata only (labels are all the state reads of them).
-    let nodes = watcher::watcher(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        listed().fields(&format!("metadata.name!={node}")),
-    );
-    let own_node = watcher::watcher(
-        Api::<Node>::all(client.clone()),
-        listed().fields(&format!("metadata.name={node}")),
-    );
-    let cidrs = watcher::watcher(Api::<ServiceCIDR>::all(client), listed());
+    let others = format!("metadata.name!={node}");
+    let nodes = || {
+        watcher::watcher(
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            listed().fields(&others),
+        )
+    };
+    let own = format!("metadata.name={node}");
+    let own_node = || watcher::watcher(Api::<Node>::all(client.clone()), listed().fields(&own));
+    let cidrs = || watcher::watcher(Api::<ServiceCIDR>::all(client.clone()), listed());
 
     tokio::join!(
         drive(
@@ -350,17 +365,18 @@ async fn try_startup_event(client: Client, node_name: &str) -> Result<(), kube::
 // ---------------------------------------------------------------------------
 // Driving one watch
 
-/// Runs one watcher stream until `tx` closes: converts its events with `to_object`,
-/// forwards them, and applies backoff and logging on errors.
+/// Runs one watch until `tx` closes: converts its events with `to_object`, forwards
+/// them, and applies backoff and logging on errors. `watch` makes the watcher stream,
+/// again when the watch must start over from a fresh list.
 async fn drive<K, S>(
     name: &'static str,
-    stream: S,
+    watch_stream: impl Fn() -> S,
     to_object: impl Fn(K) -> KubeObject,
     tx: &mpsc::Sender<Event>,
 ) where
     S: Stream<Item = watcher::Result<watcher::Event<K>>>,
 {
-    let mut stream = pin!(stream);
+    let mut stream = pin!(watch_stream());
     let mut watch = WatchState::new(name);
     let mut health = Health::new(name);
     loop {
@@ -415,6 +431,16 @@ async fn drive<K, S>(
             let delay = match health.error(&err) {
                 Retry::Backoff => health.backoff(),
                 Retry::Now => Duration::ZERO,
+                Retry::Relist { backoff } => {
+                    // kube-rs' watcher would resume from the same resourceVersion
+                    // forever: a new one lists afresh.
+                    stream.set(watch_stream());
+                    if backoff {
+                        health.backoff()
+                    } else {
+                        Duration::ZERO
+                    }
+                }
                 Retry::Unserved => {
                     // Count it as listed (with nothing) so the first sync goes ahead.
                     if !watch.ready_sent() {
@@ -634,6 +660,12 @@ enum Retry {
     Now,
     /// The API server does not serve (or lets us see) this resource.
     Unserved,
+    /// The watch's resourceVersion is ahead of the server's (an etcd restored from a
+    /// backup): start again from a fresh list, as client-go's reflector does, after a
+    /// backoff if the last error was this too.
+    Relist {
+        backoff: bool,
+    },
 }
 
 /// Connection health of one watch: logs loss and recovery once each.
@@ -645,6 +677,8 @@ struct Health {
     unserved_logged: bool,
     /// The last error was a 410 Gone (a second one in a row backs off).
     gone: bool,
+    /// The last error was a resourceVersion ahead of the server's (likewise).
+    ahead: bool,
     backoff: DefaultBackoff,
 }
 
@@ -656,6 +690,7 @@ impl Health {
             retry_at: None,
             unserved_logged: false,
             gone: false,
+            ahead: false,
             backoff: DefaultBackoff::default(),
         }
     }
@@ -674,6 +709,22 @@ impl Health {
                 Retry::Backoff
             } else {
                 Retry::Now
+            };
+        }
+        let ahead_again = std::mem::replace(&mut self.ahead, resource_version_too_large(err));
+        if self.ahead {
+            self.recovered("the server answered that the resourceVersion is too large");
+            if !ahead_again {
+                tracing::warn!(
+                    watch = self.name,
+                    error = %chain(err),
+                    "the API server is behind this watch's resourceVersion (was its etcd \
+                     restored from a backup?); re-listing from scratch: objects that no longer \
+                     exist are removed when the list completes"
+                );
+            }
+            return Retry::Relist {
+                backoff: ahead_again,
             };
         }
         let list_failed = matches!(
@@ -728,6 +779,7 @@ impl Health {
     /// A successful event: the connection is back if it was down.
     fn event(&mut self) {
         self.gone = false;
+        self.ahead = false;
         self.recovered("events flow again");
         if self.unserved_logged {
             self.unserved_logged = false;
@@ -786,18 +838,42 @@ fn chain(err: &dyn std::error::Error) -> String {
     out
 }
 
-/// The HTTP status of an API error, if the error is one.
-fn api_status(err: &watcher::Error) -> Option<u16> {
+/// The API status of an error, if the error is one.
+fn status_of(err: &watcher::Error) -> Option<&kube::core::Status> {
     match err {
-        watcher::Error::WatchError(status) => Some(status.code),
+        watcher::Error::WatchError(status) => Some(status),
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)
         | watcher::Error::WatchFailed(e) => match e {
-            kube::Error::Api(status) => Some(status.code),
+            kube::Error::Api(status) => Some(status),
             _ => None,
         },
         watcher::Error::NoResourceVersion => None,
     }
+}
+
+/// The HTTP status of an API error, if the error is one.
+fn api_status(err: &watcher::Error) -> Option<u16> {
+    status_of(err).map(|s| s.code)
+}
+
+/// The API server's "Too large resource version" (a 504 Timeout whose cause is
+/// `ResourceVersionTooLarge`, or an older server's message saying so): what it answers
+/// a watch from a resourceVersion it has not reached, as after an etcd restore.
+/// client-go's `isTooLargeResourceVersionError` reads it the same way.
+fn resource_version_too_large(err: &watcher::Error) -> bool {
+    let Some(status) = status_of(err) else {
+        return false;
+    };
+    if status.code != 504 && status.reason != "Timeout" {
+        return false;
+    }
+    let cause = status.details.as_ref().is_some_and(|d| {
+        d.causes
+            .iter()
+            .any(|c| c.reason == "ResourceVersionTooLarge")
+    });
+    cause || status.message.contains("Too large resource version")
 }
 
 // ---------------------------------------------------------------------------
@@ -918,6 +994,7 @@ fn strip_cidr(mut cidr: ServiceCIDR) -> ServiceCIDR {
 pub mod client_metrics;
 mod rate_limit;
 mod request_timeout;
+mod server_retry;
 
 #[cfg(test)]
 mod tests;

@@ -360,6 +360,62 @@ fn errors_are_classified() {
 }
 
 #[test]
+fn a_resource_version_ahead_of_the_server_relists() {
+    // As the API server (and the fake) answer a watch from a resourceVersion it has
+    // not reached.
+    let too_large = |with_cause: bool| {
+        let status = kube::core::Status {
+            code: 504,
+            reason: "Timeout".into(),
+            message: if with_cause {
+                "Timeout: too large resource version".into()
+            } else {
+                "Too large resource version: 99, current: 7".into()
+            },
+            details: with_cause.then(|| kube::core::response::StatusDetails {
+                causes: vec![kube::core::response::StatusCause {
+                    reason: "ResourceVersionTooLarge".into(),
+                    message: "Too large resource version".into(),
+                    field: String::new(),
+                }],
+                name: String::new(),
+                group: String::new(),
+                kind: String::new(),
+                uid: String::new(),
+                retry_after_seconds: 1,
+            }),
+            ..kube::core::Status::default()
+        };
+        watcher::Error::WatchStartFailed(kube::Error::Api(status.boxed()))
+    };
+    for with_cause in [true, false] {
+        let err = too_large(with_cause);
+        assert!(resource_version_too_large(&err));
+        let mut h = Health::new("services");
+        assert_eq!(h.error(&err), Retry::Relist { backoff: false });
+        assert_eq!(
+            h.error(&err),
+            Retry::Relist { backoff: true },
+            "a second one in a row backs off before the list"
+        );
+        h.event();
+        assert_eq!(h.error(&err), Retry::Relist { backoff: false });
+    }
+    // Other timeouts are connection trouble: backoff, same watch.
+    let timeout = watcher::Error::WatchError(
+        kube::core::Status {
+            code: 504,
+            reason: "Timeout".into(),
+            message: "the server was unable to return a response in the time allotted".into(),
+            ..kube::core::Status::default()
+        }
+        .boxed(),
+    );
+    assert!(!resource_version_too_large(&timeout));
+    assert_eq!(Health::new("services").error(&timeout), Retry::Backoff);
+}
+
+#[test]
 fn a_refused_watch_points_at_credentials_and_rbac() {
     for code in [401, 403] {
         assert!(failure_message(Some(code)).contains("ClusterRole"));
