@@ -187,7 +187,7 @@ pub async fn client_with_metrics(
         .context("building the Kubernetes client")?
         // Innermost (each later layer wraps the ones before): a request waiting for
         // the rate limiter is not yet a request. (A request the timeout layer ends is
-        // dropped before this layer records it.)
+        // recorded as `<error>` when it is dropped.)
         .with_layer(&client_metrics::ClientMetricsLayer::new(metrics, host))
         .with_layer(&rate_limit::RateLimitLayer::new(cc.qps, cc.burst))
         // One task polls the limiter (a retry resends through the queue).

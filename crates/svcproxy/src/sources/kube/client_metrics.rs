@@ -6,7 +6,8 @@
 //! Entry point: [`ClientMetricsLayer`], layered into the client with the
 //! [`RestClientMetrics`] the metrics registry owns. As client-go, the duration is up to
 //! the response head (a watch counts as answered once the server accepted it), `code`
-//! is the HTTP status, or `<error>` when no response came, and `host` the server's
+//! is the HTTP status, or `<error>` when no response came (a request the timeout
+//! ended included), and `host` the server's
 //! `host:port`.
 
 use std::future::Future;
@@ -100,25 +101,55 @@ where
     }
 
     fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
-        let method = req.method().as_str().to_string();
-        let layer = self.layer.clone();
-        let start = Instant::now();
+        let mut pending = Pending {
+            layer: self.layer.clone(),
+            method: req.method().as_str().to_string(),
+            start: Instant::now(),
+            observed: false,
+        };
         let response = self.inner.call(req);
         Box::pin(async move {
             let result = response.await;
-            let code = match &result {
-                Ok(res) => res.status().as_u16().to_string(),
-                Err(_) => "<error>".to_string(),
-            };
-            let m = &layer.metrics;
-            m.duration
-                .with_label_values(&[layer.host.as_str(), method.as_str()])
-                .observe(start.elapsed().as_secs_f64());
-            m.requests
-                .with_label_values(&[code.as_str(), layer.host.as_str(), method.as_str()])
-                .inc();
+            match &result {
+                Ok(res) => pending.observe(&res.status().as_u16().to_string()),
+                Err(_) => pending.observe(ERROR),
+            }
             result
         })
+    }
+}
+
+/// What client-go's `code` label says of a request that got no response.
+const ERROR: &str = "<error>";
+
+/// One request in flight. Dropped before it was observed (a request timeout, or the
+/// caller giving up), it counts as a request without a response, as client-go counts
+/// a request whose context ended.
+struct Pending {
+    layer: ClientMetricsLayer,
+    method: String,
+    start: Instant,
+    observed: bool,
+}
+
+impl Pending {
+    fn observe(&mut self, code: &str) {
+        self.observed = true;
+        let (m, host) = (&self.layer.metrics, self.layer.host.as_str());
+        m.duration
+            .with_label_values(&[host, self.method.as_str()])
+            .observe(self.start.elapsed().as_secs_f64());
+        m.requests
+            .with_label_values(&[code, host, self.method.as_str()])
+            .inc();
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.observed {
+            self.observe(ERROR);
+        }
     }
 }
 
@@ -173,5 +204,48 @@ mod tests {
             .duration
             .with_label_values(&["10.0.0.1:6443", "GET"]);
         assert_eq!(h.get_sample_count(), 4);
+    }
+
+    /// Never answers.
+    #[derive(Clone)]
+    struct Silent;
+
+    impl Service<http::Request<()>> for Silent {
+        type Response = http::Response<()>;
+        type Error = &'static str;
+        type Future = std::future::Pending<Result<http::Response<()>, &'static str>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            std::future::pending()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_ended_by_the_timeout_counts_as_an_error() {
+        let metrics = RestClientMetrics::new();
+        let layer = ClientMetricsLayer::new(metrics.clone(), "10.0.0.1:6443".to_string());
+        // The timeout layer sits outside this one and drops the request's future.
+        let mut svc = super::super::request_timeout::RequestTimeoutLayer::new(
+            std::time::Duration::from_millis(50),
+        )
+        .layer(layer.layer(Silent));
+        let get = http::Request::get("/api/v1/nodes").body(()).unwrap();
+        assert!(svc.call(get).await.is_err());
+        assert_eq!(
+            metrics
+                .requests
+                .with_label_values(&["<error>", "10.0.0.1:6443", "GET"])
+                .get(),
+            1
+        );
+        let h = metrics
+            .duration
+            .with_label_values(&["10.0.0.1:6443", "GET"]);
+        assert_eq!(h.get_sample_count(), 1);
+        assert!(h.get_sample_sum() >= 0.05);
     }
 }
