@@ -42,8 +42,9 @@ pub struct SnapshotUpdate {
     /// Changed Services and EndpointSlices consumed by this snapshot.
     pub service_changes: usize,
     pub endpoint_changes: usize,
-    /// The newest `last-change-trigger-time` among consumed slice changes.
-    pub trigger_times: Vec<String>,
+    /// The `last-change-trigger-time` of each consumed slice change, with the
+    /// slice's address family.
+    pub trigger_times: Vec<(IpFamily, String)>,
 }
 
 impl SnapshotUpdate {
@@ -413,12 +414,10 @@ impl ClusterState {
             for s in c.previous.iter().chain(c.current.iter()) {
                 affected.insert(s.service.clone());
             }
-            if let Some(t) = c
-                .current
-                .as_ref()
-                .and_then(|s| s.last_change_trigger_time.clone())
-            {
-                trigger_times.push(t);
+            if let Some(slice) = &c.current {
+                if let Some(t) = &slice.last_change_trigger_time {
+                    trigger_times.push((slice.family, t.clone()));
+                }
             }
         }
         let full =

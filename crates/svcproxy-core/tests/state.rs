@@ -635,8 +635,32 @@ endpoints: [{addresses: [10.244.2.30], nodeName: node-b}]
 "#,
         ),
     );
+    upsert(
+        &mut st,
+        slice(
+            r#"
+metadata:
+  name: api-v6
+  namespace: default
+  labels: {kubernetes.io/service-name: api}
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: "2025-01-02T03:04:06Z"}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["fd00:10:244:2::30"], nodeName: node-b}]
+"#,
+        ),
+    );
     let update = st.snapshot();
-    assert_eq!(update.trigger_times, strings(&["2025-01-02T03:04:05Z"]));
+    let mut times = update.trigger_times.clone();
+    times.sort();
+    // Each under its slice's family (upstream's ip_family label).
+    assert_eq!(
+        times,
+        [
+            (IpFamily::V4, "2025-01-02T03:04:05Z".to_string()),
+            (IpFamily::V6, "2025-01-02T03:04:06Z".to_string())
+        ]
+    );
     assert!(st.snapshot().trigger_times.is_empty(), "consumed once");
 }
 

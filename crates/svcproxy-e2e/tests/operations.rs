@@ -625,15 +625,18 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
             format!("/metrics lacks {name}: {m:?}")
         });
     }
-    // node-b has no local endpoint for the eTP Local service, in both families.
+    // node-b has no local endpoint for the eTP Local service, in both families: one
+    // per family, under upstream's ip_family label.
     let mb = get(&env, Host::Node(NODE_B), loopback, 10249, "/metrics");
     let text_b = mb.map(|m| m.body).unwrap_or_default();
-    ck.check(
-        text_b
-            .lines()
-            .any(|l| l == "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2"),
-        || format!("node-b's no-local-endpoint gauge: {text_b}"),
-    );
+    for family in ["IPv4", "IPv6"] {
+        let want = format!(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{{ip_family=\"{family}\",traffic_policy=\"external\"}} 1"
+        );
+        ck.check(text_b.lines().any(|l| l == want), || {
+            format!("node-b's no-local-endpoint gauge ({want}): {text_b}")
+        });
+    }
     ck.check(
         get(&env, Host::Ext, a4, 10249, "/metrics").is_none(),
         || "/metrics answered from outside the node".to_string(),

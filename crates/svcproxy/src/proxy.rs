@@ -405,8 +405,11 @@ impl<T: Target> ProxySyncer<T> {
         self.metrics
             .observe_network_programming(&update.trigger_times, now);
         let snaps = [update.v4.as_ref(), update.v6.as_ref()];
-        let (internal, external) = no_local_endpoints(&snaps);
-        self.metrics.set_no_local_endpoints(internal, external);
+        for family in IpFamily::BOTH {
+            let (internal, external) = no_local_endpoints(&[update.family(family).as_ref()]);
+            self.metrics
+                .set_no_local_endpoints(family, internal, external);
+        }
         self.metrics
             .set_invalid_objects(self.state.invalid_counts());
         if let Some((deleted, failed)) = done.conntrack {

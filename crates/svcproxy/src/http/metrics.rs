@@ -3,6 +3,14 @@
 //! `[ALPHA] ` prefix component-base adds), plus svcproxy's own `svcproxy_*` metrics,
 //! and the `--metrics-bind-address` server.
 //!
+//! `ip_family` (`IPv4`, `IPv6`) labels the metrics upstream labels with it since its
+//! dual-stack metrics (1.33): sync durations and timestamps, sync failures,
+//! network-programming latency, Services without local endpoints. Upstream runs a
+//! proxier per family; svcproxy programs both families in one pass, so each family's
+//! series observes that pass (its duration, its success or failure), while
+//! network-programming latency and Services without local endpoints are counted per
+//! family exactly (from the EndpointSlice's and the Service port's family).
+//!
 //! Entry points: [`Metrics`] (one private registry, shared with the sync loop) and
 //! [`serve`]: `/metrics` (text format 0.0.4), `/healthz` and `/proxyMode`, as
 //! kube-proxy's metrics server.
@@ -19,9 +27,10 @@ use axum::routing::any;
 use axum::Router;
 use prometheus::core::Collector;
 use prometheus::{
-    exponential_buckets, linear_buckets, Encoder, Gauge, Histogram, HistogramOpts, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, linear_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use svcproxy_core::model::IpFamily;
 use svcproxy_core::objects::Kind;
 use svcproxy_dataplane::{Backend, FailureKind};
 use tokio::net::TcpListener;
@@ -32,12 +41,12 @@ use super::{parse_rfc3339, unix_nanos};
 /// The metrics svcproxy exports.
 pub struct Metrics {
     registry: Registry,
-    sync_duration: Histogram,
-    sync_full_duration: Histogram,
-    sync_partial_duration: Histogram,
-    network_programming_duration: Histogram,
-    last_timestamp: Gauge,
-    last_queued_timestamp: Gauge,
+    sync_duration: HistogramVec,
+    sync_full_duration: HistogramVec,
+    sync_partial_duration: HistogramVec,
+    network_programming_duration: HistogramVec,
+    last_timestamp: GaugeVec,
+    last_queued_timestamp: GaugeVec,
     endpoint_changes_pending: IntGauge,
     endpoint_changes_total: IntCounter,
     service_changes_pending: IntGauge,
@@ -46,7 +55,7 @@ pub struct Metrics {
     /// What `/proxyMode` answers: the data plane's mode.
     proxy_mode: &'static str,
     /// The mode's failure counters, with upstream's names for that mode.
-    failures: Vec<(FailureKind, IntCounter)>,
+    failures: Vec<(FailureKind, IntCounterVec)>,
     healthz_total: IntCounterVec,
     livez_total: IntCounterVec,
     invalid_objects: IntCounterVec,
@@ -69,6 +78,10 @@ pub struct Metrics {
     /// `/configz`'s body, set once the configuration is known.
     configz: std::sync::OnceLock<String>,
 }
+
+/// The families every sync programs, and upstream's `ip_family` label values.
+const FAMILIES: [IpFamily; 2] = IpFamily::BOTH;
+const IP_FAMILY: &str = "ip_family";
 
 /// kube-proxy's help texts are component-base's: prefixed with the stability level.
 fn alpha(help: &str) -> String {
@@ -127,14 +140,17 @@ impl Metrics {
         let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
             register(
                 &r,
-                Histogram::with_opts(HistogramOpts::new(name, alpha(help)).buckets(buckets))
-                    .expect("valid histogram"),
+                HistogramVec::new(
+                    HistogramOpts::new(name, alpha(help)).buckets(buckets),
+                    &[IP_FAMILY],
+                )
+                .expect("valid histogram"),
             )
         };
         let gauge = |name: &str, help: &str| {
             register(
                 &r,
-                Gauge::with_opts(Opts::new(name, alpha(help))).expect("valid gauge"),
+                GaugeVec::new(Opts::new(name, alpha(help)), &[IP_FAMILY]).expect("valid gauge"),
             )
         };
         let int_gauge = |name: &str, help: String| {
@@ -209,7 +225,7 @@ impl Metrics {
                         "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
                         alpha("Number of services with a Local traffic policy and no endpoints"),
                     ),
-                    &["traffic_policy"],
+                    &[IP_FAMILY, "traffic_policy"],
                 )
                 .expect("valid gauge"),
             ),
@@ -217,7 +233,7 @@ impl Metrics {
             failures: backend
                 .failure_counters
                 .iter()
-                .map(|c| (c.kind, counter(c.name, alpha(c.help))))
+                .map(|c| (c.kind, counter_vec(c.name, alpha(c.help), IP_FAMILY)))
                 .collect(),
             healthz_total: counter_vec(
                 "kubeproxy_proxy_healthz_total",
@@ -280,8 +296,22 @@ impl Metrics {
             ))
             .expect("process metrics register once");
         // Series that exist from the start, so dashboards see zeros rather than gaps.
-        for policy in ["internal", "external"] {
-            m.no_local_endpoints.with_label_values(&[policy]).set(0);
+        for family in FAMILIES {
+            let f = family.as_str();
+            for policy in ["internal", "external"] {
+                m.no_local_endpoints.with_label_values(&[f, policy]).set(0);
+            }
+            for (_, c) in &m.failures {
+                c.with_label_values(&[f]);
+            }
+            for h in [
+                &m.sync_duration,
+                &m.sync_full_duration,
+                &m.sync_partial_duration,
+                &m.network_programming_duration,
+            ] {
+                h.with_label_values(&[f]);
+            }
         }
         for kind in Kind::ALL {
             m.invalid_objects.with_label_values(&[kind.as_str()]);
@@ -299,16 +329,22 @@ impl Metrics {
         let _ = self.configz.set(json.to_string());
     }
 
-    /// A successful sync that took `duration`.
+    /// A successful sync (of every family, in one pass) that took `duration`.
     pub fn observe_sync(&self, full: bool, duration: Duration) {
         let secs = duration.as_secs_f64();
-        self.sync_duration.observe(secs);
-        if full {
-            self.sync_full_duration.observe(secs);
-        } else {
-            self.sync_partial_duration.observe(secs);
+        let now = unix_seconds(SystemTime::now());
+        for family in FAMILIES {
+            let f = [family.as_str()];
+            self.sync_duration.with_label_values(&f).observe(secs);
+            if full {
+                self.sync_full_duration.with_label_values(&f).observe(secs);
+            } else {
+                self.sync_partial_duration
+                    .with_label_values(&f)
+                    .observe(secs);
+            }
+            self.last_timestamp.with_label_values(&f).set(now);
         }
-        self.last_timestamp.set(unix_seconds(SystemTime::now()));
     }
 
     /// A failed attempt to apply the rules (`partial`: a partial sync's, which the
@@ -320,10 +356,14 @@ impl Metrics {
         }
     }
 
+    /// A failed pass fails every family's sync: nothing it would have written is
+    /// known to be in place.
     fn count_failure(&self, kind: FailureKind) {
         for (k, c) in &self.failures {
             if *k == kind {
-                c.inc();
+                for family in FAMILIES {
+                    c.with_label_values(&[family.as_str()]).inc();
+                }
             }
         }
     }
@@ -335,9 +375,13 @@ impl Metrics {
         self.count_failure(FailureKind::Cleanup);
     }
 
-    /// A sync was queued at `when`.
+    /// A sync (of every family) was queued at `when`.
     pub fn queued(&self, when: SystemTime) {
-        self.last_queued_timestamp.set(unix_seconds(when));
+        for family in FAMILIES {
+            self.last_queued_timestamp
+                .with_label_values(&[family.as_str()])
+                .set(unix_seconds(when));
+        }
     }
 
     /// Changes received but not yet synced.
@@ -356,13 +400,20 @@ impl Metrics {
     /// EndpointSlices a sync took in, the time from that change to `now` (negative
     /// with clock skew, observed anyway as upstream). Unparsable values, and changes
     /// from before svcproxy started, are skipped.
-    pub fn observe_network_programming(&self, trigger_times: &[String], now: SystemTime) {
-        for t in trigger_times {
+    /// Each under its slice's address family.
+    pub fn observe_network_programming(
+        &self,
+        trigger_times: &[(IpFamily, String)],
+        now: SystemTime,
+    ) {
+        for (family, t) in trigger_times {
             match parse_rfc3339(t) {
                 Some(at) if at < self.started => {}
                 Some(at) => {
                     let latency = (unix_nanos(now) - unix_nanos(at)) as f64 / 1e9;
-                    self.network_programming_duration.observe(latency);
+                    self.network_programming_duration
+                        .with_label_values(&[family.as_str()])
+                        .observe(latency);
                 }
                 None => tracing::debug!(
                     value = %t.escape_debug(),
@@ -372,13 +423,15 @@ impl Metrics {
         }
     }
 
-    /// Services with a Local traffic policy and no local endpoints, per policy.
-    pub fn set_no_local_endpoints(&self, internal: usize, external: usize) {
+    /// Services of `family` with a Local traffic policy and no local endpoints, per
+    /// policy.
+    pub fn set_no_local_endpoints(&self, family: IpFamily, internal: usize, external: usize) {
+        let f = family.as_str();
         self.no_local_endpoints
-            .with_label_values(&["internal"])
+            .with_label_values(&[f, "internal"])
             .set(to_i64(internal));
         self.no_local_endpoints
-            .with_label_values(&["external"])
+            .with_label_values(&[f, "external"])
             .set(to_i64(external));
     }
 
@@ -572,11 +625,20 @@ mod tests {
             .collect()
     }
 
+    /// The IPv4 series of a histogram.
     fn histogram<'a>(s: &'a Scrape, name: &str) -> &'a [prometheus_parse::HistogramCount] {
+        histogram_of(s, name, "IPv4")
+    }
+
+    fn histogram_of<'a>(
+        s: &'a Scrape,
+        name: &str,
+        family: &str,
+    ) -> &'a [prometheus_parse::HistogramCount] {
         match s
             .samples
             .iter()
-            .find(|x| x.metric == name)
+            .find(|x| x.metric == name && x.labels.get("ip_family") == Some(family))
             .map(|x| &x.value)
         {
             Some(Value::Histogram(b)) => b,
@@ -619,11 +681,6 @@ mod tests {
                 "kubeproxy_network_programming_duration_seconds",
                 "histogram",
             ),
-            ("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "gauge"),
-            (
-                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-                "gauge",
-            ),
             (
                 "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
                 "gauge",
@@ -662,6 +719,14 @@ mod tests {
         for (name, ty) in expected {
             assert_eq!(t.get(name).map(String::as_str), Some(ty), "{name}");
         }
+        // As upstream's per-family gauges: no series before the first sync or
+        // queued change (a 0 would read as a sync 56 years ago).
+        for name in [
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+        ] {
+            assert_eq!(t.get(name), None, "{name}");
+        }
         let s = parse(&text);
         assert_eq!(
             s.docs["kubeproxy_sync_proxy_rules_duration_seconds"],
@@ -669,10 +734,32 @@ mod tests {
         );
         assert_eq!(
             label_sets(&s, "kubeproxy_sync_proxy_rules_no_local_endpoints_total"),
-            BTreeSet::from([
-                r#"traffic_policy="external""#.to_string(),
-                r#"traffic_policy="internal""#.to_string()
-            ])
+            ["IPv4", "IPv6"]
+                .iter()
+                .flat_map(|f| {
+                    ["external", "internal"]
+                        .map(|p| format!(r#"ip_family="{f}",traffic_policy="{p}""#))
+                })
+                .collect()
+        );
+        // Upstream's dual-stack metrics: ip_family where it has it, not elsewhere.
+        let both: BTreeSet<String> = BTreeSet::from([
+            r#"ip_family="IPv4""#.to_string(),
+            r#"ip_family="IPv6""#.to_string(),
+        ]);
+        for name in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_count",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+            "kubeproxy_network_programming_duration_seconds_count",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+        ] {
+            assert_eq!(label_sets(&s, name), both, "{name}");
+        }
+        assert_eq!(
+            label_sets(&s, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+            BTreeSet::from([String::new()])
         );
         assert_eq!(
             label_sets(&s, "svcproxy_invalid_objects_total"),
@@ -686,9 +773,9 @@ mod tests {
         let mut want: Vec<f64> = (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect();
         want.push(f64::INFINITY);
         assert_eq!(bounds, want);
-        assert!(
-            text.contains(r#"kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"} 0"#)
-        );
+        assert!(text.contains(
+            r#"kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="16.384"} 0"#
+        ));
         let np = histogram(&s, "kubeproxy_network_programming_duration_seconds");
         let bounds: Vec<f64> = np.iter().map(|b| b.less_than).collect();
         assert_eq!(bounds.len(), 1 + 2 + 59 + 12 + 7 + 1);
@@ -720,8 +807,8 @@ mod tests {
         m.observe_network_programming(
             &[
                 // From the initial list: hours old, not this proxy's latency.
-                "2024-05-01T07:00:00Z".to_string(),
-                "2024-05-01T10:00:01Z".to_string(),
+                (IpFamily::V4, "2024-05-01T07:00:00Z".to_string()),
+                (IpFamily::V4, "2024-05-01T10:00:01Z".to_string()),
             ],
             started + Duration::from_secs(2),
         );
@@ -743,7 +830,7 @@ mod tests {
         let value = |name: &str| {
             s.samples
                 .iter()
-                .find(|x| x.metric == name)
+                .find(|x| x.metric == name && x.labels.to_string() == r#"ip_family="IPv6""#)
                 .map(|x| match x.value {
                     prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
                     _ => -1.0,
@@ -779,13 +866,15 @@ mod tests {
         let now = UNIX_EPOCH + Duration::from_secs(1_714_557_600);
         m.observe_network_programming(
             &[
-                "2024-05-01T09:59:59.7Z".to_string(),
-                "2024-05-01T09:59:30Z".to_string(),
-                "not a time".to_string(),
+                (IpFamily::V4, "2024-05-01T09:59:59.7Z".to_string()),
+                (IpFamily::V4, "2024-05-01T09:59:30Z".to_string()),
+                (IpFamily::V6, "2024-05-01T09:59:50Z".to_string()),
+                (IpFamily::V4, "not a time".to_string()),
             ],
             now,
         );
-        m.set_no_local_endpoints(4, 1);
+        m.set_no_local_endpoints(IpFamily::V4, 4, 1);
+        m.set_no_local_endpoints(IpFamily::V6, 0, 2);
         m.set_invalid_objects(&BTreeMap::from([(Kind::Service, 2), (Kind::Node, 1)]));
         m.set_invalid_objects(&BTreeMap::from([(Kind::Service, 3), (Kind::Node, 1)]));
         m.conntrack_cleanup(12, false);
@@ -810,28 +899,40 @@ mod tests {
         assert_eq!(at(partial, 0.032), 2.0);
         let all = histogram(&s, "kubeproxy_sync_proxy_rules_duration_seconds");
         assert_eq!(at(all, f64::INFINITY), 3.0);
-        assert_eq!(
-            value(&s, "kubeproxy_sync_proxy_rules_duration_seconds_count", ""),
-            3.0
-        );
+        let v4 = r#"ip_family="IPv4""#;
+        let v6 = r#"ip_family="IPv6""#;
+        // One pass programs both families: each family's series observes it.
+        for f in [v4, v6] {
+            assert_eq!(
+                value(&s, "kubeproxy_sync_proxy_rules_duration_seconds_count", f),
+                3.0
+            );
+        }
         let np = histogram(&s, "kubeproxy_network_programming_duration_seconds");
         assert_eq!(at(np, 0.25), 0.0);
         assert_eq!(at(np, 0.5), 1.0);
         assert_eq!(at(np, 29.0), 1.0);
         assert_eq!(at(np, 30.0), 2.0);
         assert_eq!(at(np, f64::INFINITY), 2.0);
+        // Latency is counted under its slice's family only.
+        let np6 = histogram_of(&s, "kubeproxy_network_programming_duration_seconds", "IPv6");
+        assert_eq!(at(np6, 9.0), 0.0);
+        assert_eq!(at(np6, 10.0), 1.0);
+        assert_eq!(at(np6, f64::INFINITY), 1.0);
 
-        let last = value(&s, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", "");
         let wall = unix_seconds(SystemTime::now());
-        assert!(last > wall - 60.0 && last <= wall, "{last}");
-        assert_eq!(
-            value(
-                &s,
-                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-                ""
-            ),
-            1_714_557_600.5
-        );
+        for f in [v4, v6] {
+            let last = value(&s, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", f);
+            assert!(last > wall - 60.0 && last <= wall, "{last}");
+            assert_eq!(
+                value(
+                    &s,
+                    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                    f
+                ),
+                1_714_557_600.5
+            );
+        }
         for (name, labels, want) in [
             (
                 "kubeproxy_sync_proxy_rules_service_changes_pending",
@@ -847,22 +948,37 @@ mod tests {
             ("kubeproxy_sync_proxy_rules_endpoint_changes_total", "", 8.0),
             (
                 "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-                r#"traffic_policy="internal""#,
+                r#"ip_family="IPv4",traffic_policy="internal""#,
                 4.0,
             ),
             (
                 "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-                r#"traffic_policy="external""#,
+                r#"ip_family="IPv4",traffic_policy="external""#,
+                1.0,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                r#"ip_family="IPv6",traffic_policy="internal""#,
+                0.0,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                r#"ip_family="IPv6",traffic_policy="external""#,
+                2.0,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                r#"ip_family="IPv4""#,
                 1.0,
             ),
             (
                 "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
-                "",
+                r#"ip_family="IPv6""#,
                 1.0,
             ),
             (
                 "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
-                "",
+                r#"ip_family="IPv6""#,
                 2.0,
             ),
             ("svcproxy_invalid_objects_total", r#"kind="Service""#, 3.0),
