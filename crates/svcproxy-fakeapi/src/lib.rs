@@ -22,6 +22,7 @@
 //! [`FakeApiServer::shutdown`] and [`FakeApiServer::start_on`] (a server that comes
 //! back on the same address).
 
+pub mod churn;
 mod http;
 pub mod scale;
 mod selector;
@@ -222,6 +223,11 @@ impl FakeApiServer {
     /// watch from an older resourceVersion gets 410 Expired.
     pub fn compact(&self) {
         self.shared.store().compact();
+    }
+
+    /// Forgets all but the last `keep` changes (a bounded history for long runs).
+    pub fn trim_history(&self, keep: usize) {
+        self.shared.store().trim_history(keep);
     }
 
     /// Serves (true, the default) or not (404, as a resource the cluster does not

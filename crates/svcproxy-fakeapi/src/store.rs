@@ -271,6 +271,16 @@ impl Store {
         self.objects[kind].values()
     }
 
+    /// Forgets all but the last `keep` changes, as etcd's periodic compaction does:
+    /// reads and watches from before them get 410 Gone.
+    pub(crate) fn trim_history(&mut self, keep: usize) {
+        while self.history.len() > keep {
+            if let Some(dropped) = self.history.pop_front() {
+                self.compacted = dropped.rv;
+            }
+        }
+    }
+
     /// Forgets every change so far: reads and watches at older resourceVersions
     /// get 410 Gone.
     pub(crate) fn compact(&mut self) {
