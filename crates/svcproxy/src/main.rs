@@ -25,7 +25,11 @@ use proxy::{Output, Servers};
 /// and programs this node's nftables so that connections to Service IPs and ports
 /// reach a ready backend. Flags are kube-proxy's where kube-proxy has them.
 #[derive(Parser, Debug)]
-#[command(name = "svcproxy", disable_version_flag = true)]
+#[command(
+    name = "svcproxy",
+    disable_version_flag = true,
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -75,6 +79,7 @@ enum Command {
     /// Print what this node would do with every service port: its addresses and the
     /// endpoints each kind of traffic may reach, after readiness, traffic policies and
     /// topology. Reads the same inputs as the proxy; touches nothing.
+    #[command(args_override_self = true)]
     Snapshot {
         /// `table` for people, `json` for scripts (a stable contract: see README).
         #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -88,12 +93,14 @@ enum Command {
         flags: ProxyFlags,
     },
     /// Print the nftables ruleset a full sync would apply, without applying it.
+    #[command(args_override_self = true)]
     Render {
         #[command(flatten)]
         flags: ProxyFlags,
     },
     /// Remove everything svcproxy created in the kernel (its nftables tables and
     /// iptables chains) and exit.
+    #[command(args_override_self = true)]
     Cleanup {
         /// Remove kube-proxy's leftovers instead (its iptables chains, its `kube-proxy`
         /// nftables tables, its IPVS interface, virtual servers and ipsets), as
@@ -133,7 +140,10 @@ fn limit_malloc_arenas() {}
 
 fn main() -> ExitCode {
     limit_malloc_arenas();
-    let matches = Cli::command().get_matches();
+    // As pflag: repeated list flags add up, any other repeated flag's last value
+    // wins (a DaemonSet's args patched by appending must start unchanged).
+    let matches =
+        Cli::command().get_matches_from(config::flags::merge_list_flags(std::env::args_os()));
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

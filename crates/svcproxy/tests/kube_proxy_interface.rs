@@ -156,6 +156,60 @@ fn kube_up_flags_are_accepted_by_every_command() {
     }
 }
 
+/// As pflag parses kube-proxy's command line: a repeated flag's last value wins, and
+/// repeated list flags add up (a DaemonSet whose args were patched by appending one
+/// must start unchanged, not be refused).
+#[test]
+fn repeated_flags_mean_what_they_mean_to_kube_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("written.yaml");
+    let out = Command::new(bin())
+        .args([
+            "--hostname-override=node-x",
+            "--cluster-cidr=10.1.0.0/16",
+            "--nodeport-addresses=10.0.0.0/8",
+            "--feature-gates=A=true",
+            "--hostname-override=node-a",
+            "--cluster-cidr=10.244.0.0/16",
+            "--nodeport-addresses",
+            "192.168.0.0/16",
+            "--feature-gates=B=false",
+        ])
+        .arg(format!("--write-config-to={}", file.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("ignoring A, B"),
+        "both gates seen:\n{stderr}"
+    );
+    let yaml = std::fs::read_to_string(&file).unwrap();
+    for line in [
+        "hostnameOverride: node-a",
+        "clusterCIDR: 10.244.0.0/16",
+        "nodePortAddresses:\n- 10.0.0.0/8\n- 192.168.0.0/16\n",
+    ] {
+        assert!(yaml.contains(line), "{line:?} in:\n{yaml}");
+    }
+    // In a subcommand too.
+    let out = Command::new(bin())
+        .args([
+            "render",
+            "--hostname-override=x",
+            "--hostname-override=node-a",
+        ])
+        .arg("--manifests")
+        .arg(examples())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn version_names_the_kube_proxy_release_it_follows() {
     let out = Command::new(bin()).arg("--version").output().unwrap();

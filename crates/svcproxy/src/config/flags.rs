@@ -546,6 +546,86 @@ pub const CONFIG_MODELED_FLAGS: &[(&str, &str)] = &[
     ("bind_address_hard_fail", "--bind-address-hard-fail"),
 ];
 
+/// kube-proxy's flags whose repetitions add up, as pflag's string slices and maps do
+/// (`--nodeport-addresses=A --nodeport-addresses=B` is `A,B`); every other flag
+/// repeated takes its last value, as pflag does (the parser's `args_override_self`).
+pub const LIST_FLAGS: [&str; 3] = [
+    "--nodeport-addresses",
+    "--ipvs-exclude-cidrs",
+    "--feature-gates",
+];
+
+/// `args` with each of [`LIST_FLAGS`] given once, where it first appeared, with the
+/// values of all its occurrences joined by commas (`--flag=V` and `--flag V` forms).
+/// Everything after `--` is left alone.
+pub fn merge_list_flags(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut out: Vec<std::ffi::OsString> = Vec::new();
+    // Per list flag: its index in `out` and the values so far.
+    let mut seen: Vec<(&str, usize, Vec<String>)> = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let Some(text) = arg.to_str().map(str::to_string) else {
+            out.push(arg);
+            continue;
+        };
+        if text == "--" {
+            out.push(arg);
+            out.extend(args);
+            break;
+        }
+        let found = LIST_FLAGS.iter().find_map(|&flag| {
+            if text == flag {
+                Some((flag, None))
+            } else {
+                text.strip_prefix(flag)
+                    .and_then(|rest| rest.strip_prefix('='))
+                    .map(|v| (flag, Some(v.to_string())))
+            }
+        });
+        let Some((flag, value)) = found else {
+            out.push(arg);
+            continue;
+        };
+        let value = match value {
+            Some(v) => v,
+            None => match args.next() {
+                Some(next) => match next.into_string() {
+                    Ok(v) => v,
+                    Err(raw) => {
+                        // Not text: leave both to the parser, which will say so.
+                        out.push(arg);
+                        out.push(raw);
+                        continue;
+                    }
+                },
+                // A flag without its value: the parser reports it.
+                None => {
+                    out.push(arg);
+                    continue;
+                }
+            },
+        };
+        match seen.iter_mut().find(|(f, _, _)| *f == flag) {
+            Some((_, _, values)) => values.push(value),
+            None => {
+                seen.push((flag, out.len(), vec![value]));
+                out.push(std::ffi::OsString::new());
+            }
+        }
+    }
+    for (flag, at, values) in seen {
+        let joined: Vec<&str> = values
+            .iter()
+            .map(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+            .collect();
+        out[at] = format!("{flag}={}", joined.join(",")).into();
+    }
+    out
+}
+
 /// The `explicitly_set` predicate for `config::resolve`, from the binary's matches:
 /// true for flags given on the command line (not defaulted).
 pub fn explicitly_set_in(matches: &clap::ArgMatches) -> impl Fn(&str) -> bool + '_ {
@@ -707,5 +787,45 @@ mod tests {
             assert!(help.contains(flag), "{flag} missing from help");
         }
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn repeated_list_flags_add_up_as_pflag_slices_and_maps() {
+        let args = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(Into::into).collect() };
+        assert_eq!(
+            merge_list_flags(args(&[
+                "svcproxy",
+                "--nodeport-addresses=10.0.0.0/8",
+                "--v=2",
+                "--feature-gates",
+                "A=true",
+                "--nodeport-addresses",
+                "192.168.0.0/16,fd00::/8",
+                "--feature-gates=B=false",
+                "--",
+                "--feature-gates=C=true",
+            ])),
+            args(&[
+                "svcproxy",
+                "--nodeport-addresses=10.0.0.0/8,192.168.0.0/16,fd00::/8",
+                "--v=2",
+                "--feature-gates=A=true,B=false",
+                "--",
+                "--feature-gates=C=true",
+            ])
+        );
+        // Not a list flag, or not this flag: untouched.
+        let plain = args(&[
+            "svcproxy",
+            "--cluster-cidr=a",
+            "--cluster-cidr=b",
+            "--nodeport-addresses-x=1",
+        ]);
+        assert_eq!(merge_list_flags(plain.clone()), plain);
+        // A trailing flag without its value is left for the parser to report.
+        assert_eq!(
+            merge_list_flags(args(&["svcproxy", "--feature-gates"])),
+            args(&["svcproxy", "--feature-gates"])
+        );
     }
 }
