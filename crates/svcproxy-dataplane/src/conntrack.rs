@@ -133,6 +133,16 @@ pub struct CleanupStats {
     pub vanished: usize,
     /// Dump messages that could not be parsed (skipped, never deleted).
     pub unparsed: usize,
+    /// Per family looked at: entries deleted and the time spent (dump and deletes),
+    /// for upstream's per-family conntrack reconciler metrics.
+    pub families: BTreeMap<IpFamily, FamilyCleanup>,
+}
+
+/// What one family's cleanup did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FamilyCleanup {
+    pub deleted: usize,
+    pub duration: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -365,10 +375,15 @@ impl RecordingCleaner {
             .partition(|e| doomed(e));
         self.entries = kept;
         let deleted = gone.len();
+        let mut families: BTreeMap<IpFamily, FamilyCleanup> = BTreeMap::new();
+        for e in &gone {
+            families.entry(e.family).or_default().deleted += 1;
+        }
         self.deleted.extend(gone);
         CleanupStats {
             scanned,
             deleted,
+            families,
             ..CleanupStats::default()
         }
     }
@@ -384,6 +399,8 @@ pub struct ConntrackCleanupReport {
     pub scanned: usize,
     /// Entries deleted.
     pub deleted: usize,
+    /// Per family cleaned: deleted entries and time spent.
+    pub families: BTreeMap<IpFamily, FamilyCleanup>,
     /// Why cleanup failed, if it did (the sync itself still succeeded).
     pub error: Option<String>,
     /// Computing the filters and deleting.

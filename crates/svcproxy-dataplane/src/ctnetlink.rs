@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use netlink_packet_core::{
     DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP,
@@ -35,7 +35,8 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use svcproxy_core::model::IpFamily;
 
 use crate::conntrack::{
-    CleanupStats, ConntrackCleaner, ConntrackEntry, ConntrackError, ConntrackFilter, StaleUdpFlows,
+    CleanupStats, ConntrackCleaner, ConntrackEntry, ConntrackError, ConntrackFilter, FamilyCleanup,
+    StaleUdpFlows,
 };
 
 const CTA_ID: u16 = 12;
@@ -148,6 +149,7 @@ impl ConntrackCleaner for NetlinkConntrack {
             if mine.is_empty() {
                 continue;
             }
+            let start = Instant::now();
             // Matched while the dump streams in: a table of a million entries is
             // never held in memory, only what is to be deleted.
             let dumped = self.with_socket(|sock, seq| {
@@ -156,12 +158,20 @@ impl ConntrackCleaner for NetlinkConntrack {
             stats.scanned += dumped.scanned;
             stats.unparsed += dumped.unparsed;
             let doomed = dumped.kept;
-            if doomed.is_empty() {
-                continue;
+            let mut deleted = 0;
+            if !doomed.is_empty() {
+                let vanished;
+                (deleted, vanished) = self.delete_entries(&doomed)?;
+                stats.deleted += deleted;
+                stats.vanished += vanished;
             }
-            let (deleted, vanished) = self.delete_entries(&doomed)?;
-            stats.deleted += deleted;
-            stats.vanished += vanished;
+            stats.families.insert(
+                family,
+                FamilyCleanup {
+                    deleted,
+                    duration: start.elapsed(),
+                },
+            );
         }
         Ok(stats)
     }
@@ -169,16 +179,25 @@ impl ConntrackCleaner for NetlinkConntrack {
     fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
         let mut stats = CleanupStats::default();
         for family in stale.families() {
+            let start = Instant::now();
             let dumped =
                 self.with_socket(|sock, seq| dump_on(sock, seq, family, |e| stale.is_stale(e)))?;
             stats.scanned += dumped.scanned;
             stats.unparsed += dumped.unparsed;
-            if dumped.kept.is_empty() {
-                continue;
+            let mut deleted = 0;
+            if !dumped.kept.is_empty() {
+                let vanished;
+                (deleted, vanished) = self.delete_entries(&dumped.kept)?;
+                stats.deleted += deleted;
+                stats.vanished += vanished;
             }
-            let (deleted, vanished) = self.delete_entries(&dumped.kept)?;
-            stats.deleted += deleted;
-            stats.vanished += vanished;
+            stats.families.insert(
+                family,
+                FamilyCleanup {
+                    deleted,
+                    duration: start.elapsed(),
+                },
+            );
         }
         Ok(stats)
     }

@@ -39,8 +39,8 @@ pub use backend::{
 };
 pub use conntrack::{
     cleanup_filters, ip_protocol, CleanupStats, ConntrackCleaner, ConntrackCleanupReport,
-    ConntrackEntry, ConntrackError, ConntrackFilter, NoConntrackCleanup, RecordingCleaner,
-    StaleUdpFlows, IPS_DST_NAT,
+    ConntrackEntry, ConntrackError, ConntrackFilter, FamilyCleanup, NoConntrackCleanup,
+    RecordingCleaner, StaleUdpFlows, IPS_DST_NAT,
 };
 pub use conntrack_sysctl::{
     apply_conntrack_sysctls, apply_conntrack_sysctls_at, online_cpus, ConntrackSettings,

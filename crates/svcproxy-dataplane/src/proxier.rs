@@ -191,6 +191,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             Ok(stats) => ConntrackCleanupReport {
                 scanned: stats.scanned,
                 deleted: stats.deleted,
+                families: stats.families,
                 ..ConntrackCleanupReport::default()
             },
             Err(e) => {
@@ -249,6 +250,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             Ok(stats) => ConntrackCleanupReport {
                 scanned: stats.scanned,
                 deleted: stats.deleted,
+                families: stats.families,
                 ..ConntrackCleanupReport::default()
             },
             Err(e) => {

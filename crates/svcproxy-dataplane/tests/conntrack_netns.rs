@@ -164,6 +164,12 @@ fn dumps_and_deletes_exactly_what_a_filter_matches() {
         .delete(&[removed_endpoint(IpFamily::V4, "198.19.0.53", "198.18.2.10")])
         .expect("delete");
     assert_eq!((stats.scanned, stats.deleted, stats.vanished), (6, 2, 0));
+    // Per family looked at (upstream's conntrack reconciler metrics): IPv4 only.
+    assert_eq!(
+        stats.families.keys().copied().collect::<Vec<_>>(),
+        [IpFamily::V4]
+    );
+    assert_eq!(stats.families[&IpFamily::V4].deleted, 2);
     let left = ns.list("ipv4");
     assert_eq!(left.len(), 4, "{left:#?}");
     assert!(
@@ -193,6 +199,13 @@ fn dumps_and_deletes_exactly_what_a_filter_matches() {
         ])
         .expect("delete");
     assert_eq!(stats.deleted, 2);
+    assert_eq!(
+        (
+            stats.families[&IpFamily::V4].deleted,
+            stats.families[&IpFamily::V6].deleted
+        ),
+        (1, 1)
+    );
     assert_eq!(ns.list("ipv4").len(), 3);
     assert!(ns.list("ipv6").is_empty());
 

@@ -206,8 +206,8 @@ struct SyncDone {
     /// A full (re)write rather than a partial update.
     full: bool,
     duration: Duration,
-    /// UDP conntrack entries deleted and whether that cleanup failed (kernel only).
-    conntrack: Option<(usize, bool)>,
+    /// What UDP conntrack cleanup did (kernel only).
+    conntrack: Option<svcproxy_dataplane::ConntrackCleanupReport>,
     /// Claims on destinations that other service ports hold (kernel only).
     lost_claims: Option<usize>,
 }
@@ -247,7 +247,7 @@ impl Target for KernelTarget {
         Ok(SyncDone {
             full: report.kind.is_full(),
             duration: report.duration,
-            conntrack: Some((report.conntrack.deleted, report.conntrack.error.is_some())),
+            conntrack: Some(report.conntrack),
             lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),
         })
     }
@@ -412,8 +412,8 @@ impl<T: Target> ProxySyncer<T> {
         }
         self.metrics
             .set_invalid_objects(self.state.invalid_counts());
-        if let Some((deleted, failed)) = done.conntrack {
-            self.metrics.conntrack_cleanup(deleted, failed);
+        if let Some(ct) = &done.conntrack {
+            self.metrics.conntrack_cleanup(ct);
         }
         if let Some(n) = done.lost_claims {
             self.metrics.set_lost_claims(n);

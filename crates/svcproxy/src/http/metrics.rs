@@ -68,6 +68,9 @@ pub struct Metrics {
     started: SystemTime,
     conntrack_cleanup_failures: IntCounter,
     conntrack_entries_deleted: IntCounter,
+    /// Upstream's conntrack reconciler figures, per family cleaned.
+    conntrack_reconciler_deleted: IntCounterVec,
+    conntrack_reconciler_duration: HistogramVec,
     health_check_bind_failures: IntGauge,
     /// Service ports' claims on a destination another port holds (each logged).
     lost_claims: IntGauge,
@@ -259,6 +262,16 @@ impl Metrics {
             conntrack_entries_deleted: counter(
                 "svcproxy_conntrack_entries_deleted_total",
                 "Stale UDP conntrack entries deleted".to_string(),
+            ),
+            conntrack_reconciler_deleted: counter_vec(
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
+                IP_FAMILY,
+            ),
+            conntrack_reconciler_duration: histogram(
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                "ReconcileConntrackFlowsLatency latency in seconds",
+                sync_buckets(),
             ),
             health_check_bind_failures: int_gauge(
                 "svcproxy_service_health_check_bind_failures",
@@ -452,11 +465,21 @@ impl Metrics {
         }
     }
 
-    /// One sync's UDP conntrack cleanup.
-    pub fn conntrack_cleanup(&self, deleted: usize, failed: bool) {
-        self.conntrack_entries_deleted.inc_by(deleted as u64);
-        if failed {
+    /// One sync's UDP conntrack cleanup; each family it cleaned also under
+    /// upstream's conntrack reconciler names.
+    pub fn conntrack_cleanup(&self, report: &svcproxy_dataplane::ConntrackCleanupReport) {
+        self.conntrack_entries_deleted.inc_by(report.deleted as u64);
+        if report.error.is_some() {
             self.conntrack_cleanup_failures.inc();
+        }
+        for (family, done) in &report.families {
+            let f = [family.as_str()];
+            self.conntrack_reconciler_deleted
+                .with_label_values(&f)
+                .inc_by(done.deleted as u64);
+            self.conntrack_reconciler_duration
+                .with_label_values(&f)
+                .observe(done.duration.as_secs_f64());
         }
     }
 
@@ -877,8 +900,32 @@ mod tests {
         m.set_no_local_endpoints(IpFamily::V6, 0, 2);
         m.set_invalid_objects(&BTreeMap::from([(Kind::Service, 2), (Kind::Node, 1)]));
         m.set_invalid_objects(&BTreeMap::from([(Kind::Service, 3), (Kind::Node, 1)]));
-        m.conntrack_cleanup(12, false);
-        m.conntrack_cleanup(3, true);
+        let ct = |deleted: usize, failed: bool, v6: Option<usize>| {
+            let mut r = svcproxy_dataplane::ConntrackCleanupReport {
+                deleted,
+                error: failed.then(|| "netlink: EPERM".to_string()),
+                ..Default::default()
+            };
+            r.families.insert(
+                IpFamily::V4,
+                svcproxy_dataplane::FamilyCleanup {
+                    deleted: deleted - v6.unwrap_or(0),
+                    duration: Duration::from_millis(3),
+                },
+            );
+            if let Some(n) = v6 {
+                r.families.insert(
+                    IpFamily::V6,
+                    svcproxy_dataplane::FamilyCleanup {
+                        deleted: n,
+                        duration: Duration::from_millis(20),
+                    },
+                );
+            }
+            r
+        };
+        m.conntrack_cleanup(&ct(12, false, Some(2)));
+        m.conntrack_cleanup(&ct(3, true, None));
         m.set_health_check_bind_failures(1);
         m.set_lost_claims(2);
         m.drift_detected();
@@ -989,6 +1036,26 @@ mod tests {
                 0.0,
             ),
             ("svcproxy_conntrack_entries_deleted_total", "", 15.0),
+            (
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                r#"ip_family="IPv4""#,
+                13.0,
+            ),
+            (
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                r#"ip_family="IPv6""#,
+                2.0,
+            ),
+            (
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds_count",
+                r#"ip_family="IPv4""#,
+                2.0,
+            ),
+            (
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds_count",
+                r#"ip_family="IPv6""#,
+                1.0,
+            ),
             ("svcproxy_conntrack_cleanup_failures_total", "", 1.0),
             ("svcproxy_service_health_check_bind_failures", "", 1.0),
             ("svcproxy_destination_conflicts", "", 2.0),
