@@ -17,6 +17,7 @@
 //! injection-proof).
 
 pub mod config;
+pub mod explain;
 pub mod intent;
 pub mod iptables;
 pub mod names;

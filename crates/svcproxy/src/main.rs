@@ -98,6 +98,37 @@ enum Command {
         #[command(flatten)]
         flags: ProxyFlags,
     },
+    /// Follow one new connection through the rules this node would have: the frontend
+    /// it hits, the firewall, the traffic policy and topology decision, the endpoints
+    /// it may reach with their chances, masquerade and why, or why it is dropped,
+    /// rejected or left alone. Reads the same inputs as the proxy; touches nothing.
+    #[command(args_override_self = true)]
+    Explain {
+        /// The client: IP, or IP:PORT (the port changes nothing in the rules).
+        #[arg(long, value_name = "IP[:PORT]")]
+        from: String,
+        /// The destination: IP:PORT ([IPv6]:PORT).
+        #[arg(long, value_name = "IP:PORT")]
+        to: String,
+        #[arg(long, value_enum, default_value_t = Proto::Tcp)]
+        proto: Proto,
+        /// The connection comes from this node itself.
+        #[arg(long, group = "origin")]
+        from_node: bool,
+        /// The connection comes from a pod on this node.
+        #[arg(long, group = "origin")]
+        from_pod: bool,
+        /// The connection comes from outside this node. Without any of the three,
+        /// the origin is told from --from: this node's addresses, its pods' CIDRs
+        /// (with --detect-local-mode ClusterCIDR or NodeCIDR), else outside.
+        #[arg(long, group = "origin")]
+        external: bool,
+        /// `text` for people, `json` for scripts (a stable contract: see README).
+        #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
+        format: ExplainFormat,
+        #[command(flatten)]
+        flags: ProxyFlags,
+    },
     /// Remove everything svcproxy created in the kernel (its nftables tables and
     /// iptables chains) and exit.
     #[command(args_override_self = true)]
@@ -116,6 +147,26 @@ enum Command {
 enum Format {
     Table,
     Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ExplainFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Proto {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+/// `--from` as an address (a port, with brackets for IPv6, is allowed and unused).
+fn parse_from(s: &str) -> Result<std::net::IpAddr, String> {
+    s.parse::<std::net::IpAddr>()
+        .or_else(|_| s.parse::<std::net::SocketAddr>().map(|a| a.ip()))
+        .map_err(|_| format!("--from {s:?}: not an IP address or IP:PORT"))
 }
 
 /// glibc gives every thread that allocates a heap arena of its own (up to eight per
@@ -155,6 +206,7 @@ fn main() -> ExitCode {
     let (flags, command) = match &cli.command {
         None => (&cli.flags, None),
         Some(Command::Snapshot { flags, .. })
+        | Some(Command::Explain { flags, .. })
         | Some(Command::Render { flags })
         | Some(Command::Cleanup { flags, .. }) => (flags, cli.command.as_ref()),
     };
@@ -204,6 +256,54 @@ fn main() -> ExitCode {
             proxy::run(settings, output, servers)
         }
         Some(Command::Render { .. }) => proxy::run(settings, Output::Render, Servers::default()),
+        Some(Command::Explain {
+            from,
+            to,
+            proto,
+            from_node,
+            from_pod,
+            external,
+            format,
+            ..
+        }) => {
+            let packet = parse_from(from).and_then(|from| {
+                let to = to
+                    .parse::<std::net::SocketAddr>()
+                    .map_err(|_| format!("--to {to:?}: not IP:PORT ([IPv6]:PORT)"))?;
+                Ok(svcproxy_plan::explain::Packet {
+                    from,
+                    to,
+                    protocol: match proto {
+                        Proto::Tcp => svcproxy_core::model::Protocol::Tcp,
+                        Proto::Udp => svcproxy_core::model::Protocol::Udp,
+                        Proto::Sctp => svcproxy_core::model::Protocol::Sctp,
+                    },
+                    origin: if *from_node {
+                        Some(svcproxy_plan::explain::Origin::Node)
+                    } else if *from_pod {
+                        Some(svcproxy_plan::explain::Origin::LocalPod)
+                    } else if *external {
+                        Some(svcproxy_plan::explain::Origin::External)
+                    } else {
+                        None
+                    },
+                })
+            });
+            match packet {
+                Ok(packet) => proxy::run(
+                    settings,
+                    Output::Explain {
+                        packet,
+                        json: *format == ExplainFormat::Json,
+                    },
+                    Servers::default(),
+                ),
+                Err(e) => {
+                    eprintln!("svcproxy: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
         Some(Command::Cleanup {
             kube_proxy: true, ..
         }) => proxy::cleanup_kube_proxy(),

@@ -41,6 +41,12 @@ pub enum Output {
     Snapshot { json: bool, watch: bool },
     /// Print the full nftables script a first sync would apply (`svcproxy render`).
     Render,
+    /// Follow one connection through the rules a first sync would apply
+    /// (`svcproxy explain`).
+    Explain {
+        packet: svcproxy_plan::explain::Packet,
+        json: bool,
+    },
 }
 
 /// Which HTTP servers to run.
@@ -345,6 +351,41 @@ impl Target for SnapshotPrinter {
     }
 }
 
+/// Prints the path of one connection through the intent of the first sync
+/// (`svcproxy explain`).
+struct ExplainPrinter {
+    cfg: PlanConfig,
+    packet: svcproxy_plan::explain::Packet,
+    json: bool,
+}
+
+impl Target for ExplainPrinter {
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let start = std::time::Instant::now();
+        let intent = svcproxy_plan::build_intent(&update.v4, &update.v6, &self.cfg);
+        let trace = svcproxy_plan::explain::explain(&intent, &update.v4, &update.v6, &self.packet);
+        let mut out = std::io::stdout().lock();
+        if self.json {
+            serde_json::to_writer_pretty(&mut out, &trace)?;
+            out.write_all(b"\n")?;
+        } else {
+            out.write_all(trace.text().as_bytes())?;
+        }
+        out.flush()?;
+        Ok(SyncDone {
+            full,
+            duration: start.elapsed(),
+            conntrack: None,
+            lost_claims: None,
+        })
+    }
+}
+
 /// Prints what a first sync would apply, in the mode's own text (`svcproxy render`).
 struct RenderPrinter(Proxier<Box<dyn DataPlane>, NoConntrackCleanup>);
 
@@ -587,6 +628,12 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
                 last: None,
             };
             rt.block_on(serve(settings, target, servers, !watch, None, None))
+        }
+        Output::Explain { packet, json } => {
+            let backend = backend(&settings)?;
+            let cfg = plan_config(&settings, backend)?;
+            let target = ExplainPrinter { cfg, packet, json };
+            rt.block_on(serve(settings, target, servers, true, None, None))
         }
         Output::Render => {
             let backend = backend(&settings)?;

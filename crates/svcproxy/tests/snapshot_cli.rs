@@ -249,3 +249,73 @@ endpoints:
         .any(|p| p["object"] == "EndpointSlice ns/good-1"
             && p["field"] == "endpoints[1].addresses[0]"));
 }
+
+fn explain(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+        .args(["explain", "--hostname-override", "node-a"])
+        .args(args)
+        .arg("--manifests")
+        .arg(examples())
+        .output()
+        .expect("run svcproxy")
+}
+
+/// `svcproxy explain` on the example cluster: the same topology decision the
+/// snapshot shows, in the JSON contract and as text, and clear errors for bad input.
+#[test]
+fn explain_follows_a_connection_through_the_example_rules() {
+    let out = explain(&[
+        "--from",
+        "198.51.100.7:40000",
+        "--to",
+        "198.19.0.21:6379",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    assert_eq!(v["frontend"]["servicePort"], "demo/cache:redis");
+    assert_eq!(v["origin"], "external");
+    assert_eq!(v["verdict"]["action"], "forward");
+    let addrs: Vec<&str> = v["verdict"]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["address"].as_str().unwrap())
+        .collect();
+    // As the snapshot: the zone's endpoints only (topology keys).
+    let snap = snapshot("node-a");
+    let want = eps(&port(&snap, "demo/cache:redis", "TCP", "IPv4")["clusterEndpoints"]).unwrap();
+    assert_eq!(addrs, want);
+    assert!(v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s.as_str().unwrap().contains("topology key")));
+
+    let out = explain(&["--from", "198.51.100.7", "--to", "198.18.100.10:443"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("LoadBalancerIP")
+            && text.contains("=> DROP")
+            && text.contains("loadBalancerSourceRanges"),
+        "{text}"
+    );
+
+    for bad in [
+        ["--from", "nope", "--to", "198.19.0.21:6379"],
+        ["--from", "198.51.100.7", "--to", "198.19.0.21"],
+    ] {
+        let out = explain(&bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("not"),
+            "{bad:?}"
+        );
+    }
+}

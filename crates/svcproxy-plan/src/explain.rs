@@ -1,0 +1,604 @@
+//! `svcproxy explain`'s tracer: one new connection, followed through this node's
+//! intent step by step, to the outcome the rules give it: which frontend it hits,
+//! the firewall, the traffic policy and topology decision (with the snapshot's
+//! reason), the candidate endpoints with their probabilities, whether it is
+//! masqueraded and why, or why it is dropped, rejected or left alone.
+//!
+//! Entry point: [`explain`]. It reads the backend-neutral [`Intent`] (every mode
+//! translates the same intent, so the answer holds for each) and the snapshots the
+//! intent was built from (for the endpoint selection's reason). Pure: no I/O.
+//! [`Trace`] serializes as `explain --format json`'s stable contract; [`Trace::text`]
+//! is the human form, user strings quoted with `{:?}` so none can forge a line.
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde::Serialize;
+use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_core::snapshot::NodeSnapshot;
+
+use crate::intent::{
+    Action, Disposition, EndpointSetId, FrontendKey, FrontendKind, Intent, LocalTraffic,
+    Masquerade, NodeIntent, NodePortDestinations, ServiceIntent,
+};
+
+/// Where the connection comes from, as the rules tell sources apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Origin {
+    /// The node itself (a host-network process).
+    Node,
+    /// One of this node's pods (what `--detect-local-mode` recognises).
+    LocalPod,
+    /// Anything else: another node, a pod elsewhere, a client outside the cluster.
+    External,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Node => "this node",
+            Origin::LocalPod => "a pod on this node",
+            Origin::External => "outside this node",
+        }
+    }
+}
+
+/// The connection to explain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet {
+    pub from: IpAddr,
+    pub to: SocketAddr,
+    pub protocol: Protocol,
+    /// Given by the caller; `None`: told from `from` where the configuration allows
+    /// (the node's addresses, the local-traffic CIDRs), else external.
+    pub origin: Option<Origin>,
+}
+
+/// The frontend a connection hit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontendHit {
+    /// `namespace/name:port`, or `namespace/name` for an unnamed port.
+    pub service_port: String,
+    /// `ClusterIP`, `ExternalIP`, `LoadBalancerIP`, `NodePort`.
+    pub kind: &'static str,
+    /// The destination the frontend matches, e.g. `10.96.0.10:80/TCP` or
+    /// `nodePort 30080/TCP`.
+    pub destination: String,
+}
+
+/// One endpoint the connection may be sent to.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    pub address: String,
+    /// Chance of being picked by a new connection (uniform, as the rules pick).
+    pub probability: f64,
+    /// Masqueraded on this path (true for all when the route masquerades; for a
+    /// connection from the endpoint to itself, always: hairpin).
+    pub masquerade: bool,
+}
+
+/// What happens to the connection.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "action", rename_all = "camelCase")]
+pub enum Verdict {
+    /// DNAT to one of `endpoints`.
+    #[serde(rename_all = "camelCase")]
+    Forward {
+        /// `cluster` or `local`.
+        endpoint_set: &'static str,
+        endpoints: Vec<Candidate>,
+        masquerade: bool,
+        masquerade_reason: String,
+        /// ClientIP session affinity: a client keeps its endpoint this long.
+        session_affinity_seconds: Option<u32>,
+    },
+    Drop {
+        reason: String,
+    },
+    Reject {
+        reason: String,
+    },
+    /// Not a destination svcproxy handles: the rules leave it to routing.
+    Accept {
+        reason: String,
+    },
+}
+
+/// A connection's path through this node's rules.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Trace {
+    pub from: String,
+    pub to: String,
+    pub protocol: String,
+    pub family: &'static str,
+    pub origin: Origin,
+    pub origin_reason: String,
+    pub frontend: Option<FrontendHit>,
+    /// The decisions, in order, for people.
+    pub steps: Vec<String>,
+    pub verdict: Verdict,
+}
+
+impl Trace {
+    /// The trace for people: the steps, then the outcome.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "{} -> {} {} ({}), from {} ({})\n",
+            self.from,
+            self.to,
+            self.protocol,
+            self.family,
+            self.origin.as_str(),
+            self.origin_reason
+        );
+        for (i, s) in self.steps.iter().enumerate() {
+            out.push_str(&format!("  {}. {}\n", i + 1, one_line(s)));
+        }
+        let outcome = match &self.verdict {
+            Verdict::Forward {
+                endpoint_set,
+                endpoints,
+                masquerade,
+                masquerade_reason,
+                session_affinity_seconds,
+            } => {
+                let head = format!(
+                    "FORWARD to one of {} endpoint(s) of the {endpoint_set} set{}; {}masqueraded: {masquerade_reason}",
+                    endpoints.len(),
+                    session_affinity_seconds
+                        .map(|t| format!(" (ClientIP affinity: a client keeps its endpoint for {t} s)"))
+                        .unwrap_or_default(),
+                    if *masquerade { "" } else { "not " },
+                );
+                let mut s = one_line(&head);
+                s.push('\n');
+                for c in endpoints {
+                    s.push_str(&format!(
+                        "     {:<40} {:>6.2}%{}\n",
+                        c.address,
+                        c.probability * 100.0,
+                        if c.masquerade && !masquerade {
+                            "  (hairpin: masqueraded)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                s
+            }
+            Verdict::Drop { reason } => format!("DROP: {}\n", one_line(reason)),
+            Verdict::Reject { reason } => format!("REJECT: {}\n", one_line(reason)),
+            Verdict::Accept { reason } => format!("ACCEPT (not proxied): {}\n", one_line(reason)),
+        };
+        out.push_str("=> ");
+        out.push_str(&outcome);
+        out
+    }
+}
+
+/// `s` on one line: control characters (a newline in a user's topology key, say)
+/// are escaped, so no input can forge a line of the text form.
+fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn set_name(id: EndpointSetId) -> &'static str {
+    match id {
+        EndpointSetId::Cluster => "cluster",
+        EndpointSetId::Local => "local",
+    }
+}
+
+fn socket(ip: IpAddr, port: u16) -> String {
+    SocketAddr::new(ip, port).to_string()
+}
+
+/// Who sent the packet, and how that was told.
+fn origin_of(packet: &Packet, node: Option<&NodeIntent>) -> (Origin, String) {
+    if let Some(o) = packet.origin {
+        return (o, "as given".to_string());
+    }
+    let Some(node) = node else {
+        return (Origin::External, "not one of this node's addresses".into());
+    };
+    if packet.from.is_loopback() || node.node_ips.contains(&packet.from) {
+        return (Origin::Node, "one of this node's addresses".into());
+    }
+    match &node.local_traffic {
+        Some(LocalTraffic::Cidrs(cidrs)) => match cidrs.iter().find(|c| c.contains(&packet.from)) {
+            Some(c) => (
+                Origin::LocalPod,
+                format!("inside {c}, this node's pods (--detect-local-mode)"),
+            ),
+            None => (
+                Origin::External,
+                format!(
+                    "neither this node's address nor inside its pods' {}",
+                    cidrs
+                        .iter()
+                        .map(|c| c.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+        },
+        Some(LocalTraffic::Interface(_) | LocalTraffic::InterfacePrefix(_)) => (
+            Origin::External,
+            "not this node's address; local pods are told by interface here: pass --from-pod for one"
+                .into(),
+        ),
+        None => (
+            Origin::External,
+            "not this node's address; local pods cannot be told apart (--detect-local-mode gives nothing)"
+                .into(),
+        ),
+    }
+}
+
+/// Whether `ip` takes NodePorts on this node, and how that was decided.
+fn nodeport_destination(node: &NodeIntent, ip: IpAddr) -> Option<&'static str> {
+    if node.localhost_nodeports && matches!(ip, IpAddr::V4(v4) if v4.is_loopback()) {
+        return Some("127.0.0.0/8 (localhost NodePorts)");
+    }
+    match &node.nodeports {
+        NodePortDestinations::Ips(ips) if ips.contains(&ip) => {
+            Some("one of the nodePortAddresses of this node")
+        }
+        NodePortDestinations::Ips(_) => None,
+        // Only the addresses the plan knows: the host's others are not in the intent.
+        NodePortDestinations::AllLocal if node.node_ips.contains(&ip) => {
+            Some("a local address of this node (nodePortAddresses: every local address)")
+        }
+        NodePortDestinations::AllLocal => None,
+    }
+}
+
+/// Follows `packet` through `intent` (built from `v4` and `v6`).
+pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &Packet) -> Trace {
+    let family = IpFamily::of(&packet.to.ip());
+    let fam = intent.family(family);
+    let node = fam.node().map(|n| n.as_ref());
+    let (origin, origin_reason) = origin_of(packet, node);
+    let mut trace = Trace {
+        from: packet.from.to_string(),
+        to: packet.to.to_string(),
+        protocol: packet.protocol.to_string(),
+        family: family.as_str(),
+        origin,
+        origin_reason,
+        frontend: None,
+        steps: Vec::new(),
+        verdict: Verdict::Accept {
+            reason: String::new(),
+        },
+    };
+    let accept = |trace: &mut Trace, reason: String| {
+        trace.verdict = Verdict::Accept { reason };
+    };
+    let Some(node) = node else {
+        accept(
+            &mut trace,
+            format!(
+                "svcproxy programs no {} rules on this node",
+                family.as_str()
+            ),
+        );
+        return trace;
+    };
+    if IpFamily::of(&packet.from) != family {
+        trace.steps.push(format!(
+            "the source {} is not {}: no such packet exists; explained as if it were",
+            packet.from,
+            family.as_str()
+        ));
+    }
+
+    // 1. Which frontend.
+    let vip = FrontendKey::Vip {
+        ip: packet.to.ip(),
+        protocol: packet.protocol,
+        port: packet.to.port(),
+    };
+    let hit = match fam.frontend(&vip) {
+        Some(hit) => Some(hit),
+        None => match nodeport_destination(node, packet.to.ip()) {
+            Some(why) => {
+                let key = FrontendKey::NodePort {
+                    protocol: packet.protocol,
+                    port: packet.to.port(),
+                };
+                let hit = fam.frontend(&key);
+                if hit.is_some() {
+                    trace
+                        .steps
+                        .push(format!("{} takes NodePorts: {why}", packet.to.ip()));
+                }
+                hit
+            }
+            None => None,
+        },
+    };
+    let Some((svc, frontend)) = hit else {
+        // No frontend: the guards for the service ranges, or nothing.
+        let ip = packet.to.ip();
+        if node.guard_service_ips && fam.cluster_ips().any(|c| c == ip) {
+            trace.steps.push(format!(
+                "{ip} is a cluster IP, but no service port of it is {}/{}",
+                packet.to.port(),
+                packet.protocol
+            ));
+            trace.verdict = Verdict::Reject {
+                reason: format!(
+                    "port {}/{} is not exposed on cluster IP {ip} (upstream rejects a cluster IP's other ports)",
+                    packet.to.port(),
+                    packet.protocol
+                ),
+            };
+            return trace;
+        }
+        if node.guard_service_ips {
+            if let Some(cidr) = node.service_cidrs.iter().find(|c| c.contains(&ip)) {
+                trace.verdict = Verdict::Drop {
+                    reason: format!(
+                        "{ip} is inside ServiceCIDR {cidr} but allocated to no service (unallocated service addresses are dropped)"
+                    ),
+                };
+                return trace;
+            }
+        }
+        accept(
+            &mut trace,
+            format!(
+                "{} is no service frontend on this node: routed as any other packet",
+                packet.to
+            ),
+        );
+        return trace;
+    };
+    trace.frontend = Some(FrontendHit {
+        service_port: svc.name.to_string(),
+        kind: frontend.kind.as_str(),
+        destination: frontend.key.to_string(),
+    });
+    trace.steps.push(format!(
+        "frontend: {} {} of service port {:?}",
+        frontend.kind.as_str(),
+        frontend.key,
+        svc.name.to_string()
+    ));
+    let conflicted = fam
+        .conflicts()
+        .into_iter()
+        .find(|c| c.destination == frontend.key.to_string());
+    if let Some(c) = conflicted {
+        trace.steps.push(format!(
+            "also claimed by {}: ignored, {:?} holds it (a cluster IP first, then the first by name)",
+            c.ignored
+                .iter()
+                .map(|n| format!("{:?}", n.to_string()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            c.kept.to_string()
+        ));
+    }
+
+    // 2. The firewall (loadBalancerSourceRanges), before anything else.
+    if frontend.firewall {
+        if let Some(fw) = &svc.firewall {
+            let in_range = fw.ranges.iter().find(|r| r.contains(&packet.from));
+            let ranges = fw
+                .ranges
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            match in_range {
+                Some(r) => trace
+                    .steps
+                    .push(format!("loadBalancerSourceRanges: {} is inside {r}: allowed", packet.from)),
+                None if origin == Origin::Node && fw.allow_from_node => trace.steps.push(
+                    "loadBalancerSourceRanges: from this node, one of whose addresses is in them: allowed"
+                        .into(),
+                ),
+                None => {
+                    trace.verdict = Verdict::Drop {
+                        reason: format!(
+                            "{} is not in the loadBalancerSourceRanges [{ranges}]",
+                            packet.from
+                        ),
+                    };
+                    return trace;
+                }
+            }
+        }
+    }
+
+    // 3. The traffic policy and topology decision.
+    let snap = match family {
+        IpFamily::V4 => v4,
+        IpFamily::V6 => v6,
+    };
+    let selection_reason = snap
+        .service_ports
+        .get(&svc.name)
+        .map(|v| v.selection.reason.clone())
+        .unwrap_or_default();
+    if !selection_reason.is_empty() {
+        trace
+            .steps
+            .push(format!("endpoint selection: {selection_reason}"));
+    }
+    let reason_no_endpoints = |policy: &str| -> String {
+        if svc.has_any_endpoints {
+            format!(
+                "{policy}: none of the service's usable endpoints may take this traffic from this node"
+            )
+        } else {
+            "no usable endpoint (ready, or serving and terminating) anywhere".to_string()
+        }
+    };
+    match frontend.action {
+        Action::Forward => {}
+        Action::Reject => {
+            let policy = if frontend.kind.is_external() {
+                "externalTrafficPolicy"
+            } else {
+                "internalTrafficPolicy"
+            };
+            trace.verdict = Verdict::Reject {
+                reason: reason_no_endpoints(policy),
+            };
+            return trace;
+        }
+        Action::Drop => {
+            let policy = if frontend.kind.is_external() {
+                "externalTrafficPolicy"
+            } else {
+                "internalTrafficPolicy"
+            };
+            trace.verdict = Verdict::Drop {
+                reason: format!(
+                    "{policy} Local and no endpoint on this node, while some exist elsewhere (a client or load balancer should use another node)"
+                ),
+            };
+            return trace;
+        }
+    }
+
+    // 4. Which set, and masquerade.
+    let (set, masquerade, why) = if frontend.kind == FrontendKind::ClusterIp {
+        let r = svc.internal;
+        let (masq, why) = match r.masquerade {
+            Masquerade::Always => (true, "--masquerade-all".to_string()),
+            Masquerade::UnlessFromLocalPod if origin == Origin::LocalPod => {
+                (false, "from this node's pods: the reply comes back through this node".into())
+            }
+            Masquerade::UnlessFromLocalPod => (
+                true,
+                "to a cluster IP from outside this node's pods: the reply must come back through this node"
+                    .into(),
+            ),
+            Masquerade::Never => (
+                false,
+                "local traffic cannot be told apart (--detect-local-mode), so cluster IP traffic is not masqueraded"
+                    .into(),
+            ),
+        };
+        (r.set, masq, why)
+    } else {
+        let Some(route) = svc.external else {
+            trace.verdict = Verdict::Reject {
+                reason: reason_no_endpoints("externalTrafficPolicy"),
+            };
+            return trace;
+        };
+        let localhost = frontend.kind == FrontendKind::NodePort
+            && matches!(packet.to.ip(), IpAddr::V4(v4) if v4.is_loopback());
+        if route.masquerade {
+            (
+                EndpointSetId::Cluster,
+                true,
+                "externalTrafficPolicy Cluster: the endpoint may be on another node".to_string(),
+            )
+        } else if route.pods_to_cluster && origin == Origin::LocalPod {
+            trace.steps.push(
+                "externalTrafficPolicy Local, but from this node's pod: short-circuited to the cluster-wide endpoints"
+                    .into(),
+            );
+            (
+                EndpointSetId::Cluster,
+                false,
+                "from this node's pods".to_string(),
+            )
+        } else if origin == Origin::Node && (route.host_to_cluster || route.host_masquerade) {
+            trace.steps.push(
+                "externalTrafficPolicy Local, but from the node itself: short-circuited to the cluster-wide endpoints"
+                    .into(),
+            );
+            let set = if route.host_to_cluster {
+                EndpointSetId::Cluster
+            } else {
+                match route.rest {
+                    Disposition::Forward(s) => s,
+                    Disposition::Drop => EndpointSetId::Cluster,
+                }
+            };
+            (
+                set,
+                route.host_masquerade,
+                "from the node itself, whose source address an endpoint could not answer"
+                    .to_string(),
+            )
+        } else {
+            match route.rest {
+                Disposition::Forward(s) => (
+                    s,
+                    localhost,
+                    if localhost {
+                        "a localhost NodePort: the source 127.0.0.1 cannot leave the node"
+                            .to_string()
+                    } else {
+                        "externalTrafficPolicy Local: the client's address is kept".to_string()
+                    },
+                ),
+                Disposition::Drop => {
+                    trace.verdict = Verdict::Drop {
+                        reason: "externalTrafficPolicy Local and no endpoint on this node, while some exist elsewhere (a load balancer should use another node)".into(),
+                    };
+                    return trace;
+                }
+            }
+        }
+    };
+    let masquerade = masquerade
+        || (frontend.kind == FrontendKind::NodePort
+            && matches!(packet.to.ip(), IpAddr::V4(v4) if v4.is_loopback()));
+    let endpoints = candidates(svc, set, packet.from, masquerade);
+    if endpoints.is_empty() {
+        trace.verdict = Verdict::Reject {
+            reason: reason_no_endpoints("traffic policy"),
+        };
+        return trace;
+    }
+    trace.verdict = Verdict::Forward {
+        endpoint_set: set_name(set),
+        endpoints,
+        masquerade,
+        masquerade_reason: why,
+        session_affinity_seconds: svc.affinity_timeout,
+    };
+    trace
+}
+
+fn candidates(
+    svc: &ServiceIntent,
+    set: EndpointSetId,
+    from: IpAddr,
+    masquerade: bool,
+) -> Vec<Candidate> {
+    let eps = svc.set(set).unwrap_or_default();
+    let p = if eps.is_empty() {
+        0.0
+    } else {
+        1.0 / eps.len() as f64
+    };
+    eps.iter()
+        .map(|e| Candidate {
+            address: socket(e.ip(), e.port()),
+            probability: p,
+            // A connection from an endpoint to itself is masqueraded (hairpin).
+            masquerade: masquerade || e.ip() == from,
+        })
+        .collect()
+}
