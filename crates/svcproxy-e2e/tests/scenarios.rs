@@ -18,6 +18,10 @@
 //! - a cluster IP on a port no service exposes: refused (where the mode guards the
 //!   service address space; the intent says, from the mode's semantics).
 //!
+//! For every probe, `svcproxy explain`'s tracer (on the same intent and snapshots, the
+//! origin told from the probe's source as the rules tell it) must predict the outcome
+//! the packets are checked against: the same endpoints, or the same drop or refusal.
+//!
 //! What this does not check (the hand-written suite in `dataplane.rs` does): which client
 //! address the backend sees (the scenario configurations are not all expressible as
 //! flags, e.g. several ClusterCIDRs per family), unallocated ServiceCIDR addresses,
@@ -180,6 +184,72 @@ enum Expect {
     Drop,
 }
 
+/// What `svcproxy explain` predicts for a probe.
+#[derive(Debug)]
+enum Predicted {
+    Answer(Vec<String>),
+    Refuse,
+    Drop,
+    /// Not proxied: no probe expects this.
+    Accept(String),
+}
+
+impl Predicted {
+    /// For a failure message.
+    fn show(&self) -> String {
+        match self {
+            Predicted::Accept(reason) => format!("not proxied ({reason})"),
+            other => format!("{other:?}"),
+        }
+    }
+
+    fn agrees(&self, expect: &Expect) -> bool {
+        match (self, expect) {
+            (Predicted::Answer(a), Expect::Answer(b)) => {
+                let (mut a, mut b) = (a.clone(), b.clone());
+                a.sort();
+                b.sort();
+                a == b
+            }
+            (Predicted::Refuse, Expect::Refuse) | (Predicted::Drop, Expect::Drop) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The tracer's prediction for `p`.
+fn explained(
+    intent: &svcproxy_plan::Intent,
+    update: &svcproxy_core::state::SnapshotUpdate,
+    p: &Probe,
+) -> Predicted {
+    use svcproxy_plan::explain::{explain, Packet, Verdict};
+    let packet = Packet {
+        from: p.source,
+        to: p.target,
+        protocol: match p.proto {
+            Proto::Tcp => Protocol::Tcp,
+            Proto::Udp => Protocol::Udp,
+            Proto::Sctp => Protocol::Sctp,
+        },
+        origin: None,
+    };
+    match explain(intent, &update.v4, &update.v6, &packet).verdict {
+        Verdict::Forward { endpoints, .. } => Predicted::Answer(
+            endpoints
+                .iter()
+                .map(|c| {
+                    let addr: SocketAddr = c.address.parse().expect("an endpoint address");
+                    backend_name(addr.ip())
+                })
+                .collect(),
+        ),
+        Verdict::Reject { .. } => Predicted::Refuse,
+        Verdict::Drop { .. } => Predicted::Drop,
+        Verdict::Accept { reason } => Predicted::Accept(reason),
+    }
+}
+
 /// One probe the intent asks for.
 struct Probe {
     what: String,
@@ -308,11 +378,16 @@ fn run_scenario(mode: Mode, case: &'static str) {
     env.wait_synced(node);
 
     let probes = probes(&intent, node, client, sctp_ok);
+    let update = sc.state().snapshot();
     let mut ck = Checks::new(case);
     ck.check(!probes.is_empty(), || {
         format!("{case}: the intent asks for no probe")
     });
     for p in &probes {
+        let predicted = explained(&intent, &update, p);
+        ck.check(predicted.agrees(&p.expect), || {
+            format!("explain predicts {} for {}", predicted.show(), p.what)
+        });
         let wait = match p.expect {
             Expect::Answer(_) => ANSWER,
             Expect::Refuse => REFUSE_WAIT,
