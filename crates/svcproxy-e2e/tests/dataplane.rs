@@ -38,7 +38,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -486,30 +486,61 @@ fn preserves_or_masquerades_the_client_ip_exactly_where_needed(mode: Mode) {
         return;
     };
     let mut ck = Checks::new("source-ip");
+    let mut checks = Vec::new();
     for f in Family::BOTH {
         let fam = family_name(f);
         for (proto, port) in [(Proto::Tcp, 80), (Proto::Udp, 53)] {
             let target = sa(same.cluster_ip(f), port);
+            let a0 = pod_ip(A0, f);
             // Pod -> cluster IP -> endpoint on the same node: client IP preserved.
             let got = env.probe(A1, proto, target, 2, ANSWER);
             let what = format!("{fam} {proto} pod-a1 -> cluster IP -> pod-a0 (same node)");
+            checks.push((
+                what.clone(),
+                NODE_A,
+                pod_ip(A1, f),
+                target,
+                proto,
+                a0,
+                false,
+            ));
             ck.answered_by(&what, &got, &["pod-a0"]);
             ck.client_is(&what, &got, pod_ip(A1, f));
             // From a pod on the other node: still preserved (pod traffic is never SNATed).
             let got = env.probe(B1, proto, target, 2, ANSWER);
             let what = format!("{fam} {proto} pod-b1 -> cluster IP -> pod-a0 (other node)");
+            checks.push((
+                what.clone(),
+                NODE_B,
+                pod_ip(B1, f),
+                target,
+                proto,
+                a0,
+                false,
+            ));
             ck.answered_by(&what, &got, &["pod-a0"]);
             ck.client_is(&what, &got, pod_ip(B1, f));
             // Hairpin: pod-a0 reaches itself through its service: SNAT to the node (its
             // pod-side gateway address), never its own address.
             let got = env.probe(A0, proto, target, 2, ANSWER);
             let what = format!("{fam} {proto} hairpin pod-a0 -> cluster IP -> pod-a0");
+            checks.push((what.clone(), NODE_A, a0, target, proto, a0, true));
             ck.answered_by(&what, &got, &["pod-a0"]);
             ck.client_is(&what, &got, plan::pod_gateway(NODE_A, f));
             // ext -> NodePort (eTP Cluster) on node-a -> endpoint on node-b: SNAT to node-a.
             let np = if proto == Proto::Tcp { 30280 } else { 30253 };
-            let got = env.probe(Host::Ext, proto, sa(plan::node_ip(0, f), np), 2, ANSWER);
+            let np_target = sa(plan::node_ip(0, f), np);
+            let got = env.probe(Host::Ext, proto, np_target, 2, ANSWER);
             let what = format!("{fam} {proto} ext -> node-a NodePort (eTP Cluster) -> pod-b0");
+            checks.push((
+                what.clone(),
+                NODE_A,
+                plan::ext_ip(f),
+                np_target,
+                proto,
+                pod_ip(B0, f),
+                true,
+            ));
             ck.answered_by(&what, &got, &["pod-b0"]);
             ck.client_is(&what, &got, plan::node_ip(NODE_A, f));
         }
@@ -522,8 +553,36 @@ fn preserves_or_masquerades_the_client_ip_exactly_where_needed(mode: Mode) {
             ANSWER,
         );
         let what = format!("{fam} ext -> node-a NodePort (eTP Local) -> pod-a0");
+        checks.push((
+            what.clone(),
+            NODE_A,
+            plan::ext_ip(f),
+            sa(plan::node_ip(0, f), 30281),
+            Proto::Tcp,
+            pod_ip(A0, f),
+            false,
+        ));
         ck.answered_by(&what, &got, &["pod-a0"]);
         ck.client_is(&what, &got, plan::ext_ip(f));
+    }
+    // `svcproxy explain` must predict what each flow shows: masqueraded exactly when
+    // the backend saw another address than the client's.
+    let mut explained = |what: &str,
+                         node: usize,
+                         from: IpAddr,
+                         to: SocketAddr,
+                         proto: Proto,
+                         endpoint: IpAddr,
+                         masqueraded: bool| {
+        let predicted = env.explain_masquerades(node, from, to, proto, endpoint);
+        ck.check(predicted == Some(masqueraded), || {
+            format!(
+                "{what}: explain predicts masquerade {predicted:?}, the packets show {masqueraded}"
+            )
+        });
+    };
+    for (what, node, from, to, proto, endpoint, masqueraded) in checks {
+        explained(&what, node, from, to, proto, endpoint, masqueraded);
     }
     ck.finish(&env);
 }

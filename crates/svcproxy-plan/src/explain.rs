@@ -27,7 +27,8 @@ use crate::intent::{
 pub enum Origin {
     /// The node itself (a host-network process).
     Node,
-    /// One of this node's pods (what `--detect-local-mode` recognises).
+    /// A pod, as `--detect-local-mode` tells local traffic (this node's pods; with
+    /// `ClusterCIDR`, any pod of the cluster CIDR).
     LocalPod,
     /// Anything else: another node, a pod elsewhere, a client outside the cluster.
     External,
@@ -37,7 +38,7 @@ impl Origin {
     pub fn as_str(self) -> &'static str {
         match self {
             Origin::Node => "this node",
-            Origin::LocalPod => "a pod on this node",
+            Origin::LocalPod => "a pod (local traffic)",
             Origin::External => "outside this node",
         }
     }
@@ -219,12 +220,12 @@ fn origin_of(packet: &Packet, node: Option<&NodeIntent>) -> (Origin, String) {
         Some(LocalTraffic::Cidrs(cidrs)) => match cidrs.iter().find(|c| c.contains(&packet.from)) {
             Some(c) => (
                 Origin::LocalPod,
-                format!("inside {c}, this node's pods (--detect-local-mode)"),
+                format!("inside {c}, local traffic to --detect-local-mode"),
             ),
             None => (
                 Origin::External,
                 format!(
-                    "neither this node's address nor inside its pods' {}",
+                    "neither this node's address nor inside the local-traffic CIDRs {}",
                     cidrs
                         .iter()
                         .map(|c| c.to_string())
@@ -482,11 +483,11 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
         let (masq, why) = match r.masquerade {
             Masquerade::Always => (true, "--masquerade-all".to_string()),
             Masquerade::UnlessFromLocalPod if origin == Origin::LocalPod => {
-                (false, "from this node's pods: the reply comes back through this node".into())
+                (false, "local (pod) traffic is not masqueraded".into())
             }
             Masquerade::UnlessFromLocalPod => (
                 true,
-                "to a cluster IP from outside this node's pods: the reply must come back through this node"
+                "to a cluster IP from outside the pods (not local traffic): the reply must come back through this node"
                     .into(),
             ),
             Masquerade::Never => (
@@ -513,13 +514,13 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
             )
         } else if route.pods_to_cluster && origin == Origin::LocalPod {
             trace.steps.push(
-                "externalTrafficPolicy Local, but from this node's pod: short-circuited to the cluster-wide endpoints"
+                "externalTrafficPolicy Local, but from a pod: short-circuited to the cluster-wide endpoints"
                     .into(),
             );
             (
                 EndpointSetId::Cluster,
                 false,
-                "from this node's pods".to_string(),
+                "pod traffic keeps its address".to_string(),
             )
         } else if origin == Origin::Node && (route.host_to_cluster || route.host_masquerade) {
             trace.steps.push(

@@ -115,7 +115,7 @@ enum Command {
         /// The connection comes from this node itself.
         #[arg(long, group = "origin")]
         from_node: bool,
-        /// The connection comes from a pod on this node.
+        /// The connection comes from a pod: traffic --detect-local-mode counts as local.
         #[arg(long, group = "origin")]
         from_pod: bool,
         /// The connection comes from outside this node. Without any of the three,

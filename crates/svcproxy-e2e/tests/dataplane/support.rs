@@ -1130,6 +1130,64 @@ impl Env {
         ]
     }
 
+    /// `svcproxy explain --format json` for a connection through `node`'s rules, with
+    /// the inputs and flags its proxy runs with (plus `flags`); the origin is told
+    /// from `from`, as the rules tell it.
+    pub fn explain(
+        &self,
+        node: usize,
+        flags: &[String],
+        from: IpAddr,
+        to: SocketAddr,
+        proto: Proto,
+    ) -> serde_json::Value {
+        let mut args = self.proxy_args(node);
+        args.extend(flags.iter().cloned());
+        let out = std::process::Command::new(svcproxy_bin())
+            .arg("explain")
+            .args(&args)
+            .args([
+                "--format",
+                "json",
+                "--from",
+                &from.to_string(),
+                "--to",
+                &to.to_string(),
+            ])
+            .args(["--proto", &proto.to_string().to_lowercase()])
+            .output()
+            .expect("run svcproxy explain");
+        assert!(
+            out.status.success(),
+            "svcproxy explain: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("explain's JSON")
+    }
+
+    /// Whether `explain` says the connection reaches `endpoint` masqueraded (None: it
+    /// does not say the connection reaches `endpoint` at all).
+    pub fn explain_masquerades(
+        &self,
+        node: usize,
+        from: IpAddr,
+        to: SocketAddr,
+        proto: Proto,
+        endpoint: IpAddr,
+    ) -> Option<bool> {
+        let v = self.explain(node, &[], from, to, proto);
+        v["verdict"]["endpoints"]
+            .as_array()?
+            .iter()
+            .find(|c| {
+                c["address"]
+                    .as_str()
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+                    .is_some_and(|a| a.ip() == endpoint)
+            })
+            .and_then(|c| c["masquerade"].as_bool())
+    }
+
     /// Starts a long-running svcproxy in `node` (not waiting for it to sync). A
     /// `--min-sync-period` in `flags` replaces the default `0s`.
     pub fn spawn_svcproxy(&self, bin: &Path, node: usize, flags: &[String]) -> NsProcess {
