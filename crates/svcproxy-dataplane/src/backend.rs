@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use svcproxy_core::model::IpFamily;
+
 use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 
 use crate::error::DataPlaneError;
@@ -40,6 +42,21 @@ pub struct ApplyReport {
     /// Size of what was sent to the kernel; 0 when nothing changed (and nothing
     /// was run).
     pub script_bytes: usize,
+    /// Rule counts per family and table, for the modes that count rules (upstream's
+    /// iptables `kubeproxy_sync_proxy_rules_iptables_total` and `_last`).
+    pub rules: Vec<RuleCount>,
+}
+
+/// The rules svcproxy owns in one table of one family, after a sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleCount {
+    pub family: IpFamily,
+    pub table: &'static str,
+    /// Rules in svcproxy's chains of the table.
+    pub total: usize,
+    /// Rules the sync wrote (all of them in a full sync; the changed chains' in a
+    /// partial one).
+    pub written: usize,
 }
 
 /// What the node must provide for a backend to work.
@@ -145,6 +162,8 @@ pub struct Backend {
     pub mode: &'static str,
     /// The mode's failure counters, named as upstream names them for that mode.
     pub failure_counters: &'static [FailureCounter],
+    /// The mode reports [`RuleCount`]s (upstream's iptables rule gauges).
+    pub counts_rules: bool,
     /// Where this mode behaves differently from the others, as upstream's same mode
     /// does; folded into the configuration before the intent is built.
     pub semantics: ModeSemantics,

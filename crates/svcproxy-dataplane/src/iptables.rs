@@ -20,7 +20,8 @@ use svcproxy_plan::iptables::{self as ipt, is_ours, TableId, JUMPS};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
-    ApplyReport, Backend, DataPlane, FailureCounter, FailureKind, NodeRequirements, SyncKind,
+    ApplyReport, Backend, DataPlane, FailureCounter, FailureKind, NodeRequirements, RuleCount,
+    SyncKind,
 };
 use crate::error::DataPlaneError;
 use crate::node::required_sysctls;
@@ -29,6 +30,7 @@ use crate::sink::run_command;
 /// The iptables mode in the registry, with upstream iptables mode's counters.
 pub const BACKEND: Backend = Backend {
     mode: "iptables",
+    counts_rules: true,
     failure_counters: &[
         FailureCounter {
             kind: FailureKind::Sync,
@@ -44,6 +46,28 @@ pub const BACKEND: Backend = Backend {
     semantics: svcproxy_plan::iptables::SEMANTICS,
     new: |_| Box::new(IptablesDataPlane::new(IptablesCommands::default())),
 };
+
+/// What one family's sync did.
+struct FamilySync {
+    kind: SyncKind,
+    bytes: usize,
+    in_tools: Duration,
+    counts: Vec<RuleCount>,
+}
+
+/// The rules (`-A` and `-I` lines) a restore input writes, per table.
+fn rules_written(input: &str) -> HashMap<&str, usize> {
+    let mut out: HashMap<&str, usize> = HashMap::new();
+    let mut table = "";
+    for line in input.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim();
+        } else if line.starts_with("-A ") || line.starts_with("-I ") {
+            *out.entry(table).or_default() += 1;
+        }
+    }
+    out
+}
 
 /// How one restore may take before it is killed (a restore is one transaction: a
 /// killed one applied nothing).
@@ -256,7 +280,7 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         delta: &IntentDelta,
         family: IpFamily,
         full: bool,
-    ) -> Result<Option<(SyncKind, usize, Duration)>, DataPlaneError> {
+    ) -> Result<Option<FamilySync>, DataPlaneError> {
         let Some(rules) = ipt::rules(intent, family) else {
             return Ok(None);
         };
@@ -338,7 +362,22 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         }
         self.written.insert(family, now);
         let bytes = input.len() + deletion.map_or(0, |d| d.len());
-        Ok(Some((kind, bytes, in_tools)))
+        let written = rules_written(&input);
+        let counts = TableId::ALL
+            .into_iter()
+            .map(|t| RuleCount {
+                family,
+                table: t.name(),
+                total: rules.table(t).rule_count(),
+                written: written.get(t.name()).copied().unwrap_or(0),
+            })
+            .collect();
+        Ok(Some(FamilySync {
+            kind,
+            bytes,
+            in_tools,
+            counts,
+        }))
     }
 }
 
@@ -372,11 +411,18 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         let mut kind = SyncKind::Partial;
         let mut bytes = 0;
         let mut in_tools = Duration::ZERO;
+        let mut rules = Vec::new();
         for family in IpFamily::BOTH {
             match self.sync_family(intent, delta, family, full) {
-                Ok(Some((k, b, t))) => {
+                Ok(Some(FamilySync {
+                    kind: k,
+                    bytes: b,
+                    in_tools: t,
+                    counts,
+                })) => {
                     bytes += b;
                     in_tools += t;
+                    rules.extend(counts);
                     // The report's kind is the fullest of the families'.
                     kind = match (kind, k) {
                         (SyncKind::Recreate, _) | (_, SyncKind::Recreate) => SyncKind::Recreate,
@@ -399,6 +445,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
             kind,
             apply_duration: in_tools,
             script_bytes: bytes,
+            rules,
         })
     }
 

@@ -35,7 +35,7 @@ mod sink;
 
 pub use backend::{
     backend, cleanup_all, ApplyReport, Backend, DataPlane, FailureCounter, FailureKind,
-    NodeRequirements, SyncKind, BACKENDS,
+    NodeRequirements, RuleCount, SyncKind, BACKENDS,
 };
 pub use conntrack::{
     cleanup_filters, ip_protocol, CleanupStats, ConntrackCleaner, ConntrackCleanupReport,

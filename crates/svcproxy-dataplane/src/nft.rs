@@ -22,6 +22,7 @@ use crate::sink::{NftCommand, ScriptSink};
 
 /// The nftables mode in the registry.
 pub const BACKEND: Backend = Backend {
+    counts_rules: false,
     mode: "nftables",
     failure_counters: &[
         FailureCounter {
@@ -172,6 +173,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             },
             apply_duration,
             script_bytes: plan.script.len(),
+            rules: Vec::new(),
         })
     }
 

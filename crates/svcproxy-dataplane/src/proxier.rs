@@ -40,6 +40,8 @@ pub struct SyncReport {
     /// What UDP conntrack cleanup did after the apply (its failure does not fail
     /// the sync).
     pub conntrack: ConntrackCleanupReport,
+    /// The data plane's rule counts, if it counts rules.
+    pub rules: Vec<crate::backend::RuleCount>,
 }
 
 /// One data plane with the shared logic around it: the intent, conflicts, and
@@ -161,6 +163,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             replanned: delta.rebuilt,
             conflicts,
             conntrack,
+            rules: applied.rules,
         };
         tracing::debug!(
             mode = self.plane.mode(),

@@ -36,6 +36,43 @@ impl Netns {
     }
 }
 
+/// Rules in svcproxy's own chains of `table`, as the kernel lists them.
+fn kernel_rules(ns: &Netns, tool: &str, table: &str) -> usize {
+    ns.run_ok(&[tool, "-t", table], None)
+        .expect("iptables-save")
+        .lines()
+        .filter_map(|l| l.strip_prefix("-A "))
+        .filter(|l| svcproxy_plan::iptables::is_ours(l.split(' ').next().unwrap_or("")))
+        .count()
+}
+
+/// svcproxy's jumps from the built-in chains of `table`, as the kernel lists them.
+fn kernel_jumps(ns: &Netns, tool: &str, table: &str) -> usize {
+    ns.run_ok(&[tool, "-t", table], None)
+        .expect("iptables-save")
+        .lines()
+        .filter_map(|l| l.strip_prefix("-A "))
+        .filter(|l| {
+            !svcproxy_plan::iptables::is_ours(l.split(' ').next().unwrap_or(""))
+                && l.contains("-j SVCPROXY-")
+        })
+        .count()
+}
+
+/// The report's (total, written) for a family and table.
+fn counted(
+    report: &svcproxy_dataplane::SyncReport,
+    family: svcproxy_core::model::IpFamily,
+    table: &str,
+) -> (usize, usize) {
+    let c = report
+        .rules
+        .iter()
+        .find(|c| c.family == family && c.table == table)
+        .unwrap_or_else(|| panic!("no count for {family:?} {table}: {:?}", report.rules));
+    (c.total, c.written)
+}
+
 fn proxier(ns: &Netns) -> Proxier<IptablesDataPlane, NoConntrackCleanup> {
     Proxier::without_conntrack(
         SEMANTICS.apply(plan_config()),
@@ -99,6 +136,21 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
     let mut dp = proxier(&ns);
     let report = dp.sync(&snapshot(&mut state), true).expect("first sync");
     assert_eq!(report.kind, SyncKind::Recreate);
+    // The rule gauges (upstream's kubeproxy_sync_proxy_rules_iptables_total and
+    // _last) count what the kernel holds in svcproxy's chains, and what a sync wrote.
+    use svcproxy_core::model::IpFamily::{V4, V6};
+    for (family, tool) in [(V4, "iptables-save"), (V6, "ip6tables-save")] {
+        for table in ["nat", "filter"] {
+            let (total, written) = counted(&report, family, table);
+            assert_eq!(total, kernel_rules(&ns, tool, table), "{family:?} {table}");
+            assert_eq!(
+                written,
+                total + kernel_jumps(&ns, tool, table),
+                "{family:?} {table}: the first sync writes every rule and the jumps to them"
+            );
+        }
+    }
+    assert!(counted(&report, V4, "nat").0 > 0);
     let v4 = ns.save("iptables-save");
     for needle in [
         "-A PREROUTING -m comment --comment svcproxy -j SVCPROXY-SERVICES",
@@ -133,6 +185,12 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
     upsert(&mut state, WEB_MOVED);
     let report = dp.sync(&snapshot(&mut state), false).expect("partial");
     assert_eq!(report.kind, SyncKind::Partial);
+    let (total, written) = counted(&report, V4, "nat");
+    assert_eq!(total, kernel_rules(&ns, "iptables-save", "nat"));
+    assert!(
+        written > 0 && written < total,
+        "a partial sync writes only the changed chains: {written} of {total}"
+    );
     let v4 = ns.save("iptables-save");
     has(&v4, "--to-destination 198.18.3.10:8080", "partial");
     lacks(&v4, "198.18.2.10", "partial");

@@ -625,6 +625,19 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
             format!("/metrics lacks {name}: {m:?}")
         });
     }
+    // iptables mode's rule gauges, from the restores it ran.
+    if mode.name() == "iptables" {
+        let nat = text.lines().find_map(|l| {
+            l.strip_prefix(
+                "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} ",
+            )
+        });
+        ck.check(
+            nat.and_then(|v| v.trim().parse::<f64>().ok())
+                .is_some_and(|v| v > 0.0),
+            || format!("/metrics lacks the iptables rule count: {text}"),
+        );
+    }
     // node-b has no local endpoint for the eTP Local service, in both families: one
     // per family, under upstream's ip_family label.
     let mb = get(&env, Host::Node(NODE_B), loopback, 10249, "/metrics");

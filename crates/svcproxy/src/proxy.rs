@@ -214,6 +214,8 @@ struct SyncDone {
     duration: Duration,
     /// What UDP conntrack cleanup did (kernel only).
     conntrack: Option<svcproxy_dataplane::ConntrackCleanupReport>,
+    /// The data plane's rule counts (kernel only, the modes that count rules).
+    rules: Vec<svcproxy_dataplane::RuleCount>,
     /// Claims on destinations that other service ports hold (kernel only).
     lost_claims: Option<usize>,
 }
@@ -254,6 +256,7 @@ impl Target for KernelTarget {
             full: report.kind.is_full(),
             duration: report.duration,
             conntrack: Some(report.conntrack),
+            rules: report.rules,
             lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),
         })
     }
@@ -346,6 +349,7 @@ impl Target for SnapshotPrinter {
             full,
             duration: start.elapsed(),
             conntrack: None,
+            rules: Vec::new(),
             lost_claims: None,
         })
     }
@@ -381,6 +385,7 @@ impl Target for ExplainPrinter {
             full,
             duration: start.elapsed(),
             conntrack: None,
+            rules: Vec::new(),
             lost_claims: None,
         })
     }
@@ -404,6 +409,7 @@ impl Target for RenderPrinter {
             full,
             duration: start.elapsed(),
             conntrack: None,
+            rules: Vec::new(),
             lost_claims: None,
         })
     }
@@ -456,6 +462,7 @@ impl<T: Target> ProxySyncer<T> {
         if let Some(ct) = &done.conntrack {
             self.metrics.conntrack_cleanup(ct);
         }
+        self.metrics.set_rule_counts(&done.rules);
         if let Some(n) = done.lost_claims {
             self.metrics.set_lost_claims(n);
         }

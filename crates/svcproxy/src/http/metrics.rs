@@ -68,6 +68,8 @@ pub struct Metrics {
     started: SystemTime,
     conntrack_cleanup_failures: IntCounter,
     conntrack_entries_deleted: IntCounter,
+    /// Upstream's iptables rule gauges, in the modes that count rules.
+    iptables_rules: Option<(IntGaugeVec, IntGaugeVec)>,
     /// Upstream's conntrack reconciler figures, per family cleaned.
     conntrack_reconciler_deleted: IntCounterVec,
     conntrack_reconciler_duration: HistogramVec,
@@ -263,6 +265,25 @@ impl Metrics {
                 "svcproxy_conntrack_entries_deleted_total",
                 "Stale UDP conntrack entries deleted".to_string(),
             ),
+            iptables_rules: backend.counts_rules.then(|| {
+                let vec = |name: &str, help: &str| {
+                    register(
+                        &r,
+                        IntGaugeVec::new(Opts::new(name, alpha(help)), &[IP_FAMILY, "table"])
+                            .expect("valid gauge"),
+                    )
+                };
+                (
+                    vec(
+                        "kubeproxy_sync_proxy_rules_iptables_total",
+                        "Total number of iptables rules owned by kube-proxy",
+                    ),
+                    vec(
+                        "kubeproxy_sync_proxy_rules_iptables_last",
+                        "Number of iptables rules written by kube-proxy in last sync",
+                    ),
+                )
+            }),
             conntrack_reconciler_deleted: counter_vec(
                 "kubeproxy_conntrack_reconciler_deleted_entries_total",
                 alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
@@ -462,6 +483,18 @@ impl Metrics {
                     .inc_by(count - *last);
                 *last = count;
             }
+        }
+    }
+
+    /// The data plane's rule counts after a sync (upstream's iptables gauges).
+    pub fn set_rule_counts(&self, counts: &[svcproxy_dataplane::RuleCount]) {
+        let Some((total, last)) = &self.iptables_rules else {
+            return;
+        };
+        for c in counts {
+            let labels = [c.family.as_str(), c.table];
+            total.with_label_values(&labels).set(to_i64(c.total));
+            last.with_label_values(&labels).set(to_i64(c.written));
         }
     }
 
@@ -821,6 +854,8 @@ mod tests {
         );
         // Counted only once answered, as upstream.
         assert!(!text.contains("kubeproxy_proxy_healthz_total"));
+        // iptables mode's rule gauges are not nftables mode's.
+        assert!(!text.contains("kubeproxy_sync_proxy_rules_iptables_total"));
     }
 
     #[tokio::test]
@@ -848,7 +883,19 @@ mod tests {
         let m = Metrics::started_at(UNIX_EPOCH, &svcproxy_dataplane::iptables::BACKEND);
         m.sync_failed(false);
         m.sync_failed(true);
+        m.set_rule_counts(&[svcproxy_dataplane::RuleCount {
+            family: IpFamily::V6,
+            table: "nat",
+            total: 120,
+            written: 7,
+        }]);
         let (_, text) = scrape(m).await;
+        for line in [
+            r#"kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv6",table="nat"} 120"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv6",table="nat"} 7"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
         let s = parse(&text);
         let value = |name: &str| {
             s.samples
