@@ -360,15 +360,31 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints(mo
         return;
     };
     let mut ck = Checks::new("reject-drop");
+    // What `svcproxy explain` must predict for each flow below.
+    let mut flows = Vec::new();
     for f in Family::BOTH {
         let fam = family_name(f);
         // No usable endpoint anywhere: REJECT, at once, on every destination.
         for (proto, port, np) in [(Proto::Tcp, 80, 30180), (Proto::Udp, 53, 30153)] {
+            let what = format!("{fam} {proto} pod -> cluster IP, no endpoints");
+            flows.push((
+                what.clone(),
+                NODE_A,
+                pod_ip(A1, f),
+                sa(empty.cluster_ip(f), port),
+                proto,
+                "reject",
+            ));
+            flows.push((
+                format!("{fam} {proto} ext -> NodePort, no endpoints"),
+                NODE_A,
+                plan::ext_ip(f),
+                sa(plan::node_ip(0, f), np),
+                proto,
+                "reject",
+            ));
             let got = env.probe(A1, proto, sa(empty.cluster_ip(f), port), 2, REFUSE_WAIT);
-            ck.refused_fast(
-                &format!("{fam} {proto} pod -> cluster IP, no endpoints"),
-                &got,
-            );
+            ck.refused_fast(&what, &got);
             let got = env.probe(
                 Host::Ext,
                 proto,
@@ -384,6 +400,24 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints(mo
         // eTP Local, endpoints only on node-b: node-a drops external traffic, node-b serves
         // it with the client IP preserved.
         for (proto, np) in [(Proto::Tcp, 30181), (Proto::Udp, 30154)] {
+            flows.push((
+                format!(
+                    "{fam} {proto} ext -> node-a NodePort, eTP Local, endpoints on node-b only"
+                ),
+                NODE_A,
+                plan::ext_ip(f),
+                sa(plan::node_ip(0, f), np),
+                proto,
+                "drop",
+            ));
+            flows.push((
+                format!("{fam} {proto} ext -> node-b NodePort, eTP Local"),
+                NODE_B,
+                plan::ext_ip(f),
+                sa(plan::node_ip(1, f), np),
+                proto,
+                "forward",
+            ));
             let got = env.probe(Host::Ext, proto, sa(plan::node_ip(0, f), np), 1, DROP_WAIT);
             ck.dropped(
                 &format!(
@@ -398,6 +432,23 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints(mo
         }
         // iTP Local, endpoints only on node-b: pods on node-a are dropped, node-b's served.
         for (proto, port) in [(Proto::Tcp, 80), (Proto::Udp, 53)] {
+            let target = sa(itp.cluster_ip(f), port);
+            flows.push((
+                format!("{fam} {proto} node-a pod -> iTP Local"),
+                NODE_A,
+                pod_ip(A1, f),
+                target,
+                proto,
+                "drop",
+            ));
+            flows.push((
+                format!("{fam} {proto} node-b pod -> iTP Local"),
+                NODE_B,
+                pod_ip(B1, f),
+                target,
+                proto,
+                "forward",
+            ));
             let got = env.probe(A1, proto, sa(itp.cluster_ip(f), port), 1, DROP_WAIT);
             ck.dropped(
                 &format!("{fam} {proto} node-a pod -> iTP Local, endpoints on node-b only"),
@@ -425,6 +476,14 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints(mo
         let guarded = mode.guards_service_ips();
         for (proto, port) in [(Proto::Tcp, 81), (Proto::Udp, 80)] {
             let what = format!("{fam} {proto} cluster IP on unexposed port {port}");
+            flows.push((
+                what.clone(),
+                NODE_A,
+                pod_ip(A1, f),
+                sa(web.cluster_ip(f), port),
+                proto,
+                if guarded { "reject" } else { "accept" },
+            ));
             if guarded {
                 let got = env.probe(A1, proto, sa(web.cluster_ip(f), port), 1, REFUSE_WAIT);
                 ck.refused_fast(&what, &got);
@@ -444,6 +503,14 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints(mo
         let unallocated = plan::cluster_ip(250, f);
         let got = env.probe(A1, Proto::Tcp, sa(unallocated, 80), 1, DROP_WAIT);
         let what = format!("{fam} unallocated ServiceCIDR address {unallocated}");
+        flows.push((
+            what.clone(),
+            NODE_A,
+            pod_ip(A1, f),
+            sa(unallocated, 80),
+            Proto::Tcp,
+            if guarded { "drop" } else { "accept" },
+        ));
         if guarded {
             ck.dropped(&what, &got);
         } else {
@@ -455,6 +522,7 @@ fn rejects_without_endpoints_and_drops_local_policies_without_local_endpoints(mo
             format!("{fam}: node-a's rules drop the ServiceCIDR {cidr}: {drop_rule}, expected {guarded}")
         });
     }
+    env.check_explained(&mut ck, &flows);
     ck.finish(&env);
 }
 
@@ -886,8 +954,64 @@ fn load_balancer_source_ranges_and_short_circuit(mode: Mode) {
         return;
     };
     let mut ck = Checks::new("source-ranges");
+    let mut flows = Vec::new();
     for f in Family::BOTH {
         let fam = family_name(f);
+        // What `svcproxy explain` must predict for the flows below, all through node-a.
+        let node_a = plan::node_ip(NODE_A, f);
+        for (what, from, vip, action) in [
+            (
+                "ext inside the ranges -> LB IP",
+                plan::ext_ip(f),
+                50,
+                "forward",
+            ),
+            (
+                "ext outside the ranges -> LB IP",
+                plan::ext_alt_ip(f),
+                50,
+                "drop",
+            ),
+            (
+                "node-a -> LB IP whose ranges hold node-a's IP",
+                node_a,
+                51,
+                "forward",
+            ),
+            (
+                "ext -> LB IP whose ranges hold only node-a's IP",
+                plan::ext_ip(f),
+                51,
+                "drop",
+            ),
+            (
+                "pod-a1 -> eTP Local LB IP, endpoints on node-b",
+                pod_ip(A1, f),
+                52,
+                "forward",
+            ),
+            (
+                "node-a -> eTP Local LB IP, endpoints on node-b",
+                node_a,
+                52,
+                "forward",
+            ),
+            (
+                "ext -> eTP Local LB IP via node-a",
+                plan::ext_ip(f),
+                52,
+                "drop",
+            ),
+        ] {
+            flows.push((
+                format!("{fam} {what}"),
+                NODE_A,
+                from,
+                sa(plan::external_ip(vip, f), 80),
+                Proto::Tcp,
+                action,
+            ));
+        }
         let vip = sa(plan::external_ip(50, f), 80);
         let got = env.probe(Host::Ext, Proto::Tcp, vip, 2, ANSWER);
         ck.answered_by(
@@ -941,6 +1065,7 @@ fn load_balancer_source_ranges_and_short_circuit(mode: Mode) {
             &got,
         );
     }
+    env.check_explained(&mut ck, &flows);
     ck.finish(&env);
 }
 

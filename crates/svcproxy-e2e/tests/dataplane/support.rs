@@ -1165,6 +1165,36 @@ impl Env {
         serde_json::from_slice(&out.stdout).expect("explain's JSON")
     }
 
+    /// `explain`'s verdict for a connection through `node`'s rules: `forward`, `drop`,
+    /// `reject` or `accept`.
+    pub fn explain_action(
+        &self,
+        node: usize,
+        from: IpAddr,
+        to: SocketAddr,
+        proto: Proto,
+    ) -> String {
+        self.explain(node, &[], from, to, proto)["verdict"]["action"]
+            .as_str()
+            .unwrap_or("none")
+            .to_string()
+    }
+
+    /// Checks, for each `(what, node, from, to, proto, action)`, that `explain`
+    /// predicts the action the packets showed.
+    pub fn check_explained(
+        &self,
+        ck: &mut Checks,
+        flows: &[(String, usize, IpAddr, SocketAddr, Proto, &'static str)],
+    ) {
+        for (what, node, from, to, proto, want) in flows {
+            let got = self.explain_action(*node, *from, *to, *proto);
+            ck.check(got == *want, || {
+                format!("{what}: explain predicts {got}, the packets show {want}")
+            });
+        }
+    }
+
     /// Whether `explain` says the connection reaches `endpoint` masqueraded (None: it
     /// does not say the connection reaches `endpoint` at all).
     pub fn explain_masquerades(
