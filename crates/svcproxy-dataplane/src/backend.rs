@@ -103,6 +103,11 @@ pub trait DataPlane: Send {
     /// failed one (the next sync is full anyway); `Err` when the kernel could not be
     /// asked.
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError>;
+
+    /// How the kernel's rules differ from what a full sync of `intent` would write,
+    /// one line per chain or set whose rule or element count differs, or that is
+    /// missing or extra (`svcproxy explain --live`). Reads only.
+    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError>;
 }
 
 impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
@@ -133,6 +138,10 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
 
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
         (**self).drift()
+    }
+
+    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError> {
+        (**self).compare(intent)
     }
 }
 

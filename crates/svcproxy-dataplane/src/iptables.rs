@@ -237,6 +237,14 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
     fn canary_missing(&mut self) -> Result<Vec<IpFamily>, DataPlaneError> {
         let mut families: Vec<IpFamily> = self.written.keys().copied().collect();
         families.sort();
+        self.canary_missing_in(families)
+    }
+
+    /// Those of `families` whose `mangle` canary is gone.
+    fn canary_missing_in(
+        &mut self,
+        families: Vec<IpFamily>,
+    ) -> Result<Vec<IpFamily>, DataPlaneError> {
         let args: Vec<String> = ["-t", "mangle", "-S", ipt::CANARY]
             .map(String::from)
             .to_vec();
@@ -384,6 +392,38 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
 impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
     fn mode(&self) -> &'static str {
         BACKEND.mode
+    }
+
+    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError> {
+        let mut out = Vec::new();
+        let jumps: Vec<&ipt::Jump> = JUMPS.iter().collect();
+        let mut programmed = Vec::new();
+        for family in IpFamily::BOTH {
+            let Some(rules) = ipt::rules(intent, family) else {
+                continue;
+            };
+            programmed.push(family);
+            let mut expected = crate::shape::iptables_shape(
+                &rules.restore_with_jumps(&HashMap::new(), &jumps),
+                is_ours,
+            );
+            // The mangle canary is looked at below, as the drift check does.
+            expected.chains.retain(|k, _| !k.starts_with("mangle/"));
+            let mut saved = String::new();
+            for table in TableId::ALL {
+                saved.push_str(&self.runner.save(family, table)?);
+            }
+            let live = crate::shape::iptables_shape(&saved, is_ours);
+            let what = ipt::restore_command(family).trim_end_matches("-restore");
+            out.extend(crate::shape::differences(what, &expected, &live));
+        }
+        for family in self.canary_missing_in(programmed)? {
+            out.push(format!(
+                "{}: the mangle canary chain is missing (the tables were flushed)",
+                ipt::restore_command(family).trim_end_matches("-restore")
+            ));
+        }
+        Ok(out)
     }
 
     fn sync(

@@ -31,6 +31,7 @@ pub mod nft;
 mod nft_table;
 mod node;
 mod proxier;
+pub mod shape;
 mod sink;
 
 pub use backend::{

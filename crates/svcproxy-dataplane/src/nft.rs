@@ -203,6 +203,34 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         Ok(Some(found.join("; ")))
     }
 
+    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError> {
+        let script = svcproxy_plan::nft::render_full(intent);
+        let mut out = Vec::new();
+        for family in IpFamily::BOTH {
+            if intent.family(family).node().is_none() {
+                continue;
+            }
+            let keyword = match family {
+                IpFamily::V4 => "ip",
+                IpFamily::V6 => "ip6",
+            };
+            let what = format!("table {keyword} {TABLE_NAME}");
+            let expected = crate::shape::nft_script_shape(&script, keyword, TABLE_NAME);
+            match self.sink.list_json(family, TABLE_NAME)? {
+                None => out.push(format!("{what} is missing")),
+                Some(json) => {
+                    let live =
+                        crate::shape::nft_json_shape(&json).map_err(|e| DataPlaneError::Io {
+                            command: "nft -j list table".into(),
+                            source: std::io::Error::other(e),
+                        })?;
+                    out.extend(crate::shape::differences(&what, &expected, &live));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements {
         NodeRequirements {
             sysctls: required_sysctls(cfg),

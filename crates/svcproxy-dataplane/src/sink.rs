@@ -24,6 +24,19 @@ pub trait ScriptSink {
 
     /// Table `name` of `family` as the kernel holds it now.
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError>;
+
+    /// `nft -j list table FAMILY NAME`'s output; `None` when there is no such table.
+    fn list_json(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<String>, DataPlaneError> {
+        let _ = (family, name);
+        Err(DataPlaneError::Io {
+            command: "nft -j list table".into(),
+            source: io::Error::other("this nft stand-in cannot list tables"),
+        })
+    }
 }
 
 impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
@@ -33,6 +46,14 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
         (**self).table_state(family, name)
+    }
+
+    fn list_json(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<String>, DataPlaneError> {
+        (**self).list_json(family, name)
     }
 }
 
@@ -285,6 +306,28 @@ impl ScriptSink for NftCommand {
             command: format!("netlink NFT_MSG_GETTABLE {family} {name}"),
             source: io::Error::other(e.to_string()),
         })
+    }
+
+    fn list_json(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<String>, DataPlaneError> {
+        let mut argv = self.argv.clone();
+        let keyword = match family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        };
+        argv.extend(["-j", "list", "table", keyword, name].map(String::from));
+        match run_command(&argv, None, self.timeout) {
+            Ok(out) => Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned())),
+            Err(DataPlaneError::Rejected { stderr, .. })
+                if stderr.contains("No such file or directory") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

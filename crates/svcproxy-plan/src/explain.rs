@@ -121,9 +121,54 @@ pub struct Trace {
     /// The decisions, in order, for people.
     pub steps: Vec<String>,
     pub verdict: Verdict,
+    /// With `--live`: how the kernel's rules compare with the plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelCheck>,
+    /// The hex hashes naming the frontend's service port's chains and sets (its
+    /// own, its endpoints', their affinity sets'), for [`Trace::with_kernel`].
+    #[serde(skip)]
+    pub object_ids: Vec<String>,
+}
+
+/// What `--live` found in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelCheck {
+    pub mode: String,
+    /// The kernel holds what a full sync of the plan would write (as counted:
+    /// chains, their rules, the sets' elements).
+    pub agrees: bool,
+    /// Every difference, one per chain or set.
+    pub differences: Vec<String>,
+    /// Those of the traced service port's own chains.
+    pub this_service_port: Vec<String>,
+    /// kube-proxy's rules still installed (they answer for the same Services).
+    pub kube_proxy_leftovers: Vec<String>,
 }
 
 impl Trace {
+    /// Adds what `--live` found: `differences` from the data plane's comparison,
+    /// those naming this service port's chains picked out.
+    pub fn with_kernel(&mut self, mode: &str, differences: Vec<String>, leftovers: Vec<String>) {
+        // iptables names carry the service port's hash's first 12 digits in every
+        // chain of it; nftables names the endpoint chains by their own hash.
+        let this_service_port = differences
+            .iter()
+            .filter(|d| {
+                let d = d.to_lowercase();
+                self.object_ids.iter().any(|id| d.contains(id.as_str()))
+            })
+            .cloned()
+            .collect();
+        self.kernel = Some(KernelCheck {
+            mode: mode.to_string(),
+            agrees: differences.is_empty(),
+            differences,
+            this_service_port,
+            kube_proxy_leftovers: leftovers,
+        });
+    }
+
     /// The trace for people: the steps, then the outcome.
     pub fn text(&self) -> String {
         let mut out = format!(
@@ -176,6 +221,35 @@ impl Trace {
         };
         out.push_str("=> ");
         out.push_str(&outcome);
+        if let Some(k) = &self.kernel {
+            if k.agrees {
+                out.push_str(&format!(
+                    "kernel ({} mode, --live): holds what the plan writes\n",
+                    k.mode
+                ));
+            } else {
+                out.push_str(&format!(
+                    "kernel ({} mode, --live): differs from the plan in {} place(s), {} of them this service port's own chains: the packet may not get the verdict above\n",
+                    k.mode,
+                    k.differences.len(),
+                    k.this_service_port.len()
+                ));
+                for d in &k.differences {
+                    let marker = if k.this_service_port.contains(d) {
+                        "*"
+                    } else {
+                        "-"
+                    };
+                    out.push_str(&format!("   {marker} {}\n", one_line(d)));
+                }
+            }
+            for l in &k.kube_proxy_leftovers {
+                out.push_str(&format!(
+                    "   ! kube-proxy's rules are installed too: {}\n",
+                    one_line(l)
+                ));
+            }
+        }
         out
     }
 }
@@ -283,6 +357,8 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
         verdict: Verdict::Accept {
             reason: String::new(),
         },
+        kernel: None,
+        object_ids: Vec::new(),
     };
     let accept = |trace: &mut Trace, reason: String| {
         trace.verdict = Verdict::Accept { reason };
@@ -367,6 +443,7 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
         );
         return trace;
     };
+    trace.object_ids = object_ids(svc);
     trace.frontend = Some(FrontendHit {
         service_port: svc.name.to_string(),
         kind: frontend.kind.as_str(),
@@ -580,6 +657,25 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
         session_affinity_seconds: svc.affinity_timeout,
     };
     trace
+}
+
+/// The hex hashes in the names of `svc`'s chains and sets: the service port's (its
+/// first 12 digits, which iptables names carry), each endpoint's, and each
+/// endpoint's affinity set's.
+fn object_ids(svc: &ServiceIntent) -> Vec<String> {
+    let own = format!(
+        "{:016x}",
+        crate::names::service_port_hash(svc.family, &svc.name)
+    );
+    let mut ids = vec![own[..12].to_string()];
+    let hasher = crate::names::EndpointHasher::new(svc.family, &svc.name);
+    for e in &svc.endpoints {
+        ids.push(format!("{:016x}", hasher.endpoint(e.ip(), e.port())));
+        if let Some(t) = svc.affinity_timeout {
+            ids.push(format!("{:016x}", hasher.affinity(e.ip(), e.port(), t)));
+        }
+    }
+    ids
 }
 
 fn candidates(

@@ -126,6 +126,11 @@ enum Command {
         /// `text` for people, `json` for scripts (a stable contract: see README).
         #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
         format: ExplainFormat,
+        /// Also read the rules this node's kernel holds (in the current network
+        /// namespace; reading needs NET_ADMIN) and report where they differ from the
+        /// plan, and kube-proxy's rules if installed.
+        #[arg(long)]
+        live: bool,
         #[command(flatten)]
         flags: ProxyFlags,
     },
@@ -264,6 +269,7 @@ fn main() -> ExitCode {
             from_pod,
             external,
             format,
+            live,
             ..
         }) => {
             let packet = parse_from(from).and_then(|from| {
@@ -295,6 +301,7 @@ fn main() -> ExitCode {
                     Output::Explain {
                         packet,
                         json: *format == ExplainFormat::Json,
+                        live: *live,
                     },
                     Servers::default(),
                 ),

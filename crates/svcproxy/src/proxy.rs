@@ -46,6 +46,8 @@ pub enum Output {
     Explain {
         packet: svcproxy_plan::explain::Packet,
         json: bool,
+        /// Also compare the kernel's rules (this network namespace's) with the plan.
+        live: bool,
     },
 }
 
@@ -361,6 +363,8 @@ struct ExplainPrinter {
     cfg: PlanConfig,
     packet: svcproxy_plan::explain::Packet,
     json: bool,
+    /// `--live`: the mode's data plane, to read the kernel's rules with.
+    live: Option<Box<dyn DataPlane>>,
 }
 
 impl Target for ExplainPrinter {
@@ -372,7 +376,29 @@ impl Target for ExplainPrinter {
     ) -> anyhow::Result<SyncDone> {
         let start = std::time::Instant::now();
         let intent = svcproxy_plan::build_intent(&update.v4, &update.v6, &self.cfg);
-        let trace = svcproxy_plan::explain::explain(&intent, &update.v4, &update.v6, &self.packet);
+        let mut trace =
+            svcproxy_plan::explain::explain(&intent, &update.v4, &update.v6, &self.packet);
+        if let Some(plane) = &mut self.live {
+            let differences = plane
+                .compare(&intent)
+                .map_err(|e| anyhow::anyhow!("reading the kernel's rules (--live): {e}"))?;
+            let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
+            let mut leftovers: Vec<String> = found
+                .iptables
+                .iter()
+                .map(|(table, chains)| format!("{table}: {}", chains.join(" ")))
+                .collect();
+            leftovers.extend(
+                found
+                    .nft_tables
+                    .iter()
+                    .map(|t| format!("nftables table {t}")),
+            );
+            if found.ipvs {
+                leftovers.push("the kube-ipvs0 interface (ipvs mode)".to_string());
+            }
+            trace.with_kernel(plane.mode(), differences, leftovers);
+        }
         let mut out = std::io::stdout().lock();
         if self.json {
             serde_json::to_writer_pretty(&mut out, &trace)?;
@@ -636,10 +662,16 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             };
             rt.block_on(serve(settings, target, servers, !watch, None, None))
         }
-        Output::Explain { packet, json } => {
+        Output::Explain { packet, json, live } => {
             let backend = backend(&settings)?;
             let cfg = plan_config(&settings, backend)?;
-            let target = ExplainPrinter { cfg, packet, json };
+            let live = live.then(|| (backend.new)(&cfg));
+            let target = ExplainPrinter {
+                cfg,
+                packet,
+                json,
+                live,
+            };
             rt.block_on(serve(settings, target, servers, true, None, None))
         }
         Output::Render => {
