@@ -140,38 +140,47 @@ impl NetlinkConntrack {
     }
 }
 
+impl NetlinkConntrack {
+    /// Dumps `family`'s table, deletes the entries `doomed` picks, and adds what it
+    /// did to `stats`. Entries are matched while the dump streams in: a table of a
+    /// million entries is never held in memory, only what is to be deleted.
+    fn clean_family(
+        &mut self,
+        family: IpFamily,
+        doomed: impl Fn(&ConntrackEntry) -> bool,
+        stats: &mut CleanupStats,
+    ) -> Result<(), ConntrackError> {
+        let start = Instant::now();
+        let dumped = self.with_socket(|sock, seq| dump_on(sock, seq, family, &doomed))?;
+        stats.scanned += dumped.scanned;
+        stats.unparsed += dumped.unparsed;
+        let mut deleted = 0;
+        if !dumped.kept.is_empty() {
+            let vanished;
+            (deleted, vanished) = self.delete_entries(&dumped.kept)?;
+            stats.deleted += deleted;
+            stats.vanished += vanished;
+        }
+        stats.families.insert(
+            family,
+            FamilyCleanup {
+                deleted,
+                duration: start.elapsed(),
+            },
+        );
+        Ok(())
+    }
+}
+
 impl ConntrackCleaner for NetlinkConntrack {
     fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
         let mut stats = CleanupStats::default();
         for family in IpFamily::BOTH {
             let mine: Vec<&ConntrackFilter> =
                 filters.iter().filter(|f| f.family == family).collect();
-            if mine.is_empty() {
-                continue;
+            if !mine.is_empty() {
+                self.clean_family(family, |e| mine.iter().any(|f| f.matches(e)), &mut stats)?;
             }
-            let start = Instant::now();
-            // Matched while the dump streams in: a table of a million entries is
-            // never held in memory, only what is to be deleted.
-            let dumped = self.with_socket(|sock, seq| {
-                dump_on(sock, seq, family, |e| mine.iter().any(|f| f.matches(e)))
-            })?;
-            stats.scanned += dumped.scanned;
-            stats.unparsed += dumped.unparsed;
-            let doomed = dumped.kept;
-            let mut deleted = 0;
-            if !doomed.is_empty() {
-                let vanished;
-                (deleted, vanished) = self.delete_entries(&doomed)?;
-                stats.deleted += deleted;
-                stats.vanished += vanished;
-            }
-            stats.families.insert(
-                family,
-                FamilyCleanup {
-                    deleted,
-                    duration: start.elapsed(),
-                },
-            );
         }
         Ok(stats)
     }
@@ -179,25 +188,7 @@ impl ConntrackCleaner for NetlinkConntrack {
     fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
         let mut stats = CleanupStats::default();
         for family in stale.families() {
-            let start = Instant::now();
-            let dumped =
-                self.with_socket(|sock, seq| dump_on(sock, seq, family, |e| stale.is_stale(e)))?;
-            stats.scanned += dumped.scanned;
-            stats.unparsed += dumped.unparsed;
-            let mut deleted = 0;
-            if !dumped.kept.is_empty() {
-                let vanished;
-                (deleted, vanished) = self.delete_entries(&dumped.kept)?;
-                stats.deleted += deleted;
-                stats.vanished += vanished;
-            }
-            stats.families.insert(
-                family,
-                FamilyCleanup {
-                    deleted,
-                    duration: start.elapsed(),
-                },
-            );
+            self.clean_family(family, |e| stale.is_stale(e), &mut stats)?;
         }
         Ok(stats)
     }

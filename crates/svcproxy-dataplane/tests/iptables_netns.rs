@@ -36,27 +36,21 @@ impl Netns {
     }
 }
 
-/// Rules in svcproxy's own chains of `table`, as the kernel lists them.
-fn kernel_rules(ns: &Netns, tool: &str, table: &str) -> usize {
-    ns.run_ok(&[tool, "-t", table], None)
-        .expect("iptables-save")
-        .lines()
-        .filter_map(|l| l.strip_prefix("-A "))
-        .filter(|l| svcproxy_plan::iptables::is_ours(l.split(' ').next().unwrap_or("")))
-        .count()
-}
-
-/// svcproxy's jumps from the built-in chains of `table`, as the kernel lists them.
-fn kernel_jumps(ns: &Netns, tool: &str, table: &str) -> usize {
-    ns.run_ok(&[tool, "-t", table], None)
-        .expect("iptables-save")
-        .lines()
-        .filter_map(|l| l.strip_prefix("-A "))
-        .filter(|l| {
-            !svcproxy_plan::iptables::is_ours(l.split(' ').next().unwrap_or(""))
-                && l.contains("-j SVCPROXY-")
-        })
-        .count()
+/// Rules in svcproxy's own chains of `table`, and svcproxy's jumps from the
+/// built-in chains, as the kernel lists them.
+fn kernel_rules(ns: &Netns, tool: &str, table: &str) -> (usize, usize) {
+    let saved = ns
+        .run_ok(&[tool, "-t", table], None)
+        .expect("iptables-save");
+    let (mut rules, mut jumps) = (0, 0);
+    for rule in saved.lines().filter_map(|l| l.strip_prefix("-A ")) {
+        if svcproxy_plan::iptables::is_ours(rule.split(' ').next().unwrap_or("")) {
+            rules += 1;
+        } else if rule.contains("-j SVCPROXY-") {
+            jumps += 1;
+        }
+    }
+    (rules, jumps)
 }
 
 /// The report's (total, written) for a family and table.
@@ -142,10 +136,11 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
     for (family, tool) in [(V4, "iptables-save"), (V6, "ip6tables-save")] {
         for table in ["nat", "filter"] {
             let (total, written) = counted(&report, family, table);
-            assert_eq!(total, kernel_rules(&ns, tool, table), "{family:?} {table}");
+            let (rules, jumps) = kernel_rules(&ns, tool, table);
+            assert_eq!(total, rules, "{family:?} {table}");
             assert_eq!(
                 written,
-                total + kernel_jumps(&ns, tool, table),
+                total + jumps,
                 "{family:?} {table}: the first sync writes every rule and the jumps to them"
             );
         }
@@ -186,7 +181,7 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
     let report = dp.sync(&snapshot(&mut state), false).expect("partial");
     assert_eq!(report.kind, SyncKind::Partial);
     let (total, written) = counted(&report, V4, "nat");
-    assert_eq!(total, kernel_rules(&ns, "iptables-save", "nat"));
+    assert_eq!(total, kernel_rules(&ns, "iptables-save", "nat").0);
     assert!(
         written > 0 && written < total,
         "a partial sync writes only the changed chains: {written} of {total}"

@@ -526,25 +526,20 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
             "no usable endpoint (ready, or serving and terminating) anywhere".to_string()
         }
     };
+    let policy = if frontend.kind.is_external() {
+        "externalTrafficPolicy"
+    } else {
+        "internalTrafficPolicy"
+    };
     match frontend.action {
         Action::Forward => {}
         Action::Reject => {
-            let policy = if frontend.kind.is_external() {
-                "externalTrafficPolicy"
-            } else {
-                "internalTrafficPolicy"
-            };
             trace.verdict = Verdict::Reject {
                 reason: reason_no_endpoints(policy),
             };
             return trace;
         }
         Action::Drop => {
-            let policy = if frontend.kind.is_external() {
-                "externalTrafficPolicy"
-            } else {
-                "internalTrafficPolicy"
-            };
             trace.verdict = Verdict::Drop {
                 reason: format!(
                     "{policy} Local and no endpoint on this node, while some exist elsewhere (a client or load balancer should use another node)"

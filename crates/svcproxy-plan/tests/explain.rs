@@ -16,44 +16,6 @@ const CLIENT: &str = "198.51.100.7";
 const LOCAL_POD: &str = "198.18.1.10";
 const REMOTE_POD: &str = "198.18.2.10";
 
-/// Service `demo/NAME`, cluster IP 198.19.0.N port 80 (`http`, NodePort 300NN),
-/// `spec` lines added, endpoints (address, node) all ready.
-fn service(name: &str, n: u8, spec: &str, endpoints: &[(&str, &str)]) -> String {
-    let eps: String = endpoints
-        .iter()
-        .map(|(ip, node)| {
-            format!("\n- {{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}")
-        })
-        .collect();
-    let eps = if eps.is_empty() {
-        " []".to_string()
-    } else {
-        eps
-    };
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: demo}}
-spec:
-  clusterIP: 198.19.0.{n}
-  ports:
-  - {{name: http, port: 80, targetPort: 8080, nodePort: 300{n:02}}}
-{spec}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {name}-1
-  namespace: demo
-  labels: {{kubernetes.io/service-name: {name}}}
-addressType: IPv4
-ports:
-- {{name: http, port: 8080}}
-endpoints:{eps}
-"
-    )
-}
-
 fn trace(yaml: &str, from: &str, to: &str, origin: Option<Origin>) -> Trace {
     let mut sc = Scenario::empty("node-a");
     sc.upsert_yaml(yaml);
@@ -93,7 +55,7 @@ fn a_cluster_ip_forwards_to_every_endpoint_uniformly_and_masquerades_off_node_so
         "web",
         10,
         "",
-        &[("198.18.1.5", "node-a"), ("198.18.2.5", "node-b")],
+        &[ready("198.18.1.5", "node-a"), ready("198.18.2.5", "node-b")],
     );
     let t = trace(&yaml, CLIENT, "198.19.0.10:80", None);
     assert_eq!(t.origin, Origin::External);
@@ -158,7 +120,7 @@ fn a_local_policy_without_local_endpoints_drops_external_traffic_but_not_the_nod
         "lb",
         12,
         "  type: NodePort\n  externalTrafficPolicy: Local",
-        &[("198.18.2.5", "node-b")],
+        &[ready("198.18.2.5", "node-b")],
     );
     let t = trace(&yaml, CLIENT, "198.18.0.1:30012", None);
     assert_eq!(t.frontend.as_ref().unwrap().kind, "NodePort");
@@ -184,7 +146,7 @@ fn a_local_policy_with_local_endpoints_keeps_the_client_address() {
         "np",
         13,
         "  type: NodePort\n  externalTrafficPolicy: Local",
-        &[("198.18.1.5", "node-a"), ("198.18.2.5", "node-b")],
+        &[ready("198.18.1.5", "node-a"), ready("198.18.2.5", "node-b")],
     );
     let t = trace(&yaml, CLIENT, "198.18.0.1:30013", None);
     let Verdict::Forward {
@@ -208,7 +170,7 @@ fn load_balancer_source_ranges_drop_other_sources_first() {
         "fw",
         14,
         "  type: LoadBalancer\n  loadBalancerSourceRanges: [198.51.100.0/28]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 203.0.113.14}]",
-        &[("198.18.2.5", "node-b")],
+        &[ready("198.18.2.5", "node-b")],
     );
     let t = trace(&yaml, CLIENT, "203.0.113.14:80", None);
     assert_eq!(t.frontend.as_ref().unwrap().kind, "LoadBalancerIP");
@@ -228,7 +190,7 @@ fn the_json_form_is_a_stable_contract() {
         "web",
         10,
         "  sessionAffinity: ClientIP",
-        &[("198.18.2.5", "node-b")],
+        &[ready("198.18.2.5", "node-b")],
     );
     let t = trace(&yaml, CLIENT, "198.19.0.10:80", Some(Origin::External));
     let v = serde_json::to_value(&t).unwrap();

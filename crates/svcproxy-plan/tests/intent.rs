@@ -22,55 +22,6 @@ use svcproxy_plan::{Intent, LocalDetection};
 const LOCAL_POD: &str = "198.18.1.10";
 const REMOTE_POD: &str = "198.18.2.10";
 
-/// A Service `demo/NAME` with cluster IP 198.19.0.N, port 80 named `http`
-/// (target 8080), `spec` lines added, and a slice with `endpoints` given as
-/// (address, node, ready, serving, terminating).
-fn service(name: &str, n: u8, spec: &str, endpoints: &[(&str, &str, bool, bool, bool)]) -> String {
-    let mut eps = String::new();
-    for (ip, node, ready, serving, terminating) in endpoints {
-        eps.push_str(&format!(
-            "- {{addresses: [{ip}], nodeName: {node}, conditions: {{ready: {ready}, serving: {serving}, terminating: {terminating}}}}}\n"
-        ));
-    }
-    let eps = if eps.is_empty() {
-        " []\n".to_string()
-    } else {
-        format!("\n{eps}")
-    };
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: demo}}
-spec:
-  clusterIP: 198.19.0.{n}
-  ports:
-  - {{name: http, port: 80, targetPort: 8080, nodePort: 300{n:02}}}
-{spec}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {name}-1
-  namespace: demo
-  labels: {{kubernetes.io/service-name: {name}}}
-addressType: IPv4
-ports:
-- {{name: http, port: 8080}}
-endpoints:{eps}"
-    )
-}
-
-fn ready(ip: &str, node: &str) -> (&'static str, &'static str, bool, bool, bool) {
-    let ip: &'static str = Box::leak(ip.to_string().into_boxed_str());
-    let node: &'static str = Box::leak(node.to_string().into_boxed_str());
-    (ip, node, true, true, false)
-}
-
-fn terminating(ip: &str, node: &str) -> (&'static str, &'static str, bool, bool, bool) {
-    let (ip, node, ..) = ready(ip, node);
-    (ip, node, false, true, true)
-}
-
 /// The intent of node-a for these objects, with `tweak` applied to the config.
 fn intent_with(yaml: &str, tweak: impl FnOnce(&mut svcproxy_plan::PlanConfig)) -> Intent {
     let mut sc = Scenario::empty("node-a");

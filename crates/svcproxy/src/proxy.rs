@@ -222,6 +222,19 @@ struct SyncDone {
     lost_claims: Option<usize>,
 }
 
+impl SyncDone {
+    /// A sync that printed rather than programmed: nothing from the kernel to report.
+    fn printed(full: bool, duration: Duration) -> Self {
+        SyncDone {
+            full,
+            duration,
+            conntrack: None,
+            rules: Vec::new(),
+            lost_claims: None,
+        }
+    }
+}
+
 struct KernelTarget {
     plane: Proxier,
     /// The config's conntrack sysctls, applied once after the first successful sync:
@@ -347,13 +360,7 @@ impl Target for SnapshotPrinter {
             out.flush()?;
             self.last = Some(hash);
         }
-        Ok(SyncDone {
-            full,
-            duration: start.elapsed(),
-            conntrack: None,
-            rules: Vec::new(),
-            lost_claims: None,
-        })
+        Ok(SyncDone::printed(full, start.elapsed()))
     }
 }
 
@@ -407,13 +414,7 @@ impl Target for ExplainPrinter {
             out.write_all(trace.text().as_bytes())?;
         }
         out.flush()?;
-        Ok(SyncDone {
-            full,
-            duration: start.elapsed(),
-            conntrack: None,
-            rules: Vec::new(),
-            lost_claims: None,
-        })
+        Ok(SyncDone::printed(full, start.elapsed()))
     }
 }
 
@@ -431,13 +432,7 @@ impl Target for RenderPrinter {
         let mut out = std::io::stdout().lock();
         out.write_all(self.0.render(update).as_bytes())?;
         out.flush()?;
-        Ok(SyncDone {
-            full,
-            duration: start.elapsed(),
-            conntrack: None,
-            rules: Vec::new(),
-            lost_claims: None,
-        })
+        Ok(SyncDone::printed(full, start.elapsed()))
     }
 }
 
