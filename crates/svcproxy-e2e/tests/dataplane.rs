@@ -1290,8 +1290,47 @@ fn topology_keys_choose_endpoints_per_node(mode: Mode) {
         return;
     };
     let mut ck = Checks::new("topology");
+    // What `svcproxy explain` must predict: the endpoints that answered, or a refusal.
+    let mut forwards = Vec::new();
+    let mut refusals = Vec::new();
     for f in Family::BOTH {
         let fam = family_name(f);
+        for (svc, what) in [(&per_node, "hostname"), (&zonal, "zone, *")] {
+            for (node, from, ep) in [(NODE_A, A1, A0), (NODE_B, B1, B0)] {
+                forwards.push((
+                    format!("{fam} keys [{what}] from {from:?}"),
+                    node,
+                    pod_ip(from, f),
+                    sa(svc.cluster_ip(f), 80),
+                    Proto::Tcp,
+                    vec![pod_ip(ep, f)],
+                ));
+            }
+        }
+        forwards.push((
+            format!("{fam} keys [zone, *], endpoints in the other zone only, from node-a"),
+            NODE_A,
+            pod_ip(A1, f),
+            sa(fallback.cluster_ip(f), 80),
+            Proto::Tcp,
+            vec![pod_ip(B0, f), pod_ip(B1, f)],
+        ));
+        forwards.push((
+            format!("{fam} keys [hostname], endpoint on node-b, from node-b"),
+            NODE_B,
+            pod_ip(B1, f),
+            sa(hard.cluster_ip(f), 80),
+            Proto::Tcp,
+            vec![pod_ip(B0, f)],
+        ));
+        refusals.push((
+            format!("{fam} keys [hostname], endpoint on node-b only, from node-a"),
+            NODE_A,
+            pod_ip(A1, f),
+            sa(hard.cluster_ip(f), 80),
+            Proto::Tcp,
+            "reject",
+        ));
         for (svc, what) in [(&per_node, "hostname"), (&zonal, "zone, *")] {
             for (from, only) in [(A1, "pod-a0"), (B1, "pod-b0")] {
                 let got = env.probe(from, Proto::Tcp, sa(svc.cluster_ip(f), 80), 30, ANSWER);
@@ -1325,6 +1364,8 @@ fn topology_keys_choose_endpoints_per_node(mode: Mode) {
             &["pod-b0"],
         );
     }
+    env.check_explained_endpoints(&mut ck, &forwards);
+    env.check_explained(&mut ck, &refusals);
     ck.finish(&env);
 }
 
@@ -1574,8 +1615,43 @@ fn serving_terminating_endpoints_are_the_fallback(mode: Mode) {
         return;
     };
     let mut ck = Checks::new("terminating");
+    // What `svcproxy explain` must predict: the endpoints that answered, or a refusal.
+    let mut forwards = Vec::new();
+    let mut refusals = Vec::new();
     for f in Family::BOTH {
         let fam = family_name(f);
+        let (a1, a0, b0) = (pod_ip(A1, f), pod_ip(A0, f), pod_ip(B0, f));
+        let node_port = sa(plan::node_ip(0, f), 30501);
+        for (what, from, to, eps) in [
+            (
+                "only a serving+terminating endpoint",
+                a1,
+                sa(drain.cluster_ip(f), 80),
+                vec![b0],
+            ),
+            (
+                "eTP Local NodePort, local endpoint terminating",
+                plan::ext_ip(f),
+                node_port,
+                vec![a0],
+            ),
+            (
+                "cluster traffic prefers the ready endpoint",
+                a1,
+                sa(drain_local.cluster_ip(f), 80),
+                vec![b0],
+            ),
+        ] {
+            forwards.push((format!("{fam} {what}"), NODE_A, from, to, Proto::Tcp, eps));
+        }
+        refusals.push((
+            format!("{fam} terminating and not serving"),
+            NODE_A,
+            a1,
+            sa(gone.cluster_ip(f), 80),
+            Proto::Tcp,
+            "reject",
+        ));
         let got = env.probe(A1, Proto::Tcp, sa(drain.cluster_ip(f), 80), 3, ANSWER);
         ck.answered_by(
             &format!("{fam} only a serving+terminating endpoint"),
@@ -1610,6 +1686,8 @@ fn serving_terminating_endpoints_are_the_fallback(mode: Mode) {
             &got,
         );
     }
+    env.check_explained_endpoints(&mut ck, &forwards);
+    env.check_explained(&mut ck, &refusals);
     ck.finish(&env);
 }
 

@@ -1035,6 +1035,10 @@ impl Default for EnvSpec {
 
 /// A running test environment. Field order matters for drop: svcproxy and backends are
 /// killed before the cluster deletes the namespaces, and the manifests go last.
+/// A flow for `explain` to predict: what it is, the node whose rules it goes
+/// through, its source, destination and protocol, and the outcome the packets showed.
+pub type Flow<T> = (String, usize, IpAddr, SocketAddr, Proto, T);
+
 pub struct Env {
     pub mode: Mode,
     pub proxies: Vec<NsProcess>,
@@ -1182,15 +1186,39 @@ impl Env {
 
     /// Checks, for each `(what, node, from, to, proto, action)`, that `explain`
     /// predicts the action the packets showed.
-    pub fn check_explained(
-        &self,
-        ck: &mut Checks,
-        flows: &[(String, usize, IpAddr, SocketAddr, Proto, &'static str)],
-    ) {
+    pub fn check_explained(&self, ck: &mut Checks, flows: &[Flow<&'static str>]) {
         for (what, node, from, to, proto, want) in flows {
             let got = self.explain_action(*node, *from, *to, *proto);
             ck.check(got == *want, || {
                 format!("{what}: explain predicts {got}, the packets show {want}")
+            });
+        }
+    }
+
+    /// Checks, for each `(what, node, from, to, proto, endpoints)`, that `explain`
+    /// predicts a forward to exactly those endpoint addresses (the ones the packets
+    /// were answered by).
+    pub fn check_explained_endpoints(&self, ck: &mut Checks, flows: &[Flow<Vec<IpAddr>>]) {
+        for (what, node, from, to, proto, want) in flows {
+            let v = self.explain(*node, &[], *from, *to, *proto);
+            let mut got: Vec<IpAddr> = v["verdict"]["endpoints"]
+                .as_array()
+                .map(|eps| {
+                    eps.iter()
+                        .filter_map(|c| c["address"].as_str())
+                        .filter_map(|a| a.parse::<SocketAddr>().ok())
+                        .map(|a| a.ip())
+                        .collect()
+                })
+                .unwrap_or_default();
+            got.sort();
+            let mut want = want.clone();
+            want.sort();
+            ck.check(got == want, || {
+                format!(
+                    "{what}: explain predicts {} to {got:?}, the packets show {want:?}",
+                    v["verdict"]["action"]
+                )
             });
         }
     }
