@@ -210,10 +210,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             if intent.family(family).node().is_none() {
                 continue;
             }
-            let keyword = match family {
-                IpFamily::V4 => "ip",
-                IpFamily::V6 => "ip6",
-            };
+            let keyword = svcproxy_plan::nft::family_keyword(family);
             let what = format!("table {keyword} {TABLE_NAME}");
             let expected = crate::shape::nft_script_shape(&script, keyword, TABLE_NAME);
             match self.sink.list_json(family, TABLE_NAME)? {

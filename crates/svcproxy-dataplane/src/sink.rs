@@ -314,10 +314,7 @@ impl ScriptSink for NftCommand {
         name: &str,
     ) -> Result<Option<String>, DataPlaneError> {
         let mut argv = self.argv.clone();
-        let keyword = match family {
-            IpFamily::V4 => "ip",
-            IpFamily::V6 => "ip6",
-        };
+        let keyword = svcproxy_plan::nft::family_keyword(family);
         argv.extend(["-j", "list", "table", keyword, name].map(String::from));
         match run_command(&argv, None, self.timeout) {
             Ok(out) => Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned())),
