@@ -104,10 +104,26 @@ pub trait DataPlane: Send {
     /// asked.
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError>;
 
-    /// How the kernel's rules differ from what a full sync of `intent` would write,
-    /// one line per chain or set whose rule or element count differs, or that is
-    /// missing or extra (`svcproxy explain --live`). Reads only.
-    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError>;
+    /// How the kernel's rules differ from what a full sync of `intent` would write
+    /// (`svcproxy explain --live`): chains and sets missing or extra, rules and
+    /// elements lacking or added (or, when the plan cannot be listed in the
+    /// kernel's form, their counts), and what sees packets before svcproxy's rules.
+    /// Reads only.
+    fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError>;
+}
+
+/// What [`DataPlane::compare`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Comparison {
+    /// `None` when each rule and element was compared; else why only their
+    /// counts were (a rule rewritten in place then goes unseen).
+    pub counted_only: Option<String>,
+    /// One line per difference.
+    pub differences: Vec<String>,
+    /// Rules of others that see packets before svcproxy's: other tables' base
+    /// chains at the same hooks (nftables), rules in front of svcproxy's jumps in
+    /// the built-in chains (iptables).
+    pub ahead: Vec<String>,
 }
 
 impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
@@ -140,7 +156,7 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
         (**self).drift()
     }
 
-    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError> {
+    fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
         (**self).compare(intent)
     }
 }

@@ -20,12 +20,13 @@ use svcproxy_plan::iptables::{self as ipt, is_ours, TableId, JUMPS};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
-    ApplyReport, Backend, DataPlane, FailureCounter, FailureKind, NodeRequirements, RuleCount,
-    SyncKind,
+    ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind, NodeRequirements,
+    RuleCount, SyncKind,
 };
 use crate::error::DataPlaneError;
+use crate::listing::{self, Compared};
 use crate::node::required_sysctls;
-use crate::sink::run_command;
+use crate::sink::{run_command, scratch_argv};
 
 /// The iptables mode in the registry, with upstream iptables mode's counters.
 pub const BACKEND: Backend = Backend {
@@ -90,6 +91,17 @@ pub trait IptablesRunner: Send {
     /// Which backend the tools drive (`nf_tables`, `legacy`), for the log.
     fn variant(&mut self) -> Option<String> {
         None
+    }
+
+    /// `input` restored into a scratch network namespace, created and gone with
+    /// this call, and saved back (`iptables-save`): the plan in the kernel's own
+    /// canonical form, to compare with the real tables.
+    fn scratch_save(&mut self, family: IpFamily, input: &str) -> Result<String, DataPlaneError> {
+        let _ = (family, input);
+        Err(DataPlaneError::Io {
+            command: "unshare --net iptables-restore".into(),
+            source: std::io::Error::other("this iptables stand-in has no scratch namespace"),
+        })
     }
 }
 
@@ -168,6 +180,16 @@ impl IptablesRunner for IptablesCommands {
     fn save(&mut self, family: IpFamily, table: TableId) -> Result<String, DataPlaneError> {
         let argv = self.argv(self.tool(family, "-save"), &["-t", table.name()]);
         let out = run_command(&argv, None, DEFAULT_RESTORE_TIMEOUT)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn scratch_save(&mut self, family: IpFamily, input: &str) -> Result<String, DataPlaneError> {
+        // No prefix: any new namespace starts empty. The tools are `$0` and `$1`.
+        let argv = scratch_argv(
+            r#""$0" -w && "$1""#,
+            &[self.tool(family, "-restore"), self.tool(family, "-save")],
+        );
+        let out = run_command(&argv, Some(input), DEFAULT_RESTORE_TIMEOUT)?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
@@ -394,8 +416,8 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         BACKEND.mode
     }
 
-    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError> {
-        let mut out = Vec::new();
+    fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
+        let mut out = Comparison::default();
         let jumps: Vec<&ipt::Jump> = JUMPS.iter().collect();
         let mut programmed = Vec::new();
         for family in IpFamily::BOTH {
@@ -403,22 +425,37 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                 continue;
             };
             programmed.push(family);
-            let mut expected = crate::shape::iptables_shape(
-                &rules.restore_with_jumps(&HashMap::new(), &jumps),
-                is_ours,
-            );
+            let what = ipt::restore_command(family).trim_end_matches("-restore");
+            let input = rules.restore_with_jumps(&HashMap::new(), &jumps);
+            // The plan in the kernel's form, or else in the planner's (counts only).
+            let (planned, how) = match self.runner.scratch_save(family, &input) {
+                Ok(saved) => (saved, Compared::Rules),
+                Err(e) => {
+                    out.counted_only.get_or_insert(format!(
+                        "the plan could not be listed in the kernel's form (restoring it into a scratch network namespace failed: {e})"
+                    ));
+                    (input, Compared::Counts)
+                }
+            };
+            let mut expected = listing::iptables_listing(&planned, is_ours);
             // The mangle canary is looked at below, as the drift check does.
             expected.chains.retain(|k, _| !k.starts_with("mangle/"));
             let mut saved = String::new();
             for table in TableId::ALL {
                 saved.push_str(&self.runner.save(family, table)?);
             }
-            let live = crate::shape::iptables_shape(&saved, is_ours);
-            let what = ipt::restore_command(family).trim_end_matches("-restore");
-            out.extend(crate::shape::differences(what, &expected, &live));
+            let live = listing::iptables_listing(&saved, is_ours);
+            out.differences
+                .extend(listing::differences(what, &expected, &live, how));
+            for (chain, rules) in &live.ahead_of_jumps {
+                let (table, builtin) = chain.split_once('/').unwrap_or(("", chain));
+                out.ahead.extend(rules.iter().map(|r| {
+                    format!("{what}: `-t {table} -A {builtin} {r}` runs before svcproxy's jump in {chain}")
+                }));
+            }
         }
         for family in self.canary_missing_in(programmed)? {
-            out.push(format!(
+            out.differences.push(format!(
                 "{}: the mangle canary chain is missing (the tables were flushed)",
                 ipt::restore_command(family).trim_end_matches("-restore")
             ));

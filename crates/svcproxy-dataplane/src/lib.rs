@@ -27,15 +27,15 @@ mod error;
 mod host_addrs;
 pub mod iptables;
 pub mod kube_proxy;
+pub mod listing;
 pub mod nft;
 mod nft_table;
 mod node;
 mod proxier;
-pub mod shape;
 mod sink;
 
 pub use backend::{
-    backend, cleanup_all, ApplyReport, Backend, DataPlane, FailureCounter, FailureKind,
+    backend, cleanup_all, ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind,
     NodeRequirements, RuleCount, SyncKind, BACKENDS,
 };
 pub use conntrack::{

@@ -13,9 +13,11 @@ use svcproxy_plan::nft::{cleanup_script, PlanKind, Planner, TABLE_NAME};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
-    ApplyReport, Backend, DataPlane, FailureCounter, FailureKind, NodeRequirements, SyncKind,
+    ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind, NodeRequirements,
+    SyncKind,
 };
 use crate::error::DataPlaneError;
+use crate::listing::{self, Compared};
 use crate::nft_table::TableState;
 use crate::node::required_sysctls;
 use crate::sink::{NftCommand, ScriptSink};
@@ -203,28 +205,45 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         Ok(Some(found.join("; ")))
     }
 
-    fn compare(&mut self, intent: &Intent) -> Result<Vec<String>, DataPlaneError> {
+    fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
         let script = svcproxy_plan::nft::render_full(intent);
-        let mut out = Vec::new();
+        // The plan in the kernel's form, or else in the planner's (counts only).
+        let (planned, how, counted_only) = match self.sink.scratch_listing(&script) {
+            Ok(listed) => (listed, Compared::Rules, None),
+            Err(e) => (
+                script,
+                Compared::Counts,
+                Some(format!(
+                    "the plan could not be listed in the kernel's form (loading it into a scratch network namespace failed: {e})"
+                )),
+            ),
+        };
+        let mut out = Comparison {
+            counted_only,
+            ..Comparison::default()
+        };
+        let mut programmed = Vec::new();
         for family in IpFamily::BOTH {
             if intent.family(family).node().is_none() {
                 continue;
             }
             let keyword = svcproxy_plan::nft::family_keyword(family);
+            programmed.push(keyword);
             let what = format!("table {keyword} {TABLE_NAME}");
-            let expected = crate::shape::nft_script_shape(&script, keyword, TABLE_NAME);
-            match self.sink.list_json(family, TABLE_NAME)? {
-                None => out.push(format!("{what} is missing")),
-                Some(json) => {
-                    let live =
-                        crate::shape::nft_json_shape(&json).map_err(|e| DataPlaneError::Io {
-                            command: "nft -j list table".into(),
-                            source: std::io::Error::other(e),
-                        })?;
-                    out.extend(crate::shape::differences(&what, &expected, &live));
+            let expected = listing::nft_listing(&planned, keyword, TABLE_NAME);
+            match self
+                .sink
+                .list(&["-s", "list", "table", keyword, TABLE_NAME])?
+            {
+                None => out.differences.push(format!("{what} is missing")),
+                Some(text) => {
+                    let live = listing::nft_listing(&text, keyword, TABLE_NAME);
+                    out.differences
+                        .extend(listing::differences(&what, &expected, &live, how));
                 }
             }
         }
+        out.ahead = self.chains_ahead(&programmed)?;
         Ok(out)
     }
 
@@ -234,6 +253,72 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             // nf_tables and its expressions are loaded by the kernel on demand.
             modules: Vec::new(),
         }
+    }
+}
+
+impl<S: ScriptSink> NftDataPlane<S> {
+    /// Other tables' base chains that see packets of the `families` (`ip`,
+    /// `ip6`) before svcproxy's at the same hook, leaving out those that cannot
+    /// change a packet (no rule, policy accept).
+    fn chains_ahead(&mut self, families: &[&str]) -> Result<Vec<String>, DataPlaneError> {
+        let Some(json) = self.sink.list(&["-j", "list", "chains"])? else {
+            return Ok(Vec::new());
+        };
+        let chains = listing::nft_base_chains(&json).map_err(|e| DataPlaneError::Io {
+            command: "nft -j list chains".into(),
+            source: std::io::Error::other(e),
+        })?;
+        // Per foreign chain (an `inet` one sees both families): the families it
+        // sees before svcproxy, and the first chain of ours it precedes.
+        let mut found: Vec<(&listing::BaseChain, Vec<&str>, &listing::BaseChain)> = Vec::new();
+        for family in families {
+            for (other, mine) in listing::nft_chains_ahead(&chains, family, TABLE_NAME) {
+                match found.iter_mut().find(|(o, _, _)| *o == other) {
+                    Some((_, fams, first)) => {
+                        fams.push(family);
+                        if mine.priority < first.priority {
+                            *first = mine;
+                        }
+                    }
+                    None => found.push((other, vec![family], mine)),
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (other, fams, mine) in found {
+            let rules = match self.sink.list(&[
+                "-j",
+                "list",
+                "chain",
+                &other.family,
+                &other.table,
+                &other.name,
+            ])? {
+                Some(json) => listing::nft_rule_count(&json),
+                None => continue,
+            };
+            if rules == 0 && other.policy == "accept" {
+                continue;
+            }
+            let when = if other.priority == mine.priority {
+                "at the same priority as"
+            } else {
+                "before"
+            };
+            out.push(format!(
+                "table {} {} chain {} (hook {}, priority {}, policy {}, {rules} rules) sees {} packets {when} svcproxy's chain {} (priority {})",
+                other.family,
+                other.table,
+                other.name,
+                other.hook,
+                other.priority,
+                other.policy,
+                fams.join(" and "),
+                mine.name,
+                mine.priority
+            ));
+        }
+        Ok(out)
     }
 }
 

@@ -25,16 +25,23 @@ pub trait ScriptSink {
     /// Table `name` of `family` as the kernel holds it now.
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError>;
 
-    /// `nft -j list table FAMILY NAME`'s output; `None` when there is no such table.
-    fn list_json(
-        &mut self,
-        family: IpFamily,
-        name: &str,
-    ) -> Result<Option<String>, DataPlaneError> {
-        let _ = (family, name);
+    /// `nft ARGS`'s output (a listing: `-s list table ip svcproxy`, `-j list
+    /// chains`); `None` when what it lists does not exist.
+    fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
         Err(DataPlaneError::Io {
-            command: "nft -j list table".into(),
-            source: io::Error::other("this nft stand-in cannot list tables"),
+            command: format!("nft {}", args.join(" ")),
+            source: io::Error::other("this nft stand-in cannot list"),
+        })
+    }
+
+    /// `script` loaded into a scratch network namespace, created and gone with
+    /// this call, and listed back by `nft -s list ruleset`: the plan in the
+    /// kernel's own canonical form, to compare with a listing of the real tables.
+    fn scratch_listing(&mut self, script: &str) -> Result<String, DataPlaneError> {
+        let _ = script;
+        Err(DataPlaneError::Io {
+            command: "unshare --net nft".into(),
+            source: io::Error::other("this nft stand-in has no scratch namespace"),
         })
     }
 }
@@ -48,12 +55,12 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
         (**self).table_state(family, name)
     }
 
-    fn list_json(
-        &mut self,
-        family: IpFamily,
-        name: &str,
-    ) -> Result<Option<String>, DataPlaneError> {
-        (**self).list_json(family, name)
+    fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
+        (**self).list(args)
+    }
+
+    fn scratch_listing(&mut self, script: &str) -> Result<String, DataPlaneError> {
+        (**self).scratch_listing(script)
     }
 }
 
@@ -64,6 +71,14 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
         (**self).table_state(family, name)
+    }
+
+    fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
+        (**self).list(args)
+    }
+
+    fn scratch_listing(&mut self, script: &str) -> Result<String, DataPlaneError> {
+        (**self).scratch_listing(script)
     }
 }
 
@@ -308,14 +323,9 @@ impl ScriptSink for NftCommand {
         })
     }
 
-    fn list_json(
-        &mut self,
-        family: IpFamily,
-        name: &str,
-    ) -> Result<Option<String>, DataPlaneError> {
+    fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
         let mut argv = self.argv.clone();
-        let keyword = svcproxy_plan::nft::family_keyword(family);
-        argv.extend(["-j", "list", "table", keyword, name].map(String::from));
+        argv.extend(args.iter().map(|a| a.to_string()));
         match run_command(&argv, None, self.timeout) {
             Ok(out) => Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned())),
             Err(DataPlaneError::Rejected { stderr, .. })
@@ -326,6 +336,27 @@ impl ScriptSink for NftCommand {
             Err(e) => Err(e),
         }
     }
+
+    fn scratch_listing(&mut self, script: &str) -> Result<String, DataPlaneError> {
+        // A prefix (`ip netns exec NAME`) is not needed: any new namespace starts
+        // empty. The binary is the command line's last word, passed as `$0`.
+        let nft = self.argv.last().cloned().unwrap_or_else(|| "nft".into());
+        let argv = scratch_argv(r#""$0" -f - && "$0" -s list ruleset"#, &[nft]);
+        let out = run_command(&argv, Some(script), self.timeout)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// `unshare --net -- sh -c SCRIPT ARGS...`: `script` (fixed text, whose `$0`,
+/// `$1`... are `args`, never spliced into it) run in a network namespace of its
+/// own, which the kernel removes when the last process in it exits.
+pub fn scratch_argv(script: &str, args: &[String]) -> Vec<String> {
+    let mut argv: Vec<String> = ["unshare", "--net", "--", "sh", "-c", script]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(args.iter().cloned());
+    argv
 }
 
 /// A fake `nft` for tests: records every script and fails when told to.

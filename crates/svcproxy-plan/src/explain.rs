@@ -135,21 +135,50 @@ pub struct Trace {
 #[serde(rename_all = "camelCase")]
 pub struct KernelCheck {
     pub mode: String,
-    /// The kernel holds what a full sync of the plan would write (as counted:
-    /// chains, their rules, the sets' elements).
+    /// How the kernel's rules were compared with the plan: `rules` (each
+    /// declaration, rule and element, in the kernel's listing form) or `counts`
+    /// (rules per chain, elements per set: a rule rewritten in place goes unseen).
+    pub compared: &'static str,
+    /// Why only counts were compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counted_because: Option<String>,
+    /// The kernel holds what a full sync of the plan would write (as compared).
     pub agrees: bool,
-    /// Every difference, one per chain or set.
+    /// Every difference: a chain or set missing or extra, a rule or element
+    /// lacking or added, a declaration changed.
     pub differences: Vec<String>,
     /// Those of the traced service port's own chains.
     pub this_service_port: Vec<String>,
+    /// Others' rules that see packets before svcproxy's (other tables' base
+    /// chains at the same hook, rules in front of svcproxy's jumps): they may
+    /// drop, accept or rewrite the packet first.
+    pub ahead: Vec<String>,
     /// kube-proxy's rules still installed (they answer for the same Services).
+    pub kube_proxy_leftovers: Vec<String>,
+}
+
+/// What the data plane's comparison found, for [`Trace::with_kernel`].
+#[derive(Clone, Debug, Default)]
+pub struct KernelFindings {
+    pub mode: String,
+    /// `Some(why)` when only counts were compared.
+    pub counted_only: Option<String>,
+    pub differences: Vec<String>,
+    pub ahead: Vec<String>,
     pub kube_proxy_leftovers: Vec<String>,
 }
 
 impl Trace {
     /// Adds what `--live` found: `differences` from the data plane's comparison,
     /// those naming this service port's chains picked out.
-    pub fn with_kernel(&mut self, mode: &str, differences: Vec<String>, leftovers: Vec<String>) {
+    pub fn with_kernel(&mut self, found: KernelFindings) {
+        let KernelFindings {
+            mode,
+            counted_only,
+            differences,
+            ahead,
+            kube_proxy_leftovers,
+        } = found;
         // iptables names carry the service port's hash's first 12 digits in every
         // chain of it; nftables names the endpoint chains by their own hash.
         let this_service_port = differences
@@ -161,11 +190,18 @@ impl Trace {
             .cloned()
             .collect();
         self.kernel = Some(KernelCheck {
-            mode: mode.to_string(),
+            mode,
+            compared: if counted_only.is_some() {
+                "counts"
+            } else {
+                "rules"
+            },
+            counted_because: counted_only,
             agrees: differences.is_empty(),
             differences,
             this_service_port,
-            kube_proxy_leftovers: leftovers,
+            ahead,
+            kube_proxy_leftovers,
         });
     }
 
@@ -222,14 +258,18 @@ impl Trace {
         out.push_str("=> ");
         out.push_str(&outcome);
         if let Some(k) = &self.kernel {
+            let compared = match &k.counted_because {
+                None => "rule by rule".to_string(),
+                Some(why) => format!("by counts only, as {}", one_line(why)),
+            };
             if k.agrees {
                 out.push_str(&format!(
-                    "kernel ({} mode, --live): holds what the plan writes\n",
+                    "kernel ({} mode, --live, compared {compared}): holds what the plan writes\n",
                     k.mode
                 ));
             } else {
                 out.push_str(&format!(
-                    "kernel ({} mode, --live): differs from the plan in {} place(s), {} of them this service port's own chains: the packet may not get the verdict above\n",
+                    "kernel ({} mode, --live, compared {compared}): differs from the plan in {} place(s), {} of them this service port's own chains: the packet may not get the verdict above\n",
                     k.mode,
                     k.differences.len(),
                     k.this_service_port.len()
@@ -242,6 +282,12 @@ impl Trace {
                     };
                     out.push_str(&format!("   {marker} {}\n", one_line(d)));
                 }
+            }
+            for a in &k.ahead {
+                out.push_str(&format!(
+                    "   ! seen before svcproxy's rules: {}\n",
+                    one_line(a)
+                ));
             }
             for l in &k.kube_proxy_leftovers {
                 out.push_str(&format!(

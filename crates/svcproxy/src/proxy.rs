@@ -386,7 +386,7 @@ impl Target for ExplainPrinter {
         let mut trace =
             svcproxy_plan::explain::explain(&intent, &update.v4, &update.v6, &self.packet);
         if let Some(plane) = &mut self.live {
-            let differences = plane
+            let compared = plane
                 .compare(&intent)
                 .map_err(|e| anyhow::anyhow!("reading the kernel's rules (--live): {e}"))?;
             let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
@@ -404,7 +404,13 @@ impl Target for ExplainPrinter {
             if found.ipvs {
                 leftovers.push("the kube-ipvs0 interface (ipvs mode)".to_string());
             }
-            trace.with_kernel(plane.mode(), differences, leftovers);
+            trace.with_kernel(svcproxy_plan::explain::KernelFindings {
+                mode: plane.mode().to_string(),
+                counted_only: compared.counted_only,
+                differences: compared.differences,
+                ahead: compared.ahead,
+                kube_proxy_leftovers: leftovers,
+            });
         }
         let mut out = std::io::stdout().lock();
         if self.json {

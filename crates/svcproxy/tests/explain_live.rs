@@ -1,7 +1,9 @@
 //! `svcproxy explain --live` against a real kernel, in a throwaway network namespace
 //! per mode: after `svcproxy --once` programmed the example cluster, the kernel holds
-//! what the plan writes; a rule deleted by hand in one service port's endpoint chain
-//! is reported, as that service port's, and only there.
+//! what the plan writes, compared rule by rule; a rule deleted by hand in one
+//! service port's endpoint chain, or rewritten in place, is reported, as that
+//! service port's, and only there; someone else's rule that sees packets first is
+//! reported apart.
 //!
 //! Without root (or `ip`/`nft`/`iptables`) the tests print SKIP and pass, unless `CI`
 //! is set, in which case they fail.
@@ -74,9 +76,16 @@ fn explain_live(ns: &Netns, mode: &Mode, to: &str) -> Value {
     serde_json::from_slice(&out.stdout).expect("explain's JSON")
 }
 
-/// Deletes, by hand, the rule that DNATs to 198.18.18.10:8080 (one of demo/web's
+#[derive(Clone, Copy)]
+enum Edit {
+    Delete,
+    /// Same place, same count: the DNAT goes to 198.18.18.99 instead.
+    Rewrite,
+}
+
+/// Edits, by hand, the rule that DNATs to 198.18.18.10:8080 (one of demo/web's
 /// endpoints).
-fn delete_an_endpoint_rule(ns: &Netns, mode: &Mode) {
+fn edit_an_endpoint_rule(ns: &Netns, mode: &Mode, edit: Edit) {
     match mode.name {
         "nftables" => {
             let listing = ns
@@ -89,18 +98,22 @@ fn delete_an_endpoint_rule(ns: &Netns, mode: &Mode) {
                 if let Some(rest) = line.strip_prefix("chain ") {
                     chain = rest.split_whitespace().next().unwrap_or("");
                 } else if line.contains("dnat to 198.18.18.10:8080") {
-                    let handle = line.rsplit("# handle ").next().unwrap_or("").trim();
-                    found = Some((chain.to_string(), handle.to_string()));
+                    let (rule, handle) = line.rsplit_once(" # handle ").expect("a handle");
+                    found = Some((chain.to_string(), rule.to_string(), handle.to_string()));
                 }
             }
-            let (chain, handle) = found.expect("the endpoint's DNAT rule");
-            ns.run_ok(
-                &[
-                    "nft", "delete", "rule", "ip", "svcproxy", &chain, "handle", &handle,
-                ],
-                None,
-            )
-            .expect("nft delete rule");
+            let (chain, rule, handle) = found.expect("the endpoint's DNAT rule");
+            let mut argv = vec!["nft"];
+            match edit {
+                Edit::Delete => argv.extend(["delete", "rule", "ip", "svcproxy", &chain]),
+                Edit::Rewrite => argv.extend(["replace", "rule", "ip", "svcproxy", &chain]),
+            }
+            argv.extend(["handle", &handle]);
+            let rewritten = rule.replace("198.18.18.10:8080", "198.18.18.99:8080");
+            if let Edit::Rewrite = edit {
+                argv.extend(rewritten.split_whitespace());
+            }
+            ns.run_ok(&argv, None).expect("nft edit");
         }
         _ => {
             let saved = ns
@@ -112,35 +125,101 @@ fn delete_an_endpoint_rule(ns: &Netns, mode: &Mode) {
                 .expect("the endpoint's DNAT rule")
                 .strip_prefix("-A ")
                 .expect("a rule");
-            let mut argv = vec!["iptables", "-t", "nat", "-D"];
-            argv.extend(rule.split_whitespace());
-            ns.run_ok(&argv, None).expect("iptables -D");
+            let (chain, args) = rule.split_once(' ').expect("chain and rule");
+            let number = saved
+                .lines()
+                .filter(|l| l.starts_with(&format!("-A {chain} ")))
+                .position(|l| l.ends_with(args))
+                .expect("its place")
+                + 1;
+            let number = number.to_string();
+            let rewritten = args.replace("198.18.18.10:8080", "198.18.18.99:8080");
+            let mut argv = vec!["iptables", "-t", "nat"];
+            match edit {
+                Edit::Delete => argv.extend(["-D", chain, &number]),
+                Edit::Rewrite => {
+                    argv.extend(["-R", chain, &number]);
+                    argv.extend(rewritten.split_whitespace());
+                }
+            }
+            ns.run_ok(&argv, None).expect("iptables edit");
         }
     }
 }
 
-fn a_rule_deleted_by_hand_is_reported_for_its_service_port(mode: Mode) {
+/// Puts, by hand, a rule of someone else's where it sees packets before
+/// svcproxy's: an earlier base chain at the same hook (nftables), a rule above
+/// svcproxy's jump (iptables).
+fn put_a_rule_ahead(ns: &Netns, mode: &Mode) {
+    match mode.name {
+        "nftables" => {
+            let script = "table inet fw {
+  chain early {
+    type filter hook prerouting priority -200; policy accept;
+    tcp dport 9 drop
+  }
+}
+";
+            ns.run_ok(&["nft", "-f", "-"], Some(script))
+                .expect("nft -f");
+        }
+        _ => {
+            ns.run_ok(
+                &[
+                    "iptables",
+                    "-t",
+                    "nat",
+                    "-I",
+                    "PREROUTING",
+                    "1",
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    "9",
+                    "-j",
+                    "RETURN",
+                ],
+                None,
+            )
+            .expect("iptables -I");
+        }
+    }
+}
+
+fn the_kernel_is_compared_rule_by_rule_with_the_plan(mode: Mode) {
     let test = format!("explain_live_{}", mode.name);
     let Some(ns) = Netns::create(&test, "live", mode.tools) else {
         return;
     };
-    let out = svcproxy(&ns, &mode, &["--once"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let once = || {
+        let out = svcproxy(&ns, &mode, &["--once"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    once();
 
     let v = explain_live(&ns, &mode, "198.19.0.10:80");
-    assert_eq!(v["kernel"]["mode"], mode.name);
-    assert_eq!(v["kernel"]["agrees"], true, "{:#}", v["kernel"]);
+    let k = &v["kernel"];
+    assert_eq!(k["mode"], mode.name);
+    assert_eq!(k["compared"], "rules", "{k:#}");
+    assert_eq!(k["agrees"], true, "{k:#}");
+    assert_eq!(k["ahead"], serde_json::json!([]), "{k:#}");
 
-    delete_an_endpoint_rule(&ns, &mode);
+    // A rule deleted by hand.
+    edit_an_endpoint_rule(&ns, &mode, Edit::Delete);
     let v = explain_live(&ns, &mode, "198.19.0.10:80");
     let k = &v["kernel"];
     assert_eq!(k["agrees"], false, "{k:#}");
     let diffs = k["differences"].as_array().unwrap();
-    assert_eq!(diffs.len(), 1, "exactly the changed chain: {k:#}");
+    assert_eq!(diffs.len(), 1, "exactly the deleted rule: {k:#}");
+    assert!(
+        diffs[0].as_str().unwrap().contains("lacks the plan's rule")
+            && diffs[0].as_str().unwrap().contains("198.18.18.10"),
+        "{k:#}"
+    );
     assert_eq!(
         k["thisServicePort"], k["differences"],
         "it is demo/web's: {k:#}"
@@ -167,17 +246,67 @@ fn a_rule_deleted_by_hand_is_reported_for_its_service_port(mode: Mode) {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("differs from the plan in 1 place(s), 1 of them this service port's"),
+        text.contains("compared rule by rule): differs from the plan in 1 place(s), 1 of them this service port's"),
         "{text}"
     );
+
+    // A full sync repairs it; then a rule rewritten in place (same count) shows
+    // as the plan's rule lacking and another in its place.
+    once();
+    assert_eq!(
+        explain_live(&ns, &mode, "198.19.0.10:80")["kernel"]["agrees"],
+        true
+    );
+    edit_an_endpoint_rule(&ns, &mode, Edit::Rewrite);
+    let v = explain_live(&ns, &mode, "198.19.0.10:80");
+    let k = &v["kernel"];
+    let diffs: Vec<&str> = k["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(diffs.len(), 2, "{k:#}");
+    assert!(
+        diffs[0].contains("lacks the plan's rule") && diffs[0].contains("198.18.18.10:8080"),
+        "{k:#}"
+    );
+    assert!(
+        diffs[1].contains("198.18.18.99:8080") && diffs[1].contains("not in the plan"),
+        "{k:#}"
+    );
+    assert_eq!(k["thisServicePort"], k["differences"], "{k:#}");
+
+    // Someone else's rule where it sees packets first.
+    once();
+    put_a_rule_ahead(&ns, &mode);
+    let v = explain_live(&ns, &mode, "198.19.0.10:80");
+    let k = &v["kernel"];
+    assert_eq!(
+        k["agrees"], true,
+        "not a difference in svcproxy's rules: {k:#}"
+    );
+    let ahead = k["ahead"].as_array().unwrap();
+    assert_eq!(ahead.len(), 1, "{k:#}");
+    let ahead = ahead[0].as_str().unwrap();
+    match mode.name {
+        "nftables" => assert!(
+            ahead.starts_with("table inet fw chain early (hook prerouting, priority -200, policy accept, 1 rules) sees ip and ip6 packets before svcproxy's chain filter-prerouting (priority -110)"),
+            "{ahead}"
+        ),
+        _ => assert!(
+            ahead.contains("-t nat -A PREROUTING -p tcp -m tcp --dport 9 -j RETURN` runs before svcproxy's jump"),
+            "{ahead}"
+        ),
+    }
 }
 
 #[test]
-fn nftables_a_rule_deleted_by_hand_is_reported_for_its_service_port() {
-    a_rule_deleted_by_hand_is_reported_for_its_service_port(NFTABLES);
+fn nftables_the_kernel_is_compared_rule_by_rule_with_the_plan() {
+    the_kernel_is_compared_rule_by_rule_with_the_plan(NFTABLES);
 }
 
 #[test]
-fn iptables_a_rule_deleted_by_hand_is_reported_for_its_service_port() {
-    a_rule_deleted_by_hand_is_reported_for_its_service_port(IPTABLES);
+fn iptables_the_kernel_is_compared_rule_by_rule_with_the_plan() {
+    the_kernel_is_compared_rule_by_rule_with_the_plan(IPTABLES);
 }
