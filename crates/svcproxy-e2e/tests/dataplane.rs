@@ -777,50 +777,65 @@ fn nodeport_addresses_select_the_node_ips(mode: Mode) {
         let Some(env) = Env::start(
             mode,
             EnvSpec {
-                flags,
+                flags: flags.clone(),
                 ..EnvSpec::default()
             },
             &[(&fname(&np), file(&np, &[B0]))],
         ) else {
             return;
         };
+        // Each probe, with whether it is answered: `explain` (run with the same
+        // flags) must predict a forward exactly for those.
+        let mut flows: Vec<Flow<&'static str>> = Vec::new();
+        let mut expect = |ck: &mut Checks, flow: (String, Host, usize, SocketAddr), answered| {
+            let (what, from, node, to) = flow;
+            let got = env.probe(from, Proto::Tcp, to, 1 + usize::from(answered), ANSWER);
+            if answered {
+                ck.answered_by(&what, &got, &["pod-b0"]);
+            } else {
+                ck.not_answered(&what, &got);
+            }
+            let from_ip = match from {
+                Host::Ext => plan::ext_ip(Family::of(to.ip())),
+                Host::Node(_) => to.ip(),
+                pod => pod_ip(pod, Family::of(to.ip())),
+            };
+            let predicted = if answered { "forward" } else { "accept" };
+            flows.push((what, node, from_ip, to, Proto::Tcp, predicted));
+        };
         for f in Family::BOTH {
             let fam = family_name(f);
             let primary = sa(plan::node_ip(NODE_A, f), 30600);
             let gateway = sa(plan::pod_gateway(NODE_A, f), 30600);
-            let got = env.probe(Host::Ext, Proto::Tcp, primary, 1, ANSWER);
             let what = format!("{fam} {name}: ext -> node-a primary IP NodePort");
-            let got2 = env.probe(A1, Proto::Tcp, gateway, 1, ANSWER);
             let what2 = format!("{fam} {name}: pod-a1 -> node-a pod-side address NodePort");
             // Without --nodeport-addresses, iptables mode serves NodePorts on every
             // local address (as upstream's does); nftables mode on the primary IP.
-            if name == "default" && mode.default_nodeports_on_every_address() {
-                ck.answered_by(&what, &got, &["pod-b0"]);
-                ck.answered_by(&what2, &got2, &["pod-b0"]);
-            } else if on_primary {
-                ck.answered_by(&what, &got, &["pod-b0"]);
-                ck.not_answered(&what2, &got2);
-            } else {
-                ck.not_answered(&what, &got);
-                ck.answered_by(&what2, &got2, &["pod-b0"]);
-            }
+            let every = name == "default" && mode.default_nodeports_on_every_address();
+            expect(
+                &mut ck,
+                (what, Host::Ext, NODE_A, primary),
+                every || on_primary,
+            );
+            expect(&mut ck, (what2, A1, NODE_A, gateway), every || !on_primary);
         }
         // NodePorts on 127.0.0.1, from the node itself: iptables mode serves them by
         // default (`--iptables-localhost-nodeports`; masqueraded, with route_localnet),
         // nftables mode never; on ::1 no mode does.
         if name == "default" {
             let lo4 = sa(IpAddr::from([127, 0, 0, 1]), 30600);
-            let got = env.probe(Host::Node(NODE_A), Proto::Tcp, lo4, 2, ANSWER);
-            let what = "IPv4 default: node-a -> 127.0.0.1 NodePort";
-            if mode.localhost_nodeports() {
-                ck.answered_by(what, &got, &["pod-b0"]);
-            } else {
-                ck.not_answered(what, &got);
-            }
+            let what = "IPv4 default: node-a -> 127.0.0.1 NodePort".to_string();
+            let node = Host::Node(NODE_A);
+            expect(
+                &mut ck,
+                (what, node, NODE_A, lo4),
+                mode.localhost_nodeports(),
+            );
             let lo6 = sa(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 30600);
-            let got = env.probe(Host::Node(NODE_A), Proto::Tcp, lo6, 1, ANSWER);
-            ck.not_answered("IPv6 default: node-a -> [::1] NodePort", &got);
+            let what = "IPv6 default: node-a -> [::1] NodePort".to_string();
+            expect(&mut ck, (what, node, NODE_A, lo6), false);
         }
+        env.check_explained_with(&mut ck, &flags, &flows);
         if !ck.is_ok() {
             ck.finish(&env);
         }
@@ -1104,6 +1119,39 @@ fn session_affinity_sticks_and_expires(mode: Mode) {
         if let Some(b) = got.first().and_then(|a| a.backend()) {
             first.insert(f, b.to_string());
         }
+        // explain predicts it: any of the four, with ClientIP affinity for the
+        // service's timeout.
+        let v = env.explain(
+            NODE_A,
+            &[],
+            pod_ip(client, f),
+            sa(sticky.cluster_ip(f), 80),
+            Proto::Tcp,
+        );
+        let mut predicted: Vec<String> = v["verdict"]["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["address"].as_str())
+            .filter_map(|a| a.parse::<SocketAddr>().ok())
+            .map(|a| a.ip().to_string())
+            .collect();
+        predicted.sort();
+        let mut want: Vec<String> = endpoints
+            .iter()
+            .map(|h| pod_ip(*h, f).to_string())
+            .collect();
+        want.sort();
+        ck.check(
+            predicted == want
+                && v["verdict"]["sessionAffinitySeconds"] == serde_json::json!(TIMEOUT_S),
+            || {
+                format!(
+                    "{fam}: explain predicts {predicted:?} with affinity {}, the packets show {want:?} sticking for {TIMEOUT_S} s",
+                    v["verdict"]["sessionAffinitySeconds"]
+                )
+            },
+        );
     }
     // The kernel holds the client in an affinity set, with the service's timeout.
     let sets = mode.affinity_state(&env.c, NODE_A);
@@ -1201,7 +1249,26 @@ fn each_family_is_proxied_on_its_own(mode: Mode) {
         return;
     };
     let mut ck = Checks::new("dual-stack");
+    // What the packets show, for explain to predict: forwards to exactly these
+    // endpoints, and the other outcomes.
+    let mut forwards: Vec<Flow<Vec<IpAddr>>> = Vec::new();
+    let mut others: Vec<Flow<&'static str>> = Vec::new();
     for (proto, port) in [(Proto::Tcp, 80), (Proto::Udp, 53)] {
+        let (v4, v6) = (
+            sa(dns.cluster_ip(Family::V4), port),
+            sa(dns.cluster_ip(Family::V6), port),
+        );
+        let what = format!("{proto} dual-stack service: IPv4 cluster IP");
+        forwards.push((
+            what,
+            NODE_A,
+            pod_ip(A1, Family::V4),
+            v4,
+            proto,
+            vec![pod_ip(B0, Family::V4)],
+        ));
+        let what = format!("{proto} dual-stack service: IPv6 cluster IP");
+        others.push((what, NODE_A, pod_ip(A1, Family::V6), v6, proto, "reject"));
         let got = env.probe(A1, proto, sa(dns.cluster_ip(Family::V4), port), 3, ANSWER);
         ck.answered_by(
             &format!("{proto} dual-stack service, IPv4 endpoints only: its IPv4 cluster IP"),
@@ -1230,6 +1297,10 @@ fn each_family_is_proxied_on_its_own(mode: Mode) {
         let what = format!("IPv6-only service from {from:?}");
         ck.answered_by(&what, &got, &["pod-a0", "pod-b0"]);
         ck.client_is(&what, &got, pod_ip(from, Family::V6));
+        let node = if from == A1 { NODE_A } else { NODE_B };
+        let to = sa(v6only.cluster_ip(Family::V6), 80);
+        let both = vec![pod_ip(A0, Family::V6), pod_ip(B0, Family::V6)];
+        forwards.push((what, node, pod_ip(from, Family::V6), to, Proto::Tcp, both));
     }
     for node in [NODE_A, NODE_B] {
         let node_name = plan::node_name(node);
@@ -1240,11 +1311,11 @@ fn each_family_is_proxied_on_its_own(mode: Mode) {
             3,
             ANSWER,
         );
-        ck.answered_by(
-            &format!("IPv6-only NodePort via {node_name}"),
-            &got,
-            &["pod-a0", "pod-b0"],
-        );
+        let what = format!("IPv6-only NodePort via {node_name}");
+        ck.answered_by(&what, &got, &["pod-a0", "pod-b0"]);
+        let to = sa(plan::node_ip(node, Family::V6), 30471);
+        let both = vec![pod_ip(A0, Family::V6), pod_ip(B0, Family::V6)];
+        forwards.push((what, node, plan::ext_ip(Family::V6), to, Proto::Tcp, both));
     }
     // The IPv4 side knows nothing of it: its NodePort is not proxied on IPv4.
     let got = env.probe(
@@ -1254,10 +1325,18 @@ fn each_family_is_proxied_on_its_own(mode: Mode) {
         1,
         DROP_WAIT,
     );
-    ck.not_answered(
-        "IPv6-only service's NodePort on node-a's IPv4 address",
-        &got,
-    );
+    let what = "IPv6-only service's NodePort on node-a's IPv4 address";
+    ck.not_answered(what, &got);
+    others.push((
+        what.to_string(),
+        NODE_A,
+        plan::ext_ip(Family::V4),
+        sa(plan::node_ip(NODE_A, Family::V4), 30471),
+        Proto::Tcp,
+        "accept",
+    ));
+    env.check_explained_endpoints(&mut ck, &forwards);
+    env.check_explained(&mut ck, &others);
     ck.finish(&env);
 }
 

@@ -367,8 +367,14 @@ fn origin_of(packet: &Packet, node: Option<&NodeIntent>) -> (Origin, String) {
     }
 }
 
-/// Whether `ip` takes NodePorts on this node, and how that was decided.
-fn nodeport_destination(node: &NodeIntent, ip: IpAddr) -> Option<&'static str> {
+/// Whether `ip` takes NodePorts on this node, and how that was decided; `host`
+/// is the snapshot of `ip`'s family (its `host_ips`: this host's addresses, when
+/// they were read).
+fn nodeport_destination(
+    node: &NodeIntent,
+    host: &NodeSnapshot,
+    ip: IpAddr,
+) -> Option<&'static str> {
     if node.localhost_nodeports && matches!(ip, IpAddr::V4(v4) if v4.is_loopback()) {
         return Some("127.0.0.0/8 (localhost NodePorts)");
     }
@@ -377,8 +383,13 @@ fn nodeport_destination(node: &NodeIntent, ip: IpAddr) -> Option<&'static str> {
             Some("one of the nodePortAddresses of this node")
         }
         NodePortDestinations::Ips(_) => None,
-        // Only the addresses the plan knows: the host's others are not in the intent.
-        NodePortDestinations::AllLocal if node.node_ips.contains(&ip) => {
+        // The rules match every local address (`fib daddr type local`, `-m
+        // addrtype --dst-type LOCAL`) but loopback: those of the host as read,
+        // and the node's own in case they were not.
+        NodePortDestinations::AllLocal
+            if !ip.is_loopback()
+                && (host.host_ips.contains(&ip) || node.node_ips.contains(&ip)) =>
+        {
             Some("a local address of this node (nodePortAddresses: every local address)")
         }
         NodePortDestinations::AllLocal => None,
@@ -435,7 +446,11 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
     };
     let hit = match fam.frontend(&vip) {
         Some(hit) => Some(hit),
-        None => match nodeport_destination(node, packet.to.ip()) {
+        None => match nodeport_destination(
+            node,
+            if family == IpFamily::V4 { v4 } else { v6 },
+            packet.to.ip(),
+        ) {
             Some(why) => {
                 let key = FrontendKey::NodePort {
                     protocol: packet.protocol,

@@ -207,6 +207,12 @@ trait Target {
     fn drift(&mut self) -> Option<String> {
         None
     }
+
+    /// Whether the snapshots must carry this host's addresses whatever the plan
+    /// needs (`explain`: a NodePort on every local address is told by them).
+    fn wants_host_addresses(&self) -> bool {
+        false
+    }
 }
 
 /// What a target reports of a successful sync.
@@ -421,6 +427,10 @@ impl Target for ExplainPrinter {
         }
         out.flush()?;
         Ok(SyncDone::printed(full, start.elapsed()))
+    }
+
+    fn wants_host_addresses(&self) -> bool {
+        true
     }
 }
 
@@ -668,12 +678,12 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             let cfg = plan_config(&settings, backend)?;
             let live = live.then(|| (backend.new)(&cfg));
             let target = ExplainPrinter {
-                cfg,
+                cfg: cfg.clone(),
                 packet,
                 json,
                 live,
             };
-            rt.block_on(serve(settings, target, servers, true, None, None))
+            rt.block_on(serve(settings, target, servers, true, Some(cfg), None))
         }
         Output::Render => {
             let backend = backend(&settings)?;
@@ -884,7 +894,7 @@ async fn serve<T: Target>(
     });
     let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
     let (tx, rx) = event_channel(health.clone(), metrics.clone());
-    if plan_cfg.as_ref().is_some_and(needs_host_addresses) {
+    if plan_cfg.as_ref().is_some_and(needs_host_addresses) || target.wants_host_addresses() {
         watch_host_addresses(&mut state, &tx, once)?;
     }
     let mut _manifest_watch = None;

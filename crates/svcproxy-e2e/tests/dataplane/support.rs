@@ -1134,9 +1134,9 @@ impl Env {
         ]
     }
 
-    /// `svcproxy explain --format json` for a connection through `node`'s rules, with
-    /// the inputs and flags its proxy runs with (plus `flags`); the origin is told
-    /// from `from`, as the rules tell it.
+    /// `svcproxy explain --format json` for a connection through `node`'s rules, run
+    /// in `node`'s namespace with the inputs and flags its proxy runs with (plus
+    /// `flags`); the origin is told from `from`, as the rules tell it.
     pub fn explain(
         &self,
         node: usize,
@@ -1145,22 +1145,23 @@ impl Env {
         to: SocketAddr,
         proto: Proto,
     ) -> serde_json::Value {
-        let mut args = self.proxy_args(node);
+        let mut args = vec!["explain".to_string()];
+        args.extend(self.proxy_args(node));
         args.extend(flags.iter().cloned());
-        let out = std::process::Command::new(svcproxy_bin())
-            .arg("explain")
-            .args(&args)
-            .args([
-                "--format",
-                "json",
-                "--from",
-                &from.to_string(),
-                "--to",
-                &to.to_string(),
-            ])
-            .args(["--proto", &proto.to_string().to_lowercase()])
-            .output()
-            .expect("run svcproxy explain");
+        args.extend([
+            "--format".into(),
+            "json".into(),
+            "--from".into(),
+            from.to_string(),
+            "--to".into(),
+            to.to_string(),
+            "--proto".into(),
+            proto.to_string().to_lowercase(),
+        ]);
+        // In the node's namespace, as an operator runs it on the node: this
+        // host's addresses are the node's.
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.run_svcproxy(node, &args);
         assert!(
             out.status.success(),
             "svcproxy explain: {}",
@@ -1169,16 +1170,17 @@ impl Env {
         serde_json::from_slice(&out.stdout).expect("explain's JSON")
     }
 
-    /// `explain`'s verdict for a connection through `node`'s rules: `forward`, `drop`,
-    /// `reject` or `accept`.
+    /// `explain`'s verdict for a connection through `node`'s rules, its proxy
+    /// running with `flags` too: `forward`, `drop`, `reject` or `accept`.
     pub fn explain_action(
         &self,
         node: usize,
+        flags: &[String],
         from: IpAddr,
         to: SocketAddr,
         proto: Proto,
     ) -> String {
-        self.explain(node, &[], from, to, proto)["verdict"]["action"]
+        self.explain(node, flags, from, to, proto)["verdict"]["action"]
             .as_str()
             .unwrap_or("none")
             .to_string()
@@ -1187,8 +1189,18 @@ impl Env {
     /// Checks, for each `(what, node, from, to, proto, action)`, that `explain`
     /// predicts the action the packets showed.
     pub fn check_explained(&self, ck: &mut Checks, flows: &[Flow<&'static str>]) {
+        self.check_explained_with(ck, &[], flows);
+    }
+
+    /// [`Env::check_explained`] for a proxy that runs with `flags` too.
+    pub fn check_explained_with(
+        &self,
+        ck: &mut Checks,
+        flags: &[String],
+        flows: &[Flow<&'static str>],
+    ) {
         for (what, node, from, to, proto, want) in flows {
-            let got = self.explain_action(*node, *from, *to, *proto);
+            let got = self.explain_action(*node, flags, *from, *to, *proto);
             ck.check(got == *want, || {
                 format!("{what}: explain predicts {got}, the packets show {want}")
             });
