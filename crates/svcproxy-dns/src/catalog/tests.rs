@@ -1,0 +1,412 @@
+use super::*;
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+fn upsert(object: serde_json::Value) -> SourceUpdate {
+    let object = match object["kind"].as_str() {
+        Some("Service") => KubeObject::Service(serde_json::from_value(object).unwrap()),
+        Some("EndpointSlice") => KubeObject::EndpointSlice(serde_json::from_value(object).unwrap()),
+        k => panic!("kind {k:?}"),
+    };
+    SourceUpdate::Upsert {
+        object,
+        origin: "test".into(),
+    }
+}
+
+fn service(ns: &str, name: &str, spec: serde_json::Value) -> SourceUpdate {
+    upsert(json!({"kind": "Service", "metadata": {"namespace": ns, "name": name}, "spec": spec}))
+}
+
+fn slice(ns: &str, name: &str, svc: &str, v6: bool, endpoints: serde_json::Value) -> SourceUpdate {
+    upsert(json!({
+        "kind": "EndpointSlice",
+        "metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": if v6 { "IPv6" } else { "IPv4" },
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}, {"port": 9}]
+    }))
+}
+
+fn catalog(updates: &[SourceUpdate]) -> Catalog {
+    let mut c = Catalog::new(&DnsConfig::default()).unwrap();
+    for u in updates {
+        assert_eq!(c.apply(u), Vec::<String>::new());
+    }
+    c
+}
+
+fn ask(c: &Catalog, name: &str, qtype: RecordType) -> (ResponseCode, Vec<String>) {
+    let a = c
+        .answer(&Name::from_ascii(name).unwrap(), qtype)
+        .expect("an answer");
+    let mut records: Vec<String> = a
+        .answers
+        .iter()
+        .map(|r| format!("{} {}", r.record_type(), r.data))
+        .collect();
+    records.sort();
+    (a.code, records)
+}
+
+fn ok(records: &[&str]) -> (ResponseCode, Vec<String>) {
+    (
+        ResponseCode::NoError,
+        records.iter().map(|s| s.to_string()).collect(),
+    )
+}
+
+const NODATA: (ResponseCode, Vec<String>) = (ResponseCode::NoError, Vec::new());
+const NXDOMAIN: (ResponseCode, Vec<String>) = (ResponseCode::NXDomain, Vec::new());
+
+fn cluster() -> Vec<SourceUpdate> {
+    vec![
+        service(
+            "demo",
+            "web",
+            json!({"clusterIPs": ["10.96.0.10", "fd00::10"], "ports": [
+                {"name": "http", "port": 80}, {"name": "dns", "protocol": "UDP", "port": 53}, {"port": 81}]}),
+        ),
+        service(
+            "demo",
+            "db",
+            json!({"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}),
+        ),
+        slice(
+            "demo",
+            "db-v4",
+            "db",
+            false,
+            json!([
+                {"addresses": ["10.244.1.5"], "hostname": "db-0"},
+                {"addresses": ["10.244.2.6"]},
+                {"addresses": ["10.244.3.7"], "conditions": {"ready": false}},
+            ]),
+        ),
+        slice(
+            "demo",
+            "db-v6",
+            "db",
+            true,
+            json!([{"addresses": ["fd00:10::5"], "hostname": "db-0"}]),
+        ),
+        service(
+            "demo",
+            "ext",
+            json!({"type": "ExternalName", "externalName": "www.Example.com"}),
+        ),
+        service("demo", "empty", json!({"clusterIP": "None"})),
+    ]
+}
+
+#[test]
+fn a_cluster_ip_service_has_its_addresses_srv_per_named_port_and_ptr() {
+    let c = catalog(&cluster());
+    let web = "web.demo.svc.cluster.local.";
+    assert_eq!(ask(&c, web, RecordType::A), ok(&["A 10.96.0.10"]));
+    assert_eq!(ask(&c, web, RecordType::AAAA), ok(&["AAAA fd00::10"]));
+    assert_eq!(ask(&c, web, RecordType::MX), NODATA);
+    assert_eq!(
+        ask(&c, "WEB.Demo.SVC.cluster.LOCAL.", RecordType::A),
+        ok(&["A 10.96.0.10"]),
+        "names are compared case-insensitively"
+    );
+    assert_eq!(
+        ask(
+            &c,
+            "_http._tcp.web.demo.svc.cluster.local.",
+            RecordType::SRV
+        ),
+        ok(&["SRV 0 100 80 web.demo.svc.cluster.local."])
+    );
+    assert_eq!(
+        ask(&c, "_dns._udp.web.demo.svc.cluster.local.", RecordType::SRV),
+        ok(&["SRV 0 100 53 web.demo.svc.cluster.local."])
+    );
+    assert_eq!(
+        ask(&c, "_dns._tcp.web.demo.svc.cluster.local.", RecordType::SRV),
+        NXDOMAIN
+    );
+    assert_eq!(
+        ask(&c, "_http._tcp.web.demo.svc.cluster.local.", RecordType::A),
+        NODATA
+    );
+    assert_eq!(
+        ask(&c, "_tcp.web.demo.svc.cluster.local.", RecordType::A),
+        NODATA,
+        "an empty non-terminal exists"
+    );
+    assert_eq!(
+        ask(&c, "_sctp.web.demo.svc.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+    assert_eq!(
+        ask(&c, "10.0.96.10.in-addr.arpa.", RecordType::PTR),
+        ok(&["PTR web.demo.svc.cluster.local."])
+    );
+    let v6 = Name::from(IpAddr::from("fd00::10".parse::<Ipv6Addr>().unwrap()));
+    assert_eq!(
+        ask(&c, &v6.to_ascii(), RecordType::PTR),
+        ok(&["PTR web.demo.svc.cluster.local."])
+    );
+    // Additional section: the target's addresses.
+    let a = c
+        .answer(
+            &Name::from_ascii("_http._tcp.web.demo.svc.cluster.local.").unwrap(),
+            RecordType::SRV,
+        )
+        .unwrap();
+    assert_eq!(a.additionals.len(), 2);
+}
+
+#[test]
+fn a_headless_service_answers_with_its_ready_endpoints_by_name_and_port() {
+    let c = catalog(&cluster());
+    let db = "db.demo.svc.cluster.local.";
+    assert_eq!(
+        ask(&c, db, RecordType::A),
+        ok(&["A 10.244.1.5", "A 10.244.2.6"]),
+        "not the endpoint that is not ready"
+    );
+    assert_eq!(ask(&c, db, RecordType::AAAA), ok(&["AAAA fd00:10::5"]));
+    assert_eq!(
+        ask(&c, "db-0.db.demo.svc.cluster.local.", RecordType::A),
+        ok(&["A 10.244.1.5"])
+    );
+    assert_eq!(
+        ask(&c, "db-0.db.demo.svc.cluster.local.", RecordType::AAAA),
+        ok(&["AAAA fd00:10::5"]),
+        "one hostname, an address per family"
+    );
+    assert_eq!(
+        ask(&c, "10-244-2-6.db.demo.svc.cluster.local.", RecordType::A),
+        ok(&["A 10.244.2.6"]),
+        "no hostname: the address, dashed"
+    );
+    assert_eq!(
+        ask(&c, "10-244-3-7.db.demo.svc.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+    // N ready endpoints (by hostname) x M named ports; the slice's unnamed port has none.
+    assert_eq!(
+        ask(&c, "_http._tcp.db.demo.svc.cluster.local.", RecordType::SRV),
+        ok(&[
+            "SRV 0 50 8080 10-244-2-6.db.demo.svc.cluster.local.",
+            "SRV 0 50 8080 db-0.db.demo.svc.cluster.local.",
+        ])
+    );
+    assert_eq!(
+        ask(&c, "5.1.244.10.in-addr.arpa.", RecordType::PTR),
+        ok(&["PTR db-0.db.demo.svc.cluster.local."])
+    );
+    assert!(
+        c.answer(
+            &Name::from_ascii("7.3.244.10.in-addr.arpa.").unwrap(),
+            RecordType::PTR
+        )
+        .is_none(),
+        "an address it does not know is not its to answer"
+    );
+    // No ready endpoints: NXDOMAIN, as the specification says.
+    assert_eq!(
+        ask(&c, "empty.demo.svc.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+}
+
+#[test]
+fn publish_not_ready_addresses_includes_every_endpoint() {
+    let mut updates = cluster();
+    updates.push(service(
+        "demo",
+        "db",
+        json!({"clusterIP": "None", "publishNotReadyAddresses": true}),
+    ));
+    let c = catalog(&updates);
+    assert_eq!(
+        ask(&c, "db.demo.svc.cluster.local.", RecordType::A),
+        ok(&["A 10.244.1.5", "A 10.244.2.6", "A 10.244.3.7"])
+    );
+}
+
+#[test]
+fn external_names_version_pods_and_what_does_not_exist() {
+    let c = catalog(&cluster());
+    for qtype in [RecordType::A, RecordType::AAAA, RecordType::CNAME] {
+        assert_eq!(
+            ask(&c, "ext.demo.svc.cluster.local.", qtype),
+            ok(&["CNAME www.example.com."])
+        );
+    }
+    assert_eq!(
+        ask(&c, "dns-version.cluster.local.", RecordType::TXT),
+        ok(&["TXT 1.1.0"])
+    );
+    assert_eq!(
+        ask(&c, "10-244-9-9.demo.pod.cluster.local.", RecordType::A),
+        ok(&["A 10.244.9.9"])
+    );
+    assert_eq!(
+        ask(&c, "fd00-10--9.demo.pod.cluster.local.", RecordType::AAAA),
+        ok(&["AAAA fd00:10::9"])
+    );
+    assert_eq!(
+        ask(&c, "not-an-ip.demo.pod.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+    assert_eq!(ask(&c, "demo.svc.cluster.local.", RecordType::A), NODATA);
+    assert_eq!(ask(&c, "nope.svc.cluster.local.", RecordType::A), NXDOMAIN);
+    assert_eq!(ask(&c, "svc.cluster.local.", RecordType::A), NODATA);
+    assert_eq!(ask(&c, "cluster.local.", RecordType::A), NODATA);
+    assert_eq!(
+        ask(&c, "cluster.local.", RecordType::SOA).1.len(),
+        1,
+        "the apex has its SOA"
+    );
+    assert_eq!(
+        ask(&c, "nope.demo.svc.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+    assert_eq!(
+        ask(&c, "a.b.c.demo.svc.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+    // Negative answers carry the zone's SOA for negative caching.
+    let a = c
+        .answer(
+            &Name::from_ascii("nope.demo.svc.cluster.local.").unwrap(),
+            RecordType::A,
+        )
+        .unwrap();
+    assert_eq!(a.authority.len(), 1);
+    assert_eq!(a.authority[0].record_type(), RecordType::SOA);
+    // Outside the zone: not this catalog's.
+    assert!(c
+        .answer(&Name::from_ascii("example.com.").unwrap(), RecordType::A)
+        .is_none());
+}
+
+#[test]
+fn deletes_replaces_and_moved_slices_take_records_away() {
+    let mut c = catalog(&cluster());
+    c.apply(&SourceUpdate::Delete(ObjectKey::new(
+        Kind::EndpointSlice,
+        "demo",
+        "db-v4",
+    )));
+    assert_eq!(
+        ask(&c, "db.demo.svc.cluster.local.", RecordType::A),
+        NODATA,
+        "still an IPv6 endpoint"
+    );
+    assert!(c
+        .answer(
+            &Name::from_ascii("5.1.244.10.in-addr.arpa.").unwrap(),
+            RecordType::PTR
+        )
+        .is_none());
+    // The IPv6 slice moves to another service.
+    c.apply(&slice(
+        "demo",
+        "db-v6",
+        "empty",
+        true,
+        json!([{"addresses": ["fd00:10::5"]}]),
+    ));
+    assert_eq!(
+        ask(&c, "db.demo.svc.cluster.local.", RecordType::AAAA),
+        NXDOMAIN
+    );
+    assert_eq!(
+        ask(&c, "empty.demo.svc.cluster.local.", RecordType::AAAA),
+        ok(&["AAAA fd00:10::5"])
+    );
+    // A re-list without the web service removes it, and its PTR.
+    let kept: Vec<(KubeObject, String)> = cluster()
+        .into_iter()
+        .filter_map(|u| match u {
+            SourceUpdate::Upsert { object, origin } if object.key().name != "web" => {
+                Some((object, origin))
+            }
+            _ => None,
+        })
+        .collect();
+    c.apply(&SourceUpdate::Replace {
+        kinds: vec![Kind::Service],
+        objects: kept
+            .into_iter()
+            .filter(|(o, _)| o.kind() == Kind::Service)
+            .collect(),
+    });
+    assert_eq!(
+        ask(&c, "web.demo.svc.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+    assert!(c
+        .answer(
+            &Name::from_ascii("10.0.96.10.in-addr.arpa.").unwrap(),
+            RecordType::PTR
+        )
+        .is_none());
+    assert_eq!(
+        ask(&c, "empty.demo.svc.cluster.local.", RecordType::AAAA),
+        ok(&["AAAA fd00:10::5"]),
+        "slices were not re-listed"
+    );
+}
+
+#[test]
+fn hostile_input_is_refused_per_object_and_the_last_good_version_stays() {
+    let mut c = catalog(&cluster());
+    let bad = [
+        service("demo", "web", json!({"clusterIP": "10.96.0.999"})),
+        service(
+            "demo",
+            "ext",
+            json!({"type": "ExternalName", "externalName": "evil.com. 0 IN A 6.6.6.6"}),
+        ),
+        service("Demo", "x", json!({"clusterIP": "10.96.0.11"})),
+        service("demo", "bad.name", json!({"clusterIP": "10.96.0.12"})),
+        service(
+            "demo",
+            "web",
+            json!({"clusterIP": "10.96.0.10", "ports": [{"name": "a b", "port": 1}]}),
+        ),
+        slice(
+            "demo",
+            "db-v4",
+            "db",
+            false,
+            json!([{"addresses": ["10.244.1.5"], "hostname": "x.evil"}]),
+        ),
+        slice(
+            "demo",
+            "db-v4",
+            "db",
+            false,
+            json!([{"addresses": ["fd00::1"]}]),
+        ),
+    ];
+    for u in &bad {
+        let errors = c.apply(u);
+        assert_eq!(errors.len(), 1, "{u:?}");
+    }
+    assert_eq!(
+        ask(&c, "web.demo.svc.cluster.local.", RecordType::A),
+        ok(&["A 10.96.0.10"])
+    );
+    assert_eq!(
+        ask(&c, "ext.demo.svc.cluster.local.", RecordType::CNAME),
+        ok(&["CNAME www.example.com."])
+    );
+    assert_eq!(
+        ask(&c, "db-0.db.demo.svc.cluster.local.", RecordType::A),
+        ok(&["A 10.244.1.5"])
+    );
+    assert_eq!(c.services(), 4);
+    assert!(Catalog::new(&DnsConfig {
+        zone: "evil zone".into(),
+        ttl: 5
+    })
+    .is_err());
+}

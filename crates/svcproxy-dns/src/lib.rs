@@ -1,0 +1,10 @@
+//! svcproxy's cluster DNS: Kubernetes' DNS-based service discovery, answered from
+//! the objects the proxy already reads.
+//!
+//! [`catalog`] is pure (source updates in, answers out); [`server`] puts it on UDP
+//! and TCP with hickory-server.
+
+pub mod catalog;
+pub mod server;
+
+pub use catalog::{Answer, Catalog, DnsConfig, SCHEMA_VERSION};

@@ -1,0 +1,205 @@
+//! The DNS server on real sockets (loopback): queries over UDP and TCP, EDNS and
+//! truncation, and answers that follow the catalog as it changes.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use hickory_proto::op::{Edns, Message, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RecordType};
+use serde_json::json;
+use svcproxy_core::objects::{KubeObject, SourceUpdate};
+use svcproxy_dns::server;
+use svcproxy_dns::{Catalog, DnsConfig};
+
+fn upsert(object: serde_json::Value) -> SourceUpdate {
+    let object = match object["kind"].as_str() {
+        Some("Service") => KubeObject::Service(serde_json::from_value(object).unwrap()),
+        _ => KubeObject::EndpointSlice(serde_json::from_value(object).unwrap()),
+    };
+    SourceUpdate::Upsert {
+        object,
+        origin: "test".into(),
+    }
+}
+
+/// A headless service with `n` ready endpoints, 10.244.0.1 on.
+fn headless(n: u32) -> Vec<SourceUpdate> {
+    let endpoints: Vec<serde_json::Value> = (1..=n)
+        .map(|i| json!({"addresses": [format!("10.244.{}.{}", i / 250, i % 250 + 1)]}))
+        .collect();
+    vec![
+        upsert(
+            json!({"kind": "Service", "metadata": {"namespace": "demo", "name": "big"},
+            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}}),
+        ),
+        upsert(json!({"kind": "EndpointSlice",
+            "metadata": {"namespace": "demo", "name": "big-1", "labels": {"kubernetes.io/service-name": "big"}},
+            "addressType": "IPv4", "endpoints": endpoints,
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})),
+        upsert(
+            json!({"kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]}}),
+        ),
+    ]
+}
+
+struct Running {
+    addr: SocketAddr,
+    catalog: Arc<RwLock<Catalog>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(updates: &[SourceUpdate]) -> Running {
+    let mut catalog = Catalog::new(&DnsConfig::default()).unwrap();
+    for u in updates {
+        assert!(catalog.apply(u).is_empty());
+    }
+    let catalog = Arc::new(RwLock::new(catalog));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, addr) = rt
+        .block_on(server::bind(
+            catalog.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .unwrap();
+    // Keep the server (its tasks) alive with the runtime.
+    rt.spawn(async move {
+        let mut server = server;
+        let _ = server.block_until_done().await;
+    });
+    Running {
+        addr,
+        catalog,
+        _rt: rt,
+    }
+}
+
+fn query(name: &str, qtype: RecordType, edns: Option<u16>) -> Vec<u8> {
+    let mut m = Message::query();
+    m.metadata.id = 4242;
+    m.metadata.op_code = OpCode::Query;
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    if let Some(size) = edns {
+        let mut e = Edns::new();
+        e.set_max_payload(size);
+        m.set_edns(e);
+    }
+    m.to_vec().unwrap()
+}
+
+fn udp(addr: SocketAddr, q: &[u8]) -> (Message, usize) {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.send_to(q, addr).unwrap();
+    let mut buf = [0u8; 65535];
+    let (n, _) = s.recv_from(&mut buf).expect("an answer over UDP");
+    (Message::from_vec(&buf[..n]).unwrap(), n)
+}
+
+fn tcp(addr: SocketAddr, q: &[u8]) -> Message {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let len = u16::try_from(q.len()).unwrap().to_be_bytes();
+    s.write_all(&len).unwrap();
+    s.write_all(q).unwrap();
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).unwrap();
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut buf).unwrap();
+    Message::from_vec(&buf).unwrap()
+}
+
+fn addresses(m: &Message) -> Vec<String> {
+    let mut v: Vec<String> = m.answers.iter().map(|r| r.data.to_string()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn udp_and_tcp_answer_the_same_and_big_answers_truncate_over_udp() {
+    let dns = start(&headless(100));
+    // A plain service over both transports, authoritative.
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    let (m, _) = udp(dns.addr, &q);
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert!(m.metadata.authoritative);
+    assert_eq!(m.metadata.id, 4242);
+    assert_eq!(addresses(&m), ["10.96.0.10"]);
+    assert_eq!(addresses(&tcp(dns.addr, &q)), ["10.96.0.10"]);
+
+    // 100 A records (~1.6 KB): over 512 bytes without EDNS, so UDP truncates (TC)...
+    let q = query("big.demo.svc.cluster.local.", RecordType::A, None);
+    let (m, n) = udp(dns.addr, &q);
+    assert!(m.metadata.truncation, "TC set");
+    assert!(n <= 512, "{n} bytes");
+    assert!(m.answers.len() < 100);
+    // ...TCP holds them all...
+    assert_eq!(tcp(dns.addr, &q).answers.len(), 100);
+    // ...and so does UDP with a large enough EDNS payload.
+    let q = query("big.demo.svc.cluster.local.", RecordType::A, Some(4096));
+    let (m, n) = udp(dns.addr, &q);
+    assert!(!m.metadata.truncation);
+    assert_eq!(m.answers.len(), 100);
+    assert!(n > 512);
+    assert_eq!(m.edns.as_ref().map(|e| e.max_payload()), Some(4096));
+
+    // SRV with the targets' addresses in the additional section, over TCP.
+    let m = tcp(
+        dns.addr,
+        &query(
+            "_http._tcp.big.demo.svc.cluster.local.",
+            RecordType::SRV,
+            None,
+        ),
+    );
+    assert_eq!(m.answers.len(), 100);
+    assert_eq!(m.additionals.len(), 100);
+
+    // Negative answers: NXDOMAIN and NODATA, each with the SOA; outside the zone:
+    // refused (no upstream yet).
+    let (m, _) = udp(
+        dns.addr,
+        &query("nope.demo.svc.cluster.local.", RecordType::A, None),
+    );
+    assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    assert_eq!(m.authorities.len(), 1);
+    let (m, _) = udp(
+        dns.addr,
+        &query("web.demo.svc.cluster.local.", RecordType::AAAA, None),
+    );
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert!(m.answers.is_empty());
+    assert_eq!(m.authorities.len(), 1);
+    let (m, _) = udp(dns.addr, &query("example.com.", RecordType::A, None));
+    assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+}
+
+#[test]
+fn answers_follow_the_catalog_at_once() {
+    let dns = start(&headless(2));
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    assert_eq!(addresses(&udp(dns.addr, &q).0), ["10.96.0.10"]);
+    let errors = dns.catalog.write().unwrap().apply(&upsert(json!({
+        "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+        "spec": {"clusterIP": "10.96.0.99"}})));
+    assert!(errors.is_empty());
+    assert_eq!(addresses(&udp(dns.addr, &q).0), ["10.96.0.99"]);
+}
+
+#[test]
+fn garbage_gets_no_answer_and_the_server_keeps_answering() {
+    let dns = start(&headless(2));
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for junk in [&b""[..], &b"\x00"[..], &[0xffu8; 40][..], &[0u8; 12][..]] {
+        s.send_to(junk, dns.addr).unwrap();
+    }
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    assert_eq!(addresses(&udp(dns.addr, &q).0), ["10.96.0.10"]);
+}
