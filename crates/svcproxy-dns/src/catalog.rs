@@ -132,6 +132,9 @@ pub struct Catalog {
     /// Services per namespace (`<ns>.svc.<zone>` exists while it has one).
     namespaces: HashMap<String, usize>,
     ptr: HashMap<IpAddr, BTreeSet<Name>>,
+    /// The sources' first complete list has been applied: until then the server
+    /// answers SERVFAIL (retried, never cached) rather than NXDOMAIN (cached).
+    ready: bool,
 }
 
 impl Catalog {
@@ -154,7 +157,18 @@ impl Catalog {
             views: HashMap::new(),
             namespaces: HashMap::new(),
             ptr: HashMap::new(),
+            ready: false,
         })
+    }
+
+    /// Says the sources' first complete list is in.
+    pub fn set_ready(&mut self) {
+        self.ready = true;
+    }
+
+    /// Whether [`Catalog::set_ready`] was called.
+    pub fn is_ready(&self) -> bool {
+        self.ready
     }
 
     /// The zone served, as an absolute name.

@@ -2,9 +2,10 @@
 //! the objects the proxy already reads.
 //!
 //! [`catalog`] is pure (source updates in, answers out); [`server`] puts it on UDP
-//! and TCP with hickory-server.
+//! and TCP with hickory-server; [`probe`] asks it one query, for tests and tools.
 
 pub mod catalog;
+pub mod probe;
 pub mod server;
 
 pub use catalog::{Answer, Catalog, DnsConfig, SCHEMA_VERSION};

@@ -71,9 +71,20 @@ impl RequestHandler for Handler {
         };
         let qname = info.query.name().into();
         let qtype = info.query.query_type();
+        // `None`: not ready, the sources have not listed everything yet (an
+        // NXDOMAIN now would be cached).
         let answer = {
             let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
-            catalog.answer(&qname, qtype)
+            catalog.is_ready().then(|| catalog.answer(&qname, qtype))
+        };
+        let Some(answer) = answer else {
+            return send_error(
+                request,
+                ResponseCode::ServFail,
+                edns.as_ref(),
+                response_handle,
+            )
+            .await;
         };
         let Some(answer) = answer else {
             // Not ours: no upstream to forward to yet.

@@ -1,15 +1,15 @@
 //! The DNS server on real sockets (loopback): queries over UDP and TCP, EDNS and
 //! truncation, and answers that follow the catalog as it changes.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use hickory_proto::op::{Edns, Message, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RecordType};
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::RecordType;
 use serde_json::json;
 use svcproxy_core::objects::{KubeObject, SourceUpdate};
+use svcproxy_dns::probe::{self, answers as addresses, query};
 use svcproxy_dns::server;
 use svcproxy_dns::{Catalog, DnsConfig};
 
@@ -56,6 +56,7 @@ fn start(updates: &[SourceUpdate]) -> Running {
     for u in updates {
         assert!(catalog.apply(u).is_empty());
     }
+    catalog.set_ready();
     let catalog = Arc::new(RwLock::new(catalog));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -80,46 +81,14 @@ fn start(updates: &[SourceUpdate]) -> Running {
     }
 }
 
-fn query(name: &str, qtype: RecordType, edns: Option<u16>) -> Vec<u8> {
-    let mut m = Message::query();
-    m.metadata.id = 4242;
-    m.metadata.op_code = OpCode::Query;
-    m.metadata.recursion_desired = true;
-    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
-    if let Some(size) = edns {
-        let mut e = Edns::new();
-        e.set_max_payload(size);
-        m.set_edns(e);
-    }
-    m.to_vec().unwrap()
-}
+const WAIT: Duration = Duration::from_secs(5);
 
 fn udp(addr: SocketAddr, q: &[u8]) -> (Message, usize) {
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.send_to(q, addr).unwrap();
-    let mut buf = [0u8; 65535];
-    let (n, _) = s.recv_from(&mut buf).expect("an answer over UDP");
-    (Message::from_vec(&buf[..n]).unwrap(), n)
+    probe::udp(addr, q, WAIT).expect("an answer over UDP")
 }
 
 fn tcp(addr: SocketAddr, q: &[u8]) -> Message {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let len = u16::try_from(q.len()).unwrap().to_be_bytes();
-    s.write_all(&len).unwrap();
-    s.write_all(q).unwrap();
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len).unwrap();
-    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    s.read_exact(&mut buf).unwrap();
-    Message::from_vec(&buf).unwrap()
-}
-
-fn addresses(m: &Message) -> Vec<String> {
-    let mut v: Vec<String> = m.answers.iter().map(|r| r.data.to_string()).collect();
-    v.sort();
-    v
+    probe::tcp(addr, q, WAIT).expect("an answer over TCP")
 }
 
 #[test]
@@ -179,6 +148,19 @@ fn udp_and_tcp_answer_the_same_and_big_answers_truncate_over_udp() {
     assert_eq!(m.authorities.len(), 1);
     let (m, _) = udp(dns.addr, &query("example.com.", RecordType::A, None));
     assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+}
+
+#[test]
+fn nothing_is_denied_before_the_first_complete_list() {
+    let dns = start(&headless(2));
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    let fresh = Catalog::new(&DnsConfig::default()).unwrap();
+    *dns.catalog.write().unwrap() = fresh;
+    let (m, _) = udp(dns.addr, &q);
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    dns.catalog.write().unwrap().set_ready();
+    let (m, _) = udp(dns.addr, &q);
+    assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
 }
 
 #[test]

@@ -83,6 +83,10 @@ pub struct Settings {
     pub init_only: bool,
     /// `--write-config-to`: write the effective configuration there and exit.
     pub write_config_to: Option<PathBuf>,
+    /// `--dns-bind-address`: also serve the cluster DNS there.
+    pub dns_bind: Option<SocketAddr>,
+    /// The DNS's zone and TTL (`--cluster-domain`, `--dns-ttl`).
+    pub dns: svcproxy_dns::DnsConfig,
 }
 
 /// kube-proxy's `--logging-format` / `logging.format`.
@@ -379,6 +383,11 @@ fn resolve_with(
         oom_score_adj: modeled.oom_score_adj,
         bind_address_hard_fail: modeled.bind_address_hard_fail,
         init_only: flags.init_only,
+        dns_bind: flags.dns_bind_address,
+        dns: svcproxy_dns::DnsConfig {
+            zone: flags.cluster_domain.clone(),
+            ttl: u32::try_from(flags.dns_ttl.as_secs()).unwrap_or(u32::MAX),
+        },
         write_config_to: flags
             .write_config_to
             .clone()

@@ -92,6 +92,15 @@ enum Command {
         #[command(flatten)]
         flags: ProxyFlags,
     },
+    /// Serve the cluster DNS only: Kubernetes' DNS-based service discovery for
+    /// --cluster-domain (A/AAAA, SRV, PTR, CNAME), answered from the same sources as
+    /// the proxy, over UDP and TCP on --dns-bind-address (default 0.0.0.0:53). Touches
+    /// no rules. Serves /healthz and /metrics only when their addresses are given.
+    #[command(args_override_self = true)]
+    Dns {
+        #[command(flatten)]
+        flags: ProxyFlags,
+    },
     /// Print the nftables ruleset a full sync would apply, without applying it.
     #[command(args_override_self = true)]
     Render {
@@ -213,6 +222,7 @@ fn main() -> ExitCode {
         Some(Command::Snapshot { flags, .. })
         | Some(Command::Explain { flags, .. })
         | Some(Command::Render { flags })
+        | Some(Command::Dns { flags })
         | Some(Command::Cleanup { flags, .. }) => (flags, cli.command.as_ref()),
     };
     let explicitly_set = explicitly_set_in(sub_matches);
@@ -261,6 +271,19 @@ fn main() -> ExitCode {
             proxy::run(settings, output, servers)
         }
         Some(Command::Render { .. }) => proxy::run(settings, Output::Render, Servers::default()),
+        Some(Command::Dns { .. }) => {
+            let explicit = |id: &str, addr| explicitly_set(id).then_some(addr).flatten();
+            let servers = Servers {
+                healthz: explicit("healthz_bind_address", settings.healthz_bind),
+                metrics: explicit("metrics_bind_address", settings.metrics_bind),
+                health_check_node_ports: false,
+            };
+            let mut settings = settings;
+            settings.dns_bind = settings
+                .dns_bind
+                .or(Some(std::net::SocketAddr::from(([0, 0, 0, 0], 53))));
+            proxy::run(settings, Output::Dns, servers)
+        }
         Some(Command::Explain {
             from,
             to,

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
@@ -49,6 +49,8 @@ pub enum Output {
         /// Also compare the kernel's rules (this network namespace's) with the plan.
         live: bool,
     },
+    /// Serve the cluster DNS only (`svcproxy dns`), on `--dns-bind-address`.
+    Dns,
 }
 
 /// Which HTTP servers to run.
@@ -238,6 +240,20 @@ impl SyncDone {
             rules: Vec::new(),
             lost_claims: None,
         }
+    }
+}
+
+/// `svcproxy dns`: the snapshot is not used; the catalog is fed the updates.
+struct DnsOnly;
+
+impl Target for DnsOnly {
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        _update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        Ok(SyncDone::printed(full, Duration::ZERO))
     }
 }
 
@@ -460,6 +476,8 @@ struct ProxySyncer<T> {
     /// The servers, and the plan configuration that says where they listen.
     health_checks: Option<(ServiceHealthServers, PlanConfig)>,
     node_eligible: bool,
+    /// The cluster DNS's catalog, fed the same updates as the state.
+    dns: Option<Arc<RwLock<svcproxy_dns::Catalog>>>,
     /// Update events applied so far (what a sync now covers, in `forward_events`'
     /// numbering).
     received: u64,
@@ -516,11 +534,24 @@ impl<T: Target> ProxySyncer<T> {
     }
 }
 
+/// Hands one source update to the cluster DNS's catalog, if it runs; logs the
+/// objects it cannot read.
+fn feed_dns(dns: Option<&Arc<RwLock<svcproxy_dns::Catalog>>>, update: &SourceUpdate) {
+    let Some(dns) = dns else {
+        return;
+    };
+    let errors = dns.write().unwrap_or_else(|e| e.into_inner()).apply(update);
+    for e in errors {
+        tracing::error!("cluster DNS: {e}");
+    }
+}
+
 impl<T: Target> Syncer for ProxySyncer<T> {
     fn apply(&mut self, updates: Vec<SourceUpdate>) {
         // One call per update event, as `forward_events` numbers them.
         self.received += 1;
         for u in updates {
+            feed_dns(self.dns.as_ref(), &u);
             self.state.apply(u);
         }
         self.update_node_eligibility();
@@ -543,6 +574,10 @@ impl<T: Target> Syncer for ProxySyncer<T> {
     }
 
     fn sync(&mut self, full: bool) -> anyhow::Result<()> {
+        // The runner syncs once every source has listed: the catalog is complete.
+        if let Some(dns) = &self.dns {
+            dns.write().unwrap_or_else(|e| e.into_inner()).set_ready();
+        }
         // The snapshot is always complete; `changed` only lets the planner skip work.
         // After a failed apply the data plane re-plans everything regardless.
         let update = self.state.snapshot();
@@ -601,6 +636,7 @@ fn source(settings: &Settings) -> anyhow::Result<Source> {
             kubeconfig: settings.kubeconfig.clone(),
             master: settings.master.clone(),
             client_connection: settings.client_connection.clone(),
+            every_service: settings.dns_bind.is_some(),
         })),
     }
 }
@@ -685,6 +721,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             };
             rt.block_on(serve(settings, target, servers, true, Some(cfg), None))
         }
+        Output::Dns => rt.block_on(serve(settings, DnsOnly, servers, false, None, None)),
         Output::Render => {
             let backend = backend(&settings)?;
             let plan_cfg = plan_config(&settings, backend)?;
@@ -897,6 +934,28 @@ async fn serve<T: Target>(
     if plan_cfg.as_ref().is_some_and(needs_host_addresses) || target.wants_host_addresses() {
         watch_host_addresses(&mut state, &tx, once)?;
     }
+    let dns = match settings.dns_bind {
+        Some(addr) => {
+            let catalog = svcproxy_dns::Catalog::new(&settings.dns).map_err(anyhow::Error::msg)?;
+            let catalog = Arc::new(RwLock::new(catalog));
+            let (mut server, bound) = svcproxy_dns::server::bind(catalog.clone(), addr)
+                .await
+                .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
+            tracing::info!(address = %bound, zone = %settings.dns.zone, "cluster DNS listening (UDP and TCP)");
+            let stop = stop_rx.clone();
+            http_tasks.push(tokio::spawn(async move {
+                tokio::select! {
+                    r = server.block_until_done() => r.context("the DNS server stopped"),
+                    _ = stopped(stop) => server
+                        .shutdown_gracefully()
+                        .await
+                        .context("stopping the DNS server"),
+                }
+            }));
+            Some(catalog)
+        }
+        None => None,
+    };
     let mut _manifest_watch = None;
     match source(&settings)? {
         Source::Manifests(mut dir) => {
@@ -908,6 +967,7 @@ async fn serve<T: Target>(
                 tracing::error!("{e}");
             }
             for update in scan.updates {
+                feed_dns(dns.as_ref(), &update);
                 state.apply(update);
             }
             if !once {
@@ -951,6 +1011,7 @@ async fn serve<T: Target>(
         metrics,
         health_checks,
         node_eligible: true,
+        dns,
         received: 0,
     };
     syncer.update_node_eligibility();

@@ -298,6 +298,23 @@ pub struct ProxyFlags {
     /// Sync once, then exit (svcproxy only).
     #[arg(long, help_heading = "svcproxy")]
     pub once: bool,
+
+    /// Also serve the cluster DNS (Kubernetes' DNS-based service discovery for --cluster-domain) on IP:PORT, UDP and TCP; `svcproxy dns` serves it alone, on 0.0.0.0:53 unless this says otherwise (svcproxy only).
+    #[arg(long, value_name = "IP:PORT", help_heading = "svcproxy")]
+    pub dns_bind_address: Option<std::net::SocketAddr>,
+
+    /// The cluster domain the DNS answers for (svcproxy only).
+    #[arg(
+        long,
+        value_name = "DOMAIN",
+        default_value = "cluster.local",
+        help_heading = "svcproxy"
+    )]
+    pub cluster_domain: String,
+
+    /// The time to live of the DNS's records, in whole seconds (svcproxy only).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
+    pub dns_ttl: Duration,
 }
 
 /// kube-proxy flags that have no effect in svcproxy (IPVS, Go runtime, klog output

@@ -93,6 +93,10 @@ pub struct KubeSourceConfig {
     /// API server URL overriding the kubeconfig's (or the in-cluster one).
     pub master: Option<String>,
     pub client_connection: ClientConnection,
+    /// Watch every Service and EndpointSlice, headless ones and other proxies'
+    /// included: the cluster DNS answers for all of them (the proxy's state still
+    /// leaves out what it does not proxy).
+    pub every_service: bool,
 }
 
 impl KubeSourceConfig {
@@ -120,6 +124,9 @@ impl KubeSourceConfig {
     /// The label selector for Services and EndpointSlices (the EndpointSlice
     /// controller copies a Service's labels onto its slices).
     pub fn label_selector(&self) -> String {
+        if self.every_service {
+            return String::new();
+        }
         match &self.service_proxy_name {
             None => format!("!{LABEL_HEADLESS},!{LABEL_SERVICE_PROXY_NAME}"),
             Some(name) => format!("!{LABEL_HEADLESS},{LABEL_SERVICE_PROXY_NAME}={name}"),

@@ -22,6 +22,7 @@ fn cfg(proxy_name: Option<&str>) -> KubeSourceConfig {
             content_type: "application/vnd.kubernetes.protobuf".into(),
             accept_content_types: String::new(),
         },
+        every_service: false,
     }
 }
 
@@ -73,6 +74,12 @@ fn selectors_leave_out_headless_and_other_proxies() {
         cfg(Some("svcproxy")).label_selector(),
         "!service.kubernetes.io/headless,service.kubernetes.io/service-proxy-name=svcproxy"
     );
+    // The cluster DNS answers for every Service: nothing is left out at the server.
+    let every = KubeSourceConfig {
+        every_service: true,
+        ..cfg(Some("svcproxy"))
+    };
+    assert_eq!(every.label_selector(), "");
 }
 
 #[test]

@@ -1,0 +1,225 @@
+//! `svcproxy dns` as a process: real UDP and TCP queries on loopback, answered from a
+//! manifests directory, following its edits within a second or so; a bad object is
+//! logged and the rest is served.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use svcproxy_dns::probe::{answers, query, tcp, udp};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+struct Dns {
+    child: Child,
+    addr: SocketAddr,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Dns {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Starts `svcproxy dns` on an ephemeral loopback port, `dir` its manifests; waits
+/// for the address it logs.
+fn start(dir: &Path, extra: &[&str]) -> Dns {
+    let log = dir.with_extension("log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+        .args(["dns", "--hostname-override", "node-a", "--manifests"])
+        .arg(dir)
+        .args(["--dns-bind-address", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start svcproxy dns");
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("cluster DNS listening")) {
+            let addr = line
+                .split_whitespace()
+                .find_map(|w| strip_ansi(w).strip_prefix("address=").map(String::from))
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("no address in {line:?}"));
+            return Dns { child, addr, log };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("svcproxy dns exited ({status}):\n{text}");
+        }
+        assert!(
+            start.elapsed() < WAIT * 2,
+            "svcproxy dns did not start:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut in_escape = false;
+    for c in s.chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// Writes `name` in `dir` atomically (a rename), as a ConfigMap update does.
+fn write(dir: &Path, name: &str, text: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+const WEB: &str = "apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80}]
+";
+
+fn headless(ips: &[&str]) -> String {
+    let mut s = String::from(
+        "apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: demo}
+spec:
+  clusterIP: None
+  ports: [{name: pg, port: 5432}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: db-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: db}
+addressType: IPv4
+ports: [{name: pg, port: 5432, protocol: TCP}]
+endpoints:
+",
+    );
+    for (i, ip) in ips.iter().enumerate() {
+        s.push_str(&format!("- addresses: [{ip}]\n  hostname: db-{i}\n"));
+    }
+    s
+}
+
+#[test]
+fn svcproxy_dns_answers_from_the_manifests_and_follows_their_edits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    write(&dir, "web.yaml", WEB);
+    write(&dir, "db.yaml", &headless(&["10.244.1.5"]));
+    let dns = start(
+        &dir,
+        &["--cluster-domain", "cluster.test", "--dns-ttl", "7s"],
+    );
+
+    let q = query("web.demo.svc.cluster.test.", RecordType::A, None);
+    let (m, _) = udp(dns.addr, &q, WAIT).expect("UDP answer");
+    assert_eq!(answers(&m), ["10.96.0.10"], "{}", dns.log());
+    assert_eq!(m.answers[0].ttl, 7);
+    assert_eq!(answers(&tcp(dns.addr, &q, WAIT).unwrap()), ["10.96.0.10"]);
+    let q = query("_pg._tcp.db.demo.svc.cluster.test.", RecordType::SRV, None);
+    assert_eq!(
+        answers(&udp(dns.addr, &q, WAIT).unwrap().0),
+        ["0 100 5432 db-0.db.demo.svc.cluster.test."]
+    );
+    // Another domain is not this server's: refused.
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    assert_eq!(
+        udp(dns.addr, &q, WAIT).unwrap().0.metadata.response_code,
+        ResponseCode::Refused
+    );
+
+    // A second endpoint appears: visible well within a second of the write on an
+    // idle machine (~0.7 s, nearly all of it the manifests source's own settle and
+    // debounce, which the data plane waits for too); 1.5 s allows for a loaded one.
+    write(&dir, "db.yaml", &headless(&["10.244.1.5", "10.244.2.6"]));
+    let written = Instant::now();
+    let q = query("db.demo.svc.cluster.test.", RecordType::A, None);
+    loop {
+        let got = answers(&udp(dns.addr, &q, WAIT).unwrap().0);
+        if got == ["10.244.1.5", "10.244.2.6"] {
+            break;
+        }
+        assert!(
+            written.elapsed() < Duration::from_millis(1500),
+            "still {got:?} 1.5 s after the write:\n{}",
+            dns.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "[dns] an endpoint added was answered {:?} after the write",
+        written.elapsed()
+    );
+
+    // A bad object is logged and refused; the rest is served.
+    write(
+        &dir,
+        "bad.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: demo}\nspec:\n  type: ExternalName\n  externalName: \"evil.com. 0 IN A 6.6.6.6\"\n",
+    );
+    let q = query("bad.demo.svc.cluster.test.", RecordType::A, None);
+    let start = Instant::now();
+    while !dns.log().contains("externalName") {
+        assert!(start.elapsed() < WAIT, "no error logged:\n{}", dns.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        udp(dns.addr, &q, WAIT).unwrap().0.metadata.response_code,
+        ResponseCode::NXDomain
+    );
+    let q = query("web.demo.svc.cluster.test.", RecordType::A, None);
+    assert_eq!(answers(&udp(dns.addr, &q, WAIT).unwrap().0), ["10.96.0.10"]);
+
+    // Deleting the file takes its records away.
+    std::fs::remove_file(dir.join("web.yaml")).unwrap();
+    let start = Instant::now();
+    while udp(dns.addr, &q, WAIT).unwrap().0.metadata.response_code != ResponseCode::NXDomain {
+        assert!(start.elapsed() < WAIT, "web still answered:\n{}", dns.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_bad_cluster_domain_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+        .args(["dns", "--hostname-override", "node-a", "--manifests"])
+        .arg(tmp.path())
+        .args([
+            "--dns-bind-address",
+            "127.0.0.1:0",
+            "--cluster-domain",
+            "bad domain",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--cluster-domain"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
