@@ -1,6 +1,7 @@
-//! The DNS server: UDP and TCP on one address, answers from a shared [`Catalog`].
-//! hickory-server does the wire work (parsing, EDNS payload sizes, truncation with
-//! the TC bit on UDP, TCP framing); this module only asks the catalog.
+//! The DNS server: UDP and TCP on one address, answers from a shared [`Catalog`],
+//! other names relayed to upstream resolvers ([`crate::upstream`]). hickory-server
+//! does the wire work (parsing, EDNS payload sizes, truncation with the TC bit on
+//! UDP, TCP framing); this module only asks the catalog or the upstreams.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -17,14 +18,16 @@ use crate::catalog::Catalog;
 /// How long a TCP connection may stay idle between queries.
 const TCP_IDLE: Duration = Duration::from_secs(10);
 
-/// Answers queries from the catalog.
+/// Answers queries from the catalog, and relays the others upstream.
 pub struct Handler {
     catalog: Arc<RwLock<Catalog>>,
+    /// Empty: names that are not the catalog's are refused.
+    upstreams: Vec<SocketAddr>,
 }
 
 impl Handler {
-    pub fn new(catalog: Arc<RwLock<Catalog>>) -> Self {
-        Handler { catalog }
+    pub fn new(catalog: Arc<RwLock<Catalog>>, upstreams: Vec<SocketAddr>) -> Self {
+        Handler { catalog, upstreams }
     }
 }
 
@@ -87,14 +90,37 @@ impl RequestHandler for Handler {
             .await;
         };
         let Some(answer) = answer else {
-            // Not ours: no upstream to forward to yet.
-            return send_error(
-                request,
-                ResponseCode::Refused,
-                edns.as_ref(),
-                response_handle,
-            )
-            .await;
+            // Not ours: the upstreams', if there are any.
+            if self.upstreams.is_empty() {
+                return send_error(
+                    request,
+                    ResponseCode::Refused,
+                    edns.as_ref(),
+                    response_handle,
+                )
+                .await;
+            }
+            let tcp = request.protocol() == hickory_server::net::xfer::Protocol::Tcp;
+            let id = request.metadata.id;
+            let Some(relayed) =
+                crate::upstream::forward(&self.upstreams, request.as_slice(), id, tcp).await
+            else {
+                return send_error(
+                    request,
+                    ResponseCode::ServFail,
+                    edns.as_ref(),
+                    response_handle,
+                )
+                .await;
+            };
+            let response = MessageResponseBuilder::new(&request.queries, edns.as_ref()).build(
+                relayed.metadata,
+                relayed.answers.iter(),
+                relayed.authorities.iter(),
+                std::iter::empty(),
+                relayed.additionals.iter(),
+            );
+            return sent(request, response_handle.send_response(response).await);
         };
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.authoritative = true;
@@ -106,21 +132,24 @@ impl RequestHandler for Handler {
             answer.authority.iter(),
             answer.additionals.iter(),
         );
-        match response_handle.send_response(response).await {
-            Ok(info) => info,
-            Err(e) => {
-                tracing::debug!(error = %e, src = %request.src(), "sending a DNS answer failed");
-                ResponseInfo::from(hickory_proto::op::Header {
-                    metadata: {
-                        let mut m = Metadata::response_from_request(&request.metadata);
-                        m.response_code = ResponseCode::ServFail;
-                        m
-                    },
-                    counts: Default::default(),
-                })
-            }
-        }
+        sent(request, response_handle.send_response(response).await)
     }
+}
+
+/// What the server reports of an answer sent, or of one that could not be.
+fn sent(
+    request: &Request,
+    result: Result<ResponseInfo, hickory_server::net::NetError>,
+) -> ResponseInfo {
+    result.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, src = %request.src(), "sending a DNS answer failed");
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.response_code = ResponseCode::ServFail;
+        ResponseInfo::from(hickory_proto::op::Header {
+            metadata,
+            counts: Default::default(),
+        })
+    })
 }
 
 async fn send_error<R: ResponseHandler>(
@@ -145,33 +174,39 @@ async fn send_error<R: ResponseHandler>(
     }
 }
 
-/// Serves `catalog` on `addr` over UDP and TCP until `stop` resolves. Binds first,
-/// so a busy address is an error here, not later.
-pub async fn serve(
-    catalog: Arc<RwLock<Catalog>>,
-    addr: SocketAddr,
-    stop: impl std::future::Future<Output = ()>,
-) -> std::io::Result<()> {
-    let (mut server, bound) = bind(catalog, addr).await?;
-    tracing::info!(address = %bound, "DNS server listening (UDP and TCP)");
-    stop.await;
-    server
-        .shutdown_gracefully()
-        .await
-        .map_err(std::io::Error::other)
+/// Where names that are not the catalog's go.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Upstreams {
+    /// `--dns-upstream`: these, when any.
+    pub configured: Vec<SocketAddr>,
+    /// Else the `nameserver`s of this resolv.conf text.
+    pub resolv_conf: String,
 }
 
-/// The server bound to `addr` (UDP and TCP on the same port: with port 0, the one
-/// the UDP socket got), and that address.
+/// A bound server: UDP and TCP on the same port (with port 0, the one the UDP
+/// socket got), the address, and the upstreams it relays to.
+pub struct Bound {
+    pub server: Server<Handler>,
+    pub addr: SocketAddr,
+    pub upstreams: Vec<SocketAddr>,
+}
+
+/// The server bound to `addr`. Binds at once, so a busy address is an error here.
 pub async fn bind(
     catalog: Arc<RwLock<Catalog>>,
     addr: SocketAddr,
-) -> std::io::Result<(Server<Handler>, SocketAddr)> {
+    upstreams: &Upstreams,
+) -> std::io::Result<Bound> {
     let udp = tokio::net::UdpSocket::bind(addr).await?;
     let bound = udp.local_addr()?;
     let tcp = tokio::net::TcpListener::bind(bound).await?;
-    let mut server = Server::new(Handler::new(catalog));
+    let upstreams = crate::upstream::choose(&upstreams.configured, &upstreams.resolv_conf, bound);
+    let mut server = Server::new(Handler::new(catalog, upstreams.clone()));
     server.register_socket(udp);
     server.register_listener(tcp, TCP_IDLE, 64 * 1024);
-    Ok((server, bound))
+    Ok(Bound {
+        server,
+        addr: bound,
+        upstreams,
+    })
 }

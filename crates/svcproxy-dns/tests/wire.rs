@@ -10,7 +10,7 @@ use hickory_proto::rr::RecordType;
 use serde_json::json;
 use svcproxy_core::objects::{KubeObject, SourceUpdate};
 use svcproxy_dns::probe::{self, answers as addresses, query};
-use svcproxy_dns::server;
+use svcproxy_dns::server::{self, Upstreams};
 use svcproxy_dns::{Catalog, DnsConfig};
 
 fn upsert(object: serde_json::Value) -> SourceUpdate {
@@ -52,7 +52,11 @@ struct Running {
 }
 
 fn start(updates: &[SourceUpdate]) -> Running {
-    let mut catalog = Catalog::new(&DnsConfig::default()).unwrap();
+    start_with(DnsConfig::default(), updates, &Upstreams::default())
+}
+
+fn start_with(cfg: DnsConfig, updates: &[SourceUpdate], upstreams: &Upstreams) -> Running {
+    let mut catalog = Catalog::new(&cfg).unwrap();
     for u in updates {
         assert!(catalog.apply(u).is_empty());
     }
@@ -63,15 +67,17 @@ fn start(updates: &[SourceUpdate]) -> Running {
         .enable_all()
         .build()
         .unwrap();
-    let (server, addr) = rt
+    let bound = rt
         .block_on(server::bind(
             catalog.clone(),
             "127.0.0.1:0".parse().unwrap(),
+            upstreams,
         ))
         .unwrap();
+    let addr = bound.addr;
     // Keep the server (its tasks) alive with the runtime.
     rt.spawn(async move {
-        let mut server = server;
+        let mut server = bound.server;
         let _ = server.block_until_done().await;
     });
     Running {
@@ -184,4 +190,63 @@ fn garbage_gets_no_answer_and_the_server_keeps_answering() {
     }
     let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
     assert_eq!(addresses(&udp(dns.addr, &q).0), ["10.96.0.10"]);
+}
+
+#[test]
+fn other_names_are_relayed_to_the_upstream_over_the_clients_transport() {
+    // The upstream: another server, authoritative for example.test.
+    let upstream = start_with(
+        DnsConfig {
+            zone: "example.test".into(),
+            ttl: 60,
+        },
+        &headless(100),
+        &Upstreams::default(),
+    );
+    // An upstream that never answers: after its timeout, SERVFAIL (not a hang,
+    // not a made-up answer).
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dns = start_with(
+        DnsConfig::default(),
+        &headless(2),
+        &Upstreams {
+            configured: vec![silent.local_addr().unwrap()],
+            resolv_conf: String::new(),
+        },
+    );
+    let q = query("web.demo.svc.example.test.", RecordType::A, None);
+    let (m, _) = udp(dns.addr, &q);
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+
+    // The upstream named in resolv.conf form would be port 53; the configured one
+    // carries its port.
+    let dns = start_with(
+        DnsConfig::default(),
+        &headless(2),
+        &Upstreams {
+            configured: vec![upstream.addr],
+            resolv_conf: "nameserver 192.0.2.1\n".into(),
+        },
+    );
+    let (m, _) = udp(dns.addr, &q);
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(addresses(&m), ["10.96.0.10"]);
+    assert_eq!(m.answers[0].ttl, 60, "the upstream's record, as it gave it");
+    assert_eq!(addresses(&tcp(dns.addr, &q)), ["10.96.0.10"]);
+    // Truncation at the upstream reaches the client, which then asks over TCP,
+    // relayed over TCP.
+    let q = query("big.demo.svc.example.test.", RecordType::A, None);
+    let (m, _) = udp(dns.addr, &q);
+    assert!(m.metadata.truncation);
+    assert_eq!(tcp(dns.addr, &q).answers.len(), 100);
+    // The upstream's NXDOMAIN is relayed as such; our own zone is still ours.
+    let q = query("nope.demo.svc.example.test.", RecordType::A, None);
+    assert_eq!(
+        udp(dns.addr, &q).0.metadata.response_code,
+        ResponseCode::NXDomain
+    );
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    let (m, _) = udp(dns.addr, &q);
+    assert!(m.metadata.authoritative);
+    assert_eq!(addresses(&m), ["10.96.0.10"]);
 }

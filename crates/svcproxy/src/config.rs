@@ -87,6 +87,9 @@ pub struct Settings {
     pub dns_bind: Option<SocketAddr>,
     /// The DNS's zone and TTL (`--cluster-domain`, `--dns-ttl`).
     pub dns: svcproxy_dns::DnsConfig,
+    /// `--dns-upstream`: `None` for /etc/resolv.conf's nameservers, `Some([])` for
+    /// none (`--dns-upstream none`: names outside the cluster domain are refused).
+    pub dns_upstreams: Option<Vec<SocketAddr>>,
 }
 
 /// kube-proxy's `--logging-format` / `logging.format`.
@@ -384,6 +387,8 @@ fn resolve_with(
         bind_address_hard_fail: modeled.bind_address_hard_fail,
         init_only: flags.init_only,
         dns_bind: flags.dns_bind_address,
+        dns_upstreams: (!flags.dns_upstream.is_empty())
+            .then(|| flags.dns_upstream.iter().flatten().copied().collect()),
         dns: svcproxy_dns::DnsConfig {
             zone: flags.cluster_domain.clone(),
             ttl: u32::try_from(flags.dns_ttl.as_secs()).unwrap_or(u32::MAX),

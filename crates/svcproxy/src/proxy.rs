@@ -938,10 +938,27 @@ async fn serve<T: Target>(
         Some(addr) => {
             let catalog = svcproxy_dns::Catalog::new(&settings.dns).map_err(anyhow::Error::msg)?;
             let catalog = Arc::new(RwLock::new(catalog));
-            let (mut server, bound) = svcproxy_dns::server::bind(catalog.clone(), addr)
+            let upstreams = match &settings.dns_upstreams {
+                Some(given) => svcproxy_dns::server::Upstreams {
+                    configured: given.clone(),
+                    resolv_conf: String::new(),
+                },
+                None => svcproxy_dns::server::Upstreams {
+                    configured: Vec::new(),
+                    resolv_conf: std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+                },
+            };
+            let svcproxy_dns::server::Bound {
+                mut server,
+                addr: bound,
+                upstreams,
+            } = svcproxy_dns::server::bind(catalog.clone(), addr, &upstreams)
                 .await
                 .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
-            tracing::info!(address = %bound, zone = %settings.dns.zone, "cluster DNS listening (UDP and TCP)");
+            tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, "cluster DNS listening (UDP and TCP)");
+            if upstreams.is_empty() {
+                tracing::warn!("cluster DNS: no upstream resolver (--dns-upstream, /etc/resolv.conf): names outside the cluster domain are refused");
+            }
             let stop = stop_rx.clone();
             http_tasks.push(tokio::spawn(async move {
                 tokio::select! {

@@ -131,7 +131,14 @@ fn svcproxy_dns_answers_from_the_manifests_and_follows_their_edits() {
     write(&dir, "db.yaml", &headless(&["10.244.1.5"]));
     let dns = start(
         &dir,
-        &["--cluster-domain", "cluster.test", "--dns-ttl", "7s"],
+        &[
+            "--cluster-domain",
+            "cluster.test",
+            "--dns-ttl",
+            "7s",
+            "--dns-upstream",
+            "none",
+        ],
     );
 
     let q = query("web.demo.svc.cluster.test.", RecordType::A, None);
@@ -144,7 +151,7 @@ fn svcproxy_dns_answers_from_the_manifests_and_follows_their_edits() {
         answers(&udp(dns.addr, &q, WAIT).unwrap().0),
         ["0 100 5432 db-0.db.demo.svc.cluster.test."]
     );
-    // Another domain is not this server's: refused.
+    // Another domain is not this server's, and it has no upstream: refused.
     let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
     assert_eq!(
         udp(dns.addr, &q, WAIT).unwrap().0.metadata.response_code,
@@ -222,4 +229,28 @@ fn a_bad_cluster_domain_is_refused_at_start() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn names_outside_the_cluster_domain_go_to_dns_upstream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let up_dir = tmp.path().join("upstream");
+    let dir = tmp.path().join("cluster");
+    for d in [&up_dir, &dir] {
+        std::fs::create_dir(d).unwrap();
+        write(d, "web.yaml", WEB);
+    }
+    let upstream = start(
+        &up_dir,
+        &["--cluster-domain", "example.test", "--dns-upstream", "none"],
+    );
+    let up = upstream.addr.to_string();
+    let dns = start(&dir, &["--dns-upstream", &up]);
+    assert!(dns.log().contains(&up), "{}", dns.log());
+    let q = query("web.demo.svc.example.test.", RecordType::A, None);
+    let (m, _) = udp(dns.addr, &q, WAIT).unwrap();
+    assert_eq!(answers(&m), ["10.96.0.10"], "{}", dns.log());
+    assert_eq!(answers(&tcp(dns.addr, &q, WAIT).unwrap()), ["10.96.0.10"]);
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    assert_eq!(answers(&udp(dns.addr, &q, WAIT).unwrap().0), ["10.96.0.10"]);
 }

@@ -312,6 +312,10 @@ pub struct ProxyFlags {
     )]
     pub cluster_domain: String,
 
+    /// Resolvers the DNS relays other names to: comma-separated IP or IP:PORT, or 'none' to refuse names outside the cluster domain; default: the nameservers of /etc/resolv.conf (svcproxy only).
+    #[arg(long, value_name = "IP[:PORT],...|none", value_delimiter = ',', value_parser = parse_dns_upstream, help_heading = "svcproxy")]
+    pub dns_upstream: Vec<Option<std::net::SocketAddr>>,
+
     /// The time to live of the DNS's records, in whole seconds (svcproxy only).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
     pub dns_ttl: Duration,
@@ -688,6 +692,17 @@ pub fn system_hostname() -> anyhow::Result<String> {
         anyhow::bail!("the host name is empty; set --hostname-override");
     }
     Ok(name)
+}
+
+/// `--dns-upstream`'s values: IP, or IP:PORT ([IPv6]:PORT), port 53 by default;
+/// `none` is `None`.
+fn parse_dns_upstream(s: &str) -> Result<Option<std::net::SocketAddr>, String> {
+    if s == "none" {
+        return Ok(None);
+    }
+    svcproxy_dns::upstream::parse_upstream(s)
+        .map(Some)
+        .ok_or_else(|| format!("{s:?}: not IP or IP:PORT ([IPv6]:PORT), nor 'none'"))
 }
 
 #[cfg(test)]
