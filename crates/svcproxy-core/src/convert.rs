@@ -26,6 +26,9 @@ pub struct ConvertOptions {
     /// `--service-proxy-name`: when set, only Services labelled with exactly this
     /// value are ours; when unset, only Services without the label are.
     pub service_proxy_name: Option<String>,
+    /// The cluster DNS's view: headless Services (with no cluster IPs) and their
+    /// slices are kept, and other proxies' Services too (DNS answers for all).
+    pub for_dns: bool,
 }
 
 /// Annotation older clouds use instead of `spec.loadBalancerSourceRanges`.
@@ -264,11 +267,11 @@ pub fn convert_service(
     let labels = svc.metadata.labels.as_ref().unwrap_or(&empty);
     let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
 
-    if labels.contains_key(LABEL_HEADLESS) {
+    if labels.contains_key(LABEL_HEADLESS) && !opts.for_dns {
         return None;
     }
     let proxy_label = labels.get(LABEL_SERVICE_PROXY_NAME).map(String::as_str);
-    if proxy_label != opts.service_proxy_name.as_deref() {
+    if proxy_label != opts.service_proxy_name.as_deref() && !opts.for_dns {
         return None;
     }
 
@@ -297,10 +300,12 @@ pub fn convert_service(
         (_, Some(ip)) if !ip.is_empty() => vec![ip.clone()],
         _ => Vec::new(),
     };
-    if raw_ips.first().map(String::as_str) == Some("None") {
-        return None; // headless
+    let headless = raw_ips.first().map(String::as_str) == Some("None");
+    if headless && !opts.for_dns {
+        return None;
     }
-    if raw_ips.is_empty() {
+    let raw_ips = if headless { Vec::new() } else { raw_ips };
+    if raw_ips.is_empty() && !headless {
         ctx.reject(
             "spec.clusterIP",
             "not set: svcproxy proxies only Services with an allocated cluster IP",
@@ -342,7 +347,7 @@ pub fn convert_service(
             None => ctx.ignore(field, format!("invalid IP address {}", quote(raw))),
         }
     }
-    if cluster_ips.is_empty() {
+    if cluster_ips.is_empty() && !headless {
         ctx.reject("spec.clusterIPs", "no valid cluster IP");
         return None;
     }
@@ -773,6 +778,15 @@ pub fn convert_slice(
     slice: &discoveryv1::EndpointSlice,
     problems: &mut Vec<Problem>,
 ) -> Option<Slice> {
+    convert_slice_with(slice, &ConvertOptions::default(), problems)
+}
+
+/// [`convert_slice`] under `opts` (`for_dns` keeps headless services' slices).
+pub fn convert_slice_with(
+    slice: &discoveryv1::EndpointSlice,
+    opts: &ConvertOptions,
+    problems: &mut Vec<Problem>,
+) -> Option<Slice> {
     let key = meta_key(Kind::EndpointSlice, &slice.metadata);
     let mut ctx = Ctx {
         key: &key,
@@ -783,7 +797,7 @@ pub fn convert_slice(
     }
     let empty = BTreeMap::new();
     let labels = slice.metadata.labels.as_ref().unwrap_or(&empty);
-    if labels.contains_key(LABEL_HEADLESS) {
+    if labels.contains_key(LABEL_HEADLESS) && !opts.for_dns {
         return None;
     }
     let family = match slice.address_type.as_str() {

@@ -151,6 +151,7 @@ impl ClusterState {
         ClusterState {
             opts: ConvertOptions {
                 service_proxy_name: config.service_proxy_name.clone(),
+                for_dns: false,
             },
             config,
             services: Tracker::default(),

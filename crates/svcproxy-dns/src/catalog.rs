@@ -19,24 +19,32 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use svcproxy_core::model::LABEL_SERVICE_NAME;
+use svcproxy_core::convert::{self, ConvertOptions, Slice};
+use svcproxy_core::model::{Endpoint, IpFamily, Labels, ServicePort, LABEL_SERVICE_NAME};
 use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
+use svcproxy_core::selection::{select_endpoints, NodeContext};
 
 /// The schema version `dns-version.<zone>` answers.
 pub const SCHEMA_VERSION: &str = "1.1.0";
 
-/// The cluster domain and the records' time to live.
+/// The cluster domain, the records' time to live, and where the clients are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DnsConfig {
     /// e.g. `cluster.local` (a trailing dot is allowed).
     pub zone: String,
     pub ttl: u32,
+    /// The node every client runs on (the node-local deployment): a headless
+    /// service is then answered with the endpoints the proxy's endpoint selection
+    /// chooses for that node (topology keys, `trafficDistribution`, hints).
+    /// `None`: clients may be anywhere; every ready endpoint is answered.
+    pub clients_node: Option<String>,
 }
 
 impl Default for DnsConfig {
@@ -44,6 +52,7 @@ impl Default for DnsConfig {
         DnsConfig {
             zone: "cluster.local".into(),
             ttl: 30,
+            clients_node: None,
         }
     }
 }
@@ -80,6 +89,10 @@ struct ServiceSpec {
     kind: ServiceKind,
     ports: Vec<NamedPort>,
     publish_not_ready: bool,
+    /// A headless service's port as the proxy's model has it (its topology keys,
+    /// `trafficDistribution`, policies), for endpoint selection; `None` when the
+    /// service has no port or the model refuses it (then nothing is filtered).
+    selection: Option<ServicePort>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,14 +107,20 @@ struct SliceSpec {
     service: String,
     endpoints: Vec<EndpointSpec>,
     ports: Vec<NamedPort>,
+    /// The slice as the proxy's model has it (zones, nodes, hints, conditions),
+    /// for endpoint selection.
+    model: Option<Slice>,
 }
 
 /// What the DNS answers for one service, derived from its spec and its slices.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct View {
     /// A/AAAA at the service's name: its cluster IPs, or a headless service's
-    /// ready endpoints.
+    /// ready endpoints (those selection chose for the clients' node).
     addrs: Vec<IpAddr>,
+    /// A headless service has ready endpoints (chosen or not): without any its name
+    /// is NXDOMAIN; with some but none chosen, NODATA.
+    any_ready: bool,
     cname: Option<Name>,
     headless: bool,
     /// A headless service's endpoints by hostname.
@@ -132,6 +151,10 @@ pub struct Catalog {
     /// Services per namespace (`<ns>.svc.<zone>` exists while it has one).
     namespaces: HashMap<String, usize>,
     ptr: HashMap<IpAddr, BTreeSet<Name>>,
+    /// `DnsConfig::clients_node`.
+    clients_node: Option<String>,
+    /// Node labels by node name, for endpoint selection.
+    nodes: HashMap<String, Labels>,
     /// The sources' first complete list has been applied: until then the server
     /// answers SERVFAIL (retried, never cached) rather than NXDOMAIN (cached).
     ready: bool,
@@ -157,6 +180,8 @@ impl Catalog {
             views: HashMap::new(),
             namespaces: HashMap::new(),
             ptr: HashMap::new(),
+            clients_node: cfg.clients_node.clone(),
+            nodes: HashMap::new(),
             ready: false,
         })
     }
@@ -223,7 +248,8 @@ impl Catalog {
             .slices
             .keys()
             .map(|(ns, n)| ObjectKey::new(Kind::EndpointSlice, ns, n));
-        services.chain(slices)
+        let nodes = self.nodes.keys().map(|n| ObjectKey::new(Kind::Node, "", n));
+        services.chain(slices).chain(nodes)
     }
 
     fn upsert(&mut self, object: &KubeObject) -> Result<(), String> {
@@ -259,10 +285,35 @@ impl Catalog {
                     .insert(id.1.clone());
                 self.refresh(&svc);
             }
-            // Nodes, ServiceCIDRs and legacy Endpoints say nothing DNS answers.
+            KubeObject::Node(node) => {
+                let mut problems = Vec::new();
+                let info = convert::convert_node(node, &mut problems)
+                    .ok_or_else(|| "not a usable Node".to_string())?;
+                if self.nodes.get(&info.name) != Some(&info.labels) {
+                    self.nodes.insert(info.name, info.labels);
+                    self.refresh_selected();
+                }
+            }
+            // ServiceCIDRs and legacy Endpoints say nothing DNS answers.
             _ => {}
         }
         Ok(())
+    }
+
+    /// Rebuilds the views whose answers depend on node labels.
+    fn refresh_selected(&mut self) {
+        if self.clients_node.is_none() {
+            return;
+        }
+        let selected: Vec<Key> = self
+            .services
+            .iter()
+            .filter(|(_, s)| s.selection.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in selected {
+            self.refresh(&id);
+        }
     }
 
     fn delete(&mut self, key: &ObjectKey) {
@@ -282,6 +333,7 @@ impl Catalog {
                     self.unlink_slice(&id, &old.service);
                 }
             }
+            Kind::Node if self.nodes.remove(&key.name).is_some() => self.refresh_selected(),
             _ => {}
         }
     }
@@ -341,20 +393,27 @@ impl Catalog {
             }
             ServiceKind::Headless => {
                 view.headless = true;
+                let chosen = self.chosen(id, spec);
                 let slices = self.slices_of.get(id).into_iter().flatten();
                 for slice in slices.filter_map(|n| self.slices.get(&(id.0.clone(), n.clone()))) {
                     for ep in &slice.endpoints {
                         if !(ep.ready || spec.publish_not_ready) {
                             continue;
                         }
+                        view.any_ready |= !ep.ips.is_empty();
                         for ip in &ep.ips {
-                            if !view.addrs.contains(ip) {
-                                view.addrs.push(*ip);
-                            }
                             let host = ep.hostname.clone().unwrap_or_else(|| dashed(*ip));
                             let ips = view.hosts.entry(host.clone()).or_default();
                             if !ips.contains(ip) {
                                 ips.push(*ip);
+                            }
+                            // A pod's own name answers wherever the client is; the
+                            // service's name and SRV only with the chosen ones.
+                            if chosen.as_ref().is_some_and(|c| !c.contains(ip)) {
+                                continue;
+                            }
+                            if !view.addrs.contains(ip) {
+                                view.addrs.push(*ip);
                             }
                             for p in &slice.ports {
                                 let targets = view
@@ -376,6 +435,58 @@ impl Catalog {
             }
         }
         view
+    }
+
+    /// The addresses endpoint selection chooses for the clients' node among service
+    /// `id`'s endpoints: the proxy's own function, on the proxy's own model of the
+    /// service and its slices, per family. `None`: no filtering (clients may be on
+    /// any node, or the service has no port the model accepts).
+    fn chosen(&self, id: &Key, spec: &ServiceSpec) -> Option<BTreeSet<IpAddr>> {
+        let node = self.clients_node.as_deref()?;
+        let port = spec.selection.as_ref()?;
+        let no_labels = Labels::new();
+        let node_labels = |n: &str| self.nodes.get(n);
+        let ctx = NodeContext {
+            node_name: node,
+            labels: self.nodes.get(node).unwrap_or(&no_labels),
+            node_labels: &node_labels,
+        };
+        let slices: Vec<&Slice> = self
+            .slices_of
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| self.slices.get(&(id.0.clone(), n.clone())))
+            .filter_map(|s| s.model.as_ref())
+            .collect();
+        let mut chosen = BTreeSet::new();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let mut endpoints: Vec<Endpoint> = slices
+                .iter()
+                .filter(|s| s.family == family)
+                .flat_map(|s| {
+                    let port = s.ports.first().map_or(0, |p| p.port);
+                    s.endpoints.iter().map(move |e| {
+                        let mut info = e.info.clone();
+                        if spec.publish_not_ready && !info.ready {
+                            Arc::make_mut(&mut info).ready = true;
+                        }
+                        Endpoint {
+                            ip: e.ip,
+                            port,
+                            info,
+                        }
+                    })
+                })
+                .collect();
+            endpoints.sort_by_key(|e| (e.ip, e.port));
+            endpoints.dedup_by_key(|e| (e.ip, e.port));
+            let endpoints: Arc<[Endpoint]> = endpoints.into();
+            let selection = select_endpoints(port, &endpoints, &ctx);
+            let picked = selection.cluster_endpoints.or(selection.local_endpoints);
+            chosen.extend(picked.iter().flat_map(|l| l.iter()).map(|e| e.ip));
+        }
+        Some(chosen)
     }
 
     /// The PTR records a view makes: cluster IPs to the service's name, headless
@@ -501,8 +612,9 @@ impl Catalog {
                 ..Answer::default()
             };
         }
-        if view.headless && view.addrs.is_empty() {
-            // The specification: a headless service without ready endpoints.
+        if view.headless && !view.any_ready {
+            // The specification: a headless service without ready endpoints. With
+            // some, but none chosen for the clients' node: NODATA.
             return self.nxdomain();
         }
         self.address_answer(qname, &view.addrs, qtype)
@@ -720,10 +832,22 @@ fn service_spec(svc: &Service) -> Result<ServiceSpec, String> {
             port,
         });
     }
+    let selection = match kind {
+        ServiceKind::Headless => {
+            let opts = ConvertOptions {
+                for_dns: true,
+                ..ConvertOptions::default()
+            };
+            convert::convert_service(svc, &opts, &mut Vec::new())
+                .and_then(|s| s.ports.first().map(|p| (**p).clone()))
+        }
+        _ => None,
+    };
     Ok(ServiceSpec {
         kind,
         ports,
         publish_not_ready: spec.publish_not_ready_addresses == Some(true),
+        selection,
     })
 }
 
@@ -791,10 +915,15 @@ fn slice_spec(slice: &EndpointSlice) -> Result<SliceSpec, String> {
             port,
         });
     }
+    let opts = ConvertOptions {
+        for_dns: true,
+        ..ConvertOptions::default()
+    };
     Ok(SliceSpec {
         service: service.clone(),
         endpoints,
         ports,
+        model: convert::convert_slice_with(slice, &opts, &mut Vec::new()),
     })
 }
 

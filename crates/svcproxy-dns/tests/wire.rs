@@ -199,6 +199,7 @@ fn other_names_are_relayed_to_the_upstream_over_the_clients_transport() {
         DnsConfig {
             zone: "example.test".into(),
             ttl: 60,
+            clients_node: None,
         },
         &headless(100),
         &Upstreams::default(),

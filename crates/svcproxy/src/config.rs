@@ -356,6 +356,7 @@ fn resolve_with(
     };
     warnings.extend(flags.ignored.warnings());
 
+    let dns_clients_node = flags.dns_node_local.then(|| node_name.clone());
     let settings = Settings {
         node_name,
         proxy_mode: modeled.proxy_mode,
@@ -392,6 +393,7 @@ fn resolve_with(
         dns: svcproxy_dns::DnsConfig {
             zone: flags.cluster_domain.clone(),
             ttl: u32::try_from(flags.dns_ttl.as_secs()).unwrap_or(u32::MAX),
+            clients_node: dns_clients_node,
         },
         write_config_to: flags
             .write_config_to

@@ -32,15 +32,20 @@ impl Dns {
     }
 }
 
-/// Starts `svcproxy dns` on an ephemeral loopback port, `dir` its manifests; waits
-/// for the address it logs.
+/// Starts `svcproxy dns` on an ephemeral loopback port, `dir` its manifests, with
+/// `extra` flags (node-a unless they say otherwise); waits for the address it logs.
 fn start(dir: &Path, extra: &[&str]) -> Dns {
     let log = dir.with_extension("log");
+    let mut extra = extra.to_vec();
+    if !extra.contains(&"--hostname-override") {
+        extra.extend(["--hostname-override", "node-a"]);
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
-        .args(["dns", "--hostname-override", "node-a", "--manifests"])
+        .arg("dns")
+        .args(extra)
+        .args(["--manifests"])
         .arg(dir)
         .args(["--dns-bind-address", "127.0.0.1:0"])
-        .args(extra)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -253,4 +258,62 @@ fn names_outside_the_cluster_domain_go_to_dns_upstream() {
     assert_eq!(answers(&tcp(dns.addr, &q, WAIT).unwrap()), ["10.96.0.10"]);
     let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
     assert_eq!(answers(&udp(dns.addr, &q, WAIT).unwrap().0), ["10.96.0.10"]);
+}
+
+const ZONAL: &str = "apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: a}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b, labels: {topology.kubernetes.io/zone: b}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: db
+  namespace: demo
+  annotations: {svcproxy.io/topology-keys: \"topology.kubernetes.io/zone\"}
+spec:
+  clusterIP: None
+  ports: [{name: pg, port: 5432}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: db-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: db}
+addressType: IPv4
+ports: [{name: pg, port: 5432, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.5], nodeName: node-a, zone: a}
+- {addresses: [10.244.2.5], nodeName: node-b, zone: b}
+";
+
+#[test]
+fn node_local_dns_answers_a_headless_service_with_this_nodes_choice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let q = query("db.demo.svc.cluster.local.", RecordType::A, None);
+    let mut got = Vec::new();
+    for (node, local) in [("node-a", true), ("node-b", true), ("node-b", false)] {
+        let dir = tmp.path().join(format!("{node}-{local}"));
+        std::fs::create_dir(&dir).unwrap();
+        write(&dir, "zonal.yaml", ZONAL);
+        let mut flags = vec!["--hostname-override", node, "--dns-upstream", "none"];
+        if local {
+            flags.push("--dns-node-local");
+        }
+        let dns = start(&dir, &flags);
+        got.push(answers(&udp(dns.addr, &q, WAIT).unwrap().0));
+    }
+    assert_eq!(
+        got,
+        [
+            vec!["10.244.1.5"],
+            vec!["10.244.2.5"],
+            vec!["10.244.1.5", "10.244.2.5"],
+        ],
+        "clients on node-a, on node-b, and anywhere"
+    );
 }

@@ -406,7 +406,136 @@ fn hostile_input_is_refused_per_object_and_the_last_good_version_stays() {
     assert_eq!(c.services(), 4);
     assert!(Catalog::new(&DnsConfig {
         zone: "evil zone".into(),
-        ttl: 5
+        ttl: 5,
+        clients_node: None,
     })
     .is_err());
+}
+
+fn node(name: &str, zone: &str) -> SourceUpdate {
+    SourceUpdate::Upsert {
+        object: KubeObject::Node(
+            serde_json::from_value(
+                json!({"kind": "Node", "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}}}),
+            )
+            .unwrap(),
+        ),
+        origin: "test".into(),
+    }
+}
+
+/// A headless service `name` with topology `keys` (or a `trafficDistribution` and
+/// the hints the controller writes for it), and one endpoint on each of node-a
+/// (zone a), node-b and node-c (zone b): 10.244.<i>.10.
+fn zonal(name: &str, keys: Option<&str>, distribution: Option<&str>) -> Vec<SourceUpdate> {
+    let mut meta = json!({"namespace": "demo", "name": name});
+    if let Some(k) = keys {
+        meta["annotations"] = json!({"svcproxy.io/topology-keys": k});
+    }
+    let mut spec = json!({"clusterIP": "None", "ports": [{"name": "http", "port": 80}]});
+    if let Some(d) = distribution {
+        spec["trafficDistribution"] = json!(d);
+    }
+    let endpoints: Vec<serde_json::Value> = [("node-a", "a"), ("node-b", "b"), ("node-c", "b")]
+        .iter()
+        .enumerate()
+        .map(|(i, (n, z))| {
+            let mut ep = json!({"addresses": [format!("10.244.{i}.10")], "nodeName": n,
+                                "zone": z, "conditions": {"ready": true}});
+            // The EndpointSlice controller writes hints for a trafficDistribution;
+            // selection follows the hints, as upstream's kube-proxy does.
+            if distribution.is_some() {
+                ep["hints"] = json!({"forNodes": [{"name": n}], "forZones": [{"name": z}]});
+            }
+            ep
+        })
+        .collect();
+    vec![
+        upsert(json!({"kind": "Service", "metadata": meta, "spec": spec})),
+        upsert(json!({"kind": "EndpointSlice",
+            "metadata": {"namespace": "demo", "name": format!("{name}-1"),
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4", "endpoints": endpoints,
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})),
+    ]
+}
+
+fn on_node(clients_node: Option<&str>, updates: &[SourceUpdate]) -> Catalog {
+    let mut c = Catalog::new(&DnsConfig {
+        clients_node: clients_node.map(String::from),
+        ..DnsConfig::default()
+    })
+    .unwrap();
+    for u in [
+        node("node-a", "a"),
+        node("node-b", "b"),
+        node("node-c", "b"),
+        node("node-d", "d"),
+    ]
+    .iter()
+    .chain(updates)
+    {
+        assert_eq!(c.apply(u), Vec::<String>::new());
+    }
+    c
+}
+
+#[test]
+fn headless_answers_are_what_endpoint_selection_chooses_for_the_clients_node() {
+    let mut updates = zonal("zonal", Some("topology.kubernetes.io/zone, *"), None);
+    updates.extend(zonal("hard", Some("kubernetes.io/hostname"), None));
+    updates.extend(zonal("close", None, Some("PreferSameNode")));
+    updates.extend(zonal("plain", None, None));
+    let a =
+        |c: &Catalog, svc: &str| ask(c, &format!("{svc}.demo.svc.cluster.local."), RecordType::A);
+
+    // Clients on node-b (zone b): the zone's two endpoints; its own by hostname.
+    let c = on_node(Some("node-b"), &updates);
+    assert_eq!(a(&c, "zonal"), ok(&["A 10.244.1.10", "A 10.244.2.10"]));
+    assert_eq!(a(&c, "hard"), ok(&["A 10.244.1.10"]));
+    assert_eq!(a(&c, "close"), ok(&["A 10.244.1.10"]));
+    assert_eq!(
+        a(&c, "plain"),
+        ok(&["A 10.244.0.10", "A 10.244.1.10", "A 10.244.2.10"]),
+        "a service that did not opt in is not filtered"
+    );
+    assert_eq!(
+        ask(
+            &c,
+            "_http._tcp.hard.demo.svc.cluster.local.",
+            RecordType::SRV
+        ),
+        ok(&["SRV 0 100 8080 10-244-1-10.hard.demo.svc.cluster.local."])
+    );
+    assert_eq!(
+        ask(
+            &c,
+            "10-244-0-10.hard.demo.svc.cluster.local.",
+            RecordType::A
+        ),
+        ok(&["A 10.244.0.10"]),
+        "an endpoint's own name answers wherever the client is"
+    );
+
+    // Clients on node-d (zone d, no endpoint): `*` falls back to all; hard keys
+    // match nothing: NODATA, not NXDOMAIN.
+    let c = on_node(Some("node-d"), &updates);
+    assert_eq!(
+        a(&c, "zonal"),
+        ok(&["A 10.244.0.10", "A 10.244.1.10", "A 10.244.2.10"])
+    );
+    assert_eq!(a(&c, "hard"), NODATA);
+
+    // Clients anywhere (no node): everything.
+    let c = on_node(None, &updates);
+    assert_eq!(
+        a(&c, "hard"),
+        ok(&["A 10.244.0.10", "A 10.244.1.10", "A 10.244.2.10"])
+    );
+
+    // node-d's zone label changes to b: its clients now get zone b's endpoints.
+    let mut c = on_node(Some("node-d"), &updates);
+    c.apply(&node("node-d", "b"));
+    assert_eq!(a(&c, "zonal"), ok(&["A 10.244.1.10", "A 10.244.2.10"]));
 }

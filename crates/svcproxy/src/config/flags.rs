@@ -316,6 +316,10 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "IP[:PORT],...|none", value_delimiter = ',', value_parser = parse_dns_upstream, help_heading = "svcproxy")]
     pub dns_upstream: Vec<Option<std::net::SocketAddr>>,
 
+    /// Every client of the DNS runs on this node (the node-local deployment): a headless Service that opts into topology (svcproxy.io/topology-keys, trafficDistribution, hints) is answered with the endpoints this node's proxy would choose; without it every ready endpoint is answered (svcproxy only).
+    #[arg(long, help_heading = "svcproxy")]
+    pub dns_node_local: bool,
+
     /// The time to live of the DNS's records, in whole seconds (svcproxy only).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
     pub dns_ttl: Duration,
