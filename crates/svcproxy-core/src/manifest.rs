@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::de::DeserializeOwned;
@@ -363,6 +363,7 @@ enum Target {
     Node,
     ServiceCidr,
     Endpoints,
+    Pod,
 }
 
 /// Which of our types `apiVersion`/`kind` names. `Ok(None)` for other kinds, including
@@ -373,6 +374,8 @@ fn target(api_version: Option<&str>, kind: &str) -> Result<Option<Target>, Strin
         "Service" => (Target::Service, "", &["v1"]),
         "Node" => (Target::Node, "", &["v1"]),
         "Endpoints" => (Target::Endpoints, "", &["v1"]),
+        // For the cluster DNS (a client's node); the proxy ignores them.
+        "Pod" => (Target::Pod, "", &["v1"]),
         "EndpointSlice" => (Target::EndpointSlice, "discovery.k8s.io", &["v1"]),
         // v1beta1 has the same shape as v1.
         "ServiceCIDR" => (Target::ServiceCidr, "networking.k8s.io", &["v1", "v1beta1"]),
@@ -412,6 +415,7 @@ fn deserialize(target: Target, mut map: Map<String, Value>) -> Result<KubeObject
         Target::EndpointSlice => KubeObject::EndpointSlice(de::<EndpointSlice>(map)?),
         Target::Node => KubeObject::Node(de::<Node>(map)?),
         Target::Endpoints => KubeObject::Endpoints(de::<Endpoints>(map)?),
+        Target::Pod => KubeObject::Pod(de::<Pod>(map)?),
         Target::ServiceCidr => {
             // The v1 type checks apiVersion, and v1beta1 is the same shape.
             map.insert(

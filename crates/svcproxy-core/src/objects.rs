@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
@@ -19,15 +19,19 @@ pub enum Kind {
     ServiceCidr,
     /// Legacy core/v1 Endpoints; sources convert them to slices (see [`crate::mirror`]).
     Endpoints,
+    /// Pods: only the cluster DNS reads them (a client's pod IP → its node); the
+    /// proxy ignores them.
+    Pod,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Node,
         Kind::ServiceCidr,
         Kind::Endpoints,
+        Kind::Pod,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -37,6 +41,7 @@ impl Kind {
             Kind::Node => "Node",
             Kind::ServiceCidr => "ServiceCIDR",
             Kind::Endpoints => "Endpoints",
+            Kind::Pod => "Pod",
         }
     }
 }
@@ -106,6 +111,7 @@ pub enum KubeObject {
     Node(Node),
     ServiceCidr(ServiceCIDR),
     Endpoints(Endpoints),
+    Pod(Pod),
 }
 
 impl KubeObject {
@@ -116,6 +122,7 @@ impl KubeObject {
             KubeObject::Node(_) => Kind::Node,
             KubeObject::ServiceCidr(_) => Kind::ServiceCidr,
             KubeObject::Endpoints(_) => Kind::Endpoints,
+            KubeObject::Pod(_) => Kind::Pod,
         }
     }
 
@@ -128,10 +135,11 @@ impl KubeObject {
             KubeObject::Node(o) => &o.metadata,
             KubeObject::ServiceCidr(o) => &o.metadata,
             KubeObject::Endpoints(o) => &o.metadata,
+            KubeObject::Pod(o) => &o.metadata,
         };
         let namespaced = matches!(
             self.kind(),
-            Kind::Service | Kind::EndpointSlice | Kind::Endpoints
+            Kind::Service | Kind::EndpointSlice | Kind::Endpoints | Kind::Pod
         );
         ObjectKey {
             kind: self.kind(),

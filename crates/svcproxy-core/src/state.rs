@@ -237,6 +237,8 @@ impl ClusterState {
                         .map(|n| ObjectKey::new(Kind::ServiceCidr, "", n)),
                 ),
                 Kind::Endpoints => keys.extend(self.mirrored.keys().cloned()),
+                // The proxy keeps no Pods.
+                Kind::Pod => {}
             }
         }
         // Objects that were rejected are still "held" for Replace purposes.
@@ -297,6 +299,8 @@ impl ClusterState {
                 }
                 self.mirrored.insert(key.clone(), new_keys);
             }
+            // Only the cluster DNS reads Pods.
+            KubeObject::Pod(_) => return,
         }
         self.record_problems(key, origin, problems);
     }
@@ -319,6 +323,7 @@ impl ClusterState {
                     self.delete(&old);
                 }
             }
+            Kind::Pod => return,
         }
         self.problems.remove(key);
         self.unmatched_ports.remove(key);

@@ -27,7 +27,7 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use svcproxy_core::convert::{self, ConvertOptions, Slice};
-use svcproxy_core::model::{Endpoint, IpFamily, Labels, ServicePort, LABEL_SERVICE_NAME};
+use svcproxy_core::model::{Endpoint, IpFamily, Labels, NodeInfo, ServicePort, LABEL_SERVICE_NAME};
 use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
 use svcproxy_core::selection::{select_endpoints, NodeContext};
 
@@ -40,10 +40,11 @@ pub struct DnsConfig {
     /// e.g. `cluster.local` (a trailing dot is allowed).
     pub zone: String,
     pub ttl: u32,
-    /// The node every client runs on (the node-local deployment): a headless
-    /// service is then answered with the endpoints the proxy's endpoint selection
-    /// chooses for that node (topology keys, `trafficDistribution`, hints).
-    /// `None`: clients may be anywhere; every ready endpoint is answered.
+    /// The node every client runs on (the node-local deployment). `None`: clients
+    /// may be anywhere, and each one's node is found from its address (its Pod's
+    /// IPs, else a Node's `podCIDRs` or addresses). A headless service that opts
+    /// into topology is answered with the endpoints the proxy's endpoint selection
+    /// chooses for the client's node; an unknown client gets every ready endpoint.
     pub clients_node: Option<String>,
 }
 
@@ -118,9 +119,9 @@ struct View {
     /// A/AAAA at the service's name: its cluster IPs, or a headless service's
     /// ready endpoints (those selection chose for the clients' node).
     addrs: Vec<IpAddr>,
-    /// A headless service has ready endpoints (chosen or not): without any its name
-    /// is NXDOMAIN; with some but none chosen, NODATA.
-    any_ready: bool,
+    /// A headless service whose answers depend on the client's node (it has a
+    /// port the proxy's model accepts, for endpoint selection).
+    selective: bool,
     cname: Option<Name>,
     headless: bool,
     /// A headless service's endpoints by hostname.
@@ -153,8 +154,13 @@ pub struct Catalog {
     ptr: HashMap<IpAddr, BTreeSet<Name>>,
     /// `DnsConfig::clients_node`.
     clients_node: Option<String>,
-    /// Node labels by node name, for endpoint selection.
-    nodes: HashMap<String, Labels>,
+    /// Nodes by name: labels for endpoint selection, `podCIDRs` and addresses to
+    /// place a client.
+    nodes: HashMap<String, NodeInfo>,
+    /// Pods by namespace and name: their IPs and node.
+    pods: HashMap<Key, (Vec<IpAddr>, String)>,
+    /// A pod IP's node.
+    pod_nodes: HashMap<IpAddr, String>,
     /// The sources' first complete list has been applied: until then the server
     /// answers SERVFAIL (retried, never cached) rather than NXDOMAIN (cached).
     ready: bool,
@@ -182,6 +188,8 @@ impl Catalog {
             ptr: HashMap::new(),
             clients_node: cfg.clients_node.clone(),
             nodes: HashMap::new(),
+            pods: HashMap::new(),
+            pod_nodes: HashMap::new(),
             ready: false,
         })
     }
@@ -249,7 +257,11 @@ impl Catalog {
             .keys()
             .map(|(ns, n)| ObjectKey::new(Kind::EndpointSlice, ns, n));
         let nodes = self.nodes.keys().map(|n| ObjectKey::new(Kind::Node, "", n));
-        services.chain(slices).chain(nodes)
+        let pods = self
+            .pods
+            .keys()
+            .map(|(ns, n)| ObjectKey::new(Kind::Pod, ns, n));
+        services.chain(slices).chain(nodes).chain(pods)
     }
 
     fn upsert(&mut self, object: &KubeObject) -> Result<(), String> {
@@ -289,9 +301,30 @@ impl Catalog {
                 let mut problems = Vec::new();
                 let info = convert::convert_node(node, &mut problems)
                     .ok_or_else(|| "not a usable Node".to_string())?;
-                if self.nodes.get(&info.name) != Some(&info.labels) {
-                    self.nodes.insert(info.name, info.labels);
-                    self.refresh_selected();
+                self.nodes.insert(info.name.clone(), info);
+            }
+            KubeObject::Pod(pod) => {
+                let node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .filter(|n| !n.is_empty());
+                let ips: Vec<IpAddr> = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.pod_ips.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| svcproxy_core::addr::parse_ip_sloppy(&p.ip))
+                    .map(|p| p.value)
+                    .collect();
+                self.remove_pod(&id);
+                // A pod not yet scheduled, or without an address, places nobody.
+                if let Some(node) = node.filter(|_| !ips.is_empty()) {
+                    for ip in &ips {
+                        self.pod_nodes.insert(*ip, node.clone());
+                    }
+                    self.pods.insert(id, (ips, node));
                 }
             }
             // ServiceCIDRs and legacy Endpoints say nothing DNS answers.
@@ -300,19 +333,13 @@ impl Catalog {
         Ok(())
     }
 
-    /// Rebuilds the views whose answers depend on node labels.
-    fn refresh_selected(&mut self) {
-        if self.clients_node.is_none() {
-            return;
-        }
-        let selected: Vec<Key> = self
-            .services
-            .iter()
-            .filter(|(_, s)| s.selection.is_some())
-            .map(|(k, _)| k.clone())
-            .collect();
-        for id in selected {
-            self.refresh(&id);
+    fn remove_pod(&mut self, id: &Key) {
+        if let Some((ips, node)) = self.pods.remove(id) {
+            for ip in ips {
+                if self.pod_nodes.get(&ip) == Some(&node) {
+                    self.pod_nodes.remove(&ip);
+                }
+            }
         }
     }
 
@@ -333,7 +360,10 @@ impl Catalog {
                     self.unlink_slice(&id, &old.service);
                 }
             }
-            Kind::Node if self.nodes.remove(&key.name).is_some() => self.refresh_selected(),
+            Kind::Node => {
+                self.nodes.remove(&key.name);
+            }
+            Kind::Pod => self.remove_pod(&id),
             _ => {}
         }
     }
@@ -393,24 +423,18 @@ impl Catalog {
             }
             ServiceKind::Headless => {
                 view.headless = true;
-                let chosen = self.chosen(id, spec);
+                view.selective = spec.selection.is_some();
                 let slices = self.slices_of.get(id).into_iter().flatten();
                 for slice in slices.filter_map(|n| self.slices.get(&(id.0.clone(), n.clone()))) {
                     for ep in &slice.endpoints {
                         if !(ep.ready || spec.publish_not_ready) {
                             continue;
                         }
-                        view.any_ready |= !ep.ips.is_empty();
                         for ip in &ep.ips {
                             let host = ep.hostname.clone().unwrap_or_else(|| dashed(*ip));
                             let ips = view.hosts.entry(host.clone()).or_default();
                             if !ips.contains(ip) {
                                 ips.push(*ip);
-                            }
-                            // A pod's own name answers wherever the client is; the
-                            // service's name and SRV only with the chosen ones.
-                            if chosen.as_ref().is_some_and(|c| !c.contains(ip)) {
-                                continue;
                             }
                             if !view.addrs.contains(ip) {
                                 view.addrs.push(*ip);
@@ -437,18 +461,34 @@ impl Catalog {
         view
     }
 
-    /// The addresses endpoint selection chooses for the clients' node among service
-    /// `id`'s endpoints: the proxy's own function, on the proxy's own model of the
-    /// service and its slices, per family. `None`: no filtering (clients may be on
-    /// any node, or the service has no port the model accepts).
-    fn chosen(&self, id: &Key, spec: &ServiceSpec) -> Option<BTreeSet<IpAddr>> {
-        let node = self.clients_node.as_deref()?;
+    /// The node of the client at `client`: the one all clients are on, else its
+    /// Pod's, else the Node whose `podCIDRs` or addresses hold it.
+    pub fn client_node(&self, client: Option<IpAddr>) -> Option<&str> {
+        if let Some(node) = &self.clients_node {
+            return Some(node);
+        }
+        let ip = client?;
+        if let Some(node) = self.pod_nodes.get(&ip) {
+            return Some(node);
+        }
+        self.nodes
+            .values()
+            .find(|n| n.pod_cidrs.iter().any(|c| c.contains(&ip)) || n.addresses.contains(&ip))
+            .map(|n| n.name.as_str())
+    }
+
+    /// The addresses endpoint selection chooses for `node` among service `id`'s
+    /// endpoints: the proxy's own function, on the proxy's own model of the service
+    /// and its slices, per family. `None`: the service has no port the model
+    /// accepts (nothing is filtered).
+    fn chosen(&self, id: &Key, node: &str) -> Option<BTreeSet<IpAddr>> {
+        let spec = self.services.get(id)?;
         let port = spec.selection.as_ref()?;
         let no_labels = Labels::new();
-        let node_labels = |n: &str| self.nodes.get(n);
+        let node_labels = |n: &str| self.nodes.get(n).map(|i| &i.labels);
         let ctx = NodeContext {
             node_name: node,
-            labels: self.nodes.get(node).unwrap_or(&no_labels),
+            labels: self.nodes.get(node).map_or(&no_labels, |i| &i.labels),
             node_labels: &node_labels,
         };
         let slices: Vec<&Slice> = self
@@ -512,13 +552,19 @@ impl Catalog {
         prefixed(name, &prefixed(ns, &svc))
     }
 
-    /// The answer to `qname`/`qtype`, or `None` for a name this catalog is not the
+    /// The answer to `qname`/`qtype` for the client at `client` (its node decides
+    /// topology-aware answers), or `None` for a name this catalog is not the
     /// authority for (outside the zone, or the reverse name of an address it does
     /// not know): those are forwarded or refused by the server.
-    pub fn answer(&self, qname: &Name, qtype: RecordType) -> Option<Answer> {
+    pub fn answer(
+        &self,
+        qname: &Name,
+        qtype: RecordType,
+        client: Option<IpAddr>,
+    ) -> Option<Answer> {
         let lower = qname.to_lowercase();
         if self.zone.zone_of(&lower) {
-            return Some(self.in_zone(qname, &lower, qtype));
+            return Some(self.in_zone(qname, &lower, qtype, client));
         }
         let ip = lower.parse_arpa_name().ok()?;
         // Only a whole address (a /32 or /128 name) has PTR records.
@@ -538,7 +584,13 @@ impl Catalog {
         })
     }
 
-    fn in_zone(&self, qname: &Name, lower: &Name, qtype: RecordType) -> Answer {
+    fn in_zone(
+        &self,
+        qname: &Name,
+        lower: &Name,
+        qtype: RecordType,
+        client: Option<IpAddr>,
+    ) -> Answer {
         // The labels below the zone, from the top: `web.demo.svc` is
         // ["svc", "demo", "web"].
         let depth = usize::from(lower.num_labels() - self.zone.num_labels());
@@ -566,10 +618,13 @@ impl Catalog {
                 _ => self.nodata(),
             },
             ["svc", ns] if self.namespaces.contains_key(*ns) => self.nodata(),
-            ["svc", ns, svc] => match self.views.get(&(ns.to_string(), svc.to_string())) {
-                None => self.nxdomain(),
-                Some(view) => self.service_answer(qname, view, qtype),
-            },
+            ["svc", ns, svc] => {
+                let id = (ns.to_string(), svc.to_string());
+                match self.views.get(&id) {
+                    None => self.nxdomain(),
+                    Some(view) => self.service_answer(qname, &id, view, qtype, client),
+                }
+            }
             ["svc", ns, svc, proto] if proto.starts_with('_') => {
                 match self.views.get(&(ns.to_string(), svc.to_string())) {
                     Some(view) if view.srv.keys().any(|(_, p)| *p == proto[1..]) => self.nodata(),
@@ -593,7 +648,7 @@ impl Catalog {
                 match targets {
                     None => self.nxdomain(),
                     Some(_) if !matches!(qtype, RecordType::SRV | RecordType::ANY) => self.nodata(),
-                    Some(targets) => self.srv_answer(qname, &id, targets),
+                    Some(targets) => self.srv_answer(qname, &id, targets, client),
                 }
             }
             ["pod", _, ip] => match undashed(ip) {
@@ -604,7 +659,28 @@ impl Catalog {
         }
     }
 
-    fn service_answer(&self, qname: &Name, view: &View, qtype: RecordType) -> Answer {
+    /// The addresses endpoint selection chose for `client`'s node, when `view`'s
+    /// answers depend on it and the node is known; `None`: every one.
+    fn chosen_for(
+        &self,
+        id: &Key,
+        view: &View,
+        client: Option<IpAddr>,
+    ) -> Option<BTreeSet<IpAddr>> {
+        if !view.selective {
+            return None;
+        }
+        self.chosen(id, self.client_node(client)?)
+    }
+
+    fn service_answer(
+        &self,
+        qname: &Name,
+        id: &Key,
+        view: &View,
+        qtype: RecordType,
+        client: Option<IpAddr>,
+    ) -> Answer {
         if let Some(target) = &view.cname {
             // Whatever the type: the resolver follows the alias.
             return Answer {
@@ -612,12 +688,23 @@ impl Catalog {
                 ..Answer::default()
             };
         }
-        if view.headless && !view.any_ready {
+        if view.headless && view.addrs.is_empty() {
             // The specification: a headless service without ready endpoints. With
-            // some, but none chosen for the clients' node: NODATA.
+            // some, but none chosen for the client's node: NODATA, below.
             return self.nxdomain();
         }
-        self.address_answer(qname, &view.addrs, qtype)
+        match self.chosen_for(id, view, client) {
+            None => self.address_answer(qname, &view.addrs, qtype),
+            Some(chosen) => {
+                let ips: Vec<IpAddr> = view
+                    .addrs
+                    .iter()
+                    .copied()
+                    .filter(|ip| chosen.contains(ip))
+                    .collect();
+                self.address_answer(qname, &ips, qtype)
+            }
+        }
     }
 
     /// A/AAAA of `ips` at `qname`, as `qtype` asks; NODATA for other types.
@@ -643,15 +730,36 @@ impl Catalog {
         }
     }
 
-    fn srv_answer(&self, qname: &Name, id: &Key, targets: &[SrvTarget]) -> Answer {
+    fn srv_answer(
+        &self,
+        qname: &Name,
+        id: &Key,
+        targets: &[SrvTarget],
+        client: Option<IpAddr>,
+    ) -> Answer {
         let service = self.service_name(id);
         let view = &self.views[id];
+        // A headless service's endpoints chosen for the client's node only.
+        let targets: Vec<&SrvTarget> = match self.chosen_for(id, view, client) {
+            None => targets.iter().collect(),
+            Some(chosen) => targets
+                .iter()
+                .filter(|(_, host)| {
+                    host.as_ref()
+                        .and_then(|h| view.hosts.get(h))
+                        .is_some_and(|ips| ips.iter().any(|ip| chosen.contains(ip)))
+                })
+                .collect(),
+        };
+        if targets.is_empty() {
+            return self.nodata();
+        }
         // RFC 2782: equal priority, the weight shared out.
         let weight = u16::try_from((100 / targets.len()).max(1)).unwrap_or(1);
         let mut answers = Vec::new();
         let mut additionals = Vec::new();
         let mut added: BTreeSet<&str> = BTreeSet::new();
-        for (port, host) in targets {
+        for &(port, host) in &targets {
             let target = match host {
                 Some(h) => prefixed(h, &service),
                 None => service.clone(),

@@ -29,14 +29,23 @@ fn decode(bytes: &[u8]) -> io::Result<Message> {
     Message::from_vec(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
-/// Sends `q` over UDP from an ephemeral loopback-or-any port; the answer and its
-/// size on the wire.
+/// Sends `q` over UDP from an ephemeral port; the answer and its size on the wire.
 pub fn udp(server: SocketAddr, q: &[u8], timeout: Duration) -> io::Result<(Message, usize)> {
     let local: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().expect("an address")
     } else {
         "[::]:0".parse().expect("an address")
     };
+    udp_from(local, server, q, timeout)
+}
+
+/// [`udp`] from the address `local` (a client address the server tells apart).
+pub fn udp_from(
+    local: SocketAddr,
+    server: SocketAddr,
+    q: &[u8],
+    timeout: Duration,
+) -> io::Result<(Message, usize)> {
     let s = UdpSocket::bind(local)?;
     s.set_read_timeout(Some(timeout))?;
     s.send_to(q, server)?;

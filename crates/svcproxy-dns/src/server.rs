@@ -78,7 +78,9 @@ impl RequestHandler for Handler {
         // NXDOMAIN now would be cached).
         let answer = {
             let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
-            catalog.is_ready().then(|| catalog.answer(&qname, qtype))
+            catalog
+                .is_ready()
+                .then(|| catalog.answer(&qname, qtype, Some(request.src().ip())))
         };
         let Some(answer) = answer else {
             return send_error(

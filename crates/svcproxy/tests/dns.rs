@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
-use svcproxy_dns::probe::{answers, query, tcp, udp};
+use svcproxy_dns::probe::{answers, query, tcp, udp, udp_from};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -316,4 +316,56 @@ fn node_local_dns_answers_a_headless_service_with_this_nodes_choice() {
         ],
         "clients on node-a, on node-b, and anywhere"
     );
+}
+
+/// Two client pods, on node-a and node-b, with loopback addresses (all of 127/8
+/// is this host's): the server tells them apart by source address.
+const CLIENT_PODS: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: client-a, namespace: apps}
+spec: {nodeName: node-a, containers: []}
+status: {podIPs: [{ip: 127.0.0.2}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client-b, namespace: apps}
+spec: {nodeName: node-b, containers: []}
+status: {podIPs: [{ip: 127.0.0.3}]}
+";
+
+#[test]
+fn a_central_dns_answers_each_client_by_its_pods_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("central");
+    std::fs::create_dir(&dir).unwrap();
+    write(&dir, "zonal.yaml", ZONAL);
+    write(&dir, "pods.yaml", CLIENT_PODS);
+    let dns = start(&dir, &["--dns-upstream", "none"]);
+    let q = query("db.demo.svc.cluster.local.", RecordType::A, None);
+    let from = |ip: &str| {
+        let local: SocketAddr = format!("{ip}:0").parse().unwrap();
+        answers(&udp_from(local, dns.addr, &q, WAIT).unwrap().0)
+    };
+    assert_eq!(from("127.0.0.2"), ["10.244.1.5"], "{}", dns.log());
+    assert_eq!(from("127.0.0.3"), ["10.244.2.5"]);
+    assert_eq!(
+        from("127.0.0.4"),
+        ["10.244.1.5", "10.244.2.5"],
+        "an unknown client gets every ready endpoint"
+    );
+    // client-b moves to node-a (a new pod with the same address).
+    write(
+        &dir,
+        "pods.yaml",
+        &CLIENT_PODS.replace("nodeName: node-b", "nodeName: node-a"),
+    );
+    let start = Instant::now();
+    while from("127.0.0.3") != ["10.244.1.5"] {
+        assert!(
+            start.elapsed() < WAIT,
+            "still node-b's answer:\n{}",
+            dns.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -38,7 +38,7 @@ fn catalog(updates: &[SourceUpdate]) -> Catalog {
 
 fn ask(c: &Catalog, name: &str, qtype: RecordType) -> (ResponseCode, Vec<String>) {
     let a = c
-        .answer(&Name::from_ascii(name).unwrap(), qtype)
+        .answer(&Name::from_ascii(name).unwrap(), qtype, None)
         .expect("an answer");
     let mut records: Vec<String> = a
         .answers
@@ -154,6 +154,7 @@ fn a_cluster_ip_service_has_its_addresses_srv_per_named_port_and_ptr() {
         .answer(
             &Name::from_ascii("_http._tcp.web.demo.svc.cluster.local.").unwrap(),
             RecordType::SRV,
+            None,
         )
         .unwrap();
     assert_eq!(a.additionals.len(), 2);
@@ -202,7 +203,8 @@ fn a_headless_service_answers_with_its_ready_endpoints_by_name_and_port() {
     assert!(
         c.answer(
             &Name::from_ascii("7.3.244.10.in-addr.arpa.").unwrap(),
-            RecordType::PTR
+            RecordType::PTR,
+            None
         )
         .is_none(),
         "an address it does not know is not its to answer"
@@ -276,13 +278,18 @@ fn external_names_version_pods_and_what_does_not_exist() {
         .answer(
             &Name::from_ascii("nope.demo.svc.cluster.local.").unwrap(),
             RecordType::A,
+            None,
         )
         .unwrap();
     assert_eq!(a.authority.len(), 1);
     assert_eq!(a.authority[0].record_type(), RecordType::SOA);
     // Outside the zone: not this catalog's.
     assert!(c
-        .answer(&Name::from_ascii("example.com.").unwrap(), RecordType::A)
+        .answer(
+            &Name::from_ascii("example.com.").unwrap(),
+            RecordType::A,
+            None
+        )
         .is_none());
 }
 
@@ -302,7 +309,8 @@ fn deletes_replaces_and_moved_slices_take_records_away() {
     assert!(c
         .answer(
             &Name::from_ascii("5.1.244.10.in-addr.arpa.").unwrap(),
-            RecordType::PTR
+            RecordType::PTR,
+            None
         )
         .is_none());
     // The IPv6 slice moves to another service.
@@ -345,7 +353,8 @@ fn deletes_replaces_and_moved_slices_take_records_away() {
     assert!(c
         .answer(
             &Name::from_ascii("10.0.96.10.in-addr.arpa.").unwrap(),
-            RecordType::PTR
+            RecordType::PTR,
+            None
         )
         .is_none());
     assert_eq!(
@@ -538,4 +547,68 @@ fn headless_answers_are_what_endpoint_selection_chooses_for_the_clients_node() {
     let mut c = on_node(Some("node-d"), &updates);
     c.apply(&node("node-d", "b"));
     assert_eq!(a(&c, "zonal"), ok(&["A 10.244.1.10", "A 10.244.2.10"]));
+}
+
+fn pod(ns: &str, name: &str, node: &str, ips: &[&str]) -> SourceUpdate {
+    let ips: Vec<serde_json::Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+    SourceUpdate::Upsert {
+        object: KubeObject::Pod(
+            serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name},
+                "spec": {"nodeName": node, "containers": []}, "status": {"podIPs": ips}}))
+            .unwrap(),
+        ),
+        origin: "test".into(),
+    }
+}
+
+#[test]
+fn a_central_server_finds_each_clients_node_from_its_pod_or_the_nodes() {
+    let mut updates = zonal("hard", Some("kubernetes.io/hostname"), None);
+    updates.push(pod(
+        "apps",
+        "client-b",
+        "node-b",
+        &["10.1.0.5", "fd00:1::5"],
+    ));
+    updates.push(SourceUpdate::Upsert {
+        object: KubeObject::Node(
+            serde_json::from_value(json!({"metadata": {"name": "node-d",
+                "labels": {"topology.kubernetes.io/zone": "d"}},
+                "spec": {"podCIDRs": ["10.4.0.0/24"]},
+                "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.4"}]}}))
+            .unwrap(),
+        ),
+        origin: "test".into(),
+    });
+    let mut c = on_node(None, &updates);
+    let hard = Name::from_ascii("hard.demo.svc.cluster.local.").unwrap();
+    let from = |c: &Catalog, ip: &str| {
+        let a = c
+            .answer(&hard, RecordType::A, Some(ip.parse().unwrap()))
+            .unwrap();
+        let mut v: Vec<String> = a.answers.iter().map(|r| r.data.to_string()).collect();
+        v.sort();
+        (a.code, v)
+    };
+    let all = ["10.244.0.10", "10.244.1.10", "10.244.2.10"].map(String::from);
+    // By its Pod (either of its addresses): node-b's own endpoint.
+    assert_eq!(from(&c, "10.1.0.5").1, ["10.244.1.10"]);
+    assert_eq!(from(&c, "fd00:1::5").1, ["10.244.1.10"]);
+    // By a Node's podCIDRs, or a Node's own address (host-network clients): node-d,
+    // where the hard key matches nothing.
+    assert_eq!(from(&c, "10.4.0.9"), NODATA);
+    assert_eq!(from(&c, "192.0.2.4"), NODATA);
+    // Unknown: everything.
+    assert_eq!(from(&c, "203.0.113.9").1, all);
+    // The pod goes: its address places nobody any more.
+    c.apply(&SourceUpdate::Delete(ObjectKey::new(
+        Kind::Pod,
+        "apps",
+        "client-b",
+    )));
+    assert_eq!(from(&c, "10.1.0.5").1, all);
+    assert_eq!(
+        c.client_node(Some("10.4.0.1".parse().unwrap())),
+        Some("node-d")
+    );
 }
