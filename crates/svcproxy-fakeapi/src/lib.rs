@@ -4,8 +4,8 @@
 //!
 //! Served: Services (`/api/v1/services`), EndpointSlices
 //! (`/apis/discovery.k8s.io/v1/endpointslices`), Nodes (`/api/v1/nodes`, also as
-//! `PartialObjectMetadata`) and ServiceCIDRs (`/apis/networking.k8s.io/v1/servicecidrs`),
-//! cluster-wide and (namespaced kinds) per namespace, plus single-object GETs; Events
+//! `PartialObjectMetadata`), ServiceCIDRs (`/apis/networking.k8s.io/v1/servicecidrs`)
+//! and Pods (`/api/v1/pods`, for the cluster DNS), cluster-wide and (namespaced kinds) per namespace, plus single-object GETs; Events
 //! (`events.k8s.io/v1` and core `v1`) can be created, patched, replaced, read and
 //! deleted.
 //!

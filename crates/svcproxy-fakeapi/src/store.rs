@@ -24,7 +24,7 @@ pub(crate) struct KindInfo {
     pub(crate) namespaced: bool,
 }
 
-pub(crate) const KINDS: [KindInfo; 4] = [
+pub(crate) const KINDS: [KindInfo; 5] = [
     KindInfo {
         kind: "Service",
         list_kind: "ServiceList",
@@ -60,6 +60,15 @@ pub(crate) const KINDS: [KindInfo; 4] = [
         api_version: "networking.k8s.io/v1",
         plural: "servicecidrs",
         namespaced: false,
+    },
+    KindInfo {
+        kind: "Pod",
+        list_kind: "PodList",
+        group: "",
+        version: "v1",
+        api_version: "v1",
+        plural: "pods",
+        namespaced: true,
     },
 ];
 
@@ -135,9 +144,9 @@ pub(crate) struct Store {
     pub(crate) rv: u64,
     /// History before (and at) this resourceVersion is forgotten.
     pub(crate) compacted: u64,
-    objects: [BTreeMap<Key, Arc<Value>>; 4],
+    objects: [BTreeMap<Key, Arc<Value>>; KINDS.len()],
     history: VecDeque<Arc<Change>>,
-    pub(crate) unserved: [bool; 4],
+    pub(crate) unserved: [bool; KINDS.len()],
     watches: Vec<WatchSlot>,
     pub(crate) events: BTreeMap<EventKey, Value>,
     /// Creation order of the events (keys), for `FakeApiServer::events`.

@@ -66,7 +66,7 @@ fn summary(lines: &[Value]) -> Vec<String> {
 #[tokio::test]
 async fn errors_are_status_objects() {
     let server = FakeApiServer::start().await.unwrap();
-    let (code, body) = get(&server, "/api/v1/pods").await;
+    let (code, body) = get(&server, "/api/v1/configmaps").await;
     assert_eq!(code, 404);
     assert_eq!(
         body,

@@ -636,7 +636,9 @@ fn source(settings: &Settings) -> anyhow::Result<Source> {
             kubeconfig: settings.kubeconfig.clone(),
             master: settings.master.clone(),
             client_connection: settings.client_connection.clone(),
-            every_service: settings.dns_bind.is_some(),
+            dns: settings.dns_bind.is_some(),
+            // A central server places clients by their Pods.
+            dns_pods: settings.dns_bind.is_some() && settings.dns.clients_node.is_none(),
         })),
     }
 }
@@ -1003,6 +1005,9 @@ async fn serve<T: Target>(
         Source::Api(cfg) => {
             let client = kube_source::client_with_metrics(&cfg, metrics.rest_client()).await?;
             runner_cfg.initial_sources = kube_source::WATCHES.to_vec();
+            if cfg.dns_pods {
+                runner_cfg.initial_sources.push(kube_source::POD_WATCH);
+            }
             if servers.health_check_node_ports {
                 // The daemon announces itself on its Node, as kube-proxy does.
                 tokio::spawn(kube_source::record_startup_event(

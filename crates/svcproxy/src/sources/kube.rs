@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{
-    Node, NodeSpec, NodeStatus, ObjectReference, Service, ServiceStatus,
+    Node, NodeSpec, NodeStatus, ObjectReference, Pod, PodSpec, PodStatus, Service, ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
@@ -45,6 +45,9 @@ use crate::config::ClientConnection;
 use crate::runner::Event;
 
 /// Watch names, for `RunnerConfig::initial_sources`.
+/// The Pod watch's name, run only for a central cluster DNS (`dns_pods`).
+pub const POD_WATCH: &str = "pods";
+
 pub const WATCHES: [&str; 5] = [
     "services",
     "endpointslices",
@@ -93,10 +96,13 @@ pub struct KubeSourceConfig {
     /// API server URL overriding the kubeconfig's (or the in-cluster one).
     pub master: Option<String>,
     pub client_connection: ClientConnection,
-    /// Watch every Service and EndpointSlice, headless ones and other proxies'
-    /// included: the cluster DNS answers for all of them (the proxy's state still
-    /// leaves out what it does not proxy).
-    pub every_service: bool,
+    /// The cluster DNS is fed too: every Service and EndpointSlice is watched,
+    /// headless ones and other proxies' included (the proxy's state still leaves
+    /// out what it does not proxy), and endpoints keep their `hostname`.
+    pub dns: bool,
+    /// The cluster DNS places clients by their Pods: Pods are watched too (kept as
+    /// their IPs and node only).
+    pub dns_pods: bool,
 }
 
 impl KubeSourceConfig {
@@ -124,7 +130,7 @@ impl KubeSourceConfig {
     /// The label selector for Services and EndpointSlices (the EndpointSlice
     /// controller copies a Service's labels onto its slices).
     pub fn label_selector(&self) -> String {
-        if self.every_service {
+        if self.dns {
             return String::new();
         }
         match &self.service_proxy_name {
@@ -263,6 +269,8 @@ pub async fn run(client: Client, cfg: KubeSourceConfig, tx: mpsc::Sender<Event>)
     let own = format!("metadata.name={node}");
     let own_node = || watcher::watcher(Api::<Node>::all(client.clone()), listed().fields(&own));
     let cidrs = || watcher::watcher(Api::<ServiceCIDR>::all(client.clone()), listed());
+    let pods = || watcher::watcher(Api::<Pod>::all(client.clone()), listed());
+    let keep_hostnames = cfg.dns;
 
     tokio::join!(
         drive(
@@ -274,7 +282,7 @@ pub async fn run(client: Client, cfg: KubeSourceConfig, tx: mpsc::Sender<Event>)
         drive(
             WATCHES[1],
             slices,
-            |s| KubeObject::EndpointSlice(strip_slice(s)),
+            |s| KubeObject::EndpointSlice(strip_slice(s, keep_hostnames)),
             &tx
         ),
         drive(
@@ -295,6 +303,11 @@ pub async fn run(client: Client, cfg: KubeSourceConfig, tx: mpsc::Sender<Event>)
             |c| KubeObject::ServiceCidr(strip_cidr(c)),
             &tx
         ),
+        async {
+            if cfg.dns_pods {
+                drive(POD_WATCH, pods, |p| KubeObject::Pod(strip_pod(p)), &tx).await;
+            }
+        },
     );
 }
 
@@ -935,7 +948,8 @@ fn strip_service(mut svc: Service) -> Service {
     }
 }
 
-fn strip_slice(mut slice: EndpointSlice) -> EndpointSlice {
+/// A slice as the state reads it; `keep_hostnames` for the cluster DNS.
+fn strip_slice(mut slice: EndpointSlice, keep_hostnames: bool) -> EndpointSlice {
     let mut meta = identity(&mut slice.metadata);
     meta.labels = keep(
         slice.metadata.labels.take(),
@@ -948,7 +962,9 @@ fn strip_slice(mut slice: EndpointSlice) -> EndpointSlice {
     slice.metadata = meta;
     for ep in &mut slice.endpoints {
         ep.target_ref = None;
-        ep.hostname = None;
+        if !keep_hostnames {
+            ep.hostname = None;
+        }
         ep.deprecated_topology = None;
     }
     slice
@@ -988,6 +1004,21 @@ fn strip_own_node(node: Node) -> Node {
         status: node.status.map(|s| NodeStatus {
             addresses: s.addresses,
             ..NodeStatus::default()
+        }),
+    }
+}
+
+/// A Pod as the cluster DNS reads it: where it runs and its addresses.
+fn strip_pod(mut pod: Pod) -> Pod {
+    Pod {
+        metadata: identity(&mut pod.metadata),
+        spec: pod.spec.map(|s| PodSpec {
+            node_name: s.node_name,
+            ..PodSpec::default()
+        }),
+        status: pod.status.map(|s| PodStatus {
+            pod_ips: s.pod_ips,
+            ..PodStatus::default()
         }),
     }
 }

@@ -22,7 +22,8 @@ fn cfg(proxy_name: Option<&str>) -> KubeSourceConfig {
             content_type: "application/vnd.kubernetes.protobuf".into(),
             accept_content_types: String::new(),
         },
-        every_service: false,
+        dns: false,
+        dns_pods: false,
     }
 }
 
@@ -76,7 +77,7 @@ fn selectors_leave_out_headless_and_other_proxies() {
     );
     // The cluster DNS answers for every Service: nothing is left out at the server.
     let every = KubeSourceConfig {
-        every_service: true,
+        dns: true,
         ..cfg(Some("svcproxy"))
     };
     assert_eq!(every.label_selector(), "");
@@ -263,7 +264,14 @@ fn slices_keep_only_what_the_state_reads() {
         }],
         ports: None,
     };
-    let s = strip_slice(slice);
+    // The cluster DNS answers endpoints by their hostname: kept for it.
+    assert_eq!(
+        strip_slice(slice.clone(), true).endpoints[0]
+            .hostname
+            .as_deref(),
+        Some("pod-1")
+    );
+    let s = strip_slice(slice, false);
     assert_eq!(
         s.metadata,
         ObjectMeta {

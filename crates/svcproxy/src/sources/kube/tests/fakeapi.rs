@@ -182,10 +182,14 @@ impl Logs {
 impl Harness {
     /// Runs the source with a client built by [`client`] from the server's kubeconfig.
     async fn start(server: FakeApiServer, proxy_name: Option<&str>) -> Harness {
+        Harness::start_with(server, cfg(proxy_name)).await
+    }
+
+    /// [`Harness::start`] with a whole configuration.
+    async fn start_with(server: FakeApiServer, mut c: KubeSourceConfig) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kubeconfig");
         std::fs::write(&path, server.kubeconfig_yaml()).unwrap();
-        let mut c = cfg(proxy_name);
         c.kubeconfig = Some(path);
         let client = client(&c).await.expect("client");
         let (tx, rx) = mpsc::channel(16);
@@ -290,6 +294,66 @@ async fn every_watch_is_ready_only_after_its_whole_list_even_across_pages() {
         .any(|r| r.path == "/api/v1/services" && r.query.contains("continue="));
     assert!(paged, "the service list was not paginated");
     h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_dns_gets_every_service_hostnames_and_the_pods() {
+    let server = FakeApiServer::start().await.unwrap();
+    seed(&server);
+    let headless = json!({"service.kubernetes.io/headless": ""});
+    server.apply(service("hl", "10.96.0.20", headless.clone()));
+    let mut hl = slice("hl-1", "hl", "10.244.2.20", headless);
+    hl["endpoints"][0]["hostname"] = json!("db-0");
+    server.apply(hl);
+    let theirs = json!({"service.kubernetes.io/service-proxy-name": "other"});
+    server.apply(service("theirs", "10.96.0.22", theirs));
+    server.apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": "apps", "name": "client", "labels": {"app": "x"}},
+        "spec": {"nodeName": "node-b", "containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Running", "podIPs": [{"ip": "10.244.2.7"}]}}));
+
+    let mut h = Harness::start_with(
+        server,
+        KubeSourceConfig {
+            dns: true,
+            dns_pods: true,
+            ..cfg(None)
+        },
+    )
+    .await;
+    h.until("every initial list and the pods", |m| {
+        m.all_ready() && m.ready_count(POD_WATCH) > 0
+    })
+    .await;
+    let keys = |m: &Model, kind| -> Vec<String> {
+        m.objects
+            .keys()
+            .filter(|k| k.kind == kind)
+            .map(|k| k.name.clone())
+            .collect()
+    };
+    assert_eq!(
+        keys(&h.model, Kind::Service),
+        ["api", "hl", "theirs", "web"]
+    );
+    let KubeObject::EndpointSlice(hl) =
+        &h.model.objects[&ObjectKey::new(Kind::EndpointSlice, "default", "hl-1")]
+    else {
+        panic!()
+    };
+    assert_eq!(hl.endpoints[0].hostname.as_deref(), Some("db-0"));
+    // The Pod arrives as where it runs and its addresses, nothing else.
+    let KubeObject::Pod(pod) = &h.model.objects[&ObjectKey::new(Kind::Pod, "apps", "client")]
+    else {
+        panic!()
+    };
+    assert_eq!(pod.metadata.labels, None);
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some("node-b"));
+    assert!(spec.containers.is_empty());
+    let status = pod.status.as_ref().unwrap();
+    assert_eq!(status.pod_ips.as_ref().unwrap()[0].ip, "10.244.2.7");
+    assert_eq!(status.phase, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
