@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline, so that a typo in a manifest fails CI:
 #
-# - every Kubernetes object in deploy/*.yaml (multi-document YAML) strictly against the
+# - every Kubernetes object in deploy/*.yaml, and in each directory below deploy/ that
+#   has a kustomization.yaml (deploy/dns/*), (multi-document YAML) strictly against the
 #   API's JSON schemas bundled in kubernetes-validate (PyPI): unknown or misspelt
 #   fields, wrong types, and an apiVersion/kind the API does not have all fail. Checked
 #   against the newest Kubernetes version the package bundles and against 1.30, the
@@ -45,7 +46,7 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$REQUIREME
   printf '%s' "$REQUIREMENTS" >"$stamp"
 fi
 
-exec "$venv/bin/python" - deploy "$OLDEST_SUPPORTED" <<'PY'
+PROGRAM=$(cat <<'PY'
 import pathlib
 import sys
 
@@ -161,5 +162,13 @@ for e in errors:
     print(f"ERROR {e}", file=sys.stderr)
 if errors:
     sys.exit(f"validate-manifests: {len(errors)} error(s)")
-print(f"validate-manifests: {checked} object validations passed (strict, Kubernetes {', '.join(versions)})")
+print(f"validate-manifests: {deploy}: {checked} object validations passed (strict, Kubernetes {', '.join(versions)})")
 PY
+)
+# deploy/ itself (the proxy) and every kustomization below it (the cluster DNS's
+# node-local and central shapes), each checked as a whole.
+dirs=(deploy)
+while IFS= read -r d; do dirs+=("$d"); done < <(find deploy -mindepth 2 -name kustomization.yaml -printf '%h\n' | sort)
+for d in "${dirs[@]}"; do
+  "$venv/bin/python" -c "$PROGRAM" "$d" "$OLDEST_SUPPORTED"
+done

@@ -234,7 +234,13 @@ fn main() -> ExitCode {
         }
     };
     init_logging(settings.verbosity, settings.log_format);
-    for w in &warnings {
+    // `svcproxy dns` programs no rules: how local traffic would be told apart does
+    // not concern it.
+    let dns_only = matches!(command, Some(Command::Dns { .. }));
+    for w in warnings
+        .iter()
+        .filter(|w| !(dns_only && w.starts_with("detect-local-mode")))
+    {
         tracing::warn!("{w}");
     }
     if let Some(path) = &settings.write_config_to {

@@ -958,8 +958,12 @@ async fn serve<T: Target>(
                 .await
                 .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
             tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, "cluster DNS listening (UDP and TCP)");
-            if upstreams.is_empty() {
-                tracing::warn!("cluster DNS: no upstream resolver (--dns-upstream, /etc/resolv.conf): names outside the cluster domain are refused");
+            match (&settings.dns_upstreams, upstreams.is_empty()) {
+                (Some(given), true) if given.is_empty() => {
+                    tracing::info!("cluster DNS: --dns-upstream none: names outside the cluster domain are refused");
+                }
+                (_, true) => tracing::warn!("cluster DNS: no upstream resolver (--dns-upstream, /etc/resolv.conf): names outside the cluster domain are refused"),
+                _ => {}
             }
             let stop = stop_rx.clone();
             http_tasks.push(tokio::spawn(async move {

@@ -378,3 +378,119 @@ fn daemonset_runs_as_its_service_account_with_only_network_privileges() {
         }
     }
 }
+
+/// The objects of one of deploy/dns/'s shapes, by kind.
+fn dns_shape(shape: &str) -> Vec<Value> {
+    let dir = repo().join("deploy/dns").join(shape);
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_stem().is_some_and(|s| s != "kustomization"))
+        .collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = Value::deserialize(doc).unwrap();
+            if !v.is_null() {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// deploy/dns/node-local and deploy/dns/central: the DNS container's command line
+/// starts the real binary (on the example manifests, loopback addresses swapped in)
+/// without a warning; probes and ports agree with its flags; the RBAC reads Pods
+/// exactly when the server places clients by their Pods (no --dns-node-local).
+#[test]
+fn dns_shapes_start_and_agree_with_their_rbac_and_probes() {
+    for shape in ["node-local", "central"] {
+        let objects = dns_shape(shape);
+        let workload = objects
+            .iter()
+            .find(|v| v["kind"] == "DaemonSet" || v["kind"] == "Deployment")
+            .unwrap_or_else(|| panic!("{shape}: no workload"));
+        let c = container(workload);
+        let args: Vec<String> = strings(&c["args"], "args")
+            .into_iter()
+            .map(|a| a.replace("$(NODE_NAME)", "node-a"))
+            .collect();
+        assert_eq!(args[0], "dns", "{shape}: runs `svcproxy dns`");
+        let node_local = args.iter().any(|a| a == "--dns-node-local");
+        assert_eq!(node_local, shape == "node-local", "{shape}");
+        // Probes hit the healthz port the flags bind.
+        let healthz = flag(c, "healthz-bind-address").expect("--healthz-bind-address");
+        let port: u64 = healthz.rsplit(':').next().unwrap().parse().unwrap();
+        for probe in ["livenessProbe", "readinessProbe"] {
+            assert_eq!(
+                c[probe]["httpGet"]["port"].as_u64(),
+                Some(port),
+                "{shape} {probe}"
+            );
+        }
+        let dns_port = flag(c, "dns-bind-address").expect("--dns-bind-address");
+        assert!(dns_port.ends_with(":53"), "{shape}: {dns_port}");
+        let ports: Vec<(u64, String)> = seq(&c["ports"], "ports")
+            .iter()
+            .map(|p| {
+                (
+                    p["containerPort"].as_u64().unwrap(),
+                    str_of(&p["protocol"], "protocol").to_string(),
+                )
+            })
+            .collect();
+        assert!(ports.contains(&(53, "UDP".into())) && ports.contains(&(53, "TCP".into())));
+        // RBAC: Pods read exactly by the central shape.
+        let role = objects.iter().find(|v| v["kind"] == "ClusterRole").unwrap();
+        let reads_pods = seq(&role["rules"], "rules").iter().any(|r| {
+            seq(&r["resources"], "resources")
+                .iter()
+                .any(|x| x.as_str() == Some("pods"))
+        });
+        assert_eq!(reads_pods, !node_local, "{shape}: pods in the ClusterRole");
+
+        // The real binary takes the command line (loopback addresses swapped in).
+        // A free port for healthz (0 is refused there, as by kube-proxy).
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let healthz_local = free.local_addr().unwrap().to_string();
+        drop(free);
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+            .current_dir(repo())
+            .args(&args)
+            .args(["--manifests", "examples/cluster"])
+            .args(["--dns-bind-address", "127.0.0.1:0"])
+            .args(["--healthz-bind-address", &healthz_local])
+            .args(["--dns-upstream", "none"])
+            .env_remove("RUST_LOG")
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        let text = loop {
+            let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+            if text.contains("svcproxy started") || child.try_wait().unwrap().is_some() {
+                break text;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "{shape}: not started:\n{text}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(text.contains("cluster DNS listening"), "{shape}:\n{text}");
+        let complaints: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                let l = l.to_lowercase();
+                l.contains("warn") || l.contains("unknown") || l.contains("error")
+            })
+            .collect();
+        assert!(complaints.is_empty(), "{shape}:\n{}", complaints.join("\n"));
+    }
+}
