@@ -6,6 +6,7 @@
 //! [`probe`] asks one query, for tests and tools.
 
 pub mod catalog;
+pub mod limit;
 pub mod probe;
 pub mod server;
 pub mod upstream;

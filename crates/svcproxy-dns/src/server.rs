@@ -4,7 +4,7 @@
 //! UDP, TCP framing); this module only asks the catalog or the upstreams.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hickory_proto::op::{Edns, MessageType, Metadata, OpCode, ResponseCode};
@@ -14,6 +14,7 @@ use hickory_server::zone_handler::MessageResponseBuilder;
 use hickory_server::Server;
 
 use crate::catalog::Catalog;
+use crate::limit::RateLimiter;
 
 /// How long a TCP connection may stay idle between queries.
 const TCP_IDLE: Duration = Duration::from_secs(10);
@@ -23,12 +24,28 @@ pub struct Handler {
     catalog: Arc<RwLock<Catalog>>,
     /// Empty: names that are not the catalog's are refused.
     upstreams: Vec<SocketAddr>,
+    limiter: Option<Mutex<RateLimiter>>,
 }
 
 impl Handler {
-    pub fn new(catalog: Arc<RwLock<Catalog>>, upstreams: Vec<SocketAddr>) -> Self {
-        Handler { catalog, upstreams }
+    pub fn new(
+        catalog: Arc<RwLock<Catalog>>,
+        upstreams: Vec<SocketAddr>,
+        rate_limit: Option<RateLimit>,
+    ) -> Self {
+        Handler {
+            catalog,
+            upstreams,
+            limiter: rate_limit.map(|r| Mutex::new(RateLimiter::new(r.rate, r.burst))),
+        }
     }
+}
+
+/// Queries per second per client address, and the burst allowed at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    pub rate: u32,
+    pub burst: u32,
 }
 
 #[async_trait::async_trait]
@@ -48,6 +65,30 @@ impl RequestHandler for Handler {
                     .await;
             }
             edns = Some(ours);
+        }
+        let limited = self.limiter.as_ref().is_some_and(|l| {
+            !l.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .allow(request.src().ip(), std::time::Instant::now())
+        });
+        if limited {
+            // Over UDP an empty truncated answer, no bigger than the query (no
+            // amplification; a real client retries over TCP, limited too); over
+            // TCP, REFUSED.
+            if request.protocol() == hickory_server::net::xfer::Protocol::Udp {
+                let mut metadata = Metadata::response_from_request(&request.metadata);
+                metadata.truncation = true;
+                let response =
+                    MessageResponseBuilder::new(&request.queries, None).build_no_records(metadata);
+                return sent(request, response_handle.send_response(response).await);
+            }
+            return send_error(
+                request,
+                ResponseCode::Refused,
+                edns.as_ref(),
+                response_handle,
+            )
+            .await;
         }
         if request.metadata.message_type != MessageType::Query
             || request.metadata.op_code != OpCode::Query
@@ -185,6 +226,14 @@ pub struct Upstreams {
     pub resolv_conf: String,
 }
 
+/// How the server runs, beyond its address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    pub upstreams: Upstreams,
+    /// `None`: no limit.
+    pub rate_limit: Option<RateLimit>,
+}
+
 /// A bound server: UDP and TCP on the same port (with port 0, the one the UDP
 /// socket got), the address, and the upstreams it relays to.
 pub struct Bound {
@@ -197,13 +246,14 @@ pub struct Bound {
 pub async fn bind(
     catalog: Arc<RwLock<Catalog>>,
     addr: SocketAddr,
-    upstreams: &Upstreams,
+    options: &Options,
 ) -> std::io::Result<Bound> {
+    let upstreams = &options.upstreams;
     let udp = tokio::net::UdpSocket::bind(addr).await?;
     let bound = udp.local_addr()?;
     let tcp = tokio::net::TcpListener::bind(bound).await?;
     let upstreams = crate::upstream::choose(&upstreams.configured, &upstreams.resolv_conf, bound);
-    let mut server = Server::new(Handler::new(catalog, upstreams.clone()));
+    let mut server = Server::new(Handler::new(catalog, upstreams.clone(), options.rate_limit));
     server.register_socket(udp);
     server.register_listener(tcp, TCP_IDLE, 64 * 1024);
     Ok(Bound {

@@ -10,7 +10,7 @@ use hickory_proto::rr::RecordType;
 use serde_json::json;
 use svcproxy_core::objects::{KubeObject, SourceUpdate};
 use svcproxy_dns::probe::{self, answers as addresses, query};
-use svcproxy_dns::server::{self, Upstreams};
+use svcproxy_dns::server::{self, Options, RateLimit, Upstreams};
 use svcproxy_dns::{Catalog, DnsConfig};
 
 fn upsert(object: serde_json::Value) -> SourceUpdate {
@@ -56,6 +56,17 @@ fn start(updates: &[SourceUpdate]) -> Running {
 }
 
 fn start_with(cfg: DnsConfig, updates: &[SourceUpdate], upstreams: &Upstreams) -> Running {
+    start_opts(
+        cfg,
+        updates,
+        &Options {
+            upstreams: upstreams.clone(),
+            rate_limit: None,
+        },
+    )
+}
+
+fn start_opts(cfg: DnsConfig, updates: &[SourceUpdate], options: &Options) -> Running {
     let mut catalog = Catalog::new(&cfg).unwrap();
     for u in updates {
         assert!(catalog.apply(u).is_empty());
@@ -71,7 +82,7 @@ fn start_with(cfg: DnsConfig, updates: &[SourceUpdate], upstreams: &Upstreams) -
         .block_on(server::bind(
             catalog.clone(),
             "127.0.0.1:0".parse().unwrap(),
-            upstreams,
+            options,
         ))
         .unwrap();
     let addr = bound.addr;
@@ -250,4 +261,46 @@ fn other_names_are_relayed_to_the_upstream_over_the_clients_transport() {
     let (m, _) = udp(dns.addr, &q);
     assert!(m.metadata.authoritative);
     assert_eq!(addresses(&m), ["10.96.0.10"]);
+}
+
+#[test]
+fn a_flooding_client_is_limited_and_others_are_not() {
+    let dns = start_opts(
+        DnsConfig::default(),
+        &headless(2),
+        &Options {
+            upstreams: Upstreams::default(),
+            rate_limit: Some(RateLimit { rate: 5, burst: 5 }),
+        },
+    );
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    let from = |ip: &str| -> (Message, usize) {
+        let local: SocketAddr = format!("{ip}:0").parse().unwrap();
+        probe::udp_from(local, dns.addr, &q, WAIT).expect("an answer")
+    };
+    // 30 queries at once from one client: the burst is answered, the rest get an
+    // empty truncated answer no bigger than the query.
+    let answers: Vec<(Message, usize)> = (0..30).map(|_| from("127.0.0.2")).collect();
+    let answered = answers
+        .iter()
+        .filter(|(m, _)| !m.metadata.truncation)
+        .count();
+    // (A loaded machine may take long enough over the 30 for a token or two more.)
+    assert!((5..=10).contains(&answered), "{answered} answered");
+    for (m, n) in answers.iter().filter(|(m, _)| m.metadata.truncation) {
+        assert!(m.answers.is_empty());
+        assert!(*n <= q.len(), "{n} bytes for a {}-byte query", q.len());
+    }
+    // Another client is not affected.
+    assert_eq!(addresses(&from("127.0.0.3").0), ["10.96.0.10"]);
+    // Over TCP (from 127.0.0.1), answered until that client's bucket is empty, then
+    // refused.
+    let codes: Vec<ResponseCode> = (0..8)
+        .map(|_| tcp(dns.addr, &q).metadata.response_code)
+        .collect();
+    assert_eq!(codes[0], ResponseCode::NoError);
+    assert_eq!(codes[7], ResponseCode::Refused, "{codes:?}");
+    // A second later the first client has tokens again.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(!from("127.0.0.2").0.metadata.truncation);
 }

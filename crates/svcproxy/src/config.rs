@@ -87,6 +87,8 @@ pub struct Settings {
     pub dns_bind: Option<SocketAddr>,
     /// The DNS's zone and TTL (`--cluster-domain`, `--dns-ttl`).
     pub dns: svcproxy_dns::DnsConfig,
+    /// `--dns-rate-limit` and its burst; `None`: no limit.
+    pub dns_rate_limit: Option<svcproxy_dns::server::RateLimit>,
     /// `--dns-upstream`: `None` for /etc/resolv.conf's nameservers, `Some([])` for
     /// none (`--dns-upstream none`: names outside the cluster domain are refused).
     pub dns_upstreams: Option<Vec<SocketAddr>>,
@@ -388,6 +390,13 @@ fn resolve_with(
         bind_address_hard_fail: modeled.bind_address_hard_fail,
         init_only: flags.init_only,
         dns_bind: flags.dns_bind_address,
+        dns_rate_limit: (flags.dns_rate_limit > 0).then(|| svcproxy_dns::server::RateLimit {
+            rate: flags.dns_rate_limit,
+            burst: match flags.dns_rate_limit_burst {
+                0 => flags.dns_rate_limit.saturating_mul(2),
+                b => b,
+            },
+        }),
         dns_upstreams: (!flags.dns_upstream.is_empty())
             .then(|| flags.dns_upstream.iter().flatten().copied().collect()),
         dns: svcproxy_dns::DnsConfig {

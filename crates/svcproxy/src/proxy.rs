@@ -940,24 +940,28 @@ async fn serve<T: Target>(
         Some(addr) => {
             let catalog = svcproxy_dns::Catalog::new(&settings.dns).map_err(anyhow::Error::msg)?;
             let catalog = Arc::new(RwLock::new(catalog));
-            let upstreams = match &settings.dns_upstreams {
-                Some(given) => svcproxy_dns::server::Upstreams {
-                    configured: given.clone(),
-                    resolv_conf: String::new(),
+            let options = svcproxy_dns::server::Options {
+                upstreams: match &settings.dns_upstreams {
+                    Some(given) => svcproxy_dns::server::Upstreams {
+                        configured: given.clone(),
+                        resolv_conf: String::new(),
+                    },
+                    None => svcproxy_dns::server::Upstreams {
+                        configured: Vec::new(),
+                        resolv_conf: std::fs::read_to_string("/etc/resolv.conf")
+                            .unwrap_or_default(),
+                    },
                 },
-                None => svcproxy_dns::server::Upstreams {
-                    configured: Vec::new(),
-                    resolv_conf: std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
-                },
+                rate_limit: settings.dns_rate_limit,
             };
             let svcproxy_dns::server::Bound {
                 mut server,
                 addr: bound,
                 upstreams,
-            } = svcproxy_dns::server::bind(catalog.clone(), addr, &upstreams)
+            } = svcproxy_dns::server::bind(catalog.clone(), addr, &options)
                 .await
                 .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
-            tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, "cluster DNS listening (UDP and TCP)");
+            tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, rate_limit = ?settings.dns_rate_limit, "cluster DNS listening (UDP and TCP)");
             match (&settings.dns_upstreams, upstreams.is_empty()) {
                 (Some(given), true) if given.is_empty() => {
                     tracing::info!("cluster DNS: --dns-upstream none: names outside the cluster domain are refused");

@@ -320,6 +320,19 @@ pub struct ProxyFlags {
     #[arg(long, help_heading = "svcproxy")]
     pub dns_node_local: bool,
 
+    /// Answer each client address at most this many DNS queries per second (over UDP the rest get an empty truncated answer, over TCP REFUSED); 0: no limit (svcproxy only).
+    #[arg(
+        long,
+        value_name = "QPS",
+        default_value_t = 0,
+        help_heading = "svcproxy"
+    )]
+    pub dns_rate_limit: u32,
+
+    /// With --dns-rate-limit: the queries a client may send at once; 0: twice the rate (svcproxy only).
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "svcproxy")]
+    pub dns_rate_limit_burst: u32,
+
     /// The time to live of the DNS's records, in whole seconds (svcproxy only).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
     pub dns_ttl: Duration,
