@@ -122,6 +122,9 @@ struct View {
     /// A headless service whose answers depend on the client's node (it has a
     /// port the proxy's model accepts, for endpoint selection).
     selective: bool,
+    /// With every client on one node (`clients_node`): what selection chooses
+    /// there, decided when the view is built rather than at every query.
+    chosen_here: Option<BTreeSet<IpAddr>>,
     cname: Option<Name>,
     headless: bool,
     /// A headless service's endpoints by hostname.
@@ -196,7 +199,11 @@ impl Catalog {
 
     /// Says the sources' first complete list is in.
     pub fn set_ready(&mut self) {
-        self.ready = true;
+        if !self.ready {
+            self.ready = true;
+            // Node labels that arrived during the first list were not acted on.
+            self.refresh_chosen_here();
+        }
     }
 
     /// Whether [`Catalog::set_ready`] was called.
@@ -301,7 +308,10 @@ impl Catalog {
                 let mut problems = Vec::new();
                 let info = convert::convert_node(node, &mut problems)
                     .ok_or_else(|| "not a usable Node".to_string())?;
-                self.nodes.insert(info.name.clone(), info);
+                let old = self.nodes.insert(info.name.clone(), info.clone());
+                if old.map(|o| o.labels) != Some(info.labels) {
+                    self.refresh_chosen_here();
+                }
             }
             KubeObject::Pod(pod) => {
                 let node = pod
@@ -333,6 +343,25 @@ impl Catalog {
         Ok(())
     }
 
+    /// Node labels changed: with every client on one node, the selections decided
+    /// at build time are decided again.
+    fn refresh_chosen_here(&mut self) {
+        // Before the first complete list (nobody is answered yet), once, at
+        // `set_ready`, rather than once per Node of the list.
+        if self.clients_node.is_none() || !self.ready {
+            return;
+        }
+        let selective: Vec<Key> = self
+            .views
+            .iter()
+            .filter(|(_, v)| v.selective)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in selective {
+            self.refresh(&id);
+        }
+    }
+
     fn remove_pod(&mut self, id: &Key) {
         if let Some((ips, node)) = self.pods.remove(id) {
             for ip in ips {
@@ -360,9 +389,7 @@ impl Catalog {
                     self.unlink_slice(&id, &old.service);
                 }
             }
-            Kind::Node => {
-                self.nodes.remove(&key.name);
-            }
+            Kind::Node if self.nodes.remove(&key.name).is_some() => self.refresh_chosen_here(),
             Kind::Pod => self.remove_pod(&id),
             _ => {}
         }
@@ -424,6 +451,11 @@ impl Catalog {
             ServiceKind::Headless => {
                 view.headless = true;
                 view.selective = spec.selection.is_some();
+                if view.selective {
+                    if let Some(node) = &self.clients_node {
+                        view.chosen_here = self.chosen(id, spec, node);
+                    }
+                }
                 let slices = self.slices_of.get(id).into_iter().flatten();
                 for slice in slices.filter_map(|n| self.slices.get(&(id.0.clone(), n.clone()))) {
                     for ep in &slice.endpoints {
@@ -481,8 +513,7 @@ impl Catalog {
     /// endpoints: the proxy's own function, on the proxy's own model of the service
     /// and its slices, per family. `None`: the service has no port the model
     /// accepts (nothing is filtered).
-    fn chosen(&self, id: &Key, node: &str) -> Option<BTreeSet<IpAddr>> {
-        let spec = self.services.get(id)?;
+    fn chosen(&self, id: &Key, spec: &ServiceSpec, node: &str) -> Option<BTreeSet<IpAddr>> {
         let port = spec.selection.as_ref()?;
         let no_labels = Labels::new();
         let node_labels = |n: &str| self.nodes.get(n).map(|i| &i.labels);
@@ -661,16 +692,21 @@ impl Catalog {
 
     /// The addresses endpoint selection chose for `client`'s node, when `view`'s
     /// answers depend on it and the node is known; `None`: every one.
-    fn chosen_for(
+    fn chosen_for<'a>(
         &self,
         id: &Key,
-        view: &View,
+        view: &'a View,
         client: Option<IpAddr>,
-    ) -> Option<BTreeSet<IpAddr>> {
+    ) -> Option<std::borrow::Cow<'a, BTreeSet<IpAddr>>> {
         if !view.selective {
             return None;
         }
-        self.chosen(id, self.client_node(client)?)
+        if self.clients_node.is_some() {
+            return view.chosen_here.as_ref().map(std::borrow::Cow::Borrowed);
+        }
+        let spec = self.services.get(id)?;
+        self.chosen(id, spec, self.client_node(client)?)
+            .map(std::borrow::Cow::Owned)
     }
 
     fn service_answer(

@@ -487,6 +487,8 @@ fn on_node(clients_node: Option<&str>, updates: &[SourceUpdate]) -> Catalog {
     {
         assert_eq!(c.apply(u), Vec::<String>::new());
     }
+    // As the server does once the sources have listed everything.
+    c.set_ready();
     c
 }
 
