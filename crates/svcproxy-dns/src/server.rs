@@ -262,3 +262,84 @@ pub async fn bind(
         upstreams,
     })
 }
+
+/// A server running on a thread of its own, with a single-threaded runtime: every
+/// query is handled where it arrives, with no hand-off between threads (the
+/// process's other runtime keeps the sources and syncs).
+pub struct Dedicated {
+    pub addr: SocketAddr,
+    pub upstreams: Vec<SocketAddr>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Dedicated {
+    /// Binds `addr` and starts serving on a new thread; returns once bound (or with
+    /// the bind's error).
+    pub fn start(
+        catalog: Arc<RwLock<Catalog>>,
+        addr: SocketAddr,
+        options: &Options,
+    ) -> std::io::Result<Dedicated> {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let options = options.clone();
+        let thread = std::thread::Builder::new().name("dns".into()).spawn(
+            move || -> std::io::Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    let mut bound = match bind(catalog, addr, &options).await {
+                        Ok(b) => b,
+                        Err(e) => {
+                            let kind = e.kind();
+                            let _ = bound_tx.send(Err(e));
+                            return Err(std::io::Error::from(kind));
+                        }
+                    };
+                    let _ = bound_tx.send(Ok((bound.addr, bound.upstreams.clone())));
+                    tokio::select! {
+                        r = bound.server.block_until_done() => r.map_err(std::io::Error::other),
+                        _ = stop_rx => bound
+                            .server
+                            .shutdown_gracefully()
+                            .await
+                            .map_err(std::io::Error::other),
+                    }
+                })
+            },
+        )?;
+        let (addr, upstreams) = bound_rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the DNS thread ended before binding"))??;
+        Ok(Dedicated {
+            addr,
+            upstreams,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops serving and waits for the thread.
+    pub fn stop(mut self) -> std::io::Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(std::io::Error::other("the DNS thread panicked")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Dedicated {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}

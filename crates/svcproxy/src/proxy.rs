@@ -954,13 +954,10 @@ async fn serve<T: Target>(
                 },
                 rate_limit: settings.dns_rate_limit,
             };
-            let svcproxy_dns::server::Bound {
-                mut server,
-                addr: bound,
-                upstreams,
-            } = svcproxy_dns::server::bind(catalog.clone(), addr, &options)
-                .await
+            // On a thread and runtime of its own: queries never wait behind a sync.
+            let server = svcproxy_dns::server::Dedicated::start(catalog.clone(), addr, &options)
                 .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
+            let (bound, upstreams) = (server.addr, server.upstreams.clone());
             tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, rate_limit = ?settings.dns_rate_limit, "cluster DNS listening (UDP and TCP)");
             match (&settings.dns_upstreams, upstreams.is_empty()) {
                 (Some(given), true) if given.is_empty() => {
@@ -971,13 +968,11 @@ async fn serve<T: Target>(
             }
             let stop = stop_rx.clone();
             http_tasks.push(tokio::spawn(async move {
-                tokio::select! {
-                    r = server.block_until_done() => r.context("the DNS server stopped"),
-                    _ = stopped(stop) => server
-                        .shutdown_gracefully()
-                        .await
-                        .context("stopping the DNS server"),
-                }
+                stopped(stop).await;
+                tokio::task::spawn_blocking(move || server.stop())
+                    .await
+                    .context("stopping the DNS server")?
+                    .context("stopping the DNS server")
             }));
             Some(catalog)
         }
