@@ -16,28 +16,22 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-/// A chain: its declaration lines (hook, priority, policy, comment) and its rules,
-/// in order, as listed.
+/// A chain (its declaration lines: hook, priority, policy, comment; and its rules,
+/// in order, as listed) or a set or map (its declaration lines and its elements,
+/// sorted; none for a set filled by packets, `flags dynamic`: session affinity, as
+/// its elements are connections' state, not rules).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Chain {
+pub struct Object {
     pub declaration: Vec<String>,
-    pub rules: Vec<String>,
-}
-
-/// A set or map: its declaration lines and its elements, sorted. A set filled by
-/// packets (`flags dynamic`: session affinity) lists none: its elements are
-/// connections' state, not rules.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Set {
-    pub declaration: Vec<String>,
-    pub elements: Vec<String>,
+    /// A chain's rules or a set's elements.
+    pub items: Vec<String>,
 }
 
 /// The chains and sets of svcproxy's tables, by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
-    pub chains: BTreeMap<String, Chain>,
-    pub sets: BTreeMap<String, Set>,
+    pub chains: BTreeMap<String, Object>,
+    pub sets: BTreeMap<String, Object>,
     /// iptables: per built-in chain holding a jump of svcproxy's, the rules the
     /// kernel evaluates before it (they see every packet first).
     pub ahead_of_jumps: BTreeMap<String, Vec<String>>,
@@ -77,7 +71,7 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
             buf.push_str(line);
             if let Some(inner) = buf.strip_suffix('}') {
                 let set = out.sets.entry(set.clone()).or_default();
-                set.elements.extend(split_elements(inner));
+                set.items.extend(split_elements(inner));
                 elements = None;
             }
             continue;
@@ -114,7 +108,7 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
                 if is_chain_declaration(line) {
                     chain.declaration.push(line.to_string());
                 } else {
-                    chain.rules.push(line.to_string());
+                    chain.items.push(line.to_string());
                 }
                 // A rule never ends with `{` (anonymous sets close on the line).
             }
@@ -126,7 +120,7 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
                             .sets
                             .entry(name)
                             .or_default()
-                            .elements
+                            .items
                             .extend(split_elements(inner)),
                         None => elements = Some((name, rest.to_string())),
                     }
@@ -147,9 +141,9 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
             .iter()
             .any(|d| d.starts_with("flags ") && d.contains("dynamic"));
         if dynamic {
-            set.elements.clear();
+            set.items.clear();
         }
-        set.elements.sort();
+        set.items.sort();
     }
     out
 }
@@ -196,7 +190,7 @@ pub fn iptables_listing(text: &str, ours: impl Fn(&str) -> bool) -> Listing {
                 out.chains
                     .entry(format!("{table}/{chain}"))
                     .or_default()
-                    .rules
+                    .items
                     .push(args.to_string());
                 continue;
             }
@@ -218,7 +212,7 @@ pub fn iptables_listing(text: &str, ours: impl Fn(&str) -> bool) -> Listing {
                 out.chains
                     .entry(format!("{key} jumps"))
                     .or_default()
-                    .rules
+                    .items
                     .push(args.to_string());
             } else if let Some(ahead) = seen {
                 ahead.push(args.to_string());
@@ -236,60 +230,52 @@ const LINES_PER_OBJECT: usize = 5;
 /// declarations, rules and elements, or only their counts.
 pub fn differences(what: &str, expected: &Listing, live: &Listing, how: Compared) -> Vec<String> {
     let mut out = Vec::new();
-    for (name, want) in &expected.chains {
-        match live.chains.get(name) {
-            None => out.push(format!("{what}: chain {name} is missing")),
-            Some(got) => out.extend(object_differences(
-                what,
-                &format!("chain {name}"),
-                ("rule", "rules"),
-                (&want.declaration, &want.rules),
-                (&got.declaration, &got.rules),
-                how,
-            )),
+    let kinds = [
+        ("chain", ("rule", "rules"), &expected.chains, &live.chains),
+        (
+            "set/map",
+            ("element", "elements"),
+            &expected.sets,
+            &live.sets,
+        ),
+    ];
+    for (kind, (item, items), expected, live) in kinds {
+        for (name, want) in expected {
+            match live.get(name) {
+                None => out.push(format!("{what}: {kind} {name} is missing")),
+                Some(got) => out.extend(object_differences(
+                    what,
+                    &format!("{kind} {name}"),
+                    (item, items),
+                    want,
+                    got,
+                    how,
+                )),
+            }
         }
-    }
-    for (name, got) in &live.chains {
-        if !expected.chains.contains_key(name) {
-            out.push(format!(
-                "{what}: chain {name} ({} rules) is not in the plan",
-                got.rules.len()
-            ));
-        }
-    }
-    for (name, want) in &expected.sets {
-        match live.sets.get(name) {
-            None => out.push(format!("{what}: set/map {name} is missing")),
-            Some(got) => out.extend(object_differences(
-                what,
-                &format!("set/map {name}"),
-                ("element", "elements"),
-                (&want.declaration, &want.elements),
-                (&got.declaration, &got.elements),
-                how,
-            )),
-        }
-    }
-    for (name, got) in &live.sets {
-        if !expected.sets.contains_key(name) {
-            out.push(format!(
-                "{what}: set/map {name} ({} elements) is not in the plan",
-                got.elements.len()
-            ));
+        for (name, got) in live {
+            if !expected.contains_key(name) {
+                out.push(format!(
+                    "{what}: {kind} {name} ({} {items}) is not in the plan",
+                    got.items.len()
+                ));
+            }
         }
     }
     out
 }
 
-/// The differences of one chain or set: `(declaration, items)` planned and live.
+/// The differences of one chain or set, planned and live.
 fn object_differences(
     what: &str,
     object: &str,
     (item, items): (&str, &str),
-    want: (&Vec<String>, &Vec<String>),
-    got: (&Vec<String>, &Vec<String>),
+    want: &Object,
+    got: &Object,
     how: Compared,
 ) -> Vec<String> {
+    let want = (&want.declaration, &want.items);
+    let got = (&got.declaration, &got.items);
     let mut out = Vec::new();
     if how == Compared::Counts {
         if got.1.len() != want.1.len() {
@@ -516,18 +502,18 @@ table ip6 svcproxy {
             planned.chains["services"].declaration,
             ["type nat hook prerouting priority dstnat; policy accept;"]
         );
-        assert_eq!(planned.chains["services"].rules.len(), 2);
+        assert_eq!(planned.chains["services"].items.len(), 2);
         assert_eq!(
             planned.chains["svc-a"].declaration,
             ["comment \"ns/a:http\""]
         );
         assert_eq!(
-            planned.sets["cluster-ips"].elements,
+            planned.sets["cluster-ips"].items,
             ["198.19.0.10", "198.19.0.20"]
         );
-        assert!(planned.sets["affinity-1"].elements.is_empty());
+        assert!(planned.sets["affinity-1"].items.is_empty());
         assert_eq!(
-            nft_listing(SCRIPT, "ip6", "svcproxy").chains["services"].rules,
+            nft_listing(SCRIPT, "ip6", "svcproxy").chains["services"].items,
             ["jump x"]
         );
         assert_eq!(
@@ -555,11 +541,11 @@ table ip6 svcproxy {
     fn deletions_declarations_order_and_extras_are_each_reported() {
         let planned = nft_listing(SCRIPT, "ip", "svcproxy");
         let mut live = planned.clone();
-        live.chains.get_mut("services").unwrap().rules.reverse();
+        live.chains.get_mut("services").unwrap().items.reverse();
         live.chains.get_mut("svc-a").unwrap().declaration.clear();
-        live.sets.get_mut("cluster-ips").unwrap().elements.pop();
+        live.sets.get_mut("cluster-ips").unwrap().items.pop();
         live.sets.remove("empty");
-        live.chains.insert("stray".into(), Chain::default());
+        live.chains.insert("stray".into(), Object::default());
         assert_eq!(
             differences("t", &planned, &live, Compared::Rules),
             [
@@ -580,7 +566,7 @@ table ip6 svcproxy {
         );
         // Many differences in one object are summed up after a few.
         let mut many = planned.clone();
-        many.sets.get_mut("cluster-ips").unwrap().elements =
+        many.sets.get_mut("cluster-ips").unwrap().items =
             (0..9).map(|i| format!("198.51.100.{i}")).collect();
         let lines = differences("t", &planned, &many, Compared::Rules);
         assert_eq!(lines.len(), LINES_PER_OBJECT);
@@ -617,7 +603,7 @@ COMMIT
             ]
         );
         assert_eq!(
-            l.chains["nat/SVP-AAAA-SVC"].rules,
+            l.chains["nat/SVP-AAAA-SVC"].items,
             ["-j DNAT --to-destination 198.18.2.10:8080"]
         );
         assert_eq!(
@@ -631,9 +617,9 @@ COMMIT
         live.chains.remove("nat/SVP-AAAA-SVC");
         live.chains.insert(
             "nat/SVP-BBBB-SVC".into(),
-            Chain {
+            Object {
                 declaration: vec![],
-                rules: vec!["-j DROP".into(), "-j DROP".into()],
+                items: vec!["-j DROP".into(), "-j DROP".into()],
             },
         );
         assert_eq!(
