@@ -1904,3 +1904,100 @@ fn every_implemented_mode_runs_the_suite() {
         .collect();
     assert_eq!(suite, registry);
 }
+
+// -----------------------------------------------------------------------------------------
+// The cluster DNS served by the proxy daemon itself (`--dns-bind-address`): not a data-plane
+// behaviour, so once, in nftables mode.
+// -----------------------------------------------------------------------------------------
+
+/// Each node's proxy also serves the cluster DNS on its addresses, port 5353. A headless
+/// service with zone topology keys has one endpoint per zone (pod-a0 in zone-1 on
+/// node-a, pod-b0 in zone-2 on node-b). Pods of each node, each from its own namespace
+/// and address, ask over UDP and TCP: the answer holds their own zone's endpoint,
+/// whichever node's server they ask (a server places a client by the Nodes' podCIDRs).
+#[test]
+fn the_daemon_serves_topology_aware_dns_to_pods_by_their_node() {
+    let endpoint = |h: Host, node: usize, zone: &str| {
+        format!(
+            "- {{addresses: [\"{}\"], nodeName: {}, zone: {zone}}}\n",
+            pod_ip(h, Family::V4),
+            plan::node_name(node)
+        )
+    };
+    let db = format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: db
+  namespace: demo
+  annotations: {{svcproxy.io/topology-keys: \"topology.kubernetes.io/zone\"}}
+spec:
+  clusterIP: None
+  ports: [{{name: pg, port: 5432}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: db-1
+  namespace: demo
+  labels: {{kubernetes.io/service-name: db}}
+addressType: IPv4
+ports: [{{name: pg, port: 5432, protocol: TCP}}]
+endpoints:
+{}{}",
+        endpoint(A0, NODE_A, "zone-1"),
+        endpoint(B0, NODE_B, "zone-2"),
+    );
+    let Some(env) = Env::start(
+        Mode::Nftables,
+        EnvSpec {
+            zones: ["zone-1", "zone-2"],
+            flags: vec![
+                "--dns-bind-address=0.0.0.0:5353".into(),
+                "--dns-upstream=none".into(),
+            ],
+            ..EnvSpec::default()
+        },
+        &[("db.yaml", db)],
+    ) else {
+        return;
+    };
+    let echo = svcproxy_e2e::bins::echo_bin().expect("svcproxy-echo");
+    let echo = echo.to_str().unwrap();
+    let mut ck = Checks::new("dns");
+    let ask = |client: Host, node: usize, tcp: bool| -> serde_json::Value {
+        let server = sa(plan::node_ip(node, Family::V4), 5353).to_string();
+        let mut argv = vec![
+            echo,
+            "dns",
+            "--server",
+            &server,
+            "--name",
+            "db.demo.svc.cluster.local.",
+        ];
+        if tcp {
+            argv.push("--tcp");
+        }
+        let out = env.c.exec(client, &argv);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| serde_json::json!({"error": String::from_utf8_lossy(&out.stderr)}))
+    };
+    let a0 = pod_ip(A0, Family::V4).to_string();
+    let b0 = pod_ip(B0, Family::V4).to_string();
+    for (client, want) in [(A1, &a0), (B1, &b0)] {
+        for node in [NODE_A, NODE_B] {
+            for tcp in [false, true] {
+                let got = ask(client, node, tcp);
+                let what = format!(
+                    "{client:?} asks {} over {}",
+                    plan::node_name(node),
+                    if tcp { "TCP" } else { "UDP" }
+                );
+                ck.check(got["answers"] == serde_json::json!([want]), || {
+                    format!("{what}: {got}, want [{want}]")
+                });
+            }
+        }
+    }
+    ck.finish(&env);
+}

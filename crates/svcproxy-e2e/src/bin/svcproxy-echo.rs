@@ -70,6 +70,21 @@ enum Cmd {
         #[arg(long, default_value = "auto")]
         sctp_mode: SctpMode,
     },
+    /// One DNS query over UDP (or TCP); prints the answer as one JSON line: the
+    /// response code and the answer section's data, sorted.
+    Dns {
+        #[arg(long)]
+        server: SocketAddr,
+        #[arg(long)]
+        name: String,
+        /// A, AAAA, SRV, PTR, ...
+        #[arg(long, default_value = "A")]
+        qtype: String,
+        #[arg(long)]
+        tcp: bool,
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -117,6 +132,33 @@ fn main() -> anyhow::Result<()> {
                 let _ = writeln!(out, "{}", serde_json::to_string(line).unwrap_or_default());
                 let _ = out.flush();
             });
+            Ok(())
+        }
+        Cmd::Dns {
+            server,
+            name,
+            qtype,
+            tcp,
+            timeout_ms,
+        } => {
+            use svcproxy_dns::probe;
+            let qtype: hickory_proto::rr::RecordType = qtype
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--qtype {qtype:?}: {e}"))?;
+            let q = probe::query(&name, qtype, None);
+            let timeout = Duration::from_millis(timeout_ms);
+            let answer = if tcp {
+                probe::tcp(server, &q, timeout)?
+            } else {
+                probe::udp(server, &q, timeout)?.0
+            };
+            println!(
+                "{}",
+                serde_json::json!({
+                    "code": answer.metadata.response_code.to_string(),
+                    "answers": probe::answers(&answer),
+                })
+            );
             Ok(())
         }
     }
