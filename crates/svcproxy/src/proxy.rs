@@ -215,6 +215,12 @@ trait Target {
     fn wants_host_addresses(&self) -> bool {
         false
     }
+
+    /// Whether the target reads the cluster state at all (`svcproxy dns` does not:
+    /// its catalog is fed the same updates, and the state would only cost memory).
+    fn uses_state(&self) -> bool {
+        true
+    }
 }
 
 /// What a target reports of a successful sync.
@@ -254,6 +260,10 @@ impl Target for DnsOnly {
         full: bool,
     ) -> anyhow::Result<SyncDone> {
         Ok(SyncDone::printed(full, Duration::ZERO))
+    }
+
+    fn uses_state(&self) -> bool {
+        false
     }
 }
 
@@ -552,7 +562,9 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         self.received += 1;
         for u in updates {
             feed_dns(self.dns.as_ref(), &u);
-            self.state.apply(u);
+            if self.target.uses_state() {
+                self.state.apply(u);
+            }
         }
         self.update_node_eligibility();
     }
@@ -990,7 +1002,9 @@ async fn serve<T: Target>(
             }
             for update in scan.updates {
                 feed_dns(dns.as_ref(), &update);
-                state.apply(update);
+                if target.uses_state() {
+                    state.apply(update);
+                }
             }
             if !once {
                 let tx = tx.clone();
