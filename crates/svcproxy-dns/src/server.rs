@@ -242,6 +242,24 @@ pub struct Bound {
     pub upstreams: Vec<SocketAddr>,
 }
 
+/// UDP and TCP sockets on `addr`'s one port. With port 0, the port the kernel
+/// gives the UDP socket may be in use for TCP (by any connection's local end): then
+/// another is tried, a few times.
+async fn bind_both(
+    addr: SocketAddr,
+) -> std::io::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
+    let mut tries = if addr.port() == 0 { 20 } else { 1 };
+    loop {
+        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        let port = udp.local_addr()?;
+        match tokio::net::TcpListener::bind(port).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries > 1 => tries -= 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The server bound to `addr`. Binds at once, so a busy address is an error here.
 pub async fn bind(
     catalog: Arc<RwLock<Catalog>>,
@@ -249,9 +267,8 @@ pub async fn bind(
     options: &Options,
 ) -> std::io::Result<Bound> {
     let upstreams = &options.upstreams;
-    let udp = tokio::net::UdpSocket::bind(addr).await?;
+    let (udp, tcp) = bind_both(addr).await?;
     let bound = udp.local_addr()?;
-    let tcp = tokio::net::TcpListener::bind(bound).await?;
     let upstreams = crate::upstream::choose(&upstreams.configured, &upstreams.resolv_conf, bound);
     let mut server = Server::new(Handler::new(catalog, upstreams.clone(), options.rate_limit));
     server.register_socket(udp);
