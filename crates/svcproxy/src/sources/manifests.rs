@@ -11,7 +11,7 @@
 //! files define the same object, the first in path order wins, whatever order the
 //! filesystem lists them in.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::fs;
 use std::io::Read;
@@ -96,6 +96,50 @@ pub struct ManifestDir {
     reported: BTreeSet<FileError>,
     /// See `SETTLE`.
     settle: Duration,
+    /// Files as they were when last parsed, settled, with that parse's errors: a
+    /// file that still looks the same is not read again (a rescan of an unchanged
+    /// directory, such as the first one after the watch is armed, parses nothing).
+    parsed: HashMap<PathBuf, (Stamp, Vec<FileError>)>,
+    /// Files read and parsed, ever.
+    reads: u64,
+}
+
+/// A file changed less than this long ago is read again at every rescan.
+const STAMP_AGE: Duration = Duration::from_millis(100);
+
+/// What identifies a file's content without reading it: any write changes its
+/// change time (and usually its size and modification time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    /// The file's stamp, when its last change is old enough: a file changed more
+    /// recently might change again within the same timestamp (file times tick at
+    /// the kernel's coarse clock, a few milliseconds), unseen.
+    fn settled(path: &Path, settle: Duration) -> Option<Stamp> {
+        let settle = settle.max(STAMP_AGE);
+        use std::os::unix::fs::MetadataExt as _;
+        let m = fs::metadata(path).ok()?;
+        let changed = std::time::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(m.ctime()).ok()?,
+                u32::try_from(m.ctime_nsec()).ok()?,
+            );
+        let age = std::time::SystemTime::now().duration_since(changed).ok()?;
+        (age >= settle).then_some(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 impl ManifestDir {
@@ -107,6 +151,8 @@ impl ManifestDir {
             yielded: BTreeMap::new(),
             reported: BTreeSet::new(),
             settle: SETTLE,
+            parsed: HashMap::new(),
+            reads: 0,
         }
     }
 
@@ -143,9 +189,29 @@ impl ManifestDir {
                 }
                 continue;
             }
+            let stamp = Stamp::settled(&path, self.settle);
+            if let (Some(now), Some((then, file_errors))) = (stamp, self.parsed.get(&path)) {
+                if now == *then {
+                    if let Some(previous) = self.files.remove(&path) {
+                        errors.extend(file_errors.iter().cloned());
+                        files.insert(path, previous);
+                        continue;
+                    }
+                }
+            }
+            self.parsed.remove(&path);
+            self.reads += 1;
             match read_manifest(&path) {
                 Ok(parsed) => {
-                    errors.extend(parsed.errors.into_iter().map(|m| FileError::new(&path, m)));
+                    let file_errors: Vec<FileError> = parsed
+                        .errors
+                        .into_iter()
+                        .map(|m| FileError::new(&path, m))
+                        .collect();
+                    errors.extend(file_errors.iter().cloned());
+                    if let Some(stamp) = stamp {
+                        self.parsed.insert(path.clone(), (stamp, file_errors));
+                    }
                     files.insert(path, parsed.objects);
                 }
                 Err(message) => {
@@ -165,6 +231,7 @@ impl ManifestDir {
                 files.entry(path).or_insert(entries);
             }
         }
+        self.parsed.retain(|path, _| files.contains_key(path));
 
         let mut wanted: BTreeMap<ObjectKey, (Arc<KubeObject>, PathBuf)> = BTreeMap::new();
         let mut first_seen: BTreeMap<&ObjectKey, (&Path, &str)> = BTreeMap::new();
@@ -730,6 +797,47 @@ mod tests {
             }
             _ => None,
         })
+    }
+
+    #[test]
+    fn an_unchanged_file_is_not_read_again() {
+        let mut d = Dir::new();
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        d.write(
+            "b.yaml",
+            &format!(
+                "{}---\nkind: Service\nmetadata: [1]\n",
+                svc("b", "10.96.0.2")
+            ),
+        );
+        assert_eq!(upserted(&d.rescan().updates).len(), 2);
+        assert_eq!(d.src.reads, 2);
+        // Just written: read again, whatever their stamps say.
+        let r = d.rescan();
+        assert!(r.updates.is_empty());
+        assert_eq!(d.src.reads, 4);
+        // Once their last change is old enough, not read; their errors still stand.
+        std::thread::sleep(STAMP_AGE);
+        d.rescan();
+        let reads = d.src.reads;
+        let r = d.rescan();
+        assert!(r.updates.is_empty());
+        assert_eq!(d.src.reads, reads);
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert!(r.errors[0].path.ends_with("b.yaml"));
+        // A change (same size) is read; only that file.
+        d.write("a.yaml", &svc("a", "10.96.0.3"));
+        let r = d.rescan();
+        assert_eq!(cluster_ip(&r.updates, "a").as_deref(), Some("10.96.0.3"));
+        assert_eq!(d.src.reads, reads + 1);
+        // A file removed and another written in its place (a new inode): read.
+        std::thread::sleep(STAMP_AGE);
+        d.rescan();
+        d.remove("b.yaml");
+        d.write("b.yaml", &svc("b", "10.96.0.4"));
+        let r = d.rescan();
+        assert_eq!(cluster_ip(&r.updates, "b").as_deref(), Some("10.96.0.4"));
+        assert!(r.errors.is_empty());
     }
 
     #[test]
