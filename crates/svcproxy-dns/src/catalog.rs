@@ -67,6 +67,10 @@ pub struct Answer {
     pub authority: Vec<Record>,
     /// The A/AAAA records of SRV targets.
     pub additionals: Vec<Record>,
+    /// The answer depends on the client: on its node ([`Catalog::client_node`])
+    /// and nothing else of it (topology chosen for its node, by a server that
+    /// serves clients of several nodes).
+    pub per_client: bool,
 }
 
 /// A named port: SRV records exist for these only.
@@ -146,6 +150,9 @@ pub struct Catalog {
     ttl: u32,
     /// Bumped at every change: the SOA's serial.
     serial: u32,
+    /// Bumped at every change of a service, its slices or the Nodes (never
+    /// wrapping): see [`Catalog::generation`].
+    generation: u64,
     services: HashMap<Key, ServiceSpec>,
     /// By namespace and slice name.
     slices: HashMap<Key, SliceSpec>,
@@ -164,6 +171,11 @@ pub struct Catalog {
     pods: HashMap<Key, (Vec<IpAddr>, String)>,
     /// A pod IP's node.
     pod_nodes: HashMap<IpAddr, String>,
+    /// Nodes by their `podCIDRs`: per prefix length, longest first, the networks.
+    /// An IPv4 and an IPv6 network never compare equal, so one map holds both.
+    node_cidrs: BTreeMap<std::cmp::Reverse<u8>, HashMap<IpAddr, String>>,
+    /// Nodes by their own addresses (host-network clients).
+    node_addresses: HashMap<IpAddr, String>,
     /// The sources' first complete list has been applied: until then the server
     /// answers SERVFAIL (retried, never cached) rather than NXDOMAIN (cached).
     ready: bool,
@@ -183,6 +195,7 @@ impl Catalog {
             zone: fqdn(&zone),
             ttl: cfg.ttl,
             serial: 1,
+            generation: 0,
             services: HashMap::new(),
             slices: HashMap::new(),
             slices_of: HashMap::new(),
@@ -193,6 +206,8 @@ impl Catalog {
             nodes: HashMap::new(),
             pods: HashMap::new(),
             pod_nodes: HashMap::new(),
+            node_cidrs: BTreeMap::new(),
+            node_addresses: HashMap::new(),
             ready: false,
         })
     }
@@ -209,6 +224,13 @@ impl Catalog {
     /// Whether [`Catalog::set_ready`] was called.
     pub fn is_ready(&self) -> bool {
         self.ready
+    }
+
+    /// Changes whenever an answer may change: for a given query, and for those
+    /// marked [`Answer::per_client`] a given client node ([`Catalog::client_node`]),
+    /// the answer stays the same while this does, so a server may keep it encoded.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The zone served, as an absolute name.
@@ -309,8 +331,12 @@ impl Catalog {
                 let info = convert::convert_node(node, &mut problems)
                     .ok_or_else(|| "not a usable Node".to_string())?;
                 let old = self.nodes.insert(info.name.clone(), info.clone());
-                if old.map(|o| o.labels) != Some(info.labels) {
-                    self.refresh_chosen_here();
+                if old.as_ref().map(|o| &o.labels) != Some(&info.labels) {
+                    self.nodes_changed();
+                }
+                if old.map(|o| (o.pod_cidrs, o.addresses)) != Some((info.pod_cidrs, info.addresses))
+                {
+                    self.index_nodes();
                 }
             }
             KubeObject::Pod(pod) => {
@@ -345,6 +371,38 @@ impl Catalog {
 
     /// Node labels changed: with every client on one node, the selections decided
     /// at build time are decided again.
+    /// A Node's labels changed, or a Node went: the endpoints chosen for any node
+    /// may differ now.
+    fn nodes_changed(&mut self) {
+        self.generation += 1;
+        self.refresh_chosen_here();
+    }
+
+    /// Rebuilds the index of Nodes by `podCIDRs` and by address.
+    fn index_nodes(&mut self) {
+        self.node_addresses.clear();
+        self.node_cidrs.clear();
+        // Sorted by name: where two Nodes claim the same address or range (a
+        // misconfiguration), the answer does not depend on hash order.
+        let mut nodes: Vec<&NodeInfo> = self.nodes.values().collect();
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        for n in nodes {
+            for ip in &n.addresses {
+                self.node_addresses
+                    .entry(*ip)
+                    .or_insert_with(|| n.name.clone());
+            }
+            for cidr in &n.pod_cidrs {
+                let cidr = cidr.trunc();
+                self.node_cidrs
+                    .entry(std::cmp::Reverse(cidr.prefix_len()))
+                    .or_default()
+                    .entry(cidr.network())
+                    .or_insert_with(|| n.name.clone());
+            }
+        }
+    }
+
     fn refresh_chosen_here(&mut self) {
         // Before the first complete list (nobody is answered yet), once, at
         // `set_ready`, rather than once per Node of the list.
@@ -389,7 +447,10 @@ impl Catalog {
                     self.unlink_slice(&id, &old.service);
                 }
             }
-            Kind::Node if self.nodes.remove(&key.name).is_some() => self.refresh_chosen_here(),
+            Kind::Node if self.nodes.remove(&key.name).is_some() => {
+                self.nodes_changed();
+                self.index_nodes();
+            }
             Kind::Pod => self.remove_pod(&id),
             _ => {}
         }
@@ -409,6 +470,9 @@ impl Catalog {
 
     /// Rebuilds service `id`'s view and its PTR records.
     fn refresh(&mut self, id: &Key) {
+        // Whether or not the view changes: what endpoint selection chooses for a
+        // client's node may (a zone or a hint changed, not an address).
+        self.generation += 1;
         let new = self.services.get(id).map(|spec| self.build_view(id, spec));
         let old = match &new {
             Some(v) => self.views.insert(id.clone(), v.clone()),
@@ -503,10 +567,15 @@ impl Catalog {
         if let Some(node) = self.pod_nodes.get(&ip) {
             return Some(node);
         }
-        self.nodes
-            .values()
-            .find(|n| n.pod_cidrs.iter().any(|c| c.contains(&ip)) || n.addresses.contains(&ip))
-            .map(|n| n.name.as_str())
+        // The most specific pod CIDR holding the address: one lookup per prefix
+        // length in use (usually one), whatever the number of Nodes.
+        let by_cidr = self.node_cidrs.iter().find_map(|(len, nets)| {
+            let net = ipnet::IpNet::new(ip, len.0).ok()?.trunc();
+            nets.get(&net.network())
+        });
+        by_cidr
+            .or_else(|| self.node_addresses.get(&ip))
+            .map(String::as_str)
     }
 
     /// The addresses endpoint selection chooses for `node` among service `id`'s
@@ -729,7 +798,7 @@ impl Catalog {
             // some, but none chosen for the client's node: NODATA, below.
             return self.nxdomain();
         }
-        match self.chosen_for(id, view, client) {
+        let answer = match self.chosen_for(id, view, client) {
             None => self.address_answer(qname, &view.addrs, qtype),
             Some(chosen) => {
                 let ips: Vec<IpAddr> = view
@@ -740,7 +809,16 @@ impl Catalog {
                     .collect();
                 self.address_answer(qname, &ips, qtype)
             }
+        };
+        Answer {
+            per_client: self.varies_by_client(view),
+            ..answer
         }
+    }
+
+    /// Whether `view`'s answers depend on the client asking.
+    fn varies_by_client(&self, view: &View) -> bool {
+        view.selective && self.clients_node.is_none()
     }
 
     /// A/AAAA of `ips` at `qname`, as `qtype` asks; NODATA for other types.
@@ -787,8 +865,12 @@ impl Catalog {
                 })
                 .collect(),
         };
+        let per_client = self.varies_by_client(view);
         if targets.is_empty() {
-            return self.nodata();
+            return Answer {
+                per_client,
+                ..self.nodata()
+            };
         }
         // RFC 2782: equal priority, the weight shared out.
         let weight = u16::try_from((100 / targets.len()).max(1)).unwrap_or(1);
@@ -820,6 +902,7 @@ impl Catalog {
         Answer {
             answers,
             additionals,
+            per_client,
             ..Answer::default()
         }
     }

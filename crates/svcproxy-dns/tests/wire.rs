@@ -16,6 +16,8 @@ use svcproxy_dns::{Catalog, DnsConfig};
 fn upsert(object: serde_json::Value) -> SourceUpdate {
     let object = match object["kind"].as_str() {
         Some("Service") => KubeObject::Service(serde_json::from_value(object).unwrap()),
+        Some("Node") => KubeObject::Node(serde_json::from_value(object).unwrap()),
+        Some("Pod") => KubeObject::Pod(serde_json::from_value(object).unwrap()),
         _ => KubeObject::EndpointSlice(serde_json::from_value(object).unwrap()),
     };
     SourceUpdate::Upsert {
@@ -48,7 +50,8 @@ fn headless(n: u32) -> Vec<SourceUpdate> {
 struct Running {
     addr: SocketAddr,
     catalog: Arc<RwLock<Catalog>>,
-    _rt: tokio::runtime::Runtime,
+    counters: Arc<server::Counters>,
+    _server: server::Dedicated,
 }
 
 fn start(updates: &[SourceUpdate]) -> Running {
@@ -62,6 +65,7 @@ fn start_with(cfg: DnsConfig, updates: &[SourceUpdate], upstreams: &Upstreams) -
         &Options {
             upstreams: upstreams.clone(),
             rate_limit: None,
+            udp_workers: 0,
         },
     )
 }
@@ -73,28 +77,13 @@ fn start_opts(cfg: DnsConfig, updates: &[SourceUpdate], options: &Options) -> Ru
     }
     catalog.set_ready();
     let catalog = Arc::new(RwLock::new(catalog));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let bound = rt
-        .block_on(server::bind(
-            catalog.clone(),
-            "127.0.0.1:0".parse().unwrap(),
-            options,
-        ))
-        .unwrap();
-    let addr = bound.addr;
-    // Keep the server (its tasks) alive with the runtime.
-    rt.spawn(async move {
-        let mut server = bound.server;
-        let _ = server.block_until_done().await;
-    });
+    let server =
+        server::Dedicated::start(catalog.clone(), "127.0.0.1:0".parse().unwrap(), options).unwrap();
     Running {
-        addr,
+        addr: server.addr,
+        counters: server.counters.clone(),
         catalog,
-        _rt: rt,
+        _server: server,
     }
 }
 
@@ -271,6 +260,7 @@ fn a_flooding_client_is_limited_and_others_are_not() {
         &Options {
             upstreams: Upstreams::default(),
             rate_limit: Some(RateLimit { rate: 5, burst: 5 }),
+            udp_workers: 0,
         },
     );
     let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
@@ -303,4 +293,111 @@ fn a_flooding_client_is_limited_and_others_are_not() {
     // A second later the first client has tokens again.
     std::thread::sleep(Duration::from_millis(1100));
     assert!(!from("127.0.0.2").0.metadata.truncation);
+}
+
+#[test]
+fn answers_kept_encoded_are_never_another_clients() {
+    // A central server (clients on any node) with one UDP worker, so that both
+    // clients meet the same worker's cache: a headless service with topology keys
+    // answers each client with its own zone's endpoint, the first time and again.
+    let mut updates = headless(2);
+    for (node, zone, client) in [("node-a", "a", "127.0.0.2"), ("node-b", "b", "127.0.0.3")] {
+        updates.push(upsert(json!({"kind": "Node",
+            "metadata": {"name": node, "labels": {"topology.kubernetes.io/zone": zone}},
+            "spec": {"podCIDRs": [format!("{client}/32")]}})));
+    }
+    updates.push(upsert(json!({"kind": "Service",
+        "metadata": {"namespace": "demo", "name": "zonal",
+            "annotations": {"svcproxy.io/topology-keys": "topology.kubernetes.io/zone"}},
+        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}})));
+    updates.push(upsert(json!({"kind": "EndpointSlice",
+        "metadata": {"namespace": "demo", "name": "zonal-1",
+            "labels": {"kubernetes.io/service-name": "zonal"}},
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": ["10.244.9.1"], "nodeName": "node-a", "zone": "a"},
+            {"addresses": ["10.244.9.2"], "nodeName": "node-b", "zone": "b"}],
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})));
+    let dns = start_opts(
+        DnsConfig::default(),
+        &updates,
+        &Options {
+            udp_workers: 1,
+            ..Options::default()
+        },
+    );
+    let from = |ip: &str, name: &str| -> Vec<String> {
+        let local: SocketAddr = format!("{ip}:0").parse().unwrap();
+        let q = query(name, RecordType::A, None);
+        addresses(
+            &probe::udp_from(local, dns.addr, &q, WAIT)
+                .expect("an answer")
+                .0,
+        )
+    };
+    let zonal = "zonal.demo.svc.cluster.local.";
+    for _ in 0..3 {
+        assert_eq!(from("127.0.0.2", zonal), ["10.244.9.1"]);
+        assert_eq!(from("127.0.0.3", zonal), ["10.244.9.2"]);
+    }
+    let apply = |object: serde_json::Value| {
+        let errors = dns.catalog.write().unwrap().apply(&upsert(object));
+        assert!(errors.is_empty(), "{errors:?}");
+    };
+    let pod = |node: &str| {
+        json!({"kind": "Pod", "metadata": {"namespace": "apps", "name": "client"},
+            "spec": {"nodeName": node}, "status": {"podIPs": [{"ip": "127.0.0.4"}]}})
+    };
+    // A pod's address places it on its node; the pod moves, and so do its answers.
+    apply(pod("node-a"));
+    assert_eq!(from("127.0.0.4", zonal), ["10.244.9.1"]);
+    assert_eq!(from("127.0.0.4", zonal), ["10.244.9.1"]);
+    apply(pod("node-b"));
+    assert_eq!(from("127.0.0.4", zonal), ["10.244.9.2"]);
+    // An endpoint moves to node-a's zone, its address the same: node-a's clients
+    // get both.
+    apply(json!({"kind": "EndpointSlice",
+        "metadata": {"namespace": "demo", "name": "zonal-1",
+            "labels": {"kubernetes.io/service-name": "zonal"}},
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": ["10.244.9.1"], "nodeName": "node-a", "zone": "a"},
+            {"addresses": ["10.244.9.2"], "nodeName": "node-a", "zone": "a"}],
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}));
+    assert_eq!(from("127.0.0.2", zonal), ["10.244.9.1", "10.244.9.2"]);
+    // node-b's clients: nothing left in zone b (NODATA)...
+    assert_eq!(from("127.0.0.3", zonal), Vec::<String>::new());
+    // ...until node-b's labels move it to zone a.
+    apply(json!({"kind": "Node",
+        "metadata": {"name": "node-b", "labels": {"topology.kubernetes.io/zone": "a"}},
+        "spec": {"podCIDRs": ["127.0.0.3/32"]}}));
+    assert_eq!(from("127.0.0.3", zonal), ["10.244.9.1", "10.244.9.2"]);
+    // Answers that are everyone's are kept: asked again, they come from the cache,
+    // the same bytes but the query's id.
+    let web = "web.demo.svc.cluster.local.";
+    let hits = dns
+        .counters
+        .cache_hits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(from("127.0.0.2", web), ["10.96.0.10"]);
+    assert_eq!(from("127.0.0.3", web), ["10.96.0.10"]);
+    let mut q = query(web, RecordType::A, None);
+    q[..2].copy_from_slice(&777u16.to_be_bytes());
+    let (m, _) = udp(dns.addr, &q);
+    assert_eq!(
+        (m.metadata.id, addresses(&m)),
+        (777, vec!["10.96.0.10".to_string()])
+    );
+    assert_eq!(
+        dns.counters
+            .cache_hits
+            .load(std::sync::atomic::Ordering::Relaxed),
+        hits + 2
+    );
+    // A change is seen at once, cache or not.
+    let errors = dns.catalog.write().unwrap().apply(&upsert(json!({
+        "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+        "spec": {"clusterIP": "10.96.0.99"}})));
+    assert!(errors.is_empty());
+    assert_eq!(from("127.0.0.2", web), ["10.96.0.99"]);
 }

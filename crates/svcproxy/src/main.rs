@@ -371,14 +371,12 @@ fn init_logging(verbosity: u32, format: config::LogFormat) {
         3..=5 => "debug",
         _ => "trace",
     };
-    // hickory-server logs every DNS query and answer at info (and its error
-    // answers at warn): one line per query would flood the log and cost more than
-    // the answer. Its own problems still show (error); -v 6 shows the rest.
+    // hickory-proto warns about some messages it encodes or decodes (a client's
+    // odd query among them): one line per query would flood the log. Its errors
+    // still show; -v 6 shows the rest.
     let hickory = if verbosity >= 6 { level } else { "error" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!(
-            "{level},hickory_server={hickory},hickory_proto={hickory},hickory_net={hickory}"
-        ))
+        tracing_subscriber::EnvFilter::new(format!("{level},hickory_proto={hickory}"))
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

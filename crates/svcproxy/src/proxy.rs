@@ -965,6 +965,7 @@ async fn serve<T: Target>(
                     },
                 },
                 rate_limit: settings.dns_rate_limit,
+                udp_workers: 0,
             };
             // On a thread and runtime of its own: queries never wait behind a sync.
             let server = svcproxy_dns::server::Dedicated::start(catalog.clone(), addr, &options)
