@@ -12,7 +12,12 @@
 #      outstanding, over a query file mixing both kinds of service (A queries);
 #   2. latency: dnsperf -v at a fixed rate (--latency-qps, default 5000) for 5 s: p50
 #      and p99 from the per-query times.
-# Prints queries per second, p50/p99 and svcproxy's ratios to NSD.
+# svcproxy runs twice: node-local (--dns-node-local on node-1) and central (the
+# client's node found per query from its address; 127.0.0.0/8 is node-1's pod CIDR).
+# Prints queries per second, CPU 0's busy share during the throughput run and so
+# the queries per second of a whole CPU (dnsperf alone on CPU 1 can be the
+# bottleneck: then qps is the same for all and only this tells them apart),
+# p50/p99, and svcproxy's ratios to NSD.
 #
 # Usage: scripts/bench-dns.sh [--services N] [--endpoints-per-service M]
 #          [--seconds S] [--latency-qps Q] [--no-build]
@@ -71,6 +76,10 @@ with open(m / "nodes.yaml", "w") as f:
     for n in range(nodes):
         f.write(f"---\napiVersion: v1\nkind: Node\nmetadata:\n  name: node-{n}\n"
                 f"  labels: {{topology.kubernetes.io/zone: {node_zone(n)}}}\n")
+        # dnsperf asks from 127.0.0.1: a central server places it on node-1 by
+        # this pod CIDR, and so chooses the same endpoints as node-1's own server.
+        if n == 1:
+            f.write("spec: {podCIDRs: [127.0.0.0/8]}\n")
 zf = open(work / "cluster.zone", "w")
 zf.write(f"$ORIGIN {zone}.\n$TTL 5\n@ IN SOA ns.dns.{zone}. hostmaster.{zone}. 1 7200 1800 86400 5\n"
          f"@ IN NS ns.dns.{zone}.\nns.dns IN A 127.0.0.1\n")
@@ -134,16 +143,22 @@ wait_answer() { # PORT NAME
     return 1
 }
 
-measure() { # LABEL PORT -> "qps p50_us p99_us"
-    local port=$2 out
+# CPU 0's busy and total jiffies (user, nice, system, irq, softirq, steal; all).
+cpu0() { awk '$1 == "cpu0" {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+
+measure() { # LABEL PORT -> "qps p50_us p99_us lost answered cpu0_busy_percent"
+    local port=$2 out before after
+    before=$(cpu0)
     out=$(taskset -c 1 dnsperf -s 127.0.0.1 -p "$port" -d "$work/queries.txt" \
         -l "$seconds" -c 20 -q 200 2>&1)
-    local qps lost
+    after=$(cpu0)
+    local qps lost busy
     qps=$(awk '/Queries per second:/ {print $4}' <<<"$out")
     lost=$(awk '/Queries lost:/ {print $3}' <<<"$out")
+    busy=$(awk -v b="$before" -v a="$after" 'BEGIN {split(b, x, " "); split(a, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2])}')
     taskset -c 1 dnsperf -s 127.0.0.1 -p "$port" -d "$work/queries.txt" -l 5 \
         -Q "$latency_qps" -v >"$work/$1.latency" 2>&1 || true
-    python3 - "$work/$1.latency" "$qps" "$lost" <<'PY'
+    python3 - "$work/$1.latency" "$qps" "$lost" "$busy" <<'PY'
 import sys
 times = []
 for line in open(sys.argv[1]):
@@ -155,26 +170,57 @@ for line in open(sys.argv[1]):
             pass
 times.sort()
 pick = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1e6 if times else float("nan")
-print(f"{float(sys.argv[2]):.0f} {pick(0.50):.0f} {pick(0.99):.0f} {sys.argv[3]} {len(times)}")
+print(f"{float(sys.argv[2]):.0f} {pick(0.50):.0f} {pick(0.99):.0f} {sys.argv[3]} {len(times)} {sys.argv[4]}")
 PY
 }
 
-# svcproxy dns, node-local on node-1 (topology filtering on).
-taskset -c 0 "$bin" dns --manifests "$work/manifests" --hostname-override node-1 \
-    --dns-node-local --dns-bind-address 127.0.0.1:5353 --dns-upstream none \
-    >"$work/svcproxy.log" 2>&1 &
-pids+=($!)
-start=$(date +%s.%N)
-wait_answer 5353 svc-0.bench.svc.cluster.local
-ready=$(python3 -c "import time; print(f'{time.time() - $start:.2f}')")
-rss=$(awk '/VmRSS/ {print $2}' "/proc/${pids[0]}/status")
+# Waits (at most 20 s) until PID has used no CPU for half a second: measurements
+# start from the steady state, not while start-up work is still finishing.
+wait_idle() {
+    local last now
+    last=$(awk '{print $14 + $15}' "/proc/$1/stat")
+    for _ in $(seq 1 40); do
+        sleep 0.5
+        now=$(awk '{print $14 + $15}' "/proc/$1/stat")
+        [ "$now" = "$last" ] && return 0
+        last=$now
+    done
+}
+
+started_pid='' started_after=''
+start_svcproxy() { # PORT [FLAGS...]: start, wait for an answer; sets started_pid, started_after
+    local port=$1 t0
+    shift
+    taskset -c 0 "$bin" dns --manifests "$work/manifests" --hostname-override node-1 \
+        --dns-bind-address "127.0.0.1:$port" --dns-upstream none "$@" \
+        >"$work/svcproxy-$port.log" 2>&1 &
+    started_pid=$!
+    pids+=("$started_pid")
+    t0=$(date +%s.%N)
+    wait_answer "$port" svc-0.bench.svc.cluster.local
+    started_after=$(python3 -c "import time; print(f'{time.time() - $t0:.2f}')")
+    wait_idle "$started_pid"
+}
+
+# svcproxy dns node-local on node-1: topology chosen once per change, answers kept
+# encoded.
+start_svcproxy 5353 --dns-node-local
+ready=$started_after
+rss=$(awk '/VmRSS/ {print $2}' "/proc/$started_pid/status")
 svc=$(measure svcproxy 5353)
+
+# svcproxy dns central: each client's node found from its address, topology
+# chosen per query (such answers are never kept).
+start_svcproxy 5355
+central_rss=$(awk '/VmRSS/ {print $2}' "/proc/$started_pid/status")
+central=$(measure central 5355)
 
 # NSD with the same answers.
 taskset -c 0 nsd -d -c "$work/nsd.conf" >"$work/nsd.out" 2>&1 &
 pids+=($!)
 wait_answer 5354 svc-0.bench.svc.cluster.local
-nsd_rss=$(awk '/VmRSS/ {print $2}' "/proc/${pids[1]}/status")
+wait_idle "$!"
+nsd_rss=$(awk '/VmRSS/ {print $2}' "/proc/$!/status")
 ref=$(measure nsd 5354)
 
 # Both answer the same: the A records of a plain and of two headless services.
@@ -201,13 +247,27 @@ def ask(port, name):
     return sorted(ips), bool(r[2] & 0x02)
 for name in ["svc-0", "svc-1", "svc-3"]:
     fqdn = f"{name}.bench.svc.cluster.local"
-    a, b = ask(5353, fqdn), ask(5354, fqdn)
-    assert a == b, f"{fqdn}: svcproxy {a}, nsd {b}"
+    a, c, b = ask(5353, fqdn), ask(5355, fqdn), ask(5354, fqdn)
+    assert a == b == c, f"{fqdn}: svcproxy {a}, central {c}, nsd {b}"
 PY
-read -r s_qps s_p50 s_p99 s_lost s_n <<<"$svc"
-read -r n_qps n_p50 n_p99 n_lost n_n <<<"$ref"
+read -r s_qps s_p50 s_p99 s_lost s_n s_busy <<<"$svc"
+read -r c_qps c_p50 c_p99 c_lost c_n c_busy <<<"$central"
+read -r n_qps n_p50 n_p99 n_lost n_n n_busy <<<"$ref"
+cap() { python3 -c "print(f'{$1 * 100 / max($2, 1):.0f}')"; }
+row() { # LABEL QPS BUSY P50 P99 LOST RSS
+    printf '%-26s %9s %8s%% %12s %7s %7s %6s %9s\n' "$1" "$2" "$3" "$(cap "$2" "$3")" "$4" "$5" "$6" "$7"
+}
 echo "bench-dns: $services services ($((services / 2)) headless with topology keys), $endpoints endpoints each; server on CPU 0, dnsperf on CPU 1"
-printf '%-22s %10s %9s %9s %8s %10s\n' server qps p50_us p99_us lost rss_kib
-printf '%-22s %10s %9s %9s %8s %10s\n' "svcproxy dns" "$s_qps" "$s_p50" "$s_p99" "$s_lost" "$rss"
-printf '%-22s %10s %9s %9s %8s %10s\n' "nsd (zone file)" "$n_qps" "$n_p50" "$n_p99" "$n_lost" "$nsd_rss"
-python3 -c "print(f'svcproxy / nsd: qps {$s_qps / $n_qps:.2f}x, p99 {$s_p99 / max($n_p99, 1):.2f}x; svcproxy answered its first query {$ready} s after start')"
+printf '%-26s %9s %9s %12s %7s %7s %6s %9s\n' server qps cpu0_busy qps_per_cpu p50_us p99_us lost rss_kib
+row "svcproxy dns (node-local)" "$s_qps" "$s_busy" "$s_p50" "$s_p99" "$s_lost" "$rss"
+row "svcproxy dns (central)" "$c_qps" "$c_busy" "$c_p50" "$c_p99" "$c_lost" "$central_rss"
+row "nsd (zone file)" "$n_qps" "$n_busy" "$n_p50" "$n_p99" "$n_lost" "$nsd_rss"
+ratio() { # LABEL QPS BUSY P99
+    python3 -c "print(f'$1 / nsd: qps {$2 / $n_qps:.2f}x, qps per CPU {($2 / max($3, 1)) / ($n_qps / max($n_busy, 1)):.2f}x, p99 {$4 / max($n_p99, 1):.2f}x')"
+}
+ratio "svcproxy node-local" "$s_qps" "$s_busy" "$s_p99"
+ratio "svcproxy central" "$c_qps" "$c_busy" "$c_p99"
+echo "svcproxy answered its first query $ready s after start"
+if [ "$s_busy" -lt 97 ] || [ "$n_busy" -lt 97 ]; then
+    echo "note: a server below ~97% of CPU 0 was not the bottleneck (dnsperf, alone on CPU 1, was): compare qps_per_cpu, the queries each server answers per second of a whole CPU"
+fi
