@@ -367,7 +367,7 @@ impl Handler {
 /// building records and encoding.
 struct AnswerCache {
     generation: u64,
-    entries: std::collections::HashMap<Box<[u8]>, Kept>,
+    entries: std::collections::HashMap<Box<[u8]>, Kept, foldhash::fast::RandomState>,
     /// Bytes held in keys and values.
     size: usize,
     /// The key being looked up (reused).
@@ -394,7 +394,7 @@ impl AnswerCache {
     fn new() -> Self {
         AnswerCache {
             generation: u64::MAX,
-            entries: std::collections::HashMap::new(),
+            entries: std::collections::HashMap::default(),
             size: 0,
             key: Vec::with_capacity(512),
         }

@@ -970,6 +970,7 @@ async fn serve<T: Target>(
             // On a thread and runtime of its own: queries never wait behind a sync.
             let server = svcproxy_dns::server::Dedicated::start(catalog.clone(), addr, &options)
                 .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
+            metrics.register_dns(server.counters.clone());
             let (bound, upstreams) = (server.addr, server.upstreams.clone());
             tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, rate_limit = ?settings.dns_rate_limit, "cluster DNS listening (UDP and TCP)");
             match (&settings.dns_upstreams, upstreams.is_empty()) {

@@ -373,3 +373,68 @@ fn a_central_dns_answers_each_client_by_its_pods_node() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `/metrics` of the server on `port` (HTTP/1.0, blocking).
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn svcproxy_dns_counts_queries_and_answers_in_its_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    write(&dir, "web.yaml", WEB);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let dns = start(
+        &dir,
+        &["--dns-upstream", "none", "--metrics-bind-address", &metrics],
+    );
+    // Zeros before any query: every series exists from the start.
+    let text = scrape(port);
+    assert!(
+        text.contains("svcproxy_dns_responses_total{rcode=\"NXDOMAIN\"} 0"),
+        "{text}"
+    );
+    let web = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    for _ in 0..3 {
+        assert_eq!(
+            answers(&udp(dns.addr, &web, WAIT).unwrap().0),
+            ["10.96.0.10"]
+        );
+    }
+    assert_eq!(answers(&tcp(dns.addr, &web, WAIT).unwrap()), ["10.96.0.10"]);
+    let nope = query("nope.demo.svc.cluster.local.", RecordType::A, None);
+    udp(dns.addr, &nope, WAIT).unwrap();
+    let other = query("example.com.", RecordType::A, None);
+    udp(dns.addr, &other, WAIT).unwrap();
+
+    let text = scrape(port);
+    let value = |series: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert_eq!(value("svcproxy_dns_requests_total{proto=\"udp\"}"), 5);
+    assert_eq!(value("svcproxy_dns_requests_total{proto=\"tcp\"}"), 1);
+    assert_eq!(value("svcproxy_dns_responses_total{rcode=\"NOERROR\"}"), 4);
+    assert_eq!(value("svcproxy_dns_responses_total{rcode=\"NXDOMAIN\"}"), 1);
+    assert_eq!(value("svcproxy_dns_responses_total{rcode=\"REFUSED\"}"), 1);
+    // Three identical queries over UDP, each from a new port, met at most two
+    // workers: one at least was answered as kept.
+    assert!(value("svcproxy_dns_cache_hits_total") >= 1, "{text}");
+    assert_eq!(value("svcproxy_dns_forward_requests_total"), 0);
+}

@@ -84,6 +84,125 @@ pub struct Metrics {
     configz: std::sync::OnceLock<String>,
 }
 
+/// The cluster DNS's counters as Prometheus counters: the server counts with
+/// atomics (no metrics library in its path); each scrape brings these up to them.
+struct DnsCollector {
+    counters: Arc<svcproxy_dns::server::Counters>,
+    requests: IntCounterVec,
+    responses: IntCounterVec,
+    cache_hits: IntCounter,
+    rate_limited: IntCounter,
+    forwarded: IntCounter,
+    forward_failures: IntCounter,
+    dropped: IntCounter,
+    /// One scrape brings them up at a time.
+    syncing: Mutex<()>,
+}
+
+impl DnsCollector {
+    fn new(counters: Arc<svcproxy_dns::server::Counters>) -> Self {
+        let counter = |name: &str, help: &str| {
+            IntCounter::with_opts(Opts::new(name, help)).expect("valid counter")
+        };
+        let vec = |name: &str, help: &str, label: &str| {
+            IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid counter")
+        };
+        let c = DnsCollector {
+            counters,
+            requests: vec(
+                "svcproxy_dns_requests_total",
+                "DNS queries received, by transport",
+                "proto",
+            ),
+            responses: vec(
+                "svcproxy_dns_responses_total",
+                "DNS answers sent, by response code",
+                "rcode",
+            ),
+            cache_hits: counter(
+                "svcproxy_dns_cache_hits_total",
+                "DNS answers over UDP sent as kept, encoded, from an earlier identical query",
+            ),
+            rate_limited: counter(
+                "svcproxy_dns_rate_limited_total",
+                "DNS queries answered without records because the client was over --dns-rate-limit",
+            ),
+            forwarded: counter(
+                "svcproxy_dns_forward_requests_total",
+                "DNS queries for names outside the cluster domain relayed to an upstream resolver",
+            ),
+            forward_failures: counter(
+                "svcproxy_dns_forward_failures_total",
+                "Relayed DNS queries no upstream answered (answered SERVFAIL)",
+            ),
+            dropped: counter(
+                "svcproxy_dns_dropped_total",
+                "Datagrams and messages that were not DNS queries, dropped without an answer",
+            ),
+            syncing: Mutex::new(()),
+        };
+        // Every series from the start: dashboards see zeros rather than gaps.
+        c.sync();
+        c
+    }
+
+    fn sync(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _one = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
+        let up_to = |c: &IntCounter, n: u64| c.inc_by(n.saturating_sub(c.get()));
+        let d = &self.counters;
+        up_to(
+            &self.requests.with_label_values(&["udp"]),
+            d.udp_queries.load(Relaxed),
+        );
+        up_to(
+            &self.requests.with_label_values(&["tcp"]),
+            d.tcp_queries.load(Relaxed),
+        );
+        for (rcode, n) in d.responses() {
+            up_to(&self.responses.with_label_values(&[rcode]), n);
+        }
+        up_to(&self.cache_hits, d.cache_hits.load(Relaxed));
+        up_to(&self.rate_limited, d.rate_limited.load(Relaxed));
+        up_to(&self.forwarded, d.relayed.load(Relaxed));
+        up_to(&self.forward_failures, d.relay_failures.load(Relaxed));
+        up_to(&self.dropped, d.dropped.load(Relaxed));
+    }
+}
+
+impl Collector for DnsCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        let mut d = self.requests.desc();
+        d.extend(self.responses.desc());
+        for c in [
+            &self.cache_hits,
+            &self.rate_limited,
+            &self.forwarded,
+            &self.forward_failures,
+            &self.dropped,
+        ] {
+            d.extend(c.desc());
+        }
+        d
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.sync();
+        let mut m = self.requests.collect();
+        m.extend(self.responses.collect());
+        for c in [
+            &self.cache_hits,
+            &self.rate_limited,
+            &self.forwarded,
+            &self.forward_failures,
+            &self.dropped,
+        ] {
+            m.extend(c.collect());
+        }
+        m
+    }
+}
+
 /// The families every sync programs, and upstream's `ip_family` label values.
 const FAMILIES: [IpFamily; 2] = IpFamily::BOTH;
 const IP_FAMILY: &str = "ip_family";
@@ -356,6 +475,17 @@ impl Metrics {
     /// The families the API client's metrics layer observes into.
     pub fn rest_client(&self) -> crate::sources::kube::client_metrics::RestClientMetrics {
         self.rest_client.clone()
+    }
+
+    /// Exports the cluster DNS server's counters (`svcproxy_dns_*`), read at each
+    /// scrape. Once per process: a second server's would collide.
+    pub fn register_dns(&self, counters: Arc<svcproxy_dns::server::Counters>) {
+        if let Err(e) = self
+            .registry
+            .register(Box::new(DnsCollector::new(counters)))
+        {
+            tracing::warn!("cluster DNS metrics not exported: {e}");
+        }
     }
 
     /// Sets `/configz`'s body (the effective configuration as JSON); the first call wins.
