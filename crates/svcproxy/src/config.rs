@@ -61,6 +61,9 @@ pub struct Settings {
     pub client_connection: ClientConnection,
     pub cleanup: bool,
     pub detect_local: DetectLocal,
+    /// Warnings about how rules would be written (how local traffic is told
+    /// apart): for the commands that write or show rules, not for `svcproxy dns`.
+    pub rule_warnings: Vec<String>,
     pub conntrack: Conntrack,
     /// The `--config` file the settings came from, if any (to watch it for changes, as
     /// kube-proxy exits when its config file changes).
@@ -233,6 +236,7 @@ struct Modeled {
     kubeconfig: Option<PathBuf>,
     client_connection: ClientConnection,
     detect_local: DetectLocal,
+    rule_warnings: Vec<String>,
     conntrack: Conntrack,
     hostname_override: Option<String>,
     verbosity: Option<u32>,
@@ -378,6 +382,7 @@ fn resolve_with(
         client_connection: modeled.client_connection,
         cleanup: flags.cleanup,
         detect_local: modeled.detect_local,
+        rule_warnings: modeled.rule_warnings,
         conntrack: modeled.conntrack,
         config_file: flags.config.clone(),
         manifests: flags.manifests.clone(),
@@ -488,6 +493,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
             ));
         }
     }
+    let mut rule_warnings = Vec::new();
     let detect_local = errors.check(
         "--detect-local-mode",
         detect_local(
@@ -500,7 +506,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
                 "--pod-interface-name-prefix",
                 "--cluster-cidr",
             ),
-            warnings,
+            &mut rule_warnings,
         ),
         DetectLocal::None,
     );
@@ -549,6 +555,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
             accept_content_types: String::new(),
         },
         detect_local,
+        rule_warnings,
         conntrack: Conntrack {
             max_per_core: flags.conntrack_max_per_core,
             min: flags.conntrack_min,
@@ -796,6 +803,7 @@ fn from_file(
     };
 
     let dl = file.detect_local.clone().unwrap_or_default();
+    let mut rule_warnings = Vec::new();
     let detect_local = errors.check(
         "detectLocalMode",
         detect_local(
@@ -808,7 +816,7 @@ fn from_file(
                 "detectLocal.interfaceNamePrefix",
                 "clusterCIDR",
             ),
-            warnings,
+            &mut rule_warnings,
         ),
         DetectLocal::None,
     );
@@ -837,6 +845,7 @@ fn from_file(
             accept_content_types: cc.accept_content_types.unwrap_or_default(),
         },
         detect_local,
+        rule_warnings,
         conntrack,
         hostname_override: file.hostname_override.clone().filter(|h| !h.is_empty()),
         verbosity: file.logging.as_ref().and_then(|l| l.verbosity),

@@ -236,10 +236,10 @@ fn main() -> ExitCode {
     init_logging(settings.verbosity, settings.log_format);
     // `svcproxy dns` programs no rules: how local traffic would be told apart does
     // not concern it.
-    let dns_only = matches!(command, Some(Command::Dns { .. }));
+    let rules = !matches!(command, Some(Command::Dns { .. }));
     for w in warnings
         .iter()
-        .filter(|w| !(dns_only && w.starts_with("detect-local-mode")))
+        .chain(settings.rule_warnings.iter().filter(|_| rules))
     {
         tracing::warn!("{w}");
     }

@@ -166,6 +166,9 @@ fn svcproxy_dns_answers_from_the_manifests_and_follows_their_edits() {
     // Queries are not logged one by one (a line per query would flood the log at
     // the default verbosity).
     assert!(!dns.log().contains("hickory"), "{}", dns.log());
+    // Nor are warnings about rules it does not write (how local traffic would be
+    // told apart without --cluster-cidr).
+    assert!(!dns.log().contains("detect-local-mode"), "{}", dns.log());
 
     // A second endpoint appears: visible well within a second of the write on an
     // idle machine (~0.7 s, nearly all of it the manifests source's own settle and

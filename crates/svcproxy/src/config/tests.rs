@@ -180,8 +180,20 @@ fn bad_flag_values_are_all_reported() {
 
 #[test]
 fn detect_local_modes() {
+    // The default, ClusterCIDR, without a CIDR: no detection, with a warning for
+    // the commands that write rules only (not `svcproxy dns`).
+    let (s, w) = ok(&[]);
+    assert_eq!(s.detect_local, DetectLocal::None);
+    assert!(
+        warned(&s.rule_warnings, "--cluster-cidr is not set"),
+        "{s:?}"
+    );
+    assert!(!warned(&w, "detect-local-mode"), "{w:?}");
+    let (s, _) = ok(&["--cluster-cidr=10.244.0.0/16"]);
+    assert!(s.rule_warnings.is_empty(), "{:?}", s.rule_warnings);
     let (s, _) = ok(&["--detect-local-mode=NodeCIDR"]);
     assert_eq!(s.detect_local, DetectLocal::NodeCidr);
+    assert!(s.rule_warnings.is_empty(), "{:?}", s.rule_warnings);
     let (s, _) = ok(&[
         "--detect-local-mode=BridgeInterface",
         "--pod-bridge-interface=cbr0",
