@@ -87,11 +87,12 @@ pub struct RescanResult {
 #[derive(Debug)]
 pub struct ManifestDir {
     root: PathBuf,
-    /// Objects each file last yielded while it parsed; a file that stops parsing
-    /// keeps its entry here, which is what keeps its objects in force.
-    files: BTreeMap<PathBuf, Vec<ManifestObject>>,
-    /// The merged view of `files` as last yielded, with each object's file.
-    yielded: BTreeMap<ObjectKey, (Arc<KubeObject>, PathBuf)>,
+    /// Objects each file last yielded while it parsed, as digests (the objects
+    /// themselves are handed on, not kept); a file that stops parsing keeps its
+    /// entry here, which is what keeps its objects in force.
+    files: BTreeMap<PathBuf, Vec<Entry>>,
+    /// The merged view of `files` as last yielded: each object's digest and file.
+    yielded: BTreeMap<ObjectKey, (Digest, PathBuf)>,
     /// Errors of the last rescan, so that an unchanged error is logged once.
     reported: BTreeSet<FileError>,
     /// See `SETTLE`.
@@ -102,6 +103,71 @@ pub struct ManifestDir {
     parsed: HashMap<PathBuf, (Stamp, Vec<FileError>)>,
     /// Files read and parsed, ever.
     reads: u64,
+}
+
+/// What tells an object's content from another's: a SHA-256 (truncated) of its
+/// JSON form.
+type Digest = [u8; 16];
+
+fn digest(object: &KubeObject) -> Digest {
+    use sha2::Digest as _;
+    struct Hashing(sha2::Sha256);
+    impl std::io::Write for Hashing {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.update(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = Hashing(sha2::Sha256::new());
+    // Serializing a typed object cannot fail (no maps with non-string keys); the
+    // kind goes first, so two kinds' equal JSON cannot collide.
+    let _ = std::io::Write::write_all(&mut h, object.kind().as_str().as_bytes());
+    let _ = match object {
+        KubeObject::Service(o) => serde_json::to_writer(&mut h, o),
+        KubeObject::EndpointSlice(o) => serde_json::to_writer(&mut h, o),
+        KubeObject::Node(o) => serde_json::to_writer(&mut h, o),
+        KubeObject::ServiceCidr(o) => serde_json::to_writer(&mut h, o),
+        KubeObject::Endpoints(o) => serde_json::to_writer(&mut h, o),
+        KubeObject::Pod(o) => serde_json::to_writer(&mut h, o),
+    };
+    let full = h.0.finalize();
+    let mut d = [0u8; 16];
+    d.copy_from_slice(&full[..16]);
+    d
+}
+
+/// One object of a file: its key, where in the file, its digest, and, during the
+/// rescan that parsed it, the object itself.
+#[derive(Debug)]
+struct Entry {
+    key: ObjectKey,
+    at: String,
+    mirrored_from: Option<ObjectKey>,
+    digest: Digest,
+    object: Option<Arc<KubeObject>>,
+}
+
+impl Entry {
+    fn parsed(o: ManifestObject) -> Self {
+        Entry {
+            digest: digest(&o.object),
+            key: o.key,
+            at: o.at,
+            mirrored_from: o.mirrored_from,
+            object: Some(o.object),
+        }
+    }
+
+    /// The object's key, and the Endpoints object it was mirrored from if any.
+    fn describe(&self) -> String {
+        match &self.mirrored_from {
+            Some(ep) => format!("{} (mirrored from {ep})", self.key),
+            None => self.key.to_string(),
+        }
+    }
 }
 
 /// A file changed less than this long ago is read again at every rescan.
@@ -179,7 +245,7 @@ impl ManifestDir {
     pub fn rescan(&mut self) -> anyhow::Result<RescanResult> {
         let listing = list_files(&self.root)?;
         let mut errors = listing.errors;
-        let mut files: BTreeMap<PathBuf, Vec<ManifestObject>> = BTreeMap::new();
+        let mut files: BTreeMap<PathBuf, Vec<Entry>> = BTreeMap::new();
         let mut unsettled = false;
         for path in listing.files {
             if self.files.contains_key(&path) && written_within(&path, self.settle) {
@@ -212,7 +278,10 @@ impl ManifestDir {
                     if let Some(stamp) = stamp {
                         self.parsed.insert(path.clone(), (stamp, file_errors));
                     }
-                    files.insert(path, parsed.objects);
+                    files.insert(
+                        path,
+                        parsed.objects.into_iter().map(Entry::parsed).collect(),
+                    );
                 }
                 Err(message) => {
                     errors.push(FileError::new(
@@ -233,7 +302,9 @@ impl ManifestDir {
         }
         self.parsed.retain(|path, _| files.contains_key(path));
 
-        let mut wanted: BTreeMap<ObjectKey, (Arc<KubeObject>, PathBuf)> = BTreeMap::new();
+        // Each key's first definition, with the object when its file was read now.
+        let mut wanted: BTreeMap<ObjectKey, (Digest, PathBuf, Option<Arc<KubeObject>>)> =
+            BTreeMap::new();
         let mut first_seen: BTreeMap<&ObjectKey, (&Path, &str)> = BTreeMap::new();
         for (path, entries) in &files {
             for entry in entries {
@@ -257,8 +328,17 @@ impl ManifestDir {
                     continue;
                 }
                 first_seen.insert(&entry.key, (path, &entry.at));
-                wanted.insert(entry.key.clone(), (entry.object.clone(), path.clone()));
+                wanted.insert(
+                    entry.key.clone(),
+                    (entry.digest, path.clone(), entry.object.clone()),
+                );
             }
+        }
+        drop(first_seen);
+        // From here on each object is held once, by `wanted`: handed on without a
+        // copy, then dropped.
+        for entry in files.values_mut().flatten() {
+            entry.object = None;
         }
 
         let mut updates: Vec<SourceUpdate> = self
@@ -267,24 +347,68 @@ impl ManifestDir {
             .filter(|k| !wanted.contains_key(*k))
             .map(|k| SourceUpdate::Delete(k.clone()))
             .collect();
-        for (key, (object, path)) in &wanted {
-            let unchanged = self
-                .yielded
-                .get(key)
-                .is_some_and(|(o, p)| p == path && (Arc::ptr_eq(o, object) || o == object));
-            if !unchanged {
-                updates.push(SourceUpdate::Upsert {
-                    object: (**object).clone(),
-                    origin: path.display().to_string(),
-                });
+        // Changed objects whose file was not read now (a definition in another
+        // file went, and this one, unchanged, takes over): read those files again.
+        let mut missing: BTreeMap<PathBuf, Vec<ObjectKey>> = BTreeMap::new();
+        let mut yielded = BTreeMap::new();
+        for (key, (digest, path, object)) in wanted {
+            if self.yielded.get(&key) == Some(&(digest, path.clone())) {
+                yielded.insert(key, (digest, path));
+                continue;
             }
+            match object {
+                Some(object) => {
+                    updates.push(SourceUpdate::Upsert {
+                        object: Arc::try_unwrap(object).unwrap_or_else(|o| (*o).clone()),
+                        origin: path.display().to_string(),
+                    });
+                    yielded.insert(key, (digest, path));
+                }
+                None => missing.entry(path).or_default().push(key),
+            }
+        }
+        let reread = !missing.is_empty();
+        for (path, keys) in missing {
+            self.reads += 1;
+            let mut objects: BTreeMap<ObjectKey, Arc<KubeObject>> = read_manifest(&path)
+                .map(|m| m.objects.into_iter().map(|o| (o.key, o.object)).collect())
+                .unwrap_or_default();
+            for key in keys {
+                match objects.remove(&key) {
+                    Some(object) => {
+                        yielded.insert(key, (digest(&object), path.clone()));
+                        updates.push(SourceUpdate::Upsert {
+                            object: Arc::try_unwrap(object).unwrap_or_else(|o| (*o).clone()),
+                            origin: path.display().to_string(),
+                        });
+                    }
+                    // Changed or gone since: what was yielded stands until the
+                    // rescan that reads the file anew.
+                    None => {
+                        if let Some(previous) = self.yielded.get(&key) {
+                            yielded.insert(key, previous.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if reread {
+            // Deletes first, then upserts, each in key order.
+            let deletes = updates
+                .iter()
+                .take_while(|u| matches!(u, SourceUpdate::Delete(_)))
+                .count();
+            updates[deletes..].sort_by_cached_key(|u| match u {
+                SourceUpdate::Upsert { object, .. } => Some(object.key()),
+                _ => None,
+            });
         }
 
         // Stable: within a file, errors stay in document order.
         errors.sort_by(|a, b| a.path.cmp(&b.path));
         self.log_errors(&errors);
         self.files = files;
-        self.yielded = wanted;
+        self.yielded = yielded;
         Ok(RescanResult {
             updates,
             errors,
@@ -838,6 +962,29 @@ mod tests {
         let r = d.rescan();
         assert_eq!(cluster_ip(&r.updates, "b").as_deref(), Some("10.96.0.4"));
         assert!(r.errors.is_empty());
+    }
+
+    #[test]
+    fn a_definition_that_takes_over_from_a_file_not_read_again_is_read_for_it() {
+        let mut d = Dir::new();
+        d.write("a.yaml", &svc("web", "10.96.0.1"));
+        d.write("b.yaml", &svc("web", "10.96.0.2"));
+        let r = d.rescan();
+        assert_eq!(cluster_ip(&r.updates, "web").as_deref(), Some("10.96.0.1"));
+        // Settled: from the next rescan on, neither file is read again.
+        std::thread::sleep(STAMP_AGE);
+        d.rescan();
+        let reads = d.src.reads;
+        assert!(d.rescan().updates.is_empty());
+        assert_eq!(d.src.reads, reads);
+        // a.yaml goes: b.yaml's definition (kept as a digest only) takes over, so
+        // b.yaml is read again for the object.
+        d.remove("a.yaml");
+        let r = d.rescan();
+        assert_eq!(summary(&r.updates).1, Vec::<ObjectKey>::new());
+        assert_eq!(cluster_ip(&r.updates, "web").as_deref(), Some("10.96.0.2"));
+        assert_eq!(d.src.reads, reads + 1);
+        assert!(d.rescan().updates.is_empty());
     }
 
     #[test]
