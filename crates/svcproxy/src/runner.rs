@@ -1,9 +1,13 @@
 //! The sync runner: turns a stream of source updates into bounded-frequency syncs.
 //!
 //! Entry point: [`run`]. Bursts of updates are coalesced so that syncs happen at most
-//! once per `min_sync_period`; a full resync happens at least once per `sync_period`;
-//! a failed sync is retried with exponential backoff (and the retry is a full sync,
-//! since the kernel state is then unknown) while the last good rules stay in force.
+//! once per `min_sync_period`; a sync happens at least once per `sync_period`, and it
+//! is partial (only what changed, often nothing) unless [`FULL_SYNC_PERIOD`] has
+//! passed since the last full one, as upstream (rewriting every rule each
+//! `sync_period` costs seconds at 10k services and disturbs traffic; drift is caught
+//! by the cheap check instead); a failed sync is retried with exponential backoff
+//! (and the retry is a full sync, since the kernel state is then unknown) while the
+//! last good rules stay in force.
 //! While a source re-lists ([`Event::Relisting`] to [`Event::Ready`]) syncs wait, so
 //! the kernel never sees a half-old, half-new picture (bounded by `relist_hold`).
 //! Time comes from tokio's clock, so tests run it with paused time.
@@ -30,7 +34,14 @@ pub struct RunnerConfig {
     /// How often [`Syncer::check_drift`] asks whether the kernel still holds the
     /// rules; a drift found is repaired by a full sync at once.
     pub drift_check_period: Duration,
+    /// The longest time between two full syncs (upstream's `FullSyncPeriod`).
+    pub full_sync_period: Duration,
 }
+
+/// Upstream kube-proxy's `FullSyncPeriod`: a sync after this long since the last
+/// full one rewrites everything, repairing what the drift check cannot see (a rule
+/// changed by hand inside svcproxy's own table).
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 /// The longest time between two drift checks: a table deleted or flushed by hand is
 /// noticed within this (or the sync period, if shorter) and repaired at once.
@@ -48,6 +59,7 @@ impl RunnerConfig {
             drift_check_period: sync_period
                 .min(DRIFT_CHECK_PERIOD)
                 .max(Duration::from_millis(100)),
+            full_sync_period: FULL_SYNC_PERIOD,
         }
     }
 
@@ -138,7 +150,7 @@ pub async fn run<S: Syncer>(
         // No sync, periodic ones included, comes sooner than min_sync_period after
         // the last one, nor before a failed sync's retry time.
         let earliest = last_sync.map_or(now, |t| t + cfg.min_sync_period);
-        let periodic_due = (last_full + cfg.sync_period).max(earliest);
+        let periodic_due = (last_sync.unwrap_or(last_full) + cfg.sync_period).max(earliest);
         let mut due = periodic_due;
         if pending {
             due = due.min(earliest);
@@ -167,7 +179,7 @@ pub async fn run<S: Syncer>(
         }
 
         if due <= now {
-            let full = force_full || now >= periodic_due;
+            let full = force_full || now >= last_full + cfg.full_sync_period;
             match blocking(|| syncer.sync(full)) {
                 Ok(()) => {
                     if failures > 0 {
@@ -376,19 +388,31 @@ pub(crate) mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_full_resync_runs_every_sync_period_without_changes() {
+    async fn a_sync_runs_every_sync_period_and_a_full_one_hourly() {
         let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
-        let (log, _tx, _) = start(cfg, 0);
+        let (log, tx, _) = start(cfg, 0);
         tokio::time::sleep(secs(95.0)).await;
         assert_eq!(
             log.lock().unwrap().syncs,
             vec![
                 (secs(0.0), true),
-                (secs(30.0), true),
-                (secs(60.0), true),
-                (secs(90.0), true)
+                (secs(30.0), false),
+                (secs(60.0), false),
+                (secs(90.0), false)
             ]
         );
+        // An update's sync restarts the period.
+        tx.send(update()).await.unwrap();
+        tokio::time::sleep(secs(40.0)).await;
+        assert_eq!(
+            log.lock().unwrap().syncs[4..],
+            [(secs(95.0), false), (secs(125.0), false)]
+        );
+        // The first sync an hour after the last full one is full.
+        tokio::time::sleep(secs(3600.0)).await;
+        let syncs = log.lock().unwrap().syncs.clone();
+        let full: Vec<Duration> = syncs.iter().filter(|s| s.1).map(|s| s.0).collect();
+        assert_eq!(full, [secs(0.0), secs(3605.0)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -423,19 +447,21 @@ pub(crate) mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_periodic_resync_respects_min_sync_period_too() {
-        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+    async fn the_periodic_sync_respects_min_sync_period_too() {
+        // A sync period shorter than the min sync period: the periodic syncs come
+        // at the min sync period's pace, and an update's sync restarts the period.
+        let cfg = RunnerConfig::new(secs(5.0), secs(2.0));
         let (log, tx, _) = start(cfg, 0);
-        tokio::time::sleep(secs(29.8)).await;
+        tokio::time::sleep(secs(11.0)).await;
         tx.send(update()).await.unwrap();
-        tokio::time::sleep(secs(31.5)).await;
+        tokio::time::sleep(secs(6.0)).await;
         assert_eq!(
             log.lock().unwrap().syncs,
             vec![
                 (secs(0.0), true),
-                (secs(29.8), false),
-                (secs(30.8), true),
-                (secs(60.8), true)
+                (secs(5.0), false),
+                (secs(10.0), false),
+                (secs(15.0), false)
             ]
         );
     }
