@@ -68,14 +68,11 @@ pub struct Manifest {
 /// documents); `origin` (a file name) only labels debug logs of ignored documents.
 pub fn parse(text: &str, format: Format, origin: &str) -> Result<Manifest, String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let (documents, errors) = match format {
-        Format::Json => (
-            parse_json(text)?.into_iter().map(Some).collect(),
-            Vec::new(),
-        ),
-        Format::Yaml => parse_yaml(text)?,
+    let mut errors = Vec::new();
+    let mut parsed = match format {
+        Format::Json => parse_documents(origin, parse_json(text)?.into_iter().map(Some))?,
+        Format::Yaml => parse_documents(origin, parse_yaml(text, &mut errors)?)?,
     };
-    let mut parsed = parse_documents(origin, documents)?;
     // Documents that did not convert come first: they are whole documents.
     parsed.errors.splice(0..0, errors);
     Ok(parsed)
@@ -94,9 +91,14 @@ fn parse_json(text: &str) -> Result<Vec<Value>, String> {
 /// parser stops there, so what follows it is unknown, and a half-saved file must
 /// not delete the objects it held. A document that is valid YAML but no valid
 /// object tree (a number out of range, a key given twice, a non-string key) is that
-/// document's error alone: it is `None` here, with its message, and the others
-/// count.
-fn parse_yaml(text: &str) -> Result<(Vec<Option<Value>>, Vec<String>), String> {
+/// document's error alone (in `errors`): it is `None` in the second pass, and the
+/// others count. The second pass yields one document at a time, so that each is
+/// turned into its object before the next is read: a file's documents are never all
+/// held as trees at once.
+fn parse_yaml<'t>(
+    text: &'t str,
+    errors: &'t mut Vec<String>,
+) -> Result<impl Iterator<Item = Option<Value>> + 't, String> {
     check_flow_nesting(text)?;
     let mut count = 0;
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
@@ -109,24 +111,21 @@ fn parse_yaml(text: &str) -> Result<(Vec<Option<Value>>, Vec<String>), String> {
             .map_err(|e| format!("invalid YAML in document {}: {e}", i + 1))?;
         count += 1;
     }
-    let mut documents = Vec::with_capacity(count);
-    let mut errors = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_str(text)
+    Ok(serde_yaml::Deserializer::from_str(text)
         .enumerate()
         .take(count)
-    {
-        let value = serde_yaml::Value::deserialize(document)
-            .map_err(|e| e.to_string())
-            .and_then(|v| serde_json::to_value(v).map_err(|e| e.to_string()));
-        match value {
-            Ok(v) => documents.push(Some(v)),
-            Err(e) => {
-                errors.push(format!("document {}: {e}; skipped", i + 1));
-                documents.push(None);
+        .map(move |(i, document)| {
+            let value = serde_yaml::Value::deserialize(document)
+                .map_err(|e| e.to_string())
+                .and_then(|v| serde_json::to_value(v).map_err(|e| e.to_string()));
+            match value {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    errors.push(format!("document {}: {e}; skipped", i + 1));
+                    None
+                }
             }
-        }
-    }
-    Ok((documents, errors))
+        }))
 }
 
 /// Flow collections (`[...]`, `{...}`) nested deeper than this fail the file before
@@ -199,24 +198,38 @@ struct Pending {
     in_list: bool,
 }
 
-fn parse_documents(origin: &str, documents: Vec<Option<Value>>) -> Result<Manifest, String> {
+/// The objects of `documents` (`None`: a document that did not convert), one
+/// document (and its list items) after the other.
+fn parse_documents(
+    origin: &str,
+    documents: impl Iterator<Item = Option<Value>>,
+) -> Result<Manifest, String> {
     let mut parsed = Manifest::default();
-    let mut stack: Vec<Pending> = documents
-        .into_iter()
-        .enumerate()
-        .rev()
-        .filter_map(|(i, value)| Some((i, value?)))
-        .map(|(i, value)| Pending {
+    let mut seen = 0usize;
+    for (i, value) in documents.enumerate() {
+        let Some(value) = value else { continue };
+        let stack = vec![Pending {
             value,
             at: format!("document {}", i + 1),
             defaults: None,
             in_list: false,
-        })
-        .collect();
-    let mut seen = 0usize;
+        }];
+        parse_document(origin, stack, &mut parsed, &mut seen)?;
+    }
+    Ok(parsed)
+}
+
+/// One document's objects, list items included, into `parsed`; `seen` counts the
+/// file's documents and items so far.
+fn parse_document(
+    origin: &str,
+    mut stack: Vec<Pending>,
+    parsed: &mut Manifest,
+    seen: &mut usize,
+) -> Result<(), String> {
     while let Some(pending) = stack.pop() {
-        seen += 1;
-        if seen > MAX_OBJECTS_PER_FILE {
+        *seen += 1;
+        if *seen > MAX_OBJECTS_PER_FILE {
             return Err(format!(
                 "more than {MAX_OBJECTS_PER_FILE} documents and list items; skipped"
             ));
@@ -353,7 +366,7 @@ fn parse_documents(origin: &str, documents: Vec<Option<Value>>) -> Result<Manife
             mirrored_from: None,
         });
     }
-    Ok(parsed)
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug)]
