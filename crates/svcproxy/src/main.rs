@@ -183,6 +183,23 @@ fn parse_from(s: &str) -> Result<std::net::IpAddr, String> {
         .map_err(|_| format!("--from {s:?}: not an IP address or IP:PORT"))
 }
 
+/// Hands the allocator's free pages back to the kernel. glibc keeps what a burst
+/// freed (the initial list's parsed objects, a full sync's rendered rules) as its
+/// own: at 10k services x 10 endpoints the daemon held 142 MiB resident for 54 MiB
+/// in use, 93 MiB after this. Called after the syncs that follow a burst; a walk of
+/// the heap, a few milliseconds.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+pub(crate) fn release_free_memory() {
+    // SAFETY: malloc_trim only returns free pages to the kernel; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(crate) fn release_free_memory() {}
+
 /// glibc gives every thread that allocates a heap arena of its own (up to eight per
 /// core), and memory freed in one arena is not reused by another: with the tokio
 /// workers decoding lists while the state is built, the arenas held 20 MiB more at

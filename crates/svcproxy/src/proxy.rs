@@ -599,6 +599,14 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         match self.target.sync(&self.state, &update, full) {
             Ok(done) => {
                 self.after_sync(&update, &done);
+                // After a burst (the initial list, a file of thousands of objects,
+                // a full rewrite) the allocator holds what it freed: give it back.
+                if done.full
+                    || update.service_changes + update.endpoint_changes >= TRIM_AFTER_CHANGES
+                {
+                    drop(update);
+                    crate::release_free_memory();
+                }
                 Ok(())
             }
             Err(e) => {
@@ -611,6 +619,10 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         }
     }
 }
+
+/// A sync that applied at least this many Service and EndpointSlice changes is
+/// followed by [`crate::release_free_memory`].
+const TRIM_AFTER_CHANGES: usize = 1000;
 
 /// The data plane of `--proxy-mode`, from the registry of implemented modes.
 fn backend(settings: &Settings) -> anyhow::Result<&'static Backend> {
