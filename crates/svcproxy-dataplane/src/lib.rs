@@ -33,6 +33,7 @@ mod nft_table;
 mod node;
 mod proxier;
 mod sink;
+pub mod userspace;
 
 pub use backend::{
     backend, cleanup_all, ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind,

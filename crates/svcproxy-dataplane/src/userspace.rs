@@ -1,0 +1,323 @@
+//! The userspace proxy's engine (issue 12, first step): TCP connections that reach
+//! a service's frontend are accepted here, an endpoint is chosen, a connection is
+//! opened to it, and bytes are copied both ways until both sides have closed.
+//!
+//! What the kernel cannot do, done here: an endpoint that refuses the connection, or
+//! does not accept it within the connect timeout, is skipped and the next one tried
+//! (each at most once), so a client never sees a dead endpoint the API has not
+//! caught up with; round-robin or least-connections choice; ClientIP affinity with
+//! its timeout. A half-close (one side shutting down its writing) is passed on, and
+//! the other direction keeps flowing until it closes too.
+//!
+//! Not yet here (the rest of issue 12): capturing frontends with nftables rules and
+//! the `--proxy-mode userspace` data plane built from the intent, UDP, draining
+//! removed endpoints, metrics, and graceful shutdown. [`Routes`] is how that data
+//! plane will hand each sync's choice of endpoints to the engine.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+
+/// How the next connection's endpoint is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheduler {
+    /// Each endpoint in turn.
+    RoundRobin,
+    /// The endpoint with the fewest connections open through this proxy (ties in
+    /// turn), as IPVS's `lc`.
+    LeastConnections,
+}
+
+/// One endpoint of a pool, and the connections open to it.
+#[derive(Debug)]
+struct Endpoint {
+    addr: SocketAddr,
+    active: AtomicUsize,
+}
+
+/// ClientIP session affinity: a client's endpoint, while it keeps connecting
+/// within the timeout.
+#[derive(Debug)]
+struct Affinity {
+    timeout: Duration,
+    clients: Mutex<HashMap<IpAddr, (usize, Instant)>>,
+}
+
+/// Clients remembered per pool at most; past it, expired ones are forgotten, and
+/// if none has expired the new client is not remembered (it still connects).
+const MAX_AFFINITY_CLIENTS: usize = 100_000;
+
+/// One service port's endpoints, as the engine balances over them.
+#[derive(Debug)]
+pub struct Pool {
+    endpoints: Vec<Endpoint>,
+    scheduler: Scheduler,
+    next: AtomicUsize,
+    affinity: Option<Affinity>,
+}
+
+impl Pool {
+    /// `affinity`: ClientIP affinity's timeout, if the service has it.
+    pub fn new(
+        endpoints: Vec<SocketAddr>,
+        scheduler: Scheduler,
+        affinity: Option<Duration>,
+    ) -> Self {
+        Pool {
+            endpoints: endpoints
+                .into_iter()
+                .map(|addr| Endpoint {
+                    addr,
+                    active: AtomicUsize::new(0),
+                })
+                .collect(),
+            scheduler,
+            next: AtomicUsize::new(0),
+            affinity: affinity.map(|timeout| Affinity {
+                timeout,
+                clients: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The endpoints to try for a connection from `client`, in order, each once:
+    /// the client's own while its affinity lasts, else the scheduler's choice,
+    /// then the others in turn.
+    fn order(&self, client: IpAddr, now: Instant) -> Vec<usize> {
+        let n = self.endpoints.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let sticky = self.affinity.as_ref().and_then(|a| {
+            let clients = a.clients.lock().unwrap_or_else(|e| e.into_inner());
+            clients
+                .get(&client)
+                .filter(|(i, at)| *i < n && now.saturating_duration_since(*at) < a.timeout)
+                .map(|(i, _)| *i)
+        });
+        let first = sticky.unwrap_or_else(|| match self.scheduler {
+            Scheduler::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            Scheduler::LeastConnections => {
+                let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+                (0..n)
+                    .map(|k| (start + k) % n)
+                    .min_by_key(|i| self.endpoints[*i].active.load(Ordering::Relaxed))
+                    .unwrap_or(start)
+            }
+        });
+        (0..n).map(|k| (first + k) % n).collect()
+    }
+
+    /// `client` is now on endpoint `i` (affinity renewed).
+    fn chose(&self, client: IpAddr, i: usize, now: Instant) {
+        let Some(a) = &self.affinity else { return };
+        let mut clients = a.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if clients.len() >= MAX_AFFINITY_CLIENTS && !clients.contains_key(&client) {
+            clients.retain(|_, (_, at)| now.saturating_duration_since(*at) < a.timeout);
+            if clients.len() >= MAX_AFFINITY_CLIENTS {
+                return;
+            }
+        }
+        clients.insert(client, (i, now));
+    }
+
+    /// Connections open to each endpoint through this pool.
+    pub fn active(&self) -> Vec<(SocketAddr, usize)> {
+        self.endpoints
+            .iter()
+            .map(|e| (e.addr, e.active.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+/// Frontends (the address and port a client connected to, before capture) and
+/// their pools. The data plane replaces a frontend's pool when its endpoints
+/// change: new connections use the new pool at once, open ones keep theirs.
+pub type Routes = Arc<RwLock<HashMap<SocketAddr, Arc<Pool>>>>;
+
+/// What the engine has done: monotonic counts.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub accepted: AtomicU64,
+    pub active: AtomicU64,
+    /// Connection attempts to an endpoint that failed (each followed by the next
+    /// endpoint, if any).
+    pub retried: AtomicU64,
+    /// Client connections closed because no endpoint could be reached, or the
+    /// frontend has none.
+    pub failed: AtomicU64,
+    pub bytes_to_endpoints: AtomicU64,
+    pub bytes_to_clients: AtomicU64,
+}
+
+/// How the engine connects.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// How long an endpoint may take to accept before the next is tried.
+    pub connect_timeout: Duration,
+}
+
+/// Accepts connections on `listener` until it fails, forwarding each by `routes`.
+pub async fn serve_tcp(listener: TcpListener, routes: Routes, options: Options, stats: Arc<Stats>) {
+    loop {
+        match listener.accept().await {
+            Ok((client, peer)) => {
+                stats.accepted.fetch_add(1, Ordering::Relaxed);
+                let (routes, stats) = (routes.clone(), stats.clone());
+                tokio::spawn(async move { forward(client, peer, &routes, options, &stats).await });
+            }
+            Err(e) => {
+                // Out of file descriptors, most likely: wait rather than spin.
+                tracing::warn!(error = %e, "userspace proxy: accepting a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The frontend `client` connected to: the destination before the capture's
+/// redirect (conntrack's original destination), else the listener's own address.
+fn frontend(client: &TcpStream) -> Option<SocketAddr> {
+    let sock = socket2::SockRef::from(client);
+    let local = client.local_addr().ok()?;
+    let original = if local.is_ipv4() {
+        sock.original_dst_v4()
+    } else {
+        sock.original_dst_v6()
+    };
+    Some(original.ok().and_then(|a| a.as_socket()).unwrap_or(local))
+}
+
+/// Closes `client` with a reset: as an immediate refusal looks to it.
+fn refuse(client: TcpStream) {
+    let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
+    drop(client);
+}
+
+async fn forward(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    routes: &Routes,
+    options: Options,
+    stats: &Stats,
+) {
+    let pool = frontend(&client).and_then(|f| {
+        routes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&f)
+            .cloned()
+    });
+    let Some(pool) = pool else {
+        stats.failed.fetch_add(1, Ordering::Relaxed);
+        refuse(client);
+        return;
+    };
+    let now = Instant::now();
+    let mut upstream = None;
+    for i in pool.order(peer.ip(), now) {
+        let addr = pool.endpoints[i].addr;
+        match tokio::time::timeout(options.connect_timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => {
+                upstream = Some((i, s));
+                break;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(endpoint = %addr, error = %e, "userspace proxy: endpoint refused; trying the next");
+                stats.retried.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                tracing::debug!(endpoint = %addr, "userspace proxy: endpoint did not accept in time; trying the next");
+                stats.retried.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    let Some((i, mut upstream)) = upstream else {
+        stats.failed.fetch_add(1, Ordering::Relaxed);
+        refuse(client);
+        return;
+    };
+    pool.chose(peer.ip(), i, now);
+    let endpoint = &pool.endpoints[i];
+    endpoint.active.fetch_add(1, Ordering::Relaxed);
+    stats.active.fetch_add(1, Ordering::Relaxed);
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    // Each direction until its end of file, which is passed on as a shutdown of
+    // the other side's writing: a half-closed connection keeps its other half.
+    if let Ok((up, down)) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        stats.bytes_to_endpoints.fetch_add(up, Ordering::Relaxed);
+        stats.bytes_to_clients.fetch_add(down, Ordering::Relaxed);
+    }
+    endpoint.active.fetch_sub(1, Ordering::Relaxed);
+    stats.active.fetch_sub(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn round_robin_then_the_others_in_turn_each_once() {
+        let eps = vec![
+            addr("10.0.0.1:80"),
+            addr("10.0.0.2:80"),
+            addr("10.0.0.3:80"),
+        ];
+        let p = Pool::new(eps, Scheduler::RoundRobin, None);
+        let c: IpAddr = "192.0.2.1".parse().unwrap();
+        let now = Instant::now();
+        assert_eq!(p.order(c, now), [0, 1, 2]);
+        assert_eq!(p.order(c, now), [1, 2, 0]);
+        assert_eq!(p.order(c, now), [2, 0, 1]);
+        assert_eq!(p.order(c, now), [0, 1, 2]);
+        assert!(Pool::new(Vec::new(), Scheduler::RoundRobin, None)
+            .order(c, now)
+            .is_empty());
+    }
+
+    #[test]
+    fn least_connections_prefers_the_idle_endpoint() {
+        let eps = vec![addr("10.0.0.1:80"), addr("10.0.0.2:80")];
+        let p = Pool::new(eps, Scheduler::LeastConnections, None);
+        let c: IpAddr = "192.0.2.1".parse().unwrap();
+        let now = Instant::now();
+        p.endpoints[0].active.store(3, Ordering::Relaxed);
+        for _ in 0..4 {
+            assert_eq!(p.order(c, now)[0], 1);
+        }
+        p.endpoints[1].active.store(5, Ordering::Relaxed);
+        assert_eq!(p.order(c, now)[0], 0);
+    }
+
+    #[test]
+    fn affinity_sticks_while_renewed_and_expires() {
+        let eps = vec![addr("10.0.0.1:80"), addr("10.0.0.2:80")];
+        let p = Pool::new(eps, Scheduler::RoundRobin, Some(Duration::from_secs(10)));
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let t0 = Instant::now();
+        let first = p.order(a, t0)[0];
+        p.chose(a, first, t0);
+        let other = p.order(b, t0)[0];
+        p.chose(b, other, t0);
+        assert_ne!(first, other);
+        // Renewed by each connection: 9 s apart, three times.
+        for k in 1..=3u64 {
+            let t = t0 + Duration::from_secs(9 * k);
+            assert_eq!(p.order(a, t)[0], first);
+            p.chose(a, first, t);
+        }
+        // 10 s without a connection: chosen afresh.
+        let t = t0 + Duration::from_secs(27 + 10);
+        let orders: Vec<usize> = (0..2).map(|_| p.order(a, t)[0]).collect();
+        assert!(orders.contains(&other), "{orders:?}");
+    }
+}
