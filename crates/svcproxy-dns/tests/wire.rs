@@ -310,14 +310,18 @@ fn answers_kept_encoded_are_never_another_clients() {
         "metadata": {"namespace": "demo", "name": "zonal",
             "annotations": {"svcproxy.io/topology-keys": "topology.kubernetes.io/zone"}},
         "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}})));
-    updates.push(upsert(json!({"kind": "EndpointSlice",
-        "metadata": {"namespace": "demo", "name": "zonal-1",
-            "labels": {"kubernetes.io/service-name": "zonal"}},
-        "addressType": "IPv4",
-        "endpoints": [
-            {"addresses": ["10.244.9.1"], "nodeName": "node-a", "zone": "a"},
-            {"addresses": ["10.244.9.2"], "nodeName": "node-b", "zone": "b"}],
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})));
+    // Endpoint 10.244.9.1 on node-a (zone a), 10.244.9.2 on `second`'s node and zone.
+    let slice = |second: (&str, &str)| {
+        json!({"kind": "EndpointSlice",
+            "metadata": {"namespace": "demo", "name": "zonal-1",
+                "labels": {"kubernetes.io/service-name": "zonal"}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.244.9.1"], "nodeName": "node-a", "zone": "a"},
+                {"addresses": ["10.244.9.2"], "nodeName": second.0, "zone": second.1}],
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
+    };
+    updates.push(upsert(slice(("node-b", "b"))));
     let dns = start_opts(
         DnsConfig::default(),
         &updates,
@@ -356,14 +360,7 @@ fn answers_kept_encoded_are_never_another_clients() {
     assert_eq!(from("127.0.0.4", zonal), ["10.244.9.2"]);
     // An endpoint moves to node-a's zone, its address the same: node-a's clients
     // get both.
-    apply(json!({"kind": "EndpointSlice",
-        "metadata": {"namespace": "demo", "name": "zonal-1",
-            "labels": {"kubernetes.io/service-name": "zonal"}},
-        "addressType": "IPv4",
-        "endpoints": [
-            {"addresses": ["10.244.9.1"], "nodeName": "node-a", "zone": "a"},
-            {"addresses": ["10.244.9.2"], "nodeName": "node-a", "zone": "a"}],
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}));
+    apply(slice(("node-a", "a")));
     assert_eq!(from("127.0.0.2", zonal), ["10.244.9.1", "10.244.9.2"]);
     // node-b's clients: nothing left in zone b (NODATA)...
     assert_eq!(from("127.0.0.3", zonal), Vec::<String>::new());

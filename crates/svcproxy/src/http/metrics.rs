@@ -146,6 +146,17 @@ impl DnsCollector {
         c
     }
 
+    /// The counters without labels.
+    fn single(&self) -> [&IntCounter; 5] {
+        [
+            &self.cache_hits,
+            &self.rate_limited,
+            &self.forwarded,
+            &self.forward_failures,
+            &self.dropped,
+        ]
+    }
+
     fn sync(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         let _one = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
@@ -174,13 +185,7 @@ impl Collector for DnsCollector {
     fn desc(&self) -> Vec<&prometheus::core::Desc> {
         let mut d = self.requests.desc();
         d.extend(self.responses.desc());
-        for c in [
-            &self.cache_hits,
-            &self.rate_limited,
-            &self.forwarded,
-            &self.forward_failures,
-            &self.dropped,
-        ] {
+        for c in self.single() {
             d.extend(c.desc());
         }
         d
@@ -190,13 +195,7 @@ impl Collector for DnsCollector {
         self.sync();
         let mut m = self.requests.collect();
         m.extend(self.responses.collect());
-        for c in [
-            &self.cache_hits,
-            &self.rate_limited,
-            &self.forwarded,
-            &self.forward_failures,
-            &self.dropped,
-        ] {
+        for c in self.single() {
             m.extend(c.collect());
         }
         m
