@@ -625,6 +625,8 @@ fn bind_all(
 /// Queries a UDP worker takes at once: received one after another while more are
 /// waiting, answered, and the answers sent with one `sendmmsg`.
 const UDP_BATCH: usize = 32;
+/// How long a UDP worker pauses after a receive error it does not expect.
+const RECEIVE_ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// The largest query read over UDP; a longer datagram is dropped (a query is a
 /// header, one question and an OPT record: a few hundred bytes at most).
 const MAX_UDP_QUERY: usize = 4096;
@@ -643,6 +645,7 @@ fn serve_udp(
     let mut buf = vec![0u8; MAX_UDP_QUERY];
     let mut cache = AnswerCache::new();
     let mut answers: Vec<(Vec<u8>, SocketAddr)> = Vec::with_capacity(UDP_BATCH);
+    let mut failed = false;
     while !stop.load(Ordering::Relaxed) {
         let mut flags = RecvFlags::TRUNC;
         while answers.len() < UDP_BATCH {
@@ -655,10 +658,13 @@ fn serve_udp(
                 // Nothing more waiting (or, blocking, nothing for STOP_POLL).
                 Err(rustix::io::Errno::AGAIN) => break,
                 Err(rustix::io::Errno::INTR) => continue,
+                // An ICMP error of an earlier send (with IP_RECVERR): go on.
+                Err(rustix::io::Errno::CONNREFUSED) => continue,
                 Err(e) => {
-                    // ICMP errors of earlier sends surface here on some kernels;
-                    // nothing to do but go on.
+                    // Anything else may repeat at once (out of memory): answer what
+                    // was taken, then pause rather than spin.
                     tracing::debug!(error = %e, "DNS: receiving over UDP");
+                    failed = true;
                     break;
                 }
             };
@@ -681,6 +687,9 @@ fn serve_udp(
         }
         send_all(&socket, &answers);
         answers.clear();
+        if std::mem::take(&mut failed) {
+            std::thread::sleep(RECEIVE_ERROR_PAUSE);
+        }
     }
 }
 
