@@ -216,7 +216,9 @@ impl Catalog {
     pub fn set_ready(&mut self) {
         if !self.ready {
             self.ready = true;
-            // Node labels that arrived during the first list were not acted on.
+            // Node labels and addresses that arrived during the first list were not
+            // acted on.
+            self.index_nodes();
             self.refresh_chosen_here();
         }
     }
@@ -378,8 +380,13 @@ impl Catalog {
         self.refresh_chosen_here();
     }
 
-    /// Rebuilds the index of Nodes by `podCIDRs` and by address.
+    /// Rebuilds the index of Nodes by `podCIDRs` and by address: once at
+    /// `set_ready` for the whole first list (not once per Node of it, which would be
+    /// quadratic in the Nodes), then at each change of a Node's ranges or addresses.
     fn index_nodes(&mut self) {
+        if !self.ready {
+            return;
+        }
         self.node_addresses.clear();
         self.node_cidrs.clear();
         // Sorted by name: where two Nodes claim the same address or range (a
