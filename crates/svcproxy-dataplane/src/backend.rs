@@ -203,7 +203,11 @@ impl std::fmt::Debug for Backend {
 }
 
 /// Every implemented mode. The factory: a new backend is one line here.
-pub const BACKENDS: &[Backend] = &[crate::nft::BACKEND, crate::iptables::BACKEND];
+pub const BACKENDS: &[Backend] = &[
+    crate::nft::BACKEND,
+    crate::iptables::BACKEND,
+    crate::userspace::BACKEND,
+];
 
 /// The backend for `--proxy-mode NAME`, if implemented.
 pub fn backend(mode: &str) -> Option<&'static Backend> {

@@ -8,8 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use std::sync::Arc;
 use svcproxy_core::model::IpFamily;
-use svcproxy_plan::nft::{cleanup_script, PlanKind, Planner, TABLE_NAME};
+
+use svcproxy_plan::nft::{
+    cleanup_script, render_full_with, CapturePorts, PlanKind, Planner, TABLE_NAME,
+};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
@@ -53,6 +57,8 @@ pub struct NftDataPlane<S = NftCommand> {
     /// Each family's table as the last successful full sync left it (what the drift
     /// check compares with); empty before it and after a failure.
     expected: BTreeMap<IpFamily, TableState>,
+    /// The userspace mode's capture (set chains redirect to its sockets).
+    capture: Option<Arc<dyn CapturePorts>>,
 }
 
 impl NftDataPlane<NftCommand> {
@@ -70,10 +76,17 @@ impl Default for NftDataPlane<NftCommand> {
 
 impl<S: ScriptSink> NftDataPlane<S> {
     pub fn with_sink(sink: S) -> Self {
+        NftDataPlane::with_capture(sink, None)
+    }
+
+    /// The tables of the userspace mode when `capture` is given: the same objects,
+    /// with each endpoint set's chain redirecting to the proxy's port for it.
+    pub fn with_capture(sink: S, capture: Option<Arc<dyn CapturePorts>>) -> Self {
         NftDataPlane {
-            planner: Planner::new(),
+            planner: Planner::with_capture(capture.clone()),
             sink,
             expected: BTreeMap::new(),
+            capture,
         }
     }
 
@@ -180,7 +193,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     }
 
     fn render(&self, intent: &Intent) -> String {
-        svcproxy_plan::nft::render_full(intent)
+        render_full_with(intent, self.capture.clone())
     }
 
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {
@@ -206,7 +219,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     }
 
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
-        let script = svcproxy_plan::nft::render_full(intent);
+        let script = render_full_with(intent, self.capture.clone());
         // The plan in the kernel's form, or else in the planner's (counts only).
         let (planned, how, counted_only) = match self.sink.scratch_listing(&script) {
             Ok(listed) => (listed, Compared::Rules, None),

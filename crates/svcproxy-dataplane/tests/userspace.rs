@@ -2,17 +2,23 @@
 //! is skipped so every client is answered, round-robin spreads exactly,
 //! least-connections prefers the idle endpoint, affinity sticks, a half-closed
 //! connection keeps its other half, and a client with no reachable endpoint is
-//! refused.
+//! refused; an endpoint that leaves its pool has its connections closed after the
+//! drain timeout, and kept without one. UDP: a flow per client, replies from the
+//! address the client sent to, a flow whose endpoint left moves at its next
+//! datagram, and an idle flow is closed.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use svcproxy_dataplane::userspace::{serve_tcp, Options, Pool, Routes, Scheduler, Stats};
+use svcproxy_core::model::{IpFamily, Protocol, ServiceName, ServicePortName};
+use svcproxy_dataplane::userspace::{
+    bind_wildcard, serve_tcp, Options, Pool, Routes, Scheduler, Sets, Stats, UdpFrontend,
+};
+use svcproxy_plan::intent::EndpointSetId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -49,18 +55,54 @@ async fn dead() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-/// The engine on an ephemeral port, with `pool` as that port's frontend.
+fn web() -> ServicePortName {
+    ServicePortName {
+        service: ServiceName::new("demo", "web"),
+        port: "http".into(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+/// The engine on an ephemeral port serving the cluster set, with `pool` as the
+/// cluster set of the service port that port is the frontend of.
 async fn proxy(pool: Pool) -> (SocketAddr, Arc<Stats>, Arc<Pool>) {
+    let (front, stats, pool, _) = proxy_draining(pool, Duration::ZERO).await;
+    (front, stats, pool)
+}
+
+/// [`proxy`] with a drain timeout, also returning the routes (to change the pool).
+async fn proxy_draining(
+    pool: Pool,
+    drain: Duration,
+) -> (SocketAddr, Arc<Stats>, Arc<Pool>, Routes) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let front = l.local_addr().unwrap();
     let pool = Arc::new(pool);
-    let routes: Routes = Arc::new(RwLock::new(HashMap::from([(front, pool.clone())])));
+    let routes = Routes::default();
+    {
+        let mut table = routes.write().unwrap();
+        table.vips.insert(front, web());
+        table.services.insert(
+            (IpFamily::V4, web()),
+            Sets {
+                cluster: Some(pool.clone()),
+                local: None,
+            },
+        );
+    }
     let stats = Arc::new(Stats::default());
     let options = Options {
         connect_timeout: Duration::from_secs(1),
+        drain_timeout: drain,
     };
-    tokio::spawn(serve_tcp(l, routes, options, stats.clone()));
-    (front, stats, pool)
+    tokio::spawn(serve_tcp(
+        l,
+        EndpointSetId::Cluster,
+        routes.clone(),
+        options,
+        stats.clone(),
+    ));
+    (front, stats, pool, routes)
 }
 
 /// Connects from `from` (an address on lo) and reads the endpoint's name.
@@ -209,4 +251,136 @@ async fn no_reachable_endpoint_is_a_refusal() {
     let mut s = TcpStream::connect(empty.0).await.unwrap();
     let r = tokio::time::timeout(WAIT, s.read(&mut buf)).await.unwrap();
     assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+}
+
+/// Replaces the cluster pool of the test's service port with `pool`'s successor
+/// over `endpoints`.
+fn change_endpoints(routes: &Routes, endpoints: Vec<SocketAddr>) {
+    let mut table = routes.write().unwrap();
+    let sets = table.services.get_mut(&(IpFamily::V4, web())).unwrap();
+    let old = sets.cluster.take().unwrap();
+    sets.cluster = Some(Arc::new(old.successor(
+        endpoints,
+        Scheduler::RoundRobin,
+        None,
+    )));
+}
+
+/// Whether `s` is closed (reset or ended) within `wait`.
+async fn closed_within(s: &mut TcpStream, wait: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(wait, s.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test]
+async fn a_removed_endpoints_connections_drain_after_the_timeout() {
+    let (a, b) = (endpoint("a").await, endpoint("b").await);
+    let pool = Pool::new(vec![a, b], Scheduler::RoundRobin, None);
+    let (front, stats, _, routes) = proxy_draining(pool, Duration::from_millis(300)).await;
+    let (mut to_a, name) = connect(front, lo("127.0.0.1")).await;
+    assert_eq!(name, "a");
+    let (mut to_b, name) = connect(front, lo("127.0.0.1")).await;
+    assert_eq!(name, "b");
+    // a leaves: new connections go to b at once; the open one to a is closed after
+    // the drain timeout, the one to b is not.
+    change_endpoints(&routes, vec![b]);
+    assert_eq!(connect(front, lo("127.0.0.1")).await.1, "b");
+    assert!(
+        closed_within(&mut to_a, WAIT).await,
+        "the connection to a stays open"
+    );
+    assert!(!closed_within(&mut to_b, Duration::from_millis(600)).await);
+    to_b.write_all(b"still here").await.unwrap();
+    assert_eq!(stats.drained.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn without_a_drain_timeout_a_removed_endpoints_connections_go_on() {
+    let (a, b) = (endpoint("a").await, endpoint("b").await);
+    let pool = Pool::new(vec![a, b], Scheduler::RoundRobin, None);
+    let (front, stats, _, routes) = proxy_draining(pool, Duration::ZERO).await;
+    let (mut to_a, name) = connect(front, lo("127.0.0.1")).await;
+    assert_eq!(name, "a");
+    change_endpoints(&routes, vec![b]);
+    assert!(!closed_within(&mut to_a, Duration::from_millis(600)).await);
+    to_a.write_all(&[1u8; 1000]).await.unwrap();
+    to_a.shutdown().await.unwrap();
+    let mut rest = String::new();
+    tokio::time::timeout(WAIT, to_a.read_to_string(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rest, "read 1000\n");
+    assert_eq!(stats.drained.load(Ordering::Relaxed), 0);
+}
+
+/// A UDP endpoint answering each datagram with its name.
+async fn udp_endpoint(name: &'static str) -> SocketAddr {
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = s.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 1500];
+        while let Ok((_, from)) = s.recv_from(&mut buf).await {
+            let _ = s.send_to(name.as_bytes(), from).await;
+        }
+    });
+    addr
+}
+
+/// Sends from `client` (connected to the frontend: only replies from the address
+/// it sent to are received) and returns the answer.
+async fn ask(client: &UdpSocket) -> String {
+    client.send(b"?").await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(WAIT, client.recv(&mut buf))
+        .await
+        .expect("an answer")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test]
+async fn udp_flows_stay_per_client_move_when_their_endpoint_leaves_and_idle_out() {
+    let (a, b) = (udp_endpoint("a").await, udp_endpoint("b").await);
+    let stats = Arc::new(Stats::default());
+    let idle = Duration::from_millis(400);
+    let front = UdpFrontend::start(
+        &tokio::runtime::Handle::current(),
+        IpFamily::V4,
+        bind_wildcard(IpFamily::V4, 0).unwrap(),
+        Pool::new(vec![a, b], Scheduler::RoundRobin, None),
+        idle,
+        stats.clone(),
+    )
+    .unwrap();
+    let to = SocketAddr::from(([127, 0, 0, 1], front.port));
+    let client = || async {
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        c.connect(to).await.unwrap();
+        c
+    };
+    let (c1, c2) = (client().await, client().await);
+    // One flow per client, each kept: round-robin gave c1 a and c2 b.
+    for _ in 0..3 {
+        assert_eq!(ask(&c1).await, "a");
+        assert_eq!(ask(&c2).await, "b");
+    }
+    assert_eq!(stats.udp_flows.load(Ordering::Relaxed), 2);
+    // a leaves: c1's flow moves to b at its next datagram; c2's stays.
+    front.set_pool(Arc::new(front.pool().successor(
+        vec![b],
+        Scheduler::RoundRobin,
+        None,
+    )));
+    assert_eq!(ask(&c1).await, "b");
+    assert_eq!(ask(&c2).await, "b");
+    assert_eq!(stats.udp_flows.load(Ordering::Relaxed), 3);
+    // Idle past the timeout: the flow is closed, the next datagram opens another.
+    tokio::time::sleep(idle * 2).await;
+    assert_eq!(ask(&c2).await, "b");
+    assert_eq!(stats.udp_flows.load(Ordering::Relaxed), 4);
+    assert_eq!(stats.udp_datagrams_to_clients.load(Ordering::Relaxed), 9);
 }

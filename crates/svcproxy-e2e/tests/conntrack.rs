@@ -28,8 +28,8 @@ use svcproxy_e2e::plan::{self, Family};
 use svcproxy_e2e::probe::ProbeLine;
 use svcproxy_e2e::{echo_bin, Attempt, Host, NsProcess, ProbeResult, Proto, NODE_A};
 
-// Every test below, once per data plane (`<mode>::<test>`).
-per_mode!(
+// Every test below, once per data plane that NATs in the kernel (`<mode>::<test>`).
+per_kernel_mode!(
     after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one,
     after_a_restart_the_first_sync_clears_a_flow_stuck_on_a_removed_endpoint,
     a_restart_keeps_an_established_tcp_connection_and_a_udp_flow,

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use ipnet::IpNet;
 use svcproxy_core::model::IpFamily;
@@ -125,6 +126,51 @@ pub struct PlanConfig {
     pub ipv4: bool,
     /// Program the IPv6 table.
     pub ipv6: bool,
+    /// The userspace mode's proxy settings (no other mode reads them; they decide
+    /// nothing in the intent).
+    pub userspace: UserspaceConfig,
+}
+
+/// How the userspace mode chooses an endpoint for a new connection
+/// (`--userspace-scheduler`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scheduler {
+    /// Each endpoint in turn (`rr`).
+    #[default]
+    RoundRobin,
+    /// The endpoint with the fewest connections open through this proxy, ties in
+    /// turn (`lc`, as IPVS's).
+    LeastConnections,
+}
+
+/// The userspace mode's proxy settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserspaceConfig {
+    pub scheduler: Scheduler,
+    /// How long an endpoint may take to accept a connection before the next one is
+    /// tried (`--userspace-connect-timeout`).
+    pub connect_timeout: Duration,
+    /// How long connections to a removed endpoint may go on; zero keeps them
+    /// (`--userspace-drain-timeout`).
+    pub drain_timeout: Duration,
+    /// How long a UDP flow with no datagram either way keeps its upstream socket
+    /// (`--udp-timeout`, upstream's userspace flag).
+    pub udp_timeout: Duration,
+    /// The ports the proxy's own sockets take (`--proxy-port-range`); `None`: the
+    /// kernel chooses.
+    pub port_range: Option<(u16, u16)>,
+}
+
+impl Default for UserspaceConfig {
+    fn default() -> Self {
+        UserspaceConfig {
+            scheduler: Scheduler::RoundRobin,
+            connect_timeout: Duration::from_secs(1),
+            drain_timeout: Duration::ZERO,
+            udp_timeout: Duration::from_millis(250),
+            port_range: None,
+        }
+    }
 }
 
 impl Default for PlanConfig {
@@ -141,6 +187,7 @@ impl Default for PlanConfig {
             drop_invalid_forwarded: false,
             ipv4: true,
             ipv6: true,
+            userspace: UserspaceConfig::default(),
         }
     }
 }

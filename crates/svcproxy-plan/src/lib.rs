@@ -25,5 +25,6 @@ pub mod nft;
 
 pub use config::{
     ConfigError, InterfaceName, LocalDetection, ModeSemantics, NodePortAddresses, PlanConfig,
+    Scheduler, UserspaceConfig,
 };
 pub use intent::{build_intent, Conflict, Intent, IntentBuilder, IntentDelta};

@@ -11,7 +11,8 @@ mod common;
 
 use common::*;
 use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
-use svcproxy_plan::nft::{cleanup_script, PlanKind};
+use svcproxy_plan::intent::{EndpointSetId, ServiceIntent};
+use svcproxy_plan::nft::{cleanup_script, CapturePorts, PlanKind};
 
 #[test]
 fn every_golden_ruleset_loads_into_the_kernel() {
@@ -269,4 +270,96 @@ fn the_cleanup_script_removes_only_svcproxy_tables() {
         "table inet other\ntable ip svcproxy-other",
         "{tables}"
     );
+}
+
+/// The userspace mode's ports, fixed: per protocol and set; SCTP not captured.
+struct FixedPorts;
+
+impl CapturePorts for FixedPorts {
+    fn port(&self, svc: &ServiceIntent, set: EndpointSetId) -> Option<u16> {
+        let base = match svc.protocol {
+            svcproxy_core::model::Protocol::Tcp => 40_000,
+            svcproxy_core::model::Protocol::Udp => 41_000,
+            svcproxy_core::model::Protocol::Sctp => return None,
+        };
+        Some(base + u16::from(set == EndpointSetId::Local))
+    }
+}
+
+/// The userspace mode's capture of every scenario loads into the kernel; it has no
+/// per-endpoint chain, each set chain is one redirect to its port (none for SCTP),
+/// and packets from outside to loopback are left alone; a partial plan over it
+/// leaves the kernel as a full load would.
+#[test]
+fn the_userspace_capture_loads_and_its_partial_plans_match_a_full_load() {
+    let Some(ns) = Netns::create("the_userspace_capture") else {
+        return;
+    };
+    let capture: std::sync::Arc<dyn CapturePorts> = std::sync::Arc::new(FixedPorts);
+    for case in cases() {
+        let mut sc = Scenario::load(&case);
+        let intent = sc.intent();
+        let script = svcproxy_plan::nft::render_full_with(&intent, Some(capture.clone()));
+        ns.nft_apply(&script)
+            .unwrap_or_else(|e| panic!("{case}: nft rejected the capture:\n{e}\n{script}"));
+        let listed = ns.nft(&["list", "ruleset"]);
+        assert!(!listed.contains("chain endpoint-"), "{case}: {listed}");
+        assert!(!listed.contains(" dnat "), "{case}: {listed}");
+        for block in listed.split("\n\n") {
+            let Some(name) = block.trim_start().strip_prefix("chain ") else {
+                continue;
+            };
+            let name = name.split(' ').next().unwrap_or("");
+            let hashed = |prefix: &str| {
+                name.strip_prefix(prefix)
+                    .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            };
+            if !(hashed("service-") || hashed("local-")) {
+                continue;
+            }
+            // The chain's own lines, up to its closing brace.
+            let rules: Vec<&str> = block
+                .lines()
+                .skip(1)
+                .map(str::trim)
+                .take_while(|l| *l != "}")
+                .filter(|l| !l.is_empty() && !l.starts_with("comment"))
+                .collect();
+            assert!(
+                rules.is_empty() || (rules.len() == 1 && rules[0].contains(" redirect to :4")),
+                "{case}: {block}"
+            );
+        }
+        assert!(
+            listed.contains("ip daddr 127.0.0.0/8 return")
+                && listed.contains("ip6 daddr ::1 return"),
+            "{case}: {listed}"
+        );
+        ns.nft_apply(&cleanup_script()).expect("cleanup");
+    }
+
+    let mut sc = Scenario::load("loadbalancer-source-ranges-etp-local");
+    let mut planner = NftPipeline::with_capture(capture);
+    let up = sc.snapshot();
+    let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
+    apply_and_compare(&ns, &mut planner, &plan, "capture: first sync");
+    sc.upsert_yaml(
+        r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: api-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: api}
+addressType: IPv4
+ports:
+- {name: https, port: 8443}
+endpoints:
+- {addresses: [198.18.2.30], nodeName: node-b}
+"#,
+    );
+    let up = sc.snapshot();
+    let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
+    assert_eq!(plan.kind, PlanKind::Partial);
+    apply_and_compare(&ns, &mut planner, &plan, "capture: local endpoint gone");
 }

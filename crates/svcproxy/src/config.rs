@@ -95,6 +95,9 @@ pub struct Settings {
     /// `--dns-upstream`: `None` for /etc/resolv.conf's nameservers, `Some([])` for
     /// none (`--dns-upstream none`: names outside the cluster domain are refused).
     pub dns_upstreams: Option<Vec<SocketAddr>>,
+    /// The userspace mode's proxy (`--userspace-*`, `--udp-timeout`,
+    /// `--proxy-port-range`).
+    pub userspace: svcproxy_plan::UserspaceConfig,
 }
 
 /// kube-proxy's `--logging-format` / `logging.format`.
@@ -128,6 +131,8 @@ pub enum ProxyMode {
     #[default]
     Nftables,
     Iptables,
+    /// The proxy forwards every connection itself (kube-proxy's original mode).
+    Userspace,
 }
 
 impl ProxyMode {
@@ -136,6 +141,7 @@ impl ProxyMode {
         match self {
             ProxyMode::Nftables => "nftables",
             ProxyMode::Iptables => "iptables",
+            ProxyMode::Userspace => "userspace",
         }
     }
 }
@@ -345,7 +351,8 @@ fn resolve_with(
         .nodeport_addresses
         .unwrap_or(match modeled.proxy_mode {
             ProxyMode::Nftables => NodePortAddresses::Primary,
-            ProxyMode::Iptables => NodePortAddresses::All,
+            // The userspace proxy listened on every address for NodePorts.
+            ProxyMode::Iptables | ProxyMode::Userspace => NodePortAddresses::All,
         });
     let verbosity = if explicitly_set("v") {
         flags.v
@@ -361,6 +368,7 @@ fn resolve_with(
         modeled.log_format.unwrap_or(flag_format)
     };
     warnings.extend(flags.ignored.warnings());
+    let userspace = userspace_config(flags, explicitly_set, modeled.proxy_mode, &mut warnings)?;
 
     let dns_clients_node = flags.dns_node_local.then(|| node_name.clone());
     let settings = Settings {
@@ -413,8 +421,86 @@ fn resolve_with(
             .write_config_to
             .clone()
             .filter(|p| !p.as_os_str().is_empty()),
+        userspace,
     };
     Ok((settings, warnings))
+}
+
+/// The userspace mode's settings from its flags (which a `--config` file does not
+/// model), with a warning for each one given in another mode.
+fn userspace_config(
+    flags: &ProxyFlags,
+    explicitly_set: &dyn Fn(&str) -> bool,
+    mode: ProxyMode,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<svcproxy_plan::UserspaceConfig> {
+    if mode != ProxyMode::Userspace {
+        for (id, flag) in [
+            ("proxy_port_range", "--proxy-port-range"),
+            ("udp_timeout", "--udp-timeout"),
+            ("userspace_scheduler", "--userspace-scheduler"),
+            ("userspace_connect_timeout", "--userspace-connect-timeout"),
+            ("userspace_drain_timeout", "--userspace-drain-timeout"),
+        ] {
+            if explicitly_set(id) {
+                warnings.push(format!(
+                    "{flag}: ignored in {mode} mode (userspace mode only)"
+                ));
+            }
+        }
+    }
+    if flags.udp_timeout.is_zero() {
+        anyhow::bail!("--udp-timeout: must be greater than 0");
+    }
+    if flags.userspace_connect_timeout.is_zero() {
+        anyhow::bail!("--userspace-connect-timeout: must be greater than 0");
+    }
+    let port_range = match &flags.proxy_port_range {
+        Some(r) => parse_port_range(r).map_err(|e| anyhow::anyhow!("--proxy-port-range: {e}"))?,
+        None => None,
+    };
+    Ok(svcproxy_plan::UserspaceConfig {
+        scheduler: match flags.userspace_scheduler.as_str() {
+            "lc" => svcproxy_plan::Scheduler::LeastConnections,
+            _ => svcproxy_plan::Scheduler::RoundRobin,
+        },
+        connect_timeout: flags.userspace_connect_timeout,
+        drain_timeout: flags.userspace_drain_timeout,
+        udp_timeout: flags.udp_timeout,
+        port_range,
+    })
+}
+
+/// kube-proxy's port range syntax: `BEGIN-END`, `BEGIN+OFFSET` or `PORT`, inclusive;
+/// empty, `0` or `0-0` for none (the kernel chooses).
+pub fn parse_port_range(s: &str) -> Result<Option<(u16, u16)>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let port = |p: &str| -> Result<u16, String> {
+        p.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("{p:?} is not a port (0-65535)"))
+    };
+    let (lo, hi) = if let Some((a, b)) = s.split_once('-') {
+        (port(a)?, port(b)?)
+    } else if let Some((a, b)) = s.split_once('+') {
+        let lo = port(a)?;
+        let hi = lo
+            .checked_add(port(b)?)
+            .ok_or_else(|| format!("{s:?} goes past port 65535"))?;
+        (lo, hi)
+    } else {
+        let p = port(s)?;
+        (p, p)
+    };
+    match (lo, hi) {
+        (0, 0) => Ok(None),
+        (0, _) => Err(format!("{s:?}: a range cannot start at port 0")),
+        (lo, hi) if hi < lo => Err(format!("{s:?}: the end is before the beginning")),
+        r => Ok(Some(r)),
+    }
 }
 
 fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String>) -> Modeled {
@@ -639,7 +725,8 @@ fn from_file(
     );
 
     let (masq_all, masq_bit) = match proxy_mode {
-        ProxyMode::Nftables => (nft.masquerade_all, nft.masquerade_bit),
+        // The userspace mode captures with the nftables mode's table.
+        ProxyMode::Nftables | ProxyMode::Userspace => (nft.masquerade_all, nft.masquerade_bit),
         ProxyMode::Iptables => (ipt.masquerade_all, ipt.masquerade_bit),
     };
     let active = proxy_mode.as_str();
@@ -678,7 +765,7 @@ fn from_file(
         }
     };
     match proxy_mode {
-        ProxyMode::Nftables => ignored_section(
+        ProxyMode::Nftables | ProxyMode::Userspace => ignored_section(
             "iptables",
             ipt.sync_period,
             ipt.min_sync_period,
@@ -874,6 +961,7 @@ fn parse_proxy_mode(s: &str) -> Result<(ProxyMode, Option<String>), String> {
     match s {
         "" | "nftables" => Ok((ProxyMode::Nftables, None)),
         "iptables" => Ok((ProxyMode::Iptables, None)),
+        "userspace" => Ok((ProxyMode::Userspace, None)),
         "ipvs" | "kernelspace" => Ok((
             ProxyMode::Nftables,
             Some(format!(
@@ -881,7 +969,7 @@ fn parse_proxy_mode(s: &str) -> Result<(ProxyMode, Option<String>), String> {
             )),
         )),
         _ => Err(format!(
-            "unknown proxy mode {s:?}: must be nftables, iptables or empty (nftables)"
+            "unknown proxy mode {s:?}: must be nftables, iptables, userspace or empty (nftables)"
         )),
     }
 }

@@ -93,6 +93,7 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
         nodeport_addresses,
         localhost_nodeports: settings.localhost_nodeports,
         conntrack_tcp_be_liberal: settings.conntrack.tcp_be_liberal,
+        userspace: settings.userspace.clone(),
         ..PlanConfig::default()
     };
     let cfg = backend.semantics.apply(cfg);

@@ -59,6 +59,48 @@ macro_rules! per_mode {
                 }
             )*
         }
+        mod userspace {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Userspace)
+                }
+            )*
+        }
+    };
+}
+
+/// [`per_mode!`] for behaviours of the kernel's NAT itself (conntrack entries that
+/// outlive a sync or a restart): every mode but the userspace one, whose flows live
+/// in the proxy process (its UDP flows moving off a removed endpoint are tested in
+/// `svcproxy-dataplane`'s `tests/userspace.rs`).
+#[macro_export]
+macro_rules! per_kernel_mode {
+    ($($test:ident),* $(,)?) => {
+        mod nftables {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Nftables)
+                }
+            )*
+        }
+        mod iptables {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Iptables)
+                }
+            )*
+        }
+        mod iptables_legacy {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::IptablesLegacy)
+                }
+            )*
+        }
     };
 }
 
@@ -73,6 +115,9 @@ pub enum Mode {
     /// runs with a `PATH` whose `iptables*` tools are `iptables-legacy*`, as a node
     /// whose alternatives point there, and must detect and drive that backend.
     IptablesLegacy,
+    /// The userspace proxy: the nftables mode's table captures connections to the
+    /// proxy's own sockets, and the proxy connects to the endpoint from the node.
+    Userspace,
 }
 
 /// A kind of per-service object, for counting what a sync left behind.
@@ -86,13 +131,19 @@ pub enum ServiceObject {
 
 impl Mode {
     /// Every mode the suite runs in (must equal svcproxy's implemented modes).
-    pub const ALL: &'static [Mode] = &[Mode::Nftables, Mode::Iptables, Mode::IptablesLegacy];
+    pub const ALL: &'static [Mode] = &[
+        Mode::Nftables,
+        Mode::Iptables,
+        Mode::IptablesLegacy,
+        Mode::Userspace,
+    ];
 
     /// The `--proxy-mode` value.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Nftables => "nftables",
             Mode::Iptables | Mode::IptablesLegacy => "iptables",
+            Mode::Userspace => "userspace",
         }
     }
 
@@ -102,6 +153,7 @@ impl Mode {
             Mode::Nftables => "nftables",
             Mode::Iptables => "iptables",
             Mode::IptablesLegacy => "iptables (legacy)",
+            Mode::Userspace => "userspace",
         }
     }
 
@@ -133,7 +185,7 @@ impl Mode {
     /// What svcproxy logs at its first sync about the tools' backend, if anything.
     pub fn variant_logged(self) -> Option<&'static str> {
         match self {
-            Mode::Nftables => None,
+            Mode::Nftables | Mode::Userspace => None,
             Mode::Iptables => Some("the host's iptables uses nf_tables"),
             Mode::IptablesLegacy => Some("the host's iptables uses legacy"),
         }
@@ -158,19 +210,52 @@ impl Mode {
         self.semantics().localhost_nodeports
     }
 
+    /// Whether the mode sets `route_localnet` (localhost NodePorts DNATed by the
+    /// kernel); the userspace proxy serves them on loopback itself.
+    pub fn needs_route_localnet(self) -> bool {
+        self.localhost_nodeports() && self != Mode::Userspace
+    }
+
     /// Whether NodePorts answer on every local address when `--nodeport-addresses` is
     /// not given (upstream iptables mode), rather than on the primary IP (nftables).
     pub fn default_nodeports_on_every_address(self) -> bool {
         match self {
             Mode::Nftables => false,
-            Mode::Iptables | Mode::IptablesLegacy => true,
+            Mode::Iptables | Mode::IptablesLegacy | Mode::Userspace => true,
         }
+    }
+
+    /// Whether the endpoint sees the client's own address where the kernel modes keep
+    /// it; the userspace proxy connects to the endpoint from the node itself.
+    /// Whether the rules go on forwarding once svcproxy has exited (`--once`,
+    /// SIGTERM): the kernel's modes do; the userspace mode's capture has nobody to
+    /// hand connections to.
+    #[allow(dead_code)] // dataplane.rs only
+    pub fn forwards_without_the_process(self) -> bool {
+        self != Mode::Userspace
+    }
+
+    /// Whether the kernel holds per-endpoint objects (endpoint chains, affinity
+    /// sets); the userspace mode's are in the proxy.
+    #[allow(dead_code)] // dataplane.rs only
+    pub fn has_endpoint_objects(self) -> bool {
+        self != Mode::Userspace
+    }
+
+    /// Whether the mode proxies SCTP (the userspace proxy does not, as upstream's).
+    pub fn proxies_sctp(self) -> bool {
+        self != Mode::Userspace
+    }
+
+    #[allow(dead_code)] // dataplane.rs only
+    pub fn keeps_client_ip(self) -> bool {
+        self != Mode::Userspace
     }
 
     /// Whether a dump shows a drop of the whole ServiceCIDR `cidr`.
     pub fn shows_cidr_drop(self, dump: &str, cidr: &str) -> bool {
         match self {
-            Mode::Nftables => dump
+            Mode::Nftables | Mode::Userspace => dump
                 .lines()
                 .any(|l| l.contains(cidr) && l.trim_end().ends_with("drop")),
             Mode::Iptables | Mode::IptablesLegacy => dump
@@ -183,7 +268,7 @@ impl Mode {
     fn listings(self) -> [Vec<String>; 2] {
         let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match self {
-            Mode::Nftables => [
+            Mode::Nftables | Mode::Userspace => [
                 argv(&["nft", "list", "table", "ip", "svcproxy"]),
                 argv(&["nft", "list", "table", "ip6", "svcproxy"]),
             ],
@@ -199,7 +284,7 @@ impl Mode {
         self.listings().map(|argv| {
             let out = exec_owned(c, node, &argv);
             match self {
-                Mode::Nftables => out.status.success(),
+                Mode::Nftables | Mode::Userspace => out.status.success(),
                 // The jumps from the built-in chains are added after the restore:
                 // the last one in place means the whole sync is.
                 Mode::Iptables | Mode::IptablesLegacy => String::from_utf8_lossy(&out.stdout)
@@ -224,7 +309,9 @@ impl Mode {
     /// verdict, told apart from "no rule at all", which also ends in a timeout).
     pub fn shows_drop(self, dump: &str, ip: IpAddr, proto: &str, port: u16) -> bool {
         match self {
-            Mode::Nftables => dump.contains(&format!("{ip} . {proto} . {port} : drop")),
+            Mode::Nftables | Mode::Userspace => {
+                dump.contains(&format!("{ip} . {proto} . {port} : drop"))
+            }
             Mode::Iptables | Mode::IptablesLegacy => {
                 let host = match ip {
                     IpAddr::V4(_) => format!("-d {ip}/32 "),
@@ -243,7 +330,7 @@ impl Mode {
     /// The session-affinity state the kernel keeps in `node`, as text naming the clients.
     pub fn affinity_state(self, c: &Cluster, node: usize) -> String {
         match self {
-            Mode::Nftables => {
+            Mode::Nftables | Mode::Userspace => {
                 let mut out = String::new();
                 let mut inside = false;
                 for line in self.dump(c, node).lines() {
@@ -303,7 +390,7 @@ impl Mode {
     /// Whether affinity state shows the service's timeout of `seconds`.
     pub fn affinity_timeout_shown(self, state: &str, seconds: u32) -> bool {
         match self {
-            Mode::Nftables => state.contains(&format!("timeout {seconds}s")),
+            Mode::Nftables | Mode::Userspace => state.contains(&format!("timeout {seconds}s")),
             Mode::Iptables | Mode::IptablesLegacy => {
                 state.contains(&format!("--seconds {seconds} "))
             }
@@ -315,7 +402,7 @@ impl Mode {
     /// them, and only stop matching (which the tests see in where traffic goes).
     pub fn affinity_expiry_listed(self) -> bool {
         match self {
-            Mode::Nftables => true,
+            Mode::Nftables | Mode::Userspace => true,
             Mode::Iptables | Mode::IptablesLegacy => false,
         }
     }
@@ -332,7 +419,7 @@ impl Mode {
         let out = exec_owned(c, node, argv);
         let text = String::from_utf8_lossy(&out.stdout);
         match self {
-            Mode::Nftables => {
+            Mode::Nftables | Mode::Userspace => {
                 let prefix = match kind {
                     ServiceObject::Service => "service-",
                     ServiceObject::Endpoint => "endpoint-",
@@ -370,6 +457,16 @@ impl Mode {
     pub fn remove_localnet_guard(self, c: &Cluster, node: usize) -> bool {
         match self {
             Mode::Nftables => false,
+            // The capture's first rule leaves packets to loopback alone when they come
+            // from outside: the chain without it.
+            Mode::Userspace => {
+                c.nft(
+                    Host::Node(node),
+                    "flush chain ip svcproxy nat-prerouting\nadd rule ip svcproxy nat-prerouting jump services\n",
+                )
+                .expect("rewrite nat-prerouting");
+                true
+            }
             Mode::Iptables | Mode::IptablesLegacy => {
                 let tool = self.tool("iptables");
                 c.exec_ok(
@@ -387,7 +484,7 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's least-privilege test only
     pub fn unprivileged_flags(self) -> &'static [&'static str] {
         match self {
-            Mode::Nftables => &[],
+            Mode::Nftables | Mode::Userspace => &[],
             Mode::Iptables | Mode::IptablesLegacy => &["--iptables-localhost-nodeports=false"],
         }
     }
@@ -397,7 +494,7 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's drift test only
     pub fn breakages(self) -> &'static [&'static str] {
         match self {
-            Mode::Nftables => &["tables deleted", "tables dormant"],
+            Mode::Nftables | Mode::Userspace => &["tables deleted", "tables dormant"],
             Mode::Iptables | Mode::IptablesLegacy => &["every table flushed"],
         }
     }
@@ -407,7 +504,7 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's drift test only
     pub fn break_rules(self, c: &Cluster, node: usize, how: &str) -> &'static str {
         match (self, how) {
-            (Mode::Nftables, "tables deleted") => {
+            (Mode::Nftables | Mode::Userspace, "tables deleted") => {
                 c.nft(
                     Host::Node(node),
                     "delete table ip svcproxy\ndelete table ip6 svcproxy\n",
@@ -415,7 +512,7 @@ impl Mode {
                 .expect("delete the tables");
                 "was deleted"
             }
-            (Mode::Nftables, "tables dormant") => {
+            (Mode::Nftables | Mode::Userspace, "tables dormant") => {
                 c.nft(
                     Host::Node(node),
                     "add table ip svcproxy { flags dormant; }\nadd table ip6 svcproxy { flags dormant; }\n",
@@ -442,7 +539,7 @@ impl Mode {
     /// Adds an object of the mode's kind that svcproxy does not own, for cleanup to leave.
     pub fn add_foreign(self, c: &Cluster, node: usize) {
         match self {
-            Mode::Nftables => {
+            Mode::Nftables | Mode::Userspace => {
                 let keep = "table inet keepme {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 1 counter\n }\n}\n";
                 c.nft(Host::Node(node), keep).expect("add a foreign table");
             }
@@ -464,7 +561,7 @@ impl Mode {
     /// `Err` with what is wrong when the object of [`Mode::add_foreign`] is gone or changed.
     pub fn foreign_intact(self, c: &Cluster, node: usize) -> Result<(), String> {
         match self {
-            Mode::Nftables => {
+            Mode::Nftables | Mode::Userspace => {
                 let out = c.exec(
                     Host::Node(node),
                     &["nft", "list", "table", "inet", "keepme"],
@@ -1368,7 +1465,10 @@ impl Env {
 
     /// Protocols to exercise: SCTP only where this kernel (or the raw emulation) allows it.
     pub fn protos(&self) -> Vec<Proto> {
-        if self.c.sctp_mode() == SctpMode::Unavailable {
+        if !self.mode.proxies_sctp() {
+            // Checked once, by the capture test: not served, and said so.
+            vec![Proto::Tcp, Proto::Udp]
+        } else if self.c.sctp_mode() == SctpMode::Unavailable {
             eprintln!("[dataplane] SCTP unavailable here: SCTP cases skipped");
             vec![Proto::Tcp, Proto::Udp]
         } else {
@@ -1492,6 +1592,38 @@ impl Checks {
         self.check(
             !seen.is_empty() && seen.iter().all(|ip| *ip == client),
             || format!("{what}: expected the backend to see client {client}, saw {seen:?}"),
+        );
+    }
+
+    /// Every answered attempt saw `client` as its source address, in the modes that
+    /// keep it; in the userspace mode, one of the addresses of `proxy`, the node
+    /// whose proxy connected to the endpoint.
+    #[allow(dead_code)] // dataplane.rs only
+    pub fn client_kept(
+        &mut self,
+        mode: Mode,
+        what: &str,
+        attempts: &[Attempt],
+        client: IpAddr,
+        proxy: usize,
+    ) {
+        if mode.keeps_client_ip() {
+            return self.client_is(what, attempts, client);
+        }
+        let f = Family::of(client);
+        let node = [plan::node_ip(proxy, f), plan::pod_gateway(proxy, f)];
+        let seen: Vec<IpAddr> = attempts
+            .iter()
+            .filter_map(|a| a.client_seen().map(|s| s.ip()))
+            .collect();
+        self.check(
+            !seen.is_empty() && seen.iter().all(|ip| node.contains(ip)),
+            || {
+                format!(
+                    "{what}: expected the backend to see {} (the userspace proxy connects from the node), saw {seen:?}",
+                    plan::node_name(proxy)
+                )
+            },
         );
     }
 

@@ -30,7 +30,10 @@ pub const SEMANTICS: crate::config::ModeSemantics = crate::config::ModeSemantics
     drop_invalid_forwarded: false,
 };
 
-pub use planner::{cleanup_script, render_full, Plan, PlanKind, PlanStats, Planner};
+pub use planner::{
+    cleanup_script, render_full, render_full_with, Plan, PlanKind, PlanStats, Planner,
+};
 pub use ruleset::{
     family_keyword, BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set, TABLE_NAME,
 };
+pub use service::CapturePorts;

@@ -34,7 +34,7 @@ use crate::names::service_port_hash;
 
 use super::base::{base_ruleset, CLUSTER_IPS_SET};
 use super::ruleset::{stmt, write_table_close, write_table_open, Ruleset};
-use super::service::{elems, key_text, Detect, Elem, Fragment};
+use super::service::{elems, key_text, CapturePorts, Detect, Elem, Fragment};
 
 /// What kind of transaction a [`Plan`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,6 +194,7 @@ struct FamilyState {
     detect: Option<Detect>,
     entries: BTreeMap<ServicePortName, Fragment>,
     chain_total: usize,
+    capture: Option<Arc<dyn CapturePorts>>,
 }
 
 /// The elements the owner of a frontend puts in the maps.
@@ -208,14 +209,19 @@ fn owner_elems(
 }
 
 impl FamilyState {
-    fn new(family: IpFamily) -> Self {
+    fn new(family: IpFamily, capture: Option<Arc<dyn CapturePorts>>) -> Self {
         FamilyState {
             family,
             node: None,
             detect: None,
             entries: BTreeMap::new(),
             chain_total: 0,
+            capture,
         }
+    }
+
+    fn fragment(&self, svc: Arc<crate::intent::ServiceIntent>) -> Fragment {
+        Fragment::new(svc, self.capture.as_deref())
     }
 
     /// Whether moving to `node` changes more than per-service chains: the shared
@@ -252,7 +258,7 @@ impl FamilyState {
         }
         for change in &fd.services {
             let old = self.entries.remove(&change.name);
-            let new = change.after.clone().map(Fragment::new);
+            let new = change.after.clone().map(|svc| self.fragment(svc));
             if let Some(d) = delta.as_deref_mut() {
                 let empty = Ruleset::new(self.family);
                 let detect = self.detect.as_ref();
@@ -327,7 +333,7 @@ impl FamilyState {
         for (name, svc) in fam.services() {
             let frag = match old.remove(name) {
                 Some(f) if Arc::ptr_eq(&f.intent, svc) => f,
-                _ => Fragment::new(svc.clone()),
+                _ => self.fragment(svc.clone()),
             };
             self.chain_total += frag.chain_count();
             self.entries.insert(name.clone(), frag);
@@ -337,6 +343,18 @@ impl FamilyState {
     /// The shared objects with their elements filled in.
     fn base_with_elements(&self, node: &NodeIntent, fam: &FamilyIntent) -> Ruleset {
         let mut rs = base_ruleset(node);
+        if self.capture.is_some() {
+            // The capture serves NodePorts on loopback to the node's own clients
+            // only: a packet from outside addressed to loopback is left alone (the
+            // kernel drops it as a martian), never redirected to the proxy.
+            if let Some(chain) = rs.chains.get_mut("nat-prerouting") {
+                let loopback = match self.family {
+                    IpFamily::V4 => "ip daddr 127.0.0.0/8",
+                    IpFamily::V6 => "ip6 daddr ::1",
+                };
+                chain.rules.insert(0, format!("{loopback} return"));
+            }
+        }
         if let Some(set) = rs.sets.get_mut(CLUSTER_IPS_SET) {
             set.elements = fam.cluster_ips().map(|ip| ip.to_string()).collect();
         }
@@ -425,10 +443,16 @@ impl Default for Planner {
 
 impl Planner {
     pub fn new() -> Self {
+        Planner::with_capture(None)
+    }
+
+    /// A planner for the userspace mode when `capture` is given: each endpoint
+    /// set's connections are redirected to the proxy's port for it.
+    pub fn with_capture(capture: Option<Arc<dyn CapturePorts>>) -> Self {
         Planner {
             families: [
-                FamilyState::new(IpFamily::V4),
-                FamilyState::new(IpFamily::V6),
+                FamilyState::new(IpFamily::V4, capture.clone()),
+                FamilyState::new(IpFamily::V6, capture),
             ],
             kernel: Kernel::Unknown,
             generation: 0,
@@ -602,7 +626,12 @@ impl Planner {
 /// The full script for `intent` from a fresh planner: exactly what the first sync
 /// would apply.
 pub fn render_full(intent: &Intent) -> String {
-    let mut planner = Planner::new();
+    render_full_with(intent, None)
+}
+
+/// [`render_full`] for a planner with `capture` (the userspace mode).
+pub fn render_full_with(intent: &Intent, capture: Option<Arc<dyn CapturePorts>>) -> String {
+    let mut planner = Planner::with_capture(capture);
     planner
         .plan(intent, &intent.delta_from_empty(), true)
         .script

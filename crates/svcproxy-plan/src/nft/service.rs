@@ -16,6 +16,12 @@
 //! - `firewall-H`: loadBalancerSourceRanges.
 //! - `endpoint-E`: hairpin masquerade mark, affinity update, DNAT.
 //! - `affinity-E`: the endpoint's client set (ClientIP affinity), with a timeout.
+//!
+//! With a [`CapturePorts`] (the userspace mode), a set chain redirects the
+//! connection to the proxy's own listener for that set instead: no masquerade
+//! mark, no affinity set, no endpoint chain (the proxy chooses the endpoint).
+//! Every other object is the same, so drops, rejects, the firewall and the short
+//! circuits are decided and enforced exactly as in the nftables mode.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -39,6 +45,14 @@ pub(crate) const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
 pub(crate) const REJECT_CHAIN: &str = "reject-chain";
 /// Named set of the local-pod CIDRs, when detection uses more than one.
 pub(crate) const POD_CIDRS_SET: &str = "pod-cidrs";
+
+/// Where the userspace mode's capture sends each endpoint set's connections: a
+/// port of the proxy's own sockets on this node (`redirect to :PORT`).
+pub trait CapturePorts: Send + Sync {
+    /// The local port serving `set` of `svc`; `None` when the proxy does not serve
+    /// it (SCTP), and then no rule captures it.
+    fn port(&self, svc: &ServiceIntent, set: EndpointSetId) -> Option<u16>;
+}
 
 /// How this node's pods are recognised in one family, as rule fragments.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,15 +247,34 @@ pub(crate) struct Fragment {
     pub intent: Arc<ServiceIntent>,
     pub hash: u64,
     endpoints: Vec<EpNames>,
+    /// Userspace capture: the port of each set (cluster, local), resolved once.
+    capture: Option<[Option<u16>; 2]>,
+}
+
+fn set_slot(set: EndpointSetId) -> usize {
+    match set {
+        EndpointSetId::Cluster => 0,
+        EndpointSetId::Local => 1,
+    }
 }
 
 impl Fragment {
-    pub fn new(intent: Arc<ServiceIntent>) -> Fragment {
+    /// `capture`: the userspace mode's ports, asked once per set here.
+    pub fn new(intent: Arc<ServiceIntent>, capture: Option<&dyn CapturePorts>) -> Fragment {
         let family = intent.family;
         let hash = service_port_hash(family, &intent.name);
+        let capture = capture.map(|c| {
+            [EndpointSetId::Cluster, EndpointSetId::Local]
+                .map(|set| intent.set_indices(set).and_then(|_| c.port(&intent, set)))
+        });
         let hasher = EndpointHasher::new(family, &intent.name);
-        let endpoints = intent
-            .endpoints
+        // The userspace capture has no per-endpoint object.
+        let own: &[SocketAddr] = if capture.is_none() {
+            &intent.endpoints
+        } else {
+            &[]
+        };
+        let endpoints = own
             .iter()
             .map(|ep| EpNames {
                 chain: hasher.endpoint(ep.ip(), ep.port()),
@@ -255,6 +288,7 @@ impl Fragment {
             intent,
             hash,
             endpoints,
+            capture,
         }
     }
 
@@ -279,6 +313,18 @@ impl Fragment {
 
         let set_chain = |set: EndpointSetId, list: &[u32]| -> Chain {
             let mut rules = Vec::new();
+            if let Some(ports) = &self.capture {
+                // The proxy connects from the node itself: nothing to masquerade,
+                // and it keeps the affinity and chooses the endpoint.
+                if let Some(port) = ports[set_slot(set)] {
+                    rules.push(format!("meta l4proto {proto} redirect to :{port}"));
+                }
+                return Chain {
+                    base: None,
+                    comment: Some(comment.clone()),
+                    rules,
+                };
+            }
             if svc.internal.set == set {
                 // Only traffic that came for the cluster IP: the same chain also
                 // serves external traffic, which the external chain handles.

@@ -209,6 +209,15 @@ impl NftPipeline {
         }
     }
 
+    /// The userspace mode's pipeline: set chains redirect to `capture`'s ports.
+    #[allow(dead_code)]
+    pub fn with_capture(capture: std::sync::Arc<dyn svcproxy_plan::nft::CapturePorts>) -> Self {
+        NftPipeline {
+            builder: svcproxy_plan::IntentBuilder::new(),
+            planner: svcproxy_plan::nft::Planner::with_capture(Some(capture)),
+        }
+    }
+
     pub fn plan(
         &mut self,
         v4: &NodeSnapshot,

@@ -280,6 +280,26 @@ pub struct ProxyFlags {
     )]
     pub logging_format: String,
 
+    /// userspace mode only: the ports the proxy's own sockets take, BEGIN-END, BEGIN+OFFSET or PORT (inclusive); empty or 0: the kernel chooses, as kube-proxy's userspace proxy.
+    #[arg(long, value_name = "RANGE", help_heading = "kube-proxy")]
+    pub proxy_port_range: Option<String>,
+
+    /// userspace mode only: how long an idle UDP flow keeps its upstream socket, greater than 0 (kube-proxy's userspace default).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    pub udp_timeout: Duration,
+
+    /// userspace mode only: how an endpoint is chosen for a new connection, rr (round-robin) or lc (least active connections) (svcproxy only).
+    #[arg(long, value_name = "rr|lc", default_value = "rr", value_parser = ["rr", "lc"], help_heading = "svcproxy")]
+    pub userspace_scheduler: String,
+
+    /// userspace mode only: how long an endpoint may take to accept a connection before the next is tried; 1s by default, the TCP initial retransmission timeout: an endpoint that has not answered the SYN by then has lost it or is gone (svcproxy only).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
+    pub userspace_connect_timeout: Duration,
+
+    /// userspace mode only: connections to an endpoint that left its service are closed this long after it left; 0s keeps them to their end (svcproxy only).
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
+    pub userspace_drain_timeout: Duration,
+
     #[command(flatten)]
     pub ignored: IgnoredFlags,
 
@@ -370,12 +390,6 @@ pub struct IgnoredFlags {
     /// IPVS only. Ignored.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
     pub ipvs_udp_timeout: Option<Duration>,
-    /// Removed upstream with the userspace proxy. Ignored.
-    #[arg(long, value_name = "RANGE", help_heading = IGNORED)]
-    pub proxy_port_range: Option<String>,
-    /// Removed upstream with the userspace proxy. Ignored.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, hide = true)]
-    pub udp_timeout: Option<Duration>,
     /// Removed upstream. Ignored.
     #[arg(long, value_name = "NAME", hide = true)]
     pub resource_container: Option<String>,
@@ -437,7 +451,7 @@ impl IgnoredFlags {
     pub fn warnings(&self) -> Vec<String> {
         let ipvs = "svcproxy has no ipvs mode";
         let klog = "svcproxy's logger has no such setting (every line goes to stderr at once)";
-        let given: [(&str, bool, &str); 28] = [
+        let given: [(&str, bool, &str); 26] = [
             (
                 "--profiling",
                 self.profiling.is_some(),
@@ -462,16 +476,6 @@ impl IgnoredFlags {
                 ipvs,
             ),
             ("--ipvs-udp-timeout", self.ipvs_udp_timeout.is_some(), ipvs),
-            (
-                "--proxy-port-range",
-                self.proxy_port_range.is_some(),
-                "removed upstream with the userspace proxy",
-            ),
-            (
-                "--udp-timeout",
-                self.udp_timeout.is_some(),
-                "removed upstream with the userspace proxy",
-            ),
             (
                 "--resource-container",
                 self.resource_container.is_some(),

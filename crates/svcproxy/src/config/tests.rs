@@ -158,7 +158,7 @@ fn bad_flag_values_are_all_reported() {
         "--cluster-cidr=10.0.0.0/33",
         "--healthz-bind-address=localhost:10256",
         "--metrics-bind-address=127.0.0.1:0",
-        "--proxy-mode=userspace",
+        "--proxy-mode=ebpf",
         "--sync-period=0s",
         "--detect-local-mode=BridgeInterface",
         "--feature-gates=A=maybe",
@@ -167,7 +167,7 @@ fn bad_flag_values_are_all_reported() {
         "--cluster-cidr: invalid CIDR \"10.0.0.0/33\"",
         "--healthz-bind-address: invalid address \"localhost:10256\"",
         "--metrics-bind-address: invalid address \"127.0.0.1:0\"",
-        "--proxy-mode: unknown proxy mode \"userspace\"",
+        "--proxy-mode: unknown proxy mode \"ebpf\"",
         "--sync-period: must be greater than 0",
         "--detect-local-mode: BridgeInterface requires --pod-bridge-interface",
         "--feature-gates: \"A=maybe\"",
@@ -443,7 +443,7 @@ fn bad_file_values_name_field_and_value() {
     let f = write_config(&format!(
         "{HEAD}clusterCIDR: 10.0.0.0/8,not-a-cidr\nnodePortAddresses: [10.0.0.0/8, 300.0.0.0/8]\n\
          nftables:\n  masqueradeBit: 32\nhealthzBindAddress: 1.2.3.4:99999\n\
-         detectLocalMode: InterfaceNamePrefix\nconntrack:\n  maxPerCore: -1\nmode: userspace\n\
+         detectLocalMode: InterfaceNamePrefix\nconntrack:\n  maxPerCore: -1\nmode: ebpf\n\
          clientConnection:\n  burst: -5\n"
     ));
     let e = err(&[&config_arg(&f)]);
@@ -454,7 +454,7 @@ fn bad_file_values_name_field_and_value() {
         "healthzBindAddress: invalid address \"1.2.3.4:99999\"",
         "detectLocalMode: InterfaceNamePrefix requires detectLocal.interfaceNamePrefix",
         "conntrack.maxPerCore: -1 must be greater than or equal to 0",
-        "mode: unknown proxy mode \"userspace\"",
+        "mode: unknown proxy mode \"ebpf\"",
         "clientConnection.burst: -5",
     ] {
         assert!(e.contains(want), "{want:?} missing from:\n{e}");
@@ -542,7 +542,6 @@ fn every_kube_proxy_flag_is_accepted() {
         "--ipvs-udp-timeout=0s",
         "--healthz-port=10256",
         "--metrics-port=10249",
-        "--proxy-port-range=30000-32767",
         "--logging-format=json",
         "--vmodule=proxier*=4",
         "--log-flush-frequency=5s",
@@ -557,7 +556,6 @@ fn every_kube_proxy_flag_is_accepted() {
         "--log-file-max-size=1800",
         "--skip-headers",
         "--stderrthreshold=2",
-        "--udp-timeout=250ms",
         "--init-only=false",
         "--masquerade-all=false",
         "--conntrack-max-per-core=0",
@@ -580,14 +578,12 @@ fn every_kube_proxy_flag_is_accepted() {
         "--ipvs-udp-timeout",
         "--ipvs-sync-period",
         "--ipvs-min-sync-period",
-        "--proxy-port-range",
         "--vmodule",
         "--log-flush-frequency",
         "--log-json-info-buffer-size",
         "--logtostderr",
         "--log-file-max-size",
         "--stderrthreshold",
-        "--udp-timeout",
         "--feature-gates",
     ] {
         let n = w
@@ -740,4 +736,59 @@ fn the_effective_config_round_trips_through_the_file_format() {
         z["kubeproxy.config.k8s.io"]["kind"],
         "KubeProxyConfiguration"
     );
+}
+
+#[test]
+fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
+    use svcproxy_plan::Scheduler;
+    let (s, w) = ok(&[
+        "--proxy-mode=userspace",
+        "--proxy-port-range=40000+99",
+        "--udp-timeout=2s",
+        "--userspace-scheduler=lc",
+        "--userspace-connect-timeout=300ms",
+        "--userspace-drain-timeout=30s",
+    ]);
+    assert_eq!(s.proxy_mode, ProxyMode::Userspace);
+    assert_eq!(s.userspace.port_range, Some((40000, 40099)));
+    assert_eq!(s.userspace.udp_timeout, Duration::from_secs(2));
+    assert_eq!(s.userspace.scheduler, Scheduler::LeastConnections);
+    assert_eq!(s.userspace.connect_timeout, Duration::from_millis(300));
+    assert_eq!(s.userspace.drain_timeout, Duration::from_secs(30));
+    // NodePorts on every local address, as the userspace proxy listened.
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
+    assert!(w.is_empty(), "{w:?}");
+    // Defaults: kube-proxy's 250ms UDP timeout, round-robin, 1s, keep.
+    let (d, _) = ok(&["--proxy-mode=userspace"]);
+    assert_eq!(d.userspace, svcproxy_plan::UserspaceConfig::default());
+    // In another mode: one warning per flag given.
+    let (_, w) = ok(&["--proxy-port-range=40000-40010", "--userspace-scheduler=lc"]);
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w.iter()
+            .all(|w| w.contains("ignored in nftables mode (userspace mode only)")),
+        "{w:?}"
+    );
+    for bad in [
+        "--udp-timeout=0s",
+        "--userspace-connect-timeout=0s",
+        "--proxy-port-range=40010-40000",
+        "--userspace-scheduler=wrr",
+    ] {
+        err(&["--proxy-mode=userspace", bad]);
+    }
+}
+
+#[test]
+fn port_ranges_are_read_as_kube_proxy_reads_them() {
+    use super::parse_port_range as p;
+    assert_eq!(p(""), Ok(None));
+    assert_eq!(p("0"), Ok(None));
+    assert_eq!(p("0-0"), Ok(None));
+    assert_eq!(p("30000-32767"), Ok(Some((30000, 32767))));
+    assert_eq!(p("30000+10"), Ok(Some((30000, 30010))));
+    assert_eq!(p("8080"), Ok(Some((8080, 8080))));
+    for bad in ["0-10", "10-5", "65535+1", "a-b", "70000", "1-2-3"] {
+        assert!(p(bad).is_err(), "{bad}");
+    }
 }

@@ -1,18 +1,18 @@
-//! The userspace proxy's engine (issue 12, first step): TCP connections that reach
-//! a service's frontend are accepted here, an endpoint is chosen, a connection is
-//! opened to it, and bytes are copied both ways until both sides have closed.
+//! The userspace proxy's TCP engine: connections captured by the mode's rules are
+//! accepted here, an endpoint is chosen, a connection is opened to it, and bytes
+//! are copied both ways until both sides have closed.
 //!
 //! What the kernel cannot do, done here: an endpoint that refuses the connection, or
 //! does not accept it within the connect timeout, is skipped and the next one tried
 //! (each at most once), so a client never sees a dead endpoint the API has not
 //! caught up with; round-robin or least-connections choice; ClientIP affinity with
 //! its timeout. A half-close (one side shutting down its writing) is passed on, and
-//! the other direction keeps flowing until it closes too.
+//! the other direction keeps flowing until it closes too. Connections to an
+//! endpoint that left its pool are closed after the drain timeout, if one is set.
 //!
-//! Not yet here (the rest of issue 12): capturing frontends with nftables rules and
-//! the `--proxy-mode userspace` data plane built from the intent, UDP, draining
-//! removed endpoints, metrics, and graceful shutdown. [`Routes`] is how that data
-//! plane will hand each sync's choice of endpoints to the engine.
+//! A listener serves one endpoint set (cluster or local) of every TCP service of
+//! its family: the capture rules chose the set, the connection's original
+//! destination (`SO_ORIGINAL_DST`) says which service, through [`RouteTable`].
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -20,23 +20,35 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::ServicePortName;
+use svcproxy_plan::intent::EndpointSetId;
+pub use svcproxy_plan::Scheduler;
 use tokio::net::{TcpListener, TcpStream};
-
-/// How the next connection's endpoint is chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scheduler {
-    /// Each endpoint in turn.
-    RoundRobin,
-    /// The endpoint with the fewest connections open through this proxy (ties in
-    /// turn), as IPVS's `lc`.
-    LeastConnections,
-}
+use tokio::sync::watch;
 
 /// One endpoint of a pool, and the connections open to it.
 #[derive(Debug)]
-struct Endpoint {
-    addr: SocketAddr,
+pub(crate) struct Endpoint {
+    pub addr: SocketAddr,
     active: AtomicUsize,
+    /// Becomes true when the endpoint leaves its pool (drain).
+    removed: watch::Sender<bool>,
+}
+
+impl Endpoint {
+    /// Whether the endpoint has left its pool.
+    pub fn is_removed(&self) -> bool {
+        *self.removed.borrow()
+    }
+
+    fn new(addr: SocketAddr) -> Self {
+        Endpoint {
+            addr,
+            active: AtomicUsize::new(0),
+            removed: watch::Sender::new(false),
+        }
+    }
 }
 
 /// ClientIP session affinity: a client's endpoint, while it keeps connecting
@@ -54,7 +66,7 @@ const MAX_AFFINITY_CLIENTS: usize = 100_000;
 /// One service port's endpoints, as the engine balances over them.
 #[derive(Debug)]
 pub struct Pool {
-    endpoints: Vec<Endpoint>,
+    endpoints: Vec<Arc<Endpoint>>,
     scheduler: Scheduler,
     next: AtomicUsize,
     affinity: Option<Affinity>,
@@ -70,10 +82,7 @@ impl Pool {
         Pool {
             endpoints: endpoints
                 .into_iter()
-                .map(|addr| Endpoint {
-                    addr,
-                    active: AtomicUsize::new(0),
-                })
+                .map(|addr| Arc::new(Endpoint::new(addr)))
                 .collect(),
             scheduler,
             next: AtomicUsize::new(0),
@@ -82,6 +91,62 @@ impl Pool {
                 clients: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// The pool that replaces `self` when its endpoints or settings change:
+    /// endpoints that stay keep their connection counts (and their affinity
+    /// clients, when the timeout is the same); those that leave are told so (their
+    /// connections drain).
+    pub fn successor(
+        &self,
+        endpoints: Vec<SocketAddr>,
+        scheduler: Scheduler,
+        affinity: Option<Duration>,
+    ) -> Pool {
+        let mut next = Pool::new(endpoints, scheduler, affinity);
+        for ep in &mut next.endpoints {
+            if let Some(old) = self.endpoints.iter().find(|o| o.addr == ep.addr) {
+                *ep = old.clone();
+            }
+        }
+        for old in &self.endpoints {
+            if !next.endpoints.iter().any(|e| Arc::ptr_eq(e, old)) {
+                old.removed.send_replace(true);
+            }
+        }
+        if let (Some(a), Some(b)) = (&self.affinity, &next.affinity) {
+            if a.timeout == b.timeout {
+                let old = a.clients.lock().unwrap_or_else(|e| e.into_inner());
+                let mut new = b.clients.lock().unwrap_or_else(|e| e.into_inner());
+                for (client, (i, at)) in old.iter() {
+                    let addr = self.endpoints.get(*i).map(|e| e.addr);
+                    if let Some(j) = next.endpoints.iter().position(|e| Some(e.addr) == addr) {
+                        new.insert(*client, (j, *at));
+                    }
+                }
+            }
+        }
+        next.next = AtomicUsize::new(self.next.load(Ordering::Relaxed));
+        next
+    }
+
+    /// Tells every endpoint it has left (the pool is gone): their connections drain.
+    pub fn retire(&self) {
+        for ep in &self.endpoints {
+            ep.removed.send_replace(true);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    /// The endpoint for a datagram flow from `client` (UDP: no refusal to retry on).
+    pub(crate) fn pick(&self, client: IpAddr) -> Option<Arc<Endpoint>> {
+        let now = Instant::now();
+        let i = *self.order(client, now).first()?;
+        self.chose(client, i, now);
+        Some(self.endpoints[i].clone())
     }
 
     /// The endpoints to try for a connection from `client`, in order, each once:
@@ -134,10 +199,60 @@ impl Pool {
     }
 }
 
-/// Frontends (the address and port a client connected to, before capture) and
-/// their pools. The data plane replaces a frontend's pool when its endpoints
-/// change: new connections use the new pool at once, open ones keep theirs.
-pub type Routes = Arc<RwLock<HashMap<SocketAddr, Arc<Pool>>>>;
+/// A service port's pools, one per endpoint set it has.
+#[derive(Clone, Debug, Default)]
+pub struct Sets {
+    pub cluster: Option<Arc<Pool>>,
+    pub local: Option<Arc<Pool>>,
+}
+
+impl Sets {
+    pub fn get(&self, set: EndpointSetId) -> Option<&Arc<Pool>> {
+        match set {
+            EndpointSetId::Cluster => self.cluster.as_ref(),
+            EndpointSetId::Local => self.local.as_ref(),
+        }
+    }
+
+    pub fn slot(&mut self, set: EndpointSetId) -> &mut Option<Arc<Pool>> {
+        match set {
+            EndpointSetId::Cluster => &mut self.cluster,
+            EndpointSetId::Local => &mut self.local,
+        }
+    }
+}
+
+/// Which service port a captured TCP connection is for, by its original
+/// destination, and that port's pools. The data plane replaces a pool when its
+/// endpoints change: new connections use the new pool at once, open ones keep
+/// theirs.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    /// Service IPs (cluster, external, load-balancer) with their port.
+    pub vips: HashMap<SocketAddr, ServicePortName>,
+    /// NodePorts, on whatever node address the capture accepted them.
+    pub nodeports: HashMap<(IpFamily, u16), ServicePortName>,
+    pub services: HashMap<(IpFamily, ServicePortName), Sets>,
+}
+
+impl RouteTable {
+    /// The pool of `set` for a connection to `original`: a service IP first, then
+    /// a NodePort (the order of the capture's own lookups).
+    pub fn pool(&self, original: SocketAddr, set: EndpointSetId) -> Option<Arc<Pool>> {
+        let family = IpFamily::of(&original.ip());
+        let name = self
+            .vips
+            .get(&original)
+            .or_else(|| self.nodeports.get(&(family, original.port())))?;
+        self.services
+            .get(&(family, name.clone()))?
+            .get(set)
+            .cloned()
+    }
+}
+
+/// The route table, shared by the data plane (writer) and the listeners.
+pub type Routes = Arc<RwLock<RouteTable>>;
 
 /// What the engine has done: monotonic counts.
 #[derive(Debug, Default)]
@@ -152,6 +267,12 @@ pub struct Stats {
     pub failed: AtomicU64,
     pub bytes_to_endpoints: AtomicU64,
     pub bytes_to_clients: AtomicU64,
+    /// Connections closed because their endpoint left and the drain timeout passed.
+    pub drained: AtomicU64,
+    /// UDP flows opened (one upstream socket per client and service port).
+    pub udp_flows: AtomicU64,
+    pub udp_datagrams_to_endpoints: AtomicU64,
+    pub udp_datagrams_to_clients: AtomicU64,
 }
 
 /// How the engine connects.
@@ -159,16 +280,28 @@ pub struct Stats {
 pub struct Options {
     /// How long an endpoint may take to accept before the next is tried.
     pub connect_timeout: Duration,
+    /// How long a connection to an endpoint that left its pool goes on; zero: to
+    /// its end.
+    pub drain_timeout: Duration,
 }
 
-/// Accepts connections on `listener` until it fails, forwarding each by `routes`.
-pub async fn serve_tcp(listener: TcpListener, routes: Routes, options: Options, stats: Arc<Stats>) {
+/// Accepts connections on `listener` until it fails, forwarding each to the
+/// endpoints of `set` by `routes`.
+pub async fn serve_tcp(
+    listener: TcpListener,
+    set: EndpointSetId,
+    routes: Routes,
+    options: Options,
+    stats: Arc<Stats>,
+) {
     loop {
         match listener.accept().await {
             Ok((client, peer)) => {
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
                 let (routes, stats) = (routes.clone(), stats.clone());
-                tokio::spawn(async move { forward(client, peer, &routes, options, &stats).await });
+                tokio::spawn(
+                    async move { forward(client, peer, set, &routes, options, &stats).await },
+                );
             }
             Err(e) => {
                 // Out of file descriptors, most likely: wait rather than spin.
@@ -201,6 +334,7 @@ fn refuse(client: TcpStream) {
 async fn forward(
     mut client: TcpStream,
     peer: SocketAddr,
+    set: EndpointSetId,
     routes: &Routes,
     options: Options,
     stats: &Stats,
@@ -209,8 +343,7 @@ async fn forward(
         routes
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&f)
-            .cloned()
+            .pool(f, set)
     });
     let Some(pool) = pool else {
         stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -242,16 +375,35 @@ async fn forward(
         return;
     };
     pool.chose(peer.ip(), i, now);
-    let endpoint = &pool.endpoints[i];
+    let endpoint = pool.endpoints[i].clone();
+    drop(pool);
     endpoint.active.fetch_add(1, Ordering::Relaxed);
     stats.active.fetch_add(1, Ordering::Relaxed);
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
     // Each direction until its end of file, which is passed on as a shutdown of
     // the other side's writing: a half-closed connection keeps its other half.
-    if let Ok((up, down)) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        stats.bytes_to_endpoints.fetch_add(up, Ordering::Relaxed);
-        stats.bytes_to_clients.fetch_add(down, Ordering::Relaxed);
+    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    let mut removed = endpoint.removed.subscribe();
+    let drain = async {
+        if options.drain_timeout.is_zero() || removed.wait_for(|r| *r).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(options.drain_timeout).await;
+    };
+    tokio::select! {
+        copied = copy => {
+            if let Ok((up, down)) = copied {
+                stats.bytes_to_endpoints.fetch_add(up, Ordering::Relaxed);
+                stats.bytes_to_clients.fetch_add(down, Ordering::Relaxed);
+            }
+        }
+        () = drain => {
+            tracing::debug!(endpoint = %endpoint.addr, client = %peer, "userspace proxy: endpoint removed; its connection closed after the drain timeout");
+            stats.drained.fetch_add(1, Ordering::Relaxed);
+            let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
+            let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+        }
     }
     endpoint.active.fetch_sub(1, Ordering::Relaxed);
     stats.active.fetch_sub(1, Ordering::Relaxed);
