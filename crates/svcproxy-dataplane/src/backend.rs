@@ -6,6 +6,7 @@
 //! its kernel objects and applies them; it decides nothing about traffic. Adding a
 //! mode is one module implementing [`DataPlane`] plus one entry in [`BACKENDS`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use svcproxy_core::model::IpFamily;
@@ -110,6 +111,19 @@ pub trait DataPlane: Send {
     /// kernel's form, their counts), and what sees packets before svcproxy's rules.
     /// Reads only.
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError>;
+
+    /// The counters of a mode that forwards connections itself (userspace), for
+    /// its metrics; `None` for the modes where the kernel forwards.
+    fn proxy_stats(&self) -> Option<Arc<crate::userspace::Stats>> {
+        None
+    }
+
+    /// The process is stopping (SIGTERM): a mode that forwards connections itself
+    /// stops accepting and lets open ones finish within `grace`. The kernel's
+    /// modes leave their rules in force and do nothing.
+    fn shutdown(&mut self, grace: Duration) {
+        let _ = grace;
+    }
 }
 
 /// What [`DataPlane::compare`] found.
@@ -158,6 +172,14 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
 
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
         (**self).compare(intent)
+    }
+
+    fn proxy_stats(&self) -> Option<Arc<crate::userspace::Stats>> {
+        (**self).proxy_stats()
+    }
+
+    fn shutdown(&mut self, grace: Duration) {
+        (**self).shutdown(grace)
     }
 }
 

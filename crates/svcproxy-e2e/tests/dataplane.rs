@@ -1985,6 +1985,128 @@ fn every_implemented_mode_runs_the_suite() {
 }
 
 // -----------------------------------------------------------------------------------------
+// What only the userspace proxy does: retries, its metrics, draining at SIGTERM
+// -----------------------------------------------------------------------------------------
+
+/// The value of the sample `series` (name and labels, as printed) in `text`; 0 when
+/// absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The userspace proxy hides a dead endpoint: one of two endpoints refuses (pod-b1 on
+/// a port nothing listens on), and every one of 20 connections is answered by the
+/// live one, each refusal retried once (round-robin starts on the dead one every
+/// other time: exactly 10 retries), as its metrics count per service port. At
+/// SIGTERM it stops accepting (a new connection is refused at once) and lets an open
+/// connection finish: the process ends only after that connection closed.
+#[test]
+fn the_userspace_proxy_retries_a_dead_endpoint_counts_it_and_drains_at_sigterm() {
+    let mode = Mode::Userspace;
+    let svc = tcp_only(Svc::dual("retry", 120), None);
+    let mut slices = Vec::new();
+    for f in Family::BOTH {
+        slices.push(Slice::of(&svc, f, &[A0]));
+        slices.push(Slice::with_ports(
+            &svc,
+            &format!("retry-dead-{}", family_name(f).to_ascii_lowercase()),
+            f,
+            &[("http", Proto::Tcp, 9)],
+            vec![Ep::pod(B1, f)],
+        ));
+    }
+    let Some(env) = Env::start(
+        mode,
+        EnvSpec::default(),
+        &[(&fname(&svc), svc_file(&svc, &slices))],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("userspace-proxy");
+    for f in Family::BOTH {
+        let got = env.probe(A1, Proto::Tcp, sa(svc.cluster_ip(f), 80), 20, ANSWER);
+        ck.answered_by(
+            &format!(
+                "{} 20 connections, one of two endpoints dead",
+                family_name(f)
+            ),
+            &got,
+            &["pod-a0"],
+        );
+    }
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let metrics = get(&env, Host::Node(NODE_A), loopback, 10249, "/metrics")
+        .map(|a| a.body)
+        .unwrap_or_default();
+    for f in Family::BOTH {
+        let labels = format!(
+            "{{ip_family=\"{}\",service_port=\"e2e/retry:http/tcp\"}}",
+            family_name(f)
+        );
+        for (name, want) in [
+            ("svcproxy_userspace_connections_accepted_total", 20.0),
+            ("svcproxy_userspace_connect_retries_total", 10.0),
+            ("svcproxy_userspace_connections_failed_total", 0.0),
+        ] {
+            let got = sample(&metrics, &format!("{name}{labels}"));
+            ck.check(got == want, || {
+                format!("{name}{labels} is {got}, want {want}:\n{metrics}")
+            });
+        }
+    }
+
+    // A connection held open from pod-a1 (it read the answer, then keeps its half
+    // open for 3 s), then SIGTERM to node-a's proxy.
+    let target = svc.cluster_ip(Family::V4);
+    let holder = env
+        .c
+        .spawn(
+            A1,
+            "holder",
+            &[
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{target}/80 && head -c 200 <&3 | head -1 && sleep 3"),
+            ],
+        )
+        .expect("spawn the holder");
+    if let Err(e) = holder.wait_for_stdout("pod-a0", ANSWER * 4) {
+        ck.check(false, || {
+            format!("the held connection was not answered: {e}")
+        });
+    }
+    let proxy = &env.proxies[NODE_A];
+    let sent = Instant::now();
+    let (status, refused) = thread::scope(|s| {
+        let stopping = s.spawn(|| proxy.terminate(Duration::from_secs(20)));
+        thread::sleep(Duration::from_millis(800));
+        let refused = env.probe(A1, Proto::Tcp, sa(target, 80), 2, ANSWER);
+        (stopping.join().expect("terminate"), refused)
+    });
+    let took = sent.elapsed();
+    ck.refused_fast("a new connection after SIGTERM", &refused);
+    ck.check(status.is_some_and(|s| s.success()), || {
+        format!(
+            "svcproxy did not exit cleanly after SIGTERM: {status:?}\n{}",
+            proxy.logs()
+        )
+    });
+    ck.check(took >= Duration::from_millis(1500) && took < Duration::from_secs(10), || {
+        format!(
+            "svcproxy exited {took:?} after SIGTERM; the held connection ended about 3 s after it opened"
+        )
+    });
+    ck.check(
+        proxy.logs().contains("letting open connections finish"),
+        || format!("the drain is not logged:\n{}", proxy.logs()),
+    );
+    ck.finish(&env);
+}
+
+// -----------------------------------------------------------------------------------------
 // The cluster DNS served by the proxy daemon itself (`--dns-bind-address`): not a data-plane
 // behaviour, so once, in nftables mode.
 // -----------------------------------------------------------------------------------------

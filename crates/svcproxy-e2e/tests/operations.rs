@@ -34,50 +34,6 @@ const A0: Host = Host::Pod(NODE_A, 0);
 const B0: Host = Host::Pod(NODE_B, 0);
 const HC_PORT: u16 = 32100;
 
-/// One HTTP answer: status code, headers (lowercased names) and body.
-#[derive(Debug, Default)]
-struct Answer {
-    code: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// GET `path` from `ip:port`, made inside `from`'s namespace. `None`: no answer
-/// (refused, timed out).
-fn get(env: &Env, from: Host, ip: IpAddr, port: u16, path: &str) -> Option<Answer> {
-    let script = format!(
-        "exec 3<>/dev/tcp/{ip}/{port} || exit 7; \
-         printf 'GET {path} HTTP/1.1\\r\\nHost: svcproxy\\r\\nConnection: close\\r\\n\\r\\n' >&3; \
-         cat <&3"
-    );
-    let out = env.c.exec(from, &["timeout", "3", "bash", "-c", &script]);
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let mut lines = head.lines();
-    let code = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    Some(Answer {
-        code,
-        headers,
-        body: body.to_string(),
-    })
-}
-
 /// Polls until `ok` accepts an answer (or none), bounded.
 fn get_until(
     env: &Env,

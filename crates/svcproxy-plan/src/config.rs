@@ -159,6 +159,9 @@ pub struct UserspaceConfig {
     /// The ports the proxy's own sockets take (`--proxy-port-range`); `None`: the
     /// kernel chooses.
     pub port_range: Option<(u16, u16)>,
+    /// At SIGTERM, how long open connections may go on once the listeners are
+    /// closed (`--userspace-shutdown-timeout`).
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for UserspaceConfig {
@@ -169,6 +172,7 @@ impl Default for UserspaceConfig {
             drain_timeout: Duration::ZERO,
             udp_timeout: Duration::from_millis(250),
             port_range: None,
+            shutdown_timeout: Duration::from_secs(25),
         }
     }
 }

@@ -441,6 +441,7 @@ fn userspace_config(
             ("userspace_scheduler", "--userspace-scheduler"),
             ("userspace_connect_timeout", "--userspace-connect-timeout"),
             ("userspace_drain_timeout", "--userspace-drain-timeout"),
+            ("userspace_shutdown_timeout", "--userspace-shutdown-timeout"),
         ] {
             if explicitly_set(id) {
                 warnings.push(format!(
@@ -468,6 +469,7 @@ fn userspace_config(
         drain_timeout: flags.userspace_drain_timeout,
         udp_timeout: flags.udp_timeout,
         port_range,
+        shutdown_timeout: flags.userspace_shutdown_timeout,
     })
 }
 

@@ -222,6 +222,16 @@ trait Target {
     fn uses_state(&self) -> bool {
         true
     }
+
+    /// The counters of a data plane that forwards connections itself (userspace).
+    fn proxy_stats(&self) -> Option<Arc<svcproxy_dataplane::userspace::Stats>> {
+        None
+    }
+
+    /// The process is stopping: see [`svcproxy_dataplane::DataPlane::shutdown`].
+    fn shutdown(&mut self, grace: Duration) {
+        let _ = grace;
+    }
 }
 
 /// What a target reports of a successful sync.
@@ -279,6 +289,14 @@ struct KernelTarget {
 }
 
 impl Target for KernelTarget {
+    fn proxy_stats(&self) -> Option<Arc<svcproxy_dataplane::userspace::Stats>> {
+        self.plane.plane().proxy_stats()
+    }
+
+    fn shutdown(&mut self, grace: Duration) {
+        self.plane.plane_mut().shutdown(grace);
+    }
+
     fn sync(
         &mut self,
         _state: &ClusterState,
@@ -931,6 +949,9 @@ async fn serve<T: Target>(
     let mut http_tasks = Vec::new();
     let mut source_task = None;
     metrics.set_configz(&config::effective::configz_json(&settings));
+    if let Some(stats) = target.proxy_stats() {
+        metrics.register_userspace(stats);
+    }
     if let Some(l) = healthz {
         let (health, metrics, stop) = (health.clone(), metrics.clone(), stop_rx.clone());
         http_tasks.push(tokio::spawn(async move {
@@ -1084,6 +1105,12 @@ async fn serve<T: Target>(
         }
         e = config_changed => Err(e),
     };
+    // A data plane forwarding connections itself lets them finish first (the
+    // health and metrics servers still answer meanwhile).
+    if syncer.target.proxy_stats().is_some() {
+        let grace = settings.userspace.shutdown_timeout;
+        tokio::task::block_in_place(|| syncer.target.shutdown(grace));
+    }
     let _ = stop_tx.send(true);
     if let Some((servers, _)) = &mut syncer.health_checks {
         servers.shutdown();

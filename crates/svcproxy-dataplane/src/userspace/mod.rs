@@ -37,7 +37,10 @@ use svcproxy_plan::nft::CapturePorts;
 use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig, UserspaceConfig};
 use tokio::net::TcpListener;
 
-pub use tcp::{serve_tcp, Options, Pool, RouteTable, Routes, Scheduler, Sets, Stats};
+pub use tcp::{
+    serve_tcp, Options, Pool, PortBook, PortCounters, RouteTable, Routes, Scheduler, Sets, Stats,
+    MAX_PORT_SERIES,
+};
 pub use udp::{bind_wildcard, UdpFrontend};
 
 use crate::backend::{ApplyReport, Backend, Comparison, DataPlane, NodeRequirements};
@@ -103,7 +106,8 @@ struct Engine {
     runtime: Option<tokio::runtime::Runtime>,
     routes: Routes,
     ports: Arc<Ports>,
-    stats: Arc<Stats>,
+    /// The TCP listeners' tasks: aborting one closes its listener.
+    listeners: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Engine {
@@ -156,6 +160,7 @@ pub struct UserspaceDataPlane {
     families: Vec<IpFamily>,
     nft: NftDataPlane<NftCommand>,
     engine: Option<Engine>,
+    stats: Arc<Stats>,
     cursor: PortCursor,
     /// The intent generation the routes were last brought to.
     generation: Option<u64>,
@@ -175,16 +180,12 @@ impl UserspaceDataPlane {
             families,
             nft: NftDataPlane::new(),
             engine: None,
+            stats: Arc::new(Stats::default()),
             cursor: PortCursor::new(cfg.userspace.port_range),
             generation: None,
             retry_full: false,
             sctp_logged: HashSet::new(),
         }
-    }
-
-    /// What the proxy has done so far (`None` before the first sync).
-    pub fn stats(&self) -> Option<Arc<Stats>> {
-        self.engine.as_ref().map(|e| e.stats.clone())
     }
 
     fn options(&self) -> Options {
@@ -215,8 +216,9 @@ impl UserspaceDataPlane {
             .build()
             .map_err(|e| io_err("starting the userspace proxy's runtime", e))?;
         let routes = Routes::default();
-        let stats = Arc::new(Stats::default());
+        let stats = self.stats.clone();
         let mut tcp = HashMap::new();
+        let mut listeners = Vec::new();
         for family in self.families.clone() {
             for set in SETS {
                 let bound = self.cursor.bind(|port| listen_tcp(family, port));
@@ -235,13 +237,13 @@ impl UserspaceDataPlane {
                 let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
                 tracing::info!(%family, set = ?set, port, "userspace proxy listening for TCP");
                 tcp.insert((family, set), port);
-                runtime.spawn(serve_tcp(
+                listeners.push(runtime.spawn(serve_tcp(
                     listener,
                     set,
                     routes.clone(),
                     self.options(),
                     stats.clone(),
-                ));
+                )));
             }
         }
         let ports = Arc::new(Ports {
@@ -254,7 +256,7 @@ impl UserspaceDataPlane {
             runtime: Some(runtime),
             routes,
             ports,
-            stats,
+            listeners,
         });
         Ok(())
     }
@@ -268,7 +270,7 @@ impl UserspaceDataPlane {
         let (routes, ports, stats) = (
             engine.routes.clone(),
             engine.ports.clone(),
-            engine.stats.clone(),
+            self.stats.clone(),
         );
         let handle = match engine.runtime.as_ref() {
             Some(rt) => rt.handle().clone(),
@@ -311,7 +313,7 @@ impl UserspaceDataPlane {
             for (name, svc) in work {
                 match name.protocol {
                     Protocol::Tcp => {
-                        update_tcp(&mut table, family, &name, svc.as_deref(), &self.cfg)
+                        update_tcp(&mut table, family, &name, svc.as_deref(), &self.cfg, &stats)
                     }
                     Protocol::Udp => {
                         let failed = update_udp(
@@ -383,11 +385,13 @@ fn next_pool(
     svc: &ServiceIntent,
     set: EndpointSetId,
     cfg: &UserspaceConfig,
+    stats: &Stats,
 ) -> Option<Pool> {
     let endpoints = svc.set(set)?;
     Some(match old {
         Some(old) => old.successor(endpoints, cfg.scheduler, affinity(svc)),
-        None => Pool::new(endpoints, cfg.scheduler, affinity(svc)),
+        None => Pool::new(endpoints, cfg.scheduler, affinity(svc))
+            .counting(stats.port(svc.family, &svc.name)),
     })
 }
 
@@ -397,6 +401,7 @@ fn update_tcp(
     name: &ServicePortName,
     svc: Option<&ServiceIntent>,
     cfg: &UserspaceConfig,
+    stats: &Stats,
 ) {
     let key = (family, name.clone());
     let Some(svc) = svc else {
@@ -405,12 +410,13 @@ fn update_tcp(
                 pool.retire();
             }
         }
+        stats.forget(family, name);
         return;
     };
     let sets = table.services.entry(key).or_default();
     for set in SETS {
         let slot = sets.slot(set);
-        match next_pool(slot.as_deref(), svc, set, cfg) {
+        match next_pool(slot.as_deref(), svc, set, cfg, stats) {
             Some(pool) => *slot = Some(Arc::new(pool)),
             None => {
                 if let Some(old) = slot.take() {
@@ -437,7 +443,7 @@ fn update_udp(
     for set in SETS {
         let key = (family, name.clone(), set);
         let current = udp.get(&key).map(|f| f.pool());
-        match svc.and_then(|svc| next_pool(current.as_deref(), svc, set, cfg)) {
+        match svc.and_then(|svc| next_pool(current.as_deref(), svc, set, cfg, stats)) {
             Some(pool) => match udp.get(&key) {
                 Some(frontend) => frontend.set_pool(Arc::new(pool)),
                 None => {
@@ -468,6 +474,9 @@ fn update_udp(
                 udp.remove(&key);
             }
         }
+    }
+    if svc.is_none() {
+        stats.forget(family, name);
     }
     failed
 }
@@ -563,6 +572,39 @@ impl DataPlane for UserspaceDataPlane {
 
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
         self.nft.compare(intent)
+    }
+
+    fn proxy_stats(&self) -> Option<Arc<Stats>> {
+        Some(self.stats.clone())
+    }
+
+    /// Stops accepting (the listeners close: new connections are refused), then
+    /// waits for the open connections to end, at most `grace`; what is still open
+    /// then is cut when the runtime stops.
+    fn shutdown(&mut self, grace: Duration) {
+        let Some(engine) = self.engine.as_mut() else {
+            return;
+        };
+        for l in engine.listeners.drain(..) {
+            l.abort();
+        }
+        let deadline = std::time::Instant::now() + grace;
+        let active = || self.stats.active.load(std::sync::atomic::Ordering::Relaxed);
+        let open = active();
+        if open > 0 {
+            tracing::info!(connections = open, grace = ?grace, "userspace proxy: no longer accepting; letting open connections finish");
+        }
+        while active() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left = active();
+        if left > 0 {
+            tracing::warn!(
+                connections = left,
+                "userspace proxy: connections still open at the shutdown deadline are closed"
+            );
+        }
+        self.engine = None;
     }
 }
 

@@ -70,6 +70,8 @@ pub struct Pool {
     scheduler: Scheduler,
     next: AtomicUsize,
     affinity: Option<Affinity>,
+    /// The service port's counters (kept by the pools that follow this one).
+    counters: Arc<PortCounters>,
 }
 
 impl Pool {
@@ -90,7 +92,19 @@ impl Pool {
                 timeout,
                 clients: Mutex::new(HashMap::new()),
             }),
+            counters: Arc::default(),
         }
+    }
+
+    /// The pool, counting into `counters` (its service port's, from [`Stats::port`]).
+    pub fn counting(mut self, counters: Arc<PortCounters>) -> Self {
+        self.counters = counters;
+        self
+    }
+
+    /// What the pool's service port has done.
+    pub fn counters(&self) -> &Arc<PortCounters> {
+        &self.counters
     }
 
     /// The pool that replaces `self` when its endpoints or settings change:
@@ -127,6 +141,7 @@ impl Pool {
             }
         }
         next.next = AtomicUsize::new(self.next.load(Ordering::Relaxed));
+        next.counters = self.counters.clone();
         next
     }
 
@@ -254,9 +269,40 @@ impl RouteTable {
 /// The route table, shared by the data plane (writer) and the listeners.
 pub type Routes = Arc<RwLock<RouteTable>>;
 
+/// What the proxy did for one service port (in one family), or for those past
+/// [`MAX_PORT_SERIES`] together.
+#[derive(Debug, Default)]
+pub struct PortCounters {
+    pub accepted: AtomicU64,
+    pub active: AtomicU64,
+    pub retried: AtomicU64,
+    pub failed: AtomicU64,
+    pub bytes_to_endpoints: AtomicU64,
+    pub bytes_to_clients: AtomicU64,
+    pub udp_flows: AtomicU64,
+    pub udp_datagrams: AtomicU64,
+}
+
+/// Service ports counted apart at most (the metrics' cardinality bound); the
+/// others are counted together, for as long as they exist, so every series stays
+/// monotonic.
+pub const MAX_PORT_SERIES: usize = 1000;
+
+/// Per service port counters: each port's own while there is room, else the
+/// shared rest.
+#[derive(Debug, Default)]
+pub struct PortBook {
+    pub named: HashMap<(IpFamily, ServicePortName), Arc<PortCounters>>,
+    pub rest: Arc<PortCounters>,
+    /// Ports counted in `rest`.
+    rest_ports: std::collections::HashSet<(IpFamily, ServicePortName)>,
+}
+
 /// What the engine has done: monotonic counts.
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// Per service port (see [`Stats::port`]).
+    pub ports: Mutex<PortBook>,
     pub accepted: AtomicU64,
     pub active: AtomicU64,
     /// Connection attempts to an endpoint that failed (each followed by the next
@@ -267,12 +313,41 @@ pub struct Stats {
     pub failed: AtomicU64,
     pub bytes_to_endpoints: AtomicU64,
     pub bytes_to_clients: AtomicU64,
+    /// Connections whose original destination no route names (refused).
+    pub unrouted: AtomicU64,
     /// Connections closed because their endpoint left and the drain timeout passed.
     pub drained: AtomicU64,
     /// UDP flows opened (one upstream socket per client and service port).
     pub udp_flows: AtomicU64,
     pub udp_datagrams_to_endpoints: AtomicU64,
     pub udp_datagrams_to_clients: AtomicU64,
+}
+
+impl Stats {
+    /// The counters of `name` in `family`: its own while fewer than
+    /// [`MAX_PORT_SERIES`] ports have their own, else the shared rest.
+    pub fn port(&self, family: IpFamily, name: &ServicePortName) -> Arc<PortCounters> {
+        let mut book = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (family, name.clone());
+        if let Some(c) = book.named.get(&key) {
+            return c.clone();
+        }
+        if book.rest_ports.contains(&key) || book.named.len() >= MAX_PORT_SERIES {
+            book.rest_ports.insert(key);
+            return book.rest.clone();
+        }
+        let c = Arc::new(PortCounters::default());
+        book.named.insert(key, c.clone());
+        c
+    }
+
+    /// `name` in `family` is gone: its own counters go (and free their room).
+    pub fn forget(&self, family: IpFamily, name: &ServicePortName) {
+        let mut book = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (family, name.clone());
+        book.named.remove(&key);
+        book.rest_ports.remove(&key);
+    }
 }
 
 /// How the engine connects.
@@ -347,9 +422,12 @@ async fn forward(
     });
     let Some(pool) = pool else {
         stats.failed.fetch_add(1, Ordering::Relaxed);
+        stats.unrouted.fetch_add(1, Ordering::Relaxed);
         refuse(client);
         return;
     };
+    let port = pool.counters.clone();
+    port.accepted.fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
     let mut upstream = None;
     for i in pool.order(peer.ip(), now) {
@@ -362,15 +440,18 @@ async fn forward(
             Ok(Err(e)) => {
                 tracing::debug!(endpoint = %addr, error = %e, "userspace proxy: endpoint refused; trying the next");
                 stats.retried.fetch_add(1, Ordering::Relaxed);
+                port.retried.fetch_add(1, Ordering::Relaxed);
             }
             Err(_) => {
                 tracing::debug!(endpoint = %addr, "userspace proxy: endpoint did not accept in time; trying the next");
                 stats.retried.fetch_add(1, Ordering::Relaxed);
+                port.retried.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
     let Some((i, mut upstream)) = upstream else {
         stats.failed.fetch_add(1, Ordering::Relaxed);
+        port.failed.fetch_add(1, Ordering::Relaxed);
         refuse(client);
         return;
     };
@@ -379,6 +460,7 @@ async fn forward(
     drop(pool);
     endpoint.active.fetch_add(1, Ordering::Relaxed);
     stats.active.fetch_add(1, Ordering::Relaxed);
+    port.active.fetch_add(1, Ordering::Relaxed);
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
     // Each direction until its end of file, which is passed on as a shutdown of
@@ -396,6 +478,8 @@ async fn forward(
             if let Ok((up, down)) = copied {
                 stats.bytes_to_endpoints.fetch_add(up, Ordering::Relaxed);
                 stats.bytes_to_clients.fetch_add(down, Ordering::Relaxed);
+                port.bytes_to_endpoints.fetch_add(up, Ordering::Relaxed);
+                port.bytes_to_clients.fetch_add(down, Ordering::Relaxed);
             }
         }
         () = drain => {
@@ -407,6 +491,7 @@ async fn forward(
     }
     endpoint.active.fetch_sub(1, Ordering::Relaxed);
     stats.active.fetch_sub(1, Ordering::Relaxed);
+    port.active.fetch_sub(1, Ordering::Relaxed);
 }
 
 #[cfg(test)]

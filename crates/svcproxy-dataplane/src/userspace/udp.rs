@@ -26,7 +26,7 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::tcp::{Endpoint, Pool, Stats};
+use super::tcp::{Endpoint, Pool, PortCounters, Stats};
 
 /// Clients with an open flow per socket at most; a datagram from a new client past
 /// it is dropped (the client retries once a flow idles out).
@@ -111,6 +111,7 @@ pub fn bind_wildcard(family: IpFamily, port: u16) -> io::Result<std::net::UdpSoc
 /// passed.
 struct Flow {
     endpoint: Arc<Endpoint>,
+    counters: Arc<PortCounters>,
     upstream: Arc<UdpSocket>,
     last: Mutex<Instant>,
     /// Relays the endpoint's replies; aborted when the flow is replaced.
@@ -198,6 +199,7 @@ async fn relay(
             stats
                 .udp_datagrams_to_endpoints
                 .fetch_add(1, Ordering::Relaxed);
+            flow.counters.udp_datagrams.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -232,6 +234,7 @@ async fn open_flow(
     }
     let flow = Arc::new(Flow {
         endpoint,
+        counters: pool.counters().clone(),
         upstream: Arc::new(upstream),
         last: Mutex::new(Instant::now()),
         replies: Mutex::new(None),
@@ -241,6 +244,7 @@ async fn open_flow(
         .unwrap_or_else(|e| e.into_inner())
         .insert(client, flow.clone());
     stats.udp_flows.fetch_add(1, Ordering::Relaxed);
+    pool.counters().udp_flows.fetch_add(1, Ordering::Relaxed);
     let (sock, flows, stats) = (sock.clone(), flows.clone(), stats.clone());
     // The task holds the flow weakly: replacing the flow drops it and ends the task.
     let weak = Arc::downgrade(&flow);
@@ -263,6 +267,9 @@ async fn open_flow(
                         .await;
                     if sent.is_ok() {
                         stats.udp_datagrams_to_clients.fetch_add(1, Ordering::Relaxed);
+                        if let Some(f) = weak.upgrade() {
+                            f.counters.udp_datagrams.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => {

@@ -1516,6 +1516,53 @@ impl Env {
     }
 }
 
+/// One HTTP answer: status code, headers (lowercased names) and body.
+#[allow(dead_code)] // operations.rs and dataplane.rs
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub code: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Answer {
+    #[allow(dead_code)] // operations.rs only
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// GET `path` from `ip:port`, made inside `from`'s namespace. `None`: no answer
+/// (refused, timed out).
+#[allow(dead_code)] // operations.rs and dataplane.rs
+pub fn get(env: &Env, from: Host, ip: IpAddr, port: u16, path: &str) -> Option<Answer> {
+    let script = format!(
+        "exec 3<>/dev/tcp/{ip}/{port} || exit 7; \
+         printf 'GET {path} HTTP/1.1\\r\\nHost: svcproxy\\r\\nConnection: close\\r\\n\\r\\n' >&3; \
+         cat <&3"
+    );
+    let out = env.c.exec(from, &["timeout", "3", "bash", "-c", &script]);
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let code = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some(Answer {
+        code,
+        headers,
+        body: body.to_string(),
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // Assertions that collect
 // ---------------------------------------------------------------------------------------

@@ -300,6 +300,10 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
     pub userspace_drain_timeout: Duration,
 
+    /// userspace mode only: at SIGTERM the proxy stops accepting and lets open connections finish for at most this long; 25s by default, within a pod's default 30s grace period (svcproxy only).
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
+    pub userspace_shutdown_timeout: Duration,
+
     #[command(flatten)]
     pub ignored: IgnoredFlags,
 
