@@ -1,0 +1,281 @@
+//! TCP load for the proxy benchmarks (`scripts/bench-userspace.sh`): a server to put
+//! behind a proxy and the clients that measure through it.
+//!
+//! - `serve --listen ADDR[,ADDR...]`: per connection, the first byte says what to do:
+//!   `G` sends 64 KiB chunks until the client goes; `E` echoes until the end of file.
+//! - `bulk --target ADDR --streams N --seconds S`: N connections in `G` mode, each
+//!   reading as fast as it can; prints the bytes per second received in all.
+//! - `connect --target ADDR --concurrency C --seconds S`: C threads each making new
+//!   connections in turn (connect, one 32-byte request echoed, close); prints
+//!   connections per second and the p50/p99 of one whole connection.
+//! - `rr --target ADDR --concurrency C --seconds S`: C connections in `E` mode, each
+//!   sending a 64-byte request and waiting for its echo in turn; prints requests
+//!   per second and the p50/p99 request latency.
+//!
+//! Every client prints one JSON line. Threads and blocking sockets: the client's
+//! cost is the same whatever is measured behind the address.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "TCP load for svcproxy's proxy benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve G (generate) and E (echo) connections on every address listed.
+    Serve {
+        #[arg(long, value_delimiter = ',')]
+        listen: Vec<SocketAddr>,
+    },
+    /// Bulk download throughput over N streams.
+    Bulk {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        streams: usize,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
+    /// New connections per second (each one small request).
+    Connect {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
+    /// Small requests on open connections: rate and latency.
+    Rr {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Serve { listen } => serve(&listen),
+        Cmd::Bulk {
+            target,
+            streams,
+            seconds,
+        } => bulk(target, streams, Duration::from_secs_f64(seconds)),
+        Cmd::Connect {
+            target,
+            concurrency,
+            seconds,
+        } => connect(target, concurrency, Duration::from_secs_f64(seconds)),
+        Cmd::Rr {
+            target,
+            concurrency,
+            seconds,
+        } => rr(target, concurrency, Duration::from_secs_f64(seconds)),
+    }
+}
+
+fn serve(listen: &[SocketAddr]) -> Result<()> {
+    if listen.is_empty() {
+        bail!("--listen: at least one address");
+    }
+    let mut handles = Vec::new();
+    for addr in listen {
+        let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+        handles.push(thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(conn) = conn else { continue };
+                thread::spawn(move || {
+                    let _ = handle(conn);
+                });
+            }
+        }));
+    }
+    println!("ready");
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn handle(mut s: TcpStream) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut cmd = [0u8; 1];
+    s.read_exact(&mut cmd)?;
+    match cmd[0] {
+        b'G' => {
+            let chunk = vec![0x5au8; 64 * 1024];
+            loop {
+                s.write_all(&chunk)?;
+            }
+        }
+        b'E' => {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = s.read(&mut buf)?;
+                if n == 0 {
+                    return s.shutdown(Shutdown::Write);
+                }
+                s.write_all(&buf[..n])?;
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Runs `work` on `n` threads until `time` passes; each returns its own result.
+fn on_threads<T: Send + 'static>(
+    n: usize,
+    time: Duration,
+    work: impl Fn(Instant, &AtomicBool) -> Result<T> + Send + Sync + 'static,
+) -> Result<Vec<T>> {
+    let work = Arc::new(work);
+    let stop = Arc::new(AtomicBool::new(false));
+    let deadline = Instant::now() + time;
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (work, stop) = (work.clone(), stop.clone());
+            thread::spawn(move || work(deadline, &stop))
+        })
+        .collect();
+    thread::sleep(time);
+    stop.store(true, Ordering::Relaxed);
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
+        })
+        .collect()
+}
+
+fn bulk(target: SocketAddr, streams: usize, time: Duration) -> Result<()> {
+    let start = Instant::now();
+    let totals = on_threads(streams, time, move |deadline, stop| {
+        let mut s = TcpStream::connect(target).context("connecting")?;
+        s.write_all(b"G")?;
+        s.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match s.read(&mut buf) {
+                Ok(0) => bail!("the server closed the stream"),
+                Ok(n) => total += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(total)
+    })?;
+    let secs = start.elapsed().as_secs_f64().max(time.as_secs_f64());
+    let bytes: u64 = totals.iter().sum();
+    println!(
+        "{}",
+        serde_json::json!({
+            "test": "bulk",
+            "streams": streams,
+            "seconds": secs,
+            "bytes": bytes,
+            "gbit_per_s": bytes as f64 * 8.0 / secs / 1e9,
+        })
+    );
+    Ok(())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e6
+}
+
+fn report(test: &str, concurrency: usize, secs: f64, mut lat: Vec<Duration>, errors: u64) {
+    lat.sort();
+    println!(
+        "{}",
+        serde_json::json!({
+            "test": test,
+            "concurrency": concurrency,
+            "seconds": secs,
+            "count": lat.len(),
+            "errors": errors,
+            "per_s": lat.len() as f64 / secs,
+            "p50_us": percentile(&lat, 0.50),
+            "p99_us": percentile(&lat, 0.99),
+        })
+    );
+}
+
+fn connect(target: SocketAddr, concurrency: usize, time: Duration) -> Result<()> {
+    let start = Instant::now();
+    let results = on_threads(concurrency, time, move |deadline, stop| {
+        let mut lat = Vec::new();
+        let mut errors = 0u64;
+        let req = [b'E'; 33];
+        let mut buf = [0u8; 32];
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            let t = Instant::now();
+            let ok = (|| -> std::io::Result<()> {
+                let mut s = TcpStream::connect(target)?;
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                s.write_all(&req)?;
+                s.read_exact(&mut buf)?;
+                // Lingering off: the client closes first, and its ephemeral ports
+                // would otherwise run out in TIME_WAIT within a run.
+                socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO))?;
+                Ok(())
+            })();
+            match ok {
+                Ok(()) => lat.push(t.elapsed()),
+                Err(_) => errors += 1,
+            }
+        }
+        Ok((lat, errors))
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    let errors = results.iter().map(|(_, e)| e).sum();
+    let lat = results.into_iter().flat_map(|(l, _)| l).collect();
+    report("connect", concurrency, secs, lat, errors);
+    Ok(())
+}
+
+fn rr(target: SocketAddr, concurrency: usize, time: Duration) -> Result<()> {
+    let start = Instant::now();
+    let results = on_threads(concurrency, time, move |deadline, stop| {
+        let mut s = TcpStream::connect(target).context("connecting")?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"E")?;
+        let req = [0x42u8; 64];
+        let mut buf = [0u8; 64];
+        let mut lat = Vec::new();
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            let t = Instant::now();
+            s.write_all(&req)?;
+            s.read_exact(&mut buf)?;
+            lat.push(t.elapsed());
+        }
+        Ok(lat)
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    let lat = results.into_iter().flatten().collect();
+    report("rr", concurrency, secs, lat, 0);
+    Ok(())
+}
