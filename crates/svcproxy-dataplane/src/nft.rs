@@ -45,7 +45,20 @@ pub const BACKEND: Backend = Backend {
         },
     ],
     semantics: svcproxy_plan::nft::SEMANTICS,
-    new: |_| Box::new(NftDataPlane::new()),
+    // Localhost NodePorts (`--nodeport-localhost`) are served by the userspace
+    // proxy's forwarder on loopback, beside this mode's own rules.
+    new: |cfg| {
+        if IpFamily::BOTH
+            .into_iter()
+            .any(|f| cfg.serves_localhost_nodeports(f))
+        {
+            Box::new(crate::userspace::UserspaceDataPlane::localhost_nodeports(
+                cfg,
+            ))
+        } else {
+            Box::new(NftDataPlane::new())
+        }
+    },
 };
 
 /// svcproxy's nftables tables (`ip svcproxy`, `ip6 svcproxy`), written through a

@@ -42,7 +42,7 @@ pub struct NodePreparation {
 /// The settings `cfg` needs.
 pub fn required_sysctls(cfg: &PlanConfig) -> Vec<Sysctl> {
     let mut out = Vec::new();
-    if cfg.serves_localhost_nodeports() {
+    if cfg.needs_route_localnet() {
         out.push(Sysctl {
             name: "net.ipv4.conf.all.route_localnet",
             value: "1",

@@ -911,7 +911,46 @@ fn localhost_is_not_reachable_from_outside_the_node(mode: Mode) {
     ck.check(localnet.trim() == want, || {
         format!("route_localnet is {:?}, want {want}", localnet.trim())
     });
-    // ext sends to 127.0.0.1 through node-a (policy routing ahead of its own local table).
+    route_ext_loopback_via_node_a(&env);
+    let send = || {
+        let before = udp_delivered(&env, NODE_A);
+        let spec = ProbeSpec::new(Proto::Udp, sa(IpAddr::from([127, 0, 0, 1]), 5999))
+            .count(3)
+            .timeout(Duration::from_millis(200))
+            .source_ip(plan::ext_ip(Family::V4));
+        env.c.probe_spec(Host::Ext, &spec);
+        thread::sleep(Duration::from_millis(200));
+        udp_delivered(&env, NODE_A) - before
+    };
+    let got = send();
+    ck.check(got == 0, || {
+        format!("{got} datagrams from ext to node-a's 127.0.0.1 reached its UDP layer")
+    });
+    if mode == Mode::Userspace {
+        // The proxy serves localhost NodePorts to the node itself, without
+        // route_localnet; a packet from outside to 127.0.0.1:NodePort is not captured
+        // (then the kernel drops it as a martian). Without the capture's guard the
+        // same packet would be redirected to the proxy.
+        let local = sa(IpAddr::from([127, 0, 0, 1]), 30601);
+        let got = env.probe(Host::Node(NODE_A), Proto::Tcp, local, 2, ANSWER);
+        ck.answered_by("node-a itself -> 127.0.0.1 NodePort", &got, &["pod-b0"]);
+        outside_packets_to_a_loopback_nodeport_are_not_captured(&env, &mut ck, local, || {
+            mode.remove_localnet_guard(&env.c, NODE_A)
+        });
+    } else if mode.remove_localnet_guard(&env.c, NODE_A) {
+        let got = send();
+        ck.check(got > 0, || {
+            "with the guard removed, datagrams to 127.0.0.1 still did not arrive: \
+             the check above proves nothing"
+                .to_string()
+        });
+    }
+    ck.finish(&env);
+}
+
+/// Makes ext send packets for 127.0.0.1 to node-a (policy routing ahead of its own
+/// local table), as a hostile neighbour would.
+fn route_ext_loopback_via_node_a(env: &Env) {
     let node = plan::node_ip(NODE_A, Family::V4).to_string();
     for argv in [
         &["ip", "rule", "add", "pref", "10", "table", "local"][..],
@@ -940,60 +979,105 @@ fn localhost_is_not_reachable_from_outside_the_node(mode: Mode) {
     ] {
         env.c.exec_ok(Host::Ext, argv);
     }
-    let send = || {
-        let before = udp_delivered(&env, NODE_A);
-        let spec = ProbeSpec::new(Proto::Udp, sa(IpAddr::from([127, 0, 0, 1]), 5999))
-            .count(3)
-            .timeout(Duration::from_millis(200))
+}
+
+/// With ext routing 127.0.0.1 to node-a ([`route_ext_loopback_via_node_a`]): a TCP
+/// connection from ext to node-a's 127.0.0.1 NodePort `local` is not answered and
+/// not one segment of it reaches node-a's TCP layer (the capture leaves it alone;
+/// the kernel drops it as a martian). With the capture's guard removed by hand
+/// (`remove_guard`) the segments arrive, so the check can fail.
+fn outside_packets_to_a_loopback_nodeport_are_not_captured(
+    env: &Env,
+    ck: &mut Checks,
+    local: SocketAddr,
+    remove_guard: impl Fn() -> bool,
+) {
+    // TCP segments reaching node-a's TCP layer (the SYN and its retries); the
+    // answer could not reach ext anyway (its source would be 127.0.0.1).
+    let from_ext = || {
+        let before = snmp_sum(env, NODE_A, "Tcp", &["InSegs"]);
+        let spec = ProbeSpec::new(Proto::Tcp, local)
+            .count(1)
+            .timeout(Duration::from_millis(500))
             .source_ip(plan::ext_ip(Family::V4));
-        env.c.probe_spec(Host::Ext, &spec);
-        thread::sleep(Duration::from_millis(200));
-        udp_delivered(&env, NODE_A) - before
+        let got = env.c.probe_spec(Host::Ext, &spec);
+        (got, snmp_sum(env, NODE_A, "Tcp", &["InSegs"]) - before)
     };
-    let got = send();
-    ck.check(got == 0, || {
-        format!("{got} datagrams from ext to node-a's 127.0.0.1 reached its UDP layer")
+    let (got, segments) = from_ext();
+    ck.not_answered("ext -> node-a's 127.0.0.1 NodePort", &got);
+    ck.check(segments == 0, || {
+        format!(
+            "{segments} TCP segments from ext to node-a's 127.0.0.1 NodePort reached its TCP layer"
+        )
     });
-    if mode == Mode::Userspace {
-        // The proxy serves localhost NodePorts to the node itself, without
-        // route_localnet; a packet from outside to 127.0.0.1:NodePort is not captured
-        // (then the kernel drops it as a martian). Without the capture's guard the
-        // same packet would be redirected to the proxy.
-        let local = sa(IpAddr::from([127, 0, 0, 1]), 30601);
-        let got = env.probe(Host::Node(NODE_A), Proto::Tcp, local, 2, ANSWER);
-        ck.answered_by("node-a itself -> 127.0.0.1 NodePort", &got, &["pod-b0"]);
-        // TCP segments reaching node-a's TCP layer (the SYN and its retries); the
-        // answer could not reach ext anyway (its source would be 127.0.0.1).
-        let from_ext = || {
-            let before = snmp_sum(&env, NODE_A, "Tcp", &["InSegs"]);
-            let spec = ProbeSpec::new(Proto::Tcp, local)
-                .count(1)
-                .timeout(Duration::from_millis(500))
-                .source_ip(plan::ext_ip(Family::V4));
-            let got = env.c.probe_spec(Host::Ext, &spec);
-            (got, snmp_sum(&env, NODE_A, "Tcp", &["InSegs"]) - before)
-        };
-        let (got, segments) = from_ext();
-        ck.not_answered("ext -> node-a's 127.0.0.1 NodePort", &got);
-        ck.check(segments == 0, || {
-            format!("{segments} TCP segments from ext to node-a's 127.0.0.1 NodePort reached its TCP layer")
-        });
-        if mode.remove_localnet_guard(&env.c, NODE_A) {
-            let (_, segments) = from_ext();
-            ck.check(segments > 0, || {
-                "with the guard removed, segments to 127.0.0.1's NodePort still did not \
-                 arrive: the check above proves nothing"
-                    .to_string()
-            });
-        }
-    } else if mode.remove_localnet_guard(&env.c, NODE_A) {
-        let got = send();
-        ck.check(got > 0, || {
-            "with the guard removed, datagrams to 127.0.0.1 still did not arrive: \
-             the check above proves nothing"
+    if remove_guard() {
+        let (_, segments) = from_ext();
+        ck.check(segments > 0, || {
+            "with the guard removed, segments to 127.0.0.1's NodePort still did not \
+             arrive: the check above proves nothing"
                 .to_string()
         });
     }
+}
+
+/// nftables mode with `--nodeport-localhost`: NodePorts answer on 127.0.0.1 and ::1
+/// of the node itself, TCP and UDP, through the userspace proxy's forwarder on
+/// loopback (the endpoint sees the node's own address toward it), with `route_localnet` left
+/// at 0; the same NodePort on the node's address is still DNATed by the kernel
+/// (ext's address kept with `externalTrafficPolicy: Local`), and a packet from
+/// outside to 127.0.0.1 is never captured. Upstream's nftables mode has no
+/// localhost NodePorts at all; without the flag neither has svcproxy's (the
+/// default, checked by `localhost_is_not_reachable_from_outside_the_node`).
+#[test]
+fn nftables_mode_serves_localhost_nodeports_through_the_proxy() {
+    let mode = Mode::Nftables;
+    let svc = Svc::dual("lh", 48)
+        .node_port()
+        .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT).node_port(30621))
+        .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT).node_port(30622))
+        .etp_local(0);
+    let spec = EnvSpec {
+        flags: vec!["--nodeport-localhost".into()],
+        ..EnvSpec::default()
+    };
+    let Some(env) = Env::start(mode, spec, &[(&fname(&svc), file(&svc, &[A0]))]) else {
+        return;
+    };
+    let mut ck = Checks::new("nftables-localhost-nodeports");
+    let localnet = env.c.exec_ok(
+        Host::Node(NODE_A),
+        &["sysctl", "-n", "net.ipv4.conf.all.route_localnet"],
+    );
+    ck.check(localnet.trim() == "0", || {
+        format!("route_localnet is {:?}, want 0", localnet.trim())
+    });
+    for f in Family::BOTH {
+        let loopback: IpAddr = match f {
+            Family::V4 => "127.0.0.1".parse().unwrap(),
+            Family::V6 => "::1".parse().unwrap(),
+        };
+        for (proto, port) in [(Proto::Tcp, 30621), (Proto::Udp, 30622)] {
+            let what = format!("node-a itself -> {} NodePort {proto:?}", sa(loopback, port));
+            let got = env.probe(Host::Node(NODE_A), proto, sa(loopback, port), 4, ANSWER);
+            ck.answered_by(&what, &got, &["pod-a0"]);
+            // The proxy's own connection: from node-a's address toward the pod.
+            ck.client_is(&what, &got, plan::pod_gateway(NODE_A, f));
+        }
+        // The node's own address: the kernel's DNAT, the client's address kept.
+        let node = sa(plan::node_ip(NODE_A, f), 30621);
+        let got = env.probe(Host::Ext, Proto::Tcp, node, 4, ANSWER);
+        let what = format!("ext -> {node} (kernel DNAT)");
+        ck.answered_by(&what, &got, &["pod-a0"]);
+        ck.client_is(&what, &got, plan::ext_ip(f));
+    }
+    route_ext_loopback_via_node_a(&env);
+    // The guard is the capture's own first rule, as in the userspace mode.
+    outside_packets_to_a_loopback_nodeport_are_not_captured(
+        &env,
+        &mut ck,
+        sa(IpAddr::from([127, 0, 0, 1]), 30621),
+        || Mode::Userspace.remove_localnet_guard(&env.c, NODE_A),
+    );
     ck.finish(&env);
 }
 

@@ -104,11 +104,11 @@ pub struct PlanConfig {
     /// addresses of that family.
     pub node_ips: Vec<IpAddr>,
     pub nodeport_addresses: NodePortAddresses,
-    /// Accept NodePorts on 127.0.0.0/8 (IPv4 only; upstream's `localhostNodePorts`)
-    /// where the IPv4 NodePort addresses include loopback: every local address, or a
-    /// CIDR containing 127.0.0.0 (never `primary`). The connection is masqueraded; the data plane must set
-    /// `net.ipv4.conf.all.route_localnet=1` for it to leave the host.
+    /// Accept NodePorts on loopback (upstream's `localhostNodePorts`,
+    /// `--nodeport-localhost`): see [`PlanConfig::serves_localhost_nodeports`].
     pub localhost_nodeports: bool,
+    /// How the mode serves localhost NodePorts (set by [`ModeSemantics::apply`]).
+    pub localhost_by: LocalhostNodePorts,
     /// Guard the service address space, as upstream's nftables mode does: a cluster IP
     /// on a port no service exposes is rejected, and an unallocated address inside a
     /// ServiceCIDR is dropped. Upstream's iptables mode does neither (such packets are
@@ -162,6 +162,9 @@ pub struct UserspaceConfig {
     /// At SIGTERM, how long open connections may go on once the listeners are
     /// closed (`--userspace-shutdown-timeout`).
     pub shutdown_timeout: Duration,
+    /// Move TCP bytes with `splice(2)` rather than through a buffer
+    /// (`--userspace-zero-copy`).
+    pub zero_copy: bool,
 }
 
 impl Default for UserspaceConfig {
@@ -173,6 +176,7 @@ impl Default for UserspaceConfig {
             udp_timeout: Duration::from_millis(250),
             port_range: None,
             shutdown_timeout: Duration::from_secs(25),
+            zero_copy: true,
         }
     }
 }
@@ -186,6 +190,7 @@ impl Default for PlanConfig {
             node_ips: Vec::new(),
             nodeport_addresses: NodePortAddresses::Primary,
             localhost_nodeports: false,
+            localhost_by: LocalhostNodePorts::KernelNat,
             guard_service_ips: true,
             conntrack_tcp_be_liberal: false,
             drop_invalid_forwarded: false,
@@ -196,15 +201,29 @@ impl Default for PlanConfig {
     }
 }
 
+/// How a mode serves NodePorts on loopback, when they are asked for
+/// (`--nodeport-localhost`, `--iptables-localhost-nodeports`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LocalhostNodePorts {
+    /// The kernel DNATs them, as upstream's iptables mode: IPv4 only, only where the
+    /// IPv4 NodePort addresses include loopback, and the node needs
+    /// `net.ipv4.conf.all.route_localnet=1` (guarded against CVE-2020-8558).
+    #[default]
+    KernelNat,
+    /// The capture redirects them to the proxy's own sockets on loopback, and the
+    /// proxy connects to the endpoint from the node: both families, no
+    /// `route_localnet`, no martian packet ever let in.
+    Proxy,
+}
+
 /// What a proxy mode does where upstream's modes differ in behaviour (not in syntax):
 /// each backend declares it, and [`ModeSemantics::apply`] folds it into the
 /// configuration before the intent is built, so the intent stays the one place that
 /// decides and the backends only translate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModeSemantics {
-    /// NodePorts on 127.0.0.0/8 can be served (`--iptables-localhost-nodeports`);
-    /// upstream's nftables mode never does (it would need `route_localnet`).
-    pub localhost_nodeports: bool,
+    /// How NodePorts on loopback are served, when they are asked for.
+    pub localhost_nodeports: LocalhostNodePorts,
     /// See [`PlanConfig::guard_service_ips`].
     pub guard_service_ips: bool,
     /// See [`PlanConfig::drop_invalid_forwarded`].
@@ -214,7 +233,7 @@ pub struct ModeSemantics {
 impl ModeSemantics {
     /// `cfg` as this mode runs it.
     pub fn apply(&self, mut cfg: PlanConfig) -> PlanConfig {
-        cfg.localhost_nodeports &= self.localhost_nodeports;
+        cfg.localhost_by = self.localhost_nodeports;
         cfg.guard_service_ips = self.guard_service_ips;
         cfg.drop_invalid_forwarded = self.drop_invalid_forwarded;
         cfg
@@ -241,26 +260,43 @@ impl PlanConfig {
         1u32 << bit
     }
 
-    /// Whether IPv4 NodePorts also answer on 127.0.0.0/8: `localhost_nodeports`, and
-    /// the IPv4 NodePort addresses include loopback (upstream's
-    /// `ContainsIPv4Loopback`): every local address, or a CIDR that holds 127.0.0.0
-    /// or starts at a loopback address; never `primary`.
-    pub fn serves_localhost_nodeports(&self) -> bool {
-        let v4_includes_loopback = match &self.nodeport_addresses {
-            NodePortAddresses::Primary => false,
+    /// Whether the family's NodePorts also answer on loopback (127.0.0.0/8, ::1):
+    /// `localhost_nodeports` asked for, and then
+    /// - by kernel NAT (upstream's iptables mode, `ContainsIPv4Loopback`): IPv4
+    ///   only, where the IPv4 NodePort addresses include loopback: every local
+    ///   address, or a CIDR that holds 127.0.0.0 or starts at a loopback address;
+    ///   never `primary`;
+    /// - by the proxy: both families, unless CIDRs given for the family leave its
+    ///   loopback out (`primary` serves it: the flag itself names the address).
+    pub fn serves_localhost_nodeports(&self, family: IpFamily) -> bool {
+        if !self.localhost_nodeports || !self.family_enabled(family) {
+            return false;
+        }
+        let loopback: IpAddr = match family {
+            IpFamily::V4 => IpAddr::from([127, 0, 0, 0]),
+            IpFamily::V6 => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        };
+        let includes_loopback = |primary: bool| match &self.nodeport_addresses {
+            NodePortAddresses::Primary => primary,
             NodePortAddresses::AllLocal => true,
             NodePortAddresses::Cidrs(cidrs) => {
-                let mut v4 = cidrs
+                let mut own = cidrs
                     .iter()
-                    .filter(|c| matches!(c, IpNet::V4(_)))
+                    .filter(|c| IpFamily::of(&c.addr()) == family)
                     .peekable();
-                v4.peek().is_none()
-                    || v4.any(|c| {
-                        c.addr().is_loopback() || c.contains(&IpAddr::from([127, 0, 0, 0]))
-                    })
+                own.peek().is_none() || own.any(|c| c.addr().is_loopback() || c.contains(&loopback))
             }
         };
-        self.ipv4 && self.localhost_nodeports && v4_includes_loopback
+        match self.localhost_by {
+            LocalhostNodePorts::KernelNat => family == IpFamily::V4 && includes_loopback(false),
+            LocalhostNodePorts::Proxy => includes_loopback(true),
+        }
+    }
+
+    /// Whether the node needs `route_localnet` (localhost NodePorts by kernel NAT).
+    pub fn needs_route_localnet(&self) -> bool {
+        self.localhost_by == LocalhostNodePorts::KernelNat
+            && self.serves_localhost_nodeports(IpFamily::V4)
     }
 
     pub fn family_enabled(&self, family: IpFamily) -> bool {
@@ -279,25 +315,64 @@ mod tests {
     fn mode_semantics_fold_into_the_config() {
         let cfg = PlanConfig {
             localhost_nodeports: true,
+            nodeport_addresses: NodePortAddresses::AllLocal,
             ..PlanConfig::default()
         };
-        let nft_like = ModeSemantics {
-            localhost_nodeports: false,
+        let by_proxy = ModeSemantics {
+            localhost_nodeports: LocalhostNodePorts::Proxy,
             guard_service_ips: true,
             drop_invalid_forwarded: false,
         };
         let ipt_like = ModeSemantics {
-            localhost_nodeports: true,
+            localhost_nodeports: LocalhostNodePorts::KernelNat,
             guard_service_ips: false,
             drop_invalid_forwarded: true,
         };
-        let a = nft_like.apply(cfg.clone());
-        assert!(!a.localhost_nodeports && a.guard_service_ips);
+        let a = by_proxy.apply(cfg.clone());
+        assert!(a.guard_service_ips && !a.needs_route_localnet());
+        assert!(a.serves_localhost_nodeports(IpFamily::V4));
+        assert!(a.serves_localhost_nodeports(IpFamily::V6));
         let b = ipt_like.apply(cfg.clone());
-        assert!(b.localhost_nodeports && !b.guard_service_ips && b.drop_invalid_forwarded);
+        assert!(!b.guard_service_ips && b.drop_invalid_forwarded && b.needs_route_localnet());
+        assert!(b.serves_localhost_nodeports(IpFamily::V4));
+        assert!(!b.serves_localhost_nodeports(IpFamily::V6));
         // A mode that can serve localhost NodePorts still only does when asked.
         let c = ipt_like.apply(PlanConfig::default());
-        assert!(!c.localhost_nodeports);
+        assert!(!c.serves_localhost_nodeports(IpFamily::V4) && !c.needs_route_localnet());
+    }
+
+    #[test]
+    fn the_proxy_serves_localhost_nodeports_unless_the_familys_cidrs_leave_loopback_out() {
+        let with = |addrs: NodePortAddresses| PlanConfig {
+            localhost_nodeports: true,
+            localhost_by: LocalhostNodePorts::Proxy,
+            nodeport_addresses: addrs,
+            ..PlanConfig::default()
+        };
+        let cidrs =
+            |c: &[&str]| NodePortAddresses::Cidrs(c.iter().map(|c| c.parse().unwrap()).collect());
+        for family in IpFamily::BOTH {
+            assert!(with(NodePortAddresses::Primary).serves_localhost_nodeports(family));
+            assert!(with(NodePortAddresses::AllLocal).serves_localhost_nodeports(family));
+        }
+        // Only IPv4 CIDRs, none holding loopback: IPv4 left out, IPv6 takes all.
+        let v4_only = with(cidrs(&["10.0.0.0/8"]));
+        assert!(!v4_only.serves_localhost_nodeports(IpFamily::V4));
+        assert!(v4_only.serves_localhost_nodeports(IpFamily::V6));
+        let both = with(cidrs(&["127.0.0.0/8", "fd00::/64"]));
+        assert!(both.serves_localhost_nodeports(IpFamily::V4));
+        assert!(!both.serves_localhost_nodeports(IpFamily::V6));
+        assert!(with(cidrs(&["::1/128"])).serves_localhost_nodeports(IpFamily::V6));
+        let off = PlanConfig {
+            localhost_nodeports: false,
+            ..with(NodePortAddresses::AllLocal)
+        };
+        assert!(!off.serves_localhost_nodeports(IpFamily::V4));
+        let no_v6 = PlanConfig {
+            ipv6: false,
+            ..with(NodePortAddresses::AllLocal)
+        };
+        assert!(!no_v6.serves_localhost_nodeports(IpFamily::V6));
     }
 
     #[test]

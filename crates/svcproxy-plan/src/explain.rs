@@ -375,8 +375,11 @@ fn nodeport_destination(
     host: &NodeSnapshot,
     ip: IpAddr,
 ) -> Option<&'static str> {
-    if node.localhost_nodeports && matches!(ip, IpAddr::V4(v4) if v4.is_loopback()) {
-        return Some("127.0.0.0/8 (localhost NodePorts)");
+    if node.localhost_nodeports && ip.is_loopback() {
+        return Some(match ip {
+            IpAddr::V4(_) => "127.0.0.0/8 (localhost NodePorts)",
+            IpAddr::V6(_) => "::1 (localhost NodePorts)",
+        });
     }
     match &node.nodeports {
         NodePortDestinations::Ips(ips) if ips.contains(&ip) => {
@@ -637,8 +640,7 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
             };
             return trace;
         };
-        let localhost = frontend.kind == FrontendKind::NodePort
-            && matches!(packet.to.ip(), IpAddr::V4(v4) if v4.is_loopback());
+        let localhost = frontend.kind == FrontendKind::NodePort && packet.to.ip().is_loopback();
         if route.masquerade {
             (
                 EndpointSetId::Cluster,
@@ -680,8 +682,7 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
                     s,
                     localhost,
                     if localhost {
-                        "a localhost NodePort: the source 127.0.0.1 cannot leave the node"
-                            .to_string()
+                        "a localhost NodePort: a loopback source cannot leave the node".to_string()
                     } else {
                         "externalTrafficPolicy Local: the client's address is kept".to_string()
                     },

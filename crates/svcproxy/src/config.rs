@@ -44,8 +44,11 @@ pub struct Settings {
     pub masquerade_all: bool,
     /// Bit (0-31) of the packet mark that flags packets for SNAT.
     pub masquerade_bit: u8,
-    /// iptables mode, IPv4 only: NodePorts also answer on 127.0.0.1.
+    /// iptables mode, IPv4 only: NodePorts also answer on 127.0.0.1
+    /// (`--iptables-localhost-nodeports`, `iptables.localhostNodePorts`).
     pub localhost_nodeports: bool,
+    /// `--nodeport-localhost`, when given (see [`Settings::serves_localhost_nodeports`]).
+    pub nodeport_localhost: Option<bool>,
     /// `None`: health check server disabled.
     pub healthz_bind: Option<SocketAddr>,
     /// `None`: metrics server disabled.
@@ -133,6 +136,20 @@ pub enum ProxyMode {
     Iptables,
     /// The proxy forwards every connection itself (kube-proxy's original mode).
     Userspace,
+}
+
+impl Settings {
+    /// Whether NodePorts are asked for on loopback: `--nodeport-localhost` when
+    /// given; else the iptables setting in the iptables and userspace modes (on by
+    /// default, as upstream's iptables mode), and never in nftables mode (as
+    /// upstream's). Where and how they are then served is the mode's
+    /// ([`svcproxy_plan::PlanConfig::serves_localhost_nodeports`]).
+    pub fn serves_localhost_nodeports(&self) -> bool {
+        self.nodeport_localhost.unwrap_or(match self.proxy_mode {
+            ProxyMode::Nftables => false,
+            ProxyMode::Iptables | ProxyMode::Userspace => self.localhost_nodeports,
+        })
+    }
 }
 
 impl ProxyMode {
@@ -380,6 +397,7 @@ fn resolve_with(
         masquerade_all: modeled.masquerade_all,
         masquerade_bit: modeled.masquerade_bit,
         localhost_nodeports: modeled.localhost_nodeports,
+        nodeport_localhost: flags.nodeport_localhost,
         healthz_bind: modeled.healthz_bind,
         metrics_bind: modeled.metrics_bind,
         min_sync_period: modeled.min_sync_period,
@@ -442,6 +460,7 @@ fn userspace_config(
             ("userspace_connect_timeout", "--userspace-connect-timeout"),
             ("userspace_drain_timeout", "--userspace-drain-timeout"),
             ("userspace_shutdown_timeout", "--userspace-shutdown-timeout"),
+            ("userspace_zero_copy", "--userspace-zero-copy"),
         ] {
             if explicitly_set(id) {
                 warnings.push(format!(
@@ -470,6 +489,7 @@ fn userspace_config(
         udp_timeout: flags.udp_timeout,
         port_range,
         shutdown_timeout: flags.userspace_shutdown_timeout,
+        zero_copy: flags.userspace_zero_copy,
     })
 }
 

@@ -91,7 +91,7 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
             vec![settings.bind_address]
         },
         nodeport_addresses,
-        localhost_nodeports: settings.localhost_nodeports,
+        localhost_nodeports: settings.serves_localhost_nodeports(),
         conntrack_tcp_be_liberal: settings.conntrack.tcp_be_liberal,
         userspace: settings.userspace.clone(),
         ..PlanConfig::default()
@@ -607,7 +607,12 @@ impl<T: Target> Syncer for ProxySyncer<T> {
     fn sync(&mut self, full: bool) -> anyhow::Result<()> {
         // The runner syncs once every source has listed: the catalog is complete.
         if let Some(dns) = &self.dns {
-            dns.write().unwrap_or_else(|e| e.into_inner()).set_ready();
+            let mut catalog = dns.write().unwrap_or_else(|e| e.into_inner());
+            if !catalog.is_ready() {
+                catalog.set_ready();
+                // Until now every query was answered SERVFAIL (never a false NXDOMAIN).
+                tracing::info!("cluster DNS answering: every source has listed");
+            }
         }
         // The snapshot is always complete; `changed` only lets the planner skip work.
         // After a failed apply the data plane re-plans everything regardless.

@@ -53,7 +53,13 @@ fn start(dir: &Path, extra: &[&str]) -> Dns {
     let start = Instant::now();
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("cluster DNS listening")) {
+        // Listening, and past the first complete list (before it every query is
+        // answered SERVFAIL).
+        let answering = text.contains("cluster DNS answering");
+        if let Some(line) = text
+            .lines()
+            .find(|l| answering && l.contains("cluster DNS listening"))
+        {
             let addr = line
                 .split_whitespace()
                 .find_map(|w| strip_ansi(w).strip_prefix("address=").map(String::from))

@@ -22,7 +22,16 @@
 //!
 //! The proxy runs on a runtime of its own (one worker per CPU), started at the
 //! first sync; `render`, `cleanup` and the other commands never bind a socket.
+//!
+//! The same data plane, [`UserspaceDataPlane::localhost_nodeports`], is the
+//! nftables mode when it serves NodePorts on loopback (`--nodeport-localhost`):
+//! the set chains DNAT as usual and redirect only connections to 127.0.0.0/8 or
+//! ::1 to this proxy, which listens on loopback alone and holds only the service
+//! ports that have a NodePort. The kernel cannot DNAT those connections out of the
+//! node without `route_localnet` (and the martian packets it lets in,
+//! CVE-2020-8558); the proxy connects from the node's own address instead.
 
+mod relay;
 mod tcp;
 mod udp;
 
@@ -53,7 +62,7 @@ use crate::sink::NftCommand;
 /// the service address space is guarded as in the nftables mode, whose table it
 /// uses.
 pub const SEMANTICS: ModeSemantics = ModeSemantics {
-    localhost_nodeports: true,
+    localhost_nodeports: svcproxy_plan::LocalhostNodePorts::Proxy,
     guard_service_ips: true,
     drop_invalid_forwarded: false,
 };
@@ -70,14 +79,85 @@ pub const BACKEND: Backend = Backend {
 
 const SETS: [EndpointSetId; 2] = [EndpointSetId::Cluster, EndpointSetId::Local];
 
+/// What the proxy serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    /// Every TCP and UDP frontend (the userspace mode).
+    All,
+    /// NodePorts on loopback, in these families (the nftables mode's localhost
+    /// NodePorts).
+    LoopbackNodePorts { v4: bool, v6: bool },
+}
+
+impl Scope {
+    /// Whether the proxy serves `svc` at all (SCTP never).
+    fn serves(self, svc: &ServiceIntent) -> bool {
+        if svc.protocol == Protocol::Sctp {
+            return false;
+        }
+        match self {
+            Scope::All => true,
+            Scope::LoopbackNodePorts { v4, v6 } => {
+                let family = match svc.family {
+                    IpFamily::V4 => v4,
+                    IpFamily::V6 => v6,
+                };
+                family
+                    && svc
+                        .frontends
+                        .iter()
+                        .any(|f| matches!(f.key, FrontendKey::NodePort { .. }))
+            }
+        }
+    }
+
+    /// Whether connections to `key` can reach the proxy (a service IP cannot be
+    /// loopback: only NodePorts reach the localhost proxy).
+    fn routes(self, key: &FrontendKey) -> bool {
+        self == Scope::All || matches!(key, FrontendKey::NodePort { .. })
+    }
+
+    fn families(self, enabled: &[IpFamily]) -> Vec<IpFamily> {
+        enabled
+            .iter()
+            .copied()
+            .filter(|f| match (self, f) {
+                (Scope::All, _) => true,
+                (Scope::LoopbackNodePorts { v4, .. }, IpFamily::V4) => v4,
+                (Scope::LoopbackNodePorts { v6, .. }, IpFamily::V6) => v6,
+            })
+            .collect()
+    }
+
+    /// The address the proxy's sockets bind: every address for the userspace mode
+    /// (a redirect of a forwarded packet goes to the address of the interface it
+    /// came in on), loopback alone for localhost NodePorts.
+    fn bind_ip(self, family: IpFamily) -> IpAddr {
+        match (self, family) {
+            (Scope::All, IpFamily::V4) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            (Scope::All, IpFamily::V6) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            (Scope::LoopbackNodePorts { .. }, IpFamily::V4) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            (Scope::LoopbackNodePorts { .. }, IpFamily::V6) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        }
+    }
+}
+
 /// Where the capture rules send each set's connections.
 struct Ports {
+    scope: Scope,
     tcp: HashMap<(IpFamily, EndpointSetId), u16>,
     udp: Mutex<HashMap<(IpFamily, ServicePortName, EndpointSetId), udp::UdpFrontend>>,
 }
 
 impl CapturePorts for Ports {
+    fn loopback_only(&self) -> bool {
+        self.scope != Scope::All
+    }
+
     fn port(&self, svc: &ServiceIntent, set: EndpointSetId) -> Option<u16> {
+        if !self.scope.serves(svc) {
+            return None;
+        }
         match svc.protocol {
             Protocol::Tcp => self.tcp.get(&(svc.family, set)).copied(),
             Protocol::Udp => self
@@ -93,11 +173,15 @@ impl CapturePorts for Ports {
 
 /// The ports `svcproxy render` shows: the sockets' ports are only known once they
 /// are bound, so each is shown as the first port of `--proxy-port-range` or 0.
-struct RenderPorts(u16);
+struct RenderPorts(Scope, u16);
 
 impl CapturePorts for RenderPorts {
+    fn loopback_only(&self) -> bool {
+        self.0 != Scope::All
+    }
+
     fn port(&self, svc: &ServiceIntent, _set: EndpointSetId) -> Option<u16> {
-        (svc.protocol != Protocol::Sctp).then_some(self.0)
+        self.0.serves(svc).then_some(self.1)
     }
 }
 
@@ -157,6 +241,7 @@ impl PortCursor {
 /// mode's planner and writer) and the proxy it sends connections to.
 pub struct UserspaceDataPlane {
     cfg: UserspaceConfig,
+    scope: Scope,
     families: Vec<IpFamily>,
     nft: NftDataPlane<NftCommand>,
     engine: Option<Engine>,
@@ -171,13 +256,30 @@ pub struct UserspaceDataPlane {
 
 impl UserspaceDataPlane {
     pub fn new(cfg: &PlanConfig) -> Self {
-        let families = IpFamily::BOTH
+        Self::with_scope(cfg, Scope::All)
+    }
+
+    /// The nftables mode serving NodePorts on loopback through the proxy (see the
+    /// module's doc), in the families where `cfg` serves them.
+    pub fn localhost_nodeports(cfg: &PlanConfig) -> Self {
+        Self::with_scope(
+            cfg,
+            Scope::LoopbackNodePorts {
+                v4: cfg.serves_localhost_nodeports(IpFamily::V4),
+                v6: cfg.serves_localhost_nodeports(IpFamily::V6),
+            },
+        )
+    }
+
+    fn with_scope(cfg: &PlanConfig, scope: Scope) -> Self {
+        let enabled: Vec<IpFamily> = IpFamily::BOTH
             .into_iter()
             .filter(|f| cfg.family_enabled(*f))
             .collect();
         UserspaceDataPlane {
             cfg: cfg.userspace.clone(),
-            families,
+            scope,
+            families: scope.families(&enabled),
             nft: NftDataPlane::new(),
             engine: None,
             stats: Arc::new(Stats::default()),
@@ -192,6 +294,7 @@ impl UserspaceDataPlane {
         Options {
             connect_timeout: self.cfg.connect_timeout,
             drain_timeout: self.cfg.drain_timeout,
+            zero_copy: self.cfg.zero_copy,
         }
     }
 
@@ -221,7 +324,8 @@ impl UserspaceDataPlane {
         let mut listeners = Vec::new();
         for family in self.families.clone() {
             for set in SETS {
-                let bound = self.cursor.bind(|port| listen_tcp(family, port));
+                let ip = self.scope.bind_ip(family);
+                let bound = self.cursor.bind(|port| listen_tcp(ip, port));
                 let listener = match bound {
                     Ok(l) => l,
                     Err(e) => {
@@ -247,6 +351,7 @@ impl UserspaceDataPlane {
             }
         }
         let ports = Arc::new(Ports {
+            scope: self.scope,
             tcp,
             udp: Mutex::new(HashMap::new()),
         });
@@ -311,6 +416,8 @@ impl UserspaceDataPlane {
                     .collect()
             };
             for (name, svc) in work {
+                // A service port the proxy does not serve is one it does not hold.
+                let svc = svc.filter(|s| self.scope.serves(s));
                 match name.protocol {
                     Protocol::Tcp => {
                         update_tcp(&mut table, family, &name, svc.as_deref(), &self.cfg, &stats)
@@ -320,7 +427,7 @@ impl UserspaceDataPlane {
                             &mut udp,
                             &handle,
                             &mut self.cursor,
-                            family,
+                            self.scope.bind_ip(family),
                             &name,
                             svc.as_deref(),
                             &self.cfg,
@@ -328,6 +435,7 @@ impl UserspaceDataPlane {
                         );
                         self.retry_full |= failed;
                     }
+                    Protocol::Sctp if self.scope != Scope::All => {}
                     Protocol::Sctp => {
                         if svc.is_some() && self.sctp_logged.insert(name.clone()) {
                             tracing::warn!(service = %name, "SCTP is not proxied in userspace mode (as upstream's userspace proxy); this service port is not captured");
@@ -342,13 +450,17 @@ impl UserspaceDataPlane {
                 table.vips.retain(|a, _| IpFamily::of(&a.ip()) != family);
                 table.nodeports.retain(|(f, _), _| *f != family);
                 for (svc, f) in fam.frontends() {
-                    insert_frontend(&mut table, family, &f.key, &svc.name);
+                    if self.scope.routes(&f.key) {
+                        insert_frontend(&mut table, family, &f.key, &svc.name);
+                    }
                 }
             } else {
                 for change in &delta.family(family).frontends {
                     remove_frontend(&mut table, family, &change.key);
                     if let Some(svc) = &change.after {
-                        insert_frontend(&mut table, family, &change.key, &svc.name);
+                        if self.scope.routes(&change.key) {
+                            insert_frontend(&mut table, family, &change.key, &svc.name);
+                        }
                     }
                 }
             }
@@ -356,15 +468,15 @@ impl UserspaceDataPlane {
     }
 }
 
-/// A TCP listener on the family's wildcard address at `port` (0: any).
-fn listen_tcp(family: IpFamily, port: u16) -> std::io::Result<std::net::TcpListener> {
+/// A TCP listener on `ip` at `port` (0: any).
+fn listen_tcp(ip: IpAddr, port: u16) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol as P, Socket, Type};
-    let (domain, ip) = match family {
-        IpFamily::V4 => (Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-        IpFamily::V6 => (Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    let domain = match ip {
+        IpAddr::V4(_) => Domain::IPV4,
+        IpAddr::V6(_) => Domain::IPV6,
     };
     let s = Socket::new(domain, Type::STREAM, Some(P::TCP))?;
-    if family == IpFamily::V6 {
+    if ip.is_ipv6() {
         s.set_only_v6(true)?;
     }
     s.set_reuse_address(true)?;
@@ -433,12 +545,13 @@ fn update_udp(
     udp: &mut HashMap<(IpFamily, ServicePortName, EndpointSetId), udp::UdpFrontend>,
     handle: &tokio::runtime::Handle,
     cursor: &mut PortCursor,
-    family: IpFamily,
+    bind_ip: IpAddr,
     name: &ServicePortName,
     svc: Option<&ServiceIntent>,
     cfg: &UserspaceConfig,
     stats: &Arc<Stats>,
 ) -> bool {
+    let family = IpFamily::of(&bind_ip);
     let mut failed = false;
     for set in SETS {
         let key = (family, name.clone(), set);
@@ -448,7 +561,7 @@ fn update_udp(
                 Some(frontend) => frontend.set_pool(Arc::new(pool)),
                 None => {
                     let started = cursor
-                        .bind(|port| udp::bind_wildcard(family, port))
+                        .bind(|port| udp::bind(SocketAddr::new(bind_ip, port)))
                         .and_then(|sock| {
                             udp::UdpFrontend::start(
                                 handle,
@@ -526,7 +639,10 @@ fn remove_frontend(table: &mut RouteTable, family: IpFamily, key: &FrontendKey) 
 
 impl DataPlane for UserspaceDataPlane {
     fn mode(&self) -> &'static str {
-        BACKEND.mode
+        match self.scope {
+            Scope::All => BACKEND.mode,
+            Scope::LoopbackNodePorts { .. } => crate::nft::BACKEND.mode,
+        }
     }
 
     fn sync(
@@ -548,10 +664,16 @@ impl DataPlane for UserspaceDataPlane {
             return self.nft.render(intent);
         }
         let port = self.cfg.port_range.map_or(0, |(lo, _)| lo);
-        let capture: Arc<dyn CapturePorts> = Arc::new(RenderPorts(port));
+        let capture: Arc<dyn CapturePorts> = Arc::new(RenderPorts(self.scope, port));
         let script = svcproxy_plan::nft::render_full_with(intent, Some(capture));
+        let what = match self.scope {
+            Scope::All => "userspace mode: each endpoint set's chain redirects",
+            Scope::LoopbackNodePorts { .. } => {
+                "nftables mode with localhost NodePorts: a NodePort's endpoint set chains redirect connections to loopback"
+            }
+        };
         format!(
-            "# userspace mode: each endpoint set's chain redirects to a socket of the proxy, whose\n\
+            "# {what} to a socket of the proxy, whose\n\
              # port is known once it is bound; shown as {port} (the first of --proxy-port-range, or 0).\n{script}"
         )
     }
@@ -560,10 +682,10 @@ impl DataPlane for UserspaceDataPlane {
         self.nft.cleanup()
     }
 
-    fn node_requirements(&self, _cfg: &PlanConfig) -> NodeRequirements {
-        // Localhost NodePorts are redirected to the proxy on loopback itself: no
-        // route_localnet.
-        NodeRequirements::default()
+    fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements {
+        // Localhost NodePorts are redirected to the proxy on loopback itself: the
+        // configuration asks for no route_localnet.
+        self.nft.node_requirements(cfg)
     }
 
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {

@@ -358,6 +358,8 @@ pub struct Options {
     /// How long a connection to an endpoint that left its pool goes on; zero: to
     /// its end.
     pub drain_timeout: Duration,
+    /// Relay with `splice(2)` (see [`super::relay`]).
+    pub zero_copy: bool,
 }
 
 /// Accepts connections on `listener` until it fails, forwarding each to the
@@ -465,7 +467,7 @@ async fn forward(
     let _ = upstream.set_nodelay(true);
     // Each direction until its end of file, which is passed on as a shutdown of
     // the other side's writing: a half-closed connection keeps its other half.
-    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    let copy = super::relay::relay(&mut client, &mut upstream, options.zero_copy);
     let mut removed = endpoint.removed.subscribe();
     let drain = async {
         if options.drain_timeout.is_zero() || removed.wait_for(|r| *r).await.is_err() {

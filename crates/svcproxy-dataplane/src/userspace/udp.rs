@@ -87,19 +87,21 @@ impl UdpFrontend {
 /// A non-blocking UDP socket on the family's wildcard address (IPv6 only for
 /// IPv6) at `port`.
 pub fn bind_wildcard(family: IpFamily, port: u16) -> io::Result<std::net::UdpSocket> {
+    bind(match family {
+        IpFamily::V4 => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+        IpFamily::V6 => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+    })
+}
+
+/// A non-blocking UDP socket bound to `addr` (an IPv6 one takes IPv6 only).
+pub fn bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let (domain, addr) = match family {
-        IpFamily::V4 => (
-            Domain::IPV4,
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-        ),
-        IpFamily::V6 => (
-            Domain::IPV6,
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
-        ),
+    let domain = match addr {
+        SocketAddr::V4(_) => Domain::IPV4,
+        SocketAddr::V6(_) => Domain::IPV6,
     };
     let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
-    if family == IpFamily::V6 {
+    if addr.is_ipv6() {
         s.set_only_v6(true)?;
     }
     s.set_nonblocking(true)?;

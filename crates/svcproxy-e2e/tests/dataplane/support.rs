@@ -204,16 +204,18 @@ impl Mode {
             .semantics
     }
 
-    /// Whether NodePorts answer on 127.0.0.1 with the default flags (iptables mode's
-    /// `--iptables-localhost-nodeports` is on by default; nftables mode never serves them).
+    /// Whether NodePorts answer on 127.0.0.1 with the default flags (on by default
+    /// in the iptables and userspace modes, as upstream's iptables mode; nftables
+    /// mode serves them only with `--nodeport-localhost`).
     pub fn localhost_nodeports(self) -> bool {
-        self.semantics().localhost_nodeports
+        self != Mode::Nftables
     }
 
-    /// Whether the mode sets `route_localnet` (localhost NodePorts DNATed by the
-    /// kernel); the userspace proxy serves them on loopback itself.
+    /// Whether the mode sets `route_localnet` by default (localhost NodePorts DNATed
+    /// by the kernel); the userspace proxy serves them on loopback itself.
     pub fn needs_route_localnet(self) -> bool {
-        self.localhost_nodeports() && self != Mode::Userspace
+        self.localhost_nodeports()
+            && self.semantics().localhost_nodeports == svcproxy_plan::LocalhostNodePorts::KernelNat
     }
 
     /// Whether NodePorts answer on every local address when `--nodeport-addresses` is

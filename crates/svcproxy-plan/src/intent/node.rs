@@ -51,8 +51,8 @@ pub struct NodeIntent {
     /// Node object's), used to let the node through loadBalancerSourceRanges.
     pub node_ips: Vec<IpAddr>,
     pub nodeports: NodePortDestinations,
-    /// NodePorts also answer on 127.0.0.0/8 (IPv4 only; the connection is
-    /// masqueraded, and the node needs `route_localnet`).
+    /// NodePorts also answer on the family's loopback (127.0.0.0/8, ::1): see
+    /// [`PlanConfig::serves_localhost_nodeports`] for when, and how by mode.
     pub localhost_nodeports: bool,
     /// The family's ServiceCIDRs (merged, sorted): a packet to an address inside
     /// them that is no service's cluster IP is dropped.
@@ -99,7 +99,7 @@ impl NodeIntent {
             local_traffic,
             node_ips,
             nodeports,
-            localhost_nodeports: cfg.serves_localhost_nodeports() && family == IpFamily::V4,
+            localhost_nodeports: cfg.serves_localhost_nodeports(family),
             service_cidrs,
             refused_service_cidrs,
             guard_service_ips: cfg.guard_service_ips,
@@ -382,20 +382,20 @@ mod tests {
             localhost_nodeports: true,
             ..cfg(a)
         };
-        assert!(with(NodePortAddresses::AllLocal).serves_localhost_nodeports());
-        assert!(!with(NodePortAddresses::Primary).serves_localhost_nodeports());
+        assert!(with(NodePortAddresses::AllLocal).serves_localhost_nodeports(IpFamily::V4));
+        assert!(!with(NodePortAddresses::Primary).serves_localhost_nodeports(IpFamily::V4));
         let cidrs = |v: &[&str]| NodePortAddresses::Cidrs(v.iter().map(|s| net(s)).collect());
-        assert!(with(cidrs(&["127.0.0.1/32"])).serves_localhost_nodeports());
-        assert!(with(cidrs(&["10.0.0.0/8", "0.0.0.0/0"])).serves_localhost_nodeports());
+        assert!(with(cidrs(&["127.0.0.1/32"])).serves_localhost_nodeports(IpFamily::V4));
+        assert!(with(cidrs(&["10.0.0.0/8", "0.0.0.0/0"])).serves_localhost_nodeports(IpFamily::V4));
         assert!(
-            with(cidrs(&["fd00::/64"])).serves_localhost_nodeports(),
+            with(cidrs(&["fd00::/64"])).serves_localhost_nodeports(IpFamily::V4),
             "no IPv4 CIDR: all"
         );
-        assert!(!with(cidrs(&["10.0.0.0/8"])).serves_localhost_nodeports());
+        assert!(!with(cidrs(&["10.0.0.0/8"])).serves_localhost_nodeports(IpFamily::V4));
         let off = PlanConfig {
             localhost_nodeports: false,
             ..cfg(NodePortAddresses::AllLocal)
         };
-        assert!(!off.serves_localhost_nodeports());
+        assert!(!off.serves_localhost_nodeports(IpFamily::V4));
     }
 }

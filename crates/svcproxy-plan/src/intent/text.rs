@@ -45,7 +45,11 @@ fn node_line(n: &NodeIntent) -> String {
         "node: masquerade mark {:#x}{}; local pods {local}; nodePorts on {nodeports}{}; node IPs {}; ServiceCIDRs {} (unallocated: {})",
         n.masquerade_mark,
         if n.masquerade_all { ", masquerade all" } else { "" },
-        if n.localhost_nodeports { " and 127.0.0.0/8" } else { "" },
+        match (n.localhost_nodeports, n.family) {
+            (false, _) => "",
+            (true, svcproxy_core::model::IpFamily::V4) => " and 127.0.0.0/8",
+            (true, svcproxy_core::model::IpFamily::V6) => " and ::1",
+        },
         list(&n.node_ips),
         list(&n.service_cidrs),
         if n.guard_service_ips { "drop" } else { "routed" },

@@ -41,7 +41,7 @@ use std::fmt::Write as _;
 
 use svcproxy_core::model::{IpFamily, ServicePortName};
 
-use crate::config::ModeSemantics;
+use crate::config::{LocalhostNodePorts, ModeSemantics};
 use crate::intent::Intent;
 
 pub use rules::rules;
@@ -51,7 +51,7 @@ pub use rules::rules;
 /// space is not guarded (unexposed ports and unallocated addresses are just routed),
 /// and forwarded conntrack-INVALID packets are dropped.
 pub const SEMANTICS: ModeSemantics = ModeSemantics {
-    localhost_nodeports: true,
+    localhost_nodeports: LocalhostNodePorts::KernelNat,
     guard_service_ips: false,
     drop_invalid_forwarded: true,
 };

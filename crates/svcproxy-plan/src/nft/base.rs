@@ -121,6 +121,10 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         );
     }
 
+    let loopback = match family {
+        IpFamily::V4 => "127.0.0.0/8",
+        IpFamily::V6 => "::1",
+    };
     // The destinations NodePort lookups apply to, one rule each.
     let mut nodeport_dests = Vec::new();
     match &ctx.nodeports {
@@ -131,15 +135,11 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
             nodeport_dests.push("fib daddr type local".to_string())
         }
         NodePortDestinations::AllLocal => {
-            let loopback = match family {
-                IpFamily::V4 => "127.0.0.0/8",
-                IpFamily::V6 => "::1",
-            };
             nodeport_dests.push(format!("fib daddr type local {ipx} daddr != {loopback}"));
         }
     }
     if ctx.localhost_nodeports && matches!(ctx.nodeports, NodePortDestinations::Ips(_)) {
-        nodeport_dests.push(format!("{ipx} daddr 127.0.0.0/8"));
+        nodeport_dests.push(format!("{ipx} daddr {loopback}"));
     }
     let tuple = format!("{ipx} daddr . meta l4proto . th dport");
 

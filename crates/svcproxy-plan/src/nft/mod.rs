@@ -21,11 +21,14 @@ mod planner;
 pub mod ruleset;
 mod service;
 
-/// How upstream's nftables mode behaves where the modes differ: never NodePorts on
-/// 127.0.0.1 (that would need `route_localnet`, which exposes localhost-bound services
-/// to the network: CVE-2020-8558), and the service address space is guarded.
+/// How upstream's nftables mode behaves where the modes differ: the service address
+/// space is guarded. Upstream's nftables mode never serves NodePorts on 127.0.0.1
+/// (DNAT from loopback needs `route_localnet`, which exposes localhost-bound
+/// services to the network: CVE-2020-8558); svcproxy does when asked
+/// (`--nodeport-localhost`, off by default in this mode), through the userspace
+/// proxy's forwarder on loopback, which needs neither.
 pub const SEMANTICS: crate::config::ModeSemantics = crate::config::ModeSemantics {
-    localhost_nodeports: false,
+    localhost_nodeports: crate::config::LocalhostNodePorts::Proxy,
     guard_service_ips: true,
     drop_invalid_forwarded: false,
 };

@@ -21,7 +21,10 @@
 //! connection to the proxy's own listener for that set instead: no masquerade
 //! mark, no affinity set, no endpoint chain (the proxy chooses the endpoint).
 //! Every other object is the same, so drops, rejects, the firewall and the short
-//! circuits are decided and enforced exactly as in the nftables mode.
+//! circuits are decided and enforced exactly as in the nftables mode. A capture
+//! that is [`CapturePorts::loopback_only`] (the nftables mode's localhost
+//! NodePorts) redirects only connections to loopback, ahead of the set chain's
+//! own rules, which serve everything else as usual.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -52,6 +55,12 @@ pub trait CapturePorts: Send + Sync {
     /// The local port serving `set` of `svc`; `None` when the proxy does not serve
     /// it (SCTP), and then no rule captures it.
     fn port(&self, svc: &ServiceIntent, set: EndpointSetId) -> Option<u16>;
+
+    /// Only connections to loopback (localhost NodePorts) are captured; the set
+    /// chains DNAT the rest to the endpoints themselves.
+    fn loopback_only(&self) -> bool {
+        false
+    }
 }
 
 /// How this node's pods are recognised in one family, as rule fragments.
@@ -249,6 +258,8 @@ pub(crate) struct Fragment {
     endpoints: Vec<EpNames>,
     /// Userspace capture: the port of each set (cluster, local), resolved once.
     capture: Option<[Option<u16>; 2]>,
+    /// The capture takes only connections to loopback.
+    capture_loopback_only: bool,
 }
 
 fn set_slot(set: EndpointSetId) -> usize {
@@ -260,16 +271,17 @@ fn set_slot(set: EndpointSetId) -> usize {
 
 impl Fragment {
     /// `capture`: the userspace mode's ports, asked once per set here.
-    pub fn new(intent: Arc<ServiceIntent>, capture: Option<&dyn CapturePorts>) -> Fragment {
+    pub fn new(intent: Arc<ServiceIntent>, capture_ports: Option<&dyn CapturePorts>) -> Fragment {
         let family = intent.family;
         let hash = service_port_hash(family, &intent.name);
-        let capture = capture.map(|c| {
+        let capture = capture_ports.map(|c| {
             [EndpointSetId::Cluster, EndpointSetId::Local]
                 .map(|set| intent.set_indices(set).and_then(|_| c.port(&intent, set)))
         });
+        let capture_loopback_only = capture_ports.is_some_and(|c| c.loopback_only());
         let hasher = EndpointHasher::new(family, &intent.name);
         // The userspace capture has no per-endpoint object.
-        let own: &[SocketAddr] = if capture.is_none() {
+        let own: &[SocketAddr] = if capture.is_none() || capture_loopback_only {
             &intent.endpoints
         } else {
             &[]
@@ -289,6 +301,7 @@ impl Fragment {
             hash,
             endpoints,
             capture,
+            capture_loopback_only,
         }
     }
 
@@ -314,16 +327,32 @@ impl Fragment {
         let set_chain = |set: EndpointSetId, list: &[u32]| -> Chain {
             let mut rules = Vec::new();
             if let Some(ports) = &self.capture {
-                // The proxy connects from the node itself: nothing to masquerade,
-                // and it keeps the affinity and chooses the endpoint.
-                if let Some(port) = ports[set_slot(set)] {
-                    rules.push(format!("meta l4proto {proto} redirect to :{port}"));
+                let port = ports[set_slot(set)];
+                if self.capture_loopback_only {
+                    // Localhost NodePorts: only the proxy on loopback can serve
+                    // them without route_localnet; every other destination goes on
+                    // to the rules below.
+                    if let Some(port) = port {
+                        let loopback = match family {
+                            IpFamily::V4 => "127.0.0.0/8",
+                            IpFamily::V6 => "::1",
+                        };
+                        rules.push(format!(
+                            "{ipx} daddr {loopback} meta l4proto {proto} redirect to :{port}"
+                        ));
+                    }
+                } else {
+                    // The proxy connects from the node itself: nothing to
+                    // masquerade, and it keeps the affinity and chooses the endpoint.
+                    if let Some(port) = port {
+                        rules.push(format!("meta l4proto {proto} redirect to :{port}"));
+                    }
+                    return Chain {
+                        base: None,
+                        comment: Some(comment.clone()),
+                        rules,
+                    };
                 }
-                return Chain {
-                    base: None,
-                    comment: Some(comment.clone()),
-                    rules,
-                };
             }
             if svc.internal.set == set {
                 // Only traffic that came for the cluster IP: the same chain also

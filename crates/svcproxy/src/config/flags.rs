@@ -304,6 +304,18 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
     pub userspace_shutdown_timeout: Duration,
 
+    /// Serve NodePorts on 127.0.0.1 and ::1 too: in nftables mode through the userspace proxy's forwarder on loopback (no route_localnet; off by default, as upstream's nftables mode has none); in iptables and userspace modes the same as --iptables-localhost-nodeports (on by default) (svcproxy only).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "svcproxy")]
+    pub nodeport_localhost: Option<bool>,
+
+    /// userspace mode only: move TCP bytes between a client and its endpoint with splice(2), never through the proxy's memory; false copies them through a buffer (svcproxy only).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "svcproxy")]
+    pub userspace_zero_copy: bool,
+
     #[command(flatten)]
     pub ignored: IgnoredFlags,
 

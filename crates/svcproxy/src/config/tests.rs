@@ -780,6 +780,39 @@ fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
 }
 
 #[test]
+fn localhost_nodeports_by_mode_and_flag() {
+    let served = |args: &[&str]| ok(args).0.serves_localhost_nodeports();
+    // Upstream's defaults: iptables (and the userspace mode) on, nftables never.
+    assert!(served(&["--proxy-mode=iptables"]));
+    assert!(served(&["--proxy-mode=userspace"]));
+    assert!(!served(&[]));
+    assert!(!served(&["--iptables-localhost-nodeports=true"]));
+    // --nodeport-localhost wins in every mode.
+    assert!(served(&["--nodeport-localhost"]));
+    assert!(served(&["--nodeport-localhost=true"]));
+    assert!(!served(&[
+        "--proxy-mode=iptables",
+        "--nodeport-localhost=false"
+    ]));
+    assert!(!served(&[
+        "--proxy-mode=userspace",
+        "--nodeport-localhost=false"
+    ]));
+    assert!(!served(&[
+        "--proxy-mode=iptables",
+        "--iptables-localhost-nodeports=false"
+    ]));
+    assert!(served(&[
+        "--proxy-mode=iptables",
+        "--iptables-localhost-nodeports=false",
+        "--nodeport-localhost"
+    ]));
+    // The effective configuration keeps upstream's own field as it was set.
+    let (s, _) = ok(&["--nodeport-localhost"]);
+    assert!(s.localhost_nodeports);
+}
+
+#[test]
 fn port_ranges_are_read_as_kube_proxy_reads_them() {
     use super::parse_port_range as p;
     assert_eq!(p(""), Ok(None));
