@@ -7,8 +7,9 @@
 # addresses, each served by svcproxy-loadgen. Behind the node:
 #   floor      the client straight to one backend address (routed by the node)
 #   nftables   svcproxy --proxy-mode nftables: the kernel DNATs the cluster IP
-#   userspace  svcproxy --proxy-mode userspace, 1 Service
-#   us-10k     the same with 10,000 Services (the measured one among them)
+#   userspace  svcproxy --proxy-mode userspace, 1 Service (relaying with splice)
+#   us-copy    the same with --userspace-zero-copy=false (a buffer, no splice)
+#   us-10k     the same as userspace with 10,000 Services (the measured one among them)
 #   haproxy    Debian's haproxy, mode tcp, balance roundrobin, the same backends
 # Each proxy is pinned to CPU 0 (so HAProxy and svcproxy each have one CPU: one
 # thread each), the client and the backends to CPU 1. For each:
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.."
 
 seconds=5
 build=1
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --seconds) seconds=$2; shift 2 ;;
@@ -50,35 +51,36 @@ tag=svb$$
 C=$tag-c N=$tag-n B=$tag-b
 work=$(mktemp -d /tmp/svcproxy-bench-us.XXXXXX)
 pids=()
-stop_all() {
+stop_all() { # the proxies (the backend runs until the end)
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     pids=()
 }
 cleanup() {
     stop_all
+    [ -z "${backend:-}" ] || { kill "$backend" 2>/dev/null; wait "$backend" 2>/dev/null; } || true
     for ns in $C $N $B; do ip netns del "$ns" 2>/dev/null || true; done
     rm -rf "$work"
 }
 trap cleanup EXIT
 
-in() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
-for ns in $C $N $B; do ip netns add "$ns"; in "$ns" ip link set lo up; done
+nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+for ns in $C $N $B; do ip netns add "$ns"; nsx "$ns" ip link set lo up; done
 ip link add "$tag-cn" netns "$C" type veth peer name "$tag-nc" netns "$N"
 ip link add "$tag-nb" netns "$N" type veth peer name "$tag-bn" netns "$B"
-in "$C" ip addr add 10.77.0.2/24 dev "$tag-cn"
-in "$N" ip addr add 10.77.0.1/24 dev "$tag-nc"
-in "$N" ip addr add 10.77.1.1/24 dev "$tag-nb"
-in "$B" ip addr add 10.77.1.2/24 dev "$tag-bn"
-in "$B" ip addr add 10.77.1.3/24 dev "$tag-bn"
+nsx "$C" ip addr add 10.77.0.2/24 dev "$tag-cn"
+nsx "$N" ip addr add 10.77.0.1/24 dev "$tag-nc"
+nsx "$N" ip addr add 10.77.1.1/24 dev "$tag-nb"
+nsx "$B" ip addr add 10.77.1.2/24 dev "$tag-bn"
+nsx "$B" ip addr add 10.77.1.3/24 dev "$tag-bn"
 for l in "$C $tag-cn" "$N $tag-nc" "$N $tag-nb" "$B $tag-bn"; do
-    set -- $l; in "$1" ip link set "$2" up
+    set -- $l; nsx "$1" ip link set "$2" up
 done
-in "$C" ip route add default via 10.77.0.1
-in "$B" ip route add default via 10.77.1.1
-in "$N" sysctl -qw net.ipv4.ip_forward=1
+nsx "$C" ip route add default via 10.77.0.1
+nsx "$B" ip route add default via 10.77.1.1
+nsx "$N" sysctl -qw net.ipv4.ip_forward=1
 
-in "$B" taskset -c 1 "$load" serve --listen 10.77.1.2:9000,10.77.1.3:9000 > "$work/backend.log" 2>&1 &
+ip netns exec "$B" taskset -c 1 "$load" serve --listen 10.77.1.2:9000,10.77.1.3:9000 > "$work/backend.log" 2>&1 &
 backend=$!
 
 manifests() { # DIR EXTRA_SERVICES
@@ -132,7 +134,8 @@ manifests "$work/many" 9999
 
 cat > "$work/haproxy.cfg" <<EOF
 global
-    maxconn 200000
+    # Within this machine's open files limit (HAProxy wants 2 per connection).
+    maxconn 4000
     nbthread 1
 defaults
     mode tcp
@@ -149,10 +152,11 @@ EOF
 # Waits until a TCP connection to $1 from the client is accepted (bounded).
 wait_open() {
     for _ in $(seq 1 600); do
-        if in "$C" bash -c "exec 3<>/dev/tcp/${1%:*}/${1#*:}" 2>/dev/null; then return 0; fi
+        if nsx "$C" bash -c "exec 3<>/dev/tcp/${1%:*}/${1#*:}" 2>/dev/null; then return 0; fi
         sleep 0.1
     done
-    echo "bench-userspace: $1 never answered" >&2
+    echo "bench-userspace: $1 never answered; logs:" >&2
+    tail -n 20 "$work"/*.log >&2
     exit 1
 }
 
@@ -162,16 +166,18 @@ measure() { # NAME TARGET
     wait_open "$target"
     for args in "bulk --streams 1" "bulk --streams 16" "connect --concurrency 8" "rr --concurrency 1"; do
         # shellcheck disable=SC2086
-        in "$C" taskset -c 1 "$load" $args --target "$target" --seconds "$seconds" \
+        nsx "$C" taskset -c 1 "$load" $args --target "$target" --seconds "$seconds" \
             | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["name"]=sys.argv[1]; print(json.dumps(d))' "$name" >> "$results"
     done
     echo "bench-userspace: $name done" >&2
 }
 
-svcproxy() { # MODE DIR
-    in "$N" taskset -c 0 "$bin" --proxy-mode "$1" --manifests "$2" --hostname-override node-1 \
-        --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
-        > "$work/svcproxy-$1.log" 2>&1 &
+svcproxy() { # MODE DIR [FLAGS...]
+    local mode=$1 dir=$2
+    shift 2
+    ip netns exec "$N" taskset -c 0 "$bin" --proxy-mode "$mode" --manifests "$dir" --hostname-override node-1 \
+        --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 "$@" \
+        >> "$work/svcproxy-$mode.log" 2>&1 &
     pids+=($!)
 }
 
@@ -180,19 +186,24 @@ measure floor 10.77.1.2:9000
 svcproxy nftables "$work/one"
 measure nftables 10.96.0.10:80
 stop_all
-in "$N" "$bin" cleanup >/dev/null 2>&1
+nsx "$N" "$bin" cleanup >/dev/null 2>&1
 
 svcproxy userspace "$work/one"
 measure userspace 10.96.0.10:80
 stop_all
 
+svcproxy userspace "$work/one" --userspace-zero-copy=false
+measure us-copy 10.96.0.10:80
+stop_all
+
 svcproxy userspace "$work/many"
 measure us-10k 10.96.0.10:80
-rss_10k=$(in "$N" sh -c "grep VmRSS /proc/\$(pgrep -n -f 'svcproxy --proxy-mode userspace')/status" | awk '{print $2}')
+# The last proxy started (ip netns exec and taskset exec it: its own pid).
+rss_10k=$(awk '/^VmRSS/ {print $2}' "/proc/${pids[-1]}/status")
 stop_all
-in "$N" "$bin" cleanup >/dev/null 2>&1
+nsx "$N" "$bin" cleanup >/dev/null 2>&1
 
-in "$N" taskset -c 0 haproxy -f "$work/haproxy.cfg" -db > "$work/haproxy.log" 2>&1 &
+ip netns exec "$N" taskset -c 0 haproxy -f "$work/haproxy.cfg" -db > "$work/haproxy.log" 2>&1 &
 pids+=($!)
 measure haproxy 10.77.0.1:8080
 stop_all
@@ -214,7 +225,7 @@ cols = ["bulk-1", "bulk-16", "conn/s", "conn p50", "rr p50", "rr p99"]
 units = {"bulk-1": "Gbit/s", "bulk-16": "Gbit/s", "conn/s": "", "conn p50": "µs", "rr p50": "µs", "rr p99": "µs"}
 print("| | " + " | ".join(f"{c} {units[c]}".strip() for c in cols) + " |")
 print("|---" * (len(cols) + 1) + "|")
-for name in ["floor", "nftables", "userspace", "us-10k", "haproxy"]:
+for name in ["floor", "nftables", "userspace", "us-copy", "us-10k", "haproxy"]:
     r = rows.get(name, {})
     print(f"| {name} | " + " | ".join(f"{r.get(c, 0):.2f}" if c.startswith("bulk") else f"{r.get(c, 0):.0f}" for c in cols) + " |")
 def ratio(a, b, c):
@@ -228,6 +239,7 @@ print()
 print("| ratio (higher is better) | " + " | ".join(cols) + " |")
 print("|---" * (len(cols) + 1) + "|")
 print("| userspace / haproxy | " + " | ".join(ratio("userspace", "haproxy", c) for c in cols) + " |")
+print("| us-copy / haproxy | " + " | ".join(ratio("us-copy", "haproxy", c) for c in cols) + " |")
 print("| us-10k / userspace | " + " | ".join(ratio("us-10k", "userspace", c) for c in cols) + " |")
 print(f"\nsvcproxy userspace RSS with 10k Services: {int(sys.argv[2]) / 1024:.0f} MiB")
 EOF

@@ -251,6 +251,35 @@ async fn a_half_closed_connection_keeps_its_other_half() {
     }
 }
 
+/// A client that aborts (a reset) has its endpoint connection aborted too: the
+/// endpoint reads a reset, not an end of file, with each relay.
+#[tokio::test]
+async fn a_clients_reset_resets_its_endpoint_connection() {
+    for zero_copy in RELAYS {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ep = l.local_addr().unwrap();
+        let pool = Pool::new(vec![ep], Scheduler::RoundRobin, None);
+        let (front, _, _, _) = proxy_with(pool, Duration::ZERO, zero_copy).await;
+        let client = TcpStream::connect(front).await.unwrap();
+        let (mut accepted, _) = tokio::time::timeout(WAIT, l.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        socket2::SockRef::from(&client)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(client);
+        let mut buf = [0u8; 16];
+        let got = tokio::time::timeout(WAIT, accepted.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(
+            matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+            "zero copy {zero_copy}: the endpoint read {got:?}, not a reset"
+        );
+    }
+}
+
 /// Waits (bounded) until the proxy has no connection open.
 async fn wait_idle(stats: &Stats) {
     for _ in 0..100 {

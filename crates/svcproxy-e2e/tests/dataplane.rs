@@ -839,7 +839,8 @@ fn nodeport_addresses_select_the_node_ips(mode: Mode) {
         }
         // NodePorts on 127.0.0.1, from the node itself: iptables mode serves them by
         // default (`--iptables-localhost-nodeports`; masqueraded, with route_localnet),
-        // nftables mode never; on ::1 no mode does.
+        // the userspace mode too (its proxy on loopback), nftables mode only with
+        // `--nodeport-localhost`; on ::1 only the userspace mode's proxy can.
         if name == "default" {
             let lo4 = sa(IpAddr::from([127, 0, 0, 1]), 30600);
             let what = "IPv4 default: node-a -> 127.0.0.1 NodePort".to_string();
@@ -851,7 +852,11 @@ fn nodeport_addresses_select_the_node_ips(mode: Mode) {
             );
             let lo6 = sa(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 30600);
             let what = "IPv6 default: node-a -> [::1] NodePort".to_string();
-            expect(&mut ck, (what, node, NODE_A, lo6), false);
+            expect(
+                &mut ck,
+                (what, node, NODE_A, lo6),
+                mode.localhost_nodeports_ipv6(),
+            );
         }
         env.check_explained_with(&mut ck, &flags, &flows);
         if !ck.is_ok() {

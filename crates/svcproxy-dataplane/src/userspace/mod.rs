@@ -90,11 +90,8 @@ enum Scope {
 }
 
 impl Scope {
-    /// Whether the proxy serves `svc` at all (SCTP never).
+    /// Whether the proxy holds `svc` (an SCTP one only to say it is not proxied).
     fn serves(self, svc: &ServiceIntent) -> bool {
-        if svc.protocol == Protocol::Sctp {
-            return false;
-        }
         match self {
             Scope::All => true,
             Scope::LoopbackNodePorts { v4, v6 } => {
@@ -181,7 +178,7 @@ impl CapturePorts for RenderPorts {
     }
 
     fn port(&self, svc: &ServiceIntent, _set: EndpointSetId) -> Option<u16> {
-        self.0.serves(svc).then_some(self.1)
+        (svc.protocol != Protocol::Sctp && self.0.serves(svc)).then_some(self.1)
     }
 }
 
@@ -308,6 +305,7 @@ impl UserspaceDataPlane {
             command: what.to_string(),
             source: e,
         };
+        raise_open_files_limit();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(
                 std::thread::available_parallelism()
@@ -463,6 +461,30 @@ impl UserspaceDataPlane {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: each proxied TCP
+/// connection holds two sockets and, while relaying with splice, two pipes (six
+/// descriptors), and systemd's default soft limit is 1,024. Go raises it at start
+/// for every program (kube-proxy included); a failure is logged, and connections
+/// past the limit are refused or relayed without splice.
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => {
+                tracing::info!(from = ?limit.current, to = ?limit.maximum, "userspace proxy: open files limit raised")
+            }
+            Err(e) => {
+                tracing::warn!(limit = ?limit.current, error = %e, "userspace proxy: cannot raise the open files limit")
             }
         }
     }

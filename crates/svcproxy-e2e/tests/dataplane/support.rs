@@ -211,6 +211,13 @@ impl Mode {
         self != Mode::Nftables
     }
 
+    /// Whether NodePorts answer on ::1 with the default flags: only where the proxy
+    /// serves them (the kernel cannot DNAT from ::1 at all).
+    pub fn localhost_nodeports_ipv6(self) -> bool {
+        self.localhost_nodeports()
+            && self.semantics().localhost_nodeports == svcproxy_plan::LocalhostNodePorts::Proxy
+    }
+
     /// Whether the mode sets `route_localnet` by default (localhost NodePorts DNATed
     /// by the kernel); the userspace proxy serves them on loopback itself.
     pub fn needs_route_localnet(self) -> bool {
