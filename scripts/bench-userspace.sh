@@ -20,7 +20,9 @@
 # Prints a table, and each figure of userspace as a ratio to HAProxy's, and us-10k's
 # to userspace's (the cost of holding 10k Services).
 #
-# Usage: scripts/bench-userspace.sh [--seconds S] [--no-build]
+# Usage: scripts/bench-userspace.sh [--seconds S] [--only NAME,...] [--tests T,...] [--no-build]
+# (--only: just these rows, e.g. userspace,haproxy; --tests: just these of bulk-1,
+# bulk-16, connect, rr)
 # Needs haproxy (installed with apt-get when missing), iproute2, nft, python3,
 # taskset. Nothing is left running; the root namespace is not touched.
 set -euo pipefail
@@ -28,11 +30,15 @@ cd "$(dirname "$0")/.."
 
 seconds=5
 build=1
+only=
+tests=
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --seconds) seconds=$2; shift 2 ;;
         --no-build) build=0; shift ;;
+        --only) only=",$2,"; shift 2 ;;
+        --tests) tests=",$2,"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "bench-userspace: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -161,10 +167,20 @@ wait_open() {
 }
 
 results=$work/results.jsonl
+# Whether row $1 is wanted (--only).
+want() { [ -z "$only" ] || [[ "$only" == *",$1,"* ]]; }
+
 measure() { # NAME TARGET
     local name=$1 target=$2
     wait_open "$target"
-    for args in "bulk --streams 1" "bulk --streams 16" "connect --concurrency 8" "rr --concurrency 1"; do
+    for t in bulk-1 bulk-16 connect rr; do
+        [ -z "$tests" ] || [[ "$tests" == *",$t,"* ]] || continue
+        case $t in
+            bulk-1) args="bulk --streams 1" ;;
+            bulk-16) args="bulk --streams 16" ;;
+            connect) args="connect --concurrency 8" ;;
+            rr) args="rr --concurrency 1" ;;
+        esac
         # shellcheck disable=SC2086
         nsx "$C" taskset -c 1 "$load" $args --target "$target" --seconds "$seconds" \
             | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["name"]=sys.argv[1]; print(json.dumps(d))' "$name" >> "$results"
@@ -181,32 +197,43 @@ svcproxy() { # MODE DIR [FLAGS...]
     pids+=($!)
 }
 
-measure floor 10.77.1.2:9000
+want floor && measure floor 10.77.1.2:9000
 
-svcproxy nftables "$work/one"
-measure nftables 10.96.0.10:80
-stop_all
-nsx "$N" "$bin" cleanup >/dev/null 2>&1
+if want nftables; then
+    svcproxy nftables "$work/one"
+    measure nftables 10.96.0.10:80
+    stop_all
+    nsx "$N" "$bin" cleanup >/dev/null 2>&1
+fi
 
-svcproxy userspace "$work/one"
-measure userspace 10.96.0.10:80
-stop_all
+if want userspace; then
+    svcproxy userspace "$work/one"
+    measure userspace 10.96.0.10:80
+    stop_all
+fi
 
-svcproxy userspace "$work/one" --userspace-zero-copy=false
-measure us-copy 10.96.0.10:80
-stop_all
+if want us-copy; then
+    svcproxy userspace "$work/one" --userspace-zero-copy=false
+    measure us-copy 10.96.0.10:80
+    stop_all
+fi
 
-svcproxy userspace "$work/many"
-measure us-10k 10.96.0.10:80
-# The last proxy started (ip netns exec and taskset exec it: its own pid).
-rss_10k=$(awk '/^VmRSS/ {print $2}' "/proc/${pids[-1]}/status")
-stop_all
-nsx "$N" "$bin" cleanup >/dev/null 2>&1
+rss_10k=0
+if want us-10k; then
+    svcproxy userspace "$work/many"
+    measure us-10k 10.96.0.10:80
+    # The last proxy started (ip netns exec and taskset exec it: its own pid).
+    rss_10k=$(awk '/^VmRSS/ {print $2}' "/proc/${pids[-1]}/status")
+    stop_all
+    nsx "$N" "$bin" cleanup >/dev/null 2>&1
+fi
 
-ip netns exec "$N" taskset -c 0 haproxy -f "$work/haproxy.cfg" -db > "$work/haproxy.log" 2>&1 &
-pids+=($!)
-measure haproxy 10.77.0.1:8080
-stop_all
+if want haproxy; then
+    ip netns exec "$N" taskset -c 0 haproxy -f "$work/haproxy.cfg" -db > "$work/haproxy.log" 2>&1 &
+    pids+=($!)
+    measure haproxy 10.77.0.1:8080
+    stop_all
+fi
 kill "$backend" 2>/dev/null || true
 
 python3 - "$results" "$rss_10k" <<'EOF'
@@ -227,9 +254,11 @@ print("| | " + " | ".join(f"{c} {units[c]}".strip() for c in cols) + " |")
 print("|---" * (len(cols) + 1) + "|")
 for name in ["floor", "nftables", "userspace", "us-copy", "us-10k", "haproxy"]:
     r = rows.get(name, {})
+    if name not in rows:
+        continue
     print(f"| {name} | " + " | ".join(f"{r.get(c, 0):.2f}" if c.startswith("bulk") else f"{r.get(c, 0):.0f}" for c in cols) + " |")
 def ratio(a, b, c):
-    x, y = rows[a].get(c, 0), rows[b].get(c, 0)
+    x, y = rows.get(a, {}).get(c, 0), rows.get(b, {}).get(c, 0)
     if not y or not x:
         return "n/a"
     # Higher is better for throughput and rates; lower for latencies: always print
@@ -241,5 +270,6 @@ print("|---" * (len(cols) + 1) + "|")
 print("| userspace / haproxy | " + " | ".join(ratio("userspace", "haproxy", c) for c in cols) + " |")
 print("| us-copy / haproxy | " + " | ".join(ratio("us-copy", "haproxy", c) for c in cols) + " |")
 print("| us-10k / userspace | " + " | ".join(ratio("us-10k", "userspace", c) for c in cols) + " |")
-print(f"\nsvcproxy userspace RSS with 10k Services: {int(sys.argv[2]) / 1024:.0f} MiB")
+if int(sys.argv[2]):
+    print(f"\nsvcproxy userspace RSS with 10k Services: {int(sys.argv[2]) / 1024:.0f} MiB")
 EOF
