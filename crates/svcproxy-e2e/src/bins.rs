@@ -5,7 +5,7 @@
 //! test executable (`target/<profile>/deps/`), so that is where we look; a missing one is
 //! built once per test process with the same profile.
 //!
-//! Entry points: [`echo_bin`], [`svcproxy_bin`].
+//! Entry points: [`echo_bin`], [`loadgen_bin`], [`svcproxy_bin`].
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +20,12 @@ static BUILD: Mutex<()> = Mutex::new(());
 /// `target/<profile>/svcproxy-echo`, built if missing.
 pub fn echo_bin() -> Result<PathBuf> {
     locate("svcproxy-e2e", "svcproxy-echo")
+}
+
+/// `target/<profile>/svcproxy-loadgen` (the benchmark's load, and the checked bulk
+/// transfer of the real-packet tests), built if missing.
+pub fn loadgen_bin() -> Result<PathBuf> {
+    locate("svcproxy-e2e", "svcproxy-loadgen")
 }
 
 /// `target/<profile>/svcproxy`, the proxy under test, built if missing. Panics with the

@@ -301,6 +301,12 @@ fn spreads_300_connections_over_3_endpoints_with_each_endpoints_port(mode: Mode)
             ck.check(n >= 50, || {
                 format!("{fam}: {b} got {n} of 300 connections (< 50): {t:?}")
             });
+            // The userspace proxy's round-robin (its default scheduler) is exact.
+            if mode == Mode::Userspace {
+                ck.check(n == 100, || {
+                    format!("{fam}: {b} got {n} of 300 connections, round-robin gives 100: {t:?}")
+                });
+            }
         }
         for a in &got {
             if let svcproxy_e2e::ProbeResult::Answered {
@@ -2192,6 +2198,77 @@ fn the_userspace_proxy_retries_a_dead_endpoint_counts_it_and_drains_at_sigterm()
         proxy.logs().contains("letting open connections finish"),
         || format!("the drain is not logged:\n{}", proxy.logs()),
     );
+    ck.finish(&env);
+}
+
+/// 1 GiB to an echoing pod and back through the userspace proxy (1 GiB each way,
+/// relayed with splice), every byte checked by the client, which half-closes
+/// after sending: the echo still comes back in full, so the proxy passed the
+/// half-close on and kept the other half. From pod-a1 to pod-b0 across the nodes,
+/// in both families.
+#[test]
+fn the_userspace_proxy_carries_a_gibibyte_each_way_intact() {
+    let mode = Mode::Userspace;
+    const PORT: u16 = 9100;
+    let svc = Svc::dual("bulk", 121).port(SvcPort::new("echo", Proto::Tcp, 80, PORT));
+    let slices: Vec<Slice> = Family::BOTH
+        .iter()
+        .map(|f| {
+            Slice::with_ports(
+                &svc,
+                &format!("bulk-{}", family_name(*f).to_ascii_lowercase()),
+                *f,
+                &[("echo", Proto::Tcp, PORT)],
+                vec![Ep::pod(B0, *f)],
+            )
+        })
+        .collect();
+    let Some(env) = Env::start(
+        mode,
+        EnvSpec::default(),
+        &[(&fname(&svc), svc_file(&svc, &slices))],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("userspace-gibibyte");
+    let load = svcproxy_e2e::loadgen_bin().expect("svcproxy-loadgen");
+    let load = load.to_string_lossy();
+    let listen = Family::BOTH
+        .map(|f| sa(pod_ip(B0, f), PORT).to_string())
+        .join(",");
+    let server = env
+        .c
+        .spawn(B0, "loadgen", &[&load, "serve", "--listen", &listen])
+        .expect("start the echo server");
+    server
+        .wait_for_stdout("ready", ANSWER * 10)
+        .expect("the echo server is ready");
+    for f in Family::BOTH {
+        let target = sa(svc.cluster_ip(f), 80).to_string();
+        let out = env.c.exec(
+            A1,
+            &[
+                &load,
+                "transfer",
+                "--target",
+                &target,
+                "--bytes",
+                "1073741824",
+            ],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        ck.check(
+            out.status.success() && stdout.contains("\"intact\":true"),
+            || {
+                format!(
+                    "{} 1 GiB through {target}: {stdout} {}",
+                    family_name(f),
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            },
+        );
+        eprintln!("[dataplane] 1 GiB each way, {}: {stdout}", family_name(f));
+    }
     ck.finish(&env);
 }
 

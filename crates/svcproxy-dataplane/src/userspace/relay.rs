@@ -5,8 +5,8 @@
 //! each direction moves its bytes with `splice(2)` through a pipe of its own: the
 //! kernel hands socket buffers' pages from one socket to the other, and the proxy
 //! never reads them into its memory. Pipes left empty by a connection are kept
-//! for the next ones. Without it, or when a pipe cannot be had (out
-//! of file descriptors), tokio's buffered `copy_bidirectional` does the same job.
+//! for the next ones. Without it, or when a pipe cannot be had (out of file
+//! descriptors), tokio's buffered `copy_bidirectional` does the same job.
 //!
 //! Either way a direction that reaches its end of file shuts down the writing side
 //! of the other socket (a half-close is passed on) while the other direction goes
