@@ -304,7 +304,7 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
     pub userspace_shutdown_timeout: Duration,
 
-    /// Serve NodePorts on 127.0.0.1 and ::1 too: in nftables mode through the userspace proxy's forwarder on loopback (no route_localnet; off by default, as upstream's nftables mode has none); in iptables and userspace modes the same as --iptables-localhost-nodeports (on by default) (svcproxy only).
+    /// Serve NodePorts on loopback too. nftables mode: on 127.0.0.1 and ::1 through the userspace proxy's forwarder on loopback, no route_localnet (off by default, as upstream's nftables mode has none). userspace mode: on 127.0.0.1 and ::1 (on by default). iptables mode: overrides --iptables-localhost-nodeports (127.0.0.1 only, by the kernel's DNAT with route_localnet; on by default) (svcproxy only).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true",
           value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "svcproxy")]
