@@ -18,6 +18,7 @@ use svcproxy_dataplane::userspace::{
     bind_wildcard, serve_tcp, Options, Pool, Routes, Scheduler, Sets, Stats, UdpFrontend,
 };
 use svcproxy_plan::intent::EndpointSetId;
+use svcproxy_testkit::pattern::Pattern;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 
@@ -306,63 +307,11 @@ async fn echo_endpoint() -> SocketAddr {
     addr
 }
 
-/// The byte at `offset` of the test stream: a random 1 MiB block, each repetition
-/// of it rotated by another amount, so a byte lost, repeated, reordered or
-/// changed anywhere in the stream shows.
-struct Pattern(Vec<u8>);
-
-impl Pattern {
-    const BLOCK: usize = 1 << 20;
-
-    fn new() -> Self {
-        // xorshift64: random enough that no two rotations look alike.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        Pattern(
-            (0..Self::BLOCK)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect(),
-        )
-    }
-
-    /// Block `i` of the stream.
-    fn block(&self, i: usize) -> Vec<u8> {
-        let shift = i.wrapping_mul(7919) % Self::BLOCK;
-        let mut b = self.0[shift..].to_vec();
-        b.extend_from_slice(&self.0[..shift]);
-        b
-    }
-
-    /// Whether `got` is the stream's bytes from `offset` on.
-    fn matches(&self, offset: usize, got: &[u8]) -> bool {
-        let mut at = 0;
-        while at < got.len() {
-            let o = offset + at;
-            let (i, within) = (o / Self::BLOCK, o % Self::BLOCK);
-            let shift = i.wrapping_mul(7919) % Self::BLOCK;
-            // Up to the end of the block or of the source's tail, whichever first.
-            let src = (shift + within) % Self::BLOCK;
-            let n = (got.len() - at)
-                .min(Self::BLOCK - within)
-                .min(Self::BLOCK - src);
-            if got[at..at + n] != self.0[src..src + n] {
-                return false;
-            }
-            at += n;
-        }
-        true
-    }
-}
-
 /// 1 GiB to an echoing endpoint through the proxy and back (so 1 GiB each way),
 /// every byte checked, with each relay.
 #[tokio::test]
 async fn a_gibibyte_goes_both_ways_intact() {
-    const BLOCKS: usize = 1024;
+    const TOTAL: u64 = 1 << 30;
     let pattern = Arc::new(Pattern::new());
     for zero_copy in RELAYS {
         let pool = Pool::new(vec![echo_endpoint().await], Scheduler::RoundRobin, None);
@@ -371,13 +320,16 @@ async fn a_gibibyte_goes_both_ways_intact() {
         let (mut r, mut w) = s.into_split();
         let p = pattern.clone();
         let sender = tokio::spawn(async move {
-            for i in 0..BLOCKS {
-                w.write_all(&p.block(i)).await.unwrap();
+            let mut sent = 0u64;
+            while sent < TOTAL {
+                let piece = p.at(sent, (TOTAL - sent) as usize);
+                w.write_all(piece).await.unwrap();
+                sent += piece.len() as u64;
             }
             w.shutdown().await.unwrap();
         });
         let mut buf = vec![0u8; 256 * 1024];
-        let mut got = 0usize;
+        let mut got = 0u64;
         let read = async {
             loop {
                 let n = r.read(&mut buf).await.unwrap();
@@ -387,20 +339,19 @@ async fn a_gibibyte_goes_both_ways_intact() {
                 assert!(
                     pattern.matches(got, &buf[..n]),
                     "zero copy {zero_copy}: bytes {got}..{} differ from what was sent",
-                    got + n
+                    got + n as u64
                 );
-                got += n;
+                got += n as u64;
             }
         };
         tokio::time::timeout(Duration::from_secs(120), read)
             .await
             .expect("the echo did not end within 120 s");
         sender.await.unwrap();
-        assert_eq!(got, BLOCKS * Pattern::BLOCK, "zero copy {zero_copy}");
+        assert_eq!(got, TOTAL, "zero copy {zero_copy}");
         wait_idle(&stats).await;
-        let total = (BLOCKS * Pattern::BLOCK) as u64;
-        assert_eq!(stats.bytes_to_endpoints.load(Ordering::Relaxed), total);
-        assert_eq!(stats.bytes_to_clients.load(Ordering::Relaxed), total);
+        assert_eq!(stats.bytes_to_endpoints.load(Ordering::Relaxed), TOTAL);
+        assert_eq!(stats.bytes_to_clients.load(Ordering::Relaxed), TOTAL);
     }
 }
 

@@ -7,12 +7,16 @@
 //!   leftovers of killed test processes), bounded command execution, and the one skip rule:
 //!   a test that cannot run here (not root, a tool missing) prints `SKIP` and passes on a
 //!   developer machine, and fails when `CI` or `SVCPROXY_E2E_REQUIRED` is set.
+//! - [`pattern`]: a byte stream whose every byte a receiver can check (bulk
+//!   transfers through the proxy).
 //! - [`scenario`]: the scenario directories under `testdata/scenarios/` (objects, config,
 //!   expected intent, expected ruleset per backend), read once for the golden tests and
 //!   the real-packet tests.
 //!
-//! A dev-dependency only: nothing here ships in the proxy.
+//! A dev-dependency only (and of the test tools in `svcproxy-e2e`): nothing here
+//! ships in the proxy.
 
 pub mod netns;
 pub mod objects;
+pub mod pattern;
 pub mod scenario;

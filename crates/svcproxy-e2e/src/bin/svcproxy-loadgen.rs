@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use svcproxy_testkit::pattern::Pattern;
 
 #[derive(Parser)]
 #[command(about = "TCP load for svcproxy's proxy benchmarks")]
@@ -290,57 +291,6 @@ fn rr(target: SocketAddr, concurrency: usize, time: Duration) -> Result<()> {
     let lat = results.into_iter().flatten().collect();
     report("rr", concurrency, secs, lat, 0);
     Ok(())
-}
-
-/// The test stream of `transfer`: a random 1 MiB block, each repetition of it
-/// rotated by another amount, so a byte lost, repeated, reordered or changed
-/// anywhere shows.
-struct Pattern(Vec<u8>);
-
-impl Pattern {
-    const BLOCK: usize = 1 << 20;
-
-    fn new() -> Self {
-        // xorshift64: random enough that no two rotations look alike.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        Pattern(
-            (0..Self::BLOCK)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect(),
-        )
-    }
-
-    fn shift(block: u64) -> usize {
-        (block.wrapping_mul(7919) % Self::BLOCK as u64) as usize
-    }
-
-    /// The stream's bytes from `offset`, `len` of them at most, up to the end of a
-    /// block or of the source's tail: a slice of the random block.
-    fn at(&self, offset: u64, len: usize) -> &[u8] {
-        let block = offset / Self::BLOCK as u64;
-        let within = (offset % Self::BLOCK as u64) as usize;
-        let src = (Self::shift(block) + within) % Self::BLOCK;
-        let n = len.min(Self::BLOCK - within).min(Self::BLOCK - src);
-        &self.0[src..src + n]
-    }
-
-    /// Whether `got` is the stream's bytes from `offset` on.
-    fn matches(&self, offset: u64, got: &[u8]) -> bool {
-        let mut at = 0;
-        while at < got.len() {
-            let want = self.at(offset + at as u64, got.len() - at);
-            if got[at..at + want.len()] != *want {
-                return false;
-            }
-            at += want.len();
-        }
-        true
-    }
 }
 
 fn transfer(target: SocketAddr, bytes: u64) -> Result<()> {
