@@ -26,7 +26,7 @@ use crate::backend::{
 use crate::error::DataPlaneError;
 use crate::listing::{self, Compared};
 use crate::node::required_sysctls;
-use crate::sink::{run_command, scratch_argv};
+use crate::sink::{run_command, run_command_with_env, scratch_argv};
 
 /// The iptables mode in the registry, with upstream iptables mode's counters.
 pub const BACKEND: Backend = Backend {
@@ -167,10 +167,34 @@ impl IptablesCommands {
     }
 }
 
+/// The glibc tunable the restore runs with: no malloc fastbins. `iptables-restore`
+/// frees large blocks between small allocations for every rule it parses, and each
+/// such free consolidates the fastbins: a tenth of a 10k-service full restore's time
+/// (`malloc_consolidate`, `unlink_chunk` in a profile). Without fastbins (tcache
+/// still serves the small sizes) that work is gone; measured 1.08-1.15x faster at
+/// 10k x 10. Added to whatever `GLIBC_TUNABLES` svcproxy itself was given.
+const RESTORE_TUNABLE: &str = "glibc.malloc.mxfast=0";
+
+fn restore_env() -> Vec<(&'static str, String)> {
+    let current = std::env::var("GLIBC_TUNABLES").ok();
+    vec![("GLIBC_TUNABLES", restore_tunables(current.as_deref()))]
+}
+
+/// `GLIBC_TUNABLES` for the restore, given svcproxy's own (an operator's choice of
+/// `mxfast` wins).
+fn restore_tunables(current: Option<&str>) -> String {
+    match current {
+        Some(v) if v.contains("glibc.malloc.mxfast") => v.to_string(),
+        Some(v) if !v.is_empty() => format!("{v}:{RESTORE_TUNABLE}"),
+        _ => RESTORE_TUNABLE.to_string(),
+    }
+}
+
 impl IptablesRunner for IptablesCommands {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), DataPlaneError> {
         let argv = self.argv(self.tool(family, "-restore"), &["-w", "--noflush"]);
-        let out = run_command(&argv, Some(input), DEFAULT_RESTORE_TIMEOUT)?;
+        let out =
+            run_command_with_env(&argv, &restore_env(), Some(input), DEFAULT_RESTORE_TIMEOUT)?;
         if !out.stderr.is_empty() {
             tracing::warn!(stderr = %out.stderr, "{} succeeded with messages", argv.join(" "));
         }
@@ -611,5 +635,24 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
 impl Default for IptablesDataPlane<IptablesCommands> {
     fn default() -> Self {
         IptablesDataPlane::new(IptablesCommands::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_restore_runs_without_malloc_fastbins_unless_told_otherwise() {
+        assert_eq!(restore_tunables(None), "glibc.malloc.mxfast=0");
+        assert_eq!(restore_tunables(Some("")), "glibc.malloc.mxfast=0");
+        assert_eq!(
+            restore_tunables(Some("glibc.malloc.arena_max=2")),
+            "glibc.malloc.arena_max=2:glibc.malloc.mxfast=0"
+        );
+        assert_eq!(
+            restore_tunables(Some("glibc.malloc.mxfast=64")),
+            "glibc.malloc.mxfast=64"
+        );
     }
 }

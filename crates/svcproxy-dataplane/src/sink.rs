@@ -188,6 +188,16 @@ pub fn run_command(
     stdin: Option<&str>,
     timeout: Duration,
 ) -> Result<CommandOutput, DataPlaneError> {
+    run_command_with_env(argv, &[], stdin, timeout)
+}
+
+/// [`run_command`] with `env` added to the command's environment.
+pub fn run_command_with_env(
+    argv: &[String],
+    env: &[(&str, String)],
+    stdin: Option<&str>,
+    timeout: Duration,
+) -> Result<CommandOutput, DataPlaneError> {
     let command = argv.join(" ");
     let Some((program, args)) = argv.split_first() else {
         return Err(DataPlaneError::Spawn {
@@ -197,6 +207,7 @@ pub fn run_command(
     };
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .process_group(0)
         .stdin(if stdin.is_some() {
             Stdio::piped()

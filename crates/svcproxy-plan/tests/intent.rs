@@ -502,3 +502,37 @@ fn invalid_forwarded_packets_are_dropped_unless_conntrack_is_liberal() {
     // nftables mode (the default semantics) never asks for it.
     assert!(!svcproxy_plan::nft::render_full(&intent(&yaml)).contains("invalid"));
 }
+
+#[test]
+fn only_endpoints_that_may_be_this_nodes_own_need_the_hairpin_masquerade() {
+    // (An empty nodeName is unset.)
+    let i = intent(&service(
+        "web",
+        10,
+        "",
+        &[
+            ready(LOCAL_POD, "node-a"),
+            ready(REMOTE_POD, "node-b"),
+            ready("198.18.3.10", ""),
+            ready("198.18.0.1", "node-b"),
+        ],
+    ));
+    let (svc, _) = at(&i, vip("198.19.0.10", 80));
+    let hairpin: Vec<(String, bool)> = svc
+        .endpoints
+        .iter()
+        .zip(&svc.hairpin)
+        .map(|(e, h)| (e.ip().to_string(), *h))
+        .collect();
+    assert_eq!(
+        hairpin,
+        [
+            // node-a's own address, whatever nodeName says
+            ("198.18.0.1".to_string(), true),
+            (LOCAL_POD.to_string(), true),
+            (REMOTE_POD.to_string(), false),
+            // no nodeName: it could be anywhere
+            ("198.18.3.10".to_string(), true),
+        ]
+    );
+}

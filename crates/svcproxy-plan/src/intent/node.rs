@@ -42,6 +42,8 @@ pub enum NodePortDestinations {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NodeIntent {
     pub family: IpFamily,
+    /// This node's name (which endpoints are its own).
+    pub node_name: String,
     /// The packet mark meaning "masquerade this connection".
     pub masquerade_mark: u32,
     /// `--masquerade-all`: every connection to a cluster IP is masqueraded.
@@ -94,6 +96,7 @@ impl NodeIntent {
         let (service_cidrs, refused_service_cidrs) = guarded_service_cidrs(family, snap, &node_ips);
         NodeIntent {
             family,
+            node_name: snap.node_name.clone(),
             masquerade_mark: cfg.masquerade_mark(),
             masquerade_all: cfg.masquerade_all,
             local_traffic,

@@ -185,6 +185,13 @@ pub struct ServiceIntent {
     pub cluster_ips: Vec<IpAddr>,
     /// Every endpoint some traffic may reach: the union of the sets, sorted.
     pub endpoints: Vec<SocketAddr>,
+    /// Per endpoint (as `endpoints`): it may be one of this node's own (its
+    /// `nodeName` is this node's or unset, or its address is one of the node's), so
+    /// its own connections through the service can be sent back to it and need the
+    /// hairpin masquerade. An endpoint on another node never needs it here: its
+    /// connections to the service are translated by its own node's proxy, so none
+    /// reaches this node with its address as source and a service as destination.
+    pub hairpin: Vec<bool>,
     /// The cluster set, as indices into `endpoints` in selection order; `None`
     /// when empty or unused.
     pub cluster: Option<Vec<u32>>,
@@ -240,6 +247,20 @@ impl ServiceIntent {
         };
         let cluster = index(cluster_list);
         let local = index(local_list);
+        let mut hairpin = vec![false; endpoints.len()];
+        for e in [&sel.cluster_endpoints, &sel.local_endpoints]
+            .into_iter()
+            .flatten()
+            .flat_map(|l| l.iter())
+            .filter(|e| IpFamily::of(&e.ip) == family)
+        {
+            if let Ok(i) = endpoints.binary_search(&SocketAddr::new(e.ip, e.port)) {
+                hairpin[i] |= match e.node_name.as_deref() {
+                    None => true,
+                    Some(n) => n == node.node_name || node.node_ips.contains(&e.ip),
+                };
+            }
+        }
 
         let has_any = sel.has_any_endpoints;
         // With no endpoint anywhere everything is refused; when endpoints exist but
@@ -395,6 +416,7 @@ impl ServiceIntent {
             port: p.port,
             cluster_ips,
             endpoints,
+            hairpin,
             cluster,
             local,
             affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),

@@ -11,16 +11,21 @@
 //! names (`SVCPROXY-*` for the fixed chains; per service port `SVP-P-<kind>` and per
 //! endpoint `SVP-P-E<10 hex digits>`, where `P` is 12 hex digits of the service port's
 //! hash, so one service port's chains sort together; hashed as the nftables names
-//! are), so it never touches kube-proxy's `KUBE-*` chains or anyone else's:
+//! are), so it never touches kube-proxy's `KUBE-*` chains or anyone else's. Two
+//! departures, both for scale, neither visible to a connection: the dispatch on
+//! service addresses is split into [`BUCKETS`] chains, and an endpoint has a chain of
+//! its own only when it needs one (the hairpin masquerade for an endpoint that may be
+//! this node's, or session affinity); the others are DNATed from the set's chain.
 //!
 //! | chain | table | does |
 //! |-------|-------|------|
-//! | `SVCPROXY-SERVICES` | nat | dispatch on destination IP, protocol and port; NodePorts last |
+//! | `SVCPROXY-SERVICES` | nat | jump to the bucket of the destination's low 6 bits; NodePorts last |
+//! | `SVCPROXY-SVC-<bucket>` | nat | dispatch on destination IP, protocol and port |
 //! | `SVCPROXY-NODEPORTS` | nat | dispatch on NodePort |
-//! | `SVP-P-SVC` / `SVP-P-SVL` | nat | cluster / local endpoint set: masquerade mark for cluster-IP traffic that needs it, affinity (`recent`), random choice (`statistic`) |
+//! | `SVP-P-SVC` / `SVP-P-SVL` | nat | cluster / local endpoint set: masquerade mark for cluster-IP traffic that needs it, affinity (`recent`), random choice (`statistic`), DNAT to endpoints without a chain |
 //! | `SVP-P-EXT` | nat | external route: masquerade, or short circuits for pods and the host, then the set |
 //! | `SVP-P-FW` | nat | loadBalancerSourceRanges: allowed sources go on to `SVP-P-EXT` |
-//! | `SVP-P-E<hash>` | nat | one endpoint: hairpin masquerade mark, affinity update, DNAT |
+//! | `SVP-P-E<hash>` | nat | one endpoint that may be this node's, or of a service with affinity: hairpin masquerade mark, affinity update, DNAT |
 //! | `SVCPROXY-MARK-MASQ`, `SVCPROXY-POSTROUTING` | nat | mark, then masquerade marked packets |
 //! | `SVCPROXY-NOT-LOCAL` | nat | masquerade unless from a local pod, when pods span several CIDRs |
 //! | `SVCPROXY-SERVICES` | filter | reject / drop cluster-IP traffic with no usable endpoint |
@@ -62,6 +67,15 @@ pub const FIXED_PREFIX: &str = "SVCPROXY-";
 pub const HASHED_PREFIX: &str = "SVP-";
 
 pub const SERVICES: &str = "SVCPROXY-SERVICES";
+/// Prefix of the `nat` dispatch buckets (`SVCPROXY-SVC-00` .. `-3F`): see
+/// [`BUCKETS`].
+pub const BUCKET_PREFIX: &str = "SVCPROXY-SVC-";
+/// How many dispatch buckets `nat`'s [`SERVICES`] splits the service addresses into
+/// (on the low bits of the address): a packet walks at most this many bucket rules
+/// and its bucket's addresses; a change rewrites only its bucket. 64 keeps both
+/// short at 10k services (about 160 addresses a bucket) and keeps the names few
+/// (each restore mention walks past every smaller name in `iptables-nft`).
+pub const BUCKETS: usize = 64;
 pub const EXTERNAL: &str = "SVCPROXY-EXTERNAL";
 pub const NODEPORTS: &str = "SVCPROXY-NODEPORTS";
 pub const POSTROUTING: &str = "SVCPROXY-POSTROUTING";

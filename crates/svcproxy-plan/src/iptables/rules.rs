@@ -187,6 +187,16 @@ fn tail_rules(r: &mut FamilyRules, fam: &FamilyIntent, node: &NodeIntent) {
             r.filter.add(SERVICES, format!("-d {cidr} -j DROP"));
         }
     }
+    // The buckets holding service addresses, in order.
+    for b in 0..BUCKETS as u8 {
+        let chain = bucket_chain(b);
+        if r.nat.has(&chain) {
+            r.nat.add(
+                SERVICES,
+                format!("{} -j {chain}", bucket_match(node.family, b)),
+            );
+        }
+    }
     let np = comment("nodeports: last rule of this chain");
     match &node.nodeports {
         NodePortDestinations::AllLocal => {
@@ -214,13 +224,22 @@ fn tail_rules(r: &mut FamilyRules, fam: &FamilyIntent, node: &NodeIntent) {
 }
 
 /// The hashed chain names of one service port: `SVP-<12 hex digits>-<kind>` for its
-/// own chains, `SVP-<same 12>-E<10 hex digits>` per endpoint (28 characters, the most
-/// iptables allows). The shared prefix (48 bits of the service port's hash) keeps a
-/// service port's chains together in name order; the endpoint part (40 bits of the
-/// endpoint's hash) only has to be unique within the service port.
+/// own chains, `SVP-<same 12>-E<10 hex digits>` per endpoint that has a chain (28
+/// characters, the most iptables allows). The shared prefix (48 bits of the service
+/// port's hash) keeps a service port's chains together in name order; the endpoint
+/// part (40 bits of the endpoint's hash) only has to be unique within the service
+/// port.
+///
+/// An endpoint has its own chain only when something must happen besides the DNAT:
+/// the hairpin masquerade (an endpoint that may be this node's own, see
+/// [`ServiceIntent::hairpin`]) or session affinity (`recent` per endpoint). Every
+/// other endpoint is DNATed straight from the endpoint set's chain: in a large
+/// cluster most endpoints are on other nodes, and a chain each is what makes the
+/// tables big (the kernel validates and commits every chain of the table at each
+/// change).
 struct Names {
     prefix: String,
-    endpoints: Vec<String>,
+    endpoints: Vec<Option<String>>,
 }
 
 impl Names {
@@ -230,15 +249,19 @@ impl Names {
             "{HASHED_PREFIX}{:012X}-",
             service_port_hash(svc.family, &svc.name) >> 16
         );
+        let affinity = svc.affinity_timeout.is_some();
         Names {
             endpoints: svc
                 .endpoints
                 .iter()
-                .map(|ep| {
-                    format!(
-                        "{prefix}E{:010X}",
-                        hasher.endpoint(ep.ip(), ep.port()) >> 24
-                    )
+                .enumerate()
+                .map(|(i, ep)| {
+                    (affinity || svc.hairpin.get(i).copied().unwrap_or(true)).then(|| {
+                        format!(
+                            "{prefix}E{:010X}",
+                            hasher.endpoint(ep.ip(), ep.port()) >> 24
+                        )
+                    })
                 })
                 .collect(),
             prefix,
@@ -254,6 +277,32 @@ impl Names {
             EndpointSetId::Cluster => "SVC",
             EndpointSetId::Local => "SVL",
         })
+    }
+}
+
+/// The dispatch chain of `ip`'s bucket in `nat`: [`SERVICES`] jumps to
+/// `SVCPROXY-SVC-<bucket>` on the low 6 bits of the destination, so a packet walks
+/// at most 64 bucket rules and then its bucket's share of the service addresses
+/// (rather than every one of them, as upstream's `KUBE-SERVICES`), and a change
+/// rewrites one bucket rather than the whole dispatch.
+pub(super) fn bucket(ip: IpAddr) -> u8 {
+    let low = match ip {
+        IpAddr::V4(a) => a.octets()[3],
+        IpAddr::V6(a) => a.octets()[15],
+    };
+    low & (BUCKETS as u8 - 1)
+}
+
+fn bucket_chain(b: u8) -> String {
+    format!("{BUCKET_PREFIX}{b:02X}")
+}
+
+/// The match selecting bucket `b`'s addresses.
+fn bucket_match(family: IpFamily, b: u8) -> String {
+    let mask = BUCKETS - 1;
+    match family {
+        IpFamily::V4 => format!("-d 0.0.0.{b}/0.0.0.{mask}"),
+        IpFamily::V6 => format!("-d ::{b:x}/::{mask:x}"),
     }
 }
 
@@ -300,32 +349,45 @@ fn service_rules(
             }
         }
         if let Some(timeout) = svc.affinity_timeout {
-            for &i in list {
-                let ep = &names.endpoints[i as usize];
+            // (With affinity every endpoint has its chain.)
+            for ep in list
+                .iter()
+                .filter_map(|&i| names.endpoints[i as usize].as_ref())
+            {
                 r.nat.add(
                     &chain,
                     format!("-m recent --name {ep} --rcheck --seconds {timeout} --reap -j {ep}"),
                 );
             }
         }
-        // Uniform choice: endpoint k is taken with probability 1/(n-k) among those left.
+        // Uniform choice: endpoint k is taken with probability 1/(n-k) among those
+        // left; to its chain, or straight to the endpoint.
+        let p = protocol_keyword(proto);
         let n = list.len();
         for (k, &i) in list.iter().enumerate() {
-            let ep = &names.endpoints[i as usize];
+            let to = match &names.endpoints[i as usize] {
+                Some(ep) => format!("-j {ep}"),
+                None => format!(
+                    "-p {p} -j DNAT --to-destination {}",
+                    svc.endpoints[i as usize]
+                ),
+            };
             if k + 1 == n {
-                r.nat.add(&chain, format!("-j {ep}"));
+                r.nat.add(&chain, to);
             } else {
-                let p = 1.0 / (n - k) as f64;
+                let prob = 1.0 / (n - k) as f64;
                 r.nat.add(
                     &chain,
-                    format!("-m statistic --mode random --probability {p:.10} -j {ep}"),
+                    format!("-m statistic --mode random --probability {prob:.10} {to}"),
                 );
             }
         }
     }
     for i in endpoints {
         let ep: SocketAddr = svc.endpoints[i as usize];
-        let chain = &names.endpoints[i as usize];
+        let Some(chain) = &names.endpoints[i as usize] else {
+            continue;
+        };
         r.nat.declare(chain);
         // Hairpin: an endpoint reaching itself through the service.
         r.nat
@@ -335,10 +397,12 @@ fn service_rules(
         } else {
             String::new()
         };
+        // (`-p` alone lets DNAT rewrite the port: an empty `-m tcp` would only add
+        // an xt match for the kernel to run.)
         let p = protocol_keyword(proto);
         r.nat.add(
             chain,
-            format!("{affinity}-p {p} -m {p} -j DNAT --to-destination {ep}"),
+            format!("{affinity}-p {p} -j DNAT --to-destination {ep}"),
         );
     }
 
@@ -403,7 +467,7 @@ fn service_rules(
                 let d = dest(ip, protocol, port);
                 match (f.action, external) {
                     (Action::Forward, false) => r.nat.add(
-                        SERVICES,
+                        &bucket_chain(bucket(ip)),
                         format!("{note} {d} -j {}", names.set(svc.internal.set)),
                     ),
                     (Action::Forward, true) => {
@@ -412,7 +476,8 @@ fn service_rules(
                         } else {
                             &ext_chain
                         };
-                        r.nat.add(SERVICES, format!("{note} {d} -j {to}"));
+                        r.nat
+                            .add(&bucket_chain(bucket(ip)), format!("{note} {d} -j {to}"));
                         if f.firewall {
                             r.filter.add(FIREWALL, format!("{note} {d} -j DROP"));
                         }
