@@ -15,7 +15,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use svcproxy_core::model::{IpFamily, ServicePortName};
+use svcproxy_core::model::IpFamily;
 use svcproxy_plan::iptables::{self as ipt, is_ours, TableId, JUMPS};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
@@ -256,9 +256,13 @@ struct KernelState {
 /// svcproxy's iptables chains, applied through an [`IptablesRunner`].
 pub struct IptablesDataPlane<R = IptablesCommands> {
     runner: R,
-    /// Per family: the chains the kernel holds from svcproxy's last successful
-    /// restore, per table. `None`: unknown (first sync, or a restore failed).
-    written: HashMap<IpFamily, HashMap<TableId, BTreeSet<String>>>,
+    /// Per family: a digest of each fixed chain's rules as svcproxy's last
+    /// successful restore left them (a partial sync rewrites those that differ).
+    /// Absent: unknown (first sync, or a restore failed), so the next is full.
+    written: HashMap<IpFamily, HashMap<(TableId, String), u64>>,
+    /// Per family: the translations of the service ports, reused while their intent
+    /// does not change (cleared for a full sync).
+    translations: HashMap<IpFamily, ipt::TranslationCache>,
     /// When the last full restore of every family succeeded.
     last_full: Option<Instant>,
 }
@@ -273,6 +277,7 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         IptablesDataPlane {
             runner,
             written: HashMap::new(),
+            translations: HashMap::new(),
             last_full: None,
         }
     }
@@ -335,62 +340,77 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         family: IpFamily,
         full: bool,
     ) -> Result<Option<FamilySync>, DataPlaneError> {
-        let Some(rules) = ipt::rules(intent, family) else {
+        let partial =
+            self.written.contains_key(&family) && !full && !delta.family(family).node_changed;
+        let cache = self.translations.entry(family).or_default();
+        if !partial {
+            // A full restore writes every chain: translate everything.
+            cache.clear();
+        }
+        let Some(rules) = cache.rules(intent, family) else {
             return Ok(None);
         };
         // Time in the tools (saves and the restore), apart from translation.
         let mut in_tools = Duration::ZERO;
-        let fd = delta.family(family);
         let known = self.written.remove(&family);
-        let partial = known.is_some() && !full && !fd.node_changed;
-        let (kind, before, jumps) = if partial {
-            (SyncKind::Partial, known.unwrap_or_default(), Vec::new())
-        } else {
-            if known.is_none() {
-                if let Some(variant) = self.runner.variant() {
-                    tracing::info!(%variant, ?family, "iptables mode: the host's iptables uses {variant}");
+        let fixed_now: HashMap<(TableId, String), u64> = TableId::ALL
+            .into_iter()
+            .flat_map(|t| {
+                rules
+                    .fixed_chains(t)
+                    .map(move |(name, r)| ((t, name.to_string()), digest(r)))
+            })
+            .collect();
+        let (kind, stale, input) = match known {
+            Some(before) if partial => {
+                // The chains the service ports dropped, and the fixed chains (dispatch
+                // buckets) no longer used; the fixed chains whose rules changed.
+                let mut stale = rules.replaced.clone();
+                for (t, name) in before.keys().filter(|k| !fixed_now.contains_key(*k)) {
+                    stale.entry(*t).or_default().push(name.clone());
                 }
+                let input = rules.restore_changed(
+                    |_| true,
+                    |t, name| {
+                        let key = (t, name.to_string());
+                        before.get(&key) != fixed_now.get(&key)
+                    },
+                    &stale,
+                );
+                (SyncKind::Partial, stale, input)
             }
-            // A full sync looks at the kernel: someone may have flushed the built-in
-            // chains, or left chains of ours behind.
-            let t = Instant::now();
-            let state = self.kernel_state(family)?;
-            in_tools += t.elapsed();
-            let kind = if known.is_some() {
-                SyncKind::Resync
-            } else {
-                SyncKind::Recreate
-            };
-            (kind, state.chains, state.missing_jumps)
-        };
-        let now: HashMap<TableId, BTreeSet<String>> = TableId::ALL
-            .into_iter()
-            .map(|t| {
-                (
-                    t,
-                    rules
-                        .table(t)
-                        .chains()
-                        .map(|(n, _)| n.to_string())
-                        .collect(),
-                )
-            })
-            .collect();
-        let stale: HashMap<TableId, Vec<String>> = TableId::ALL
-            .into_iter()
-            .map(|t| {
-                let gone = before
-                    .get(&t)
-                    .map(|b| b.difference(&now[&t]).cloned().collect())
-                    .unwrap_or_default();
-                (t, gone)
-            })
-            .collect();
-        let input = if kind == SyncKind::Partial {
-            let changed: HashSet<&ServicePortName> = fd.services.iter().map(|c| &c.name).collect();
-            rules.restore_changed(|name| changed.contains(name), &stale)
-        } else {
-            rules.restore_with_jumps(&stale, &jumps)
+            known => {
+                if known.is_none() {
+                    if let Some(variant) = self.runner.variant() {
+                        tracing::info!(%variant, ?family, "iptables mode: the host's iptables uses {variant}");
+                    }
+                }
+                // A full sync looks at the kernel: someone may have flushed the
+                // built-in chains, or left chains of ours behind.
+                let t = Instant::now();
+                let state = self.kernel_state(family)?;
+                in_tools += t.elapsed();
+                let kind = if known.is_some() {
+                    SyncKind::Resync
+                } else {
+                    SyncKind::Recreate
+                };
+                let stale: HashMap<TableId, Vec<String>> = TableId::ALL
+                    .into_iter()
+                    .map(|t| {
+                        let now: HashSet<&str> = rules.table(t).chains().map(|(n, _)| n).collect();
+                        let gone = state.chains.get(&t).map_or_else(Vec::new, |b| {
+                            b.iter()
+                                .filter(|c| !now.contains(c.as_str()))
+                                .cloned()
+                                .collect()
+                        });
+                        (t, gone)
+                    })
+                    .collect();
+                let input = rules.restore_with_jumps(&stale, &state.missing_jumps);
+                (kind, stale, input)
+            }
         };
         let t = Instant::now();
         let restored = self.runner.restore(family, &input);
@@ -414,7 +434,7 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
                 e
             });
         }
-        self.written.insert(family, now);
+        self.written.insert(family, fixed_now);
         let bytes = input.len() + deletion.map_or(0, |d| d.len());
         let written = rules_written(&input);
         let counts = TableId::ALL
@@ -422,7 +442,7 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
             .map(|t| RuleCount {
                 family,
                 table: t.name(),
-                total: rules.table(t).rule_count(),
+                total: rules.total_rules(t),
                 written: written.get(t.name()).copied().unwrap_or(0),
             })
             .collect();
@@ -433,6 +453,14 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
             counts,
         }))
     }
+}
+
+/// A digest of a chain's rules (to tell whether a fixed chain must be rewritten).
+fn digest(rules: &[String]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rules.hash(&mut h);
+    h.finish()
 }
 
 impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {

@@ -204,9 +204,10 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
     no_orphans(&v4, "db deleted");
 
     // The kernel loses a chain behind our back (someone flushes our dispatch chain
-    // and deletes web's set chain): the next partial restore, which rewrites the
-    // dispatch chain but not web's unchanged chains, is rejected as a whole (a partial
-    // failure); then a full sync repairs everything.
+    // and deletes web's dispatch bucket): the next partial restore, which adds db
+    // back and so rewrites the dispatch chain (db's bucket returns) but not web's
+    // unchanged bucket, names the missing bucket and is rejected as a whole (a
+    // partial failure); then a full sync repairs everything.
     let svc = v4
         .lines()
         .filter_map(|l| l.strip_prefix(':'))
@@ -214,10 +215,16 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
         .find(|name| name.starts_with("SVP-") && name.ends_with("-SVC"))
         .map(str::to_string)
         .expect("web's set chain");
+    let bucket = v4
+        .lines()
+        .find(|l| l.contains("-d 198.19.0.10/32") && l.starts_with("-A SVCPROXY-SVC-"))
+        .and_then(|l| l.split(' ').nth(1))
+        .map(str::to_string)
+        .expect("web's dispatch bucket");
     for args in [
         &["-F", "SVCPROXY-SERVICES"][..],
-        &["-F", svc.as_str()][..],
-        &["-X", svc.as_str()][..],
+        &["-F", bucket.as_str()][..],
+        &["-X", bucket.as_str()][..],
     ] {
         let mut argv = vec!["iptables", "-w", "-t", "nat"];
         argv.extend_from_slice(args);
@@ -236,10 +243,14 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
         .expect("full after failure");
     assert_eq!(report.kind, SyncKind::Recreate);
     let v4 = ns.save("iptables-save");
-    has(&v4, &format!(":{svc}"), "repaired");
+    has(&v4, &format!(":{bucket}"), "repaired");
     has_rule(
         &v4,
-        &["-d 198.19.0.10/32", &format!("-j {svc}")],
+        &[
+            &format!("-A {bucket}"),
+            "-d 198.19.0.10/32",
+            &format!("-j {svc}"),
+        ],
         "repaired",
     );
     has(&v4, "--to-destination 198.18.2.20:5432", "repaired");

@@ -147,7 +147,7 @@ fn restores_mention_chain_names_in_an_order_iptables_nft_handles_linearly() {
     let gone: Vec<String> = r.group_chains(7).map(str::to_string).collect();
     assert!(!gone.is_empty());
     let stale = HashMap::from([(TableId::Nat, gone.clone())]);
-    let partial = r.restore_changed(|name| *name == changed, &stale);
+    let partial = r.restore_changed(|name| *name == changed, |_, _| true, &stale);
     let (cost, mentions) = compares(&partial);
     let per = cost as f64 / mentions as f64;
     assert!(

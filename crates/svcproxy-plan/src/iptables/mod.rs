@@ -49,7 +49,7 @@ use svcproxy_core::model::{IpFamily, ServicePortName};
 use crate::config::{LocalhostNodePorts, ModeSemantics};
 use crate::intent::Intent;
 
-pub use rules::rules;
+pub use rules::{rules, TranslationCache};
 
 /// How upstream's iptables mode behaves where the modes differ: NodePorts can answer on
 /// 127.0.0.1 (`--iptables-localhost-nodeports`, on by default), the service address
@@ -328,9 +328,21 @@ pub struct FamilyRules {
     pub family: IpFamily,
     pub filter: Table,
     pub nat: Table,
-    /// The service ports translated, in translation order (descending chain-name
-    /// prefix); a group's index is its position here.
+    /// The service ports, in translation order (descending chain-name prefix); a
+    /// group's index is its position here.
     pub groups: Vec<ServicePortName>,
+    /// Per group: translated now (its own chains and their rules are in the
+    /// tables), or replayed from a [`TranslationCache`] (only its rules in the fixed
+    /// chains are: it did not change, and its chains stay as the kernel has them).
+    pub translated: Vec<bool>,
+    /// Per group, the rules it writes in fixed chains: (table, chain, rule).
+    dispatch: Vec<Vec<(TableId, String, String)>>,
+    /// Rules in the replayed groups' own chains, per table (filter, nat): not in
+    /// the tables, but in the kernel.
+    replayed_rules: [usize; 2],
+    /// Chains the service ports had at the cache's previous translation and no
+    /// longer have (a port gone, an endpoint chain dropped), per table.
+    pub replaced: HashMap<TableId, Vec<String>>,
 }
 
 impl FamilyRules {
@@ -340,7 +352,44 @@ impl FamilyRules {
             filter: Table::default(),
             nat: Table::default(),
             groups: Vec::new(),
+            translated: Vec::new(),
+            dispatch: Vec::new(),
+            replayed_rules: [0; 2],
+            replaced: HashMap::new(),
         }
+    }
+
+    fn table_mut(&mut self, id: TableId) -> &mut Table {
+        match id {
+            TableId::Filter => &mut self.filter,
+            TableId::Nat => &mut self.nat,
+        }
+    }
+
+    /// Every rule of table `id` in the kernel after this translation is written,
+    /// including the replayed groups' own chains.
+    pub fn total_rules(&self, id: TableId) -> usize {
+        self.table(id).rule_count() + self.replayed_rules[id as usize]
+    }
+
+    /// Adds `rule` to the fixed chain `chain` for the current group, recording it as
+    /// the group's (a healthCheckNodePort accept shared by a Service's ports is
+    /// written once, but recorded by each).
+    pub fn dispatch(&mut self, id: TableId, chain: &str, rule: String) {
+        if let Some(g) = self.table(id).current {
+            self.dispatch[g as usize].push((id, chain.to_string(), rule.clone()));
+        }
+        self.add_fixed(id, chain, rule);
+    }
+
+    /// Adds `rule` to the fixed chain `chain`, unless it is a healthCheckNodePort
+    /// accept already there.
+    fn add_fixed(&mut self, id: TableId, chain: &str, rule: String) {
+        let t = self.table_mut(id);
+        if id == TableId::Filter && chain == NODEPORTS && t.contains(chain, &rule) {
+            return;
+        }
+        t.add(chain, rule);
     }
 
     pub fn table(&self, id: TableId) -> &Table {
@@ -355,6 +404,8 @@ impl FamilyRules {
     pub fn begin_group(&mut self, name: Option<&ServicePortName>) {
         let g = name.map(|n| {
             self.groups.push(n.clone());
+            self.translated.push(true);
+            self.dispatch.push(Vec::new());
             (self.groups.len() - 1) as u32
         });
         self.filter.current = g;
@@ -376,7 +427,7 @@ impl FamilyRules {
     /// (each declared chain is flushed and rewritten) and flushing `stale` chains
     /// (per table), which [`stale_deletion`] then deletes.
     pub fn restore(&self, stale: &HashMap<TableId, Vec<String>>) -> String {
-        self.restore_only(|_| true, stale, Some(&[]))
+        self.restore_only(|_| true, |_, _| true, stale, Some(&[]))
     }
 
     /// [`FamilyRules::restore`] that also inserts `jumps` at the top of their built-in
@@ -386,18 +437,30 @@ impl FamilyRules {
         stale: &HashMap<TableId, Vec<String>>,
         jumps: &[&Jump],
     ) -> String {
-        self.restore_only(|_| true, stale, Some(jumps))
+        self.restore_only(|_| true, |_, _| true, stale, Some(jumps))
     }
 
-    /// [`FamilyRules::restore`] limited to the fixed chains (which dispatch to every
-    /// service, so are always rewritten whole) and the chains of the service ports
-    /// `changed` accepts: a partial sync. Chains left out stay as the kernel has them.
+    /// [`FamilyRules::restore`] limited to the chains of the service ports `changed`
+    /// accepts (only translated ones can be) and the fixed chains `fixed` accepts
+    /// (each rewritten whole): a partial sync. Chains left out stay as the kernel
+    /// has them.
     pub fn restore_changed(
         &self,
         changed: impl Fn(&ServicePortName) -> bool,
+        fixed: impl Fn(TableId, &str) -> bool,
         stale: &HashMap<TableId, Vec<String>>,
     ) -> String {
-        self.restore_only(changed, stale, None)
+        self.restore_only(changed, fixed, stale, None)
+    }
+
+    /// The fixed chains of table `id` (node-wide and dispatch), each with its rules.
+    pub fn fixed_chains(&self, id: TableId) -> impl Iterator<Item = (&str, &[String])> {
+        let t = self.table(id);
+        t.chains
+            .iter()
+            .zip(&t.chain_group)
+            .filter(|(_, g)| g.is_none())
+            .map(|((n, r), _)| (n.as_str(), r.as_slice()))
     }
 
     /// The input, in an order that keeps `iptables-restore` linear.
@@ -421,10 +484,16 @@ impl FamilyRules {
     fn restore_only(
         &self,
         include: impl Fn(&ServicePortName) -> bool,
+        fixed: impl Fn(TableId, &str) -> bool,
         stale: &HashMap<TableId, Vec<String>>,
         jumps: Option<&[&Jump]>,
     ) -> String {
-        let included: Vec<bool> = self.groups.iter().map(&include).collect();
+        let included: Vec<bool> = self
+            .groups
+            .iter()
+            .zip(&self.translated)
+            .map(|(g, t)| *t && include(g))
+            .collect();
         let mut out = String::new();
         if jumps.is_some() {
             let _ = write!(out, "*mangle\n:{CANARY} - [0:0]\nCOMMIT\n");
@@ -432,9 +501,18 @@ impl FamilyRules {
         let jumps = jumps.unwrap_or_default();
         for id in TableId::ALL {
             let table = self.table(id);
+            let written: Vec<bool> = table
+                .chains
+                .iter()
+                .zip(&table.chain_group)
+                .map(|((name, _), g)| match g {
+                    Some(g) => included[*g as usize],
+                    None => fixed(id, name),
+                })
+                .collect();
             let _ = writeln!(out, "*{}", id.name());
             for (c, (name, _)) in table.chains.iter().enumerate() {
-                if table.chain_group[c].is_none() {
+                if table.chain_group[c].is_none() && written[c] {
                     let _ = writeln!(out, ":{name} - [0:0]");
                 }
             }
@@ -471,10 +549,8 @@ impl FamilyRules {
                         declare(&mut out, g);
                     }
                 }
-                if let Some(owner) = table.chain_group[c] {
-                    if !included[owner as usize] {
-                        continue;
-                    }
+                if !written[c] {
+                    continue;
                 }
                 let _ = writeln!(out, "-A {} {rule}", table.chains[c].0);
             }

@@ -3,8 +3,9 @@
 //! implements which behaviour is said where it is written; what to do always comes
 //! from the intent.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use svcproxy_core::model::{IpFamily, Protocol};
 
@@ -88,34 +89,167 @@ fn loopback(family: IpFamily) -> &'static str {
     }
 }
 
-/// One family's chains, or `None` when the intent does not program the family.
+/// One family's chains, or `None` when the intent does not program the family:
+/// everything translated.
 pub fn rules(intent: &Intent, family: IpFamily) -> Option<FamilyRules> {
-    let fam = intent.family(family);
-    let node = fam.node()?;
-    let mut r = FamilyRules::new(family);
-    for c in FILTER_CHAINS {
-        r.filter.declare(c);
+    TranslationCache::default().rules(intent, family)
+}
+
+/// What one service port's translation left outside its own chains, kept to replay
+/// it while its intent (the same `Arc`) and the frontends it owns stay the same.
+#[derive(Clone, Debug)]
+struct Cached {
+    svc: Arc<ServiceIntent>,
+    owned: Vec<FrontendKey>,
+    /// Its chain-name prefix (its place in the order).
+    prefix: String,
+    /// Its own chains.
+    chains: Vec<(TableId, String)>,
+    /// Its rules in the fixed chains.
+    dispatch: Vec<(TableId, String, String)>,
+    /// Rules in its own chains, per table (filter, nat).
+    rules: [usize; 2],
+}
+
+/// Translations of one family's service ports, kept between syncs: a partial sync
+/// translates only the ports whose intent or owned frontends changed (at 10k
+/// services, translating everything took about 280 ms of a one-service change).
+/// What it holds per service port: the intent's `Arc`, the owned frontend keys, the
+/// chain names and the few dispatch rules; not the rules of its own chains.
+#[derive(Clone, Debug, Default)]
+pub struct TranslationCache {
+    family: Option<IpFamily>,
+    node: Option<Arc<NodeIntent>>,
+    groups: HashMap<ServicePortName, Cached>,
+}
+
+/// The frontends of `svc` it owns (another port may hold a contested one).
+fn owned_keys(fam: &FamilyIntent, svc: &ServiceIntent) -> Vec<FrontendKey> {
+    svc.frontends
+        .iter()
+        .filter(|f| fam.owner(&f.key).is_some_and(|o| o.name == svc.name))
+        .map(|f| f.key)
+        .collect()
+}
+
+impl TranslationCache {
+    /// Forgets every translation: the next [`TranslationCache::rules`] translates
+    /// everything (a full sync).
+    pub fn clear(&mut self) {
+        *self = TranslationCache::default();
     }
-    for c in NAT_CHAINS {
-        r.nat.declare(c);
+
+    /// One family's chains. The service ports that translate as last time are
+    /// replayed (their fixed-chain rules only: [`FamilyRules::translated`] is false
+    /// for them); the chains the ports no longer have are in
+    /// [`FamilyRules::replaced`]. A different node intent starts over.
+    pub fn rules(&mut self, intent: &Intent, family: IpFamily) -> Option<FamilyRules> {
+        let fam = intent.family(family);
+        let Some(node) = fam.node() else {
+            self.clear();
+            return None;
+        };
+        if self.family != Some(family)
+            || self
+                .node
+                .as_ref()
+                .is_none_or(|n| !Arc::ptr_eq(n, node) && **n != **node)
+        {
+            self.clear();
+            self.family = Some(family);
+            self.node = Some(node.clone());
+        }
+        let mut r = FamilyRules::new(family);
+        for c in FILTER_CHAINS {
+            r.filter.declare(c);
+        }
+        for c in NAT_CHAINS {
+            r.nat.declare(c);
+        }
+        let detect = Detect::new(node);
+        node_rules(&mut r, node, detect.as_ref());
+        // In descending order of their chains' names, which keeps restores linear
+        // (see `FamilyRules::restore`).
+        let mut services: Vec<(String, &Arc<ServiceIntent>, Vec<FrontendKey>, bool)> = fam
+            .services()
+            .values()
+            .map(|svc| {
+                let owned = owned_keys(fam, svc);
+                match self.groups.get(&svc.name) {
+                    Some(c) if Arc::ptr_eq(&c.svc, svc) && c.owned == owned => {
+                        (c.prefix.clone(), svc, owned, true)
+                    }
+                    _ => (prefix(svc), svc, owned, false),
+                }
+            })
+            .collect();
+        services.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.name.cmp(&a.1.name)));
+        let mut replaced: HashMap<TableId, Vec<String>> = HashMap::new();
+        for (prefix, svc, owned, hit) in services {
+            r.begin_group(Some(&svc.name));
+            let g = r.groups.len() - 1;
+            if hit {
+                let c = &self.groups[&svc.name];
+                r.translated[g] = false;
+                for (t, chain, rule) in &c.dispatch {
+                    r.add_fixed(*t, chain, rule.clone());
+                }
+                r.replayed_rules[0] += c.rules[0];
+                r.replayed_rules[1] += c.rules[1];
+                continue;
+            }
+            let starts = [r.filter.chains.len(), r.nat.chains.len()];
+            service_rules(&mut r, fam, svc, &Names::new(svc), detect.as_ref());
+            let mut chains = Vec::new();
+            let mut rules = [0; 2];
+            for (k, id) in TableId::ALL.into_iter().enumerate() {
+                let t = r.table(id);
+                for (c, owner) in t.chain_group.iter().enumerate().skip(starts[k]) {
+                    if *owner == Some(g as u32) {
+                        chains.push((id, t.chains[c].0.clone()));
+                        rules[k] += t.chains[c].1.len();
+                    }
+                }
+            }
+            let entry = Cached {
+                svc: svc.clone(),
+                owned,
+                prefix,
+                chains,
+                dispatch: std::mem::take(&mut r.dispatch[g]),
+                rules,
+            };
+            if let Some(old) = self.groups.insert(svc.name.clone(), entry) {
+                let now = &self.groups[&svc.name].chains;
+                for (t, c) in old.chains.into_iter().filter(|x| !now.contains(x)) {
+                    replaced.entry(t).or_default().push(c);
+                }
+            }
+        }
+        // Service ports gone.
+        let services = fam.services();
+        self.groups.retain(|name, c| {
+            let keep = services.contains_key(name);
+            if !keep {
+                for (t, chain) in c.chains.drain(..) {
+                    replaced.entry(t).or_default().push(chain);
+                }
+            }
+            keep
+        });
+        r.begin_group(None);
+        tail_rules(&mut r, fam, node);
+        r.replaced = replaced;
+        Some(r)
     }
-    let detect = Detect::new(node);
-    node_rules(&mut r, node, detect.as_ref());
-    // In descending order of their chains' names, which keeps restores linear (see
-    // `FamilyRules::restore`).
-    let mut services: Vec<(Names, &ServiceIntent)> = fam
-        .services()
-        .values()
-        .map(|svc| (Names::new(svc), &**svc))
-        .collect();
-    services.sort_by(|a, b| b.0.prefix.cmp(&a.0.prefix).then(b.1.name.cmp(&a.1.name)));
-    for (names, svc) in &services {
-        r.begin_group(Some(&svc.name));
-        service_rules(&mut r, fam, svc, names, detect.as_ref());
-    }
-    r.begin_group(None);
-    tail_rules(&mut r, fam, node);
-    Some(r)
+}
+
+/// The chain-name prefix of a service port: see [`Names`].
+fn prefix(svc: &ServiceIntent) -> String {
+    format!(
+        "{HASHED_PREFIX}{:012X}-",
+        service_port_hash(svc.family, &svc.name) >> 16
+    )
 }
 
 /// The node-wide rules that come before any service's.
@@ -245,10 +379,7 @@ struct Names {
 impl Names {
     fn new(svc: &ServiceIntent) -> Names {
         let hasher = EndpointHasher::new(svc.family, &svc.name);
-        let prefix = format!(
-            "{HASHED_PREFIX}{:012X}-",
-            service_port_hash(svc.family, &svc.name) >> 16
-        );
+        let prefix = prefix(svc);
         let affinity = svc.affinity_timeout.is_some();
         Names {
             endpoints: svc
@@ -466,7 +597,8 @@ fn service_rules(
             FrontendKey::Vip { ip, protocol, port } => {
                 let d = dest(ip, protocol, port);
                 match (f.action, external) {
-                    (Action::Forward, false) => r.nat.add(
+                    (Action::Forward, false) => r.dispatch(
+                        TableId::Nat,
                         &bucket_chain(bucket(ip)),
                         format!("{note} {d} -j {}", names.set(svc.internal.set)),
                     ),
@@ -476,20 +608,25 @@ fn service_rules(
                         } else {
                             &ext_chain
                         };
-                        r.nat
-                            .add(&bucket_chain(bucket(ip)), format!("{note} {d} -j {to}"));
+                        r.dispatch(
+                            TableId::Nat,
+                            &bucket_chain(bucket(ip)),
+                            format!("{note} {d} -j {to}"),
+                        );
                         if f.firewall {
-                            r.filter.add(FIREWALL, format!("{note} {d} -j DROP"));
+                            r.dispatch(TableId::Filter, FIREWALL, format!("{note} {d} -j DROP"));
                         }
                         if svc.external.is_some_and(|e| e.rest == Disposition::Drop) {
-                            r.filter.add(EXTERNAL, format!("{note} {d} -j DROP"));
+                            r.dispatch(TableId::Filter, EXTERNAL, format!("{note} {d} -j DROP"));
                         }
                     }
-                    (action, false) => r.filter.add(
+                    (action, false) => r.dispatch(
+                        TableId::Filter,
                         SERVICES,
                         format!("{note} {d} {}", verdict(action, protocol)),
                     ),
-                    (action, true) => r.filter.add(
+                    (action, true) => r.dispatch(
+                        TableId::Filter,
                         EXTERNAL,
                         format!("{note} {d} {}", verdict(action, protocol)),
                     ),
@@ -499,15 +636,21 @@ fn service_rules(
                 let m = proto_match(protocol, port);
                 match f.action {
                     Action::Forward => {
-                        r.nat.add(NODEPORTS, format!("{note} {m} -j {ext_chain}"));
+                        r.dispatch(
+                            TableId::Nat,
+                            NODEPORTS,
+                            format!("{note} {m} -j {ext_chain}"),
+                        );
                         if svc.external.is_some_and(|e| e.rest == Disposition::Drop) {
-                            r.filter.add(
+                            r.dispatch(
+                                TableId::Filter,
                                 EXTERNAL,
                                 format!("{note} -m addrtype --dst-type LOCAL {m} -j DROP"),
                             );
                         }
                     }
-                    action => r.filter.add(
+                    action => r.dispatch(
+                        TableId::Filter,
                         EXTERNAL,
                         format!(
                             "{note} -m addrtype --dst-type LOCAL {m} {}",
@@ -519,11 +662,9 @@ fn service_rules(
         }
     }
     // A load balancer's health checks must get through a default-drop INPUT.
-    // (One rule per port: the ports of one Service share it.)
+    // (One rule per port: the ports of one Service share it, see `dispatch`.)
     if let Some(hc) = svc.health_check_node_port {
         let rule = format!("{} -j ACCEPT", proto_match(Protocol::Tcp, hc));
-        if !r.filter.contains(NODEPORTS, &rule) {
-            r.filter.add(NODEPORTS, rule);
-        }
+        r.dispatch(TableId::Filter, NODEPORTS, rule);
     }
 }
