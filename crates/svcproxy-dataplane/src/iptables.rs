@@ -369,14 +369,33 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
                 for (t, name) in before.keys().filter(|k| !fixed_now.contains_key(*k)) {
                     stale.entry(*t).or_default().push(name.clone());
                 }
-                let input = rules.restore_changed(
-                    |_| true,
-                    |t, name| {
-                        let key = (t, name.to_string());
-                        before.get(&key) != fixed_now.get(&key)
-                    },
-                    &stale,
-                );
+                let changed = |t: TableId, name: &str| {
+                    let key = (t, name.to_string());
+                    before.get(&key) != fixed_now.get(&key)
+                };
+                let nothing = !rules.translated.iter().any(|t| *t)
+                    && stale.values().all(Vec::is_empty)
+                    && fixed_now.keys().all(|(t, n)| !changed(*t, n));
+                if nothing {
+                    // Nothing to write in this family: no restore at all.
+                    self.written.insert(family, fixed_now);
+                    let counts = TableId::ALL
+                        .into_iter()
+                        .map(|t| RuleCount {
+                            family,
+                            table: t.name(),
+                            total: rules.total_rules(t),
+                            written: 0,
+                        })
+                        .collect();
+                    return Ok(Some(FamilySync {
+                        kind: SyncKind::Partial,
+                        bytes: 0,
+                        in_tools: Duration::ZERO,
+                        counts,
+                    }));
+                }
+                let input = rules.restore_changed(|_| true, changed, &stale);
                 (SyncKind::Partial, stale, input)
             }
             known => {

@@ -4,13 +4,19 @@
 //!
 //! - the floor: `iptables-restore --noflush` of as many bare rules as the iptables
 //!   mode's full restore holds (`-A BENCH-n -j RETURN`, in as many chains);
-//! - iptables mode: the full sync (both families), then one service added (partial);
-//! - nftables mode: the same two syncs.
+//! - the floor of upstream's shape: as many bare rules and chains as a chain per
+//!   endpoint makes (upstream's `KUBE-SEP-*`: svcproxy DNATs an endpoint that needs
+//!   neither the hairpin nor affinity from the set's chain);
+//! - iptables mode: the full sync (both families), then `BENCH_CHANGES` (default 5)
+//!   single changes, each a partial sync: one service added, then one endpoint of an
+//!   existing service replaced;
+//! - nftables mode: the same syncs.
 //!
-//! and prints the times and the ratio of iptables mode's full sync to the floor (target:
-//! at most 1.5) and of its one-service sync (target: under 100 ms at 10k), and the peak
-//! RSS of the tools each sync ran (`iptables-save`/`-restore`, `nft`), read with GNU
-//! `time` when `/usr/bin/time` exists.
+//! and prints the times (single changes: median and maximum), the ratio of iptables
+//! mode's full sync to each floor (target: at most 1.5) and of its one-service sync
+//! (target: under 100 ms at 10k), and the peak RSS of the tools each sync ran
+//! (`iptables-save`/`-restore`, `nft`), read with GNU `time` when `/usr/bin/time`
+//! exists.
 //!
 //! `cargo test --release -p svcproxy-dataplane --test bench_sync -- --ignored --nocapture`
 
@@ -51,75 +57,122 @@ fn services_yaml(from: usize, to: usize, m: usize) -> String {
     y
 }
 
+/// The same service as `services_yaml(i, i + 1, m)` with its first endpoint moved to
+/// `10.250.<k>`.
+fn endpoint_moved(i: usize, m: usize, k: usize) -> String {
+    let y = services_yaml(i, i + 1, m);
+    let n = i * m;
+    let first = format!("10.{}.{}.{}]", n / 62500 % 250, n / 250 % 250, n % 250 + 1);
+    y.replacen(&first, &format!("10.250.{}.{}]", k / 250, k % 250 + 1), 1)
+}
+
+/// Runs `changes` single changes through `sync` (each on a fresh snapshot of
+/// `state` after `change(k)` was applied) and returns the median and maximum time.
+fn single_changes(
+    state: &mut svcproxy_core::state::ClusterState,
+    changes: usize,
+    change: impl Fn(usize) -> String,
+    mut sync: impl FnMut(&svcproxy_core::state::SnapshotUpdate) -> Result<String, String>,
+) -> (Duration, Duration, Vec<String>) {
+    let mut times = Vec::new();
+    let mut notes = Vec::new();
+    for k in 0..changes {
+        upsert(state, &change(k));
+        let snap = snapshot(state);
+        let t = Instant::now();
+        match sync(&snap) {
+            Ok(note) => notes.push(note),
+            Err(e) => notes.push(format!("FAILED: {e}")),
+        }
+        times.push(t.elapsed());
+    }
+    times.sort();
+    (
+        times.get(times.len() / 2).copied().unwrap_or_default(),
+        times.last().copied().unwrap_or_default(),
+        notes,
+    )
+}
+
+fn restore_floor(ns: &str, restore: &str, chains: usize, rules: usize) -> (Duration, String) {
+    // The same number of bare rules, in as many chains, one restore, in the order
+    // the tool handles best (each chain declared, then its rules, in descending name
+    // order: see `FamilyRules::restore`).
+    let mut floor = String::from("*nat\n");
+    for c in (0..chains).rev() {
+        let _ = writeln!(floor, ":BENCH-{c:07} - [0:0]");
+        for _ in (c..rules).step_by(chains) {
+            let _ = writeln!(floor, "-A BENCH-{c:07} -j RETURN");
+        }
+    }
+    floor.push_str("COMMIT\n");
+    let t = Instant::now();
+    let ok = svcproxy_dataplane::run_command(
+        &["ip", "netns", "exec", ns, restore, "-w", "--noflush"].map(String::from),
+        Some(&floor),
+        Duration::from_secs(900),
+    );
+    (
+        t.elapsed(),
+        ok.err()
+            .map(|e| format!("  FAILED: {e}"))
+            .unwrap_or_default(),
+    )
+}
+
 fn run(n: usize, m: usize) {
     let tools = ["nft", "iptables-restore", "ip6tables-restore", "iptables"];
     let Some(floor_ns) = Netns::create("bench_sync", "bench-floor", &tools) else {
         return;
     };
+    let changes = env("BENCH_CHANGES").unwrap_or(5);
     let mut state = cluster(&[]);
     upsert(&mut state, &services_yaml(0, n, m));
     let base = snapshot(&mut state);
-    upsert(&mut state, &services_yaml(n, n + 1, m));
-    let added = snapshot(&mut state);
 
     let legacy = std::env::var("BENCH_IPTABLES").is_ok_and(|v| v == "legacy");
     let cfg = svcproxy_plan::iptables::SEMANTICS.apply(plan_config());
     // The rule count of iptables mode's full restore (v4), for the floor.
-    let rules = svcproxy_plan::iptables::rules(
-        &svcproxy_plan::build_intent(&base.v4, &base.v6, &cfg),
-        svcproxy_core::model::IpFamily::V4,
-    )
-    .expect("v4");
+    let intent = svcproxy_plan::build_intent(&base.v4, &base.v6, &cfg);
+    let rules =
+        svcproxy_plan::iptables::rules(&intent, svcproxy_core::model::IpFamily::V4).expect("v4");
     let (chains, rule_count) = (
         rules.nat.chains().count() + rules.filter.chains().count(),
         rules.nat.rule_count() + rules.filter.rule_count(),
     );
-
-    // The floor: the same number of bare rules, in as many chains, one restore, in
-    // the order the tool handles best (each chain declared, then its rules, in
-    // descending name order: see `FamilyRules::restore`).
-    let mut floor = String::from("*nat\n");
-    for c in (0..chains).rev() {
-        let _ = writeln!(floor, ":BENCH-{c:07} - [0:0]");
-        for _ in (c..rule_count).step_by(chains) {
-            let _ = writeln!(floor, "-A BENCH-{c:07} -j RETURN");
-        }
-    }
-    floor.push_str("COMMIT\n");
+    // Upstream's shape: a chain of two rules (hairpin mark, DNAT) per endpoint.
+    let inline: usize = intent
+        .family(svcproxy_core::model::IpFamily::V4)
+        .services()
+        .values()
+        .filter(|s| s.affinity_timeout.is_none())
+        .map(|s| s.hairpin.iter().filter(|h| !**h).count())
+        .sum();
+    let (up_chains, up_rules) = (chains + inline, rule_count + 2 * inline);
+    drop((rules, intent));
     let restore = if legacy {
         "iptables-legacy-restore"
     } else {
         "iptables-restore"
     };
-    let t = Instant::now();
-    let floor_ok = svcproxy_dataplane::run_command(
-        &[
-            "ip",
-            "netns",
-            "exec",
-            &floor_ns.name,
-            restore,
-            "-w",
-            "--noflush",
-        ]
-        .map(String::from),
-        Some(&floor),
-        Duration::from_secs(900),
-    );
-    let floor_time = t.elapsed();
+    let (floor_time, floor_err) = restore_floor(&floor_ns.name, restore, chains, rule_count);
+    drop(floor_ns);
+    settle();
+    let up_ns = Netns::create("bench_sync", "bench-floor-up", &tools).expect("netns");
+    let (up_time, up_err) = restore_floor(&up_ns.name, restore, up_chains, up_rules);
+    drop(up_ns);
+    settle();
     println!(
         "{n} services x {m} endpoints ({rule_count} iptables rules in {chains} chains, v4; {}):\n\
-         \x20 floor: {restore} of {rule_count} bare rules   {:>9.1} ms{}",
+         \x20 floor: {restore} of {rule_count} bare rules in {chains} chains {:>9.1} ms{floor_err}\n\
+         \x20 floor, upstream's shape: {up_rules} bare rules in {up_chains} chains {:>9.1} ms{up_err}",
         if legacy {
             "legacy"
         } else {
             "the host's iptables"
         },
         ms(floor_time),
-        floor_ok
-            .err()
-            .map(|e| format!("  FAILED: {e}"))
-            .unwrap_or_default(),
+        ms(up_time),
     );
 
     // iptables mode.
@@ -140,33 +193,65 @@ fn run(n: usize, m: usize) {
         Ok(full) => {
             let ipt_full = t.elapsed();
             println!(
-                "  iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor; target <= 1.5; {} bytes; in the tools {:.1} ms; tools' peak RSS {})",
+                "  iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor, {:.2} x upstream-shape floor; target <= 1.5; {} bytes; in the tools {:.1} ms; tools' peak RSS {})",
                 ms(ipt_full),
                 ipt_full.as_secs_f64() / floor_time.as_secs_f64(),
+                ipt_full.as_secs_f64() / up_time.as_secs_f64(),
                 full.script_bytes,
                 ms(full.apply_duration),
                 take_peak_rss(&rss_log),
             );
-            let t = Instant::now();
-            match ipt.sync(&added, false) {
-                Ok(partial) => println!(
-                    "  iptables mode: one service added                  {:>9.1} ms  (target < 100 ms at 10k; {} bytes, {:?}; in the tools {:.1} ms; tools' peak RSS {})",
-                    ms(t.elapsed()),
-                    partial.script_bytes,
-                    partial.kind,
-                    ms(partial.apply_duration),
-                    take_peak_rss(&rss_log),
-                ),
-                Err(e) => println!("  iptables mode: one service added FAILED after {:?}: {e}", t.elapsed()),
-            }
+            let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
+                ipt.sync(snap, false)
+                    .map(|r| {
+                        format!(
+                            "{:?} {} bytes, tools {:.1} ms",
+                            r.kind,
+                            r.script_bytes,
+                            ms(r.apply_duration)
+                        )
+                    })
+                    .map_err(|e| e.to_string())
+            };
+            let (med, max, notes) = single_changes(
+                &mut state,
+                changes,
+                |k| services_yaml(n + k, n + k + 1, m),
+                &mut sync,
+            );
+            println!(
+                "  iptables mode: one service added, median / max    {:>9.1} / {:.1} ms  (target < 100 ms at 10k; {}; tools' peak RSS {})",
+                ms(med),
+                ms(max),
+                notes.first().cloned().unwrap_or_default(),
+                take_peak_rss(&rss_log),
+            );
+            let (med, max, notes) = single_changes(
+                &mut state,
+                changes,
+                |k| endpoint_moved(k * 97 % n, m, k),
+                &mut sync,
+            );
+            println!(
+                "  iptables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms  ({})",
+                ms(med),
+                ms(max),
+                notes.first().cloned().unwrap_or_default(),
+            );
         }
         Err(e) => println!(
             "  iptables mode: full sync FAILED after {:?}: {e}",
             t.elapsed()
         ),
     }
+    drop(ipt);
+    drop(ipt_ns);
+    settle();
 
-    // nftables mode.
+    // nftables mode, from the same services as iptables mode started with.
+    let mut state = cluster(&[]);
+    upsert(&mut state, &services_yaml(0, n, m));
+    let base = snapshot(&mut state);
     let nft_ns = Netns::create("bench_sync", "bench-nft", &tools).expect("netns");
     let mut nft = Proxier::without_conntrack(
         plan_config(),
@@ -184,16 +269,33 @@ fn run(n: usize, m: usize) {
     nft.sync(&base, true).expect("nft full");
     let nft_full = t.elapsed();
     let nft_full_rss = take_peak_rss(&rss_log);
-    let t = Instant::now();
-    nft.sync(&added, false).expect("nft one added");
-    let nft_partial = t.elapsed();
-
+    let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
+        nft.sync(snap, false)
+            .map(|r| format!("{:?}", r.kind))
+            .map_err(|e| e.to_string())
+    };
+    let (med, max, _) = single_changes(
+        &mut state,
+        changes,
+        |k| services_yaml(n + k, n + k + 1, m),
+        &mut sync,
+    );
+    let (emed, emax, _) = single_changes(
+        &mut state,
+        changes,
+        |k| endpoint_moved(k * 97 % n, m, k),
+        &mut sync,
+    );
     println!(
         "  nftables mode: full sync (both families)          {:>9.1} ms  (nft's peak RSS {nft_full_rss})\n\
-         \x20 nftables mode: one service added                  {:>9.1} ms  (nft's peak RSS {})",
+         \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  (nft's peak RSS {})\n\
+         \x20 nftables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms",
         ms(nft_full),
-        ms(nft_partial),
+        ms(med),
+        ms(max),
         take_peak_rss(&rss_log),
+        ms(emed),
+        ms(emax),
     );
     let _ = std::fs::remove_file(&rss_log);
 }
@@ -223,6 +325,12 @@ fn take_peak_rss(log: &std::path::Path) -> String {
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
         .map(|kib| format!("{:.1} MiB", kib / 1024.0))
         .unwrap_or_else(|| "n/a".into())
+}
+
+/// A pause after a large namespace is deleted: the kernel frees its rules in the
+/// background, which would otherwise be timed with the next step.
+fn settle() {
+    std::thread::sleep(Duration::from_secs(5));
 }
 
 fn ms(d: Duration) -> f64 {
