@@ -10,7 +10,10 @@
 //! - iptables mode: the full sync (both families), then `BENCH_CHANGES` (default 5)
 //!   single changes, each a partial sync: one service added, then one endpoint of an
 //!   existing service replaced;
-//! - nftables mode: the same syncs.
+//! - the commit floor: the kernel's price of any commit to iptables mode's table (one
+//!   bare rule added to an unreferenced chain: the kernel validates every reachable
+//!   chain at each commit that adds a rule);
+//! - nftables mode: the same syncs (unless `BENCH_SKIP_NFT=1`).
 //!
 //! and prints the times (single changes: median and maximum), the ratio of iptables
 //! mode's full sync to each floor (target: at most 1.5) and of its one-service sync
@@ -238,6 +241,48 @@ fn run(n: usize, m: usize) {
                 ms(max),
                 notes.first().cloned().unwrap_or_default(),
             );
+            // The kernel's own price of any commit to this table: one bare rule
+            // added to a chain nothing jumps to (then flushed again). The kernel
+            // validates every chain reachable from the base chains at each commit
+            // that adds a rule, whatever the rule.
+            let mut commit = Vec::new();
+            for _ in 0..changes {
+                let t = Instant::now();
+                let _ = svcproxy_dataplane::run_command(
+                    &[
+                        "ip",
+                        "netns",
+                        "exec",
+                        &ipt_ns.name,
+                        restore,
+                        "-w",
+                        "--noflush",
+                    ]
+                    .map(String::from),
+                    Some("*nat\n:SVCPROXY-CANARY - [0:0]\n-A SVCPROXY-CANARY -j RETURN\nCOMMIT\n"),
+                    Duration::from_secs(60),
+                );
+                commit.push(t.elapsed());
+                let _ = svcproxy_dataplane::run_command(
+                    &[
+                        "ip",
+                        "netns",
+                        "exec",
+                        &ipt_ns.name,
+                        restore,
+                        "-w",
+                        "--noflush",
+                    ]
+                    .map(String::from),
+                    Some("*nat\n:SVCPROXY-CANARY - [0:0]\nCOMMIT\n"),
+                    Duration::from_secs(60),
+                );
+            }
+            commit.sort();
+            println!(
+                "  the commit floor: {restore} of one bare rule into this table, median {:>6.1} ms",
+                ms(commit[commit.len() / 2]),
+            );
         }
         Err(e) => println!(
             "  iptables mode: full sync FAILED after {:?}: {e}",
@@ -248,6 +293,10 @@ fn run(n: usize, m: usize) {
     drop(ipt_ns);
     settle();
 
+    if std::env::var("BENCH_SKIP_NFT").is_ok_and(|v| v == "1") {
+        let _ = std::fs::remove_file(&rss_log);
+        return;
+    }
     // nftables mode, from the same services as iptables mode started with.
     let mut state = cluster(&[]);
     upsert(&mut state, &services_yaml(0, n, m));
