@@ -101,8 +101,8 @@ pub fn rules(intent: &Intent, family: IpFamily) -> Option<FamilyRules> {
 struct Cached {
     svc: Arc<ServiceIntent>,
     owned: Vec<FrontendKey>,
-    /// Its chain-name prefix (its place in the order).
-    prefix: String,
+    /// Its place in the order: the 48 bits of its hash its chain names carry.
+    order: u64,
     /// Its own chains.
     chains: Vec<(TableId, String)>,
     /// Its rules in the fixed chains.
@@ -120,16 +120,16 @@ struct Cached {
 pub struct TranslationCache {
     family: Option<IpFamily>,
     node: Option<Arc<NodeIntent>>,
-    groups: HashMap<ServicePortName, Cached>,
+    groups: HashMap<ServicePortName, Arc<Cached>>,
 }
 
-/// The frontends of `svc` it owns (another port may hold a contested one).
-fn owned_keys(fam: &FamilyIntent, svc: &ServiceIntent) -> Vec<FrontendKey> {
-    svc.frontends
-        .iter()
-        .filter(|f| fam.owner(&f.key).is_some_and(|o| o.name == svc.name))
-        .map(|f| f.key)
-        .collect()
+/// A service port to translate or replay: its order, its intent, its cached
+/// translation when that still holds.
+type Port<'a> = (u64, &'a Arc<ServiceIntent>, Option<Arc<Cached>>);
+
+/// Whether `key` of `svc` is its own (another port may hold a contested one).
+fn owns(fam: &FamilyIntent, svc: &ServiceIntent, key: &FrontendKey) -> bool {
+    fam.owner(key).is_some_and(|o| o.name == svc.name)
 }
 
 impl TranslationCache {
@@ -168,28 +168,33 @@ impl TranslationCache {
         }
         let detect = Detect::new(node);
         node_rules(&mut r, node, detect.as_ref());
-        // In descending order of their chains' names, which keeps restores linear
-        // (see `FamilyRules::restore`).
-        let mut services: Vec<(String, &Arc<ServiceIntent>, Vec<FrontendKey>, bool)> = fam
+        // Each port with its cached translation if that still holds.
+        let mut services: Vec<Port> = fam
             .services()
             .values()
             .map(|svc| {
-                let owned = owned_keys(fam, svc);
-                match self.groups.get(&svc.name) {
-                    Some(c) if Arc::ptr_eq(&c.svc, svc) && c.owned == owned => {
-                        (c.prefix.clone(), svc, owned, true)
-                    }
-                    _ => (prefix(svc), svc, owned, false),
+                let hit = self.groups.get(&svc.name).filter(|c| {
+                    Arc::ptr_eq(&c.svc, svc)
+                        && c.owned.iter().copied().eq(svc
+                            .frontends
+                            .iter()
+                            .map(|f| f.key)
+                            .filter(|k| owns(fam, svc, k)))
+                });
+                match hit {
+                    Some(c) => (c.order, svc, Some(c.clone())),
+                    None => (order(svc), svc, None),
                 }
             })
             .collect();
-        services.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.name.cmp(&a.1.name)));
+        // In descending order of their chains' names, which keeps restores linear
+        // (see `FamilyRules::restore`).
+        services.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.name.cmp(&a.1.name)));
         let mut replaced: HashMap<TableId, Vec<String>> = HashMap::new();
-        for (prefix, svc, owned, hit) in services {
+        for (order, svc, hit) in services {
             r.begin_group(Some(&svc.name));
             let g = r.groups.len() - 1;
-            if hit {
-                let c = &self.groups[&svc.name];
+            if let Some(c) = hit {
                 r.translated[g] = false;
                 for (t, chain, rule) in &c.dispatch {
                     r.add_fixed(*t, chain, rule.clone());
@@ -199,7 +204,7 @@ impl TranslationCache {
                 continue;
             }
             let starts = [r.filter.chains.len(), r.nat.chains.len()];
-            service_rules(&mut r, fam, svc, &Names::new(svc), detect.as_ref());
+            service_rules(&mut r, fam, svc, &Names::new(svc, order), detect.as_ref());
             let mut chains = Vec::new();
             let mut rules = [0; 2];
             for (k, id) in TableId::ALL.into_iter().enumerate() {
@@ -213,30 +218,38 @@ impl TranslationCache {
             }
             let entry = Cached {
                 svc: svc.clone(),
-                owned,
-                prefix,
+                owned: svc
+                    .frontends
+                    .iter()
+                    .map(|f| f.key)
+                    .filter(|k| owns(fam, svc, k))
+                    .collect(),
+                order,
                 chains,
                 dispatch: std::mem::take(&mut r.dispatch[g]),
                 rules,
             };
-            if let Some(old) = self.groups.insert(svc.name.clone(), entry) {
-                let now = &self.groups[&svc.name].chains;
-                for (t, c) in old.chains.into_iter().filter(|x| !now.contains(x)) {
-                    replaced.entry(t).or_default().push(c);
+            let now: Vec<(TableId, String)> = entry.chains.clone();
+            if let Some(old) = self.groups.insert(svc.name.clone(), Arc::new(entry)) {
+                for (t, c) in old.chains.iter().filter(|x| !now.contains(x)) {
+                    replaced.entry(*t).or_default().push(c.clone());
                 }
             }
         }
-        // Service ports gone.
+        // Service ports gone (every port has its entry: more entries than ports
+        // means some are stale).
         let services = fam.services();
-        self.groups.retain(|name, c| {
-            let keep = services.contains_key(name);
-            if !keep {
-                for (t, chain) in c.chains.drain(..) {
-                    replaced.entry(t).or_default().push(chain);
+        if self.groups.len() > services.len() {
+            self.groups.retain(|name, c| {
+                let keep = services.contains_key(name);
+                if !keep {
+                    for (t, chain) in &c.chains {
+                        replaced.entry(*t).or_default().push(chain.clone());
+                    }
                 }
-            }
-            keep
-        });
+                keep
+            });
+        }
         r.begin_group(None);
         tail_rules(&mut r, fam, node);
         r.replaced = replaced;
@@ -244,12 +257,10 @@ impl TranslationCache {
     }
 }
 
-/// The chain-name prefix of a service port: see [`Names`].
-fn prefix(svc: &ServiceIntent) -> String {
-    format!(
-        "{HASHED_PREFIX}{:012X}-",
-        service_port_hash(svc.family, &svc.name) >> 16
-    )
+/// A service port's place in the translation order: the 48 bits of its hash that
+/// its chain names carry (see [`Names`]).
+fn order(svc: &ServiceIntent) -> u64 {
+    service_port_hash(svc.family, &svc.name) >> 16
 }
 
 /// The node-wide rules that come before any service's.
@@ -377,9 +388,10 @@ struct Names {
 }
 
 impl Names {
-    fn new(svc: &ServiceIntent) -> Names {
+    /// `order`: the port's [`order`].
+    fn new(svc: &ServiceIntent, order: u64) -> Names {
         let hasher = EndpointHasher::new(svc.family, &svc.name);
-        let prefix = prefix(svc);
+        let prefix = format!("{HASHED_PREFIX}{order:012X}-");
         let affinity = svc.affinity_timeout.is_some();
         Names {
             endpoints: svc
