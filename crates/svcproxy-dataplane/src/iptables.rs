@@ -379,20 +379,11 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
                 if nothing {
                     // Nothing to write in this family: no restore at all.
                     self.written.insert(family, fixed_now);
-                    let counts = TableId::ALL
-                        .into_iter()
-                        .map(|t| RuleCount {
-                            family,
-                            table: t.name(),
-                            total: rules.total_rules(t),
-                            written: 0,
-                        })
-                        .collect();
                     return Ok(Some(FamilySync {
                         kind: SyncKind::Partial,
                         bytes: 0,
                         in_tools: Duration::ZERO,
-                        counts,
+                        counts: rule_counts(&rules, &HashMap::new()),
                     }));
                 }
                 let input = rules.restore_changed(|_| true, changed, &stale);
@@ -455,23 +446,27 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         }
         self.written.insert(family, fixed_now);
         let bytes = input.len() + deletion.map_or(0, |d| d.len());
-        let written = rules_written(&input);
-        let counts = TableId::ALL
-            .into_iter()
-            .map(|t| RuleCount {
-                family,
-                table: t.name(),
-                total: rules.total_rules(t),
-                written: written.get(t.name()).copied().unwrap_or(0),
-            })
-            .collect();
         Ok(Some(FamilySync {
             kind,
             bytes,
             in_tools,
-            counts,
+            counts: rule_counts(&rules, &rules_written(&input)),
         }))
     }
+}
+
+/// The rule gauges of one family: every rule in svcproxy's chains per table, and
+/// those a restore wrote (`written`, per table name).
+fn rule_counts(rules: &ipt::FamilyRules, written: &HashMap<&str, usize>) -> Vec<RuleCount> {
+    TableId::ALL
+        .into_iter()
+        .map(|t| RuleCount {
+            family: rules.family,
+            table: t.name(),
+            total: rules.total_rules(t),
+            written: written.get(t.name()).copied().unwrap_or(0),
+        })
+        .collect()
 }
 
 /// A digest of a chain's rules (to tell whether a fixed chain must be rewritten).

@@ -97,6 +97,19 @@ fn single_changes(
     )
 }
 
+/// `restore -w --noflush` of `input` in network namespace `ns`.
+fn restore_in(
+    ns: &str,
+    restore: &str,
+    input: &str,
+) -> Result<svcproxy_dataplane::CommandOutput, svcproxy_dataplane::DataPlaneError> {
+    svcproxy_dataplane::run_command(
+        &["ip", "netns", "exec", ns, restore, "-w", "--noflush"].map(String::from),
+        Some(input),
+        Duration::from_secs(900),
+    )
+}
+
 fn restore_floor(ns: &str, restore: &str, chains: usize, rules: usize) -> (Duration, String) {
     // The same number of bare rules, in as many chains, one restore, in the order
     // the tool handles best (each chain declared, then its rules, in descending name
@@ -110,11 +123,7 @@ fn restore_floor(ns: &str, restore: &str, chains: usize, rules: usize) -> (Durat
     }
     floor.push_str("COMMIT\n");
     let t = Instant::now();
-    let ok = svcproxy_dataplane::run_command(
-        &["ip", "netns", "exec", ns, restore, "-w", "--noflush"].map(String::from),
-        Some(&floor),
-        Duration::from_secs(900),
-    );
+    let ok = restore_in(ns, restore, &floor);
     (
         t.elapsed(),
         ok.err()
@@ -248,34 +257,16 @@ fn run(n: usize, m: usize) {
             let mut commit = Vec::new();
             for _ in 0..changes {
                 let t = Instant::now();
-                let _ = svcproxy_dataplane::run_command(
-                    &[
-                        "ip",
-                        "netns",
-                        "exec",
-                        &ipt_ns.name,
-                        restore,
-                        "-w",
-                        "--noflush",
-                    ]
-                    .map(String::from),
-                    Some("*nat\n:SVCPROXY-CANARY - [0:0]\n-A SVCPROXY-CANARY -j RETURN\nCOMMIT\n"),
-                    Duration::from_secs(60),
+                let _ = restore_in(
+                    &ipt_ns.name,
+                    restore,
+                    "*nat\n:SVCPROXY-CANARY - [0:0]\n-A SVCPROXY-CANARY -j RETURN\nCOMMIT\n",
                 );
                 commit.push(t.elapsed());
-                let _ = svcproxy_dataplane::run_command(
-                    &[
-                        "ip",
-                        "netns",
-                        "exec",
-                        &ipt_ns.name,
-                        restore,
-                        "-w",
-                        "--noflush",
-                    ]
-                    .map(String::from),
-                    Some("*nat\n:SVCPROXY-CANARY - [0:0]\nCOMMIT\n"),
-                    Duration::from_secs(60),
+                let _ = restore_in(
+                    &ipt_ns.name,
+                    restore,
+                    "*nat\n:SVCPROXY-CANARY - [0:0]\nCOMMIT\n",
                 );
             }
             commit.sort();
