@@ -27,7 +27,7 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "NAME", help_heading = "kube-proxy")]
     pub hostname_override: Option<String>,
 
-    /// Proxy mode: 'nftables' (the default, also when empty) or 'iptables'. kube-proxy's 'ipvs' and 'kernelspace' are not implemented and fall back to nftables with a warning.
+    /// Proxy mode: 'nftables' (the default, also when empty), 'iptables' or 'userspace' (svcproxy itself relays TCP and UDP, as kube-proxy's original mode). kube-proxy's 'ipvs' and 'kernelspace' are not implemented and fall back to nftables with a warning.
     #[arg(
         long,
         value_name = "MODE",
