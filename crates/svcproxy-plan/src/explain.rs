@@ -76,7 +76,8 @@ pub struct Candidate {
     /// Chance of being picked by a new connection (uniform, as the rules pick).
     pub probability: f64,
     /// Masqueraded on this path (true for all when the route masquerades; for a
-    /// connection from the endpoint to itself, always: hairpin).
+    /// connection from an endpoint that may be this node's own to itself, always:
+    /// hairpin).
     pub masquerade: bool,
 }
 
@@ -747,12 +748,19 @@ fn candidates(
     } else {
         1.0 / eps.len() as f64
     };
+    // A connection from an endpoint to itself is masqueraded (hairpin), where the
+    // intent says the endpoint may be this node's own (one on another node never
+    // sends through this node's rules).
+    let hairpin = |e: &std::net::SocketAddr| {
+        svc.endpoints
+            .binary_search(e)
+            .is_ok_and(|i| svc.hairpin.get(i).copied().unwrap_or(true))
+    };
     eps.iter()
         .map(|e| Candidate {
             address: socket(e.ip(), e.port()),
             probability: p,
-            // A connection from an endpoint to itself is masqueraded (hairpin).
-            masquerade: masquerade || e.ip() == from,
+            masquerade: masquerade || (e.ip() == from && hairpin(e)),
         })
         .collect()
 }

@@ -16,7 +16,7 @@ use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
 use svcproxy_plan::names::{service_port_hash, EndpointHasher, Prefix};
 use svcproxy_plan::nft::PlanKind;
 
-const API_SLICE_WITH_NODE_C: &str = r#"
+const API_SLICE_WITH_ANOTHER_LOCAL_ENDPOINT: &str = r#"
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
@@ -29,7 +29,7 @@ ports:
 endpoints:
 - {addresses: [198.18.1.30], nodeName: node-a}
 - {addresses: [198.18.2.30], nodeName: node-b}
-- {addresses: [198.18.3.30], nodeName: node-c}
+- {addresses: [198.18.1.31], nodeName: node-a}
 "#;
 
 /// A planner that has planned and committed the scenario's first sync.
@@ -97,7 +97,7 @@ fn lines_starting<'a>(script: &'a str, prefix: &str) -> Vec<(usize, &'a str)> {
 #[test]
 fn changing_one_service_touches_only_its_chains_and_elements() {
     let (mut sc, mut planner) = synced("loadbalancer-source-ranges-etp-local");
-    sc.upsert_yaml(API_SLICE_WITH_NODE_C);
+    sc.upsert_yaml(API_SLICE_WITH_ANOTHER_LOCAL_ENDPOINT);
     let up = sc.snapshot();
     let api = spn("demo", "api", "https", Protocol::Tcp);
     assert_eq!(up.changed, BTreeSet::from([api.clone()]));
@@ -107,23 +107,25 @@ fn changing_one_service_touches_only_its_chains_and_elements() {
     assert_eq!(plan.stats.replanned, 1);
     let script = &plan.script;
 
-    // Only api's objects appear, and only the new endpoint chain is declared; the
-    // cluster chain (which lists endpoints) is rewritten in place.
+    // Only api's objects appear, and only the new endpoint chain is declared (the
+    // new endpoint is this node's: it has a chain, for the hairpin); the cluster
+    // chain (which lists endpoints) is rewritten in place.
     let allowed = owned_names(
         IpFamily::V4,
         &api,
         &[
             ("198.18.1.30", 8443),
             ("198.18.2.30", 8443),
-            ("198.18.3.30", 8443),
+            ("198.18.1.31", 8443),
         ],
         None,
     );
     let used = hashed_names(script);
     assert!(used.is_subset(&allowed), "foreign names in\n{script}");
-    let new_ep = owned_names(IpFamily::V4, &api, &[("198.18.3.30", 8443)], None);
+    let new_ep = owned_names(IpFamily::V4, &api, &[("198.18.1.31", 8443)], None);
     let new_ep = new_ep.iter().find(|n| n.starts_with("endpoint-")).unwrap();
     let service_chain = format!("service-{:016x}", service_port_hash(IpFamily::V4, &api));
+    let local_chain = format!("local-{:016x}", service_port_hash(IpFamily::V4, &api));
     assert_eq!(
         lines_starting(script, "add chain")
             .iter()
@@ -136,7 +138,11 @@ fn changing_one_service_touches_only_its_chains_and_elements() {
             .iter()
             .map(|(_, l)| *l)
             .collect::<Vec<_>>(),
-        vec![format!("flush chain ip svcproxy {service_chain}")]
+        // (A local endpoint joins the local set too.)
+        vec![
+            format!("flush chain ip svcproxy {local_chain}"),
+            format!("flush chain ip svcproxy {service_chain}")
+        ]
     );
     // No element moves: the destinations still go to the same chains.
     assert!(!script.contains("element"), "{script}");
@@ -232,8 +238,8 @@ fn deleting_a_service_deletes_its_chains_after_removing_its_elements() {
         .collect();
     assert_eq!(
         api_chains.len(),
-        6,
-        "service, local, external, firewall and 2 endpoints"
+        5,
+        "service, local, external, firewall and the endpoint on this node (the one on node-b is DNATed from the set's chains)"
     );
 
     sc.state.apply(SourceUpdate::Delete(ObjectKey::new(
@@ -301,11 +307,11 @@ fn unchanged_input_yields_an_empty_delta() {
 #[test]
 fn a_change_the_caller_did_not_report_is_still_planned() {
     let (mut sc, mut planner) = synced("loadbalancer-source-ranges-etp-local");
-    sc.upsert_yaml(API_SLICE_WITH_NODE_C);
+    sc.upsert_yaml(API_SLICE_WITH_ANOTHER_LOCAL_ENDPOINT);
     let up = sc.snapshot();
     let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &BTreeSet::new());
     assert_eq!(plan.stats.replanned, 1, "the view is a new Arc");
-    assert!(plan.script.contains("198.18.3.30"), "{}", plan.script);
+    assert!(plan.script.contains("198.18.1.31"), "{}", plan.script);
 }
 
 #[test]

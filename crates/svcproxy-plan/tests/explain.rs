@@ -89,6 +89,19 @@ fn a_cluster_ip_forwards_to_every_endpoint_uniformly_and_masquerades_off_node_so
         [true, false]
     );
     assert!(t.text().contains("hairpin"), "{}", t.text());
+    // An endpoint on another node never reaches this node's rules as a source: no
+    // hairpin here (its own node's proxy handles its connections). (Told to come
+    // from a pod, so that the route itself does not masquerade.)
+    let t = trace(
+        &yaml,
+        "198.18.2.5",
+        "198.19.0.10:80",
+        Some(Origin::LocalPod),
+    );
+    let Verdict::Forward { endpoints, .. } = &t.verdict else {
+        panic!("{}", t.text())
+    };
+    assert!(endpoints.iter().all(|c| !c.masquerade), "{}", t.text());
 }
 
 #[test]

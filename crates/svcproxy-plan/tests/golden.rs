@@ -75,10 +75,19 @@ fn endpoint_dispatch_is_uniform() {
             if !(hashed("service-") || hashed("local-")) {
                 continue;
             }
+            // A pick goes to the endpoint's chain, or (an endpoint with no chain of
+            // its own) DNATs to it.
+            let to_endpoint = |r: &str| {
+                r.starts_with("goto endpoint-")
+                    || r.starts_with("meta l4proto ") && r.contains(" dnat ")
+            };
             let picks: Vec<&str> = block
                 .lines()
                 .map(str::trim)
-                .filter(|l| l.contains("goto endpoint-") && !l.contains(" @affinity-"))
+                .filter(|l| {
+                    !l.contains(" @affinity-")
+                        && (l.contains("goto endpoint-") || l.contains(" dnat "))
+                })
                 .collect();
             let n = picks.len() as u64;
             assert!(n > 0, "{case}: {head}");
@@ -87,11 +96,12 @@ fn endpoint_dispatch_is_uniform() {
             for (k, rule) in picks.iter().enumerate() {
                 let k = k as u64;
                 let (p_num, p_den) = if k + 1 == n {
-                    assert!(rule.starts_with("goto endpoint-"), "{case}: {rule}");
+                    assert!(to_endpoint(rule), "{case}: {rule}");
                     (1, 1)
                 } else {
-                    let want = format!("numgen random mod {} == 0 goto endpoint-", n - k);
-                    assert!(rule.starts_with(&want), "{case}: {rule}");
+                    let want = format!("numgen random mod {} == 0 ", n - k);
+                    let rest = rule.strip_prefix(&want);
+                    assert!(rest.is_some_and(to_endpoint), "{case}: {rule}");
                     (1, n - k)
                 };
                 // P(endpoint k) = reach * p must be 1/n.

@@ -252,14 +252,13 @@ impl Mode {
     }
 
     /// Whether an endpoint has its own kernel object on a node (an endpoint that is
-    /// `local` to it, or on another node): the nftables mode gives every endpoint a
-    /// chain; the iptables mode only those that may be the node's own (the hairpin)
-    /// or of a service with affinity; the userspace mode none.
+    /// `local` to it, or on another node): the nftables and iptables modes give a
+    /// chain only to endpoints that may be the node's own (the hairpin) or of a
+    /// service with affinity; the userspace mode none.
     #[allow(dead_code)] // dataplane.rs only
     pub fn has_endpoint_object(self, local: bool) -> bool {
         match self {
-            Mode::Nftables => true,
-            Mode::Iptables | Mode::IptablesLegacy => local,
+            Mode::Nftables | Mode::Iptables | Mode::IptablesLegacy => local,
             Mode::Userspace => false,
         }
     }

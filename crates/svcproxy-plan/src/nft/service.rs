@@ -14,7 +14,12 @@
 //! - `external-H`: the external route: masquerade, or the short circuits for pods
 //!   and the host, then the set for the rest.
 //! - `firewall-H`: loadBalancerSourceRanges.
-//! - `endpoint-E`: hairpin masquerade mark, affinity update, DNAT.
+//! - `endpoint-E`: hairpin masquerade mark, affinity update, DNAT; only for an
+//!   endpoint that may be this node's own ([`ServiceIntent::hairpin`]) or of a
+//!   service with affinity. Every other endpoint is DNATed from the set's chain:
+//!   an endpoint on another node never sends through this node's rules, and a
+//!   chain per endpoint is what makes the table large (the kernel validates every
+//!   reachable chain at each commit, and `nft` lists them all for its cache).
 //! - `affinity-E`: the endpoint's client set (ClientIP affinity), with a timeout.
 //!
 //! With a [`CapturePorts`] (the userspace mode), a set chain redirects the
@@ -255,7 +260,9 @@ struct EpNames {
 pub(crate) struct Fragment {
     pub intent: Arc<ServiceIntent>,
     pub hash: u64,
-    endpoints: Vec<EpNames>,
+    /// Per endpoint of the intent, the names of its own objects, when it has any
+    /// (see the module's `endpoint-E`); empty under a full userspace capture.
+    endpoints: Vec<Option<EpNames>>,
     /// Userspace capture: the port of each set (cluster, local), resolved once.
     capture: Option<[Option<u16>; 2]>,
     /// The capture takes only connections to loopback.
@@ -288,12 +295,17 @@ impl Fragment {
         };
         let endpoints = own
             .iter()
-            .map(|ep| EpNames {
-                chain: hasher.endpoint(ep.ip(), ep.port()),
-                affinity: intent
-                    .affinity_timeout
-                    .map(|t| hasher.affinity(ep.ip(), ep.port(), t))
-                    .unwrap_or(0),
+            .enumerate()
+            .map(|(i, ep)| {
+                let needs_chain = intent.affinity_timeout.is_some()
+                    || intent.hairpin.get(i).copied().unwrap_or(true);
+                needs_chain.then(|| EpNames {
+                    chain: hasher.endpoint(ep.ip(), ep.port()),
+                    affinity: intent
+                        .affinity_timeout
+                        .map(|t| hasher.affinity(ep.ip(), ep.port(), t))
+                        .unwrap_or(0),
+                })
             })
             .collect();
         Fragment {
@@ -319,10 +331,15 @@ impl Fragment {
         let comment = service_port_comment(&svc.name);
         let mut rs = Ruleset::new(family);
 
-        let endpoint_chain =
-            |i: u32| ObjName::new(Prefix::Endpoint, self.endpoints[i as usize].chain);
-        let affinity_set =
-            |i: u32| ObjName::new(Prefix::Affinity, self.endpoints[i as usize].affinity);
+        let own = |i: u32| self.endpoints[i as usize];
+        // Where the choice of endpoint `i` goes: its chain, or straight to it.
+        let to_endpoint = |i: u32| match own(i) {
+            Some(names) => format!("goto {}", ObjName::new(Prefix::Endpoint, names.chain)),
+            None => format!(
+                "meta l4proto {proto} dnat {ipx} to {}",
+                dnat_to(&svc.endpoints[i as usize])
+            ),
+        };
 
         let set_chain = |set: EndpointSetId, list: &[u32]| -> Chain {
             let mut rules = Vec::new();
@@ -371,11 +388,12 @@ impl Fragment {
                 }
             }
             if svc.affinity_timeout.is_some() {
-                for &i in list {
+                // (With affinity every endpoint has its objects.)
+                for names in list.iter().filter_map(|&i| own(i)) {
                     rules.push(format!(
                         "{ipx} saddr @{} goto {}",
-                        affinity_set(i),
-                        endpoint_chain(i)
+                        ObjName::new(Prefix::Affinity, names.affinity),
+                        ObjName::new(Prefix::Endpoint, names.chain)
                     ));
                 }
             }
@@ -387,12 +405,12 @@ impl Fragment {
             let n = list.len();
             for (k, &i) in list.iter().enumerate() {
                 if k + 1 == n {
-                    rules.push(format!("goto {}", endpoint_chain(i)));
+                    rules.push(to_endpoint(i));
                 } else {
                     rules.push(format!(
-                        "numgen random mod {} == 0 goto {}",
+                        "numgen random mod {} == 0 {}",
                         n - k,
-                        endpoint_chain(i)
+                        to_endpoint(i)
                     ));
                 }
             }
@@ -461,7 +479,12 @@ impl Fragment {
             );
         }
 
-        for (ep, names) in svc.endpoints.iter().zip(&self.endpoints) {
+        for (ep, names) in svc
+            .endpoints
+            .iter()
+            .zip(&self.endpoints)
+            .filter_map(|(ep, n)| Some((ep, n.as_ref()?)))
+        {
             // Hairpin: an endpoint reaching itself through the service.
             let mut rules = vec![format!("{ipx} saddr {} jump {MARK_MASQ_CHAIN}", ep.ip())];
             if let Some(t) = svc.affinity_timeout {
@@ -508,7 +531,7 @@ impl Fragment {
             }
         }
         let mut sets = Vec::new();
-        for names in &self.endpoints {
+        for names in self.endpoints.iter().flatten() {
             chains.push(ObjName::new(Prefix::Endpoint, names.chain).to_string());
             if svc.affinity_timeout.is_some() {
                 sets.push(ObjName::new(Prefix::Affinity, names.affinity).to_string());
@@ -524,7 +547,7 @@ impl Fragment {
             + svc.local.is_some() as usize
             + svc.external.is_some() as usize
             + svc.firewall.is_some() as usize
-            + self.endpoints.len()
+            + self.endpoints.iter().flatten().count()
     }
 }
 
