@@ -751,11 +751,8 @@ fn candidates(
     // A connection from an endpoint to itself is masqueraded (hairpin), where the
     // intent says the endpoint may be this node's own (one on another node never
     // sends through this node's rules).
-    let hairpin = |e: &std::net::SocketAddr| {
-        svc.endpoints
-            .binary_search(e)
-            .is_ok_and(|i| svc.hairpin.get(i).copied().unwrap_or(true))
-    };
+    let hairpin =
+        |e: &std::net::SocketAddr| svc.endpoints.binary_search(e).is_ok_and(|i| svc.hairpin[i]);
     eps.iter()
         .map(|e| Candidate {
             address: socket(e.ip(), e.port()),

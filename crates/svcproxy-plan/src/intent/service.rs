@@ -439,6 +439,13 @@ impl ServiceIntent {
         Some(list.iter().map(|&i| self.endpoints[i as usize]).collect())
     }
 
+    /// Whether endpoint `i` (an index into `endpoints`) needs state of its own in a
+    /// data plane, besides being DNATed to: the hairpin masquerade (see `hairpin`)
+    /// or its session affinity. The others can be DNATed straight from their set.
+    pub fn endpoint_needs_own_state(&self, i: usize) -> bool {
+        self.affinity_timeout.is_some() || self.hairpin.get(i).copied().unwrap_or(true)
+    }
+
     /// The set's indices into `endpoints`.
     pub fn set_indices(&self, id: EndpointSetId) -> Option<&[u32]> {
         match id {

@@ -127,9 +127,16 @@ pub struct TranslationCache {
 /// translation when that still holds.
 type Port<'a> = (u64, &'a Arc<ServiceIntent>, Option<Arc<Cached>>);
 
-/// Whether `key` of `svc` is its own (another port may hold a contested one).
-fn owns(fam: &FamilyIntent, svc: &ServiceIntent, key: &FrontendKey) -> bool {
-    fam.owner(key).is_some_and(|o| o.name == svc.name)
+/// The keys of the frontends of `svc` it owns (another port may hold a contested
+/// one).
+fn owned_keys<'a>(
+    fam: &'a FamilyIntent,
+    svc: &'a ServiceIntent,
+) -> impl Iterator<Item = FrontendKey> + 'a {
+    svc.frontends
+        .iter()
+        .map(|f| f.key)
+        .filter(|k| fam.owner(k).is_some_and(|o| o.name == svc.name))
 }
 
 impl TranslationCache {
@@ -174,12 +181,7 @@ impl TranslationCache {
             .values()
             .map(|svc| {
                 let hit = self.groups.get(&svc.name).filter(|c| {
-                    Arc::ptr_eq(&c.svc, svc)
-                        && c.owned.iter().copied().eq(svc
-                            .frontends
-                            .iter()
-                            .map(|f| f.key)
-                            .filter(|k| owns(fam, svc, k)))
+                    Arc::ptr_eq(&c.svc, svc) && c.owned.iter().copied().eq(owned_keys(fam, svc))
                 });
                 match hit {
                     Some(c) => (c.order, svc, Some(c.clone())),
@@ -218,23 +220,18 @@ impl TranslationCache {
             }
             let entry = Cached {
                 svc: svc.clone(),
-                owned: svc
-                    .frontends
-                    .iter()
-                    .map(|f| f.key)
-                    .filter(|k| owns(fam, svc, k))
-                    .collect(),
+                owned: owned_keys(fam, svc).collect(),
                 order,
                 chains,
                 dispatch: std::mem::take(&mut r.dispatch[g]),
                 rules,
             };
-            let now: Vec<(TableId, String)> = entry.chains.clone();
-            if let Some(old) = self.groups.insert(svc.name.clone(), Arc::new(entry)) {
-                for (t, c) in old.chains.iter().filter(|x| !now.contains(x)) {
+            if let Some(old) = self.groups.get(&svc.name) {
+                for (t, c) in old.chains.iter().filter(|x| !entry.chains.contains(x)) {
                     replaced.entry(*t).or_default().push(c.clone());
                 }
             }
+            self.groups.insert(svc.name.clone(), Arc::new(entry));
         }
         // Service ports gone (every port has its entry: more entries than ports
         // means some are stale).
@@ -392,14 +389,13 @@ impl Names {
     fn new(svc: &ServiceIntent, order: u64) -> Names {
         let hasher = EndpointHasher::new(svc.family, &svc.name);
         let prefix = format!("{HASHED_PREFIX}{order:012X}-");
-        let affinity = svc.affinity_timeout.is_some();
         Names {
             endpoints: svc
                 .endpoints
                 .iter()
                 .enumerate()
                 .map(|(i, ep)| {
-                    (affinity || svc.hairpin.get(i).copied().unwrap_or(true)).then(|| {
+                    svc.endpoint_needs_own_state(i).then(|| {
                         format!(
                             "{prefix}E{:010X}",
                             hasher.endpoint(ep.ip(), ep.port()) >> 24

@@ -297,9 +297,7 @@ impl Fragment {
             .iter()
             .enumerate()
             .map(|(i, ep)| {
-                let needs_chain = intent.affinity_timeout.is_some()
-                    || intent.hairpin.get(i).copied().unwrap_or(true);
-                needs_chain.then(|| EpNames {
+                intent.endpoint_needs_own_state(i).then(|| EpNames {
                     chain: hasher.endpoint(ep.ip(), ep.port()),
                     affinity: intent
                         .affinity_timeout
