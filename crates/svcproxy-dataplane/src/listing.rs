@@ -145,7 +145,86 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
         }
         set.items.sort();
     }
+    resolve_numbered_maps(&mut out);
     out
+}
+
+/// A rule choosing from a map by number (`numgen random mod N offset B map @M`:
+/// svcproxy's endpoint maps) is compared by what it chooses from: the numbers are
+/// handed out by the planner that wrote the table, so a table written by partial
+/// syncs and a fresh plan number the same endpoints differently. The rule's
+/// `offset B map @M` becomes `map @M [V, ...]`, the values under keys `B` to
+/// `B + N - 1` in order (`<no element K>` for a missing key; `A . P` values
+/// shown as `A:P`), and the map keeps only the elements no such rule uses.
+fn resolve_numbered_maps(listing: &mut Listing) {
+    let mut used: BTreeMap<String, std::collections::BTreeSet<u64>> = BTreeMap::new();
+    for chain in listing.chains.values_mut() {
+        for rule in &mut chain.items {
+            let Some((head, tail)) = rule.split_once(" numgen random mod ") else {
+                continue;
+            };
+            let Some((n, rest)) = tail.split_once(' ') else {
+                continue;
+            };
+            let (base, rest) = match rest.strip_prefix("offset ") {
+                Some(r) => match r.split_once(' ') {
+                    Some((b, rest)) => (b, rest),
+                    None => continue,
+                },
+                None => ("0", rest),
+            };
+            let Some(map) = rest.strip_prefix("map @") else {
+                continue;
+            };
+            let (Ok(n), Ok(base), Some(set)) =
+                (n.parse::<u64>(), base.parse::<u64>(), listing.sets.get(map))
+            else {
+                continue;
+            };
+            if n > 1 << 20 {
+                continue;
+            }
+            let values: BTreeMap<u64, &str> = set
+                .items
+                .iter()
+                .filter_map(|e| {
+                    let (k, v) = e.split_once(" : ")?;
+                    Some((k.trim().parse().ok()?, v.trim()))
+                })
+                .collect();
+            let chosen: Vec<String> = (base..base + n)
+                .map(|k| match values.get(&k) {
+                    Some(v) => endpoint_text(v),
+                    None => format!("<no element {k}>"),
+                })
+                .collect();
+            used.entry(map.to_string())
+                .or_default()
+                .extend(base..base + n);
+            *rule = format!(
+                "{head} numgen random mod {n} map @{map} [{}]",
+                chosen.join(", ")
+            );
+        }
+    }
+    for (map, keys) in used {
+        if let Some(set) = listing.sets.get_mut(&map) {
+            set.items.retain(|e| {
+                e.split_once(" : ")
+                    .and_then(|(k, _)| k.trim().parse::<u64>().ok())
+                    .is_none_or(|k| !keys.contains(&k))
+            });
+        }
+    }
+}
+
+/// `A . P` as `A:P` (`[A]:P` for IPv6), as a DNAT rule writes it.
+fn endpoint_text(value: &str) -> String {
+    match value.split_once(" . ") {
+        Some((a, p)) if a.contains(':') => format!("[{a}]:{p}"),
+        Some((a, p)) => format!("{a}:{p}"),
+        None => value.to_string(),
+    }
 }
 
 fn is_chain_declaration(line: &str) -> bool {
@@ -416,6 +495,64 @@ pub fn nft_rule_count(json: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table choosing endpoints from a numbered map, numbered from `base`, with
+    /// `extra` elements after.
+    fn numbered(base: u32, second: &str, extra: &str) -> String {
+        format!(
+            "table ip svcproxy {{
+\tmap endpoint-dnat-tcp {{
+\t\ttypeof numgen random mod 1 : ip daddr . tcp dport
+\t\telements = {{ {base} : 10.0.0.1 . 80, {} : {second} . 80{extra} }}
+\t}}
+\tchain service-1 {{
+\t\tmeta l4proto tcp dnat ip to numgen random mod 2 offset {base} map @endpoint-dnat-tcp
+\t}}
+}}
+",
+            base + 1
+        )
+    }
+
+    #[test]
+    fn numbered_maps_compare_by_what_a_rule_chooses_not_by_the_numbers() {
+        let a = nft_listing(&numbered(1, "10.0.0.2", ""), "ip", "svcproxy");
+        let b = nft_listing(&numbered(7, "10.0.0.2", ""), "ip", "svcproxy");
+        assert_eq!(
+            a.chains["service-1"].items,
+            vec!["meta l4proto tcp dnat ip to numgen random mod 2 map @endpoint-dnat-tcp [10.0.0.1:80, 10.0.0.2:80]"]
+        );
+        assert!(a.sets["endpoint-dnat-tcp"].items.is_empty());
+        assert!(differences("t", &a, &b, Compared::Rules).is_empty());
+
+        // Another endpoint under a key: the rule differs, in its chain.
+        let c = nft_listing(&numbered(7, "10.0.0.9", ""), "ip", "svcproxy");
+        let d = differences("t", &a, &c, Compared::Rules);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].contains("chain service-1 lacks") && d[0].contains("10.0.0.2:80"));
+        assert!(d[1].contains("chain service-1 holds") && d[1].contains("10.0.0.9:80"));
+
+        // An element no rule uses is a difference of the map's.
+        let e = nft_listing(
+            &numbered(7, "10.0.0.2", ", 99 : 10.0.0.5 . 80"),
+            "ip",
+            "svcproxy",
+        );
+        let d = differences("t", &a, &e, Compared::Rules);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(
+            d[0].contains("endpoint-dnat-tcp holds `99 : 10.0.0.5 . 80`"),
+            "{d:?}"
+        );
+
+        // A key the rule uses and the map lacks.
+        let f = nft_listing(
+            &numbered(7, "10.0.0.2", "").replace("8 : 10.0.0.2 . 80", "9 : 10.0.0.2 . 80"),
+            "ip",
+            "svcproxy",
+        );
+        assert!(f.chains["service-1"].items[0].contains("[10.0.0.1:80, <no element 8>]"));
+    }
 
     /// The planner's form of a script.
     const SCRIPT: &str = "add table ip svcproxy { comment \"managed-by-svcproxy\" ; }

@@ -13,7 +13,11 @@
 //! - the commit floor: the kernel's price of any commit to iptables mode's table (one
 //!   bare rule added to an unreferenced chain: the kernel validates every reachable
 //!   chain at each commit that adds a rule);
-//! - nftables mode: the same syncs (unless `BENCH_SKIP_NFT=1`).
+//! - the nftables floor: `nft -f` of a table holding only the same data (a verdict
+//!   map of the service addresses, a map of every endpoint, an empty chain per
+//!   service);
+//! - nftables mode: the same syncs (unless `BENCH_SKIP_NFT=1`), the full sync
+//!   also as a ratio to its floor.
 //!
 //! and prints the times (single changes: median and maximum), the ratio of iptables
 //! mode's full sync to each floor (target: at most 1.5) and of its one-service sync
@@ -288,6 +292,63 @@ fn run(n: usize, m: usize) {
         let _ = std::fs::remove_file(&rss_log);
         return;
     }
+    // The nftables floor: `nft -f` of a table holding only the same data, as
+    // plain as it gets: one verdict map of the service addresses, one map of every
+    // endpoint under a number, an empty chain per service.
+    let floor_ns = Netns::create("bench_sync", "bench-nft-floor", &tools).expect("netns");
+    let mut floor = String::from(
+        "table ip bench {\n map vips { type ipv4_addr . inet_proto . inet_service : verdict; }\n \
+         map eps { typeof numgen random mod 1 : ip daddr . tcp dport; }\n}\n",
+    );
+    for i in 0..n {
+        let _ = writeln!(floor, "add chain ip bench s{i}");
+    }
+    let mut first = true;
+    for i in 0..n {
+        let _ = write!(
+            floor,
+            "{}198.19.{}.{} . tcp . 80 : goto s{i}",
+            if first {
+                "add element ip bench vips { "
+            } else {
+                ", "
+            },
+            i / 250,
+            i % 250 + 1
+        );
+        first = false;
+    }
+    floor.push_str(" }\nadd element ip bench eps { ");
+    for k in 0..n * m {
+        let _ = write!(
+            floor,
+            "{}{} : 10.{}.{}.{} . 8080",
+            if k == 0 { "" } else { ", " },
+            k + 1,
+            k / 62500 % 250,
+            k / 250 % 250,
+            k % 250 + 1
+        );
+    }
+    floor.push_str(" }\n");
+    let t = Instant::now();
+    let floor_err = svcproxy_dataplane::run_command(
+        &["ip", "netns", "exec", &floor_ns.name, "nft", "-f", "-"].map(String::from),
+        Some(&floor),
+        Duration::from_secs(900),
+    )
+    .err()
+    .map(|e| format!("  FAILED: {e}"))
+    .unwrap_or_default();
+    let nft_floor = t.elapsed();
+    println!(
+        "  nftables floor: nft -f of {n} empty chains, {n} verdict-map and {} endpoint-map elements {:>9.1} ms{floor_err}",
+        n * m,
+        ms(nft_floor)
+    );
+    drop(floor_ns);
+    settle();
+
     // nftables mode, from the same services as iptables mode started with.
     let mut state = cluster(&[]);
     upsert(&mut state, &services_yaml(0, n, m));
@@ -327,10 +388,11 @@ fn run(n: usize, m: usize) {
         &mut sync,
     );
     println!(
-        "  nftables mode: full sync (both families)          {:>9.1} ms  (nft's peak RSS {nft_full_rss})\n\
+        "  nftables mode: full sync (both families)          {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; nft's peak RSS {nft_full_rss})\n\
          \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  (nft's peak RSS {})\n\
          \x20 nftables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms",
         ms(nft_full),
+        nft_full.as_secs_f64() / nft_floor.as_secs_f64(),
         ms(med),
         ms(max),
         take_peak_rss(&rss_log),

@@ -1688,6 +1688,22 @@ fn edits_while_running_change_what_answers(mode: Mode) {
         );
         ck.check(t.len() == 2, || format!("web before the edit: {t:?}"));
     }
+    if mode == Mode::Nftables {
+        // What the count of endpoint objects after web's deletion below is zero
+        // of: web's two ports' two endpoints each, elements of the endpoint maps.
+        for node in [NODE_A, NODE_B] {
+            for fam in Family::BOTH {
+                let n = mode.service_objects(&env.c, node, fam, ServiceObject::Endpoint);
+                ck.check(n == 4, || {
+                    format!(
+                        "{} {}: {n} endpoint objects before the edit, expected 4",
+                        plan::node_name(node),
+                        family_name(fam)
+                    )
+                });
+            }
+        }
+    }
 
     // Remove pod-b0 from web's endpoints.
     let edited = Instant::now();

@@ -107,32 +107,20 @@ fn changing_one_service_touches_only_its_chains_and_elements() {
     assert_eq!(plan.stats.replanned, 1);
     let script = &plan.script;
 
-    // Only api's objects appear, and only the new endpoint chain is declared (the
-    // new endpoint is this node's: it has a chain, for the hairpin); the cluster
-    // chain (which lists endpoints) is rewritten in place.
+    // Only api's objects appear, and no chain is declared (endpoints are map
+    // elements); the cluster and local chains (which dispatch over their endpoint
+    // count) are rewritten in place.
     let allowed = owned_names(
         IpFamily::V4,
         &api,
-        &[
-            ("198.18.1.30", 8443),
-            ("198.18.2.30", 8443),
-            ("198.18.1.31", 8443),
-        ],
+        &[("198.18.1.30", 8443), ("198.18.2.30", 8443)],
         None,
     );
     let used = hashed_names(script);
     assert!(used.is_subset(&allowed), "foreign names in\n{script}");
-    let new_ep = owned_names(IpFamily::V4, &api, &[("198.18.1.31", 8443)], None);
-    let new_ep = new_ep.iter().find(|n| n.starts_with("endpoint-")).unwrap();
     let service_chain = format!("service-{:016x}", service_port_hash(IpFamily::V4, &api));
     let local_chain = format!("local-{:016x}", service_port_hash(IpFamily::V4, &api));
-    assert_eq!(
-        lines_starting(script, "add chain")
-            .iter()
-            .map(|(_, l)| *l)
-            .collect::<Vec<_>>(),
-        vec![format!("add chain ip svcproxy {new_ep}")]
-    );
+    assert!(lines_starting(script, "add chain").is_empty(), "{script}");
     assert_eq!(
         lines_starting(script, "flush chain")
             .iter()
@@ -144,16 +132,39 @@ fn changing_one_service_touches_only_its_chains_and_elements() {
             format!("flush chain ip svcproxy {service_chain}")
         ]
     );
-    // No element moves: the destinations still go to the same chains.
-    assert!(!script.contains("element"), "{script}");
+    // Elements: the new endpoint's address and port in the endpoint map (it is in
+    // both sets), its hairpin (it is this node's), nothing in the verdict maps
+    // (the destinations still go to the same chains).
+    let elements: Vec<&str> = script.lines().filter(|l| l.contains("element")).collect();
+    assert!(
+        elements
+            .iter()
+            .all(|l| l.contains(" endpoint-dnat-tcp ") || l.contains(" hairpin-endpoints ")),
+        "{script}"
+    );
+    assert_eq!(
+        elements
+            .iter()
+            .filter(|l| l.contains("198.18.1.31 . 8443"))
+            .count(),
+        2,
+        "{script}"
+    );
+    assert_eq!(
+        lines_starting(script, "add element ip svcproxy hairpin-endpoints"),
+        vec![(
+            script
+                .lines()
+                .position(|l| l.contains("hairpin-endpoints"))
+                .unwrap(),
+            "add element ip svcproxy hairpin-endpoints { 198.18.1.31 . 198.18.1.31 }"
+        )],
+        "{script}"
+    );
     assert!(
         !script.contains("ip6 svcproxy"),
         "IPv6 untouched:\n{script}"
     );
-    // Chain declarations come before the rules that reference them.
-    let declared = script.find("add chain").unwrap();
-    let first_rule = script.find("add rule").unwrap();
-    assert!(declared < first_rule);
     planner.commit(&plan);
 
     // And the state moved on: planning again is a no-op.
@@ -238,8 +249,8 @@ fn deleting_a_service_deletes_its_chains_after_removing_its_elements() {
         .collect();
     assert_eq!(
         api_chains.len(),
-        5,
-        "service, local, external, firewall and the endpoint on this node (the one on node-b is DNATed from the set's chains)"
+        4,
+        "service, local, external, firewall (no endpoint has a chain: no affinity)"
     );
 
     sc.state.apply(SourceUpdate::Delete(ObjectKey::new(
@@ -281,7 +292,54 @@ fn deleting_a_service_deletes_its_chains_after_removing_its_elements() {
             "{key} not deleted:\n{script}"
         );
     }
+    // Its endpoints leave the endpoint map (the cluster set's 2; the local set's
+    // one endpoint is DNATed directly), and its endpoint on this node the hairpin
+    // set.
+    assert_eq!(
+        lines_starting(script, "delete element ip svcproxy endpoint-dnat-tcp").len(),
+        2,
+        "{script}"
+    );
+    assert!(
+        script
+            .contains("delete element ip svcproxy hairpin-endpoints { 198.18.1.30 . 198.18.1.30 }"),
+        "{script}"
+    );
     assert!(!script.contains("add "), "nothing is added:\n{script}");
+}
+
+#[test]
+fn an_endpoint_replaced_rewrites_one_map_element_and_no_rule() {
+    let (mut sc, mut planner) = synced("loadbalancer-source-ranges-etp-local");
+    let before = planner.ruleset(IpFamily::V4).unwrap();
+    sc.upsert_yaml(
+        &API_SLICE_WITH_ANOTHER_LOCAL_ENDPOINT
+            .replace("- {addresses: [198.18.1.31], nodeName: node-a}\n", "")
+            .replace("198.18.2.30", "198.18.2.32"),
+    );
+    let up = sc.snapshot();
+    let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
+    assert_eq!(plan.kind, PlanKind::Partial);
+    let script = &plan.script;
+    // The endpoint count is the same, so the set keeps its keys and its rule: the
+    // replaced endpoint's key gets the new address, nothing else changes.
+    let lines: Vec<&str> = script.lines().collect();
+    assert_eq!(lines.len(), 2, "{script}");
+    let old_key = before.maps["endpoint-dnat-tcp"]
+        .elements
+        .iter()
+        .find(|(_, v)| v == "198.18.2.30 . 8443")
+        .map(|(k, _)| k.clone())
+        .expect("the old endpoint has a key");
+    assert_eq!(
+        lines,
+        vec![
+            format!("delete element ip svcproxy endpoint-dnat-tcp {{ {old_key} }}"),
+            format!(
+                "add element ip svcproxy endpoint-dnat-tcp {{ {old_key} : 198.18.2.32 . 8443 }}"
+            ),
+        ]
+    );
 }
 
 #[test]

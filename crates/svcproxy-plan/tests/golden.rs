@@ -61,9 +61,25 @@ fn rendering_is_deterministic_and_matches_the_first_sync() {
 #[test]
 fn endpoint_dispatch_is_uniform() {
     let mut checked = 0;
+    let mut mapped = 0;
     for case in cases() {
         let text = std::fs::read_to_string(testdata().join(&case).join("expected.nft")).unwrap();
+        // The endpoint maps' elements of the table being read (key → value; keys
+        // are unique across the protocols' maps).
+        let mut endpoint_map = std::collections::BTreeMap::new();
         for block in text.split("\n\n") {
+            if block.trim_start().starts_with("table ") {
+                endpoint_map.clear();
+            }
+            if block.trim_start().starts_with("map endpoint-dnat-") {
+                for line in block.lines().map(str::trim) {
+                    if let Some((k, v)) = line.trim_end_matches(',').split_once(" : ") {
+                        if let Ok(k) = k.parse::<u32>() {
+                            endpoint_map.insert(k, v.to_string());
+                        }
+                    }
+                }
+            }
             let Some(head) = block.trim_start().strip_prefix("chain ") else {
                 continue;
             };
@@ -91,6 +107,29 @@ fn endpoint_dispatch_is_uniform() {
                 .collect();
             let n = picks.len() as u64;
             assert!(n > 0, "{case}: {head}");
+            // One lookup: `numgen random mod N offset B` into the endpoint map, whose
+            // keys B..B+N must each hold a different endpoint.
+            if let [pick] = picks[..] {
+                if let Some(rest) = pick.split_once(" to numgen random mod ").map(|x| x.1) {
+                    let (n, rest) = rest.split_once(" offset ").unwrap();
+                    let (base, map) = rest.split_once(' ').unwrap();
+                    let proto = pick.split(' ').nth(2).unwrap();
+                    assert_eq!(map, format!("map @endpoint-dnat-{proto}"), "{case}: {pick}");
+                    let (n, base): (u32, u32) = (n.parse().unwrap(), base.parse().unwrap());
+                    assert!(n >= 2, "{case}: {pick}");
+                    let values: std::collections::BTreeSet<&String> = (base..base + n)
+                        .map(|k| {
+                            endpoint_map
+                                .get(&k)
+                                .unwrap_or_else(|| panic!("{case}: {pick}: no key {k}"))
+                        })
+                        .collect();
+                    assert_eq!(values.len(), n as usize, "{case}: {pick}");
+                    checked += 1;
+                    mapped += 1;
+                    continue;
+                }
+            }
             // Probability of reaching rule k, as a fraction num/den.
             let (mut num, mut den) = (1u64, 1u64);
             for (k, rule) in picks.iter().enumerate() {
@@ -113,6 +152,10 @@ fn endpoint_dispatch_is_uniform() {
         }
     }
     assert!(checked >= 10, "only {checked} dispatch chains found");
+    assert!(
+        mapped >= 5,
+        "only {mapped} chains dispatch through the endpoint map"
+    );
 }
 
 /// Golden iptables-restore input: each scenario, run as iptables mode runs it (its

@@ -24,12 +24,17 @@ struct Mode {
     name: &'static str,
     flags: &'static [&'static str],
     tools: &'static [&'static str],
+    /// The differences an endpoint deleted by hand makes: iptables, the lacking
+    /// DNAT rule; nftables, the rule choosing from the endpoint map, lacking as
+    /// planned and present with the element missing.
+    deletion_differences: usize,
 }
 
 const NFTABLES: Mode = Mode {
     name: "nftables",
     flags: &["--proxy-mode", "nftables"],
     tools: &["nft"],
+    deletion_differences: 2,
 };
 
 const IPTABLES: Mode = Mode {
@@ -40,6 +45,7 @@ const IPTABLES: Mode = Mode {
         "--iptables-localhost-nodeports=false",
     ],
     tools: &["iptables", "iptables-save", "iptables-restore", "ip6tables"],
+    deletion_differences: 1,
 };
 
 fn svcproxy(ns: &Netns, mode: &Mode, args: &[&str]) -> std::process::Output {
@@ -83,37 +89,51 @@ enum Edit {
     Rewrite,
 }
 
-/// Edits, by hand, the rule that DNATs to 198.18.18.10:8080 (one of demo/web's
-/// endpoints).
+/// Edits, by hand, what DNATs to 198.18.18.10:8080 (one of demo/web's
+/// endpoints): iptables, its rule; nftables, the endpoint's element of the
+/// endpoint map (the comparison shows it as the rule choosing from the map
+/// changed, see `listing::resolve_numbered_maps`).
 fn edit_an_endpoint_rule(ns: &Netns, mode: &Mode, edit: Edit) {
     match mode.name {
         "nftables" => {
+            // The endpoint is an element of the TCP endpoint map, `K : 198.18.18.10 .
+            // 8080`, which the service chain's rule `... numgen random mod N offset B
+            // map @endpoint-dnat-tcp` chooses from (B <= K < B + N).
             let listing = ns
                 .run_ok(&["nft", "-a", "list", "table", "ip", "svcproxy"], None)
                 .expect("nft list");
-            let mut chain = "";
-            let mut found = None;
-            for line in listing.lines() {
-                let line = line.trim();
-                if let Some(rest) = line.strip_prefix("chain ") {
-                    chain = rest.split_whitespace().next().unwrap_or("");
-                } else if line.contains("dnat to 198.18.18.10:8080") {
-                    let (rule, handle) = line.rsplit_once(" # handle ").expect("a handle");
-                    found = Some((chain.to_string(), rule.to_string(), handle.to_string()));
+            let map = "endpoint-dnat-tcp";
+            let key: u64 = listing
+                .split(['{', ',', '}', '\n'])
+                .map(str::trim)
+                .find_map(|e| e.strip_suffix(" : 198.18.18.10 . 8080"))
+                .and_then(|k| k.parse().ok())
+                .expect("the endpoint's element");
+            match edit {
+                Edit::Delete => {
+                    ns.run_ok(
+                        &[
+                            "nft",
+                            "delete",
+                            "element",
+                            "ip",
+                            "svcproxy",
+                            map,
+                            &format!("{{ {key} }}"),
+                        ],
+                        None,
+                    )
+                    .expect("nft delete element");
+                }
+                Edit::Rewrite => {
+                    let script = format!(
+                        "delete element ip svcproxy {map} {{ {key} }}\n\
+                         add element ip svcproxy {map} {{ {key} : 198.18.18.99 . 8080 }}\n"
+                    );
+                    ns.run_ok(&["nft", "-f", "-"], Some(&script))
+                        .expect("nft edit");
                 }
             }
-            let (chain, rule, handle) = found.expect("the endpoint's DNAT rule");
-            let mut argv = vec!["nft"];
-            match edit {
-                Edit::Delete => argv.extend(["delete", "rule", "ip", "svcproxy", &chain]),
-                Edit::Rewrite => argv.extend(["replace", "rule", "ip", "svcproxy", &chain]),
-            }
-            argv.extend(["handle", &handle]);
-            let rewritten = rule.replace("198.18.18.10:8080", "198.18.18.99:8080");
-            if let Edit::Rewrite = edit {
-                argv.extend(rewritten.split_whitespace());
-            }
-            ns.run_ok(&argv, None).expect("nft edit");
         }
         _ => {
             let saved = ns
@@ -208,13 +228,14 @@ fn the_kernel_is_compared_rule_by_rule_with_the_plan(mode: Mode) {
     assert_eq!(k["agrees"], true, "{k:#}");
     assert_eq!(k["ahead"], serde_json::json!([]), "{k:#}");
 
-    // A rule deleted by hand.
+    // An endpoint deleted by hand.
     edit_an_endpoint_rule(&ns, &mode, Edit::Delete);
     let v = explain_live(&ns, &mode, "198.19.0.10:80");
     let k = &v["kernel"];
     assert_eq!(k["agrees"], false, "{k:#}");
     let diffs = k["differences"].as_array().unwrap();
-    assert_eq!(diffs.len(), 1, "exactly the deleted rule: {k:#}");
+    let n = mode.deletion_differences;
+    assert_eq!(diffs.len(), n, "exactly the deleted endpoint: {k:#}");
     assert!(
         diffs[0].as_str().unwrap().contains("lacks the plan's rule")
             && diffs[0].as_str().unwrap().contains("198.18.18.10"),
@@ -226,7 +247,7 @@ fn the_kernel_is_compared_rule_by_rule_with_the_plan(mode: Mode) {
     );
     // Another service's trace sees the same difference, not as its own.
     let v = explain_live(&ns, &mode, "198.19.0.21:6379");
-    assert_eq!(v["kernel"]["differences"].as_array().unwrap().len(), 1);
+    assert_eq!(v["kernel"]["differences"].as_array().unwrap().len(), n);
     assert!(v["kernel"]["thisServicePort"]
         .as_array()
         .unwrap()
@@ -246,7 +267,9 @@ fn the_kernel_is_compared_rule_by_rule_with_the_plan(mode: Mode) {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("compared rule by rule): differs from the plan in 1 place(s), 1 of them this service port's"),
+        text.contains(&format!(
+            "compared rule by rule): differs from the plan in {n} place(s), {n} of them this service port's"
+        )),
         "{text}"
     );
 

@@ -251,15 +251,17 @@ impl Mode {
         self != Mode::Userspace
     }
 
-    /// Whether an endpoint has its own kernel object on a node (an endpoint that is
-    /// `local` to it, or on another node): the nftables and iptables modes give a
-    /// chain only to endpoints that may be the node's own (the hairpin) or of a
-    /// service with affinity; the userspace mode none.
+    /// Whether an endpoint of a service without affinity has its own kernel object
+    /// on a node (an endpoint that is `local` to it, or on another node): the
+    /// iptables modes give a chain to endpoints that may be the node's own (the
+    /// hairpin); the nftables mode puts the endpoints of a set of two or more in
+    /// its endpoint maps (counted as objects) and DNATs a lone one directly; the
+    /// userspace mode has none.
     #[allow(dead_code)] // dataplane.rs only
     pub fn has_endpoint_object(self, local: bool) -> bool {
         match self {
-            Mode::Nftables | Mode::Iptables | Mode::IptablesLegacy => local,
-            Mode::Userspace => false,
+            Mode::Iptables | Mode::IptablesLegacy => local,
+            Mode::Nftables | Mode::Userspace => false,
         }
     }
 
@@ -445,12 +447,30 @@ impl Mode {
                     ServiceObject::Service => "service-",
                     ServiceObject::Endpoint => "endpoint-",
                 };
-                text.lines()
+                let chains = text
+                    .lines()
                     .filter_map(|l| l.trim().strip_prefix("chain "))
                     .filter_map(|rest| rest.split_whitespace().next())
                     .filter_map(|name| name.strip_prefix(prefix))
                     .filter(|hash| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .count()
+                    .count();
+                if kind == ServiceObject::Service {
+                    return chains;
+                }
+                // The endpoint maps' elements (`KEY : ADDRESS . PORT`), after each
+                // map's `typeof ... : ...` line, up to the map's closing brace.
+                let mut elements = 0;
+                let mut in_map = false;
+                for line in text.lines().map(str::trim) {
+                    if line.starts_with("map endpoint-dnat-") {
+                        in_map = true;
+                    } else if in_map && line == "}" {
+                        in_map = false;
+                    } else if in_map && !line.starts_with("typeof ") {
+                        elements += line.matches(" : ").count();
+                    }
+                }
+                chains + elements
             }
             Mode::Iptables | Mode::IptablesLegacy => {
                 // `:SVP-<12 hex>-SVC` per service port, `:SVP-<12 hex>-E<10 hex>` per

@@ -23,17 +23,34 @@
 //! the table for every chain it visits, so per-service anonymous sets make loading
 //! quadratic. Several local-pod CIDRs therefore live in one `pod-cidrs` set here.
 
-use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::{IpFamily, Protocol};
 
 use crate::intent::{LocalTraffic, NodeIntent, NodePortDestinations};
+use crate::names::protocol_keyword;
 
 use super::ruleset::{
-    addr_type, family_keyword, BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set,
+    addr_type, family_keyword, BaseChain, Chain, ChainType, Hook, Map, MapType, Ruleset, Set,
 };
 use super::service::{join, MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 
 pub(crate) const CLUSTER_IPS_SET: &str = "cluster-ips";
 pub(crate) const NODEPORT_IPS_SET: &str = "nodeport-ips";
+/// Every endpoint's address and port under a number, one map per protocol: a
+/// set chain DNATs to `numgen random mod N offset B map @endpoint-dnat-tcp`, its
+/// endpoints being the elements `B` to `B + N - 1` (the planner hands out the
+/// numbers, unique across the three maps). One map per protocol because the
+/// map's port type names its protocol: `nft` refuses a `th dport` map after
+/// `meta l4proto tcp` once the map comes from the kernel (nft 1.0.6).
+pub(crate) fn endpoint_map(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "endpoint-dnat-tcp",
+        Protocol::Udp => "endpoint-dnat-udp",
+        Protocol::Sctp => "endpoint-dnat-sctp",
+    }
+}
+/// `A . A` for every endpoint address `A` that may be this node's own: a connection
+/// DNATed back to its own source is masqueraded (the hairpin), one rule for all.
+pub(crate) const HAIRPIN_SET: &str = "hairpin-endpoints";
 
 const SERVICES_CHAIN: &str = "services";
 const MASQUERADING_CHAIN: &str = "masquerading";
@@ -112,14 +129,30 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         );
     }
     for map in MapId::ALL {
+        rs.maps
+            .insert(map.name().to_string(), Map::verdict(map.key_type(family)));
+    }
+    for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
         rs.maps.insert(
-            map.name().to_string(),
+            endpoint_map(protocol).to_string(),
             Map {
-                key_type: map.key_type(family),
+                map_type: MapType::Typeof {
+                    key: "numgen random mod 1".to_string(),
+                    data: format!("{ipx} daddr . {} dport", protocol_keyword(protocol)),
+                },
                 elements: Vec::new(),
             },
         );
     }
+    rs.sets.insert(
+        HAIRPIN_SET.to_string(),
+        Set {
+            key_type: format!("{0} . {0}", addr_type(family)),
+            timeout: None,
+            interval: false,
+            elements: Vec::new(),
+        },
+    );
 
     let loopback = match family {
         IpFamily::V4 => "127.0.0.0/8",
@@ -298,6 +331,10 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         (
             MASQUERADING_CHAIN,
             regular(vec![
+                // The hairpin: a connection DNATed back to the endpoint it came
+                // from must leave with another source, or the reply never
+                // reaches conntrack to be translated back.
+                format!("ct status dnat {ipx} saddr . {ipx} daddr @{HAIRPIN_SET} jump {MARK_MASQ_CHAIN}"),
                 format!("mark and {:#x} == 0 return", ctx.masquerade_mark),
                 // Clear the bit so a packet re-entering (e.g. tunnelled) is not
                 // masqueraded twice.

@@ -20,6 +20,7 @@ mod base;
 mod planner;
 pub mod ruleset;
 mod service;
+mod slots;
 
 /// How upstream's nftables mode behaves where the modes differ: the service address
 /// space is guarded. Upstream's nftables mode never serves NodePorts on 127.0.0.1
@@ -37,6 +38,6 @@ pub use planner::{
     cleanup_script, render_full, render_full_with, Plan, PlanKind, PlanStats, Planner,
 };
 pub use ruleset::{
-    family_keyword, BaseChain, Chain, ChainType, Hook, Map, Ruleset, Set, TABLE_NAME,
+    family_keyword, BaseChain, Chain, ChainType, Hook, Map, MapType, Ruleset, Set, TABLE_NAME,
 };
 pub use service::CapturePorts;

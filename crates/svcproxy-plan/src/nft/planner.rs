@@ -25,6 +25,7 @@
 //!   deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use svcproxy_core::model::{IpFamily, ServicePortName};
@@ -32,9 +33,10 @@ use svcproxy_core::model::{IpFamily, ServicePortName};
 use crate::intent::{Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, NodeIntent};
 use crate::names::service_port_hash;
 
-use super::base::{base_ruleset, CLUSTER_IPS_SET};
+use super::base::{base_ruleset, endpoint_map, CLUSTER_IPS_SET, HAIRPIN_SET};
 use super::ruleset::{stmt, write_table_close, write_table_open, Ruleset};
 use super::service::{elems, key_text, CapturePorts, Detect, Elem, Fragment};
+use super::slots::Slots;
 
 /// What kind of transaction a [`Plan`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +152,50 @@ impl Delta {
         }
     }
 
+    /// Statements moving one service port's elements of the `endpoint-dnat-*` maps
+    /// from `old` to `new`: an element whose key keeps its endpoint is left alone.
+    fn dnat_elements(
+        &mut self,
+        old: Option<&Fragment>,
+        new: Option<&Fragment>,
+        stats: &mut PlanStats,
+    ) {
+        let collect = |frag: Option<&Fragment>| {
+            let mut elems = BTreeMap::new();
+            if let Some(frag) = frag {
+                frag.dnat_elements(|k, ep| {
+                    elems.insert(k, *ep);
+                });
+            }
+            elems
+        };
+        let map_of = |frag: Option<&Fragment>| frag.map(|f| endpoint_map(f.intent.protocol));
+        let (old_map, new_map) = (map_of(old), map_of(new));
+        let (old, new) = (collect(old), collect(new));
+        let f = self.family;
+        for (k, ep) in &old {
+            if new.get(k) != Some(ep) || new_map != old_map {
+                self.delete_elements.push_str(&stmt::delete_element(
+                    f,
+                    old_map.unwrap_or_default(),
+                    &k.to_string(),
+                ));
+                stats.elements_deleted += 1;
+            }
+        }
+        for (k, ep) in &new {
+            if old.get(k) != Some(ep) || new_map != old_map {
+                self.add_elements.push_str(&stmt::add_element(
+                    f,
+                    new_map.unwrap_or_default(),
+                    &k.to_string(),
+                    Some(&dnat_value(ep)),
+                ));
+                stats.elements_added += 1;
+            }
+        }
+    }
+
     /// Statements turning `old` objects of one service port into `new` ones.
     fn objects(&mut self, old: &Ruleset, new: &Ruleset, stats: &mut PlanStats) {
         let f = self.family;
@@ -187,6 +233,16 @@ impl Delta {
     }
 }
 
+/// A value of an `endpoint-dnat-*` map: `address . port`.
+fn dnat_value(ep: &SocketAddr) -> String {
+    format!("{} . {}", ep.ip(), ep.port())
+}
+
+/// A `hairpin-endpoints` element: `address . address`.
+fn hairpin_elem(ip: &IpAddr) -> String {
+    format!("{ip} . {ip}")
+}
+
 struct FamilyState {
     family: IpFamily,
     /// The node intent last planned; `None` while the family is not programmed.
@@ -195,6 +251,13 @@ struct FamilyState {
     entries: BTreeMap<ServicePortName, Fragment>,
     chain_total: usize,
     capture: Option<Arc<dyn CapturePorts>>,
+    /// Keys of the `endpoint-dnat-*` maps, held by the fragments' sets.
+    slots: Slots,
+    /// Each address in `hairpin-endpoints`, with how many fragments put it there.
+    hairpin: BTreeMap<IpAddr, u32>,
+    /// Addresses whose count changed since the last [`FamilyState::apply`], with
+    /// whether each was in the set before.
+    hairpin_touched: BTreeMap<IpAddr, bool>,
 }
 
 /// The elements the owner of a frontend puts in the maps.
@@ -217,11 +280,47 @@ impl FamilyState {
             entries: BTreeMap::new(),
             chain_total: 0,
             capture,
+            slots: Slots::new(),
+            hairpin: BTreeMap::new(),
+            hairpin_touched: BTreeMap::new(),
         }
     }
 
-    fn fragment(&self, svc: Arc<crate::intent::ServiceIntent>) -> Fragment {
-        Fragment::new(svc, self.capture.as_deref())
+    /// A new fragment, holding its keys of the `endpoint-dnat-*` maps and counted in
+    /// `hairpin-endpoints`; [`FamilyState::release`] gives both back.
+    fn fragment(&mut self, svc: Arc<crate::intent::ServiceIntent>) -> Fragment {
+        let mut frag = Fragment::new(svc, self.capture.as_deref());
+        for (slot, n) in frag.dispatch_sizes().into_iter().enumerate() {
+            if n > 0 {
+                frag.blocks[slot] = self.slots.alloc(n);
+            }
+        }
+        for ip in frag.hairpin_ips() {
+            self.count_hairpin(ip, true);
+        }
+        frag
+    }
+
+    fn release(&mut self, frag: &Fragment) {
+        for run in frag.blocks.iter().flatten() {
+            self.slots.free(*run);
+        }
+        for ip in frag.hairpin_ips() {
+            self.count_hairpin(ip, false);
+        }
+    }
+
+    fn count_hairpin(&mut self, ip: IpAddr, add: bool) {
+        let count = self.hairpin.entry(ip).or_insert(0);
+        self.hairpin_touched.entry(ip).or_insert(*count > 0);
+        if add {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.hairpin.remove(&ip);
+            }
+        }
     }
 
     /// Whether moving to `node` changes more than per-service chains: the shared
@@ -256,8 +355,14 @@ impl FamilyState {
         if self.node.as_ref() != node {
             self.set_node(node.cloned());
         }
+        self.hairpin_touched.clear();
         for change in &fd.services {
             let old = self.entries.remove(&change.name);
+            if let Some(old) = &old {
+                // First, so that a changed port whose endpoint count keeps its
+                // size gets its keys back.
+                self.release(old);
+            }
             let new = change.after.clone().map(|svc| self.fragment(svc));
             if let Some(d) = delta.as_deref_mut() {
                 let empty = Ruleset::new(self.family);
@@ -267,6 +372,7 @@ impl FamilyState {
                     .map_or_else(|| empty.clone(), |f| f.objects(detect));
                 let new_objs = new.as_ref().map_or(empty, |f| f.objects(detect));
                 d.objects(&old_objs, &new_objs, stats);
+                d.dnat_elements(old.as_ref(), new.as_ref(), stats);
             }
             if let Some(old) = old {
                 self.chain_total -= old.chain_count();
@@ -279,6 +385,28 @@ impl FamilyState {
         let Some(d) = delta else {
             return;
         };
+        for (ip, was) in std::mem::take(&mut self.hairpin_touched) {
+            match (was, self.hairpin.contains_key(&ip)) {
+                (true, false) => {
+                    d.delete_elements.push_str(&stmt::delete_element(
+                        self.family,
+                        HAIRPIN_SET,
+                        &hairpin_elem(&ip),
+                    ));
+                    stats.elements_deleted += 1;
+                }
+                (false, true) => {
+                    d.add_elements.push_str(&stmt::add_element(
+                        self.family,
+                        HAIRPIN_SET,
+                        &hairpin_elem(&ip),
+                        None,
+                    ));
+                    stats.elements_added += 1;
+                }
+                _ => {}
+            }
+        }
         for change in &fd.frontends {
             let text = key_text(&change.key);
             let before = owner_elems(&change.before, &change.key);
@@ -329,15 +457,30 @@ impl FamilyState {
     fn reset(&mut self, fam: &FamilyIntent) {
         self.set_node(fam.node().cloned());
         let mut old = std::mem::take(&mut self.entries);
+        let mut kept = BTreeMap::new();
+        for (name, svc) in fam.services() {
+            if let Some(f) = old.remove(name) {
+                if Arc::ptr_eq(&f.intent, svc) {
+                    kept.insert(name.clone(), f);
+                } else {
+                    old.insert(name.clone(), f);
+                }
+            }
+        }
+        for frag in old.values() {
+            self.release(frag);
+        }
         self.chain_total = 0;
         for (name, svc) in fam.services() {
-            let frag = match old.remove(name) {
-                Some(f) if Arc::ptr_eq(&f.intent, svc) => f,
-                _ => self.fragment(svc.clone()),
+            let frag = match kept.remove(name) {
+                Some(f) => f,
+                None => self.fragment(svc.clone()),
             };
             self.chain_total += frag.chain_count();
             self.entries.insert(name.clone(), frag);
         }
+        // A full plan follows: nothing to report element by element.
+        self.hairpin_touched.clear();
     }
 
     /// The shared objects with their elements filled in.
@@ -357,6 +500,14 @@ impl FamilyState {
         }
         if let Some(set) = rs.sets.get_mut(CLUSTER_IPS_SET) {
             set.elements = fam.cluster_ips().map(|ip| ip.to_string()).collect();
+        }
+        if let Some(set) = rs.sets.get_mut(HAIRPIN_SET) {
+            set.elements = self.hairpin.keys().map(hairpin_elem).collect();
+        }
+        for frag in self.entries.values() {
+            if let Some(map) = rs.maps.get_mut(endpoint_map(frag.intent.protocol)) {
+                frag.dnat_elements(|k, ep| map.elements.push((k.to_string(), dnat_value(ep))));
+            }
         }
         for (svc, frontend) in fam.frontends() {
             let hash = match self.entries.get(&svc.name) {

@@ -102,12 +102,38 @@ pub struct Set {
     pub elements: Vec<String>,
 }
 
-/// A named verdict map.
+/// What a named map maps from and to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MapType {
+    /// `type KEY : verdict`.
+    Verdict(String),
+    /// `typeof KEY : DATA`, both as expressions (a key from `numgen`, whose
+    /// integer type has no name of its own).
+    Typeof { key: String, data: String },
+}
+
+/// A named map: a verdict map, or a data map (the endpoints' addresses).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Map {
-    pub key_type: String,
-    /// (key, verdict) pairs.
+    pub map_type: MapType,
+    /// (key, value) pairs.
     pub elements: Vec<(String, String)>,
+}
+
+impl Map {
+    pub fn verdict(key_type: String) -> Map {
+        Map {
+            map_type: MapType::Verdict(key_type),
+            elements: Vec::new(),
+        }
+    }
+
+    fn declaration(&self) -> String {
+        match &self.map_type {
+            MapType::Verdict(key) => format!("type {key} : verdict"),
+            MapType::Typeof { key, data } => format!("typeof {key} : {data}"),
+        }
+    }
 }
 
 /// One family's table.
@@ -201,11 +227,7 @@ pub(crate) fn write_set(out: &mut String, name: &str, set: &Set) {
 }
 
 pub(crate) fn write_map(out: &mut String, name: &str, map: &Map) {
-    let _ = writeln!(
-        out,
-        "\n\tmap {name} {{\n\t\ttype {} : verdict",
-        map.key_type
-    );
+    let _ = writeln!(out, "\n\tmap {name} {{\n\t\t{}", map.declaration());
     if !map.elements.is_empty() {
         out.push_str("\t\telements = {\n");
         for (k, v) in &map.elements {
@@ -364,8 +386,8 @@ mod tests {
         rs.maps.insert(
             "m".into(),
             Map {
-                key_type: "inet_proto . inet_service".into(),
                 elements: vec![("tcp . 80".into(), "drop".into())],
+                ..Map::verdict("inet_proto . inet_service".into())
             },
         );
         let text = rs.render();

@@ -9,18 +9,26 @@
 //!
 //! What each object does (upstream nftables mode, adapted):
 //! - `service-H`: the cluster set: masquerade mark for cluster-IP traffic that
-//!   needs it, affinity lookups, then a `numgen random` cascade to endpoints.
+//!   needs it, then the choice of endpoint. Without affinity that is one rule,
+//!   whatever the endpoint count: `dnat to numgen random mod N offset B map
+//!   @endpoint-dnat-PROTO`, the set's endpoints being that map's elements `B..B+N` (the
+//!   planner hands out `B`; see [`Fragment::dispatch_sizes`]). With affinity:
+//!   the affinity lookups, then a `numgen random` cascade to the endpoint chains.
 //! - `local-H`: the same over the local set.
 //! - `external-H`: the external route: masquerade, or the short circuits for pods
 //!   and the host, then the set for the rest.
 //! - `firewall-H`: loadBalancerSourceRanges.
-//! - `endpoint-E`: hairpin masquerade mark, affinity update, DNAT; only for an
-//!   endpoint that may be this node's own ([`ServiceIntent::hairpin`]) or of a
-//!   service with affinity. Every other endpoint is DNATed from the set's chain:
-//!   an endpoint on another node never sends through this node's rules, and a
-//!   chain per endpoint is what makes the table large (the kernel validates every
-//!   reachable chain at each commit, and `nft` lists them all for its cache).
+//! - `endpoint-E`: affinity update, DNAT; only for the endpoints of a service
+//!   with affinity (the state is per endpoint). Every other endpoint is an element
+//!   of the shared map: a chain per endpoint is what makes the table large (the
+//!   kernel validates every reachable chain at each commit, and `nft` lists them
+//!   all for its cache).
 //! - `affinity-E`: the endpoint's client set (ClientIP affinity), with a timeout.
+//!
+//! The hairpin masquerade is not per endpoint either: each endpoint that may be
+//! this node's own ([`ServiceIntent::hairpin`]) puts `A . A` in the shared
+//! `hairpin-endpoints` set ([`Fragment::hairpin_ips`]), which one rule of the
+//! skeleton checks after DNAT.
 //!
 //! With a [`CapturePorts`] (the userspace mode), a set chain redirects the
 //! connection to the proxy's own listener for that set instead: no masquerade
@@ -45,7 +53,9 @@ use crate::names::{
     protocol_keyword, service_port_comment, service_port_hash, EndpointHasher, ObjName, Prefix,
 };
 
+use super::base::endpoint_map;
 use super::ruleset::{addr_type, family_keyword, Chain, Ruleset, Set};
+use super::slots::Run;
 
 /// Chain every rule jumps to for "masquerade this connection".
 pub(crate) const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
@@ -263,6 +273,9 @@ pub(crate) struct Fragment {
     /// Per endpoint of the intent, the names of its own objects, when it has any
     /// (see the module's `endpoint-E`); empty under a full userspace capture.
     endpoints: Vec<Option<EpNames>>,
+    /// Per set (cluster, local), the first key of its endpoints in the shared
+    /// `endpoint-dnat-*` maps, once the planner gave it one ([`Fragment::dispatch_sizes`]).
+    pub blocks: [Option<Run>; 2],
     /// Userspace capture: the port of each set (cluster, local), resolved once.
     capture: Option<[Option<u16>; 2]>,
     /// The capture takes only connections to loopback.
@@ -295,9 +308,10 @@ impl Fragment {
         };
         let endpoints = own
             .iter()
-            .enumerate()
-            .map(|(i, ep)| {
-                intent.endpoint_needs_own_state(i).then(|| EpNames {
+            .map(|ep| {
+                // Affinity is the only per-endpoint state: the hairpin is one
+                // shared rule (see the module).
+                intent.affinity_timeout.map(|_| EpNames {
                     chain: hasher.endpoint(ep.ip(), ep.port()),
                     affinity: intent
                         .affinity_timeout
@@ -310,9 +324,54 @@ impl Fragment {
             intent,
             hash,
             endpoints,
+            blocks: [None, None],
             capture,
             capture_loopback_only,
         }
+    }
+
+    /// Per set (cluster, local), how many keys of the shared `endpoint-dnat-*` maps
+    /// its dispatch needs: its endpoint count, or 0 when it chooses otherwise
+    /// (affinity, a userspace capture, a single endpoint DNATed directly).
+    pub fn dispatch_sizes(&self) -> [usize; 2] {
+        let full_capture = self.capture.is_some() && !self.capture_loopback_only;
+        if full_capture || self.intent.affinity_timeout.is_some() {
+            return [0, 0];
+        }
+        [EndpointSetId::Cluster, EndpointSetId::Local].map(|set| {
+            match self.intent.set_indices(set) {
+                Some(list) if list.len() > 1 => list.len(),
+                _ => 0,
+            }
+        })
+    }
+
+    /// The fragment's elements of the shared `endpoint-dnat-*` maps: key, and the
+    /// endpoint as `address . port`.
+    pub fn dnat_elements(&self, mut f: impl FnMut(u32, &SocketAddr)) {
+        for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
+            let (Some(run), Some(list)) =
+                (self.blocks[set_slot(set)], self.intent.set_indices(set))
+            else {
+                continue;
+            };
+            for (k, &i) in list.iter().enumerate() {
+                f(run.first + k as u32, &self.intent.endpoints[i as usize]);
+            }
+        }
+    }
+
+    /// The endpoint addresses whose `A . A` this fragment puts in the shared
+    /// `hairpin-endpoints` set (none under a full userspace capture, where the
+    /// proxy itself connects to the endpoints).
+    pub fn hairpin_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        let full_capture = self.capture.is_some() && !self.capture_loopback_only;
+        let svc = &*self.intent;
+        svc.endpoints
+            .iter()
+            .zip(&svc.hairpin)
+            .filter(move |(_, h)| **h && !full_capture)
+            .map(|(ep, _)| ep.ip())
     }
 
     fn name(&self, prefix: Prefix) -> ObjName {
@@ -395,12 +454,24 @@ impl Fragment {
                     ));
                 }
             }
-            // Uniform choice as a cascade: endpoint i is taken with probability
-            // 1/(n-i) among those left, i.e. 1/n overall. One anonymous verdict map
-            // per service would be O(1) per packet, but the kernel's loop check scans
-            // every set of the table for every chain it visits, which made loading
-            // 10k services take minutes; new connections pay O(endpoints) here.
             let n = list.len();
+            if let Some(base) = self.blocks[set_slot(set)].map(|r| r.first) {
+                // Uniform choice in one lookup: the set's endpoints are the map's
+                // elements base..base+n.
+                rules.push(format!(
+                    "meta l4proto {proto} dnat {ipx} to numgen random mod {n} offset {base} map @{}",
+                    endpoint_map(svc.protocol)
+                ));
+                return Chain {
+                    base: None,
+                    comment: Some(comment.clone()),
+                    rules,
+                };
+            }
+            // Otherwise (affinity; one endpoint) a cascade: endpoint i is taken with
+            // probability 1/(n-i) among those left, i.e. 1/n overall. (An anonymous
+            // verdict map per service instead would cost the kernel's loop check a
+            // scan of every set of the table for every chain it visits.)
             for (k, &i) in list.iter().enumerate() {
                 if k + 1 == n {
                     rules.push(to_endpoint(i));
@@ -483,8 +554,7 @@ impl Fragment {
             .zip(&self.endpoints)
             .filter_map(|(ep, n)| Some((ep, n.as_ref()?)))
         {
-            // Hairpin: an endpoint reaching itself through the service.
-            let mut rules = vec![format!("{ipx} saddr {} jump {MARK_MASQ_CHAIN}", ep.ip())];
+            let mut rules = Vec::new();
             if let Some(t) = svc.affinity_timeout {
                 let set = ObjName::new(Prefix::Affinity, names.affinity).to_string();
                 rules.push(format!("update @{set} {{ {ipx} saddr }}"));
