@@ -61,6 +61,7 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
     // An `elements = { ... }` being read, possibly over several lines.
     let mut elements: Option<(String, String)> = None;
     let header = format!("table {family} {table} {{");
+    let add_element = format!("add element {family} {table} ");
     for raw in text.lines() {
         let line = raw.trim();
         if line.is_empty() {
@@ -79,6 +80,14 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
         if stack.is_empty() {
             if line == header {
                 stack.push(Block::Table);
+            } else if let Some(rest) = line.strip_prefix(&add_element) {
+                // Elements the planner adds after the table's block.
+                if let Some((name, list)) = rest.split_once(" { ") {
+                    if let Some(inner) = list.strip_suffix('}') {
+                        let set = out.sets.entry(name.to_string()).or_default();
+                        set.items.extend(split_elements(inner));
+                    }
+                }
             }
             continue;
         }
@@ -544,6 +553,17 @@ mod tests {
             d[0].contains("endpoint-dnat-tcp holds `99 : 10.0.0.5 . 80`"),
             "{d:?}"
         );
+
+        // The planner's form: the elements added after the table's block.
+        let script = numbered(7, "10.0.0.2", "")
+            .replace(
+                "\t\telements = { 7 : 10.0.0.1 . 80, 8 : 10.0.0.2 . 80 }\n",
+                "",
+            )
+            + "add element ip svcproxy endpoint-dnat-tcp { 7 : 10.0.0.1 . 80, 8 : 10.0.0.2 . 80 }\n";
+        assert!(!script.contains("elements ="), "{script}");
+        let g = nft_listing(&script, "ip", "svcproxy");
+        assert!(differences("t", &a, &g, Compared::Rules).is_empty());
 
         // A key the rule uses and the map lacks.
         let f = nft_listing(

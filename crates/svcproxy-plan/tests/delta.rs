@@ -139,7 +139,7 @@ fn changing_one_service_touches_only_its_chains_and_elements() {
     assert!(
         elements
             .iter()
-            .all(|l| l.contains(" endpoint-dnat-tcp ") || l.contains(" hairpin-endpoints ")),
+            .all(|l| l.contains(" endpoint-dnat-tcp-") || l.contains(" hairpin-endpoints ")),
         "{script}"
     );
     assert_eq!(
@@ -296,7 +296,7 @@ fn deleting_a_service_deletes_its_chains_after_removing_its_elements() {
     // one endpoint is DNATed directly), and its endpoint on this node the hairpin
     // set.
     assert_eq!(
-        lines_starting(script, "delete element ip svcproxy endpoint-dnat-tcp").len(),
+        lines_starting(script, "delete element ip svcproxy endpoint-dnat-tcp-").len(),
         2,
         "{script}"
     );
@@ -325,19 +325,22 @@ fn an_endpoint_replaced_rewrites_one_map_element_and_no_rule() {
     // replaced endpoint's key gets the new address, nothing else changes.
     let lines: Vec<&str> = script.lines().collect();
     assert_eq!(lines.len(), 2, "{script}");
-    let old_key = before.maps["endpoint-dnat-tcp"]
-        .elements
+    let (map, old_key) = before
+        .maps
         .iter()
-        .find(|(_, v)| v == "198.18.2.30 . 8443")
-        .map(|(k, _)| k.clone())
+        .filter(|(name, _)| name.starts_with("endpoint-dnat-tcp-"))
+        .find_map(|(name, m)| {
+            m.elements
+                .iter()
+                .find(|(_, v)| v == "198.18.2.30 . 8443")
+                .map(|(k, _)| (name.clone(), k.clone()))
+        })
         .expect("the old endpoint has a key");
     assert_eq!(
         lines,
         vec![
-            format!("delete element ip svcproxy endpoint-dnat-tcp {{ {old_key} }}"),
-            format!(
-                "add element ip svcproxy endpoint-dnat-tcp {{ {old_key} : 198.18.2.32 . 8443 }}"
-            ),
+            format!("delete element ip svcproxy {map} {{ {old_key} }}"),
+            format!("add element ip svcproxy {map} {{ {old_key} : 198.18.2.32 . 8443 }}"),
         ]
     );
 }

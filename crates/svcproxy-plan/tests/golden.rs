@@ -64,20 +64,44 @@ fn endpoint_dispatch_is_uniform() {
     let mut mapped = 0;
     for case in cases() {
         let text = std::fs::read_to_string(testdata().join(&case).join("expected.nft")).unwrap();
-        // The endpoint maps' elements of the table being read (key → value; keys
-        // are unique across the protocols' maps).
-        let mut endpoint_map = std::collections::BTreeMap::new();
-        for block in text.split("\n\n") {
-            if block.trim_start().starts_with("table ") {
-                endpoint_map.clear();
+        // The endpoint maps' elements, added after each table's block:
+        // (family, map, key) → value.
+        let mut elements = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("add element ") else {
+                continue;
+            };
+            let mut words = rest.splitn(4, ' ');
+            let (family, _, map, list) = (
+                words.next().unwrap(),
+                words.next().unwrap(),
+                words.next().unwrap(),
+                words.next().unwrap(),
+            );
+            if !map.starts_with("endpoint-dnat-") {
+                continue;
             }
-            if block.trim_start().starts_with("map endpoint-dnat-") {
-                for line in block.lines().map(str::trim) {
-                    if let Some((k, v)) = line.trim_end_matches(',').split_once(" : ") {
-                        if let Ok(k) = k.parse::<u32>() {
-                            endpoint_map.insert(k, v.to_string());
-                        }
-                    }
+            let list = list.trim_start_matches("{ ").trim_end_matches(" }");
+            for e in list.split(", ") {
+                let (k, v) = e.split_once(" : ").unwrap();
+                elements.insert(
+                    (
+                        family.to_string(),
+                        map.to_string(),
+                        k.parse::<u32>().unwrap(),
+                    ),
+                    v.to_string(),
+                );
+            }
+        }
+        // The family of the table a block is in: a block that starts with a chain
+        // may end with the next table's start.
+        let mut next_family = "";
+        for block in text.split("\n\n") {
+            let family = next_family;
+            for line in block.lines() {
+                if let Some(rest) = line.strip_prefix("table ") {
+                    next_family = rest.split(' ').next().unwrap();
                 }
             }
             let Some(head) = block.trim_start().strip_prefix("chain ") else {
@@ -114,13 +138,17 @@ fn endpoint_dispatch_is_uniform() {
                     let (n, rest) = rest.split_once(" offset ").unwrap();
                     let (base, map) = rest.split_once(' ').unwrap();
                     let proto = pick.split(' ').nth(2).unwrap();
-                    assert_eq!(map, format!("map @endpoint-dnat-{proto}"), "{case}: {pick}");
+                    let map = map.strip_prefix("map @").unwrap();
+                    assert!(
+                        map.starts_with(&format!("endpoint-dnat-{proto}-")),
+                        "{case}: {pick}"
+                    );
                     let (n, base): (u32, u32) = (n.parse().unwrap(), base.parse().unwrap());
                     assert!(n >= 2, "{case}: {pick}");
                     let values: std::collections::BTreeSet<&String> = (base..base + n)
                         .map(|k| {
-                            endpoint_map
-                                .get(&k)
+                            elements
+                                .get(&(family.to_string(), map.to_string(), k))
                                 .unwrap_or_else(|| panic!("{case}: {pick}: no key {k}"))
                         })
                         .collect();

@@ -102,13 +102,24 @@ fn edit_an_endpoint_rule(ns: &Netns, mode: &Mode, edit: Edit) {
             let listing = ns
                 .run_ok(&["nft", "-a", "list", "table", "ip", "svcproxy"], None)
                 .expect("nft list");
-            let map = "endpoint-dnat-tcp";
-            let key: u64 = listing
-                .split(['{', ',', '}', '\n'])
-                .map(str::trim)
-                .find_map(|e| e.strip_suffix(" : 198.18.18.10 . 8080"))
-                .and_then(|k| k.parse().ok())
-                .expect("the endpoint's element");
+            let mut map = "";
+            let mut found = None;
+            for line in listing.lines() {
+                let line = line.trim();
+                if let Some(rest) = line.strip_prefix("map ") {
+                    map = rest.split_whitespace().next().unwrap_or("");
+                }
+                if let Some(key) = line
+                    .split(['{', ',', '}'])
+                    .map(str::trim)
+                    .find_map(|e| e.strip_suffix(" : 198.18.18.10 . 8080"))
+                {
+                    found = Some((map.to_string(), key.to_string()));
+                }
+            }
+            let (map, key) = found.expect("the endpoint's element");
+            assert!(map.starts_with("endpoint-dnat-tcp-"), "{map}");
+            let map = map.as_str();
             match edit {
                 Edit::Delete => {
                     ns.run_ok(

@@ -19,9 +19,11 @@
 //! - `nat-prerouting`/`nat-output` (nat, -100): `services` dispatch.
 //! - `nat-postrouting` (nat, 100): `masquerading` of marked packets.
 //!
-//! The table deliberately has few sets: the kernel's loop check walks every set of
-//! the table for every chain it visits, so per-service anonymous sets make loading
-//! quadratic. Several local-pod CIDRs therefore live in one `pod-cidrs` set here.
+//! The table deliberately has few sets: the kernel finds a set by name in a list,
+//! and its loop check walks every verdict map's elements for every chain it
+//! visits, so per-service sets make loading quadratic. Several local-pod CIDRs
+//! therefore live in one `pod-cidrs` set here, and the endpoints in at most
+//! [`ENDPOINT_MAP_SHARDS`] data maps per protocol (see there).
 
 use svcproxy_core::model::{IpFamily, Protocol};
 
@@ -35,19 +37,45 @@ use super::service::{join, MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 
 pub(crate) const CLUSTER_IPS_SET: &str = "cluster-ips";
 pub(crate) const NODEPORT_IPS_SET: &str = "nodeport-ips";
-/// Every endpoint's address and port under a number, one map per protocol: a
-/// set chain DNATs to `numgen random mod N offset B map @endpoint-dnat-tcp`, its
+/// Endpoint maps: every endpoint's address and port under a number. A set chain
+/// DNATs to `numgen random mod N offset B map @endpoint-dnat-tcp-5e`, its
 /// endpoints being the elements `B` to `B + N - 1` (the planner hands out the
-/// numbers, unique across the three maps). One map per protocol because the
-/// map's port type names its protocol: `nft` refuses a `th dport` map after
-/// `meta l4proto tcp` once the map comes from the kernel (nft 1.0.6).
-pub(crate) fn endpoint_map(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "endpoint-dnat-tcp",
-        Protocol::Udp => "endpoint-dnat-udp",
-        Protocol::Sctp => "endpoint-dnat-sctp",
+/// numbers, unique in the family).
+///
+/// There is a map per protocol, because the map's port type names it: `nft`
+/// refuses a `th dport` map after `meta l4proto tcp` once the map comes from the
+/// kernel (nft 1.0.6). And the endpoints are spread over [`ENDPOINT_MAP_SHARDS`]
+/// maps per protocol by the service port's hash, because the kernel checks each
+/// element of a map against every rule using it, and each new rule against every
+/// element: in one map that is quadratic (a full load at 10k services x 10
+/// endpoints took 64 s, against 0.9 s sharded). A map exists while a set uses it
+/// (the planner declares and deletes them).
+pub(crate) const ENDPOINT_MAP_SHARDS: u64 = 256;
+
+/// The endpoint map of a service port's sets (`hash`: its [`service_port_hash`](crate::names::service_port_hash)).
+pub(crate) fn endpoint_map(protocol: Protocol, hash: u64) -> String {
+    format!(
+        "endpoint-dnat-{}-{:02x}",
+        protocol_keyword(protocol),
+        hash % ENDPOINT_MAP_SHARDS
+    )
+}
+
+/// An endpoint map's declaration.
+pub(crate) fn endpoint_map_decl(family: IpFamily, protocol: Protocol) -> Map {
+    Map {
+        map_type: MapType::Typeof {
+            key: "numgen random mod 1".to_string(),
+            data: format!(
+                "{} daddr . {} dport",
+                family_keyword(family),
+                protocol_keyword(protocol)
+            ),
+        },
+        elements: Vec::new(),
     }
 }
+
 /// `A . A` for every endpoint address `A` that may be this node's own: a connection
 /// DNATed back to its own source is masqueraded (the hairpin), one rule for all.
 pub(crate) const HAIRPIN_SET: &str = "hairpin-endpoints";
@@ -131,18 +159,6 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
     for map in MapId::ALL {
         rs.maps
             .insert(map.name().to_string(), Map::verdict(map.key_type(family)));
-    }
-    for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
-        rs.maps.insert(
-            endpoint_map(protocol).to_string(),
-            Map {
-                map_type: MapType::Typeof {
-                    key: "numgen random mod 1".to_string(),
-                    data: format!("{ipx} daddr . {} dport", protocol_keyword(protocol)),
-                },
-                elements: Vec::new(),
-            },
-        );
     }
     rs.sets.insert(
         HAIRPIN_SET.to_string(),

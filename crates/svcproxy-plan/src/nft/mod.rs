@@ -9,8 +9,9 @@
 //! The shape follows upstream kube-proxy's nftables mode: O(1) dispatch through
 //! verdict maps keyed on `daddr . meta l4proto . th dport` (service IPs) and
 //! `meta l4proto . th dport` (NodePorts), per-service chains named by hashes (the
-//! endpoint is then chosen by a short `numgen random` cascade, not an anonymous
-//! verdict map per service: see `service`), and filter chains for "no endpoints",
+//! endpoint is then chosen in one rule, `numgen random` into a shared map of
+//! endpoints, where upstream has a chain per endpoint: see `service`), and filter
+//! chains for "no endpoints",
 //! loadBalancerSourceRanges and ServiceCIDRs. The private modules `base` (the shared
 //! skeleton, from the node intent) and `service` (one service intent's objects) say
 //! which rule implements which behaviour. Nothing here decides a behaviour: every

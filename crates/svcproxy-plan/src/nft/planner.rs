@@ -28,13 +28,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use svcproxy_core::model::{IpFamily, ServicePortName};
+use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
 
 use crate::intent::{Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, NodeIntent};
 use crate::names::service_port_hash;
 
-use super::base::{base_ruleset, endpoint_map, CLUSTER_IPS_SET, HAIRPIN_SET};
-use super::ruleset::{stmt, write_table_close, write_table_open, Ruleset};
+use super::base::{base_ruleset, endpoint_map_decl, CLUSTER_IPS_SET, HAIRPIN_SET};
+use super::ruleset::{stmt, write_map, write_table_close, write_table_open, Map, Ruleset};
 use super::service::{elems, key_text, CapturePorts, Detect, Elem, Fragment};
 use super::slots::Slots;
 
@@ -169,7 +169,7 @@ impl Delta {
             }
             elems
         };
-        let map_of = |frag: Option<&Fragment>| frag.map(|f| endpoint_map(f.intent.protocol));
+        let map_of = |frag: Option<&Fragment>| frag.map(Fragment::endpoint_map);
         let (old_map, new_map) = (map_of(old), map_of(new));
         let (old, new) = (collect(old), collect(new));
         let f = self.family;
@@ -177,7 +177,7 @@ impl Delta {
             if new.get(k) != Some(ep) || new_map != old_map {
                 self.delete_elements.push_str(&stmt::delete_element(
                     f,
-                    old_map.unwrap_or_default(),
+                    old_map.as_deref().unwrap_or_default(),
                     &k.to_string(),
                 ));
                 stats.elements_deleted += 1;
@@ -187,7 +187,7 @@ impl Delta {
             if old.get(k) != Some(ep) || new_map != old_map {
                 self.add_elements.push_str(&stmt::add_element(
                     f,
-                    new_map.unwrap_or_default(),
+                    new_map.as_deref().unwrap_or_default(),
                     &k.to_string(),
                     Some(&dnat_value(ep)),
                 ));
@@ -258,6 +258,11 @@ struct FamilyState {
     /// Addresses whose count changed since the last [`FamilyState::apply`], with
     /// whether each was in the set before.
     hairpin_touched: BTreeMap<IpAddr, bool>,
+    /// The endpoint maps in use: their protocol, and how many fragments use each.
+    endpoint_maps: BTreeMap<String, (Protocol, usize)>,
+    /// Maps whose count changed since the last [`FamilyState::apply`], with
+    /// whether each was in use before.
+    maps_touched: BTreeMap<String, bool>,
 }
 
 /// The elements the owner of a frontend puts in the maps.
@@ -283,6 +288,8 @@ impl FamilyState {
             slots: Slots::new(),
             hairpin: BTreeMap::new(),
             hairpin_touched: BTreeMap::new(),
+            endpoint_maps: BTreeMap::new(),
+            maps_touched: BTreeMap::new(),
         }
     }
 
@@ -298,6 +305,9 @@ impl FamilyState {
         for ip in frag.hairpin_ips() {
             self.count_hairpin(ip, true);
         }
+        if frag.uses_endpoint_map() {
+            self.count_map(frag.endpoint_map(), frag.intent.protocol, true);
+        }
         frag
     }
 
@@ -307,6 +317,25 @@ impl FamilyState {
         }
         for ip in frag.hairpin_ips() {
             self.count_hairpin(ip, false);
+        }
+        if frag.uses_endpoint_map() {
+            self.count_map(frag.endpoint_map(), frag.intent.protocol, false);
+        }
+    }
+
+    fn count_map(&mut self, name: String, protocol: Protocol, add: bool) {
+        let (_, count) = self
+            .endpoint_maps
+            .entry(name.clone())
+            .or_insert((protocol, 0));
+        self.maps_touched.entry(name.clone()).or_insert(*count > 0);
+        if add {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.endpoint_maps.remove(&name);
+            }
         }
     }
 
@@ -356,6 +385,7 @@ impl FamilyState {
             self.set_node(node.cloned());
         }
         self.hairpin_touched.clear();
+        self.maps_touched.clear();
         for change in &fd.services {
             let old = self.entries.remove(&change.name);
             if let Some(old) = &old {
@@ -385,6 +415,21 @@ impl FamilyState {
         let Some(d) = delta else {
             return;
         };
+        // Endpoint maps come into use before the rules that use them, and go after
+        // the chains that used them.
+        for (name, was) in std::mem::take(&mut self.maps_touched) {
+            match (was, self.endpoint_maps.get(&name)) {
+                (true, None) => d
+                    .delete_stale_sets
+                    .push_str(&stmt::delete_map(self.family, &name)),
+                (false, Some((protocol, _))) => d.declare.push_str(&stmt::add_map(
+                    self.family,
+                    &name,
+                    &endpoint_map_decl(self.family, *protocol),
+                )),
+                _ => {}
+            }
+        }
         for (ip, was) in std::mem::take(&mut self.hairpin_touched) {
             match (was, self.hairpin.contains_key(&ip)) {
                 (true, false) => {
@@ -481,6 +526,7 @@ impl FamilyState {
         }
         // A full plan follows: nothing to report element by element.
         self.hairpin_touched.clear();
+        self.maps_touched.clear();
     }
 
     /// The shared objects with their elements filled in.
@@ -503,11 +549,6 @@ impl FamilyState {
         }
         if let Some(set) = rs.sets.get_mut(HAIRPIN_SET) {
             set.elements = self.hairpin.keys().map(hairpin_elem).collect();
-        }
-        for frag in self.entries.values() {
-            if let Some(map) = rs.maps.get_mut(endpoint_map(frag.intent.protocol)) {
-                frag.dnat_elements(|k, ep| map.elements.push((k.to_string(), dnat_value(ep))));
-            }
         }
         for (svc, frontend) in fam.frontends() {
             let hash = match self.entries.get(&svc.name) {
@@ -534,13 +575,32 @@ impl FamilyState {
         let shared = self.base_with_elements(node, fam);
         let mut chains = shared.chains.len();
         shared.write_body(out);
+        for (name, (protocol, _)) in &self.endpoint_maps {
+            write_map(out, name, &endpoint_map_decl(self.family, *protocol));
+        }
         for frag in self.entries.values() {
             let objs = frag.objects(self.detect.as_ref());
             chains += objs.chains.len();
             objs.write_body(out);
         }
         write_table_close(out);
+        // The endpoint maps' elements after the rules using them: the kernel
+        // checks a new rule against every element of its map, and a new element
+        // against every rule using its map (see `base::ENDPOINT_MAP_SHARDS`).
+        for (name, elements) in self.endpoint_map_elements() {
+            out.push_str(&stmt::add_elements(self.family, &name, &elements));
+        }
         chains
+    }
+
+    /// Each endpoint map in use with its elements (key, value).
+    fn endpoint_map_elements(&self) -> BTreeMap<String, Vec<(String, String)>> {
+        let mut maps: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for frag in self.entries.values().filter(|f| f.uses_endpoint_map()) {
+            let elements = maps.entry(frag.endpoint_map()).or_default();
+            frag.dnat_elements(|k, ep| elements.push((k.to_string(), dnat_value(ep))));
+        }
+        maps
     }
 
     /// The whole desired table as one typed ruleset.
@@ -549,6 +609,16 @@ impl FamilyState {
         let mut rs = self.base_with_elements(node, fam);
         for frag in self.entries.values() {
             rs.extend(frag.objects(self.detect.as_ref()));
+        }
+        let mut elements = self.endpoint_map_elements();
+        for (name, (protocol, _)) in &self.endpoint_maps {
+            rs.maps.insert(
+                name.clone(),
+                Map {
+                    elements: elements.remove(name).unwrap_or_default(),
+                    ..endpoint_map_decl(self.family, *protocol)
+                },
+            );
         }
         Some(rs)
     }
@@ -567,6 +637,7 @@ impl FamilyState {
                 .map(|(n, s)| (n, s.timeout.is_some())),
         );
         names.maps.extend(shared.maps.into_keys());
+        names.maps.extend(self.endpoint_maps.keys().cloned());
         for frag in self.entries.values() {
             let (chains, sets) = frag.object_names();
             names.chains.extend(chains);

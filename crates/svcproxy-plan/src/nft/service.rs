@@ -11,8 +11,9 @@
 //! - `service-H`: the cluster set: masquerade mark for cluster-IP traffic that
 //!   needs it, then the choice of endpoint. Without affinity that is one rule,
 //!   whatever the endpoint count: `dnat to numgen random mod N offset B map
-//!   @endpoint-dnat-PROTO`, the set's endpoints being that map's elements `B..B+N` (the
-//!   planner hands out `B`; see [`Fragment::dispatch_sizes`]). With affinity:
+//!   @endpoint-dnat-PROTO-SS`, the set's endpoints being that map's elements
+//!   `B..B+N` (the planner hands out `B`, see [`Fragment::dispatch_sizes`]; the
+//!   map, one of 256 per protocol, is chosen by the port's hash). With affinity:
 //!   the affinity lookups, then a `numgen random` cascade to the endpoint chains.
 //! - `local-H`: the same over the local set.
 //! - `external-H`: the external route: masquerade, or the short circuits for pods
@@ -20,7 +21,7 @@
 //! - `firewall-H`: loadBalancerSourceRanges.
 //! - `endpoint-E`: affinity update, DNAT; only for the endpoints of a service
 //!   with affinity (the state is per endpoint). Every other endpoint is an element
-//!   of the shared map: a chain per endpoint is what makes the table large (the
+//!   of an endpoint map: a chain per endpoint is what makes the table large (the
 //!   kernel validates every reachable chain at each commit, and `nft` lists them
 //!   all for its cache).
 //! - `affinity-E`: the endpoint's client set (ClientIP affinity), with a timeout.
@@ -346,7 +347,17 @@ impl Fragment {
         })
     }
 
-    /// The fragment's elements of the shared `endpoint-dnat-*` maps: key, and the
+    /// The endpoint map its sets use (see [`Fragment::dispatch_sizes`]).
+    pub fn endpoint_map(&self) -> String {
+        endpoint_map(self.intent.protocol, self.hash)
+    }
+
+    /// Whether a set of it uses its endpoint map.
+    pub fn uses_endpoint_map(&self) -> bool {
+        self.blocks.iter().any(Option::is_some)
+    }
+
+    /// The fragment's elements of its endpoint map: key, and the
     /// endpoint as `address . port`.
     pub fn dnat_elements(&self, mut f: impl FnMut(u32, &SocketAddr)) {
         for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
@@ -460,7 +471,7 @@ impl Fragment {
                 // elements base..base+n.
                 rules.push(format!(
                     "meta l4proto {proto} dnat {ipx} to numgen random mod {n} offset {base} map @{}",
-                    endpoint_map(svc.protocol)
+                    self.endpoint_map()
                 ));
                 return Chain {
                     base: None,
