@@ -372,16 +372,23 @@ fn run(n: usize, m: usize) {
     let nft_full_rss = take_peak_rss(&rss_log);
     let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
         nft.sync(snap, false)
-            .map(|r| format!("{:?}", r.kind))
+            .map(|r| {
+                format!(
+                    "{:?}, {} bytes, in nft {:.1} ms",
+                    r.kind,
+                    r.script_bytes,
+                    ms(r.apply_duration)
+                )
+            })
             .map_err(|e| e.to_string())
     };
-    let (med, max, _) = single_changes(
+    let (med, max, notes) = single_changes(
         &mut state,
         changes,
         |k| services_yaml(n + k, n + k + 1, m),
         &mut sync,
     );
-    let (emed, emax, _) = single_changes(
+    let (emed, emax, enotes) = single_changes(
         &mut state,
         changes,
         |k| endpoint_moved(k * 97 % n, m, k),
@@ -389,15 +396,17 @@ fn run(n: usize, m: usize) {
     );
     println!(
         "  nftables mode: full sync (both families)          {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; nft's peak RSS {nft_full_rss})\n\
-         \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  (nft's peak RSS {})\n\
-         \x20 nftables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms",
+         \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  ({}; nft's peak RSS {})\n\
+         \x20 nftables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms  ({})",
         ms(nft_full),
         nft_full.as_secs_f64() / nft_floor.as_secs_f64(),
         ms(med),
         ms(max),
+        notes.first().cloned().unwrap_or_default(),
         take_peak_rss(&rss_log),
         ms(emed),
         ms(emax),
+        enotes.first().cloned().unwrap_or_default(),
     );
     let _ = std::fs::remove_file(&rss_log);
 }
