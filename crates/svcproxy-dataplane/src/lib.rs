@@ -29,6 +29,7 @@ pub mod iptables;
 pub mod kube_proxy;
 pub mod listing;
 pub mod nft;
+mod nft_netlink;
 mod nft_table;
 mod node;
 mod proxier;

@@ -14,7 +14,7 @@ use svcproxy_core::model::IpFamily;
 use svcproxy_plan::nft::{
     cleanup_script, render_full_with, CapturePorts, PlanKind, Planner, TABLE_NAME,
 };
-use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
+use svcproxy_plan::{Intent, IntentDelta, NftWriter, PlanConfig};
 
 use crate::backend::{
     ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind, NodeRequirements,
@@ -56,7 +56,7 @@ pub const BACKEND: Backend = Backend {
                 cfg,
             ))
         } else {
-            Box::new(NftDataPlane::new())
+            Box::new(NftDataPlane::new().with_writer(cfg.nft_writer))
         }
     },
 };
@@ -72,6 +72,9 @@ pub struct NftDataPlane<S = NftCommand> {
     expected: BTreeMap<IpFamily, TableState>,
     /// The userspace mode's capture (set chains redirect to its sockets).
     capture: Option<Arc<dyn CapturePorts>>,
+    /// `--nft-writer`: whether a plan that only moves elements goes to the sink
+    /// as typed changes (netlink) or as its script.
+    writer: NftWriter,
 }
 
 impl NftDataPlane<NftCommand> {
@@ -100,7 +103,14 @@ impl<S: ScriptSink> NftDataPlane<S> {
             sink,
             expected: BTreeMap::new(),
             capture,
+            writer: NftWriter::default(),
         }
+    }
+
+    /// The same data plane writing as `writer` says (`--nft-writer`).
+    pub fn with_writer(mut self, writer: NftWriter) -> Self {
+        self.writer = writer;
+        self
     }
 
     pub fn sink(&self) -> &S {
@@ -165,10 +175,10 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     ) -> Result<ApplyReport, DataPlaneError> {
         let plan = self.planner.plan(intent, delta, full);
         let start = Instant::now();
-        let applied = if plan.is_empty() {
-            Ok(())
-        } else {
-            self.sink.apply(&plan.script)
+        let applied = match (&plan.elements, self.writer) {
+            _ if plan.is_empty() => Ok(()),
+            (Some(ops), NftWriter::Netlink) => self.sink.apply_elements(ops, &plan.script),
+            _ => self.sink.apply(&plan.script),
         };
         let apply_duration = start.elapsed();
         match applied {

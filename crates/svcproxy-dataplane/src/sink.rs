@@ -11,8 +11,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use svcproxy_core::model::IpFamily;
+use svcproxy_plan::nft::elements::ElemOp;
 
 use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
+use crate::nft_netlink::{ElementBatch, MAX_BATCH_BYTES};
 use crate::nft_table::{table_state, TableState};
 
 /// Applies `nft -f` scripts, each as one atomic transaction, and says what the
@@ -21,6 +23,14 @@ pub trait ScriptSink {
     /// Applies `script`. On error nothing of it is in force (`nft` applies a whole
     /// file or nothing).
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError>;
+
+    /// Applies a plan that only adds and deletes elements: `ops`, typed, or
+    /// `script`, the same as text. A sink that cannot write elements itself
+    /// applies the script.
+    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
+        let _ = ops;
+        self.apply(script)
+    }
 
     /// Table `name` of `family` as the kernel holds it now.
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError>;
@@ -51,6 +61,10 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
         (**self).apply(script)
     }
 
+    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply_elements(ops, script)
+    }
+
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
         (**self).table_state(family, name)
     }
@@ -67,6 +81,10 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
 impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
         (**self).apply(script)
+    }
+
+    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply_elements(ops, script)
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
@@ -325,6 +343,25 @@ impl fmt::Display for NftCommand {
 impl ScriptSink for NftCommand {
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
         self.run(script)
+    }
+
+    /// One nf_tables batch over netlink, in the namespace the command writes to:
+    /// its [`NftCommand::in_netns`], or this process's when it runs `nft` itself
+    /// (a command behind a prefix, e.g. `ip netns exec`, without the namespace
+    /// named, gets the script). A batch too large for one send gets the script too.
+    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
+        let own_namespace = self.argv.len() == 1;
+        if self.netns.is_none() && !own_namespace {
+            return self.run(script);
+        }
+        let batch = ElementBatch::encode(ops);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if batch.len() > MAX_BATCH_BYTES {
+            return self.run(script);
+        }
+        batch.send(self.netns.as_deref(), self.timeout)
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {

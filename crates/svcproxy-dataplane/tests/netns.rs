@@ -15,6 +15,7 @@ use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::nft::{cleanup, cleanup_with};
 use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, Proxier, SyncKind};
+use svcproxy_plan::NftWriter;
 
 /// What these tests do inside their namespace.
 impl Netns {
@@ -230,4 +231,136 @@ fn cleanup_removes_only_svcproxy_tables() {
     // The plain-path form reports a missing binary (and runs nothing).
     let err = cleanup("/nonexistent/nft").unwrap_err();
     assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
+}
+
+/// Both tables of a namespace, as `nft_listing` reads them (elements sorted:
+/// the kernel lists a hash set in its own order).
+fn listings(ns: &Netns) -> Vec<svcproxy_dataplane::listing::Listing> {
+    ["ip", "ip6"]
+        .iter()
+        .map(|f| {
+            svcproxy_dataplane::listing::nft_listing(
+                &ns.nft(&["list", "table", f, "svcproxy"]),
+                f,
+                "svcproxy",
+            )
+        })
+        .collect()
+}
+
+fn same_tables(a: &Netns, b: &Netns, step: &str) {
+    for (f, (x, y)) in ["ip", "ip6"]
+        .iter()
+        .zip(listings(a).iter().zip(&listings(b)))
+    {
+        let d = svcproxy_dataplane::listing::differences(
+            f,
+            x,
+            y,
+            svcproxy_dataplane::listing::Compared::Rules,
+        );
+        assert!(d.is_empty(), "{step}: the writers' tables differ: {d:#?}");
+        assert_eq!(x, y, "{step}: {f}");
+    }
+}
+
+/// The netlink writer (element-only partial syncs as one nf_tables batch) and the
+/// `nft -f` writer leave the same tables after every step; the netlink one
+/// really writes those syncs itself (with no `nft` at all they still apply); a
+/// batch the kernel refuses applies nothing of itself, and the next sync
+/// recreates the tables.
+#[test]
+fn the_netlink_and_text_writers_leave_the_same_tables() {
+    let Some(a) = create("the_netlink_and_text_writers", "netlink") else {
+        return;
+    };
+    let b = create("the_netlink_and_text_writers", "text").expect("a second namespace");
+    let mut state = cluster(&[WEB, DB]);
+    let mut net =
+        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(a.nft_command()));
+    let mut txt = Proxier::without_conntrack(
+        plan_config(),
+        NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
+    );
+    // Both planes sync the same snapshot; the tables must agree.
+    macro_rules! both {
+        ($step:expr) => {{
+            let snap = snapshot(&mut state);
+            let r = net.sync(&snap, false).expect($step);
+            txt.sync(&snap, false).expect($step);
+            same_tables(&a, &b, $step);
+            r.kind
+        }};
+    }
+    assert_eq!(both!("first sync"), SyncKind::Recreate);
+    // Elements only: web keeps two endpoints, one of them another.
+    upsert(&mut state, WEB_MOVED);
+    assert_eq!(both!("endpoint moved"), SyncKind::Partial);
+    has(&a.table(), ": 198.18.3.10 . 8080", "endpoint moved");
+    lacks(&a.table(), "198.18.2.10 . 8080", "endpoint moved");
+    // Back, and then db deleted (chains: nft for both).
+    upsert(&mut state, WEB);
+    assert_eq!(both!("endpoint back"), SyncKind::Partial);
+    delete_service(&mut state, "db");
+    assert_eq!(both!("db deleted"), SyncKind::Partial);
+
+    // With no nft at all, an element-only sync still applies (netlink); one that
+    // needs a chain does not.
+    let path = format!("/run/netns/{}", a.name);
+    *net.plane_mut().sink_mut() = NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
+    upsert(&mut state, WEB_MOVED);
+    let snap = snapshot(&mut state);
+    assert_eq!(
+        net.sync(&snap, false).expect("netlink only").kind,
+        SyncKind::Partial
+    );
+    txt.sync(&snap, false).expect("text");
+    same_tables(&a, &b, "endpoint moved, netlink only");
+    upsert(&mut state, DB);
+    let err = net.sync(&snapshot(&mut state), false).unwrap_err();
+    assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
+
+    // A batch the kernel refuses: the element it deletes was taken away by hand.
+    *net.plane_mut().sink_mut() = a.nft_command();
+    delete_service(&mut state, "db");
+    both!("recovered");
+    let listed = a.table();
+    let key = listed
+        .split([',', '{', '}', '\n'])
+        .map(str::trim)
+        .find_map(|e| e.strip_suffix(" : 198.18.3.10 . 8080"))
+        .expect("the moved endpoint's element")
+        .to_string();
+    let map = listed
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("map "))
+        .map(|l| l.split(' ').next().unwrap())
+        .find(|m| m.starts_with("endpoint-dnat-tcp-"))
+        .expect("the endpoint map")
+        .to_string();
+    a.nft(&[
+        "delete",
+        "element",
+        "ip",
+        "svcproxy",
+        &map,
+        &format!("{{ {key} }}"),
+    ]);
+    let before = listings(&a);
+    upsert(&mut state, WEB);
+    let err = net.sync(&snapshot(&mut state), false).unwrap_err();
+    let DataPlaneError::Rejected { stderr, .. } = &err else {
+        panic!("expected a rejection, got {err:?}");
+    };
+    assert!(
+        stderr.contains(&format!("delete element ip svcproxy {map}")),
+        "{err}"
+    );
+    assert_eq!(listings(&a), before, "nothing of the refused batch applied");
+    lacks(&a.table(), "198.18.2.10 . 8080", "refused");
+    let report = net.sync(&snapshot(&mut state), false).expect("recreate");
+    assert_eq!(report.kind, SyncKind::Recreate);
+    txt.sync(&snapshot(&mut state), false).expect("text");
+    same_tables(&a, &b, "recreated after the refusal");
 }

@@ -129,6 +129,20 @@ pub struct PlanConfig {
     /// The userspace mode's proxy settings (no other mode reads them; they decide
     /// nothing in the intent).
     pub userspace: UserspaceConfig,
+    /// How the nftables mode writes to the kernel (`--nft-writer`; decides nothing
+    /// in the intent or the rules).
+    pub nft_writer: NftWriter,
+}
+
+/// How the nftables mode writes its changes to the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NftWriter {
+    /// A partial sync that only adds and deletes elements is one nf_tables batch
+    /// over netlink; everything else goes through `nft -f`.
+    #[default]
+    Netlink,
+    /// Every sync through `nft -f` (the fallback).
+    Text,
 }
 
 /// How the userspace mode chooses an endpoint for a new connection
@@ -197,6 +211,7 @@ impl Default for PlanConfig {
             ipv4: true,
             ipv6: true,
             userspace: UserspaceConfig::default(),
+            nft_writer: NftWriter::default(),
         }
     }
 }

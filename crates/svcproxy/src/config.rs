@@ -101,6 +101,8 @@ pub struct Settings {
     /// The userspace mode's proxy (`--userspace-*`, `--udp-timeout`,
     /// `--proxy-port-range`).
     pub userspace: svcproxy_plan::UserspaceConfig,
+    /// `--nft-writer`.
+    pub nft_writer: svcproxy_plan::NftWriter,
 }
 
 /// kube-proxy's `--logging-format` / `logging.format`.
@@ -440,6 +442,10 @@ fn resolve_with(
             .clone()
             .filter(|p| !p.as_os_str().is_empty()),
         userspace,
+        nft_writer: match flags.nft_writer.as_str() {
+            "text" => svcproxy_plan::NftWriter::Text,
+            _ => svcproxy_plan::NftWriter::Netlink,
+        },
     };
     Ok((settings, warnings))
 }

@@ -94,6 +94,7 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
         localhost_nodeports: settings.serves_localhost_nodeports(),
         conntrack_tcp_be_liberal: settings.conntrack.tcp_be_liberal,
         userspace: settings.userspace.clone(),
+        nft_writer: settings.nft_writer,
         ..PlanConfig::default()
     };
     let cfg = backend.semantics.apply(cfg);

@@ -34,8 +34,9 @@ use crate::intent::{Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, No
 use crate::names::service_port_hash;
 
 use super::base::{base_ruleset, endpoint_map_decl, CLUSTER_IPS_SET, HAIRPIN_SET};
+use super::elements::{Atom, ElemOp, ElemValue};
 use super::ruleset::{stmt, write_map, write_table_close, write_table_open, Map, Ruleset};
-use super::service::{elems, key_text, CapturePorts, Detect, Elem, Fragment};
+use super::service::{elems, key_atoms, key_text, CapturePorts, Detect, Elem, Fragment};
 use super::slots::Slots;
 
 /// What kind of transaction a [`Plan`] is.
@@ -73,6 +74,10 @@ pub struct Plan {
     /// The `nft -f` script. Empty for a partial plan with nothing to do (which needs
     /// no apply, but still a [`Planner::commit`]).
     pub script: String,
+    /// When the plan only adds and deletes elements (the common partial sync: an
+    /// endpoint moved), the same changes typed, in the script's order, for a writer
+    /// that sends them to the kernel itself.
+    pub elements: Option<Vec<ElemOp>>,
     /// Every destination conflict in the desired state.
     pub conflicts: Vec<Conflict>,
     pub stats: PlanStats,
@@ -115,8 +120,8 @@ struct Delta {
     declare: String,
     flush: String,
     rules: String,
-    delete_elements: String,
-    add_elements: String,
+    delete_elements: Vec<ElemOp>,
+    add_elements: Vec<ElemOp>,
     flush_stale: String,
     delete_stale_chains: String,
     delete_stale_sets: String,
@@ -129,26 +134,58 @@ impl Delta {
             declare: String::new(),
             flush: String::new(),
             rules: String::new(),
-            delete_elements: String::new(),
-            add_elements: String::new(),
+            delete_elements: Vec::new(),
+            add_elements: Vec::new(),
             flush_stale: String::new(),
             delete_stale_chains: String::new(),
             delete_stale_sets: String::new(),
         }
     }
 
-    fn finish(self, out: &mut String) {
+    /// Whether the delta only moves elements (no object or rule changes).
+    fn elements_only(&self) -> bool {
+        [
+            &self.declare,
+            &self.flush,
+            &self.rules,
+            &self.flush_stale,
+            &self.delete_stale_chains,
+            &self.delete_stale_sets,
+        ]
+        .iter()
+        .all(|s| s.is_empty())
+    }
+
+    /// Writes the script; `ops` gets the element changes, in the script's order.
+    fn finish(self, out: &mut String, ops: &mut Vec<ElemOp>) {
+        for part in [self.declare, self.flush, self.rules] {
+            out.push_str(&part);
+        }
+        for op in self.delete_elements.into_iter().chain(self.add_elements) {
+            out.push_str(&op.text());
+            ops.push(op);
+        }
         for part in [
-            self.declare,
-            self.flush,
-            self.rules,
-            self.delete_elements,
-            self.add_elements,
             self.flush_stale,
             self.delete_stale_chains,
             self.delete_stale_sets,
         ] {
             out.push_str(&part);
+        }
+    }
+
+    fn element(&mut self, add: bool, set: &str, key: Vec<Atom>, value: Option<ElemValue>) {
+        let op = ElemOp {
+            family: self.family,
+            add,
+            set: set.to_string(),
+            key,
+            value,
+        };
+        if add {
+            self.add_elements.push(op);
+        } else {
+            self.delete_elements.push(op);
         }
     }
 
@@ -172,25 +209,28 @@ impl Delta {
         let map_of = |frag: Option<&Fragment>| frag.map(Fragment::endpoint_map);
         let (old_map, new_map) = (map_of(old), map_of(new));
         let (old, new) = (collect(old), collect(new));
-        let f = self.family;
         for (k, ep) in &old {
             if new.get(k) != Some(ep) || new_map != old_map {
-                self.delete_elements.push_str(&stmt::delete_element(
-                    f,
+                self.element(
+                    false,
                     old_map.as_deref().unwrap_or_default(),
-                    &k.to_string(),
-                ));
+                    vec![Atom::Num(*k)],
+                    None,
+                );
                 stats.elements_deleted += 1;
             }
         }
         for (k, ep) in &new {
             if old.get(k) != Some(ep) || new_map != old_map {
-                self.add_elements.push_str(&stmt::add_element(
-                    f,
+                self.element(
+                    true,
                     new_map.as_deref().unwrap_or_default(),
-                    &k.to_string(),
-                    Some(&dnat_value(ep)),
-                ));
+                    vec![Atom::Num(*k)],
+                    Some(ElemValue::Data(vec![
+                        Atom::Ip(ep.ip()),
+                        Atom::Port(ep.port()),
+                    ])),
+                );
                 stats.elements_added += 1;
             }
         }
@@ -433,66 +473,44 @@ impl FamilyState {
         for (ip, was) in std::mem::take(&mut self.hairpin_touched) {
             match (was, self.hairpin.contains_key(&ip)) {
                 (true, false) => {
-                    d.delete_elements.push_str(&stmt::delete_element(
-                        self.family,
-                        HAIRPIN_SET,
-                        &hairpin_elem(&ip),
-                    ));
+                    d.element(false, HAIRPIN_SET, vec![Atom::Ip(ip), Atom::Ip(ip)], None);
                     stats.elements_deleted += 1;
                 }
                 (false, true) => {
-                    d.add_elements.push_str(&stmt::add_element(
-                        self.family,
-                        HAIRPIN_SET,
-                        &hairpin_elem(&ip),
-                        None,
-                    ));
+                    d.element(true, HAIRPIN_SET, vec![Atom::Ip(ip), Atom::Ip(ip)], None);
                     stats.elements_added += 1;
                 }
                 _ => {}
             }
         }
         for change in &fd.frontends {
-            let text = key_text(&change.key);
+            let key = key_atoms(&change.key);
             let before = owner_elems(&change.before, &change.key);
             let after = owner_elems(&change.after, &change.key);
             for b in &before {
                 if !after.contains(b) {
-                    d.delete_elements.push_str(&stmt::delete_element(
-                        self.family,
-                        b.map.name(),
-                        &text,
-                    ));
+                    d.element(false, b.map.name(), key.clone(), None);
                     stats.elements_deleted += 1;
                 }
             }
             for a in &after {
                 if !before.contains(a) {
-                    d.add_elements.push_str(&stmt::add_element(
-                        self.family,
+                    d.element(
+                        true,
                         a.map.name(),
-                        &text,
-                        Some(&a.verdict.text()),
-                    ));
+                        key.clone(),
+                        Some(ElemValue::Verdict(a.verdict.elem())),
+                    );
                     stats.elements_added += 1;
                 }
             }
         }
         for ip in &fd.cluster_ips_removed {
-            d.delete_elements.push_str(&stmt::delete_element(
-                self.family,
-                CLUSTER_IPS_SET,
-                &ip.to_string(),
-            ));
+            d.element(false, CLUSTER_IPS_SET, vec![Atom::Ip(*ip)], None);
             stats.elements_deleted += 1;
         }
         for ip in &fd.cluster_ips_added {
-            d.add_elements.push_str(&stmt::add_element(
-                self.family,
-                CLUSTER_IPS_SET,
-                &ip.to_string(),
-                None,
-            ));
+            d.element(true, CLUSTER_IPS_SET, vec![Atom::Ip(*ip)], None);
             stats.elements_added += 1;
         }
     }
@@ -716,6 +734,8 @@ impl Planner {
             ..PlanStats::default()
         };
         let mut script = String::new();
+        let mut ops = Vec::new();
+        let mut elements_only = kind == PlanKind::Partial;
         for fam in &mut self.families {
             let fi = intent.family(fam.family);
             if !in_step {
@@ -725,7 +745,8 @@ impl Planner {
             let mut d = (kind == PlanKind::Partial).then(|| Delta::new(fam.family));
             fam.apply(delta.family(fam.family), fi.node(), d.as_mut(), &mut stats);
             if let Some(d) = d {
-                d.finish(&mut script);
+                elements_only &= d.elements_only();
+                d.finish(&mut script, &mut ops);
             }
         }
         match kind {
@@ -753,6 +774,7 @@ impl Planner {
         Plan {
             kind,
             script,
+            elements: (elements_only && !ops.is_empty()).then_some(ops),
             conflicts: intent.conflicts(),
             stats,
             generation: self.generation,

@@ -360,26 +360,6 @@ pub(crate) mod stmt {
     pub fn delete_map(family: IpFamily, name: &str) -> String {
         format!("delete map {} {name}\n", table(family))
     }
-
-    /// `value` is `None` for a set element or an element deletion.
-    pub fn add_element(
-        family: IpFamily,
-        container: &str,
-        key: &str,
-        value: Option<&str>,
-    ) -> String {
-        match value {
-            Some(v) => format!(
-                "add element {} {container} {{ {key} : {v} }}\n",
-                table(family)
-            ),
-            None => format!("add element {} {container} {{ {key} }}\n", table(family)),
-        }
-    }
-
-    pub fn delete_element(family: IpFamily, container: &str, key: &str) -> String {
-        format!("delete element {} {container} {{ {key} }}\n", table(family))
-    }
 }
 
 #[cfg(test)]

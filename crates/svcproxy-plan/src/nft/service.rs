@@ -55,6 +55,7 @@ use crate::names::{
 };
 
 use super::base::endpoint_map;
+use super::elements::{Atom, ElemVerdict};
 use super::ruleset::{addr_type, family_keyword, Chain, Ruleset, Set};
 use super::slots::Run;
 
@@ -140,6 +141,16 @@ pub(crate) fn key_text(key: &FrontendKey) -> String {
     }
 }
 
+/// A frontend's element key in its map, typed.
+pub(crate) fn key_atoms(key: &FrontendKey) -> Vec<Atom> {
+    match key {
+        FrontendKey::Vip { ip, protocol, port } => {
+            vec![Atom::Ip(*ip), Atom::Proto(*protocol), Atom::Port(*port)]
+        }
+        FrontendKey::NodePort { protocol, port } => vec![Atom::Proto(*protocol), Atom::Port(*port)],
+    }
+}
+
 /// The shared verdict maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum MapId {
@@ -192,6 +203,14 @@ impl Verdict {
             Verdict::Goto(name) => format!("goto {name}"),
             Verdict::Drop => "drop".to_string(),
             Verdict::Reject => format!("goto {REJECT_CHAIN}"),
+        }
+    }
+
+    pub fn elem(&self) -> ElemVerdict {
+        match self {
+            Verdict::Goto(name) => ElemVerdict::Goto(name.to_string()),
+            Verdict::Drop => ElemVerdict::Drop,
+            Verdict::Reject => ElemVerdict::Goto(REJECT_CHAIN.to_string()),
         }
     }
 }

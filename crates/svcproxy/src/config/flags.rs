@@ -288,6 +288,10 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
     pub udp_timeout: Duration,
 
+    /// nftables mode only: how changes reach the kernel. 'netlink' (the default): a sync that only adds and deletes set and map elements (an endpoint moved) is one nf_tables batch over netlink, every other through nft -f; 'text': every sync through nft -f (svcproxy only).
+    #[arg(long, value_name = "netlink|text", default_value = "netlink", value_parser = ["netlink", "text"], help_heading = "svcproxy")]
+    pub nft_writer: String,
+
     /// userspace mode only: how an endpoint is chosen for a new connection, rr (round-robin) or lc (least active connections) (svcproxy only).
     #[arg(long, value_name = "rr|lc", default_value = "rr", value_parser = ["rr", "lc"], help_heading = "svcproxy")]
     pub userspace_scheduler: String,
