@@ -5,11 +5,16 @@
 //! verdict changed) costs the kernel's commit and little else; `nft` would first
 //! list every chain and set of the table (tens of milliseconds at 10k services).
 //!
-//! Entry point: [`ElementBatch::encode`], then [`ElementBatch::send`]. The
+//! Entry point: [`NetlinkWriter::apply`]. The
 //! planner's [`ElemOp`]s carry typed keys and values; this module lays them out
 //! as the kernel stores them: an address in network order, a protocol as one
 //! byte, a port in network order, an endpoint map's key (`numgen`'s) in host
 //! order; in a concatenation each field padded to 4 bytes.
+//!
+//! The socket stays open from one batch to the next ([`NetlinkWriter`]): the
+//! kernel makes the closing of an nf_tables socket wait for the last
+//! transaction's objects to be freed after an RCU grace period (8-10 ms here),
+//! which would otherwise be most of a small sync.
 //!
 //! The batch is all or nothing: the kernel aborts the transaction on the first
 //! error (a deleted element that is not there, a set that does not exist), so the
@@ -18,7 +23,7 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST};
@@ -35,6 +40,8 @@ use svcproxy_plan::nft::elements::{Atom, ElemOp, ElemValue, ElemVerdict};
 use svcproxy_plan::nft::TABLE_NAME;
 
 use crate::conntrack::ConntrackError;
+use netlink_sys::Socket;
+
 use crate::ctnetlink::{encode, open_socket, recv_datagram, send_request, split_datagram};
 use crate::DataPlaneError;
 
@@ -44,11 +51,11 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const ELEMENTS_PER_MESSAGE: usize = 64;
 /// A batch larger than this goes through `nft` instead: one `sendmsg` must carry
 /// the whole batch, and the socket's default send buffer is about 208 KiB.
-pub const MAX_BATCH_BYTES: usize = 128 * 1024;
+const MAX_BATCH_BYTES: usize = 128 * 1024;
 
 /// One encoded transaction.
 #[derive(Debug)]
-pub struct ElementBatch {
+pub(crate) struct ElementBatch {
     buf: Vec<u8>,
     /// Sequence numbers of the messages the kernel acknowledges, with what each
     /// one does (for errors).
@@ -135,12 +142,12 @@ fn control(seq: u32, msg: ControlMessage) -> Vec<u8> {
 }
 
 impl ElementBatch {
-    /// The batch applying `ops` in order: consecutive changes of the same kind to
-    /// the same set share a message.
-    pub fn encode(ops: &[ElemOp]) -> ElementBatch {
-        let mut seq = 0u32;
+    /// The batch applying `ops` in order, its messages numbered from `seq` on:
+    /// consecutive changes of the same kind to the same set share a message.
+    pub fn encode(ops: &[ElemOp], seq: u32) -> ElementBatch {
+        let mut seq = seq;
         let mut next = || {
-            seq += 1;
+            seq = seq.wrapping_add(1).max(1);
             seq
         };
         let mut buf = control(next(), ControlMessage::BatchBegin);
@@ -199,25 +206,15 @@ impl ElementBatch {
         self.acked.is_empty()
     }
 
-    /// Sends the batch in the network namespace `netns` names (or the calling
-    /// thread's) and waits for the kernel's verdict on every message.
-    pub fn send(&self, netns: Option<&Path>, timeout: Duration) -> Result<(), DataPlaneError> {
-        self.send_inner(netns, timeout).map_err(|e| match e {
-            ConntrackError::Kernel { context, source } => DataPlaneError::Rejected {
-                command: "nftables netlink batch".into(),
-                status: format!("errno {}", source.raw_os_error().unwrap_or(0)),
-                stderr: format!("{context}: {source}"),
-            },
-            other => DataPlaneError::Io {
-                command: "nftables netlink batch".into(),
-                source: io::Error::other(other.to_string()),
-            },
-        })
+    /// The number of messages it holds (sequence numbers it uses).
+    fn messages(&self) -> u32 {
+        self.acked.len() as u32 + 2
     }
 
-    fn send_inner(&self, netns: Option<&Path>, timeout: Duration) -> Result<(), ConntrackError> {
-        let sock = open_socket(netns, timeout)?;
-        send_request(&sock, &self.buf, "the nftables batch")?;
+    /// Sends the batch on `sock` and waits for the kernel's verdict on every
+    /// message.
+    fn send_on(&self, sock: &Socket) -> Result<(), ConntrackError> {
+        send_request(sock, &self.buf, "the nftables batch")?;
         let mut pending: std::collections::BTreeMap<u32, &str> = self
             .acked
             .iter()
@@ -226,7 +223,7 @@ impl ElementBatch {
         let mut failure: Option<ConntrackError> = None;
         let mut buf = Vec::with_capacity(64 * 1024);
         while !pending.is_empty() {
-            recv_datagram(&sock, &mut buf)?;
+            recv_datagram(sock, &mut buf)?;
             for (seq, msg) in split_datagram(&buf)? {
                 let code = ack_code(msg)?;
                 let Some(code) = code else { continue };
@@ -248,6 +245,78 @@ impl ElementBatch {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// Writes element batches over one netlink socket, opened at the first batch in
+/// the namespace it is told, and kept.
+#[derive(Default)]
+pub(crate) struct NetlinkWriter {
+    sock: Option<(Option<PathBuf>, Socket)>,
+    seq: u32,
+}
+
+impl NetlinkWriter {
+    /// Applies `ops` in the network namespace `netns` names (or this thread's).
+    /// Too large a batch is left to the caller: `Ok(false)`.
+    pub fn apply(
+        &mut self,
+        ops: &[ElemOp],
+        netns: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<bool, DataPlaneError> {
+        let batch = ElementBatch::encode(ops, self.seq);
+        if batch.is_empty() {
+            return Ok(true);
+        }
+        if batch.len() > MAX_BATCH_BYTES {
+            return Ok(false);
+        }
+        self.seq = self.seq.wrapping_add(batch.messages());
+        let result = self
+            .socket(netns, timeout)
+            .and_then(|sock| batch.send_on(sock));
+        if result.is_err() {
+            // Whatever the socket still holds (late replies) goes with it.
+            self.sock = None;
+        }
+        result.map(|()| true).map_err(|e| match e {
+            ConntrackError::Kernel { context, source } => DataPlaneError::Rejected {
+                command: "nftables netlink batch".into(),
+                status: format!("errno {}", source.raw_os_error().unwrap_or(0)),
+                stderr: format!("{context}: {source}"),
+            },
+            other => DataPlaneError::Io {
+                command: "nftables netlink batch".into(),
+                source: io::Error::other(other.to_string()),
+            },
+        })
+    }
+
+    fn socket(
+        &mut self,
+        netns: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<&Socket, ConntrackError> {
+        if self
+            .sock
+            .as_ref()
+            .is_some_and(|(ns, _)| ns.as_deref() != netns)
+        {
+            self.sock = None;
+        }
+        if self.sock.is_none() {
+            self.sock = Some((netns.map(Path::to_path_buf), open_socket(netns, timeout)?));
+        }
+        Ok(&self.sock.as_ref().expect("just opened").1)
+    }
+}
+
+impl std::fmt::Debug for NetlinkWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetlinkWriter")
+            .field("open", &self.sock.is_some())
+            .finish()
     }
 }
 
@@ -307,7 +376,7 @@ mod tests {
             op(true, "a", 1),
             op(true, "b", 3),
         ];
-        let batch = ElementBatch::encode(&ops);
+        let batch = ElementBatch::encode(&ops, 0);
         assert_eq!(batch.acked.len(), 3);
         assert!(batch.acked[0].1.contains("1 more"), "{:?}", batch.acked);
         // nlmsghdr of the first message: BATCH_BEGIN (16), res_id 10 (big endian).

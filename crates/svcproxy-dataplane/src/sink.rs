@@ -14,7 +14,7 @@ use svcproxy_core::model::IpFamily;
 use svcproxy_plan::nft::elements::ElemOp;
 
 use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
-use crate::nft_netlink::{ElementBatch, MAX_BATCH_BYTES};
+use crate::nft_netlink::NetlinkWriter;
 use crate::nft_table::{table_state, TableState};
 
 /// Applies `nft -f` scripts, each as one atomic transaction, and says what the
@@ -111,6 +111,33 @@ pub struct NftCommand {
     argv: Vec<String>,
     timeout: Duration,
     netns: Option<PathBuf>,
+    /// The element writer's socket, kept from one sync to the next.
+    netlink: WriterSlot,
+}
+
+/// A command's netlink writer: not part of what the command is (a clone starts
+/// without a socket, and any two compare equal).
+#[derive(Default)]
+struct WriterSlot(NetlinkWriter);
+
+impl Clone for WriterSlot {
+    fn clone(&self) -> Self {
+        WriterSlot::default()
+    }
+}
+
+impl PartialEq for WriterSlot {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for WriterSlot {}
+
+impl fmt::Debug for WriterSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// How long one `nft -f` may take before it is killed. A full load of 10k services
@@ -131,6 +158,7 @@ impl NftCommand {
             argv: vec![program.into()],
             timeout: DEFAULT_NFT_TIMEOUT,
             netns: None,
+            netlink: WriterSlot::default(),
         }
     }
 
@@ -149,6 +177,7 @@ impl NftCommand {
                 argv,
                 timeout: DEFAULT_NFT_TIMEOUT,
                 netns: None,
+                netlink: WriterSlot::default(),
             }
         }
     }
@@ -354,14 +383,12 @@ impl ScriptSink for NftCommand {
         if self.netns.is_none() && !own_namespace {
             return self.run(script);
         }
-        let batch = ElementBatch::encode(ops);
-        if batch.is_empty() {
-            return Ok(());
+        let netns = self.netns.clone();
+        if self.netlink.0.apply(ops, netns.as_deref(), self.timeout)? {
+            Ok(())
+        } else {
+            self.run(script)
         }
-        if batch.len() > MAX_BATCH_BYTES {
-            return self.run(script);
-        }
-        batch.send(self.netns.as_deref(), self.timeout)
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
