@@ -367,7 +367,7 @@ fn run(n: usize, m: usize) {
     );
     let _ = take_peak_rss(&rss_log);
     let t = Instant::now();
-    nft.sync(&base, true).expect("nft full");
+    let full = nft.sync(&base, true).expect("nft full");
     let nft_full = t.elapsed();
     let nft_full_rss = take_peak_rss(&rss_log);
     let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
@@ -395,11 +395,13 @@ fn run(n: usize, m: usize) {
         &mut sync,
     );
     println!(
-        "  nftables mode: full sync (both families)          {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; nft's peak RSS {nft_full_rss})\n\
+        "  nftables mode: full sync (both families)          {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; {} bytes, in nft {:.1} ms; nft's peak RSS {nft_full_rss})\n\
          \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  ({}; nft's peak RSS {})\n\
          \x20 nftables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms  ({})",
         ms(nft_full),
         nft_full.as_secs_f64() / nft_floor.as_secs_f64(),
+        full.script_bytes,
+        ms(full.apply_duration),
         ms(med),
         ms(max),
         notes.first().cloned().unwrap_or_default(),
