@@ -25,6 +25,7 @@
 //!   deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -35,7 +36,9 @@ use crate::names::service_port_hash;
 
 use super::base::{base_ruleset, endpoint_map_decl, CLUSTER_IPS_SET, HAIRPIN_SET};
 use super::elements::{Atom, ElemOp, ElemValue};
-use super::ruleset::{stmt, write_map, write_table_close, write_table_open, Map, Ruleset};
+use super::ruleset::{
+    family_keyword, stmt, write_map, write_table_close, write_table_open, Map, Ruleset, TABLE_NAME,
+};
 use super::service::{elems, key_atoms, key_text, CapturePorts, Detect, Elem, Fragment};
 use super::slots::Slots;
 
@@ -605,8 +608,31 @@ impl FamilyState {
         // The endpoint maps' elements after the rules using them: the kernel
         // checks a new rule against every element of its map, and a new element
         // against every rule using its map (see `base::ENDPOINT_MAP_SHARDS`).
-        for (name, elements) in self.endpoint_map_elements() {
-            out.push_str(&stmt::add_elements(self.family, &name, &elements));
+        // Streamed: no element is held as text but in `out`.
+        let mut by_map: BTreeMap<String, Vec<&Fragment>> = BTreeMap::new();
+        for frag in self.entries.values().filter(|f| f.uses_endpoint_map()) {
+            by_map.entry(frag.endpoint_map()).or_default().push(frag);
+        }
+        for (name, frags) in by_map {
+            let mut first = true;
+            for frag in frags {
+                frag.dnat_elements(|k, ep| {
+                    if first {
+                        let _ = write!(
+                            out,
+                            "add element {} {TABLE_NAME} {name} {{ ",
+                            family_keyword(self.family)
+                        );
+                        first = false;
+                    } else {
+                        out.push_str(", ");
+                    }
+                    let _ = write!(out, "{k} : {} . {}", ep.ip(), ep.port());
+                });
+            }
+            if !first {
+                out.push_str(" }\n");
+            }
         }
         chains
     }

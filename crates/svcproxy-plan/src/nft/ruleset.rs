@@ -336,23 +336,6 @@ pub(crate) mod stmt {
         )
     }
 
-    /// One statement adding every `(key, value)` of `elements` to map `name`
-    /// (nothing when there are none).
-    pub fn add_elements(family: IpFamily, name: &str, elements: &[(String, String)]) -> String {
-        if elements.is_empty() {
-            return String::new();
-        }
-        let mut out = format!("add element {} {name} {{ ", table(family));
-        for (i, (k, v)) in elements.iter().enumerate() {
-            if i > 0 {
-                out.push_str(", ");
-            }
-            let _ = write!(out, "{k} : {v}");
-        }
-        out.push_str(" }\n");
-        out
-    }
-
     pub fn flush_map(family: IpFamily, name: &str) -> String {
         format!("flush map {} {name}\n", table(family))
     }
