@@ -17,7 +17,8 @@
 //!   map of the service addresses, a map of every endpoint, an empty chain per
 //!   service);
 //! - nftables mode: the same syncs (unless `BENCH_SKIP_NFT=1`), the full sync
-//!   also as a ratio to its floor.
+//!   also as a ratio to its floor, and the longest single commit of a first full
+//!   sync (the kernel's time in `nft`'s one `sendmsg`, read with strace).
 //!
 //! and prints the times (single changes: median and maximum), the ratio of iptables
 //! mode's full sync to each floor (target: at most 1.5) and of its one-service sync
@@ -39,29 +40,6 @@ use svcproxy_dataplane::{NftCommand, NftDataPlane, Proxier};
 
 fn env(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-/// `n` services `svc-i` (cluster IP from 198.19.0.0/16) with `m` endpoints each.
-fn services_yaml(from: usize, to: usize, m: usize) -> String {
-    let mut y = String::new();
-    for i in from..to {
-        let ip = format!("198.19.{}.{}", i / 250, i % 250 + 1);
-        let _ = write!(
-            y,
-            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\nspec:\n  clusterIP: {ip}\n  ports:\n  - {{name: http, port: 80, targetPort: 8080}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc-{i}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080}}\nendpoints:\n"
-        );
-        for e in 0..m {
-            let n = i * m + e;
-            let _ = writeln!(
-                y,
-                "- {{addresses: [10.{}.{}.{}], nodeName: node-b}}",
-                n / 62500 % 250,
-                n / 250 % 250,
-                n % 250 + 1
-            );
-        }
-    }
-    y
 }
 
 /// The same service as `services_yaml(i, i + 1, m)` with its first endpoint moved to
@@ -410,6 +388,51 @@ fn run(n: usize, m: usize) {
         ms(emax),
         enotes.first().cloned().unwrap_or_default(),
     );
+    drop(nft);
+    drop(nft_ns);
+    settle();
+
+    // The longest single commit: a first full sync again, in a fresh namespace,
+    // with `nft` under strace; nft sends a transaction in one sendmsg(2), during
+    // which the kernel processes the batch and commits it (holding the nftables
+    // commit lock). Left out when strace is not installed.
+    if std::path::Path::new("/usr/bin/strace").exists() {
+        let ns = Netns::create("bench_sync", "bench-nft-commit", &tools).expect("netns");
+        let log = std::env::temp_dir().join(format!("bench_sync-strace-{}", std::process::id()));
+        let mut argv: Vec<String> = ["ip", "netns", "exec", &ns.name].map(String::from).to_vec();
+        argv.extend(
+            [
+                "/usr/bin/strace",
+                "-f",
+                "--seccomp-bpf",
+                "-T",
+                "-e",
+                "trace=sendmsg",
+                "-o",
+            ]
+            .map(String::from),
+        );
+        argv.push(log.display().to_string());
+        argv.push("nft".into());
+        let mut plane = Proxier::without_conntrack(
+            plan_config(),
+            NftDataPlane::with_sink(
+                NftCommand::from_argv(argv).in_netns(format!("/run/netns/{}", ns.name)),
+            ),
+        );
+        let report = plane.sync(&base, true);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let longest = text
+            .lines()
+            .filter_map(|l| l.rsplit_once('<')?.1.strip_suffix('>')?.parse::<f64>().ok())
+            .fold(0.0f64, f64::max);
+        println!(
+            "  nftables mode: longest single commit of a first full sync (one sendmsg) {:>7.1} ms{}",
+            longest * 1000.0,
+            report.err().map(|e| format!("  FAILED: {e}")).unwrap_or_default()
+        );
+        let _ = std::fs::remove_file(&log);
+    }
     let _ = std::fs::remove_file(&rss_log);
 }
 

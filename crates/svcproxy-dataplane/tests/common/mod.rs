@@ -8,6 +8,8 @@
 
 pub mod netns;
 
+use std::fmt::Write as _;
+
 use svcproxy_core::model::{IpFamily, Protocol, ServiceName, ServicePortName};
 use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
@@ -184,4 +186,28 @@ pub fn lacks(text: &str, needle: &str, step: &str) {
         !text.contains(needle),
         "{step}: {needle:?} present:\n{text}"
     );
+}
+
+/// Services `svc-<from>`..`svc-<to - 1>` in namespace `bench` (cluster IPs from
+/// 198.19.0.0/16), `m` endpoints each on node-b (10.0.0.0/8).
+pub fn services_yaml(from: usize, to: usize, m: usize) -> String {
+    let mut y = String::new();
+    for i in from..to {
+        let ip = format!("198.19.{}.{}", i / 250, i % 250 + 1);
+        let _ = write!(
+            y,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\nspec:\n  clusterIP: {ip}\n  ports:\n  - {{name: http, port: 80, targetPort: 8080}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc-{i}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080}}\nendpoints:\n"
+        );
+        for e in 0..m {
+            let n = i * m + e;
+            let _ = writeln!(
+                y,
+                "- {{addresses: [10.{}.{}.{}], nodeName: node-b}}",
+                n / 62500 % 250,
+                n / 250 % 250,
+                n % 250 + 1
+            );
+        }
+    }
+    y
 }
