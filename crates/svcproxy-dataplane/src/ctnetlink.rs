@@ -275,15 +275,28 @@ pub(crate) fn encode(
     family: IpFamily,
     msg: impl Into<NetfilterMessageInner>,
 ) -> Vec<u8> {
+    encode_with(
+        flags,
+        seq,
+        NetfilterHeader::new(nf_family(family), 0, 0),
+        msg,
+    )
+}
+
+/// [`encode`] with a netfilter header of the caller's (an nf_tables batch's
+/// begin and end name their subsystem in it).
+pub(crate) fn encode_with(
+    flags: u16,
+    seq: u32,
+    nf_header: NetfilterHeader,
+    msg: impl Into<NetfilterMessageInner>,
+) -> Vec<u8> {
     let mut header = NetlinkHeader::default();
     header.flags = flags;
     header.sequence_number = seq;
     let mut packet = NetlinkMessage::new(
         header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(nf_family(family), 0, 0),
-            msg,
-        )),
+        NetlinkPayload::from(NetfilterMessage::new(nf_header, msg)),
     );
     packet.finalize();
     let mut buf = vec![0; packet.buffer_len()];

@@ -42,7 +42,9 @@ use svcproxy_plan::nft::TABLE_NAME;
 use crate::conntrack::ConntrackError;
 use netlink_sys::Socket;
 
-use crate::ctnetlink::{encode, open_socket, recv_datagram, send_request, split_datagram};
+use crate::ctnetlink::{
+    encode, encode_with, open_socket, recv_datagram, send_request, split_datagram,
+};
 use crate::DataPlaneError;
 
 /// nfnetlink's subsystem id of nf_tables (a batch's `res_id`).
@@ -124,21 +126,12 @@ fn element(op: &ElemOp) -> ListAttribute<SetElementAttribute> {
 }
 
 fn control(seq: u32, msg: ControlMessage) -> Vec<u8> {
-    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES),
-            NetfilterMessageInner::None(msg),
-        )),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    buf
+    encode_with(
+        NLM_F_REQUEST,
+        seq,
+        NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES),
+        NetfilterMessageInner::None(msg),
+    )
 }
 
 impl ElementBatch {

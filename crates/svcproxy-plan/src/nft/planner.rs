@@ -286,6 +286,64 @@ fn hairpin_elem(ip: &IpAddr) -> String {
     format!("{ip} . {ip}")
 }
 
+/// Objects or elements several fragments may need (a hairpin address, an endpoint
+/// map), counted: each exists while one fragment needs it. What came or went since
+/// the last [`Shared::settle`] is what a partial plan adds or deletes.
+struct Shared<K, V> {
+    counts: BTreeMap<K, (V, usize)>,
+    /// Keys whose count changed since the last settle, with whether each existed
+    /// before.
+    touched: BTreeMap<K, bool>,
+}
+
+impl<K, V> Default for Shared<K, V> {
+    fn default() -> Self {
+        Shared {
+            counts: BTreeMap::new(),
+            touched: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, V: Copy> Shared<K, V> {
+    fn add(&mut self, key: K, value: V) {
+        let (_, count) = self.counts.entry(key.clone()).or_insert((value, 0));
+        self.touched.entry(key).or_insert(*count > 0);
+        *count += 1;
+    }
+
+    fn remove(&mut self, key: &K) {
+        let Some((_, count)) = self.counts.get_mut(key) else {
+            return;
+        };
+        self.touched.entry(key.clone()).or_insert(true);
+        *count -= 1;
+        if *count == 0 {
+            self.counts.remove(key);
+        }
+    }
+
+    /// The keys touched since the last call: whether each existed before, and its
+    /// value if it exists now.
+    fn settle(&mut self) -> Vec<(K, bool, Option<V>)> {
+        std::mem::take(&mut self.touched)
+            .into_iter()
+            .map(|(k, was)| {
+                let now = self.counts.get(&k).map(|(v, _)| *v);
+                (k, was, now)
+            })
+            .collect()
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &K> {
+        self.counts.keys()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&K, V)> {
+        self.counts.iter().map(|(k, (v, _))| (k, *v))
+    }
+}
+
 struct FamilyState {
     family: IpFamily,
     /// The node intent last planned; `None` while the family is not programmed.
@@ -296,16 +354,10 @@ struct FamilyState {
     capture: Option<Arc<dyn CapturePorts>>,
     /// Keys of the `endpoint-dnat-*` maps, held by the fragments' sets.
     slots: Slots,
-    /// Each address in `hairpin-endpoints`, with how many fragments put it there.
-    hairpin: BTreeMap<IpAddr, u32>,
-    /// Addresses whose count changed since the last [`FamilyState::apply`], with
-    /// whether each was in the set before.
-    hairpin_touched: BTreeMap<IpAddr, bool>,
-    /// The endpoint maps in use: their protocol, and how many fragments use each.
-    endpoint_maps: BTreeMap<String, (Protocol, usize)>,
-    /// Maps whose count changed since the last [`FamilyState::apply`], with
-    /// whether each was in use before.
-    maps_touched: BTreeMap<String, bool>,
+    /// Each address in `hairpin-endpoints`, counted per fragment that puts it there.
+    hairpin: Shared<IpAddr, ()>,
+    /// The endpoint maps in use (with their protocol), counted per fragment.
+    endpoint_maps: Shared<String, Protocol>,
 }
 
 /// The elements the owner of a frontend puts in the maps.
@@ -329,10 +381,8 @@ impl FamilyState {
             chain_total: 0,
             capture,
             slots: Slots::new(),
-            hairpin: BTreeMap::new(),
-            hairpin_touched: BTreeMap::new(),
-            endpoint_maps: BTreeMap::new(),
-            maps_touched: BTreeMap::new(),
+            hairpin: Shared::default(),
+            endpoint_maps: Shared::default(),
         }
     }
 
@@ -346,10 +396,11 @@ impl FamilyState {
             }
         }
         for ip in frag.hairpin_ips() {
-            self.count_hairpin(ip, true);
+            self.hairpin.add(ip, ());
         }
         if frag.uses_endpoint_map() {
-            self.count_map(frag.endpoint_map(), frag.intent.protocol, true);
+            self.endpoint_maps
+                .add(frag.endpoint_map(), frag.intent.protocol);
         }
         frag
     }
@@ -359,39 +410,10 @@ impl FamilyState {
             self.slots.free(*run);
         }
         for ip in frag.hairpin_ips() {
-            self.count_hairpin(ip, false);
+            self.hairpin.remove(&ip);
         }
         if frag.uses_endpoint_map() {
-            self.count_map(frag.endpoint_map(), frag.intent.protocol, false);
-        }
-    }
-
-    fn count_map(&mut self, name: String, protocol: Protocol, add: bool) {
-        let (_, count) = self
-            .endpoint_maps
-            .entry(name.clone())
-            .or_insert((protocol, 0));
-        self.maps_touched.entry(name.clone()).or_insert(*count > 0);
-        if add {
-            *count += 1;
-        } else {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.endpoint_maps.remove(&name);
-            }
-        }
-    }
-
-    fn count_hairpin(&mut self, ip: IpAddr, add: bool) {
-        let count = self.hairpin.entry(ip).or_insert(0);
-        self.hairpin_touched.entry(ip).or_insert(*count > 0);
-        if add {
-            *count += 1;
-        } else {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.hairpin.remove(&ip);
-            }
+            self.endpoint_maps.remove(&frag.endpoint_map());
         }
     }
 
@@ -427,8 +449,8 @@ impl FamilyState {
         if self.node.as_ref() != node {
             self.set_node(node.cloned());
         }
-        self.hairpin_touched.clear();
-        self.maps_touched.clear();
+        self.hairpin.settle();
+        self.endpoint_maps.settle();
         for change in &fd.services {
             let old = self.entries.remove(&change.name);
             if let Some(old) = &old {
@@ -460,21 +482,21 @@ impl FamilyState {
         };
         // Endpoint maps come into use before the rules that use them, and go after
         // the chains that used them.
-        for (name, was) in std::mem::take(&mut self.maps_touched) {
-            match (was, self.endpoint_maps.get(&name)) {
+        for (name, was, now) in self.endpoint_maps.settle() {
+            match (was, now) {
                 (true, None) => d
                     .delete_stale_sets
                     .push_str(&stmt::delete_map(self.family, &name)),
-                (false, Some((protocol, _))) => d.declare.push_str(&stmt::add_map(
+                (false, Some(protocol)) => d.declare.push_str(&stmt::add_map(
                     self.family,
                     &name,
-                    &endpoint_map_decl(self.family, *protocol),
+                    &endpoint_map_decl(self.family, protocol),
                 )),
                 _ => {}
             }
         }
-        for (ip, was) in std::mem::take(&mut self.hairpin_touched) {
-            match (was, self.hairpin.contains_key(&ip)) {
+        for (ip, was, now) in self.hairpin.settle() {
+            match (was, now.is_some()) {
                 (true, false) => {
                     d.element(false, HAIRPIN_SET, vec![Atom::Ip(ip), Atom::Ip(ip)], None);
                     stats.elements_deleted += 1;
@@ -546,8 +568,8 @@ impl FamilyState {
             self.entries.insert(name.clone(), frag);
         }
         // A full plan follows: nothing to report element by element.
-        self.hairpin_touched.clear();
-        self.maps_touched.clear();
+        self.hairpin.settle();
+        self.endpoint_maps.settle();
     }
 
     /// The shared objects with their elements filled in.
@@ -596,8 +618,8 @@ impl FamilyState {
         let shared = self.base_with_elements(node, fam);
         let mut chains = shared.chains.len();
         shared.write_body(out);
-        for (name, (protocol, _)) in &self.endpoint_maps {
-            write_map(out, name, &endpoint_map_decl(self.family, *protocol));
+        for (name, protocol) in self.endpoint_maps.iter() {
+            write_map(out, name, &endpoint_map_decl(self.family, protocol));
         }
         for frag in self.entries.values() {
             let objs = frag.objects(self.detect.as_ref());
@@ -655,12 +677,12 @@ impl FamilyState {
             rs.extend(frag.objects(self.detect.as_ref()));
         }
         let mut elements = self.endpoint_map_elements();
-        for (name, (protocol, _)) in &self.endpoint_maps {
+        for (name, protocol) in self.endpoint_maps.iter() {
             rs.maps.insert(
                 name.clone(),
                 Map {
                     elements: elements.remove(name).unwrap_or_default(),
-                    ..endpoint_map_decl(self.family, *protocol)
+                    ..endpoint_map_decl(self.family, protocol)
                 },
             );
         }
