@@ -24,6 +24,8 @@ use common::*;
 use svcproxy_dataplane::{NftCommand, NftDataPlane, Proxier, SyncKind};
 
 const SERVICES: usize = 10_000;
+/// Endpoints of every service but the one the connection goes to.
+const ENDPOINTS: usize = 10;
 /// A round trip this long would be a stall: the kernel's share of a full sync
 /// here is several times longer.
 const STALL: Duration = Duration::from_millis(150);
@@ -72,13 +74,13 @@ fn established_connections_flow_through_full_syncs_of_10k_services() {
     )
     .expect("service route");
 
-    // svc-0's one endpoint is the local listener; the rest point elsewhere.
+    // svc-0's one endpoint is the local listener; every other service has ten
+    // endpoints nothing answers on.
     let mut state = cluster(&[]);
     upsert(
         &mut state,
-        &services_yaml(0, SERVICES, 2)
-            .replacen("[10.0.0.1]", "[10.77.0.1]", 1)
-            .replacen("- {addresses: [10.0.0.2], nodeName: node-b}\n", "", 1),
+        &(services_yaml(0, 1, 1).replacen("[10.0.0.1]", "[10.77.0.1]", 1)
+            + &services_yaml(1, SERVICES, ENDPOINTS)),
     );
     let mut dp = Proxier::without_conntrack(
         plan_config(),
