@@ -175,9 +175,9 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     ) -> Result<ApplyReport, DataPlaneError> {
         let plan = self.planner.plan(intent, delta, full);
         let start = Instant::now();
-        let applied = match (&plan.elements, self.writer) {
+        let applied = match (&plan.typed, self.writer) {
             _ if plan.is_empty() => Ok(()),
-            (Some(ops), NftWriter::Netlink) => self.sink.apply_elements(ops, &plan.script),
+            (Some(ops), NftWriter::Netlink) => self.sink.apply_typed(ops, &plan.script),
             _ => self.sink.apply(&plan.script),
         };
         let apply_duration = start.elapsed();

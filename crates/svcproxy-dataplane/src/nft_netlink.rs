@@ -1,15 +1,18 @@
-//! Element changes written to the kernel over netlink: one nf_tables batch
-//! (`NFNL_MSG_BATCH_BEGIN`, `NFT_MSG_NEWSETELEM`/`NFT_MSG_DELSETELEM`,
-//! `NFNL_MSG_BATCH_END`), one transaction, no `nft` process, no text and no cache
-//! fetch. A partial sync that only moves elements (an endpoint moved, a frontend's
-//! verdict changed) costs the kernel's commit and little else; `nft` would first
-//! list every chain and set of the table (tens of milliseconds at 10k services).
+//! Partial syncs written to the kernel over netlink: one nf_tables batch
+//! (`NFNL_MSG_BATCH_BEGIN`, the statements, `NFNL_MSG_BATCH_END`), one transaction,
+//! no `nft` process, no text and no cache fetch. A partial plan whose every
+//! statement is typed ([`svcproxy_plan::nft::typed`]: set and map elements, a
+//! service port's set chain with its masquerade marks and its DNAT, chains added,
+//! flushed and deleted) costs the kernel's commit and little else; `nft` would
+//! first list every chain and set of the table (tens of milliseconds at 10k
+//! services).
 //!
-//! Entry point: [`NetlinkWriter::apply`]. The
-//! planner's [`ElemOp`]s carry typed keys and values; this module lays them out
-//! as the kernel stores them: an address in network order, a protocol as one
-//! byte, a port in network order, an endpoint map's key (`numgen`'s) in host
-//! order; in a concatenation each field padded to 4 bytes.
+//! Entry point: [`NetlinkWriter::apply`]. Keys and values are laid out as the
+//! kernel stores them: an address in network order, a protocol as one byte, a port
+//! in network order, an endpoint map's key (`numgen`'s) in host order; in a
+//! concatenation each field padded to 4 bytes. A rule is the expressions `nft`
+//! compiles for the same text (`nft --debug=netlink` shows them), so a listing
+//! cannot tell the writers apart (a test compares them).
 //!
 //! The socket stays open from one batch to the next ([`NetlinkWriter`]): the
 //! kernel makes the closing of an nf_tables socket wait for the last
@@ -26,17 +29,20 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use netlink_packet_core::{DefaultNla, NLA_F_NESTED, NLM_F_APPEND};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST};
 use netlink_packet_netfilter::nftables::{
-    DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementList,
+    ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Expressions, ListAttribute,
+    NfTablesMessage, RuleAttribute, RuleMessage, SetElementAttribute, SetElementList,
     SetElementMessage, Verdict, VerdictAttribute,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
-use svcproxy_core::model::Protocol;
+use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_plan::nft::elements::{Atom, ElemOp, ElemValue, ElemVerdict};
+use svcproxy_plan::nft::typed::{Op, TypedRule};
 use svcproxy_plan::nft::TABLE_NAME;
 
 use crate::conntrack::ConntrackError;
@@ -57,7 +63,7 @@ const MAX_BATCH_BYTES: usize = 128 * 1024;
 
 /// One encoded transaction.
 #[derive(Debug)]
-pub(crate) struct ElementBatch {
+pub(crate) struct Batch {
     buf: Vec<u8>,
     /// Sequence numbers of the messages the kernel acknowledges, with what each
     /// one does (for errors).
@@ -125,6 +131,217 @@ fn element(op: &ElemOp) -> ListAttribute<SetElementAttribute> {
     ListAttribute::Element(attrs)
 }
 
+/// One netlink attribute, padded to 4 bytes.
+fn nla(kind: u16, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + value.len() + 3);
+    out.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+    out.extend_from_slice(&kind.to_ne_bytes());
+    out.extend_from_slice(value);
+    out.resize(out.len().div_ceil(4) * 4, 0);
+    out
+}
+
+fn be32(kind: u16, v: u32) -> DefaultNla {
+    DefaultNla::new(kind, v.to_be_bytes().to_vec())
+}
+
+/// `NFTA_*_DATA` holding `NFTA_DATA_VALUE` bytes.
+fn data_value(kind: u16, bytes: &[u8]) -> DefaultNla {
+    DefaultNla::new(kind | NLA_F_NESTED, nla(1, bytes))
+}
+
+fn expr(name: &str, attributes: Vec<DefaultNla>) -> ListAttribute<ExpressionAttribute> {
+    Expressions::Other {
+        expression_type: name.to_string(),
+        attributes,
+    }
+    .into()
+}
+
+// Registers: NFT_REG_VERDICT, NFT_REG_1, NFT_REG_2, and the 32-bit NFT_REG32_01.
+const REG_VERDICT: u32 = 0;
+const REG_1: u32 = 1;
+const REG_2: u32 = 2;
+const REG32_01: u32 = 9;
+
+/// `meta l4proto P` (into reg 1, compared).
+fn l4proto_is(p: Protocol) -> [ListAttribute<ExpressionAttribute>; 2] {
+    [
+        // NFTA_META_DREG, NFTA_META_KEY (NFT_META_L4PROTO).
+        expr("meta", vec![be32(1, REG_1), be32(2, 16)]),
+        cmp(0, &[proto_number(p)]),
+    ]
+}
+
+/// `cmp` of reg 1 with `bytes` (`op`: NFT_CMP_EQ 0, NFT_CMP_NEQ 1).
+fn cmp(op: u32, bytes: &[u8]) -> ListAttribute<ExpressionAttribute> {
+    // NFTA_CMP_SREG, NFTA_CMP_OP, NFTA_CMP_DATA.
+    expr(
+        "cmp",
+        vec![be32(1, REG_1), be32(2, op), data_value(3, bytes)],
+    )
+}
+
+/// `payload load LEN @ BASE + OFFSET => reg 1` (base: 1 network, 2 transport).
+fn payload(base: u32, offset: u32, len: u32) -> ListAttribute<ExpressionAttribute> {
+    // NFTA_PAYLOAD_DREG, _BASE, _OFFSET, _LEN.
+    expr(
+        "payload",
+        vec![be32(1, REG_1), be32(2, base), be32(3, offset), be32(4, len)],
+    )
+}
+
+fn nfproto(f: IpFamily) -> u32 {
+    match f {
+        IpFamily::V4 => 2,
+        IpFamily::V6 => 10,
+    }
+}
+
+/// `dnat` to the address in reg 1 and the port in `proto_reg`
+/// (NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED).
+fn dnat(f: IpFamily, proto_reg: u32) -> ListAttribute<ExpressionAttribute> {
+    // NFTA_NAT_TYPE (NFT_NAT_DNAT), _FAMILY, _REG_ADDR_MIN, _MAX, _REG_PROTO_MIN,
+    // _MAX, _FLAGS.
+    expr(
+        "nat",
+        vec![
+            be32(1, 1),
+            be32(2, nfproto(f)),
+            be32(3, REG_1),
+            be32(4, REG_1),
+            be32(5, proto_reg),
+            be32(6, proto_reg),
+            be32(7, 0x3),
+        ],
+    )
+}
+
+/// A typed rule's expressions, as `nft` compiles the same rule.
+fn rule_expressions(rule: &TypedRule) -> Vec<ListAttribute<ExpressionAttribute>> {
+    let mut out = Vec::new();
+    match rule {
+        TypedRule::MapDnat {
+            family,
+            protocol,
+            n,
+            offset,
+            map,
+        } => {
+            out.extend(l4proto_is(*protocol));
+            // NFTA_NG_DREG, _MODULUS, _TYPE (NFT_NG_RANDOM), _OFFSET.
+            out.push(expr(
+                "numgen",
+                vec![be32(1, REG_1), be32(2, *n), be32(3, 1), be32(4, *offset)],
+            ));
+            // NFTA_LOOKUP_SET, _SREG, _DREG.
+            out.push(expr(
+                "lookup",
+                vec![
+                    DefaultNla::new(1, nul_terminated(map)),
+                    be32(2, REG_1),
+                    be32(3, REG_1),
+                ],
+            ));
+            // The value is address . port: the port follows the address, in the
+            // next 32-bit register after 4 bytes (IPv4) or 16 (IPv6: NFT_REG_2).
+            let port_reg = match family {
+                IpFamily::V4 => REG32_01,
+                IpFamily::V6 => REG_2,
+            };
+            out.push(dnat(*family, port_reg));
+        }
+        TypedRule::Dnat {
+            family,
+            protocol,
+            to,
+        } => {
+            out.extend(l4proto_is(*protocol));
+            // NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA.
+            out.push(expr(
+                "immediate",
+                vec![be32(1, REG_1), data_value(2, &ip_bytes(&to.ip()))],
+            ));
+            out.push(expr(
+                "immediate",
+                vec![be32(1, REG_2), data_value(2, &to.port().to_be_bytes())],
+            ));
+            out.push(dnat(*family, REG_2));
+        }
+        TypedRule::MarkMasquerade {
+            family,
+            daddr,
+            protocol,
+            port,
+            unless_from,
+            chain,
+        } => {
+            let (daddr_at, saddr_at, len) = match family {
+                IpFamily::V4 => (16, 12, 4),
+                IpFamily::V6 => (24, 8, 16),
+            };
+            out.push(payload(1, daddr_at, len));
+            out.push(cmp(0, &ip_bytes(daddr)));
+            out.extend(l4proto_is(*protocol));
+            out.push(payload(2, 2, 2));
+            out.push(cmp(0, &port.to_be_bytes()));
+            if let Some(net) = unless_from {
+                let bits = u32::from(net.prefix_len());
+                let network = ip_bytes(&net.network());
+                if bits % 8 == 0 {
+                    // A whole-byte prefix: only its bytes are loaded.
+                    out.push(payload(1, saddr_at, bits / 8));
+                    out.push(cmp(1, &network[..(bits / 8) as usize]));
+                } else {
+                    out.push(payload(1, saddr_at, len));
+                    // NFTA_BITWISE_SREG, _DREG, _LEN, _MASK, _XOR.
+                    out.push(expr(
+                        "bitwise",
+                        vec![
+                            be32(1, REG_1),
+                            be32(2, REG_1),
+                            be32(3, len),
+                            data_value(4, &ip_bytes(&net.netmask())),
+                            data_value(5, &vec![0; len as usize]),
+                        ],
+                    ));
+                    out.push(cmp(1, &network));
+                }
+            }
+            // immediate reg 0 jump -> CHAIN: NFTA_DATA_VERDICT { NFTA_VERDICT_CODE
+            // (NFT_JUMP), NFTA_VERDICT_CHAIN }.
+            let verdict = [
+                nla(1, &(-3i32).to_be_bytes()),
+                nla(2, &nul_terminated(chain)),
+            ]
+            .concat();
+            out.push(expr(
+                "immediate",
+                vec![
+                    be32(1, REG_VERDICT),
+                    DefaultNla::new(2 | NLA_F_NESTED, nla(2 | NLA_F_NESTED, &verdict)),
+                ],
+            ));
+        }
+    }
+    out
+}
+
+fn nul_terminated(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+/// A chain's comment as `nft` stores it: a user-data TLV
+/// (NFTNL_UDATA_CHAIN_COMMENT, length, the text with its NUL).
+fn chain_comment(comment: &str) -> Vec<u8> {
+    let text = nul_terminated(comment);
+    let mut out = vec![0, text.len().min(255) as u8];
+    out.extend_from_slice(&text[..text.len().min(255)]);
+    out
+}
+
 fn control(seq: u32, msg: ControlMessage) -> Vec<u8> {
     encode_with(
         NLM_F_REQUEST,
@@ -134,10 +351,11 @@ fn control(seq: u32, msg: ControlMessage) -> Vec<u8> {
     )
 }
 
-impl ElementBatch {
+impl Batch {
     /// The batch applying `ops` in order, its messages numbered from `seq` on:
-    /// consecutive changes of the same kind to the same set share a message.
-    pub fn encode(ops: &[ElemOp], seq: u32) -> ElementBatch {
+    /// consecutive element changes of the same kind to the same set share a
+    /// message; every other statement is one message.
+    pub fn encode(ops: &[Op], seq: u32) -> Batch {
         let mut seq = seq;
         let mut next = || {
             seq = seq.wrapping_add(1).max(1);
@@ -147,47 +365,113 @@ impl ElementBatch {
         let mut acked = Vec::new();
         let mut rest = ops;
         while let Some(first) = rest.first() {
-            let run = rest
-                .iter()
-                .take(ELEMENTS_PER_MESSAGE)
-                .take_while(|o| {
-                    o.family == first.family && o.add == first.add && o.set == first.set
-                })
-                .count();
-            let (group, after) = rest.split_at(run);
-            rest = after;
-            let list = SetElementMessage {
-                attributes: vec![
-                    SetElementList::Table(TABLE_NAME.to_string()),
-                    SetElementList::Set(first.set.clone()),
-                    SetElementList::Elements(group.iter().map(element).collect()),
-                ],
-            };
-            let (flags, msg) = if first.add {
-                (
-                    NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK,
-                    NfTablesMessage::NewSetElement(list),
-                )
-            } else {
-                (
-                    NLM_F_REQUEST | NLM_F_ACK,
-                    NfTablesMessage::DeleteSetElement(list),
-                )
-            };
             let s = next();
-            buf.extend(encode(flags, s, first.family, msg));
-            let what = match group {
-                [one] => one.text().trim_end().to_string(),
-                _ => format!(
-                    "{} ({} more in the same message)",
-                    first.text().trim_end(),
-                    group.len() - 1
+            let (family, flags, msg, what, taken) = match first {
+                Op::Element(first) => {
+                    let group: Vec<&ElemOp> = rest
+                        .iter()
+                        .take(ELEMENTS_PER_MESSAGE)
+                        .map_while(|o| match o {
+                            Op::Element(e)
+                                if e.family == first.family
+                                    && e.add == first.add
+                                    && e.set == first.set =>
+                            {
+                                Some(e)
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    let list = SetElementMessage {
+                        attributes: vec![
+                            SetElementList::Table(TABLE_NAME.to_string()),
+                            SetElementList::Set(first.set.clone()),
+                            SetElementList::Elements(group.iter().map(|e| element(e)).collect()),
+                        ],
+                    };
+                    let (flags, msg) = if first.add {
+                        (NLM_F_CREATE, NfTablesMessage::NewSetElement(list))
+                    } else {
+                        (0, NfTablesMessage::DeleteSetElement(list))
+                    };
+                    let what = match group.len() {
+                        1 => first.text().trim_end().to_string(),
+                        n => format!(
+                            "{} ({} more in the same message)",
+                            first.text().trim_end(),
+                            n - 1
+                        ),
+                    };
+                    (first.family, flags, msg, what, group.len())
+                }
+                Op::AddChain {
+                    family,
+                    name,
+                    comment,
+                } => {
+                    let mut attributes = vec![
+                        ChainAttribute::Table(TABLE_NAME.to_string()),
+                        ChainAttribute::Name(name.clone()),
+                    ];
+                    if let Some(c) = comment {
+                        attributes.push(ChainAttribute::UserData(chain_comment(c)));
+                    }
+                    (
+                        *family,
+                        NLM_F_CREATE,
+                        NfTablesMessage::NewChain(ChainMessage { attributes }),
+                        format!("add chain {name}"),
+                        1,
+                    )
+                }
+                Op::FlushChain { family, name } => (
+                    *family,
+                    0,
+                    NfTablesMessage::DeleteRule(RuleMessage {
+                        attributes: vec![
+                            RuleAttribute::Table(TABLE_NAME.to_string()),
+                            RuleAttribute::Chain(name.clone()),
+                        ],
+                    }),
+                    format!("flush chain {name}"),
+                    1,
+                ),
+                Op::DeleteChain { family, name } => (
+                    *family,
+                    0,
+                    NfTablesMessage::DeleteChain(ChainMessage {
+                        attributes: vec![
+                            ChainAttribute::Table(TABLE_NAME.to_string()),
+                            ChainAttribute::Name(name.clone()),
+                        ],
+                    }),
+                    format!("delete chain {name}"),
+                    1,
+                ),
+                Op::AddRule {
+                    family,
+                    chain,
+                    rule,
+                } => (
+                    *family,
+                    NLM_F_CREATE | NLM_F_APPEND,
+                    NfTablesMessage::NewRule(RuleMessage {
+                        attributes: vec![
+                            RuleAttribute::Table(TABLE_NAME.to_string()),
+                            RuleAttribute::Chain(chain.clone()),
+                            RuleAttribute::Expressions(rule_expressions(rule)),
+                        ],
+                    }),
+                    format!("add rule {chain} {}", rule.text()),
+                    1,
                 ),
             };
+            rest = &rest[taken..];
+            buf.extend(encode(NLM_F_REQUEST | NLM_F_ACK | flags, s, family, msg));
             acked.push((s, what));
         }
         buf.extend(control(next(), ControlMessage::BatchEnd));
-        ElementBatch { buf, acked }
+        Batch { buf, acked }
     }
 
     /// Bytes of the batch.
@@ -254,11 +538,11 @@ impl NetlinkWriter {
     /// Too large a batch is left to the caller: `Ok(false)`.
     pub fn apply(
         &mut self,
-        ops: &[ElemOp],
+        ops: &[Op],
         netns: Option<&Path>,
         timeout: Duration,
     ) -> Result<bool, DataPlaneError> {
-        let batch = ElementBatch::encode(ops, self.seq);
+        let batch = Batch::encode(ops, self.seq);
         if batch.is_empty() {
             return Ok(true);
         }
@@ -329,8 +613,6 @@ fn ack_code(msg: &[u8]) -> Result<Option<i32>, ConntrackError> {
 mod tests {
     use super::*;
 
-    use svcproxy_core::model::IpFamily;
-
     #[test]
     fn keys_and_values_are_laid_out_as_the_kernel_stores_them() {
         let v4: IpAddr = "198.19.0.10".parse().unwrap();
@@ -356,12 +638,14 @@ mod tests {
 
     #[test]
     fn a_batch_groups_runs_of_one_set_and_kind() {
-        let op = |add: bool, set: &str, n: u32| ElemOp {
-            family: IpFamily::V4,
-            add,
-            set: set.into(),
-            key: vec![Atom::Num(n)],
-            value: None,
+        let op = |add: bool, set: &str, n: u32| {
+            Op::Element(ElemOp {
+                family: IpFamily::V4,
+                add,
+                set: set.into(),
+                key: vec![Atom::Num(n)],
+                value: None,
+            })
         };
         let ops = vec![
             op(false, "a", 1),
@@ -369,7 +653,7 @@ mod tests {
             op(true, "a", 1),
             op(true, "b", 3),
         ];
-        let batch = ElementBatch::encode(&ops, 0);
+        let batch = Batch::encode(&ops, 0);
         assert_eq!(batch.acked.len(), 3);
         assert!(batch.acked[0].1.contains("1 more"), "{:?}", batch.acked);
         // nlmsghdr of the first message: BATCH_BEGIN (16), res_id 10 (big endian).

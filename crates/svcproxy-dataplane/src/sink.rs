@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use svcproxy_core::model::IpFamily;
-use svcproxy_plan::nft::elements::ElemOp;
+use svcproxy_plan::nft::typed::Op;
 
 use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
 use crate::nft_netlink::NetlinkWriter;
@@ -24,10 +24,9 @@ pub trait ScriptSink {
     /// file or nothing).
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError>;
 
-    /// Applies a plan that only adds and deletes elements: `ops`, typed, or
-    /// `script`, the same as text. A sink that cannot write elements itself
-    /// applies the script.
-    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
+    /// Applies a plan whose every statement is typed: `ops`, or `script`, the
+    /// same as text. A sink that cannot write them itself applies the script.
+    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
         let _ = ops;
         self.apply(script)
     }
@@ -61,8 +60,8 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
         (**self).apply(script)
     }
 
-    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
-        (**self).apply_elements(ops, script)
+    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply_typed(ops, script)
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
@@ -83,8 +82,8 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
         (**self).apply(script)
     }
 
-    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
-        (**self).apply_elements(ops, script)
+    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply_typed(ops, script)
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
@@ -378,7 +377,7 @@ impl ScriptSink for NftCommand {
     /// its [`NftCommand::in_netns`], or this process's when it runs `nft` itself
     /// (a command behind a prefix, e.g. `ip netns exec`, without the namespace
     /// named, gets the script). A batch too large for one send gets the script too.
-    fn apply_elements(&mut self, ops: &[ElemOp], script: &str) -> Result<(), DataPlaneError> {
+    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
         let own_namespace = self.argv.len() == 1;
         if self.netns.is_none() && !own_namespace {
             return self.run(script);

@@ -264,6 +264,21 @@ fn same_tables(a: &Netns, b: &Netns, step: &str) {
     }
 }
 
+/// A ClusterIP service `name` of `family` ("IPv4" or "IPv6") at `ip`, port 80 to
+/// 8080 on each of `endpoints`.
+fn clusterip(name: &str, family: &str, ip: &str, endpoints: &[&str]) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: demo}}\n\
+         spec:\n  ipFamilies: [{family}]\n  clusterIP: \"{ip}\"\n  ports:\n  - {{name: http, port: 80, targetPort: 8080}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: demo\n  \
+         labels: {{kubernetes.io/service-name: {name}}}\naddressType: {family}\nports:\n- {{name: http, port: 8080}}\nendpoints:\n"
+    );
+    for e in endpoints {
+        y.push_str(&format!("- {{addresses: [\"{e}\"], nodeName: node-b}}\n"));
+    }
+    y
+}
+
 /// The netlink writer (element-only partial syncs as one nf_tables batch) and the
 /// `nft -f` writer leave the same tables after every step; the netlink one
 /// really writes those syncs itself (with no `nft` at all they still apply); a
@@ -316,6 +331,26 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     );
     txt.sync(&snap, false).expect("text");
     same_tables(&a, &b, "endpoint moved, netlink only");
+    // Typed rules too: a ClusterIP service with one endpoint (a chain, its
+    // masquerade mark and DNAT, elements) comes and goes without nft, in both
+    // families.
+    for (name, family, ip, ep) in [
+        ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
+        ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
+    ] {
+        upsert(&mut state, &clusterip(name, family, ip, &[ep]));
+        let snap = snapshot(&mut state);
+        net.sync(&snap, false).expect("service added, netlink only");
+        txt.sync(&snap, false).expect("text");
+        same_tables(&a, &b, &format!("{name} added, netlink only"));
+    }
+    delete_service(&mut state, "solo");
+    let snap = snapshot(&mut state);
+    net.sync(&snap, false)
+        .expect("service deleted, netlink only");
+    txt.sync(&snap, false).expect("text");
+    same_tables(&a, &b, "solo deleted, netlink only");
+    // An external IP needs the external chain, which only nft writes.
     upsert(&mut state, DB);
     let err = net.sync(&snapshot(&mut state), false).unwrap_err();
     assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
@@ -363,4 +398,86 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     assert_eq!(report.kind, SyncKind::Recreate);
     txt.sync(&snapshot(&mut state), false).expect("text");
     same_tables(&a, &b, "recreated after the refusal");
+
+    // Endpoint maps in IPv6, and a set whose count changes (its chain rewritten:
+    // the masquerade mark and the map lookup over more keys).
+    upsert(
+        &mut state,
+        &clusterip(
+            "web6",
+            "IPv6",
+            "2001:db8:ffff::50",
+            &["2001:db8:2::50", "2001:db8:2::51"],
+        ),
+    );
+    both!("web6 added");
+    upsert(
+        &mut state,
+        &clusterip(
+            "web6",
+            "IPv6",
+            "2001:db8:ffff::50",
+            &["2001:db8:2::50", "2001:db8:2::51", "2001:db8:2::52"],
+        ),
+    );
+    // (Without nft: the rewritten chains and the elements go over netlink.)
+    *net.plane_mut().sink_mut() = NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
+    assert_eq!(both!("web6 grown"), SyncKind::Partial);
+    has(
+        &a.nft(&["list", "table", "ip6", "svcproxy"]),
+        "dnat ip6 to numgen random mod 3",
+        "web6 grown",
+    );
+    upsert(
+        &mut state,
+        &WEB.replace("- {addresses: [198.18.2.10], nodeName: node-b}", "- {addresses: [198.18.2.10], nodeName: node-b}\n- {addresses: [198.18.2.11], nodeName: node-b}"),
+    );
+    assert_eq!(both!("web grown"), SyncKind::Partial);
+    delete_service(&mut state, "web6");
+    *net.plane_mut().sink_mut() = a.nft_command();
+    both!("web6 deleted");
+}
+
+/// The typed masquerade mark with a local-pod CIDR whose prefix is not a whole
+/// number of bytes (compared under a mask, where a whole-byte prefix is compared
+/// by its bytes only) is the rule `nft` writes for the same text.
+#[test]
+fn a_masked_local_pod_cidr_is_written_as_nft_writes_it() {
+    let Some(a) = create("a_masked_local_pod_cidr", "netlink") else {
+        return;
+    };
+    let b = create("a_masked_local_pod_cidr", "text").expect("a second namespace");
+    let cfg = svcproxy_plan::PlanConfig {
+        local_detection: svcproxy_plan::LocalDetection::ClusterCidr(vec![
+            "198.18.0.0/20".parse().unwrap(),
+            "2001:db8::/61".parse().unwrap(),
+        ]),
+        ..plan_config()
+    };
+    let path = format!("/run/netns/{}", a.name);
+    let mut net = Proxier::without_conntrack(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
+    let mut txt = Proxier::without_conntrack(
+        cfg,
+        NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
+    );
+    let mut state = cluster(&[WEB]);
+    let snap = snapshot(&mut state);
+    net.sync(&snap, false).expect("first sync");
+    txt.sync(&snap, false).expect("first sync");
+    *net.plane_mut().sink_mut() = NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
+    for (name, family, ip, ep) in [
+        ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
+        ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
+    ] {
+        upsert(&mut state, &clusterip(name, family, ip, &[ep]));
+        let snap = snapshot(&mut state);
+        net.sync(&snap, false).expect("netlink only");
+        txt.sync(&snap, false).expect("text");
+    }
+    same_tables(&a, &b, "masked CIDRs");
+    has(
+        &a.nft(&["list", "table", "ip", "svcproxy"]),
+        "ip saddr != 198.18.0.0/20 jump mark-for-masquerade",
+        "masked CIDRs",
+    );
 }

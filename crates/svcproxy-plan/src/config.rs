@@ -137,8 +137,9 @@ pub struct PlanConfig {
 /// How the nftables mode writes its changes to the kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NftWriter {
-    /// A partial sync that only adds and deletes elements is one nf_tables batch
-    /// over netlink; everything else goes through `nft -f`.
+    /// A partial sync whose every statement has a typed form (elements, plain
+    /// service chains: see [`crate::nft::typed`]) is one nf_tables batch over
+    /// netlink; everything else goes through `nft -f`.
     #[default]
     Netlink,
     /// Every sync through `nft -f` (the fallback).

@@ -103,6 +103,7 @@ fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<String>) ->
         }),
         comment: None,
         rules,
+        typed: None,
     }
 }
 
@@ -111,6 +112,7 @@ fn regular(rules: Vec<String>) -> Chain {
         base: None,
         comment: None,
         rules,
+        typed: None,
     }
 }
 

@@ -23,6 +23,7 @@ mod planner;
 pub mod ruleset;
 mod service;
 mod slots;
+pub mod typed;
 
 /// How upstream's nftables mode behaves where the modes differ: the service address
 /// space is guarded. Upstream's nftables mode never serves NodePorts on 127.0.0.1

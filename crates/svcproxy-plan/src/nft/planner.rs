@@ -41,6 +41,8 @@ use super::ruleset::{
 };
 use super::service::{elems, key_atoms, key_text, CapturePorts, Detect, Elem, Fragment};
 use super::slots::Slots;
+use super::typed::Op;
+use crate::names::sanitize_comment;
 
 /// What kind of transaction a [`Plan`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,10 +79,11 @@ pub struct Plan {
     /// The `nft -f` script. Empty for a partial plan with nothing to do (which needs
     /// no apply, but still a [`Planner::commit`]).
     pub script: String,
-    /// When the plan only adds and deletes elements (the common partial sync: an
-    /// endpoint moved), the same changes typed, in the script's order, for a writer
-    /// that sends them to the kernel itself.
-    pub elements: Option<Vec<ElemOp>>,
+    /// When every statement of a partial plan has a typed form (elements, the set
+    /// chains of most service ports: see [`super::typed`]), the same statements
+    /// typed, in the script's order, for a writer that sends them to the kernel
+    /// itself.
+    pub typed: Option<Vec<Op>>,
     /// Every destination conflict in the desired state.
     pub conflicts: Vec<Conflict>,
     pub stats: PlanStats,
@@ -116,65 +119,83 @@ struct Names {
     maps: BTreeSet<String>,
 }
 
+/// One part of a partial plan's script, and the same statements typed while
+/// every one of them has a typed form.
+#[derive(Default)]
+struct Section {
+    text: String,
+    ops: Vec<Op>,
+    untyped: bool,
+}
+
+impl Section {
+    fn typed(&mut self, text: &str, op: Op) {
+        self.text.push_str(text);
+        self.ops.push(op);
+    }
+
+    /// A statement only `nft -f` applies: the plan is not typed.
+    fn untyped(&mut self, text: &str) {
+        self.text.push_str(text);
+        self.untyped = true;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+}
+
 /// Script fragments of a partial plan, kept apart so they can be emitted in an
 /// order in which every reference resolves.
 struct Delta {
     family: IpFamily,
-    declare: String,
-    flush: String,
-    rules: String,
-    delete_elements: Vec<ElemOp>,
-    add_elements: Vec<ElemOp>,
-    flush_stale: String,
-    delete_stale_chains: String,
-    delete_stale_sets: String,
+    declare: Section,
+    flush: Section,
+    rules: Section,
+    delete_elements: Section,
+    add_elements: Section,
+    flush_stale: Section,
+    delete_stale_chains: Section,
+    delete_stale_sets: Section,
 }
 
 impl Delta {
     fn new(family: IpFamily) -> Self {
         Delta {
             family,
-            declare: String::new(),
-            flush: String::new(),
-            rules: String::new(),
-            delete_elements: Vec::new(),
-            add_elements: Vec::new(),
-            flush_stale: String::new(),
-            delete_stale_chains: String::new(),
-            delete_stale_sets: String::new(),
+            declare: Section::default(),
+            flush: Section::default(),
+            rules: Section::default(),
+            delete_elements: Section::default(),
+            add_elements: Section::default(),
+            flush_stale: Section::default(),
+            delete_stale_chains: Section::default(),
+            delete_stale_sets: Section::default(),
         }
     }
 
-    /// Whether the delta only moves elements (no object or rule changes).
-    fn elements_only(&self) -> bool {
-        [
-            &self.declare,
-            &self.flush,
-            &self.rules,
-            &self.flush_stale,
-            &self.delete_stale_chains,
-            &self.delete_stale_sets,
-        ]
-        .iter()
-        .all(|s| s.is_empty())
-    }
-
-    /// Writes the script; `ops` gets the element changes, in the script's order.
-    fn finish(self, out: &mut String, ops: &mut Vec<ElemOp>) {
-        for part in [self.declare, self.flush, self.rules] {
-            out.push_str(&part);
-        }
-        for op in self.delete_elements.into_iter().chain(self.add_elements) {
-            out.push_str(&op.text());
-            ops.push(op);
-        }
+    /// Writes the script; `ops` gets the statements typed, in the script's order.
+    /// Returns whether every statement was typed.
+    fn finish(self, out: &mut String, ops: &mut Vec<Op>) -> bool {
+        let mut typed = true;
         for part in [
+            self.declare,
+            self.flush,
+            self.rules,
+            self.delete_elements,
+            self.add_elements,
             self.flush_stale,
             self.delete_stale_chains,
             self.delete_stale_sets,
         ] {
-            out.push_str(&part);
+            if part.is_empty() {
+                continue;
+            }
+            out.push_str(&part.text);
+            ops.extend(part.ops);
+            typed &= !part.untyped;
         }
+        typed
     }
 
     fn element(&mut self, add: bool, set: &str, key: Vec<Atom>, value: Option<ElemValue>) {
@@ -185,11 +206,12 @@ impl Delta {
             key,
             value,
         };
-        if add {
-            self.add_elements.push(op);
+        let section = if add {
+            &mut self.add_elements
         } else {
-            self.delete_elements.push(op);
-        }
+            &mut self.delete_elements
+        };
+        section.typed(&op.text(), Op::Element(op));
     }
 
     /// Statements moving one service port's elements of the `endpoint-dnat-*` maps
@@ -242,35 +264,69 @@ impl Delta {
     /// Statements turning `old` objects of one service port into `new` ones.
     fn objects(&mut self, old: &Ruleset, new: &Ruleset, stats: &mut PlanStats) {
         let f = self.family;
+        let flush = |name: &String| Op::FlushChain {
+            family: f,
+            name: name.clone(),
+        };
         for (name, chain) in &new.chains {
             match old.chains.get(name) {
                 Some(prev) if prev == chain => continue,
-                Some(_) => self.flush.push_str(&stmt::flush_chain(f, name)),
-                None => self.declare.push_str(&stmt::add_chain(f, name, chain)),
+                Some(_) => self.flush.typed(&stmt::flush_chain(f, name), flush(name)),
+                None if chain.base.is_none() => self.declare.typed(
+                    &stmt::add_chain(f, name, chain),
+                    Op::AddChain {
+                        family: f,
+                        name: name.clone(),
+                        comment: chain.comment.as_deref().map(sanitize_comment),
+                    },
+                ),
+                None => self.declare.untyped(&stmt::add_chain(f, name, chain)),
             }
             stats.chains_written += 1;
-            for rule in &chain.rules {
-                self.rules.push_str(&stmt::add_rule(f, name, rule));
+            match &chain.typed {
+                Some(typed) => {
+                    for rule in typed {
+                        self.rules.typed(
+                            &stmt::add_rule(f, name, &rule.text()),
+                            Op::AddRule {
+                                family: f,
+                                chain: name.clone(),
+                                rule: rule.clone(),
+                            },
+                        );
+                    }
+                }
+                None => {
+                    for rule in &chain.rules {
+                        self.rules.untyped(&stmt::add_rule(f, name, rule));
+                    }
+                }
             }
         }
         for name in old.chains.keys() {
             if !new.chains.contains_key(name) {
                 // Stale chains reference each other (service → endpoint), so all
                 // are flushed before any is deleted.
-                self.flush_stale.push_str(&stmt::flush_chain(f, name));
-                self.delete_stale_chains
-                    .push_str(&stmt::delete_chain(f, name));
+                self.flush_stale
+                    .typed(&stmt::flush_chain(f, name), flush(name));
+                self.delete_stale_chains.typed(
+                    &stmt::delete_chain(f, name),
+                    Op::DeleteChain {
+                        family: f,
+                        name: name.clone(),
+                    },
+                );
                 stats.chains_deleted += 1;
             }
         }
         for (name, set) in &new.sets {
             if !old.sets.contains_key(name) {
-                self.declare.push_str(&stmt::add_set(f, name, set));
+                self.declare.untyped(&stmt::add_set(f, name, set));
             }
         }
         for name in old.sets.keys() {
             if !new.sets.contains_key(name) {
-                self.delete_stale_sets.push_str(&stmt::delete_set(f, name));
+                self.delete_stale_sets.untyped(&stmt::delete_set(f, name));
             }
         }
     }
@@ -486,8 +542,8 @@ impl FamilyState {
             match (was, now) {
                 (true, None) => d
                     .delete_stale_sets
-                    .push_str(&stmt::delete_map(self.family, &name)),
-                (false, Some(protocol)) => d.declare.push_str(&stmt::add_map(
+                    .untyped(&stmt::delete_map(self.family, &name)),
+                (false, Some(protocol)) => d.declare.untyped(&stmt::add_map(
                     self.family,
                     &name,
                     &endpoint_map_decl(self.family, protocol),
@@ -783,7 +839,7 @@ impl Planner {
         };
         let mut script = String::new();
         let mut ops = Vec::new();
-        let mut elements_only = kind == PlanKind::Partial;
+        let mut typed = kind == PlanKind::Partial;
         for fam in &mut self.families {
             let fi = intent.family(fam.family);
             if !in_step {
@@ -793,8 +849,7 @@ impl Planner {
             let mut d = (kind == PlanKind::Partial).then(|| Delta::new(fam.family));
             fam.apply(delta.family(fam.family), fi.node(), d.as_mut(), &mut stats);
             if let Some(d) = d {
-                elements_only &= d.elements_only();
-                d.finish(&mut script, &mut ops);
+                typed &= d.finish(&mut script, &mut ops);
             }
         }
         match kind {
@@ -822,7 +877,7 @@ impl Planner {
         Plan {
             kind,
             script,
-            elements: (elements_only && !ops.is_empty()).then_some(ops),
+            typed: (typed && !ops.is_empty()).then_some(ops),
             conflicts: intent.conflicts(),
             stats,
             generation: self.generation,

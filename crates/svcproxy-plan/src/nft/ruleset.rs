@@ -16,6 +16,8 @@ use svcproxy_core::model::IpFamily;
 
 use crate::names::sanitize_comment;
 
+use super::typed::TypedRule;
+
 /// The table svcproxy owns in each family.
 pub const TABLE_NAME: &str = "svcproxy";
 /// The table's comment.
@@ -88,6 +90,9 @@ pub struct Chain {
     /// Sanitized again when rendered, whatever it holds.
     pub comment: Option<String>,
     pub rules: Vec<String>,
+    /// The same rules typed, when every one has a typed form (see
+    /// [`super::typed`]); `None` otherwise.
+    pub typed: Option<Vec<TypedRule>>,
 }
 
 /// A named set of addresses. With a timeout it is a dynamic set filled by the

@@ -42,6 +42,8 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
 use std::sync::Arc;
 
 use svcproxy_core::model::IpFamily;
@@ -58,6 +60,7 @@ use super::base::endpoint_map;
 use super::elements::{Atom, ElemVerdict};
 use super::ruleset::{addr_type, family_keyword, Chain, Ruleset, Set};
 use super::slots::Run;
+use super::typed::TypedRule;
 
 /// Chain every rule jumps to for "masquerade this connection".
 pub(crate) const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
@@ -85,6 +88,9 @@ pub trait CapturePorts: Send + Sync {
 pub(crate) struct Detect {
     pub if_local: String,
     pub if_not_local: String,
+    /// The one local-pod CIDR, when detection is by a single CIDR (the typed form
+    /// of `if_not_local`).
+    pub cidr: Option<IpNet>,
 }
 
 impl Detect {
@@ -103,16 +109,19 @@ impl Detect {
                 Detect {
                     if_local: format!("{ipx} saddr {set}"),
                     if_not_local: format!("{ipx} saddr != {set}"),
+                    cidr: (nets.len() == 1).then(|| nets[0]),
                 }
             }
             // InterfaceName admits only [A-Za-z0-9_.-], so quoting it is safe.
             LocalTraffic::Interface(name) => Detect {
                 if_local: format!("iifname \"{name}\""),
                 if_not_local: format!("iifname != \"{name}\""),
+                cidr: None,
             },
             LocalTraffic::InterfacePrefix(prefix) => Detect {
                 if_local: format!("iifname \"{prefix}*\""),
                 if_not_local: format!("iifname != \"{prefix}*\""),
+                cidr: None,
             },
         })
     }
@@ -269,6 +278,45 @@ pub(crate) fn elems(svc: &ServiceIntent, hash: u64, key: &FrontendKey) -> Vec<El
         });
     }
     out
+}
+
+/// A chain's rules as text, and typed while every one of them is.
+struct Rules {
+    comment: String,
+    text: Vec<String>,
+    typed: Option<Vec<TypedRule>>,
+}
+
+impl Rules {
+    fn new(comment: String) -> Rules {
+        Rules {
+            comment,
+            text: Vec::new(),
+            typed: Some(Vec::new()),
+        }
+    }
+
+    /// A rule with no typed form: the chain goes through `nft -f`.
+    fn text(&mut self, rule: String) {
+        self.text.push(rule);
+        self.typed = None;
+    }
+
+    fn typed(&mut self, rule: TypedRule) {
+        self.text.push(rule.text());
+        if let Some(typed) = &mut self.typed {
+            typed.push(rule);
+        }
+    }
+
+    fn chain(self) -> Chain {
+        Chain {
+            base: None,
+            comment: Some(self.comment),
+            rules: self.text,
+            typed: self.typed,
+        }
+    }
 }
 
 fn set_prefix(set: EndpointSetId) -> Prefix {
@@ -429,7 +477,7 @@ impl Fragment {
         };
 
         let set_chain = |set: EndpointSetId, list: &[u32]| -> Chain {
-            let mut rules = Vec::new();
+            let mut rules = Rules::new(comment.clone());
             if let Some(ports) = &self.capture {
                 let port = ports[set_slot(set)];
                 if self.capture_loopback_only {
@@ -441,7 +489,7 @@ impl Fragment {
                             IpFamily::V4 => "127.0.0.0/8",
                             IpFamily::V6 => "::1",
                         };
-                        rules.push(format!(
+                        rules.text(format!(
                             "{ipx} daddr {loopback} meta l4proto {proto} redirect to :{port}"
                         ));
                     }
@@ -449,27 +497,32 @@ impl Fragment {
                     // The proxy connects from the node itself: nothing to
                     // masquerade, and it keeps the affinity and chooses the endpoint.
                     if let Some(port) = port {
-                        rules.push(format!("meta l4proto {proto} redirect to :{port}"));
+                        rules.text(format!("meta l4proto {proto} redirect to :{port}"));
                     }
-                    return Chain {
-                        base: None,
-                        comment: Some(comment.clone()),
-                        rules,
-                    };
+                    return rules.chain();
                 }
             }
             if svc.internal.set == set {
                 // Only traffic that came for the cluster IP: the same chain also
                 // serves external traffic, which the external chain handles.
                 for ip in &svc.cluster_ips {
-                    let dest = format!("{ipx} daddr {ip} {proto} dport {}", svc.port);
+                    let mark = |unless_from| TypedRule::MarkMasquerade {
+                        family,
+                        daddr: *ip,
+                        protocol: svc.protocol,
+                        port: svc.port,
+                        unless_from,
+                        chain: MARK_MASQ_CHAIN.to_string(),
+                    };
                     match (svc.internal.masquerade, detect) {
-                        (Masquerade::Always, _) => {
-                            rules.push(format!("{dest} jump {MARK_MASQ_CHAIN}"));
-                        }
-                        (Masquerade::UnlessFromLocalPod, Some(d)) => {
-                            rules.push(format!("{dest} {} jump {MARK_MASQ_CHAIN}", d.if_not_local));
-                        }
+                        (Masquerade::Always, _) => rules.typed(mark(None)),
+                        (Masquerade::UnlessFromLocalPod, Some(d)) => match d.cidr {
+                            Some(net) => rules.typed(mark(Some(net))),
+                            None => rules.text(format!(
+                                "{ipx} daddr {ip} {proto} dport {} {} jump {MARK_MASQ_CHAIN}",
+                                svc.port, d.if_not_local
+                            )),
+                        },
                         _ => {}
                     }
                 }
@@ -477,7 +530,7 @@ impl Fragment {
             if svc.affinity_timeout.is_some() {
                 // (With affinity every endpoint has its objects.)
                 for names in list.iter().filter_map(|&i| own(i)) {
-                    rules.push(format!(
+                    rules.text(format!(
                         "{ipx} saddr @{} goto {}",
                         ObjName::new(Prefix::Affinity, names.affinity),
                         ObjName::new(Prefix::Endpoint, names.chain)
@@ -488,36 +541,37 @@ impl Fragment {
             if let Some(base) = self.blocks[set_slot(set)].map(|r| r.first) {
                 // Uniform choice in one lookup: the set's endpoints are the map's
                 // elements base..base+n.
-                rules.push(format!(
-                    "meta l4proto {proto} dnat {ipx} to numgen random mod {n} offset {base} map @{}",
-                    self.endpoint_map()
-                ));
-                return Chain {
-                    base: None,
-                    comment: Some(comment.clone()),
-                    rules,
-                };
+                rules.typed(TypedRule::MapDnat {
+                    family,
+                    protocol: svc.protocol,
+                    n: n as u32,
+                    offset: base,
+                    map: self.endpoint_map(),
+                });
+                return rules.chain();
             }
             // Otherwise (affinity; one endpoint) a cascade: endpoint i is taken with
             // probability 1/(n-i) among those left, i.e. 1/n overall. (An anonymous
             // verdict map per service instead would cost the kernel's loop check a
             // scan of every set of the table for every chain it visits.)
             for (k, &i) in list.iter().enumerate() {
-                if k + 1 == n {
-                    rules.push(to_endpoint(i));
+                if n == 1 && own(i).is_none() {
+                    rules.typed(TypedRule::Dnat {
+                        family,
+                        protocol: svc.protocol,
+                        to: svc.endpoints[i as usize],
+                    });
+                } else if k + 1 == n {
+                    rules.text(to_endpoint(i));
                 } else {
-                    rules.push(format!(
+                    rules.text(format!(
                         "numgen random mod {} == 0 {}",
                         n - k,
                         to_endpoint(i)
                     ));
                 }
             }
-            Chain {
-                base: None,
-                comment: Some(comment.clone()),
-                rules,
-            }
+            rules.chain()
         };
 
         for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
@@ -553,6 +607,7 @@ impl Fragment {
                     base: None,
                     comment: Some(comment.clone()),
                     rules,
+                    typed: None,
                 },
             );
         }
@@ -574,6 +629,7 @@ impl Fragment {
                     base: None,
                     comment: Some(comment.clone()),
                     rules,
+                    typed: None,
                 },
             );
         }
@@ -608,6 +664,7 @@ impl Fragment {
                     base: None,
                     comment: None,
                     rules,
+                    typed: None,
                 },
             );
         }

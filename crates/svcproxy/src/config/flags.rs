@@ -288,7 +288,7 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
     pub udp_timeout: Duration,
 
-    /// nftables mode only: how changes reach the kernel. 'netlink' (the default): a sync that only adds and deletes set and map elements (an endpoint moved) is one nf_tables batch over netlink, every other through nft -f; 'text': every sync through nft -f (svcproxy only).
+    /// nftables mode only: how changes reach the kernel. 'netlink' (the default): a partial sync of elements and plain service chains (an endpoint moved, a ClusterIP service added or deleted) is one nf_tables batch over netlink, every other sync one nft -f transaction; 'text': every sync through nft -f (svcproxy only).
     #[arg(long, value_name = "netlink|text", default_value = "netlink", value_parser = ["netlink", "text"], help_heading = "svcproxy")]
     pub nft_writer: String,
 
