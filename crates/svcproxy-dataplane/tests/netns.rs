@@ -438,46 +438,62 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     both!("web6 deleted");
 }
 
-/// The typed masquerade mark with a local-pod CIDR whose prefix is not a whole
-/// number of bytes (compared under a mask, where a whole-byte prefix is compared
-/// by its bytes only) is the rule `nft` writes for the same text.
+/// The typed masquerade marks are the rules `nft` writes for the same text: with a
+/// local-pod CIDR whose prefix is not a whole number of bytes (compared under a
+/// mask, where a whole-byte prefix is compared by its bytes only), and with
+/// `--masquerade-all` (no source condition).
 #[test]
-fn a_masked_local_pod_cidr_is_written_as_nft_writes_it() {
-    let Some(a) = create("a_masked_local_pod_cidr", "netlink") else {
-        return;
-    };
-    let b = create("a_masked_local_pod_cidr", "text").expect("a second namespace");
-    let cfg = svcproxy_plan::PlanConfig {
+fn masquerade_marks_are_written_as_nft_writes_them() {
+    let masked = svcproxy_plan::PlanConfig {
         local_detection: svcproxy_plan::LocalDetection::ClusterCidr(vec![
             "198.18.0.0/20".parse().unwrap(),
             "2001:db8::/61".parse().unwrap(),
         ]),
         ..plan_config()
     };
-    let path = format!("/run/netns/{}", a.name);
-    let mut net = Proxier::without_conntrack(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
-    let mut txt = Proxier::without_conntrack(
-        cfg,
-        NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
-    );
-    let mut state = cluster(&[WEB]);
-    let snap = snapshot(&mut state);
-    net.sync(&snap, false).expect("first sync");
-    txt.sync(&snap, false).expect("first sync");
-    *net.plane_mut().sink_mut() = NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
-    for (name, family, ip, ep) in [
-        ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
-        ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
+    let all = svcproxy_plan::PlanConfig {
+        masquerade_all: true,
+        ..plan_config()
+    };
+    for (tag, cfg, needle) in [
+        (
+            "masked",
+            masked,
+            "ip saddr != 198.18.0.0/20 jump mark-for-masquerade",
+        ),
+        (
+            "all",
+            all,
+            "ip daddr 198.19.0.40 tcp dport 80 jump mark-for-masquerade",
+        ),
     ] {
-        upsert(&mut state, &clusterip(name, family, ip, &[ep]));
+        let Some(a) = create("masquerade_marks", &format!("{tag}-netlink")) else {
+            return;
+        };
+        let b = create("masquerade_marks", &format!("{tag}-text")).expect("a second namespace");
+        let path = format!("/run/netns/{}", a.name);
+        let mut net =
+            Proxier::without_conntrack(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
+        let mut txt = Proxier::without_conntrack(
+            cfg,
+            NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
+        );
+        let mut state = cluster(&[WEB]);
         let snap = snapshot(&mut state);
-        net.sync(&snap, false).expect("netlink only");
-        txt.sync(&snap, false).expect("text");
+        net.sync(&snap, false).expect("first sync");
+        txt.sync(&snap, false).expect("first sync");
+        *net.plane_mut().sink_mut() =
+            NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
+        for (name, family, ip, ep) in [
+            ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
+            ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
+        ] {
+            upsert(&mut state, &clusterip(name, family, ip, &[ep]));
+            let snap = snapshot(&mut state);
+            net.sync(&snap, false).expect("netlink only");
+            txt.sync(&snap, false).expect("text");
+        }
+        same_tables(&a, &b, tag);
+        has(&a.nft(&["list", "table", "ip", "svcproxy"]), needle, tag);
     }
-    same_tables(&a, &b, "masked CIDRs");
-    has(
-        &a.nft(&["list", "table", "ip", "svcproxy"]),
-        "ip saddr != 198.18.0.0/20 jump mark-for-masquerade",
-        "masked CIDRs",
-    );
 }
