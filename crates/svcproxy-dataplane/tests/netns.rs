@@ -264,6 +264,13 @@ fn same_tables(a: &Netns, b: &Netns, step: &str) {
     }
 }
 
+/// Two ClusterIP services of one endpoint each, one per family: name, family,
+/// cluster IP, endpoint (for [`clusterip`]).
+const SOLOS: [(&str, &str, &str, &str); 2] = [
+    ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
+    ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
+];
+
 /// A ClusterIP service `name` of `family` ("IPv4" or "IPv6") at `ip`, port 80 to
 /// 8080 on each of `endpoints`.
 fn clusterip(name: &str, family: &str, ip: &str, endpoints: &[&str]) -> String {
@@ -334,10 +341,7 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     // Typed rules too: a ClusterIP service with one endpoint (a chain, its
     // masquerade mark and DNAT, elements) comes and goes without nft, in both
     // families.
-    for (name, family, ip, ep) in [
-        ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
-        ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
-    ] {
+    for (name, family, ip, ep) in SOLOS {
         upsert(&mut state, &clusterip(name, family, ip, &[ep]));
         let snap = snapshot(&mut state);
         net.sync(&snap, false).expect("service added, netlink only");
@@ -484,10 +488,7 @@ fn masquerade_marks_are_written_as_nft_writes_them() {
         txt.sync(&snap, false).expect("first sync");
         *net.plane_mut().sink_mut() =
             NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
-        for (name, family, ip, ep) in [
-            ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
-            ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
-        ] {
+        for (name, family, ip, ep) in SOLOS {
             upsert(&mut state, &clusterip(name, family, ip, &[ep]));
             let snap = snapshot(&mut state);
             net.sync(&snap, false).expect("netlink only");
