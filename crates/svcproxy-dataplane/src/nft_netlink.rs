@@ -29,8 +29,10 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use netlink_packet_core::{DefaultNla, NLA_F_NESTED, NLM_F_APPEND};
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST};
+use netlink_packet_core::{
+    DefaultNla, Emitable as _, Nla, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
+    NLM_F_REQUEST,
+};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Expressions, ListAttribute,
     NfTablesMessage, RuleAttribute, RuleMessage, SetElementAttribute, SetElementList,
@@ -45,9 +47,9 @@ use svcproxy_plan::nft::elements::{Atom, ElemOp, ElemValue, ElemVerdict};
 use svcproxy_plan::nft::typed::{Op, TypedRule};
 use svcproxy_plan::nft::TABLE_NAME;
 
-use crate::conntrack::ConntrackError;
 use netlink_sys::Socket;
 
+use crate::conntrack::{ip_protocol, ConntrackError};
 use crate::ctnetlink::{
     encode, encode_with, open_socket, recv_datagram, send_request, split_datagram,
 };
@@ -77,14 +79,6 @@ fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
     }
 }
 
-fn proto_number(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => 6,
-        Protocol::Udp => 17,
-        Protocol::Sctp => 132,
-    }
-}
-
 /// A key or value as the kernel stores it: a single field as is, a
 /// concatenation with each field padded to 4 bytes.
 pub fn layout(atoms: &[Atom]) -> Vec<u8> {
@@ -92,7 +86,7 @@ pub fn layout(atoms: &[Atom]) -> Vec<u8> {
     for atom in atoms {
         let field = match atom {
             Atom::Ip(ip) => ip_bytes(ip),
-            Atom::Proto(p) => vec![proto_number(*p)],
+            Atom::Proto(p) => vec![ip_protocol(*p)],
             Atom::Port(p) => p.to_be_bytes().to_vec(),
             Atom::Num(n) => n.to_ne_bytes().to_vec(),
         };
@@ -131,14 +125,11 @@ fn element(op: &ElemOp) -> ListAttribute<SetElementAttribute> {
     ListAttribute::Element(attrs)
 }
 
-/// One netlink attribute, padded to 4 bytes.
-fn nla(kind: u16, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + value.len() + 3);
-    out.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len().div_ceil(4) * 4, 0);
-    out
+/// An attribute's value made of `attrs`, emitted by netlink-packet-core.
+fn nested<T: Nla>(attrs: &[T]) -> Vec<u8> {
+    let mut buf = vec![0; attrs.buffer_len()];
+    attrs.emit(&mut buf);
+    buf
 }
 
 fn be32(kind: u16, v: u32) -> DefaultNla {
@@ -147,7 +138,10 @@ fn be32(kind: u16, v: u32) -> DefaultNla {
 
 /// `NFTA_*_DATA` holding `NFTA_DATA_VALUE` bytes.
 fn data_value(kind: u16, bytes: &[u8]) -> DefaultNla {
-    DefaultNla::new(kind | NLA_F_NESTED, nla(1, bytes))
+    DefaultNla::new(
+        kind | NLA_F_NESTED,
+        nested(&[DataAttribute::Value(bytes.to_vec())]),
+    )
 }
 
 fn expr(name: &str, attributes: Vec<DefaultNla>) -> ListAttribute<ExpressionAttribute> {
@@ -169,7 +163,7 @@ fn l4proto_is(p: Protocol) -> [ListAttribute<ExpressionAttribute>; 2] {
     [
         // NFTA_META_DREG, NFTA_META_KEY (NFT_META_L4PROTO).
         expr("meta", vec![be32(1, REG_1), be32(2, 16)]),
-        cmp(0, &[proto_number(p)]),
+        cmp(0, &[ip_protocol(p)]),
     ]
 }
 
@@ -310,16 +304,15 @@ fn rule_expressions(rule: &TypedRule) -> Vec<ListAttribute<ExpressionAttribute>>
             }
             // immediate reg 0 jump -> CHAIN: NFTA_DATA_VERDICT { NFTA_VERDICT_CODE
             // (NFT_JUMP), NFTA_VERDICT_CHAIN }.
-            let verdict = [
-                nla(1, &(-3i32).to_be_bytes()),
-                nla(2, &nul_terminated(chain)),
-            ]
-            .concat();
+            let verdict = DataAttribute::Verdict(vec![
+                VerdictAttribute::Code(Verdict::Jump),
+                VerdictAttribute::Chain(chain.clone()),
+            ]);
             out.push(expr(
                 "immediate",
                 vec![
                     be32(1, REG_VERDICT),
-                    DefaultNla::new(2 | NLA_F_NESTED, nla(2 | NLA_F_NESTED, &verdict)),
+                    DefaultNla::new(2 | NLA_F_NESTED, nested(&[verdict])),
                 ],
             ));
         }

@@ -63,13 +63,21 @@ pub struct ElemOp {
     pub value: Option<ElemValue>,
 }
 
-fn concat(out: &mut String, atoms: &[Atom]) {
+/// Writes a key or value as `nft` reads it: the atoms joined by ` . `.
+pub(crate) fn concat(out: &mut String, atoms: &[Atom]) {
     for (i, a) in atoms.iter().enumerate() {
         if i > 0 {
             out.push_str(" . ");
         }
         let _ = write!(out, "{a}");
     }
+}
+
+/// [`concat`] as a new string.
+pub(crate) fn concat_text(atoms: &[Atom]) -> String {
+    let mut out = String::new();
+    concat(&mut out, atoms);
+    out
 }
 
 impl ElemOp {

@@ -35,7 +35,7 @@ use crate::intent::{Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, No
 use crate::names::service_port_hash;
 
 use super::base::{base_ruleset, endpoint_map_decl, CLUSTER_IPS_SET, HAIRPIN_SET};
-use super::elements::{Atom, ElemOp, ElemValue};
+use super::elements::{concat, concat_text, Atom, ElemOp, ElemValue};
 use super::ruleset::{
     family_keyword, stmt, write_map, write_table_close, write_table_open, Map, Ruleset, TABLE_NAME,
 };
@@ -251,10 +251,7 @@ impl Delta {
                     true,
                     new_map.as_deref().unwrap_or_default(),
                     vec![Atom::Num(*k)],
-                    Some(ElemValue::Data(vec![
-                        Atom::Ip(ep.ip()),
-                        Atom::Port(ep.port()),
-                    ])),
+                    Some(ElemValue::Data(dnat_value(ep))),
                 );
                 stats.elements_added += 1;
             }
@@ -333,13 +330,13 @@ impl Delta {
 }
 
 /// A value of an `endpoint-dnat-*` map: `address . port`.
-fn dnat_value(ep: &SocketAddr) -> String {
-    format!("{} . {}", ep.ip(), ep.port())
+fn dnat_value(ep: &SocketAddr) -> Vec<Atom> {
+    vec![Atom::Ip(ep.ip()), Atom::Port(ep.port())]
 }
 
 /// A `hairpin-endpoints` element: `address . address`.
-fn hairpin_elem(ip: &IpAddr) -> String {
-    format!("{ip} . {ip}")
+fn hairpin_elem(ip: IpAddr) -> Vec<Atom> {
+    vec![Atom::Ip(ip), Atom::Ip(ip)]
 }
 
 /// Objects or elements several fragments may need (a hairpin address, an endpoint
@@ -554,11 +551,11 @@ impl FamilyState {
         for (ip, was, now) in self.hairpin.settle() {
             match (was, now.is_some()) {
                 (true, false) => {
-                    d.element(false, HAIRPIN_SET, vec![Atom::Ip(ip), Atom::Ip(ip)], None);
+                    d.element(false, HAIRPIN_SET, hairpin_elem(ip), None);
                     stats.elements_deleted += 1;
                 }
                 (false, true) => {
-                    d.element(true, HAIRPIN_SET, vec![Atom::Ip(ip), Atom::Ip(ip)], None);
+                    d.element(true, HAIRPIN_SET, hairpin_elem(ip), None);
                     stats.elements_added += 1;
                 }
                 _ => {}
@@ -647,7 +644,11 @@ impl FamilyState {
             set.elements = fam.cluster_ips().map(|ip| ip.to_string()).collect();
         }
         if let Some(set) = rs.sets.get_mut(HAIRPIN_SET) {
-            set.elements = self.hairpin.keys().map(hairpin_elem).collect();
+            set.elements = self
+                .hairpin
+                .keys()
+                .map(|ip| concat_text(&hairpin_elem(*ip)))
+                .collect();
         }
         for (svc, frontend) in fam.frontends() {
             let hash = match self.entries.get(&svc.name) {
@@ -705,7 +706,8 @@ impl FamilyState {
                     } else {
                         out.push_str(", ");
                     }
-                    let _ = write!(out, "{k} : {} . {}", ep.ip(), ep.port());
+                    let _ = write!(out, "{k} : ");
+                    concat(out, &dnat_value(ep));
                 });
             }
             if !first {
@@ -720,7 +722,9 @@ impl FamilyState {
         let mut maps: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         for frag in self.entries.values().filter(|f| f.uses_endpoint_map()) {
             let elements = maps.entry(frag.endpoint_map()).or_default();
-            frag.dnat_elements(|k, ep| elements.push((k.to_string(), dnat_value(ep))));
+            frag.dnat_elements(|k, ep| {
+                elements.push((k.to_string(), concat_text(&dnat_value(ep))))
+            });
         }
         maps
     }

@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use svcproxy_core::model::{IpFamily, Protocol};
 
-use crate::names::{protocol_keyword, sanitize_comment};
+use crate::names::protocol_keyword;
 
 use super::elements::ElemOp;
 use super::ruleset::family_keyword;
@@ -128,11 +128,4 @@ pub enum Op {
         rule: TypedRule,
     },
     Element(ElemOp),
-}
-
-impl Op {
-    /// The comment as the chain carries it (sanitized, as the text form writes it).
-    pub fn comment(comment: &str) -> String {
-        sanitize_comment(comment)
-    }
 }
