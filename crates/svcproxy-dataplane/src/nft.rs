@@ -72,8 +72,8 @@ pub struct NftDataPlane<S = NftCommand> {
     expected: BTreeMap<IpFamily, TableState>,
     /// The userspace mode's capture (set chains redirect to its sockets).
     capture: Option<Arc<dyn CapturePorts>>,
-    /// `--nft-writer`: whether a plan that only moves elements goes to the sink
-    /// as typed changes (netlink) or as its script.
+    /// `--nft-writer`: whether a plan whose every statement is typed goes to the
+    /// sink as typed statements (netlink) or as its script.
     writer: NftWriter,
 }
 

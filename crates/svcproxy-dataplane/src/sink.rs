@@ -110,7 +110,7 @@ pub struct NftCommand {
     argv: Vec<String>,
     timeout: Duration,
     netns: Option<PathBuf>,
-    /// The element writer's socket, kept from one sync to the next.
+    /// The netlink writer and its socket, kept from one sync to the next.
     netlink: WriterSlot,
 }
 
