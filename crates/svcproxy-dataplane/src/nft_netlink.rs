@@ -26,6 +26,8 @@
 
 use std::io;
 use std::net::IpAddr;
+
+use ipnet::IpNet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -35,8 +37,8 @@ use netlink_packet_core::{
 };
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Expressions, ListAttribute,
-    NfTablesMessage, RuleAttribute, RuleMessage, SetElementAttribute, SetElementList,
-    SetElementMessage, Verdict, VerdictAttribute,
+    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementAttribute, SetElementList,
+    SetElementMessage, SetMessage, TableAttribute, TableMessage, Verdict, VerdictAttribute,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{
@@ -44,8 +46,9 @@ use netlink_packet_netfilter::{
 };
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_plan::nft::elements::{Atom, ElemOp, ElemValue, ElemVerdict};
-use svcproxy_plan::nft::typed::{Op, TypedRule};
-use svcproxy_plan::nft::TABLE_NAME;
+use svcproxy_plan::nft::ruleset::{Field, TABLE_COMMENT};
+use svcproxy_plan::nft::typed::{Action, Addr, CtState, Match, Op, TypedRule};
+use svcproxy_plan::nft::{BaseChain, ChainType, Hook, Map, MapType, Set, TABLE_NAME};
 
 use netlink_sys::Socket;
 
@@ -59,17 +62,24 @@ use crate::DataPlaneError;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// Elements per message (as `nft` groups them, well under a page each).
 const ELEMENTS_PER_MESSAGE: usize = 64;
-/// A batch larger than this goes through `nft` instead: one `sendmsg` must carry
-/// the whole batch, and the socket's default send buffer is about 208 KiB.
-const MAX_BATCH_BYTES: usize = 128 * 1024;
+/// The socket's send buffer below which it is left as the kernel made it: one
+/// `sendmsg` must carry the whole batch.
+const DEFAULT_SNDBUF: usize = 128 * 1024;
+
+/// One message of a batch: its sequence number and the statements it carries
+/// (`taken` of them from index `at`), to say which one the kernel refused.
+#[derive(Debug)]
+struct Message {
+    seq: u32,
+    at: usize,
+    taken: usize,
+}
 
 /// One encoded transaction.
 #[derive(Debug)]
 pub(crate) struct Batch {
     buf: Vec<u8>,
-    /// Sequence numbers of the messages the kernel acknowledges, with what each
-    /// one does (for errors).
-    acked: Vec<(u32, String)>,
+    messages: Vec<Message>,
 }
 
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
@@ -125,6 +135,43 @@ fn element(op: &ElemOp) -> ListAttribute<SetElementAttribute> {
     ListAttribute::Element(attrs)
 }
 
+/// An interval set's elements for `nets` (sorted, disjoint), as the kernel's
+/// interval sets take them: each prefix's first address, and the address after
+/// its last flagged as an interval's end (none past the top of the space), with
+/// an end at address zero first when the first prefix starts later.
+fn interval_elements(nets: &[IpNet]) -> Vec<ListAttribute<SetElementAttribute>> {
+    let bytes = |v: u128, net: &IpNet| match net {
+        IpNet::V4(_) => (v as u32).to_be_bytes().to_vec(),
+        IpNet::V6(_) => v.to_be_bytes().to_vec(),
+    };
+    let value = |ip: IpAddr| match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    };
+    let key = |b: Vec<u8>| SetElementAttribute::Key(DataAttribute::Value(b));
+    // NFTA_SET_ELEM_FLAGS: NFT_SET_ELEM_INTERVAL_END.
+    let end = || SetElementAttribute::Other(be32(3, 1));
+    let mut out = Vec::new();
+    if let Some(first) = nets.first() {
+        if value(first.network()) != 0 {
+            out.push(ListAttribute::Element(vec![key(bytes(0, first)), end()]));
+        }
+    }
+    for net in nets {
+        out.push(ListAttribute::Element(vec![key(ip_bytes(&net.network()))]));
+        if let Some(next) = value(net.broadcast()).checked_add(1) {
+            let top = match net {
+                IpNet::V4(_) => u128::from(u32::MAX),
+                IpNet::V6(_) => u128::MAX,
+            };
+            if next <= top {
+                out.push(ListAttribute::Element(vec![key(bytes(next, net)), end()]));
+            }
+        }
+    }
+    out
+}
+
 /// An attribute's value made of `attrs`, emitted by netlink-packet-core.
 fn nested<T: Nla>(attrs: &[T]) -> Vec<u8> {
     let mut buf = vec![0; attrs.buffer_len()];
@@ -152,23 +199,44 @@ fn expr(name: &str, attributes: Vec<DefaultNla>) -> ListAttribute<ExpressionAttr
     .into()
 }
 
-// Registers: NFT_REG_VERDICT, NFT_REG_1, NFT_REG_2, and the 32-bit NFT_REG32_01.
+// Registers: NFT_REG_VERDICT, NFT_REG_1, NFT_REG_2.
 const REG_VERDICT: u32 = 0;
 const REG_1: u32 = 1;
 const REG_2: u32 = 2;
-const REG32_01: u32 = 9;
 
-/// `meta l4proto P` (into reg 1, compared).
-fn l4proto_is(p: Protocol) -> [ListAttribute<ExpressionAttribute>; 2] {
-    [
-        // NFTA_META_DREG, NFTA_META_KEY (NFT_META_L4PROTO).
-        expr("meta", vec![be32(1, REG_1), be32(2, 16)]),
-        cmp(0, &[ip_protocol(p)]),
-    ]
+/// The register a concatenation's field at byte `offset` is loaded into, as `nft`
+/// allocates them: a 128-bit register at a multiple of 16 bytes, otherwise the
+/// 32-bit register (NFT_REG32_00 is 8) holding that offset.
+fn reg_at(offset: u32) -> u32 {
+    if offset.is_multiple_of(16) {
+        REG_1 + offset / 16
+    } else {
+        8 + offset / 4
+    }
 }
 
+type Expr = ListAttribute<ExpressionAttribute>;
+
+/// `meta load KEY => reg DREG` (NFTA_META_DREG, NFTA_META_KEY).
+fn meta(key: u32, dreg: u32) -> Expr {
+    expr("meta", vec![be32(1, dreg), be32(2, key)])
+}
+
+// NFT_META_* keys.
+const META_MARK: u32 = 3;
+const META_IIFNAME: u32 = 6;
+const META_L4PROTO: u32 = 16;
+
+/// `meta l4proto P` (into reg 1, compared).
+fn l4proto_is(p: Protocol) -> [Expr; 2] {
+    [meta(META_L4PROTO, REG_1), cmp(CMP_EQ, &[ip_protocol(p)])]
+}
+
+const CMP_EQ: u32 = 0;
+const CMP_NEQ: u32 = 1;
+
 /// `cmp` of reg 1 with `bytes` (`op`: NFT_CMP_EQ 0, NFT_CMP_NEQ 1).
-fn cmp(op: u32, bytes: &[u8]) -> ListAttribute<ExpressionAttribute> {
+fn cmp(op: u32, bytes: &[u8]) -> Expr {
     // NFTA_CMP_SREG, NFTA_CMP_OP, NFTA_CMP_DATA.
     expr(
         "cmp",
@@ -176,13 +244,67 @@ fn cmp(op: u32, bytes: &[u8]) -> ListAttribute<ExpressionAttribute> {
     )
 }
 
-/// `payload load LEN @ BASE + OFFSET => reg 1` (base: 1 network, 2 transport).
-fn payload(base: u32, offset: u32, len: u32) -> ListAttribute<ExpressionAttribute> {
+/// `payload load LEN @ BASE + OFFSET => reg DREG` (base: 1 network, 2 transport).
+fn payload(base: u32, offset: u32, len: u32, dreg: u32) -> Expr {
     // NFTA_PAYLOAD_DREG, _BASE, _OFFSET, _LEN.
     expr(
         "payload",
-        vec![be32(1, REG_1), be32(2, base), be32(3, offset), be32(4, len)],
+        vec![be32(1, dreg), be32(2, base), be32(3, offset), be32(4, len)],
     )
+}
+
+/// `reg 1 = (reg 1 & MASK) ^ XOR` over `mask.len()` bytes.
+fn bitwise(mask: &[u8], xor: &[u8]) -> Expr {
+    // NFTA_BITWISE_SREG, _DREG, _LEN, _MASK, _XOR.
+    expr(
+        "bitwise",
+        vec![
+            be32(1, REG_1),
+            be32(2, REG_1),
+            be32(3, mask.len() as u32),
+            data_value(4, mask),
+            data_value(5, xor),
+        ],
+    )
+}
+
+/// `reg 1 & BITS != 0` for a 32-bit value loaded in reg 1 (`ct state`, `ct status`).
+fn any_bit(bits: u32) -> [Expr; 2] {
+    [bitwise(&bits.to_ne_bytes(), &[0; 4]), cmp(CMP_NEQ, &[0; 4])]
+}
+
+/// `lookup reg SREG set SET [dreg DREG]`, inverted when `invert`.
+fn lookup(set: &str, sreg: u32, dreg: Option<u32>, invert: bool) -> Expr {
+    // NFTA_LOOKUP_SET, _SREG, _DREG, _FLAGS (NFT_LOOKUP_F_INV).
+    let mut attrs = vec![DefaultNla::new(1, nul_terminated(set)), be32(2, sreg)];
+    if let Some(dreg) = dreg {
+        attrs.push(be32(3, dreg));
+    }
+    if invert {
+        attrs.push(be32(5, 1));
+    }
+    expr("lookup", attrs)
+}
+
+/// `immediate reg 0 VERDICT`.
+fn verdict(code: Verdict, chain: Option<&str>) -> Expr {
+    let mut v = vec![VerdictAttribute::Code(code)];
+    if let Some(chain) = chain {
+        v.push(VerdictAttribute::Chain(chain.to_string()));
+    }
+    // NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA { NFTA_DATA_VERDICT { ... } }.
+    expr(
+        "immediate",
+        vec![
+            be32(1, REG_VERDICT),
+            DefaultNla::new(2 | NLA_F_NESTED, nested(&[DataAttribute::Verdict(v)])),
+        ],
+    )
+}
+
+/// `immediate reg DREG VALUE`.
+fn immediate(dreg: u32, value: &[u8]) -> Expr {
+    expr("immediate", vec![be32(1, dreg), data_value(2, value)])
 }
 
 fn nfproto(f: IpFamily) -> u32 {
@@ -192,9 +314,23 @@ fn nfproto(f: IpFamily) -> u32 {
     }
 }
 
+/// Where an address lies in the network header, and its length.
+fn addr_at(family: IpFamily, addr: Addr) -> (u32, u32) {
+    match (family, addr) {
+        (IpFamily::V4, Addr::Saddr) => (12, 4),
+        (IpFamily::V4, Addr::Daddr) => (16, 4),
+        (IpFamily::V6, Addr::Saddr) => (8, 16),
+        (IpFamily::V6, Addr::Daddr) => (24, 16),
+    }
+}
+
+fn addr_len(family: IpFamily) -> u32 {
+    addr_at(family, Addr::Daddr).1
+}
+
 /// `dnat` to the address in reg 1 and the port in `proto_reg`
 /// (NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED).
-fn dnat(f: IpFamily, proto_reg: u32) -> ListAttribute<ExpressionAttribute> {
+fn dnat(f: IpFamily, proto_reg: u32) -> Expr {
     // NFTA_NAT_TYPE (NFT_NAT_DNAT), _FAMILY, _REG_ADDR_MIN, _MAX, _REG_PROTO_MIN,
     // _MAX, _FLAGS.
     expr(
@@ -211,112 +347,191 @@ fn dnat(f: IpFamily, proto_reg: u32) -> ListAttribute<ExpressionAttribute> {
     )
 }
 
-/// A typed rule's expressions, as `nft` compiles the same rule.
-fn rule_expressions(rule: &TypedRule) -> Vec<ListAttribute<ExpressionAttribute>> {
-    let mut out = Vec::new();
-    match rule {
-        TypedRule::MapDnat {
-            family,
-            protocol,
-            n,
-            offset,
-            map,
-        } => {
-            out.extend(l4proto_is(*protocol));
-            // NFTA_NG_DREG, _MODULUS, _TYPE (NFT_NG_RANDOM), _OFFSET.
-            out.push(expr(
-                "numgen",
-                vec![be32(1, REG_1), be32(2, *n), be32(3, 1), be32(4, *offset)],
-            ));
-            // NFTA_LOOKUP_SET, _SREG, _DREG.
-            out.push(expr(
-                "lookup",
-                vec![
-                    DefaultNla::new(1, nul_terminated(map)),
-                    be32(2, REG_1),
-                    be32(3, REG_1),
-                ],
-            ));
-            // The value is address . port: the port follows the address, in the
-            // next 32-bit register after 4 bytes (IPv4) or 16 (IPv6: NFT_REG_2).
-            let port_reg = match family {
-                IpFamily::V4 => REG32_01,
-                IpFamily::V6 => REG_2,
-            };
-            out.push(dnat(*family, port_reg));
+/// A match's expressions, as `nft` compiles it.
+fn match_expressions(family: IpFamily, m: &Match, out: &mut Vec<Expr>) {
+    match m {
+        Match::CtState(state) => {
+            // NFTA_CT_DREG, NFTA_CT_KEY (NFT_CT_STATE); NF_CT_STATE_BIT(NEW) or
+            // NF_CT_STATE_INVALID_BIT.
+            out.push(expr("ct", vec![be32(1, REG_1), be32(2, 0)]));
+            out.extend(any_bit(match state {
+                CtState::New => 0x8,
+                CtState::Invalid => 0x1,
+            }));
         }
-        TypedRule::Dnat {
-            family,
-            protocol,
-            to,
-        } => {
-            out.extend(l4proto_is(*protocol));
-            // NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA.
-            out.push(expr(
-                "immediate",
-                vec![be32(1, REG_1), data_value(2, &ip_bytes(&to.ip()))],
-            ));
-            out.push(expr(
-                "immediate",
-                vec![be32(1, REG_2), data_value(2, &to.port().to_be_bytes())],
-            ));
-            out.push(dnat(*family, REG_2));
+        Match::CtStatusDnat => {
+            // NFT_CT_STATUS; IPS_DST_NAT.
+            out.push(expr("ct", vec![be32(1, REG_1), be32(2, 2)]));
+            out.extend(any_bit(0x20));
         }
-        TypedRule::MarkMasquerade {
-            family,
-            daddr,
-            protocol,
-            port,
-            unless_from,
-            chain,
-        } => {
-            let (daddr_at, saddr_at, len) = match family {
-                IpFamily::V4 => (16, 12, 4),
-                IpFamily::V6 => (24, 8, 16),
+        Match::L4Proto(p) => out.extend(l4proto_is(*p)),
+        Match::Dport(p, port) => {
+            out.extend(l4proto_is(*p));
+            out.push(payload(2, 2, 2, REG_1));
+            out.push(cmp(CMP_EQ, &port.to_be_bytes()));
+        }
+        Match::Prefix { addr, net, negate } => {
+            let (at, len) = addr_at(family, *addr);
+            let op = if *negate { CMP_NEQ } else { CMP_EQ };
+            let bits = u32::from(net.prefix_len());
+            let network = ip_bytes(&net.network());
+            if bits == len * 8 {
+                out.push(payload(1, at, len, REG_1));
+                out.push(cmp(op, &network));
+            } else if bits.is_multiple_of(8) && bits > 0 {
+                // A whole-byte prefix: only its bytes are loaded.
+                out.push(payload(1, at, bits / 8, REG_1));
+                out.push(cmp(op, &network[..(bits / 8) as usize]));
+            } else {
+                out.push(payload(1, at, len, REG_1));
+                out.push(bitwise(&ip_bytes(&net.netmask()), &vec![0; len as usize]));
+                out.push(cmp(op, &network));
+            }
+        }
+        Match::InSet { addr, set, negate } => {
+            let (at, len) = addr_at(family, *addr);
+            out.push(payload(1, at, len, REG_1));
+            out.push(lookup(set, REG_1, None, *negate));
+        }
+        Match::PairInSet(set) => {
+            let (saddr, len) = addr_at(family, Addr::Saddr);
+            let (daddr, _) = addr_at(family, Addr::Daddr);
+            out.push(payload(1, saddr, len, REG_1));
+            out.push(payload(1, daddr, len, reg_at(len)));
+            out.push(lookup(set, REG_1, None, false));
+        }
+        Match::FibLocal(addr) => {
+            // NFTA_FIB_DREG, _RESULT (NFT_FIB_RESULT_ADDRTYPE), _FLAGS
+            // (NFTA_FIB_F_SADDR 1, _DADDR 2); RTN_LOCAL.
+            let flags = match addr {
+                Addr::Saddr => 1,
+                Addr::Daddr => 2,
             };
-            out.push(payload(1, daddr_at, len));
-            out.push(cmp(0, &ip_bytes(daddr)));
-            out.extend(l4proto_is(*protocol));
-            out.push(payload(2, 2, 2));
-            out.push(cmp(0, &port.to_be_bytes()));
-            if let Some(net) = unless_from {
-                let bits = u32::from(net.prefix_len());
-                let network = ip_bytes(&net.network());
-                if bits % 8 == 0 {
-                    // A whole-byte prefix: only its bytes are loaded.
-                    out.push(payload(1, saddr_at, bits / 8));
-                    out.push(cmp(1, &network[..(bits / 8) as usize]));
-                } else {
-                    out.push(payload(1, saddr_at, len));
-                    // NFTA_BITWISE_SREG, _DREG, _LEN, _MASK, _XOR.
-                    out.push(expr(
-                        "bitwise",
-                        vec![
-                            be32(1, REG_1),
-                            be32(2, REG_1),
-                            be32(3, len),
-                            data_value(4, &ip_bytes(&net.netmask())),
-                            data_value(5, &vec![0; len as usize]),
-                        ],
-                    ));
-                    out.push(cmp(1, &network));
+            out.push(expr(
+                "fib",
+                vec![be32(1, REG_1), be32(2, 3), be32(3, flags)],
+            ));
+            out.push(cmp(CMP_EQ, &2u32.to_ne_bytes()));
+        }
+        Match::MarkClear(mark) => {
+            out.push(meta(META_MARK, REG_1));
+            out.push(bitwise(&mark.to_ne_bytes(), &[0; 4]));
+            out.push(cmp(CMP_EQ, &[0; 4]));
+        }
+        Match::Iifname { name, negate } => {
+            out.push(meta(META_IIFNAME, REG_1));
+            let op = if *negate { CMP_NEQ } else { CMP_EQ };
+            match name.strip_suffix('*') {
+                // A prefix: its bytes only.
+                Some(prefix) => out.push(cmp(op, prefix.as_bytes())),
+                // A whole name: IFNAMSIZ bytes, NUL-padded.
+                None => {
+                    let mut bytes = name.as_bytes().to_vec();
+                    bytes.resize(16, 0);
+                    out.push(cmp(op, &bytes));
                 }
             }
-            // immediate reg 0 jump -> CHAIN: NFTA_DATA_VERDICT { NFTA_VERDICT_CODE
-            // (NFT_JUMP), NFTA_VERDICT_CHAIN }.
-            let verdict = DataAttribute::Verdict(vec![
-                VerdictAttribute::Code(Verdict::Jump),
-                VerdictAttribute::Chain(chain.clone()),
-            ]);
+        }
+        Match::NumgenZero(n) => {
+            out.push(numgen(*n, 0));
+            out.push(cmp(CMP_EQ, &[0; 4]));
+        }
+    }
+}
+
+/// `numgen reg 1 = random mod N offset B`.
+fn numgen(n: u32, offset: u32) -> Expr {
+    // NFTA_NG_DREG, _MODULUS, _TYPE (NFT_NG_RANDOM), _OFFSET.
+    expr(
+        "numgen",
+        vec![be32(1, REG_1), be32(2, n), be32(3, 1), be32(4, offset)],
+    )
+}
+
+/// `meta set mark with reg 1` after `reg 1 = (mark & MASK) ^ XOR`.
+fn set_mark(mask: u32, xor: u32, out: &mut Vec<Expr>) {
+    out.push(meta(META_MARK, REG_1));
+    out.push(bitwise(&mask.to_ne_bytes(), &xor.to_ne_bytes()));
+    // NFTA_META_KEY, NFTA_META_SREG.
+    out.push(expr("meta", vec![be32(2, META_MARK), be32(3, REG_1)]));
+}
+
+/// An action's expressions, as `nft` compiles it.
+fn action_expressions(family: IpFamily, action: &Action, out: &mut Vec<Expr>) {
+    match action {
+        Action::Jump(chain) => out.push(verdict(Verdict::Jump, Some(chain))),
+        Action::Goto(chain) => out.push(verdict(Verdict::Goto, Some(chain))),
+        Action::Return => out.push(verdict(Verdict::Return, None)),
+        // NF_DROP.
+        Action::Drop => out.push(verdict(Verdict::Other(0), None)),
+        Action::Vmap { daddr, map } => {
+            let mut at = 0;
+            if *daddr {
+                let (offset, len) = addr_at(family, Addr::Daddr);
+                out.push(payload(1, offset, len, REG_1));
+                at = len;
+            }
+            out.push(meta(META_L4PROTO, reg_at(at)));
+            out.push(payload(2, 2, 2, reg_at(at + 4)));
+            out.push(lookup(map, REG_1, Some(REG_VERDICT), false));
+        }
+        Action::MarkOr(mark) => set_mark(!mark, *mark, out),
+        Action::MarkXor(mark) => set_mark(u32::MAX, *mark, out),
+        Action::Reject { tcp_reset } => {
+            // NFTA_REJECT_TYPE (NFT_REJECT_TCP_RST 1, NFT_REJECT_ICMP_UNREACH 0),
+            // NFTA_REJECT_ICMP_CODE (port unreachable: 3 for ICMP, 4 for ICMPv6).
+            let (kind, code) = match (tcp_reset, family) {
+                (true, _) => (1, 0u8),
+                (false, IpFamily::V4) => (0, 3),
+                (false, IpFamily::V6) => (0, 4),
+            };
             out.push(expr(
-                "immediate",
+                "reject",
+                vec![be32(1, kind), DefaultNla::new(2, vec![code])],
+            ));
+        }
+        // NFTA_MASQ_FLAGS: NF_NAT_RANGE_PROTO_RANDOM_FULLY.
+        Action::MasqueradeFullyRandom => out.push(expr("masq", vec![be32(1, 0x10)])),
+        Action::UpdateSaddr(set) => {
+            let (at, len) = addr_at(family, Addr::Saddr);
+            out.push(payload(1, at, len, REG_1));
+            // NFTA_DYNSET_SET_NAME, _OP (NFT_DYNSET_OP_UPDATE), _SREG_KEY.
+            out.push(expr(
+                "dynset",
                 vec![
-                    be32(1, REG_VERDICT),
-                    DefaultNla::new(2 | NLA_F_NESTED, nested(&[verdict])),
+                    DefaultNla::new(1, nul_terminated(set)),
+                    be32(3, 1),
+                    be32(4, REG_1),
                 ],
             ));
         }
+        Action::Dnat(to) => {
+            out.push(immediate(REG_1, &ip_bytes(&to.ip())));
+            out.push(immediate(REG_2, &to.port().to_be_bytes()));
+            out.push(dnat(family, REG_2));
+        }
+        Action::MapDnat { n, offset, map } => {
+            out.push(numgen(*n, *offset));
+            out.push(lookup(map, REG_1, Some(REG_1), false));
+            // The value is address . port: the port follows the address.
+            out.push(dnat(family, reg_at(addr_len(family))));
+        }
+        Action::Redirect(port) => {
+            out.push(immediate(REG_1, &port.to_be_bytes()));
+            // NFTA_REDIR_REG_PROTO_MIN, NFTA_REDIR_FLAGS
+            // (NF_NAT_RANGE_PROTO_SPECIFIED).
+            out.push(expr("redir", vec![be32(1, REG_1), be32(3, 0x2)]));
+        }
     }
+}
+
+/// A typed rule's expressions, as `nft` compiles the same rule.
+fn rule_expressions(rule: &TypedRule) -> Vec<Expr> {
+    let mut out = Vec::new();
+    for m in &rule.matches {
+        match_expressions(rule.family, m, &mut out);
+    }
+    action_expressions(rule.family, &rule.action, &mut out);
     out
 }
 
@@ -330,8 +545,242 @@ fn nul_terminated(s: &str) -> Vec<u8> {
 /// (NFTNL_UDATA_CHAIN_COMMENT, length, the text with its NUL).
 fn chain_comment(comment: &str) -> Vec<u8> {
     let text = nul_terminated(comment);
-    let mut out = vec![0, text.len().min(255) as u8];
-    out.extend_from_slice(&text[..text.len().min(255)]);
+    let mut out = Vec::new();
+    udata(&mut out, 0, &text[..text.len().min(255)]);
+    out
+}
+
+/// A user-data TLV as libnftnl lays it out: type, length, value.
+fn udata(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
+    out.push(kind);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value);
+}
+
+fn udata_u32(out: &mut Vec<u8>, kind: u8, value: u32) {
+    udata(out, kind, &value.to_ne_bytes());
+}
+
+// NFTNL_UDATA_SET_* user-data types.
+const UDATA_KEYBYTEORDER: u8 = 0;
+const UDATA_DATABYTEORDER: u8 = 1;
+const UDATA_KEY_TYPEOF: u8 = 3;
+const UDATA_DATA_TYPEOF: u8 = 4;
+const UDATA_DATA_INTERVAL: u8 = 6;
+/// nft's byte orders: big endian (addresses), host order (numgen's integer).
+const BYTEORDER_HOST: u32 = 1;
+const BYTEORDER_BIG: u32 = 2;
+/// nft's expression ids in a `typeof` description.
+const EXPR_PAYLOAD: u32 = 7;
+const EXPR_CONCAT: u32 = 13;
+const EXPR_NUMGEN: u32 = 23;
+
+/// A field's nft data type id and length in bytes.
+fn field_type(f: Field) -> (u32, u32) {
+    match f {
+        Field::Addr(IpFamily::V4) => (7, 4),
+        Field::Addr(IpFamily::V6) => (8, 16),
+        Field::Proto => (12, 1),
+        Field::Port => (13, 2),
+    }
+}
+
+/// A key's type id and length: a concatenation's type is its fields' ids six
+/// bits apart, each field padded to 4 bytes.
+fn key_type(key: &[Field]) -> (u32, u32) {
+    if let [one] = key {
+        return field_type(*one);
+    }
+    key.iter().fold((0, 0), |(id, len), f| {
+        let (fid, flen) = field_type(*f);
+        ((id << 6) | fid, len + flen.div_ceil(4) * 4)
+    })
+}
+
+/// The user data `nft` stores with a set of `key` (it prints the set from it):
+/// the key's byte order, and for a concatenation an empty `typeof` of it.
+fn key_udata(out: &mut Vec<u8>, key: &[Field]) {
+    if key.len() == 1 {
+        udata_u32(out, UDATA_KEYBYTEORDER, BYTEORDER_BIG);
+    } else {
+        udata_u32(out, UDATA_KEYBYTEORDER, 0);
+    }
+}
+
+fn concat_typeof(out: &mut Vec<u8>) {
+    let mut inner = Vec::new();
+    udata_u32(&mut inner, 0, EXPR_CONCAT);
+    udata(&mut inner, 1, &[]);
+    udata(out, UDATA_KEY_TYPEOF, &inner);
+}
+
+/// `typeof` of a payload field: its protocol's and field's ids in nft.
+fn payload_typeof(proto: u32, field: u32) -> Vec<u8> {
+    let mut desc = Vec::new();
+    udata_u32(&mut desc, 0, proto);
+    udata_u32(&mut desc, 1, field);
+    let mut out = Vec::new();
+    udata_u32(&mut out, 0, EXPR_PAYLOAD);
+    udata(&mut out, 1, &desc);
+    out
+}
+
+/// An endpoint map's user data: `typeof numgen random mod 1 : F daddr . P dport`.
+fn endpoints_udata(family: IpFamily, protocol: Protocol) -> Vec<u8> {
+    let mut out = Vec::new();
+    udata_u32(&mut out, UDATA_KEYBYTEORDER, BYTEORDER_HOST);
+    udata_u32(&mut out, UDATA_DATABYTEORDER, 0);
+    let mut numgen = Vec::new();
+    udata_u32(&mut numgen, 0, 1); // NFT_NG_RANDOM
+    udata_u32(&mut numgen, 1, 1); // mod 1
+    udata_u32(&mut numgen, 2, 0); // offset 0
+    let mut key = Vec::new();
+    udata_u32(&mut key, 0, EXPR_NUMGEN);
+    udata(&mut key, 1, &numgen);
+    udata(&mut out, UDATA_KEY_TYPEOF, &key);
+    // nft's protocol ids (ip, ip6; tcp, udp, sctp) and field ids (daddr, dport).
+    let daddr = match family {
+        IpFamily::V4 => payload_typeof(12, 12),
+        IpFamily::V6 => payload_typeof(13, 9),
+    };
+    let l4 = match protocol {
+        Protocol::Tcp => 8,
+        Protocol::Udp => 6,
+        Protocol::Sctp => 10,
+    };
+    let mut fields = Vec::new();
+    udata(&mut fields, 0, &daddr);
+    udata(&mut fields, 1, &payload_typeof(l4, 2));
+    let mut data = Vec::new();
+    udata_u32(&mut data, 0, EXPR_CONCAT);
+    udata(&mut data, 1, &fields);
+    udata(&mut out, UDATA_DATA_TYPEOF, &data);
+    udata_u32(&mut out, UDATA_DATA_INTERVAL, 0);
+    out
+}
+
+// NFT_SET_* flags.
+const SET_INTERVAL: u32 = 0x4;
+const SET_MAP: u32 = 0x8;
+const SET_TIMEOUT: u32 = 0x10;
+const SET_EVAL: u32 = 0x20;
+/// NFT_DATA_VERDICT as a map's data type.
+const DATA_VERDICT: u32 = 0xffff_ff00;
+
+/// A set's or map's declaration: `NFTA_SET_*` attributes after its table and name.
+struct SetSpec {
+    flags: u32,
+    key: (u32, u32),
+    data: Option<(u32, u32)>,
+    timeout_ms: Option<u64>,
+    udata: Vec<u8>,
+}
+
+impl SetSpec {
+    fn of_set(set: &Set) -> SetSpec {
+        let mut udata = Vec::new();
+        key_udata(&mut udata, &set.key);
+        if set.key.len() > 1 {
+            concat_typeof(&mut udata);
+        }
+        let mut flags = 0;
+        if set.interval {
+            flags |= SET_INTERVAL;
+        }
+        if set.timeout.is_some() {
+            flags |= SET_TIMEOUT | SET_EVAL;
+        }
+        SetSpec {
+            flags,
+            key: key_type(&set.key),
+            data: None,
+            timeout_ms: set.timeout.map(|t| u64::from(t) * 1000),
+            udata,
+        }
+    }
+
+    fn of_map(map: &Map) -> SetSpec {
+        match &map.map_type {
+            MapType::Verdict(key) => {
+                let mut udata = Vec::new();
+                key_udata(&mut udata, key);
+                udata_u32(&mut udata, UDATA_DATABYTEORDER, 0);
+                if key.len() > 1 {
+                    concat_typeof(&mut udata);
+                }
+                udata_u32(&mut udata, UDATA_DATA_INTERVAL, 0);
+                SetSpec {
+                    flags: SET_MAP,
+                    key: key_type(key),
+                    data: Some((DATA_VERDICT, 0)),
+                    timeout_ms: None,
+                    udata,
+                }
+            }
+            MapType::Endpoints { family, protocol } => SetSpec {
+                flags: SET_MAP,
+                // numgen's integer (nft's "integer" type, 4).
+                key: (4, 4),
+                data: Some(key_type(&[Field::Addr(*family), Field::Port])),
+                timeout_ms: None,
+                udata: endpoints_udata(*family, *protocol),
+            },
+        }
+    }
+
+    /// The attributes, `id` naming the set within its batch (the kernel wants one).
+    fn attributes(&self, name: &str, id: u32) -> Vec<SetAttribute> {
+        let raw = |kind: u16, bytes: Vec<u8>| SetAttribute::Other(DefaultNla::new(kind, bytes));
+        let mut out = vec![
+            raw(1, nul_terminated(TABLE_NAME)),
+            raw(2, nul_terminated(name)),
+            raw(3, self.flags.to_be_bytes().to_vec()),
+            raw(4, self.key.0.to_be_bytes().to_vec()),
+            raw(5, self.key.1.to_be_bytes().to_vec()),
+        ];
+        if let Some((kind, len)) = self.data {
+            out.push(raw(6, kind.to_be_bytes().to_vec()));
+            out.push(raw(7, len.to_be_bytes().to_vec()));
+        }
+        out.push(raw(10, id.to_be_bytes().to_vec()));
+        if let Some(ms) = self.timeout_ms {
+            out.push(raw(11, ms.to_be_bytes().to_vec()));
+        }
+        out.push(raw(13, self.udata.clone()));
+        out
+    }
+}
+
+/// A base chain's `NFTA_CHAIN_*` attributes: hook, type, policy accept.
+fn base_chain_attributes(base: &BaseChain) -> Vec<ChainAttribute> {
+    let hook = match base.hook {
+        Hook::Prerouting => 0u32,
+        Hook::Input => 1,
+        Hook::Forward => 2,
+        Hook::Output => 3,
+        Hook::Postrouting => 4,
+    };
+    let chain_type = match base.chain_type {
+        ChainType::Filter => "filter",
+        ChainType::Nat => "nat",
+    };
+    // NFTA_CHAIN_HOOK { NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY }.
+    let hook = DefaultNla::new(
+        4 | NLA_F_NESTED,
+        nested(&[be32(1, hook), be32(2, base.priority as u32)]),
+    );
+    vec![
+        ChainAttribute::Other(hook),
+        ChainAttribute::Type(chain_type.to_string()),
+        // NF_ACCEPT.
+        ChainAttribute::Policy(1),
+    ]
+}
+
+/// The table's comment as `nft` stores it (NFTNL_UDATA_TABLE_COMMENT).
+fn table_comment() -> Vec<u8> {
+    let mut out = Vec::new();
+    udata(&mut out, 0, &nul_terminated(TABLE_COMMENT));
     out
 }
 
@@ -347,7 +796,10 @@ fn control(seq: u32, msg: ControlMessage) -> Vec<u8> {
 impl Batch {
     /// The batch applying `ops` in order, its messages numbered from `seq` on:
     /// consecutive element changes of the same kind to the same set share a
-    /// message; every other statement is one message.
+    /// message; every other statement is one message. Only the last asks for an
+    /// acknowledgement: the kernel reports every failing message anyway, and
+    /// one acknowledgement per message would not fit in the socket's receive
+    /// buffer for a full sync.
     pub fn encode(ops: &[Op], seq: u32) -> Batch {
         let mut seq = seq;
         let mut next = || {
@@ -355,11 +807,11 @@ impl Batch {
             seq
         };
         let mut buf = control(next(), ControlMessage::BatchBegin);
-        let mut acked = Vec::new();
+        let mut messages = Vec::new();
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let s = next();
-            let (family, flags, msg, what, taken) = match first {
+            let (family, flags, msg, taken) = match first {
                 Op::Element(first) => {
                     let group: Vec<&ElemOp> = rest
                         .iter()
@@ -387,25 +839,21 @@ impl Batch {
                     } else {
                         (0, NfTablesMessage::DeleteSetElement(list))
                     };
-                    let what = match group.len() {
-                        1 => first.text().trim_end().to_string(),
-                        n => format!(
-                            "{} ({} more in the same message)",
-                            first.text().trim_end(),
-                            n - 1
-                        ),
-                    };
-                    (first.family, flags, msg, what, group.len())
+                    (first.family, flags, msg, group.len())
                 }
                 Op::AddChain {
                     family,
                     name,
                     comment,
+                    base,
                 } => {
                     let mut attributes = vec![
                         ChainAttribute::Table(TABLE_NAME.to_string()),
                         ChainAttribute::Name(name.clone()),
                     ];
+                    if let Some(b) = base {
+                        attributes.extend(base_chain_attributes(b));
+                    }
                     if let Some(c) = comment {
                         attributes.push(ChainAttribute::UserData(chain_comment(c)));
                     }
@@ -413,10 +861,86 @@ impl Batch {
                         *family,
                         NLM_F_CREATE,
                         NfTablesMessage::NewChain(ChainMessage { attributes }),
-                        format!("add chain {name}"),
                         1,
                     )
                 }
+                Op::AddTable { family } => (
+                    *family,
+                    NLM_F_CREATE,
+                    NfTablesMessage::NewTable(TableMessage {
+                        attributes: vec![
+                            TableAttribute::Name(TABLE_NAME.to_string()),
+                            TableAttribute::UserData(table_comment()),
+                        ],
+                    }),
+                    1,
+                ),
+                Op::DeleteTable { family } => (
+                    *family,
+                    0,
+                    NfTablesMessage::DeleteTable(TableMessage {
+                        attributes: vec![TableAttribute::Name(TABLE_NAME.to_string())],
+                    }),
+                    1,
+                ),
+                Op::FlushTable { family } => (
+                    *family,
+                    0,
+                    NfTablesMessage::DeleteRule(RuleMessage {
+                        attributes: vec![RuleAttribute::Table(TABLE_NAME.to_string())],
+                    }),
+                    1,
+                ),
+                Op::AddSet { family, name, set } => (
+                    *family,
+                    NLM_F_CREATE,
+                    NfTablesMessage::NewSet(SetMessage {
+                        attributes: SetSpec::of_set(set).attributes(name, s),
+                    }),
+                    1,
+                ),
+                Op::AddMap { family, name, map } => (
+                    *family,
+                    NLM_F_CREATE,
+                    NfTablesMessage::NewSet(SetMessage {
+                        attributes: SetSpec::of_map(map).attributes(name, s),
+                    }),
+                    1,
+                ),
+                Op::AddIntervals { family, set, nets } => (
+                    *family,
+                    NLM_F_CREATE,
+                    NfTablesMessage::NewSetElement(SetElementMessage {
+                        attributes: vec![
+                            SetElementList::Table(TABLE_NAME.to_string()),
+                            SetElementList::Set(set.clone()),
+                            SetElementList::Elements(interval_elements(nets)),
+                        ],
+                    }),
+                    1,
+                ),
+                Op::FlushSet { family, name } => (
+                    *family,
+                    0,
+                    NfTablesMessage::DeleteSetElement(SetElementMessage {
+                        attributes: vec![
+                            SetElementList::Table(TABLE_NAME.to_string()),
+                            SetElementList::Set(name.clone()),
+                        ],
+                    }),
+                    1,
+                ),
+                Op::DeleteSet { family, name } => (
+                    *family,
+                    0,
+                    NfTablesMessage::DeleteSet(SetMessage {
+                        attributes: vec![
+                            SetAttribute::Table(TABLE_NAME.to_string()),
+                            SetAttribute::Name(name.clone()),
+                        ],
+                    }),
+                    1,
+                ),
                 Op::FlushChain { family, name } => (
                     *family,
                     0,
@@ -426,7 +950,6 @@ impl Batch {
                             RuleAttribute::Chain(name.clone()),
                         ],
                     }),
-                    format!("flush chain {name}"),
                     1,
                 ),
                 Op::DeleteChain { family, name } => (
@@ -438,7 +961,6 @@ impl Batch {
                             ChainAttribute::Name(name.clone()),
                         ],
                     }),
-                    format!("delete chain {name}"),
                     1,
                 ),
                 Op::AddRule {
@@ -455,16 +977,17 @@ impl Batch {
                             RuleAttribute::Expressions(rule_expressions(rule)),
                         ],
                     }),
-                    format!("add rule {chain} {}", rule.text()),
                     1,
                 ),
             };
+            let at = ops.len() - rest.len();
             rest = &rest[taken..];
-            buf.extend(encode(NLM_F_REQUEST | NLM_F_ACK | flags, s, family, msg));
-            acked.push((s, what));
+            let ack = if rest.is_empty() { NLM_F_ACK } else { 0 };
+            buf.extend(encode(NLM_F_REQUEST | ack | flags, s, family, msg));
+            messages.push(Message { seq: s, at, taken });
         }
         buf.extend(control(next(), ControlMessage::BatchEnd));
-        Batch { buf, acked }
+        Batch { buf, messages }
     }
 
     /// Bytes of the batch.
@@ -473,35 +996,43 @@ impl Batch {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.acked.is_empty()
+        self.messages.is_empty()
     }
 
     /// The number of messages it holds (sequence numbers it uses).
-    fn messages(&self) -> u32 {
-        self.acked.len() as u32 + 2
+    fn message_count(&self) -> u32 {
+        self.messages.len() as u32 + 2
     }
 
-    /// Sends the batch on `sock` and waits for the kernel's verdict on every
-    /// message.
-    fn send_on(&self, sock: &Socket) -> Result<(), ConntrackError> {
+    /// What the message `seq` does, from the statements `ops` it was encoded from.
+    fn describe(&self, ops: &[Op], seq: u32) -> Option<String> {
+        let m = self.messages.iter().find(|m| m.seq == seq)?;
+        let text = describe(&ops[m.at]);
+        Some(match m.taken {
+            1 => text,
+            n => format!("{text} ({} more in the same message)", n - 1),
+        })
+    }
+
+    /// Sends the batch on `sock` and waits for the kernel's verdict: the last
+    /// message's acknowledgement, after the errors of any that failed.
+    fn send_on(&self, sock: &Socket, ops: &[Op]) -> Result<(), ConntrackError> {
         send_request(sock, &self.buf, "the nftables batch")?;
-        let mut pending: std::collections::BTreeMap<u32, &str> = self
-            .acked
-            .iter()
-            .map(|(s, what)| (*s, what.as_str()))
-            .collect();
+        let last = self.messages.last().map(|m| m.seq);
         let mut failure: Option<ConntrackError> = None;
         let mut buf = Vec::with_capacity(64 * 1024);
-        while !pending.is_empty() {
+        loop {
             recv_datagram(sock, &mut buf)?;
+            let mut done = false;
             for (seq, msg) in split_datagram(&buf)? {
-                let code = ack_code(msg)?;
-                let Some(code) = code else { continue };
-                let what = pending.remove(&seq);
+                let Some(code) = ack_code(msg)? else { continue };
+                let what = self.describe(ops, seq);
+                // The last message's verdict, or one about the batch itself (its
+                // header: the kernel gave up on it as a whole).
+                done |= Some(seq) == last || what.is_none();
                 if code != 0 && failure.is_none() {
                     let context = match what {
                         Some(what) => format!("the kernel refused `{what}`"),
-                        // The batch itself (its commit) failed.
                         None => "the kernel refused the nftables transaction".to_string(),
                     };
                     failure = Some(ConntrackError::Kernel {
@@ -509,6 +1040,9 @@ impl Batch {
                         source: io::Error::from_raw_os_error(code.saturating_abs()),
                     });
                 }
+            }
+            if done {
+                break;
             }
         }
         match failure {
@@ -518,39 +1052,62 @@ impl Batch {
     }
 }
 
+/// A statement as the script says it (for errors).
+fn describe(op: &Op) -> String {
+    match op {
+        Op::Element(e) => e.text().trim_end().to_string(),
+        Op::AddTable { .. } => "add table".to_string(),
+        Op::DeleteTable { .. } => "delete table".to_string(),
+        Op::FlushTable { .. } => "flush table".to_string(),
+        Op::AddChain { name, .. } => format!("add chain {name}"),
+        Op::FlushChain { name, .. } => format!("flush chain {name}"),
+        Op::DeleteChain { name, .. } => format!("delete chain {name}"),
+        Op::AddSet { name, .. } => format!("add set {name}"),
+        Op::AddMap { name, .. } => format!("add map {name}"),
+        Op::FlushSet { name, .. } => format!("flush set {name}"),
+        Op::AddIntervals { set, nets, .. } => format!(
+            "add element {set} {{ {} }}",
+            nets.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Op::DeleteSet { name, .. } => format!("delete set {name}"),
+        Op::AddRule { chain, rule, .. } => format!("add rule {chain} {}", rule.text()),
+    }
+}
+
 /// Writes element batches over one netlink socket, opened at the first batch in
 /// the namespace it is told, and kept.
 #[derive(Default)]
 pub(crate) struct NetlinkWriter {
     sock: Option<(Option<PathBuf>, Socket)>,
     seq: u32,
+    /// The send buffer asked of the open socket (0: the kernel's default).
+    sndbuf: usize,
 }
 
 impl NetlinkWriter {
     /// Applies `ops` in the network namespace `netns` names (or this thread's).
-    /// Too large a batch is left to the caller: `Ok(false)`.
     pub fn apply(
         &mut self,
         ops: &[Op],
         netns: Option<&Path>,
         timeout: Duration,
-    ) -> Result<bool, DataPlaneError> {
+    ) -> Result<(), DataPlaneError> {
         let batch = Batch::encode(ops, self.seq);
         if batch.is_empty() {
-            return Ok(true);
+            return Ok(());
         }
-        if batch.len() > MAX_BATCH_BYTES {
-            return Ok(false);
-        }
-        self.seq = self.seq.wrapping_add(batch.messages());
+        self.seq = self.seq.wrapping_add(batch.message_count());
         let result = self
-            .socket(netns, timeout)
-            .and_then(|sock| batch.send_on(sock));
+            .socket(netns, timeout, batch.len())
+            .and_then(|sock| batch.send_on(sock, ops));
         if result.is_err() {
             // Whatever the socket still holds (late replies) goes with it.
             self.sock = None;
         }
-        result.map(|()| true).map_err(|e| match e {
+        result.map_err(|e| match e {
             ConntrackError::Kernel { context, source } => DataPlaneError::Rejected {
                 command: "nftables netlink batch".into(),
                 status: format!("errno {}", source.raw_os_error().unwrap_or(0)),
@@ -563,10 +1120,12 @@ impl NetlinkWriter {
         })
     }
 
+    /// The socket for `netns`, able to send `len` bytes at once.
     fn socket(
         &mut self,
         netns: Option<&Path>,
         timeout: Duration,
+        len: usize,
     ) -> Result<&Socket, ConntrackError> {
         if self
             .sock
@@ -577,8 +1136,21 @@ impl NetlinkWriter {
         }
         if self.sock.is_none() {
             self.sock = Some((netns.map(Path::to_path_buf), open_socket(netns, timeout)?));
+            self.sndbuf = 0;
         }
-        Ok(&self.sock.as_ref().expect("just opened").1)
+        let sock = &self.sock.as_ref().expect("just opened").1;
+        let want = len.max(DEFAULT_SNDBUF);
+        if want > self.sndbuf && len > DEFAULT_SNDBUF {
+            // Past net.core.wmem_max: CAP_NET_ADMIN's SO_SNDBUFFORCE, as `nft` does.
+            rustix::net::sockopt::set_socket_send_buffer_size_force(sock, want).map_err(|e| {
+                ConntrackError::Io {
+                    context: format!("setting a {want}-byte send buffer"),
+                    source: e.into(),
+                }
+            })?;
+            self.sndbuf = want;
+        }
+        Ok(sock)
     }
 }
 
@@ -630,6 +1202,46 @@ mod tests {
     }
 
     #[test]
+    fn intervals_end_after_each_prefix_and_start_from_zero() {
+        let keys = |nets: &[&str]| -> Vec<(Vec<u8>, bool)> {
+            let nets: Vec<IpNet> = nets.iter().map(|n| n.parse().unwrap()).collect();
+            interval_elements(&nets)
+                .into_iter()
+                .map(|e| {
+                    let ListAttribute::Element(attrs) = e else {
+                        panic!("not an element")
+                    };
+                    let SetElementAttribute::Key(DataAttribute::Value(k)) = &attrs[0] else {
+                        panic!("no key")
+                    };
+                    (k.clone(), attrs.len() == 2)
+                })
+                .collect()
+        };
+        // Adjacent prefixes: the first's end, then the next's start, same key.
+        assert_eq!(
+            keys(&["10.0.0.0/8", "11.0.0.0/8"]),
+            vec![
+                (vec![0, 0, 0, 0], true),
+                (vec![10, 0, 0, 0], false),
+                (vec![11, 0, 0, 0], true),
+                (vec![11, 0, 0, 0], false),
+                (vec![12, 0, 0, 0], true),
+            ]
+        );
+        // From zero to the top: no end before, none after.
+        assert_eq!(
+            keys(&["0.0.0.0/1", "128.0.0.0/1"]),
+            vec![
+                (vec![0, 0, 0, 0], false),
+                (vec![128, 0, 0, 0], true),
+                (vec![128, 0, 0, 0], false),
+            ]
+        );
+        assert_eq!(keys(&["::/0"]), vec![(vec![0; 16], false)]);
+    }
+
+    #[test]
     fn a_batch_groups_runs_of_one_set_and_kind() {
         let op = |add: bool, set: &str, n: u32| {
             Op::Element(ElemOp {
@@ -647,8 +1259,19 @@ mod tests {
             op(true, "b", 3),
         ];
         let batch = Batch::encode(&ops, 0);
-        assert_eq!(batch.acked.len(), 3);
-        assert!(batch.acked[0].1.contains("1 more"), "{:?}", batch.acked);
+        assert_eq!(batch.messages.len(), 3);
+        let first = batch.describe(&ops, batch.messages[0].seq).unwrap();
+        assert!(first.contains("1 more"), "{first}");
+        // Only the last message asks for an acknowledgement.
+        let flags = |at: usize| u16::from_ne_bytes([batch.buf[at + 6], batch.buf[at + 7]]);
+        let mut at = 0;
+        let mut acks = Vec::new();
+        while at < batch.buf.len() {
+            acks.push(flags(at) & NLM_F_ACK != 0);
+            let len = u32::from_ne_bytes(batch.buf[at..at + 4].try_into().unwrap()) as usize;
+            at += len.div_ceil(4) * 4;
+        }
+        assert_eq!(acks, vec![false, false, false, true, false]);
         // nlmsghdr of the first message: BATCH_BEGIN (16), res_id 10 (big endian).
         assert_eq!(u16::from_ne_bytes([batch.buf[4], batch.buf[5]]), 16);
         assert_eq!(&batch.buf[18..20], &[0, 10]);

@@ -376,18 +376,14 @@ impl ScriptSink for NftCommand {
     /// One nf_tables batch over netlink, in the namespace the command writes to:
     /// its [`NftCommand::in_netns`], or this process's when it runs `nft` itself
     /// (a command behind a prefix, e.g. `ip netns exec`, without the namespace
-    /// named, gets the script). A batch too large for one send gets the script too.
+    /// named, gets the script).
     fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
         let own_namespace = self.argv.len() == 1;
         if self.netns.is_none() && !own_namespace {
             return self.run(script);
         }
         let netns = self.netns.clone();
-        if self.netlink.0.apply(ops, netns.as_deref(), self.timeout)? {
-            Ok(())
-        } else {
-            self.run(script)
-        }
+        self.netlink.0.apply(ops, netns.as_deref(), self.timeout)
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {

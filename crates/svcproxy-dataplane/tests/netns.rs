@@ -93,8 +93,12 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
         return;
     };
     let mut state = cluster(&[WEB, DB]);
-    let mut dp =
-        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
+    // Through `nft -f` (its errors are checked below; the netlink writer's in
+    // `the_netlink_and_text_writers_leave_the_same_tables`).
+    let mut dp = Proxier::without_conntrack(
+        plan_config(),
+        NftDataPlane::with_sink(ns.nft_command()).with_writer(NftWriter::Text),
+    );
     let web = service_chain("web", "http");
     let db = service_chain("db", "pg");
 
@@ -190,10 +194,12 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     assert_eq!(report.kind, SyncKind::Recreate);
     has(&ns.table(), "198.19.0.20 . tcp . 5432 : goto ", "recovered");
 
-    // A missing binary cannot even start.
+    // A missing binary cannot even start. (The text writer: the netlink writer
+    // needs no binary, and this command names no namespace, so it would write to
+    // this process's own.)
     let err = Proxier::without_conntrack(
         plan_config(),
-        NftDataPlane::with_sink(NftCommand::new("/nonexistent/nft")),
+        NftDataPlane::with_sink(NftCommand::new("/nonexistent/nft")).with_writer(NftWriter::Text),
     )
     .sync(&snapshot(&mut cluster(&[WEB])), true)
     .unwrap_err();
@@ -354,10 +360,12 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
         .expect("service deleted, netlink only");
     txt.sync(&snap, false).expect("text");
     same_tables(&a, &b, "solo deleted, netlink only");
-    // An external IP needs the external chain, which only nft writes.
+    // An external IP's chains too.
     upsert(&mut state, DB);
-    let err = net.sync(&snapshot(&mut state), false).unwrap_err();
-    assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
+    let snap = snapshot(&mut state);
+    net.sync(&snap, false).expect("db added, netlink only");
+    txt.sync(&snap, false).expect("text");
+    same_tables(&a, &b, "db added, netlink only");
 
     // A batch the kernel refuses: the element it deletes was taken away by hand.
     *net.plane_mut().sink_mut() = a.nft_command();
@@ -440,6 +448,47 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     delete_service(&mut state, "web6");
     *net.plane_mut().sink_mut() = a.nft_command();
     both!("web6 deleted");
+}
+
+/// Full syncs over netlink: for every golden scenario (affinity, firewalls,
+/// NodePorts, every local-traffic detection, IPv6, the userspace-free skeleton
+/// variants), a first sync and a forced resync written with no `nft` binary at
+/// all leave exactly the tables `nft -f` leaves for the same plans (the
+/// `pod-cidrs` interval set of local detection by several CIDRs included).
+#[test]
+fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
+    for case in svcproxy_testkit::scenario::cases() {
+        let sc = svcproxy_testkit::scenario::Scenario::load(&case);
+        let Some(a) = create("full_syncs_over_netlink", "netlink") else {
+            return;
+        };
+        let b = create("full_syncs_over_netlink", "text").expect("a second namespace");
+        let cfg = sc.config.to_plan_config();
+        let no_nft = NftCommand::new("/nonexistent/svcproxy-test/nft")
+            .in_netns(format!("/run/netns/{}", a.name));
+        let mut net = Proxier::without_conntrack(cfg.clone(), NftDataPlane::with_sink(no_nft));
+        let mut txt = Proxier::without_conntrack(
+            cfg,
+            NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
+        );
+        let mut state = sc.state();
+        let snap = snapshot(&mut state);
+        txt.sync(&snap, false).expect("text writer");
+        let r = net
+            .sync(&snap, false)
+            .unwrap_or_else(|e| panic!("{case}: the netlink writer failed: {e}"));
+        assert_eq!(r.kind, SyncKind::Recreate, "{case}");
+        same_tables(&a, &b, &format!("{case}: first sync"));
+        // A forced full sync over the loaded tables (flushes, then adds again).
+        let snap = snapshot(&mut state);
+        assert_eq!(
+            net.sync(&snap, true).expect("resync").kind,
+            SyncKind::Resync,
+            "{case}"
+        );
+        txt.sync(&snap, true).expect("text resync");
+        same_tables(&a, &b, &format!("{case}: resync"));
+    }
 }
 
 /// The typed masquerade marks are the rules `nft` writes for the same text: with a

@@ -25,15 +25,15 @@
 //! therefore live in one `pod-cidrs` set here, and the endpoints in at most
 //! [`ENDPOINT_MAP_SHARDS`] data maps per protocol (see there).
 
+use ipnet::IpNet;
 use svcproxy_core::model::{IpFamily, Protocol};
 
 use crate::intent::{LocalTraffic, NodeIntent, NodePortDestinations};
 use crate::names::protocol_keyword;
 
-use super::ruleset::{
-    addr_type, family_keyword, BaseChain, Chain, ChainType, Hook, Map, MapType, Ruleset, Set,
-};
-use super::service::{join, MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
+use super::ruleset::{BaseChain, Chain, ChainType, Field, Hook, Map, MapType, Ruleset, Set};
+use super::service::{MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
+use super::typed::{Action, Addr, CtState, Match, TypedRule};
 
 pub(crate) const CLUSTER_IPS_SET: &str = "cluster-ips";
 pub(crate) const NODEPORT_IPS_SET: &str = "nodeport-ips";
@@ -64,14 +64,7 @@ pub(crate) fn endpoint_map(protocol: Protocol, hash: u64) -> String {
 /// An endpoint map's declaration.
 pub(crate) fn endpoint_map_decl(family: IpFamily, protocol: Protocol) -> Map {
     Map {
-        map_type: MapType::Typeof {
-            key: "numgen random mod 1".to_string(),
-            data: format!(
-                "{} daddr . {} dport",
-                family_keyword(family),
-                protocol_keyword(protocol)
-            ),
-        },
+        map_type: MapType::Endpoints { family, protocol },
         elements: Vec::new(),
     }
 }
@@ -94,7 +87,7 @@ const PRIORITY_DSTNAT: i32 = -100;
 const PRIORITY_FILTER_POST_DNAT: i32 = -90;
 const PRIORITY_SRCNAT: i32 = 100;
 
-fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<String>) -> Chain {
+fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<TypedRule>) -> Chain {
     Chain {
         base: Some(BaseChain {
             chain_type,
@@ -103,16 +96,32 @@ fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<String>) ->
         }),
         comment: None,
         rules,
-        typed: None,
     }
 }
 
-fn regular(rules: Vec<String>) -> Chain {
+fn regular(rules: Vec<TypedRule>) -> Chain {
     Chain {
         base: None,
         comment: None,
         rules,
-        typed: None,
+    }
+}
+
+/// The loopback prefix of a family (`127.0.0.0/8`, `::1`).
+pub(crate) fn loopback(family: IpFamily) -> IpNet {
+    match family {
+        IpFamily::V4 => "127.0.0.0/8".parse().expect("a valid prefix"),
+        IpFamily::V6 => "::1/128".parse().expect("a valid prefix"),
+    }
+}
+
+/// A set of addresses with no flags.
+fn address_set(key: Vec<Field>, elements: Vec<String>) -> Set {
+    Set {
+        key,
+        timeout: None,
+        interval: false,
+        elements,
     }
 }
 
@@ -124,37 +133,28 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         Some(LocalTraffic::Cidrs(nets)) if nets.len() > 1 => nets.as_slice(),
         _ => &[],
     };
-    let ipx = family_keyword(family);
+    let addr = Field::Addr(family);
     let mut rs = Ruleset::new(family);
 
     rs.sets.insert(
         CLUSTER_IPS_SET.to_string(),
-        Set {
-            key_type: addr_type(family).to_string(),
-            timeout: None,
-            interval: false,
-            elements: Vec::new(),
-        },
+        address_set(vec![addr], Vec::new()),
     );
     if let NodePortDestinations::Ips(ips) = &ctx.nodeports {
         rs.sets.insert(
             NODEPORT_IPS_SET.to_string(),
-            Set {
-                key_type: addr_type(family).to_string(),
-                timeout: None,
-                interval: false,
-                elements: ips.iter().map(ToString::to_string).collect(),
-            },
+            address_set(vec![addr], ips.iter().map(ToString::to_string).collect()),
         );
     }
     if !pod_cidrs.is_empty() {
         rs.sets.insert(
             POD_CIDRS_SET.to_string(),
             Set {
-                key_type: addr_type(family).to_string(),
-                timeout: None,
                 interval: true,
-                elements: pod_cidrs.iter().map(ToString::to_string).collect(),
+                ..address_set(
+                    vec![addr],
+                    pod_cidrs.iter().map(ToString::to_string).collect(),
+                )
             },
         );
     }
@@ -164,37 +164,41 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
     }
     rs.sets.insert(
         HAIRPIN_SET.to_string(),
-        Set {
-            key_type: format!("{0} . {0}", addr_type(family)),
-            timeout: None,
-            interval: false,
-            elements: Vec::new(),
-        },
+        address_set(vec![addr, addr], Vec::new()),
     );
 
-    let loopback = match family {
-        IpFamily::V4 => "127.0.0.0/8",
-        IpFamily::V6 => "::1",
+    let rule = |matches: Vec<Match>, action: Action| TypedRule::new(family, matches, action);
+    let daddr_is = |net: IpNet, negate: bool| Match::Prefix {
+        addr: Addr::Daddr,
+        net,
+        negate,
     };
     // The destinations NodePort lookups apply to, one rule each.
     let mut nodeport_dests = Vec::new();
     match &ctx.nodeports {
-        NodePortDestinations::Ips(_) => {
-            nodeport_dests.push(format!("{ipx} daddr @{NODEPORT_IPS_SET}"))
-        }
+        NodePortDestinations::Ips(_) => nodeport_dests.push(vec![Match::InSet {
+            addr: Addr::Daddr,
+            set: NODEPORT_IPS_SET.to_string(),
+            negate: false,
+        }]),
         NodePortDestinations::AllLocal if ctx.localhost_nodeports => {
-            nodeport_dests.push("fib daddr type local".to_string())
+            nodeport_dests.push(vec![Match::FibLocal(Addr::Daddr)])
         }
-        NodePortDestinations::AllLocal => {
-            nodeport_dests.push(format!("fib daddr type local {ipx} daddr != {loopback}"));
-        }
+        NodePortDestinations::AllLocal => nodeport_dests.push(vec![
+            Match::FibLocal(Addr::Daddr),
+            daddr_is(loopback(family), true),
+        ]),
     }
     if ctx.localhost_nodeports && matches!(ctx.nodeports, NodePortDestinations::Ips(_)) {
-        nodeport_dests.push(format!("{ipx} daddr {loopback}"));
+        nodeport_dests.push(vec![daddr_is(loopback(family), false)]);
     }
-    let tuple = format!("{ipx} daddr . meta l4proto . th dport");
+    let vmap = |daddr: bool, map: MapId| Action::Vmap {
+        daddr,
+        map: map.name().to_string(),
+    };
+    let jump = |chain: &str| Action::Jump(chain.to_string());
+    let if_new = |chain: &str| rule(vec![Match::CtState(CtState::New)], jump(chain));
 
-    let new = "ct state new";
     let chains = [
         (
             "filter-prerouting",
@@ -202,7 +206,7 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 ChainType::Filter,
                 Hook::Prerouting,
                 PRIORITY_FILTER,
-                vec![format!("{new} jump {FIREWALL_CHECK_CHAIN}")],
+                vec![if_new(FIREWALL_CHECK_CHAIN)],
             ),
         ),
         (
@@ -212,8 +216,8 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 Hook::Input,
                 PRIORITY_FILTER,
                 vec![
-                    format!("{new} jump {NODEPORT_ENDPOINTS_CHECK_CHAIN}"),
-                    format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
+                    if_new(NODEPORT_ENDPOINTS_CHECK_CHAIN),
+                    if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
                 ],
             ),
         ),
@@ -224,11 +228,11 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 Hook::Forward,
                 PRIORITY_FILTER,
                 ctx.drop_invalid_forwarded
-                    .then(|| "ct state invalid drop".to_string())
+                    .then(|| rule(vec![Match::CtState(CtState::Invalid)], Action::Drop))
                     .into_iter()
                     .chain([
-                        format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
-                        format!("{new} jump {CLUSTER_IPS_CHECK_CHAIN}"),
+                        if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
+                        if_new(CLUSTER_IPS_CHECK_CHAIN),
                     ])
                     .collect(),
             ),
@@ -239,7 +243,7 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 ChainType::Filter,
                 Hook::Output,
                 PRIORITY_FILTER,
-                vec![format!("{new} jump {FIREWALL_CHECK_CHAIN}")],
+                vec![if_new(FIREWALL_CHECK_CHAIN)],
             ),
         ),
         (
@@ -249,8 +253,8 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 Hook::Output,
                 PRIORITY_FILTER_POST_DNAT,
                 vec![
-                    format!("{new} jump {SERVICE_ENDPOINTS_CHECK_CHAIN}"),
-                    format!("{new} jump {CLUSTER_IPS_CHECK_CHAIN}"),
+                    if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
+                    if_new(CLUSTER_IPS_CHECK_CHAIN),
                 ],
             ),
         ),
@@ -260,7 +264,7 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 ChainType::Nat,
                 Hook::Prerouting,
                 PRIORITY_DSTNAT,
-                vec![format!("jump {SERVICES_CHAIN}")],
+                vec![rule(Vec::new(), jump(SERVICES_CHAIN))],
             ),
         ),
         (
@@ -269,7 +273,7 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 ChainType::Nat,
                 Hook::Output,
                 PRIORITY_DSTNAT,
-                vec![format!("jump {SERVICES_CHAIN}")],
+                vec![rule(Vec::new(), jump(SERVICES_CHAIN))],
             ),
         ),
         (
@@ -278,24 +282,21 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 ChainType::Nat,
                 Hook::Postrouting,
                 PRIORITY_SRCNAT,
-                vec![format!("jump {MASQUERADING_CHAIN}")],
+                vec![rule(Vec::new(), jump(MASQUERADING_CHAIN))],
             ),
         ),
         (SERVICES_CHAIN, {
-            let mut rules = vec![format!("{tuple} vmap @{}", MapId::ServiceIps.name())];
+            let mut rules = vec![rule(Vec::new(), vmap(true, MapId::ServiceIps))];
             for dest in &nodeport_dests {
-                rules.push(format!(
-                    "{dest} meta l4proto . th dport vmap @{}",
-                    MapId::ServiceNodePorts.name()
-                ));
+                rules.push(rule(dest.clone(), vmap(false, MapId::ServiceNodePorts)));
             }
             regular(rules)
         }),
         (
             SERVICE_ENDPOINTS_CHECK_CHAIN,
-            regular(vec![format!(
-                "{tuple} vmap @{}",
-                MapId::NoEndpointServices.name()
+            regular(vec![rule(
+                Vec::new(),
+                vmap(true, MapId::NoEndpointServices),
             )]),
         ),
         (
@@ -303,33 +304,32 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
             regular(
                 nodeport_dests
                     .iter()
-                    .map(|dest| {
-                        format!(
-                            "{dest} meta l4proto . th dport vmap @{}",
-                            MapId::NoEndpointNodePorts.name()
-                        )
-                    })
+                    .map(|dest| rule(dest.clone(), vmap(false, MapId::NoEndpointNodePorts)))
                     .collect(),
             ),
         ),
         (
             FIREWALL_CHECK_CHAIN,
-            regular(vec![format!("{tuple} vmap @{}", MapId::FirewallIps.name())]),
+            regular(vec![rule(Vec::new(), vmap(true, MapId::FirewallIps))]),
         ),
         (CLUSTER_IPS_CHECK_CHAIN, {
             // Runs after DNAT: a packet still addressed to a cluster IP here matched
-            // no service port, and one inside a ServiceCIDR hit no cluster IP.
+            // no service port, and one inside a ServiceCIDR hit no cluster IP (one
+            // rule per CIDR: an anonymous set would cost the kernel's loop check a
+            // scan of every set, as in `Detect`).
             let mut rules = Vec::new();
             if ctx.guard_service_ips {
-                rules.push(format!(
-                    "{ipx} daddr @{CLUSTER_IPS_SET} goto {REJECT_CHAIN}"
+                rules.push(rule(
+                    vec![Match::InSet {
+                        addr: Addr::Daddr,
+                        set: CLUSTER_IPS_SET.to_string(),
+                        negate: false,
+                    }],
+                    Action::Goto(REJECT_CHAIN.to_string()),
                 ));
-            }
-            if ctx.guard_service_ips && !ctx.service_cidrs.is_empty() {
-                rules.push(format!(
-                    "{ipx} daddr {{ {} }} drop",
-                    join(ctx.service_cidrs.iter())
-                ));
+                for net in &ctx.service_cidrs {
+                    rules.push(rule(vec![daddr_is(*net, false)], Action::Drop));
+                }
             }
             regular(rules)
         }),
@@ -338,13 +338,16 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         (
             REJECT_CHAIN,
             regular(vec![
-                "meta l4proto tcp reject with tcp reset".to_string(),
-                "reject".to_string(),
+                rule(
+                    vec![Match::L4Proto(Protocol::Tcp)],
+                    Action::Reject { tcp_reset: true },
+                ),
+                rule(Vec::new(), Action::Reject { tcp_reset: false }),
             ]),
         ),
         (
             MARK_MASQ_CHAIN,
-            regular(vec![format!("mark set mark or {:#x}", ctx.masquerade_mark)]),
+            regular(vec![rule(Vec::new(), Action::MarkOr(ctx.masquerade_mark))]),
         ),
         (
             MASQUERADING_CHAIN,
@@ -352,12 +355,18 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 // The hairpin: a connection DNATed back to the endpoint it came
                 // from must leave with another source, or the reply never
                 // reaches conntrack to be translated back.
-                format!("ct status dnat {ipx} saddr . {ipx} daddr @{HAIRPIN_SET} jump {MARK_MASQ_CHAIN}"),
-                format!("mark and {:#x} == 0 return", ctx.masquerade_mark),
+                rule(
+                    vec![
+                        Match::CtStatusDnat,
+                        Match::PairInSet(HAIRPIN_SET.to_string()),
+                    ],
+                    jump(MARK_MASQ_CHAIN),
+                ),
+                rule(vec![Match::MarkClear(ctx.masquerade_mark)], Action::Return),
                 // Clear the bit so a packet re-entering (e.g. tunnelled) is not
                 // masqueraded twice.
-                format!("mark set mark xor {:#x}", ctx.masquerade_mark),
-                "masquerade fully-random".to_string(),
+                rule(Vec::new(), Action::MarkXor(ctx.masquerade_mark)),
+                rule(Vec::new(), Action::MasqueradeFullyRandom),
             ]),
         ),
     ];

@@ -31,17 +31,25 @@ use std::sync::Arc;
 
 use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
 
-use crate::intent::{Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, NodeIntent};
+use crate::intent::{
+    Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, LocalTraffic, NodeIntent,
+    NodePortDestinations,
+};
 use crate::names::service_port_hash;
 
-use super::base::{base_ruleset, endpoint_map_decl, CLUSTER_IPS_SET, HAIRPIN_SET};
+use super::base::{
+    base_ruleset, endpoint_map_decl, loopback, CLUSTER_IPS_SET, HAIRPIN_SET, NODEPORT_IPS_SET,
+};
 use super::elements::{concat, concat_text, Atom, ElemOp, ElemValue};
 use super::ruleset::{
-    family_keyword, stmt, write_map, write_table_close, write_table_open, Map, Ruleset, TABLE_NAME,
+    family_keyword, stmt, write_map, write_table_close, write_table_open, Chain, Map, Ruleset, Set,
+    TABLE_NAME,
 };
-use super::service::{elems, key_atoms, key_text, CapturePorts, Detect, Elem, Fragment};
+use super::service::{
+    elems, key_atoms, key_text, CapturePorts, Detect, Elem, Fragment, POD_CIDRS_SET,
+};
 use super::slots::Slots;
-use super::typed::Op;
+use super::typed::{disjoint_prefixes, Action as RuleAction, Addr, Match, Op, TypedRule};
 use crate::names::sanitize_comment;
 
 /// What kind of transaction a [`Plan`] is.
@@ -119,25 +127,17 @@ struct Names {
     maps: BTreeSet<String>,
 }
 
-/// One part of a partial plan's script, and the same statements typed while
-/// every one of them has a typed form.
+/// One part of a partial plan's script, and the same statements typed.
 #[derive(Default)]
 struct Section {
     text: String,
     ops: Vec<Op>,
-    untyped: bool,
 }
 
 impl Section {
     fn typed(&mut self, text: &str, op: Op) {
         self.text.push_str(text);
         self.ops.push(op);
-    }
-
-    /// A statement only `nft -f` applies: the plan is not typed.
-    fn untyped(&mut self, text: &str) {
-        self.text.push_str(text);
-        self.untyped = true;
     }
 
     fn is_empty(&self) -> bool {
@@ -175,9 +175,7 @@ impl Delta {
     }
 
     /// Writes the script; `ops` gets the statements typed, in the script's order.
-    /// Returns whether every statement was typed.
-    fn finish(self, out: &mut String, ops: &mut Vec<Op>) -> bool {
-        let mut typed = true;
+    fn finish(self, out: &mut String, ops: &mut Vec<Op>) {
         for part in [
             self.declare,
             self.flush,
@@ -193,9 +191,7 @@ impl Delta {
             }
             out.push_str(&part.text);
             ops.extend(part.ops);
-            typed &= !part.untyped;
         }
-        typed
     }
 
     fn element(&mut self, add: bool, set: &str, key: Vec<Atom>, value: Option<ElemValue>) {
@@ -269,35 +265,20 @@ impl Delta {
             match old.chains.get(name) {
                 Some(prev) if prev == chain => continue,
                 Some(_) => self.flush.typed(&stmt::flush_chain(f, name), flush(name)),
-                None if chain.base.is_none() => self.declare.typed(
-                    &stmt::add_chain(f, name, chain),
-                    Op::AddChain {
-                        family: f,
-                        name: name.clone(),
-                        comment: chain.comment.as_deref().map(sanitize_comment),
-                    },
-                ),
-                None => self.declare.untyped(&stmt::add_chain(f, name, chain)),
+                None => self
+                    .declare
+                    .typed(&stmt::add_chain(f, name, chain), add_chain(f, name, chain)),
             }
             stats.chains_written += 1;
-            match &chain.typed {
-                Some(typed) => {
-                    for rule in typed {
-                        self.rules.typed(
-                            &stmt::add_rule(f, name, &rule.text()),
-                            Op::AddRule {
-                                family: f,
-                                chain: name.clone(),
-                                rule: rule.clone(),
-                            },
-                        );
-                    }
-                }
-                None => {
-                    for rule in &chain.rules {
-                        self.rules.untyped(&stmt::add_rule(f, name, rule));
-                    }
-                }
+            for rule in &chain.rules {
+                self.rules.typed(
+                    &stmt::add_rule(f, name, &rule.text()),
+                    Op::AddRule {
+                        family: f,
+                        chain: name.clone(),
+                        rule: rule.clone(),
+                    },
+                );
             }
         }
         for name in old.chains.keys() {
@@ -318,14 +299,57 @@ impl Delta {
         }
         for (name, set) in &new.sets {
             if !old.sets.contains_key(name) {
-                self.declare.untyped(&stmt::add_set(f, name, set));
+                self.declare
+                    .typed(&stmt::add_set(f, name, set), add_set(f, name, set));
             }
         }
         for name in old.sets.keys() {
             if !new.sets.contains_key(name) {
-                self.delete_stale_sets.untyped(&stmt::delete_set(f, name));
+                self.delete_stale_sets
+                    .typed(&stmt::delete_set(f, name), delete_set(f, name));
             }
         }
+    }
+}
+
+fn add_chain(family: IpFamily, name: &str, chain: &Chain) -> Op {
+    Op::AddChain {
+        family,
+        name: name.to_string(),
+        comment: chain.comment.as_deref().map(sanitize_comment),
+        base: chain.base,
+    }
+}
+
+/// A set's declaration, without its elements.
+fn add_set(family: IpFamily, name: &str, set: &Set) -> Op {
+    Op::AddSet {
+        family,
+        name: name.to_string(),
+        set: Set {
+            elements: Vec::new(),
+            ..set.clone()
+        },
+    }
+}
+
+/// A map's declaration, without its elements.
+fn add_map(family: IpFamily, name: &str, map: &Map) -> Op {
+    Op::AddMap {
+        family,
+        name: name.to_string(),
+        map: Map {
+            elements: Vec::new(),
+            ..map.clone()
+        },
+    }
+}
+
+/// Deletes a set or a map.
+fn delete_set(family: IpFamily, name: &str) -> Op {
+    Op::DeleteSet {
+        family,
+        name: name.to_string(),
     }
 }
 
@@ -535,16 +559,17 @@ impl FamilyState {
         };
         // Endpoint maps come into use before the rules that use them, and go after
         // the chains that used them.
+        let f = self.family;
         for (name, was, now) in self.endpoint_maps.settle() {
             match (was, now) {
                 (true, None) => d
                     .delete_stale_sets
-                    .untyped(&stmt::delete_map(self.family, &name)),
-                (false, Some(protocol)) => d.declare.untyped(&stmt::add_map(
-                    self.family,
-                    &name,
-                    &endpoint_map_decl(self.family, protocol),
-                )),
+                    .typed(&stmt::delete_map(f, &name), delete_set(f, &name)),
+                (false, Some(protocol)) => {
+                    let map = endpoint_map_decl(f, protocol);
+                    d.declare
+                        .typed(&stmt::add_map(f, &name, &map), add_map(f, &name, &map))
+                }
                 _ => {}
             }
         }
@@ -625,21 +650,31 @@ impl FamilyState {
         self.endpoint_maps.settle();
     }
 
-    /// The shared objects with their elements filled in.
-    fn base_with_elements(&self, node: &NodeIntent, fam: &FamilyIntent) -> Ruleset {
+    /// The shared objects, without their elements.
+    fn skeleton(&self, node: &NodeIntent) -> Ruleset {
         let mut rs = base_ruleset(node);
         if self.capture.is_some() {
             // The capture serves NodePorts on loopback to the node's own clients
             // only: a packet from outside addressed to loopback is left alone (the
             // kernel drops it as a martian), never redirected to the proxy.
             if let Some(chain) = rs.chains.get_mut("nat-prerouting") {
-                let loopback = match self.family {
-                    IpFamily::V4 => "ip daddr 127.0.0.0/8",
-                    IpFamily::V6 => "ip6 daddr ::1",
+                let from_loopback = Match::Prefix {
+                    addr: Addr::Daddr,
+                    net: loopback(self.family),
+                    negate: false,
                 };
-                chain.rules.insert(0, format!("{loopback} return"));
+                chain.rules.insert(
+                    0,
+                    TypedRule::new(self.family, vec![from_loopback], RuleAction::Return),
+                );
             }
         }
+        rs
+    }
+
+    /// The shared objects with their elements filled in.
+    fn base_with_elements(&self, node: &NodeIntent, fam: &FamilyIntent) -> Ruleset {
+        let mut rs = self.skeleton(node);
         if let Some(set) = rs.sets.get_mut(CLUSTER_IPS_SET) {
             set.elements = fam.cluster_ips().map(|ip| ip.to_string()).collect();
         }
@@ -688,11 +723,7 @@ impl FamilyState {
         // checks a new rule against every element of its map, and a new element
         // against every rule using its map (see `base::ENDPOINT_MAP_SHARDS`).
         // Streamed: no element is held as text but in `out`.
-        let mut by_map: BTreeMap<String, Vec<&Fragment>> = BTreeMap::new();
-        for frag in self.entries.values().filter(|f| f.uses_endpoint_map()) {
-            by_map.entry(frag.endpoint_map()).or_default().push(frag);
-        }
-        for (name, frags) in by_map {
+        for (name, frags) in self.fragments_by_endpoint_map() {
             let mut first = true;
             for frag in frags {
                 frag.dnat_elements(|k, ep| {
@@ -727,6 +758,126 @@ impl FamilyState {
             });
         }
         maps
+    }
+
+    /// The whole table as typed statements (what [`FamilyState::write_table`]
+    /// writes as text), in an order in which every reference resolves: the
+    /// declarations of every set, map and chain, the elements of the shared sets
+    /// and verdict maps, every rule, and last the endpoint maps' elements (see
+    /// there). `false` when some statement has no typed form (overlapping
+    /// `pod-cidrs`, which `nft` refuses); `ops` is then incomplete.
+    fn table_ops(&self, fam: &FamilyIntent, ops: &mut Vec<Op>) -> bool {
+        let Some(node) = &self.node else {
+            return true;
+        };
+        let f = self.family;
+        let shared = self.skeleton(node);
+        let mut pod_cidrs = None;
+        if shared.sets.contains_key(POD_CIDRS_SET) {
+            let Some(LocalTraffic::Cidrs(nets)) = &node.local_traffic else {
+                return false;
+            };
+            let Some(nets) = disjoint_prefixes(nets) else {
+                return false;
+            };
+            pod_cidrs = Some(Op::AddIntervals {
+                family: f,
+                set: POD_CIDRS_SET.to_string(),
+                nets,
+            });
+        }
+        ops.push(Op::AddTable { family: f });
+        for (name, set) in &shared.sets {
+            ops.push(add_set(f, name, set));
+        }
+        for (name, map) in &shared.maps {
+            ops.push(add_map(f, name, map));
+        }
+        for (name, protocol) in self.endpoint_maps.iter() {
+            ops.push(add_map(f, name, &endpoint_map_decl(f, protocol)));
+        }
+        let mut rules = Vec::new();
+        let add_rules = |rules: &mut Vec<Op>, name: &String, chain: &Chain| {
+            rules.extend(chain.rules.iter().map(|rule| Op::AddRule {
+                family: f,
+                chain: name.clone(),
+                rule: rule.clone(),
+            }))
+        };
+        for (name, chain) in &shared.chains {
+            ops.push(add_chain(f, name, chain));
+            add_rules(&mut rules, name, chain);
+        }
+        for frag in self.entries.values() {
+            let objs = frag.objects(self.detect.as_ref());
+            for (name, set) in &objs.sets {
+                ops.push(add_set(f, name, set));
+            }
+            for (name, chain) in &objs.chains {
+                ops.push(add_chain(f, name, chain));
+                add_rules(&mut rules, name, chain);
+            }
+        }
+        let elem = |set: &str, key: Vec<Atom>, value: Option<ElemValue>| {
+            Op::Element(ElemOp {
+                family: f,
+                add: true,
+                set: set.to_string(),
+                key,
+                value,
+            })
+        };
+        ops.extend(pod_cidrs);
+        ops.extend(
+            fam.cluster_ips()
+                .map(|ip| elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None)),
+        );
+        if let NodePortDestinations::Ips(ips) = &node.nodeports {
+            ops.extend(
+                ips.iter()
+                    .map(|ip| elem(NODEPORT_IPS_SET, vec![Atom::Ip(*ip)], None)),
+            );
+        }
+        ops.extend(
+            self.hairpin
+                .keys()
+                .map(|ip| elem(HAIRPIN_SET, hairpin_elem(*ip), None)),
+        );
+        for (svc, frontend) in fam.frontends() {
+            let hash = match self.entries.get(&svc.name) {
+                Some(frag) => frag.hash,
+                None => service_port_hash(svc.family, &svc.name),
+            };
+            for e in elems(svc, hash, &frontend.key) {
+                ops.push(elem(
+                    e.map.name(),
+                    key_atoms(&frontend.key),
+                    Some(ElemValue::Verdict(e.verdict.elem())),
+                ));
+            }
+        }
+        ops.append(&mut rules);
+        for (map, frags) in self.fragments_by_endpoint_map() {
+            for frag in frags {
+                frag.dnat_elements(|k, ep| {
+                    ops.push(elem(
+                        &map,
+                        vec![Atom::Num(k)],
+                        Some(ElemValue::Data(dnat_value(ep))),
+                    ))
+                });
+            }
+        }
+        true
+    }
+
+    /// The fragments that use an endpoint map, by map.
+    fn fragments_by_endpoint_map(&self) -> BTreeMap<String, Vec<&Fragment>> {
+        let mut by_map: BTreeMap<String, Vec<&Fragment>> = BTreeMap::new();
+        for frag in self.entries.values().filter(|f| f.uses_endpoint_map()) {
+            by_map.entry(frag.endpoint_map()).or_default().push(frag);
+        }
+        by_map
     }
 
     /// The whole desired table as one typed ruleset.
@@ -843,7 +994,7 @@ impl Planner {
         };
         let mut script = String::new();
         let mut ops = Vec::new();
-        let mut typed = kind == PlanKind::Partial;
+        let mut typed = true;
         for fam in &mut self.families {
             let fi = intent.family(fam.family);
             if !in_step {
@@ -853,23 +1004,24 @@ impl Planner {
             let mut d = (kind == PlanKind::Partial).then(|| Delta::new(fam.family));
             fam.apply(delta.family(fam.family), fi.node(), d.as_mut(), &mut stats);
             if let Some(d) = d {
-                typed &= d.finish(&mut script, &mut ops);
+                d.finish(&mut script, &mut ops);
             }
         }
         match kind {
             PlanKind::Partial => {}
             PlanKind::Recreate => {
                 script = self.render_counting(intent, &mut stats);
+                for fam in &self.families {
+                    ops.push(Op::AddTable { family: fam.family });
+                    ops.push(Op::DeleteTable { family: fam.family });
+                    typed &= fam.table_ops(intent.family(fam.family), &mut ops);
+                }
             }
             PlanKind::Resync => {
                 for (fam, old) in self.families.iter().zip(&old_names) {
-                    Self::write_resync(
-                        fam,
-                        intent.family(fam.family),
-                        old,
-                        &mut script,
-                        &mut stats,
-                    );
+                    let fi = intent.family(fam.family);
+                    Self::write_resync(fam, fi, old, &mut script, &mut stats);
+                    typed &= Self::resync_ops(fam, fi, old, &mut ops);
                 }
             }
         }
@@ -926,6 +1078,46 @@ impl Planner {
             out.push_str(&stmt::delete_map(f, name));
         }
         stats.chains_written += fam.write_table(fi, out);
+    }
+
+    /// [`Planner::write_resync`]'s statements typed; `false` when one has no
+    /// typed form.
+    fn resync_ops(fam: &FamilyState, fi: &FamilyIntent, old: &Names, ops: &mut Vec<Op>) -> bool {
+        let f = fam.family;
+        ops.push(Op::AddTable { family: f });
+        if fam.node.is_none() {
+            ops.push(Op::DeleteTable { family: f });
+            return true;
+        }
+        ops.push(Op::FlushTable { family: f });
+        let flush = |name: &String| Op::FlushSet {
+            family: f,
+            name: name.clone(),
+        };
+        ops.extend(old.maps.iter().map(flush));
+        ops.extend(
+            old.sets
+                .iter()
+                .filter(|(_, dynamic)| !**dynamic)
+                .map(|(name, _)| flush(name)),
+        );
+        let new = fam.names();
+        ops.extend(
+            old.chains
+                .difference(&new.chains)
+                .map(|name| Op::DeleteChain {
+                    family: f,
+                    name: name.clone(),
+                }),
+        );
+        ops.extend(
+            old.sets
+                .keys()
+                .filter(|name| !new.sets.contains_key(*name))
+                .chain(old.maps.difference(&new.maps))
+                .map(|name| delete_set(f, name)),
+        );
+        fam.table_ops(fi, ops)
     }
 
     /// Marks `plan` as applied: the kernel now holds the planned state, so the next

@@ -12,9 +12,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::{IpFamily, Protocol};
 
-use crate::names::sanitize_comment;
+use crate::names::{protocol_keyword, sanitize_comment};
 
 use super::typed::TypedRule;
 
@@ -89,17 +89,40 @@ pub struct Chain {
     pub base: Option<BaseChain>,
     /// Sanitized again when rendered, whatever it holds.
     pub comment: Option<String>,
-    pub rules: Vec<String>,
-    /// The same rules typed, when every one has a typed form (see
-    /// [`super::typed`]); `None` otherwise.
-    pub typed: Option<Vec<TypedRule>>,
+    pub rules: Vec<TypedRule>,
+}
+
+/// One field of a set's key (or a map's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// `ipv4_addr` or `ipv6_addr`.
+    Addr(IpFamily),
+    /// `inet_proto`.
+    Proto,
+    /// `inet_service`.
+    Port,
+}
+
+impl Field {
+    fn name(self) -> &'static str {
+        match self {
+            Field::Addr(f) => addr_type(f),
+            Field::Proto => "inet_proto",
+            Field::Port => "inet_service",
+        }
+    }
+}
+
+/// A key type as `nft` reads it: the fields joined by ` . `.
+pub fn key_text(key: &[Field]) -> String {
+    key.iter().map(|f| f.name()).collect::<Vec<_>>().join(" . ")
 }
 
 /// A named set of addresses. With a timeout it is a dynamic set filled by the
 /// packet path (`update @set { ip saddr }`), used for session affinity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Set {
-    pub key_type: String,
+    pub key: Vec<Field>,
     /// Seconds; `Some` makes the set `flags dynamic,timeout`.
     pub timeout: Option<u32>,
     /// Elements are prefixes (`flags interval`).
@@ -111,10 +134,13 @@ pub struct Set {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MapType {
     /// `type KEY : verdict`.
-    Verdict(String),
-    /// `typeof KEY : DATA`, both as expressions (a key from `numgen`, whose
-    /// integer type has no name of its own).
-    Typeof { key: String, data: String },
+    Verdict(Vec<Field>),
+    /// An endpoint map: `typeof numgen random mod 1 : F daddr . P dport` (its
+    /// key is `numgen`'s integer, whose type has no name of its own).
+    Endpoints {
+        family: IpFamily,
+        protocol: Protocol,
+    },
 }
 
 /// A named map: a verdict map, or a data map (the endpoints' addresses).
@@ -126,17 +152,21 @@ pub struct Map {
 }
 
 impl Map {
-    pub fn verdict(key_type: String) -> Map {
+    pub fn verdict(key: Vec<Field>) -> Map {
         Map {
-            map_type: MapType::Verdict(key_type),
+            map_type: MapType::Verdict(key),
             elements: Vec::new(),
         }
     }
 
     fn declaration(&self) -> String {
         match &self.map_type {
-            MapType::Verdict(key) => format!("type {key} : verdict"),
-            MapType::Typeof { key, data } => format!("typeof {key} : {data}"),
+            MapType::Verdict(key) => format!("type {} : verdict", key_text(key)),
+            MapType::Endpoints { family, protocol } => format!(
+                "typeof numgen random mod 1 : {} daddr . {} dport",
+                family_keyword(*family),
+                protocol_keyword(*protocol)
+            ),
         }
     }
 }
@@ -206,7 +236,7 @@ pub(crate) fn write_table_close(out: &mut String) {
 }
 
 fn set_spec_lines(set: &Set) -> Vec<String> {
-    let mut lines = vec![format!("type {}", set.key_type)];
+    let mut lines = vec![format!("type {}", key_text(&set.key))];
     if let Some(t) = set.timeout {
         lines.push("flags dynamic,timeout".to_string());
         lines.push(format!("timeout {t}s"));
@@ -252,7 +282,7 @@ pub(crate) fn write_chain(out: &mut String, name: &str, chain: &Chain) {
         let _ = writeln!(out, "\t\t{}", base.spec());
     }
     for rule in &chain.rules {
-        let _ = writeln!(out, "\t\t{rule}");
+        let _ = writeln!(out, "\t\t{}", rule.text());
     }
     out.push_str("\t}\n");
 }
@@ -361,7 +391,10 @@ mod tests {
             "b".into(),
             Chain {
                 comment: Some("x\"; drop".into()),
-                rules: vec!["jump a".into()],
+                rules: vec![TypedRule::always(
+                    IpFamily::V4,
+                    super::super::typed::Action::Jump("a".into()),
+                )],
                 ..Chain::default()
             },
         );
@@ -380,7 +413,7 @@ mod tests {
             "m".into(),
             Map {
                 elements: vec![("tcp . 80".into(), "drop".into())],
-                ..Map::verdict("inet_proto . inet_service".into())
+                ..Map::verdict(vec![Field::Proto, Field::Port])
             },
         );
         let text = rs.render();

@@ -40,7 +40,6 @@
 //! NodePorts) redirects only connections to loopback, ahead of the set chain's
 //! own rules, which serve everything else as usual.
 
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -57,10 +56,11 @@ use crate::names::{
 };
 
 use super::base::endpoint_map;
+use super::base::loopback;
 use super::elements::{Atom, ElemVerdict};
-use super::ruleset::{addr_type, family_keyword, Chain, Ruleset, Set};
+use super::ruleset::{Chain, Field, Ruleset, Set};
 use super::slots::Run;
-use super::typed::TypedRule;
+use super::typed::{Action as RuleAction, Addr, Match, TypedRule};
 
 /// Chain every rule jumps to for "masquerade this connection".
 pub(crate) const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
@@ -83,59 +83,48 @@ pub trait CapturePorts: Send + Sync {
     }
 }
 
-/// How this node's pods are recognised in one family, as rule fragments.
+/// How this node's pods are recognised in one family, as rule matches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Detect {
-    pub if_local: String,
-    pub if_not_local: String,
-    /// The one local-pod CIDR, when detection is by a single CIDR (the typed form
-    /// of `if_not_local`).
-    pub cidr: Option<IpNet>,
+    pub if_local: Match,
+    pub if_not_local: Match,
 }
 
 impl Detect {
     pub fn new(node: &NodeIntent) -> Option<Detect> {
-        let ipx = family_keyword(node.family);
-        Some(match node.local_traffic.as_ref()? {
-            LocalTraffic::Cidrs(nets) => {
-                // Several CIDRs live in one named set of the skeleton: an anonymous
-                // set per rule would cost the kernel a scan of every set per loop
-                // check.
-                let set = if nets.len() == 1 {
-                    nets[0].to_string()
-                } else {
-                    format!("@{POD_CIDRS_SET}")
-                };
-                Detect {
-                    if_local: format!("{ipx} saddr {set}"),
-                    if_not_local: format!("{ipx} saddr != {set}"),
-                    cidr: (nets.len() == 1).then(|| nets[0]),
-                }
+        let by = |negate: bool| -> Match {
+            match node.local_traffic.as_ref() {
+                // Several CIDRs live in one named set of the skeleton: an
+                // anonymous set per rule would cost the kernel a scan of every
+                // set per loop check.
+                Some(LocalTraffic::Cidrs(nets)) if nets.len() == 1 => Match::Prefix {
+                    addr: Addr::Saddr,
+                    net: nets[0],
+                    negate,
+                },
+                Some(LocalTraffic::Cidrs(_)) => Match::InSet {
+                    addr: Addr::Saddr,
+                    set: POD_CIDRS_SET.to_string(),
+                    negate,
+                },
+                // InterfaceName admits only [A-Za-z0-9_.-], so quoting it is safe.
+                Some(LocalTraffic::Interface(name)) => Match::Iifname {
+                    name: name.to_string(),
+                    negate,
+                },
+                Some(LocalTraffic::InterfacePrefix(prefix)) => Match::Iifname {
+                    name: format!("{prefix}*"),
+                    negate,
+                },
+                None => unreachable!("checked below"),
             }
-            // InterfaceName admits only [A-Za-z0-9_.-], so quoting it is safe.
-            LocalTraffic::Interface(name) => Detect {
-                if_local: format!("iifname \"{name}\""),
-                if_not_local: format!("iifname != \"{name}\""),
-                cidr: None,
-            },
-            LocalTraffic::InterfacePrefix(prefix) => Detect {
-                if_local: format!("iifname \"{prefix}*\""),
-                if_not_local: format!("iifname != \"{prefix}*\""),
-                cidr: None,
-            },
+        };
+        node.local_traffic.as_ref()?;
+        Some(Detect {
+            if_local: by(false),
+            if_not_local: by(true),
         })
     }
-}
-
-pub(crate) fn join<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
-    let mut out = String::new();
-    for (i, item) in items.enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        let _ = write!(out, "{item}");
-    }
-    out
 }
 
 /// A frontend's element key in its map.
@@ -189,12 +178,10 @@ impl MapId {
         }
     }
 
-    pub fn key_type(self, family: IpFamily) -> String {
+    pub fn key_type(self, family: IpFamily) -> Vec<Field> {
         match self {
-            MapId::ServiceNodePorts | MapId::NoEndpointNodePorts => {
-                "inet_proto . inet_service".to_string()
-            }
-            _ => format!("{} . inet_proto . inet_service", addr_type(family)),
+            MapId::ServiceNodePorts | MapId::NoEndpointNodePorts => vec![Field::Proto, Field::Port],
+            _ => vec![Field::Addr(family), Field::Proto, Field::Port],
         }
     }
 }
@@ -278,45 +265,6 @@ pub(crate) fn elems(svc: &ServiceIntent, hash: u64, key: &FrontendKey) -> Vec<El
         });
     }
     out
-}
-
-/// A chain's rules as text, and typed while every one of them is.
-struct Rules {
-    comment: String,
-    text: Vec<String>,
-    typed: Option<Vec<TypedRule>>,
-}
-
-impl Rules {
-    fn new(comment: String) -> Rules {
-        Rules {
-            comment,
-            text: Vec::new(),
-            typed: Some(Vec::new()),
-        }
-    }
-
-    /// A rule with no typed form: the chain goes through `nft -f`.
-    fn text(&mut self, rule: String) {
-        self.text.push(rule);
-        self.typed = None;
-    }
-
-    fn typed(&mut self, rule: TypedRule) {
-        self.text.push(rule.text());
-        if let Some(typed) = &mut self.typed {
-            typed.push(rule);
-        }
-    }
-
-    fn chain(self) -> Chain {
-        Chain {
-            base: None,
-            comment: Some(self.comment),
-            rules: self.text,
-            typed: self.typed,
-        }
-    }
 }
 
 fn set_prefix(set: EndpointSetId) -> Prefix {
@@ -461,23 +409,32 @@ impl Fragment {
     pub fn objects(&self, detect: Option<&Detect>) -> Ruleset {
         let svc = &*self.intent;
         let family = svc.family;
-        let ipx = family_keyword(family);
-        let proto = protocol_keyword(svc.protocol);
         let comment = service_port_comment(&svc.name);
         let mut rs = Ruleset::new(family);
+        let rule =
+            |matches: Vec<Match>, action: RuleAction| TypedRule::new(family, matches, action);
+        let l4proto = || vec![Match::L4Proto(svc.protocol)];
+        let chain = |rules: Vec<TypedRule>| Chain {
+            base: None,
+            comment: Some(comment.clone()),
+            rules,
+        };
 
         let own = |i: u32| self.endpoints[i as usize];
         // Where the choice of endpoint `i` goes: its chain, or straight to it.
-        let to_endpoint = |i: u32| match own(i) {
-            Some(names) => format!("goto {}", ObjName::new(Prefix::Endpoint, names.chain)),
-            None => format!(
-                "meta l4proto {proto} dnat {ipx} to {}",
-                dnat_to(&svc.endpoints[i as usize])
+        let to_endpoint = |i: u32, mut matches: Vec<Match>| match own(i) {
+            Some(names) => rule(
+                matches,
+                RuleAction::Goto(ObjName::new(Prefix::Endpoint, names.chain).to_string()),
             ),
+            None => {
+                matches.push(Match::L4Proto(svc.protocol));
+                rule(matches, RuleAction::Dnat(svc.endpoints[i as usize]))
+            }
         };
 
         let set_chain = |set: EndpointSetId, list: &[u32]| -> Chain {
-            let mut rules = Rules::new(comment.clone());
+            let mut rules = Vec::new();
             if let Some(ports) = &self.capture {
                 let port = ports[set_slot(set)];
                 if self.capture_loopback_only {
@@ -485,55 +442,59 @@ impl Fragment {
                     // them without route_localnet; every other destination goes on
                     // to the rules below.
                     if let Some(port) = port {
-                        let loopback = match family {
-                            IpFamily::V4 => "127.0.0.0/8",
-                            IpFamily::V6 => "::1",
-                        };
-                        rules.text(format!(
-                            "{ipx} daddr {loopback} meta l4proto {proto} redirect to :{port}"
+                        rules.push(rule(
+                            vec![
+                                Match::Prefix {
+                                    addr: Addr::Daddr,
+                                    net: loopback(family),
+                                    negate: false,
+                                },
+                                Match::L4Proto(svc.protocol),
+                            ],
+                            RuleAction::Redirect(port),
                         ));
                     }
                 } else {
                     // The proxy connects from the node itself: nothing to
                     // masquerade, and it keeps the affinity and chooses the endpoint.
                     if let Some(port) = port {
-                        rules.text(format!("meta l4proto {proto} redirect to :{port}"));
+                        rules.push(rule(l4proto(), RuleAction::Redirect(port)));
                     }
-                    return rules.chain();
+                    return chain(rules);
                 }
             }
             if svc.internal.set == set {
                 // Only traffic that came for the cluster IP: the same chain also
                 // serves external traffic, which the external chain handles.
                 for ip in &svc.cluster_ips {
-                    let mark = |unless_from| TypedRule::MarkMasquerade {
-                        family,
-                        daddr: *ip,
-                        protocol: svc.protocol,
-                        port: svc.port,
-                        unless_from,
-                        chain: MARK_MASQ_CHAIN.to_string(),
-                    };
-                    match (svc.internal.masquerade, detect) {
-                        (Masquerade::Always, _) => rules.typed(mark(None)),
-                        (Masquerade::UnlessFromLocalPod, Some(d)) => match d.cidr {
-                            Some(net) => rules.typed(mark(Some(net))),
-                            None => rules.text(format!(
-                                "{ipx} daddr {ip} {proto} dport {} {} jump {MARK_MASQ_CHAIN}",
-                                svc.port, d.if_not_local
-                            )),
+                    let mut matches = vec![
+                        Match::Prefix {
+                            addr: Addr::Daddr,
+                            net: IpNet::from(*ip),
+                            negate: false,
                         },
-                        _ => {}
+                        Match::Dport(svc.protocol, svc.port),
+                    ];
+                    match (svc.internal.masquerade, detect) {
+                        (Masquerade::Always, _) => {}
+                        (Masquerade::UnlessFromLocalPod, Some(d)) => {
+                            matches.push(d.if_not_local.clone())
+                        }
+                        _ => continue,
                     }
+                    rules.push(rule(matches, RuleAction::Jump(MARK_MASQ_CHAIN.to_string())));
                 }
             }
             if svc.affinity_timeout.is_some() {
                 // (With affinity every endpoint has its objects.)
                 for names in list.iter().filter_map(|&i| own(i)) {
-                    rules.text(format!(
-                        "{ipx} saddr @{} goto {}",
-                        ObjName::new(Prefix::Affinity, names.affinity),
-                        ObjName::new(Prefix::Endpoint, names.chain)
+                    rules.push(rule(
+                        vec![Match::InSet {
+                            addr: Addr::Saddr,
+                            set: ObjName::new(Prefix::Affinity, names.affinity).to_string(),
+                            negate: false,
+                        }],
+                        RuleAction::Goto(ObjName::new(Prefix::Endpoint, names.chain).to_string()),
                     ));
                 }
             }
@@ -541,37 +502,29 @@ impl Fragment {
             if let Some(base) = self.blocks[set_slot(set)].map(|r| r.first) {
                 // Uniform choice in one lookup: the set's endpoints are the map's
                 // elements base..base+n.
-                rules.typed(TypedRule::MapDnat {
-                    family,
-                    protocol: svc.protocol,
-                    n: n as u32,
-                    offset: base,
-                    map: self.endpoint_map(),
-                });
-                return rules.chain();
+                rules.push(rule(
+                    l4proto(),
+                    RuleAction::MapDnat {
+                        n: n as u32,
+                        offset: base,
+                        map: self.endpoint_map(),
+                    },
+                ));
+                return chain(rules);
             }
             // Otherwise (affinity; one endpoint) a cascade: endpoint i is taken with
             // probability 1/(n-i) among those left, i.e. 1/n overall. (An anonymous
             // verdict map per service instead would cost the kernel's loop check a
             // scan of every set of the table for every chain it visits.)
             for (k, &i) in list.iter().enumerate() {
-                if n == 1 && own(i).is_none() {
-                    rules.typed(TypedRule::Dnat {
-                        family,
-                        protocol: svc.protocol,
-                        to: svc.endpoints[i as usize],
-                    });
-                } else if k + 1 == n {
-                    rules.text(to_endpoint(i));
+                let matches = if k + 1 == n {
+                    Vec::new()
                 } else {
-                    rules.text(format!(
-                        "numgen random mod {} == 0 {}",
-                        n - k,
-                        to_endpoint(i)
-                    ));
-                }
+                    vec![Match::NumgenZero((n - k) as u32)]
+                };
+                rules.push(to_endpoint(i, matches));
             }
-            rules.chain()
+            chain(rules)
         };
 
         for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
@@ -581,57 +534,55 @@ impl Fragment {
             }
         }
 
+        let mark = || RuleAction::Jump(MARK_MASQ_CHAIN.to_string());
         if let Some(ext) = &svc.external {
             let mut rules = Vec::new();
-            let service = self.name(Prefix::Service);
+            let service = || RuleAction::Goto(self.name(Prefix::Service).to_string());
             if ext.masquerade {
-                rules.push(format!("jump {MARK_MASQ_CHAIN}"));
+                rules.push(rule(Vec::new(), mark()));
             }
             if ext.pods_to_cluster {
                 if let Some(d) = detect {
-                    rules.push(format!("{} goto {service}", d.if_local));
+                    rules.push(rule(vec![d.if_local.clone()], service()));
                 }
             }
+            let from_host = || vec![Match::FibLocal(Addr::Saddr)];
             if ext.host_masquerade {
-                rules.push(format!("fib saddr type local jump {MARK_MASQ_CHAIN}"));
+                rules.push(rule(from_host(), mark()));
             }
             if ext.host_to_cluster {
-                rules.push(format!("fib saddr type local goto {service}"));
+                rules.push(rule(from_host(), service()));
             }
             if let Disposition::Forward(set) = ext.rest {
-                rules.push(format!("goto {}", self.name(set_prefix(set))));
+                rules.push(rule(
+                    Vec::new(),
+                    RuleAction::Goto(self.name(set_prefix(set)).to_string()),
+                ));
             }
-            rs.chains.insert(
-                self.name(Prefix::External).to_string(),
-                Chain {
-                    base: None,
-                    comment: Some(comment.clone()),
-                    rules,
-                    typed: None,
-                },
-            );
+            rs.chains
+                .insert(self.name(Prefix::External).to_string(), chain(rules));
         }
 
         if let Some(fw) = &svc.firewall {
             let mut rules = Vec::new();
             if fw.allow_from_node {
-                rules.push("fib saddr type local return".to_string());
+                rules.push(rule(vec![Match::FibLocal(Addr::Saddr)], RuleAction::Return));
             }
             // One rule per range rather than an anonymous set (see the dispatch
             // cascade above for why); only new connections to the LB walk them.
             for range in &fw.ranges {
-                rules.push(format!("{ipx} saddr {range} return"));
+                rules.push(rule(
+                    vec![Match::Prefix {
+                        addr: Addr::Saddr,
+                        net: *range,
+                        negate: false,
+                    }],
+                    RuleAction::Return,
+                ));
             }
-            rules.push("drop".to_string());
-            rs.chains.insert(
-                self.name(Prefix::Firewall).to_string(),
-                Chain {
-                    base: None,
-                    comment: Some(comment.clone()),
-                    rules,
-                    typed: None,
-                },
-            );
+            rules.push(rule(Vec::new(), RuleAction::Drop));
+            rs.chains
+                .insert(self.name(Prefix::Firewall).to_string(), chain(rules));
         }
 
         for (ep, names) in svc
@@ -643,28 +594,24 @@ impl Fragment {
             let mut rules = Vec::new();
             if let Some(t) = svc.affinity_timeout {
                 let set = ObjName::new(Prefix::Affinity, names.affinity).to_string();
-                rules.push(format!("update @{set} {{ {ipx} saddr }}"));
+                rules.push(rule(Vec::new(), RuleAction::UpdateSaddr(set.clone())));
                 rs.sets.insert(
                     set,
                     Set {
-                        key_type: addr_type(family).to_string(),
+                        key: vec![Field::Addr(family)],
                         timeout: Some(t),
                         interval: false,
                         elements: Vec::new(),
                     },
                 );
             }
-            rules.push(format!(
-                "meta l4proto {proto} dnat {ipx} to {}",
-                dnat_to(ep)
-            ));
+            rules.push(rule(l4proto(), RuleAction::Dnat(*ep)));
             rs.chains.insert(
                 ObjName::new(Prefix::Endpoint, names.chain).to_string(),
                 Chain {
                     base: None,
                     comment: None,
                     rules,
-                    typed: None,
                 },
             );
         }
@@ -703,13 +650,5 @@ impl Fragment {
             + svc.external.is_some() as usize
             + svc.firewall.is_some() as usize
             + self.endpoints.iter().flatten().count()
-    }
-}
-
-/// `ip:port`, or `[ip]:port` for IPv6, as `dnat to` takes it.
-fn dnat_to(ep: &SocketAddr) -> String {
-    match ep.ip() {
-        IpAddr::V4(a) => format!("{a}:{}", ep.port()),
-        IpAddr::V6(a) => format!("[{a}]:{}", ep.port()),
     }
 }
