@@ -173,11 +173,13 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         delta: &IntentDelta,
         full: bool,
     ) -> Result<ApplyReport, DataPlaneError> {
+        let typed = self.writer == NftWriter::Netlink && self.sink.writes_typed();
+        self.planner.set_text_when_typed(!typed);
         let plan = self.planner.plan(intent, delta, full);
         let start = Instant::now();
-        let applied = match (&plan.typed, self.writer) {
+        let applied = match &plan.typed {
             _ if plan.is_empty() => Ok(()),
-            (Some(ops), NftWriter::Netlink) => self.sink.apply_typed(ops, &plan.script),
+            Some(ops) if typed => self.sink.apply_typed(ops, &plan.script),
             _ => self.sink.apply(&plan.script),
         };
         let apply_duration = start.elapsed();

@@ -31,6 +31,12 @@ pub trait ScriptSink {
         self.apply(script)
     }
 
+    /// Whether [`ScriptSink::apply_typed`] writes the statements itself (and so
+    /// needs no script).
+    fn writes_typed(&self) -> bool {
+        false
+    }
+
     /// Table `name` of `family` as the kernel holds it now.
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError>;
 
@@ -64,6 +70,10 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
         (**self).apply_typed(ops, script)
     }
 
+    fn writes_typed(&self) -> bool {
+        (**self).writes_typed()
+    }
+
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
         (**self).table_state(family, name)
     }
@@ -84,6 +94,10 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
 
     fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
         (**self).apply_typed(ops, script)
+    }
+
+    fn writes_typed(&self) -> bool {
+        (**self).writes_typed()
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
@@ -378,12 +392,16 @@ impl ScriptSink for NftCommand {
     /// (a command behind a prefix, e.g. `ip netns exec`, without the namespace
     /// named, gets the script).
     fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
-        let own_namespace = self.argv.len() == 1;
-        if self.netns.is_none() && !own_namespace {
+        if !self.writes_typed() {
             return self.run(script);
         }
         let netns = self.netns.clone();
         self.netlink.0.apply(ops, netns.as_deref(), self.timeout)
+    }
+
+    /// When it knows the namespace `nft` would write to: named, or its own.
+    fn writes_typed(&self) -> bool {
+        self.netns.is_some() || self.argv.len() == 1
     }
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {

@@ -16,9 +16,12 @@
 //! - the nftables floor: `nft -f` of a table holding only the same data (a verdict
 //!   map of the service addresses, a map of every endpoint, an empty chain per
 //!   service);
-//! - nftables mode: the same syncs (unless `BENCH_SKIP_NFT=1`), the full sync
-//!   also as a ratio to its floor, and the longest single commit of a first full
-//!   sync (the kernel's time in `nft`'s one `sendmsg`, read with strace).
+//! - nftables mode: the full sync through `nft -f` (`--nft-writer=text`), then
+//!   the same syncs as iptables mode over netlink (the default; unless
+//!   `BENCH_SKIP_NFT=1`), full syncs also as a ratio to the floor, with the
+//!   longest single commit of the full sync (the kernel's time in the one
+//!   `sendmsg` carrying the batch, read with strace attached to this process) and
+//!   this process's peak RSS during it;
 //!
 //! and prints the times (single changes: median and maximum), the ratio of iptables
 //! mode's full sync to each floor (target: at most 1.5) and of its one-service sync
@@ -37,6 +40,7 @@ use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
 use svcproxy_dataplane::{NftCommand, NftDataPlane, Proxier};
+use svcproxy_plan::NftWriter;
 
 fn env(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -327,32 +331,65 @@ fn run(n: usize, m: usize) {
     drop(floor_ns);
     settle();
 
-    // nftables mode, from the same services as iptables mode started with.
+    // nftables mode, from the same services as iptables mode started with: first
+    // through `nft -f` (`--nft-writer=text`), then as it runs by default (netlink).
     let mut state = cluster(&[]);
     upsert(&mut state, &services_yaml(0, n, m));
     let base = snapshot(&mut state);
+    let plane = |ns: &Netns, writer: NftWriter| {
+        Proxier::without_conntrack(
+            plan_config(),
+            NftDataPlane::with_sink(
+                NftCommand::from_argv({
+                    let mut argv = netns_exec(&ns.name);
+                    argv.push("nft".into());
+                    argv
+                })
+                .in_netns(format!("/run/netns/{}", ns.name)),
+            )
+            .with_writer(writer),
+        )
+    };
+    {
+        let ns = Netns::create("bench_sync", "bench-nft-text", &tools).expect("netns");
+        let mut text = plane(&ns, NftWriter::Text);
+        let _ = take_peak_rss(&rss_log);
+        reset_peak_rss();
+        let t = Instant::now();
+        let full = text.sync(&base, true).expect("nft full (text)");
+        let took = t.elapsed();
+        println!(
+            "  nftables mode, nft -f (--nft-writer=text): full sync {:>9.1} ms  ({:.2} x the nftables floor; {} bytes, in nft {:.1} ms; nft's peak RSS {}; this process {})",
+            ms(took),
+            took.as_secs_f64() / nft_floor.as_secs_f64(),
+            full.script_bytes,
+            ms(full.apply_duration),
+            take_peak_rss(&rss_log),
+            own_rss(),
+        );
+        drop(text);
+        drop(ns);
+        settle();
+    }
     let nft_ns = Netns::create("bench_sync", "bench-nft", &tools).expect("netns");
-    let mut nft = Proxier::without_conntrack(
-        plan_config(),
-        NftDataPlane::with_sink(
-            NftCommand::from_argv({
-                let mut argv = netns_exec(&nft_ns.name);
-                argv.push("nft".into());
-                argv
-            })
-            .in_netns(format!("/run/netns/{}", nft_ns.name)),
-        ),
-    );
+    let mut nft = plane(&nft_ns, NftWriter::Netlink);
     let _ = take_peak_rss(&rss_log);
+    reset_peak_rss();
+    // The longest single commit: the kernel processes and commits a batch inside
+    // the one sendmsg(2) that carries it (holding the nftables commit lock), read
+    // by strace attached to this process. Left out when strace is not installed.
+    let tracer = Tracer::attach();
     let t = Instant::now();
     let full = nft.sync(&base, true).expect("nft full");
     let nft_full = t.elapsed();
+    let longest = tracer.map(Tracer::longest_sendmsg);
+    let full_rss = own_rss();
     let nft_full_rss = take_peak_rss(&rss_log);
     let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
         nft.sync(snap, false)
             .map(|r| {
                 format!(
-                    "{:?}, {} bytes, in nft {:.1} ms",
+                    "{:?}, {} bytes, applied in {:.1} ms",
                     r.kind,
                     r.script_bytes,
                     ms(r.apply_duration)
@@ -373,13 +410,14 @@ fn run(n: usize, m: usize) {
         &mut sync,
     );
     println!(
-        "  nftables mode: full sync (both families)          {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; {} bytes, in nft {:.1} ms; nft's peak RSS {nft_full_rss})\n\
-         \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  ({}; nft's peak RSS {})\n\
+        "  nftables mode: full sync (both families, netlink) {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; {} bytes of script not sent, applied in {:.1} ms; longest commit {}; tools' peak RSS {nft_full_rss}; this process {full_rss})\n\
+         \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  ({}; tools' peak RSS {})\n\
          \x20 nftables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms  ({})",
         ms(nft_full),
         nft_full.as_secs_f64() / nft_floor.as_secs_f64(),
         full.script_bytes,
         ms(full.apply_duration),
+        longest.map_or_else(|| "n/a".to_string(), |d| format!("{:.1} ms", ms(d))),
         ms(med),
         ms(max),
         notes.first().cloned().unwrap_or_default(),
@@ -391,49 +429,65 @@ fn run(n: usize, m: usize) {
     drop(nft);
     drop(nft_ns);
     settle();
-
-    // The longest single commit: a first full sync again, in a fresh namespace,
-    // with `nft` under strace; nft sends a transaction in one sendmsg(2), during
-    // which the kernel processes the batch and commits it (holding the nftables
-    // commit lock). Left out when strace is not installed.
-    if std::path::Path::new("/usr/bin/strace").exists() {
-        let ns = Netns::create("bench_sync", "bench-nft-commit", &tools).expect("netns");
-        let log = std::env::temp_dir().join(format!("bench_sync-strace-{}", std::process::id()));
-        let mut argv: Vec<String> = ["ip", "netns", "exec", &ns.name].map(String::from).to_vec();
-        argv.extend(
-            [
-                "/usr/bin/strace",
-                "-f",
-                "--seccomp-bpf",
-                "-T",
-                "-e",
-                "trace=sendmsg",
-                "-o",
-            ]
-            .map(String::from),
-        );
-        argv.push(log.display().to_string());
-        argv.push("nft".into());
-        let mut plane = Proxier::without_conntrack(
-            plan_config(),
-            NftDataPlane::with_sink(
-                NftCommand::from_argv(argv).in_netns(format!("/run/netns/{}", ns.name)),
-            ),
-        );
-        let report = plane.sync(&base, true);
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let longest = text
-            .lines()
-            .filter_map(|l| l.rsplit_once('<')?.1.strip_suffix('>')?.parse::<f64>().ok())
-            .fold(0.0f64, f64::max);
-        println!(
-            "  nftables mode: longest single commit of a first full sync (one sendmsg) {:>7.1} ms{}",
-            longest * 1000.0,
-            report.err().map(|e| format!("  FAILED: {e}")).unwrap_or_default()
-        );
-        let _ = std::fs::remove_file(&log);
-    }
     let _ = std::fs::remove_file(&rss_log);
+}
+
+/// Forgets this process's peak RSS (VmHWM), so that [`own_rss`] reports the peak
+/// of what follows.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// This process's resident memory now, and its peak since [`reset_peak_rss`].
+fn own_rss() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or_else(|| "n/a".to_string(), |k| format!("{:.1} MiB", k / 1024.0))
+    };
+    format!("peak {}, now {}", kib("VmHWM:"), kib("VmRSS:"))
+}
+
+/// strace attached to every thread of this process, timing its sendmsg(2) calls.
+struct Tracer {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Tracer {
+    fn attach() -> Option<Tracer> {
+        let strace = std::path::Path::new("/usr/bin/strace");
+        if !strace.exists() {
+            return None;
+        }
+        let log = std::env::temp_dir().join(format!("bench_sync-strace-{}", std::process::id()));
+        let mut cmd = std::process::Command::new(strace);
+        cmd.args(["-T", "-e", "trace=sendmsg", "-o"]).arg(&log);
+        for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            cmd.arg("-p").arg(task.file_name());
+        }
+        let child = cmd.stderr(std::process::Stdio::null()).spawn().ok()?;
+        // Until it has attached.
+        std::thread::sleep(Duration::from_secs(1));
+        Some(Tracer { child, log })
+    }
+
+    fn longest_sendmsg(mut self) -> Duration {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.log);
+        Duration::from_secs_f64(
+            text.lines()
+                .filter_map(|l| l.rsplit_once('<')?.1.strip_suffix('>')?.parse::<f64>().ok())
+                .fold(0.0f64, f64::max),
+        )
+    }
 }
 
 /// GNU time, to read each tool's peak RSS (`-f %M`, KiB, appended to `log`); `None`

@@ -103,8 +103,10 @@ impl Plan {
         self.kind != PlanKind::Partial
     }
 
+    /// Nothing to apply (a partial plan with no change). A full plan written only
+    /// as typed statements has no script (see [`Planner::set_text_when_typed`]).
     pub fn is_empty(&self) -> bool {
-        self.script.is_empty()
+        self.script.is_empty() && self.typed.as_ref().is_none_or(Vec::is_empty)
     }
 }
 
@@ -351,6 +353,13 @@ fn delete_set(family: IpFamily, name: &str) -> Op {
         family,
         name: name.to_string(),
     }
+}
+
+/// Chains `ops` adds.
+fn chains_added(ops: &[Op]) -> usize {
+    ops.iter()
+        .filter(|op| matches!(op, Op::AddChain { .. }))
+        .count()
 }
 
 /// A value of an `endpoint-dnat-*` map: `address . port`.
@@ -797,26 +806,24 @@ impl FamilyState {
             ops.push(add_map(f, name, &endpoint_map_decl(f, protocol)));
         }
         let mut rules = Vec::new();
-        let add_rules = |rules: &mut Vec<Op>, name: &String, chain: &Chain| {
-            rules.extend(chain.rules.iter().map(|rule| Op::AddRule {
-                family: f,
-                chain: name.clone(),
-                rule: rule.clone(),
-            }))
+        // Each chain declared now, its rules kept for after the elements.
+        let mut chains = |ops: &mut Vec<Op>, objs: Ruleset| {
+            for (name, chain) in objs.chains {
+                ops.push(add_chain(f, &name, &chain));
+                rules.extend(chain.rules.into_iter().map(|rule| Op::AddRule {
+                    family: f,
+                    chain: name.clone(),
+                    rule,
+                }));
+            }
         };
-        for (name, chain) in &shared.chains {
-            ops.push(add_chain(f, name, chain));
-            add_rules(&mut rules, name, chain);
-        }
+        chains(ops, shared);
         for frag in self.entries.values() {
             let objs = frag.objects(self.detect.as_ref());
             for (name, set) in &objs.sets {
                 ops.push(add_set(f, name, set));
             }
-            for (name, chain) in &objs.chains {
-                ops.push(add_chain(f, name, chain));
-                add_rules(&mut rules, name, chain);
-            }
+            chains(ops, objs);
         }
         let elem = |set: &str, key: Vec<Atom>, value: Option<ElemValue>| {
             Op::Element(ElemOp {
@@ -932,6 +939,8 @@ pub struct Planner {
     generation: u64,
     /// The intent generation last planned: a delta from any other is not trusted.
     intent_generation: Option<u64>,
+    /// Whether a full plan whose statements are all typed also carries its script.
+    text_when_typed: bool,
 }
 
 impl Default for Planner {
@@ -956,7 +965,15 @@ impl Planner {
             kernel: Kernel::Unknown,
             generation: 0,
             intent_generation: None,
+            text_when_typed: true,
         }
+    }
+
+    /// Whether full plans whose every statement is typed carry their script too
+    /// (the default). A writer that sends typed statements itself needs no script,
+    /// and rendering it costs time and memory in proportion to the whole table.
+    pub fn set_text_when_typed(&mut self, text: bool) {
+        self.text_when_typed = text;
     }
 
     /// Plans the tables for `intent`, which `delta` says how it differs from the
@@ -1010,18 +1027,32 @@ impl Planner {
         match kind {
             PlanKind::Partial => {}
             PlanKind::Recreate => {
-                script = self.render_counting(intent, &mut stats);
                 for fam in &self.families {
                     ops.push(Op::AddTable { family: fam.family });
                     ops.push(Op::DeleteTable { family: fam.family });
                     typed &= fam.table_ops(intent.family(fam.family), &mut ops);
                 }
+                if typed && !self.text_when_typed {
+                    stats.chains_written = chains_added(&ops);
+                } else {
+                    script = self.render_counting(intent, &mut stats);
+                }
             }
             PlanKind::Resync => {
                 for (fam, old) in self.families.iter().zip(&old_names) {
-                    let fi = intent.family(fam.family);
-                    Self::write_resync(fam, fi, old, &mut script, &mut stats);
-                    typed &= Self::resync_ops(fam, fi, old, &mut ops);
+                    typed &= Self::resync_ops(fam, intent.family(fam.family), old, &mut ops);
+                }
+                if typed && !self.text_when_typed {
+                    stats.chains_written = chains_added(&ops);
+                    stats.chains_deleted = ops
+                        .iter()
+                        .filter(|op| matches!(op, Op::DeleteChain { .. }))
+                        .count();
+                } else {
+                    for (fam, old) in self.families.iter().zip(&old_names) {
+                        let fi = intent.family(fam.family);
+                        Self::write_resync(fam, fi, old, &mut script, &mut stats);
+                    }
                 }
             }
         }
