@@ -30,6 +30,7 @@ pub mod kube_proxy;
 pub mod listing;
 pub mod nft;
 mod nft_netlink;
+pub use nft_netlink::BatchStats;
 mod nft_table;
 mod node;
 mod proxier;

@@ -1016,8 +1016,10 @@ impl Batch {
 
     /// Sends the batch on `sock` and waits for the kernel's verdict: the last
     /// message's acknowledgement, after the errors of any that failed.
-    fn send_on(&self, sock: &Socket, ops: &[Op]) -> Result<(), ConntrackError> {
+    fn send_on(&self, sock: &Socket, ops: &[Op]) -> Result<Duration, ConntrackError> {
+        let start = std::time::Instant::now();
         send_request(sock, &self.buf, "the nftables batch")?;
+        let commit = start.elapsed();
         let last = self.messages.last().map(|m| m.seq);
         let mut failure: Option<ConntrackError> = None;
         let mut buf = Vec::with_capacity(64 * 1024);
@@ -1047,7 +1049,7 @@ impl Batch {
         }
         match failure {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => Ok(commit),
         }
     }
 }
@@ -1077,12 +1079,25 @@ fn describe(op: &Op) -> String {
     }
 }
 
-/// Writes element batches over one netlink socket, opened at the first batch in
-/// the namespace it is told, and kept.
+/// What the last batch was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchStats {
+    pub bytes: usize,
+    pub messages: usize,
+    /// The kernel's time in the `sendmsg` carrying the batch: it processes and
+    /// commits the whole transaction (under the nftables commit lock) before
+    /// returning.
+    pub commit: Duration,
+}
+
+/// Writes batches over one netlink socket, opened at the first batch in the
+/// namespace it is told, and kept.
 #[derive(Default)]
 pub(crate) struct NetlinkWriter {
     sock: Option<(Option<PathBuf>, Socket)>,
     seq: u32,
+    /// The last batch sent.
+    pub last: Option<BatchStats>,
     /// The send buffer asked of the open socket (0: the kernel's default).
     sndbuf: usize,
 }
@@ -1103,11 +1118,24 @@ impl NetlinkWriter {
         let result = self
             .socket(netns, timeout, batch.len())
             .and_then(|sock| batch.send_on(sock, ops));
-        if result.is_err() {
+        match &result {
+            Ok(commit) => {
+                self.last = Some(BatchStats {
+                    bytes: batch.len(),
+                    messages: batch.messages.len(),
+                    commit: *commit,
+                });
+                tracing::debug!(
+                    bytes = batch.len(),
+                    messages = batch.messages.len(),
+                    commit = ?commit,
+                    "nftables batch committed"
+                );
+            }
             // Whatever the socket still holds (late replies) goes with it.
-            self.sock = None;
+            Err(_) => self.sock = None,
         }
-        result.map_err(|e| match e {
+        result.map(|_| ()).map_err(|e| match e {
             ConntrackError::Kernel { context, source } => DataPlaneError::Rejected {
                 command: "nftables netlink batch".into(),
                 status: format!("errno {}", source.raw_os_error().unwrap_or(0)),

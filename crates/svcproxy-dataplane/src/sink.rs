@@ -202,6 +202,12 @@ impl NftCommand {
         self
     }
 
+    /// The last batch sent over netlink: its bytes, its messages, and the time
+    /// the kernel took to process and commit it (the one `sendmsg` carrying it).
+    pub fn last_batch(&self) -> Option<crate::nft_netlink::BatchStats> {
+        self.netlink.0.last
+    }
+
     /// The same command with another time limit.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;

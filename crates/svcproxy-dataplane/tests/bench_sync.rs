@@ -20,8 +20,7 @@
 //!   the same syncs as iptables mode over netlink (the default; unless
 //!   `BENCH_SKIP_NFT=1`), full syncs also as a ratio to the floor, with the
 //!   longest single commit of the full sync (the kernel's time in the one
-//!   `sendmsg` carrying the batch, read with strace attached to this process) and
-//!   this process's peak RSS during it;
+//!   `sendmsg` carrying the batch) and this process's peak RSS during it;
 //!
 //! and prints the times (single changes: median and maximum), the ratio of iptables
 //! mode's full sync to each floor (target: at most 1.5) and of its one-service sync
@@ -375,15 +374,14 @@ fn run(n: usize, m: usize) {
     let mut nft = plane(&nft_ns, NftWriter::Netlink);
     let _ = take_peak_rss(&rss_log);
     reset_peak_rss();
-    // The longest single commit: the kernel processes and commits a batch inside
-    // the one sendmsg(2) that carries it (holding the nftables commit lock), read
-    // by strace attached to this process. Left out when strace is not installed.
-    let tracer = Tracer::attach();
+    let before_rss = own_rss();
     let t = Instant::now();
     let full = nft.sync(&base, true).expect("nft full");
     let nft_full = t.elapsed();
-    let longest = tracer.map(Tracer::longest_sendmsg);
-    let full_rss = own_rss();
+    // The longest single commit: the kernel processes and commits a batch inside
+    // the one sendmsg(2) that carries it (holding the nftables commit lock).
+    let batch = nft.plane_mut().sink().last_batch();
+    let full_rss = format!("before: {before_rss}; after: {}", own_rss());
     let nft_full_rss = take_peak_rss(&rss_log);
     let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
         nft.sync(snap, false)
@@ -410,14 +408,22 @@ fn run(n: usize, m: usize) {
         &mut sync,
     );
     println!(
-        "  nftables mode: full sync (both families, netlink) {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; {} bytes of script not sent, applied in {:.1} ms; longest commit {}; tools' peak RSS {nft_full_rss}; this process {full_rss})\n\
+        "  nftables mode: full sync (both families, netlink) {:>9.1} ms  ({:.2} x the nftables floor; target <= 1.5; {} bytes of script, applied in {:.1} ms; the commit {}; tools' peak RSS {nft_full_rss}; this process {full_rss})\n\
          \x20 nftables mode: one service added, median / max    {:>9.1} / {:.1} ms  ({}; tools' peak RSS {})\n\
          \x20 nftables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms  ({})",
         ms(nft_full),
         nft_full.as_secs_f64() / nft_floor.as_secs_f64(),
         full.script_bytes,
         ms(full.apply_duration),
-        longest.map_or_else(|| "n/a".to_string(), |d| format!("{:.1} ms", ms(d))),
+        batch.map_or_else(
+            || "n/a".to_string(),
+            |b| format!(
+                "{:.1} ms, {} bytes in {} messages",
+                ms(b.commit),
+                b.bytes,
+                b.messages
+            )
+        ),
         ms(med),
         ms(max),
         notes.first().cloned().unwrap_or_default(),
@@ -449,45 +455,6 @@ fn own_rss() -> String {
             .map_or_else(|| "n/a".to_string(), |k| format!("{:.1} MiB", k / 1024.0))
     };
     format!("peak {}, now {}", kib("VmHWM:"), kib("VmRSS:"))
-}
-
-/// strace attached to every thread of this process, timing its sendmsg(2) calls.
-struct Tracer {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl Tracer {
-    fn attach() -> Option<Tracer> {
-        let strace = std::path::Path::new("/usr/bin/strace");
-        if !strace.exists() {
-            return None;
-        }
-        let log = std::env::temp_dir().join(format!("bench_sync-strace-{}", std::process::id()));
-        let mut cmd = std::process::Command::new(strace);
-        cmd.args(["-T", "-e", "trace=sendmsg", "-o"]).arg(&log);
-        for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-            cmd.arg("-p").arg(task.file_name());
-        }
-        let child = cmd.stderr(std::process::Stdio::null()).spawn().ok()?;
-        // Until it has attached.
-        std::thread::sleep(Duration::from_secs(1));
-        Some(Tracer { child, log })
-    }
-
-    fn longest_sendmsg(mut self) -> Duration {
-        let _ = std::process::Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let _ = std::fs::remove_file(&self.log);
-        Duration::from_secs_f64(
-            text.lines()
-                .filter_map(|l| l.rsplit_once('<')?.1.strip_suffix('>')?.parse::<f64>().ok())
-                .fold(0.0f64, f64::max),
-        )
-    }
 }
 
 /// GNU time, to read each tool's peak RSS (`-f %M`, KiB, appended to `log`); `None`

@@ -272,6 +272,40 @@ fn same_tables(a: &Netns, b: &Netns, step: &str) {
 
 /// Two ClusterIP services of one endpoint each, one per family: name, family,
 /// cluster IP, endpoint (for [`clusterip`]).
+/// edge: a LoadBalancer with ClientIP affinity, source ranges and eTP Local, one
+/// endpoint here and one on node-b.
+const EDGE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: edge, namespace: demo}
+spec:
+  type: LoadBalancer
+  clusterIP: 198.19.0.32
+  externalTrafficPolicy: Local
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 30}}
+  loadBalancerSourceRanges: [198.51.100.0/24, 0.0.0.0/0]
+  ports:
+  - {name: https, port: 443, targetPort: 8443, nodePort: 30444}
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 203.0.113.32}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: edge-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: edge}
+addressType: IPv4
+ports:
+- {name: https, port: 8443}
+endpoints:
+- {addresses: [198.18.1.32], nodeName: node-a}
+- {addresses: [198.18.2.32], nodeName: node-b}
+"#;
+
 const SOLOS: [(&str, &str, &str, &str); 2] = [
     ("solo", "IPv4", "198.19.0.40", "198.18.2.40"),
     ("solo6", "IPv6", "2001:db8:ffff::40", "2001:db8:2::40"),
@@ -445,6 +479,20 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
         &WEB.replace("- {addresses: [198.18.2.10], nodeName: node-b}", "- {addresses: [198.18.2.10], nodeName: node-b}\n- {addresses: [198.18.2.11], nodeName: node-b}"),
     );
     assert_eq!(both!("web grown"), SyncKind::Partial);
+    // A load balancer with ClientIP affinity, source ranges and eTP Local comes
+    // and goes in partial syncs: affinity sets (declared, then deleted), endpoint
+    // chains, external and firewall chains, all without nft.
+    upsert(&mut state, EDGE);
+    assert_eq!(both!("edge added"), SyncKind::Partial);
+    has(&a.table(), "update @affinity-", "edge added");
+    upsert(
+        &mut state,
+        &EDGE.replace("timeoutSeconds: 30", "timeoutSeconds: 60"),
+    );
+    assert_eq!(both!("edge's affinity timeout changed"), SyncKind::Partial);
+    delete_service(&mut state, "edge");
+    assert_eq!(both!("edge deleted"), SyncKind::Partial);
+    lacks(&a.table(), "affinity-", "edge deleted");
     delete_service(&mut state, "web6");
     *net.plane_mut().sink_mut() = a.nft_command();
     both!("web6 deleted");
