@@ -32,8 +32,8 @@ use std::sync::Arc;
 use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
 
 use crate::intent::{
-    Conflict, FamilyDelta, FamilyIntent, Intent, IntentDelta, LocalTraffic, NodeIntent,
-    NodePortDestinations,
+    Conflict, FamilyDelta, FamilyIntent, FrontendKey, Intent, IntentDelta, LocalTraffic,
+    NodeIntent, NodePortDestinations,
 };
 use crate::names::service_port_hash;
 
@@ -694,19 +694,29 @@ impl FamilyState {
                 .map(|ip| concat_text(&hairpin_elem(*ip)))
                 .collect();
         }
-        for (svc, frontend) in fam.frontends() {
-            let hash = match self.entries.get(&svc.name) {
-                Some(f) => f.hash,
-                None => service_port_hash(svc.family, &svc.name),
-            };
-            let text = key_text(&frontend.key);
-            for elem in elems(svc, hash, &frontend.key) {
+        for (key, elems) in self.frontend_elems(fam) {
+            let text = key_text(key);
+            for elem in elems {
                 if let Some(map) = rs.maps.get_mut(elem.map.name()) {
                     map.elements.push((text.clone(), elem.verdict.text()));
                 }
             }
         }
         rs
+    }
+
+    /// Each frontend's key, and the elements its owner puts in the shared maps.
+    fn frontend_elems<'a>(
+        &'a self,
+        fam: &'a FamilyIntent,
+    ) -> impl Iterator<Item = (&'a FrontendKey, Vec<Elem>)> + 'a {
+        fam.frontends().map(|(svc, frontend)| {
+            let hash = match self.entries.get(&svc.name) {
+                Some(f) => f.hash,
+                None => service_port_hash(svc.family, &svc.name),
+            };
+            (&frontend.key, elems(svc, hash, &frontend.key))
+        })
     }
 
     /// The whole table block, streamed: the shared objects, then each service
@@ -850,15 +860,11 @@ impl FamilyState {
                 .keys()
                 .map(|ip| elem(HAIRPIN_SET, hairpin_elem(*ip), None)),
         );
-        for (svc, frontend) in fam.frontends() {
-            let hash = match self.entries.get(&svc.name) {
-                Some(frag) => frag.hash,
-                None => service_port_hash(svc.family, &svc.name),
-            };
-            for e in elems(svc, hash, &frontend.key) {
+        for (key, elems) in self.frontend_elems(fam) {
+            for e in elems {
                 ops.push(elem(
                     e.map.name(),
-                    key_atoms(&frontend.key),
+                    key_atoms(key),
                     Some(ElemValue::Verdict(e.verdict.elem())),
                 ));
             }
