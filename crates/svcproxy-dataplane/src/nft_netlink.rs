@@ -31,19 +31,8 @@ use ipnet::IpNet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use netlink_packet_core::{
-    DefaultNla, Emitable as _, Nla, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
-    NLM_F_REQUEST,
-};
-use netlink_packet_netfilter::nftables::{
-    ChainAttribute, ChainMessage, DataAttribute, ExpressionAttribute, Expressions, ListAttribute,
-    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementAttribute, SetElementList,
-    SetElementMessage, SetMessage, TableAttribute, TableMessage, Verdict, VerdictAttribute,
-};
-use netlink_packet_netfilter::none::ControlMessage;
-use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
-};
+use netlink_packet_core::{NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
+use netlink_packet_netfilter::NetfilterMessage;
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_plan::nft::elements::{Atom, ElemOp, ElemValue, ElemVerdict};
 use svcproxy_plan::nft::ruleset::{Field, TABLE_COMMENT};
@@ -53,9 +42,7 @@ use svcproxy_plan::nft::{BaseChain, ChainType, Hook, Map, MapType, Set, TABLE_NA
 use netlink_sys::Socket;
 
 use crate::conntrack::{ip_protocol, ConntrackError};
-use crate::ctnetlink::{
-    encode, encode_with, open_socket, recv_datagram, send_request, split_datagram,
-};
+use crate::ctnetlink::{open_socket, recv_datagram, send_request, split_datagram};
 use crate::DataPlaneError;
 
 /// nfnetlink's subsystem id of nf_tables (a batch's `res_id`).
@@ -111,35 +98,28 @@ pub fn layout(atoms: &[Atom]) -> Vec<u8> {
     out
 }
 
-fn element(op: &ElemOp) -> ListAttribute<SetElementAttribute> {
-    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(layout(
-        &op.key,
-    )))];
-    match &op.value {
-        Some(ElemValue::Data(atoms)) => attrs.push(SetElementAttribute::Data(
-            DataAttribute::Value(layout(atoms)),
-        )),
-        Some(ElemValue::Verdict(v)) => {
-            let verdict = match v {
-                ElemVerdict::Goto(chain) => vec![
-                    VerdictAttribute::Code(Verdict::Goto),
-                    VerdictAttribute::Chain(chain.clone()),
-                ],
-                // NF_DROP.
-                ElemVerdict::Drop => vec![VerdictAttribute::Code(Verdict::Other(0))],
-            };
-            attrs.push(SetElementAttribute::Data(DataAttribute::Verdict(verdict)));
+/// One element (`NFTA_LIST_ELEM`) of a set element list.
+fn element(w: &mut W, op: &ElemOp) {
+    w.nest(NFTA_LIST_ELEM, |w| {
+        // NFTA_SET_ELEM_KEY { NFTA_DATA_VALUE }.
+        w.nest(1, |w| w.attr(NFTA_DATA_VALUE, &layout(&op.key)));
+        match &op.value {
+            // NFTA_SET_ELEM_DATA.
+            Some(ElemValue::Data(atoms)) => w.nest(2, |w| w.attr(NFTA_DATA_VALUE, &layout(atoms))),
+            Some(ElemValue::Verdict(v)) => w.nest(2, |w| match v {
+                ElemVerdict::Goto(chain) => verdict_data(w, NFT_GOTO, Some(chain)),
+                ElemVerdict::Drop => verdict_data(w, NF_DROP, None),
+            }),
+            None => {}
         }
-        None => {}
-    }
-    ListAttribute::Element(attrs)
+    });
 }
 
 /// An interval set's elements for `nets` (sorted, disjoint), as the kernel's
 /// interval sets take them: each prefix's first address, and the address after
 /// its last flagged as an interval's end (none past the top of the space), with
 /// an end at address zero first when the first prefix starts later.
-fn interval_elements(nets: &[IpNet]) -> Vec<ListAttribute<SetElementAttribute>> {
+fn interval_elements(w: &mut W, nets: &[IpNet]) {
     let bytes = |v: u128, net: &IpNet| match net {
         IpNet::V4(_) => (v as u32).to_be_bytes().to_vec(),
         IpNet::V6(_) => v.to_be_bytes().to_vec(),
@@ -148,55 +128,110 @@ fn interval_elements(nets: &[IpNet]) -> Vec<ListAttribute<SetElementAttribute>> 
         IpAddr::V4(a) => u128::from(u32::from(a)),
         IpAddr::V6(a) => u128::from(a),
     };
-    let key = |b: Vec<u8>| SetElementAttribute::Key(DataAttribute::Value(b));
-    // NFTA_SET_ELEM_FLAGS: NFT_SET_ELEM_INTERVAL_END.
-    let end = || SetElementAttribute::Other(be32(3, 1));
-    let mut out = Vec::new();
+    // NFTA_SET_ELEM_KEY { NFTA_DATA_VALUE }, and NFTA_SET_ELEM_FLAGS
+    // (NFT_SET_ELEM_INTERVAL_END) for an end.
+    let one = |w: &mut W, key: &[u8], end: bool| {
+        w.nest(NFTA_LIST_ELEM, |w| {
+            w.nest(1, |w| w.attr(NFTA_DATA_VALUE, key));
+            if end {
+                w.be32(3, 1);
+            }
+        })
+    };
     if let Some(first) = nets.first() {
         if value(first.network()) != 0 {
-            out.push(ListAttribute::Element(vec![key(bytes(0, first)), end()]));
+            one(w, &bytes(0, first), true);
         }
     }
     for net in nets {
-        out.push(ListAttribute::Element(vec![key(ip_bytes(&net.network()))]));
+        one(w, &ip_bytes(&net.network()), false);
         if let Some(next) = value(net.broadcast()).checked_add(1) {
             let top = match net {
                 IpNet::V4(_) => u128::from(u32::MAX),
                 IpNet::V6(_) => u128::MAX,
             };
             if next <= top {
-                out.push(ListAttribute::Element(vec![key(bytes(next, net)), end()]));
+                one(w, &bytes(next, net), true);
             }
         }
     }
-    out
 }
 
-/// An attribute's value made of `attrs`, emitted by netlink-packet-core.
-fn nested<T: Nla>(attrs: &[T]) -> Vec<u8> {
-    let mut buf = vec![0; attrs.buffer_len()];
-    attrs.emit(&mut buf);
-    buf
-}
+/// Writes netlink attributes straight into a batch: a header (length, type),
+/// the payload, padding to 4 bytes. A full sync is tens of thousands of
+/// messages, and building each as a tree of attribute values first cost more
+/// than the kernel's commit of them (263 ms of 913 at 10k services x 10).
+struct W<'a>(&'a mut Vec<u8>);
 
-fn be32(kind: u16, v: u32) -> DefaultNla {
-    DefaultNla::new(kind, v.to_be_bytes().to_vec())
-}
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+// Verdict codes (NF_DROP, NFT_JUMP, NFT_GOTO, NFT_RETURN).
+const NF_DROP: u32 = 0;
+const NFT_JUMP: u32 = -3i32 as u32;
+const NFT_GOTO: u32 = -4i32 as u32;
+const NFT_RETURN: u32 = -5i32 as u32;
 
-/// `NFTA_*_DATA` holding `NFTA_DATA_VALUE` bytes.
-fn data_value(kind: u16, bytes: &[u8]) -> DefaultNla {
-    DefaultNla::new(
-        kind | NLA_F_NESTED,
-        nested(&[DataAttribute::Value(bytes.to_vec())]),
-    )
-}
-
-fn expr(name: &str, attributes: Vec<DefaultNla>) -> ListAttribute<ExpressionAttribute> {
-    Expressions::Other {
-        expression_type: name.to_string(),
-        attributes,
+impl W<'_> {
+    fn attr(&mut self, kind: u16, payload: &[u8]) {
+        let len = 4 + payload.len();
+        self.0.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.0.extend_from_slice(&kind.to_ne_bytes());
+        self.0.extend_from_slice(payload);
+        self.pad();
     }
-    .into()
+
+    fn pad(&mut self) {
+        let n = self.0.len().div_ceil(4) * 4 - self.0.len();
+        self.0.extend_from_slice(&[0; 3][..n]);
+    }
+
+    fn be32(&mut self, kind: u16, v: u32) {
+        self.attr(kind, &v.to_be_bytes());
+    }
+
+    /// A NUL-terminated string.
+    fn str(&mut self, kind: u16, s: &str) {
+        let len = 4 + s.len() + 1;
+        self.0.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.0.extend_from_slice(&kind.to_ne_bytes());
+        self.0.extend_from_slice(s.as_bytes());
+        self.0.push(0);
+        self.pad();
+    }
+
+    /// An attribute holding the attributes `f` writes.
+    fn nest(&mut self, kind: u16, f: impl FnOnce(&mut W)) {
+        let at = self.0.len();
+        self.0.extend_from_slice(&[0; 4]);
+        f(&mut W(self.0));
+        let len = (self.0.len() - at) as u16;
+        self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+        self.0[at + 2..at + 4].copy_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+    }
+
+    /// `NFTA_*_DATA { NFTA_DATA_VALUE }`.
+    fn data_value(&mut self, kind: u16, bytes: &[u8]) {
+        self.nest(kind, |w| w.attr(NFTA_DATA_VALUE, bytes));
+    }
+}
+
+/// `NFTA_DATA_VERDICT { NFTA_VERDICT_CODE, [NFTA_VERDICT_CHAIN] }`.
+fn verdict_data(w: &mut W, code: u32, chain: Option<&str>) {
+    w.nest(NFTA_DATA_VERDICT, |w| {
+        w.be32(1, code);
+        if let Some(chain) = chain {
+            w.str(2, chain);
+        }
+    });
+}
+
+/// One expression: `NFTA_LIST_ELEM { NFTA_EXPR_NAME, NFTA_EXPR_DATA { ... } }`.
+fn expr(w: &mut W, name: &str, data: impl FnOnce(&mut W)) {
+    w.nest(NFTA_LIST_ELEM, |w| {
+        w.str(1, name);
+        w.nest(2, data);
+    });
 }
 
 // Registers: NFT_REG_VERDICT, NFT_REG_1, NFT_REG_2.
@@ -215,11 +250,12 @@ fn reg_at(offset: u32) -> u32 {
     }
 }
 
-type Expr = ListAttribute<ExpressionAttribute>;
-
 /// `meta load KEY => reg DREG` (NFTA_META_DREG, NFTA_META_KEY).
-fn meta(key: u32, dreg: u32) -> Expr {
-    expr("meta", vec![be32(1, dreg), be32(2, key)])
+fn meta(w: &mut W, key: u32, dreg: u32) {
+    expr(w, "meta", |w| {
+        w.be32(1, dreg);
+        w.be32(2, key);
+    });
 }
 
 // NFT_META_* keys.
@@ -228,86 +264,86 @@ const META_IIFNAME: u32 = 6;
 const META_L4PROTO: u32 = 16;
 
 /// `meta l4proto P` (into reg 1, compared).
-fn l4proto_is(p: Protocol) -> [Expr; 2] {
-    [meta(META_L4PROTO, REG_1), cmp(CMP_EQ, &[ip_protocol(p)])]
+fn l4proto_is(w: &mut W, p: Protocol) {
+    meta(w, META_L4PROTO, REG_1);
+    cmp(w, CMP_EQ, &[ip_protocol(p)]);
 }
 
 const CMP_EQ: u32 = 0;
 const CMP_NEQ: u32 = 1;
 
 /// `cmp` of reg 1 with `bytes` (`op`: NFT_CMP_EQ 0, NFT_CMP_NEQ 1).
-fn cmp(op: u32, bytes: &[u8]) -> Expr {
+fn cmp(w: &mut W, op: u32, bytes: &[u8]) {
     // NFTA_CMP_SREG, NFTA_CMP_OP, NFTA_CMP_DATA.
-    expr(
-        "cmp",
-        vec![be32(1, REG_1), be32(2, op), data_value(3, bytes)],
-    )
+    expr(w, "cmp", |w| {
+        w.be32(1, REG_1);
+        w.be32(2, op);
+        w.data_value(3, bytes);
+    });
 }
 
 /// `payload load LEN @ BASE + OFFSET => reg DREG` (base: 1 network, 2 transport).
-fn payload(base: u32, offset: u32, len: u32, dreg: u32) -> Expr {
+fn payload(w: &mut W, base: u32, offset: u32, len: u32, dreg: u32) {
     // NFTA_PAYLOAD_DREG, _BASE, _OFFSET, _LEN.
-    expr(
-        "payload",
-        vec![be32(1, dreg), be32(2, base), be32(3, offset), be32(4, len)],
-    )
+    expr(w, "payload", |w| {
+        w.be32(1, dreg);
+        w.be32(2, base);
+        w.be32(3, offset);
+        w.be32(4, len);
+    });
 }
 
 /// `reg 1 = (reg 1 & MASK) ^ XOR` over `mask.len()` bytes.
-fn bitwise(mask: &[u8], xor: &[u8]) -> Expr {
+fn bitwise(w: &mut W, mask: &[u8], xor: &[u8]) {
     // NFTA_BITWISE_SREG, _DREG, _LEN, _MASK, _XOR.
-    expr(
-        "bitwise",
-        vec![
-            be32(1, REG_1),
-            be32(2, REG_1),
-            be32(3, mask.len() as u32),
-            data_value(4, mask),
-            data_value(5, xor),
-        ],
-    )
+    expr(w, "bitwise", |w| {
+        w.be32(1, REG_1);
+        w.be32(2, REG_1);
+        w.be32(3, mask.len() as u32);
+        w.data_value(4, mask);
+        w.data_value(5, xor);
+    });
 }
 
 /// `reg 1 & BITS != 0` for a 32-bit value loaded in reg 1 (`ct state`, `ct status`).
-fn any_bit(bits: u32) -> [Expr; 2] {
-    [bitwise(&bits.to_ne_bytes(), &[0; 4]), cmp(CMP_NEQ, &[0; 4])]
+fn any_bit(w: &mut W, bits: u32) {
+    bitwise(w, &bits.to_ne_bytes(), &[0; 4]);
+    cmp(w, CMP_NEQ, &[0; 4]);
 }
 
 /// `lookup reg SREG set SET [dreg DREG]`, inverted when `invert`.
-fn lookup(set: &str, sreg: u32, dreg: Option<u32>, invert: bool) -> Expr {
+fn lookup(w: &mut W, set: &str, sreg: u32, dreg: Option<u32>, invert: bool) {
     // NFTA_LOOKUP_SET, _SREG, _DREG, _FLAGS (NFT_LOOKUP_F_INV).
-    let mut attrs = vec![DefaultNla::new(1, nul_terminated(set)), be32(2, sreg)];
-    if let Some(dreg) = dreg {
-        attrs.push(be32(3, dreg));
-    }
-    if invert {
-        attrs.push(be32(5, 1));
-    }
-    expr("lookup", attrs)
+    expr(w, "lookup", |w| {
+        w.str(1, set);
+        w.be32(2, sreg);
+        if let Some(dreg) = dreg {
+            w.be32(3, dreg);
+        }
+        if invert {
+            w.be32(5, 1);
+        }
+    });
 }
 
 /// `immediate reg 0 VERDICT`.
-fn verdict(code: Verdict, chain: Option<&str>) -> Expr {
-    let mut v = vec![VerdictAttribute::Code(code)];
-    if let Some(chain) = chain {
-        v.push(VerdictAttribute::Chain(chain.to_string()));
-    }
+fn verdict(w: &mut W, code: u32, chain: Option<&str>) {
     // NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA { NFTA_DATA_VERDICT { ... } }.
-    expr(
-        "immediate",
-        vec![
-            be32(1, REG_VERDICT),
-            DefaultNla::new(2 | NLA_F_NESTED, nested(&[DataAttribute::Verdict(v)])),
-        ],
-    )
+    expr(w, "immediate", |w| {
+        w.be32(1, REG_VERDICT);
+        w.nest(2, |w| verdict_data(w, code, chain));
+    });
 }
 
 /// `immediate reg DREG VALUE`.
-fn immediate(dreg: u32, value: &[u8]) -> Expr {
-    expr("immediate", vec![be32(1, dreg), data_value(2, value)])
+fn immediate(w: &mut W, dreg: u32, value: &[u8]) {
+    expr(w, "immediate", |w| {
+        w.be32(1, dreg);
+        w.data_value(2, value);
+    });
 }
 
-fn nfproto(f: IpFamily) -> u32 {
+fn nfproto(f: IpFamily) -> u8 {
     match f {
         IpFamily::V4 => 2,
         IpFamily::V6 => 10,
@@ -330,45 +366,45 @@ fn addr_len(family: IpFamily) -> u32 {
 
 /// `dnat` to the address in reg 1 and the port in `proto_reg`
 /// (NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED).
-fn dnat(f: IpFamily, proto_reg: u32) -> Expr {
+fn dnat(w: &mut W, f: IpFamily, proto_reg: u32) {
     // NFTA_NAT_TYPE (NFT_NAT_DNAT), _FAMILY, _REG_ADDR_MIN, _MAX, _REG_PROTO_MIN,
     // _MAX, _FLAGS.
-    expr(
-        "nat",
-        vec![
-            be32(1, 1),
-            be32(2, nfproto(f)),
-            be32(3, REG_1),
-            be32(4, REG_1),
-            be32(5, proto_reg),
-            be32(6, proto_reg),
-            be32(7, 0x3),
-        ],
-    )
+    expr(w, "nat", |w| {
+        w.be32(1, 1);
+        w.be32(2, u32::from(nfproto(f)));
+        w.be32(3, REG_1);
+        w.be32(4, REG_1);
+        w.be32(5, proto_reg);
+        w.be32(6, proto_reg);
+        w.be32(7, 0x3);
+    });
 }
 
 /// A match's expressions, as `nft` compiles it.
-fn match_expressions(family: IpFamily, m: &Match, out: &mut Vec<Expr>) {
+fn match_expressions(w: &mut W, family: IpFamily, m: &Match) {
     match m {
         Match::CtState(state) => {
             // NFTA_CT_DREG, NFTA_CT_KEY (NFT_CT_STATE); NF_CT_STATE_BIT(NEW) or
             // NF_CT_STATE_INVALID_BIT.
-            out.push(expr("ct", vec![be32(1, REG_1), be32(2, 0)]));
-            out.extend(any_bit(match state {
-                CtState::New => 0x8,
-                CtState::Invalid => 0x1,
-            }));
+            ct(w, 0);
+            any_bit(
+                w,
+                match state {
+                    CtState::New => 0x8,
+                    CtState::Invalid => 0x1,
+                },
+            );
         }
         Match::CtStatusDnat => {
             // NFT_CT_STATUS; IPS_DST_NAT.
-            out.push(expr("ct", vec![be32(1, REG_1), be32(2, 2)]));
-            out.extend(any_bit(0x20));
+            ct(w, 2);
+            any_bit(w, 0x20);
         }
-        Match::L4Proto(p) => out.extend(l4proto_is(*p)),
+        Match::L4Proto(p) => l4proto_is(w, *p),
         Match::Dport(p, port) => {
-            out.extend(l4proto_is(*p));
-            out.push(payload(2, 2, 2, REG_1));
-            out.push(cmp(CMP_EQ, &port.to_be_bytes()));
+            l4proto_is(w, *p);
+            payload(w, 2, 2, 2, REG_1);
+            cmp(w, CMP_EQ, &port.to_be_bytes());
         }
         Match::Prefix { addr, net, negate } => {
             let (at, len) = addr_at(family, *addr);
@@ -376,29 +412,29 @@ fn match_expressions(family: IpFamily, m: &Match, out: &mut Vec<Expr>) {
             let bits = u32::from(net.prefix_len());
             let network = ip_bytes(&net.network());
             if bits == len * 8 {
-                out.push(payload(1, at, len, REG_1));
-                out.push(cmp(op, &network));
+                payload(w, 1, at, len, REG_1);
+                cmp(w, op, &network);
             } else if bits.is_multiple_of(8) && bits > 0 {
                 // A whole-byte prefix: only its bytes are loaded.
-                out.push(payload(1, at, bits / 8, REG_1));
-                out.push(cmp(op, &network[..(bits / 8) as usize]));
+                payload(w, 1, at, bits / 8, REG_1);
+                cmp(w, op, &network[..(bits / 8) as usize]);
             } else {
-                out.push(payload(1, at, len, REG_1));
-                out.push(bitwise(&ip_bytes(&net.netmask()), &vec![0; len as usize]));
-                out.push(cmp(op, &network));
+                payload(w, 1, at, len, REG_1);
+                bitwise(w, &ip_bytes(&net.netmask()), &vec![0; len as usize]);
+                cmp(w, op, &network);
             }
         }
         Match::InSet { addr, set, negate } => {
             let (at, len) = addr_at(family, *addr);
-            out.push(payload(1, at, len, REG_1));
-            out.push(lookup(set, REG_1, None, *negate));
+            payload(w, 1, at, len, REG_1);
+            lookup(w, set, REG_1, None, *negate);
         }
         Match::PairInSet(set) => {
             let (saddr, len) = addr_at(family, Addr::Saddr);
             let (daddr, _) = addr_at(family, Addr::Daddr);
-            out.push(payload(1, saddr, len, REG_1));
-            out.push(payload(1, daddr, len, reg_at(len)));
-            out.push(lookup(set, REG_1, None, false));
+            payload(w, 1, saddr, len, REG_1);
+            payload(w, 1, daddr, len, reg_at(len));
+            lookup(w, set, REG_1, None, false);
         }
         Match::FibLocal(addr) => {
             // NFTA_FIB_DREG, _RESULT (NFT_FIB_RESULT_ADDRTYPE), _FLAGS
@@ -407,76 +443,89 @@ fn match_expressions(family: IpFamily, m: &Match, out: &mut Vec<Expr>) {
                 Addr::Saddr => 1,
                 Addr::Daddr => 2,
             };
-            out.push(expr(
-                "fib",
-                vec![be32(1, REG_1), be32(2, 3), be32(3, flags)],
-            ));
-            out.push(cmp(CMP_EQ, &2u32.to_ne_bytes()));
+            expr(w, "fib", |w| {
+                w.be32(1, REG_1);
+                w.be32(2, 3);
+                w.be32(3, flags);
+            });
+            cmp(w, CMP_EQ, &2u32.to_ne_bytes());
         }
         Match::MarkClear(mark) => {
-            out.push(meta(META_MARK, REG_1));
-            out.push(bitwise(&mark.to_ne_bytes(), &[0; 4]));
-            out.push(cmp(CMP_EQ, &[0; 4]));
+            meta(w, META_MARK, REG_1);
+            bitwise(w, &mark.to_ne_bytes(), &[0; 4]);
+            cmp(w, CMP_EQ, &[0; 4]);
         }
         Match::Iifname { name, negate } => {
-            out.push(meta(META_IIFNAME, REG_1));
+            meta(w, META_IIFNAME, REG_1);
             let op = if *negate { CMP_NEQ } else { CMP_EQ };
             match name.strip_suffix('*') {
                 // A prefix: its bytes only.
-                Some(prefix) => out.push(cmp(op, prefix.as_bytes())),
+                Some(prefix) => cmp(w, op, prefix.as_bytes()),
                 // A whole name: IFNAMSIZ bytes, NUL-padded.
                 None => {
                     let mut bytes = name.as_bytes().to_vec();
                     bytes.resize(16, 0);
-                    out.push(cmp(op, &bytes));
+                    cmp(w, op, &bytes);
                 }
             }
         }
         Match::NumgenZero(n) => {
-            out.push(numgen(*n, 0));
-            out.push(cmp(CMP_EQ, &[0; 4]));
+            numgen(w, *n, 0);
+            cmp(w, CMP_EQ, &[0; 4]);
         }
     }
 }
 
+/// `ct load KEY => reg 1`.
+fn ct(w: &mut W, key: u32) {
+    expr(w, "ct", |w| {
+        w.be32(1, REG_1);
+        w.be32(2, key);
+    });
+}
+
 /// `numgen reg 1 = random mod N offset B`.
-fn numgen(n: u32, offset: u32) -> Expr {
+fn numgen(w: &mut W, n: u32, offset: u32) {
     // NFTA_NG_DREG, _MODULUS, _TYPE (NFT_NG_RANDOM), _OFFSET.
-    expr(
-        "numgen",
-        vec![be32(1, REG_1), be32(2, n), be32(3, 1), be32(4, offset)],
-    )
+    expr(w, "numgen", |w| {
+        w.be32(1, REG_1);
+        w.be32(2, n);
+        w.be32(3, 1);
+        w.be32(4, offset);
+    });
 }
 
 /// `meta set mark with reg 1` after `reg 1 = (mark & MASK) ^ XOR`.
-fn set_mark(mask: u32, xor: u32, out: &mut Vec<Expr>) {
-    out.push(meta(META_MARK, REG_1));
-    out.push(bitwise(&mask.to_ne_bytes(), &xor.to_ne_bytes()));
+fn set_mark(w: &mut W, mask: u32, xor: u32) {
+    meta(w, META_MARK, REG_1);
+    bitwise(w, &mask.to_ne_bytes(), &xor.to_ne_bytes());
     // NFTA_META_KEY, NFTA_META_SREG.
-    out.push(expr("meta", vec![be32(2, META_MARK), be32(3, REG_1)]));
+    expr(w, "meta", |w| {
+        w.be32(2, META_MARK);
+        w.be32(3, REG_1);
+    });
 }
 
 /// An action's expressions, as `nft` compiles it.
-fn action_expressions(family: IpFamily, action: &Action, out: &mut Vec<Expr>) {
+fn action_expressions(w: &mut W, family: IpFamily, action: &Action) {
     match action {
-        Action::Jump(chain) => out.push(verdict(Verdict::Jump, Some(chain))),
-        Action::Goto(chain) => out.push(verdict(Verdict::Goto, Some(chain))),
-        Action::Return => out.push(verdict(Verdict::Return, None)),
-        // NF_DROP.
-        Action::Drop => out.push(verdict(Verdict::Other(0), None)),
+        Action::Jump(chain) => verdict(w, NFT_JUMP, Some(chain)),
+        Action::Goto(chain) => verdict(w, NFT_GOTO, Some(chain)),
+        Action::Return => verdict(w, NFT_RETURN, None),
+        Action::Drop => verdict(w, NF_DROP, None),
         Action::Vmap { daddr, map } => {
             let mut at = 0;
             if *daddr {
                 let (offset, len) = addr_at(family, Addr::Daddr);
-                out.push(payload(1, offset, len, REG_1));
+                payload(w, 1, offset, len, REG_1);
                 at = len;
             }
-            out.push(meta(META_L4PROTO, reg_at(at)));
-            out.push(payload(2, 2, 2, reg_at(at + 4)));
-            out.push(lookup(map, REG_1, Some(REG_VERDICT), false));
+            meta(w, META_L4PROTO, reg_at(at));
+            payload(w, 2, 2, 2, reg_at(at + 4));
+            lookup(w, map, REG_1, Some(REG_VERDICT), false);
         }
-        Action::MarkOr(mark) => set_mark(!mark, *mark, out),
-        Action::MarkXor(mark) => set_mark(u32::MAX, *mark, out),
+        Action::MarkOr(mark) => set_mark(w, !mark, *mark),
+        Action::MarkXor(mark) => set_mark(w, u32::MAX, *mark),
         Action::Reject { tcp_reset } => {
             // NFTA_REJECT_TYPE (NFT_REJECT_TCP_RST 1, NFT_REJECT_ICMP_UNREACH 0),
             // NFTA_REJECT_ICMP_CODE (port unreachable: 3 for ICMP, 4 for ICMPv6).
@@ -485,54 +534,53 @@ fn action_expressions(family: IpFamily, action: &Action, out: &mut Vec<Expr>) {
                 (false, IpFamily::V4) => (0, 3),
                 (false, IpFamily::V6) => (0, 4),
             };
-            out.push(expr(
-                "reject",
-                vec![be32(1, kind), DefaultNla::new(2, vec![code])],
-            ));
+            expr(w, "reject", |w| {
+                w.be32(1, kind);
+                w.attr(2, &[code]);
+            });
         }
         // NFTA_MASQ_FLAGS: NF_NAT_RANGE_PROTO_RANDOM_FULLY.
-        Action::MasqueradeFullyRandom => out.push(expr("masq", vec![be32(1, 0x10)])),
+        Action::MasqueradeFullyRandom => expr(w, "masq", |w| w.be32(1, 0x10)),
         Action::UpdateSaddr(set) => {
             let (at, len) = addr_at(family, Addr::Saddr);
-            out.push(payload(1, at, len, REG_1));
+            payload(w, 1, at, len, REG_1);
             // NFTA_DYNSET_SET_NAME, _OP (NFT_DYNSET_OP_UPDATE), _SREG_KEY.
-            out.push(expr(
-                "dynset",
-                vec![
-                    DefaultNla::new(1, nul_terminated(set)),
-                    be32(3, 1),
-                    be32(4, REG_1),
-                ],
-            ));
+            expr(w, "dynset", |w| {
+                w.str(1, set);
+                w.be32(3, 1);
+                w.be32(4, REG_1);
+            });
         }
         Action::Dnat(to) => {
-            out.push(immediate(REG_1, &ip_bytes(&to.ip())));
-            out.push(immediate(REG_2, &to.port().to_be_bytes()));
-            out.push(dnat(family, REG_2));
+            immediate(w, REG_1, &ip_bytes(&to.ip()));
+            immediate(w, REG_2, &to.port().to_be_bytes());
+            dnat(w, family, REG_2);
         }
         Action::MapDnat { n, offset, map } => {
-            out.push(numgen(*n, *offset));
-            out.push(lookup(map, REG_1, Some(REG_1), false));
+            numgen(w, *n, *offset);
+            lookup(w, map, REG_1, Some(REG_1), false);
             // The value is address . port: the port follows the address.
-            out.push(dnat(family, reg_at(addr_len(family))));
+            dnat(w, family, reg_at(addr_len(family)));
         }
         Action::Redirect(port) => {
-            out.push(immediate(REG_1, &port.to_be_bytes()));
+            immediate(w, REG_1, &port.to_be_bytes());
             // NFTA_REDIR_REG_PROTO_MIN, NFTA_REDIR_FLAGS
             // (NF_NAT_RANGE_PROTO_SPECIFIED).
-            out.push(expr("redir", vec![be32(1, REG_1), be32(3, 0x2)]));
+            expr(w, "redir", |w| {
+                w.be32(1, REG_1);
+                w.be32(3, 0x2);
+            });
         }
     }
 }
 
-/// A typed rule's expressions, as `nft` compiles the same rule.
-fn rule_expressions(rule: &TypedRule) -> Vec<Expr> {
-    let mut out = Vec::new();
+/// A typed rule's expressions (`NFTA_RULE_EXPRESSIONS`'s list), as `nft`
+/// compiles the same rule.
+fn rule_expressions(w: &mut W, rule: &TypedRule) {
     for m in &rule.matches {
-        match_expressions(rule.family, m, &mut out);
+        match_expressions(w, rule.family, m);
     }
-    action_expressions(rule.family, &rule.action, &mut out);
-    out
+    action_expressions(w, rule.family, &rule.action);
 }
 
 fn nul_terminated(s: &str) -> Vec<u8> {
@@ -728,31 +776,28 @@ impl SetSpec {
         }
     }
 
-    /// The attributes, `id` naming the set within its batch (the kernel wants one).
-    fn attributes(&self, name: &str, id: u32) -> Vec<SetAttribute> {
-        let raw = |kind: u16, bytes: Vec<u8>| SetAttribute::Other(DefaultNla::new(kind, bytes));
-        let mut out = vec![
-            raw(1, nul_terminated(TABLE_NAME)),
-            raw(2, nul_terminated(name)),
-            raw(3, self.flags.to_be_bytes().to_vec()),
-            raw(4, self.key.0.to_be_bytes().to_vec()),
-            raw(5, self.key.1.to_be_bytes().to_vec()),
-        ];
+    /// Writes the attributes, `id` naming the set within its batch (the kernel
+    /// wants one).
+    fn write(&self, w: &mut W, name: &str, id: u32) {
+        w.str(1, TABLE_NAME);
+        w.str(2, name);
+        w.be32(3, self.flags);
+        w.be32(4, self.key.0);
+        w.be32(5, self.key.1);
         if let Some((kind, len)) = self.data {
-            out.push(raw(6, kind.to_be_bytes().to_vec()));
-            out.push(raw(7, len.to_be_bytes().to_vec()));
+            w.be32(6, kind);
+            w.be32(7, len);
         }
-        out.push(raw(10, id.to_be_bytes().to_vec()));
+        w.be32(10, id);
         if let Some(ms) = self.timeout_ms {
-            out.push(raw(11, ms.to_be_bytes().to_vec()));
+            w.attr(11, &ms.to_be_bytes());
         }
-        out.push(raw(13, self.udata.clone()));
-        out
+        w.attr(13, &self.udata);
     }
 }
 
 /// A base chain's `NFTA_CHAIN_*` attributes: hook, type, policy accept.
-fn base_chain_attributes(base: &BaseChain) -> Vec<ChainAttribute> {
+fn base_chain_attributes(w: &mut W, base: &BaseChain) {
     let hook = match base.hook {
         Hook::Prerouting => 0u32,
         Hook::Input => 1,
@@ -764,17 +809,14 @@ fn base_chain_attributes(base: &BaseChain) -> Vec<ChainAttribute> {
         ChainType::Filter => "filter",
         ChainType::Nat => "nat",
     };
-    // NFTA_CHAIN_HOOK { NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY }.
-    let hook = DefaultNla::new(
-        4 | NLA_F_NESTED,
-        nested(&[be32(1, hook), be32(2, base.priority as u32)]),
-    );
-    vec![
-        ChainAttribute::Other(hook),
-        ChainAttribute::Type(chain_type.to_string()),
-        // NF_ACCEPT.
-        ChainAttribute::Policy(1),
-    ]
+    // NFTA_CHAIN_HOOK { NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY }, NFTA_CHAIN_TYPE,
+    // NFTA_CHAIN_POLICY (NF_ACCEPT).
+    w.nest(4, |w| {
+        w.be32(1, hook);
+        w.be32(2, base.priority as u32);
+    });
+    w.str(7, chain_type);
+    w.be32(5, 1);
 }
 
 /// The table's comment as `nft` stores it (NFTNL_UDATA_TABLE_COMMENT).
@@ -784,14 +826,46 @@ fn table_comment() -> Vec<u8> {
     out
 }
 
-fn control(seq: u32, msg: ControlMessage) -> Vec<u8> {
-    encode_with(
-        NLM_F_REQUEST,
-        seq,
-        NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES),
-        NetfilterMessageInner::None(msg),
-    )
+/// Starts a message (`nlmsghdr` and `nfgenmsg`) of nf_tables type `kind`
+/// (`NFT_MSG_*`), or a batch control message (`NFNL_MSG_BATCH_*`) when `kind`
+/// is one; its length is filled in by [`end_message`]. Returns where it starts.
+fn begin_message(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8) -> usize {
+    let at = buf.len();
+    let (msg_type, res_id) = if kind >= NFNL_MSG_BATCH_BEGIN {
+        (kind, NFNL_SUBSYS_NFTABLES)
+    } else {
+        ((NFNL_SUBSYS_NFTABLES << 8) | kind, 0)
+    };
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(&msg_type.to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    // nfgenmsg: family, NFNETLINK_V0, res_id (big endian).
+    buf.push(family);
+    buf.push(0);
+    buf.extend_from_slice(&res_id.to_be_bytes());
+    at
 }
+
+fn end_message(buf: &mut [u8], at: usize) {
+    let len = (buf.len() - at) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
+}
+
+const NFNL_MSG_BATCH_BEGIN: u16 = 16;
+const NFNL_MSG_BATCH_END: u16 = 17;
+// NFT_MSG_* types.
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
 
 impl Batch {
     /// The batch applying `ops` in order, its messages numbered from `seq` on:
@@ -806,187 +880,136 @@ impl Batch {
             seq = seq.wrapping_add(1).max(1);
             seq
         };
-        let mut buf = control(next(), ControlMessage::BatchBegin);
+        // About what a full sync takes per statement, so that the buffer grows
+        // rarely.
+        let mut buf = Vec::with_capacity(64 + ops.len() * 96);
+        let at = begin_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, next(), 0);
+        end_message(&mut buf, at);
         let mut messages = Vec::new();
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let s = next();
-            let (family, flags, msg, taken) = match first {
-                Op::Element(first) => {
-                    let group: Vec<&ElemOp> = rest
-                        .iter()
-                        .take(ELEMENTS_PER_MESSAGE)
-                        .map_while(|o| match o {
-                            Op::Element(e)
-                                if e.family == first.family
-                                    && e.add == first.add
-                                    && e.set == first.set =>
-                            {
-                                Some(e)
-                            }
-                            _ => None,
-                        })
-                        .collect();
-                    let list = SetElementMessage {
-                        attributes: vec![
-                            SetElementList::Table(TABLE_NAME.to_string()),
-                            SetElementList::Set(first.set.clone()),
-                            SetElementList::Elements(group.iter().map(|e| element(e)).collect()),
-                        ],
-                    };
-                    let (flags, msg) = if first.add {
-                        (NLM_F_CREATE, NfTablesMessage::NewSetElement(list))
-                    } else {
-                        (0, NfTablesMessage::DeleteSetElement(list))
-                    };
-                    (first.family, flags, msg, group.len())
+            // How many statements the message takes: a run of element changes.
+            let taken = match first {
+                Op::Element(e) => rest
+                    .iter()
+                    .take(ELEMENTS_PER_MESSAGE)
+                    .take_while(|o| {
+                        matches!(o, Op::Element(x)
+                            if x.family == e.family && x.add == e.add && x.set == e.set)
+                    })
+                    .count(),
+                _ => 1,
+            };
+            let last = taken == rest.len();
+            let ack = if last { NLM_F_ACK } else { 0 };
+            let (kind, flags, family) = match first {
+                Op::Element(e) if e.add => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, e.family),
+                Op::Element(e) => (NFT_MSG_DELSETELEM, 0, e.family),
+                Op::AddTable { family } => (NFT_MSG_NEWTABLE, NLM_F_CREATE, *family),
+                Op::DeleteTable { family } => (NFT_MSG_DELTABLE, 0, *family),
+                Op::FlushTable { family } => (NFT_MSG_DELRULE, 0, *family),
+                Op::AddChain { family, .. } => (NFT_MSG_NEWCHAIN, NLM_F_CREATE, *family),
+                Op::FlushChain { family, .. } => (NFT_MSG_DELRULE, 0, *family),
+                Op::DeleteChain { family, .. } => (NFT_MSG_DELCHAIN, 0, *family),
+                Op::AddSet { family, .. } | Op::AddMap { family, .. } => {
+                    (NFT_MSG_NEWSET, NLM_F_CREATE, *family)
                 }
+                Op::FlushSet { family, .. } => (NFT_MSG_DELSETELEM, 0, *family),
+                Op::DeleteSet { family, .. } => (NFT_MSG_DELSET, 0, *family),
+                Op::AddRule { family, .. } => {
+                    (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, *family)
+                }
+                Op::AddIntervals { family, .. } => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, *family),
+            };
+            let at = begin_message(
+                &mut buf,
+                kind,
+                NLM_F_REQUEST | ack | flags,
+                s,
+                nfproto(family),
+            );
+            let w = &mut W(&mut buf);
+            match first {
+                Op::Element(e) => {
+                    // NFTA_SET_ELEM_LIST_TABLE, _SET, _ELEMENTS.
+                    w.str(1, TABLE_NAME);
+                    w.str(2, &e.set);
+                    w.nest(3, |w| {
+                        for op in &rest[..taken] {
+                            if let Op::Element(e) = op {
+                                element(w, e);
+                            }
+                        }
+                    });
+                }
+                Op::AddTable { .. } => {
+                    // NFTA_TABLE_NAME, NFTA_TABLE_USERDATA.
+                    w.str(1, TABLE_NAME);
+                    w.attr(6, &table_comment());
+                }
+                Op::DeleteTable { .. } => w.str(1, TABLE_NAME),
+                // NFTA_RULE_TABLE: every rule of the table.
+                Op::FlushTable { .. } => w.str(1, TABLE_NAME),
                 Op::AddChain {
-                    family,
                     name,
                     comment,
                     base,
+                    ..
                 } => {
-                    let mut attributes = vec![
-                        ChainAttribute::Table(TABLE_NAME.to_string()),
-                        ChainAttribute::Name(name.clone()),
-                    ];
+                    // NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, [hook], NFTA_CHAIN_USERDATA.
+                    w.str(1, TABLE_NAME);
+                    w.str(3, name);
                     if let Some(b) = base {
-                        attributes.extend(base_chain_attributes(b));
+                        base_chain_attributes(w, b);
                     }
                     if let Some(c) = comment {
-                        attributes.push(ChainAttribute::UserData(chain_comment(c)));
+                        w.attr(12, &chain_comment(c));
                     }
-                    (
-                        *family,
-                        NLM_F_CREATE,
-                        NfTablesMessage::NewChain(ChainMessage { attributes }),
-                        1,
-                    )
                 }
-                Op::AddTable { family } => (
-                    *family,
-                    NLM_F_CREATE,
-                    NfTablesMessage::NewTable(TableMessage {
-                        attributes: vec![
-                            TableAttribute::Name(TABLE_NAME.to_string()),
-                            TableAttribute::UserData(table_comment()),
-                        ],
-                    }),
-                    1,
-                ),
-                Op::DeleteTable { family } => (
-                    *family,
-                    0,
-                    NfTablesMessage::DeleteTable(TableMessage {
-                        attributes: vec![TableAttribute::Name(TABLE_NAME.to_string())],
-                    }),
-                    1,
-                ),
-                Op::FlushTable { family } => (
-                    *family,
-                    0,
-                    NfTablesMessage::DeleteRule(RuleMessage {
-                        attributes: vec![RuleAttribute::Table(TABLE_NAME.to_string())],
-                    }),
-                    1,
-                ),
-                Op::AddSet { family, name, set } => (
-                    *family,
-                    NLM_F_CREATE,
-                    NfTablesMessage::NewSet(SetMessage {
-                        attributes: SetSpec::of_set(set).attributes(name, s),
-                    }),
-                    1,
-                ),
-                Op::AddMap { family, name, map } => (
-                    *family,
-                    NLM_F_CREATE,
-                    NfTablesMessage::NewSet(SetMessage {
-                        attributes: SetSpec::of_map(map).attributes(name, s),
-                    }),
-                    1,
-                ),
-                Op::AddIntervals { family, set, nets } => (
-                    *family,
-                    NLM_F_CREATE,
-                    NfTablesMessage::NewSetElement(SetElementMessage {
-                        attributes: vec![
-                            SetElementList::Table(TABLE_NAME.to_string()),
-                            SetElementList::Set(set.clone()),
-                            SetElementList::Elements(interval_elements(nets)),
-                        ],
-                    }),
-                    1,
-                ),
-                Op::FlushSet { family, name } => (
-                    *family,
-                    0,
-                    NfTablesMessage::DeleteSetElement(SetElementMessage {
-                        attributes: vec![
-                            SetElementList::Table(TABLE_NAME.to_string()),
-                            SetElementList::Set(name.clone()),
-                        ],
-                    }),
-                    1,
-                ),
-                Op::DeleteSet { family, name } => (
-                    *family,
-                    0,
-                    NfTablesMessage::DeleteSet(SetMessage {
-                        attributes: vec![
-                            SetAttribute::Table(TABLE_NAME.to_string()),
-                            SetAttribute::Name(name.clone()),
-                        ],
-                    }),
-                    1,
-                ),
-                Op::FlushChain { family, name } => (
-                    *family,
-                    0,
-                    NfTablesMessage::DeleteRule(RuleMessage {
-                        attributes: vec![
-                            RuleAttribute::Table(TABLE_NAME.to_string()),
-                            RuleAttribute::Chain(name.clone()),
-                        ],
-                    }),
-                    1,
-                ),
-                Op::DeleteChain { family, name } => (
-                    *family,
-                    0,
-                    NfTablesMessage::DeleteChain(ChainMessage {
-                        attributes: vec![
-                            ChainAttribute::Table(TABLE_NAME.to_string()),
-                            ChainAttribute::Name(name.clone()),
-                        ],
-                    }),
-                    1,
-                ),
-                Op::AddRule {
-                    family,
-                    chain,
-                    rule,
-                } => (
-                    *family,
-                    NLM_F_CREATE | NLM_F_APPEND,
-                    NfTablesMessage::NewRule(RuleMessage {
-                        attributes: vec![
-                            RuleAttribute::Table(TABLE_NAME.to_string()),
-                            RuleAttribute::Chain(chain.clone()),
-                            RuleAttribute::Expressions(rule_expressions(rule)),
-                        ],
-                    }),
-                    1,
-                ),
-            };
-            let at = ops.len() - rest.len();
+                Op::FlushChain { name, .. } => {
+                    // NFTA_RULE_TABLE, NFTA_RULE_CHAIN.
+                    w.str(1, TABLE_NAME);
+                    w.str(2, name);
+                }
+                Op::DeleteChain { name, .. } => {
+                    w.str(1, TABLE_NAME);
+                    w.str(3, name);
+                }
+                Op::AddSet { name, set, .. } => SetSpec::of_set(set).write(w, name, s),
+                Op::AddMap { name, map, .. } => SetSpec::of_map(map).write(w, name, s),
+                Op::FlushSet { name, .. } => {
+                    // NFTA_SET_ELEM_LIST_TABLE, _SET: every element.
+                    w.str(1, TABLE_NAME);
+                    w.str(2, name);
+                }
+                Op::DeleteSet { name, .. } => {
+                    // NFTA_SET_TABLE, NFTA_SET_NAME.
+                    w.str(1, TABLE_NAME);
+                    w.str(2, name);
+                }
+                Op::AddRule { chain, rule, .. } => {
+                    // NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS.
+                    w.str(1, TABLE_NAME);
+                    w.str(2, chain);
+                    w.nest(4, |w| rule_expressions(w, rule));
+                }
+                Op::AddIntervals { set, nets, .. } => {
+                    w.str(1, TABLE_NAME);
+                    w.str(2, set);
+                    w.nest(3, |w| interval_elements(w, nets));
+                }
+            }
+            end_message(&mut buf, at);
+            messages.push(Message {
+                seq: s,
+                at: ops.len() - rest.len(),
+                taken,
+            });
             rest = &rest[taken..];
-            let ack = if rest.is_empty() { NLM_F_ACK } else { 0 };
-            buf.extend(encode(NLM_F_REQUEST | ack | flags, s, family, msg));
-            messages.push(Message { seq: s, at, taken });
         }
-        buf.extend(control(next(), ControlMessage::BatchEnd));
+        let at = begin_message(&mut buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, next(), 0);
+        end_message(&mut buf, at);
         Batch { buf, messages }
     }
 
@@ -1084,6 +1107,8 @@ fn describe(op: &Op) -> String {
 pub struct BatchStats {
     pub bytes: usize,
     pub messages: usize,
+    /// The time its encoding took.
+    pub encode: Duration,
     /// The kernel's time in the `sendmsg` carrying the batch: it processes and
     /// commits the whole transaction (under the nftables commit lock) before
     /// returning.
@@ -1110,7 +1135,9 @@ impl NetlinkWriter {
         netns: Option<&Path>,
         timeout: Duration,
     ) -> Result<(), DataPlaneError> {
+        let start = std::time::Instant::now();
         let batch = Batch::encode(ops, self.seq);
+        let encode = start.elapsed();
         if batch.is_empty() {
             return Ok(());
         }
@@ -1123,6 +1150,7 @@ impl NetlinkWriter {
                 self.last = Some(BatchStats {
                     bytes: batch.len(),
                     messages: batch.messages.len(),
+                    encode,
                     commit: *commit,
                 });
                 tracing::debug!(
@@ -1229,20 +1257,62 @@ mod tests {
         );
     }
 
+    /// The attributes in `buf`: type (flags masked) and payload.
+    fn attrs(buf: &[u8]) -> Vec<(u16, &[u8])> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + 4 <= buf.len() {
+            let len = u16::from_ne_bytes([buf[at], buf[at + 1]]) as usize;
+            let kind = u16::from_ne_bytes([buf[at + 2], buf[at + 3]]) & !NLA_F_NESTED;
+            out.push((kind, &buf[at + 4..at + len]));
+            at += len.div_ceil(4) * 4;
+        }
+        out
+    }
+
+    #[test]
+    fn a_rule_is_written_as_nft_writes_it() {
+        // `meta l4proto tcp dnat ip to 198.18.1.10:8080`, expression by expression:
+        // names and the immediate's value.
+        let rule = TypedRule::new(
+            IpFamily::V4,
+            vec![Match::L4Proto(Protocol::Tcp)],
+            Action::Dnat("198.18.1.10:8080".parse().unwrap()),
+        );
+        let mut buf = Vec::new();
+        rule_expressions(&mut W(&mut buf), &rule);
+        let exprs = attrs(&buf);
+        let names: Vec<&[u8]> = exprs.iter().map(|(_, e)| attrs(e)[0].1).collect();
+        assert_eq!(
+            names,
+            [
+                &b"meta\0"[..],
+                b"cmp\0",
+                b"immediate\0",
+                b"immediate\0",
+                b"nat\0"
+            ]
+        );
+        // The first immediate: NFTA_IMMEDIATE_DREG 1, NFTA_IMMEDIATE_DATA
+        // { NFTA_DATA_VALUE 198.18.1.10 }.
+        let imm = attrs(attrs(exprs[2].1)[1].1);
+        assert_eq!(imm[0], (1, &1u32.to_be_bytes()[..]));
+        assert_eq!(attrs(imm[1].1)[0], (1, &[198u8, 18, 1, 10][..]));
+    }
+
     #[test]
     fn intervals_end_after_each_prefix_and_start_from_zero() {
         let keys = |nets: &[&str]| -> Vec<(Vec<u8>, bool)> {
             let nets: Vec<IpNet> = nets.iter().map(|n| n.parse().unwrap()).collect();
-            interval_elements(&nets)
+            let mut buf = Vec::new();
+            interval_elements(&mut W(&mut buf), &nets);
+            // Each NFTA_LIST_ELEM { NFTA_SET_ELEM_KEY { NFTA_DATA_VALUE }, [FLAGS] }.
+            attrs(&buf)
                 .into_iter()
-                .map(|e| {
-                    let ListAttribute::Element(attrs) = e else {
-                        panic!("not an element")
-                    };
-                    let SetElementAttribute::Key(DataAttribute::Value(k)) = &attrs[0] else {
-                        panic!("no key")
-                    };
-                    (k.clone(), attrs.len() == 2)
+                .map(|(_, elem)| {
+                    let inner = attrs(elem);
+                    let key = attrs(inner[0].1)[0].1.to_vec();
+                    (key, inner.len() == 2)
                 })
                 .collect()
         };

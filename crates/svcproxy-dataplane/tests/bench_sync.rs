@@ -418,10 +418,11 @@ fn run(n: usize, m: usize) {
         batch.map_or_else(
             || "n/a".to_string(),
             |b| format!(
-                "{:.1} ms, {} bytes in {} messages",
+                "{:.1} ms, {} bytes in {} messages encoded in {:.1} ms",
                 ms(b.commit),
                 b.bytes,
-                b.messages
+                b.messages,
+                ms(b.encode)
             )
         ),
         ms(med),
