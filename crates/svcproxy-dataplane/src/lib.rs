@@ -30,7 +30,7 @@ pub mod kube_proxy;
 pub mod listing;
 pub mod nft;
 mod nft_netlink;
-pub use nft_netlink::BatchStats;
+pub use nft_netlink::{Batch, BatchBuilder, BatchStats};
 mod nft_table;
 mod node;
 mod proxier;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use svcproxy_core::model::IpFamily;
 
 use svcproxy_plan::nft::{
-    cleanup_script, render_full_with, CapturePorts, PlanKind, Planner, TABLE_NAME,
+    cleanup_script, render_full_with, CapturePorts, Output, PlanKind, Planner, TABLE_NAME,
 };
 use svcproxy_plan::{Intent, IntentDelta, NftWriter, PlanConfig};
 
@@ -22,6 +22,7 @@ use crate::backend::{
 };
 use crate::error::DataPlaneError;
 use crate::listing::{self, Compared};
+use crate::nft_netlink::BatchBuilder;
 use crate::nft_table::TableState;
 use crate::node::required_sysctls;
 use crate::sink::{NftCommand, ScriptSink};
@@ -173,14 +174,22 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         delta: &IntentDelta,
         full: bool,
     ) -> Result<ApplyReport, DataPlaneError> {
+        // Over netlink the statements are encoded as the planner makes them: a
+        // full sync's are never all held at once, and it renders no script.
         let typed = self.writer == NftWriter::Netlink && self.sink.writes_typed();
-        self.planner.set_text_when_typed(!typed);
-        let plan = self.planner.plan(intent, delta, full);
+        self.planner
+            .set_output(if typed { Output::Typed } else { Output::Text });
+        let mut batch = BatchBuilder::new();
+        let plan = self.planner.plan_into(intent, delta, full, &mut |op| {
+            if typed {
+                batch.push(op);
+            }
+        });
         let start = Instant::now();
-        let applied = match &plan.typed {
-            _ if plan.is_empty() => Ok(()),
-            Some(ops) if typed => self.sink.apply_typed(ops, &plan.script),
-            _ => self.sink.apply(&plan.script),
+        let applied = match plan.is_empty() {
+            true => Ok(()),
+            false if typed && plan.all_typed => self.sink.apply_batch(batch.finish(), &plan.script),
+            false => self.sink.apply(&plan.script),
         };
         let apply_duration = start.elapsed();
         match applied {

@@ -53,20 +53,22 @@ const ELEMENTS_PER_MESSAGE: usize = 64;
 /// `sendmsg` must carry the whole batch.
 const DEFAULT_SNDBUF: usize = 128 * 1024;
 
-/// One message of a batch: its sequence number and the statements it carries
-/// (`taken` of them from index `at`), to say which one the kernel refused.
+/// One message of a batch: its sequence number, its first statement and how
+/// many it carries, to say which one the kernel refused.
 #[derive(Debug)]
 struct Message {
     seq: u32,
-    at: usize,
+    first: Op,
     taken: usize,
 }
 
-/// One encoded transaction.
+/// One encoded transaction, built by a [`BatchBuilder`].
 #[derive(Debug)]
-pub(crate) struct Batch {
+pub struct Batch {
     buf: Vec<u8>,
     messages: Vec<Message>,
+    /// The time its statements took to encode.
+    encode: Duration,
 }
 
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
@@ -202,12 +204,24 @@ impl W<'_> {
 
     /// An attribute holding the attributes `f` writes.
     fn nest(&mut self, kind: u16, f: impl FnOnce(&mut W)) {
-        let at = self.0.len();
-        self.0.extend_from_slice(&[0; 4]);
+        let at = self.begin_nest(kind);
         f(&mut W(self.0));
+        self.end_nest(at);
+    }
+
+    /// Starts an attribute holding the attributes written until
+    /// [`W::end_nest`]; returns where it starts.
+    fn begin_nest(&mut self, kind: u16) -> usize {
+        let at = self.0.len();
+        self.0.extend_from_slice(&[0; 2]);
+        self.0
+            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+        at
+    }
+
+    fn end_nest(&mut self, at: usize) {
         let len = (self.0.len() - at) as u16;
         self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-        self.0[at + 2..at + 4].copy_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
     }
 
     /// `NFTA_*_DATA { NFTA_DATA_VALUE }`.
@@ -867,150 +881,208 @@ const NFT_MSG_DELSET: u16 = 11;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
 
-impl Batch {
-    /// The batch applying `ops` in order, its messages numbered from `seq` on:
-    /// consecutive element changes of the same kind to the same set share a
-    /// message; every other statement is one message. Only the last asks for an
-    /// acknowledgement: the kernel reports every failing message anyway, and
-    /// one acknowledgement per message would not fit in the socket's receive
-    /// buffer for a full sync.
-    pub fn encode(ops: &[Op], seq: u32) -> Batch {
-        let mut seq = seq;
-        let mut next = || {
-            seq = seq.wrapping_add(1).max(1);
-            seq
-        };
-        // About what a full sync takes per statement, so that the buffer grows
-        // rarely.
-        let mut buf = Vec::with_capacity(64 + ops.len() * 96);
-        let at = begin_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, next(), 0);
+/// Encodes statements one at a time into one transaction: consecutive element
+/// changes of the same kind to the same set share a message (up to
+/// [`ELEMENTS_PER_MESSAGE`]); every other statement is one message. Only the last
+/// message asks for an acknowledgement: the kernel reports every failing message
+/// anyway, and one acknowledgement per message would not fit in the socket's
+/// receive buffer for a full sync. The statements are kept only as far as an
+/// error message needs them (each message's first).
+pub struct BatchBuilder {
+    buf: Vec<u8>,
+    messages: Vec<Message>,
+    /// The element message being filled: where it and its element list start.
+    open: Option<(usize, usize)>,
+    /// Where the last message starts.
+    last_at: usize,
+    encode: Duration,
+}
+
+impl Default for BatchBuilder {
+    fn default() -> Self {
+        BatchBuilder::new()
+    }
+}
+
+impl BatchBuilder {
+    pub fn new() -> Self {
+        let mut buf = Vec::new();
+        let at = begin_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 1, 0);
         end_message(&mut buf, at);
-        let mut messages = Vec::new();
-        let mut rest = ops;
-        while let Some(first) = rest.first() {
-            let s = next();
-            // How many statements the message takes: a run of element changes.
-            let taken = match first {
-                Op::Element(e) => rest
-                    .iter()
-                    .take(ELEMENTS_PER_MESSAGE)
-                    .take_while(|o| {
-                        matches!(o, Op::Element(x)
-                            if x.family == e.family && x.add == e.add && x.set == e.set)
-                    })
-                    .count(),
-                _ => 1,
-            };
-            let last = taken == rest.len();
-            let ack = if last { NLM_F_ACK } else { 0 };
-            let (kind, flags, family) = match first {
-                Op::Element(e) if e.add => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, e.family),
-                Op::Element(e) => (NFT_MSG_DELSETELEM, 0, e.family),
-                Op::AddTable { family } => (NFT_MSG_NEWTABLE, NLM_F_CREATE, *family),
-                Op::DeleteTable { family } => (NFT_MSG_DELTABLE, 0, *family),
-                Op::FlushTable { family } => (NFT_MSG_DELRULE, 0, *family),
-                Op::AddChain { family, .. } => (NFT_MSG_NEWCHAIN, NLM_F_CREATE, *family),
-                Op::FlushChain { family, .. } => (NFT_MSG_DELRULE, 0, *family),
-                Op::DeleteChain { family, .. } => (NFT_MSG_DELCHAIN, 0, *family),
-                Op::AddSet { family, .. } | Op::AddMap { family, .. } => {
-                    (NFT_MSG_NEWSET, NLM_F_CREATE, *family)
+        BatchBuilder {
+            buf,
+            messages: Vec::new(),
+            open: None,
+            last_at: 0,
+            encode: Duration::ZERO,
+        }
+    }
+
+    /// No statement yet.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// Appends `op` to the transaction.
+    pub fn push(&mut self, op: Op) {
+        let start = std::time::Instant::now();
+        self.encode_one(op);
+        self.encode += start.elapsed();
+    }
+
+    fn encode_one(&mut self, op: Op) {
+        if let (Op::Element(e), Some(_)) = (&op, self.open) {
+            let m = self.messages.last_mut().expect("an open message");
+            let same = matches!(&m.first, Op::Element(f)
+                if f.family == e.family && f.add == e.add && f.set == e.set);
+            if same && m.taken < ELEMENTS_PER_MESSAGE {
+                element(&mut W(&mut self.buf), e);
+                m.taken += 1;
+                return;
+            }
+        }
+        self.close();
+        // The batch's begin is 1, its messages 2 and on.
+        let seq = self.messages.len() as u32 + 2;
+        let (kind, flags, family) = match &op {
+            Op::Element(e) if e.add => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, e.family),
+            Op::Element(e) => (NFT_MSG_DELSETELEM, 0, e.family),
+            Op::AddTable { family } => (NFT_MSG_NEWTABLE, NLM_F_CREATE, *family),
+            Op::DeleteTable { family } => (NFT_MSG_DELTABLE, 0, *family),
+            Op::FlushTable { family } => (NFT_MSG_DELRULE, 0, *family),
+            Op::AddChain { family, .. } => (NFT_MSG_NEWCHAIN, NLM_F_CREATE, *family),
+            Op::FlushChain { family, .. } => (NFT_MSG_DELRULE, 0, *family),
+            Op::DeleteChain { family, .. } => (NFT_MSG_DELCHAIN, 0, *family),
+            Op::AddSet { family, .. } | Op::AddMap { family, .. } => {
+                (NFT_MSG_NEWSET, NLM_F_CREATE, *family)
+            }
+            Op::FlushSet { family, .. } => (NFT_MSG_DELSETELEM, 0, *family),
+            Op::DeleteSet { family, .. } => (NFT_MSG_DELSET, 0, *family),
+            Op::AddRule { family, .. } => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, *family),
+            Op::AddIntervals { family, .. } => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, *family),
+        };
+        let at = begin_message(
+            &mut self.buf,
+            kind,
+            NLM_F_REQUEST | flags,
+            seq,
+            nfproto(family),
+        );
+        self.last_at = at;
+        let w = &mut W(&mut self.buf);
+        match &op {
+            Op::Element(e) => {
+                // NFTA_SET_ELEM_LIST_TABLE, _SET, _ELEMENTS (left open for the
+                // next elements).
+                w.str(1, TABLE_NAME);
+                w.str(2, &e.set);
+                let list = w.begin_nest(3);
+                element(w, e);
+                self.open = Some((at, list));
+            }
+            Op::AddTable { .. } => {
+                // NFTA_TABLE_NAME, NFTA_TABLE_USERDATA.
+                w.str(1, TABLE_NAME);
+                w.attr(6, &table_comment());
+            }
+            Op::DeleteTable { .. } => w.str(1, TABLE_NAME),
+            // NFTA_RULE_TABLE: every rule of the table.
+            Op::FlushTable { .. } => w.str(1, TABLE_NAME),
+            Op::AddChain {
+                name,
+                comment,
+                base,
+                ..
+            } => {
+                // NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, [hook], NFTA_CHAIN_USERDATA.
+                w.str(1, TABLE_NAME);
+                w.str(3, name);
+                if let Some(b) = base {
+                    base_chain_attributes(w, b);
                 }
-                Op::FlushSet { family, .. } => (NFT_MSG_DELSETELEM, 0, *family),
-                Op::DeleteSet { family, .. } => (NFT_MSG_DELSET, 0, *family),
-                Op::AddRule { family, .. } => {
-                    (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, *family)
-                }
-                Op::AddIntervals { family, .. } => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, *family),
-            };
-            let at = begin_message(
-                &mut buf,
-                kind,
-                NLM_F_REQUEST | ack | flags,
-                s,
-                nfproto(family),
-            );
-            let w = &mut W(&mut buf);
-            match first {
-                Op::Element(e) => {
-                    // NFTA_SET_ELEM_LIST_TABLE, _SET, _ELEMENTS.
-                    w.str(1, TABLE_NAME);
-                    w.str(2, &e.set);
-                    w.nest(3, |w| {
-                        for op in &rest[..taken] {
-                            if let Op::Element(e) = op {
-                                element(w, e);
-                            }
-                        }
-                    });
-                }
-                Op::AddTable { .. } => {
-                    // NFTA_TABLE_NAME, NFTA_TABLE_USERDATA.
-                    w.str(1, TABLE_NAME);
-                    w.attr(6, &table_comment());
-                }
-                Op::DeleteTable { .. } => w.str(1, TABLE_NAME),
-                // NFTA_RULE_TABLE: every rule of the table.
-                Op::FlushTable { .. } => w.str(1, TABLE_NAME),
-                Op::AddChain {
-                    name,
-                    comment,
-                    base,
-                    ..
-                } => {
-                    // NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, [hook], NFTA_CHAIN_USERDATA.
-                    w.str(1, TABLE_NAME);
-                    w.str(3, name);
-                    if let Some(b) = base {
-                        base_chain_attributes(w, b);
-                    }
-                    if let Some(c) = comment {
-                        w.attr(12, &chain_comment(c));
-                    }
-                }
-                Op::FlushChain { name, .. } => {
-                    // NFTA_RULE_TABLE, NFTA_RULE_CHAIN.
-                    w.str(1, TABLE_NAME);
-                    w.str(2, name);
-                }
-                Op::DeleteChain { name, .. } => {
-                    w.str(1, TABLE_NAME);
-                    w.str(3, name);
-                }
-                Op::AddSet { name, set, .. } => SetSpec::of_set(set).write(w, name, s),
-                Op::AddMap { name, map, .. } => SetSpec::of_map(map).write(w, name, s),
-                Op::FlushSet { name, .. } => {
-                    // NFTA_SET_ELEM_LIST_TABLE, _SET: every element.
-                    w.str(1, TABLE_NAME);
-                    w.str(2, name);
-                }
-                Op::DeleteSet { name, .. } => {
-                    // NFTA_SET_TABLE, NFTA_SET_NAME.
-                    w.str(1, TABLE_NAME);
-                    w.str(2, name);
-                }
-                Op::AddRule { chain, rule, .. } => {
-                    // NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS.
-                    w.str(1, TABLE_NAME);
-                    w.str(2, chain);
-                    w.nest(4, |w| rule_expressions(w, rule));
-                }
-                Op::AddIntervals { set, nets, .. } => {
-                    w.str(1, TABLE_NAME);
-                    w.str(2, set);
-                    w.nest(3, |w| interval_elements(w, nets));
+                if let Some(c) = comment {
+                    w.attr(12, &chain_comment(c));
                 }
             }
-            end_message(&mut buf, at);
-            messages.push(Message {
-                seq: s,
-                at: ops.len() - rest.len(),
-                taken,
-            });
-            rest = &rest[taken..];
+            Op::FlushChain { name, .. } => {
+                // NFTA_RULE_TABLE, NFTA_RULE_CHAIN.
+                w.str(1, TABLE_NAME);
+                w.str(2, name);
+            }
+            Op::DeleteChain { name, .. } => {
+                w.str(1, TABLE_NAME);
+                w.str(3, name);
+            }
+            Op::AddSet { name, set, .. } => SetSpec::of_set(set).write(w, name, seq),
+            Op::AddMap { name, map, .. } => SetSpec::of_map(map).write(w, name, seq),
+            Op::FlushSet { name, .. } => {
+                // NFTA_SET_ELEM_LIST_TABLE, _SET: every element.
+                w.str(1, TABLE_NAME);
+                w.str(2, name);
+            }
+            Op::DeleteSet { name, .. } => {
+                // NFTA_SET_TABLE, NFTA_SET_NAME.
+                w.str(1, TABLE_NAME);
+                w.str(2, name);
+            }
+            Op::AddRule { chain, rule, .. } => {
+                // NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS.
+                w.str(1, TABLE_NAME);
+                w.str(2, chain);
+                w.nest(4, |w| rule_expressions(w, rule));
+            }
+            Op::AddIntervals { set, nets, .. } => {
+                w.str(1, TABLE_NAME);
+                w.str(2, set);
+                w.nest(3, |w| interval_elements(w, nets));
+            }
         }
-        let at = begin_message(&mut buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, next(), 0);
-        end_message(&mut buf, at);
-        Batch { buf, messages }
+        if self.open.is_none() {
+            end_message(&mut self.buf, at);
+        }
+        self.messages.push(Message {
+            seq,
+            first: op,
+            taken: 1,
+        });
+    }
+
+    /// Ends the element message being filled, if any.
+    fn close(&mut self) {
+        if let Some((at, list)) = self.open.take() {
+            W(&mut self.buf).end_nest(list);
+            end_message(&mut self.buf, at);
+        }
+    }
+
+    /// The transaction: the last message asks for an acknowledgement, and the
+    /// batch ends.
+    pub fn finish(mut self) -> Batch {
+        self.close();
+        if !self.messages.is_empty() {
+            let flags = self.last_at + 6;
+            let f = u16::from_ne_bytes([self.buf[flags], self.buf[flags + 1]]) | NLM_F_ACK;
+            self.buf[flags..flags + 2].copy_from_slice(&f.to_ne_bytes());
+        }
+        let seq = self.messages.len() as u32 + 2;
+        let at = begin_message(&mut self.buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq, 0);
+        end_message(&mut self.buf, at);
+        Batch {
+            buf: self.buf,
+            messages: self.messages,
+            encode: self.encode,
+        }
+    }
+}
+
+impl Batch {
+    /// The batch of `ops`, in order.
+    pub fn encode(ops: &[Op]) -> Batch {
+        let mut b = BatchBuilder::new();
+        for op in ops {
+            b.push(op.clone());
+        }
+        b.finish()
     }
 
     /// Bytes of the batch.
@@ -1022,15 +1094,10 @@ impl Batch {
         self.messages.is_empty()
     }
 
-    /// The number of messages it holds (sequence numbers it uses).
-    fn message_count(&self) -> u32 {
-        self.messages.len() as u32 + 2
-    }
-
-    /// What the message `seq` does, from the statements `ops` it was encoded from.
-    fn describe(&self, ops: &[Op], seq: u32) -> Option<String> {
-        let m = self.messages.iter().find(|m| m.seq == seq)?;
-        let text = describe(&ops[m.at]);
+    /// What the message `seq` does.
+    fn describe(&self, seq: u32) -> Option<String> {
+        let m = self.messages.get((seq as usize).checked_sub(2)?)?;
+        let text = describe(&m.first);
         Some(match m.taken {
             1 => text,
             n => format!("{text} ({} more in the same message)", n - 1),
@@ -1039,7 +1106,7 @@ impl Batch {
 
     /// Sends the batch on `sock` and waits for the kernel's verdict: the last
     /// message's acknowledgement, after the errors of any that failed.
-    fn send_on(&self, sock: &Socket, ops: &[Op]) -> Result<Duration, ConntrackError> {
+    fn send_on(&self, sock: &Socket) -> Result<Duration, ConntrackError> {
         let start = std::time::Instant::now();
         send_request(sock, &self.buf, "the nftables batch")?;
         let commit = start.elapsed();
@@ -1051,7 +1118,7 @@ impl Batch {
             let mut done = false;
             for (seq, msg) in split_datagram(&buf)? {
                 let Some(code) = ack_code(msg)? else { continue };
-                let what = self.describe(ops, seq);
+                let what = self.describe(seq);
                 // The last message's verdict, or one about the batch itself (its
                 // header: the kernel gave up on it as a whole).
                 done |= Some(seq) == last || what.is_none();
@@ -1120,7 +1187,6 @@ pub struct BatchStats {
 #[derive(Default)]
 pub(crate) struct NetlinkWriter {
     sock: Option<(Option<PathBuf>, Socket)>,
-    seq: u32,
     /// The last batch sent.
     pub last: Option<BatchStats>,
     /// The send buffer asked of the open socket (0: the kernel's default).
@@ -1128,23 +1194,23 @@ pub(crate) struct NetlinkWriter {
 }
 
 impl NetlinkWriter {
-    /// Applies `ops` in the network namespace `netns` names (or this thread's).
+    /// Applies `batch` in the network namespace `netns` names (or this thread's).
+    /// Each batch numbers its messages from 1: the socket holds no reply of an
+    /// earlier one (every batch is waited for, and a failed one takes the socket
+    /// with it).
     pub fn apply(
         &mut self,
-        ops: &[Op],
+        batch: Batch,
         netns: Option<&Path>,
         timeout: Duration,
     ) -> Result<(), DataPlaneError> {
-        let start = std::time::Instant::now();
-        let batch = Batch::encode(ops, self.seq);
-        let encode = start.elapsed();
         if batch.is_empty() {
             return Ok(());
         }
-        self.seq = self.seq.wrapping_add(batch.message_count());
+        let encode = batch.encode;
         let result = self
             .socket(netns, timeout, batch.len())
-            .and_then(|sock| batch.send_on(sock, ops));
+            .and_then(|sock| batch.send_on(sock));
         match &result {
             Ok(commit) => {
                 self.last = Some(BatchStats {
@@ -1356,9 +1422,9 @@ mod tests {
             op(true, "a", 1),
             op(true, "b", 3),
         ];
-        let batch = Batch::encode(&ops, 0);
+        let batch = Batch::encode(&ops);
         assert_eq!(batch.messages.len(), 3);
-        let first = batch.describe(&ops, batch.messages[0].seq).unwrap();
+        let first = batch.describe(batch.messages[0].seq).unwrap();
         assert!(first.contains("1 more"), "{first}");
         // Only the last message asks for an acknowledgement.
         let flags = |at: usize| u16::from_ne_bytes([batch.buf[at + 6], batch.buf[at + 7]]);

@@ -11,10 +11,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use svcproxy_core::model::IpFamily;
-use svcproxy_plan::nft::typed::Op;
 
 use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
-use crate::nft_netlink::NetlinkWriter;
+use crate::nft_netlink::{Batch, NetlinkWriter};
 use crate::nft_table::{table_state, TableState};
 
 /// Applies `nft -f` scripts, each as one atomic transaction, and says what the
@@ -24,15 +23,15 @@ pub trait ScriptSink {
     /// file or nothing).
     fn apply(&mut self, script: &str) -> Result<(), DataPlaneError>;
 
-    /// Applies a plan whose every statement is typed: `ops`, or `script`, the
-    /// same as text. A sink that cannot write them itself applies the script.
-    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
-        let _ = ops;
+    /// Applies a plan whose every statement is typed: `batch`, or `script`, the
+    /// same as text. A sink that cannot write the batch itself applies the script.
+    fn apply_batch(&mut self, batch: Batch, script: &str) -> Result<(), DataPlaneError> {
+        let _ = batch;
         self.apply(script)
     }
 
-    /// Whether [`ScriptSink::apply_typed`] writes the statements itself (and so
-    /// needs no script).
+    /// Whether [`ScriptSink::apply_batch`] writes the batch itself (and so needs
+    /// no script).
     fn writes_typed(&self) -> bool {
         false
     }
@@ -66,8 +65,8 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
         (**self).apply(script)
     }
 
-    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
-        (**self).apply_typed(ops, script)
+    fn apply_batch(&mut self, batch: Batch, script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply_batch(batch, script)
     }
 
     fn writes_typed(&self) -> bool {
@@ -92,8 +91,8 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
         (**self).apply(script)
     }
 
-    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
-        (**self).apply_typed(ops, script)
+    fn apply_batch(&mut self, batch: Batch, script: &str) -> Result<(), DataPlaneError> {
+        (**self).apply_batch(batch, script)
     }
 
     fn writes_typed(&self) -> bool {
@@ -397,12 +396,12 @@ impl ScriptSink for NftCommand {
     /// its [`NftCommand::in_netns`], or this process's when it runs `nft` itself
     /// (a command behind a prefix, e.g. `ip netns exec`, without the namespace
     /// named, gets the script).
-    fn apply_typed(&mut self, ops: &[Op], script: &str) -> Result<(), DataPlaneError> {
+    fn apply_batch(&mut self, batch: Batch, script: &str) -> Result<(), DataPlaneError> {
         if !self.writes_typed() {
             return self.run(script);
         }
         let netns = self.netns.clone();
-        self.netlink.0.apply(ops, netns.as_deref(), self.timeout)
+        self.netlink.0.apply(batch, netns.as_deref(), self.timeout)
     }
 
     /// When it knows the namespace `nft` would write to: named, or its own.

@@ -92,6 +92,10 @@ pub struct Plan {
     /// typed, in the script's order, for a writer that sends them to the kernel
     /// itself.
     pub typed: Option<Vec<Op>>,
+    /// Every statement has a typed form: [`Planner::plan_into`] handed them all out.
+    pub all_typed: bool,
+    /// The typed statements handed out.
+    pub typed_ops: usize,
     /// Every destination conflict in the desired state.
     pub conflicts: Vec<Conflict>,
     pub stats: PlanStats,
@@ -104,9 +108,9 @@ impl Plan {
     }
 
     /// Nothing to apply (a partial plan with no change). A full plan written only
-    /// as typed statements has no script (see [`Planner::set_text_when_typed`]).
+    /// as typed statements has no script (see [`Output`]).
     pub fn is_empty(&self) -> bool {
-        self.script.is_empty() && self.typed.as_ref().is_none_or(Vec::is_empty)
+        self.script.is_empty() && self.typed_ops == 0
     }
 }
 
@@ -353,13 +357,6 @@ fn delete_set(family: IpFamily, name: &str) -> Op {
         family,
         name: name.to_string(),
     }
-}
-
-/// Chains `ops` adds.
-fn chains_added(ops: &[Op]) -> usize {
-    ops.iter()
-        .filter(|op| matches!(op, Op::AddChain { .. }))
-        .count()
 }
 
 /// A value of an `endpoint-dnat-*` map: `address . port`.
@@ -779,47 +776,49 @@ impl FamilyState {
         maps
     }
 
+    /// The `pod-cidrs` elements, when the table has that set: `Err` when they
+    /// have no typed form (overlapping prefixes, which `nft` refuses).
+    fn pod_cidrs(&self) -> Result<Option<Op>, ()> {
+        let Some(node) = &self.node else {
+            return Ok(None);
+        };
+        match &node.local_traffic {
+            Some(LocalTraffic::Cidrs(nets)) if nets.len() > 1 => Ok(Some(Op::AddIntervals {
+                family: self.family,
+                set: POD_CIDRS_SET.to_string(),
+                nets: disjoint_prefixes(nets).ok_or(())?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
     /// The whole table as typed statements (what [`FamilyState::write_table`]
     /// writes as text), in an order in which every reference resolves: the
     /// declarations of every set, map and chain, the elements of the shared sets
     /// and verdict maps, every rule, and last the endpoint maps' elements (see
-    /// there). `false` when some statement has no typed form (overlapping
-    /// `pod-cidrs`, which `nft` refuses); `ops` is then incomplete.
-    fn table_ops(&self, fam: &FamilyIntent, ops: &mut Vec<Op>) -> bool {
+    /// there). Only when [`FamilyState::pod_cidrs`] is not `Err`.
+    fn table_ops(&self, fam: &FamilyIntent, out: &mut dyn FnMut(Op)) {
         let Some(node) = &self.node else {
-            return true;
+            return;
         };
         let f = self.family;
         let shared = self.skeleton(node);
-        let mut pod_cidrs = None;
-        if shared.sets.contains_key(POD_CIDRS_SET) {
-            let Some(LocalTraffic::Cidrs(nets)) = &node.local_traffic else {
-                return false;
-            };
-            let Some(nets) = disjoint_prefixes(nets) else {
-                return false;
-            };
-            pod_cidrs = Some(Op::AddIntervals {
-                family: f,
-                set: POD_CIDRS_SET.to_string(),
-                nets,
-            });
-        }
-        ops.push(Op::AddTable { family: f });
+        let pod_cidrs = self.pod_cidrs().ok().flatten();
+        out(Op::AddTable { family: f });
         for (name, set) in &shared.sets {
-            ops.push(add_set(f, name, set));
+            out(add_set(f, name, set));
         }
         for (name, map) in &shared.maps {
-            ops.push(add_map(f, name, map));
+            out(add_map(f, name, map));
         }
         for (name, protocol) in self.endpoint_maps.iter() {
-            ops.push(add_map(f, name, &endpoint_map_decl(f, protocol)));
+            out(add_map(f, name, &endpoint_map_decl(f, protocol)));
         }
         let mut rules = Vec::new();
         // Each chain declared now, its rules kept for after the elements.
-        let mut chains = |ops: &mut Vec<Op>, objs: Ruleset| {
+        let mut chains = |out: &mut dyn FnMut(Op), objs: Ruleset| {
             for (name, chain) in objs.chains {
-                ops.push(add_chain(f, &name, &chain));
+                out(add_chain(f, &name, &chain));
                 rules.extend(chain.rules.into_iter().map(|rule| Op::AddRule {
                     family: f,
                     chain: name.clone(),
@@ -827,13 +826,13 @@ impl FamilyState {
                 }));
             }
         };
-        chains(ops, shared);
+        chains(out, shared);
         for frag in self.entries.values() {
             let objs = frag.objects(self.detect.as_ref());
             for (name, set) in &objs.sets {
-                ops.push(add_set(f, name, set));
+                out(add_set(f, name, set));
             }
-            chains(ops, objs);
+            chains(out, objs);
         }
         let elem = |set: &str, key: Vec<Atom>, value: Option<ElemValue>| {
             Op::Element(ElemOp {
@@ -844,36 +843,36 @@ impl FamilyState {
                 value,
             })
         };
-        ops.extend(pod_cidrs);
-        ops.extend(
-            fam.cluster_ips()
-                .map(|ip| elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None)),
-        );
-        if let NodePortDestinations::Ips(ips) = &node.nodeports {
-            ops.extend(
-                ips.iter()
-                    .map(|ip| elem(NODEPORT_IPS_SET, vec![Atom::Ip(*ip)], None)),
-            );
+        if let Some(op) = pod_cidrs {
+            out(op);
         }
-        ops.extend(
-            self.hairpin
-                .keys()
-                .map(|ip| elem(HAIRPIN_SET, hairpin_elem(*ip), None)),
-        );
+        for ip in fam.cluster_ips() {
+            out(elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
+        }
+        if let NodePortDestinations::Ips(ips) = &node.nodeports {
+            for ip in ips {
+                out(elem(NODEPORT_IPS_SET, vec![Atom::Ip(*ip)], None));
+            }
+        }
+        for ip in self.hairpin.keys() {
+            out(elem(HAIRPIN_SET, hairpin_elem(*ip), None));
+        }
         for (key, elems) in self.frontend_elems(fam) {
             for e in elems {
-                ops.push(elem(
+                out(elem(
                     e.map.name(),
                     key_atoms(key),
                     Some(ElemValue::Verdict(e.verdict.elem())),
                 ));
             }
         }
-        ops.append(&mut rules);
+        for rule in rules {
+            out(rule);
+        }
         for (map, frags) in self.fragments_by_endpoint_map() {
             for frag in frags {
                 frag.dnat_elements(|k, ep| {
-                    ops.push(elem(
+                    out(elem(
                         &map,
                         vec![Atom::Num(k)],
                         Some(ElemValue::Data(dnat_value(ep))),
@@ -881,7 +880,6 @@ impl FamilyState {
                 });
             }
         }
-        true
     }
 
     /// The fragments that use an endpoint map, by map.
@@ -945,8 +943,22 @@ pub struct Planner {
     generation: u64,
     /// The intent generation last planned: a delta from any other is not trusted.
     intent_generation: Option<u64>,
-    /// Whether a full plan whose statements are all typed also carries its script.
-    text_when_typed: bool,
+    /// What full plans carry: their script, their typed statements, or both.
+    output: Output,
+}
+
+/// What a full plan carries (a partial plan, small, always carries both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Output {
+    /// The script only (`nft -f`, `svcproxy render`).
+    Text,
+    /// The typed statements only, for a writer that sends them itself; the script
+    /// too when some statement has no typed form. Rendering the script costs time
+    /// and memory in proportion to the whole table.
+    Typed,
+    /// Both (the default).
+    #[default]
+    Both,
 }
 
 impl Default for Planner {
@@ -971,15 +983,13 @@ impl Planner {
             kernel: Kernel::Unknown,
             generation: 0,
             intent_generation: None,
-            text_when_typed: true,
+            output: Output::Both,
         }
     }
 
-    /// Whether full plans whose every statement is typed carry their script too
-    /// (the default). A writer that sends typed statements itself needs no script,
-    /// and rendering it costs time and memory in proportion to the whole table.
-    pub fn set_text_when_typed(&mut self, text: bool) {
-        self.text_when_typed = text;
+    /// What full plans carry from now on.
+    pub fn set_output(&mut self, output: Output) {
+        self.output = output;
     }
 
     /// Plans the tables for `intent`, which `delta` says how it differs from the
@@ -990,6 +1000,24 @@ impl Planner {
     /// [`Planner::commit`]), the shared skeleton changed, or `delta` does not start
     /// at the previous plan's intent.
     pub fn plan(&mut self, intent: &Intent, delta: &IntentDelta, full: bool) -> Plan {
+        let mut ops = Vec::new();
+        let mut plan = self.plan_into(intent, delta, full, &mut |op| ops.push(op));
+        plan.typed = (plan.all_typed && !ops.is_empty()).then_some(ops);
+        plan
+    }
+
+    /// [`Planner::plan`], handing each typed statement to `out` as it is made
+    /// instead of collecting them in [`Plan::typed`] (a writer encodes them as
+    /// they come: a full sync's statements are never all held at once). Nothing
+    /// is handed out when some statement has no typed form
+    /// ([`Plan::all_typed`] is then `false`, and the plan has its script).
+    pub fn plan_into(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        full: bool,
+        out: &mut dyn FnMut(Op),
+    ) -> Plan {
         self.generation += 1;
         let in_step = self.intent_generation == Some(delta.from) && delta.to == intent.generation();
         self.intent_generation = Some(intent.generation());
@@ -1016,8 +1044,7 @@ impl Planner {
             ..PlanStats::default()
         };
         let mut script = String::new();
-        let mut ops = Vec::new();
-        let mut typed = true;
+        let mut partial = Vec::new();
         for fam in &mut self.families {
             let fi = intent.family(fam.family);
             if !in_step {
@@ -1027,39 +1054,55 @@ impl Planner {
             let mut d = (kind == PlanKind::Partial).then(|| Delta::new(fam.family));
             fam.apply(delta.family(fam.family), fi.node(), d.as_mut(), &mut stats);
             if let Some(d) = d {
-                d.finish(&mut script, &mut ops);
+                d.finish(&mut script, &mut partial);
+            }
+        }
+        let all_typed =
+            kind == PlanKind::Partial || self.families.iter().all(|f| f.pod_cidrs().is_ok());
+        let text = !all_typed || self.output != Output::Typed;
+        let typed = all_typed && self.output != Output::Text;
+        let (mut emitted, mut added, mut deleted) = (0, 0, 0);
+        {
+            let mut emit = |op: Op| {
+                emitted += 1;
+                match &op {
+                    Op::AddChain { .. } => added += 1,
+                    Op::DeleteChain { .. } => deleted += 1,
+                    _ => {}
+                }
+                out(op);
+            };
+            match kind {
+                PlanKind::Partial => partial.into_iter().for_each(&mut emit),
+                PlanKind::Recreate if typed => {
+                    for fam in &self.families {
+                        emit(Op::AddTable { family: fam.family });
+                        emit(Op::DeleteTable { family: fam.family });
+                        fam.table_ops(intent.family(fam.family), &mut emit);
+                    }
+                }
+                PlanKind::Resync if typed => {
+                    for (fam, old) in self.families.iter().zip(&old_names) {
+                        Self::resync_ops(fam, intent.family(fam.family), old, &mut emit);
+                    }
+                }
+                _ => {}
             }
         }
         match kind {
             PlanKind::Partial => {}
-            PlanKind::Recreate => {
-                for fam in &self.families {
-                    ops.push(Op::AddTable { family: fam.family });
-                    ops.push(Op::DeleteTable { family: fam.family });
-                    typed &= fam.table_ops(intent.family(fam.family), &mut ops);
-                }
-                if typed && !self.text_when_typed {
-                    stats.chains_written = chains_added(&ops);
-                } else {
-                    script = self.render_counting(intent, &mut stats);
+            PlanKind::Recreate if text => {
+                script = self.render_counting(intent, &mut stats);
+            }
+            PlanKind::Resync if text => {
+                for (fam, old) in self.families.iter().zip(&old_names) {
+                    let fi = intent.family(fam.family);
+                    Self::write_resync(fam, fi, old, &mut script, &mut stats);
                 }
             }
-            PlanKind::Resync => {
-                for (fam, old) in self.families.iter().zip(&old_names) {
-                    typed &= Self::resync_ops(fam, intent.family(fam.family), old, &mut ops);
-                }
-                if typed && !self.text_when_typed {
-                    stats.chains_written = chains_added(&ops);
-                    stats.chains_deleted = ops
-                        .iter()
-                        .filter(|op| matches!(op, Op::DeleteChain { .. }))
-                        .count();
-                } else {
-                    for (fam, old) in self.families.iter().zip(&old_names) {
-                        let fi = intent.family(fam.family);
-                        Self::write_resync(fam, fi, old, &mut script, &mut stats);
-                    }
-                }
+            _ => {
+                stats.chains_written = added;
+                stats.chains_deleted = deleted;
             }
         }
         for fam in &self.families {
@@ -1070,7 +1113,9 @@ impl Planner {
         Plan {
             kind,
             script,
-            typed: (typed && !ops.is_empty()).then_some(ops),
+            typed: None,
+            all_typed,
+            typed_ops: emitted,
             conflicts: intent.conflicts(),
             stats,
             generation: self.generation,
@@ -1117,44 +1162,40 @@ impl Planner {
         stats.chains_written += fam.write_table(fi, out);
     }
 
-    /// [`Planner::write_resync`]'s statements typed; `false` when one has no
-    /// typed form.
-    fn resync_ops(fam: &FamilyState, fi: &FamilyIntent, old: &Names, ops: &mut Vec<Op>) -> bool {
+    /// [`Planner::write_resync`]'s statements typed.
+    fn resync_ops(fam: &FamilyState, fi: &FamilyIntent, old: &Names, out: &mut dyn FnMut(Op)) {
         let f = fam.family;
-        ops.push(Op::AddTable { family: f });
+        out(Op::AddTable { family: f });
         if fam.node.is_none() {
-            ops.push(Op::DeleteTable { family: f });
-            return true;
+            out(Op::DeleteTable { family: f });
+            return;
         }
-        ops.push(Op::FlushTable { family: f });
+        out(Op::FlushTable { family: f });
         let flush = |name: &String| Op::FlushSet {
             family: f,
             name: name.clone(),
         };
-        ops.extend(old.maps.iter().map(flush));
-        ops.extend(
-            old.sets
-                .iter()
-                .filter(|(_, dynamic)| !**dynamic)
-                .map(|(name, _)| flush(name)),
-        );
+        old.maps.iter().map(flush).for_each(&mut *out);
+        old.sets
+            .iter()
+            .filter(|(_, dynamic)| !**dynamic)
+            .map(|(name, _)| flush(name))
+            .for_each(&mut *out);
         let new = fam.names();
-        ops.extend(
-            old.chains
-                .difference(&new.chains)
-                .map(|name| Op::DeleteChain {
-                    family: f,
-                    name: name.clone(),
-                }),
-        );
-        ops.extend(
-            old.sets
-                .keys()
-                .filter(|name| !new.sets.contains_key(*name))
-                .chain(old.maps.difference(&new.maps))
-                .map(|name| delete_set(f, name)),
-        );
-        fam.table_ops(fi, ops)
+        old.chains
+            .difference(&new.chains)
+            .map(|name| Op::DeleteChain {
+                family: f,
+                name: name.clone(),
+            })
+            .for_each(&mut *out);
+        old.sets
+            .keys()
+            .filter(|name| !new.sets.contains_key(*name))
+            .chain(old.maps.difference(&new.maps))
+            .map(|name| delete_set(f, name))
+            .for_each(&mut *out);
+        fam.table_ops(fi, out)
     }
 
     /// Marks `plan` as applied: the kernel now holds the planned state, so the next
@@ -1212,8 +1253,9 @@ pub fn render_full(intent: &Intent) -> String {
 /// [`render_full`] for a planner with `capture` (the userspace mode).
 pub fn render_full_with(intent: &Intent, capture: Option<Arc<dyn CapturePorts>>) -> String {
     let mut planner = Planner::with_capture(capture);
+    planner.set_output(Output::Text);
     planner
-        .plan(intent, &intent.delta_from_empty(), true)
+        .plan_into(intent, &intent.delta_from_empty(), true, &mut |_| {})
         .script
 }
 
