@@ -238,6 +238,9 @@ impl ServiceIntent {
             .collect();
         endpoints.sort();
         endpoints.dedup();
+        // Held for as long as the intent: the local set's endpoints, counted twice
+        // above, would leave the capacity up to twice the length.
+        endpoints.shrink_to_fit();
         let index = |list: Option<Vec<SocketAddr>>| -> Option<Vec<u32>> {
             list.map(|l| {
                 l.iter()

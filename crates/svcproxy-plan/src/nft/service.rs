@@ -286,9 +286,10 @@ struct EpNames {
 pub(crate) struct Fragment {
     pub intent: Arc<ServiceIntent>,
     pub hash: u64,
-    /// Per endpoint of the intent, the names of its own objects, when it has any
-    /// (see the module's `endpoint-E`); empty under a full userspace capture.
-    endpoints: Vec<Option<EpNames>>,
+    /// Per endpoint of the intent, the names of its own objects (see the
+    /// module's `endpoint-E`): only with affinity, and not under a full userspace
+    /// capture; empty otherwise.
+    endpoints: Vec<EpNames>,
     /// Per set (cluster, local), the first key of its endpoints in the shared
     /// `endpoint-dnat-*` maps, once the planner gave it one ([`Fragment::dispatch_sizes`]).
     pub blocks: [Option<Run>; 2],
@@ -316,26 +317,19 @@ impl Fragment {
         });
         let capture_loopback_only = capture_ports.is_some_and(|c| c.loopback_only());
         let hasher = EndpointHasher::new(family, &intent.name);
-        // The userspace capture has no per-endpoint object.
-        let own: &[SocketAddr] = if capture.is_none() || capture_loopback_only {
-            &intent.endpoints
-        } else {
-            &[]
-        };
-        let endpoints = own
-            .iter()
-            .map(|ep| {
-                // Affinity is the only per-endpoint state: the hairpin is one
-                // shared rule (see the module).
-                intent.affinity_timeout.map(|_| EpNames {
+        // Affinity is the only per-endpoint state (the hairpin is one shared
+        // rule, see the module); the userspace capture has no per-endpoint object.
+        let endpoints = match intent.affinity_timeout {
+            Some(t) if capture.is_none() || capture_loopback_only => intent
+                .endpoints
+                .iter()
+                .map(|ep| EpNames {
                     chain: hasher.endpoint(ep.ip(), ep.port()),
-                    affinity: intent
-                        .affinity_timeout
-                        .map(|t| hasher.affinity(ep.ip(), ep.port(), t))
-                        .unwrap_or(0),
+                    affinity: hasher.affinity(ep.ip(), ep.port(), t),
                 })
-            })
-            .collect();
+                .collect(),
+            _ => Vec::new(),
+        };
         Fragment {
             intent,
             hash,
@@ -420,7 +414,7 @@ impl Fragment {
             rules,
         };
 
-        let own = |i: u32| self.endpoints[i as usize];
+        let own = |i: u32| self.endpoints.get(i as usize).copied();
         // Where the choice of endpoint `i` goes: its chain, or straight to it.
         let to_endpoint = |i: u32, mut matches: Vec<Match>| match own(i) {
             Some(names) => rule(
@@ -585,12 +579,7 @@ impl Fragment {
                 .insert(self.name(Prefix::Firewall).to_string(), chain(rules));
         }
 
-        for (ep, names) in svc
-            .endpoints
-            .iter()
-            .zip(&self.endpoints)
-            .filter_map(|(ep, n)| Some((ep, n.as_ref()?)))
-        {
+        for (ep, names) in svc.endpoints.iter().zip(&self.endpoints) {
             let mut rules = Vec::new();
             if let Some(t) = svc.affinity_timeout {
                 let set = ObjName::new(Prefix::Affinity, names.affinity).to_string();
@@ -633,7 +622,7 @@ impl Fragment {
             }
         }
         let mut sets = Vec::new();
-        for names in self.endpoints.iter().flatten() {
+        for names in &self.endpoints {
             chains.push(ObjName::new(Prefix::Endpoint, names.chain).to_string());
             if svc.affinity_timeout.is_some() {
                 sets.push(ObjName::new(Prefix::Affinity, names.affinity).to_string());
@@ -649,6 +638,6 @@ impl Fragment {
             + svc.local.is_some() as usize
             + svc.external.is_some() as usize
             + svc.firewall.is_some() as usize
-            + self.endpoints.iter().flatten().count()
+            + self.endpoints.len()
     }
 }
