@@ -1,13 +1,15 @@
-//! Partial syncs written to the kernel over netlink: one nf_tables batch
+//! Syncs written to the kernel over netlink: one nf_tables batch per sync
 //! (`NFNL_MSG_BATCH_BEGIN`, the statements, `NFNL_MSG_BATCH_END`), one transaction,
-//! no `nft` process, no text and no cache fetch. A partial plan whose every
-//! statement is typed ([`svcproxy_plan::nft::typed`]: set and map elements, a
-//! service port's set chain with its masquerade marks and its DNAT, chains added,
-//! flushed and deleted) costs the kernel's commit and little else; `nft` would
-//! first list every chain and set of the table (tens of milliseconds at 10k
-//! services).
+//! no `nft` process, no text and no cache fetch. Every statement of a plan is typed
+//! ([`svcproxy_plan::nft::typed`]: tables, base and regular chains, set and map
+//! declarations with the user data `nft` stores, rules, elements), so a partial
+//! sync costs the kernel's commit and little else (`nft` would first list every
+//! chain and set of the table: tens of milliseconds at 10k services), and a full
+//! sync about the kernel's commit (`nft` parses and evaluates the whole text).
 //!
-//! Entry point: [`NetlinkWriter::apply`]. Keys and values are laid out as the
+//! Entry points: [`BatchBuilder`] (statements in, as the planner makes them),
+//! then [`NetlinkWriter::apply`]. Each message is written straight into the
+//! batch's buffer ([`W`]). Keys and values are laid out as the
 //! kernel stores them: an address in network order, a protocol as one byte, a port
 //! in network order, an endpoint map's key (`numgen`'s) in host order; in a
 //! concatenation each field padded to 4 bytes. A rule is the expressions `nft`
@@ -883,7 +885,7 @@ const NFT_MSG_DELSETELEM: u16 = 14;
 
 /// Encodes statements one at a time into one transaction: consecutive element
 /// changes of the same kind to the same set share a message (up to
-/// [`ELEMENTS_PER_MESSAGE`]); every other statement is one message. Only the last
+/// 64); every other statement is one message. Only the last
 /// message asks for an acknowledgement: the kernel reports every failing message
 /// anyway, and one acknowledgement per message would not fit in the socket's
 /// receive buffer for a full sync. The statements are kept only as far as an
@@ -1004,8 +1006,12 @@ impl BatchBuilder {
                     w.attr(12, &chain_comment(c));
                 }
             }
-            Op::FlushChain { name, .. } => {
-                // NFTA_RULE_TABLE, NFTA_RULE_CHAIN.
+            // NFTA_RULE_TABLE, NFTA_RULE_CHAIN (every rule of the chain);
+            // NFTA_SET_ELEM_LIST_TABLE, _SET (every element); NFTA_SET_TABLE,
+            // NFTA_SET_NAME.
+            Op::FlushChain { name, .. }
+            | Op::FlushSet { name, .. }
+            | Op::DeleteSet { name, .. } => {
                 w.str(1, TABLE_NAME);
                 w.str(2, name);
             }
@@ -1015,16 +1021,6 @@ impl BatchBuilder {
             }
             Op::AddSet { name, set, .. } => SetSpec::of_set(set).write(w, name, seq),
             Op::AddMap { name, map, .. } => SetSpec::of_map(map).write(w, name, seq),
-            Op::FlushSet { name, .. } => {
-                // NFTA_SET_ELEM_LIST_TABLE, _SET: every element.
-                w.str(1, TABLE_NAME);
-                w.str(2, name);
-            }
-            Op::DeleteSet { name, .. } => {
-                // NFTA_SET_TABLE, NFTA_SET_NAME.
-                w.str(1, TABLE_NAME);
-                w.str(2, name);
-            }
             Op::AddRule { chain, rule, .. } => {
                 // NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS.
                 w.str(1, TABLE_NAME);

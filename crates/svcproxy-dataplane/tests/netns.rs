@@ -326,7 +326,7 @@ fn clusterip(name: &str, family: &str, ip: &str, endpoints: &[&str]) -> String {
     y
 }
 
-/// The netlink writer (element-only partial syncs as one nf_tables batch) and the
+/// The netlink writer (every sync as one nf_tables batch) and the
 /// `nft -f` writer leave the same tables after every step; the netlink one
 /// really writes those syncs itself (with no `nft` at all they still apply); a
 /// batch the kernel refuses applies nothing of itself, and the next sync
@@ -366,8 +366,8 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     delete_service(&mut state, "db");
     assert_eq!(both!("db deleted"), SyncKind::Partial);
 
-    // With no nft at all, an element-only sync still applies (netlink); one that
-    // needs a chain does not.
+    // With no nft at all every sync applies (netlink): elements only, chains,
+    // affinity sets.
     let path = format!("/run/netns/{}", a.name);
     *net.plane_mut().sink_mut() = NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
     upsert(&mut state, WEB_MOVED);

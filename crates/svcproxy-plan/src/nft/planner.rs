@@ -1,16 +1,20 @@
-//! The incremental nftables planner: the intent and its delta in, one `nft -f`
-//! script out, with the translated state kept in memory so that a change to one
-//! service costs a script about that service only.
+//! The incremental nftables planner: the intent and its delta in, one
+//! transaction out (typed statements, an `nft -f` script, or both), with the
+//! translated state kept in memory so that a change to one service costs
+//! statements about that service only.
 //!
-//! Entry point: [`Planner::plan`], then [`Planner::commit`] once `nft` accepted the
-//! script, or [`Planner::abandon`] when it did not.
+//! Entry point: [`Planner::plan_into`] (or [`Planner::plan`]), then
+//! [`Planner::commit`] once the kernel accepted the transaction, or
+//! [`Planner::abandon`] when it did not.
 //!
 //! State per family: the node intent the skeleton was written from, and per service
 //! port its [`Fragment`] (the intent and its objects' hashed names). Map elements
 //! come from the intent's frontends: only each frontend's owner puts elements in
 //! the maps, so a conflict can never make `nft` fail.
 //!
-//! Three kinds of script, all applied as one atomic `nft -f` transaction:
+//! Three kinds of plan, each applied as one atomic transaction (one nf_tables
+//! batch over netlink from its typed statements, [`Planner::plan_into`], or one
+//! `nft -f` of its script, as [`Output`] asks):
 //! - [`PlanKind::Recreate`] when the kernel's state is unknown (first sync, after a
 //!   failed or unconfirmed apply): `add table` + `delete table` + the whole table.
 //! - [`PlanKind::Resync`] for a requested full sync, when the shared skeleton

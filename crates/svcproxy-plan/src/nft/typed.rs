@@ -1,6 +1,6 @@
 //! svcproxy's nftables statements as typed values, for a writer that sends them
 //! to the kernel itself: every rule of the table ([`TypedRule`]: matches and one
-//! action), set and map declarations ([`Field`], in [`super::ruleset`]), and a
+//! action), set and map declarations ([`super::ruleset::Field`]), and a
 //! plan's statements ([`Op`]). Each value prints as exactly the text the plan's
 //! script holds, so the netlink writer and `nft -f` apply the same thing (a test
 //! compares the tables both leave).
