@@ -44,7 +44,7 @@ use svcproxy_plan::nft::{BaseChain, ChainType, Hook, Map, MapType, Set, TABLE_NA
 use netlink_sys::Socket;
 
 use crate::conntrack::{ip_protocol, ConntrackError};
-use crate::ctnetlink::{open_socket, recv_datagram, send_request, split_datagram};
+use crate::ctnetlink::{open_socket, recv_datagram, split_datagram};
 use crate::DataPlaneError;
 
 /// nfnetlink's subsystem id of nf_tables (a batch's `res_id`).
@@ -54,6 +54,8 @@ const ELEMENTS_PER_MESSAGE: usize = 64;
 /// The socket's send buffer below which it is left as the kernel made it: one
 /// `sendmsg` must carry the whole batch.
 const DEFAULT_SNDBUF: usize = 128 * 1024;
+/// The size of a batch's chunks.
+const CHUNK_BYTES: usize = 1 << 20;
 
 /// One message of a batch: its sequence number, its first statement and how
 /// many it carries, to say which one the kernel refused.
@@ -64,10 +66,11 @@ struct Message {
     taken: usize,
 }
 
-/// One encoded transaction, built by a [`BatchBuilder`].
+/// One encoded transaction, built by a [`BatchBuilder`]: its bytes in chunks of
+/// whole messages, sent together by one `sendmsg`.
 #[derive(Debug)]
 pub struct Batch {
-    buf: Vec<u8>,
+    chunks: Vec<Vec<u8>>,
     messages: Vec<Message>,
     /// The time its statements took to encode.
     encode: Duration,
@@ -891,6 +894,8 @@ const NFT_MSG_DELSETELEM: u16 = 14;
 /// receive buffer for a full sync. The statements are kept only as far as an
 /// error message needs them (each message's first).
 pub struct BatchBuilder {
+    /// Full chunks, then `buf`, the one being written.
+    chunks: Vec<Vec<u8>>,
     buf: Vec<u8>,
     messages: Vec<Message>,
     /// The element message being filled: where it and its element list start.
@@ -912,6 +917,7 @@ impl BatchBuilder {
         let at = begin_message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 1, 0);
         end_message(&mut buf, at);
         BatchBuilder {
+            chunks: Vec::new(),
             buf,
             messages: Vec::new(),
             open: None,
@@ -944,6 +950,7 @@ impl BatchBuilder {
             }
         }
         self.close();
+        self.roll();
         // The batch's begin is 1, its messages 2 and on.
         let seq = self.messages.len() as u32 + 2;
         let (kind, flags, family) = match &op {
@@ -1043,6 +1050,17 @@ impl BatchBuilder {
         });
     }
 
+    /// Starts a new chunk when this one is nearly full: a full sync's batch is
+    /// tens of megabytes, which one buffer would reach by doubling, holding the
+    /// old copy and the new at once. A message never spans chunks (the largest,
+    /// 64 elements, is a few kilobytes).
+    fn roll(&mut self) {
+        if self.buf.len() > CHUNK_BYTES - 64 * 1024 {
+            let full = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK_BYTES));
+            self.chunks.push(full);
+        }
+    }
+
     /// Ends the element message being filled, if any.
     fn close(&mut self) {
         if let Some((at, list)) = self.open.take() {
@@ -1063,8 +1081,9 @@ impl BatchBuilder {
         let seq = self.messages.len() as u32 + 2;
         let at = begin_message(&mut self.buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq, 0);
         end_message(&mut self.buf, at);
+        self.chunks.push(self.buf);
         Batch {
-            buf: self.buf,
+            chunks: self.chunks,
             messages: self.messages,
             encode: self.encode,
         }
@@ -1083,7 +1102,7 @@ impl Batch {
 
     /// Bytes of the batch.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.chunks.iter().map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -1104,7 +1123,28 @@ impl Batch {
     /// message's acknowledgement, after the errors of any that failed.
     fn send_on(&self, sock: &Socket) -> Result<Duration, ConntrackError> {
         let start = std::time::Instant::now();
-        send_request(sock, &self.buf, "the nftables batch")?;
+        // One sendmsg: the kernel takes the chunks as one datagram.
+        let iov: Vec<std::io::IoSlice> = self
+            .chunks
+            .iter()
+            .map(|c| std::io::IoSlice::new(c))
+            .collect();
+        let sent = rustix::net::sendmsg(
+            sock,
+            &iov,
+            &mut rustix::net::SendAncillaryBuffer::default(),
+            rustix::net::SendFlags::empty(),
+        )
+        .map_err(|e| ConntrackError::Io {
+            context: "sending the nftables batch".into(),
+            source: e.into(),
+        })?;
+        if sent != self.len() {
+            return Err(ConntrackError::Protocol(format!(
+                "sent {sent} of {} bytes of the nftables batch",
+                self.len()
+            )));
+        }
         let commit = start.elapsed();
         let last = self.messages.last().map(|m| m.seq);
         let mut failure: Option<ConntrackError> = None;
@@ -1402,6 +1442,40 @@ mod tests {
     }
 
     #[test]
+    fn a_large_batch_is_chunked_at_message_boundaries() {
+        let mut b = BatchBuilder::new();
+        let n = 100_000u32;
+        for k in 0..n {
+            b.push(Op::Element(ElemOp {
+                family: IpFamily::V6,
+                add: true,
+                set: format!("endpoint-dnat-tcp-{:02x}", k % 7),
+                key: vec![Atom::Num(k)],
+                value: Some(ElemValue::Data(vec![
+                    Atom::Ip("2001:db8::1".parse().unwrap()),
+                    Atom::Port(8080),
+                ])),
+            }));
+        }
+        let batch = b.finish();
+        assert!(batch.chunks.len() > 1, "{} chunks", batch.chunks.len());
+        // Each chunk is whole messages: their lengths add up to it exactly.
+        let mut messages = 0;
+        for chunk in &batch.chunks {
+            assert!(chunk.len() <= CHUNK_BYTES);
+            let mut at = 0;
+            while at < chunk.len() {
+                at += u32::from_ne_bytes(chunk[at..at + 4].try_into().unwrap()) as usize;
+                messages += 1;
+            }
+            assert_eq!(at, chunk.len());
+        }
+        // The begin, one message per key (the set changes every time), the end.
+        assert_eq!(messages, n as usize + 2);
+        assert_eq!(batch.messages.len(), n as usize);
+    }
+
+    #[test]
     fn a_batch_groups_runs_of_one_set_and_kind() {
         let op = |add: bool, set: &str, n: u32| {
             Op::Element(ElemOp {
@@ -1423,17 +1497,18 @@ mod tests {
         let first = batch.describe(batch.messages[0].seq).unwrap();
         assert!(first.contains("1 more"), "{first}");
         // Only the last message asks for an acknowledgement.
-        let flags = |at: usize| u16::from_ne_bytes([batch.buf[at + 6], batch.buf[at + 7]]);
+        let buf = batch.chunks.concat();
+        let flags = |at: usize| u16::from_ne_bytes([buf[at + 6], buf[at + 7]]);
         let mut at = 0;
         let mut acks = Vec::new();
-        while at < batch.buf.len() {
+        while at < buf.len() {
             acks.push(flags(at) & NLM_F_ACK != 0);
-            let len = u32::from_ne_bytes(batch.buf[at..at + 4].try_into().unwrap()) as usize;
+            let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
             at += len.div_ceil(4) * 4;
         }
         assert_eq!(acks, vec![false, false, false, true, false]);
         // nlmsghdr of the first message: BATCH_BEGIN (16), res_id 10 (big endian).
-        assert_eq!(u16::from_ne_bytes([batch.buf[4], batch.buf[5]]), 16);
-        assert_eq!(&batch.buf[18..20], &[0, 10]);
+        assert_eq!(u16::from_ne_bytes([buf[4], buf[5]]), 16);
+        assert_eq!(&buf[18..20], &[0, 10]);
     }
 }

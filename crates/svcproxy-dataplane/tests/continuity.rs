@@ -150,7 +150,7 @@ fn established_connections_flow_through_full_syncs_of_10k_services() {
     stop.store(true, Ordering::Relaxed);
     let (worst, trips) = pinger.join().expect("pinger");
     eprintln!(
-        "resync {resync_time:?} (nft {:?}), recreate {recreate_time:?} (nft {:?}): {trips} round trips, the longest {worst:?}",
+        "resync {resync_time:?} (applied in {:?}), recreate {recreate_time:?} (applied in {:?}): {trips} round trips, the longest {worst:?}",
         resync.apply_duration, recreate.apply_duration
     );
     assert!(
@@ -159,7 +159,7 @@ fn established_connections_flow_through_full_syncs_of_10k_services() {
     );
     assert!(
         worst < STALL,
-        "a round trip took {worst:?} during the full syncs (nft {:?} and {:?})",
+        "a round trip took {worst:?} during the full syncs (applied in {:?} and {:?})",
         resync.apply_duration,
         recreate.apply_duration
     );
