@@ -38,19 +38,45 @@ pub use text::describe;
 /// service's cluster IP always beats another service's external or load-balancer IP
 /// at the same address (so no Service can take over the cluster's own addresses by
 /// listing them), and among claims of one rank the first port by name wins.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// A claim holds its port's intent (the one in the family's map), not a copy of
+/// its name: one frontend or more per port, at tens of thousands of ports.
+#[derive(Clone, Debug)]
 struct Claim {
     /// 0: a cluster IP; 1: anything else.
     rank: u8,
-    name: ServicePortName,
+    svc: Arc<ServiceIntent>,
 }
 
 impl Claim {
-    fn new(kind: FrontendKind, name: &ServicePortName) -> Claim {
+    fn new(kind: FrontendKind, svc: &Arc<ServiceIntent>) -> Claim {
         Claim {
             rank: u8::from(kind != FrontendKind::ClusterIp),
-            name: name.clone(),
+            svc: svc.clone(),
         }
+    }
+
+    fn order(&self) -> (u8, &ServicePortName) {
+        (self.rank, &self.svc.name)
+    }
+}
+
+impl PartialEq for Claim {
+    fn eq(&self, other: &Self) -> bool {
+        self.order() == other.order()
+    }
+}
+
+impl Eq for Claim {}
+
+impl PartialOrd for Claim {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Claim {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.order().cmp(&other.order())
     }
 }
 
@@ -113,10 +139,7 @@ impl FamilyIntent {
 
     /// The port that owns `key`, if any.
     pub fn owner(&self, key: &FrontendKey) -> Option<&Arc<ServiceIntent>> {
-        self.owners
-            .get(key)
-            .and_then(|o| o.first())
-            .and_then(|claim| self.services.get(&claim.name))
+        self.owners.get(key).and_then(|o| o.first()).map(|c| &c.svc)
     }
 
     /// The frontend at `key` with the port that owns it.
@@ -144,8 +167,8 @@ impl FamilyIntent {
                 Some(Conflict {
                     family: self.family,
                     destination: key.to_string(),
-                    kept: owners[0].name.clone(),
-                    ignored: owners[1..].iter().map(|c| c.name.clone()).collect(),
+                    kept: owners[0].svc.name.clone(),
+                    ignored: owners[1..].iter().map(|c| c.svc.name.clone()).collect(),
                 })
             })
             .collect()
@@ -187,7 +210,7 @@ impl FamilyIntent {
             if let Some(old) = &old {
                 for f in &old.frontends {
                     if let Some(owners) = self.owners.get_mut(&f.key) {
-                        owners.retain(|o| o.name != name);
+                        owners.retain(|o| o.svc.name != name);
                         if owners.is_empty() {
                             self.owners.remove(&f.key);
                         }
@@ -205,7 +228,7 @@ impl FamilyIntent {
             if let Some(new) = &new {
                 for f in &new.frontends {
                     let owners = self.owners.entry(f.key).or_default();
-                    let claim = Claim::new(f.kind, &name);
+                    let claim = Claim::new(f.kind, new);
                     if let Err(i) = owners.binary_search(&claim) {
                         owners.insert(i, claim);
                     }
