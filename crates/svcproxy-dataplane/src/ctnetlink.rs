@@ -285,7 +285,7 @@ pub(crate) fn encode(
 
 /// [`encode`] with a netfilter header of the caller's (an nf_tables batch's
 /// begin and end name their subsystem in it).
-pub(crate) fn encode_with(
+fn encode_with(
     flags: u16,
     seq: u32,
     nf_header: NetfilterHeader,

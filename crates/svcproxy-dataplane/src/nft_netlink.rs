@@ -926,11 +926,6 @@ impl BatchBuilder {
         }
     }
 
-    /// No statement yet.
-    pub fn is_empty(&self) -> bool {
-        self.messages.is_empty()
-    }
-
     /// Appends `op` to the transaction.
     pub fn push(&mut self, op: Op) {
         let start = std::time::Instant::now();
@@ -1092,7 +1087,8 @@ impl BatchBuilder {
 
 impl Batch {
     /// The batch of `ops`, in order.
-    pub fn encode(ops: &[Op]) -> Batch {
+    #[cfg(test)]
+    fn encode(ops: &[Op]) -> Batch {
         let mut b = BatchBuilder::new();
         for op in ops {
             b.push(op.clone());

@@ -391,8 +391,9 @@ mod tests {
             "b".into(),
             Chain {
                 comment: Some("x\"; drop".into()),
-                rules: vec![TypedRule::always(
+                rules: vec![TypedRule::new(
                     IpFamily::V4,
+                    Vec::new(),
                     super::super::typed::Action::Jump("a".into()),
                 )],
                 ..Chain::default()

@@ -92,34 +92,33 @@ pub(crate) struct Detect {
 
 impl Detect {
     pub fn new(node: &NodeIntent) -> Option<Detect> {
+        let traffic = node.local_traffic.as_ref()?;
         let by = |negate: bool| -> Match {
-            match node.local_traffic.as_ref() {
+            match traffic {
                 // Several CIDRs live in one named set of the skeleton: an
                 // anonymous set per rule would cost the kernel a scan of every
                 // set per loop check.
-                Some(LocalTraffic::Cidrs(nets)) if nets.len() == 1 => Match::Prefix {
+                LocalTraffic::Cidrs(nets) if nets.len() == 1 => Match::Prefix {
                     addr: Addr::Saddr,
                     net: nets[0],
                     negate,
                 },
-                Some(LocalTraffic::Cidrs(_)) => Match::InSet {
+                LocalTraffic::Cidrs(_) => Match::InSet {
                     addr: Addr::Saddr,
                     set: POD_CIDRS_SET.to_string(),
                     negate,
                 },
                 // InterfaceName admits only [A-Za-z0-9_.-], so quoting it is safe.
-                Some(LocalTraffic::Interface(name)) => Match::Iifname {
+                LocalTraffic::Interface(name) => Match::Iifname {
                     name: name.to_string(),
                     negate,
                 },
-                Some(LocalTraffic::InterfacePrefix(prefix)) => Match::Iifname {
+                LocalTraffic::InterfacePrefix(prefix) => Match::Iifname {
                     name: format!("{prefix}*"),
                     negate,
                 },
-                None => unreachable!("checked below"),
             }
         };
-        node.local_traffic.as_ref()?;
         Some(Detect {
             if_local: by(false),
             if_not_local: by(true),

@@ -151,11 +151,6 @@ impl TypedRule {
         }
     }
 
-    /// A rule with no match.
-    pub fn always(family: IpFamily, action: Action) -> TypedRule {
-        TypedRule::new(family, Vec::new(), action)
-    }
-
     /// The rule as `nft` reads it.
     pub fn text(&self) -> String {
         let ipx = family_keyword(self.family);
@@ -369,7 +364,7 @@ mod tests {
                 "iifname != \"veth*\" goto service-1",
             ),
             (
-                TypedRule::always(v4, Action::UpdateSaddr("affinity-1".into())),
+                TypedRule::new(v4, Vec::new(), Action::UpdateSaddr("affinity-1".into())),
                 "update @affinity-1 { ip saddr }",
             ),
         ];
