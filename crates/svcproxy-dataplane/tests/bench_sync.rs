@@ -143,7 +143,11 @@ fn run(n: usize, m: usize) {
         .services()
         .values()
         .filter(|s| s.affinity_timeout.is_none())
-        .map(|s| s.hairpin.iter().filter(|h| !**h).count())
+        .map(|s| {
+            (0..s.endpoints.len())
+                .filter(|&i| !s.endpoints.hairpin(i))
+                .count()
+        })
         .sum();
     let (up_chains, up_rules) = (chains + inline, rule_count + 2 * inline);
     drop((rules, intent));

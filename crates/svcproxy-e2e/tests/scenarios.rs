@@ -282,7 +282,7 @@ fn run_scenario(mode: Mode, case: &'static str) {
     let mut ports: BTreeMap<IpAddr, BackendPorts> = BTreeMap::new();
     for fam in intent.families() {
         for svc in fam.services().values() {
-            for ep in &svc.endpoints {
+            for ep in svc.endpoints.iter() {
                 let p = ports.entry(ep.ip()).or_default();
                 let list = match svc.protocol {
                     Protocol::Tcp => &mut p.tcp,

@@ -727,7 +727,7 @@ fn object_ids(svc: &ServiceIntent) -> Vec<String> {
     );
     let mut ids = vec![own[..12].to_string()];
     let hasher = crate::names::EndpointHasher::new(svc.family, &svc.name);
-    for e in &svc.endpoints {
+    for e in svc.endpoints.iter() {
         ids.push(format!("{:016x}", hasher.endpoint(e.ip(), e.port())));
         if let Some(t) = svc.affinity_timeout {
             ids.push(format!("{:016x}", hasher.affinity(e.ip(), e.port(), t)));
@@ -751,8 +751,11 @@ fn candidates(
     // A connection from an endpoint to itself is masqueraded (hairpin), where the
     // intent says the endpoint may be this node's own (one on another node never
     // sends through this node's rules).
-    let hairpin =
-        |e: &std::net::SocketAddr| svc.endpoints.binary_search(e).is_ok_and(|i| svc.hairpin[i]);
+    let hairpin = |e: &std::net::SocketAddr| {
+        svc.endpoints
+            .position(e)
+            .is_some_and(|i| svc.endpoints.hairpin(i))
+    };
     eps.iter()
         .map(|e| Candidate {
             address: socket(e.ip(), e.port()),

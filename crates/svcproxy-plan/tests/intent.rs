@@ -518,11 +518,13 @@ fn only_endpoints_that_may_be_this_nodes_own_need_the_hairpin_masquerade() {
         ],
     ));
     let (svc, _) = at(&i, vip("198.19.0.10", 80));
-    let hairpin: Vec<(String, bool)> = svc
-        .endpoints
-        .iter()
-        .zip(&svc.hairpin)
-        .map(|(e, h)| (e.ip().to_string(), *h))
+    let hairpin: Vec<(String, bool)> = (0..svc.endpoints.len())
+        .map(|i| {
+            (
+                svc.endpoints.get(i).ip().to_string(),
+                svc.endpoints.hairpin(i),
+            )
+        })
         .collect();
     assert_eq!(
         hairpin,

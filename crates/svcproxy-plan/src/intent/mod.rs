@@ -12,6 +12,7 @@
 //!
 //! Pure: no I/O, no clock, no kernel, no backend syntax.
 
+mod endpoints;
 mod node;
 mod service;
 mod text;
@@ -25,6 +26,7 @@ use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
 
 use crate::config::PlanConfig;
 
+pub use endpoints::{EndpointEntry, Endpoints};
 pub use node::{
     family_nets, nodeport_destinations, LocalTraffic, NodeIntent, NodePortDestinations,
 };
@@ -435,13 +437,11 @@ impl IntentDelta {
     }
 }
 
-/// Keeps the intent and the views it was decided from, so that an update decides
-/// again only what changed.
+/// Keeps the intent (whose service intents hold the views they were decided
+/// from), so that an update decides again only what changed.
 #[derive(Default)]
 pub struct IntentBuilder {
     intent: Intent,
-    /// Per family, the view each service intent was built from.
-    views: [BTreeMap<ServicePortName, Arc<ServicePortView>>; 2],
 }
 
 impl IntentBuilder {
@@ -468,11 +468,10 @@ impl IntentBuilder {
         let from = self.intent.generation;
         self.intent.generation += 1;
         let mut delta = IntentDelta::new(from, self.intent.generation);
-        for ((fam, views), (snap, d)) in self
+        for (fam, (snap, d)) in self
             .intent
             .families
             .iter_mut()
-            .zip(&mut self.views)
             .zip([v4, v6].into_iter().zip(&mut delta.families))
         {
             let node = cfg
@@ -484,17 +483,18 @@ impl IntentBuilder {
                 Some(_) => fam.node.clone(),
                 None => None,
             };
-            let work = Self::work(views, snap, node.as_deref(), node_changed, changed);
+            let work = Self::work(&fam.services, snap, node.as_deref(), node_changed, changed);
             delta.rebuilt += work.iter().filter(|(_, s)| s.is_some()).count();
             fam.apply(node, work, d);
         }
         delta
     }
 
-    /// The service ports to decide again: a merge walk of the old views and the
-    /// snapshot, both ordered by name. Updates `views`.
+    /// The service ports to decide again: a merge walk of the current intents
+    /// (each holding the view it was decided from) and the snapshot, both ordered
+    /// by name.
     fn work(
-        views: &mut BTreeMap<ServicePortName, Arc<ServicePortView>>,
+        services: &BTreeMap<ServicePortName, Arc<ServiceIntent>>,
         snap: &NodeSnapshot,
         node: Option<&NodeIntent>,
         node_changed: bool,
@@ -506,16 +506,18 @@ impl IntentBuilder {
         } else {
             &empty
         };
-        let mut todo: Vec<(ServicePortName, Option<Arc<ServicePortView>>)> = Vec::new();
-        let mut old = views.iter().peekable();
+        let mut todo: Vec<(ServicePortName, Option<&Arc<ServicePortView>>)> = Vec::new();
+        let mut old = services.iter().peekable();
         for (name, view) in ports {
             while let Some((o, _)) = old.next_if(|(o, _)| *o < name) {
                 todo.push((o.clone(), None));
             }
             match old.next_if(|(o, _)| *o == name) {
-                Some((_, v))
-                    if !node_changed && Arc::ptr_eq(v, view) && !changed.contains(name) => {}
-                _ => todo.push((name.clone(), Some(view.clone()))),
+                Some((_, svc))
+                    if !node_changed
+                        && Arc::ptr_eq(&svc.source.0, view)
+                        && !changed.contains(name) => {}
+                _ => todo.push((name.clone(), Some(view))),
             }
         }
         for (o, _) in old {
@@ -525,13 +527,8 @@ impl IntentBuilder {
             .map(|(name, view)| {
                 let svc = view.map(|view| {
                     let node = node.expect("views only when programmed");
-                    let svc = Arc::new(ServiceIntent::build(&name, &view, node));
-                    views.insert(name.clone(), view);
-                    svc
+                    Arc::new(ServiceIntent::build(&name, view, node))
                 });
-                if svc.is_none() {
-                    views.remove(&name);
-                }
                 (name, svc)
             })
             .collect()

@@ -33,6 +33,7 @@ use ipnet::IpNet;
 use svcproxy_core::model::{Endpoint, IpFamily, Protocol, ServicePortName};
 use svcproxy_core::snapshot::ServicePortView;
 
+use super::endpoints::{EndpointEntry, Endpoints};
 use super::node::{family_nets, NodeIntent};
 
 /// A destination a service port claims. Two ports claiming the same one conflict: a
@@ -183,20 +184,19 @@ pub struct ServiceIntent {
     pub port: u16,
     /// The port's cluster IPs of this family.
     pub cluster_ips: Vec<IpAddr>,
-    /// Every endpoint some traffic may reach: the union of the sets, sorted.
-    pub endpoints: Vec<SocketAddr>,
-    /// Per endpoint (as `endpoints`): it may be one of this node's own (its
-    /// `nodeName` is this node's or unset, or its address is one of the node's), so
-    /// its own connections through the service can be sent back to it and need the
-    /// hairpin masquerade. An endpoint on another node never needs it here: its
-    /// connections to the service are translated by its own node's proxy, so none
-    /// reaches this node with its address as source and a service as destination.
-    pub hairpin: Vec<bool>,
-    /// The cluster set, as indices into `endpoints` in selection order; `None`
-    /// when empty or unused.
-    pub cluster: Option<Vec<u32>>,
-    /// The local set, likewise.
-    pub local: Option<Vec<u32>>,
+    /// Every endpoint some traffic may reach (the union of the sets), in address
+    /// order, with the sets each is in and whether it needs the hairpin
+    /// masquerade: an endpoint that may be one of this node's own (its
+    /// `nodeName` is this node's or unset, or its address is one of the node's),
+    /// so its own connections through the service can be sent back to it. An
+    /// endpoint on another node never needs it here: its connections to the
+    /// service are translated by its own node's proxy, so none reaches this node
+    /// with its address as source and a service as destination.
+    ///
+    /// The cluster set (endpoints cluster-policy traffic may reach) and the local
+    /// set (this node's, for Local policies) are its members flagged so, in
+    /// address order, which is the selection's order.
+    pub endpoints: Endpoints,
     /// ClientIP session affinity: seconds a client sticks to its endpoint (≥ 1).
     pub affinity_timeout: Option<u32>,
     pub internal: InternalRoute,
@@ -210,60 +210,90 @@ pub struct ServiceIntent {
     pub frontends: Vec<Frontend>,
     /// Usable endpoints exist somewhere in the cluster.
     pub has_any_endpoints: bool,
+    /// The view it was decided from.
+    pub(super) source: Source,
+}
+
+/// The snapshot view an intent was decided from, kept so that the next update can
+/// tell by pointer whether the view changed (the intent builder keeps no map of
+/// views beside the intents). Not part of the intent's value: intents decided
+/// alike from two views are equal.
+#[derive(Clone)]
+pub(super) struct Source(pub(super) Arc<ServicePortView>);
+
+impl PartialEq for Source {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Source {}
+
+impl std::hash::Hash for Source {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Source")
+    }
 }
 
 impl ServiceIntent {
-    pub fn build(name: &ServicePortName, view: &ServicePortView, node: &NodeIntent) -> Self {
+    pub fn build(name: &ServicePortName, view: &Arc<ServicePortView>, node: &NodeIntent) -> Self {
         let family = node.family;
         let p = &view.port;
         let sel = &view.selection;
         let protocol = name.protocol;
 
-        let of_family = |eps: &Option<Arc<[Endpoint]>>| -> Option<Vec<SocketAddr>> {
-            let v: Vec<SocketAddr> = eps
-                .iter()
+        // The union of the sets, in address order: both are subsequences of the
+        // port's sorted list, merged here with each endpoint's flags.
+        let of_family = |eps: &Option<Arc<[Endpoint]>>| -> Vec<(SocketAddr, bool)> {
+            eps.iter()
                 .flat_map(|l| l.iter())
                 .filter(|e| IpFamily::of(&e.ip) == family)
-                .map(|e| SocketAddr::new(e.ip, e.port))
-                .collect();
-            (!v.is_empty()).then_some(v)
+                .map(|e| {
+                    let hairpin = match e.node_name.as_deref() {
+                        None => true,
+                        Some(n) => n == node.node_name || node.node_ips.contains(&e.ip),
+                    };
+                    (SocketAddr::new(e.ip, e.port), hairpin)
+                })
+                .collect()
         };
-        let cluster_list = of_family(&sel.cluster_endpoints);
-        let local_list = of_family(&sel.local_endpoints);
-        let mut endpoints: Vec<SocketAddr> = cluster_list
-            .iter()
-            .flatten()
-            .chain(local_list.iter().flatten())
-            .copied()
-            .collect();
-        endpoints.sort();
-        endpoints.dedup();
-        // Held for as long as the intent: the local set's endpoints, counted twice
-        // above, would leave the capacity up to twice the length.
-        endpoints.shrink_to_fit();
-        let index = |list: Option<Vec<SocketAddr>>| -> Option<Vec<u32>> {
-            list.map(|l| {
-                l.iter()
-                    .map(|k| endpoints.binary_search(k).expect("endpoint listed") as u32)
-                    .collect()
-            })
-        };
-        let cluster = index(cluster_list);
-        let local = index(local_list);
-        let mut hairpin = vec![false; endpoints.len()];
-        for e in [&sel.cluster_endpoints, &sel.local_endpoints]
-            .into_iter()
-            .flatten()
-            .flat_map(|l| l.iter())
-            .filter(|e| IpFamily::of(&e.ip) == family)
-        {
-            if let Ok(i) = endpoints.binary_search(&SocketAddr::new(e.ip, e.port)) {
-                hairpin[i] |= match e.node_name.as_deref() {
-                    None => true,
-                    Some(n) => n == node.node_name || node.node_ips.contains(&e.ip),
-                };
+        let (cluster_list, local_list) = (
+            of_family(&sel.cluster_endpoints),
+            of_family(&sel.local_endpoints),
+        );
+        let mut entries: Vec<EndpointEntry> =
+            Vec::with_capacity(cluster_list.len().max(local_list.len()));
+        let (mut c, mut l) = (cluster_list.iter().peekable(), local_list.iter().peekable());
+        loop {
+            let (cluster, local) = match (c.peek(), l.peek()) {
+                (None, None) => break,
+                (Some(x), Some(y)) if x.0 == y.0 => (c.next(), l.next()),
+                (Some(x), Some(y)) if x.0 < y.0 => (c.next(), None),
+                (Some(_), None) => (c.next(), None),
+                _ => (None, l.next()),
+            };
+            let (addr, hairpin) = *cluster.or(local).expect("one of the lists has a next");
+            match entries.last_mut() {
+                // A set listing one address twice counts it once.
+                Some(last) if last.addr == addr => {
+                    last.cluster |= cluster.is_some();
+                    last.local |= local.is_some();
+                    last.hairpin |= hairpin;
+                }
+                _ => entries.push(EndpointEntry {
+                    addr,
+                    cluster: cluster.is_some(),
+                    local: local.is_some(),
+                    hairpin: hairpin || local.is_some_and(|l| l.1),
+                }),
             }
         }
+        let endpoints = Endpoints::new(&entries);
+        drop(entries);
 
         let has_any = sel.has_any_endpoints;
         // With no endpoint anywhere everything is refused; when endpoints exist but
@@ -283,10 +313,9 @@ impl ServiceIntent {
                 EndpointSetId::Cluster
             }
         };
-        let usable = |set: EndpointSetId| match set {
-            EndpointSetId::Cluster => cluster.is_some(),
-            EndpointSetId::Local => local.is_some(),
-        };
+        let usable = |set: EndpointSetId| endpoints.has_members(set);
+        let (cluster_usable, local_usable) =
+            (usable(EndpointSetId::Cluster), usable(EndpointSetId::Local));
 
         let internal_local = p.internal_policy_local();
         let internal = InternalRoute {
@@ -314,10 +343,10 @@ impl ServiceIntent {
                 if ext_local {
                     ExternalRoute {
                         masquerade: false,
-                        pods_to_cluster: node.local_traffic.is_some() && cluster.is_some(),
+                        pods_to_cluster: node.local_traffic.is_some() && cluster_usable,
                         host_masquerade: true,
-                        host_to_cluster: cluster.is_some(),
-                        rest: if local.is_some() {
+                        host_to_cluster: cluster_usable,
+                        rest: if local_usable {
                             Disposition::Forward(EndpointSetId::Local)
                         } else {
                             Disposition::Drop
@@ -419,9 +448,6 @@ impl ServiceIntent {
             port: p.port,
             cluster_ips,
             endpoints,
-            hairpin,
-            cluster,
-            local,
             affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),
             internal,
             external,
@@ -429,32 +455,42 @@ impl ServiceIntent {
             health_check_node_port: p.health_check_node_port,
             frontends: frontends.into_values().collect(),
             has_any_endpoints: has_any,
+            source: Source(view.clone()),
         }
     }
 
-    /// The endpoints of one set, in selection order; `None` when the set is empty
-    /// or unused.
+    /// The endpoints of one set, in selection (address) order; `None` when the set
+    /// is empty or unused.
     pub fn set(&self, id: EndpointSetId) -> Option<Vec<SocketAddr>> {
-        let list = match id {
-            EndpointSetId::Cluster => self.cluster.as_ref(),
-            EndpointSetId::Local => self.local.as_ref(),
-        }?;
-        Some(list.iter().map(|&i| self.endpoints[i as usize]).collect())
+        self.set_indices(id).map(|list| {
+            list.iter()
+                .map(|&i| self.endpoints.get(i as usize))
+                .collect()
+        })
     }
 
     /// Whether endpoint `i` (an index into `endpoints`) needs state of its own in a
-    /// data plane, besides being DNATed to: the hairpin masquerade (see `hairpin`)
+    /// data plane, besides being DNATed to: the hairpin masquerade (see `endpoints`)
     /// or its session affinity. The others can be DNATed straight from their set.
     pub fn endpoint_needs_own_state(&self, i: usize) -> bool {
-        self.affinity_timeout.is_some() || self.hairpin.get(i).copied().unwrap_or(true)
+        self.affinity_timeout.is_some() || i >= self.endpoints.len() || self.endpoints.hairpin(i)
     }
 
-    /// The set's indices into `endpoints`.
-    pub fn set_indices(&self, id: EndpointSetId) -> Option<&[u32]> {
-        match id {
-            EndpointSetId::Cluster => self.cluster.as_deref(),
-            EndpointSetId::Local => self.local.as_deref(),
-        }
+    /// The set's indices into `endpoints`, in order, collected; `None` when the
+    /// set is empty or unused.
+    pub fn set_indices(&self, id: EndpointSetId) -> Option<Vec<u32>> {
+        let list: Vec<u32> = self.endpoints.members(id).collect();
+        (!list.is_empty()).then_some(list)
+    }
+
+    /// Whether set `id` is used and has an endpoint.
+    pub fn has_set(&self, id: EndpointSetId) -> bool {
+        self.endpoints.has_members(id)
+    }
+
+    /// How many endpoints set `id` has.
+    pub fn set_len(&self, id: EndpointSetId) -> usize {
+        self.endpoints.members(id).count()
     }
 
     pub fn frontend(&self, key: &FrontendKey) -> Option<&Frontend> {

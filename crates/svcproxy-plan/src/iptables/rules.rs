@@ -508,7 +508,7 @@ fn service_rules(
                 Some(ep) => format!("-j {ep}"),
                 None => format!(
                     "-p {p} -j DNAT --to-destination {}",
-                    svc.endpoints[i as usize]
+                    svc.endpoints.get(i as usize)
                 ),
             };
             if k + 1 == n {
@@ -523,7 +523,7 @@ fn service_rules(
         }
     }
     for i in endpoints {
-        let ep: SocketAddr = svc.endpoints[i as usize];
+        let ep: SocketAddr = svc.endpoints.get(i as usize);
         let Some(chain) = &names.endpoints[i as usize] else {
             continue;
         };

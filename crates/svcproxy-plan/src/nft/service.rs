@@ -347,11 +347,9 @@ impl Fragment {
         if full_capture || self.intent.affinity_timeout.is_some() {
             return [0, 0];
         }
-        [EndpointSetId::Cluster, EndpointSetId::Local].map(|set| {
-            match self.intent.set_indices(set) {
-                Some(list) if list.len() > 1 => list.len(),
-                _ => 0,
-            }
+        [EndpointSetId::Cluster, EndpointSetId::Local].map(|set| match self.intent.set_len(set) {
+            n if n > 1 => n,
+            _ => 0,
         })
     }
 
@@ -375,7 +373,7 @@ impl Fragment {
                 continue;
             };
             for (k, &i) in list.iter().enumerate() {
-                f(run.first + k as u32, &self.intent.endpoints[i as usize]);
+                f(run.first + k as u32, &self.intent.endpoints.get(i as usize));
             }
         }
     }
@@ -386,11 +384,10 @@ impl Fragment {
     pub fn hairpin_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
         let full_capture = self.capture.is_some() && !self.capture_loopback_only;
         let svc = &*self.intent;
-        svc.endpoints
-            .iter()
-            .zip(&svc.hairpin)
-            .filter(move |(_, h)| **h && !full_capture)
-            .map(|(ep, _)| ep.ip())
+        let eps = &svc.endpoints;
+        (0..eps.len())
+            .filter(move |&i| !full_capture && eps.hairpin(i))
+            .map(|i| eps.get(i).ip())
     }
 
     fn name(&self, prefix: Prefix) -> ObjName {
@@ -422,7 +419,7 @@ impl Fragment {
             ),
             None => {
                 matches.push(Match::L4Proto(svc.protocol));
-                rule(matches, RuleAction::Dnat(svc.endpoints[i as usize]))
+                rule(matches, RuleAction::Dnat(svc.endpoints.get(i as usize)))
             }
         };
 
@@ -522,8 +519,10 @@ impl Fragment {
 
         for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
             if let Some(list) = svc.set_indices(set) {
-                rs.chains
-                    .insert(self.name(set_prefix(set)).to_string(), set_chain(set, list));
+                rs.chains.insert(
+                    self.name(set_prefix(set)).to_string(),
+                    set_chain(set, &list),
+                );
             }
         }
 
@@ -593,7 +592,7 @@ impl Fragment {
                     },
                 );
             }
-            rules.push(rule(l4proto(), RuleAction::Dnat(*ep)));
+            rules.push(rule(l4proto(), RuleAction::Dnat(ep)));
             rs.chains.insert(
                 ObjName::new(Prefix::Endpoint, names.chain).to_string(),
                 Chain {
@@ -611,8 +610,8 @@ impl Fragment {
         let svc = &*self.intent;
         let mut chains = Vec::with_capacity(self.chain_count());
         for (present, prefix) in [
-            (svc.cluster.is_some(), Prefix::Service),
-            (svc.local.is_some(), Prefix::Local),
+            (svc.has_set(EndpointSetId::Cluster), Prefix::Service),
+            (svc.has_set(EndpointSetId::Local), Prefix::Local),
             (svc.external.is_some(), Prefix::External),
             (svc.firewall.is_some(), Prefix::Firewall),
         ] {
@@ -633,8 +632,8 @@ impl Fragment {
     /// Number of chains this fragment owns (for statistics).
     pub fn chain_count(&self) -> usize {
         let svc = &*self.intent;
-        svc.cluster.is_some() as usize
-            + svc.local.is_some() as usize
+        svc.has_set(EndpointSetId::Cluster) as usize
+            + svc.has_set(EndpointSetId::Local) as usize
             + svc.external.is_some() as usize
             + svc.firewall.is_some() as usize
             + self.endpoints.len()
