@@ -74,9 +74,10 @@ impl Endpoints {
             "endpoints sorted and distinct"
         );
         let flags = |e: &EndpointEntry| {
-            u8::from(e.cluster) * CLUSTER
-                | u8::from(e.local) * LOCAL
-                | u8::from(e.hairpin) * HAIRPIN
+            [(e.cluster, CLUSTER), (e.local, LOCAL), (e.hairpin, HAIRPIN)]
+                .into_iter()
+                .filter(|(on, _)| *on)
+                .fold(0, |acc, (_, flag)| acc | flag)
         };
         let v6 = entries.first().is_some_and(|e| e.addr.is_ipv6());
         assert!(
