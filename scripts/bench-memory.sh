@@ -180,6 +180,10 @@ run_kernel_case() {
     k_rss=$(mib VmRSS "$proxy")
     sleep "$((settle > 0 ? settle : 5))"
     k_settled=$(mib VmRSS "$proxy")
+    # What the settled RSS is made of: the heap and stacks (anonymous) and the
+    # binary's pages the process touched (file-backed, shared with page cache).
+    k_anon=$(mib RssAnon "$proxy")
+    k_file=$(mib RssFile "$proxy")
     echo "[$label] first sync after ${k_sync}s: VmHWM $k_hwm MiB, VmRSS $k_rss MiB" >&2
     stop "$proxy" "$api"
     ip netns delete "$netns"
@@ -203,6 +207,6 @@ printf '%-10s %12s %12s\n' difference "$(diff "$base_hwm" "$hwm")" "$(diff "$bas
 if [ "$kernel" = 1 ]; then
     echo
     echo "daemon (nftables mode, in a network namespace), same cluster:"
-    printf '%-10s %12s %12s %14s %14s\n' case "VmHWM MiB" "VmRSS MiB" "first sync s" "RSS +$((settle > 0 ? settle : 5))s MiB"
-    printf '%-10s %12s %12s %14s %14s\n' kernel "$k_hwm" "$k_rss" "$k_sync" "$k_settled"
+    printf '%-10s %12s %12s %14s %14s %12s %12s\n' case "VmHWM MiB" "VmRSS MiB" "first sync s" "RSS +$((settle > 0 ? settle : 5))s MiB" "anon MiB" "file MiB"
+    printf '%-10s %12s %12s %14s %14s %12s %12s\n' kernel "$k_hwm" "$k_rss" "$k_sync" "$k_settled" "$k_anon" "$k_file"
 fi
