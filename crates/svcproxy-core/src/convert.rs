@@ -554,11 +554,7 @@ pub fn convert_service(
             },
         };
         ports.push(Arc::new(ServicePort {
-            name: ServicePortName {
-                service: name.clone(),
-                port: port_name.into(),
-                protocol,
-            },
+            name: ServicePortName::new(name.clone(), port_name, protocol),
             service_type,
             cluster_ips: cluster_ips.clone(),
             port,

@@ -139,11 +139,46 @@ impl fmt::Display for ServiceName {
 /// The protocol is part of the identity (a DNS service has `dns` on both TCP and UDP
 /// under different names, but nothing stops two unnamed-in-spirit ports differing only
 /// by protocol) but not of the printed form.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServicePortName {
+///
+/// One pointer: the parts are shared by every map that keys on the port (the model,
+/// the snapshot, the intent, each data plane's state), tens of thousands of entries
+/// each in a large cluster. Derefs to its [`PortNameParts`] (`name.service`).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName(Arc<PortNameParts>);
+
+/// What a [`ServicePortName`] names.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortNameParts {
     pub service: ServiceName,
     pub port: Arc<str>,
     pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    pub fn new(service: ServiceName, port: impl Into<Arc<str>>, protocol: Protocol) -> Self {
+        ServicePortName(Arc::new(PortNameParts {
+            service,
+            port: port.into(),
+            protocol,
+        }))
+    }
+}
+
+impl std::ops::Deref for ServicePortName {
+    type Target = PortNameParts;
+    fn deref(&self) -> &PortNameParts {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServicePortName")
+            .field("service", &self.service)
+            .field("port", &self.port)
+            .field("protocol", &self.protocol)
+            .finish()
+    }
 }
 
 impl fmt::Display for ServicePortName {
@@ -455,11 +490,7 @@ pub(crate) fn test_port(
     cluster_ips: &[&str],
 ) -> ServicePort {
     ServicePort {
-        name: ServicePortName {
-            service: ServiceName::new(ns, name),
-            port: port.into(),
-            protocol,
-        },
+        name: ServicePortName::new(ServiceName::new(ns, name), port, protocol),
         service_type: ServiceType::ClusterIP,
         cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
         port: 80,

@@ -645,11 +645,7 @@ fn slice_key(key: &ObjectKey) -> SliceKey {
 }
 
 fn port_range_start(svc: &ServiceName) -> ServicePortName {
-    ServicePortName {
-        service: svc.clone(),
-        port: "".into(),
-        protocol: Protocol::Tcp,
-    }
+    ServicePortName::new(svc.clone(), "", Protocol::Tcp)
 }
 
 fn log_problem(p: &Problem) {

@@ -118,11 +118,7 @@ fn names(eps: &Option<Arc<[Endpoint]>>) -> Option<Vec<&'static str>> {
 
 fn cluster_ip_port() -> ServicePort {
     ServicePort {
-        name: ServicePortName {
-            service: ServiceName::new("ns", "svc"),
-            port: "http".into(),
-            protocol: Protocol::Tcp,
-        },
+        name: ServicePortName::new(ServiceName::new("ns", "svc"), "http", Protocol::Tcp),
         service_type: ServiceType::ClusterIP,
         cluster_ips: vec!["10.96.0.10".parse::<IpAddr>().unwrap()],
         port: 80,

@@ -576,11 +576,7 @@ mod tests {
 
     fn port(name: &str, protocol: Protocol) -> ServicePort {
         ServicePort {
-            name: ServicePortName {
-                service: ServiceName::new("kube-system", name),
-                port: "dns".into(),
-                protocol,
-            },
+            name: ServicePortName::new(ServiceName::new("kube-system", name), "dns", protocol),
             service_type: ServiceType::LoadBalancer,
             cluster_ips: vec![ip(DNS_VIP)],
             port: 53,

@@ -58,11 +58,7 @@ async fn dead() -> SocketAddr {
 }
 
 fn web() -> ServicePortName {
-    ServicePortName {
-        service: ServiceName::new("demo", "web"),
-        port: "http".into(),
-        protocol: Protocol::Tcp,
-    }
+    ServicePortName::new(ServiceName::new("demo", "web"), "http", Protocol::Tcp)
 }
 
 /// The engine on an ephemeral port serving the cluster set, with `pool` as the

@@ -225,11 +225,7 @@ mod tests {
     use svcproxy_core::model::ServiceName;
 
     fn spn(ns: &str, name: &str, port: &str) -> ServicePortName {
-        ServicePortName {
-            service: ServiceName::new(ns, name),
-            port: port.into(),
-            protocol: Protocol::Tcp,
-        }
+        ServicePortName::new(ServiceName::new(ns, name), port, Protocol::Tcp)
     }
 
     #[test]

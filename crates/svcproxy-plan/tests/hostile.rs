@@ -45,11 +45,7 @@ fn endpoint(addr: &str, node: &str) -> Endpoint {
 
 /// node-a's snapshot holding one service port with every kind of object.
 fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
-    let spn = ServicePortName {
-        service: ServiceName::new(ns, name),
-        port: port.into(),
-        protocol: Protocol::Tcp,
-    };
+    let spn = ServicePortName::new(ServiceName::new(ns, name), port, Protocol::Tcp);
     let local = endpoint("198.18.1.5", node);
     let remote = endpoint("198.18.2.5", "node-b\n}");
     let sp = ServicePort {

@@ -28,11 +28,11 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
-    let name = ServicePortName {
-        service: ServiceName::new("bench", format!("svc-{i}")),
-        port: "http".into(),
-        protocol: Protocol::Tcp,
-    };
+    let name = ServicePortName::new(
+        ServiceName::new("bench", format!("svc-{i}")),
+        "http",
+        Protocol::Tcp,
+    );
     let cluster_ip = IpAddr::V4(Ipv4Addr::from(0xC613_0000u32 + i as u32 + 1)); // 198.19.x.y
     let eps: Vec<Endpoint> = (0..endpoints)
         .map(|e| Endpoint {

@@ -74,11 +74,7 @@ pub fn port_name(
     port: &str,
     protocol: Protocol,
 ) -> ServicePortName {
-    ServicePortName {
-        service: ServiceName::new(namespace, service),
-        port: port.into(),
-        protocol,
-    }
+    ServicePortName::new(ServiceName::new(namespace, service), port, protocol)
 }
 
 /// The view of one service port in one family's snapshot, if proxied.

@@ -154,11 +154,7 @@ pub fn plan_config() -> PlanConfig {
 }
 
 pub fn spn(name: &str, port: &str) -> ServicePortName {
-    ServicePortName {
-        service: ServiceName::new("demo", name),
-        port: port.into(),
-        protocol: Protocol::Tcp,
-    }
+    ServicePortName::new(ServiceName::new("demo", name), port, Protocol::Tcp)
 }
 
 /// The IPv4 service chain of `demo/<name>:<port>/tcp`.

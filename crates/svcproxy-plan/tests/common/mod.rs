@@ -79,11 +79,7 @@ impl Scenario {
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 pub fn spn(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
-    ServicePortName {
-        service: ServiceName::new(ns, name),
-        port: port.into(),
-        protocol,
-    }
+    ServicePortName::new(ServiceName::new(ns, name), port, protocol)
 }
 
 pub fn no_changes() -> BTreeSet<ServicePortName> {
