@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use svcproxy_core::model::{IpFamily, ServicePortName};
 use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
 
@@ -101,8 +102,9 @@ pub struct FamilyIntent {
     /// `None` while the family is not programmed (then there are no services).
     node: Option<Arc<NodeIntent>>,
     services: BTreeMap<ServicePortName, Arc<ServiceIntent>>,
-    /// Claimants of each frontend, sorted by [`Claim`]; the first wins.
-    owners: BTreeMap<FrontendKey, Vec<Claim>>,
+    /// Claimants of each frontend, sorted by [`Claim`]; the first wins. Almost
+    /// every frontend has one: it is held inline.
+    owners: BTreeMap<FrontendKey, SmallVec<[Claim; 1]>>,
     /// Cluster IPs, with the number of service ports using each.
     cluster_ips: BTreeMap<IpAddr, u32>,
     conflicted: BTreeSet<FrontendKey>,
@@ -194,7 +196,7 @@ impl FamilyIntent {
         for (name, new) in &work {
             for svc in self.services.get(name).into_iter().chain(new.as_ref()) {
                 touched.extend(svc.frontends.iter().map(|f| f.key));
-                touched_ips.extend(svc.cluster_ips.iter().copied());
+                touched_ips.extend(svc.cluster_ips());
             }
         }
         let before: Vec<Option<Arc<ServiceIntent>>> =
@@ -218,11 +220,11 @@ impl FamilyIntent {
                         }
                     }
                 }
-                for ip in &old.cluster_ips {
-                    if let Some(n) = self.cluster_ips.get_mut(ip) {
+                for ip in old.cluster_ips() {
+                    if let Some(n) = self.cluster_ips.get_mut(&ip) {
                         *n -= 1;
                         if *n == 0 {
-                            self.cluster_ips.remove(ip);
+                            self.cluster_ips.remove(&ip);
                         }
                     }
                 }
@@ -235,8 +237,8 @@ impl FamilyIntent {
                         owners.insert(i, claim);
                     }
                 }
-                for ip in &new.cluster_ips {
-                    *self.cluster_ips.entry(*ip).or_default() += 1;
+                for ip in new.cluster_ips() {
+                    *self.cluster_ips.entry(ip).or_default() += 1;
                 }
             }
             if old != new {

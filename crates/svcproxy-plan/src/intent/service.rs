@@ -182,8 +182,6 @@ pub struct ServiceIntent {
     pub family: IpFamily,
     pub protocol: Protocol,
     pub port: u16,
-    /// The port's cluster IPs of this family.
-    pub cluster_ips: Vec<IpAddr>,
     /// Every endpoint some traffic may reach (the union of the sets), in address
     /// order, with the sets each is in and whether it needs the hairpin
     /// masquerade: an endpoint that may be one of this node's own (its
@@ -203,11 +201,13 @@ pub struct ServiceIntent {
     /// `None` when no external traffic is forwarded (no external frontend, or
     /// every one rejects).
     pub external: Option<ExternalRoute>,
-    pub firewall: Option<Firewall>,
+    /// Boxed: few ports have one.
+    pub firewall: Option<Box<Firewall>>,
     /// The service's healthCheckNodePort (LoadBalancer with a Local policy).
     pub health_check_node_port: Option<u16>,
-    /// Sorted by key, one per key.
-    pub frontends: Vec<Frontend>,
+    /// Sorted by key, one per key. The port's cluster IPs of this family are the
+    /// keys of its `ClusterIp` frontends ([`ServiceIntent::cluster_ips`]).
+    pub frontends: Box<[Frontend]>,
     /// Usable endpoints exist somewhere in the cluster.
     pub has_any_endpoints: bool,
     /// The view it was decided from.
@@ -379,10 +379,10 @@ impl ServiceIntent {
                     .node_ips
                     .iter()
                     .any(|ip| ranges.iter().any(|r| r.contains(ip)));
-                Some(Firewall {
+                Some(Box::new(Firewall {
                     allow_from_node,
                     ranges,
-                })
+                }))
             }
             _ => None,
         };
@@ -446,7 +446,6 @@ impl ServiceIntent {
             family,
             protocol,
             port: p.port,
-            cluster_ips,
             endpoints,
             affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),
             internal,
@@ -491,6 +490,14 @@ impl ServiceIntent {
     /// How many endpoints set `id` has.
     pub fn set_len(&self, id: EndpointSetId) -> usize {
         self.endpoints.members(id).count()
+    }
+
+    /// The port's cluster IPs of this family, in address order.
+    pub fn cluster_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.frontends.iter().filter_map(|f| match f.key {
+            FrontendKey::Vip { ip, .. } if f.kind == FrontendKind::ClusterIp => Some(ip),
+            _ => None,
+        })
     }
 
     pub fn frontend(&self, key: &FrontendKey) -> Option<&Frontend> {

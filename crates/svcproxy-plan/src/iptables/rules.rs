@@ -475,8 +475,8 @@ fn service_rules(
         if svc.internal.set == id {
             // Only traffic that came for the cluster IP: external traffic reaches the
             // same chain through the external chain, which decides for it.
-            for ip in &svc.cluster_ips {
-                let d = dest(*ip, proto, svc.port);
+            for ip in svc.cluster_ips() {
+                let d = dest(ip, proto, svc.port);
                 match (svc.internal.masquerade, detect) {
                     (Masquerade::Always, _) => r.nat.add(&chain, format!("{d} -j {MARK_MASQ}")),
                     (Masquerade::UnlessFromLocalPod, Some(det)) => match &det.if_not_local {

@@ -456,11 +456,11 @@ impl Fragment {
             if svc.internal.set == set {
                 // Only traffic that came for the cluster IP: the same chain also
                 // serves external traffic, which the external chain handles.
-                for ip in &svc.cluster_ips {
+                for ip in svc.cluster_ips() {
                     let mut matches = vec![
                         Match::Prefix {
                             addr: Addr::Daddr,
-                            net: IpNet::from(*ip),
+                            net: IpNet::from(ip),
                             negate: false,
                         },
                         Match::Dport(svc.protocol, svc.port),
