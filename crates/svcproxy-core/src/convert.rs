@@ -46,17 +46,17 @@ const MAX_TOPOLOGY_KEYS: usize = 16;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Slice {
     pub service: ServiceName,
-    pub name: String,
+    pub name: Arc<str>,
     pub family: IpFamily,
-    pub ports: Vec<SlicePort>,
-    pub endpoints: Vec<SliceEndpoint>,
+    pub ports: Box<[SlicePort]>,
+    pub endpoints: Box<[SliceEndpoint]>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, verbatim (RFC 3339).
     pub last_change_trigger_time: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlicePort {
-    pub name: String,
+    pub name: Arc<str>,
     pub port: u16,
     pub protocol: Protocol,
 }
@@ -881,7 +881,7 @@ pub fn convert_slice_with(
         };
         if ports
             .iter()
-            .any(|q| q.name == name && q.protocol == protocol)
+            .any(|q| *q.name == *name && q.protocol == protocol)
         {
             ctx.ignore(
                 field,
@@ -890,7 +890,7 @@ pub fn convert_slice_with(
             continue;
         }
         ports.push(SlicePort {
-            name,
+            name: name.into(),
             port,
             protocol,
         });
@@ -987,10 +987,10 @@ pub fn convert_slice_with(
     }
     Some(Slice {
         service: ServiceName::new(key.namespace.clone(), service_name.clone()),
-        name: key.name.clone(),
+        name: key.name.as_str().into(),
         family,
-        ports,
-        endpoints,
+        ports: ports.into(),
+        endpoints: endpoints.into(),
         last_change_trigger_time: slice
             .metadata
             .annotations

@@ -260,7 +260,11 @@ impl ClusterState {
         match object {
             KubeObject::Service(svc) => {
                 let converted = convert::convert_service(svc, &self.opts, &mut problems);
-                let name = ServiceName::new(&key.namespace, &key.name);
+                // The key shares the service's own name (and its ports' names).
+                let name = converted
+                    .as_ref()
+                    .map(|s| s.name.clone())
+                    .unwrap_or_else(|| ServiceName::new(&key.namespace, &key.name));
                 self.services.set(name, converted.map(Arc::new));
             }
             KubeObject::EndpointSlice(slice) => {
@@ -330,8 +334,29 @@ impl ClusterState {
     }
 
     fn set_slice(&mut self, key: SliceKey, mut slice: Option<Slice>) {
-        for e in slice.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
-            self.interned.info(&mut e.info);
+        if let Some(s) = &mut slice {
+            for e in s.endpoints.iter_mut() {
+                self.interned.info(&mut e.info);
+            }
+            // Share the names the state already holds: the service's (from the
+            // Service, or another slice of it), the slice's own (its key), and
+            // the port names every slice repeats.
+            let known = self
+                .services
+                .get_key_value(&s.service)
+                .map(|(k, _)| k)
+                .or_else(|| {
+                    self.slices_by_service
+                        .get_key_value(&s.service)
+                        .map(|(k, _)| k)
+                });
+            if let Some(k) = known {
+                s.service = k.clone();
+            }
+            s.name = key.1.clone();
+            for p in s.ports.iter_mut() {
+                self.interned.name(&mut p.name);
+            }
         }
         if let Some(old) = self.slices.get(&key) {
             let svc = old.service.clone();

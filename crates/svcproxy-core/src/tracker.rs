@@ -59,6 +59,15 @@ impl<K: Clone + Eq + Hash, V: PartialEq> Tracker<K, V> {
         self.current.get(key)
     }
 
+    /// The stored key equal to `key` (to share its allocations), with its value.
+    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &Arc<V>)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.current.get_key_value(key)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&K, &Arc<V>)> {
         self.current.iter()
     }
