@@ -10,6 +10,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use ipnet::IpNet;
 
 use crate::convert::{self, ConvertOptions, Slice};
@@ -61,9 +63,9 @@ pub struct ClusterState {
     opts: ConvertOptions,
     services: Tracker<ServiceName, Service>,
     slices: Tracker<SliceKey, Slice>,
-    /// Slice names per service, from the current slices.
-    /// Sorted; a Vec because almost every service has one or two slices.
-    slices_by_service: HashMap<ServiceName, Vec<Arc<str>>>,
+    /// Slice names per service, from the current slices. Sorted; almost every
+    /// service has one slice per family, held inline.
+    slices_by_service: HashMap<ServiceName, SmallVec<[Arc<str>; 1]>>,
     nodes: Tracker<String, NodeInfo>,
     service_cidrs: Tracker<String, Vec<IpNet>>,
     /// Slices mirrored from each legacy Endpoints object.

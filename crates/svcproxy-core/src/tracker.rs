@@ -89,10 +89,12 @@ impl<K: Clone + Eq + Hash, V: PartialEq> Tracker<K, V> {
         self.baseline.len()
     }
 
-    /// Returns the changes since the last take and starts a new period.
+    /// Returns the changes since the last take and starts a new period. The
+    /// period's map goes with them: after the initial lists (every key changed) a
+    /// drained map would keep room for the whole cluster.
     pub fn take_changes(&mut self) -> Vec<Change<K, V>> {
-        self.baseline
-            .drain()
+        std::mem::take(&mut self.baseline)
+            .into_iter()
             .map(|(key, previous)| Change {
                 current: self.current.get(&key).cloned(),
                 key,
