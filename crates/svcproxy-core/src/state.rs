@@ -542,6 +542,12 @@ impl ClusterState {
             }
             changed.extend(old_views.into_keys());
         }
+        if affected.len() > self.services.len() / 2 {
+            // Most services were (re)built, as on the first snapshot: built from its
+            // sorted entries the map has full B-tree nodes (inserted one at a time,
+            // about half full).
+            ports = ports.into_iter().collect();
+        }
         let mut service_cidrs: Vec<IpNet> = self
             .service_cidrs
             .iter()
