@@ -489,6 +489,14 @@ pub fn convert_service(
         return None;
     }
     let name = ServiceName::new(key.namespace.clone(), key.name.clone());
+    // Shared by every port.
+    let cluster_ips: Arc<[IpAddr]> = cluster_ips.into();
+    let external_ips: Arc<[IpAddr]> = external_ips.into();
+    let load_balancer_ingress: Arc<[LoadBalancerIngress]> = load_balancer_ingress.into();
+    let load_balancer_source_ranges: Option<Arc<[IpNet]>> =
+        load_balancer_source_ranges.map(Into::into);
+    let topology_mode: Option<Arc<str>> = topology_mode.map(Into::into);
+    let topology_keys: Option<Arc<[TopologyKey]>> = topology_keys.map(Into::into);
     let mut seen: HashSet<(String, Protocol)> = HashSet::new();
     let mut ports = Vec::with_capacity(raw_ports.len());
     for (i, p) in raw_ports.iter().enumerate() {

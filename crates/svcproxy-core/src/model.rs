@@ -271,17 +271,20 @@ pub struct LoadBalancerIngress {
 
 /// Everything about one port of one Service that the data planes need, for all
 /// families. [`ServicePort::for_family`] narrows it to one family.
+///
+/// The lists are shared (`Arc<[_]>`): every port of a service holds the same ones,
+/// and a port is held for every service port of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ServicePort {
     pub name: ServicePortName,
     pub service_type: ServiceType,
-    pub cluster_ips: Vec<IpAddr>,
+    pub cluster_ips: Arc<[IpAddr]>,
     pub port: u16,
     pub node_port: Option<u16>,
-    pub external_ips: Vec<IpAddr>,
-    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    pub external_ips: Arc<[IpAddr]>,
+    pub load_balancer_ingress: Arc<[LoadBalancerIngress]>,
     /// `None`: no restriction. `Some(v)`: only sources inside `v` (possibly none).
-    pub load_balancer_source_ranges: Option<Vec<IpNet>>,
+    pub load_balancer_source_ranges: Option<Arc<[IpNet]>>,
     pub external_traffic_policy: TrafficPolicy,
     pub internal_traffic_policy: TrafficPolicy,
     /// `Some(timeout seconds)` when sessionAffinity is ClientIP.
@@ -289,9 +292,9 @@ pub struct ServicePort {
     pub health_check_node_port: Option<u16>,
     pub traffic_distribution: Option<TrafficDistribution>,
     /// `service.kubernetes.io/topology-mode` (or the older hints annotation), verbatim.
-    pub topology_mode: Option<String>,
+    pub topology_mode: Option<Arc<str>>,
     /// Parsed `svcproxy.io/topology-keys`; `None` when absent (or ignored).
-    pub topology_keys: Option<Vec<TopologyKey>>,
+    pub topology_keys: Option<Arc<[TopologyKey]>>,
 }
 
 impl ServicePort {
@@ -309,7 +312,7 @@ impl ServicePort {
             return None;
         }
         Some(ServicePort {
-            cluster_ips,
+            cluster_ips: cluster_ips.into(),
             external_ips: self
                 .external_ips
                 .iter()
@@ -347,7 +350,7 @@ impl ServicePort {
             && port
                 .load_balancer_source_ranges
                 .iter()
-                .flatten()
+                .flat_map(|r| r.iter())
                 .all(|n| IpFamily::of_net(n) == family);
         if only_family && !port.cluster_ips.is_empty() {
             return Some(port.clone());
@@ -495,8 +498,8 @@ pub(crate) fn test_port(
         cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
         port: 80,
         node_port: None,
-        external_ips: Vec::new(),
-        load_balancer_ingress: Vec::new(),
+        external_ips: Vec::new().into(),
+        load_balancer_ingress: Vec::new().into(),
         load_balancer_source_ranges: None,
         external_traffic_policy: TrafficPolicy::Cluster,
         internal_traffic_policy: TrafficPolicy::Cluster,
@@ -539,6 +542,9 @@ mod tests {
         // port is narrowed, not shared.
         let v6 = port(&["fd00::10"], Some(&["192.0.2.0/24"]));
         let narrowed = ServicePort::shared_for_family(&v6, IpFamily::V6).unwrap();
-        assert_eq!(narrowed.load_balancer_source_ranges, Some(Vec::new()));
+        assert_eq!(
+            narrowed.load_balancer_source_ranges,
+            Some(Vec::new().into())
+        );
     }
 }

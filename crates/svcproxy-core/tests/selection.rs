@@ -120,11 +120,11 @@ fn cluster_ip_port() -> ServicePort {
     ServicePort {
         name: ServicePortName::new(ServiceName::new("ns", "svc"), "http", Protocol::Tcp),
         service_type: ServiceType::ClusterIP,
-        cluster_ips: vec!["10.96.0.10".parse::<IpAddr>().unwrap()],
+        cluster_ips: vec!["10.96.0.10".parse::<IpAddr>().unwrap()].into(),
         port: 80,
         node_port: None,
-        external_ips: vec![],
-        load_balancer_ingress: vec![],
+        external_ips: vec![].into(),
+        load_balancer_ingress: vec![].into(),
         load_balancer_source_ranges: None,
         external_traffic_policy: TrafficPolicy::Cluster,
         internal_traffic_policy: TrafficPolicy::Cluster,
@@ -144,7 +144,7 @@ fn node_port() -> ServicePort {
     }
 }
 
-fn keys(spec: &[&str]) -> Option<Vec<TopologyKey>> {
+fn keys(spec: &[&str]) -> Option<Arc<[TopologyKey]>> {
     Some(
         spec.iter()
             .map(|k| match *k {
@@ -454,7 +454,7 @@ fn zone_hints_are_used_when_the_service_opts_in() {
     ] {
         let mut port = cluster_ip_port();
         port.traffic_distribution = td;
-        port.topology_mode = mode.map(str::to_string);
+        port.topology_mode = mode.map(Into::into);
         let sel = select(&port, &hinted());
         assert_eq!(
             names(&sel.cluster_endpoints),

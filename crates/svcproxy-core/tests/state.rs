@@ -323,15 +323,15 @@ fn a_dual_stack_service_shows_each_family_only_its_own_addresses() {
 
     let v4 = must_view(&update.v4, &name);
     assert_eq!(update.v4.family, IpFamily::V4);
-    assert_eq!(v4.port.cluster_ips, vec![ip("10.96.0.50")]);
-    assert_eq!(v4.port.external_ips, vec![ip("203.0.113.50")]);
+    assert_eq!(v4.port.cluster_ips, vec![ip("10.96.0.50")].into());
+    assert_eq!(v4.port.external_ips, vec![ip("203.0.113.50")].into());
     assert_eq!(
         v4.port.load_balancer_vips().collect::<Vec<_>>(),
         vec![ip("198.51.100.50")]
     );
     assert_eq!(
         v4.port.load_balancer_source_ranges,
-        Some(vec![net("203.0.113.0/24")])
+        Some(vec![net("203.0.113.0/24")].into())
     );
     assert_eq!(v4.port.node_port, Some(30050));
     assert_eq!(
@@ -343,15 +343,15 @@ fn a_dual_stack_service_shows_each_family_only_its_own_addresses() {
 
     let v6 = must_view(&update.v6, &name);
     assert_eq!(update.v6.family, IpFamily::V6);
-    assert_eq!(v6.port.cluster_ips, vec![ip("fd00:96::50")]);
-    assert_eq!(v6.port.external_ips, vec![ip("2001:db8::50")]);
+    assert_eq!(v6.port.cluster_ips, vec![ip("fd00:96::50")].into());
+    assert_eq!(v6.port.external_ips, vec![ip("2001:db8::50")].into());
     assert_eq!(
         v6.port.load_balancer_vips().collect::<Vec<_>>(),
         vec![ip("2001:db8:1::50")]
     );
     assert_eq!(
         v6.port.load_balancer_source_ranges,
-        Some(vec![net("2001:db8::/32")])
+        Some(vec![net("2001:db8::/32")].into())
     );
     assert_eq!(v6.port.node_port, Some(30050));
     assert_eq!(
@@ -411,13 +411,13 @@ fn source_ranges_given_only_for_the_other_family_fence_this_family_to_nobody() {
         must_view(&update.v4, &name)
             .port
             .load_balancer_source_ranges,
-        Some(vec![])
+        Some(vec![].into())
     );
     assert_eq!(
         must_view(&update.v6, &name)
             .port
             .load_balancer_source_ranges,
-        Some(vec![net("2001:db8::/32")])
+        Some(vec![net("2001:db8::/32")].into())
     );
 }
 

@@ -522,7 +522,7 @@ fn family_filters(prev: &NodeSnapshot, next: &NodeSnapshot, out: &mut BTreeSet<C
 fn service_ips(port: &ServicePort, family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
     port.cluster_ips
         .iter()
-        .chain(&port.external_ips)
+        .chain(port.external_ips.iter())
         .copied()
         .chain(port.load_balancer_vips())
         .filter(move |ip| IpFamily::of(ip) == family)
@@ -578,10 +578,10 @@ mod tests {
         ServicePort {
             name: ServicePortName::new(ServiceName::new("kube-system", name), "dns", protocol),
             service_type: ServiceType::LoadBalancer,
-            cluster_ips: vec![ip(DNS_VIP)],
+            cluster_ips: vec![ip(DNS_VIP)].into(),
             port: 53,
             node_port: Some(30053),
-            external_ips: vec![ip(EXT)],
+            external_ips: vec![ip(EXT)].into(),
             load_balancer_ingress: vec![
                 LoadBalancerIngress {
                     ip: ip(LB),
@@ -591,7 +591,8 @@ mod tests {
                     ip: ip(LB_PROXY),
                     ip_mode: IpMode::Proxy,
                 },
-            ],
+            ]
+            .into(),
             load_balancer_source_ranges: None,
             external_traffic_policy: TrafficPolicy::Cluster,
             internal_traffic_policy: TrafficPolicy::Cluster,
@@ -772,9 +773,9 @@ mod tests {
     #[test]
     fn families_are_cleaned_on_their_own() {
         let mut p6 = port("dns", Protocol::Udp);
-        p6.cluster_ips = vec![ip("2001:db8:ffff::10")];
-        p6.external_ips = vec![];
-        p6.load_balancer_ingress = vec![];
+        p6.cluster_ips = vec![ip("2001:db8:ffff::10")].into();
+        p6.external_ips = vec![].into();
+        p6.load_balancer_ingress = vec![].into();
         let e6 = ep("2001:db8:2::10", 8080);
         let before = update(&[view(&p6, std::slice::from_ref(&e6), true)]);
         let after = update(&[view(&p6, &[], false)]);

@@ -51,21 +51,22 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
     let sp = ServicePort {
         name: spn.clone(),
         service_type: ServiceType::LoadBalancer,
-        cluster_ips: vec![ip("198.19.0.5")],
+        cluster_ips: vec![ip("198.19.0.5")].into(),
         port: 80,
         node_port: Some(30005),
-        external_ips: vec![ip("203.0.113.6")],
+        external_ips: vec![ip("203.0.113.6")].into(),
         load_balancer_ingress: vec![LoadBalancerIngress {
             ip: ip("203.0.113.5"),
             ip_mode: IpMode::Vip,
-        }],
-        load_balancer_source_ranges: Some(vec!["198.51.100.0/24".parse::<IpNet>().unwrap()]),
+        }]
+        .into(),
+        load_balancer_source_ranges: Some(vec!["198.51.100.0/24".parse::<IpNet>().unwrap()].into()),
         external_traffic_policy: TrafficPolicy::Local,
         internal_traffic_policy: TrafficPolicy::Cluster,
         session_affinity_timeout: Some(60),
         health_check_node_port: Some(32005),
         traffic_distribution: None,
-        topology_mode: Some("\"; reject".to_string()),
+        topology_mode: Some(("\"; reject".to_string()).into()),
         topology_keys: None,
     };
     let view = ServicePortView {

@@ -291,7 +291,7 @@ pub fn assert_baseline_works(update: &SnapshotUpdate) {
     let web = must_view(&update.v4, &tcp("default", "web", "http"));
     assert_eq!(
         web.port.cluster_ips,
-        vec!["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]
+        vec!["10.96.0.10".parse::<std::net::IpAddr>().unwrap()].into()
     );
     assert_eq!(
         cluster_endpoints(web),
