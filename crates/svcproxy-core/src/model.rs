@@ -143,8 +143,27 @@ impl fmt::Display for ServiceName {
 /// One pointer: the parts are shared by every map that keys on the port (the model,
 /// the snapshot, the intent, each data plane's state), tens of thousands of entries
 /// each in a large cluster. Derefs to its [`PortNameParts`] (`name.service`).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ServicePortName(Arc<PortNameParts>);
+
+/// Names that share their parts are equal without comparing strings: the maps of
+/// successive snapshots, the intent and the planners hold the same name, and their
+/// merge walks compare every key on every sync.
+impl Ord for ServicePortName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            std::cmp::Ordering::Equal
+        } else {
+            self.0.cmp(&other.0)
+        }
+    }
+}
+
+impl PartialOrd for ServicePortName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 /// What a [`ServicePortName`] names.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -524,15 +524,27 @@ impl IntentBuilder {
                 todo.push((o.clone(), None));
             }
             match old.next_if(|(o, _)| *o == name) {
-                Some((_, svc))
-                    if !node_changed
-                        && Arc::ptr_eq(&svc.source.0, view)
-                        && !changed.contains(name) => {}
+                Some((_, svc)) if !node_changed && Arc::ptr_eq(&svc.source.0, view) => {}
                 _ => todo.push((name.clone(), Some(view))),
             }
         }
         for (o, _) in old {
             todo.push((o.clone(), None));
+        }
+        // The ports named changed whose view is the same `Arc` (looked up one by
+        // one: `changed` is short, and a lookup per port of the walk compared
+        // names, strings, tens of thousands of times per sync).
+        let before = todo.len();
+        for name in changed {
+            if let (Some(view), Some(svc)) = (ports.get(name), services.get(name)) {
+                if Arc::ptr_eq(&svc.source.0, view) && !node_changed {
+                    todo.push((name.clone(), Some(view)));
+                }
+            }
+        }
+        if todo.len() > before {
+            // By name, as the walk made them.
+            todo.sort_by(|a, b| a.0.cmp(&b.0));
         }
         todo.into_iter()
             .map(|(name, view)| {
