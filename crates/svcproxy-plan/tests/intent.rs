@@ -431,6 +431,24 @@ fn the_delta_names_exactly_what_changed() {
     assert_eq!(idle.rebuilt, 0);
     assert_eq!(idle.from, first.to);
 
+    // A port the caller names changed is decided again even when its view is the
+    // same `Arc` (and, decided alike, is no change); a name of no port is ignored.
+    let web = up
+        .v4
+        .service_ports
+        .keys()
+        .find(|k| &*k.service.name == "web")
+        .unwrap()
+        .clone();
+    let named = builder.update(
+        &up.v4,
+        &up.v6,
+        &sc.cfg,
+        &std::collections::BTreeSet::from([web, spn("default", "gone", "", Protocol::Tcp)]),
+    );
+    assert_eq!(named.rebuilt, 1);
+    assert!(named.is_empty(), "{named:?}");
+
     // db loses its endpoint: one service and its one frontend change to reject.
     sc.upsert_yaml(&service("db", 20, "", &[]));
     let up = sc.snapshot();
