@@ -10,9 +10,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use ipnet::IpNet;
+use smallvec::SmallVec;
 
 use crate::convert::{self, ConvertOptions, Slice};
 use crate::model::*;

@@ -45,7 +45,7 @@ enum Packed {
 
 /// One endpoint as the builder hands it over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EndpointEntry {
+pub(super) struct EndpointEntry {
     pub addr: SocketAddr,
     pub cluster: bool,
     pub local: bool,
@@ -56,19 +56,13 @@ pub struct EndpointEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoints(Packed);
 
-impl Default for Endpoints {
-    fn default() -> Self {
-        Endpoints(Packed::V4(Box::new([])))
-    }
-}
-
 impl Endpoints {
     /// From entries sorted by address, one per address, all of one family.
     ///
     /// # Panics
     /// When the entries mix families or are not sorted and distinct: the builder
     /// guarantees both.
-    pub fn new(entries: &[EndpointEntry]) -> Endpoints {
+    pub(super) fn new(entries: &[EndpointEntry]) -> Endpoints {
         assert!(
             entries.windows(2).all(|w| w[0].addr < w[1].addr),
             "endpoints sorted and distinct"
@@ -79,39 +73,34 @@ impl Endpoints {
                 .filter(|(on, _)| *on)
                 .fold(0, |acc, (_, flag)| acc | flag)
         };
-        let v6 = entries.first().is_some_and(|e| e.addr.is_ipv6());
-        assert!(
-            entries.iter().all(|e| e.addr.is_ipv6() == v6),
-            "endpoints of one family"
+        let (port, v6) = (
+            |e: &EndpointEntry| e.addr.port(),
+            |e: &EndpointEntry| e.addr.is_ipv6(),
         );
-        if v6 {
-            Endpoints(Packed::V6(
-                entries
-                    .iter()
-                    .map(|e| V6 {
-                        ip: match e.addr.ip() {
-                            IpAddr::V6(a) => a.octets(),
-                            IpAddr::V4(_) => unreachable!("checked above"),
-                        },
-                        port: e.addr.port(),
-                        flags: flags(e),
-                    })
-                    .collect(),
-            ))
+        if entries.first().is_some_and(v6) {
+            assert!(entries.iter().all(v6), "endpoints of one family");
+            let ip = |e: &EndpointEntry| match e.addr.ip() {
+                IpAddr::V6(a) => a.octets(),
+                IpAddr::V4(_) => unreachable!("checked above"),
+            };
+            let pack = |e| V6 {
+                ip: ip(e),
+                port: port(e),
+                flags: flags(e),
+            };
+            Endpoints(Packed::V6(entries.iter().map(pack).collect()))
         } else {
-            Endpoints(Packed::V4(
-                entries
-                    .iter()
-                    .map(|e| V4 {
-                        ip: match e.addr.ip() {
-                            IpAddr::V4(a) => a.octets(),
-                            IpAddr::V6(_) => unreachable!("checked above"),
-                        },
-                        port: e.addr.port(),
-                        flags: flags(e),
-                    })
-                    .collect(),
-            ))
+            assert!(!entries.iter().any(v6), "endpoints of one family");
+            let ip = |e: &EndpointEntry| match e.addr.ip() {
+                IpAddr::V4(a) => a.octets(),
+                IpAddr::V6(_) => unreachable!("checked above"),
+            };
+            let pack = |e| V4 {
+                ip: ip(e),
+                port: port(e),
+                flags: flags(e),
+            };
+            Endpoints(Packed::V4(entries.iter().map(pack).collect()))
         }
     }
 
@@ -176,10 +165,6 @@ impl Endpoints {
             }
         }
         None
-    }
-
-    pub fn contains(&self, addr: &SocketAddr) -> bool {
-        self.position(addr).is_some()
     }
 
     /// The indices of the members of set `id`, in address order.
@@ -248,11 +233,10 @@ mod tests {
                 assert_eq!(eps.members(id).collect::<Vec<_>>(), want);
                 assert_eq!(eps.has_members(id), !want.is_empty());
             }
-            assert!(!eps.contains(&"10.9.9.9:80".parse().unwrap()));
+            assert_eq!(eps.position(&"10.9.9.9:80".parse().unwrap()), None);
         }
         let empty = Endpoints::new(&[]);
         assert!(empty.is_empty() && !empty.has_members(EndpointSetId::Cluster));
-        assert_eq!(empty, Endpoints::default());
     }
 
     #[test]

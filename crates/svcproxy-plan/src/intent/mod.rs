@@ -27,7 +27,7 @@ use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
 
 use crate::config::PlanConfig;
 
-pub use endpoints::{EndpointEntry, Endpoints};
+pub use endpoints::Endpoints;
 pub use node::{
     family_nets, nodeport_destinations, LocalTraffic, NodeIntent, NodePortDestinations,
 };

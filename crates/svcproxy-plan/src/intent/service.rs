@@ -246,10 +246,13 @@ impl ServiceIntent {
         let sel = &view.selection;
         let protocol = name.protocol;
 
-        // The union of the sets, in address order: both are subsequences of the
-        // port's sorted list, merged here with each endpoint's flags.
+        // The union of the sets, in address order, merged with each endpoint's
+        // flags. Both lists come sorted from the selection (subsequences of the
+        // port's sorted list); sorted again here, at no cost when they are, so no
+        // selection can make the merge wrong.
         let of_family = |eps: &Option<Arc<[Endpoint]>>| -> Vec<(SocketAddr, bool)> {
-            eps.iter()
+            let mut v: Vec<(SocketAddr, bool)> = eps
+                .iter()
                 .flat_map(|l| l.iter())
                 .filter(|e| IpFamily::of(&e.ip) == family)
                 .map(|e| {
@@ -259,7 +262,9 @@ impl ServiceIntent {
                     };
                     (SocketAddr::new(e.ip, e.port), hairpin)
                 })
-                .collect()
+                .collect();
+            v.sort_by_key(|(addr, _)| *addr);
+            v
         };
         let (cluster_list, local_list) = (
             of_family(&sel.cluster_endpoints),
