@@ -531,14 +531,17 @@ impl IntentBuilder {
         for (o, _) in old {
             todo.push((o.clone(), None));
         }
-        // The ports named changed whose view is the same `Arc` (looked up one by
-        // one: `changed` is short, and a lookup per port of the walk compared
-        // names, strings, tens of thousands of times per sync).
+        // The ports named changed whose view is the same `Arc` (with a changed
+        // node, the walk took every port already). Looked up one by one: between
+        // full syncs `changed` names a few ports, and looking every port of the
+        // walk up in it compared names as strings tens of thousands of times.
         let before = todo.len();
-        for name in changed {
-            if let (Some(view), Some(svc)) = (ports.get(name), services.get(name)) {
-                if Arc::ptr_eq(&svc.source.0, view) && !node_changed {
-                    todo.push((name.clone(), Some(view)));
+        if !node_changed {
+            for name in changed {
+                if let (Some(view), Some(svc)) = (ports.get(name), services.get(name)) {
+                    if Arc::ptr_eq(&svc.source.0, view) {
+                        todo.push((name.clone(), Some(view)));
+                    }
                 }
             }
         }
