@@ -188,10 +188,9 @@ impl Stamp {
     /// The file's stamp, when its last change is old enough: a file changed more
     /// recently might change again within the same timestamp (file times tick at
     /// the kernel's coarse clock, a few milliseconds), unseen.
-    fn settled(path: &Path, settle: Duration) -> Option<Stamp> {
+    fn settled(m: &fs::Metadata, settle: Duration) -> Option<Stamp> {
         let settle = settle.max(STAMP_AGE);
         use std::os::unix::fs::MetadataExt as _;
-        let m = fs::metadata(path).ok()?;
         let changed = std::time::UNIX_EPOCH
             + Duration::new(
                 u64::try_from(m.ctime()).ok()?,
@@ -248,14 +247,21 @@ impl ManifestDir {
         let mut files: BTreeMap<PathBuf, Vec<Entry>> = BTreeMap::new();
         let mut unsettled = false;
         for path in listing.files {
-            if self.files.contains_key(&path) && written_within(&path, self.settle) {
+            // One `stat` per file and rescan: a directory of 20,000 files is
+            // rescanned on every burst of events.
+            let meta = fs::metadata(&path).ok();
+            if self.files.contains_key(&path)
+                && meta
+                    .as_ref()
+                    .is_some_and(|m| written_within(m, self.settle))
+            {
                 unsettled = true;
                 if let Some(previous) = self.files.remove(&path) {
                     files.insert(path, previous);
                 }
                 continue;
             }
-            let stamp = Stamp::settled(&path, self.settle);
+            let stamp = meta.as_ref().and_then(|m| Stamp::settled(m, self.settle));
             if let (Some(now), Some((then, file_errors))) = (stamp, self.parsed.get(&path)) {
                 if now == *then {
                     if let Some(previous) = self.files.remove(&path) {
@@ -352,7 +358,11 @@ impl ManifestDir {
         let mut missing: BTreeMap<PathBuf, Vec<ObjectKey>> = BTreeMap::new();
         let mut yielded = BTreeMap::new();
         for (key, (digest, path, object)) in wanted {
-            if self.yielded.get(&key) == Some(&(digest, path.clone())) {
+            if self
+                .yielded
+                .get(&key)
+                .is_some_and(|(d, p)| *d == digest && *p == path)
+            {
                 yielded.insert(key, (digest, path));
                 continue;
             }
@@ -558,9 +568,8 @@ fn read_sorted_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 
 /// Whether `path` was modified less than `window` ago (a modification time in the
 /// future, a clock step, counts as settled: it must not hold the file back forever).
-fn written_within(path: &Path, window: Duration) -> bool {
-    fs::metadata(path)
-        .and_then(|m| m.modified())
+fn written_within(m: &fs::Metadata, window: Duration) -> bool {
+    m.modified()
         .ok()
         .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
         .is_some_and(|age| age < window)
