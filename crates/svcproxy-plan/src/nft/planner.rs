@@ -650,7 +650,7 @@ impl FamilyState {
         // Collected in name order, so the map is built with full nodes (inserted
         // one by one, a B-tree's nodes end about half full: a third more memory
         // for tens of thousands of fragments).
-        let entries: Vec<(ServicePortName, Fragment)> = fam
+        self.entries = fam
             .services()
             .iter()
             .map(|(name, svc)| {
@@ -662,7 +662,6 @@ impl FamilyState {
                 (name.clone(), frag)
             })
             .collect();
-        self.entries = entries.into_iter().collect();
         // A full plan follows: nothing to report element by element.
         self.hairpin.settle();
         self.endpoint_maps.settle();

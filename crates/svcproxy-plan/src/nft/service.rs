@@ -366,14 +366,14 @@ impl Fragment {
     /// The fragment's elements of its endpoint map: key, and the
     /// endpoint as `address . port`.
     pub fn dnat_elements(&self, mut f: impl FnMut(u32, &SocketAddr)) {
+        let eps = &self.intent.endpoints;
         for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
-            let (Some(run), Some(list)) =
-                (self.blocks[set_slot(set)], self.intent.set_indices(set))
-            else {
+            let Some(run) = self.blocks[set_slot(set)] else {
                 continue;
             };
-            for (k, &i) in list.iter().enumerate() {
-                f(run.first + k as u32, &self.intent.endpoints.get(i as usize));
+            // A set with a block has members (its size was their count).
+            for (k, i) in eps.members(set).enumerate() {
+                f(run.first + k as u32, &eps.get(i as usize));
             }
         }
     }
