@@ -13,6 +13,7 @@ use svcproxy_core::model::IpFamily;
 
 use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 
+use crate::conntrack::ConntrackFilter;
 use crate::error::DataPlaneError;
 use crate::node::Sysctl;
 
@@ -46,6 +47,10 @@ pub struct ApplyReport {
     /// Rule counts per family and table, for the modes that count rules (upstream's
     /// iptables `kubeproxy_sync_proxy_rules_iptables_total` and `_last`).
     pub rules: Vec<RuleCount>,
+    /// Conntrack entries only the data plane knows to be stale, deleted after the
+    /// apply with those the snapshots' difference names: the userspace mode's
+    /// flows redirected to a UDP socket it closed.
+    pub stale_flows: Vec<ConntrackFilter>,
 }
 
 /// The rules svcproxy owns in one table of one family, after a sync.

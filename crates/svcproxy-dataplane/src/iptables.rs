@@ -589,6 +589,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
             apply_duration: in_tools,
             script_bytes: bytes,
             rules,
+            stale_flows: Vec::new(),
         })
     }
 

@@ -223,6 +223,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             apply_duration,
             script_bytes: plan.script.len(),
             rules: Vec::new(),
+            stale_flows: Vec::new(),
         })
     }
 

@@ -153,8 +153,8 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
         let conflicts = self.intents.intent().conflicts();
         self.log_conflicts(&conflicts);
         self.log_refused_service_cidrs();
-        let applied = self.plane.sync(self.intents.intent(), &delta, full)?;
-        let conntrack = self.clean_conntrack(update);
+        let mut applied = self.plane.sync(self.intents.intent(), &delta, full)?;
+        let conntrack = self.clean_conntrack(update, std::mem::take(&mut applied.stale_flows));
         let report = SyncReport {
             kind: applied.kind,
             duration: start.elapsed(),
@@ -219,7 +219,12 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
 
     /// Deletes the conntrack entries the move from the applied snapshot to `update`
     /// made stale, and remembers `update` as applied.
-    fn clean_conntrack(&mut self, update: &SnapshotUpdate) -> ConntrackCleanupReport {
+    /// `plane_stale` are the entries the data plane itself found stale.
+    fn clean_conntrack(
+        &mut self,
+        update: &SnapshotUpdate,
+        mut plane_stale: Vec<ConntrackFilter>,
+    ) -> ConntrackCleanupReport {
         let start = Instant::now();
         // Only the snapshots matter; `changed` can be large.
         let applied = SnapshotUpdate {
@@ -235,7 +240,8 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             return self.reconcile_conntrack(update, start);
         };
         let mut filters = cleanup_filters(&previous, update);
-        if !self.conntrack_retry.is_empty() {
+        if !self.conntrack_retry.is_empty() || !plane_stale.is_empty() {
+            filters.append(&mut plane_stale);
             filters.append(&mut self.conntrack_retry);
             filters.sort();
             filters.dedup();

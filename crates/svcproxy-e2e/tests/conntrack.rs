@@ -35,6 +35,13 @@ per_kernel_mode!(
     a_restart_keeps_an_established_tcp_connection_and_a_udp_flow,
 );
 
+/// The tests every data plane shares, the userspace proxy's included
+/// (`every_mode::<mode>::<test>`).
+mod every_mode {
+    use super::*;
+    per_mode!(once_its_service_is_deleted_the_same_udp_flow_is_dropped);
+}
+
 const A: Host = Host::Pod(1, 0);
 const B: Host = Host::Pod(1, 1);
 const CLIENT: Host = Host::Pod(0, 1);
@@ -245,6 +252,62 @@ fn after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one(mode: Mod
         deleted.contains("deleted stale UDP conntrack entries")
             && !deleted.contains("conntrack cleanup failed"),
         || format!("svcproxy must report deleting the stale entry:\n{deleted}"),
+    );
+    ck.finish(&env);
+}
+
+/// The service is deleted while a client keeps sending from one source port: its
+/// cluster IP becomes an unallocated address of the service CIDR, which is dropped, and
+/// the flow must be dropped too once svcproxy synced. A stale conntrack entry would
+/// keep it on its old path: to the endpoint (still running) in the kernel's modes, or
+/// in userspace mode to the proxy's closed socket, which refuses it. Upstream deletes
+/// those entries (the endpoints' in the kernel's modes; its userspace proxy cleared the
+/// service IP's UDP entries).
+fn once_its_service_is_deleted_the_same_udp_flow_is_dropped(mode: Mode) {
+    let Some(env) = Env::start(mode, EnvSpec::default(), &[(FILE, dns_file(A))]) else {
+        return;
+    };
+    let mut ck = Checks::new("conntrack after a service deletion");
+    let client = start_client(&env);
+    let (before, ok) = wait_attempts(&client, 0, Duration::from_secs(5), settled_on("pod-b0", 5));
+    ck.check(ok, || {
+        format!(
+            "before the deletion the flow must reach pod-b0: {}",
+            summary(&before)
+        )
+    });
+
+    let vip = dns().cluster_ip(Family::V4);
+    let deleted = Instant::now();
+    env.remove(FILE);
+    ck.check(wait_rules_mention(&env, vip, false), || {
+        format!("svcproxy on node-a did not remove {vip} within 10 s")
+    });
+    let synced = deleted.elapsed();
+    // Attempts that started after the sync (one may have been under way).
+    let mark = attempts(&client).len() + 1;
+    let (after, dropped) = wait_attempts(&client, mark, MOVE_DEADLINE, settled_on("timeout", 4));
+    ck.check(dropped, || {
+        format!(
+            "the flow must be dropped within {MOVE_DEADLINE:?} of the sync (rules synced \
+             {synced:?} after the deletion); got {}",
+            summary(&after)
+        )
+    });
+    // Once dropped, it stays dropped: no refusal, no answer.
+    let (rest, ok) = wait_attempts(&client, mark + after.len(), Duration::from_secs(3), |a| {
+        a.len() >= 4
+    });
+    ck.check(ok && rest.iter().all(|a| backend(a) == "timeout"), || {
+        format!(
+            "once dropped, the flow must stay dropped: {}",
+            summary(&rest)
+        )
+    });
+    one_flow(&mut ck, &attempts(&client));
+    eprintln!(
+        "[conntrack] {mode:?}: rules synced {synced:?} after the deletion: {}",
+        summary(&attempts(&client))
     );
     ck.finish(&env);
 }

@@ -53,6 +53,7 @@ pub use tcp::{
 pub use udp::{bind_wildcard, UdpFrontend};
 
 use crate::backend::{ApplyReport, Backend, Comparison, DataPlane, NodeRequirements};
+use crate::conntrack::ConntrackFilter;
 use crate::error::DataPlaneError;
 use crate::nft::NftDataPlane;
 use crate::sink::NftCommand;
@@ -249,6 +250,9 @@ pub struct UserspaceDataPlane {
     /// A socket could not be bound: the next sync writes everything again.
     retry_full: bool,
     sctp_logged: HashSet<ServicePortName>,
+    /// The conntrack entries of UDP sockets closed since the last successful sync,
+    /// handed to the proxier's cleanup with that sync's report.
+    stale_flows: Vec<ConntrackFilter>,
 }
 
 impl UserspaceDataPlane {
@@ -284,6 +288,7 @@ impl UserspaceDataPlane {
             generation: None,
             retry_full: false,
             sctp_logged: HashSet::new(),
+            stale_flows: Vec::new(),
         }
     }
 
@@ -430,6 +435,7 @@ impl UserspaceDataPlane {
                             svc.as_deref(),
                             &self.cfg,
                             &stats,
+                            &mut self.stale_flows,
                         );
                         self.retry_full |= failed;
                     }
@@ -572,15 +578,21 @@ fn update_udp(
     svc: Option<&ServiceIntent>,
     cfg: &UserspaceConfig,
     stats: &Arc<Stats>,
+    stale_flows: &mut Vec<ConntrackFilter>,
 ) -> bool {
     let family = IpFamily::of(&bind_ip);
     let mut failed = false;
     for set in SETS {
         let key = (family, name.clone(), set);
         let current = udp.get(&key).map(|f| f.pool());
-        match svc.and_then(|svc| next_pool(current.as_deref(), svc, set, cfg, stats)) {
-            Some(pool) => match udp.get(&key) {
-                Some(frontend) => frontend.set_pool(Arc::new(pool)),
+        let next =
+            svc.and_then(|svc| Some((svc, next_pool(current.as_deref(), svc, set, cfg, stats)?)));
+        match next {
+            Some((svc, pool)) => match udp.get_mut(&key) {
+                Some(frontend) => {
+                    frontend.set_pool(Arc::new(pool));
+                    frontend.dports = redirected_ports(svc);
+                }
                 None => {
                     let started = cursor
                         .bind(|port| udp::bind(SocketAddr::new(bind_ip, port)))
@@ -595,7 +607,8 @@ fn update_udp(
                             )
                         });
                     match started {
-                        Ok(frontend) => {
+                        Ok(mut frontend) => {
+                            frontend.dports = redirected_ports(svc);
                             udp.insert(key, frontend);
                         }
                         Err(e) => {
@@ -606,7 +619,9 @@ fn update_udp(
                 }
             },
             None => {
-                udp.remove(&key);
+                if let Some(closed) = udp.remove(&key) {
+                    stale_flows.extend(closed.flow_filters(family));
+                }
             }
         }
     }
@@ -614,6 +629,20 @@ fn update_udp(
         stats.forget(family, name);
     }
     failed
+}
+
+/// The destination ports of `svc`'s frontends: what its capture rules redirect.
+fn redirected_ports(svc: &ServiceIntent) -> Vec<u16> {
+    let mut ports: Vec<u16> = svc
+        .frontends
+        .iter()
+        .map(|f| match f.key {
+            FrontendKey::Vip { port, .. } | FrontendKey::NodePort { port, .. } => port,
+        })
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
 }
 
 fn insert_frontend(
@@ -678,7 +707,10 @@ impl DataPlane for UserspaceDataPlane {
         self.generation = Some(intent.generation());
         self.update_routes(intent, delta, rebuild);
         let full = full || std::mem::take(&mut self.retry_full);
-        self.nft.sync(intent, delta, full)
+        let mut report = self.nft.sync(intent, delta, full)?;
+        // Only now do the rules no longer redirect to the closed sockets.
+        report.stale_flows = std::mem::take(&mut self.stale_flows);
+        Ok(report)
     }
 
     fn render(&self, intent: &Intent) -> String {

@@ -19,7 +19,7 @@ use nix::sys::socket::{
     recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
     SockaddrIn, SockaddrIn6, SockaddrStorage,
 };
-use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::{IpFamily, Protocol};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::runtime::Handle;
@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::tcp::{Endpoint, Pool, PortCounters, Stats};
+use crate::conntrack::ConntrackFilter;
 
 /// Clients with an open flow per socket at most; a datagram from a new client past
 /// it is dropped (the client retries once a flow idles out).
@@ -38,6 +39,9 @@ const MAX_DATAGRAM: usize = 65_535;
 /// One UDP service port's endpoint set, served on `port`.
 pub struct UdpFrontend {
     pub port: u16,
+    /// The destination ports its capture rules redirect here: the service port and
+    /// the NodePort of the service port it serves, as of the last sync.
+    pub dports: Vec<u16>,
     pool: Arc<RwLock<Arc<Pool>>>,
     task: JoinHandle<()>,
 }
@@ -70,7 +74,29 @@ impl UdpFrontend {
         };
         let pool = Arc::new(RwLock::new(Arc::new(pool)));
         let task = handle.spawn(relay(Arc::new(sock), pool.clone(), idle, stats));
-        Ok(UdpFrontend { port, pool, task })
+        Ok(UdpFrontend {
+            port,
+            dports: Vec::new(),
+            pool,
+            task,
+        })
+    }
+
+    /// Which conntrack entries to delete once this socket is closed: the flows its
+    /// rules redirected here (to one of its destination ports, with this socket's
+    /// port as the reply's source). Left in place, a client still sending from the
+    /// same address and port would follow its entry to the closed socket and be
+    /// refused, whatever the rules now say (a deleted service's address is dropped).
+    pub fn flow_filters(&self, family: IpFamily) -> impl Iterator<Item = ConntrackFilter> + '_ {
+        self.dports.iter().map(move |&dport| ConntrackFilter {
+            family,
+            protocol: Protocol::Udp,
+            orig_dst: None,
+            orig_dport: Some(dport),
+            reply_src: None,
+            reply_sport: Some(self.port),
+            dst_nat: Some(true),
+        })
     }
 
     /// The pool new flows choose from.
