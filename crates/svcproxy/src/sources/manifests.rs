@@ -932,6 +932,60 @@ mod tests {
         })
     }
 
+    /// Not a timed test: prints what a rescan costs with one file per object
+    /// (`SCALE_FILES`, default 20,000), unchanged and after two new files, as
+    /// `scripts/bench-manifest-latency.py` drives it. Run with
+    /// `cargo test --release -p svcproxy rescan_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn rescan_cost_at_scale() {
+        let n: usize = std::env::var("SCALE_FILES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for i in 0..n {
+            let name = format!("svc-{i}");
+            let ip = format!("10.{}.{}.{}", 96 + i / 65536, (i / 256) % 256, i % 256);
+            fs::write(
+                tmp.path().join(format!("service-{name}.yaml")),
+                svc(&name, &ip),
+            )
+            .expect("write");
+        }
+        // Old enough for their stamps to count (see `SETTLE`).
+        thread::sleep(SETTLE + Duration::from_millis(100));
+        let mut dir = ManifestDir::new(tmp.path().to_path_buf());
+        let t = Instant::now();
+        let first = dir.rescan().expect("rescan");
+        eprintln!(
+            "[rescan] {n} files: first rescan {:?} ({} updates)",
+            t.elapsed(),
+            first.updates.len()
+        );
+        for round in 0..5 {
+            let t = Instant::now();
+            let same = dir.rescan().expect("rescan");
+            let unchanged = t.elapsed();
+            assert!(same.updates.is_empty());
+            for k in 0..2 {
+                let name = format!("probe-{round}-{k}");
+                fs::write(
+                    tmp.path().join(format!("{name}.yaml")),
+                    svc(&name, "10.200.0.1"),
+                )
+                .expect("write");
+            }
+            let t = Instant::now();
+            let changed = dir.rescan().expect("rescan");
+            eprintln!(
+                "[rescan] {n} files: unchanged {unchanged:?}, two new files {:?} ({} updates)",
+                t.elapsed(),
+                changed.updates.len()
+            );
+        }
+    }
+
     #[test]
     fn an_unchanged_file_is_not_read_again() {
         let mut d = Dir::new();
