@@ -11,7 +11,7 @@
 //! files define the same object, the first in path order wins, whatever order the
 //! filesystem lists them in.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::fs;
 use std::io::Read;
@@ -35,7 +35,7 @@ const MAX_DEPTH: usize = 64;
 /// Messages quote user input; this keeps one absurd value from flooding the log.
 const MAX_MESSAGE_CHARS: usize = 1024;
 /// Quiet time that ends a burst of filesystem events.
-const DEBOUNCE: Duration = Duration::from_millis(200);
+const DEBOUNCE: Duration = Duration::from_millis(100);
 /// A directory that never stops changing is still rescanned this often.
 const MAX_DEBOUNCE: Duration = Duration::from_secs(2);
 /// A file that has yielded objects and was written less than this long ago is left
@@ -90,7 +90,7 @@ pub struct ManifestDir {
     /// Objects each file last yielded while it parsed, as digests (the objects
     /// themselves are handed on, not kept); a file that stops parsing keeps its
     /// entry here, which is what keeps its objects in force.
-    files: BTreeMap<PathBuf, Vec<Entry>>,
+    files: HashMap<PathBuf, Vec<Entry>>,
     /// The merged view of `files` as last yielded: each object's digest and file.
     yielded: BTreeMap<ObjectKey, (Digest, PathBuf)>,
     /// Errors of the last rescan, so that an unchanged error is logged once.
@@ -212,7 +212,7 @@ impl ManifestDir {
     pub fn new(root: PathBuf) -> Self {
         ManifestDir {
             root,
-            files: BTreeMap::new(),
+            files: HashMap::new(),
             yielded: BTreeMap::new(),
             reported: BTreeSet::new(),
             settle: SETTLE,
@@ -244,12 +244,12 @@ impl ManifestDir {
     pub fn rescan(&mut self) -> anyhow::Result<RescanResult> {
         let listing = list_files(&self.root)?;
         let mut errors = listing.errors;
-        let mut files: BTreeMap<PathBuf, Vec<Entry>> = BTreeMap::new();
+        // In path order, as listed. The previous rescan's files are looked up by
+        // hash: path order costs a component-wise comparison per step.
+        let mut files: Vec<(PathBuf, Vec<Entry>)> = Vec::with_capacity(listing.files.len());
         let mut unsettled = false;
-        for path in listing.files {
-            // One `stat` per file and rescan: a directory of 20,000 files is
-            // rescanned on every burst of events.
-            let meta = fs::metadata(&path).ok();
+        for (path, meta) in listing.files {
+            // The listing's `stat`, one per file and rescan.
             if self.files.contains_key(&path)
                 && meta
                     .as_ref()
@@ -257,7 +257,7 @@ impl ManifestDir {
             {
                 unsettled = true;
                 if let Some(previous) = self.files.remove(&path) {
-                    files.insert(path, previous);
+                    files.push((path, previous));
                 }
                 continue;
             }
@@ -266,13 +266,14 @@ impl ManifestDir {
                 if now == *then {
                     if let Some(previous) = self.files.remove(&path) {
                         errors.extend(file_errors.iter().cloned());
-                        files.insert(path, previous);
+                        files.push((path, previous));
                         continue;
                     }
                 }
             }
             self.parsed.remove(&path);
             self.reads += 1;
+            let previous = self.files.remove(&path);
             match read_manifest(&path) {
                 Ok(parsed) => {
                     let file_errors: Vec<FileError> = parsed
@@ -284,98 +285,120 @@ impl ManifestDir {
                     if let Some(stamp) = stamp {
                         self.parsed.insert(path.clone(), (stamp, file_errors));
                     }
-                    files.insert(
+                    files.push((
                         path,
                         parsed.objects.into_iter().map(Entry::parsed).collect(),
-                    );
+                    ));
                 }
                 Err(message) => {
                     errors.push(FileError::new(
                         &path,
                         format!("{message}; its previous objects stay in force"),
                     ));
-                    if let Some(previous) = self.files.remove(&path) {
-                        files.insert(path, previous);
+                    if let Some(previous) = previous {
+                        files.push((path, previous));
                     }
                 }
             }
         }
-        // Files under a directory we could not list are unknown, not gone.
+        // What is left of the previous files was not listed now. Files under a
+        // directory we could not list are unknown, not gone; the others are gone.
+        let mut kept_unlisted = false;
         for (path, entries) in std::mem::take(&mut self.files) {
             if listing.unreadable_dirs.iter().any(|d| path.starts_with(d)) {
-                files.entry(path).or_insert(entries);
+                files.push((path, entries));
+                kept_unlisted = true;
+            } else {
+                self.parsed.remove(&path);
             }
         }
-        self.parsed.retain(|path, _| files.contains_key(path));
+        if kept_unlisted {
+            files.sort_by(|a, b| a.0.cmp(&b.0));
+        }
 
-        // Each key's first definition, with the object when its file was read now.
-        let mut wanted: BTreeMap<ObjectKey, (Digest, PathBuf, Option<Arc<KubeObject>>)> =
-            BTreeMap::new();
-        let mut first_seen: BTreeMap<&ObjectKey, (&Path, &str)> = BTreeMap::new();
-        for (path, entries) in &files {
-            for entry in entries {
-                if let Some((first_path, first_at)) = first_seen.get(&entry.key) {
-                    let message = if *first_path == path.as_path() {
-                        format!(
-                            "{}: {} is defined twice in this file ({first_at} and {}); the first is used",
-                            entry.at,
-                            entry.describe(),
-                            entry.at
-                        )
-                    } else {
-                        format!(
-                            "{}: {} is also defined in {} ({first_at}); that definition is used",
-                            entry.at,
-                            entry.describe(),
-                            first_path.display()
-                        )
-                    };
-                    errors.push(FileError::new(path, message));
-                    continue;
+        // Each key's first definition (file and entry index): keys and paths are
+        // borrowed, not cloned, for the objects that did not change.
+        let mut wanted: BTreeMap<&ObjectKey, (usize, usize)> = BTreeMap::new();
+        for (fi, (path, entries)) in files.iter().enumerate() {
+            for (ei, entry) in entries.iter().enumerate() {
+                match wanted.entry(&entry.key) {
+                    btree_map::Entry::Occupied(first) => {
+                        let (first_fi, first_ei) = *first.get();
+                        let (first_path, first_at) =
+                            (&files[first_fi].0, &files[first_fi].1[first_ei].at);
+                        let message = if first_fi == fi {
+                            format!(
+                                "{}: {} is defined twice in this file ({first_at} and {}); the first is used",
+                                entry.at,
+                                entry.describe(),
+                                entry.at
+                            )
+                        } else {
+                            format!(
+                                "{}: {} is also defined in {} ({first_at}); that definition is used",
+                                entry.at,
+                                entry.describe(),
+                                first_path.display()
+                            )
+                        };
+                        errors.push(FileError::new(path, message));
+                    }
+                    btree_map::Entry::Vacant(v) => {
+                        v.insert((fi, ei));
+                    }
                 }
-                first_seen.insert(&entry.key, (path, &entry.at));
-                wanted.insert(
-                    entry.key.clone(),
-                    (entry.digest, path.clone(), entry.object.clone()),
-                );
             }
         }
-        drop(first_seen);
-        // From here on each object is held once, by `wanted`: handed on without a
-        // copy, then dropped.
-        for entry in files.values_mut().flatten() {
-            entry.object = None;
+        // A merge walk of what was yielded and what is wanted, both in key order:
+        // vanished keys, and definitions that are new or differ (content or file).
+        let mut deleted: Vec<ObjectKey> = Vec::new();
+        let mut changed: Vec<(usize, usize)> = Vec::new();
+        {
+            let mut before = self.yielded.iter().peekable();
+            for (key, &(fi, ei)) in &wanted {
+                while let Some((k, _)) = before.next_if(|(k, _)| *k < *key) {
+                    deleted.push(k.clone());
+                }
+                let same = before
+                    .next_if(|(k, _)| *k == *key)
+                    .is_some_and(|(_, (d, p))| *d == files[fi].1[ei].digest && *p == files[fi].0);
+                if !same {
+                    changed.push((fi, ei));
+                }
+            }
+            deleted.extend(before.map(|(k, _)| k.clone()));
         }
-
-        let mut updates: Vec<SourceUpdate> = self
-            .yielded
-            .keys()
-            .filter(|k| !wanted.contains_key(*k))
-            .map(|k| SourceUpdate::Delete(k.clone()))
-            .collect();
+        drop(wanted);
+        for key in &deleted {
+            self.yielded.remove(key);
+        }
+        let mut updates: Vec<SourceUpdate> =
+            deleted.into_iter().map(SourceUpdate::Delete).collect();
         // Changed objects whose file was not read now (a definition in another
         // file went, and this one, unchanged, takes over): read those files again.
         let mut missing: BTreeMap<PathBuf, Vec<ObjectKey>> = BTreeMap::new();
-        let mut yielded = BTreeMap::new();
-        for (key, (digest, path, object)) in wanted {
-            if self
-                .yielded
-                .get(&key)
-                .is_some_and(|(d, p)| *d == digest && *p == path)
-            {
-                yielded.insert(key, (digest, path));
-                continue;
-            }
-            match object {
+        for (fi, ei) in changed {
+            let (path, entries) = &mut files[fi];
+            let entry = &mut entries[ei];
+            match entry.object.take() {
                 Some(object) => {
+                    self.yielded
+                        .insert(entry.key.clone(), (entry.digest, path.clone()));
+                    // Held once (taken from its entry): handed on without a copy.
                     updates.push(SourceUpdate::Upsert {
                         object: Arc::try_unwrap(object).unwrap_or_else(|o| (*o).clone()),
                         origin: path.display().to_string(),
                     });
-                    yielded.insert(key, (digest, path));
                 }
-                None => missing.entry(path).or_default().push(key),
+                None => missing
+                    .entry(path.clone())
+                    .or_default()
+                    .push(entry.key.clone()),
             }
+        }
+        // The objects of unchanged definitions are not kept (only their digests).
+        for entry in files.iter_mut().flat_map(|(_, entries)| entries) {
+            entry.object = None;
         }
         let reread = !missing.is_empty();
         for (path, keys) in missing {
@@ -384,21 +407,14 @@ impl ManifestDir {
                 .map(|m| m.objects.into_iter().map(|o| (o.key, o.object)).collect())
                 .unwrap_or_default();
             for key in keys {
-                match objects.remove(&key) {
-                    Some(object) => {
-                        yielded.insert(key, (digest(&object), path.clone()));
-                        updates.push(SourceUpdate::Upsert {
-                            object: Arc::try_unwrap(object).unwrap_or_else(|o| (*o).clone()),
-                            origin: path.display().to_string(),
-                        });
-                    }
-                    // Changed or gone since: what was yielded stands until the
-                    // rescan that reads the file anew.
-                    None => {
-                        if let Some(previous) = self.yielded.get(&key) {
-                            yielded.insert(key, previous.clone());
-                        }
-                    }
+                // Changed or gone since: what was yielded stands until the rescan
+                // that reads the file anew.
+                if let Some(object) = objects.remove(&key) {
+                    self.yielded.insert(key, (digest(&object), path.clone()));
+                    updates.push(SourceUpdate::Upsert {
+                        object: Arc::try_unwrap(object).unwrap_or_else(|o| (*o).clone()),
+                        origin: path.display().to_string(),
+                    });
                 }
             }
         }
@@ -417,8 +433,7 @@ impl ManifestDir {
         // Stable: within a file, errors stay in document order.
         errors.sort_by(|a, b| a.path.cmp(&b.path));
         self.log_errors(&errors);
-        self.files = files;
-        self.yielded = yielded;
+        self.files = files.into_iter().collect();
         Ok(RescanResult {
             updates,
             errors,
@@ -449,8 +464,9 @@ impl ManifestDir {
 // Listing
 
 struct Listing {
-    /// Candidate files, sorted, each reachable file once.
-    files: Vec<PathBuf>,
+    /// Candidate files, sorted, each reachable file once, with what `stat` said
+    /// of it when listed (`None`: it could not be, e.g. a dangling symlink).
+    files: Vec<(PathBuf, Option<fs::Metadata>)>,
     errors: Vec<FileError>,
     unreadable_dirs: Vec<PathBuf>,
 }
@@ -462,6 +478,8 @@ fn is_manifest_name(name: &str) -> bool {
 
 /// Lists manifest files under `root`, following symlinks (ConfigMap volumes are made
 /// of them) but entering each real directory once, which also stops symlink loops.
+/// One `stat` per manifest file (its result is the rescan's stamp) and none for other
+/// regular files: a directory of 20,000 files is listed on every burst of events.
 fn list_files(root: &Path) -> anyhow::Result<Listing> {
     let canonical_root = fs::canonicalize(root)
         .with_context(|| format!("cannot open manifests directory {}", root.display()))?;
@@ -475,23 +493,29 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
     };
     let mut visited: HashSet<PathBuf> = HashSet::from([canonical_root]);
     // Depth-first, children pushed in reverse so they are visited in name order.
-    let mut stack: Vec<(PathBuf, usize)> = top.into_iter().rev().map(|p| (p, 1)).collect();
-    while let Some((path, depth)) = stack.pop() {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    let mut stack: Vec<(PathBuf, Option<fs::FileType>, usize)> =
+        top.into_iter().rev().map(|(p, t)| (p, t, 1)).collect();
+    while let Some((path, file_type, depth)) = stack.pop() {
+        let Some(name) = path.file_name().map(|n| n.to_string_lossy()) else {
+            continue;
+        };
         if name.starts_with('.') {
+            continue;
+        }
+        let manifest_name = is_manifest_name(&name);
+        // The directory entry's own type (no system call): only a regular file that
+        // is not a manifest can be passed over without a `stat`.
+        if !manifest_name && file_type.is_some_and(|t| t.is_file()) {
             continue;
         }
         // Follows symlinks; a dangling one fails here.
         let meta = match fs::metadata(&path) {
             Ok(m) => m,
             Err(e) => {
-                if is_manifest_name(&name) {
+                if manifest_name {
                     // Listed so that reading it reports the problem and keeps what
                     // it yielded before.
-                    listing.files.push(path);
+                    listing.files.push((path, None));
                 } else {
                     tracing::debug!(path = %path.display(), "skipping unreadable entry: {e}");
                 }
@@ -523,7 +547,9 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
                 }
             }
             match read_sorted_dir(&path) {
-                Ok(children) => stack.extend(children.into_iter().rev().map(|p| (p, depth + 1))),
+                Ok(children) => {
+                    stack.extend(children.into_iter().rev().map(|(p, t)| (p, t, depth + 1)))
+                }
                 Err(e) => {
                     listing
                         .errors
@@ -531,9 +557,9 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
                     listing.unreadable_dirs.push(path);
                 }
             }
-        } else if is_manifest_name(&name) {
+        } else if manifest_name {
             if meta.is_file() {
-                listing.files.push(path);
+                listing.files.push((path, Some(meta)));
             } else {
                 // Opening a FIFO or a device would block or never end.
                 listing
@@ -543,24 +569,31 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
         }
     }
 
-    listing.files.sort();
-    // A file reached through two paths (a symlink to a sibling) is read once, under
-    // its first path, rather than reported as a duplicate of itself.
+    listing.files.sort_by(|a, b| a.0.cmp(&b.0));
+    // A file reached through two paths (a symlink to a sibling, a hard link) is
+    // read once, under its first path, rather than reported as a duplicate of
+    // itself: the same file is the same device and inode.
     let mut seen = HashSet::new();
-    listing.files.retain(|p| match fs::canonicalize(p) {
-        Ok(real) => seen.insert(real),
-        Err(_) => true,
+    listing.files.retain(|(_, meta)| {
+        use std::os::unix::fs::MetadataExt as _;
+        meta.as_ref()
+            .is_none_or(|m| seen.insert((m.dev(), m.ino())))
     });
     Ok(listing)
 }
 
-fn read_sorted_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+/// A directory's entries in name order, each with its type when the directory
+/// listing tells it (`d_type`).
+fn read_sorted_dir(dir: &Path) -> std::io::Result<Vec<(PathBuf, Option<fs::FileType>)>> {
     let mut out = Vec::new();
     for entry in fs::read_dir(dir)? {
-        out.push(entry?.path());
+        let entry = entry?;
+        out.push((entry.file_name(), entry.path(), entry.file_type().ok()));
     }
-    out.sort();
-    Ok(out)
+    // Siblings: their names' bytes order them as their paths' components would,
+    // without parsing the paths at each comparison.
+    out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(out.into_iter().map(|(_, path, t)| (path, t)).collect())
 }
 
 // ---------------------------------------------------------------------------
@@ -642,7 +675,7 @@ impl Drop for WatchHandle {
 
 /// Watches `dir` recursively and calls `on_change` on a background thread with the
 /// updates from a rescan after each burst of filesystem events (a burst ends after
-/// 200 ms of quiet), and every `rescan_period` without events (zero: never). Runs one
+/// 100 ms of quiet), and every `rescan_period` without events (zero: never). Runs one
 /// rescan straight away to catch changes made since the caller's own first rescan.
 /// When the directory is replaced (deleted and re-created, renamed over, or the
 /// symlink naming it re-pointed), the watch follows the new one. `on_change` is not
