@@ -1618,7 +1618,7 @@ fn topology_keys_choose_endpoints_per_node(mode: Mode) {
 // -----------------------------------------------------------------------------------------
 
 /// Edits must reach every node's rules: svcproxy promises them within min-sync-period (0
-/// here) plus a ~200 ms debounce; allow its 2 s longest debounce plus slack.
+/// here) plus a 100 ms debounce; allow its 2 s longest debounce plus slack.
 const EDIT_VISIBLE: Duration = Duration::from_secs(3);
 
 /// Probes from a pod on each node until `done` accepts what it sees (bounded by

@@ -90,20 +90,44 @@ pub struct ManifestDir {
     /// Objects each file last yielded while it parsed, as digests (the objects
     /// themselves are handed on, not kept); a file that stops parsing keeps its
     /// entry here, which is what keeps its objects in force.
-    files: HashMap<PathBuf, Vec<Entry>>,
+    files: HashMap<Arc<Path>, Vec<Entry>>,
+    /// The keys of `files` in path order (the order that picks the definition used
+    /// when two files define one object).
+    order: Vec<Arc<Path>>,
     /// The merged view of `files` as last yielded: each object's digest and file.
-    yielded: BTreeMap<ObjectKey, (Digest, PathBuf)>,
+    yielded: BTreeMap<ObjectKey, (Digest, Arc<Path>)>,
     /// Errors of the last rescan, so that an unchanged error is logged once.
     reported: BTreeSet<FileError>,
     /// See `SETTLE`.
     settle: Duration,
-    /// Files as they were when last parsed, settled, with that parse's errors: a
-    /// file that still looks the same is not read again (a rescan of an unchanged
-    /// directory, such as the first one after the watch is armed, parses nothing).
-    parsed: HashMap<PathBuf, (Stamp, Vec<FileError>)>,
+    /// Files as they were when last parsed, settled: a file that still looks the
+    /// same is not read again (a rescan of an unchanged directory, such as the
+    /// first one after the watch is armed, parses nothing).
+    parsed: HashMap<Arc<Path>, Stamp>,
+    /// The problems of each listed file that has some (parse errors, skipped
+    /// objects, a failed read), in document order, as of its last read.
+    file_errors: HashMap<Arc<Path>, Vec<FileError>>,
+    /// The last full listing, when the paths of filesystem events can stand in
+    /// for the next one ([`ManifestDir::rescan_paths`]); `None` forces a full one.
+    tree: Option<Tree>,
     /// Files read and parsed, ever.
     reads: u64,
 }
+
+/// What a full listing found beside the files, kept for the rescans that follow
+/// events instead of listing: only for a tree without symlinks, unreadable
+/// directories or a file reached twice, where a path names one file and a file
+/// has one path.
+#[derive(Debug)]
+struct Tree {
+    /// Every directory walked (by its listed path), the root included.
+    dirs: HashSet<PathBuf>,
+    /// The listing's own problems (too deep, not a regular file).
+    errors: Vec<FileError>,
+}
+
+/// More paths than this in one burst of events: a full rescan is as cheap.
+const MAX_EVENT_PATHS: usize = 4096;
 
 /// What tells an object's content from another's: a SHA-256 (truncated) of its
 /// JSON form.
@@ -213,10 +237,13 @@ impl ManifestDir {
         ManifestDir {
             root,
             files: HashMap::new(),
+            order: Vec::new(),
             yielded: BTreeMap::new(),
             reported: BTreeSet::new(),
             settle: SETTLE,
             parsed: HashMap::new(),
+            file_errors: HashMap::new(),
+            tree: None,
             reads: 0,
         }
     }
@@ -243,89 +270,240 @@ impl ManifestDir {
     /// then nothing changes.
     pub fn rescan(&mut self) -> anyhow::Result<RescanResult> {
         let listing = list_files(&self.root)?;
-        let mut errors = listing.errors;
-        // In path order, as listed. The previous rescan's files are looked up by
-        // hash: path order costs a component-wise comparison per step.
-        let mut files: Vec<(PathBuf, Vec<Entry>)> = Vec::with_capacity(listing.files.len());
+        let mut previous = std::mem::take(&mut self.files);
+        let mut previous_errors = std::mem::take(&mut self.file_errors);
+        let mut files: HashMap<Arc<Path>, Vec<Entry>> = HashMap::with_capacity(listing.files.len());
+        let mut order: Vec<Arc<Path>> = Vec::with_capacity(listing.files.len());
         let mut unsettled = false;
         for (path, meta) in listing.files {
+            let (path, before) = match previous.remove_entry(path.as_path()) {
+                Some((path, entries)) => (path, Some(entries)),
+                None => (Arc::from(path), None),
+            };
+            if let Some(errors) = previous_errors.remove(&path) {
+                self.file_errors.insert(path.clone(), errors);
+            }
             // The listing's `stat`, one per file and rescan.
-            if self.files.contains_key(&path)
-                && meta
-                    .as_ref()
-                    .is_some_and(|m| written_within(m, self.settle))
-            {
-                unsettled = true;
-                if let Some(previous) = self.files.remove(&path) {
-                    files.push((path, previous));
-                }
-                continue;
-            }
-            let stamp = meta.as_ref().and_then(|m| Stamp::settled(m, self.settle));
-            if let (Some(now), Some((then, file_errors))) = (stamp, self.parsed.get(&path)) {
-                if now == *then {
-                    if let Some(previous) = self.files.remove(&path) {
-                        errors.extend(file_errors.iter().cloned());
-                        files.push((path, previous));
-                        continue;
-                    }
-                }
-            }
-            self.parsed.remove(&path);
-            self.reads += 1;
-            let previous = self.files.remove(&path);
-            match read_manifest(&path) {
-                Ok(parsed) => {
-                    let file_errors: Vec<FileError> = parsed
-                        .errors
-                        .into_iter()
-                        .map(|m| FileError::new(&path, m))
-                        .collect();
-                    errors.extend(file_errors.iter().cloned());
-                    if let Some(stamp) = stamp {
-                        self.parsed.insert(path.clone(), (stamp, file_errors));
-                    }
-                    files.push((
-                        path,
-                        parsed.objects.into_iter().map(Entry::parsed).collect(),
-                    ));
-                }
-                Err(message) => {
-                    errors.push(FileError::new(
-                        &path,
-                        format!("{message}; its previous objects stay in force"),
-                    ));
-                    if let Some(previous) = previous {
-                        files.push((path, previous));
-                    }
-                }
+            if let Some(entries) = self.refresh(&path, meta.as_ref(), before, &mut unsettled) {
+                order.push(path.clone());
+                files.insert(path, entries);
             }
         }
         // What is left of the previous files was not listed now. Files under a
         // directory we could not list are unknown, not gone; the others are gone.
         let mut kept_unlisted = false;
-        for (path, entries) in std::mem::take(&mut self.files) {
+        for (path, entries) in previous {
             if listing.unreadable_dirs.iter().any(|d| path.starts_with(d)) {
-                files.push((path, entries));
+                if let Some(errors) = previous_errors.remove(&path) {
+                    self.file_errors.insert(path.clone(), errors);
+                }
+                order.push(path.clone());
+                files.insert(path, entries);
                 kept_unlisted = true;
             } else {
                 self.parsed.remove(&path);
             }
         }
         if kept_unlisted {
-            files.sort_by(|a, b| a.0.cmp(&b.0));
+            order.sort();
         }
+        self.parsed.retain(|path, _| files.contains_key(path));
+        self.files = files;
+        self.order = order;
+        self.tree = listing.simple.then(|| Tree {
+            dirs: listing.dirs,
+            errors: listing.errors.clone(),
+        });
+        Ok(self.merge(listing.errors, unsettled))
+    }
 
+    /// What [`ManifestDir::rescan`] returns, reading only `paths` (the files and
+    /// directories a burst of filesystem events named) instead of listing the whole
+    /// directory: a change costs what it touches, not what the directory holds.
+    /// Falls back to the full rescan whenever the events cannot stand for a listing:
+    /// before the first full one, in a tree with symlinks, hard links or unreadable
+    /// directories, and when a directory itself appeared, went or changed.
+    pub fn rescan_paths(&mut self, paths: &BTreeSet<PathBuf>) -> anyhow::Result<RescanResult> {
+        let Some(work) = self.event_work(paths) else {
+            return self.rescan();
+        };
+        let mut unsettled = false;
+        for (path, meta) in work {
+            let (path, before) = match self.files.remove_entry(path.as_path()) {
+                Some((path, entries)) => (path, Some(entries)),
+                None => (Arc::from(path), None),
+            };
+            let listed = before.is_some();
+            let now = match meta {
+                Some(meta) => self.refresh(&path, Some(&meta), before, &mut unsettled),
+                // Gone: its objects with it.
+                None => {
+                    self.file_errors.remove(&path);
+                    self.parsed.remove(&path);
+                    None
+                }
+            };
+            match (listed, now) {
+                (true, Some(entries)) => {
+                    self.files.insert(path, entries);
+                }
+                (true, None) => {
+                    if let Ok(i) = self.order.binary_search(&path) {
+                        self.order.remove(i);
+                    }
+                }
+                (false, Some(entries)) => {
+                    if let Err(i) = self.order.binary_search(&path) {
+                        self.order.insert(i, path.clone());
+                    }
+                    self.files.insert(path, entries);
+                }
+                (false, None) => {}
+            }
+        }
+        let errors = self
+            .tree
+            .as_ref()
+            .map(|t| t.errors.clone())
+            .unwrap_or_default();
+        Ok(self.merge(errors, unsettled))
+    }
+
+    /// The manifest files `paths` name, each with what `stat` says of it now
+    /// (`None`: gone), when the events can stand in for a listing; `None` when a
+    /// full rescan is needed.
+    fn event_work(
+        &self,
+        paths: &BTreeSet<PathBuf>,
+    ) -> Option<Vec<(PathBuf, Option<fs::Metadata>)>> {
+        let tree = self.tree.as_ref()?;
+        if paths.len() > MAX_EVENT_PATHS {
+            return None;
+        }
+        let mut work = Vec::new();
+        for path in paths {
+            let rel = path.strip_prefix(&self.root).ok()?;
+            let mut hidden = false;
+            for c in rel.components() {
+                match c {
+                    std::path::Component::Normal(name) => {
+                        hidden |= name.to_string_lossy().starts_with('.');
+                    }
+                    // The root itself, or a path not in the listing's form.
+                    _ => return None,
+                }
+            }
+            if rel.as_os_str().is_empty() {
+                return None;
+            }
+            // Never listed, and in a tree without symlinks nothing listed goes
+            // through it: an editor's swap file, a hidden directory.
+            if hidden {
+                continue;
+            }
+            // A file in a directory the listing did not walk (a new one): list.
+            if !tree.dirs.contains(path.parent()?) {
+                return None;
+            }
+            let name = path.file_name()?.to_string_lossy();
+            match fs::symlink_metadata(path) {
+                Ok(meta) if meta.file_type().is_file() => {
+                    use std::os::unix::fs::MetadataExt as _;
+                    // A second name of a listed file is read once, under its first
+                    // path: only a listing knows which is first.
+                    if meta.nlink() > 1 {
+                        return None;
+                    }
+                    if is_manifest_name(&name) {
+                        work.push((path.clone(), Some(meta)));
+                    }
+                }
+                // A directory, a symlink, a FIFO: the listing decides.
+                Ok(_) => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if tree.dirs.contains(path) {
+                        return None;
+                    }
+                    if is_manifest_name(&name) {
+                        work.push((path.clone(), None));
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+        Some(work)
+    }
+
+    /// One listed file, given what `stat` said of it and the entries it had
+    /// (`before`): its entries now (`None`: it holds nothing in force). A file
+    /// that still looks as when it was parsed is not read; one that has objects
+    /// in force and was written too recently is left as it was (`unsettled`);
+    /// one that cannot be read or parsed keeps its previous objects. Records its
+    /// errors and, once settled, its stamp.
+    fn refresh(
+        &mut self,
+        path: &Arc<Path>,
+        meta: Option<&fs::Metadata>,
+        before: Option<Vec<Entry>>,
+        unsettled: &mut bool,
+    ) -> Option<Vec<Entry>> {
+        if before.is_some() && meta.is_some_and(|m| written_within(m, self.settle)) {
+            *unsettled = true;
+            return before;
+        }
+        let stamp = meta.and_then(|m| Stamp::settled(m, self.settle));
+        if before.is_some() && stamp.is_some() && stamp.as_ref() == self.parsed.get(path) {
+            return before;
+        }
+        self.parsed.remove(path);
+        self.reads += 1;
+        match read_manifest(path) {
+            Ok(parsed) => {
+                let errors: Vec<FileError> = parsed
+                    .errors
+                    .into_iter()
+                    .map(|m| FileError::new(path, m))
+                    .collect();
+                if errors.is_empty() {
+                    self.file_errors.remove(path);
+                } else {
+                    self.file_errors.insert(path.clone(), errors);
+                }
+                if let Some(stamp) = stamp {
+                    self.parsed.insert(path.clone(), stamp);
+                }
+                Some(parsed.objects.into_iter().map(Entry::parsed).collect())
+            }
+            Err(message) => {
+                self.file_errors.insert(
+                    path.clone(),
+                    vec![FileError::new(
+                        path,
+                        format!("{message}; its previous objects stay in force"),
+                    )],
+                );
+                before
+            }
+        }
+    }
+
+    /// The updates from what was yielded to what `files` define now (each key's
+    /// first definition in path order), with every problem: `errors` (the
+    /// listing's), each file's, and each definition passed over.
+    fn merge(&mut self, mut errors: Vec<FileError>, unsettled: bool) -> RescanResult {
+        errors.extend(self.file_errors.values().flatten().cloned());
         // Each key's first definition (file and entry index): keys and paths are
         // borrowed, not cloned, for the objects that did not change.
+        let files = &self.files;
+        let order = &self.order;
         let mut wanted: BTreeMap<&ObjectKey, (usize, usize)> = BTreeMap::new();
-        for (fi, (path, entries)) in files.iter().enumerate() {
-            for (ei, entry) in entries.iter().enumerate() {
+        for (fi, path) in order.iter().enumerate() {
+            for (ei, entry) in files[path].iter().enumerate() {
                 match wanted.entry(&entry.key) {
                     btree_map::Entry::Occupied(first) => {
                         let (first_fi, first_ei) = *first.get();
-                        let (first_path, first_at) =
-                            (&files[first_fi].0, &files[first_fi].1[first_ei].at);
+                        let first_path = &order[first_fi];
+                        let first_at = &files[first_path][first_ei].at;
                         let message = if first_fi == fi {
                             format!(
                                 "{}: {} is defined twice in this file ({first_at} and {}); the first is used",
@@ -359,9 +537,12 @@ impl ManifestDir {
                 while let Some((k, _)) = before.next_if(|(k, _)| *k < *key) {
                     deleted.push(k.clone());
                 }
+                let path = &order[fi];
                 let same = before
                     .next_if(|(k, _)| *k == *key)
-                    .is_some_and(|(_, (d, p))| *d == files[fi].1[ei].digest && *p == files[fi].0);
+                    .is_some_and(|(_, (d, p))| {
+                        *d == files[path][ei].digest && (Arc::ptr_eq(p, path) || p == path)
+                    });
                 if !same {
                     changed.push((fi, ei));
                 }
@@ -376,10 +557,12 @@ impl ManifestDir {
             deleted.into_iter().map(SourceUpdate::Delete).collect();
         // Changed objects whose file was not read now (a definition in another
         // file went, and this one, unchanged, takes over): read those files again.
-        let mut missing: BTreeMap<PathBuf, Vec<ObjectKey>> = BTreeMap::new();
+        let mut missing: BTreeMap<Arc<Path>, Vec<ObjectKey>> = BTreeMap::new();
         for (fi, ei) in changed {
-            let (path, entries) = &mut files[fi];
-            let entry = &mut entries[ei];
+            let path = &self.order[fi];
+            let Some(entry) = self.files.get_mut(path).and_then(|e| e.get_mut(ei)) else {
+                continue;
+            };
             match entry.object.take() {
                 Some(object) => {
                     self.yielded
@@ -397,15 +580,17 @@ impl ManifestDir {
             }
         }
         // The objects of unchanged definitions are not kept (only their digests).
-        for entry in files.iter_mut().flat_map(|(_, entries)| entries) {
+        for entry in self.files.values_mut().flatten() {
             entry.object = None;
         }
         let reread = !missing.is_empty();
         for (path, keys) in missing {
             self.reads += 1;
-            let mut objects: BTreeMap<ObjectKey, Arc<KubeObject>> = read_manifest(&path)
-                .map(|m| m.objects.into_iter().map(|o| (o.key, o.object)).collect())
-                .unwrap_or_default();
+            // A key defined twice in the file is its first definition.
+            let mut objects: BTreeMap<ObjectKey, Arc<KubeObject>> = BTreeMap::new();
+            for o in read_manifest(&path).map(|m| m.objects).unwrap_or_default() {
+                objects.entry(o.key).or_insert(o.object);
+            }
             for key in keys {
                 // Changed or gone since: what was yielded stands until the rescan
                 // that reads the file anew.
@@ -433,12 +618,11 @@ impl ManifestDir {
         // Stable: within a file, errors stay in document order.
         errors.sort_by(|a, b| a.path.cmp(&b.path));
         self.log_errors(&errors);
-        self.files = files.into_iter().collect();
-        Ok(RescanResult {
+        RescanResult {
             updates,
             errors,
             unsettled,
-        })
+        }
     }
 
     fn log_errors(&mut self, errors: &[FileError]) {
@@ -469,6 +653,11 @@ struct Listing {
     files: Vec<(PathBuf, Option<fs::Metadata>)>,
     errors: Vec<FileError>,
     unreadable_dirs: Vec<PathBuf>,
+    /// Every directory walked, the root included, by its listed path.
+    dirs: HashSet<PathBuf>,
+    /// No symlink, no unreadable directory, no file reached twice: each listed
+    /// path is the one name of its file (see [`Tree`]).
+    simple: bool,
 }
 
 fn is_manifest_name(name: &str) -> bool {
@@ -490,6 +679,8 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
         files: Vec::new(),
         errors: Vec::new(),
         unreadable_dirs: Vec::new(),
+        dirs: HashSet::from([root.to_path_buf()]),
+        simple: !fs::symlink_metadata(root).is_ok_and(|m| m.file_type().is_symlink()),
     };
     let mut visited: HashSet<PathBuf> = HashSet::from([canonical_root]);
     // Depth-first, children pushed in reverse so they are visited in name order.
@@ -503,6 +694,9 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
             continue;
         }
         let manifest_name = is_manifest_name(&name);
+        if file_type.is_none_or(|t| t.is_symlink()) {
+            listing.simple = false;
+        }
         // The directory entry's own type (no system call): only a regular file that
         // is not a manifest can be passed over without a `stat`.
         if !manifest_name && file_type.is_some_and(|t| t.is_file()) {
@@ -548,7 +742,8 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
             }
             match read_sorted_dir(&path) {
                 Ok(children) => {
-                    stack.extend(children.into_iter().rev().map(|(p, t)| (p, t, depth + 1)))
+                    stack.extend(children.into_iter().rev().map(|(p, t)| (p, t, depth + 1)));
+                    listing.dirs.insert(path);
                 }
                 Err(e) => {
                     listing
@@ -574,11 +769,13 @@ fn list_files(root: &Path) -> anyhow::Result<Listing> {
     // read once, under its first path, rather than reported as a duplicate of
     // itself: the same file is the same device and inode.
     let mut seen = HashSet::new();
+    let listed = listing.files.len();
     listing.files.retain(|(_, meta)| {
         use std::os::unix::fs::MetadataExt as _;
         meta.as_ref()
             .is_none_or(|m| seen.insert((m.dev(), m.ino())))
     });
+    listing.simple &= listing.files.len() == listed && listing.unreadable_dirs.is_empty();
     Ok(listing)
 }
 
@@ -761,7 +958,7 @@ fn watch_loop(
     mut rearm: impl FnMut(&Path) -> notify::Result<()>,
     mut on_change: impl FnMut(Vec<SourceUpdate>),
 ) {
-    let mut unsettled = rescan_and_send(&mut dir, &mut on_change);
+    let mut unsettled = rescan_and_send(&mut dir, None, &mut on_change);
     loop {
         // Without events: settle a file caught mid-write, look for a missing
         // directory, or the periodic safety-net rescan.
@@ -776,16 +973,20 @@ fn watch_loop(
             Some(wait) => rx.recv_timeout(wait),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
-        let go_on = match first {
+        // What the burst named; `None` (a timer, or an event naming nothing) is a
+        // full rescan.
+        let mut touched: Touched = None;
+        match first {
             Ok(Msg::Event(event)) if relevant(&event, dir.root()) => {
-                debounce(rx, dir.root()).is_ok()
+                touched = Some(BTreeSet::new());
+                note(&mut touched, &event);
+                if debounce(rx, dir.root(), &mut touched).is_err() {
+                    return;
+                }
             }
             Ok(Msg::Event(_)) => continue,
-            Err(RecvTimeoutError::Timeout) => true,
+            Err(RecvTimeoutError::Timeout) => {}
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-        };
-        if !go_on {
-            return;
         }
         let now = DirIdentity::of(dir.root());
         if now != armed {
@@ -806,14 +1007,32 @@ fn watch_loop(
                     armed = None;
                 }
             }
+            touched = None;
         }
-        unsettled = rescan_and_send(&mut dir, &mut on_change);
+        unsettled = rescan_and_send(&mut dir, touched.as_ref(), &mut on_change);
+    }
+}
+
+/// The paths a burst of events named, or `None` when one named none (a missed
+/// event, an error): then only a full rescan will do.
+type Touched = Option<BTreeSet<PathBuf>>;
+
+fn note(touched: &mut Touched, event: &notify::Result<notify::Event>) {
+    match (touched.as_mut(), event) {
+        (Some(paths), Ok(e)) if !e.paths.is_empty() && !e.need_rescan() => {
+            paths.extend(e.paths.iter().cloned());
+            if paths.len() > MAX_EVENT_PATHS {
+                *touched = None;
+            }
+        }
+        _ => *touched = None,
     }
 }
 
 /// Waits for the end of a burst of events (`DEBOUNCE` of quiet, at most
-/// `MAX_DEBOUNCE`). `Err` when the watch is stopping.
-fn debounce(rx: &mpsc::Receiver<Msg>, root: &Path) -> Result<(), ()> {
+/// `MAX_DEBOUNCE`), noting the paths they name in `touched`. `Err` when the watch
+/// is stopping.
+fn debounce(rx: &mpsc::Receiver<Msg>, root: &Path, touched: &mut Touched) -> Result<(), ()> {
     let burst = Instant::now();
     let mut quiet_until = burst + DEBOUNCE;
     loop {
@@ -828,6 +1047,7 @@ fn debounce(rx: &mpsc::Receiver<Msg>, root: &Path) -> Result<(), ()> {
             Ok(Msg::Event(event)) => {
                 if relevant(&event, root) {
                     quiet_until = Instant::now() + DEBOUNCE;
+                    note(touched, &event);
                 }
             }
             Err(RecvTimeoutError::Timeout) => return Ok(()),
@@ -836,9 +1056,18 @@ fn debounce(rx: &mpsc::Receiver<Msg>, root: &Path) -> Result<(), ()> {
     }
 }
 
-/// Rescans and sends what changed; returns whether some file was left unsettled.
-fn rescan_and_send(dir: &mut ManifestDir, on_change: &mut impl FnMut(Vec<SourceUpdate>)) -> bool {
-    match dir.rescan() {
+/// Rescans (only `touched`, when given) and sends what changed; returns whether
+/// some file was left unsettled.
+fn rescan_and_send(
+    dir: &mut ManifestDir,
+    touched: Option<&BTreeSet<PathBuf>>,
+    on_change: &mut impl FnMut(Vec<SourceUpdate>),
+) -> bool {
+    let result = match touched {
+        Some(paths) => dir.rescan_paths(paths),
+        None => dir.rescan(),
+    };
+    match result {
         Ok(result) => {
             if !result.updates.is_empty() {
                 on_change(result.updates);
@@ -966,8 +1195,9 @@ mod tests {
     }
 
     /// Not a timed test: prints what a rescan costs with one file per object
-    /// (`SCALE_FILES`, default 20,000), unchanged and after two new files, as
-    /// `scripts/bench-manifest-latency.py` drives it. Run with
+    /// (`SCALE_FILES`, default 20,000), unchanged, and after two new files, listing
+    /// the directory or reading the paths their events name (as the watch does).
+    /// Run with
     /// `cargo test --release -p svcproxy rescan_cost -- --ignored --nocapture`.
     #[test]
     #[ignore]
@@ -1001,20 +1231,29 @@ mod tests {
             let same = dir.rescan().expect("rescan");
             let unchanged = t.elapsed();
             assert!(same.updates.is_empty());
-            for k in 0..2 {
-                let name = format!("probe-{round}-{k}");
-                fs::write(
-                    tmp.path().join(format!("{name}.yaml")),
-                    svc(&name, "10.200.0.1"),
-                )
-                .expect("write");
+            let mut timed = Vec::new();
+            for by_events in [false, true] {
+                let mut touched = BTreeSet::new();
+                for k in 0..2 {
+                    let name = format!("probe-{round}-{by_events}-{k}");
+                    let path = tmp.path().join(format!("{name}.yaml"));
+                    fs::write(&path, svc(&name, "10.200.0.1")).expect("write");
+                    touched.insert(path);
+                }
+                let t = Instant::now();
+                let changed = if by_events {
+                    dir.rescan_paths(&touched)
+                } else {
+                    dir.rescan()
+                }
+                .expect("rescan");
+                assert_eq!(changed.updates.len(), 2);
+                timed.push(t.elapsed());
             }
-            let t = Instant::now();
-            let changed = dir.rescan().expect("rescan");
             eprintln!(
-                "[rescan] {n} files: unchanged {unchanged:?}, two new files {:?} ({} updates)",
-                t.elapsed(),
-                changed.updates.len()
+                "[rescan] {n} files: unchanged {unchanged:?}, two new files: listed {:?}, \
+                 by their events {:?}",
+                timed[0], timed[1]
             );
         }
     }
@@ -1081,6 +1320,26 @@ mod tests {
         assert_eq!(cluster_ip(&r.updates, "web").as_deref(), Some("10.96.0.2"));
         assert_eq!(d.src.reads, reads + 1);
         assert!(d.rescan().updates.is_empty());
+    }
+
+    #[test]
+    fn a_definition_taking_over_from_a_file_not_read_again_is_its_first_one() {
+        let mut d = Dir::new();
+        d.write("a.yaml", &svc("web", "10.96.0.1"));
+        d.write(
+            "b.yaml",
+            &format!(
+                "{}---\n{}",
+                svc("web", "10.96.0.2"),
+                svc("web", "10.96.0.3")
+            ),
+        );
+        d.rescan();
+        std::thread::sleep(STAMP_AGE);
+        d.rescan();
+        d.remove("a.yaml");
+        let r = d.rescan();
+        assert_eq!(cluster_ip(&r.updates, "web").as_deref(), Some("10.96.0.2"));
     }
 
     #[test]
@@ -1170,6 +1429,152 @@ items:
         let r = d.rescan();
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         assert_eq!(upserted(&r.updates), [svc_key("a")]);
+    }
+
+    /// The state a rescan of only the event paths leaves: what each object is and
+    /// where it comes from, and the problems.
+    fn view(src: &ManifestDir) -> (Vec<(ObjectKey, Digest, PathBuf)>, Vec<FileError>) {
+        let yielded = src
+            .yielded
+            .iter()
+            .map(|(k, (d, p))| (k.clone(), *d, p.to_path_buf()))
+            .collect();
+        let mut errors: Vec<FileError> = src.reported.iter().cloned().collect();
+        errors.sort();
+        (yielded, errors)
+    }
+
+    #[test]
+    fn a_rescan_of_the_event_paths_ends_where_a_full_one_would() {
+        // Random edits (new, rewritten, broken, duplicated, removed and renamed
+        // files, in two directories); after each round, the source fed only the
+        // paths touched must hold what a source listing everything at each round
+        // holds (the same history: a broken file keeps what it yielded before).
+        let mut d = Dir::new();
+        d.write("sub/keep.yaml", &svc("keep", "10.96.1.1"));
+        d.rescan();
+        let mut full = ManifestDir::new(d.tmp.path().to_path_buf()).unsettled_reads();
+        full.rescan().expect("rescan");
+        assert!(d.src.tree.is_some(), "a plain tree takes event rescans");
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let names: Vec<String> = (0..8)
+            .flat_map(|i| [format!("f{i}.yaml"), format!("sub/g{i}.yaml")])
+            .collect();
+        for round in 0..60 {
+            let mut touched = BTreeSet::new();
+            for _ in 0..1 + next(4) {
+                let name = &names[next(names.len() as u64) as usize];
+                let path = d.path(name);
+                match next(6) {
+                    0 | 1 => {
+                        let svc_name = format!("s{}", next(6));
+                        let ip = format!("10.96.2.{}", next(200) + 1);
+                        d.write(name, &svc(&svc_name, &ip));
+                    }
+                    2 => d.write(
+                        name,
+                        &format!(
+                            "{}---\n{}",
+                            svc("dup", "10.96.3.1"),
+                            svc("dup", "10.96.3.2")
+                        ),
+                    ),
+                    3 => d.write(name, "kind: Service\nmetadata: [unclosed\n"),
+                    4 => {
+                        let _ = fs::remove_file(&path);
+                    }
+                    _ => {
+                        let to = &names[next(names.len() as u64) as usize];
+                        if fs::rename(&path, d.path(to)).is_ok() {
+                            touched.insert(d.path(to));
+                        }
+                    }
+                }
+                touched.insert(path);
+            }
+            let by_events = d.src.rescan_paths(&touched).expect("rescan");
+            let listed = full.rescan().expect("rescan");
+
+            assert_eq!(
+                view(&d.src),
+                view(&full),
+                "round {round}, touched {touched:?}"
+            );
+            assert_eq!(
+                summary(&by_events.updates),
+                summary(&listed.updates),
+                "round {round}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rescan_of_the_event_paths_reads_only_them() {
+        let mut d = Dir::new();
+        for i in 0..20 {
+            d.write(&format!("s{i}.yaml"), &svc(&format!("s{i}"), "10.96.0.1"));
+        }
+        d.rescan();
+        let reads = d.src.reads;
+        d.write("s3.yaml", &svc("s3", "10.96.0.3"));
+        d.write("new.yaml", &svc("new", "10.96.0.4"));
+        d.write(".s4.yaml.swp", "not yaml: [");
+        d.remove("s5.yaml");
+        let touched: BTreeSet<PathBuf> = ["s3.yaml", "new.yaml", ".s4.yaml.swp", "s5.yaml"]
+            .iter()
+            .map(|n| d.path(n))
+            .collect();
+        let r = d.src.rescan_paths(&touched).expect("rescan");
+        assert_eq!(d.src.reads, reads + 2);
+        let (upserts, deletes) = summary(&r.updates);
+        assert_eq!(
+            upserts,
+            [
+                (svc_key("new"), "new.yaml".to_string()),
+                (svc_key("s3"), "s3.yaml".to_string())
+            ]
+        );
+        assert_eq!(deletes, [svc_key("s5")]);
+        assert_eq!(cluster_ip(&r.updates, "s3").as_deref(), Some("10.96.0.3"));
+    }
+
+    #[test]
+    fn event_rescans_list_everything_where_a_path_may_not_name_one_file() {
+        // A symlink: an edit of its target is an event for the target's path only.
+        let mut d = Dir::new();
+        d.write("real/svc.yaml", &svc("a", "10.96.0.1"));
+        std::os::unix::fs::symlink(d.path("real/svc.yaml"), d.path("link.yaml")).expect("symlink");
+        d.rescan();
+        assert!(d.src.tree.is_none());
+        // A new directory, and a file in it, named by their events: listed.
+        let mut d = Dir::new();
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        d.rescan();
+        assert!(d.src.tree.is_some());
+        d.write("new/b.yaml", &svc("b", "10.96.0.2"));
+        let touched = BTreeSet::from([d.path("new")]);
+        let r = d.src.rescan_paths(&touched).expect("rescan");
+        assert_eq!(upserted(&r.updates), [svc_key("b")]);
+        // A hard link to a listed file.
+        fs::hard_link(d.path("a.yaml"), d.path("z.yaml")).expect("link");
+        let touched = BTreeSet::from([d.path("z.yaml")]);
+        let r = d.src.rescan_paths(&touched).expect("rescan");
+        assert!(
+            r.errors.is_empty(),
+            "read once, under its first path: {:?}",
+            r.errors
+        );
+        // A directory removed with its files, named by its own event only.
+        fs::remove_dir_all(d.path("new")).expect("rm");
+        let touched = BTreeSet::from([d.path("new")]);
+        let r = d.src.rescan_paths(&touched).expect("rescan");
+        assert_eq!(summary(&r.updates).1, [svc_key("b")]);
     }
 
     #[test]
