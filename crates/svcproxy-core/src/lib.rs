@@ -7,6 +7,7 @@
 //! or the kernel; the entry point is [`state::ClusterState`].
 
 pub mod addr;
+pub mod chunked;
 pub mod convert;
 pub mod manifest;
 pub mod mirror;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
+use crate::chunked::ChunkedMap;
 use crate::model::{Endpoint, IpFamily, NodeInfo, ServiceName, ServicePort, ServicePortName};
 use crate::selection::Selection;
 
@@ -37,8 +38,9 @@ pub struct NodeSnapshot {
     pub host_ips: Arc<[std::net::IpAddr]>,
     /// The cluster's ServiceCIDRs of this family (sorted).
     pub service_cidrs: Vec<IpNet>,
-    /// Every proxied service port of this family, ordered by name.
-    pub service_ports: BTreeMap<ServicePortName, Arc<ServicePortView>>,
+    /// Every proxied service port of this family, ordered by name. Successive
+    /// snapshots share what did not change (see [`ChunkedMap`]).
+    pub service_ports: ChunkedMap<ServicePortName, Arc<ServicePortView>>,
 }
 
 impl NodeSnapshot {
@@ -49,7 +51,7 @@ impl NodeSnapshot {
             node: None,
             host_ips: Arc::from([]),
             service_cidrs: Vec::new(),
-            service_ports: BTreeMap::new(),
+            service_ports: ChunkedMap::new(),
         }
     }
 

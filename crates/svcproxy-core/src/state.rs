@@ -509,7 +509,7 @@ impl ClusterState {
         };
         for svc_name in affected {
             let old: Vec<ServicePortName> = ports
-                .range(port_range_start(svc_name)..)
+                .range_from(&port_range_start(svc_name))
                 .take_while(|(k, _)| &k.service == svc_name)
                 .map(|(k, _)| k.clone())
                 .collect();
@@ -540,12 +540,6 @@ impl ClusterState {
                 }
             }
             changed.extend(old_views.into_keys());
-        }
-        if affected.len() > self.services.len() / 2 {
-            // Most services were (re)built, as on the first snapshot: built from its
-            // sorted entries the map has full B-tree nodes (inserted one at a time,
-            // about half full).
-            ports = ports.into_iter().collect();
         }
         let mut service_cidrs: Vec<IpNet> = self
             .service_cidrs

@@ -94,7 +94,7 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
             to_be_deleted: false,
         })),
         service_cidrs: vec!["198.19.0.0/16".parse().unwrap()],
-        service_ports,
+        service_ports: service_ports.into(),
     }
 }
 

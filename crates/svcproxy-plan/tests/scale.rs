@@ -88,7 +88,7 @@ fn scale_probe() {
     }
     let mut v4 = NodeSnapshot::empty("node-0", IpFamily::V4);
     v4.service_cidrs = vec!["198.19.0.0/16".parse().unwrap()];
-    v4.service_ports = ports;
+    v4.service_ports = ports.into();
     let v6 = NodeSnapshot::empty("node-0", IpFamily::V6);
     let cfg = PlanConfig::default();
 

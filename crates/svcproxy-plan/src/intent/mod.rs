@@ -511,7 +511,7 @@ impl IntentBuilder {
         node_changed: bool,
         changed: &BTreeSet<ServicePortName>,
     ) -> Vec<(ServicePortName, Option<Arc<ServiceIntent>>)> {
-        let empty = BTreeMap::new();
+        let empty = svcproxy_core::chunked::ChunkedMap::new();
         let ports = if node.is_some() {
             &snap.service_ports
         } else {
