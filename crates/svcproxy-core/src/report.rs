@@ -232,7 +232,7 @@ pub fn snapshot_table(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Str
                     eps(&v.selection.cluster_endpoints),
                     eps(&v.selection.local_endpoints),
                 ],
-                v.selection.reason.clone(),
+                v.selection.reason.to_string(),
             ));
         }
     }
@@ -293,7 +293,7 @@ mod tests {
                 cluster_endpoints: Some(Arc::from([])),
                 local_endpoints: None,
                 has_any_endpoints: false,
-                reason: String::new(),
+                reason: "".into(),
             },
         })
     }

@@ -33,8 +33,9 @@ pub struct Selection {
     /// Usable (ready, or serving and terminating) endpoints exist anywhere: with none,
     /// traffic is rejected; with some but none local, Local-policy traffic is dropped.
     pub has_any_endpoints: bool,
-    /// Which rule chose the endpoints, for people.
-    pub reason: String,
+    /// Which rule chose the endpoints, for people. Interned: the ports of a cluster
+    /// mostly share a handful of reasons.
+    pub reason: Arc<str>,
 }
 
 impl Selection {
@@ -96,8 +97,31 @@ pub fn select_endpoints(
         cluster_endpoints,
         local_endpoints,
         has_any_endpoints,
-        reason: reasons.join("; "),
+        reason: intern(reasons.join("; ")),
     }
+}
+
+/// Distinct reasons kept for sharing at most; past it a reason is its own copy.
+/// The table only grows (by zone names, topology keys), so it is bounded.
+const MAX_INTERNED: usize = 4096;
+
+/// `reason` as an `Arc<str>` shared with every equal one before it.
+fn intern(reason: String) -> Arc<str> {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static TABLE: OnceLock<Mutex<HashSet<Arc<str>>>> = OnceLock::new();
+    let mut table = TABLE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(shared) = table.get(reason.as_str()) {
+        return shared.clone();
+    }
+    let reason: Arc<str> = reason.into();
+    if table.len() < MAX_INTERNED {
+        table.insert(reason.clone());
+    }
+    reason
 }
 
 /// The ready endpoints among `candidates`; if none, the serving-terminating ones.

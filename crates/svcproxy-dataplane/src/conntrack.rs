@@ -625,7 +625,7 @@ mod tests {
                 cluster_endpoints: Some(eps.into()),
                 local_endpoints: None,
                 has_any_endpoints: usable,
-                reason: String::new(),
+                reason: "".into(),
             },
         })
     }

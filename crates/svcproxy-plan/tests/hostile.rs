@@ -76,7 +76,7 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
             cluster_endpoints: Some(Arc::from([local.clone(), remote])),
             local_endpoints: Some(Arc::from([local])),
             has_any_endpoints: true,
-            reason: "\"}; flush ruleset".to_string(),
+            reason: "\"}; flush ruleset".into(),
         },
     };
     let mut service_ports = BTreeMap::new();

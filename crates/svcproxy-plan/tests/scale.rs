@@ -70,7 +70,7 @@ fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
             cluster_endpoints: Some(eps.into()),
             local_endpoints: None,
             has_any_endpoints: true,
-            reason: String::new(),
+            reason: "".into(),
         },
     };
     (name, Arc::new(v))
