@@ -190,6 +190,73 @@ impl<K: Ord + Clone, V: Clone> ChunkedMap<K, V> {
     }
 }
 
+impl<K: Ord, V> ChunkedMap<K, V> {
+    /// The entries that differ from `before` to `self`, in key order: `(key,
+    /// before's value, self's value)`, with `None` where a side lacks the key.
+    /// Chunks the two share are skipped whole (entries in them are not compared),
+    /// so the cost follows what changed since `self` was cloned from `before`; an
+    /// entry in a copied chunk is reported when `changed(old, new)` says so.
+    pub fn diff<'a>(
+        &'a self,
+        before: &'a Self,
+        changed: impl Fn(&V, &V) -> bool,
+    ) -> Vec<(&'a K, Option<&'a V>, Option<&'a V>)> {
+        let mut out = Vec::new();
+        // Cursors: (chunk, index in it).
+        let (mut a, mut b) = ((0usize, 0usize), (0usize, 0usize));
+        let (old, new) = (&before.chunks, &self.chunks);
+        loop {
+            // Both at the start of the same chunk: nothing in it differs.
+            while a.1 == 0
+                && b.1 == 0
+                && a.0 < old.len()
+                && b.0 < new.len()
+                && Arc::ptr_eq(&old[a.0], &new[b.0])
+            {
+                a.0 += 1;
+                b.0 += 1;
+            }
+            let x = old.get(a.0).map(|c| &c[a.1]);
+            let y = new.get(b.0).map(|c| &c[b.1]);
+            let step = |at: &mut (usize, usize), chunks: &Vec<Arc<Vec<(K, V)>>>| {
+                at.1 += 1;
+                if at.1 == chunks[at.0].len() {
+                    *at = (at.0 + 1, 0);
+                }
+            };
+            match (x, y) {
+                (None, None) => break,
+                (Some((k, v)), None) => {
+                    out.push((k, Some(v), None));
+                    step(&mut a, old);
+                }
+                (None, Some((k, v))) => {
+                    out.push((k, None, Some(v)));
+                    step(&mut b, new);
+                }
+                (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
+                    Ordering::Less => {
+                        out.push((ka, Some(va), None));
+                        step(&mut a, old);
+                    }
+                    Ordering::Greater => {
+                        out.push((kb, None, Some(vb)));
+                        step(&mut b, new);
+                    }
+                    Ordering::Equal => {
+                        if changed(va, vb) {
+                            out.push((kb, Some(va), Some(vb)));
+                        }
+                        step(&mut a, old);
+                        step(&mut b, new);
+                    }
+                },
+            }
+        }
+        out
+    }
+}
+
 impl<K, V> Default for ChunkedMap<K, V> {
     fn default() -> Self {
         ChunkedMap::new()
@@ -390,6 +457,50 @@ mod tests {
         // What the clones saw stays as it was.
         for (m, b) in &kept {
             same(m, b);
+        }
+    }
+
+    #[test]
+    fn a_diff_names_exactly_what_changed_since_the_clone() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut m: ChunkedMap<u32, u32> = (0..5000u32).map(|k| (k * 2, k)).collect();
+        for _ in 0..200 {
+            let before = m.clone();
+            let reference: BTreeMap<u32, u32> = before.iter().map(|(k, v)| (*k, *v)).collect();
+            for _ in 0..rng.below(40) {
+                let k = rng.below(11_000) as u32;
+                match rng.below(3) {
+                    0 => {
+                        m.remove(&k);
+                    }
+                    // Sometimes rewrites a value with itself: not a change.
+                    1 => {
+                        let v = m.get(&k).copied().unwrap_or(7);
+                        m.insert(k, v);
+                    }
+                    _ => {
+                        m.insert(k, rng.below(100) as u32);
+                    }
+                }
+            }
+            let now: BTreeMap<u32, u32> = m.iter().map(|(k, v)| (*k, *v)).collect();
+            let mut want = Vec::new();
+            for k in reference
+                .keys()
+                .chain(now.keys())
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                let (x, y) = (reference.get(k), now.get(k));
+                if x != y {
+                    want.push((*k, x.copied(), y.copied()));
+                }
+            }
+            let got: Vec<(u32, Option<u32>, Option<u32>)> = m
+                .diff(&before, |a, b| a != b)
+                .into_iter()
+                .map(|(k, x, y)| (*k, x.copied(), y.copied()))
+                .collect();
+            assert_eq!(got, want);
         }
     }
 

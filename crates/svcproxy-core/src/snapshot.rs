@@ -80,10 +80,27 @@ pub struct HealthCheck {
 /// The services that need a healthCheckNodePort server on this node (LoadBalancer,
 /// `externalTrafficPolicy: Local`, a health check port), across both families.
 pub fn health_checks(snaps: &[&NodeSnapshot]) -> BTreeMap<ServiceName, HealthCheck> {
+    health_checks_of(snaps.iter().map(|snap| {
+        (
+            snap.node_name.as_str(),
+            snap.service_ports
+                .iter()
+                .filter(|(_, v)| v.port.health_check_node_port.is_some()),
+        )
+    }))
+}
+
+/// [`health_checks`] from each family's node name and ports with a health check.
+fn health_checks_of<'a, P>(
+    families: impl Iterator<Item = (&'a str, P)>,
+) -> BTreeMap<ServiceName, HealthCheck>
+where
+    P: Iterator<Item = (&'a ServicePortName, &'a Arc<ServicePortView>)>,
+{
     let mut checks: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
-    for snap in snaps {
+    for (node_name, ports) in families {
         let mut local: BTreeMap<&ServiceName, BTreeSet<IpAddr>> = BTreeMap::new();
-        for (name, view) in &snap.service_ports {
+        for (name, view) in ports {
             let Some(port) = view.port.health_check_node_port else {
                 continue;
             };
@@ -93,7 +110,7 @@ pub fn health_checks(snaps: &[&NodeSnapshot]) -> BTreeMap<ServiceName, HealthChe
             });
             let ips = local.entry(&name.service).or_default();
             for ep in view.endpoints.iter() {
-                if ep.ready && ep.node_name.as_deref() == Some(snap.node_name.as_str()) {
+                if ep.ready && ep.node_name.as_deref() == Some(node_name) {
                     ips.insert(ep.ip);
                 }
             }
@@ -114,18 +131,91 @@ pub fn no_local_endpoints(snaps: &[&NodeSnapshot]) -> (usize, usize) {
     let (mut internal, mut external) = (0, 0);
     for snap in snaps {
         for view in snap.service_ports.values() {
-            let sel = &view.selection;
-            let no_local = sel.local_endpoints.as_ref().is_none_or(|l| l.is_empty());
-            if !sel.has_any_endpoints || !no_local {
-                continue;
-            }
-            if view.port.internal_policy_local() {
-                internal += 1;
-            }
-            if view.port.external_policy_local() {
-                external += 1;
-            }
+            let (i, e) = no_local_of(view);
+            internal += i;
+            external += e;
         }
     }
     (internal, external)
+}
+
+/// One port's part of [`no_local_endpoints`].
+fn no_local_of(view: &ServicePortView) -> (usize, usize) {
+    let sel = &view.selection;
+    let no_local = sel.local_endpoints.as_ref().is_none_or(|l| l.is_empty());
+    if !sel.has_any_endpoints || !no_local {
+        return (0, 0);
+    }
+    (
+        usize::from(view.port.internal_policy_local()),
+        usize::from(view.port.external_policy_local()),
+    )
+}
+
+/// [`no_local_endpoints`] and [`health_checks`] kept up to date from one snapshot to
+/// the next, at the cost of what changed: each new snapshot is compared with the
+/// last one seen, skipping the chunks of ports they share (see
+/// [`ChunkedMap::diff`]), so a sync at 30k services does not walk every port.
+#[derive(Debug, Default)]
+pub struct SnapshotTallies {
+    /// Per family (v4, v6): the last snapshot seen, its no-local counts, and its
+    /// ports with a health check node port.
+    families: [FamilyTally; 2],
+}
+
+#[derive(Debug, Default)]
+struct FamilyTally {
+    last: Option<Arc<NodeSnapshot>>,
+    no_local: (usize, usize),
+    health: BTreeMap<ServicePortName, Arc<ServicePortView>>,
+}
+
+impl SnapshotTallies {
+    /// Brings the tallies to `snaps` (v4, v6).
+    pub fn update(&mut self, snaps: [&Arc<NodeSnapshot>; 2]) {
+        for (tally, snap) in self.families.iter_mut().zip(snaps) {
+            let empty = NodeSnapshot::empty(&snap.node_name, snap.family);
+            let before = tally.last.as_deref().unwrap_or(&empty);
+            let diff = snap
+                .service_ports
+                .diff(&before.service_ports, |a, b| !Arc::ptr_eq(a, b) && a != b);
+            for (name, old, new) in diff {
+                if let Some(old) = old {
+                    let (i, e) = no_local_of(old);
+                    tally.no_local.0 -= i;
+                    tally.no_local.1 -= e;
+                    tally.health.remove(name);
+                }
+                if let Some(new) = new {
+                    let (i, e) = no_local_of(new);
+                    tally.no_local.0 += i;
+                    tally.no_local.1 += e;
+                    if new.port.health_check_node_port.is_some() {
+                        tally.health.insert(name.clone(), new.clone());
+                    }
+                }
+            }
+            tally.last = Some(snap.clone());
+        }
+    }
+
+    /// [`no_local_endpoints`] of the family's last snapshot.
+    pub fn no_local_endpoints(&self, family: IpFamily) -> (usize, usize) {
+        self.families[family_index(family)].no_local
+    }
+
+    /// [`health_checks`] of the last snapshots.
+    pub fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
+        health_checks_of(self.families.iter().filter_map(|t| {
+            let snap = t.last.as_ref()?;
+            Some((snap.node_name.as_str(), t.health.iter()))
+        }))
+    }
+}
+
+fn family_index(family: IpFamily) -> usize {
+    match family {
+        IpFamily::V4 => 0,
+        IpFamily::V6 => 1,
+    }
 }

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use svcproxy_core::model::ServiceName;
+use svcproxy_core::model::{IpFamily, ServiceName};
 use svcproxy_core::snapshot::{health_checks, no_local_endpoints, HealthCheck};
 
 const LB_LOCAL: &str = r#"
@@ -175,4 +175,96 @@ endpoints:
     );
     let u = state.snapshot();
     assert_eq!(no_local_endpoints(&[&u.v4, &u.v6]), (1, 0));
+}
+
+/// Service `s<i>`: every third a LoadBalancer with a Local external policy and a
+/// health check port, every third an internal Local policy, the rest Cluster.
+fn many_service(i: usize) -> String {
+    let policy = match i % 3 {
+        0 => format!(
+            "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: {}\n",
+            31000 + i
+        ),
+        1 => "  internalTrafficPolicy: Local\n".to_string(),
+        _ => String::new(),
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: default}}\nspec:\n{policy}  \
+         clusterIP: 10.96.{}.{}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n",
+        i / 250,
+        i % 250 + 1
+    )
+}
+
+/// Its slice, with `n` endpoints on `node`.
+fn many_slice(i: usize, node: &str, n: usize) -> String {
+    let mut y = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{i}-1, \
+         namespace: default, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv4\n\
+         ports: [{{name: http, port: 8080}}]\nendpoints:\n"
+    );
+    for e in 0..n {
+        y.push_str(&format!(
+            "- {{addresses: [10.{}.{}.{}], nodeName: {node}, conditions: {{ready: true}}}}\n",
+            100 + i / 250,
+            i % 250,
+            e + 1
+        ));
+    }
+    if n == 0 {
+        y = y.replace("endpoints:\n", "endpoints: []\n");
+    }
+    y
+}
+
+#[test]
+fn tallies_kept_from_snapshot_to_snapshot_equal_a_walk_of_every_port() {
+    let mut state = new_state();
+    let n = 700;
+    for i in 0..n {
+        upsert(&mut state, service(&many_service(i)));
+        upsert(&mut state, slice(&many_slice(i, "node-b", 2)));
+    }
+    let mut tallies = svcproxy_core::snapshot::SnapshotTallies::default();
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    for round in 0..40 {
+        let u = state.snapshot();
+        tallies.update([&u.v4, &u.v6]);
+        assert_eq!(
+            tallies.health_checks(),
+            health_checks(&[&u.v4, &u.v6]),
+            "round {round}"
+        );
+        for (family, snap) in [(IpFamily::V4, &u.v4), (IpFamily::V6, &u.v6)] {
+            assert_eq!(
+                tallies.no_local_endpoints(family),
+                no_local_endpoints(&[snap]),
+                "round {round} {family:?}"
+            );
+        }
+        // A few services change: endpoints move here or away, go, or the service
+        // goes and comes back.
+        for _ in 0..5 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let i = (seed % n as u64) as usize;
+            match seed / 7 % 4 {
+                0 => upsert(&mut state, slice(&many_slice(i, "node-a", 1 + i % 3))),
+                1 => upsert(&mut state, slice(&many_slice(i, "node-b", 2))),
+                2 => upsert(&mut state, slice(&many_slice(i, "node-b", 0))),
+                _ => {
+                    delete(
+                        &mut state,
+                        svcproxy_core::objects::Kind::Service,
+                        "default",
+                        &format!("s{i}"),
+                    );
+                    if round % 2 == 0 {
+                        upsert(&mut state, service(&many_service(i)));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use svcproxy_core::model::{IpFamily, Protocol, ServicePort};
-use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
+use svcproxy_core::snapshot::NodeSnapshot;
 use svcproxy_core::state::SnapshotUpdate;
 
 /// `IPS_DST_NAT` in a conntrack entry's status: the flow's destination was NATed.
@@ -428,48 +428,14 @@ pub fn cleanup_filters(previous: &SnapshotUpdate, next: &SnapshotUpdate) -> Vec<
 
 fn family_filters(prev: &NodeSnapshot, next: &NodeSnapshot, out: &mut BTreeSet<ConntrackFilter>) {
     let family = next.family;
-    type Pair<'a> = (
-        Option<&'a Arc<ServicePortView>>,
-        Option<&'a Arc<ServicePortView>>,
-    );
-    // A merge walk of the two maps (both ordered by name): no map of every name
-    // per sync (10 ms at 10k services).
-    let mut pairs: Vec<(&svcproxy_core::model::ServicePortName, Pair<'_>)> = Vec::new();
-    let mut a = prev.service_ports.iter().peekable();
-    let mut b = next.service_ports.iter().peekable();
-    loop {
-        let pair = match (a.peek(), b.peek()) {
-            (None, None) => break,
-            (Some((na, _)), Some((nb, _))) if na == nb => {
-                let ((name, va), (_, vb)) = (a.next().unwrap(), b.next().unwrap());
-                if Arc::ptr_eq(va, vb) {
-                    continue;
-                }
-                (name, (Some(va), Some(vb)))
-            }
-            (Some((na, _)), Some((nb, _))) if na < nb => {
-                let (name, va) = a.next().unwrap();
-                (name, (Some(va), None))
-            }
-            (Some(_), None) => {
-                let (name, va) = a.next().unwrap();
-                (name, (Some(va), None))
-            }
-            _ => {
-                let (name, vb) = b.next().unwrap();
-                (name, (None, Some(vb)))
-            }
-        };
-        pairs.push(pair);
-    }
-    for (name, (old, new)) in pairs {
+    // What differs between the two maps, skipping the chunks they share: the cost
+    // follows the change, not the number of services.
+    let pairs = next
+        .service_ports
+        .diff(&prev.service_ports, |a, b| !Arc::ptr_eq(a, b));
+    for (name, old, new) in pairs {
         if name.protocol != Protocol::Udp {
             continue;
-        }
-        if let (Some(a), Some(b)) = (old, new) {
-            if Arc::ptr_eq(a, b) {
-                continue;
-            }
         }
         // Removed endpoints: the entries were made through the old port's addresses.
         if let Some(old) = old {
@@ -560,6 +526,7 @@ mod tests {
         ServiceType, TrafficPolicy,
     };
     use svcproxy_core::selection::Selection;
+    use svcproxy_core::snapshot::ServicePortView;
 
     // Address plan: node-a; service VIPs 198.19.0.x, external 203.0.113.x, endpoints
     // 198.18.<node>.<n>, v6 2001:db8::/32.

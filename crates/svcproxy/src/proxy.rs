@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use svcproxy_core::model::IpFamily;
 use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::report;
-use svcproxy_core::snapshot::{health_checks, no_local_endpoints};
+use svcproxy_core::snapshot::SnapshotTallies;
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
 use svcproxy_dataplane::{Backend, DataPlane, NoConntrackCleanup, Proxier};
 use svcproxy_plan::intent::{nodeport_destinations, NodePortDestinations};
@@ -505,6 +505,9 @@ struct ProxySyncer<T> {
     metrics: Arc<Metrics>,
     /// The servers, and the plan configuration that says where they listen.
     health_checks: Option<(ServiceHealthServers, PlanConfig)>,
+    /// The per-sync metric and health-check figures, kept from one snapshot to the
+    /// next.
+    tallies: SnapshotTallies,
     node_eligible: bool,
     /// The cluster DNS's catalog, fed the same updates as the state.
     dns: Option<Arc<RwLock<svcproxy_dns::Catalog>>>,
@@ -536,9 +539,9 @@ impl<T: Target> ProxySyncer<T> {
         self.metrics.observe_sync(done.full, done.duration);
         self.metrics
             .observe_network_programming(&update.trigger_times, now);
-        let snaps = [update.v4.as_ref(), update.v6.as_ref()];
+        self.tallies.update([&update.v4, &update.v6]);
         for family in IpFamily::BOTH {
-            let (internal, external) = no_local_endpoints(&[update.family(family).as_ref()]);
+            let (internal, external) = self.tallies.no_local_endpoints(family);
             self.metrics
                 .set_no_local_endpoints(family, internal, external);
         }
@@ -553,7 +556,9 @@ impl<T: Target> ProxySyncer<T> {
         }
         if let Some((servers, cfg)) = &mut self.health_checks {
             servers.set_listen(health_check_listen(cfg, update));
-            let wanted: BTreeMap<_, _> = health_checks(&snaps)
+            let wanted: BTreeMap<_, _> = self
+                .tallies
+                .health_checks()
                 .into_iter()
                 .map(|(svc, hc)| (svc, (hc.node_port, hc.local_endpoints)))
                 .collect();
@@ -1091,6 +1096,7 @@ async fn serve<T: Target>(
         health,
         metrics,
         health_checks,
+        tallies: SnapshotTallies::default(),
         node_eligible: true,
         dns,
         received: 0,
