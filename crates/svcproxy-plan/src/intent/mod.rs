@@ -22,6 +22,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
+use svcproxy_core::chunked::ChunkedMap;
 use svcproxy_core::model::{IpFamily, ServicePortName};
 use svcproxy_core::snapshot::{NodeSnapshot, ServicePortView};
 
@@ -453,6 +454,10 @@ impl IntentDelta {
 #[derive(Default)]
 pub struct IntentBuilder {
     intent: Intent,
+    /// Per family (v4, v6), the ports of the snapshot last decided from: each
+    /// service intent's view is its entry here. The next snapshot is compared with
+    /// it skipping the chunks they share ([`ChunkedMap::diff`]).
+    last: [ChunkedMap<ServicePortName, Arc<ServicePortView>>; 2],
 }
 
 impl IntentBuilder {
@@ -479,10 +484,11 @@ impl IntentBuilder {
         let from = self.intent.generation;
         self.intent.generation += 1;
         let mut delta = IntentDelta::new(from, self.intent.generation);
-        for (fam, (snap, d)) in self
+        for ((fam, last), (snap, d)) in self
             .intent
             .families
             .iter_mut()
+            .zip(&mut self.last)
             .zip([v4, v6].into_iter().zip(&mut delta.families))
         {
             let node = cfg
@@ -494,42 +500,57 @@ impl IntentBuilder {
                 Some(_) => fam.node.clone(),
                 None => None,
             };
-            let work = Self::work(&fam.services, snap, node.as_deref(), node_changed, changed);
+            let work = Self::work(
+                &fam.services,
+                last,
+                snap,
+                node.as_deref(),
+                node_changed,
+                changed,
+            );
             delta.rebuilt += work.iter().filter(|(_, s)| s.is_some()).count();
             fam.apply(node, work, d);
         }
         delta
     }
 
-    /// The service ports to decide again: a merge walk of the current intents
-    /// (each holding the view it was decided from) and the snapshot, both ordered
-    /// by name.
+    /// The service ports to decide again: what differs between the snapshot last
+    /// decided from (`last`, whose views the intents hold) and this one, or, when
+    /// the node changed, every port; and the ports named `changed`. Leaves `last`
+    /// at this snapshot's ports.
     fn work(
         services: &BTreeMap<ServicePortName, Arc<ServiceIntent>>,
+        last: &mut ChunkedMap<ServicePortName, Arc<ServicePortView>>,
         snap: &NodeSnapshot,
         node: Option<&NodeIntent>,
         node_changed: bool,
         changed: &BTreeSet<ServicePortName>,
     ) -> Vec<(ServicePortName, Option<Arc<ServiceIntent>>)> {
-        let empty = svcproxy_core::chunked::ChunkedMap::new();
+        let empty = ChunkedMap::new();
         let ports = if node.is_some() {
             &snap.service_ports
         } else {
             &empty
         };
         let mut todo: Vec<(ServicePortName, Option<&Arc<ServicePortView>>)> = Vec::new();
-        let mut old = services.iter().peekable();
-        for (name, view) in ports {
-            while let Some((o, _)) = old.next_if(|(o, _)| *o < name) {
+        if node_changed {
+            // Every port, and every intent without one: a merge walk, both by name.
+            let mut old = services.iter().peekable();
+            for (name, view) in ports {
+                while let Some((o, _)) = old.next_if(|(o, _)| *o < name) {
+                    todo.push((o.clone(), None));
+                }
+                old.next_if(|(o, _)| *o == name);
+                todo.push((name.clone(), Some(view)));
+            }
+            for (o, _) in old {
                 todo.push((o.clone(), None));
             }
-            match old.next_if(|(o, _)| *o == name) {
-                Some((_, svc)) if !node_changed && Arc::ptr_eq(&svc.source.0, view) => {}
-                _ => todo.push((name.clone(), Some(view))),
+        } else {
+            // The intents' views are `last`'s: only what differs from it.
+            for (name, _, view) in ports.diff(last, |a, b| !Arc::ptr_eq(a, b)) {
+                todo.push((name.clone(), view));
             }
-        }
-        for (o, _) in old {
-            todo.push((o.clone(), None));
         }
         // The ports named changed whose view is the same `Arc` (with a changed
         // node, the walk took every port already). Looked up one by one: between
@@ -549,7 +570,8 @@ impl IntentBuilder {
             // By name, as the walk made them.
             todo.sort_by(|a, b| a.0.cmp(&b.0));
         }
-        todo.into_iter()
+        let work = todo
+            .into_iter()
             .map(|(name, view)| {
                 let svc = view.map(|view| {
                     let node = node.expect("views only when programmed");
@@ -557,7 +579,9 @@ impl IntentBuilder {
                 });
                 (name, svc)
             })
-            .collect()
+            .collect();
+        *last = ports.clone();
+        work
     }
 }
 
