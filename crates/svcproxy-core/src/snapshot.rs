@@ -173,12 +173,12 @@ struct FamilyTally {
 impl SnapshotTallies {
     /// Brings the tallies to `snaps` (v4, v6).
     pub fn update(&mut self, snaps: [&Arc<NodeSnapshot>; 2]) {
+        let none = ChunkedMap::new();
         for (tally, snap) in self.families.iter_mut().zip(snaps) {
-            let empty = NodeSnapshot::empty(&snap.node_name, snap.family);
-            let before = tally.last.as_deref().unwrap_or(&empty);
+            let before = tally.last.as_ref().map_or(&none, |s| &s.service_ports);
             let diff = snap
                 .service_ports
-                .diff(&before.service_ports, |a, b| !Arc::ptr_eq(a, b) && a != b);
+                .diff(before, |a, b| !Arc::ptr_eq(a, b) && a != b);
             for (name, old, new) in diff {
                 if let Some(old) = old {
                     let (i, e) = no_local_of(old);

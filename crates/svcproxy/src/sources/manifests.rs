@@ -307,7 +307,6 @@ impl ManifestDir {
         if kept_unlisted {
             order.sort();
         }
-        self.parsed.retain(|path, _| files.contains_key(path));
         self.files = files;
         self.order = order;
         self.tree = listing.simple.then(|| Tree {
