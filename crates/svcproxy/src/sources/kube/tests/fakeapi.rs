@@ -20,6 +20,8 @@ use super::cfg;
 
 const NODE: &str = "node-a";
 const T: Duration = Duration::from_secs(10);
+/// Longer than the watches' largest backoff (30 s): for a watch that lost its server.
+const RETRY_BOUND: Duration = Duration::from_secs(40);
 
 fn service(name: &str, ip: &str, labels: Value) -> Value {
     json!({
@@ -213,7 +215,12 @@ impl Harness {
 
     /// Applies events until `pred` holds; panics after [`T`].
     async fn until(&mut self, what: &str, pred: impl Fn(&Model) -> bool) {
-        let deadline = tokio::time::Instant::now() + T;
+        self.until_within(what, T, pred).await
+    }
+
+    /// [`Harness::until`], panicking after `bound`.
+    async fn until_within(&mut self, what: &str, bound: Duration, pred: impl Fn(&Model) -> bool) {
+        let deadline = tokio::time::Instant::now() + bound;
         while !pred(&self.model) {
             match tokio::time::timeout_at(deadline, self.rx.recv()).await {
                 Ok(Some(ev)) => self.model.apply(ev),
@@ -524,7 +531,10 @@ async fn a_restarted_server_with_a_compacted_history_is_relisted_and_logged_once
     server.delete("EndpointSlice", Some("default"), "api-1");
     server.compact();
     h.server = server;
-    h.until("the re-lists", |m| {
+    // Each watch retries with kube-rs's default backoff (0.8 s doubling, with
+    // jitter, at most 30 s): one that failed three or four times while the server
+    // was down may wait more than `T` for its next try (a CI run saw it).
+    h.until_within("the re-lists", RETRY_BOUND, |m| {
         WATCHES.iter().all(|w| m.ready_count(w) == 2) && !m.has(&svc_key("api"))
     })
     .await;
