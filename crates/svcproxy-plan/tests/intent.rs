@@ -556,3 +556,71 @@ fn only_endpoints_that_may_be_this_nodes_own_need_the_hairpin_masquerade() {
         ]
     );
 }
+
+/// Service `s<i>` (a ClusterIP, one port) with `n` ready endpoints on `node`.
+fn many(i: usize, node: &str, n: usize) -> String {
+    let mut eps = String::new();
+    for e in 0..n {
+        eps.push_str(&format!(
+            "- {{addresses: [198.18.{}.{}], nodeName: {node}}}\n",
+            i % 200,
+            e + 1
+        ));
+    }
+    let eps = if eps.is_empty() {
+        " []\n".to_string()
+    } else {
+        format!("\n{eps}")
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: demo}}\nspec:\n  \
+         clusterIP: 198.19.{}.{}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{i}-1, \
+         namespace: demo, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv4\n\
+         ports: [{{name: http, port: 8080}}]\nendpoints:{eps}",
+        i / 200,
+        i % 200 + 1
+    )
+}
+
+#[test]
+fn an_intent_kept_from_update_to_update_equals_one_built_from_scratch() {
+    // Enough service ports for several chunks of the snapshot's map, so that most of
+    // each update is skipped as shared.
+    let mut sc = Scenario::empty("node-a");
+    let n = 600;
+    let all: Vec<String> = (0..n).map(|i| many(i, "node-b", 2)).collect();
+    sc.upsert_yaml(&all.join("\n---\n"));
+    let mut builder = IntentBuilder::new();
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    for round in 0..30 {
+        let up = sc.snapshot();
+        builder.update(&up.v4, &up.v6, &sc.cfg, &up.changed);
+        let fresh = svcproxy_plan::build_intent(&up.v4, &up.v6, &sc.cfg);
+        for family in IpFamily::BOTH {
+            assert_eq!(
+                builder.intent().family(family).services(),
+                fresh.family(family).services(),
+                "round {round} {family:?}"
+            );
+        }
+        for _ in 0..4 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let i = (seed % n as u64) as usize;
+            match seed / 7 % 4 {
+                0 => sc.upsert_yaml(&many(i, "node-a", 1 + i % 3)),
+                1 => sc.upsert_yaml(&many(i, "node-b", 0)),
+                2 => sc.upsert_yaml(&many(i, "node-b", 2)),
+                _ => sc.state.apply(svcproxy_core::objects::SourceUpdate::Delete(
+                    svcproxy_core::objects::ObjectKey::new(
+                        svcproxy_core::objects::Kind::Service,
+                        "demo",
+                        format!("s{i}"),
+                    ),
+                )),
+            }
+        }
+    }
+}
