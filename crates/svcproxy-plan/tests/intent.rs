@@ -592,7 +592,7 @@ fn an_intent_kept_from_update_to_update_equals_one_built_from_scratch() {
     let all: Vec<String> = (0..n).map(|i| many(i, "node-b", 2)).collect();
     sc.upsert_yaml(&all.join("\n---\n"));
     let mut builder = IntentBuilder::new();
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut rng = svcproxy_testkit::rng::XorShift::new(0x2545_f491_4f6c_dd1d);
     for round in 0..30 {
         let up = sc.snapshot();
         builder.update(&up.v4, &up.v6, &sc.cfg, &up.changed);
@@ -605,9 +605,7 @@ fn an_intent_kept_from_update_to_update_equals_one_built_from_scratch() {
             );
         }
         for _ in 0..4 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            let seed = rng.next_u64();
             let i = (seed % n as u64) as usize;
             match seed / 7 % 4 {
                 0 => sc.upsert_yaml(&many(i, "node-a", 1 + i % 3)),

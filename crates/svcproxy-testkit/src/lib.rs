@@ -9,6 +9,7 @@
 //!   developer machine, and fails when `CI` or `SVCPROXY_E2E_REQUIRED` is set.
 //! - [`pattern`]: a byte stream whose every byte a receiver can check (bulk
 //!   transfers through the proxy).
+//! - [`rng`]: a seeded generator for randomized tests that are the same at every run.
 //! - [`scenario`]: the scenario directories under `testdata/scenarios/` (objects, config,
 //!   expected intent, expected ruleset per backend), read once for the golden tests and
 //!   the real-packet tests.
@@ -19,4 +20,5 @@
 pub mod netns;
 pub mod objects;
 pub mod pattern;
+pub mod rng;
 pub mod scenario;

@@ -21,18 +21,9 @@ impl Pattern {
     pub const BLOCK: usize = 1 << 20;
 
     pub fn new() -> Self {
-        // xorshift64: random enough that no two rotations look alike.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        Pattern(
-            (0..Self::BLOCK)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect(),
-        )
+        // Random enough that no two rotations look alike.
+        let mut rng = crate::rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
+        Pattern((0..Self::BLOCK).map(|_| rng.next_u64() as u8).collect())
     }
 
     /// The stream's bytes from `offset`, `len` of them at most (fewer at the end of

@@ -1455,13 +1455,8 @@ items:
         let mut full = ManifestDir::new(d.tmp.path().to_path_buf()).unsettled_reads();
         full.rescan().expect("rescan");
         assert!(d.src.tree.is_some(), "a plain tree takes event rescans");
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = svcproxy_testkit::rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = |n: u64| rng.below(n);
         let names: Vec<String> = (0..8)
             .flat_map(|i| [format!("f{i}.yaml"), format!("sub/g{i}.yaml")])
             .collect();
