@@ -585,8 +585,8 @@ fn update_udp(
     for set in SETS {
         let key = (family, name.clone(), set);
         let current = udp.get(&key).map(|f| f.pool());
-        let next =
-            svc.and_then(|svc| Some((svc, next_pool(current.as_deref(), svc, set, cfg, stats)?)));
+        let next = svc
+            .and_then(|svc| next_pool(current.as_deref(), svc, set, cfg, stats).map(|p| (svc, p)));
         match next {
             Some((svc, pool)) => match udp.get_mut(&key) {
                 Some(frontend) => {
