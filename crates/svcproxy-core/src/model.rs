@@ -46,6 +46,14 @@ pub enum IpFamily {
 impl IpFamily {
     pub const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 
+    /// Its position in [`IpFamily::BOTH`], for per-family arrays.
+    pub fn index(self) -> usize {
+        match self {
+            IpFamily::V4 => 0,
+            IpFamily::V6 => 1,
+        }
+    }
+
     pub fn of(ip: &IpAddr) -> IpFamily {
         match ip {
             IpAddr::V4(_) => IpFamily::V4,

@@ -201,7 +201,7 @@ impl SnapshotTallies {
 
     /// [`no_local_endpoints`] of the family's last snapshot.
     pub fn no_local_endpoints(&self, family: IpFamily) -> (usize, usize) {
-        self.families[family_index(family)].no_local
+        self.families[family.index()].no_local
     }
 
     /// [`health_checks`] of the last snapshots.
@@ -210,12 +210,5 @@ impl SnapshotTallies {
             let snap = t.last.as_ref()?;
             Some((snap.node_name.as_str(), t.health.iter()))
         }))
-    }
-}
-
-fn family_index(family: IpFamily) -> usize {
-    match family {
-        IpFamily::V4 => 0,
-        IpFamily::V6 => 1,
     }
 }

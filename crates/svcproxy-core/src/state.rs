@@ -553,11 +553,7 @@ impl ClusterState {
             node_name: self.config.node_name.clone(),
             family,
             node: own.cloned(),
-            host_ips: self.host_ips[match family {
-                IpFamily::V4 => 0,
-                IpFamily::V6 => 1,
-            }]
-            .clone(),
+            host_ips: self.host_ips[family.index()].clone(),
             service_cidrs,
             service_ports: ports,
         }
