@@ -1,9 +1,12 @@
-//! Go duration syntax (`time.ParseDuration` / `Duration.String`), as kube-proxy's flags
-//! and config file use it: `1h2m3.5s`, `500ms`, `10us`, `0`.
+//! Go's value syntax, as kube-proxy's flags and config file use it: durations
+//! (`time.ParseDuration` / `Duration.String`: `1h2m3.5s`, `500ms`, `10us`, `0`) and
+//! booleans (`strconv.ParseBool`). Here rather than in the binary because each data
+//! plane declares its own flags (`svcproxy_dataplane::ModeFlags`) in this syntax.
 //!
 //! Entry points: [`parse_go_duration`] (non-negative, to a [`Duration`]),
-//! [`parse_go_duration_nanos`] (signed, exactly Go's accepted set and range) and
-//! [`format_go_duration`]. `humantime` is not used because its grammar differs from
+//! [`parse_go_duration_nanos`] (signed, exactly Go's accepted set and range),
+//! [`format_go_duration`], [`parse_duration_arg`] and [`parse_go_bool`] (clap value
+//! parsers). `humantime` is not used because its grammar differs from
 //! Go's (spaces, `min`, no bare-`0` rule, different fraction handling).
 
 use std::fmt;
@@ -244,6 +247,20 @@ impl serde::Serialize for GoDuration {
 impl fmt::Display for GoDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&format_go_duration(self.0))
+    }
+}
+
+/// [`parse_go_duration`] as a clap value parser.
+pub fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    parse_go_duration(s).map_err(|e| e.to_string())
+}
+
+/// Go's `strconv.ParseBool`, which pflag uses for `--flag=VALUE` on boolean flags.
+pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("invalid boolean {s:?} (use true or false)")),
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod addr;
 pub mod chunked;
 pub mod convert;
+pub mod go_syntax;
 pub mod manifest;
 pub mod mirror;
 pub mod model;

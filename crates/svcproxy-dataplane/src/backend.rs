@@ -1,12 +1,18 @@
 //! The seam between the shared sync logic and each data plane: the [`DataPlane`]
 //! trait, and the registry of backends keyed on `--proxy-mode`.
 //!
-//! Entry points: [`backend`] (the factory: a mode name to its [`Backend`]) and
-//! [`BACKENDS`]. A backend translates the intent ([`svcproxy_plan::intent`]) into
-//! its kernel objects and applies them; it decides nothing about traffic. Adding a
-//! mode is one module implementing [`DataPlane`] plus one entry in [`BACKENDS`].
+//! Entry points: [`resolve_mode`] (a `--proxy-mode` value to its [`Backend`], aliases
+//! included), [`BACKENDS`] and [`ModeFlags`]. A backend translates the intent
+//! ([`svcproxy_plan::intent`]) into its kernel objects and applies them; it decides
+//! nothing about traffic. The registry is the only code that knows which modes
+//! exist: each entry declares its names, its defaults where kube-proxy's modes
+//! differ ([`ModeDefaults`]), its [`ModeSemantics`], its own flags and metrics. The
+//! binary resolves `--proxy-mode` here and names no backend.
+//!
+//! Adding a mode is one module implementing [`DataPlane`] and exporting a
+//! [`Backend`], one entry in [`BACKENDS`], and, if it has flags of its own, one
+//! field in [`ModeFlags`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use svcproxy_core::model::IpFamily;
@@ -117,18 +123,16 @@ pub trait DataPlane: Send {
     /// Reads only.
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError>;
 
-    /// The counters of a mode that forwards connections itself (userspace), for
-    /// its metrics; `None` for the modes where the kernel forwards.
-    fn proxy_stats(&self) -> Option<Arc<crate::userspace::Stats>> {
-        None
+    /// The mode's own metrics, registered once into the process's registry (read
+    /// at each scrape); none by default.
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        Vec::new()
     }
 
     /// The process is stopping (SIGTERM): a mode that forwards connections itself
-    /// stops accepting and lets open ones finish within `grace`. The kernel's
-    /// modes leave their rules in force and do nothing.
-    fn shutdown(&mut self, grace: Duration) {
-        let _ = grace;
-    }
+    /// stops accepting and lets open ones finish within its own grace period. The
+    /// kernel's modes leave their rules in force and do nothing.
+    fn shutdown(&mut self) {}
 }
 
 /// What [`DataPlane::compare`] found.
@@ -179,12 +183,12 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
         (**self).compare(intent)
     }
 
-    fn proxy_stats(&self) -> Option<Arc<crate::userspace::Stats>> {
-        (**self).proxy_stats()
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        (**self).collectors()
     }
 
-    fn shutdown(&mut self, grace: Duration) {
-        (**self).shutdown(grace)
+    fn shutdown(&mut self) {
+        (**self).shutdown()
     }
 }
 
@@ -207,11 +211,81 @@ pub struct FailureCounter {
     pub help: &'static str,
 }
 
+/// A section of kube-proxy's `KubeProxyConfiguration` holding one mode's settings
+/// (`syncPeriod`, `minSyncPeriod`, `masqueradeAll`, `masqueradeBit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigSection {
+    Iptables,
+    Nftables,
+    Ipvs,
+}
+
+impl ConfigSection {
+    /// The section's field name in the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConfigSection::Iptables => "iptables",
+            ConfigSection::Nftables => "nftables",
+            ConfigSection::Ipvs => "ipvs",
+        }
+    }
+}
+
+/// Where NodePorts answer when `--nodeport-addresses` is not given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodePortDefault {
+    /// The node's primary IP of each family (upstream's nftables mode).
+    Primary,
+    /// Every local address (upstream's iptables mode).
+    AllLocal,
+}
+
+/// Whether NodePorts answer on loopback when `--nodeport-localhost` is not given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalhostDefault {
+    /// Never (upstream's nftables mode has no localhost NodePorts).
+    Off,
+    /// As `--iptables-localhost-nodeports` (`iptables.localhostNodePorts`) says: on
+    /// by default (upstream's iptables mode).
+    IptablesSetting,
+}
+
+/// What a mode assumes where kube-proxy's modes differ and the user said nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModeDefaults {
+    /// The config file section the mode reads (as upstream reads the configured
+    /// mode's section), and whose flags (`--iptables-*` or `--ipvs-*`) set the
+    /// sync periods.
+    pub config_section: ConfigSection,
+    pub nodeport_addresses: NodePortDefault,
+    pub localhost_nodeports: LocalhostDefault,
+}
+
+/// Another `--proxy-mode` name for a registered mode: a kube-proxy mode svcproxy
+/// runs on this mode's data plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Alias {
+    pub name: &'static str,
+    /// The section (and flags) the sync periods come from, as kube-proxy reads them
+    /// for this name.
+    pub sync_section: ConfigSection,
+    /// Logged at start when the alias is used.
+    pub warning: &'static str,
+}
+
+/// A registered data plane.
 /// A registered data plane.
 #[derive(Clone, Copy)]
 pub struct Backend {
     /// The `--proxy-mode` name.
     pub mode: &'static str,
+    /// Other names `--proxy-mode` accepts for this mode.
+    pub aliases: &'static [Alias],
+    /// Defaults where kube-proxy's modes differ.
+    pub defaults: ModeDefaults,
+    /// Adds the mode's own flags (its group of [`ModeFlags`]) to a command: how the
+    /// other modes know to warn that they are ignored there.
+    pub flags: fn(clap::Command) -> clap::Command,
     /// The mode's failure counters, named as upstream names them for that mode.
     pub failure_counters: &'static [FailureCounter],
     /// The mode reports [`RuleCount`]s (upstream's iptables rule gauges).
@@ -219,8 +293,9 @@ pub struct Backend {
     /// Where this mode behaves differently from the others, as upstream's same mode
     /// does; folded into the configuration before the intent is built.
     pub semantics: ModeSemantics,
-    /// A data plane programming the current network namespace.
-    pub new: fn(&PlanConfig) -> Box<dyn DataPlane>,
+    /// A data plane programming the current network namespace, with the mode's
+    /// own options from `flags` (checked at start: [`ModeFlags::check`]).
+    pub new: fn(&PlanConfig, &ModeFlags) -> Box<dyn DataPlane>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -229,24 +304,151 @@ impl std::fmt::Debug for Backend {
     }
 }
 
+/// Backends are told apart by their mode name.
+impl PartialEq for Backend {
+    fn eq(&self, other: &Self) -> bool {
+        self.mode == other.mode
+    }
+}
+
 /// Every implemented mode. The factory: a new backend is one line here.
 pub const BACKENDS: &[Backend] = &[
-    crate::nft::BACKEND,
+    crate::nftables_mode::BACKEND,
     crate::iptables::BACKEND,
     crate::userspace::BACKEND,
 ];
 
-/// The backend for `--proxy-mode NAME`, if implemented.
-pub fn backend(mode: &str) -> Option<&'static Backend> {
-    BACKENDS.iter().find(|b| b.mode == mode)
+/// The mode an empty `--proxy-mode` (and no `mode:` in the config file) runs.
+pub const DEFAULT_MODE: &str = crate::nft::MODE;
+
+/// The data planes' own flags, each mode's group declared in its module. The
+/// binary flattens this into its command line without naming a mode.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct ModeFlags {
+    #[command(flatten)]
+    pub nftables: crate::nft::NftablesFlags,
+    #[command(flatten)]
+    pub userspace: crate::userspace::UserspaceFlags,
+}
+
+impl Default for ModeFlags {
+    /// Every flag at its default, as an empty command line gives them.
+    fn default() -> Self {
+        use clap::{Args, FromArgMatches};
+        let cmd = ModeFlags::augment_args(clap::Command::new("defaults"));
+        let matches = cmd.get_matches_from(["defaults"]);
+        ModeFlags::from_arg_matches(&matches).expect("the defaults parse")
+    }
+}
+
+impl ModeFlags {
+    /// Checks every mode's flags (whichever mode runs, as kube-proxy validates
+    /// every flag): each invalid value as `--flag: why`.
+    pub fn check(&self) -> Vec<String> {
+        self.userspace.config().err().unwrap_or_default()
+    }
+
+    /// The userspace proxy's options (the userspace mode's, and the nftables
+    /// mode's loopback forwarder's); the defaults if the flags are invalid, which
+    /// [`ModeFlags::check`] refuses at start.
+    pub fn userspace_config(&self) -> crate::userspace::UserspaceConfig {
+        self.userspace.config().unwrap_or_else(|errors| {
+            tracing::error!(?errors, "invalid userspace proxy flags; using the defaults");
+            crate::userspace::UserspaceConfig::default()
+        })
+    }
+}
+
+/// What `--proxy-mode` resolved to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModeChoice {
+    pub backend: &'static Backend,
+    /// The name as given (empty: unset).
+    pub asked: &'static str,
+    /// The section the sync periods come from.
+    pub sync_section: ConfigSection,
+    /// Why the mode that runs is not the one asked for, if it is not.
+    pub warning: Option<&'static str>,
+}
+
+impl ModeChoice {
+    /// The name the user gave, or the default mode's when none was.
+    pub fn name(&self) -> &'static str {
+        if self.asked.is_empty() {
+            self.backend.mode
+        } else {
+            self.asked
+        }
+    }
+}
+
+/// The mode `--proxy-mode NAME` (or `mode: NAME`) runs: a registered mode, an alias
+/// of one, or empty for [`DEFAULT_MODE`]. An unknown name is refused naming the
+/// registered modes.
+pub fn resolve_mode(name: &str) -> Result<ModeChoice, String> {
+    let asked = if name.is_empty() { DEFAULT_MODE } else { name };
+    for b in BACKENDS {
+        if b.mode == asked {
+            return Ok(ModeChoice {
+                backend: b,
+                asked: if name.is_empty() { "" } else { b.mode },
+                sync_section: b.defaults.config_section,
+                warning: None,
+            });
+        }
+        if let Some(a) = b.aliases.iter().find(|a| a.name == asked) {
+            return Ok(ModeChoice {
+                backend: b,
+                asked: a.name,
+                sync_section: a.sync_section,
+                warning: Some(a.warning),
+            });
+        }
+    }
+    let modes: Vec<&str> = BACKENDS.iter().map(|b| b.mode).collect();
+    Err(format!(
+        "unknown proxy mode {name:?}: must be {}, or empty ({DEFAULT_MODE})",
+        modes.join(", ")
+    ))
+}
+
+/// One warning for each flag of another mode given on the command line
+/// (`explicitly_set(id)`, by clap id) that `active` does not read.
+pub fn ignored_flag_warnings(
+    active: &Backend,
+    explicitly_set: &dyn Fn(&str) -> bool,
+) -> Vec<String> {
+    let ids = |b: &Backend| -> Vec<(String, String)> {
+        (b.flags)(clap::Command::new(b.mode))
+            .get_arguments()
+            .map(|a| {
+                let long = a.get_long().unwrap_or_default();
+                (a.get_id().to_string(), format!("--{long}"))
+            })
+            .collect()
+    };
+    let own = ids(active);
+    let mut warnings = Vec::new();
+    for b in BACKENDS.iter().filter(|b| *b != active) {
+        for (id, flag) in ids(b) {
+            if explicitly_set(&id) && !own.iter().any(|(o, _)| *o == id) {
+                warnings.push(format!(
+                    "{flag}: ignored in {} mode ({} mode only)",
+                    active.mode, b.mode
+                ));
+            }
+        }
+    }
+    warnings
 }
 
 /// Runs every backend's cleanup (`svcproxy cleanup`): each removes its own objects
 /// and nothing else. Returns each mode's failure.
 pub fn cleanup_all(cfg: &PlanConfig) -> Vec<(&'static str, DataPlaneError)> {
+    let flags = ModeFlags::default();
     let mut failures = Vec::new();
     for b in BACKENDS {
-        if let Err(e) = (b.new)(cfg).cleanup() {
+        if let Err(e) = (b.new)(cfg, &flags).cleanup() {
             failures.push((b.mode, e));
         }
     }

@@ -20,8 +20,8 @@ use svcproxy_plan::iptables::{self as ipt, is_ours, TableId, JUMPS};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
-    ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind, NodeRequirements,
-    RuleCount, SyncKind,
+    ApplyReport, Backend, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind,
+    LocalhostDefault, ModeDefaults, NodePortDefault, NodeRequirements, RuleCount, SyncKind,
 };
 use crate::error::DataPlaneError;
 use crate::listing::{self, Compared};
@@ -31,6 +31,15 @@ use crate::sink::{run_command, run_command_with_env, scratch_argv};
 /// The iptables mode in the registry, with upstream iptables mode's counters.
 pub const BACKEND: Backend = Backend {
     mode: "iptables",
+    aliases: &[],
+    defaults: ModeDefaults {
+        config_section: ConfigSection::Iptables,
+        // Upstream's iptables mode: every local address, and 127.0.0.1
+        // (`--iptables-localhost-nodeports`).
+        nodeport_addresses: NodePortDefault::AllLocal,
+        localhost_nodeports: LocalhostDefault::IptablesSetting,
+    },
+    flags: |cmd| cmd,
     counts_rules: true,
     failure_counters: &[
         FailureCounter {
@@ -45,7 +54,7 @@ pub const BACKEND: Backend = Backend {
         },
     ],
     semantics: svcproxy_plan::iptables::SEMANTICS,
-    new: |_| Box::new(IptablesDataPlane::new(IptablesCommands::default())),
+    new: |_, _| Box::new(IptablesDataPlane::new(IptablesCommands::default())),
 };
 
 /// What one family's sync did.

@@ -2,8 +2,9 @@
 //!
 //! - [`DataPlane`] is the seam every mode implements: sync (full or partial, from
 //!   the intent and its delta), render, cleanup of exactly its own objects, and
-//!   what the node needs. [`backend`] is the factory keyed on `--proxy-mode`;
-//!   [`BACKENDS`] lists the implemented modes ([`nft`] today).
+//!   what the node needs. [`resolve_mode`] is the factory keyed on
+//!   `--proxy-mode`; [`BACKENDS`] lists the implemented modes, and [`ModeFlags`]
+//!   their own flags.
 //! - [`Proxier`] is what every mode shares around a sync: it decides the intent
 //!   ([`svcproxy_plan::IntentBuilder`]), hands it to the data plane, logs
 //!   destination conflicts, and after each successful apply deletes the UDP
@@ -30,6 +31,7 @@ pub mod kube_proxy;
 pub mod listing;
 pub mod nft;
 mod nft_netlink;
+mod nftables_mode;
 pub use nft_netlink::{Batch, BatchBuilder, BatchStats};
 mod nft_table;
 mod node;
@@ -38,8 +40,10 @@ mod sink;
 pub mod userspace;
 
 pub use backend::{
-    backend, cleanup_all, ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind,
-    NodeRequirements, RuleCount, SyncKind, BACKENDS,
+    cleanup_all, ignored_flag_warnings, resolve_mode, Alias, ApplyReport, Backend, Comparison,
+    ConfigSection, DataPlane, FailureCounter, FailureKind, LocalhostDefault, ModeChoice,
+    ModeDefaults, ModeFlags, NodePortDefault, NodeRequirements, RuleCount, SyncKind, BACKENDS,
+    DEFAULT_MODE,
 };
 pub use conntrack::{
     cleanup_filters, ip_protocol, CleanupStats, ConntrackCleaner, ConntrackCleanupReport,

@@ -14,11 +14,10 @@ use svcproxy_core::model::IpFamily;
 use svcproxy_plan::nft::{
     cleanup_script, render_full_with, CapturePorts, Output, PlanKind, Planner, TABLE_NAME,
 };
-use svcproxy_plan::{Intent, IntentDelta, NftWriter, PlanConfig};
+use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{
-    ApplyReport, Backend, Comparison, DataPlane, FailureCounter, FailureKind, NodeRequirements,
-    SyncKind,
+    ApplyReport, Comparison, DataPlane, FailureCounter, FailureKind, NodeRequirements, SyncKind,
 };
 use crate::error::DataPlaneError;
 use crate::listing::{self, Compared};
@@ -27,40 +26,55 @@ use crate::nft_table::TableState;
 use crate::node::required_sysctls;
 use crate::sink::{NftCommand, ScriptSink};
 
-/// The nftables mode in the registry.
-pub const BACKEND: Backend = Backend {
-    counts_rules: false,
-    mode: "nftables",
-    failure_counters: &[
-        FailureCounter {
-            kind: FailureKind::Sync,
-            name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
-            help: "Cumulative proxy nftables sync failures",
-        },
-        // Stale chains go in the same transaction as the sync, so a failed
-        // cleanup shows as a failed sync and this stays 0 (as upstream names it).
-        FailureCounter {
-            kind: FailureKind::Cleanup,
-            name: "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
-            help: "Cumulative proxy nftables cleanup failures",
-        },
-    ],
-    semantics: svcproxy_plan::nft::SEMANTICS,
-    // Localhost NodePorts (`--nodeport-localhost`) are served by the userspace
-    // proxy's forwarder on loopback, beside this mode's own rules.
-    new: |cfg| {
-        if IpFamily::BOTH
-            .into_iter()
-            .any(|f| cfg.serves_localhost_nodeports(f))
-        {
-            Box::new(crate::userspace::UserspaceDataPlane::localhost_nodeports(
-                cfg,
-            ))
-        } else {
-            Box::new(NftDataPlane::new().with_writer(cfg.nft_writer))
-        }
+/// The nftables mode's name (its registry entry, which composes this data plane
+/// with the loopback forwarder, is [`crate::nftables_mode`]).
+pub const MODE: &str = "nftables";
+
+/// The nftables mode's failure counters, named as upstream names them.
+pub const FAILURE_COUNTERS: &[FailureCounter] = &[
+    FailureCounter {
+        kind: FailureKind::Sync,
+        name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        help: "Cumulative proxy nftables sync failures",
     },
-};
+    // Stale chains go in the same transaction as the sync, so a failed
+    // cleanup shows as a failed sync and this stays 0 (as upstream names it).
+    FailureCounter {
+        kind: FailureKind::Cleanup,
+        name: "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+        help: "Cumulative proxy nftables cleanup failures",
+    },
+];
+
+/// How the nftables data plane writes its changes to the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NftWriter {
+    /// Every sync is one nf_tables batch over netlink when every statement of its
+    /// plan has a typed form (see [`svcproxy_plan::nft::typed`]); otherwise through
+    /// `nft -f`.
+    #[default]
+    Netlink,
+    /// Every sync through `nft -f` (the fallback).
+    Text,
+}
+
+/// The nftables mode's own flags.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct NftablesFlags {
+    /// nftables mode only: how changes reach the kernel. 'netlink' (the default): a partial sync of elements and plain service chains (an endpoint moved, a ClusterIP service added or deleted) is one nf_tables batch over netlink, every other sync one nft -f transaction; 'text': every sync through nft -f (svcproxy only).
+    #[arg(long, value_name = "netlink|text", default_value = "netlink", value_parser = ["netlink", "text"], help_heading = "svcproxy")]
+    pub nft_writer: String,
+}
+
+impl NftablesFlags {
+    /// `--nft-writer`.
+    pub fn writer(&self) -> NftWriter {
+        match self.nft_writer.as_str() {
+            "text" => NftWriter::Text,
+            _ => NftWriter::Netlink,
+        }
+    }
+}
 
 /// svcproxy's nftables tables (`ip svcproxy`, `ip6 svcproxy`), written through a
 /// [`ScriptSink`]: the real `nft` ([`NftCommand`], optionally behind a netns
@@ -165,7 +179,7 @@ fn table_drift(family: IpFamily, expected: TableState, now: TableState) -> Optio
 
 impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     fn mode(&self) -> &'static str {
-        BACKEND.mode
+        MODE
     }
 
     fn sync(

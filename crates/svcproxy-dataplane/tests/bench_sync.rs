@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
+use svcproxy_dataplane::nft::NftWriter;
 use svcproxy_dataplane::{NftCommand, NftDataPlane, Proxier};
-use svcproxy_plan::NftWriter;
 
 fn env(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())

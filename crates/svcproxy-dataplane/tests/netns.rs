@@ -13,9 +13,9 @@ use std::process::Command;
 
 use common::netns::Netns;
 use common::*;
+use svcproxy_dataplane::nft::NftWriter;
 use svcproxy_dataplane::nft::{cleanup, cleanup_with};
 use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, Proxier, SyncKind};
-use svcproxy_plan::NftWriter;
 
 /// What these tests do inside their namespace.
 impl Netns {

@@ -7,7 +7,6 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::time::Duration;
 
 use ipnet::IpNet;
 use svcproxy_core::model::IpFamily;
@@ -126,74 +125,6 @@ pub struct PlanConfig {
     pub ipv4: bool,
     /// Program the IPv6 table.
     pub ipv6: bool,
-    /// The userspace mode's proxy settings (no other mode reads them; they decide
-    /// nothing in the intent).
-    pub userspace: UserspaceConfig,
-    /// How the nftables mode writes to the kernel (`--nft-writer`; decides nothing
-    /// in the intent or the rules).
-    pub nft_writer: NftWriter,
-}
-
-/// How the nftables mode writes its changes to the kernel.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NftWriter {
-    /// A partial sync whose every statement has a typed form (elements, plain
-    /// service chains: see [`crate::nft::typed`]) is one nf_tables batch over
-    /// netlink; everything else goes through `nft -f`.
-    #[default]
-    Netlink,
-    /// Every sync through `nft -f` (the fallback).
-    Text,
-}
-
-/// How the userspace mode chooses an endpoint for a new connection
-/// (`--userspace-scheduler`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Scheduler {
-    /// Each endpoint in turn (`rr`).
-    #[default]
-    RoundRobin,
-    /// The endpoint with the fewest connections open through this proxy, ties in
-    /// turn (`lc`, as IPVS's).
-    LeastConnections,
-}
-
-/// The userspace mode's proxy settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserspaceConfig {
-    pub scheduler: Scheduler,
-    /// How long an endpoint may take to accept a connection before the next one is
-    /// tried (`--userspace-connect-timeout`).
-    pub connect_timeout: Duration,
-    /// How long connections to a removed endpoint may go on; zero keeps them
-    /// (`--userspace-drain-timeout`).
-    pub drain_timeout: Duration,
-    /// How long a UDP flow with no datagram either way keeps its upstream socket
-    /// (`--udp-timeout`, upstream's userspace flag).
-    pub udp_timeout: Duration,
-    /// The ports the proxy's own sockets take (`--proxy-port-range`); `None`: the
-    /// kernel chooses.
-    pub port_range: Option<(u16, u16)>,
-    /// At SIGTERM, how long open connections may go on once the listeners are
-    /// closed (`--userspace-shutdown-timeout`).
-    pub shutdown_timeout: Duration,
-    /// Move TCP bytes with `splice(2)` rather than through a buffer
-    /// (`--userspace-zero-copy`).
-    pub zero_copy: bool,
-}
-
-impl Default for UserspaceConfig {
-    fn default() -> Self {
-        UserspaceConfig {
-            scheduler: Scheduler::RoundRobin,
-            connect_timeout: Duration::from_secs(1),
-            drain_timeout: Duration::ZERO,
-            udp_timeout: Duration::from_millis(250),
-            port_range: None,
-            shutdown_timeout: Duration::from_secs(25),
-            zero_copy: true,
-        }
-    }
 }
 
 impl Default for PlanConfig {
@@ -211,8 +142,6 @@ impl Default for PlanConfig {
             drop_invalid_forwarded: false,
             ipv4: true,
             ipv6: true,
-            userspace: UserspaceConfig::default(),
-            nft_writer: NftWriter::default(),
         }
     }
 }

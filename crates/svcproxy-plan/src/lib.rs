@@ -24,7 +24,7 @@ pub mod names;
 pub mod nft;
 
 pub use config::{
-    ConfigError, InterfaceName, LocalDetection, LocalhostNodePorts, ModeSemantics, NftWriter,
-    NodePortAddresses, PlanConfig, Scheduler, UserspaceConfig,
+    ConfigError, InterfaceName, LocalDetection, LocalhostNodePorts, ModeSemantics,
+    NodePortAddresses, PlanConfig,
 };
 pub use intent::{build_intent, Conflict, Intent, IntentBuilder, IntentDelta};

@@ -11,7 +11,8 @@
 //! *file* defaults. Only `--hostname-override` (when non-empty) wins over the file, and
 //! flags outside the config (`--master`, `--cleanup`, `-v`, svcproxy's own) always apply.
 
-pub mod duration;
+/// Go's duration syntax (shared with the data planes' own flags).
+pub use svcproxy_core::go_syntax as duration;
 pub mod effective;
 pub mod file;
 pub mod flags;
@@ -21,6 +22,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use svcproxy_dataplane::{ConfigSection, LocalhostDefault, NodePortDefault};
 
 use duration::{format_go_duration, GoDuration};
 pub use file::KubeProxyConfiguration;
@@ -33,7 +35,8 @@ pub struct Settings {
     /// The Node this proxy serves: `--hostname-override`, else the file's
     /// `hostnameOverride`, else the host name; trimmed and lowercased.
     pub node_name: String,
-    pub proxy_mode: ProxyMode,
+    /// The data plane `--proxy-mode` names, from the registry.
+    pub proxy_mode: &'static svcproxy_dataplane::Backend,
     /// kube-proxy's `bindAddress`: an override for the node's primary IP. Unspecified
     /// (0.0.0.0 or ::) means "from the Node object"; its family still hints the
     /// primary IP family.
@@ -98,11 +101,8 @@ pub struct Settings {
     /// `--dns-upstream`: `None` for /etc/resolv.conf's nameservers, `Some([])` for
     /// none (`--dns-upstream none`: names outside the cluster domain are refused).
     pub dns_upstreams: Option<Vec<SocketAddr>>,
-    /// The userspace mode's proxy (`--userspace-*`, `--udp-timeout`,
-    /// `--proxy-port-range`).
-    pub userspace: svcproxy_plan::UserspaceConfig,
-    /// `--nft-writer`.
-    pub nft_writer: svcproxy_plan::NftWriter,
+    /// The data planes' own flags (checked), handed to the mode's data plane.
+    pub mode_flags: svcproxy_dataplane::ModeFlags,
 }
 
 /// kube-proxy's `--logging-format` / `logging.format`.
@@ -130,16 +130,6 @@ impl LogFormat {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ProxyMode {
-    /// svcproxy's default (kube-proxy's default is iptables).
-    #[default]
-    Nftables,
-    Iptables,
-    /// The proxy forwards every connection itself (kube-proxy's original mode).
-    Userspace,
-}
-
 impl Settings {
     /// Whether NodePorts are asked for on loopback: `--nodeport-localhost` when
     /// given; else the iptables setting in the iptables and userspace modes (on by
@@ -147,27 +137,11 @@ impl Settings {
     /// upstream's). Where and how they are then served is the mode's
     /// ([`svcproxy_plan::PlanConfig::serves_localhost_nodeports`]).
     pub fn serves_localhost_nodeports(&self) -> bool {
-        self.nodeport_localhost.unwrap_or(match self.proxy_mode {
-            ProxyMode::Nftables => false,
-            ProxyMode::Iptables | ProxyMode::Userspace => self.localhost_nodeports,
-        })
-    }
-}
-
-impl ProxyMode {
-    /// The name kube-proxy uses for the mode.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProxyMode::Nftables => "nftables",
-            ProxyMode::Iptables => "iptables",
-            ProxyMode::Userspace => "userspace",
-        }
-    }
-}
-
-impl std::fmt::Display for ProxyMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        self.nodeport_localhost
+            .unwrap_or(match self.proxy_mode.defaults.localhost_nodeports {
+                LocalhostDefault::Off => false,
+                LocalhostDefault::IptablesSetting => self.localhost_nodeports,
+            })
     }
 }
 
@@ -245,7 +219,7 @@ pub fn resolve(
 
 /// The configuration fields that come from either the flags or the file.
 struct Modeled {
-    proxy_mode: ProxyMode,
+    proxy_mode: &'static svcproxy_dataplane::Backend,
     bind_address: IpAddr,
     cluster_cidrs: Vec<IpNet>,
     /// `None`: the mode's default.
@@ -366,13 +340,12 @@ fn resolve_with(
         _ => hostname()?,
     };
 
-    let nodeport_addresses = modeled
-        .nodeport_addresses
-        .unwrap_or(match modeled.proxy_mode {
-            ProxyMode::Nftables => NodePortAddresses::Primary,
-            // The userspace proxy listened on every address for NodePorts.
-            ProxyMode::Iptables | ProxyMode::Userspace => NodePortAddresses::All,
-        });
+    let nodeport_addresses = modeled.nodeport_addresses.unwrap_or(
+        match modeled.proxy_mode.defaults.nodeport_addresses {
+            NodePortDefault::Primary => NodePortAddresses::Primary,
+            NodePortDefault::AllLocal => NodePortAddresses::All,
+        },
+    );
     let verbosity = if explicitly_set("v") {
         flags.v
     } else {
@@ -387,7 +360,16 @@ fn resolve_with(
         modeled.log_format.unwrap_or(flag_format)
     };
     warnings.extend(flags.ignored.warnings());
-    let userspace = userspace_config(flags, explicitly_set, modeled.proxy_mode, &mut warnings)?;
+    warnings.extend(svcproxy_dataplane::ignored_flag_warnings(
+        modeled.proxy_mode,
+        explicitly_set,
+    ));
+    let mode_errors = flags.mode.check();
+    if !mode_errors.is_empty() {
+        let mut errors = Errors::default();
+        mode_errors.into_iter().for_each(|e| errors.push(e));
+        errors.finish("flags")?;
+    }
 
     let dns_clients_node = flags.dns_node_local.then(|| node_name.clone());
     let settings = Settings {
@@ -441,103 +423,18 @@ fn resolve_with(
             .write_config_to
             .clone()
             .filter(|p| !p.as_os_str().is_empty()),
-        userspace,
-        nft_writer: match flags.nft_writer.as_str() {
-            "text" => svcproxy_plan::NftWriter::Text,
-            _ => svcproxy_plan::NftWriter::Netlink,
-        },
+        mode_flags: flags.mode.clone(),
     };
     Ok((settings, warnings))
 }
 
-/// The userspace mode's settings from its flags (which a `--config` file does not
-/// model), with a warning for each one given in another mode.
-fn userspace_config(
-    flags: &ProxyFlags,
-    explicitly_set: &dyn Fn(&str) -> bool,
-    mode: ProxyMode,
-    warnings: &mut Vec<String>,
-) -> anyhow::Result<svcproxy_plan::UserspaceConfig> {
-    if mode != ProxyMode::Userspace {
-        for (id, flag) in [
-            ("proxy_port_range", "--proxy-port-range"),
-            ("udp_timeout", "--udp-timeout"),
-            ("userspace_scheduler", "--userspace-scheduler"),
-            ("userspace_connect_timeout", "--userspace-connect-timeout"),
-            ("userspace_drain_timeout", "--userspace-drain-timeout"),
-            ("userspace_shutdown_timeout", "--userspace-shutdown-timeout"),
-            ("userspace_zero_copy", "--userspace-zero-copy"),
-        ] {
-            if explicitly_set(id) {
-                warnings.push(format!(
-                    "{flag}: ignored in {mode} mode (userspace mode only)"
-                ));
-            }
-        }
-    }
-    if flags.udp_timeout.is_zero() {
-        anyhow::bail!("--udp-timeout: must be greater than 0");
-    }
-    if flags.userspace_connect_timeout.is_zero() {
-        anyhow::bail!("--userspace-connect-timeout: must be greater than 0");
-    }
-    let port_range = match &flags.proxy_port_range {
-        Some(r) => parse_port_range(r).map_err(|e| anyhow::anyhow!("--proxy-port-range: {e}"))?,
-        None => None,
-    };
-    Ok(svcproxy_plan::UserspaceConfig {
-        scheduler: match flags.userspace_scheduler.as_str() {
-            "lc" => svcproxy_plan::Scheduler::LeastConnections,
-            _ => svcproxy_plan::Scheduler::RoundRobin,
-        },
-        connect_timeout: flags.userspace_connect_timeout,
-        drain_timeout: flags.userspace_drain_timeout,
-        udp_timeout: flags.udp_timeout,
-        port_range,
-        shutdown_timeout: flags.userspace_shutdown_timeout,
-        zero_copy: flags.userspace_zero_copy,
-    })
-}
-
-/// kube-proxy's port range syntax: `BEGIN-END`, `BEGIN+OFFSET` or `PORT`, inclusive;
-/// empty, `0` or `0-0` for none (the kernel chooses).
-pub fn parse_port_range(s: &str) -> Result<Option<(u16, u16)>, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Ok(None);
-    }
-    let port = |p: &str| -> Result<u16, String> {
-        p.trim()
-            .parse::<u16>()
-            .map_err(|_| format!("{p:?} is not a port (0-65535)"))
-    };
-    let (lo, hi) = if let Some((a, b)) = s.split_once('-') {
-        (port(a)?, port(b)?)
-    } else if let Some((a, b)) = s.split_once('+') {
-        let lo = port(a)?;
-        let hi = lo
-            .checked_add(port(b)?)
-            .ok_or_else(|| format!("{s:?} goes past port 65535"))?;
-        (lo, hi)
-    } else {
-        let p = port(s)?;
-        (p, p)
-    };
-    match (lo, hi) {
-        (0, 0) => Ok(None),
-        (0, _) => Err(format!("{s:?}: a range cannot start at port 0")),
-        (lo, hi) if hi < lo => Err(format!("{s:?}: the end is before the beginning")),
-        r => Ok(Some(r)),
-    }
-}
-
 fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String>) -> Modeled {
-    let (proxy_mode, mode_warning) = errors.check(
+    let mode = errors.check(
         "--proxy-mode",
-        parse_proxy_mode(&flags.proxy_mode),
-        (ProxyMode::default(), None),
+        svcproxy_dataplane::resolve_mode(&flags.proxy_mode),
+        default_mode(),
     );
-    warnings.extend(mode_warning.map(|w| format!("--proxy-mode: {w}")));
+    warnings.extend(mode.warning.map(|w| format!("--proxy-mode: {w}")));
     let cluster_cidrs = errors.check(
         "--cluster-cidr",
         parse_cluster_cidrs(flags.cluster_cidr.as_deref().unwrap_or("")),
@@ -558,8 +455,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
     );
     // kube-proxy's mode-specific names (processV1Alpha1Flags): --ipvs-* in ipvs mode,
     // --iptables-* in every other mode; each wins over svcproxy's mode-neutral flag.
-    let ipvs_mode = flags.proxy_mode == "ipvs";
-    let (mode_sync, mode_min, other) = if ipvs_mode {
+    let (mode_sync, mode_min, other) = if mode.sync_section == ConfigSection::Ipvs {
         (
             flags.ipvs_sync_period,
             flags.ipvs_min_sync_period,
@@ -582,11 +478,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         if value.is_some() {
             warnings.push(format!(
                 "{flag}: ignored, --proxy-mode is {} (as kube-proxy)",
-                if flags.proxy_mode.is_empty() {
-                    "nftables"
-                } else {
-                    &flags.proxy_mode
-                }
+                mode.name()
             ));
         }
     }
@@ -626,7 +518,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
     );
     let nonzero = |d: Duration| Some(d).filter(|d| !d.is_zero());
     Modeled {
-        proxy_mode,
+        proxy_mode: mode.backend,
         bind_address: errors.check(
             "--bind-address",
             parse_ip(&flags.bind_address),
@@ -695,12 +587,13 @@ fn from_file(
     warnings.extend(file.unsupported_fields());
 
     let mode_str = file.mode.as_deref().unwrap_or("");
-    let (proxy_mode, mode_warning) = errors.check(
+    let mode = errors.check(
         "mode",
-        parse_proxy_mode(mode_str),
-        (ProxyMode::default(), None),
+        svcproxy_dataplane::resolve_mode(mode_str),
+        default_mode(),
     );
-    warnings.extend(mode_warning.map(|w| format!("mode: {w}")));
+    warnings.extend(mode.warning.map(|w| format!("mode: {w}")));
+    let proxy_mode = mode.backend;
 
     let ipt = file.iptables.clone().unwrap_or_default();
     let nft = file.nftables.clone().unwrap_or_default();
@@ -711,11 +604,13 @@ fn from_file(
     // and from iptables otherwise. An empty mode means svcproxy's nftables, so it reads
     // the nftables section where kube-proxy (defaulting to iptables) would read
     // iptables; the warnings below point that out when it matters.
-    let (section, sec_sync, sec_min) = match mode_str {
-        "ipvs" => ("ipvs", ipvs.sync_period, ipvs.min_sync_period),
-        "iptables" => ("iptables", ipt.sync_period, ipt.min_sync_period),
-        _ => ("nftables", nft.sync_period, nft.min_sync_period),
+    let section_of = |s: ConfigSection| match s {
+        ConfigSection::Ipvs => (ipvs.sync_period, ipvs.min_sync_period),
+        ConfigSection::Iptables => (ipt.sync_period, ipt.min_sync_period),
+        ConfigSection::Nftables => (nft.sync_period, nft.min_sync_period),
     };
+    let section = mode.sync_section.name();
+    let (sec_sync, sec_min) = section_of(mode.sync_section);
     let set = |d: Option<GoDuration>| d.map(|d| d.0).filter(|d| !d.is_zero());
     let pick = |top: Option<GoDuration>,
                 sec: Option<GoDuration>,
@@ -752,12 +647,15 @@ fn from_file(
         warnings,
     );
 
-    let (masq_all, masq_bit) = match proxy_mode {
-        // The userspace mode captures with the nftables mode's table.
-        ProxyMode::Nftables | ProxyMode::Userspace => (nft.masquerade_all, nft.masquerade_bit),
-        ProxyMode::Iptables => (ipt.masquerade_all, ipt.masquerade_bit),
+    let masquerade_section = proxy_mode.defaults.config_section;
+    let masquerade_of = |s: ConfigSection| match s {
+        ConfigSection::Iptables => (ipt.masquerade_all, ipt.masquerade_bit),
+        ConfigSection::Nftables => (nft.masquerade_all, nft.masquerade_bit),
+        // Upstream's ipvs mode reads the iptables section's.
+        ConfigSection::Ipvs => (ipt.masquerade_all, ipt.masquerade_bit),
     };
-    let active = proxy_mode.as_str();
+    let (masq_all, masq_bit) = masquerade_of(masquerade_section);
+    let active = proxy_mode.mode;
     let mut ignored_section = |name: &str,
                                sync: Option<GoDuration>,
                                min: Option<GoDuration>,
@@ -777,7 +675,7 @@ fn from_file(
             fields.push("masqueradeBit");
         }
         if !fields.is_empty() {
-            let hint = if mode_str.is_empty() && name == "iptables" {
+            let hint = if mode_str.is_empty() && name == ConfigSection::Iptables.name() {
                 " (svcproxy's default mode is nftables, kube-proxy's is iptables; set mode: iptables to use this section)"
             } else {
                 ""
@@ -792,23 +690,14 @@ fn from_file(
             ));
         }
     };
-    match proxy_mode {
-        ProxyMode::Nftables | ProxyMode::Userspace => ignored_section(
-            "iptables",
-            ipt.sync_period,
-            ipt.min_sync_period,
-            ipt.masquerade_all,
-            ipt.masquerade_bit,
-        ),
-        ProxyMode::Iptables => ignored_section(
-            "nftables",
-            nft.sync_period,
-            nft.min_sync_period,
-            nft.masquerade_all,
-            nft.masquerade_bit,
-        ),
+    for other in [ConfigSection::Iptables, ConfigSection::Nftables] {
+        if other != masquerade_section {
+            let (sync, min) = section_of(other);
+            let (masq, bit) = masquerade_of(other);
+            ignored_section(other.name(), sync, min, masq, bit);
+        }
     }
-    if mode_str != "ipvs" {
+    if mode.sync_section != ConfigSection::Ipvs {
         let mut fields = Vec::new();
         if set(ipvs.sync_period).is_some_and(|d| d != DEFAULT_SYNC_PERIOD) {
             fields.push("ipvs.syncPeriod");
@@ -983,23 +872,9 @@ fn from_file(
     }
 }
 
-/// A kube-proxy mode name: the mode svcproxy runs, and a warning if that is not the
-/// one asked for.
-fn parse_proxy_mode(s: &str) -> Result<(ProxyMode, Option<String>), String> {
-    match s {
-        "" | "nftables" => Ok((ProxyMode::Nftables, None)),
-        "iptables" => Ok((ProxyMode::Iptables, None)),
-        "userspace" => Ok((ProxyMode::Userspace, None)),
-        "ipvs" | "kernelspace" => Ok((
-            ProxyMode::Nftables,
-            Some(format!(
-                "{s:?} mode is not supported by svcproxy; using nftables"
-            )),
-        )),
-        _ => Err(format!(
-            "unknown proxy mode {s:?}: must be nftables, iptables, userspace or empty (nftables)"
-        )),
-    }
+/// What an invalid mode falls back to while the other errors are collected.
+fn default_mode() -> svcproxy_dataplane::ModeChoice {
+    svcproxy_dataplane::resolve_mode("").expect("the default mode is registered")
 }
 
 /// One CIDR or a dual-stack pair (`10.0.0.0/16,fd00::/48`), as upstream validates

@@ -93,8 +93,6 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
         nodeport_addresses,
         localhost_nodeports: settings.serves_localhost_nodeports(),
         conntrack_tcp_be_liberal: settings.conntrack.tcp_be_liberal,
-        userspace: settings.userspace.clone(),
-        nft_writer: settings.nft_writer,
         ..PlanConfig::default()
     };
     let cfg = backend.semantics.apply(cfg);
@@ -224,15 +222,13 @@ trait Target {
         true
     }
 
-    /// The counters of a data plane that forwards connections itself (userspace).
-    fn proxy_stats(&self) -> Option<Arc<svcproxy_dataplane::userspace::Stats>> {
-        None
+    /// The data plane's own metrics: see [`svcproxy_dataplane::DataPlane::collectors`].
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        Vec::new()
     }
 
     /// The process is stopping: see [`svcproxy_dataplane::DataPlane::shutdown`].
-    fn shutdown(&mut self, grace: Duration) {
-        let _ = grace;
-    }
+    fn shutdown(&mut self) {}
 }
 
 /// What a target reports of a successful sync.
@@ -290,12 +286,12 @@ struct KernelTarget {
 }
 
 impl Target for KernelTarget {
-    fn proxy_stats(&self) -> Option<Arc<svcproxy_dataplane::userspace::Stats>> {
-        self.plane.plane().proxy_stats()
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        self.plane.plane().collectors()
     }
 
-    fn shutdown(&mut self, grace: Duration) {
-        self.plane.plane_mut().shutdown(grace);
+    fn shutdown(&mut self) {
+        self.plane.plane_mut().shutdown();
     }
 
     fn sync(
@@ -654,24 +650,6 @@ impl<T: Target> Syncer for ProxySyncer<T> {
 /// followed by [`crate::release_free_memory`].
 const TRIM_AFTER_CHANGES: usize = 1000;
 
-/// The data plane of `--proxy-mode`, from the registry of implemented modes.
-fn backend(settings: &Settings) -> anyhow::Result<&'static Backend> {
-    let mode = settings.proxy_mode.as_str();
-    match svcproxy_dataplane::backend(mode) {
-        Some(b) => Ok(b),
-        None => {
-            let implemented: Vec<&str> = svcproxy_dataplane::BACKENDS
-                .iter()
-                .map(|b| b.mode)
-                .collect();
-            bail!(
-                "--proxy-mode {mode} is not implemented yet; implemented: {}",
-                implemented.join(", ")
-            )
-        }
-    }
-}
-
 /// Where Services, EndpointSlices and Nodes come from.
 enum Source {
     Manifests(ManifestDir),
@@ -710,9 +688,12 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             if !settings.init_only {
                 warn_about_kube_proxy_leftovers(&settings);
             }
-            let backend = backend(&settings)?;
+            let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
-            let plane = Proxier::new(plan_cfg.clone(), (backend.new)(&plan_cfg));
+            let plane = Proxier::new(
+                plan_cfg.clone(),
+                (backend.new)(&plan_cfg, &settings.mode_flags),
+            );
             let needs = plane.node_requirements();
             let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
             if settings.init_only {
@@ -766,9 +747,9 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             rt.block_on(serve(settings, target, servers, !watch, None, None))
         }
         Output::Explain { packet, json, live } => {
-            let backend = backend(&settings)?;
+            let backend = settings.proxy_mode;
             let cfg = plan_config(&settings, backend)?;
-            let live = live.then(|| (backend.new)(&cfg));
+            let live = live.then(|| (backend.new)(&cfg, &settings.mode_flags));
             let target = ExplainPrinter {
                 cfg: cfg.clone(),
                 packet,
@@ -779,9 +760,9 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
         }
         Output::Dns => rt.block_on(serve(settings, DnsOnly, servers, false, None, None)),
         Output::Render => {
-            let backend = backend(&settings)?;
+            let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
-            let plane = (backend.new)(&plan_cfg);
+            let plane = (backend.new)(&plan_cfg, &settings.mode_flags);
             let target = RenderPrinter(Proxier::without_conntrack(plan_cfg.clone(), plane));
             rt.block_on(serve(
                 settings,
@@ -960,9 +941,7 @@ async fn serve<T: Target>(
     let mut http_tasks = Vec::new();
     let mut source_task = None;
     metrics.set_configz(&config::effective::configz_json(&settings));
-    if let Some(stats) = target.proxy_stats() {
-        metrics.register_userspace(stats);
-    }
+    metrics.register_data_plane(target.collectors());
     if let Some(l) = healthz {
         let (health, metrics, stop) = (health.clone(), metrics.clone(), stop_rx.clone());
         http_tasks.push(tokio::spawn(async move {
@@ -1119,10 +1098,7 @@ async fn serve<T: Target>(
     };
     // A data plane forwarding connections itself lets them finish first (the
     // health and metrics servers still answer meanwhile).
-    if syncer.target.proxy_stats().is_some() {
-        let grace = settings.userspace.shutdown_timeout;
-        tokio::task::block_in_place(|| syncer.target.shutdown(grace));
-    }
+    tokio::task::block_in_place(|| syncer.target.shutdown());
     let _ = stop_tx.send(true);
     if let Some((servers, _)) = &mut syncer.health_checks {
         servers.shutdown();

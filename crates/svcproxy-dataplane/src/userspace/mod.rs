@@ -31,6 +31,8 @@
 //! node without `route_localnet` (and the martian packets it lets in,
 //! CVE-2020-8558); the proxy connects from the node's own address instead.
 
+mod metrics;
+mod options;
 mod relay;
 mod tcp;
 mod udp;
@@ -43,16 +45,21 @@ use std::time::Duration;
 use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
 use svcproxy_plan::intent::{EndpointSetId, FrontendKey, ServiceIntent};
 use svcproxy_plan::nft::CapturePorts;
-use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig, UserspaceConfig};
+use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 use tokio::net::TcpListener;
 
+pub use metrics::UserspaceCollector;
+pub use options::{parse_port_range, Scheduler, UserspaceConfig, UserspaceFlags};
 pub use tcp::{
-    serve_tcp, Options, Pool, PortBook, PortCounters, RouteTable, Routes, Scheduler, Sets, Stats,
+    serve_tcp, Options, Pool, PortBook, PortCounters, RouteTable, Routes, Sets, Stats,
     MAX_PORT_SERIES,
 };
 pub use udp::{bind_wildcard, UdpFrontend};
 
-use crate::backend::{ApplyReport, Backend, Comparison, DataPlane, NodeRequirements};
+use crate::backend::{
+    ApplyReport, Backend, Comparison, ConfigSection, DataPlane, LocalhostDefault, ModeDefaults,
+    NodePortDefault, NodeRequirements,
+};
 use crate::conntrack::ConntrackFilter;
 use crate::error::DataPlaneError;
 use crate::nft::NftDataPlane;
@@ -71,11 +78,20 @@ pub const SEMANTICS: ModeSemantics = ModeSemantics {
 /// The userspace mode in the registry.
 pub const BACKEND: Backend = Backend {
     mode: "userspace",
+    aliases: &[],
+    defaults: ModeDefaults {
+        // It captures with the nftables mode's table.
+        config_section: ConfigSection::Nftables,
+        // The userspace proxy listened on every address for NodePorts.
+        nodeport_addresses: NodePortDefault::AllLocal,
+        localhost_nodeports: LocalhostDefault::IptablesSetting,
+    },
+    flags: <UserspaceFlags as clap::Args>::augment_args,
     // Upstream's userspace proxy had no failure counters of its own.
     failure_counters: &[],
     counts_rules: false,
     semantics: SEMANTICS,
-    new: |cfg| Box::new(UserspaceDataPlane::new(cfg)),
+    new: |cfg, flags| Box::new(UserspaceDataPlane::new(cfg, flags.userspace_config())),
 };
 
 const SETS: [EndpointSetId; 2] = [EndpointSetId::Cluster, EndpointSetId::Local];
@@ -256,15 +272,16 @@ pub struct UserspaceDataPlane {
 }
 
 impl UserspaceDataPlane {
-    pub fn new(cfg: &PlanConfig) -> Self {
-        Self::with_scope(cfg, Scope::All)
+    pub fn new(cfg: &PlanConfig, options: UserspaceConfig) -> Self {
+        Self::with_scope(cfg, options, Scope::All)
     }
 
     /// The nftables mode serving NodePorts on loopback through the proxy (see the
     /// module's doc), in the families where `cfg` serves them.
-    pub fn localhost_nodeports(cfg: &PlanConfig) -> Self {
+    pub fn localhost_nodeports(cfg: &PlanConfig, options: UserspaceConfig) -> Self {
         Self::with_scope(
             cfg,
+            options,
             Scope::LoopbackNodePorts {
                 v4: cfg.serves_localhost_nodeports(IpFamily::V4),
                 v6: cfg.serves_localhost_nodeports(IpFamily::V6),
@@ -272,19 +289,19 @@ impl UserspaceDataPlane {
         )
     }
 
-    fn with_scope(cfg: &PlanConfig, scope: Scope) -> Self {
+    fn with_scope(cfg: &PlanConfig, options: UserspaceConfig, scope: Scope) -> Self {
         let enabled: Vec<IpFamily> = IpFamily::BOTH
             .into_iter()
             .filter(|f| cfg.family_enabled(*f))
             .collect();
         UserspaceDataPlane {
-            cfg: cfg.userspace.clone(),
+            cursor: PortCursor::new(options.port_range),
+            cfg: options,
             scope,
             families: scope.families(&enabled),
             nft: NftDataPlane::new(),
             engine: None,
             stats: Arc::new(Stats::default()),
-            cursor: PortCursor::new(cfg.userspace.port_range),
             generation: None,
             retry_full: false,
             sctp_logged: HashSet::new(),
@@ -692,7 +709,7 @@ impl DataPlane for UserspaceDataPlane {
     fn mode(&self) -> &'static str {
         match self.scope {
             Scope::All => BACKEND.mode,
-            Scope::LoopbackNodePorts { .. } => crate::nft::BACKEND.mode,
+            Scope::LoopbackNodePorts { .. } => crate::nft::MODE,
         }
     }
 
@@ -750,14 +767,16 @@ impl DataPlane for UserspaceDataPlane {
         self.nft.compare(intent)
     }
 
-    fn proxy_stats(&self) -> Option<Arc<Stats>> {
-        Some(self.stats.clone())
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![Box::new(UserspaceCollector::new(self.stats.clone()))]
     }
 
     /// Stops accepting (the listeners close: new connections are refused), then
-    /// waits for the open connections to end, at most `grace`; what is still open
-    /// then is cut when the runtime stops.
-    fn shutdown(&mut self, grace: Duration) {
+    /// waits for the open connections to end, at most
+    /// `--userspace-shutdown-timeout`; what is still open then is cut when the
+    /// runtime stops.
+    fn shutdown(&mut self) {
+        let grace = self.cfg.shutdown_timeout;
         let Some(engine) = self.engine.as_mut() else {
             return;
         };

@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+pub use super::options::Scheduler;
 use svcproxy_core::model::IpFamily;
 use svcproxy_core::model::ServicePortName;
 use svcproxy_plan::intent::EndpointSetId;
-pub use svcproxy_plan::Scheduler;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 

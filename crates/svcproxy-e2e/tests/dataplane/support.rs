@@ -199,16 +199,22 @@ impl Mode {
 
     /// Where the mode behaves as upstream's same mode does, as the registry says.
     pub fn semantics(self) -> svcproxy_plan::ModeSemantics {
-        svcproxy_dataplane::backend(self.name())
+        self.backend().semantics
+    }
+
+    /// The mode's entry in the registry.
+    pub fn backend(self) -> &'static svcproxy_dataplane::Backend {
+        svcproxy_dataplane::resolve_mode(self.name())
             .expect("a registered mode")
-            .semantics
+            .backend
     }
 
     /// Whether NodePorts answer on 127.0.0.1 with the default flags (on by default
     /// in the iptables and userspace modes, as upstream's iptables mode; nftables
     /// mode serves them only with `--nodeport-localhost`).
     pub fn localhost_nodeports(self) -> bool {
-        self != Mode::Nftables
+        self.backend().defaults.localhost_nodeports
+            == svcproxy_dataplane::LocalhostDefault::IptablesSetting
     }
 
     /// Whether NodePorts answer on ::1 with the default flags: only where the proxy
@@ -228,10 +234,7 @@ impl Mode {
     /// Whether NodePorts answer on every local address when `--nodeport-addresses` is
     /// not given (upstream iptables mode), rather than on the primary IP (nftables).
     pub fn default_nodeports_on_every_address(self) -> bool {
-        match self {
-            Mode::Nftables => false,
-            Mode::Iptables | Mode::IptablesLegacy | Mode::Userspace => true,
-        }
+        self.backend().defaults.nodeport_addresses == svcproxy_dataplane::NodePortDefault::AllLocal
     }
 
     /// Whether the endpoint sees the client's own address where the kernel modes keep

@@ -62,7 +62,7 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
         bind_address_hard_fail: Some(settings.bind_address_hard_fail),
         enable_profiling: Some(false),
         show_hidden_metrics_for_version: Some(String::new()),
-        mode: Some(settings.proxy_mode.as_str().to_string()),
+        mode: Some(settings.proxy_mode.mode.to_string()),
         iptables: Some(IPTablesConfiguration {
             masquerade_bit: Some(i32::from(settings.masquerade_bit)),
             masquerade_all: Some(settings.masquerade_all),

@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use clap::builder::ArgAction;
 
-use super::duration::parse_go_duration;
-
 /// kube-proxy's command-line flags, plus svcproxy's own.
 // Each field's clap id is its name; the resolver asks `explicitly_set` by that id (see
 // CONFIG_MODELED_FLAGS). Plain comment: clap shows a doc comment here as the command's
@@ -280,45 +278,15 @@ pub struct ProxyFlags {
     )]
     pub logging_format: String,
 
-    /// userspace mode only: the ports the proxy's own sockets take, BEGIN-END, BEGIN+OFFSET or PORT (inclusive); empty or 0: the kernel chooses, as kube-proxy's userspace proxy.
-    #[arg(long, value_name = "RANGE", help_heading = "kube-proxy")]
-    pub proxy_port_range: Option<String>,
-
-    /// userspace mode only: how long an idle UDP flow keeps its upstream socket, greater than 0 (kube-proxy's userspace default).
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub udp_timeout: Duration,
-
-    /// nftables mode only: how changes reach the kernel. 'netlink' (the default): a partial sync of elements and plain service chains (an endpoint moved, a ClusterIP service added or deleted) is one nf_tables batch over netlink, every other sync one nft -f transaction; 'text': every sync through nft -f (svcproxy only).
-    #[arg(long, value_name = "netlink|text", default_value = "netlink", value_parser = ["netlink", "text"], help_heading = "svcproxy")]
-    pub nft_writer: String,
-
-    /// userspace mode only: how an endpoint is chosen for a new connection, rr (round-robin) or lc (least active connections) (svcproxy only).
-    #[arg(long, value_name = "rr|lc", default_value = "rr", value_parser = ["rr", "lc"], help_heading = "svcproxy")]
-    pub userspace_scheduler: String,
-
-    /// userspace mode only: how long an endpoint may take to accept a connection before the next is tried; 1s by default, the TCP initial retransmission timeout: an endpoint that has not answered the SYN by then has lost it or is gone (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
-    pub userspace_connect_timeout: Duration,
-
-    /// userspace mode only: connections to an endpoint that left its service are closed this long after it left; 0s keeps them to their end (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
-    pub userspace_drain_timeout: Duration,
-
-    /// userspace mode only: at SIGTERM the proxy stops accepting and lets open connections finish for at most this long; 25s by default, within a pod's default 30s grace period (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
-    pub userspace_shutdown_timeout: Duration,
-
     /// Serve NodePorts on loopback too. nftables mode: on 127.0.0.1 and ::1 through the userspace proxy's forwarder on loopback, no route_localnet (off by default, as upstream's nftables mode has none). userspace mode: on 127.0.0.1 and ::1 (on by default). iptables mode: overrides --iptables-localhost-nodeports (127.0.0.1 only, by the kernel's DNAT with route_localnet; on by default) (svcproxy only).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true",
           value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "svcproxy")]
     pub nodeport_localhost: Option<bool>,
 
-    /// userspace mode only: move TCP bytes between a client and its endpoint with splice(2), never through the proxy's memory; false copies them through a buffer (svcproxy only).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value = "true", default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "svcproxy")]
-    pub userspace_zero_copy: bool,
+    // The data planes' own flags (each mode declares its group).
+    #[command(flatten)]
+    pub mode: svcproxy_dataplane::ModeFlags,
 
     #[command(flatten)]
     pub ignored: IgnoredFlags,
@@ -702,18 +670,7 @@ pub fn explicitly_set_in(matches: &clap::ArgMatches) -> impl Fn(&str) -> bool + 
     }
 }
 
-fn parse_duration_arg(s: &str) -> Result<Duration, String> {
-    parse_go_duration(s).map_err(|e| e.to_string())
-}
-
-/// Go's `strconv.ParseBool`, which pflag uses for `--flag=VALUE` on boolean flags.
-pub fn parse_go_bool(s: &str) -> Result<bool, String> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("invalid boolean {s:?} (use true or false)")),
-    }
-}
+pub use svcproxy_core::go_syntax::{parse_duration_arg, parse_go_bool};
 
 /// The host's name as kube-proxy finds it (Go's `os.Hostname` reads this file on
 /// Linux), trimmed and lowercased. `$HOSTNAME` is the fallback for systems without

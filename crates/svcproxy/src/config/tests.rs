@@ -56,7 +56,7 @@ fn warned(warnings: &[String], needle: &str) -> bool {
 fn flags_only_defaults() {
     let (s, w) = ok(&[]);
     assert_eq!(s.node_name, "host-a");
-    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.proxy_mode.mode, "nftables");
     assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
     assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
     assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
@@ -103,7 +103,7 @@ fn flags_only_values() {
         "-v=5",
     ]);
     assert!(w.is_empty(), "{w:?}");
-    assert_eq!(s.proxy_mode, ProxyMode::Iptables);
+    assert_eq!(s.proxy_mode.mode, "iptables");
     assert_eq!(
         s.cluster_cidrs,
         vec![net("10.244.0.0/16"), net("fd00:10:244::/56")]
@@ -223,7 +223,7 @@ fn detect_local_modes() {
 #[test]
 fn proxy_mode_ipvs_falls_back_with_warning() {
     let (s, w) = ok(&["--proxy-mode=ipvs", "--cluster-cidr=10.0.0.0/8"]);
-    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.proxy_mode.mode, "nftables");
     assert!(
         warned(&w, "--proxy-mode: \"ipvs\" mode is not supported"),
         "{w:?}"
@@ -236,7 +236,7 @@ fn kubeadm_config_file_resolves() {
     let (s, w) = ok(&[&config_arg(&f)]);
     assert!(w.is_empty(), "{w:?}");
     // Upstream's file defaults fill every zero/null field.
-    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.proxy_mode.mode, "nftables");
     assert_eq!(s.cluster_cidrs, vec![net("10.244.0.0/16")]);
     assert_eq!(
         s.detect_local,
@@ -284,7 +284,7 @@ fn example_config_loads() {
     );
     let (s, w) = ok(&[&format!("--config={path}"), "--hostname-override=node-a"]);
     assert!(w.is_empty(), "{w:?}");
-    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.proxy_mode.mode, "nftables");
     assert_eq!(s.node_name, "node-a");
     assert_eq!(
         s.cluster_cidrs,
@@ -309,7 +309,7 @@ fn file_wins_over_flags_and_says_so() {
         "--master=https://api:6443",
         "--once",
     ]);
-    assert_eq!(s.proxy_mode, ProxyMode::Iptables);
+    assert_eq!(s.proxy_mode.mode, "iptables");
     assert_eq!(s.cluster_cidrs, vec![net("10.1.0.0/16")]);
     assert_eq!(s.sync_period, Duration::from_secs(10));
     // Not in the file: the file default, not the flag.
@@ -412,7 +412,7 @@ fn file_sync_periods_by_mode() {
         "{HEAD}mode: ipvs\nipvs:\n  syncPeriod: 20s\n  minSyncPeriod: 0s\n  scheduler: rr\n"
     ));
     let (s, w) = ok(&[&config_arg(&f)]);
-    assert_eq!(s.proxy_mode, ProxyMode::Nftables);
+    assert_eq!(s.proxy_mode.mode, "nftables");
     assert_eq!(s.sync_period, Duration::from_secs(20));
     assert!(warned(&w, "mode: \"ipvs\" mode is not supported"), "{w:?}");
     assert!(warned(&w, "ipvs.scheduler"), "{w:?}");
@@ -470,7 +470,7 @@ fn unknown_file_fields_are_decoded_leniently_with_one_warning() {
         "{HEAD}mode: iptables\niptables:\n  masqueradeAll2: true\n  syncPeriod: 10s\nfutureFeature: {{enabled: true}}\n"
     ));
     let (s, w) = ok(&[&config_arg(&f)]);
-    assert_eq!(s.proxy_mode, ProxyMode::Iptables);
+    assert_eq!(s.proxy_mode.mode, "iptables");
     assert_eq!(s.sync_period, Duration::from_secs(10));
     let unknown: Vec<_> = w.iter().filter(|w| w.contains("unknown field")).collect();
     assert_eq!(unknown.len(), 1, "{w:?}");
@@ -740,7 +740,7 @@ fn the_effective_config_round_trips_through_the_file_format() {
 
 #[test]
 fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
-    use svcproxy_plan::Scheduler;
+    use svcproxy_dataplane::userspace::{Scheduler, UserspaceConfig};
     let (s, w) = ok(&[
         "--proxy-mode=userspace",
         "--proxy-port-range=40000+99",
@@ -749,18 +749,19 @@ fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
         "--userspace-connect-timeout=300ms",
         "--userspace-drain-timeout=30s",
     ]);
-    assert_eq!(s.proxy_mode, ProxyMode::Userspace);
-    assert_eq!(s.userspace.port_range, Some((40000, 40099)));
-    assert_eq!(s.userspace.udp_timeout, Duration::from_secs(2));
-    assert_eq!(s.userspace.scheduler, Scheduler::LeastConnections);
-    assert_eq!(s.userspace.connect_timeout, Duration::from_millis(300));
-    assert_eq!(s.userspace.drain_timeout, Duration::from_secs(30));
+    assert_eq!(s.proxy_mode.mode, "userspace");
+    let u = s.mode_flags.userspace_config();
+    assert_eq!(u.port_range, Some((40000, 40099)));
+    assert_eq!(u.udp_timeout, Duration::from_secs(2));
+    assert_eq!(u.scheduler, Scheduler::LeastConnections);
+    assert_eq!(u.connect_timeout, Duration::from_millis(300));
+    assert_eq!(u.drain_timeout, Duration::from_secs(30));
     // NodePorts on every local address, as the userspace proxy listened.
     assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
     assert!(w.is_empty(), "{w:?}");
     // Defaults: kube-proxy's 250ms UDP timeout, round-robin, 1s, keep.
     let (d, _) = ok(&["--proxy-mode=userspace"]);
-    assert_eq!(d.userspace, svcproxy_plan::UserspaceConfig::default());
+    assert_eq!(d.mode_flags.userspace_config(), UserspaceConfig::default());
     // In another mode: one warning per flag given.
     let (_, w) = ok(&["--proxy-port-range=40000-40010", "--userspace-scheduler=lc"]);
     assert_eq!(w.len(), 2, "{w:?}");
@@ -810,18 +811,4 @@ fn localhost_nodeports_by_mode_and_flag() {
     // The effective configuration keeps upstream's own field as it was set.
     let (s, _) = ok(&["--nodeport-localhost"]);
     assert!(s.localhost_nodeports);
-}
-
-#[test]
-fn port_ranges_are_read_as_kube_proxy_reads_them() {
-    use super::parse_port_range as p;
-    assert_eq!(p(""), Ok(None));
-    assert_eq!(p("0"), Ok(None));
-    assert_eq!(p("0-0"), Ok(None));
-    assert_eq!(p("30000-32767"), Ok(Some((30000, 32767))));
-    assert_eq!(p("30000+10"), Ok(Some((30000, 30010))));
-    assert_eq!(p("8080"), Ok(Some((8080, 8080))));
-    for bad in ["0-10", "10-5", "65535+1", "a-b", "70000", "1-2-3"] {
-        assert!(p(bad).is_err(), "{bad}");
-    }
 }
