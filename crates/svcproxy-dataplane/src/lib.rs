@@ -5,7 +5,7 @@
 //!   what the node needs. [`resolve_mode`] is the factory keyed on
 //!   `--proxy-mode`; [`BACKENDS`] lists the implemented modes, and [`ModeFlags`]
 //!   their own flags.
-//! - [`Proxier`] is what every mode shares around a sync: it decides the intent
+//! - [`Driver`] is what every mode shares around a sync: it decides the intent
 //!   ([`svcproxy_plan::IntentBuilder`]), hands it to the data plane, logs
 //!   destination conflicts, and after each successful apply deletes the UDP
 //!   conntrack entries the change left stale: [`cleanup_filters`] decides which,
@@ -33,9 +33,9 @@ pub mod nft;
 mod nft_netlink;
 mod nftables_mode;
 pub use nft_netlink::{Batch, BatchBuilder, BatchStats};
+mod driver;
 mod nft_table;
 mod node;
-mod proxier;
 mod sink;
 pub mod userspace;
 
@@ -54,10 +54,10 @@ pub use conntrack_sysctl::{
     apply_conntrack_sysctls, apply_conntrack_sysctls_at, online_cpus, ConntrackSettings,
 };
 pub use ctnetlink::{NetlinkConntrack, DEFAULT_CONNTRACK_TIMEOUT};
+pub use driver::{Driver, SyncReport};
 pub use error::{DataPlaneError, STDERR_LIMIT};
 pub use host_addrs::{host_addresses, AddressChanges};
 pub use nft::NftDataPlane;
 pub use nft_table::TableState;
 pub use node::{prepare_node, prepare_node_at, required_sysctls, NodePreparation, Sysctl};
-pub use proxier::{Proxier, SyncReport};
 pub use sink::{run_command, CommandOutput, NftCommand, RecordingSink, ScriptSink};

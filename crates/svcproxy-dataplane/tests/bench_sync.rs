@@ -39,7 +39,7 @@ use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
 use svcproxy_dataplane::nft::NftWriter;
-use svcproxy_dataplane::{NftCommand, NftDataPlane, Proxier};
+use svcproxy_dataplane::{Driver, NftCommand, NftDataPlane};
 
 fn env(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -188,7 +188,7 @@ fn run(n: usize, m: usize) {
     };
     let commands = IptablesCommands::with_prefix(netns_exec(&ipt_ns.name));
     let commands = if legacy { commands.legacy() } else { commands };
-    let mut ipt = Proxier::without_conntrack(cfg, IptablesDataPlane::new(commands));
+    let mut ipt = Driver::without_conntrack(cfg, IptablesDataPlane::new(commands));
     let t = Instant::now();
     match ipt.sync(&base, true) {
         Ok(full) => {
@@ -340,7 +340,7 @@ fn run(n: usize, m: usize) {
     upsert(&mut state, &services_yaml(0, n, m));
     let base = snapshot(&mut state);
     let plane = |ns: &Netns, writer: NftWriter| {
-        Proxier::without_conntrack(
+        Driver::without_conntrack(
             plan_config(),
             NftDataPlane::with_sink(
                 NftCommand::from_argv({

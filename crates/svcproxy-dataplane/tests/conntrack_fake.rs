@@ -1,4 +1,4 @@
-//! UDP conntrack cleanup as `Proxier::sync` drives it, against a fake `nft`
+//! UDP conntrack cleanup as `Driver::sync` drives it, against a fake `nft`
 //! (`RecordingSink`) and a fake conntrack table (`RecordingCleaner`): when it runs,
 //! what it is asked to delete, and that its failure never fails a sync.
 //!
@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_dataplane::{
-    ConntrackEntry, ConntrackFilter, NftDataPlane, Proxier, RecordingCleaner, RecordingSink,
+    ConntrackEntry, ConntrackFilter, Driver, NftDataPlane, RecordingCleaner, RecordingSink,
     IPS_DST_NAT,
 };
 
@@ -68,8 +68,8 @@ fn flow(dst: &str, dport: u16, reply: &str, rport: u16, dnat: bool) -> Conntrack
     }
 }
 
-fn plane(entries: Vec<ConntrackEntry>) -> Proxier<NftDataPlane<RecordingSink>, RecordingCleaner> {
-    Proxier::with_cleaner(
+fn plane(entries: Vec<ConntrackEntry>) -> Driver<NftDataPlane<RecordingSink>, RecordingCleaner> {
+    Driver::with_cleaner(
         plan_config(),
         NftDataPlane::with_sink(RecordingSink::new()),
         RecordingCleaner::with_entries(entries),

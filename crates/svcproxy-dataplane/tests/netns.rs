@@ -15,7 +15,7 @@ use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::nft::NftWriter;
 use svcproxy_dataplane::nft::{cleanup, cleanup_with};
-use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, Proxier, SyncKind};
+use svcproxy_dataplane::{DataPlaneError, Driver, NftCommand, NftDataPlane, SyncKind};
 
 /// What these tests do inside their namespace.
 impl Netns {
@@ -60,7 +60,7 @@ fn the_drift_check_reads_the_namespaces_tables_over_netlink() {
     };
     let mut state = cluster(&[WEB, DB]);
     let mut dp =
-        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
+        Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
     dp.sync(&snapshot(&mut state), true).expect("full sync");
     assert_eq!(dp.drift().unwrap(), None);
     for (by_hand, said) in [
@@ -95,7 +95,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     let mut state = cluster(&[WEB, DB]);
     // Through `nft -f` (its errors are checked below; the netlink writer's in
     // `the_netlink_and_text_writers_leave_the_same_tables`).
-    let mut dp = Proxier::without_conntrack(
+    let mut dp = Driver::without_conntrack(
         plan_config(),
         NftDataPlane::with_sink(ns.nft_command()).with_writer(NftWriter::Text),
     );
@@ -197,7 +197,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     // A missing binary cannot even start. (The text writer: the netlink writer
     // needs no binary, and this command names no namespace, so it would write to
     // this process's own.)
-    let err = Proxier::without_conntrack(
+    let err = Driver::without_conntrack(
         plan_config(),
         NftDataPlane::with_sink(NftCommand::new("/nonexistent/nft")).with_writer(NftWriter::Text),
     )
@@ -219,7 +219,7 @@ fn cleanup_removes_only_svcproxy_tables() {
     ns.nft(&["add table ip svcproxy-other"]);
     let mut state = cluster(&[WEB, DB]);
     let mut dp =
-        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
+        Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
     dp.sync(&snapshot(&mut state), false).expect("sync");
     let tables = ns.nft(&["list", "tables"]);
     assert!(tables.contains("table ip svcproxy\n"), "{tables}");
@@ -339,8 +339,8 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     let b = create("the_netlink_and_text_writers", "text").expect("a second namespace");
     let mut state = cluster(&[WEB, DB]);
     let mut net =
-        Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(a.nft_command()));
-    let mut txt = Proxier::without_conntrack(
+        Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(a.nft_command()));
+    let mut txt = Driver::without_conntrack(
         plan_config(),
         NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
     );
@@ -514,8 +514,8 @@ fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
         let cfg = sc.config.to_plan_config();
         let no_nft = NftCommand::new("/nonexistent/svcproxy-test/nft")
             .in_netns(format!("/run/netns/{}", a.name));
-        let mut net = Proxier::without_conntrack(cfg.clone(), NftDataPlane::with_sink(no_nft));
-        let mut txt = Proxier::without_conntrack(
+        let mut net = Driver::without_conntrack(cfg.clone(), NftDataPlane::with_sink(no_nft));
+        let mut txt = Driver::without_conntrack(
             cfg,
             NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
         );
@@ -574,8 +574,8 @@ fn masquerade_marks_are_written_as_nft_writes_them() {
         let b = create("masquerade_marks", &format!("{tag}-text")).expect("a second namespace");
         let path = format!("/run/netns/{}", a.name);
         let mut net =
-            Proxier::without_conntrack(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
-        let mut txt = Proxier::without_conntrack(
+            Driver::without_conntrack(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
+        let mut txt = Driver::without_conntrack(
             cfg,
             NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
         );

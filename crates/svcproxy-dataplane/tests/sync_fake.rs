@@ -1,4 +1,4 @@
-//! The commit/abandon logic of the nftables data plane under `Proxier::sync`, against a fake `nft`
+//! The commit/abandon logic of the nftables data plane under `Driver::sync`, against a fake `nft`
 //! (`RecordingSink`): no kernel, no root.
 
 mod common;
@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use svcproxy_core::model::IpFamily;
 use svcproxy_dataplane::{
-    DataPlaneError, NftDataPlane, NoConntrackCleanup, Proxier, RecordingSink, SyncKind, TableState,
+    DataPlaneError, Driver, NftDataPlane, NoConntrackCleanup, RecordingSink, SyncKind, TableState,
 };
 
-fn plane() -> Proxier<NftDataPlane<RecordingSink>, NoConntrackCleanup> {
-    Proxier::without_conntrack(plan_config(), NftDataPlane::with_sink(RecordingSink::new()))
+fn plane() -> Driver<NftDataPlane<RecordingSink>, NoConntrackCleanup> {
+    Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(RecordingSink::new()))
 }
 
 #[test]

@@ -2,22 +2,26 @@
 //!
 //! The binary wires the layers together: flags and config file ([`config`]), sources
 //! ([`sources`]) feeding the pure [`svcproxy_core::state::ClusterState`], the sync
-//! runner ([`runner`]) and the data plane ([`proxy`]). Subcommands are tools that read
-//! the same inputs without touching the kernel (`snapshot`, `render`) or that remove
-//! what svcproxy created (`cleanup`).
+//! loop ([`runner`]), and [`daemon`], which starts them with the HTTP servers and
+//! hands each sync's snapshot to a [`targets::Target`]: the kernel (the mode's data
+//! plane, resolved through the registry in `svcproxy_dataplane`) or a tool's
+//! output. Subcommands are tools that read the same inputs without touching the
+//! kernel (`snapshot`, `render`, `explain`) or that remove what svcproxy created
+//! (`cleanup`).
 
 mod config;
+mod daemon;
 mod http;
-mod proxy;
 mod runner;
 mod sources;
+mod targets;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use config::{explicitly_set_in, ProxyFlags};
-use proxy::{Output, Servers};
+use daemon::{Output, Servers};
 
 /// A Kubernetes Service proxy: a drop-in replacement for kube-proxy.
 ///
@@ -291,9 +295,9 @@ fn main() -> ExitCode {
                 json: matches!(format, Format::Json),
                 watch: *watch,
             };
-            proxy::run(settings, output, servers)
+            daemon::run(settings, output, servers)
         }
-        Some(Command::Render { .. }) => proxy::run(settings, Output::Render, Servers::default()),
+        Some(Command::Render { .. }) => daemon::run(settings, Output::Render, Servers::default()),
         Some(Command::Dns { .. }) => {
             let explicit = |id: &str, addr| explicitly_set(id).then_some(addr).flatten();
             let servers = Servers {
@@ -305,7 +309,7 @@ fn main() -> ExitCode {
             settings.dns_bind = settings
                 .dns_bind
                 .or(Some(std::net::SocketAddr::from(([0, 0, 0, 0], 53))));
-            proxy::run(settings, Output::Dns, servers)
+            daemon::run(settings, Output::Dns, servers)
         }
         Some(Command::Explain {
             from,
@@ -342,7 +346,7 @@ fn main() -> ExitCode {
                 })
             });
             match packet {
-                Ok(packet) => proxy::run(
+                Ok(packet) => daemon::run(
                     settings,
                     Output::Explain {
                         packet,
@@ -359,16 +363,16 @@ fn main() -> ExitCode {
         }
         Some(Command::Cleanup {
             kube_proxy: true, ..
-        }) => proxy::cleanup_kube_proxy(),
-        Some(Command::Cleanup { .. }) => proxy::cleanup(),
-        None if settings.cleanup => proxy::cleanup(),
+        }) => daemon::cleanup_kube_proxy(),
+        Some(Command::Cleanup { .. }) => daemon::cleanup(),
+        None if settings.cleanup => daemon::cleanup(),
         None => {
             let servers = Servers {
                 healthz: settings.healthz_bind,
                 metrics: settings.metrics_bind,
                 health_check_node_ports: true,
             };
-            proxy::run(settings, Output::Kernel, servers)
+            daemon::run(settings, Output::Kernel, servers)
         }
     };
     match result {

@@ -267,7 +267,7 @@ pub struct UserspaceDataPlane {
     retry_full: bool,
     sctp_logged: HashSet<ServicePortName>,
     /// The conntrack entries of UDP sockets closed since the last successful sync,
-    /// handed to the proxier's cleanup with that sync's report.
+    /// handed to the driver's cleanup with that sync's report.
     stale_flows: Vec<ConntrackFilter>,
 }
 

@@ -1,8 +1,13 @@
-//! [`Proxier`]: what every data plane shares around a sync. It keeps the intent
-//! builder, hands the intent and its delta to the [`DataPlane`], logs destination
-//! conflicts when they change, and after each successful apply deletes the UDP
+//! [`Driver`]: one data plane, and the work every mode shares around its sync.
+//! Before the apply it decides the intent (the builder, kept from sync to sync)
+//! and logs destination conflicts when they change; it hands the intent and its
+//! delta to the [`DataPlane`]; after each successful apply it deletes the UDP
 //! conntrack entries the change left stale (retrying failed deletions with the
-//! next sync).
+//! next sync) and, once, writes the configured conntrack sysctls.
+//!
+//! The path from the sync loop to the kernel: the binary's runner (`runner.rs`:
+//! when to sync) → its syncer (state → snapshot, metrics, health) → [`Driver::sync`]
+//! → [`DataPlane::sync`].
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -16,6 +21,7 @@ use crate::conntrack::{
     cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, ConntrackFilter, NoConntrackCleanup,
     StaleUdpFlows,
 };
+use crate::conntrack_sysctl::ConntrackSettings;
 use crate::ctnetlink::NetlinkConntrack;
 use crate::error::DataPlaneError;
 
@@ -46,7 +52,7 @@ pub struct SyncReport {
 
 /// One data plane with the shared logic around it: the intent, conflicts, and
 /// conntrack cleanup against the last snapshot applied.
-pub struct Proxier<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
+pub struct Driver<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
     cfg: PlanConfig,
     intents: IntentBuilder,
     plane: P,
@@ -60,24 +66,31 @@ pub struct Proxier<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
     logged_conflicts: BTreeMap<(IpFamily, String), Conflict>,
     /// The ServiceCIDRs last logged as refused (both families).
     logged_refused_cidrs: Vec<(ipnet::IpNet, std::net::IpAddr)>,
+    /// The configuration's conntrack sysctls, written once after the first
+    /// successful sync: by then the NAT rules have loaded `nf_conntrack` (whose
+    /// files they are), and nothing is written by an instance that fails at start
+    /// (e.g. a port in use).
+    conntrack_sysctls: Option<ConntrackSettings>,
+    /// The drift check failed last time (logged once until it works again).
+    drift_check_failing: bool,
 }
 
-impl<P: DataPlane> Proxier<P, NetlinkConntrack> {
+impl<P: DataPlane> Driver<P, NetlinkConntrack> {
     /// `plane`, with conntrack cleaned over netlink in the current namespace.
     pub fn new(cfg: PlanConfig, plane: P) -> Self {
-        Proxier::with_cleaner(cfg, plane, NetlinkConntrack::new())
+        Driver::with_cleaner(cfg, plane, NetlinkConntrack::new())
     }
 }
 
-impl<P: DataPlane> Proxier<P, NoConntrackCleanup> {
+impl<P: DataPlane> Driver<P, NoConntrackCleanup> {
     /// `plane` without conntrack cleanup (it may apply somewhere other than this
     /// namespace).
     pub fn without_conntrack(cfg: PlanConfig, plane: P) -> Self {
-        Proxier::with_cleaner(cfg, plane, NoConntrackCleanup)
+        Driver::with_cleaner(cfg, plane, NoConntrackCleanup)
     }
 }
 
-impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
+impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     /// `plane`, cleaning stale UDP conntrack entries with `cleaner` (e.g. a
     /// [`NetlinkConntrack`] in the plane's namespace, or a
     /// [`RecordingCleaner`](crate::RecordingCleaner)).
@@ -85,7 +98,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
         if let Err(e) = cfg.validate() {
             tracing::warn!(error = %e, "invalid data plane configuration; using the default");
         }
-        Proxier {
+        Driver {
             cfg,
             intents: IntentBuilder::new(),
             plane,
@@ -94,7 +107,16 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             conntrack_retry: Vec::new(),
             logged_conflicts: BTreeMap::new(),
             logged_refused_cidrs: Vec::new(),
+            conntrack_sysctls: None,
+            drift_check_failing: false,
         }
+    }
+
+    /// Writes `settings` (the conntrack table's size and timeouts) after the first
+    /// successful sync.
+    pub fn with_conntrack_sysctls(mut self, settings: ConntrackSettings) -> Self {
+        self.conntrack_sysctls = Some(settings);
+        self
     }
 
     pub fn plane(&self) -> &P {
@@ -121,6 +143,26 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
     /// ([`DataPlane::drift`]); the next sync then rewrites everything.
     pub fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
         self.plane.drift()
+    }
+
+    /// [`Driver::drift`] for the sync loop: a check that cannot be made is logged
+    /// (once until it works again) and counts as no drift; the periodic full sync
+    /// repairs the rules anyway.
+    pub fn check_drift(&mut self) -> Option<String> {
+        match self.plane.drift() {
+            Ok(drift) => {
+                if std::mem::take(&mut self.drift_check_failing) {
+                    tracing::info!("the drift check works again");
+                }
+                drift
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.drift_check_failing, true) {
+                    tracing::warn!(error = %e, "cannot check that the kernel still holds the rules (the periodic full sync still repairs them)");
+                }
+                None
+            }
+        }
     }
 
     /// What the node needs for this data plane.
@@ -155,6 +197,12 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
         self.log_refused_service_cidrs();
         let mut applied = self.plane.sync(self.intents.intent(), &delta, full)?;
         let conntrack = self.clean_conntrack(update, std::mem::take(&mut applied.stale_flows));
+        if let Some(wanted) = self.conntrack_sysctls.take() {
+            let report = crate::apply_conntrack_sysctls(&wanted);
+            if !report.changed.is_empty() {
+                tracing::info!(changed = ?report.changed, "conntrack settings applied");
+            }
+        }
         let report = SyncReport {
             kind: applied.kind,
             duration: start.elapsed(),
@@ -165,12 +213,13 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
             conntrack,
             rules: applied.rules,
         };
-        tracing::debug!(
+        tracing::info!(
             mode = self.plane.mode(),
             kind = ?report.kind,
-            bytes = report.script_bytes,
-            duration = ?report.duration,
-            apply = ?report.apply_duration,
+            duration_ms = report.duration.as_secs_f64() * 1000.0,
+            apply_ms = report.apply_duration.as_secs_f64() * 1000.0,
+            script_bytes = report.script_bytes,
+            changed = update.changed.len(),
             replanned = report.replanned,
             "synced"
         );
@@ -298,7 +347,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Proxier<P, C> {
 
     /// What a first sync of `update` would apply, in the data plane's own text
     /// (`svcproxy render`), from a fresh intent: neither the kernel nor this
-    /// proxier's state is touched.
+    /// driver's state is touched.
     pub fn render(&self, update: &SnapshotUpdate) -> String {
         self.plane
             .render(&build_intent(&update.v4, &update.v6, &self.cfg))

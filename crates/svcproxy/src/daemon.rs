@@ -1,13 +1,14 @@
-//! Running the proxy: a source, the state, the sync runner, a sync target, and the
-//! HTTP servers around them.
+//! Running the proxy: a source, the state, the sync loop ([`crate::runner`]), a
+//! sync target ([`crate::targets`]), and the HTTP servers around them.
 //!
-//! Entry points: [`run`] (the daemon, `--once`, and the `snapshot`/`render` tools, which
-//! share everything but the target), [`plan_config`] and [`cleanup`]. Sources hand
+//! Entry points: [`run`] (the daemon, `--once`, and the `snapshot`/`render`/`explain`
+//! tools, which share everything but the target), [`plan_config`] and [`cleanup`].
+//! The data plane comes from the registry (`Settings::proxy_mode`); nothing here
+//! knows which modes exist. Sources hand
 //! updates to the runner over a channel; the runner owns the state and the target, so
 //! no lock is needed around them. Health and metrics are shared with the HTTP servers.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -15,10 +16,9 @@ use std::time::{Duration, SystemTime};
 use anyhow::{bail, Context};
 use svcproxy_core::model::IpFamily;
 use svcproxy_core::objects::SourceUpdate;
-use svcproxy_core::report;
 use svcproxy_core::snapshot::SnapshotTallies;
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
-use svcproxy_dataplane::{Backend, DataPlane, NoConntrackCleanup, Proxier};
+use svcproxy_dataplane::{Backend, Driver};
 use svcproxy_plan::intent::{nodeport_destinations, NodePortDestinations};
 use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
 use tokio::sync::{mpsc, watch};
@@ -30,6 +30,7 @@ use crate::http::service_health::{Listen, ServiceHealthServers};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
 use crate::sources::kube::{self as kube_source, KubeSourceConfig};
 use crate::sources::manifests::ManifestDir;
+use crate::targets::{DnsOnly, ExplainPrinter, RenderPrinter, SnapshotPrinter, SyncDone, Target};
 
 /// What each sync does with the snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,305 +193,6 @@ async fn forward_events(
         if to.send(ev).await.is_err() {
             return;
         }
-    }
-}
-
-/// Where a sync's snapshot goes.
-trait Target {
-    /// Programs or prints `update`; returns the kind of sync done.
-    fn sync(
-        &mut self,
-        state: &ClusterState,
-        update: &SnapshotUpdate,
-        full: bool,
-    ) -> anyhow::Result<SyncDone>;
-
-    /// Why the kernel no longer holds what the last sync wrote, if it does not.
-    fn drift(&mut self) -> Option<String> {
-        None
-    }
-
-    /// Whether the snapshots must carry this host's addresses whatever the plan
-    /// needs (`explain`: a NodePort on every local address is told by them).
-    fn wants_host_addresses(&self) -> bool {
-        false
-    }
-
-    /// Whether the target reads the cluster state at all (`svcproxy dns` does not:
-    /// its catalog is fed the same updates, and the state would only cost memory).
-    fn uses_state(&self) -> bool {
-        true
-    }
-
-    /// The data plane's own metrics: see [`svcproxy_dataplane::DataPlane::collectors`].
-    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        Vec::new()
-    }
-
-    /// The process is stopping: see [`svcproxy_dataplane::DataPlane::shutdown`].
-    fn shutdown(&mut self) {}
-}
-
-/// What a target reports of a successful sync.
-struct SyncDone {
-    /// A full (re)write rather than a partial update.
-    full: bool,
-    duration: Duration,
-    /// What UDP conntrack cleanup did (kernel only).
-    conntrack: Option<svcproxy_dataplane::ConntrackCleanupReport>,
-    /// The data plane's rule counts (kernel only, the modes that count rules).
-    rules: Vec<svcproxy_dataplane::RuleCount>,
-    /// Claims on destinations that other service ports hold (kernel only).
-    lost_claims: Option<usize>,
-}
-
-impl SyncDone {
-    /// A sync that printed rather than programmed: nothing from the kernel to report.
-    fn printed(full: bool, duration: Duration) -> Self {
-        SyncDone {
-            full,
-            duration,
-            conntrack: None,
-            rules: Vec::new(),
-            lost_claims: None,
-        }
-    }
-}
-
-/// `svcproxy dns`: the snapshot is not used; the catalog is fed the updates.
-struct DnsOnly;
-
-impl Target for DnsOnly {
-    fn sync(
-        &mut self,
-        _state: &ClusterState,
-        _update: &SnapshotUpdate,
-        full: bool,
-    ) -> anyhow::Result<SyncDone> {
-        Ok(SyncDone::printed(full, Duration::ZERO))
-    }
-
-    fn uses_state(&self) -> bool {
-        false
-    }
-}
-
-struct KernelTarget {
-    plane: Proxier,
-    /// The config's conntrack sysctls, applied once after the first successful sync:
-    /// by then the NAT rules have loaded `nf_conntrack` (whose files they are), and
-    /// nothing is written by an instance that fails at start (e.g. a port in use).
-    conntrack_sysctls: Option<svcproxy_dataplane::ConntrackSettings>,
-    /// The drift check failed last time (logged once until it works again).
-    drift_check_failing: bool,
-}
-
-impl Target for KernelTarget {
-    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        self.plane.plane().collectors()
-    }
-
-    fn shutdown(&mut self) {
-        self.plane.plane_mut().shutdown();
-    }
-
-    fn sync(
-        &mut self,
-        _state: &ClusterState,
-        update: &SnapshotUpdate,
-        full: bool,
-    ) -> anyhow::Result<SyncDone> {
-        let report = self.plane.sync(update, full)?;
-        if let Some(wanted) = self.conntrack_sysctls.take() {
-            let report = svcproxy_dataplane::apply_conntrack_sysctls(&wanted);
-            if !report.changed.is_empty() {
-                tracing::info!(changed = ?report.changed, "conntrack settings applied");
-            }
-        }
-        tracing::info!(
-            mode = self.plane.plane().mode(),
-            kind = ?report.kind,
-            duration_ms = report.duration.as_secs_f64() * 1000.0,
-            script_bytes = report.script_bytes,
-            changed = update.changed.len(),
-            "synced"
-        );
-        Ok(SyncDone {
-            full: report.kind.is_full(),
-            duration: report.duration,
-            conntrack: Some(report.conntrack),
-            rules: report.rules,
-            lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),
-        })
-    }
-
-    fn drift(&mut self) -> Option<String> {
-        match self.plane.drift() {
-            Ok(drift) => {
-                if std::mem::take(&mut self.drift_check_failing) {
-                    tracing::info!("the drift check works again");
-                }
-                drift
-            }
-            Err(e) => {
-                if !std::mem::replace(&mut self.drift_check_failing, true) {
-                    tracing::warn!(error = %e, "cannot check that the kernel still holds the rules (the periodic full sync still repairs them)");
-                }
-                None
-            }
-        }
-    }
-}
-
-/// Prints snapshots (`svcproxy snapshot`): only when they differ from the last one.
-struct SnapshotPrinter {
-    json: bool,
-    /// One line per snapshot (NDJSON) rather than pretty-printed.
-    compact: bool,
-    /// A hash of the last printed text: at 100k endpoints the text is ~14 MB, too
-    /// much to keep just to compare.
-    last: Option<u64>,
-}
-
-/// An `io::Write` that only hashes what is written to it.
-struct HashWriter(std::hash::DefaultHasher);
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        std::hash::Hasher::write(&mut self.0, buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl SnapshotPrinter {
-    /// Writes the snapshot as text to `out`. JSON is streamed (it is written twice
-    /// per sync, to hash and to print, rather than held).
-    fn write(
-        &self,
-        out: &mut dyn std::io::Write,
-        state: &ClusterState,
-        update: &SnapshotUpdate,
-    ) -> anyhow::Result<()> {
-        let all = state.problems();
-        let problems: Vec<_> = all.values().flatten().collect();
-        let snaps = [update.v4.as_ref(), update.v6.as_ref()];
-        if self.json {
-            report::write_snapshot_json(out, &snaps, &problems, !self.compact)?;
-            out.write_all(b"\n")?;
-        } else {
-            out.write_all(report::snapshot_table(&snaps, &problems).as_bytes())?;
-            if self.compact {
-                out.write_all(b"\n")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Target for SnapshotPrinter {
-    fn sync(
-        &mut self,
-        state: &ClusterState,
-        update: &SnapshotUpdate,
-        full: bool,
-    ) -> anyhow::Result<SyncDone> {
-        let start = std::time::Instant::now();
-        let mut hash = HashWriter(std::hash::DefaultHasher::new());
-        self.write(&mut hash, state, update)?;
-        let hash = std::hash::Hasher::finish(&hash.0);
-        if self.last != Some(hash) {
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            self.write(&mut out, state, update)?;
-            out.flush()?;
-            self.last = Some(hash);
-        }
-        Ok(SyncDone::printed(full, start.elapsed()))
-    }
-}
-
-/// Prints the path of one connection through the intent of the first sync
-/// (`svcproxy explain`).
-struct ExplainPrinter {
-    cfg: PlanConfig,
-    packet: svcproxy_plan::explain::Packet,
-    json: bool,
-    /// `--live`: the mode's data plane, to read the kernel's rules with.
-    live: Option<Box<dyn DataPlane>>,
-}
-
-impl Target for ExplainPrinter {
-    fn sync(
-        &mut self,
-        _state: &ClusterState,
-        update: &SnapshotUpdate,
-        full: bool,
-    ) -> anyhow::Result<SyncDone> {
-        let start = std::time::Instant::now();
-        let intent = svcproxy_plan::build_intent(&update.v4, &update.v6, &self.cfg);
-        let mut trace =
-            svcproxy_plan::explain::explain(&intent, &update.v4, &update.v6, &self.packet);
-        if let Some(plane) = &mut self.live {
-            let compared = plane
-                .compare(&intent)
-                .map_err(|e| anyhow::anyhow!("reading the kernel's rules (--live): {e}"))?;
-            let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
-            let mut leftovers: Vec<String> = found
-                .iptables
-                .iter()
-                .map(|(table, chains)| format!("{table}: {}", chains.join(" ")))
-                .collect();
-            leftovers.extend(
-                found
-                    .nft_tables
-                    .iter()
-                    .map(|t| format!("nftables table {t}")),
-            );
-            if found.ipvs {
-                leftovers.push("the kube-ipvs0 interface (ipvs mode)".to_string());
-            }
-            trace.with_kernel(svcproxy_plan::explain::KernelFindings {
-                mode: plane.mode().to_string(),
-                counted_only: compared.counted_only,
-                differences: compared.differences,
-                ahead: compared.ahead,
-                kube_proxy_leftovers: leftovers,
-            });
-        }
-        let mut out = std::io::stdout().lock();
-        if self.json {
-            serde_json::to_writer_pretty(&mut out, &trace)?;
-            out.write_all(b"\n")?;
-        } else {
-            out.write_all(trace.text().as_bytes())?;
-        }
-        out.flush()?;
-        Ok(SyncDone::printed(full, start.elapsed()))
-    }
-
-    fn wants_host_addresses(&self) -> bool {
-        true
-    }
-}
-
-/// Prints what a first sync would apply, in the mode's own text (`svcproxy render`).
-struct RenderPrinter(Proxier<Box<dyn DataPlane>, NoConntrackCleanup>);
-
-impl Target for RenderPrinter {
-    fn sync(
-        &mut self,
-        _state: &ClusterState,
-        update: &SnapshotUpdate,
-        full: bool,
-    ) -> anyhow::Result<SyncDone> {
-        let start = std::time::Instant::now();
-        let mut out = std::io::stdout().lock();
-        out.write_all(self.0.render(update).as_bytes())?;
-        out.flush()?;
-        Ok(SyncDone::printed(full, start.elapsed()))
     }
 }
 
@@ -690,7 +392,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             }
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
-            let plane = Proxier::new(
+            let plane = Driver::new(
                 plan_cfg.clone(),
                 (backend.new)(&plan_cfg, &settings.mode_flags),
             );
@@ -723,11 +425,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
                     );
                 }
             }
-            let target = KernelTarget {
-                plane,
-                conntrack_sysctls: Some(conntrack_settings(&settings)),
-                drift_check_failing: false,
-            };
+            let target = plane.with_conntrack_sysctls(conntrack_settings(&settings));
             let once = settings.once;
             rt.block_on(serve(
                 settings,
@@ -763,7 +461,7 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
             let plane = (backend.new)(&plan_cfg, &settings.mode_flags);
-            let target = RenderPrinter(Proxier::without_conntrack(plan_cfg.clone(), plane));
+            let target = RenderPrinter(Driver::without_conntrack(plan_cfg.clone(), plane));
             rt.block_on(serve(
                 settings,
                 target,

@@ -1,0 +1,278 @@
+//! Where each sync's snapshot goes: the [`Target`]s of [`crate::daemon::run`].
+//!
+//! The kernel is one target: the mode's data plane behind its
+//! [`svcproxy_dataplane::Driver`]. The one-shot tools are the others: `snapshot`
+//! and `explain` print, `render` prints what the data plane would apply, and
+//! `svcproxy dns` uses no snapshot at all.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use svcproxy_core::report;
+use svcproxy_core::state::{ClusterState, SnapshotUpdate};
+use svcproxy_dataplane::{DataPlane, Driver, NoConntrackCleanup};
+use svcproxy_plan::PlanConfig;
+
+/// Where a sync's snapshot goes.
+pub(crate) trait Target {
+    /// Programs or prints `update`; returns the kind of sync done.
+    fn sync(
+        &mut self,
+        state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone>;
+
+    /// Why the kernel no longer holds what the last sync wrote, if it does not.
+    fn drift(&mut self) -> Option<String> {
+        None
+    }
+
+    /// Whether the snapshots must carry this host's addresses whatever the plan
+    /// needs (`explain`: a NodePort on every local address is told by them).
+    fn wants_host_addresses(&self) -> bool {
+        false
+    }
+
+    /// Whether the target reads the cluster state at all (`svcproxy dns` does not:
+    /// its catalog is fed the same updates, and the state would only cost memory).
+    fn uses_state(&self) -> bool {
+        true
+    }
+
+    /// The data plane's own metrics: see [`svcproxy_dataplane::DataPlane::collectors`].
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        Vec::new()
+    }
+
+    /// The process is stopping: see [`svcproxy_dataplane::DataPlane::shutdown`].
+    fn shutdown(&mut self) {}
+}
+
+/// What a target reports of a successful sync.
+pub(crate) struct SyncDone {
+    /// A full (re)write rather than a partial update.
+    pub(crate) full: bool,
+    pub(crate) duration: Duration,
+    /// What UDP conntrack cleanup did (kernel only).
+    pub(crate) conntrack: Option<svcproxy_dataplane::ConntrackCleanupReport>,
+    /// The data plane's rule counts (kernel only, the modes that count rules).
+    pub(crate) rules: Vec<svcproxy_dataplane::RuleCount>,
+    /// Claims on destinations that other service ports hold (kernel only).
+    pub(crate) lost_claims: Option<usize>,
+}
+
+impl SyncDone {
+    /// A sync that printed rather than programmed: nothing from the kernel to report.
+    fn printed(full: bool, duration: Duration) -> Self {
+        SyncDone {
+            full,
+            duration,
+            conntrack: None,
+            rules: Vec::new(),
+            lost_claims: None,
+        }
+    }
+}
+
+/// `svcproxy dns`: the snapshot is not used; the catalog is fed the updates.
+pub(crate) struct DnsOnly;
+
+impl Target for DnsOnly {
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        _update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        Ok(SyncDone::printed(full, Duration::ZERO))
+    }
+
+    fn uses_state(&self) -> bool {
+        false
+    }
+}
+
+/// Programs the kernel: the mode's data plane behind the [`Driver`], which does
+/// what every mode shares around a sync.
+impl Target for Driver {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        self.plane().collectors()
+    }
+
+    fn shutdown(&mut self) {
+        self.plane_mut().shutdown();
+    }
+
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let report = Driver::sync(self, update, full)?;
+        Ok(SyncDone {
+            full: report.kind.is_full(),
+            duration: report.duration,
+            conntrack: Some(report.conntrack),
+            rules: report.rules,
+            lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),
+        })
+    }
+
+    fn drift(&mut self) -> Option<String> {
+        self.check_drift()
+    }
+}
+
+/// Prints snapshots (`svcproxy snapshot`): only when they differ from the last one.
+pub(crate) struct SnapshotPrinter {
+    pub(crate) json: bool,
+    /// One line per snapshot (NDJSON) rather than pretty-printed.
+    pub(crate) compact: bool,
+    /// A hash of the last printed text: at 100k endpoints the text is ~14 MB, too
+    /// much to keep just to compare.
+    pub(crate) last: Option<u64>,
+}
+
+/// An `io::Write` that only hashes what is written to it.
+struct HashWriter(std::hash::DefaultHasher);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::hash::Hasher::write(&mut self.0, buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SnapshotPrinter {
+    /// Writes the snapshot as text to `out`. JSON is streamed (it is written twice
+    /// per sync, to hash and to print, rather than held).
+    fn write(
+        &self,
+        out: &mut dyn std::io::Write,
+        state: &ClusterState,
+        update: &SnapshotUpdate,
+    ) -> anyhow::Result<()> {
+        let all = state.problems();
+        let problems: Vec<_> = all.values().flatten().collect();
+        let snaps = [update.v4.as_ref(), update.v6.as_ref()];
+        if self.json {
+            report::write_snapshot_json(out, &snaps, &problems, !self.compact)?;
+            out.write_all(b"\n")?;
+        } else {
+            out.write_all(report::snapshot_table(&snaps, &problems).as_bytes())?;
+            if self.compact {
+                out.write_all(b"\n")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Target for SnapshotPrinter {
+    fn sync(
+        &mut self,
+        state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let start = std::time::Instant::now();
+        let mut hash = HashWriter(std::hash::DefaultHasher::new());
+        self.write(&mut hash, state, update)?;
+        let hash = std::hash::Hasher::finish(&hash.0);
+        if self.last != Some(hash) {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            self.write(&mut out, state, update)?;
+            out.flush()?;
+            self.last = Some(hash);
+        }
+        Ok(SyncDone::printed(full, start.elapsed()))
+    }
+}
+
+/// Prints the path of one connection through the intent of the first sync
+/// (`svcproxy explain`).
+pub(crate) struct ExplainPrinter {
+    pub(crate) cfg: PlanConfig,
+    pub(crate) packet: svcproxy_plan::explain::Packet,
+    pub(crate) json: bool,
+    /// `--live`: the mode's data plane, to read the kernel's rules with.
+    pub(crate) live: Option<Box<dyn DataPlane>>,
+}
+
+impl Target for ExplainPrinter {
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let start = std::time::Instant::now();
+        let intent = svcproxy_plan::build_intent(&update.v4, &update.v6, &self.cfg);
+        let mut trace =
+            svcproxy_plan::explain::explain(&intent, &update.v4, &update.v6, &self.packet);
+        if let Some(plane) = &mut self.live {
+            let compared = plane
+                .compare(&intent)
+                .map_err(|e| anyhow::anyhow!("reading the kernel's rules (--live): {e}"))?;
+            let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
+            let mut leftovers: Vec<String> = found
+                .iptables
+                .iter()
+                .map(|(table, chains)| format!("{table}: {}", chains.join(" ")))
+                .collect();
+            leftovers.extend(
+                found
+                    .nft_tables
+                    .iter()
+                    .map(|t| format!("nftables table {t}")),
+            );
+            if found.ipvs {
+                leftovers.push("the kube-ipvs0 interface (ipvs mode)".to_string());
+            }
+            trace.with_kernel(svcproxy_plan::explain::KernelFindings {
+                mode: plane.mode().to_string(),
+                counted_only: compared.counted_only,
+                differences: compared.differences,
+                ahead: compared.ahead,
+                kube_proxy_leftovers: leftovers,
+            });
+        }
+        let mut out = std::io::stdout().lock();
+        if self.json {
+            serde_json::to_writer_pretty(&mut out, &trace)?;
+            out.write_all(b"\n")?;
+        } else {
+            out.write_all(trace.text().as_bytes())?;
+        }
+        out.flush()?;
+        Ok(SyncDone::printed(full, start.elapsed()))
+    }
+
+    fn wants_host_addresses(&self) -> bool {
+        true
+    }
+}
+
+/// Prints what a first sync would apply, in the mode's own text (`svcproxy render`).
+pub(crate) struct RenderPrinter(pub(crate) Driver<Box<dyn DataPlane>, NoConntrackCleanup>);
+
+impl Target for RenderPrinter {
+    fn sync(
+        &mut self,
+        _state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        let start = std::time::Instant::now();
+        let mut out = std::io::stdout().lock();
+        out.write_all(self.0.render(update).as_bytes())?;
+        out.flush()?;
+        Ok(SyncDone::printed(full, start.elapsed()))
+    }
+}
