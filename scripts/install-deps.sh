@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what svcproxy's demo and tests need on a fresh Debian/Ubuntu machine:
-# nftables, iproute2, conntrack (the data plane's tools) and a Rust toolchain check.
+# Installs what svcproxy's demo, build and tests need on a fresh Debian/Ubuntu machine:
+# nftables, iproute2, conntrack, iptables (the data planes' tools), clang and libbpf's
+# headers (the eBPF mode's programs, compiled by crates/svcproxy-dataplane/build.rs),
+# and a Rust toolchain check.
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
@@ -9,6 +11,9 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v iptables-restore >/dev/null 2>&1 || need+=(iptables)
+command -v clang >/dev/null 2>&1 || need+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+[ -f /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -42,6 +42,10 @@ pub enum DataPlaneError {
     /// iptables mode does); the next sync is full.
     #[error("partial sync: {0}")]
     Partial(Box<DataPlaneError>),
+    /// A kernel call made directly (no command in between) failed: loading or
+    /// attaching a BPF program, writing a BPF map.
+    #[error("{what}: {reason}")]
+    Kernel { what: String, reason: String },
 }
 
 impl DataPlaneError {

@@ -24,6 +24,7 @@ mod backend;
 mod conntrack;
 mod conntrack_sysctl;
 mod ctnetlink;
+pub mod ebpf;
 mod error;
 mod host_addrs;
 pub mod iptables;
@@ -55,6 +56,7 @@ pub use conntrack_sysctl::{
 };
 pub use ctnetlink::{NetlinkConntrack, DEFAULT_CONNTRACK_TIMEOUT};
 pub use driver::{Driver, SyncReport};
+pub use ebpf::{EbpfDataPlane, EbpfOptions};
 pub use error::{DataPlaneError, STDERR_LIMIT};
 pub use host_addrs::{host_addresses, AddressChanges};
 pub use nft::NftDataPlane;

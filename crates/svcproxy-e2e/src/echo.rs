@@ -301,6 +301,9 @@ pub struct ProbeConfig {
     pub source_port: Option<u16>,
     pub interval: Duration,
     pub sctp_mode: Option<SctpMode>,
+    /// UDP: send with `sendto(2)` from an unconnected socket and take the reply
+    /// with `recvfrom(2)`, instead of connecting.
+    pub unconnected: bool,
 }
 
 /// Runs `count` attempts, calling `emit` with each line as soon as it is known.
@@ -311,11 +314,12 @@ pub fn probe(cfg: &ProbeConfig, mut emit: impl FnMut(&ProbeLine)) {
             thread::sleep(cfg.interval);
         }
         let start = Instant::now();
+        let mut peer = None;
         let (outcome, local) = match cfg.proto {
-            Proto::Tcp => stream_attempt(cfg, Protocol::TCP),
-            Proto::Udp => udp_attempt(cfg),
+            Proto::Tcp => stream_attempt(cfg, Protocol::TCP, &mut peer),
+            Proto::Udp => udp_attempt(cfg, &mut peer),
             Proto::Sctp => match sctp_mode {
-                SctpMode::Kernel => stream_attempt(cfg, Protocol::from(132)),
+                SctpMode::Kernel => stream_attempt(cfg, Protocol::from(132), &mut peer),
                 SctpMode::Raw => raw_sctp_attempt(cfg),
                 SctpMode::Unavailable => (
                     Err(io::Error::new(
@@ -334,6 +338,7 @@ pub fn probe(cfg: &ProbeConfig, mut emit: impl FnMut(&ProbeLine)) {
             reply: None,
             error: None,
             local,
+            peer,
         };
         match outcome {
             Ok(reply) => {
@@ -373,7 +378,8 @@ fn source_addr(cfg: &ProbeConfig) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, cfg.source_port.unwrap_or(0)))
 }
 
-fn stream_attempt(cfg: &ProbeConfig, proto: Protocol) -> Attempted {
+/// `peer`: the address `getpeername(2)` gives once connected.
+fn stream_attempt(cfg: &ProbeConfig, proto: Protocol, peer: &mut Option<SocketAddr>) -> Attempted {
     let start = Instant::now();
     let sock = match Socket::new(Domain::for_address(cfg.target), Type::STREAM, Some(proto)) {
         Ok(s) => s,
@@ -393,6 +399,7 @@ fn stream_attempt(cfg: &ProbeConfig, proto: Protocol) -> Attempted {
         return (Err(e), None);
     }
     let local = sock.local_addr().ok().and_then(|a| a.as_socket());
+    *peer = sock.peer_addr().ok().and_then(|a| a.as_socket());
     let left = cfg.timeout.saturating_sub(start.elapsed());
     let mut stream: TcpStream = sock.into();
     if let Err(e) = stream.set_read_timeout(Some(left.max(Duration::from_millis(1)))) {
@@ -409,7 +416,9 @@ fn stream_attempt(cfg: &ProbeConfig, proto: Protocol) -> Attempted {
     (result, local)
 }
 
-fn udp_attempt(cfg: &ProbeConfig) -> Attempted {
+/// `peer`: the connected socket's `getpeername(2)`, or the address the reply
+/// came from (unconnected).
+fn udp_attempt(cfg: &ProbeConfig, peer: &mut Option<SocketAddr>) -> Attempted {
     let bind = source_addr(cfg).unwrap_or(match cfg.target {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
@@ -427,12 +436,25 @@ fn udp_attempt(cfg: &ProbeConfig) -> Attempted {
         Ok(s) => UdpSocket::from(s),
         Err(e) => return (Err(e), None),
     };
+    if cfg.unconnected {
+        let local = sock.local_addr().ok();
+        let result = (|| {
+            sock.set_read_timeout(Some(cfg.timeout))?;
+            sock.send_to(b"svcproxy-echo probe\n", cfg.target)?;
+            let mut buf = [0u8; 2048];
+            let (n, from) = sock.recv_from(&mut buf)?;
+            *peer = Some(from);
+            parse_reply(&buf[..n])
+        })();
+        return (result, local);
+    }
     // Connected, so an ICMP port unreachable comes back as ECONNREFUSED on recv instead of
     // being silently discarded (which would look like a timeout).
     if let Err(e) = sock.connect(cfg.target) {
         return (Err(e), None);
     }
     let local = sock.local_addr().ok();
+    *peer = sock.peer_addr().ok();
     let result = (|| {
         sock.set_read_timeout(Some(cfg.timeout))?;
         sock.send(b"svcproxy-echo probe\n")?;

@@ -78,6 +78,11 @@ pub struct ProbeLine {
     /// The client's own address for this attempt, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local: Option<SocketAddr>,
+    /// The peer the client's socket reports (`getpeername(2)`, or where an
+    /// unconnected UDP reply came from): the service address when a proxy
+    /// translated the connection at the socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<SocketAddr>,
 }
 
 /// The outcome of one connection attempt.
@@ -106,6 +111,8 @@ pub struct Attempt {
     pub result: ProbeResult,
     pub elapsed: Duration,
     pub local: Option<SocketAddr>,
+    /// See [`ProbeLine::peer`].
+    pub peer: Option<SocketAddr>,
 }
 
 impl Attempt {
@@ -162,6 +169,7 @@ impl From<ProbeLine> for Attempt {
             result,
             elapsed: Duration::from_secs_f64(line.elapsed_ms.max(0.0) / 1000.0),
             local: line.local,
+            peer: line.peer,
         }
     }
 }
@@ -199,6 +207,7 @@ mod tests {
                 reply: None,
                 error: None,
                 local: None,
+                peer: None,
             }
             .into()
         };

@@ -11,12 +11,13 @@
 //!   is not syntax is made there, once; [`intent::IntentBuilder::update`] also says
 //!   what changed, for partial syncs.
 //! - One module per data plane that translates the intent into its own syntax and
-//!   decides nothing: [`nft`] today.
+//!   decides nothing: [`nft`], [`iptables`], [`ebpf`] (map contents).
 //!
 //! [`names`] holds the hashed object names every backend uses (stable, short,
 //! injection-proof).
 
 pub mod config;
+pub mod ebpf;
 pub mod explain;
 pub mod intent;
 pub mod iptables;

@@ -15,7 +15,7 @@ use common::*;
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_plan::intent::{
     Action, Disposition, EndpointSetId, ExternalRoute, Frontend, FrontendKey, FrontendKind,
-    IntentBuilder, Masquerade, ServiceIntent,
+    IntentBuilder, Masquerade, Origin, ServiceIntent, SocketVerdict,
 };
 use svcproxy_plan::{Intent, LocalDetection};
 
@@ -621,4 +621,69 @@ fn an_intent_kept_from_update_to_update_equals_one_built_from_scratch() {
             }
         }
     }
+}
+
+/// A connection made on the node and translated at its socket meets the same
+/// decisions as its packets would, read for a source that is the node's own.
+#[test]
+fn connections_translated_at_the_socket_follow_the_same_routes() {
+    let verdicts = |i: &Intent, key: FrontendKey| {
+        let (svc, f) = at(i, key);
+        (
+            svc.socket_verdict(&f, Origin::Pod),
+            svc.socket_verdict(&f, Origin::Host),
+        )
+    };
+    use SocketVerdict::*;
+    let fwd = Forward(EndpointSetId::Cluster);
+    // Cluster IP: the internal route, from anywhere on the node.
+    let i = intent(&service("web", 10, "", &[ready(REMOTE_POD, "node-b")]));
+    assert_eq!(verdicts(&i, vip("198.19.0.10", 80)), (fwd, fwd));
+    // internalTrafficPolicy Local with endpoints elsewhere only: dropped.
+    let i = intent(&service(
+        "web",
+        10,
+        "  internalTrafficPolicy: Local",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    assert_eq!(verdicts(&i, vip("198.19.0.10", 80)), (Drop, Drop));
+    // No endpoint anywhere: refused.
+    let i = intent(&service("gone", 51, "  type: NodePort", &[]));
+    assert_eq!(verdicts(&i, node_port(30051)), (Reject, Reject));
+    // eTP Local without a local endpoint: pods and the host short-circuit to the
+    // cluster set...
+    let yaml = service(
+        "remote",
+        50,
+        "  type: NodePort\n  externalTrafficPolicy: Local",
+        &[ready(REMOTE_POD, "node-b")],
+    );
+    assert_eq!(verdicts(&intent(&yaml), node_port(30050)), (fwd, fwd));
+    // ... but without local-traffic detection pods cannot be told apart, and
+    // meet the Local policy (drop here), as their packets would.
+    let blind = intent_with(&yaml, |c| c.local_detection = LocalDetection::None);
+    assert_eq!(verdicts(&blind, node_port(30050)), (Drop, fwd));
+    // loadBalancerSourceRanges: the host passes when one of its addresses is in
+    // them; a pod's source is unknown at connect(), so its packets decide.
+    let fenced = |ranges: &str| {
+        intent(&service(
+            "api",
+            31,
+            &format!("  type: LoadBalancer\n  loadBalancerSourceRanges: [{ranges}]\nstatus:\n  loadBalancer:\n    ingress:\n    - {{ip: 203.0.113.31}}"),
+            &[ready(REMOTE_POD, "node-b")],
+        ))
+    };
+    assert_eq!(
+        verdicts(&fenced("198.18.0.0/24"), vip("203.0.113.31", 80)),
+        (Untranslated, fwd)
+    );
+    assert_eq!(
+        verdicts(&fenced("198.51.100.0/24"), vip("203.0.113.31", 80)),
+        (Untranslated, Drop)
+    );
+    // Its NodePort is not fenced.
+    assert_eq!(
+        verdicts(&fenced("198.51.100.0/24"), node_port(30031)),
+        (fwd, fwd)
+    );
 }

@@ -1,4 +1,4 @@
-//! The backend translations (nftables, iptables) decide nothing: it reads the intent and prints.
+//! The backend translations (nftables, iptables, eBPF) decide nothing: it reads the intent and prints.
 //! This checks the source for what a decision would need — the snapshot, the
 //! endpoint selection, traffic policies, topology, endpoint conditions — so that
 //! a policy branch added to a renderer fails here rather than in review.
@@ -26,6 +26,11 @@ const FORBIDDEN: &[&str] = &[
 #[test]
 fn the_nftables_translation_contains_no_policy_decision() {
     check("nft", 4);
+}
+
+#[test]
+fn the_ebpf_translation_contains_no_policy_decision() {
+    check("ebpf", 1);
 }
 
 #[test]

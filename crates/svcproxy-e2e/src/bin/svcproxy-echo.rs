@@ -69,6 +69,9 @@ enum Cmd {
         /// auto, kernel or raw.
         #[arg(long, default_value = "auto")]
         sctp_mode: SctpMode,
+        /// UDP: sendto() from an unconnected socket instead of connecting.
+        #[arg(long)]
+        unconnected: bool,
     },
     /// One DNS query over UDP (or TCP); prints the answer as one JSON line: the
     /// response code and the answer section's data, sorted.
@@ -115,6 +118,7 @@ fn main() -> anyhow::Result<()> {
             source_port,
             interval_ms,
             sctp_mode,
+            unconnected,
         } => {
             let cfg = ProbeConfig {
                 proto,
@@ -125,6 +129,7 @@ fn main() -> anyhow::Result<()> {
                 source_port,
                 interval: Duration::from_millis(interval_ms),
                 sctp_mode: Some(sctp_mode),
+                unconnected,
             };
             echo::probe(&cfg, |line| {
                 use std::io::Write;

@@ -34,7 +34,7 @@ pub use node::{
 };
 pub use service::{
     Action, Disposition, EndpointSetId, ExternalRoute, Firewall, Frontend, FrontendKey,
-    FrontendKind, InternalRoute, Masquerade, ServiceIntent,
+    FrontendKind, InternalRoute, Masquerade, Origin, ServiceIntent, SocketVerdict,
 };
 pub use text::describe;
 

@@ -155,6 +155,29 @@ pub struct ExternalRoute {
     pub rest: Disposition,
 }
 
+/// Where a connection translated at the socket comes from
+/// ([`ServiceIntent::socket_verdict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// A process in a pod's network namespace.
+    Pod,
+    /// A process in the host's network namespace.
+    Host,
+}
+
+/// What a connection translated at the socket meets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SocketVerdict {
+    /// Connected to an endpoint of this set, chosen at random.
+    Forward(EndpointSetId),
+    /// Dropped: the connection gets no answer.
+    Drop,
+    /// Refused.
+    Reject,
+    /// Not translated at the socket: its packets meet the packet path.
+    Untranslated,
+}
+
 /// loadBalancerSourceRanges of a port, for its load-balancer IPs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Firewall {
@@ -503,6 +526,51 @@ impl ServiceIntent {
             FrontendKey::Vip { ip, .. } if f.kind == FrontendKind::ClusterIp => Some(ip),
             _ => None,
         })
+    }
+
+    /// What a connection made on this node to `frontend` meets when a data plane
+    /// translates it at the socket, before any packet exists (the eBPF mode's
+    /// connect()): by a process of a pod (`Origin::Pod`) or of the host. The same
+    /// rules as for its packets, read for a source that is this node's own:
+    ///
+    /// - a cluster IP forwards along the internal route;
+    /// - an external frontend takes the Local policy's short circuits (pods and the
+    ///   host to the cluster set) where the intent has them, else the route's rest;
+    /// - a load-balancer IP with loadBalancerSourceRanges admits the host only when
+    ///   one of its addresses is in them ([`Firewall::allow_from_node`]); a pod's
+    ///   source is not known at connect(), so its connection is left to the
+    ///   packet path ([`SocketVerdict::Untranslated`]).
+    pub fn socket_verdict(&self, frontend: &Frontend, origin: Origin) -> SocketVerdict {
+        match frontend.action {
+            Action::Reject => return SocketVerdict::Reject,
+            Action::Drop => return SocketVerdict::Drop,
+            Action::Forward => {}
+        }
+        if frontend.kind == FrontendKind::ClusterIp {
+            return SocketVerdict::Forward(self.internal.set);
+        }
+        if frontend.firewall {
+            match (origin, self.firewall.as_deref()) {
+                (Origin::Pod, _) => return SocketVerdict::Untranslated,
+                (Origin::Host, Some(fw)) if !fw.allow_from_node => return SocketVerdict::Drop,
+                (Origin::Host, _) => {}
+            }
+        }
+        let Some(ext) = self.external else {
+            // Not reached: an external frontend forwards only with a route.
+            return SocketVerdict::Reject;
+        };
+        let short_circuit = match origin {
+            Origin::Pod => ext.pods_to_cluster,
+            Origin::Host => ext.host_to_cluster,
+        };
+        if short_circuit {
+            return SocketVerdict::Forward(EndpointSetId::Cluster);
+        }
+        match ext.rest {
+            Disposition::Forward(set) => SocketVerdict::Forward(set),
+            Disposition::Drop => SocketVerdict::Drop,
+        }
     }
 
     pub fn frontend(&self, key: &FrontendKey) -> Option<&Frontend> {

@@ -1,0 +1,624 @@
+//! The eBPF mode's kernel side: the programs loaded and attached to the cgroup,
+//! the maps and links pinned under svcproxy's bpffs directory, and a [`Table`]
+//! written into the maps.
+//!
+//! **Pins.** Maps are pinned by name in the pin directory, so a restarted
+//! svcproxy finds and reuses them (sockets translated before the restart keep
+//! their reverse entries). Links are pinned there too (`link-<program>`), so the
+//! programs stay attached while no svcproxy runs (`--once`, a restart); a new
+//! process attaches its programs beside the old ones, then releases the old links.
+//!
+//! **Writes.** An endpoint list is written under a fresh id before any service
+//! entry names it, and an old list is deleted only after no entry names it: a
+//! socket never sees a half-written list. A full sync writes everything under
+//! new ids, then deletes whatever the maps hold that the table does not (what an
+//! earlier process left included).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap, MapData};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType};
+use aya::{Ebpf, EbpfLoader};
+
+use super::wire::{self, Backend, Config, LocalKey, MemberKey, SlotKey, SvcKey, SvcVal};
+use crate::error::DataPlaneError;
+use svcproxy_plan::ebpf::{Dest, Entry, ListName, Route, Table};
+
+/// The socket programs, as `bpf/sock.c` names them, with their attach points.
+const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
+    ("svcproxy_connect4", CgroupSockAddrAttachType::Connect4),
+    ("svcproxy_connect6", CgroupSockAddrAttachType::Connect6),
+    ("svcproxy_sendmsg4", CgroupSockAddrAttachType::UDPSendMsg4),
+    ("svcproxy_sendmsg6", CgroupSockAddrAttachType::UDPSendMsg6),
+    ("svcproxy_recvmsg4", CgroupSockAddrAttachType::UDPRecvMsg4),
+    ("svcproxy_recvmsg6", CgroupSockAddrAttachType::UDPRecvMsg6),
+    (
+        "svcproxy_getpeername4",
+        CgroupSockAddrAttachType::GetPeerName4,
+    ),
+    (
+        "svcproxy_getpeername6",
+        CgroupSockAddrAttachType::GetPeerName6,
+    ),
+];
+
+/// The maps, by the names pinned.
+pub const MAPS: [&str; 8] = [
+    "svcproxy_svc",
+    "svcproxy_slot",
+    "svcproxy_member",
+    "svcproxy_local",
+    "svcproxy_aff",
+    "svcproxy_rev",
+    "svcproxy_flow",
+    "svcproxy_cfg",
+];
+
+/// The socket programs, compiled by build.rs (empty when clang was missing).
+static SOCK_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sock.o"));
+
+/// `statfs(2)`'s magic number of a bpffs.
+const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
+
+fn kernel_err(what: impl Into<String>, reason: impl std::fmt::Display) -> DataPlaneError {
+    DataPlaneError::Kernel {
+        what: what.into(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Whether `dir` is on a bpffs.
+pub fn on_bpffs(dir: &Path) -> bool {
+    rustix::fs::statfs(dir).is_ok_and(|s| s.f_type as u64 == BPF_FS_MAGIC)
+}
+
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`), as
+/// the programs' `bpf_get_netns_cookie` reads it for a socket of that namespace.
+/// No crate of ours wraps this socket option: one `getsockopt(2)`.
+#[allow(unsafe_code)]
+fn netns_cookie() -> Result<u64, DataPlaneError> {
+    use std::os::fd::AsRawFd;
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0")
+        .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
+        .map_err(|e| kernel_err("a socket to read the network namespace's cookie", e))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket, and a buffer of the length given.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(kernel_err(
+            "getsockopt(SO_NETNS_COOKIE)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(cookie)
+}
+
+/// The maps as last written: each list's id and endpoints, and each entry's
+/// encoded value.
+#[derive(Default)]
+struct Written {
+    lists: BTreeMap<ListName, (u32, Vec<SocketAddr>)>,
+    entries: BTreeMap<SvcKey, SvcVal>,
+    local: BTreeSet<LocalKey>,
+}
+
+/// The programs attached and the maps open.
+pub struct Kernel {
+    svc: HashMap<MapData, SvcKey, SvcVal>,
+    slot: HashMap<MapData, SlotKey, Backend>,
+    member: HashMap<MapData, MemberKey, u8>,
+    local: HashMap<MapData, LocalKey, u8>,
+    /// The next list id to give (ids only grow: an id is never reused while a
+    /// socket may still read it).
+    next_list: u32,
+    /// `None` until the first full write, and after a failed one.
+    written: Option<Written>,
+    /// Held so the programs stay loaded while the process runs.
+    _ebpf: Ebpf,
+}
+
+impl Kernel {
+    /// Loads the programs, opens (or creates) the pinned maps under `pin_dir` and
+    /// attaches the programs to `cgroup`, releasing any earlier process's links.
+    pub fn open(cgroup: &Path, pin_dir: &Path) -> Result<Kernel, DataPlaneError> {
+        if SOCK_OBJECT.is_empty() {
+            return Err(kernel_err(
+                "the ebpf mode's programs",
+                "svcproxy was built without clang; run scripts/install-deps.sh and build again",
+            ));
+        }
+        let parent = pin_dir.parent().unwrap_or(pin_dir);
+        if !on_bpffs(parent) {
+            return Err(kernel_err(
+                format!("pin directory {}", pin_dir.display()),
+                format!(
+                    "{} is not on a bpffs (mount -t bpf bpf DIR)",
+                    parent.display()
+                ),
+            ));
+        }
+        std::fs::create_dir_all(pin_dir)
+            .map_err(|e| kernel_err(format!("creating {}", pin_dir.display()), e))?;
+        let cgroup_dir = File::open(cgroup)
+            .map_err(|e| kernel_err(format!("opening cgroup {}", cgroup.display()), e))?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .load(SOCK_OBJECT)
+            .map_err(|e| kernel_err("loading the socket programs", e))?;
+
+        let cookie = netns_cookie()?;
+        let mut cfg: Array<MapData, Config> = take(&mut ebpf, "svcproxy_cfg")?;
+        cfg.set(
+            0,
+            Config {
+                host_netns_cookie: cookie,
+            },
+            0,
+        )
+        .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
+
+        for (name, _) in PROGRAMS {
+            let prog: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or_else(|| kernel_err(name, "missing from the object"))?
+                .try_into()
+                .map_err(|e| kernel_err(name, e))?;
+            prog.load()
+                .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
+            let id = prog
+                .attach(&cgroup_dir, CgroupAttachMode::Single)
+                .map_err(|e| kernel_err(format!("attaching {name} to {}", cgroup.display()), e))?;
+            let link: FdLink = prog
+                .take_link(id)
+                .map_err(|e| kernel_err(name, e))?
+                .try_into()
+                .map_err(|e| kernel_err(name, e))?;
+            let pin = pin_dir.join(format!("link-{name}"));
+            // The earlier process's link stays attached until the new one is.
+            let old = match PinnedLink::from_pin(&pin) {
+                Ok(p) => Some(
+                    p.unpin()
+                        .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?,
+                ),
+                Err(_) => None,
+            };
+            link.pin(&pin)
+                .map_err(|e| kernel_err(format!("pinning {}", pin.display()), e))?;
+            drop(old);
+        }
+
+        let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
+        let next_list = slot
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| k.list)
+            .max()
+            .map_or(1, |m| m.wrapping_add(1).max(1));
+        Ok(Kernel {
+            svc: take(&mut ebpf, "svcproxy_svc")?,
+            slot,
+            member: take(&mut ebpf, "svcproxy_member")?,
+            local: take(&mut ebpf, "svcproxy_local")?,
+            next_list,
+            written: None,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Brings the maps to `table`: everything when `full` (or nothing is known of
+    /// them), else only what differs from the last write. Returns the number of
+    /// map writes and deletions.
+    pub fn write(&mut self, table: &Table, full: bool) -> Result<usize, DataPlaneError> {
+        let before = if full { None } else { self.written.take() };
+        let known = before.is_some();
+        let mut before = before.unwrap_or_default();
+        // A failure part-way leaves `written` unset: the next write is full.
+        self.written = None;
+        let mut ops = 0usize;
+
+        // 1. Lists: unchanged ones keep their id; the others get a fresh one,
+        //    written whole before anything names it.
+        let mut lists: BTreeMap<ListName, (u32, Vec<SocketAddr>)> = BTreeMap::new();
+        for (name, eps) in &table.lists {
+            match before.lists.get(name) {
+                Some((id, old)) if old == eps => {
+                    lists.insert(name.clone(), (*id, old.clone()));
+                }
+                _ => {
+                    let id = self.fresh_id();
+                    ops += self.write_list(id, eps)?;
+                    lists.insert(name.clone(), (id, eps.clone()));
+                }
+            }
+        }
+
+        // 2. Entries.
+        let mut entries: BTreeMap<SvcKey, SvcVal> = BTreeMap::new();
+        for (dest, entry) in &table.entries {
+            let (k, v) = encode(dest, entry, &lists);
+            if before.entries.get(&k) != Some(&v) {
+                self.svc
+                    .insert(k, v, 0)
+                    .map_err(|e| kernel_err(format!("writing service {dest}"), e))?;
+                ops += 1;
+            }
+            entries.insert(k, v);
+        }
+        let mut local: BTreeSet<LocalKey> = BTreeSet::new();
+        for ip in &table.local_addrs {
+            let k = LocalKey {
+                addr: wire::addr_words(Some(*ip)),
+                family: wire::family_byte(svcproxy_core::model::IpFamily::of(ip)),
+                pad: [0; 3],
+            };
+            if !before.local.contains(&k) {
+                self.local
+                    .insert(k, 1, 0)
+                    .map_err(|e| kernel_err(format!("writing local address {ip}"), e))?;
+                ops += 1;
+            }
+            local.insert(k);
+        }
+
+        // 3. What no longer belongs: after the entries moved off it.
+        if known {
+            for k in before.entries.keys().filter(|k| !entries.contains_key(k)) {
+                ops += remove(&mut self.svc, k)?;
+            }
+            for k in before.local.iter().filter(|k| !local.contains(k)) {
+                ops += remove(&mut self.local, k)?;
+            }
+            for (name, (id, eps)) in &before.lists {
+                if lists.get(name).map(|l| l.0) != Some(*id) {
+                    ops += self.delete_list(*id, eps)?;
+                }
+            }
+        } else {
+            ops += self.sweep(&entries, &lists, &local)?;
+        }
+        before.lists.clear();
+        self.written = Some(Written {
+            lists,
+            entries,
+            local,
+        });
+        Ok(ops)
+    }
+
+    fn fresh_id(&mut self) -> u32 {
+        let id = self.next_list;
+        self.next_list = self.next_list.wrapping_add(1).max(1);
+        id
+    }
+
+    fn write_list(&mut self, id: u32, eps: &[SocketAddr]) -> Result<usize, DataPlaneError> {
+        for (slot, ep) in eps.iter().enumerate() {
+            let be = Backend::of(*ep);
+            self.member
+                .insert(MemberKey::of(id, &be), 1, 0)
+                .map_err(|e| kernel_err(format!("writing endpoint {ep}"), e))?;
+            self.slot
+                .insert(
+                    SlotKey {
+                        list: id,
+                        slot: slot as u32,
+                    },
+                    be,
+                    0,
+                )
+                .map_err(|e| kernel_err(format!("writing endpoint {ep}"), e))?;
+        }
+        Ok(eps.len() * 2)
+    }
+
+    fn delete_list(&mut self, id: u32, eps: &[SocketAddr]) -> Result<usize, DataPlaneError> {
+        let mut ops = 0;
+        for (slot, ep) in eps.iter().enumerate() {
+            let key = SlotKey {
+                list: id,
+                slot: slot as u32,
+            };
+            ops += remove(&mut self.slot, &key)?;
+            ops += remove(&mut self.member, &MemberKey::of(id, &Backend::of(*ep)))?;
+        }
+        Ok(ops)
+    }
+
+    /// Deletes every key the maps hold beyond these.
+    fn sweep(
+        &mut self,
+        entries: &BTreeMap<SvcKey, SvcVal>,
+        lists: &BTreeMap<ListName, (u32, Vec<SocketAddr>)>,
+        local: &BTreeSet<LocalKey>,
+    ) -> Result<usize, DataPlaneError> {
+        let ids: BTreeSet<u32> = lists.values().map(|(id, _)| *id).collect();
+        let mut ops = 0;
+        let stale: Vec<SvcKey> = self
+            .svc
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !entries.contains_key(k))
+            .collect();
+        for k in &stale {
+            ops += remove(&mut self.svc, k)?;
+        }
+        let stale: Vec<LocalKey> = self
+            .local
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !local.contains(k))
+            .collect();
+        for k in &stale {
+            ops += remove(&mut self.local, k)?;
+        }
+        let stale: Vec<SlotKey> = self
+            .slot
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !ids.contains(&k.list))
+            .collect();
+        for k in &stale {
+            ops += remove(&mut self.slot, k)?;
+        }
+        let stale: Vec<MemberKey> = self
+            .member
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !ids.contains(&k.list))
+            .collect();
+        for k in &stale {
+            ops += remove(&mut self.member, k)?;
+        }
+        Ok(ops)
+    }
+
+    /// The maps' contents read back as a table (lists named by the entries that
+    /// point at them), for `explain --live`; lines for what cannot be read so.
+    pub fn read(&self) -> (Table, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut slots: BTreeMap<u32, BTreeMap<u32, SocketAddr>> = BTreeMap::new();
+        for kv in self.slot.iter() {
+            match kv {
+                Ok((k, be)) => {
+                    if let Some(a) = be.socket_addr() {
+                        slots.entry(k.list).or_default().insert(k.slot, a);
+                    }
+                }
+                Err(e) => problems.push(format!("reading svcproxy_slot: {e}")),
+            }
+        }
+        let names: BTreeMap<u32, ListName> = self
+            .written
+            .iter()
+            .flat_map(|w| w.lists.iter().map(|(n, (id, _))| (*id, n.clone())))
+            .collect();
+        let mut t = Table::default();
+        let route = |r: &wire::Route, t: &mut Table, problems: &mut Vec<String>| match r.action {
+            wire::ACT_FORWARD => {
+                let list: Vec<SocketAddr> = slots
+                    .get(&r.list)
+                    .map(|s| s.values().copied().collect())
+                    .unwrap_or_default();
+                if list.len() != r.count as usize {
+                    problems.push(format!(
+                        "endpoint list {} has {} endpoints, its entries say {}",
+                        r.list,
+                        list.len(),
+                        r.count
+                    ));
+                }
+                match names.get(&r.list) {
+                    Some(name) => {
+                        t.lists.insert(name.clone(), list);
+                        Route::Forward(name.clone())
+                    }
+                    None => {
+                        problems.push(format!(
+                            "endpoint list {} is no list svcproxy wrote",
+                            r.list
+                        ));
+                        Route::Reject
+                    }
+                }
+            }
+            wire::ACT_DROP => Route::Drop,
+            wire::ACT_PASS => Route::Pass,
+            _ => Route::Reject,
+        };
+        for kv in self.svc.iter() {
+            let (k, v) = match kv {
+                Ok(kv) => kv,
+                Err(e) => {
+                    problems.push(format!("reading svcproxy_svc: {e}"));
+                    continue;
+                }
+            };
+            let (Some(protocol), Some(family)) = (wire::proto_of(k.proto), family_of(k.family))
+            else {
+                problems.push(format!("service entry {k:?} is not one svcproxy writes"));
+                continue;
+            };
+            let dest = Dest {
+                family,
+                ip: wire::addr_of(k.addr, k.family),
+                protocol,
+                port: wire::port_of(k.port),
+            };
+            let entry = Entry {
+                pod: route(&v.pod, &mut t, &mut problems),
+                host: route(&v.host, &mut t, &mut problems),
+                affinity: (v.affinity_secs > 0).then_some((v.affinity_id, v.affinity_secs)),
+            };
+            t.entries.insert(dest, entry);
+        }
+        for k in self.local.keys().filter_map(Result::ok) {
+            if let Some(ip) = wire::addr_of(k.addr, k.family) {
+                t.local_addrs.insert(ip);
+            }
+        }
+        (t, problems)
+    }
+}
+
+fn family_of(b: u8) -> Option<svcproxy_core::model::IpFamily> {
+    match b {
+        wire::FAMILY_V4 => Some(svcproxy_core::model::IpFamily::V4),
+        wire::FAMILY_V6 => Some(svcproxy_core::model::IpFamily::V6),
+        _ => None,
+    }
+}
+
+fn encode(
+    dest: &Dest,
+    entry: &Entry,
+    lists: &BTreeMap<ListName, (u32, Vec<SocketAddr>)>,
+) -> (SvcKey, SvcVal) {
+    let key = SvcKey {
+        addr: wire::addr_words(dest.ip),
+        port: wire::port_word(dest.port),
+        proto: wire::proto_byte(dest.protocol),
+        family: wire::family_byte(dest.family),
+    };
+    let route = |r: &Route| {
+        let (action, list, count) = match r {
+            Route::Forward(name) => match lists.get(name) {
+                Some((id, eps)) => (wire::ACT_FORWARD, *id, eps.len() as u32),
+                None => (wire::ACT_REJECT, 0, 0),
+            },
+            Route::Drop => (wire::ACT_DROP, 0, 0),
+            Route::Reject => (wire::ACT_REJECT, 0, 0),
+            Route::Pass => (wire::ACT_PASS, 0, 0),
+        };
+        wire::Route {
+            list,
+            count,
+            action,
+            pad: [0; 3],
+        }
+    };
+    let (affinity_id, affinity_secs) = entry.affinity.unwrap_or((0, 0));
+    (
+        key,
+        SvcVal {
+            pod: route(&entry.pod),
+            host: route(&entry.host),
+            affinity_id,
+            affinity_secs,
+            pad: 0,
+        },
+    )
+}
+
+/// Removes `key`; a key already gone is no error. 1 when one was removed.
+fn remove<K: aya::Pod + std::fmt::Debug, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    key: &K,
+) -> Result<usize, DataPlaneError> {
+    match map.remove(key) {
+        Ok(()) => Ok(1),
+        Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(0)
+        }
+        Err(e) => Err(kernel_err(format!("deleting {key:?}"), e)),
+    }
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &str) -> Result<T, DataPlaneError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| kernel_err(name, "missing from the object"))?;
+    T::try_from(map).map_err(|e| kernel_err(name, e))
+}
+
+/// A program load error with the verifier's log when there is one.
+fn verifier(e: aya::programs::ProgramError) -> String {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            format!("{io_error}\n{verifier_log}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Removes what svcproxy pinned in `pin_dir`: the links first (detaching the
+/// programs), then the maps, then the directory. Nothing there is no error.
+pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
+    if !pin_dir.exists() {
+        return Ok(());
+    }
+    for (name, _) in PROGRAMS {
+        let pin = pin_dir.join(format!("link-{name}"));
+        if pin.exists() {
+            let link = PinnedLink::from_pin(&pin)
+                .map_err(|e| kernel_err(format!("opening {}", pin.display()), e))?;
+            link.unpin()
+                .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
+        }
+    }
+    for name in MAPS {
+        let pin = pin_dir.join(name);
+        match std::fs::remove_file(&pin) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(kernel_err(format!("unpinning {}", pin.display()), e)),
+        }
+    }
+    match std::fs::remove_dir(pin_dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(kernel_err(format!("removing {}", pin_dir.display()), e)),
+    }
+}
+
+/// What is pinned in `pin_dir` of svcproxy's: links and maps present, by name.
+pub fn pinned(pin_dir: &Path) -> Vec<String> {
+    PROGRAMS
+        .iter()
+        .map(|(n, _)| format!("link-{n}"))
+        .chain(MAPS.iter().map(|m| m.to_string()))
+        .filter(|n| pin_dir.join(n).exists())
+        .collect()
+}
+
+/// The links that should be pinned and are not.
+pub fn missing_links(pin_dir: &Path) -> Vec<String> {
+    PROGRAMS
+        .iter()
+        .map(|(n, _)| format!("link-{n}"))
+        .filter(|n| !pin_dir.join(n).exists())
+        .collect()
+}
+
+/// Where a cgroup v2 hierarchy is mounted, from `/proc/self/mountinfo`.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })
+}

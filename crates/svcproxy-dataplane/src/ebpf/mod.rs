@@ -1,0 +1,187 @@
+//! The eBPF data plane, socket side: cgroup programs (`bpf/sock.c`) translate a
+//! connection to a service address once, at connect() (sendmsg() for an
+//! unconnected UDP socket), to an endpoint chosen from BPF maps, and show the
+//! service address back at recvmsg() and getpeername(). No packet of such a
+//! connection meets a NAT rule.
+//!
+//! - [`svcproxy_plan::ebpf`]: the intent as map contents (pure), and `render`'s text;
+//! - [`wire`]: the maps' binary layouts, mirrored from the C;
+//! - [`kernel`]: loading, attaching, pinning, and writing the maps.
+//!
+//! Every verdict comes from the intent
+//! ([`svcproxy_plan::intent::ServiceIntent::socket_verdict`]); the programs look
+//! up, pick and rewrite.
+//!
+//! **Status.** This is the first step of `--proxy-mode ebpf` (issue 33): the
+//! socket programs for processes in the cgroup, driven through [`DataPlane`] and
+//! tested with real sockets (`svcproxy-e2e/tests/ebpf_socket.rs`). Traffic that
+//! does not come from a local socket (NodePorts and external IPs reached from
+//! outside) needs the tc programs still to come, so the mode is not yet in the
+//! registry.
+
+pub mod kernel;
+pub mod wire;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use svcproxy_plan::intent::NodePortDestinations;
+use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
+
+use crate::backend::{ApplyReport, Comparison, DataPlane, NodeRequirements, SyncKind};
+use crate::error::DataPlaneError;
+use kernel::Kernel;
+use svcproxy_plan::ebpf::Table;
+
+/// The `--proxy-mode` name.
+pub const MODE: &str = "ebpf";
+
+/// Where the programs attach and pin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EbpfOptions {
+    /// The cgroup (v2) whose processes' sockets are translated, descendants
+    /// included.
+    pub cgroup: PathBuf,
+    /// The directory svcproxy owns on a bpffs, for its maps and links.
+    pub pin_dir: PathBuf,
+}
+
+impl EbpfOptions {
+    /// The cgroup v2 root wherever it is mounted, and `/sys/fs/bpf/svcproxy`.
+    pub fn host_defaults() -> EbpfOptions {
+        EbpfOptions {
+            cgroup: kernel::cgroup2_root().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+            pin_dir: PathBuf::from("/sys/fs/bpf/svcproxy"),
+        }
+    }
+}
+
+/// The eBPF data plane (socket side).
+pub struct EbpfDataPlane {
+    opts: EbpfOptions,
+    kernel: Option<Kernel>,
+}
+
+impl EbpfDataPlane {
+    pub fn new(opts: EbpfOptions) -> EbpfDataPlane {
+        EbpfDataPlane { opts, kernel: None }
+    }
+
+    /// The table for `intent`, reading the host's addresses only when NodePorts
+    /// answer on every local address.
+    fn table(intent: &Intent) -> Table {
+        let all_local = intent.families().any(|f| {
+            f.node()
+                .is_some_and(|n| n.nodeports == NodePortDestinations::AllLocal)
+        });
+        let addrs: Vec<IpAddr> = if all_local {
+            crate::host_addrs::host_addresses().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot list the host's addresses for NodePorts");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
+        Table::build(intent, &addrs)
+    }
+}
+
+impl DataPlane for EbpfDataPlane {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    fn sync(
+        &mut self,
+        intent: &Intent,
+        _delta: &IntentDelta,
+        full: bool,
+    ) -> Result<ApplyReport, DataPlaneError> {
+        let table = Self::table(intent);
+        let start = Instant::now();
+        let first = self.kernel.is_none();
+        if first {
+            self.kernel = Some(Kernel::open(&self.opts.cgroup, &self.opts.pin_dir)?);
+        }
+        let kernel = self.kernel.as_mut().expect("opened above");
+        let ops = kernel.write(&table, full || first)?;
+        let kind = if first {
+            SyncKind::Recreate
+        } else if full {
+            SyncKind::Resync
+        } else {
+            SyncKind::Partial
+        };
+        Ok(ApplyReport {
+            kind,
+            apply_duration: start.elapsed(),
+            // Map writes and deletions: the work sent to the kernel.
+            script_bytes: ops,
+            rules: Vec::new(),
+            stale_flows: Vec::new(),
+        })
+    }
+
+    fn render(&self, intent: &Intent) -> String {
+        Self::table(intent).render()
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataPlaneError> {
+        self.kernel = None;
+        kernel::cleanup(&self.opts.pin_dir)
+    }
+
+    fn node_requirements(&self, _cfg: &PlanConfig) -> NodeRequirements {
+        NodeRequirements::default()
+    }
+
+    fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
+        if self.kernel.is_none() {
+            return Ok(None);
+        }
+        let missing = kernel::missing_links(&self.opts.pin_dir);
+        Ok((!missing.is_empty()).then(|| {
+            format!(
+                "pinned links removed from {}: {}",
+                self.opts.pin_dir.display(),
+                missing.join(", ")
+            )
+        }))
+    }
+
+    fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
+        let want = Self::table(intent);
+        let Some(kernel) = self.kernel.as_ref() else {
+            return Ok(Comparison {
+                counted_only: None,
+                differences: vec!["nothing written yet by this process".to_string()],
+                ahead: Vec::new(),
+            });
+        };
+        let (have, mut differences) = kernel.read();
+        differences.extend(table_differences(&want, &have));
+        Ok(Comparison {
+            counted_only: None,
+            differences,
+            ahead: Vec::new(),
+        })
+    }
+}
+
+/// One line per entry, list or local address that `have` lacks, holds beyond
+/// `want`, or holds differently.
+pub fn table_differences(want: &Table, have: &Table) -> Vec<String> {
+    let mut out = Vec::new();
+    let want_lines: std::collections::BTreeSet<String> =
+        want.render().lines().map(String::from).collect();
+    let have_lines: std::collections::BTreeSet<String> =
+        have.render().lines().map(String::from).collect();
+    for l in want_lines.difference(&have_lines) {
+        out.push(format!("missing: {l}"));
+    }
+    for l in have_lines.difference(&want_lines) {
+        out.push(format!("extra: {l}"));
+    }
+    out
+}

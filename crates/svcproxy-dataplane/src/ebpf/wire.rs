@@ -1,0 +1,227 @@
+//! The BPF maps' keys and values, laid out as `bpf/sock.c` declares them (change
+//! both together; `layouts_match_the_c_structs` checks the sizes), and their
+//! encoding from the table's types.
+
+use std::net::{IpAddr, SocketAddr};
+
+use svcproxy_core::model::{IpFamily, Protocol};
+
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// A route's action (`ACT_*` in the C).
+pub const ACT_FORWARD: u8 = 0;
+pub const ACT_DROP: u8 = 1;
+pub const ACT_REJECT: u8 = 2;
+pub const ACT_PASS: u8 = 3;
+
+pub fn family_byte(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => FAMILY_V4,
+        IpFamily::V6 => FAMILY_V6,
+    }
+}
+
+pub fn proto_byte(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+        Protocol::Sctp => 132,
+    }
+}
+
+pub fn proto_of(b: u8) -> Option<Protocol> {
+    match b {
+        6 => Some(Protocol::Tcp),
+        17 => Some(Protocol::Udp),
+        132 => Some(Protocol::Sctp),
+        _ => None,
+    }
+}
+
+/// An address as the programs read `user_ip4` / `user_ip6`: the bytes in network
+/// order, in 32-bit words (an IPv4 address in the first).
+pub fn addr_words(ip: Option<IpAddr>) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    match ip {
+        None => {}
+        Some(IpAddr::V4(a)) => out[0] = u32::from_ne_bytes(a.octets()),
+        Some(IpAddr::V6(a)) => {
+            for (i, chunk) in a.octets().chunks(4).enumerate() {
+                out[i] = u32::from_ne_bytes(chunk.try_into().expect("4 bytes"));
+            }
+        }
+    }
+    out
+}
+
+/// The address in `words` of `family`; `None` for all zeros (the wildcard).
+pub fn addr_of(words: [u32; 4], family: u8) -> Option<IpAddr> {
+    if words == [0; 4] {
+        return None;
+    }
+    if family == FAMILY_V4 {
+        Some(IpAddr::from(words[0].to_ne_bytes()))
+    } else {
+        let mut b = [0u8; 16];
+        for (i, w) in words.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        Some(IpAddr::from(b))
+    }
+}
+
+/// A port as the programs read `user_port`: network order in a `u16`.
+pub fn port_word(port: u16) -> u16 {
+    u16::from_ne_bytes(port.to_be_bytes())
+}
+
+pub fn port_of(word: u16) -> u16 {
+    u16::from_be_bytes(word.to_ne_bytes())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SvcKey {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Route {
+    pub list: u32,
+    pub count: u32,
+    pub action: u8,
+    pub pad: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SvcVal {
+    pub pod: Route,
+    pub host: Route,
+    pub affinity_id: u64,
+    pub affinity_secs: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SlotKey {
+    pub list: u32,
+    pub slot: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backend {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub family: u8,
+    pub pad: u8,
+}
+
+impl Backend {
+    pub fn of(addr: SocketAddr) -> Backend {
+        Backend {
+            addr: addr_words(Some(addr.ip())),
+            port: port_word(addr.port()),
+            family: family_byte(IpFamily::of(&addr.ip())),
+            pad: 0,
+        }
+    }
+
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
+        let ip = addr_of(self.addr, self.family).unwrap_or(IpAddr::from([0u8, 0, 0, 0]));
+        Some(SocketAddr::new(ip, port_of(self.port)))
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemberKey {
+    pub list: u32,
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub pad: u16,
+}
+
+impl MemberKey {
+    pub fn of(list: u32, be: &Backend) -> MemberKey {
+        MemberKey {
+            list,
+            addr: be.addr,
+            port: be.port,
+            pad: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LocalKey {
+    pub addr: [u32; 4],
+    pub family: u8,
+    pub pad: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub host_netns_cookie: u64,
+}
+
+// SAFETY: each is `repr(C)`, `Copy`, made of integers only, with every padding
+// byte an explicit field: any bit pattern is a valid value. aya reads and writes
+// map keys and values through this trait; there is no other way to use its maps.
+#[allow(unsafe_code)]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for SvcKey {}
+    unsafe impl aya::Pod for SvcVal {}
+    unsafe impl aya::Pod for SlotKey {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for MemberKey {}
+    unsafe impl aya::Pod for LocalKey {}
+    unsafe impl aya::Pod for Config {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_the_c_structs() {
+        // Sizes as clang lays out bpf/sock.c's structs.
+        assert_eq!(std::mem::size_of::<SvcKey>(), 20);
+        assert_eq!(std::mem::size_of::<Route>(), 12);
+        assert_eq!(std::mem::size_of::<SvcVal>(), 40);
+        assert_eq!(std::mem::size_of::<SlotKey>(), 8);
+        assert_eq!(std::mem::size_of::<Backend>(), 20);
+        assert_eq!(std::mem::size_of::<MemberKey>(), 24);
+        assert_eq!(std::mem::size_of::<LocalKey>(), 20);
+        assert_eq!(std::mem::size_of::<Config>(), 8);
+    }
+
+    #[test]
+    fn addresses_and_ports_round_trip_in_network_order() {
+        for ip in ["198.19.0.10", "2001:db8:ffff::a"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let fam = family_byte(IpFamily::of(&ip));
+            assert_eq!(addr_of(addr_words(Some(ip)), fam), Some(ip));
+        }
+        // The first byte of the address is the first byte in memory.
+        let w = addr_words(Some("198.19.0.10".parse().unwrap()));
+        assert_eq!(w[0].to_ne_bytes(), [198, 19, 0, 10]);
+        assert_eq!(port_word(80).to_ne_bytes(), [0, 80]);
+        assert_eq!(port_of(port_word(30080)), 30080);
+        let be = Backend::of("[2001:db8::5]:8080".parse().unwrap());
+        assert_eq!(
+            be.socket_addr(),
+            Some("[2001:db8::5]:8080".parse().unwrap())
+        );
+    }
+}

@@ -1,0 +1,557 @@
+//! The eBPF data plane's socket programs on real sockets: a client process moved
+//! into a cgroup the test creates, in a network namespace the test creates,
+//! connects to service addresses that exist nowhere, and reaches the endpoints
+//! the maps name.
+//!
+//! Shown here: TCP and UDP (connected, and unconnected with sendto) in IPv4 and
+//! IPv6, the service address reported back by getpeername() and as the source
+//! of UDP replies, NodePorts on the node's address, REJECT as a refused connect,
+//! DROP as a connect that times out, ClientIP affinity, an endpoint removed by a
+//! partial sync, `explain --live`'s comparison, the data path staying when the
+//! process is gone, a restarted process sweeping what the maps hold beyond its
+//! intent, and cleanup removing every pin.
+//!
+//! Safety: the programs attach only to the test's own cgroup (made under a
+//! cgroup2 mount of the test's), pins live in a bpffs the test mounts; both are
+//! removed at the end, even when the test fails. Traffic stays inside the test's
+//! namespace. Without root, BPF or the tools the test prints SKIP (fails under CI).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use svcproxy_core::objects::SourceUpdate;
+use svcproxy_core::state::{ClusterState, StateConfig};
+use svcproxy_dataplane::ebpf::kernel;
+use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane, EbpfOptions};
+use svcproxy_e2e::probe::ProbeLine;
+use svcproxy_e2e::{echo_bin, Attempt, NsProcess};
+use svcproxy_plan::{build_intent, LocalDetection, PlanConfig};
+use svcproxy_testkit::netns::{self, Netns};
+
+const NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {kubernetes.io/hostname: node-a}
+spec:
+  podCIDRs: ["198.18.1.0/24", "2001:db8:1::/64"]
+status:
+  addresses:
+  - {type: InternalIP, address: 198.18.0.1}
+  - {type: InternalIP, address: "2001:db8::1"}
+"#;
+
+/// A dual-stack NodePort service `name` with TCP port 80 and UDP port 90 at
+/// cluster IPs `198.19.0.<n>` and `2001:db8:ffff::<n>`, and `extra` spec lines.
+fn service(name: &str, n: u8, node_ports: Option<(u16, u16)>, extra: &str) -> String {
+    let (ty, tcp_np, udp_np) = match node_ports {
+        Some((t, u)) => (
+            "NodePort",
+            format!(", nodePort: {t}"),
+            format!(", nodePort: {u}"),
+        ),
+        None => ("ClusterIP", String::new(), String::new()),
+    };
+    format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: demo}}
+spec:
+  type: {ty}
+  clusterIP: 198.19.0.{n}
+  clusterIPs: [198.19.0.{n}, "2001:db8:ffff::{n}"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+{extra}
+  ports:
+  - {{name: http, port: 80, protocol: TCP{tcp_np}}}
+  - {{name: echo, port: 90, protocol: UDP{udp_np}}}
+"#
+    )
+}
+
+/// A slice of service `svc` named `name`, with `addrs` on `node` serving both
+/// ports at `port`.
+fn slice(svc: &str, name: &str, v6: bool, port: u16, node: &str, addrs: &[&str]) -> String {
+    let eps: String = addrs
+        .iter()
+        .map(|a| format!("- {{addresses: [\"{a}\"], nodeName: {node}}}\n"))
+        .collect();
+    let ty = if v6 { "IPv6" } else { "IPv4" };
+    format!(
+        r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}
+  namespace: demo
+  labels: {{kubernetes.io/service-name: {svc}}}
+addressType: {ty}
+ports:
+- {{name: http, port: {port}, protocol: TCP}}
+- {{name: echo, port: {port}, protocol: UDP}}
+endpoints:
+{eps}"#
+    )
+}
+
+/// `svc`'s endpoints: pod-a at .10 (port 8080) and, with `with_b`, pod-b at .11
+/// (port 8081), both on this node, in both families.
+fn both_pods(svc: &str, with_b: bool) -> Vec<String> {
+    let mut v = vec![
+        slice(
+            svc,
+            &format!("{svc}-a4"),
+            false,
+            8080,
+            "node-a",
+            &["198.18.1.10"],
+        ),
+        slice(
+            svc,
+            &format!("{svc}-a6"),
+            true,
+            8080,
+            "node-a",
+            &["2001:db8:1::10"],
+        ),
+    ];
+    let (b4, b6): (&[&str], &[&str]) = if with_b {
+        (&["198.18.1.11"], &["2001:db8:1::11"])
+    } else {
+        (&[], &[])
+    };
+    v.push(slice(svc, &format!("{svc}-b4"), false, 8081, "node-a", b4));
+    v.push(slice(svc, &format!("{svc}-b6"), true, 8081, "node-a", b6));
+    v
+}
+
+fn manifests(with_b: bool) -> Vec<String> {
+    let mut docs = vec![NODE.to_string()];
+    docs.push(service("web", 10, Some((30080, 30090)), ""));
+    docs.extend(both_pods("web", with_b));
+    // No endpoint anywhere: REJECT.
+    docs.push(service("empty", 20, None, ""));
+    // ClientIP affinity over both pods.
+    docs.push(service(
+        "sticky",
+        30,
+        None,
+        "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}",
+    ));
+    docs.extend(both_pods("sticky", true));
+    // internalTrafficPolicy Local, its only endpoint on another node: DROP.
+    docs.push(service(
+        "elsewhere",
+        40,
+        None,
+        "  internalTrafficPolicy: Local",
+    ));
+    docs.push(slice(
+        "elsewhere",
+        "elsewhere-4",
+        false,
+        8080,
+        "node-b",
+        &["198.18.2.10"],
+    ));
+    docs.push(slice(
+        "elsewhere",
+        "elsewhere-6",
+        true,
+        8080,
+        "node-b",
+        &["2001:db8:2::10"],
+    ));
+    docs
+}
+
+fn state(docs: &[String]) -> ClusterState {
+    let mut state = ClusterState::new(StateConfig {
+        node_name: "node-a".to_string(),
+        service_proxy_name: None,
+    });
+    for doc in docs {
+        for object in svcproxy_testkit::objects::parse(doc) {
+            state.apply(SourceUpdate::Upsert {
+                object,
+                origin: "test".to_string(),
+            });
+        }
+    }
+    state
+}
+
+fn plan_config() -> PlanConfig {
+    PlanConfig {
+        local_detection: LocalDetection::NodeCidr(Vec::new()),
+        ..PlanConfig::default()
+    }
+}
+
+/// A cgroup2 mount, a cgroup under it and a bpffs mount, all the test's own;
+/// removed when dropped.
+struct Confinement {
+    cgroup_mount: tempfile::TempDir,
+    cgroup: PathBuf,
+    bpffs: tempfile::TempDir,
+}
+
+impl Confinement {
+    fn new() -> Result<Confinement, String> {
+        let cgroup_mount = tempfile::tempdir().map_err(|e| e.to_string())?;
+        mount("cgroup2", cgroup_mount.path())?;
+        let cgroup = cgroup_mount
+            .path()
+            .join(format!("svcproxy-test-{}", std::process::id()));
+        let bpffs = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let c = Confinement {
+            cgroup_mount,
+            cgroup,
+            bpffs,
+        };
+        std::fs::create_dir(&c.cgroup)
+            .map_err(|e| format!("creating {}: {e}", c.cgroup.display()))?;
+        mount("bpf", c.bpffs.path())?;
+        Ok(c)
+    }
+
+    fn options(&self) -> EbpfOptions {
+        EbpfOptions {
+            cgroup: self.cgroup.clone(),
+            pin_dir: self.bpffs.path().join("svcproxy"),
+        }
+    }
+}
+
+fn mount(fstype: &str, dir: &Path) -> Result<(), String> {
+    let out = Command::new("mount")
+        .args(["-t", fstype, fstype])
+        .arg(dir)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "mount -t {fstype}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Drop for Confinement {
+    fn drop(&mut self) {
+        // Whatever a failed test left attached or pinned goes with the mounts.
+        let _ = kernel::cleanup(&self.options().pin_dir);
+        let _ = Command::new("umount").arg(self.bpffs.path()).status();
+        // The cgroup empties as its probes exit.
+        for _ in 0..50 {
+            match std::fs::remove_dir(&self.cgroup) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        let _ = Command::new("umount")
+            .arg(self.cgroup_mount.path())
+            .status();
+    }
+}
+
+/// The test's world: the namespace with the node's and the pods' addresses, the
+/// two echo pods, the confinement.
+struct World {
+    ns: Netns,
+    conf: Confinement,
+    _pods: Vec<NsProcess>,
+    logs: tempfile::TempDir,
+    echo: PathBuf,
+}
+
+impl World {
+    fn new(test: &str) -> Option<World> {
+        let ns = Netns::create(test, "ebpf", &["mount", "umount"])?;
+        let conf = match Confinement::new() {
+            Ok(c) => c,
+            Err(e) => {
+                netns::skip(test, &format!("cannot confine BPF programs: {e}"));
+                return None;
+            }
+        };
+        let lines: Vec<String> = [
+            "link set lo up",
+            "link add node0 type veth peer name node1",
+            "link set node1 up",
+            "link set node0 up",
+            "addr add 198.18.0.1/32 dev node0",
+            "addr add 2001:db8::1/128 dev node0 nodad",
+            "addr add 198.18.1.10/32 dev lo",
+            "addr add 198.18.1.11/32 dev lo",
+            "addr add 2001:db8:1::10/128 dev lo nodad",
+            "addr add 2001:db8:1::11/128 dev lo nodad",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        netns::ip_batch(&ns.name, &lines).expect("addresses");
+        let logs = tempfile::tempdir().expect("log dir");
+        let echo = echo_bin().expect("svcproxy-echo");
+        let e = echo.to_string_lossy().into_owned();
+        let mut pods = Vec::new();
+        for (name, port, v4, v6) in [
+            ("pod-a", "8080", "198.18.1.10", "2001:db8:1::10"),
+            ("pod-b", "8081", "198.18.1.11", "2001:db8:1::11"),
+        ] {
+            let addrs = format!("{v4},{v6}");
+            let argv = [
+                e.as_str(),
+                "serve",
+                "--name",
+                name,
+                "--tcp",
+                port,
+                "--udp",
+                port,
+                "--addr",
+                &addrs,
+                "--lifetime-secs",
+                "300",
+            ];
+            let p = NsProcess::spawn(&ns.name, &argv, name, logs.path()).expect("echo pod");
+            p.wait_for_stdout("\"ready\"", Duration::from_secs(10))
+                .expect("echo pod ready");
+            pods.push(p);
+        }
+        Some(World {
+            ns,
+            conf,
+            _pods: pods,
+            logs,
+            echo,
+        })
+    }
+
+    /// `count` probes from a process in the test's cgroup, inside the namespace.
+    fn probe(&self, proto: &str, target: &str, count: usize, extra: &[&str]) -> Vec<Attempt> {
+        let procs = self.conf.cgroup.join("cgroup.procs");
+        let count = count.to_string();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+            .arg(&procs)
+            .args(["ip", "netns", "exec", &self.ns.name])
+            .arg(&self.echo)
+            .args([
+                "probe",
+                "--proto",
+                proto,
+                "--target",
+                target,
+                "--count",
+                &count,
+                "--timeout-ms",
+                "1500",
+            ])
+            .args(extra);
+        let out = netns::run(&mut cmd, None, Duration::from_secs(120)).expect("probe ran");
+        assert!(
+            out.status.success(),
+            "probe {target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<ProbeLine>(l)
+                    .unwrap_or_else(|e| panic!("probe line {l:?}: {e}"))
+                    .into()
+            })
+            .collect()
+    }
+
+    fn backends(attempts: &[Attempt]) -> BTreeSet<String> {
+        attempts.iter().map(|a| a.label()).collect()
+    }
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
+    let test = "sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address";
+    let Some(w) = World::new(test) else { return };
+    let mut st = state(&manifests(true));
+    let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(w.conf.options()));
+    if let Err(e) = driver.sync(&st.snapshot(), true) {
+        // A kernel without the program types is a machine that cannot run it.
+        netns::skip(test, &format!("cannot load the socket programs: {e}"));
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut check = |what: &str, ok: bool, detail: String| {
+        if !ok {
+            failures.push(format!("{what}: {detail}"));
+        }
+    };
+
+    for (proto, target, vip) in [
+        ("tcp", "198.19.0.10:80", "198.19.0.10:80"),
+        ("tcp", "[2001:db8:ffff::10]:80", "[2001:db8:ffff::10]:80"),
+        ("udp", "198.19.0.10:90", "198.19.0.10:90"),
+        ("udp", "[2001:db8:ffff::10]:90", "[2001:db8:ffff::10]:90"),
+        ("tcp", "198.18.0.1:30080", "198.18.0.1:30080"),
+        ("udp", "[2001:db8::1]:30090", "[2001:db8::1]:30090"),
+    ] {
+        let a = w.probe(proto, target, 30, &[]);
+        let seen = World::backends(&a);
+        check(
+            &format!("{proto} {target} spreads over both pods"),
+            seen == set(&["pod-a", "pod-b"]),
+            format!("{seen:?}"),
+        );
+        let vip: SocketAddr = vip.parse().unwrap();
+        let peers: BTreeSet<Option<SocketAddr>> = a.iter().map(|x| x.peer).collect();
+        check(
+            &format!("{proto} {target}: the socket's peer is the service address"),
+            peers == BTreeSet::from([Some(vip)]),
+            format!("{peers:?}"),
+        );
+    }
+    for target in ["198.19.0.10:90", "[2001:db8:ffff::10]:90"] {
+        let a = w.probe("udp", target, 20, &["--unconnected"]);
+        let from: BTreeSet<Option<SocketAddr>> = a.iter().map(|x| x.peer).collect();
+        check(
+            &format!("unconnected udp {target}: replies come from the service address"),
+            from == BTreeSet::from([Some(target.parse().unwrap())]),
+            format!("{from:?} {:?}", World::backends(&a)),
+        );
+    }
+    for target in ["198.19.0.20:80", "[2001:db8:ffff::20]:80"] {
+        let a = w.probe("tcp", target, 3, &[]);
+        check(
+            &format!("{target} (no endpoints) is refused"),
+            a.iter().all(Attempt::is_refused),
+            format!("{:?}", World::backends(&a)),
+        );
+    }
+    let a = w.probe("tcp", "198.19.0.40:80", 2, &[]);
+    check(
+        "198.19.0.40:80 (Local policy, endpoints elsewhere) times out",
+        a.iter().all(Attempt::is_timeout),
+        format!("{:?}", World::backends(&a)),
+    );
+    for target in ["198.19.0.30:80", "[2001:db8:ffff::30]:80"] {
+        let a = w.probe("tcp", target, 20, &[]);
+        let seen = World::backends(&a);
+        check(
+            &format!("{target} (ClientIP affinity) sticks to one pod"),
+            seen.len() == 1 && !seen.contains("refused"),
+            format!("{seen:?}"),
+        );
+    }
+
+    // The kernel holds what the plan says.
+    let snap = st.snapshot();
+    let intent = build_intent(&snap.v4, &snap.v6, &plan_config());
+    let cmp = driver.plane_mut().compare(&intent).expect("compare");
+    check(
+        "explain --live finds the maps as planned",
+        cmp.differences.is_empty(),
+        cmp.differences.join("\n"),
+    );
+
+    // pod-b leaves web: a partial sync.
+    for doc in both_pods("web", false) {
+        for object in svcproxy_testkit::objects::parse(&doc) {
+            st.apply(SourceUpdate::Upsert {
+                object,
+                origin: "test".to_string(),
+            });
+        }
+    }
+    let report = driver.sync(&st.snapshot(), false).expect("partial sync");
+    check(
+        "the endpoint change is a partial sync",
+        !report.kind.is_full(),
+        format!("{:?}", report.kind),
+    );
+    for target in ["198.19.0.10:80", "[2001:db8:ffff::10]:80"] {
+        let seen = World::backends(&w.probe("tcp", target, 20, &[]));
+        check(
+            &format!("{target} after pod-b left web"),
+            seen == set(&["pod-a"]),
+            format!("{seen:?}"),
+        );
+    }
+    let seen = World::backends(&w.probe("tcp", "198.19.0.30:80", 10, &[]));
+    check(
+        "sticky keeps both pods (its list untouched)",
+        seen.len() == 1 && !seen.contains("refused"),
+        format!("{seen:?}"),
+    );
+
+    // The process goes; the pinned links and maps keep the data path.
+    drop(driver);
+    let seen = World::backends(&w.probe("tcp", "198.19.0.10:80", 5, &[]));
+    check(
+        "translation goes on with no svcproxy running",
+        seen == set(&["pod-a"]),
+        format!("{seen:?}"),
+    );
+
+    // A new process whose intent lacks sticky: its first sync sweeps sticky out.
+    let mut docs = vec![
+        NODE.to_string(),
+        service("web", 10, Some((30080, 30090)), ""),
+    ];
+    docs.extend(both_pods("web", true));
+    let mut st2 = state(&docs);
+    let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(w.conf.options()));
+    driver
+        .sync(&st2.snapshot(), true)
+        .expect("restarted full sync");
+    let seen = World::backends(&w.probe("tcp", "198.19.0.10:80", 30, &[]));
+    check(
+        "the restarted process serves both pods again",
+        seen == set(&["pod-a", "pod-b"]),
+        format!("{seen:?}"),
+    );
+    let a = w.probe("tcp", "198.19.0.30:80", 2, &[]);
+    check(
+        "sticky is gone after the restart's sweep (no longer translated)",
+        a.iter().all(|x| x.backend().is_none()),
+        format!("{:?}", World::backends(&a)),
+    );
+    let snap = st2.snapshot();
+    let intent = build_intent(&snap.v4, &snap.v6, &plan_config());
+    let cmp = driver.plane_mut().compare(&intent).expect("compare");
+    check(
+        "after the restart the maps hold exactly the plan",
+        cmp.differences.is_empty(),
+        cmp.differences.join("\n"),
+    );
+
+    // Cleanup removes every pin and the translation with them.
+    driver.plane_mut().cleanup().expect("cleanup");
+    let pin_dir = w.conf.options().pin_dir;
+    check(
+        "cleanup leaves nothing pinned",
+        !pin_dir.exists(),
+        format!("{:?}", kernel::pinned(&pin_dir)),
+    );
+    let a = w.probe("tcp", "198.19.0.10:80", 2, &[]);
+    check(
+        "no translation after cleanup",
+        a.iter().all(|x| x.backend().is_none()),
+        format!("{:?}", World::backends(&a)),
+    );
+    let _ = &w.logs;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
