@@ -100,6 +100,17 @@ struct rev_val {
 	__u16 pad;
 };
 
+// A connected socket's service address and endpoint, in the socket's own
+// storage (freed with it, never evicted).
+struct sock_peer {
+	__u32 vip[4];
+	__u16 vport;
+	__u16 pad;
+	__u32 be[4];
+	__u16 beport;
+	__u16 pad2;
+};
+
 // An unconnected UDP socket's flow to one service address, so its datagrams
 // stay with one endpoint as conntrack keeps a flow.
 struct flow_key {
@@ -109,6 +120,10 @@ struct flow_key {
 
 struct config {
 	__u64 host_netns_cookie;
+	// Translate only the host's own sockets (pods' connections then meet the
+	// packet path), as Cilium's socketLB.hostNamespaceOnly.
+	__u32 host_only;
+	__u32 pad;
 };
 
 struct {
@@ -122,7 +137,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4194304);
+	__uint(max_entries, 2097152);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__type(key, struct slot_key);
@@ -131,7 +146,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4194304);
+	__uint(max_entries, 1048576);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__type(key, struct member_key);
@@ -149,7 +164,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__type(key, struct aff_key);
 	__type(value, struct aff_val);
@@ -157,15 +172,23 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__type(key, struct rev_key);
 	__type(value, struct rev_val);
 } svcproxy_rev SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, int);
+	__type(value, struct sock_peer);
+} svcproxy_peer SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__type(key, struct flow_key);
 	__type(value, struct backend);
@@ -265,7 +288,10 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	__u32 zero = 0;
 	struct config *cfg = bpf_map_lookup_elem(&svcproxy_cfg, &zero);
 	__u64 netns = bpf_get_netns_cookie(ctx);
-	struct route *rt = (cfg && netns == cfg->host_netns_cookie) ? &svc->host : &svc->pod;
+	int from_host = cfg && netns == cfg->host_netns_cookie;
+	if (cfg && cfg->host_only && !from_host)
+		return 1;
+	struct route *rt = from_host ? &svc->host : &svc->pod;
 
 	switch (rt->action) {
 	case ACT_FORWARD:
@@ -281,7 +307,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	if (count == 0)
 		return refuse(ECONNREFUSED);
 
-	__u64 cookie = bpf_get_socket_cookie(ctx);
+	__u64 cookie = datagram ? bpf_get_socket_cookie(ctx) : 0;
 	struct flow_key fk = {};
 	struct backend chosen;
 	int have = 0;
@@ -328,20 +354,40 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	if (datagram)
 		bpf_map_update_elem(&svcproxy_flow, &fk, &chosen, BPF_ANY);
 
-	struct rev_key rk = {};
-	rk.cookie = cookie;
-	rk.addr[0] = chosen.addr[0];
-	rk.addr[1] = chosen.addr[1];
-	rk.addr[2] = chosen.addr[2];
-	rk.addr[3] = chosen.addr[3];
-	rk.port = chosen.port;
-	struct rev_val rv = {};
-	rv.addr[0] = key.addr[0];
-	rv.addr[1] = key.addr[1];
-	rv.addr[2] = key.addr[2];
-	rv.addr[3] = key.addr[3];
-	rv.port = key.port;
-	bpf_map_update_elem(&svcproxy_rev, &rk, &rv, BPF_ANY);
+	if (datagram) {
+		// One socket, many peers: by cookie and endpoint.
+		struct rev_key rk = {};
+		rk.cookie = cookie;
+		rk.addr[0] = chosen.addr[0];
+		rk.addr[1] = chosen.addr[1];
+		rk.addr[2] = chosen.addr[2];
+		rk.addr[3] = chosen.addr[3];
+		rk.port = chosen.port;
+		struct rev_val rv = {};
+		rv.addr[0] = key.addr[0];
+		rv.addr[1] = key.addr[1];
+		rv.addr[2] = key.addr[2];
+		rv.addr[3] = key.addr[3];
+		rv.port = key.port;
+		bpf_map_update_elem(&svcproxy_rev, &rk, &rv, BPF_ANY);
+	} else {
+		struct bpf_sock *sk = ctx->sk;
+		struct sock_peer *p = sk ? bpf_sk_storage_get(&svcproxy_peer, sk, 0,
+							    BPF_SK_STORAGE_GET_F_CREATE)
+					 : 0;
+		if (p) {
+			p->vip[0] = key.addr[0];
+			p->vip[1] = key.addr[1];
+			p->vip[2] = key.addr[2];
+			p->vip[3] = key.addr[3];
+			p->vport = key.port;
+			p->be[0] = chosen.addr[0];
+			p->be[1] = chosen.addr[1];
+			p->be[2] = chosen.addr[2];
+			p->be[3] = chosen.addr[3];
+			p->beport = chosen.port;
+		}
+	}
 
 	write_dst(ctx, family, chosen.addr, chosen.port);
 	return 1;
@@ -351,10 +397,23 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 // getpeername's peer).
 static __always_inline int reverse(struct bpf_sock_addr *ctx, int family)
 {
+	__u32 addr[4] = {};
+	read_dst(ctx, family, addr);
+	__u16 port = (__u16)ctx->user_port;
+	struct bpf_sock *sk = ctx->sk;
+	struct sock_peer *p = sk ? bpf_sk_storage_get(&svcproxy_peer, sk, 0, 0) : 0;
+	if (p && p->beport == port && p->be[0] == addr[0] && p->be[1] == addr[1] &&
+	    p->be[2] == addr[2] && p->be[3] == addr[3]) {
+		write_dst(ctx, family, p->vip, p->vport);
+		return 1;
+	}
 	struct rev_key rk = {};
 	rk.cookie = bpf_get_socket_cookie(ctx);
-	read_dst(ctx, family, rk.addr);
-	rk.port = (__u16)ctx->user_port;
+	rk.addr[0] = addr[0];
+	rk.addr[1] = addr[1];
+	rk.addr[2] = addr[2];
+	rk.addr[3] = addr[3];
+	rk.port = port;
 	struct rev_val *rv = bpf_map_lookup_elem(&svcproxy_rev, &rk);
 	if (rv)
 		write_dst(ctx, family, rv->addr, rv->port);

@@ -16,6 +16,9 @@
 //! - the nftables floor: `nft -f` of a table holding only the same data (a verdict
 //!   map of the service addresses, a map of every endpoint, an empty chain per
 //!   service);
+//! - the eBPF data plane's socket side (unless `BENCH_SKIP_EBPF=1`): its full sync
+//!   from a fresh process, as a ratio to the nftables floor, then the same single
+//!   changes;
 //! - nftables mode: the full sync through `nft -f` (`--nft-writer=text`), then
 //!   the same syncs as iptables mode over netlink (the default; unless
 //!   `BENCH_SKIP_NFT=1`), full syncs also as a ratio to the floor, with the
@@ -334,6 +337,12 @@ fn run(n: usize, m: usize) {
     drop(floor_ns);
     settle();
 
+    if std::env::var("BENCH_SKIP_EBPF").is_ok_and(|v| v == "1") {
+        println!("  ebpf: skipped (BENCH_SKIP_EBPF=1)");
+    } else {
+        ebpf(n, m, changes, nft_floor);
+    }
+
     // nftables mode, from the same services as iptables mode started with: first
     // through `nft -f` (`--nft-writer=text`), then as it runs by default (netlink).
     let mut state = cluster(&[]);
@@ -510,4 +519,78 @@ fn bench_sync() {
     for n in sizes {
         run(n, m);
     }
+}
+
+/// The eBPF data plane (socket side) on the same services, confined to a cgroup
+/// and bpffs of this run's own: its full sync from a fresh process (programs
+/// loaded and attached, maps created) as a ratio to the nftables floor, then
+/// single changes.
+fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
+    let conf = match svcproxy_testkit::confine::Confinement::new() {
+        Ok(c) => c,
+        Err(e) => {
+            println!("  ebpf: cannot confine the programs here: {e}");
+            return;
+        }
+    };
+    let mut state = cluster(&[]);
+    upsert(&mut state, &services_yaml(0, n, m));
+    let base = snapshot(&mut state);
+    let mut d = Driver::without_conntrack(
+        plan_config(),
+        svcproxy_dataplane::EbpfDataPlane::new(svcproxy_dataplane::EbpfOptions {
+            cgroup: conf.cgroup().to_path_buf(),
+            pin_dir: conf.pin_dir(),
+            host_namespace_only: false,
+        }),
+    );
+    let t = Instant::now();
+    let full = match d.sync(&base, true) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("  ebpf: full sync FAILED: {e}");
+            return;
+        }
+    };
+    let took = t.elapsed();
+    let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
+        d.sync(snap, false)
+            .map(|r| {
+                format!(
+                    "{:?}, {} map writes, in the kernel {:.2} ms",
+                    r.kind,
+                    r.script_bytes,
+                    ms(r.apply_duration)
+                )
+            })
+            .map_err(|e| e.to_string())
+    };
+    let (med, max, notes) = single_changes(
+        &mut state,
+        changes,
+        |k| services_yaml(n + k, n + k + 1, m),
+        &mut sync,
+    );
+    let (emed, emax, enotes) = single_changes(
+        &mut state,
+        changes,
+        |k| endpoint_moved(k * 97 % n, m, k),
+        &mut sync,
+    );
+    println!(
+        "  ebpf: full sync from a fresh process              {:>9.1} ms  ({:.2} x the nftables floor; target <= 0.5; {} map writes; loading, attaching and writing {:.1} ms)\n\
+         \x20 ebpf: one service added, median / max          {:>9.2} / {:.2} ms  (target <= 1 ms; {})\n\
+         \x20 ebpf: one endpoint moved, median / max         {:>9.2} / {:.2} ms  ({})",
+        ms(took),
+        took.as_secs_f64() / nft_floor.as_secs_f64(),
+        full.script_bytes,
+        ms(full.apply_duration),
+        ms(med),
+        ms(max),
+        notes.first().cloned().unwrap_or_default(),
+        ms(emed),
+        ms(emax),
+        enotes.first().cloned().unwrap_or_default(),
+    );
+    let _ = svcproxy_dataplane::DataPlane::cleanup(d.plane_mut());
 }

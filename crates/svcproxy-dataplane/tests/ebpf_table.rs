@@ -55,7 +55,7 @@ service 198.19.0.20:5432/tcp pod: forward IPv4 demo/db:pg/TCP cluster host: forw
 service 198.19.0.40:80/tcp pod: forward IPv4 demo/np:http/TCP cluster host: forward IPv4 demo/np:http/TCP cluster affinity: 10800s
 service 203.0.113.20:5432/tcp pod: forward IPv4 demo/db:pg/TCP cluster host: forward IPv4 demo/db:pg/TCP cluster
 endpoints IPv4 demo/db:pg/TCP cluster: 198.18.2.20:5432
-endpoints IPv4 demo/np:http/TCP cluster: 198.18.2.40:8080
+endpoints IPv4 demo/np:http/TCP cluster (remembered): 198.18.2.40:8080
 endpoints IPv4 demo/web:http/TCP cluster: 198.18.1.10:8080 198.18.2.10:8080
 ";
     assert_eq!(text, want);

@@ -64,6 +64,7 @@ pub use echo::SctpMode;
 pub use plan::Family;
 pub use probe::{tally, Attempt, ProbeResult, Proto, Reply};
 pub use process::NsProcess;
+pub use svcproxy_testkit::confine::Confinement;
 pub use svcproxy_testkit::netns;
 pub use svcproxy_testkit::netns::cleanup_stale;
 
@@ -85,5 +86,14 @@ pub fn sctp_available_or_skip() -> bool {
             false
         }
         _ => true,
+    }
+}
+
+/// The eBPF data plane confined to `c`'s cgroup and bpffs.
+pub fn ebpf_options(c: &Confinement) -> svcproxy_dataplane::EbpfOptions {
+    svcproxy_dataplane::EbpfOptions {
+        cgroup: c.cgroup().to_path_buf(),
+        pin_dir: c.pin_dir(),
+        host_namespace_only: false,
     }
 }

@@ -18,16 +18,15 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::state::{ClusterState, StateConfig};
 use svcproxy_dataplane::ebpf::kernel;
-use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane, EbpfOptions};
+use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
 use svcproxy_e2e::probe::ProbeLine;
-use svcproxy_e2e::{echo_bin, Attempt, NsProcess};
+use svcproxy_e2e::{ebpf_options, echo_bin, Attempt, Confinement, NsProcess};
 use svcproxy_plan::{build_intent, LocalDetection, PlanConfig};
 use svcproxy_testkit::netns::{self, Netns};
 
@@ -194,76 +193,6 @@ fn plan_config() -> PlanConfig {
     }
 }
 
-/// A cgroup2 mount, a cgroup under it and a bpffs mount, all the test's own;
-/// removed when dropped.
-struct Confinement {
-    cgroup_mount: tempfile::TempDir,
-    cgroup: PathBuf,
-    bpffs: tempfile::TempDir,
-}
-
-impl Confinement {
-    fn new() -> Result<Confinement, String> {
-        let cgroup_mount = tempfile::tempdir().map_err(|e| e.to_string())?;
-        mount("cgroup2", cgroup_mount.path())?;
-        let cgroup = cgroup_mount
-            .path()
-            .join(format!("svcproxy-test-{}", std::process::id()));
-        let bpffs = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let c = Confinement {
-            cgroup_mount,
-            cgroup,
-            bpffs,
-        };
-        std::fs::create_dir(&c.cgroup)
-            .map_err(|e| format!("creating {}: {e}", c.cgroup.display()))?;
-        mount("bpf", c.bpffs.path())?;
-        Ok(c)
-    }
-
-    fn options(&self) -> EbpfOptions {
-        EbpfOptions {
-            cgroup: self.cgroup.clone(),
-            pin_dir: self.bpffs.path().join("svcproxy"),
-        }
-    }
-}
-
-fn mount(fstype: &str, dir: &Path) -> Result<(), String> {
-    let out = Command::new("mount")
-        .args(["-t", fstype, fstype])
-        .arg(dir)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "mount -t {fstype}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Drop for Confinement {
-    fn drop(&mut self) {
-        // Whatever a failed test left attached or pinned goes with the mounts.
-        let _ = kernel::cleanup(&self.options().pin_dir);
-        let _ = Command::new("umount").arg(self.bpffs.path()).status();
-        // The cgroup empties as its probes exit.
-        for _ in 0..50 {
-            match std::fs::remove_dir(&self.cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-        let _ = Command::new("umount")
-            .arg(self.cgroup_mount.path())
-            .status();
-    }
-}
-
 /// The test's world: the namespace with the node's and the pods' addresses, the
 /// two echo pods, the confinement.
 struct World {
@@ -339,25 +268,26 @@ impl World {
 
     /// `count` probes from a process in the test's cgroup, inside the namespace.
     fn probe(&self, proto: &str, target: &str, count: usize, extra: &[&str]) -> Vec<Attempt> {
-        let procs = self.conf.cgroup.join("cgroup.procs");
         let count = count.to_string();
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
-            .arg(&procs)
-            .args(["ip", "netns", "exec", &self.ns.name])
-            .arg(&self.echo)
-            .args([
-                "probe",
-                "--proto",
-                proto,
-                "--target",
-                target,
-                "--count",
-                &count,
-                "--timeout-ms",
-                "1500",
-            ])
-            .args(extra);
+        let echo = self.echo.to_string_lossy();
+        let mut argv = vec![
+            "ip",
+            "netns",
+            "exec",
+            &self.ns.name,
+            &echo,
+            "probe",
+            "--proto",
+            proto,
+            "--target",
+            target,
+            "--count",
+            &count,
+            "--timeout-ms",
+            "1500",
+        ];
+        argv.extend_from_slice(extra);
+        let mut cmd = self.conf.command(&argv);
         let out = netns::run(&mut cmd, None, Duration::from_secs(120)).expect("probe ran");
         assert!(
             out.status.success(),
@@ -388,7 +318,8 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     let test = "sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address";
     let Some(w) = World::new(test) else { return };
     let mut st = state(&manifests(true));
-    let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(w.conf.options()));
+    let mut driver =
+        Driver::without_conntrack(plan_config(), EbpfDataPlane::new(ebpf_options(&w.conf)));
     if let Err(e) = driver.sync(&st.snapshot(), true) {
         // A kernel without the program types is a machine that cannot run it.
         netns::skip(test, &format!("cannot load the socket programs: {e}"));
@@ -482,10 +413,15 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
         !report.kind.is_full(),
         format!("{:?}", report.kind),
     );
-    for target in ["198.19.0.10:80", "[2001:db8:ffff::10]:80"] {
-        let seen = World::backends(&w.probe("tcp", target, 20, &[]));
+    for (proto, target, extra) in [
+        ("tcp", "198.19.0.10:80", &[][..]),
+        ("tcp", "[2001:db8:ffff::10]:80", &[]),
+        ("udp", "198.19.0.10:90", &[]),
+        ("udp", "[2001:db8:ffff::10]:90", &["--unconnected"]),
+    ] {
+        let seen = World::backends(&w.probe(proto, target, 20, extra));
         check(
-            &format!("{target} after pod-b left web"),
+            &format!("{proto} {target} {extra:?} after pod-b left web"),
             seen == set(&["pod-a"]),
             format!("{seen:?}"),
         );
@@ -513,7 +449,8 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     ];
     docs.extend(both_pods("web", true));
     let mut st2 = state(&docs);
-    let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(w.conf.options()));
+    let mut driver =
+        Driver::without_conntrack(plan_config(), EbpfDataPlane::new(ebpf_options(&w.conf)));
     driver
         .sync(&st2.snapshot(), true)
         .expect("restarted full sync");
@@ -538,9 +475,25 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
         cmp.differences.join("\n"),
     );
 
+    // Socket-LB for the host's own processes only: the client's namespace is
+    // not the host's (the plane runs in the test's), so it is left alone.
+    drop(driver);
+    let mut opts = ebpf_options(&w.conf);
+    opts.host_namespace_only = true;
+    let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(opts));
+    driver
+        .sync(&st2.snapshot(), true)
+        .expect("host-only full sync");
+    let a = w.probe("tcp", "198.19.0.10:80", 2, &[]);
+    check(
+        "with host_namespace_only a pod's connection is not translated",
+        a.iter().all(|x| x.backend().is_none()),
+        format!("{:?}", World::backends(&a)),
+    );
+
     // Cleanup removes every pin and the translation with them.
     driver.plane_mut().cleanup().expect("cleanup");
-    let pin_dir = w.conf.options().pin_dir;
+    let pin_dir = w.conf.pin_dir();
     check(
         "cleanup leaves nothing pinned",
         !pin_dir.exists(),

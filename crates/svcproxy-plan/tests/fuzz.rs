@@ -14,7 +14,9 @@
 //! - `nft -f` loads A's full script for real; the planner's partial script from A to
 //!   B loads too and leaves exactly what a full load of B leaves;
 //! - `iptables-restore --test` / `ip6tables-restore --test` accept A's and B's
-//!   iptables-mode rules of each family.
+//!   iptables-mode rules of each family;
+//! - the eBPF mode's map contents brought from A to B by the delta equal B's
+//!   built afresh.
 //!
 //! CI runs [`CI_CASES`] cases with a fixed seed; `scripts/fuzz.sh` runs many more
 //! with a seed of its choosing (`SVCPROXY_FUZZ_CASES`, `SVCPROXY_FUZZ_SEED`). A failing
@@ -668,6 +670,9 @@ fn check_case(
     let mut builder = IntentBuilder::new();
     let mut planner = nft::Planner::new();
     let mut full_b = String::new();
+    // eBPF: the map contents brought forward by each delta.
+    let host = ["198.18.0.1".parse().unwrap(), "10.9.9.9".parse().unwrap()];
+    let mut table: Option<svcproxy_plan::ebpf::Table> = None;
     for (round, cluster) in [a, b].into_iter().enumerate() {
         let started = Instant::now();
         let yaml = cluster.yaml();
@@ -677,6 +682,20 @@ fn check_case(
         let delta = builder.update(&up.v4, &up.v6, &nft_cfg, &up.changed);
         let plan = planner.plan(builder.intent(), &delta, false);
         let full = planner.render(builder.intent());
+        let fresh = svcproxy_plan::ebpf::Table::build(builder.intent(), &host);
+        match table.as_mut() {
+            None => table = Some(fresh),
+            Some(t) => {
+                t.update(builder.intent(), &delta, &host);
+                if *t != fresh {
+                    return Err(format!(
+                        "round {round}: the eBPF table brought forward differs from a fresh one:\nforward:\n{}\nfresh:\n{}",
+                        t.render(),
+                        fresh.render()
+                    ));
+                }
+            }
+        }
         cov.rounds += 1;
         cov.service_ports += plan.stats.service_ports;
         cov.with_service_ports += u32::from(plan.stats.service_ports > 0);

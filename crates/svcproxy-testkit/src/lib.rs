@@ -7,6 +7,7 @@
 //!   leftovers of killed test processes), bounded command execution, and the one skip rule:
 //!   a test that cannot run here (not root, a tool missing) prints `SKIP` and passes on a
 //!   developer machine, and fails when `CI` or `SVCPROXY_E2E_REQUIRED` is set.
+//! - [`confine`]: a cgroup and a bpffs of a test's own, for the eBPF data plane.
 //! - [`pattern`]: a byte stream whose every byte a receiver can check (bulk
 //!   transfers through the proxy).
 //! - [`rng`]: a seeded generator for randomized tests that are the same at every run.
@@ -17,6 +18,7 @@
 //! A dev-dependency only (and of the test tools in `svcproxy-e2e`): nothing here
 //! ships in the proxy.
 
+pub mod confine;
 pub mod netns;
 pub mod objects;
 pub mod pattern;

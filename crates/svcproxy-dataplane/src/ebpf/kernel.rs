@@ -19,14 +19,25 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap, MapData};
+use aya::maps::{Array, HashMap, IterableMap, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType};
 use aya::{Ebpf, EbpfLoader};
 
+use super::batch;
 use super::wire::{self, Backend, Config, LocalKey, MemberKey, SlotKey, SvcKey, SvcVal};
+
+type HashMap2<K, V> = std::collections::HashMap<K, V>;
+
+fn local_key(ip: &std::net::IpAddr) -> LocalKey {
+    LocalKey {
+        addr: wire::addr_words(Some(*ip)),
+        family: wire::family_byte(svcproxy_core::model::IpFamily::of(ip)),
+        pad: [0; 3],
+    }
+}
 use crate::error::DataPlaneError;
-use svcproxy_plan::ebpf::{Dest, Entry, ListName, Route, Table};
+use svcproxy_plan::ebpf::{Changes, Dest, EndpointList, Entry, ListName, Route, Table};
 
 /// The socket programs, as `bpf/sock.c` names them, with their attach points.
 const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
@@ -47,13 +58,14 @@ const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
 ];
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 8] = [
+pub const MAPS: [&str; 9] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
     "svcproxy_local",
     "svcproxy_aff",
     "svcproxy_rev",
+    "svcproxy_peer",
     "svcproxy_flow",
     "svcproxy_cfg",
 ];
@@ -107,13 +119,37 @@ fn netns_cookie() -> Result<u64, DataPlaneError> {
     Ok(cookie)
 }
 
-/// The maps as last written: each list's id and endpoints, and each entry's
-/// encoded value.
+/// The maps as last written: each list's id and contents, and each entry's key
+/// and encoded value.
 #[derive(Default)]
 struct Written {
-    lists: BTreeMap<ListName, (u32, Vec<SocketAddr>)>,
-    entries: BTreeMap<SvcKey, SvcVal>,
+    lists: HashMap2<ListName, (u32, EndpointList)>,
+    entries: HashMap2<Dest, (SvcKey, SvcVal)>,
     local: BTreeSet<LocalKey>,
+}
+
+/// Lists' keys and values gathered for batched writes.
+#[derive(Default)]
+struct ListBatch {
+    slots: Vec<SlotKey>,
+    backends: Vec<Backend>,
+    members: Vec<MemberKey>,
+}
+
+impl ListBatch {
+    fn add(&mut self, id: u32, list: &EndpointList) {
+        for (slot, ep) in list.endpoints.iter().enumerate() {
+            let be = Backend::of(*ep);
+            if list.remembered {
+                self.members.push(MemberKey::of(id, &be));
+            }
+            self.slots.push(SlotKey {
+                list: id,
+                slot: slot as u32,
+            });
+            self.backends.push(be);
+        }
+    }
 }
 
 /// The programs attached and the maps open.
@@ -127,6 +163,10 @@ pub struct Kernel {
     next_list: u32,
     /// `None` until the first full write, and after a failed one.
     written: Option<Written>,
+    /// The maps may hold keys no write of this process made (they were pinned
+    /// before it opened them, or a write failed part-way): the next full write
+    /// sweeps them.
+    unknown_keys: bool,
     /// Held so the programs stay loaded while the process runs.
     _ebpf: Ebpf,
 }
@@ -134,7 +174,7 @@ pub struct Kernel {
 impl Kernel {
     /// Loads the programs, opens (or creates) the pinned maps under `pin_dir` and
     /// attaches the programs to `cgroup`, releasing any earlier process's links.
-    pub fn open(cgroup: &Path, pin_dir: &Path) -> Result<Kernel, DataPlaneError> {
+    pub fn open(cgroup: &Path, pin_dir: &Path, host_only: bool) -> Result<Kernel, DataPlaneError> {
         if SOCK_OBJECT.is_empty() {
             return Err(kernel_err(
                 "the ebpf mode's programs",
@@ -153,6 +193,7 @@ impl Kernel {
         }
         std::fs::create_dir_all(pin_dir)
             .map_err(|e| kernel_err(format!("creating {}", pin_dir.display()), e))?;
+        let reused = MAPS.iter().any(|m| pin_dir.join(m).exists());
         let cgroup_dir = File::open(cgroup)
             .map_err(|e| kernel_err(format!("opening cgroup {}", cgroup.display()), e))?;
         let mut ebpf = EbpfLoader::new()
@@ -166,6 +207,8 @@ impl Kernel {
             0,
             Config {
                 host_netns_cookie: cookie,
+                host_only: u32::from(host_only),
+                pad: 0,
             },
             0,
         )
@@ -215,87 +258,142 @@ impl Kernel {
             local: take(&mut ebpf, "svcproxy_local")?,
             next_list,
             written: None,
+            unknown_keys: reused,
             _ebpf: ebpf,
         })
     }
 
-    /// Brings the maps to `table`: everything when `full` (or nothing is known of
-    /// them), else only what differs from the last write. Returns the number of
-    /// map writes and deletions.
-    pub fn write(&mut self, table: &Table, full: bool) -> Result<usize, DataPlaneError> {
-        let before = if full { None } else { self.written.take() };
-        let known = before.is_some();
-        let mut before = before.unwrap_or_default();
-        // A failure part-way leaves `written` unset: the next write is full.
-        self.written = None;
+    /// Brings the maps to `table`. With `changes` (and a known last write), only
+    /// the entries and lists named there are compared and written; otherwise
+    /// everything is written under fresh list ids and whatever else the maps hold
+    /// is deleted. Returns the number of map writes and deletions.
+    pub fn write(
+        &mut self,
+        table: &Table,
+        changes: Option<&Changes>,
+    ) -> Result<usize, DataPlaneError> {
+        // Until this write succeeds, the maps hold what nobody recorded.
+        let unknown = std::mem::replace(&mut self.unknown_keys, true);
+        let result = match (changes, self.written.take()) {
+            (Some(changes), Some(written)) => self.write_changes(table, changes, written),
+            (_, before) => self.write_all(table, before, unknown),
+        };
+        self.unknown_keys = result.is_err();
+        result
+    }
+
+    /// Everything under fresh ids; then what the last write left (or, when it is
+    /// unknown, anything else the maps hold) is deleted.
+    fn write_all(
+        &mut self,
+        table: &Table,
+        before: Option<Written>,
+        unknown: bool,
+    ) -> Result<usize, DataPlaneError> {
         let mut ops = 0usize;
-
-        // 1. Lists: unchanged ones keep their id; the others get a fresh one,
-        //    written whole before anything names it.
-        let mut lists: BTreeMap<ListName, (u32, Vec<SocketAddr>)> = BTreeMap::new();
-        for (name, eps) in &table.lists {
-            match before.lists.get(name) {
-                Some((id, old)) if old == eps => {
-                    lists.insert(name.clone(), (*id, old.clone()));
-                }
-                _ => {
-                    let id = self.fresh_id();
-                    ops += self.write_list(id, eps)?;
-                    lists.insert(name.clone(), (id, eps.clone()));
-                }
-            }
+        let mut w = Written::default();
+        let mut batch = ListBatch::default();
+        for (name, list) in &table.lists {
+            let id = self.fresh_id();
+            batch.add(id, list);
+            w.lists.insert(name.clone(), (id, list.clone()));
         }
-
-        // 2. Entries.
-        let mut entries: BTreeMap<SvcKey, SvcVal> = BTreeMap::new();
+        ops += self.write_lists(&batch)?;
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
         for (dest, entry) in &table.entries {
-            let (k, v) = encode(dest, entry, &lists);
-            if before.entries.get(&k) != Some(&v) {
-                self.svc
-                    .insert(k, v, 0)
-                    .map_err(|e| kernel_err(format!("writing service {dest}"), e))?;
-                ops += 1;
-            }
-            entries.insert(k, v);
+            let (k, v) = encode(dest, entry, &w.lists);
+            keys.push(k);
+            values.push(v);
+            w.entries.insert(*dest, (k, v));
         }
-        let mut local: BTreeSet<LocalKey> = BTreeSet::new();
+        batch::update(self.svc.map(), &keys, &values)
+            .map_err(|(n, e)| kernel_err(format!("writing service entries (after {n})"), e))?;
+        ops += keys.len();
         for ip in &table.local_addrs {
-            let k = LocalKey {
-                addr: wire::addr_words(Some(*ip)),
-                family: wire::family_byte(svcproxy_core::model::IpFamily::of(ip)),
-                pad: [0; 3],
-            };
-            if !before.local.contains(&k) {
-                self.local
-                    .insert(k, 1, 0)
-                    .map_err(|e| kernel_err(format!("writing local address {ip}"), e))?;
-                ops += 1;
-            }
-            local.insert(k);
+            let k = local_key(ip);
+            self.local
+                .insert(k, 1, 0)
+                .map_err(|e| kernel_err(format!("writing local address {ip}"), e))?;
+            ops += 1;
+            w.local.insert(k);
         }
-
-        // 3. What no longer belongs: after the entries moved off it.
-        if known {
-            for k in before.entries.keys().filter(|k| !entries.contains_key(k)) {
-                ops += remove(&mut self.svc, k)?;
-            }
-            for k in before.local.iter().filter(|k| !local.contains(k)) {
-                ops += remove(&mut self.local, k)?;
-            }
-            for (name, (id, eps)) in &before.lists {
-                if lists.get(name).map(|l| l.0) != Some(*id) {
-                    ops += self.delete_list(*id, eps)?;
+        match before {
+            Some(before) if !unknown => {
+                let keys: BTreeSet<SvcKey> = w.entries.values().map(|(k, _)| *k).collect();
+                for (k, _) in before.entries.values().filter(|(k, _)| !keys.contains(k)) {
+                    ops += remove(&mut self.svc, k)?;
+                }
+                for k in before.local.iter().filter(|k| !w.local.contains(k)) {
+                    ops += remove(&mut self.local, k)?;
+                }
+                for (id, list) in before.lists.values() {
+                    ops += self.delete_list(*id, list)?;
                 }
             }
-        } else {
-            ops += self.sweep(&entries, &lists, &local)?;
+            _ if unknown => ops += self.sweep(&w)?,
+            _ => {}
         }
-        before.lists.clear();
-        self.written = Some(Written {
-            lists,
-            entries,
-            local,
-        });
+        self.written = Some(w);
+        Ok(ops)
+    }
+
+    /// Only what `changes` names: a list that differs is written whole under a
+    /// fresh id before the entries switch to it, and deleted after.
+    fn write_changes(
+        &mut self,
+        table: &Table,
+        changes: &Changes,
+        mut w: Written,
+    ) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
+        let mut retired: Vec<(u32, EndpointList)> = Vec::new();
+        for name in &changes.lists {
+            let new = table.lists.get(name);
+            match (w.lists.get(name), new) {
+                (Some((_, old)), Some(new)) if old == new => {}
+                (_, Some(new)) => {
+                    let id = self.fresh_id();
+                    ops += self.write_list(id, new)?;
+                    retired.extend(w.lists.insert(name.clone(), (id, new.clone())));
+                }
+                (Some(_), None) => retired.extend(w.lists.remove(name)),
+                (None, None) => {}
+            }
+        }
+        for dest in &changes.entries {
+            match table.entries.get(dest) {
+                Some(entry) => {
+                    let (k, v) = encode(dest, entry, &w.lists);
+                    if w.entries.get(dest) != Some(&(k, v)) {
+                        self.svc
+                            .insert(k, v, 0)
+                            .map_err(|e| kernel_err(format!("writing service {dest}"), e))?;
+                        ops += 1;
+                        w.entries.insert(*dest, (k, v));
+                    }
+                }
+                None => {
+                    if let Some((k, _)) = w.entries.remove(dest) {
+                        ops += remove(&mut self.svc, &k)?;
+                    }
+                }
+            }
+        }
+        let local: BTreeSet<LocalKey> = table.local_addrs.iter().map(local_key).collect();
+        for k in local.difference(&w.local) {
+            self.local
+                .insert(*k, 1, 0)
+                .map_err(|e| kernel_err("writing a local address", e))?;
+            ops += 1;
+        }
+        for k in w.local.difference(&local) {
+            ops += remove(&mut self.local, k)?;
+        }
+        w.local = local;
+        for (id, list) in &retired {
+            ops += self.delete_list(*id, list)?;
+        }
+        self.written = Some(w);
         Ok(ops)
     }
 
@@ -305,53 +403,48 @@ impl Kernel {
         id
     }
 
-    fn write_list(&mut self, id: u32, eps: &[SocketAddr]) -> Result<usize, DataPlaneError> {
-        for (slot, ep) in eps.iter().enumerate() {
-            let be = Backend::of(*ep);
-            self.member
-                .insert(MemberKey::of(id, &be), 1, 0)
-                .map_err(|e| kernel_err(format!("writing endpoint {ep}"), e))?;
-            self.slot
-                .insert(
-                    SlotKey {
-                        list: id,
-                        slot: slot as u32,
-                    },
-                    be,
-                    0,
-                )
-                .map_err(|e| kernel_err(format!("writing endpoint {ep}"), e))?;
-        }
-        Ok(eps.len() * 2)
+    /// The list's slots, and its members when clients remember endpoints of it.
+    fn write_list(&mut self, id: u32, list: &EndpointList) -> Result<usize, DataPlaneError> {
+        let mut batch = ListBatch::default();
+        batch.add(id, list);
+        self.write_lists(&batch)
     }
 
-    fn delete_list(&mut self, id: u32, eps: &[SocketAddr]) -> Result<usize, DataPlaneError> {
+    fn write_lists(&mut self, b: &ListBatch) -> Result<usize, DataPlaneError> {
+        batch::update(self.slot.map(), &b.slots, &b.backends)
+            .map_err(|(n, e)| kernel_err(format!("writing endpoints (after {n})"), e))?;
+        let ones = vec![1u8; b.members.len()];
+        batch::update(self.member.map(), &b.members, &ones)
+            .map_err(|(n, e)| kernel_err(format!("writing endpoint members (after {n})"), e))?;
+        Ok(b.slots.len() + b.members.len())
+    }
+
+    fn delete_list(&mut self, id: u32, list: &EndpointList) -> Result<usize, DataPlaneError> {
         let mut ops = 0;
-        for (slot, ep) in eps.iter().enumerate() {
+        for (slot, ep) in list.endpoints.iter().enumerate() {
             let key = SlotKey {
                 list: id,
                 slot: slot as u32,
             };
             ops += remove(&mut self.slot, &key)?;
-            ops += remove(&mut self.member, &MemberKey::of(id, &Backend::of(*ep)))?;
+            if list.remembered {
+                ops += remove(&mut self.member, &MemberKey::of(id, &Backend::of(*ep)))?;
+            }
         }
         Ok(ops)
     }
 
-    /// Deletes every key the maps hold beyond these.
-    fn sweep(
-        &mut self,
-        entries: &BTreeMap<SvcKey, SvcVal>,
-        lists: &BTreeMap<ListName, (u32, Vec<SocketAddr>)>,
-        local: &BTreeSet<LocalKey>,
-    ) -> Result<usize, DataPlaneError> {
+    /// Deletes every key the maps hold beyond what `w` wrote.
+    fn sweep(&mut self, w: &Written) -> Result<usize, DataPlaneError> {
+        let entries: BTreeSet<SvcKey> = w.entries.values().map(|(k, _)| *k).collect();
+        let (local, lists) = (&w.local, &w.lists);
         let ids: BTreeSet<u32> = lists.values().map(|(id, _)| *id).collect();
         let mut ops = 0;
         let stale: Vec<SvcKey> = self
             .svc
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| !entries.contains_key(k))
+            .filter(|k| !entries.contains(k))
             .collect();
         for k in &stale {
             ops += remove(&mut self.svc, k)?;
@@ -401,6 +494,13 @@ impl Kernel {
                 Err(e) => problems.push(format!("reading svcproxy_slot: {e}")),
             }
         }
+        let mut members: BTreeMap<u32, usize> = BTreeMap::new();
+        for k in self.member.keys() {
+            match k {
+                Ok(k) => *members.entry(k.list).or_default() += 1,
+                Err(e) => problems.push(format!("reading svcproxy_member: {e}")),
+            }
+        }
         let names: BTreeMap<u32, ListName> = self
             .written
             .iter()
@@ -421,6 +521,18 @@ impl Kernel {
                         r.count
                     ));
                 }
+                let member_count = members.get(&r.list).copied().unwrap_or(0);
+                if member_count != 0 && member_count != list.len() {
+                    problems.push(format!(
+                        "endpoint list {} has {} endpoints and {member_count} members",
+                        r.list,
+                        list.len()
+                    ));
+                }
+                let list = EndpointList {
+                    endpoints: list,
+                    remembered: member_count > 0,
+                };
                 match names.get(&r.list) {
                     Some(name) => {
                         t.lists.insert(name.clone(), list);
@@ -485,7 +597,7 @@ fn family_of(b: u8) -> Option<svcproxy_core::model::IpFamily> {
 fn encode(
     dest: &Dest,
     entry: &Entry,
-    lists: &BTreeMap<ListName, (u32, Vec<SocketAddr>)>,
+    lists: &HashMap2<ListName, (u32, EndpointList)>,
 ) -> (SvcKey, SvcVal) {
     let key = SvcKey {
         addr: wire::addr_words(dest.ip),
@@ -496,7 +608,7 @@ fn encode(
     let route = |r: &Route| {
         let (action, list, count) = match r {
             Route::Forward(name) => match lists.get(name) {
-                Some((id, eps)) => (wire::ACT_FORWARD, *id, eps.len() as u32),
+                Some((id, list)) => (wire::ACT_FORWARD, *id, list.endpoints.len() as u32),
                 None => (wire::ACT_REJECT, 0, 0),
             },
             Route::Drop => (wire::ACT_DROP, 0, 0),

@@ -19,6 +19,7 @@
 //! outside) needs the tc programs still to come, so the mode is not yet in the
 //! registry.
 
+mod batch;
 pub mod kernel;
 pub mod wire;
 
@@ -45,6 +46,10 @@ pub struct EbpfOptions {
     pub cgroup: PathBuf,
     /// The directory svcproxy owns on a bpffs, for its maps and links.
     pub pin_dir: PathBuf,
+    /// Translate only the host's own processes' sockets; pods' connections keep
+    /// the service address and meet the packet path (for meshes that must see
+    /// it, as Cilium's `socketLB.hostNamespaceOnly`).
+    pub host_namespace_only: bool,
 }
 
 impl EbpfOptions {
@@ -53,6 +58,7 @@ impl EbpfOptions {
         EbpfOptions {
             cgroup: kernel::cgroup2_root().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
             pin_dir: PathBuf::from("/sys/fs/bpf/svcproxy"),
+            host_namespace_only: false,
         }
     }
 }
@@ -61,29 +67,38 @@ impl EbpfOptions {
 pub struct EbpfDataPlane {
     opts: EbpfOptions,
     kernel: Option<Kernel>,
+    /// The table of the last intent synced (successfully or not), brought
+    /// forward by each delta.
+    table: Option<Table>,
 }
 
 impl EbpfDataPlane {
     pub fn new(opts: EbpfOptions) -> EbpfDataPlane {
-        EbpfDataPlane { opts, kernel: None }
+        EbpfDataPlane {
+            opts,
+            kernel: None,
+            table: None,
+        }
     }
 
-    /// The table for `intent`, reading the host's addresses only when NodePorts
-    /// answer on every local address.
-    fn table(intent: &Intent) -> Table {
+    /// The host's addresses, read only when NodePorts answer on every local
+    /// address.
+    fn host_addrs(intent: &Intent) -> Vec<IpAddr> {
         let all_local = intent.families().any(|f| {
             f.node()
                 .is_some_and(|n| n.nodeports == NodePortDestinations::AllLocal)
         });
-        let addrs: Vec<IpAddr> = if all_local {
-            crate::host_addrs::host_addresses().unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot list the host's addresses for NodePorts");
-                Vec::new()
-            })
-        } else {
+        if !all_local {
+            return Vec::new();
+        }
+        crate::host_addrs::host_addresses().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot list the host's addresses for NodePorts");
             Vec::new()
-        };
-        Table::build(intent, &addrs)
+        })
+    }
+
+    fn table(intent: &Intent) -> Table {
+        Table::build(intent, &Self::host_addrs(intent))
     }
 }
 
@@ -95,20 +110,36 @@ impl DataPlane for EbpfDataPlane {
     fn sync(
         &mut self,
         intent: &Intent,
-        _delta: &IntentDelta,
+        delta: &IntentDelta,
         full: bool,
     ) -> Result<ApplyReport, DataPlaneError> {
-        let table = Self::table(intent);
+        let addrs = Self::host_addrs(intent);
+        // The table follows the intent whether or not the write succeeds (the
+        // delta is from the previous intent, applied or not); a failed write
+        // makes the kernel's next write a full one.
+        let changes = match self.table.as_mut() {
+            Some(t) if !full => t.update(intent, delta, &addrs),
+            _ => {
+                self.table = Some(Table::build(intent, &addrs));
+                None
+            }
+        };
+        let table = self.table.as_ref().expect("set above");
         let start = Instant::now();
         let first = self.kernel.is_none();
         if first {
-            self.kernel = Some(Kernel::open(&self.opts.cgroup, &self.opts.pin_dir)?);
+            self.kernel = Some(Kernel::open(
+                &self.opts.cgroup,
+                &self.opts.pin_dir,
+                self.opts.host_namespace_only,
+            )?);
         }
         let kernel = self.kernel.as_mut().expect("opened above");
-        let ops = kernel.write(&table, full || first)?;
+        let changes = changes.filter(|_| !first);
+        let ops = kernel.write(table, changes.as_ref())?;
         let kind = if first {
             SyncKind::Recreate
-        } else if full {
+        } else if changes.is_none() {
             SyncKind::Resync
         } else {
             SyncKind::Partial
@@ -129,6 +160,7 @@ impl DataPlane for EbpfDataPlane {
 
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {
         self.kernel = None;
+        self.table = None;
         kernel::cleanup(&self.opts.pin_dir)
     }
 

@@ -172,6 +172,9 @@ pub struct LocalKey {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     pub host_netns_cookie: u64,
+    /// 1: translate only the host's own sockets.
+    pub host_only: u32,
+    pub pad: u32,
 }
 
 // SAFETY: each is `repr(C)`, `Copy`, made of integers only, with every padding
@@ -203,7 +206,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Backend>(), 20);
         assert_eq!(std::mem::size_of::<MemberKey>(), 24);
         assert_eq!(std::mem::size_of::<LocalKey>(), 20);
-        assert_eq!(std::mem::size_of::<Config>(), 8);
+        assert_eq!(std::mem::size_of::<Config>(), 16);
     }
 
     #[test]
