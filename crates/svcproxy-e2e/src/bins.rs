@@ -5,7 +5,7 @@
 //! test executable (`target/<profile>/deps/`), so that is where we look; a missing one is
 //! built once per test process with the same profile.
 //!
-//! Entry points: [`echo_bin`], [`loadgen_bin`], [`svcproxy_bin`].
+//! Entry points: [`echo_bin`], [`demo_bin`], [`loadgen_bin`], [`svcproxy_bin`].
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +20,11 @@ static BUILD: Mutex<()> = Mutex::new(());
 /// `target/<profile>/svcproxy-echo`, built if missing.
 pub fn echo_bin() -> Result<PathBuf> {
     locate("svcproxy-e2e", "svcproxy-echo")
+}
+
+/// `target/<profile>/svcproxy-demo` (the quickstart's demo), built if missing.
+pub fn demo_bin() -> Result<PathBuf> {
+    locate("svcproxy-e2e", "svcproxy-demo")
 }
 
 /// `target/<profile>/svcproxy-loadgen` (the benchmark's load, and the checked bulk

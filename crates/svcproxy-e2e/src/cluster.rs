@@ -19,6 +19,7 @@
 //! [`Cluster::spawn`]. Dropping the cluster (also while unwinding from a panic) kills its
 //! processes and deletes its namespaces.
 
+use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output};
@@ -793,11 +794,21 @@ impl Drop for Cluster {
             // Keep the logs of a failed test for a post-mortem.
             if let Some(dir) = self.log_dir.take() {
                 let path: PathBuf = dir.keep();
-                eprintln!("svcproxy-e2e: logs kept in {}", path.display());
+                // Never a panic here (a closed stderr while unwinding would abort
+                // before the namespaces below are deleted).
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "svcproxy-e2e: logs kept in {}",
+                    path.display()
+                );
             }
         }
         if let Err(e) = self.nsset.delete() {
-            eprintln!("svcproxy-e2e: tearing down {}: {e:#}", self.nsset.prefix());
+            let _ = writeln!(
+                std::io::stderr(),
+                "svcproxy-e2e: tearing down {}: {e:#}",
+                self.nsset.prefix()
+            );
         }
     }
 }

@@ -56,7 +56,7 @@ pub mod probe;
 pub mod process;
 pub mod sctp_raw;
 
-pub use bins::{echo_bin, loadgen_bin, svcproxy_bin};
+pub use bins::{demo_bin, echo_bin, loadgen_bin, svcproxy_bin};
 pub use cluster::{
     BackendPorts, Backends, Cluster, ClusterSpec, Host, PodInfo, ProbeSpec, NODE_A, NODE_B,
 };

@@ -8,6 +8,7 @@
 //! Entry point: [`NsProcess::spawn`] (usually through `Cluster::spawn`).
 
 use std::fs::File;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, Weak};
@@ -210,7 +211,8 @@ impl Drop for NsProcess {
     fn drop(&mut self) {
         self.kill();
         if thread::panicking() {
-            eprintln!("{}", self.logs());
+            // Never a panic in a drop: a closed stderr would abort the unwinding.
+            let _ = writeln!(std::io::stderr(), "{}", self.logs());
         }
     }
 }

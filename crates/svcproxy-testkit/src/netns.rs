@@ -208,6 +208,20 @@ pub fn cleanup_stale() -> Vec<String> {
     stale
 }
 
+/// Deletes every namespace this process created (and the processes in them):
+/// the last resort of a program interrupted by a signal, whose namespace sets
+/// cannot be dropped in order. Returns what was removed.
+pub fn delete_own() -> Result<Vec<String>> {
+    let own: Vec<String> = list_ours()
+        .into_iter()
+        .filter(|n| owner_pid(n) == Some(std::process::id()))
+        .collect();
+    if !own.is_empty() {
+        delete_namespaces(&own)?;
+    }
+    Ok(own)
+}
+
 /// Kills every process still inside the namespaces, then deletes them.
 ///
 /// Processes must go first: a namespace lives on while any process is in it, so a leftover
@@ -326,7 +340,8 @@ impl Default for NsSet {
 impl Drop for NsSet {
     fn drop(&mut self) {
         if let Err(e) = self.delete() {
-            eprintln!("svcproxy-testkit: {e:#}");
+            // Never a panic in a drop: a closed stderr would abort the unwinding.
+            let _ = writeln!(std::io::stderr(), "svcproxy-testkit: {e:#}");
         }
     }
 }

@@ -399,8 +399,15 @@ fn init_logging(verbosity: u32, format: config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!("{level},hickory_proto={hickory}"))
     });
+    // Colour only on a terminal (`kubectl logs` of the DaemonSet is a file), and
+    // never with NO_COLOR set (https://no-color.org).
+    let colour = {
+        use std::io::IsTerminal;
+        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         config::LogFormat::Text => builder.init(),

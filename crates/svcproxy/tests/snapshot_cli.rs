@@ -319,3 +319,26 @@ fn explain_follows_a_connection_through_the_example_rules() {
         );
     }
 }
+
+/// Logs written to a pipe or a file (`kubectl logs`) carry no terminal escapes.
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    // A document that is not YAML: the source logs an error for it.
+    std::fs::write(dir.path().join("bad.yaml"), "kind: [unclosed\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+        .args(["snapshot", "--hostname-override", "node-a", "--manifests"])
+        .arg(dir.path())
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("run svcproxy");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bad.yaml"),
+        "something is logged:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "escape codes in piped logs:\n{stderr:?}"
+    );
+}

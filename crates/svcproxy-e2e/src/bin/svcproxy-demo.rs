@@ -1,14 +1,19 @@
 //! The quickstart demo: a throwaway two-node cluster of network namespaces, svcproxy
 //! in nftables mode on node-a from generated manifests, and real requests to a
 //! ClusterIP and a NodePort showing the balancing and the client IP each backend saw.
-//! Everything it creates is removed on exit (also on Ctrl-C: the namespaces are
-//! named after this process and removed by the next run's stale cleanup at worst).
+//! Everything it creates is removed on every exit: success, error, a closed
+//! output (`| head`: the demo stops and cleans up), and SIGINT, SIGTERM or SIGHUP
+//! (the main thread, waiting for the demo's thread or a signal, removes this
+//! process's namespaces and the processes in them, then exits).
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use clap::Parser;
 use svcproxy_e2e::plan::{self, Family};
 use svcproxy_e2e::{svcproxy_bin, BackendPorts, Cluster, ClusterSpec, Host, Proto, NODE_A};
 
@@ -16,10 +21,85 @@ const SERVICE_PORT: u16 = 80;
 const TARGET_PORT: u16 = 8080;
 const NODE_PORT: u16 = 30080;
 
-fn main() -> Result<()> {
+/// svcproxy's live demo: a throwaway cluster of network namespaces (two nodes, four
+/// backend pods, an external client), svcproxy in nftables mode on node-a, and 30
+/// real connections each to a ClusterIP and to a NodePort, showing which backend
+/// answered and which client address it saw. Run as root; everything it creates
+/// is removed when it ends, however it ends.
+#[derive(Parser)]
+#[command(name = "svcproxy-demo")]
+struct Args {}
+
+/// Writes a line to stdout; an error (the reader went away) ends the demo,
+/// which then cleans up as on any other error.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout(), $($arg)*).context("writing to stdout")?
+    };
+}
+
+/// How the demo ended.
+enum End {
+    Done(std::thread::Result<Result<()>>),
+    Signal(i32),
+}
+
+fn main() -> ExitCode {
+    Args::parse();
     if !nix_root() {
-        bail!("the demo builds network namespaces: run it as root (sudo)");
+        eprintln!("svcproxy-demo: the demo builds network namespaces: run it as root");
+        return ExitCode::FAILURE;
     }
+    // The demo runs in a thread of its own; this one waits for it or for a
+    // signal, and cleans up after either, so nothing the demo does (a panic
+    // while its namespaces are being deleted under it) can end the process
+    // before the cleanup has.
+    let (tx, rx) = std::sync::mpsc::channel::<End>();
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(mut signals) => {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    let _ = tx.send(End::Signal(sig));
+                }
+            });
+        }
+        Err(e) => {
+            eprintln!("svcproxy-demo: installing the signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    std::thread::spawn(move || {
+        let _ = tx.send(End::Done(std::panic::catch_unwind(run)));
+    });
+    let end = rx.recv().unwrap_or(End::Signal(SIGTERM));
+    // Whatever is left of this process's namespaces (and the processes in them).
+    let clean = || {
+        if let Err(e) = svcproxy_e2e::netns::delete_own() {
+            let _ = writeln!(std::io::stderr(), "svcproxy-demo: cleaning up: {e:#}");
+        }
+    };
+    match end {
+        End::Done(Ok(Ok(()))) => ExitCode::SUCCESS,
+        End::Done(Ok(Err(e))) => {
+            clean();
+            let _ = writeln!(std::io::stderr(), "svcproxy-demo: {e:#}");
+            ExitCode::FAILURE
+        }
+        End::Done(Err(_)) => {
+            clean();
+            ExitCode::FAILURE
+        }
+        End::Signal(sig) => {
+            let _ = writeln!(std::io::stderr(), "svcproxy-demo: interrupted; cleaning up");
+            clean();
+            std::process::exit(128 + sig);
+        }
+    }
+}
+
+fn run() -> Result<()> {
     svcproxy_e2e::cleanup_stale();
     let cluster = Cluster::create(ClusterSpec {
         nodes: 2,
@@ -27,7 +107,7 @@ fn main() -> Result<()> {
         dual_stack: true,
         ext_via: NODE_A,
     })?;
-    println!(
+    say!(
         "cluster: nodes node-a {} / node-b {}, external client {}",
         plan::node_ip(0, Family::V4),
         plan::node_ip(1, Family::V4),
@@ -38,16 +118,18 @@ fn main() -> Result<()> {
         ..BackendPorts::default()
     })?;
     for p in cluster.pods() {
-        println!(
+        say!(
             "  backend {} on {} at {}:{TARGET_PORT}",
-            p.name, p.node_name, p.ipv4
+            p.name,
+            p.node_name,
+            p.ipv4
         );
     }
 
     let dir = tempfile::tempdir()?;
     let manifests = manifests(&cluster);
     std::fs::write(dir.path().join("demo.yaml"), &manifests)?;
-    println!(
+    say!(
         "\nmanifests ({}):\n{}",
         dir.path().join("demo.yaml").display(),
         indent(&manifests)
@@ -100,32 +182,32 @@ fn main() -> Result<()> {
         "pod-a0 (on node-a) -> ClusterIP",
         Host::Pod(0, 0),
         cluster_ip,
-    );
+    )?;
     show(
         &cluster,
         "external client -> NodePort on node-a",
         Host::Ext,
         node_port,
-    );
-    println!("\nA pod's connection keeps its source IP, except when it reaches itself (hairpin,");
-    println!("masqueraded to the node's gateway address); external traffic is masqueraded to");
-    println!("node-a's address (externalTrafficPolicy Cluster) so replies come back through it.");
+    )?;
+    say!("\nA pod's connection keeps its source IP, except when it reaches itself (hairpin,");
+    say!("masqueraded to the node's gateway address); external traffic is masqueraded to");
+    say!("node-a's address (externalTrafficPolicy Cluster) so replies come back through it.");
 
     let rules = cluster.exec_ok(
         Host::Node(NODE_A),
         &["nft", "list", "table", "ip", "svcproxy"],
     );
-    println!(
+    say!(
         "\nnode-a's nftables table `ip svcproxy` has {} lines (svcproxy render prints it).",
         rules.lines().count()
     );
     drop(proxy);
     cluster.close()?;
-    println!("cleaned up: every namespace and process of the demo is gone.");
+    say!("cleaned up: every namespace and process of the demo is gone.");
     Ok(())
 }
 
-fn show(cluster: &Cluster, what: &str, from: Host, target: SocketAddr) {
+fn show(cluster: &Cluster, what: &str, from: Host, target: SocketAddr) -> Result<()> {
     let attempts = cluster.probe(from, Proto::Tcp, target, 30, Duration::from_secs(1));
     let mut by_backend: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
     for a in &attempts {
@@ -138,13 +220,14 @@ fn show(cluster: &Cluster, what: &str, from: Host, target: SocketAddr) {
             }
         }
     }
-    println!("\n{what} {target}: 30 connections");
+    say!("\n{what} {target}: 30 connections");
     for (backend, (n, seen)) in by_backend {
-        println!(
+        say!(
             "  {backend:<8} {n:>3} connections, saw client {}",
             seen.join(", ")
         );
     }
+    Ok(())
 }
 
 fn manifests(cluster: &Cluster) -> String {
