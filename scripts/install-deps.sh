@@ -27,6 +27,16 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "svcproxy: cargo (a stable Rust toolchain) is required: https://rustup.rs" >&2
+  {
+    echo "svcproxy: cargo is not on PATH (looked in: $PATH)."
+    if [ -n "${SUDO_USER:-}" ]; then
+      echo "  Run under sudo: root's PATH lacks ${SUDO_USER}'s ~/.cargo/bin. Keep yours:"
+      echo "    sudo env \"PATH=\$PATH\" ./scripts/quickstart.sh   (or ./scripts/test.sh)"
+    elif [ -x "$HOME/.cargo/bin/cargo" ]; then
+      echo "  It is at $HOME/.cargo/bin/cargo: export PATH=\"\$HOME/.cargo/bin:\$PATH\""
+    else
+      echo "  Install a stable Rust toolchain: https://rustup.rs"
+    fi
+  } >&2
   exit 1
 fi
