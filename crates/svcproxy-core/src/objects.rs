@@ -174,4 +174,7 @@ pub enum SourceUpdate {
     /// lists them now: replaces the previous list. `--nodeport-addresses` CIDRs select
     /// NodePort addresses among them.
     HostAddresses(Vec<std::net::IpAddr>),
+    /// Every piece of input the source could not read as objects, now: replaces
+    /// the previous list (reports list them beside the objects' problems).
+    InputProblems(Vec<crate::problem::InputProblem>),
 }

@@ -67,6 +67,28 @@ impl fmt::Display for Problem {
     }
 }
 
+/// Input a source could not turn into objects at all (a document that is not
+/// YAML, an unreadable file, a definition passed over for another): where, and
+/// why. Its objects, if any, are not proxied (a file that stops parsing keeps the
+/// objects it last yielded: the message says so).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputProblem {
+    /// The file (or other place) the input came from.
+    pub origin: String,
+    pub message: String,
+}
+
+impl fmt::Display for InputProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} [unreadable]",
+            quote_path(&self.origin),
+            self.message
+        )
+    }
+}
+
 /// Quotes a user-supplied value for a message: bounded in length and with control
 /// characters escaped, so a hostile value cannot forge log lines.
 pub fn quote(value: &str) -> String {

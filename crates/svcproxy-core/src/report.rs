@@ -12,7 +12,7 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Value};
 
 use crate::model::{Endpoint, IpMode, ServicePortName};
-use crate::problem::Problem;
+use crate::problem::{InputProblem, Problem};
 use crate::snapshot::{NodeSnapshot, ServicePortView};
 
 fn endpoint_list(eps: &Option<Arc<[Endpoint]>>) -> Value {
@@ -68,6 +68,7 @@ fn view_json(family: &str, v: &ServicePortView) -> Value {
 struct SnapshotDoc<'a> {
     snapshots: &'a [&'a NodeSnapshot],
     problems: &'a [&'a Problem],
+    input: &'a [InputProblem],
 }
 
 impl Serialize for SnapshotDoc<'_> {
@@ -98,7 +99,17 @@ impl Serialize for SnapshotDoc<'_> {
                 })
                 .then_with(|| fa.cmp(fb))
         });
-        let problems = self.problems.iter().map(|p| {
+        // Input that could not be read comes first: it names no object.
+        let unreadable = self.input.iter().map(|p| {
+            json!({
+                "object": null,
+                "origin": p.origin,
+                "severity": "unreadable",
+                "field": "",
+                "message": p.message,
+            })
+        });
+        let problems = unreadable.chain(self.problems.iter().map(|p| {
             json!({
                 "object": p.object.to_string(),
                 "origin": p.origin,
@@ -106,7 +117,7 @@ impl Serialize for SnapshotDoc<'_> {
                 "field": p.field,
                 "message": p.message,
             })
-        });
+        }));
         let ports = rows.iter().map(|(family, v)| view_json(family, v));
         let mut map = ser.serialize_map(Some(4))?;
         map.serialize_entry("node", node)?;
@@ -142,10 +153,15 @@ impl<I: Iterator<Item = Value>> Serialize for Lazy<I> {
 }
 
 /// The snapshot of one node (both families) as the documented JSON object.
-pub fn snapshot_json(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Value {
+pub fn snapshot_json(
+    snapshots: &[&NodeSnapshot],
+    problems: &[&Problem],
+    input: &[InputProblem],
+) -> Value {
     serde_json::to_value(SnapshotDoc {
         snapshots,
         problems,
+        input,
     })
     .unwrap_or(Value::Null)
 }
@@ -156,11 +172,13 @@ pub fn write_snapshot_json(
     out: &mut dyn std::io::Write,
     snapshots: &[&NodeSnapshot],
     problems: &[&Problem],
+    input: &[InputProblem],
     pretty: bool,
 ) -> serde_json::Result<()> {
     let doc = SnapshotDoc {
         snapshots,
         problems,
+        input,
     };
     if pretty {
         serde_json::to_writer_pretty(out, &doc)
@@ -170,7 +188,11 @@ pub fn write_snapshot_json(
 }
 
 /// The same, as a table for people.
-pub fn snapshot_table(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> String {
+pub fn snapshot_table(
+    snapshots: &[&NodeSnapshot],
+    problems: &[&Problem],
+    input: &[InputProblem],
+) -> String {
     let mut out = String::new();
     if let Some(first) = snapshots.first() {
         let labels = first
@@ -263,8 +285,15 @@ pub fn snapshot_table(snapshots: &[&NodeSnapshot], problems: &[&Problem]) -> Str
     if rows.is_empty() {
         let _ = writeln!(out, "(no proxied service ports)");
     }
-    if !problems.is_empty() {
-        let _ = writeln!(out, "\nproblems in the input ({}):", problems.len());
+    if !problems.is_empty() || !input.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nproblems in the input ({}):",
+            problems.len() + input.len()
+        );
+        for p in input {
+            let _ = writeln!(out, "  {p}");
+        }
         for p in problems {
             let _ = writeln!(out, "  {p}");
         }
@@ -315,7 +344,7 @@ mod tests {
             v4.service_ports.insert(v.port.name.clone(), v.clone());
             v6.service_ports.insert(v.port.name.clone(), v);
         }
-        let doc = snapshot_json(&[&v4, &v6], &[]);
+        let doc = snapshot_json(&[&v4, &v6], &[], &[]);
         let got: Vec<String> = doc["servicePorts"]
             .as_array()
             .unwrap()

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 use crate::convert::{self, ConvertOptions, Slice};
 use crate::model::*;
 use crate::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
-use crate::problem::{Problem, Severity};
+use crate::problem::{InputProblem, Problem, Severity};
 use crate::selection::{select_endpoints, NodeContext};
 use crate::snapshot::{NodeSnapshot, ServicePortView};
 use crate::tracker::Tracker;
@@ -80,6 +80,9 @@ pub struct ClusterState {
     /// This host's own addresses per family (sorted, deduplicated), from the latest
     /// [`SourceUpdate::HostAddresses`].
     host_ips: [Arc<[IpAddr]>; 2],
+    /// What the source could not read, from the latest
+    /// [`SourceUpdate::InputProblems`].
+    input_problems: Vec<InputProblem>,
     /// Endpoint infos (and the names in them), interned.
     interned: Interner,
 }
@@ -166,6 +169,7 @@ impl ClusterState {
             invalid_counts: BTreeMap::new(),
             last: None,
             host_ips: [Arc::from([]), Arc::from([])],
+            input_problems: Vec::new(),
             interned: Interner::default(),
         }
     }
@@ -206,6 +210,7 @@ impl ClusterState {
                     }
                 }
             }
+            SourceUpdate::InputProblems(problems) => self.input_problems = problems,
         }
     }
 
@@ -413,6 +418,22 @@ impl ClusterState {
             all.entry(k.clone()).or_default().extend(v.iter().cloned());
         }
         all
+    }
+
+    /// Input the source could not read as objects (see [`InputProblem`]).
+    pub fn input_problems(&self) -> &[InputProblem] {
+        &self.input_problems
+    }
+
+    /// Whether the input has errors: an object or a field rejected or ignored, or
+    /// input that could not be read (warnings do not count).
+    pub fn has_input_errors(&self) -> bool {
+        !self.input_problems.is_empty()
+            || self
+                .problems()
+                .values()
+                .flatten()
+                .any(|p| p.severity != Severity::Warning)
     }
 
     /// Invalid objects and fields seen since start, by kind.

@@ -273,7 +273,7 @@ impl Catalog {
                     self.delete(&key);
                 }
             }
-            SourceUpdate::HostAddresses(_) => {}
+            SourceUpdate::HostAddresses(_) | SourceUpdate::InputProblems(_) => {}
         }
         errors
     }

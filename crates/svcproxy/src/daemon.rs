@@ -30,7 +30,9 @@ use crate::http::service_health::{Listen, ServiceHealthServers};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
 use crate::sources::kube::{self as kube_source, KubeSourceConfig};
 use crate::sources::manifests::ManifestDir;
-use crate::targets::{DnsOnly, ExplainPrinter, RenderPrinter, SnapshotPrinter, SyncDone, Target};
+use crate::targets::{
+    Checked, DnsOnly, ExplainPrinter, RenderPrinter, SnapshotPrinter, SyncDone, Target,
+};
 
 /// What each sync does with the snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -379,7 +381,37 @@ fn source(settings: &Settings) -> anyhow::Result<Source> {
 
 /// Runs until SIGTERM/SIGINT (rules stay in place for a successor), or syncs once
 /// (`--once`, and the one-shot tools).
-pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Result<()> {
+/// How a run ended well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finished {
+    Clean,
+    /// A one-shot tool (`snapshot`, `render`, `explain`) ran, and its input had
+    /// errors: objects or fields rejected or ignored, or input it could not read.
+    InputErrors,
+}
+
+pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Result<Finished> {
+    let errors = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let one_shot = matches!(
+        output,
+        Output::Snapshot { watch: false, .. } | Output::Explain { .. } | Output::Render
+    );
+    run_target(settings, output, servers, errors.clone())?;
+    Ok(
+        if one_shot && errors.load(std::sync::atomic::Ordering::Relaxed) {
+            Finished::InputErrors
+        } else {
+            Finished::Clean
+        },
+    )
+}
+
+fn run_target(
+    settings: Settings,
+    output: Output,
+    servers: Servers,
+    input_errors: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -437,10 +469,13 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             ))
         }
         Output::Snapshot { json, watch } => {
-            let target = SnapshotPrinter {
-                json,
-                compact: watch,
-                last: None,
+            let target = Checked {
+                inner: SnapshotPrinter {
+                    json,
+                    compact: watch,
+                    last: None,
+                },
+                input_errors: input_errors.clone(),
             };
             rt.block_on(serve(settings, target, servers, !watch, None, None))
         }
@@ -448,11 +483,14 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             let backend = settings.proxy_mode;
             let cfg = plan_config(&settings, backend)?;
             let live = live.then(|| (backend.new)(&cfg, &settings.mode_flags));
-            let target = ExplainPrinter {
-                cfg: cfg.clone(),
-                packet,
-                json,
-                live,
+            let target = Checked {
+                inner: ExplainPrinter {
+                    cfg: cfg.clone(),
+                    packet,
+                    json,
+                    live,
+                },
+                input_errors: input_errors.clone(),
             };
             rt.block_on(serve(settings, target, servers, true, Some(cfg), None))
         }
@@ -461,7 +499,10 @@ pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Resu
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
             let plane = (backend.new)(&plan_cfg, &settings.mode_flags);
-            let target = RenderPrinter(Driver::without_conntrack(plan_cfg.clone(), plane));
+            let target = Checked {
+                inner: RenderPrinter(Driver::without_conntrack(plan_cfg.clone(), plane)),
+                input_errors: input_errors.clone(),
+            };
             rt.block_on(serve(
                 settings,
                 target,
@@ -721,10 +762,8 @@ async fn serve<T: Target>(
             let scan = dir
                 .rescan()
                 .with_context(|| format!("reading manifests from {}", dir.root().display()))?;
-            for e in &scan.errors {
-                tracing::error!("{e}");
-            }
-            for update in scan.updates {
+            // Its problems were logged by the scan (once each).
+            for update in scan.updates.into_iter().chain(scan.input_problems) {
                 feed_dns(dns.as_ref(), &update);
                 if target.uses_state() {
                     state.apply(update);

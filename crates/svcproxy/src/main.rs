@@ -363,9 +363,9 @@ fn main() -> ExitCode {
         }
         Some(Command::Cleanup {
             kube_proxy: true, ..
-        }) => daemon::cleanup_kube_proxy(),
-        Some(Command::Cleanup { .. }) => daemon::cleanup(),
-        None if settings.cleanup => daemon::cleanup(),
+        }) => daemon::cleanup_kube_proxy().map(|()| daemon::Finished::Clean),
+        Some(Command::Cleanup { .. }) => daemon::cleanup().map(|()| daemon::Finished::Clean),
+        None if settings.cleanup => daemon::cleanup().map(|()| daemon::Finished::Clean),
         None => {
             let servers = Servers {
                 healthz: settings.healthz_bind,
@@ -376,14 +376,21 @@ fn main() -> ExitCode {
         }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(daemon::Finished::Clean) => ExitCode::SUCCESS,
+        // The output lists the problems; the code lets a script tell.
+        Ok(daemon::Finished::InputErrors) => ExitCode::from(EXIT_INPUT_ERRORS),
         Err(e) => {
+            // Once: the log goes to stderr.
             tracing::error!("{e:#}");
-            eprintln!("svcproxy: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
+
+/// `snapshot`, `render` and `explain` ran, and the input had errors (objects or
+/// fields rejected or ignored, documents that could not be read): listed in their
+/// output. 1 is a failure to run; 2 a usage error.
+const EXIT_INPUT_ERRORS: u8 = 3;
 
 fn init_logging(verbosity: u32, format: config::LogFormat) {
     // klog-style -v: 0-2 info, 3-5 debug, 6+ trace. RUST_LOG wins when set.

@@ -75,6 +75,48 @@ impl SyncDone {
     }
 }
 
+/// A one-shot tool's target that also records whether its input had errors
+/// ([`ClusterState::has_input_errors`]) at its last sync, for the exit code.
+pub(crate) struct Checked<T> {
+    pub(crate) inner: T,
+    pub(crate) input_errors: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<T: Target> Target for Checked<T> {
+    fn sync(
+        &mut self,
+        state: &ClusterState,
+        update: &SnapshotUpdate,
+        full: bool,
+    ) -> anyhow::Result<SyncDone> {
+        self.input_errors.store(
+            state.has_input_errors(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.inner.sync(state, update, full)
+    }
+
+    fn drift(&mut self) -> Option<String> {
+        self.inner.drift()
+    }
+
+    fn wants_host_addresses(&self) -> bool {
+        self.inner.wants_host_addresses()
+    }
+
+    fn uses_state(&self) -> bool {
+        self.inner.uses_state()
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        self.inner.collectors()
+    }
+
+    fn shutdown(&mut self) {
+        self.inner.shutdown()
+    }
+}
+
 /// `svcproxy dns`: the snapshot is not used; the catalog is fed the updates.
 pub(crate) struct DnsOnly;
 
@@ -162,10 +204,18 @@ impl SnapshotPrinter {
         let problems: Vec<_> = all.values().flatten().collect();
         let snaps = [update.v4.as_ref(), update.v6.as_ref()];
         if self.json {
-            report::write_snapshot_json(out, &snaps, &problems, !self.compact)?;
+            report::write_snapshot_json(
+                out,
+                &snaps,
+                &problems,
+                state.input_problems(),
+                !self.compact,
+            )?;
             out.write_all(b"\n")?;
         } else {
-            out.write_all(report::snapshot_table(&snaps, &problems).as_bytes())?;
+            out.write_all(
+                report::snapshot_table(&snaps, &problems, state.input_problems()).as_bytes(),
+            )?;
             if self.compact {
                 out.write_all(b"\n")?;
             }

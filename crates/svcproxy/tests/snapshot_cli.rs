@@ -231,7 +231,8 @@ endpoints:
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success());
+    // The input had errors: listed, and exit code 3.
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("broken.yaml"),
@@ -341,4 +342,55 @@ fn logs_to_a_pipe_have_no_colour_codes() {
         !stderr.contains('\u{1b}'),
         "escape codes in piped logs:\n{stderr:?}"
     );
+}
+
+/// A document that is not YAML is listed with the problems of the input (table and
+/// JSON), the objects beside it are still read, and the exit code (3) says the input
+/// had errors; a clean input exits 0.
+#[test]
+fn unreadable_input_is_listed_and_the_exit_code_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad.yaml"), "kind: [unclosed\n").unwrap();
+    std::fs::write(
+        dir.path().join("good.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80}]\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+            .args(args)
+            .args(["--hostname-override", "node-a", "--manifests"])
+            .arg(dir.path())
+            .output()
+            .expect("run svcproxy")
+    };
+    let out = run(&["snapshot"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{table}");
+    assert!(table.contains("problems in the input (1):"), "{table}");
+    assert!(table.contains("bad.yaml"), "{table}");
+    assert!(table.contains("[unreadable]"), "{table}");
+    assert!(
+        table.contains("demo/web:http"),
+        "the good file is read:\n{table}"
+    );
+
+    let out = run(&["snapshot", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(3));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let problems = doc["problems"].as_array().expect("problems");
+    assert_eq!(problems.len(), 1, "{doc:#}");
+    assert_eq!(problems[0]["severity"], "unreadable");
+    assert_eq!(problems[0]["object"], Value::Null);
+    assert!(problems[0]["origin"]
+        .as_str()
+        .unwrap()
+        .ends_with("bad.yaml"));
+
+    let out = run(&["render"]);
+    assert_eq!(out.status.code(), Some(3), "render: {out:?}");
+
+    std::fs::remove_file(dir.path().join("bad.yaml")).unwrap();
+    let out = run(&["snapshot"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }

@@ -26,6 +26,7 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use svcproxy_core::manifest::{self, Format, Manifest, ManifestObject};
 use svcproxy_core::objects::{KubeObject, ObjectKey, SourceUpdate};
+use svcproxy_core::problem::InputProblem;
 
 /// Larger files are skipped: no real manifest is this big, and reading one whole
 /// into memory must stay cheap.
@@ -75,8 +76,13 @@ impl fmt::Display for FileError {
 pub struct RescanResult {
     /// Deletes first, then upserts, each in key order.
     pub updates: Vec<SourceUpdate>,
+    /// [`SourceUpdate::InputProblems`] with every problem, when they changed since
+    /// the last rescan: the state keeps them for the reports.
+    pub input_problems: Option<SourceUpdate>,
     /// Every problem the directory has now (not only new ones), in path order and,
-    /// within a file, in document order.
+    /// within a file, in document order. (The state gets them as
+    /// `input_problems`; the tests read them here.)
+    #[cfg_attr(not(test), allow(dead_code))]
     pub errors: Vec<FileError>,
     /// Some file was written too recently to be read (see `SETTLE`): its previous
     /// objects stand, and a rescan shortly will read it.
@@ -112,6 +118,8 @@ pub struct ManifestDir {
     tree: Option<Tree>,
     /// Files read and parsed, ever.
     reads: u64,
+    /// The problems last handed on as [`SourceUpdate::InputProblems`].
+    sent_errors: Vec<FileError>,
 }
 
 /// What a full listing found beside the files, kept for the rescans that follow
@@ -243,6 +251,7 @@ impl ManifestDir {
             settle: SETTLE,
             parsed: HashMap::new(),
             file_errors: HashMap::new(),
+            sent_errors: Vec::new(),
             tree: None,
             reads: 0,
         }
@@ -617,8 +626,22 @@ impl ManifestDir {
         // Stable: within a file, errors stay in document order.
         errors.sort_by(|a, b| a.path.cmp(&b.path));
         self.log_errors(&errors);
+        // The problems go to the state when they change, for the reports.
+        let input_problems = (errors != self.sent_errors).then(|| {
+            self.sent_errors = errors.clone();
+            SourceUpdate::InputProblems(
+                errors
+                    .iter()
+                    .map(|e| InputProblem {
+                        origin: e.path.display().to_string(),
+                        message: e.message.clone(),
+                    })
+                    .collect(),
+            )
+        });
         RescanResult {
             updates,
+            input_problems,
             errors,
             unsettled,
         }
@@ -1067,7 +1090,8 @@ fn rescan_and_send(
         None => dir.rescan(),
     };
     match result {
-        Ok(result) => {
+        Ok(mut result) => {
+            result.updates.extend(result.input_problems);
             if !result.updates.is_empty() {
                 on_change(result.updates);
             }
@@ -1169,7 +1193,9 @@ mod tests {
                     upserts.push((object.key(), file));
                 }
                 SourceUpdate::Delete(k) => deletes.push(k.clone()),
-                SourceUpdate::Replace { .. } | SourceUpdate::HostAddresses(_) => {
+                SourceUpdate::Replace { .. }
+                | SourceUpdate::HostAddresses(_)
+                | SourceUpdate::InputProblems(_) => {
                     panic!("a rescan only upserts and deletes: {u:?}")
                 }
             }

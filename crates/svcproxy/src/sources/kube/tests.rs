@@ -56,6 +56,7 @@ fn summary(events: &[Event]) -> Vec<String> {
                         SourceUpdate::Delete(key) => format!("-{}", key.name),
                         SourceUpdate::Replace { .. } => "replace".into(),
                         SourceUpdate::HostAddresses(_) => "host addresses".into(),
+                        SourceUpdate::InputProblems(_) => "input problems".into(),
                     })
                     .collect::<Vec<_>>()
                     .join(" "),

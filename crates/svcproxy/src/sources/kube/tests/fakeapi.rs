@@ -118,7 +118,9 @@ impl Model {
                             *self.deletes.entry(key.clone()).or_default() += 1;
                             self.objects.remove(&key);
                         }
-                        SourceUpdate::Replace { .. } | SourceUpdate::HostAddresses(_) => {
+                        SourceUpdate::Replace { .. }
+                        | SourceUpdate::HostAddresses(_)
+                        | SourceUpdate::InputProblems(_) => {
                             panic!("unexpected {u:?}")
                         }
                     }
