@@ -89,6 +89,10 @@ pub enum NodePortAddresses {
     /// Every local address except loopback (`fib daddr type local`), as upstream does
     /// for `0.0.0.0/0` and `::/0`.
     AllLocal,
+    /// `primary` listed with CIDRs (kube-proxy 1.37): per family, the primary IP and
+    /// the host's addresses inside the family's CIDRs; a `/0` takes every local
+    /// address, and a family with neither takes every local address.
+    PrimaryAnd(Vec<IpNet>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,12 +228,17 @@ impl PlanConfig {
         let includes_loopback = |primary: bool| match &self.nodeport_addresses {
             NodePortAddresses::Primary => primary,
             NodePortAddresses::AllLocal => true,
-            NodePortAddresses::Cidrs(cidrs) => {
+            NodePortAddresses::Cidrs(cidrs) | NodePortAddresses::PrimaryAnd(cidrs) => {
+                let with_primary =
+                    matches!(self.nodeport_addresses, NodePortAddresses::PrimaryAnd(_));
                 let mut own = cidrs
                     .iter()
                     .filter(|c| IpFamily::of(&c.addr()) == family)
                     .peekable();
-                own.peek().is_none() || own.any(|c| c.addr().is_loopback() || c.contains(&loopback))
+                let none = own.peek().is_none();
+                // A family without CIDRs: every address (`primary` alone names one).
+                (none && (!with_primary || primary))
+                    || own.any(|c| c.addr().is_loopback() || c.contains(&loopback))
             }
         };
         match self.localhost_by {

@@ -154,6 +154,9 @@ pub enum NodePortAddresses {
     All,
     /// Local IPs within these ranges (never empty).
     Cidrs(Vec<IpNet>),
+    /// The primary IP(s) and the local IPs within these ranges (never empty):
+    /// `primary` listed with CIDRs or other keywords (kube-proxy 1.37).
+    PrimaryAnd(Vec<IpNet>),
 }
 
 /// How pod-originated ("local") traffic is recognised.
@@ -903,28 +906,48 @@ fn parse_cidr(s: &str) -> Result<IpNet, String> {
         .map_err(|_| format!("invalid CIDR {s:?} (expected e.g. 10.0.0.0/8 or fd00::/64)"))
 }
 
-/// nodePortAddresses / --nodeport-addresses: `primary` alone, or CIDRs. `None` when
-/// empty (the mode's default applies).
+/// nodePortAddresses / --nodeport-addresses, as kube-proxy 1.37 reads it: CIDRs and
+/// the keywords `primary` (the Node's primary IPs), `localhost` (127.0.0.0/8 and
+/// ::1/128) and `all` (0.0.0.0/0 and ::/0), in any combination; a keyword listed
+/// twice is refused. `None` when empty (the mode's default applies).
 pub fn parse_nodeport_addresses(items: &[String]) -> Result<Option<NodePortAddresses>, String> {
     if items.is_empty() {
         return Ok(None);
     }
-    if items.iter().any(|i| i == "primary") {
-        if items.len() != 1 {
-            return Err(format!(
-                "{:?}: 'primary' cannot be combined with CIDRs",
-                items.join(",")
-            ));
+    let mut primary = false;
+    let mut cidrs = Vec::new();
+    let mut keywords = std::collections::BTreeSet::new();
+    for item in items {
+        let item = item.trim();
+        let keyword = matches!(item, "primary" | "localhost" | "all");
+        if keyword && !keywords.insert(item) {
+            return Err(format!("{:?}: {item:?} is listed twice", items.join(",")));
         }
-        return Ok(Some(NodePortAddresses::Primary));
+        match item {
+            "primary" => primary = true,
+            "localhost" => cidrs.extend([
+                net(Ipv4Addr::new(127, 0, 0, 0).into(), 8),
+                net(Ipv6Addr::LOCALHOST.into(), 128),
+            ]),
+            "all" => cidrs.extend([
+                net(Ipv4Addr::UNSPECIFIED.into(), 0),
+                net(Ipv6Addr::UNSPECIFIED.into(), 0),
+            ]),
+            _ => cidrs.push(parse_cidr(item).map_err(|e| {
+                format!("{e}; entries must be CIDRs or the keywords 'primary', 'localhost', 'all'")
+            })?),
+        }
     }
-    let cidrs = items
-        .iter()
-        .map(|i| {
-            parse_cidr(i.trim()).map_err(|e| format!("{e}; entries must be CIDRs or 'primary'"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Some(NodePortAddresses::Cidrs(cidrs)))
+    Ok(Some(match (primary, cidrs.is_empty()) {
+        (true, true) => NodePortAddresses::Primary,
+        (true, false) => NodePortAddresses::PrimaryAnd(cidrs),
+        (false, _) => NodePortAddresses::Cidrs(cidrs),
+    }))
+}
+
+/// The CIDR `ip/len` (valid lengths only: the keywords' own).
+fn net(ip: IpAddr, len: u8) -> IpNet {
+    IpNet::new(ip, len).expect("a valid prefix length")
 }
 
 fn parse_ip(s: &str) -> Result<IpAddr, String> {

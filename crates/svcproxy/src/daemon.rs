@@ -83,6 +83,9 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
         config::NodePortAddresses::Primary => NodePortAddresses::Primary,
         config::NodePortAddresses::All => NodePortAddresses::AllLocal,
         config::NodePortAddresses::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs.clone()),
+        config::NodePortAddresses::PrimaryAnd(cidrs) => {
+            NodePortAddresses::PrimaryAnd(cidrs.clone())
+        }
     };
     let cfg = PlanConfig {
         masquerade_all: settings.masquerade_all,
@@ -106,7 +109,10 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
 /// Whether the plan needs this host's own addresses: `--nodeport-addresses` CIDRs
 /// select NodePort addresses among them.
 fn needs_host_addresses(cfg: &PlanConfig) -> bool {
-    matches!(cfg.nodeport_addresses, NodePortAddresses::Cidrs(_))
+    matches!(
+        cfg.nodeport_addresses,
+        NodePortAddresses::Cidrs(_) | NodePortAddresses::PrimaryAnd(_)
+    )
 }
 
 /// Feeds this host's addresses to the state: read once now (before the first sync),

@@ -157,37 +157,55 @@ pub fn nodeport_destinations(
     cfg: &PlanConfig,
     snap: &NodeSnapshot,
 ) -> NodePortDestinations {
-    match &cfg.nodeport_addresses {
-        NodePortAddresses::AllLocal => NodePortDestinations::AllLocal,
-        NodePortAddresses::Primary => {
-            let primary = cfg
-                .node_ips
+    let primary = || {
+        cfg.node_ips
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(ip) == family)
+            .or_else(|| snap.node.as_ref().and_then(|n| n.primary_ip(family)))
+            .filter(|ip| !ip.is_loopback())
+    };
+    // The host's own addresses inside `cidrs` (of this family), or every local
+    // address when one of them is a /0; `None` when the family has no CIDR.
+    let within = |cidrs: &[IpNet]| -> Option<NodePortDestinations> {
+        let cidrs: Vec<&IpNet> = cidrs
+            .iter()
+            .filter(|c| IpFamily::of_net(c) == family)
+            .collect();
+        if cidrs.is_empty() {
+            return None;
+        }
+        if cidrs.iter().any(|c| c.prefix_len() == 0) {
+            return Some(NodePortDestinations::AllLocal);
+        }
+        // `host_ips` is sorted and deduplicated.
+        Some(NodePortDestinations::Ips(
+            snap.host_ips
                 .iter()
                 .copied()
-                .find(|ip| IpFamily::of(ip) == family)
-                .or_else(|| snap.node.as_ref().and_then(|n| n.primary_ip(family)));
-            match primary {
-                Some(ip) if !ip.is_loopback() => NodePortDestinations::Ips(vec![ip]),
-                _ => NodePortDestinations::AllLocal,
+                .filter(|ip| !ip.is_loopback() && cidrs.iter().any(|c| c.contains(ip)))
+                .collect(),
+        ))
+    };
+    match &cfg.nodeport_addresses {
+        NodePortAddresses::AllLocal => NodePortDestinations::AllLocal,
+        NodePortAddresses::Primary => match primary() {
+            Some(ip) => NodePortDestinations::Ips(vec![ip]),
+            None => NodePortDestinations::AllLocal,
+        },
+        NodePortAddresses::Cidrs(cidrs) => within(cidrs).unwrap_or(NodePortDestinations::AllLocal),
+        NodePortAddresses::PrimaryAnd(cidrs) => match (within(cidrs), primary()) {
+            (Some(NodePortDestinations::AllLocal), _) | (None, None) => {
+                NodePortDestinations::AllLocal
             }
-        }
-        NodePortAddresses::Cidrs(cidrs) => {
-            let cidrs: Vec<&IpNet> = cidrs
-                .iter()
-                .filter(|c| IpFamily::of_net(c) == family)
-                .collect();
-            if cidrs.is_empty() || cidrs.iter().any(|c| c.prefix_len() == 0) {
-                return NodePortDestinations::AllLocal;
+            (Some(NodePortDestinations::Ips(mut ips)), p) => {
+                ips.extend(p);
+                ips.sort();
+                ips.dedup();
+                NodePortDestinations::Ips(ips)
             }
-            // `host_ips` is sorted and deduplicated.
-            NodePortDestinations::Ips(
-                snap.host_ips
-                    .iter()
-                    .copied()
-                    .filter(|ip| !ip.is_loopback() && cidrs.iter().any(|c| c.contains(ip)))
-                    .collect(),
-            )
-        }
+            (None, Some(ip)) => NodePortDestinations::Ips(vec![ip]),
+        },
     }
 }
 
@@ -324,6 +342,59 @@ mod tests {
             nodeport_destinations(IpFamily::V4, &c, &v4),
             NodePortDestinations::AllLocal
         );
+    }
+
+    #[test]
+    fn primary_with_cidrs_takes_both_and_a_zero_cidr_takes_everything() {
+        // kube-proxy 1.37's `primary,10.0.0.0/8` (and `primary,localhost`: loopback
+        // is never a destination here; it is served as localhost NodePorts).
+        let c = cfg(NodePortAddresses::PrimaryAnd(vec![
+            net("10.0.0.0/8"),
+            net("127.0.0.0/8"),
+            net("::1/128"),
+        ]));
+        let v4 = snap(IpFamily::V4, &["192.0.2.1"], HOST);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V4, &c, &v4),
+            ips(&["10.0.0.1", "10.0.0.7", "192.0.2.1"])
+        );
+        // IPv6: only ::1 listed, and no primary IPv6 address: nothing but loopback.
+        let v6 = snap(IpFamily::V6, &[], HOST);
+        assert_eq!(nodeport_destinations(IpFamily::V6, &c, &v6), ips(&[]));
+        // A family with neither a CIDR nor a primary IP takes every address.
+        let c = cfg(NodePortAddresses::PrimaryAnd(vec![net("10.0.0.0/8")]));
+        assert_eq!(
+            nodeport_destinations(IpFamily::V6, &c, &v6),
+            NodePortDestinations::AllLocal
+        );
+        let v6 = snap(IpFamily::V6, &["fd00::1"], HOST);
+        assert_eq!(
+            nodeport_destinations(IpFamily::V6, &c, &v6),
+            ips(&["fd00::1"])
+        );
+        // `primary,all`: every address.
+        let c = cfg(NodePortAddresses::PrimaryAnd(vec![
+            net("0.0.0.0/0"),
+            net("::/0"),
+        ]));
+        assert_eq!(
+            nodeport_destinations(IpFamily::V4, &c, &v4),
+            NodePortDestinations::AllLocal
+        );
+        // Loopback served as localhost NodePorts where the list names it.
+        let with_lo = |a: NodePortAddresses| PlanConfig {
+            localhost_nodeports: true,
+            localhost_by: crate::config::LocalhostNodePorts::Proxy,
+            ..cfg(a)
+        };
+        let lo = with_lo(NodePortAddresses::PrimaryAnd(vec![
+            net("127.0.0.0/8"),
+            net("::1/128"),
+        ]));
+        assert!(lo.serves_localhost_nodeports(IpFamily::V4));
+        assert!(lo.serves_localhost_nodeports(IpFamily::V6));
+        let no_lo = with_lo(NodePortAddresses::PrimaryAnd(vec![net("10.0.0.0/8")]));
+        assert!(!no_lo.serves_localhost_nodeports(IpFamily::V4));
     }
 
     #[test]

@@ -97,6 +97,11 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
             // Only iptables mode's default, which an absent field gives back.
             NodePortAddresses::All => None,
             NodePortAddresses::Cidrs(c) => Some(c.iter().map(ToString::to_string).collect()),
+            NodePortAddresses::PrimaryAnd(c) => Some(
+                std::iter::once("primary".to_string())
+                    .chain(c.iter().map(ToString::to_string))
+                    .collect(),
+            ),
         },
         oom_score_adj: Some(settings.oom_score_adj),
         conntrack: Some(ConntrackConfiguration {

@@ -48,8 +48,8 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "CIDR[,CIDR]", help_heading = "kube-proxy")]
     pub cluster_cidr: Option<String>,
 
-    /// Node IPs that accept NodePort connections: comma-separated CIDRs, or 'primary' (the Node object's primary IPs). Default: 'primary' in nftables mode, all local IPs in iptables mode (as kube-proxy).
-    #[arg(long, value_name = "CIDRS|primary", help_heading = "kube-proxy")]
+    /// Node IPs that accept NodePort connections: comma-separated CIDRs and the keywords 'primary' (the Node object's primary IPs), 'localhost' (127.0.0.0/8, ::1/128) and 'all' (every address), in any combination (as kube-proxy 1.37). Default: 'primary' in nftables mode, 'all' in iptables mode.
+    #[arg(long, value_name = "CIDRS,KEYWORDS", help_heading = "kube-proxy")]
     pub nodeport_addresses: Option<String>,
 
     /// SNAT all traffic sent to Service cluster IPs (needed by some CNI plugins).

@@ -148,8 +148,45 @@ fn nodeport_addresses_flag() {
         e.contains("--nodeport-addresses") && e.contains("\"bogus\""),
         "{e}"
     );
-    let e = err(&["--nodeport-addresses=primary,10.0.0.0/8"]);
-    assert!(e.contains("cannot be combined"), "{e}");
+    // kube-proxy 1.37: keywords in any combination with each other and CIDRs.
+    let (s, _) = ok(&["--nodeport-addresses=primary,10.0.0.0/8"]);
+    assert_eq!(
+        s.nodeport_addresses,
+        NodePortAddresses::PrimaryAnd(vec![net("10.0.0.0/8")])
+    );
+    let (s, _) = ok(&["--nodeport-addresses=primary,localhost"]);
+    assert_eq!(
+        s.nodeport_addresses,
+        NodePortAddresses::PrimaryAnd(vec![net("127.0.0.0/8"), net("::1/128")])
+    );
+    let (s, _) = ok(&["--nodeport-addresses=all"]);
+    assert_eq!(
+        s.nodeport_addresses,
+        NodePortAddresses::Cidrs(vec![net("0.0.0.0/0"), net("::/0")])
+    );
+    let (s, _) = ok(&["--nodeport-addresses=localhost,192.168.0.0/16"]);
+    assert_eq!(
+        s.nodeport_addresses,
+        NodePortAddresses::Cidrs(vec![
+            net("127.0.0.0/8"),
+            net("::1/128"),
+            net("192.168.0.0/16")
+        ])
+    );
+    // Keywords are case-sensitive, and one listed twice is refused.
+    let e = err(&["--nodeport-addresses=Localhost"]);
+    assert!(e.contains("'primary', 'localhost', 'all'"), "{e}");
+    let e = err(&["--nodeport-addresses=localhost,localhost"]);
+    assert!(e.contains("listed twice"), "{e}");
+    // The config file reads the same way.
+    let f = write_config(&format!(
+        "{HEAD}nodePortAddresses: [primary, \"10.0.0.0/8\"]\n"
+    ));
+    let (s, _) = ok(&[&config_arg(&f)]);
+    assert_eq!(
+        s.nodeport_addresses,
+        NodePortAddresses::PrimaryAnd(vec![net("10.0.0.0/8")])
+    );
 }
 
 #[test]
