@@ -61,7 +61,8 @@ def main():
         log_path = os.path.join(root, "svcproxy.err")
         with open(log_path, "w") as log:
             daemon = subprocess.Popen(
-                ["ip", "netns", "exec", ns, svcproxy, "--manifests", manifests,
+                ["ip", "netns", "exec", ns, svcproxy, "--proxy-mode", "nftables",
+                 "--manifests", manifests,
                  "--hostname-override", "node-1", "--min-sync-period", "0",
                  "--healthz-bind-address", "127.0.0.1:10256"],
                 stdout=subprocess.DEVNULL, stderr=log)

@@ -168,7 +168,7 @@ run_kernel_case() {
     local start
     start=$(now)
     # `ip netns exec` execs: the PID is svcproxy's.
-    ip netns exec "$netns" "$svcproxy" --kubeconfig "$dir/kubeconfig" \
+    ip netns exec "$netns" "$svcproxy" --proxy-mode nftables --kubeconfig "$dir/kubeconfig" \
         --hostname-override "$hostname" --healthz-bind-address 127.0.0.1:10256 \
         >"$dir/svcproxy.out" 2>"$dir/svcproxy.err" &
     local proxy=$!

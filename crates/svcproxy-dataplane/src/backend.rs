@@ -319,7 +319,13 @@ pub const BACKENDS: &[Backend] = &[
 ];
 
 /// The mode an empty `--proxy-mode` (and no `mode:` in the config file) runs.
-pub const DEFAULT_MODE: &str = crate::nft::MODE;
+pub const DEFAULT_MODE: &str = crate::iptables::MODE;
+
+/// Logged when no mode is set, as kube-proxy 1.37 warns (KEP-5343): the unset mode
+/// is iptables there, and its default will change to nftables.
+pub const DEFAULT_MODE_WARNING: &str = "no proxy mode set: running iptables, the default \
+     of kube-proxy 1.37 on Linux; that default will change to nftables in a future \
+     release, so set the mode explicitly (--proxy-mode, or mode: in the config file)";
 
 /// The data planes' own flags, each mode's group declared in its module. The
 /// binary flattens this into its command line without naming a mode.
@@ -393,7 +399,7 @@ pub fn resolve_mode(name: &str) -> Result<ModeChoice, String> {
                 backend: b,
                 asked: if name.is_empty() { "" } else { b.mode },
                 sync_section: b.defaults.config_section,
-                warning: None,
+                warning: name.is_empty().then_some(DEFAULT_MODE_WARNING),
             });
         }
         if let Some(a) = b.aliases.iter().find(|a| a.name == asked) {

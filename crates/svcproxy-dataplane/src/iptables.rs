@@ -28,9 +28,12 @@ use crate::listing::{self, Compared};
 use crate::node::required_sysctls;
 use crate::sink::{run_command, run_command_with_env, scratch_argv};
 
+/// The `--proxy-mode` name.
+pub const MODE: &str = "iptables";
+
 /// The iptables mode in the registry, with upstream iptables mode's counters.
 pub const BACKEND: Backend = Backend {
-    mode: "iptables",
+    mode: MODE,
     aliases: &[],
     defaults: ModeDefaults {
         config_section: ConfigSection::Iptables,

@@ -44,7 +44,7 @@ pub use backend::{
     cleanup_all, ignored_flag_warnings, resolve_mode, Alias, ApplyReport, Backend, Comparison,
     ConfigSection, DataPlane, FailureCounter, FailureKind, LocalhostDefault, ModeChoice,
     ModeDefaults, ModeFlags, NodePortDefault, NodeRequirements, RuleCount, SyncKind, BACKENDS,
-    DEFAULT_MODE,
+    DEFAULT_MODE, DEFAULT_MODE_WARNING,
 };
 pub use conntrack::{
     cleanup_filters, ip_protocol, CleanupStats, ConntrackCleaner, ConntrackCleanupReport,

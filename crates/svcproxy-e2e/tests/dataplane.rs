@@ -875,6 +875,56 @@ fn nodeport_addresses_select_the_node_ips(mode: Mode) {
     }
 }
 
+/// A DaemonSet written for kube-proxy 1.37 that sets no mode runs iptables there
+/// (KEP-5343): NodePorts on every local address and on 127.0.0.1. svcproxy started
+/// without `--proxy-mode` does the same, as real packets show, and warns once that
+/// the default will change.
+#[test]
+fn the_unset_mode_serves_nodeports_as_kube_proxys_iptables_mode() {
+    let np = tcp_only(Svc::dual("np", 47).node_port(), Some(30610));
+    let Some(env) = Env::start(
+        Mode::Iptables,
+        EnvSpec {
+            flags: vec!["--proxy-mode=".into()],
+            ..EnvSpec::default()
+        },
+        &[(&fname(&np), file(&np, &[B0]))],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("unset mode");
+    let v4 = |ip: IpAddr| sa(ip, 30610);
+    for (what, from, to) in [
+        (
+            "ext -> node-a primary IP NodePort",
+            Host::Ext,
+            v4(plan::node_ip(NODE_A, Family::V4)),
+        ),
+        (
+            "pod-a1 -> node-a pod-side address NodePort (not the primary IP)",
+            A1,
+            v4(plan::pod_gateway(NODE_A, Family::V4)),
+        ),
+        (
+            "node-a itself -> 127.0.0.1 NodePort",
+            Host::Node(NODE_A),
+            v4(IpAddr::from([127, 0, 0, 1])),
+        ),
+    ] {
+        let got = env.probe(from, Proto::Tcp, to, 2, ANSWER);
+        ck.answered_by(what, &got, &["pod-b0"]);
+    }
+    let logs = env.proxy_logs();
+    ck.check(logs.contains("no proxy mode set: running iptables"), || {
+        format!("no warning that no mode is set in the logs:\n{logs}")
+    });
+    ck.check(
+        Mode::Iptables.programmed(&env.c, NODE_A) == [true, true],
+        || "svcproxy's iptables chains are not in node-a".to_string(),
+    );
+    ck.finish(&env);
+}
+
 /// The node's delivered-or-unclaimed UDP datagram count (`Udp: InDatagrams + NoPorts` of
 /// its namespace): what reached its UDP layer, listener or not.
 fn udp_delivered(env: &Env, node: usize) -> u64 {

@@ -437,7 +437,9 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         svcproxy_dataplane::resolve_mode(&flags.proxy_mode),
         default_mode(),
     );
-    warnings.extend(mode.warning.map(|w| format!("--proxy-mode: {w}")));
+    // The unset mode concerns the commands that write or show rules only.
+    let (mode_rule_warning, mode_warning) = split_mode_warning(mode.warning);
+    warnings.extend(mode_warning.map(|w| format!("--proxy-mode: {w}")));
     let cluster_cidrs = errors.check(
         "--cluster-cidr",
         parse_cluster_cidrs(flags.cluster_cidr.as_deref().unwrap_or("")),
@@ -502,7 +504,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
             ));
         }
     }
-    let mut rule_warnings = Vec::new();
+    let mut rule_warnings: Vec<String> = mode_rule_warning.into_iter().collect();
     let detect_local = errors.check(
         "--detect-local-mode",
         detect_local(
@@ -595,7 +597,8 @@ fn from_file(
         svcproxy_dataplane::resolve_mode(mode_str),
         default_mode(),
     );
-    warnings.extend(mode.warning.map(|w| format!("mode: {w}")));
+    let (mode_rule_warning, mode_warning) = split_mode_warning(mode.warning);
+    warnings.extend(mode_warning.map(|w| format!("mode: {w}")));
     let proxy_mode = mode.backend;
 
     let ipt = file.iptables.clone().unwrap_or_default();
@@ -810,7 +813,7 @@ fn from_file(
     };
 
     let dl = file.detect_local.clone().unwrap_or_default();
-    let mut rule_warnings = Vec::new();
+    let mut rule_warnings: Vec<String> = mode_rule_warning.into_iter().collect();
     let detect_local = errors.check(
         "detectLocalMode",
         detect_local(
@@ -876,6 +879,15 @@ fn from_file(
 }
 
 /// What an invalid mode falls back to while the other errors are collected.
+/// A mode warning split by whom it concerns: the unset mode's (commands that write
+/// or show rules), or an alias's (everyone).
+fn split_mode_warning(w: Option<&'static str>) -> (Option<String>, Option<&'static str>) {
+    match w {
+        Some(w) if w == svcproxy_dataplane::DEFAULT_MODE_WARNING => (Some(w.to_string()), None),
+        other => (None, other),
+    }
+}
+
 fn default_mode() -> svcproxy_dataplane::ModeChoice {
     svcproxy_dataplane::resolve_mode("").expect("the default mode is registered")
 }

@@ -143,7 +143,16 @@ fn kube_up_flags_are_accepted_by_every_command() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("add table ip svcproxy"));
+    // No mode among kube-up's flags: iptables, as kube-proxy 1.37 (with a warning).
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("# iptables-restore"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("no proxy mode set: running iptables"),
+        "{stderr}"
+    );
     for flag in [
         "--profiling",
         "--logtostderr",
@@ -499,6 +508,7 @@ fn cleanup_kube_proxy_removes_kube_proxys_leftovers_and_nothing_else() {
         let mut argv = vec![
             bin(),
             "--hostname-override=node-a",
+            "--proxy-mode=nftables",
             "--manifests",
             examples.to_str().unwrap(),
             "--once",

@@ -19,17 +19,36 @@ fn svcproxy(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn render_in_nftables_mode_prints_the_nft_script() {
-    for args in [&["render"][..], &["render", "--proxy-mode", "nftables"][..]] {
-        let out = svcproxy(args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8(out.stdout).unwrap();
-        assert!(text.starts_with("add table ip svcproxy"), "{text}");
-        assert!(text.contains("table ip6 svcproxy"));
-    }
+    let out = svcproxy(&["render", "--proxy-mode", "nftables"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("add table ip svcproxy"), "{text}");
+    assert!(text.contains("table ip6 svcproxy"));
+}
+
+/// No mode set means iptables, as kube-proxy 1.37 (KEP-5343), with its warning.
+#[test]
+fn the_unset_mode_is_iptables_with_a_warning() {
+    let out = svcproxy(&["render"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("# iptables-restore --noflush\n"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("no proxy mode set: running iptables")
+            && stderr.contains("will change to nftables"),
+        "{stderr}"
+    );
+    let explicit = svcproxy(&["render", "--proxy-mode", "iptables"]);
+    assert_eq!(explicit.stdout, out.stdout);
+    assert!(!String::from_utf8_lossy(&explicit.stderr).contains("no proxy mode set"));
 }
 
 #[test]

@@ -143,6 +143,8 @@ fn run() -> Result<()> {
         "svcproxy",
         &[
             bin.to_str().context("binary path")?,
+            "--proxy-mode",
+            "nftables",
             "--manifests",
             &dir_arg,
             "--hostname-override",

@@ -1404,6 +1404,11 @@ impl Env {
     pub fn spawn_svcproxy(&self, bin: &Path, node: usize, flags: &[String]) -> NsProcess {
         let launch = self.mode.launch(bin);
         let mut args = self.proxy_args(node);
+        // A test's own `--proxy-mode=...` (`--proxy-mode=`: the unset mode) replaces
+        // the environment's.
+        if flags.iter().any(|f| f.starts_with("--proxy-mode")) {
+            args.drain(0..2);
+        }
         if flags.iter().any(|f| f == "--min-sync-period") {
             let at = args
                 .iter()

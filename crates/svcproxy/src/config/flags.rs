@@ -25,7 +25,7 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "NAME", help_heading = "kube-proxy")]
     pub hostname_override: Option<String>,
 
-    /// Proxy mode: 'nftables' (the default, also when empty), 'iptables' or 'userspace' (svcproxy itself relays TCP and UDP, as kube-proxy's original mode). kube-proxy's 'ipvs' and 'kernelspace' are not implemented and fall back to nftables with a warning.
+    /// Proxy mode: 'nftables', 'iptables' or 'userspace' (svcproxy itself relays TCP and UDP, as kube-proxy's original mode). Unset (or empty): 'iptables' with a warning, as kube-proxy 1.37, whose default will change to 'nftables'. kube-proxy's 'ipvs' and 'kernelspace' are not implemented and fall back to nftables with a warning.
     #[arg(
         long,
         value_name = "MODE",

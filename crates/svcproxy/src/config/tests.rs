@@ -56,8 +56,10 @@ fn warned(warnings: &[String], needle: &str) -> bool {
 fn flags_only_defaults() {
     let (s, w) = ok(&[]);
     assert_eq!(s.node_name, "host-a");
-    assert_eq!(s.proxy_mode.mode, "nftables");
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    // kube-proxy 1.37: an unset mode is iptables, with a warning that the default
+    // will change (KEP-5343).
+    assert_eq!(s.proxy_mode.mode, "iptables");
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
     assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
     assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
     assert_eq!(s.sync_period, Duration::from_secs(30));
@@ -77,11 +79,22 @@ fn flags_only_defaults() {
         }
     );
     assert_eq!(s.kubeconfig, None);
-    // No warning but, for the commands that write rules, ClusterCIDR local
-    // detection without a cluster CIDR.
+    // No warning but, for the commands that write rules, the unset mode's and
+    // ClusterCIDR local detection without a cluster CIDR.
     assert!(w.is_empty(), "{w:?}");
-    assert_eq!(s.rule_warnings.len(), 1, "{:?}", s.rule_warnings);
+    assert_eq!(s.rule_warnings.len(), 2, "{:?}", s.rule_warnings);
+    assert!(
+        warned(&s.rule_warnings, "no proxy mode set: running iptables")
+            && warned(&s.rule_warnings, "will change to nftables"),
+        "{:?}",
+        s.rule_warnings
+    );
     assert!(warned(&s.rule_warnings, "--cluster-cidr is not set"));
+    let (s, _) = ok(&["--proxy-mode=nftables"]);
+    assert!(
+        !warned(&s.rule_warnings, "no proxy mode set"),
+        "an explicit mode is not warned about"
+    );
 }
 
 #[test]
@@ -229,10 +242,22 @@ fn detect_local_modes() {
     );
     assert!(!warned(&w, "detect-local-mode"), "{w:?}");
     let (s, _) = ok(&["--cluster-cidr=10.244.0.0/16"]);
-    assert!(s.rule_warnings.is_empty(), "{:?}", s.rule_warnings);
+    assert!(
+        s.rule_warnings
+            .iter()
+            .all(|w| w.contains("no proxy mode set")),
+        "{:?}",
+        s.rule_warnings
+    );
     let (s, _) = ok(&["--detect-local-mode=NodeCIDR"]);
     assert_eq!(s.detect_local, DetectLocal::NodeCidr);
-    assert!(s.rule_warnings.is_empty(), "{:?}", s.rule_warnings);
+    assert!(
+        s.rule_warnings
+            .iter()
+            .all(|w| w.contains("no proxy mode set")),
+        "{:?}",
+        s.rule_warnings
+    );
     let (s, _) = ok(&[
         "--detect-local-mode=BridgeInterface",
         "--pod-bridge-interface=cbr0",
@@ -271,15 +296,17 @@ fn proxy_mode_ipvs_falls_back_with_warning() {
 fn kubeadm_config_file_resolves() {
     let f = write_config(super::file::tests::KUBEADM_DEFAULT);
     let (s, w) = ok(&[&config_arg(&f)]);
+    // kubeadm's older default has `mode: ""`: iptables, with the unset mode's warning.
     assert!(w.is_empty(), "{w:?}");
+    assert!(warned(&s.rule_warnings, "no proxy mode set"));
     // Upstream's file defaults fill every zero/null field.
-    assert_eq!(s.proxy_mode.mode, "nftables");
+    assert_eq!(s.proxy_mode.mode, "iptables");
     assert_eq!(s.cluster_cidrs, vec![net("10.244.0.0/16")]);
     assert_eq!(
         s.detect_local,
         DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")])
     );
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
     assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
     assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
     assert_eq!(s.sync_period, Duration::from_secs(30));
@@ -397,9 +424,9 @@ fn verbosity_flag_wins_over_file() {
 
 #[test]
 fn file_sync_periods_by_mode() {
-    // nftables (also the empty mode) reads the nftables section.
+    // nftables reads the nftables section.
     let f = write_config(&format!(
-        "{HEAD}nftables:\n  syncPeriod: 1m\n  minSyncPeriod: 2s\niptables:\n  syncPeriod: 30s\n  minSyncPeriod: 1s\n"
+        "{HEAD}mode: nftables\nnftables:\n  syncPeriod: 1m\n  minSyncPeriod: 2s\niptables:\n  syncPeriod: 30s\n  minSyncPeriod: 1s\n"
     ));
     let (s, w) = ok(&[&config_arg(&f)]);
     assert_eq!(
@@ -413,7 +440,7 @@ fn file_sync_periods_by_mode() {
 
     // A non-default value in the inactive section is reported.
     let f = write_config(&format!(
-        "{HEAD}iptables:\n  syncPeriod: 5s\n  masqueradeAll: true\n"
+        "{HEAD}mode: nftables\niptables:\n  syncPeriod: 5s\n  masqueradeAll: true\n"
     ));
     let (s, w) = ok(&[&config_arg(&f)]);
     assert_eq!(s.sync_period, Duration::from_secs(30));
@@ -425,7 +452,14 @@ fn file_sync_periods_by_mode() {
         ),
         "{w:?}"
     );
-    assert!(warned(&w, "set mode: iptables"), "{w:?}");
+    // Unset, the mode is iptables and reads that section.
+    let f = write_config(&format!(
+        "{HEAD}iptables:\n  syncPeriod: 5s\n  masqueradeAll: true\n"
+    ));
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.sync_period, Duration::from_secs(5));
+    assert!(s.masquerade_all);
+    assert!(w.is_empty(), "{w:?}");
 
     // Top-level periods (internal/v1alpha2 layout) win over the section.
     let f = write_config(&format!(
@@ -479,7 +513,7 @@ fn file_nodeport_addresses_and_bind_addresses() {
 fn bad_file_values_name_field_and_value() {
     let f = write_config(&format!(
         "{HEAD}clusterCIDR: 10.0.0.0/8,not-a-cidr\nnodePortAddresses: [10.0.0.0/8, 300.0.0.0/8]\n\
-         nftables:\n  masqueradeBit: 32\nhealthzBindAddress: 1.2.3.4:99999\n\
+         iptables:\n  masqueradeBit: 32\nhealthzBindAddress: 1.2.3.4:99999\n\
          detectLocalMode: InterfaceNamePrefix\nconntrack:\n  maxPerCore: -1\nmode: ebpf\n\
          clientConnection:\n  burst: -5\n"
     ));
@@ -487,7 +521,7 @@ fn bad_file_values_name_field_and_value() {
     for want in [
         "clusterCIDR: invalid CIDR \"not-a-cidr\"",
         "nodePortAddresses: invalid CIDR \"300.0.0.0/8\"",
-        "nftables.masqueradeBit: 32 must be within the range [0, 31]",
+        "iptables.masqueradeBit: 32 must be within the range [0, 31]",
         "healthzBindAddress: invalid address \"1.2.3.4:99999\"",
         "detectLocalMode: InterfaceNamePrefix requires detectLocal.interfaceNamePrefix",
         "conntrack.maxPerCore: -1 must be greater than or equal to 0",
@@ -760,8 +794,14 @@ fn the_effective_config_round_trips_through_the_file_format() {
             "{args:?}: {w:#?}\n{yaml}"
         );
         got.config_file = None;
-        // The same warnings, naming the file's fields rather than the flags.
-        assert_eq!(got.rule_warnings.len(), want.rule_warnings.len());
+        // The same warnings, naming the file's fields rather than the flags (the
+        // effective config names its mode: no unset mode's warning).
+        let unset = |w: &[String]| {
+            w.iter()
+                .filter(|w| !w.contains("no proxy mode set"))
+                .count()
+        };
+        assert_eq!(unset(&got.rule_warnings), unset(&want.rule_warnings));
         got.rule_warnings = want.rule_warnings.clone();
         assert_eq!(got, want, "{args:?}:\n{yaml}");
     }
@@ -800,7 +840,11 @@ fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
     let (d, _) = ok(&["--proxy-mode=userspace"]);
     assert_eq!(d.mode_flags.userspace_config(), UserspaceConfig::default());
     // In another mode: one warning per flag given.
-    let (_, w) = ok(&["--proxy-port-range=40000-40010", "--userspace-scheduler=lc"]);
+    let (_, w) = ok(&[
+        "--proxy-mode=nftables",
+        "--proxy-port-range=40000-40010",
+        "--userspace-scheduler=lc",
+    ]);
     assert_eq!(w.len(), 2, "{w:?}");
     assert!(
         w.iter()
@@ -823,8 +867,13 @@ fn localhost_nodeports_by_mode_and_flag() {
     // Upstream's defaults: iptables (and the userspace mode) on, nftables never.
     assert!(served(&["--proxy-mode=iptables"]));
     assert!(served(&["--proxy-mode=userspace"]));
-    assert!(!served(&[]));
-    assert!(!served(&["--iptables-localhost-nodeports=true"]));
+    assert!(!served(&["--proxy-mode=nftables"]));
+    assert!(!served(&[
+        "--proxy-mode=nftables",
+        "--iptables-localhost-nodeports=true"
+    ]));
+    // The unset mode is iptables.
+    assert!(served(&[]));
     // --nodeport-localhost wins in every mode.
     assert!(served(&["--nodeport-localhost"]));
     assert!(served(&["--nodeport-localhost=true"]));

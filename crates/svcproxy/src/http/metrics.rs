@@ -864,9 +864,16 @@ mod tests {
         }
     }
 
+    /// The nftables mode, whose metric names these tests check.
+    fn nftables() -> &'static Backend {
+        svcproxy_dataplane::resolve_mode("nftables")
+            .expect("registered")
+            .backend
+    }
+
     #[tokio::test]
     async fn metrics_are_served_under_upstream_names_types_and_labels() {
-        let m = Metrics::new();
+        let m = Metrics::for_backend(nftables());
         let (headers, text) = scrape(m.clone()).await;
         assert_eq!(
             headers["content-type"],
@@ -1272,9 +1279,14 @@ mod tests {
         // Even an unhealthy proxy: this port's /healthz is a liveness ping.
         let health = ProxyHealth::new(Duration::ZERO);
         let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, Metrics::new(), health, async move {
-            let _ = rx.await;
-        }));
+        tokio::spawn(serve(
+            listener,
+            Metrics::for_backend(nftables()),
+            health,
+            async move {
+                let _ = rx.await;
+            },
+        ));
         for (path, body) in [
             ("/healthz", "ok"),
             ("/healthz/ping", "ok"),
