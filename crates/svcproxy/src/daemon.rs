@@ -824,7 +824,13 @@ async fn serve<T: Target>(
         received: 0,
     };
     syncer.update_node_eligibility();
-    tracing::info!(node = %settings.node_name, "svcproxy started");
+    // A one-shot tool (`snapshot`, `render`, `explain`, `--once`) has nothing to
+    // announce: it prints, or syncs, and ends.
+    if once {
+        tracing::debug!(node = %settings.node_name, "svcproxy started");
+    } else {
+        tracing::info!(node = %settings.node_name, "svcproxy started");
+    }
     let config_changed = async move {
         match config_watch {
             Some((path, initial)) => config_file_changed(path, initial).await,
@@ -834,7 +840,11 @@ async fn serve<T: Target>(
     let result = tokio::select! {
         r = runner::run(runner_cfg, &mut syncer, rx, once) => r,
         _ = shutdown_signal() => {
-            tracing::info!("shutting down; the rules stay in place");
+            if syncer.target.leaves_rules() {
+                tracing::info!("shutting down; the rules stay in place");
+            } else {
+                tracing::info!("shutting down");
+            }
             Ok(())
         }
         e = config_changed => Err(e),

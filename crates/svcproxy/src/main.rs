@@ -255,9 +255,14 @@ fn main() -> ExitCode {
         }
     };
     init_logging(settings.verbosity, settings.log_format);
-    // `svcproxy dns` programs no rules: how local traffic would be told apart does
-    // not concern it.
-    let rules = !matches!(command, Some(Command::Dns { .. }));
+    // How rules would be written (the unset mode, how local traffic is told apart)
+    // concerns the commands that write or show rules: the daemon, `render` and
+    // `explain`; not `snapshot`, `dns` or a cleanup.
+    let rules = match command {
+        None => !settings.cleanup,
+        Some(Command::Render { .. }) | Some(Command::Explain { .. }) => true,
+        Some(_) => false,
+    };
     for w in warnings
         .iter()
         .chain(settings.rule_warnings.iter().filter(|_| rules))
@@ -381,10 +386,30 @@ fn main() -> ExitCode {
         Ok(daemon::Finished::InputErrors) => ExitCode::from(EXIT_INPUT_ERRORS),
         Err(e) => {
             // Once: the log goes to stderr.
-            tracing::error!("{e:#}");
+            match permission_hint(&e) {
+                Some(hint) => tracing::error!("{e:#}\n  {hint}"),
+                None => tracing::error!("{e:#}"),
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// What to do about an error the kernel refused for want of privilege.
+fn permission_hint(e: &anyhow::Error) -> Option<&'static str> {
+    let denied = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|n| n == libc::EPERM || n == libc::EACCES)
+            || {
+                let text = c.to_string();
+                text.contains("Operation not permitted") || text.contains("Permission denied")
+            }
+    });
+    denied.then_some(
+        "svcproxy programs the kernel: run it as root, or with the capabilities the \
+         DaemonSet grants (NET_ADMIN and NET_RAW; deploy/daemonset.yaml)",
+    )
 }
 
 /// `snapshot`, `render` and `explain` ran, and the input had errors (objects or

@@ -200,10 +200,11 @@ pub async fn run<S: Syncer>(
                 Err(err) => {
                     failures += 1;
                     let delay = cfg.backoff(failures);
-                    tracing::error!(error = %format!("{err:#}"), failures, retry_in = ?delay, "sync failed; the previous rules stay in force");
                     if once {
-                        return Err(err);
+                        // The caller reports it (once), with what to do about it.
+                        return Err(err.context("sync failed; the previous rules stay in force"));
                     }
+                    tracing::error!(error = %format!("{err:#}"), failures, retry_in = ?delay, "sync failed; the previous rules stay in force");
                     retry_at = Some(now + delay);
                     pending = true;
                     force_full = true;

@@ -40,6 +40,12 @@ pub(crate) trait Target {
         true
     }
 
+    /// Whether what it wrote stays in the kernel when the process stops (the
+    /// kernel's data planes), for the shutdown message.
+    fn leaves_rules(&self) -> bool {
+        false
+    }
+
     /// The data plane's own metrics: see [`svcproxy_dataplane::DataPlane::collectors`].
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         Vec::new()
@@ -108,6 +114,10 @@ impl<T: Target> Target for Checked<T> {
         self.inner.uses_state()
     }
 
+    fn leaves_rules(&self) -> bool {
+        self.inner.leaves_rules()
+    }
+
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         self.inner.collectors()
     }
@@ -138,6 +148,10 @@ impl Target for DnsOnly {
 /// Programs the kernel: the mode's data plane behind the [`Driver`], which does
 /// what every mode shares around a sync.
 impl Target for Driver {
+    fn leaves_rules(&self) -> bool {
+        true
+    }
+
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         self.plane().collectors()
     }

@@ -636,3 +636,48 @@ fn the_userspace_mode_raises_its_open_files_limit() {
         "the limit is raised to the hard one:\n{stderr}"
     );
 }
+
+/// Without the privilege to program the kernel, svcproxy says so once and says what
+/// it needs (run as an unprivileged user inside a namespace of the test's own, so
+/// nothing could be written anywhere even if it tried).
+#[test]
+fn without_privileges_the_error_says_what_is_needed_once() {
+    let test = "without_privileges_the_error_says_what_is_needed_once";
+    let Some(ns) = Netns::create(test, "noperm", &["nft", "setpriv"]) else {
+        return;
+    };
+    let examples = examples();
+    let out = output(
+        &mut ns.command(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            bin(),
+            "--proxy-mode=nftables",
+            "--once",
+            "--hostname-override=node-a",
+            "--healthz-bind-address=",
+            "--metrics-bind-address=",
+            "--manifests",
+            examples.to_str().unwrap(),
+        ]),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("run it as root, or with the capabilities")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("NET_ADMIN"), "{stderr}");
+    assert_eq!(
+        stderr.matches("Operation not permitted").count(),
+        1,
+        "the kernel's refusal, once: {stderr}"
+    );
+}
