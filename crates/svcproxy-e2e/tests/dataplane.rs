@@ -1152,7 +1152,9 @@ fn load_balancer_source_ranges_and_short_circuit(mode: Mode) {
         .ingress(plan::external_ip(50, Family::V4), "VIP")
         .ingress(plan::external_ip(50, Family::V6), "VIP")
         .source_ranges(&Family::BOTH.map(|f| plan::host_cidr(plan::ext_ip(f))));
-    // node-a's IP is in the ranges: any local source of node-a may use it; ext may not.
+    // node-a's IP is in the ranges: node-a (from that IP) may use it, and the LB IPs
+    // as sources (upstream's allowFromNode); ext may not, nor node-a from another
+    // of its addresses.
     let node_fenced = tcp_only(Svc::dual("node-fenced", 51).load_balancer(), Some(30351))
         .ingress(plan::external_ip(51, Family::V4), "VIP")
         .ingress(plan::external_ip(51, Family::V6), "VIP")
@@ -1201,6 +1203,12 @@ fn load_balancer_source_ranges_and_short_circuit(mode: Mode) {
             (
                 "ext -> LB IP whose ranges hold only node-a's IP",
                 plan::ext_ip(f),
+                51,
+                "drop",
+            ),
+            (
+                "node-a from its own address outside the ranges -> LB IP",
+                plan::pod_gateway(NODE_A, f),
                 51,
                 "drop",
             ),
@@ -1264,6 +1272,48 @@ fn load_balancer_source_ranges_and_short_circuit(mode: Mode) {
         ck.dropped(
             &format!("{fam} ext -> LB IP whose ranges hold only node-a's IP"),
             &got,
+        );
+        // As upstream's allowFromNode: node-a's own address outside the ranges is
+        // no pass (only the ranges and the LB IPs themselves are).
+        let got = env.c.probe_spec(
+            Host::Node(NODE_A),
+            &ProbeSpec::new(Proto::Tcp, vip)
+                .timeout(DROP_WAIT)
+                .source_ip(plan::pod_gateway(NODE_A, f)),
+        );
+        ck.dropped(
+            &format!(
+                "{fam} node-a from {} (its own, outside the ranges) -> LB IP",
+                plan::pod_gateway(NODE_A, f)
+            ),
+            &got,
+        );
+        // A VIP-style load balancer puts the LB IP on the node: the node's own
+        // connection to it then comes from the LB IP itself, which upstream's
+        // allowFromNode admits (it is not in the ranges).
+        let host = match f {
+            Family::V4 => format!("{}/32", vip.ip()),
+            Family::V6 => format!("{}/128", vip.ip()),
+        };
+        let mut add = vec!["ip", "addr", "add", host.as_str(), "dev", "lo"];
+        if f == Family::V6 {
+            add.push("nodad");
+        }
+        env.c.exec_ok(Host::Node(NODE_A), &add);
+        let got = env.c.probe_spec(
+            Host::Node(NODE_A),
+            &ProbeSpec::new(Proto::Tcp, vip)
+                .timeout(ANSWER)
+                .source_ip(vip.ip()),
+        );
+        ck.answered_by(
+            &format!("{fam} node-a from the LB IP itself (a VIP-style LB) -> LB IP"),
+            &got,
+            &["pod-b0"],
+        );
+        env.c.exec_ok(
+            Host::Node(NODE_A),
+            &["ip", "addr", "del", &host, "dev", "lo"],
         );
 
         // A pod on node-a (no local endpoint) reaching the eTP Local service by its LB IP:

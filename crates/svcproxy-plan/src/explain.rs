@@ -547,13 +547,16 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
                 .collect::<Vec<_>>()
                 .join(", ");
             match in_range {
-                Some(r) => trace
-                    .steps
-                    .push(format!("loadBalancerSourceRanges: {} is inside {r}: allowed", packet.from)),
-                None if origin == Origin::Node && fw.allow_from_node => trace.steps.push(
-                    "loadBalancerSourceRanges: from this node, one of whose addresses is in them: allowed"
-                        .into(),
-                ),
+                Some(r) => trace.steps.push(format!(
+                    "loadBalancerSourceRanges: {} is inside {r}: allowed",
+                    packet.from
+                )),
+                None if fw.lb_sources.contains(&packet.from) => trace.steps.push(format!(
+                    "loadBalancerSourceRanges: from the load balancer's own IP {} (one of this \
+                     node's addresses is in the ranges, so a VIP-style load balancer's loop back \
+                     is allowed, as upstream)",
+                    packet.from
+                )),
                 None => {
                     trace.verdict = Verdict::Drop {
                         reason: format!(

@@ -19,8 +19,10 @@
 //!   the host itself to the cluster-wide endpoints (they must not be dropped just
 //!   because this node has no endpoint). Traffic with no endpoint to go to is
 //!   rejected, or dropped under a Local policy while endpoints exist elsewhere.
-//! - loadBalancerSourceRanges admit only those sources to load-balancer IPs (and
-//!   the node itself when one of its addresses is in them).
+//! - loadBalancerSourceRanges admit only those sources to load-balancer IPs; when
+//!   one of the node's addresses is in them, also the load-balancer IPs themselves
+//!   as sources (upstream's `allowFromNode`: a VIP-style load balancer loops the
+//!   node's own request back from the VIP).
 //! - Connections to a cluster IP are masqueraded with `--masquerade-all`, or when
 //!   they do not come from this node's pods (when local traffic can be told);
 //!   a connection from an endpoint to itself (hairpin) always is.
@@ -181,10 +183,15 @@ pub enum SocketVerdict {
 /// loadBalancerSourceRanges of a port, for its load-balancer IPs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Firewall {
-    /// The node's own connections pass (one of its addresses is in the ranges).
+    /// One of the node's addresses is in the ranges (upstream's `allowFromNode`):
+    /// its own connections pass, from that address.
     pub allow_from_node: bool,
     /// Sources allowed (merged, sorted; may be empty: nobody).
     pub ranges: Vec<IpNet>,
+    /// Sources allowed besides the ranges: with `allow_from_node`, the port's
+    /// load-balancer IPs of this family (sorted), as upstream: a VIP-style load
+    /// balancer loops the node's own request to it back with the VIP as source.
+    pub lb_sources: Vec<IpAddr>,
 }
 
 /// One frontend of a service port.
@@ -407,9 +414,17 @@ impl ServiceIntent {
                     .node_ips
                     .iter()
                     .any(|ip| ranges.iter().any(|r| r.contains(ip)));
+                let mut lb_sources = if allow_from_node {
+                    vips.clone()
+                } else {
+                    Vec::new()
+                };
+                lb_sources.sort();
+                lb_sources.dedup();
                 Some(Box::new(Firewall {
                     allow_from_node,
                     ranges,
+                    lb_sources,
                 }))
             }
             _ => None,

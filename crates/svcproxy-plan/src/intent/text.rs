@@ -139,10 +139,10 @@ fn family(out: &mut String, fam: &FamilyIntent) {
             (Some(fw), true) => format!(
                 "only from {}{}; ",
                 list(&fw.ranges),
-                if fw.allow_from_node {
-                    " and the node"
+                if fw.lb_sources.is_empty() {
+                    String::new()
                 } else {
-                    ""
+                    format!(" and the load balancer's own {}", list(&fw.lb_sources))
                 }
             ),
             _ => String::new(),

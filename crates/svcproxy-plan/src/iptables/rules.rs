@@ -587,14 +587,15 @@ fn service_rules(
     let firewalled: Vec<_> = owned.iter().filter(|f| f.firewall).collect();
     if let (Some(fw), false) = (&svc.firewall, firewalled.is_empty()) {
         r.nat.declare(&fw_chain);
-        if fw.allow_from_node {
-            r.nat.add(
-                &fw_chain,
-                format!("-m addrtype --src-type LOCAL -j {ext_chain}"),
-            );
-        }
         for range in &fw.ranges {
             r.nat.add(&fw_chain, format!("-s {range} -j {ext_chain}"));
+        }
+        // Upstream's allowFromNode: the LB IPs themselves as sources.
+        for ip in &fw.lb_sources {
+            r.nat.add(
+                &fw_chain,
+                format!("-s {} -j {ext_chain}", ipnet::IpNet::from(*ip)),
+            );
         }
     }
 

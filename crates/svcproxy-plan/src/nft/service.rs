@@ -557,16 +557,15 @@ impl Fragment {
 
         if let Some(fw) = &svc.firewall {
             let mut rules = Vec::new();
-            if fw.allow_from_node {
-                rules.push(rule(vec![Match::FibLocal(Addr::Saddr)], RuleAction::Return));
-            }
             // One rule per range rather than an anonymous set (see the dispatch
             // cascade above for why); only new connections to the LB walk them.
-            for range in &fw.ranges {
+            // The LB IPs as sources (upstream's allowFromNode) are host ranges.
+            let lb_sources = fw.lb_sources.iter().map(|ip| IpNet::from(*ip));
+            for range in fw.ranges.iter().copied().chain(lb_sources) {
                 rules.push(rule(
                     vec![Match::Prefix {
                         addr: Addr::Saddr,
-                        net: *range,
+                        net: range,
                         negate: false,
                     }],
                     RuleAction::Return,
