@@ -838,12 +838,14 @@ pub fn convert_slice_with(
         );
         return None;
     }
-    if slice.endpoints.len() > MAX_SLICE_ENDPOINTS {
+    // Optional since API 1.35: a slice without the field has no endpoints.
+    let raw_endpoints = slice.endpoints.as_deref().unwrap_or_default();
+    if raw_endpoints.len() > MAX_SLICE_ENDPOINTS {
         ctx.reject(
             "endpoints",
             format!(
                 "{} endpoints; at most {MAX_SLICE_ENDPOINTS}",
-                slice.endpoints.len()
+                raw_endpoints.len()
             ),
         );
         return None;
@@ -904,8 +906,8 @@ pub fn convert_slice_with(
         });
     }
 
-    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
-    for (i, ep) in slice.endpoints.iter().enumerate() {
+    let mut endpoints = Vec::with_capacity(raw_endpoints.len());
+    for (i, ep) in raw_endpoints.iter().enumerate() {
         let field = format!("endpoints[{i}]");
         // Only the first address is used, as upstream: the rest are reserved.
         let Some(raw) = ep.addresses.first() else {

@@ -154,7 +154,7 @@ pub fn endpoints_to_slices(ep: &Endpoints) -> Mirrored {
             out.slices.push(discoveryv1::EndpointSlice {
                 metadata,
                 address_type: family.address_type().to_string(),
-                endpoints,
+                endpoints: Some(endpoints),
                 ports: Some(ports.clone()),
             });
         }
@@ -250,6 +250,7 @@ mod tests {
         slice
             .endpoints
             .iter()
+            .flatten()
             .map(|e| e.addresses[0].as_str())
             .collect()
     }
@@ -258,6 +259,7 @@ mod tests {
         slice
             .endpoints
             .iter()
+            .flatten()
             .map(|e| {
                 let c = e.conditions.clone().unwrap_or_default();
                 (
@@ -309,15 +311,18 @@ subsets:
         assert!(!annotations.contains_key(ANNOTATION_LAST_CHANGE_TRIGGER_TIME));
         assert_eq!(addresses(s), ["10.0.0.1", "10.0.0.2"]);
         assert_eq!(ready(s), [(true, true, false), (true, true, false)]);
-        let first = &s.endpoints[0];
+        let first = &s.endpoints.as_deref().unwrap_or_default()[0];
         assert_eq!(first.node_name.as_deref(), Some("node-a"));
         assert_eq!(first.hostname.as_deref(), Some("web-0"));
         assert_eq!(
             first.target_ref.as_ref().and_then(|r| r.name.as_deref()),
             Some("web-0")
         );
-        assert_eq!(s.endpoints[1].node_name, None);
-        assert_eq!(s.endpoints[1].hostname, None);
+        assert_eq!(
+            s.endpoints.as_deref().unwrap_or_default()[1].node_name,
+            None
+        );
+        assert_eq!(s.endpoints.as_deref().unwrap_or_default()[1].hostname, None);
     }
 
     #[test]
@@ -397,7 +402,9 @@ subsets:
             [(true, true, false), (false, false, false)]
         );
         assert_eq!(
-            m.slices[0].endpoints[1].node_name.as_deref(),
+            m.slices[0].endpoints.as_deref().unwrap_or_default()[1]
+                .node_name
+                .as_deref(),
             Some("node-b")
         );
         assert_eq!(
@@ -577,7 +584,10 @@ subsets:
         };
         let m = endpoints_to_slices(&ep);
         assert_eq!(m.slices.len(), 1);
-        assert_eq!(m.slices[0].endpoints.len(), MAX_ENDPOINTS_PER_SUBSET);
+        assert_eq!(
+            m.slices[0].endpoints.as_deref().unwrap_or_default().len(),
+            MAX_ENDPOINTS_PER_SUBSET
+        );
         assert_eq!(m.problems.len(), 1, "{:?}", m.problems);
     }
 

@@ -2087,12 +2087,14 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
         // A slice whose endpoint fields are hostile: those fields ignored.
         let mut sl: EndpointSlice = serde_yaml::from_str(WEB_SLICE).unwrap();
         sl.metadata.name = Some("web-hostile".into());
-        sl.endpoints.truncate(1);
-        sl.endpoints[0].addresses = vec!["10.244.3.77".into()];
-        sl.endpoints[0].node_name = Some(h.clone());
-        sl.endpoints[0].zone = Some(h.clone());
-        sl.endpoints[0].hints = Some(serde_yaml::from_str("forZones: [{name: zone-a}]").unwrap());
-        sl.endpoints[0]
+        let eps = sl.endpoints.get_or_insert_with(Vec::new);
+        eps.truncate(1);
+        sl.endpoints.as_mut().unwrap()[0].addresses = vec!["10.244.3.77".into()];
+        sl.endpoints.as_mut().unwrap()[0].node_name = Some(h.clone());
+        sl.endpoints.as_mut().unwrap()[0].zone = Some(h.clone());
+        sl.endpoints.as_mut().unwrap()[0].hints =
+            Some(serde_yaml::from_str("forZones: [{name: zone-a}]").unwrap());
+        sl.endpoints.as_mut().unwrap()[0]
             .hints
             .as_mut()
             .unwrap()

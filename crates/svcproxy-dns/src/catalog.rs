@@ -1104,7 +1104,12 @@ fn slice_spec(slice: &EndpointSlice) -> Result<SliceSpec, String> {
         _ => None,
     };
     let mut endpoints = Vec::new();
-    for ep in slice.endpoints.iter().filter(|_| family.is_some()) {
+    for ep in slice
+        .endpoints
+        .iter()
+        .flatten()
+        .filter(|_| family.is_some())
+    {
         let mut ips = Vec::new();
         for a in &ep.addresses {
             let ip = svcproxy_core::addr::parse_ip_sloppy(a)

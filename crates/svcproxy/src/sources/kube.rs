@@ -960,7 +960,7 @@ fn strip_slice(mut slice: EndpointSlice, keep_hostnames: bool) -> EndpointSlice 
         &[ANNOTATION_LAST_CHANGE_TRIGGER_TIME],
     );
     slice.metadata = meta;
-    for ep in &mut slice.endpoints {
+    for ep in slice.endpoints.iter_mut().flatten() {
         ep.target_ref = None;
         if !keep_hostnames {
             ep.hostname = None;

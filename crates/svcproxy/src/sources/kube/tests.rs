@@ -248,7 +248,7 @@ fn slices_keep_only_what_the_state_reads() {
             ..ObjectMeta::default()
         },
         address_type: "IPv4".into(),
-        endpoints: vec![Endpoint {
+        endpoints: Some(vec![Endpoint {
             addresses: vec!["10.1.0.5".into()],
             conditions: Some(EndpointConditions {
                 ready: Some(true),
@@ -262,12 +262,12 @@ fn slices_keep_only_what_the_state_reads() {
                 ..ObjectReference::default()
             }),
             ..Endpoint::default()
-        }],
+        }]),
         ports: None,
     };
     // The cluster DNS answers endpoints by their hostname: kept for it.
     assert_eq!(
-        strip_slice(slice.clone(), true).endpoints[0]
+        strip_slice(slice.clone(), true).endpoints.unwrap()[0]
             .hostname
             .as_deref(),
         Some("pod-1")
@@ -289,9 +289,12 @@ fn slices_keep_only_what_the_state_reads() {
             ..ObjectMeta::default()
         }
     );
-    assert_eq!(s.endpoints[0].target_ref, None);
-    assert_eq!(s.endpoints[0].hostname, None);
-    assert_eq!(s.endpoints[0].node_name.as_deref(), Some("node-a"));
+    assert_eq!(s.endpoints.as_ref().unwrap()[0].target_ref, None);
+    assert_eq!(s.endpoints.as_ref().unwrap()[0].hostname, None);
+    assert_eq!(
+        s.endpoints.as_ref().unwrap()[0].node_name.as_deref(),
+        Some("node-a")
+    );
 }
 
 #[test]

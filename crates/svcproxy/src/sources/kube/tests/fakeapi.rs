@@ -350,7 +350,10 @@ async fn the_cluster_dns_gets_every_service_hostnames_and_the_pods() {
     else {
         panic!()
     };
-    assert_eq!(hl.endpoints[0].hostname.as_deref(), Some("db-0"));
+    assert_eq!(
+        hl.endpoints.as_ref().unwrap()[0].hostname.as_deref(),
+        Some("db-0")
+    );
     // The Pod arrives as where it runs and its addresses, nothing else.
     let KubeObject::Pod(pod) = &h.model.objects[&ObjectKey::new(Kind::Pod, "apps", "client")]
     else {
