@@ -278,12 +278,25 @@ static __always_inline int refuse(int err)
 
 // Translates the destination of ctx to an endpoint. `datagram`: an unconnected
 // socket's sendmsg (its flow keeps one endpoint per service address).
+// A connected socket that is not translated (again) must not show a service
+// address it was translated to earlier.
+static __always_inline void forget_peer(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sock_peer *p = sk ? bpf_sk_storage_get(&svcproxy_peer, sk, 0, 0) : 0;
+	if (p)
+		p->beport = 0;
+}
+
 static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int datagram)
 {
 	struct svc_key key;
 	struct svc_val *svc = lookup_service(ctx, family, &key);
-	if (!svc)
+	if (!svc) {
+		if (!datagram)
+			forget_peer(ctx);
 		return 1;
+	}
 
 	__u32 zero = 0;
 	struct config *cfg = bpf_map_lookup_elem(&svcproxy_cfg, &zero);
@@ -299,6 +312,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	case ACT_DROP:
 		return refuse(ETIMEDOUT);
 	case ACT_PASS:
+		if (!datagram)
+			forget_peer(ctx);
 		return 1;
 	default:
 		return refuse(ECONNREFUSED);

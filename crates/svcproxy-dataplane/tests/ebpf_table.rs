@@ -79,3 +79,58 @@ fn nodeports_on_every_local_address_take_the_hosts_addresses_without_loopback() 
         "{text}"
     );
 }
+
+/// An external IP that is also a NodePort address, on the NodePort's port: one
+/// address, two frontends. The service IP's takes it, in a fresh table and in one
+/// brought forward when either service comes or goes.
+#[test]
+fn an_address_two_frontends_name_goes_to_the_service_ip_and_follows_changes() {
+    const SHADOW: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: shadow, namespace: demo}
+spec:
+  clusterIP: 198.19.0.50
+  externalIPs: [198.18.0.1]
+  ports:
+  - {name: http, port: 30040, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: shadow-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: shadow}
+addressType: IPv4
+ports:
+- {name: http, port: 8080}
+endpoints:
+- {addresses: [198.18.2.50], nodeName: node-b}
+"#;
+    let cfg = plan_config();
+    let mut state = cluster(&[NODEPORT]);
+    let mut builder = svcproxy_plan::IntentBuilder::new();
+    let up = snapshot(&mut state);
+    builder.update(&up.v4, &up.v6, &cfg, &up.changed);
+    let mut table = Table::build(builder.intent(), &[]);
+    let node_port = "service 198.18.0.1:30040/tcp pod: forward IPv4 demo/np:http/TCP";
+    let shadow = "service 198.18.0.1:30040/tcp pod: forward IPv4 demo/shadow:http/TCP";
+    assert!(table.render().contains(node_port), "{}", table.render());
+    for (step, yaml, gone, want) in [
+        ("the external IP comes", Some(SHADOW), None, shadow),
+        ("the external IP goes", None, Some("shadow"), node_port),
+    ] {
+        if let Some(y) = yaml {
+            upsert(&mut state, y);
+        }
+        if let Some(name) = gone {
+            delete_service(&mut state, name);
+        }
+        let up = snapshot(&mut state);
+        let delta = builder.update(&up.v4, &up.v6, &cfg, &up.changed);
+        table.update(builder.intent(), &delta, &[]);
+        let fresh = Table::build(builder.intent(), &[]);
+        assert_eq!(table.render(), fresh.render(), "{step}");
+        assert!(table.render().contains(want), "{step}:\n{}", table.render());
+    }
+}

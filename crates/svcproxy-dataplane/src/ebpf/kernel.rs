@@ -231,17 +231,15 @@ impl Kernel {
                 .try_into()
                 .map_err(|e| kernel_err(name, e))?;
             let pin = pin_dir.join(format!("link-{name}"));
-            // The earlier process's link stays attached until the new one is.
-            let old = match PinnedLink::from_pin(&pin) {
-                Ok(p) => Some(
-                    p.unpin()
-                        .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?,
-                ),
-                Err(_) => None,
-            };
-            link.pin(&pin)
+            // Pinned under a new name, then renamed over the earlier process's pin:
+            // its link stays attached until the new one is pinned in its place,
+            // and a failure leaves the old one in force.
+            let fresh = pin_dir.join(format!("link-{name}-new"));
+            let _ = std::fs::remove_file(&fresh);
+            link.pin(&fresh)
+                .map_err(|e| kernel_err(format!("pinning {}", fresh.display()), e))?;
+            std::fs::rename(&fresh, &pin)
                 .map_err(|e| kernel_err(format!("pinning {}", pin.display()), e))?;
-            drop(old);
         }
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
@@ -291,6 +289,11 @@ impl Kernel {
         unknown: bool,
     ) -> Result<usize, DataPlaneError> {
         let mut ops = 0usize;
+        if unknown {
+            // Lists no entry names (a failed write's, or a predecessor's leftovers)
+            // go first: the new lists need room beside the ones in use.
+            ops += self.drop_unnamed_lists()?;
+        }
         let mut w = Written::default();
         let mut batch = ListBatch::default();
         for (name, list) in &table.lists {
@@ -430,6 +433,38 @@ impl Kernel {
             if list.remembered {
                 ops += remove(&mut self.member, &MemberKey::of(id, &Backend::of(*ep)))?;
             }
+        }
+        Ok(ops)
+    }
+
+    /// Deletes the slots and members of every list no service entry names.
+    fn drop_unnamed_lists(&mut self) -> Result<usize, DataPlaneError> {
+        let named: BTreeSet<u32> = self
+            .svc
+            .iter()
+            .filter_map(Result::ok)
+            .flat_map(|(_, v)| [v.pod, v.host])
+            .filter(|r| r.action == wire::ACT_FORWARD)
+            .map(|r| r.list)
+            .collect();
+        let mut ops = 0;
+        let stale: Vec<SlotKey> = self
+            .slot
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !named.contains(&k.list))
+            .collect();
+        for k in &stale {
+            ops += remove(&mut self.slot, k)?;
+        }
+        let stale: Vec<MemberKey> = self
+            .member
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !named.contains(&k.list))
+            .collect();
+        for k in &stale {
+            ops += remove(&mut self.member, k)?;
         }
         Ok(ops)
     }
@@ -682,6 +717,7 @@ pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
         return Ok(());
     }
     for (name, _) in PROGRAMS {
+        let _ = std::fs::remove_file(pin_dir.join(format!("link-{name}-new")));
         let pin = pin_dir.join(format!("link-{name}"));
         if pin.exists() {
             let link = PinnedLink::from_pin(&pin)

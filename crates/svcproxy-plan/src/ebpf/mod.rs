@@ -153,8 +153,15 @@ impl Table {
         for fam in intent.families() {
             let Some(node) = fam.node() else { continue };
             let ips = nodeport_ips(node);
+            // Key order: a service IP's frontend comes before a NodePort's, and
+            // takes an address both name (an external IP that is also a NodePort
+            // address, on the same port), as the packet modes check service IPs
+            // first.
             for (svc, frontend) in fam.frontends() {
-                t.add_frontend(svc, frontend, &ips);
+                let entry = t.entry(svc, frontend);
+                for dest in dests(svc.family, &frontend.key, &ips) {
+                    t.entries.entry(dest).or_insert_with(|| entry.clone());
+                }
             }
         }
         t
@@ -163,6 +170,12 @@ impl Table {
     /// Brings the table built for the intent before `delta` to `intent`, doing
     /// only the work `delta` names (the whole table when a family's node-wide part
     /// changed); says which entries and lists may differ, for the writer.
+    ///
+    /// Touched: the addresses of every frontend of a changed service port (before
+    /// and after) and of every frontend whose owner changed, each given again to
+    /// the frontend that takes it now; and the lists of those ports and of the
+    /// frontends' previous and new owners, named again from the frontends each
+    /// owns now (a list no frontend names any more goes).
     pub fn update(
         &mut self,
         intent: &Intent,
@@ -180,30 +193,60 @@ impl Table {
             let family = fam.family();
             let d = delta.family(family);
             let ips = nodeport_ips(node);
-            let mut keys: BTreeSet<FrontendKey> = d.frontends.iter().map(|c| c.key).collect();
+            let mut keys: BTreeSet<FrontendKey> = BTreeSet::new();
+            let mut ports: BTreeSet<ServicePortName> = BTreeSet::new();
+            for c in &d.frontends {
+                keys.insert(c.key);
+                for svc in c.before.iter().chain(&c.after) {
+                    ports.insert(svc.name.clone());
+                }
+            }
             for c in &d.services {
+                ports.insert(c.name.clone());
                 for svc in c.before.iter().chain(&c.after) {
                     keys.extend(svc.frontends.iter().map(|f| f.key));
                 }
+            }
+            // The lists of those ports, from what each owns now.
+            for name in &ports {
                 for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
-                    let name = ListName {
+                    let list = ListName {
                         family,
-                        service: c.name.clone(),
+                        service: name.clone(),
                         set,
                     };
-                    self.lists.remove(&name);
-                    changes.lists.insert(name);
+                    self.lists.remove(&list);
+                    changes.lists.insert(list);
+                }
+                if let Some(svc) = fam.service(name) {
+                    for f in svc.frontends.iter() {
+                        if fam.owner(&f.key).is_some_and(|o| o.name == svc.name) {
+                            self.entry(svc, f);
+                        }
+                    }
                 }
             }
-            for key in &keys {
-                for dest in dests(family, key, &ips) {
-                    self.entries.remove(&dest);
-                    changes.entries.insert(dest);
-                }
-                if let Some((svc, frontend)) = fam.frontend(key) {
-                    for name in self.add_frontend(svc, frontend, &ips) {
-                        changes.lists.insert(name);
-                    }
+            // The addresses, each to the frontend that takes it now.
+            let dests: BTreeSet<Dest> = keys.iter().flat_map(|k| dests(family, k, &ips)).collect();
+            for dest in dests {
+                self.entries.remove(&dest);
+                changes.entries.insert(dest);
+                let vip = dest.ip.map(|ip| FrontendKey::Vip {
+                    ip,
+                    protocol: dest.protocol,
+                    port: dest.port,
+                });
+                let node_port = ips.contains(&dest.ip).then_some(FrontendKey::NodePort {
+                    protocol: dest.protocol,
+                    port: dest.port,
+                });
+                if let Some((svc, frontend)) = vip
+                    .into_iter()
+                    .chain(node_port)
+                    .find_map(|k| fam.frontend(&k))
+                {
+                    let entry = self.entry(svc, frontend);
+                    self.entries.insert(dest, entry);
                 }
             }
         }
@@ -225,33 +268,15 @@ impl Table {
         out
     }
 
-    /// Adds the entries of one frontend and the lists they name; returns those
-    /// lists' names.
-    fn add_frontend(
-        &mut self,
-        svc: &ServiceIntent,
-        frontend: &Frontend,
-        nodeport_ips: &[Option<IpAddr>],
-    ) -> Vec<ListName> {
-        let mut named = Vec::new();
-        let mut route = |origin| {
-            let r = self.route(svc, svc.socket_verdict(frontend, origin));
-            if let Route::Forward(name) = &r {
-                named.push(name.clone());
-            }
-            r
-        };
-        let entry = Entry {
-            pod: route(Origin::Pod),
-            host: route(Origin::Host),
+    /// The entry of one frontend, adding the lists its routes name.
+    fn entry(&mut self, svc: &ServiceIntent, frontend: &Frontend) -> Entry {
+        Entry {
+            pod: self.route(svc, svc.socket_verdict(frontend, Origin::Pod)),
+            host: self.route(svc, svc.socket_verdict(frontend, Origin::Host)),
             affinity: svc
                 .affinity_timeout
                 .map(|secs| (service_port_hash(svc.family, &svc.name), secs)),
-        };
-        for dest in dests(svc.family, &frontend.key, nodeport_ips) {
-            self.entries.insert(dest, entry.clone());
         }
-        named
     }
 
     fn route(&mut self, svc: &ServiceIntent, verdict: SocketVerdict) -> Route {
