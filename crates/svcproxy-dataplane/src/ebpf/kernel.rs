@@ -447,71 +447,22 @@ impl Kernel {
             .filter(|r| r.action == wire::ACT_FORWARD)
             .map(|r| r.list)
             .collect();
-        let mut ops = 0;
-        let stale: Vec<SlotKey> = self
-            .slot
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !named.contains(&k.list))
-            .collect();
-        for k in &stale {
-            ops += remove(&mut self.slot, k)?;
-        }
-        let stale: Vec<MemberKey> = self
-            .member
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !named.contains(&k.list))
-            .collect();
-        for k in &stale {
-            ops += remove(&mut self.member, k)?;
-        }
-        Ok(ops)
+        self.drop_lists_but(&named)
+    }
+
+    /// Deletes the slots and members of every list but `ids`.
+    fn drop_lists_but(&mut self, ids: &BTreeSet<u32>) -> Result<usize, DataPlaneError> {
+        Ok(remove_unless(&mut self.slot, |k| ids.contains(&k.list))?
+            + remove_unless(&mut self.member, |k| ids.contains(&k.list))?)
     }
 
     /// Deletes every key the maps hold beyond what `w` wrote.
     fn sweep(&mut self, w: &Written) -> Result<usize, DataPlaneError> {
         let entries: BTreeSet<SvcKey> = w.entries.values().map(|(k, _)| *k).collect();
-        let (local, lists) = (&w.local, &w.lists);
-        let ids: BTreeSet<u32> = lists.values().map(|(id, _)| *id).collect();
-        let mut ops = 0;
-        let stale: Vec<SvcKey> = self
-            .svc
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !entries.contains(k))
-            .collect();
-        for k in &stale {
-            ops += remove(&mut self.svc, k)?;
-        }
-        let stale: Vec<LocalKey> = self
-            .local
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !local.contains(k))
-            .collect();
-        for k in &stale {
-            ops += remove(&mut self.local, k)?;
-        }
-        let stale: Vec<SlotKey> = self
-            .slot
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !ids.contains(&k.list))
-            .collect();
-        for k in &stale {
-            ops += remove(&mut self.slot, k)?;
-        }
-        let stale: Vec<MemberKey> = self
-            .member
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !ids.contains(&k.list))
-            .collect();
-        for k in &stale {
-            ops += remove(&mut self.member, k)?;
-        }
-        Ok(ops)
+        let ids: BTreeSet<u32> = w.lists.values().map(|(id, _)| *id).collect();
+        Ok(remove_unless(&mut self.svc, |k| entries.contains(k))?
+            + remove_unless(&mut self.local, |k| w.local.contains(k))?
+            + self.drop_lists_but(&ids)?)
     }
 
     /// The maps' contents read back as a table (lists named by the entries that
@@ -668,6 +619,23 @@ fn encode(
             pad: 0,
         },
     )
+}
+
+/// Removes every key of `map` but those `keep` accepts; the number removed.
+fn remove_unless<K: aya::Pod + std::fmt::Debug, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    keep: impl Fn(&K) -> bool,
+) -> Result<usize, DataPlaneError> {
+    let stale: Vec<K> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !keep(k))
+        .collect();
+    let mut ops = 0;
+    for k in &stale {
+        ops += remove(map, k)?;
+    }
+    Ok(ops)
 }
 
 /// Removes `key`; a key already gone is no error. 1 when one was removed.
