@@ -385,8 +385,6 @@ fn source(settings: &Settings) -> anyhow::Result<Source> {
     }
 }
 
-/// Runs until SIGTERM/SIGINT (rules stay in place for a successor), or syncs once
-/// (`--once`, and the one-shot tools).
 /// How a run ended well.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finished {
@@ -396,6 +394,9 @@ pub enum Finished {
     InputErrors,
 }
 
+/// Runs until SIGTERM/SIGINT (rules stay in place for a successor), or syncs once
+/// (`--once`, and the one-shot tools); says whether a one-shot tool's input had
+/// errors.
 pub fn run(settings: Settings, output: Output, servers: Servers) -> anyhow::Result<Finished> {
     let errors = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let one_shot = matches!(
