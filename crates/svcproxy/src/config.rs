@@ -438,7 +438,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         default_mode(),
     );
     // The unset mode concerns the commands that write or show rules only.
-    let (mode_rule_warning, mode_warning) = split_mode_warning(mode.warning);
+    let (mode_rule_warning, mode_warning) = split_mode_warning(&mode);
     warnings.extend(mode_warning.map(|w| format!("--proxy-mode: {w}")));
     let cluster_cidrs = errors.check(
         "--cluster-cidr",
@@ -597,7 +597,7 @@ fn from_file(
         svcproxy_dataplane::resolve_mode(mode_str),
         default_mode(),
     );
-    let (mode_rule_warning, mode_warning) = split_mode_warning(mode.warning);
+    let (mode_rule_warning, mode_warning) = split_mode_warning(&mode);
     warnings.extend(mode_warning.map(|w| format!("mode: {w}")));
     let proxy_mode = mode.backend;
 
@@ -879,12 +879,15 @@ fn from_file(
 }
 
 /// What an invalid mode falls back to while the other errors are collected.
-/// A mode warning split by whom it concerns: the unset mode's (commands that write
-/// or show rules), or an alias's (everyone).
-fn split_mode_warning(w: Option<&'static str>) -> (Option<String>, Option<&'static str>) {
-    match w {
-        Some(w) if w == svcproxy_dataplane::DEFAULT_MODE_WARNING => (Some(w.to_string()), None),
-        other => (None, other),
+/// A mode's warning split by whom it concerns: the unset mode's (the commands that
+/// write or show rules), or an alias's (everyone).
+fn split_mode_warning(
+    mode: &svcproxy_dataplane::ModeChoice,
+) -> (Option<String>, Option<&'static str>) {
+    if mode.asked.is_empty() {
+        (mode.warning.map(str::to_string), None)
+    } else {
+        (None, mode.warning)
     }
 }
 
