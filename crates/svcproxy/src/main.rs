@@ -11,6 +11,7 @@
 
 mod config;
 mod daemon;
+mod help;
 mod http;
 mod runner;
 mod sources;
@@ -26,8 +27,10 @@ use daemon::{Output, Servers};
 /// A Kubernetes Service proxy: a drop-in replacement for kube-proxy.
 ///
 /// Without a subcommand, runs the proxy: watches Services, EndpointSlices and Nodes
-/// and programs this node's nftables so that connections to Service IPs and ports
-/// reach a ready backend. Flags are kube-proxy's where kube-proxy has them.
+/// and programs this node (in the --proxy-mode given) so that connections to Service
+/// IPs and ports reach a ready backend. Flags are kube-proxy's where kube-proxy has
+/// them. '-h' shows each flag in brief, '--help' in full, 'svcproxy COMMAND --help'
+/// a command's own flags.
 #[derive(Parser, Debug)]
 #[command(
     name = "svcproxy",
@@ -81,9 +84,11 @@ fn print_version(value: &str) -> Option<ExitCode> {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Print what this node would do with every service port: its addresses and the
-    /// endpoints each kind of traffic may reach, after readiness, traffic policies and
-    /// topology. Reads the same inputs as the proxy; touches nothing.
+    /// Print what this node would do with every service port.
+    ///
+    /// Its addresses and the endpoints each kind of traffic may reach, after
+    /// readiness, traffic policies and topology. Reads the same inputs as the proxy;
+    /// touches nothing. Exits 3 when the input had errors.
     #[command(args_override_self = true)]
     Snapshot {
         /// `table` for people, `json` for scripts (a stable contract: see README).
@@ -97,25 +102,34 @@ enum Command {
         #[command(flatten)]
         flags: ProxyFlags,
     },
-    /// Serve the cluster DNS only: Kubernetes' DNS-based service discovery for
-    /// --cluster-domain (A/AAAA, SRV, PTR, CNAME), answered from the same sources as
-    /// the proxy, over UDP and TCP on --dns-bind-address (default 0.0.0.0:53). Touches
-    /// no rules. Serves /healthz and /metrics only when their addresses are given.
+    /// Serve the cluster DNS only, from the same sources as the proxy.
+    ///
+    /// Kubernetes' DNS-based service discovery for --cluster-domain (A/AAAA, SRV,
+    /// PTR, CNAME), over UDP and TCP on --dns-bind-address (default 0.0.0.0:53).
+    /// Touches no rules. Serves /healthz and /metrics only when their addresses are
+    /// given.
     #[command(args_override_self = true)]
     Dns {
         #[command(flatten)]
         flags: ProxyFlags,
     },
-    /// Print the nftables ruleset a full sync would apply, without applying it.
+    /// Print what a full sync would write to the kernel, without writing it.
+    ///
+    /// In the mode --proxy-mode selects: nftables, the ruleset as `nft -f` input;
+    /// iptables, the iptables-restore input of each family; userspace, the nftables
+    /// rules that redirect service traffic to svcproxy's listeners. Exits 3 when the
+    /// input had errors.
     #[command(args_override_self = true)]
     Render {
         #[command(flatten)]
         flags: ProxyFlags,
     },
-    /// Follow one new connection through the rules this node would have: the frontend
-    /// it hits, the firewall, the traffic policy and topology decision, the endpoints
-    /// it may reach with their chances, masquerade and why, or why it is dropped,
-    /// rejected or left alone. Reads the same inputs as the proxy; touches nothing.
+    /// Follow one new connection through the rules this node would have.
+    ///
+    /// The frontend it hits, the firewall, the traffic policy and topology decision,
+    /// the endpoints it may reach with their chances, masquerade and why, or why it
+    /// is dropped, rejected or left alone. Reads the same inputs as the proxy;
+    /// touches nothing. Exits 3 when the input had errors.
     #[command(args_override_self = true)]
     Explain {
         /// The client: IP, or IP:PORT (the port changes nothing in the rules).
@@ -148,8 +162,9 @@ enum Command {
         #[command(flatten)]
         flags: ProxyFlags,
     },
-    /// Remove everything svcproxy created in the kernel (its nftables tables and
-    /// iptables chains) and exit.
+    /// Remove everything svcproxy created in the kernel, and exit.
+    ///
+    /// Every mode's objects: its nftables tables and iptables chains; nothing else.
     #[command(args_override_self = true)]
     Cleanup {
         /// Remove kube-proxy's leftovers instead (its iptables chains, its `kube-proxy`
@@ -229,8 +244,8 @@ fn main() -> ExitCode {
     limit_malloc_arenas();
     // As pflag: repeated list flags add up, any other repeated flag's last value
     // wins (a DaemonSet's args patched by appending must start unchanged).
-    let matches =
-        Cli::command().get_matches_from(config::flags::merge_list_flags(std::env::args_os()));
+    let matches = help::shape(Cli::command())
+        .get_matches_from(config::flags::merge_list_flags(std::env::args_os()));
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

@@ -11,6 +11,22 @@ use std::time::Duration;
 
 use clap::builder::ArgAction;
 
+/// The headings `--help` groups the flags under, in the order it shows them (the
+/// order of the fields below); [`crate::help`] decides which commands show which.
+/// The data planes' own flags are put under their mode's heading by the registry.
+pub mod heading {
+    pub const SOURCES: &str = "Where services come from";
+    pub const ADDRESSES: &str = "Proxy mode and service addresses";
+    pub const RULES: &str = "Rules";
+    pub const SYNC: &str = "Syncing";
+    pub const CONNTRACK: &str = "Conntrack (the node's settings)";
+    pub const SERVERS: &str = "Health and metrics servers";
+    pub const DNS: &str = "Cluster DNS (svcproxy only)";
+    pub const LOGGING: &str = "Logging";
+    pub const PROCESS: &str = "Process";
+    pub const IGNORED: &str = "kube-proxy flags accepted without effect";
+}
+
 /// kube-proxy's command-line flags, plus svcproxy's own.
 // Each field's clap id is its name; the resolver asks `explicitly_set` by that id (see
 // CONFIG_MODELED_FLAGS). Plain comment: clap shows a doc comment here as the command's
@@ -18,93 +34,15 @@ use clap::builder::ArgAction;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyFlags {
     /// Path to a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON). As with kube-proxy, its values replace every flag it models; --hostname-override, --master, --cleanup, -v and svcproxy's own flags still apply.
-    #[arg(long, value_name = "FILE", help_heading = "kube-proxy")]
+    #[arg(long, value_name = "FILE", help_heading = heading::SOURCES)]
     pub config: Option<PathBuf>,
 
-    /// Name of the Node svcproxy runs on. Default: this host's name, lowercased. Wins over the config file's hostnameOverride, as in kube-proxy.
-    #[arg(long, value_name = "NAME", help_heading = "kube-proxy")]
-    pub hostname_override: Option<String>,
-
-    /// Proxy mode: 'nftables', 'iptables' or 'userspace' (svcproxy itself relays TCP and UDP, as kube-proxy's original mode). Unset (or empty): 'iptables' with a warning, as kube-proxy 1.37, whose default will change to 'nftables'. kube-proxy's 'ipvs' and 'kernelspace' are not implemented and fall back to nftables with a warning.
-    #[arg(
-        long,
-        value_name = "MODE",
-        default_value = "",
-        hide_default_value = true,
-        help_heading = "kube-proxy"
-    )]
-    pub proxy_mode: String,
-
-    /// The node IP svcproxy reports as its own (kube-proxy's historical name; no socket is bound to it). 0.0.0.0 or :: means "take it from the Node object".
-    #[arg(
-        long,
-        value_name = "IP",
-        default_value = "0.0.0.0",
-        help_heading = "kube-proxy"
-    )]
-    pub bind_address: String,
-
-    /// Pod CIDR range(s) of the cluster: one CIDR or a comma-separated dual-stack pair. With --detect-local-mode=ClusterCIDR, traffic from it counts as local.
-    #[arg(long, value_name = "CIDR[,CIDR]", help_heading = "kube-proxy")]
-    pub cluster_cidr: Option<String>,
-
-    /// Node IPs that accept NodePort connections: comma-separated CIDRs and the keywords 'primary' (the Node object's primary IPs), 'localhost' (127.0.0.0/8, ::1/128) and 'all' (every address), in any combination (as kube-proxy 1.37). Default: 'primary' in nftables mode, 'all' in iptables mode.
-    #[arg(long, value_name = "CIDRS,KEYWORDS", help_heading = "kube-proxy")]
-    pub nodeport_addresses: Option<String>,
-
-    /// SNAT all traffic sent to Service cluster IPs (needed by some CNI plugins).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value = "false", default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
-    pub masquerade_all: bool,
-
-    /// Bit of the packet mark used to flag packets for SNAT, 0-31. svcproxy uses it in both modes (kube-proxy's nftables mode takes it from the config file only).
-    #[arg(long, value_name = "BIT", default_value_t = 14,
-          value_parser = clap::value_parser!(u8).range(0..=31), help_heading = "kube-proxy")]
-    pub iptables_masquerade_bit: u8,
-
-    /// iptables mode only: accept NodePort connections on 127.0.0.1 (IPv4), as kube-proxy does by default.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value = "true", default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
-    pub iptables_localhost_nodeports: bool,
-
-    /// Health check server address: IP:PORT, or an IP meaning port 10256. Empty disables it.
-    #[arg(
-        long,
-        value_name = "IP[:PORT]",
-        default_value = "0.0.0.0:10256",
-        help_heading = "kube-proxy"
-    )]
-    pub healthz_bind_address: String,
-
-    /// Metrics server address: IP:PORT, or an IP meaning port 10249. Empty disables it.
-    #[arg(
-        long,
-        value_name = "IP[:PORT]",
-        default_value = "127.0.0.1:10249",
-        help_heading = "kube-proxy"
-    )]
-    pub metrics_bind_address: String,
-
-    /// Minimum time between rule syncs (Go duration: 500ms, 1s, 1m30s). 0 syncs on every change.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub min_sync_period: Duration,
-
-    /// Maximum time between full resyncs of the rules (Go duration). Must be greater than 0.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub sync_period: Duration,
-
-    /// How often the API informers resync their caches (Go duration). Must be greater than 0.
-    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub config_sync_period: Duration,
-
     /// Path to a kubeconfig file with the API server location and credentials. Default: in-cluster configuration.
-    #[arg(long, value_name = "FILE", help_heading = "kube-proxy")]
+    #[arg(long, value_name = "FILE", help_heading = heading::SOURCES)]
     pub kubeconfig: Option<PathBuf>,
 
     /// API server address; overrides the kubeconfig's server.
-    #[arg(long, value_name = "URL", help_heading = "kube-proxy")]
+    #[arg(long, value_name = "URL", help_heading = heading::SOURCES)]
     pub master: Option<String>,
 
     /// Content type of requests sent to the API server.
@@ -112,7 +50,7 @@ pub struct ProxyFlags {
         long,
         value_name = "TYPE",
         default_value = "application/vnd.kubernetes.protobuf",
-        help_heading = "kube-proxy"
+        help_heading = heading::SOURCES
     )]
     pub kube_api_content_type: String,
 
@@ -121,7 +59,7 @@ pub struct ProxyFlags {
         long,
         value_name = "QPS",
         default_value_t = 5.0,
-        help_heading = "kube-proxy"
+        help_heading = heading::SOURCES
     )]
     pub kube_api_qps: f32,
 
@@ -130,15 +68,68 @@ pub struct ProxyFlags {
         long,
         value_name = "N",
         default_value_t = 10,
-        help_heading = "kube-proxy"
+        help_heading = heading::SOURCES
     )]
     pub kube_api_burst: u32,
 
-    /// Remove every rule svcproxy (or kube-proxy, in the selected mode) installed, then exit.
+    /// How often the API informers resync their caches (Go duration). Must be greater than 0.
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration_arg, help_heading = heading::SOURCES)]
+    pub config_sync_period: Duration,
+
+    /// Name of the Node svcproxy runs on. Default: this host's name, lowercased. Wins over the config file's hostnameOverride, as in kube-proxy.
+    #[arg(long, value_name = "NAME", help_heading = heading::SOURCES)]
+    pub hostname_override: Option<String>,
+
+    /// Handle only Services labelled service.kubernetes.io/service-proxy-name=NAME; default: only Services without that label, as kube-proxy (svcproxy only).
+    #[arg(long, value_name = "NAME", help_heading = heading::SOURCES)]
+    pub service_proxy_name: Option<String>,
+
+    /// Read Services, EndpointSlices and Nodes from the manifests in DIR instead of the API server (svcproxy only).
+    #[arg(long, value_name = "DIR", help_heading = heading::SOURCES)]
+    pub manifests: Option<PathBuf>,
+
+    /// With --manifests: rescan the whole directory this often even without filesystem events (the safety net for changes the watch cannot see); 0 disables (svcproxy only).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration_arg, help_heading = heading::SOURCES)]
+    pub manifests_rescan_period: Duration,
+
+    /// Proxy mode: 'nftables', 'iptables' or 'userspace' (svcproxy itself relays TCP and UDP, as kube-proxy's original mode). Unset (or empty): 'iptables' with a warning, as kube-proxy 1.37, whose default will change to 'nftables'. kube-proxy's 'ipvs' and 'kernelspace' are not implemented and fall back to nftables with a warning.
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "",
+        hide_default_value = true,
+        help_heading = heading::ADDRESSES
+    )]
+    pub proxy_mode: String,
+
+    /// The node IP svcproxy reports as its own (kube-proxy's historical name; no socket is bound to it). 0.0.0.0 or :: means "take it from the Node object".
+    #[arg(
+        long,
+        value_name = "IP",
+        default_value = "0.0.0.0",
+        help_heading = heading::ADDRESSES
+    )]
+    pub bind_address: String,
+
+    /// Node IPs that accept NodePort connections: comma-separated CIDRs and the keywords 'primary' (the Node object's primary IPs), 'localhost' (127.0.0.0/8, ::1/128) and 'all' (every address), in any combination (as kube-proxy 1.37). Default: 'primary' in nftables mode, 'all' in iptables mode.
+    #[arg(long, value_name = "CIDRS,KEYWORDS", help_heading = heading::ADDRESSES)]
+    pub nodeport_addresses: Option<String>,
+
+    /// Serve NodePorts on loopback too. nftables mode: on 127.0.0.1 and ::1 through the userspace proxy's forwarder on loopback, no route_localnet (off by default, as upstream's nftables mode has none). userspace mode: on 127.0.0.1 and ::1 (on by default). iptables mode: overrides --iptables-localhost-nodeports (127.0.0.1 only, by the kernel's DNAT with route_localnet; on by default) (svcproxy only).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value = "false", default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
-    pub cleanup: bool,
+          default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = heading::ADDRESSES)]
+    pub nodeport_localhost: Option<bool>,
+
+    /// iptables mode only: accept NodePort connections on 127.0.0.1 (IPv4), as kube-proxy does by default.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = heading::ADDRESSES)]
+    pub iptables_localhost_nodeports: bool,
+
+    /// Pod CIDR range(s) of the cluster: one CIDR or a comma-separated dual-stack pair. With --detect-local-mode=ClusterCIDR, traffic from it counts as local.
+    #[arg(long, value_name = "CIDR[,CIDR]", help_heading = heading::RULES)]
+    pub cluster_cidr: Option<String>,
 
     /// How to tell pod-originated (local) traffic: ClusterCIDR (default, also when empty), NodeCIDR, BridgeInterface or InterfaceNamePrefix.
     #[arg(
@@ -146,7 +137,7 @@ pub struct ProxyFlags {
         value_name = "MODE",
         default_value = "",
         hide_default_value = true,
-        help_heading = "kube-proxy"
+        help_heading = heading::RULES
     )]
     pub detect_local_mode: String,
 
@@ -156,7 +147,7 @@ pub struct ProxyFlags {
         value_name = "NAME",
         default_value = "",
         hide_default_value = true,
-        help_heading = "kube-proxy"
+        help_heading = heading::RULES
     )]
     pub pod_bridge_interface: String,
 
@@ -166,16 +157,59 @@ pub struct ProxyFlags {
         value_name = "PREFIX",
         default_value = "",
         hide_default_value = true,
-        help_heading = "kube-proxy"
+        help_heading = heading::RULES
     )]
     pub pod_interface_name_prefix: String,
+
+    /// SNAT all traffic sent to Service cluster IPs (needed by some CNI plugins).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = heading::RULES)]
+    pub masquerade_all: bool,
+
+    /// Bit of the packet mark used to flag packets for SNAT, 0-31. svcproxy uses it in both modes (kube-proxy's nftables mode takes it from the config file only).
+    #[arg(long, value_name = "BIT", default_value_t = 14,
+          value_parser = clap::value_parser!(u8).range(0..=31), help_heading = heading::RULES)]
+    pub iptables_masquerade_bit: u8,
+
+    /// kube-proxy feature gates (Name=true,Other=false): accepted for compatibility; svcproxy has none, so they are ignored with a warning.
+    #[arg(long, value_name = "NAME=BOOL,...", help_heading = heading::RULES)]
+    pub feature_gates: Option<String>,
+
+    /// Minimum time between rule syncs (Go duration: 500ms, 1s, 1m30s). 0 syncs on every change.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
+    pub min_sync_period: Duration,
+
+    /// Maximum time between full resyncs of the rules (Go duration). Must be greater than 0.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
+    pub sync_period: Duration,
+
+    /// kube-proxy's name for --min-sync-period outside ipvs mode (wins over it when both are given).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
+    pub iptables_min_sync_period: Option<Duration>,
+
+    /// kube-proxy's name for --sync-period outside ipvs mode (wins over it when both are given).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
+    pub iptables_sync_period: Option<Duration>,
+
+    /// --min-sync-period when --proxy-mode is ipvs (which svcproxy runs as nftables), as kube-proxy.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
+    pub ipvs_min_sync_period: Option<Duration>,
+
+    /// --sync-period when --proxy-mode is ipvs (which svcproxy runs as nftables), as kube-proxy.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
+    pub ipvs_sync_period: Option<Duration>,
+
+    /// Sync once, then exit (svcproxy only).
+    #[arg(long, help_heading = heading::SYNC)]
+    pub once: bool,
 
     /// Conntrack entries to allow per CPU core (0 leaves the limit as it is and ignores --conntrack-min).
     #[arg(
         long,
         value_name = "N",
         default_value_t = 32768,
-        help_heading = "kube-proxy"
+        help_heading = heading::CONNTRACK
     )]
     pub conntrack_max_per_core: u32,
 
@@ -184,131 +218,66 @@ pub struct ProxyFlags {
         long,
         value_name = "N",
         default_value_t = 131072,
-        help_heading = "kube-proxy"
+        help_heading = heading::CONNTRACK
     )]
     pub conntrack_min: u32,
 
     /// Idle timeout of established TCP conntrack entries (0 leaves it as it is).
-    #[arg(long, value_name = "DURATION", default_value = "24h0m0s", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    #[arg(long, value_name = "DURATION", default_value = "24h0m0s", value_parser = parse_duration_arg, help_heading = heading::CONNTRACK)]
     pub conntrack_tcp_timeout_established: Duration,
 
     /// Timeout of TCP conntrack entries in CLOSE_WAIT (0 leaves it as it is).
-    #[arg(long, value_name = "DURATION", default_value = "1h0m0s", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    #[arg(long, value_name = "DURATION", default_value = "1h0m0s", value_parser = parse_duration_arg, help_heading = heading::CONNTRACK)]
     pub conntrack_tcp_timeout_close_wait: Duration,
 
     /// Run conntrack in liberal mode: out-of-window TCP packets are not marked INVALID.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = heading::CONNTRACK)]
     pub conntrack_tcp_be_liberal: bool,
 
     /// Idle timeout of UNREPLIED UDP conntrack entries (0 leaves it as it is).
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = heading::CONNTRACK)]
     pub conntrack_udp_timeout: Duration,
 
     /// Idle timeout of ASSURED UDP conntrack entries (0 leaves it as it is).
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = heading::CONNTRACK)]
     pub conntrack_udp_timeout_stream: Duration,
 
-    /// kube-proxy feature gates (Name=true,Other=false): accepted for compatibility; svcproxy has none, so they are ignored with a warning.
-    #[arg(long, value_name = "NAME=BOOL,...", help_heading = "kube-proxy")]
-    pub feature_gates: Option<String>,
-
-    /// Log verbosity, as kube-proxy's --v / -v (0 = important messages only, 4 = debug, 5+ = trace). Wins over the config file's logging.verbosity.
+    /// Health check server address: IP:PORT, or an IP meaning port 10256. Empty disables it.
     #[arg(
-        short = 'v',
-        long = "v",
-        value_name = "LEVEL",
-        default_value_t = 0,
-        help_heading = "kube-proxy"
+        long,
+        value_name = "IP[:PORT]",
+        default_value = "0.0.0.0:10256",
+        help_heading = heading::SERVERS
     )]
-    pub v: u32,
+    pub healthz_bind_address: String,
 
-    /// Write the effective configuration (flags or --config resolved, as a KubeProxyConfiguration in YAML) to FILE and exit.
-    #[arg(long, value_name = "FILE", help_heading = "kube-proxy")]
-    pub write_config_to: Option<PathBuf>,
+    /// Deprecated (kube-proxy too): the health server's port when --healthz-bind-address has none; 0 disables the server.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = heading::SERVERS)]
+    pub healthz_port: Option<u16>,
 
-    /// Prepare the node (the sysctls the proxy mode and the conntrack settings need) and exit, without programming any rule: run it with full privileges, then the proxy with only NET_ADMIN.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value = "false", default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
-    pub init_only: bool,
+    /// Metrics server address: IP:PORT, or an IP meaning port 10249. Empty disables it.
+    #[arg(
+        long,
+        value_name = "IP[:PORT]",
+        default_value = "127.0.0.1:10249",
+        help_heading = heading::SERVERS
+    )]
+    pub metrics_bind_address: String,
 
-    /// The proxy process's OOM score adjustment, -1000..1000 (as kube-proxy, -999 by default).
-    #[arg(long, value_name = "N", default_value_t = -999, allow_hyphen_values = true,
-          value_parser = clap::value_parser!(i32).range(-1000..=1000), help_heading = "kube-proxy")]
-    pub oom_score_adj: i32,
+    /// Deprecated (kube-proxy too): the metrics server's port when --metrics-bind-address has none; 0 disables the server.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = heading::SERVERS)]
+    pub metrics_port: Option<u16>,
 
     /// Exit when the health or metrics server cannot bind its address; otherwise the failure is logged and the bind retried every 5s (as kube-proxy).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "kube-proxy")]
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = heading::SERVERS)]
     pub bind_address_hard_fail: bool,
 
-    /// kube-proxy's name for --sync-period outside ipvs mode (wins over it when both are given).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub iptables_sync_period: Option<Duration>,
-
-    /// kube-proxy's name for --min-sync-period outside ipvs mode (wins over it when both are given).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub iptables_min_sync_period: Option<Duration>,
-
-    /// --sync-period when --proxy-mode is ipvs (which svcproxy runs as nftables), as kube-proxy.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub ipvs_sync_period: Option<Duration>,
-
-    /// --min-sync-period when --proxy-mode is ipvs (which svcproxy runs as nftables), as kube-proxy.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub ipvs_min_sync_period: Option<Duration>,
-
-    /// Deprecated (kube-proxy too): the health server's port when --healthz-bind-address has none; 0 disables the server.
-    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = "kube-proxy")]
-    pub healthz_port: Option<u16>,
-
-    /// Deprecated (kube-proxy too): the metrics server's port when --metrics-bind-address has none; 0 disables the server.
-    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = "kube-proxy")]
-    pub metrics_port: Option<u16>,
-
-    /// Log format: 'text' (the default) or 'json' (one JSON object per line, as kube-proxy's json format).
-    #[arg(
-        long,
-        value_name = "FORMAT",
-        default_value = "text",
-        help_heading = "kube-proxy"
-    )]
-    pub logging_format: String,
-
-    /// Serve NodePorts on loopback too. nftables mode: on 127.0.0.1 and ::1 through the userspace proxy's forwarder on loopback, no route_localnet (off by default, as upstream's nftables mode has none). userspace mode: on 127.0.0.1 and ::1 (on by default). iptables mode: overrides --iptables-localhost-nodeports (127.0.0.1 only, by the kernel's DNAT with route_localnet; on by default) (svcproxy only).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_missing_value = "true",
-          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = "svcproxy")]
-    pub nodeport_localhost: Option<bool>,
-
-    // The data planes' own flags (each mode declares its group).
-    #[command(flatten)]
-    pub mode: svcproxy_dataplane::ModeFlags,
-
-    #[command(flatten)]
-    pub ignored: IgnoredFlags,
-
-    /// Read Services, EndpointSlices and Nodes from the manifests in DIR instead of the API server (svcproxy only).
-    #[arg(long, value_name = "DIR", help_heading = "svcproxy")]
-    pub manifests: Option<PathBuf>,
-
-    /// With --manifests: rescan the whole directory this often even without filesystem events (the safety net for changes the watch cannot see); 0 disables (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration_arg, help_heading = "svcproxy")]
-    pub manifests_rescan_period: Duration,
-
-    /// Handle only Services labelled service.kubernetes.io/service-proxy-name=NAME; default: only Services without that label, as kube-proxy (svcproxy only).
-    #[arg(long, value_name = "NAME", help_heading = "svcproxy")]
-    pub service_proxy_name: Option<String>,
-
-    /// Sync once, then exit (svcproxy only).
-    #[arg(long, help_heading = "svcproxy")]
-    pub once: bool,
-
     /// Also serve the cluster DNS (Kubernetes' DNS-based service discovery for --cluster-domain) on IP:PORT, UDP and TCP; `svcproxy dns` serves it alone, on 0.0.0.0:53 unless this says otherwise (svcproxy only).
-    #[arg(long, value_name = "IP:PORT", help_heading = "svcproxy")]
+    #[arg(long, value_name = "IP:PORT", help_heading = heading::DNS)]
     pub dns_bind_address: Option<std::net::SocketAddr>,
 
     /// The cluster domain the DNS answers for (svcproxy only).
@@ -316,16 +285,16 @@ pub struct ProxyFlags {
         long,
         value_name = "DOMAIN",
         default_value = "cluster.local",
-        help_heading = "svcproxy"
+        help_heading = heading::DNS
     )]
     pub cluster_domain: String,
 
     /// Resolvers the DNS relays other names to: comma-separated IP or IP:PORT, or 'none' to refuse names outside the cluster domain; default: the nameservers of /etc/resolv.conf (svcproxy only).
-    #[arg(long, value_name = "IP[:PORT],...|none", value_delimiter = ',', value_parser = parse_dns_upstream, help_heading = "svcproxy")]
+    #[arg(long, value_name = "IP[:PORT],...|none", value_delimiter = ',', value_parser = parse_dns_upstream, help_heading = heading::DNS)]
     pub dns_upstream: Vec<Option<std::net::SocketAddr>>,
 
     /// Every client of the DNS runs on this node (the node-local deployment): a headless Service that opts into topology (svcproxy.io/topology-keys, trafficDistribution, hints) is answered with the endpoints this node's proxy would choose; without it every ready endpoint is answered (svcproxy only).
-    #[arg(long, help_heading = "svcproxy")]
+    #[arg(long, help_heading = heading::DNS)]
     pub dns_node_local: bool,
 
     /// Answer each client address at most this many DNS queries per second (over UDP the rest get an empty truncated answer, over TCP REFUSED); 0: no limit (svcproxy only).
@@ -333,17 +302,64 @@ pub struct ProxyFlags {
         long,
         value_name = "QPS",
         default_value_t = 0,
-        help_heading = "svcproxy"
+        help_heading = heading::DNS
     )]
     pub dns_rate_limit: u32,
 
     /// With --dns-rate-limit: the queries a client may send at once; 0: twice the rate (svcproxy only).
-    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "svcproxy")]
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = heading::DNS)]
     pub dns_rate_limit_burst: u32,
 
     /// The time to live of the DNS's records, in whole seconds (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_arg, help_heading = heading::DNS)]
     pub dns_ttl: Duration,
+
+    /// Log verbosity, as kube-proxy's --v / -v (0 = important messages only, 4 = debug, 5+ = trace). Wins over the config file's logging.verbosity.
+    #[arg(
+        short = 'v',
+        long = "v",
+        value_name = "LEVEL",
+        default_value_t = 0,
+        help_heading = heading::LOGGING
+    )]
+    pub v: u32,
+
+    /// Log format: 'text' (the default) or 'json' (one JSON object per line, as kube-proxy's json format).
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        default_value = "text",
+        help_heading = heading::LOGGING
+    )]
+    pub logging_format: String,
+
+    /// Remove every rule svcproxy (or kube-proxy, in the selected mode) installed, then exit.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = heading::PROCESS)]
+    pub cleanup: bool,
+
+    /// Prepare the node (the sysctls the proxy mode and the conntrack settings need) and exit, without programming any rule: run it with full privileges, then the proxy with only NET_ADMIN.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          value_parser = parse_go_bool, action = ArgAction::Set, help_heading = heading::PROCESS)]
+    pub init_only: bool,
+
+    /// The proxy process's OOM score adjustment, -1000..1000 (as kube-proxy, -999 by default).
+    #[arg(long, value_name = "N", default_value_t = -999, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(-1000..=1000), help_heading = heading::PROCESS)]
+    pub oom_score_adj: i32,
+
+    /// Write the effective configuration (flags or --config resolved, as a KubeProxyConfiguration in YAML) to FILE and exit.
+    #[arg(long, value_name = "FILE", help_heading = heading::PROCESS)]
+    pub write_config_to: Option<PathBuf>,
+
+    // The data planes' own flags (each mode declares its group).
+    #[command(flatten)]
+    pub mode: svcproxy_dataplane::ModeFlags,
+
+    #[command(flatten)]
+    pub ignored: IgnoredFlags,
 }
 
 /// kube-proxy flags that have no effect in svcproxy (IPVS, Go runtime, klog output
@@ -432,7 +448,7 @@ pub struct IgnoredFlags {
     pub stderrthreshold: Option<String>,
 }
 
-const IGNORED: &str = "kube-proxy, accepted without effect";
+const IGNORED: &str = heading::IGNORED;
 
 impl IgnoredFlags {
     /// One warning per flag given, naming it and why it has no effect.
