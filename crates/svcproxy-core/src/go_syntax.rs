@@ -264,6 +264,101 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
     }
 }
 
+/// A clap value parser for a whole number from `lo` to `hi`, with its errors in
+/// words ("not a whole number", "must be from 0 to 31") rather than Rust's. clap
+/// names the flag and quotes the value.
+pub fn whole_number<T>(
+    lo: i64,
+    hi: i64,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<i64>,
+{
+    move |s: &str| {
+        let n: i64 = s
+            .trim()
+            .parse()
+            .map_err(|_| "not a whole number".to_string())?;
+        if n < lo || n > hi {
+            return Err(format!("must be from {lo} to {hi}"));
+        }
+        T::try_from(n).map_err(|_| format!("must be from {lo} to {hi}"))
+    }
+}
+
+/// A clap value parser for a number (decimals allowed), as Go's `ParseFloat`.
+pub fn parse_number(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err("not a number".to_string()),
+    }
+}
+
+/// serde's error text in the words of a manifest's or config file's author: Rust's
+/// type names (`expected i32`, `expected f32`, `expected a sequence`, `struct X`)
+/// become what a YAML value is (`a whole number from -2147483648 to 2147483647`, `a
+/// number`, `a list`, `an object`), and backquotes around a value go.
+pub fn plain_serde_message(msg: &str) -> String {
+    let ints: [(&str, &str); 10] = [
+        ("i8", "a whole number from -128 to 127"),
+        ("i16", "a whole number from -32768 to 32767"),
+        ("i32", "a whole number from -2147483648 to 2147483647"),
+        ("i64", "a whole number"),
+        ("u8", "a whole number from 0 to 255"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u32", "a whole number from 0 to 4294967295"),
+        ("u64", "a whole number from 0 up"),
+        ("usize", "a whole number from 0 up"),
+        ("isize", "a whole number"),
+    ];
+    let mut out = msg.replace('`', "");
+    for (ty, words) in ints {
+        out = replace_word(
+            &out,
+            &format!("expected {ty}"),
+            &format!("expected {words}"),
+        );
+    }
+    for (from, to) in [
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+        ("expected a sequence", "expected a list"),
+        ("expected a map", "expected an object"),
+        ("expected a borrowed string", "expected a string"),
+        ("invalid type: sequence", "invalid type: list"),
+        ("invalid type: map", "invalid type: object"),
+        ("invalid type: unit value", "invalid type: null"),
+        ("invalid type: floating point", "invalid type: number"),
+    ] {
+        out = replace_word(&out, from, to);
+    }
+    // "expected struct ServiceSpec" (a derived type's name): an object.
+    while let Some(i) = out.find("expected struct ") {
+        let rest = &out[i + "expected struct ".len()..];
+        let end = rest
+            .find(|c: char| !c.is_alphanumeric() && c != '_')
+            .unwrap_or(rest.len());
+        out = format!("{}expected an object{}", &out[..i], &rest[end..]);
+    }
+    out
+}
+
+/// `text` with `from` replaced where it is not followed by a letter, digit or `_`
+/// (so that `expected u8` does not match inside `expected u8x`).
+fn replace_word(text: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(from) {
+        let after = &rest[i + from.len()..];
+        let whole = !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        out.push_str(&rest[..i]);
+        out.push_str(if whole { to } else { from });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,5 +518,40 @@ mod tests {
         assert_eq!(serde_json::to_string(&d).unwrap(), r#""1m30s""#);
         assert!(serde_json::from_str::<GoDuration>("30").is_err());
         assert!(serde_json::from_str::<GoDuration>(r#""-1s""#).is_err());
+    }
+
+    #[test]
+    fn numbers_are_refused_in_words() {
+        let bit = whole_number::<u8>(0, 31);
+        assert_eq!(bit("14"), Ok(14));
+        assert_eq!(bit("40"), Err("must be from 0 to 31".to_string()));
+        assert_eq!(bit("x"), Err("not a whole number".to_string()));
+        let adj = whole_number::<i32>(-1000, 1000);
+        assert_eq!(adj("-999"), Ok(-999));
+        assert!(adj("5000").unwrap_err().contains("from -1000 to 1000"));
+        assert_eq!(parse_number("2.5"), Ok(2.5));
+        assert_eq!(parse_number("abc"), Err("not a number".to_string()));
+        assert!(parse_number("NaN").is_err());
+    }
+
+    #[test]
+    fn serde_messages_lose_their_rust_words() {
+        assert_eq!(
+            plain_serde_message(r#"invalid type: string "abc", expected i32"#),
+            r#"invalid type: string "abc", expected a whole number from -2147483648 to 2147483647"#
+        );
+        assert_eq!(
+            plain_serde_message("invalid value: integer `-1`, expected u32"),
+            "invalid value: integer -1, expected a whole number from 0 to 4294967295"
+        );
+        assert_eq!(
+            plain_serde_message(r#"invalid type: string "x", expected f32"#),
+            r#"invalid type: string "x", expected a number"#
+        );
+        assert_eq!(
+            plain_serde_message("invalid type: sequence, expected struct ServiceSpec"),
+            "invalid type: list, expected an object"
+        );
+        assert_eq!(plain_serde_message("expected u8x"), "expected u8x");
     }
 }

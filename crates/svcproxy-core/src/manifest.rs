@@ -107,8 +107,10 @@ fn parse_yaml<'t>(
                 "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
             ));
         }
-        serde::de::IgnoredAny::deserialize(document)
-            .map_err(|e| format!("invalid YAML in document {}: {e}", i + 1))?;
+        serde::de::IgnoredAny::deserialize(document).map_err(|e| {
+            let e = crate::go_syntax::plain_serde_message(&e.to_string());
+            format!("invalid YAML in document {}: {e}", i + 1)
+        })?;
         count += 1;
     }
     Ok(serde_yaml::Deserializer::from_str(text)
@@ -116,7 +118,7 @@ fn parse_yaml<'t>(
         .take(count)
         .map(move |(i, document)| {
             let value = serde_yaml::Value::deserialize(document)
-                .map_err(|e| e.to_string())
+                .map_err(|e| crate::go_syntax::plain_serde_message(&e.to_string()))
                 .and_then(|v| serde_json::to_value(v).map_err(|e| e.to_string()));
             match value {
                 Ok(v) => Some(v),
@@ -420,8 +422,15 @@ fn target(api_version: Option<&str>, kind: &str) -> Result<Option<Target>, Strin
 }
 
 fn deserialize(target: Target, mut map: Map<String, Value>) -> Result<KubeObject, String> {
+    /// The error names the field (`spec.ports[0].port: ...`) in the author's words.
     fn de<T: DeserializeOwned>(map: Map<String, Value>) -> Result<T, String> {
-        serde_json::from_value(Value::Object(map)).map_err(|e| e.to_string())
+        serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
+            let msg = crate::go_syntax::plain_serde_message(&e.inner().to_string());
+            match e.path().to_string() {
+                p if p.is_empty() || p == "." => msg,
+                p => format!("{p}: {msg}"),
+            }
+        })
     }
     Ok(match target {
         Target::Service => KubeObject::Service(de::<Service>(map)?),

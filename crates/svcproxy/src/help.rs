@@ -100,9 +100,7 @@ pub fn shape(cmd: Command) -> Command {
         };
         brief(a)
     };
-    let mut cmd = cmd
-        .mut_args(place)
-        .mut_subcommands(|sc| sc.mut_args(place));
+    let mut cmd = cmd.mut_args(place).mut_subcommands(|sc| sc.mut_args(place));
     for (name, shown) in SUBCOMMANDS {
         cmd = cmd.mut_subcommand(name, |sc| {
             sc.mut_args(|a| {

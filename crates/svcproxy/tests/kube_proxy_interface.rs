@@ -681,3 +681,79 @@ fn without_privileges_the_error_says_what_is_needed_once() {
         "the kernel's refusal, once: {stderr}"
     );
 }
+
+/// Bad values are refused in the words of the flag, file or manifest they came from:
+/// no Rust type names or range syntax, the value quoted once, the cause said once.
+/// `snapshot` touches no kernel, so these run anywhere.
+#[test]
+fn errors_speak_the_users_words_and_quote_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         clientConnection:\n  qps: fast\n",
+    )
+    .unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("svc.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: default}\n\
+         spec:\n  clusterIP: 10.96.0.10\n  ports: [{port: http, protocol: TCP}]\n",
+    )
+    .unwrap();
+    let missing = dir.path().join("no-such-kubeconfig");
+    let config_arg = format!("--config={}", config.display());
+    let manifests_arg = format!("--manifests={}", manifests.display());
+    let kubeconfig_arg = format!("--kubeconfig={}", missing.display());
+    let cases: &[(&[&str], &str)] = &[
+        (&["--conntrack-min=many"], "not a whole number"),
+        (&["--iptables-masquerade-bit=40"], "must be from 0 to 31"),
+        (&["--oom-score-adj=5000"], "must be from -1000 to 1000"),
+        (&["--kube-api-qps=fast"], "not a number"),
+        (
+            &[&config_arg],
+            "clientConnection.qps: invalid type: string \"fast\", expected a number",
+        ),
+        (
+            &[&manifests_arg],
+            "spec.ports[0].port: invalid type: string \"http\", expected a whole number",
+        ),
+        (&[&kubeconfig_arg], "No such file or directory"),
+    ];
+    for (args, expected) in cases {
+        let mut cmd = Command::new(bin());
+        cmd.arg("snapshot")
+            .arg("--hostname-override=node-a")
+            .args(*args)
+            .env("NO_COLOR", "1");
+        let out = output(&mut cmd, Duration::from_secs(30));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains(expected),
+            "{args:?}: want {expected:?} in\n{text}"
+        );
+        for rustism in [
+            "i32",
+            "u32",
+            "u8",
+            "f32",
+            "0..=",
+            "invalid digit",
+            "float literal",
+            "'\"",
+            "`",
+        ] {
+            assert!(!text.contains(rustism), "{args:?}: {rustism:?} in\n{text}");
+        }
+        if args[0].starts_with("--kubeconfig") {
+            assert_eq!(text.matches("No such file").count(), 1, "{text}");
+            assert_eq!(text.matches("no-such-kubeconfig").count(), 1, "{text}");
+        }
+    }
+}

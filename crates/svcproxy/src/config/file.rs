@@ -527,9 +527,12 @@ fn decode<T: DeserializeOwned>(
         serde_path_to_error::Deserializer::new(doc, &mut track),
         |path| ignored.push(field_path(&path)),
     )
-    .map_err(|e| match track.path().to_string() {
-        p if p.is_empty() || p == "." => anyhow::anyhow!("{e}"),
-        p => anyhow::anyhow!("{p}: {e}"),
+    .map_err(|e| {
+        let e = svcproxy_core::go_syntax::plain_serde_message(&e.to_string());
+        match track.path().to_string() {
+            p if p.is_empty() || p == "." => anyhow::anyhow!("{e}"),
+            p => anyhow::anyhow!("{p}: {e}"),
+        }
     })
 }
 

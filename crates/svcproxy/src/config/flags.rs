@@ -59,6 +59,7 @@ pub struct ProxyFlags {
         long,
         value_name = "QPS",
         default_value_t = 5.0,
+        value_parser = parse_number,
         help_heading = heading::SOURCES
     )]
     pub kube_api_qps: f32,
@@ -67,7 +68,7 @@ pub struct ProxyFlags {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = 10,
+        default_value_t = 10, value_parser = whole_number::<u32>(0, U32_MAX),
         help_heading = heading::SOURCES
     )]
     pub kube_api_burst: u32,
@@ -169,7 +170,7 @@ pub struct ProxyFlags {
 
     /// Bit of the packet mark used to flag packets for SNAT, 0-31. svcproxy uses it in both modes (kube-proxy's nftables mode takes it from the config file only).
     #[arg(long, value_name = "BIT", default_value_t = 14,
-          value_parser = clap::value_parser!(u8).range(0..=31), help_heading = heading::RULES)]
+          value_parser = whole_number::<u8>(0, 31), help_heading = heading::RULES)]
     pub iptables_masquerade_bit: u8,
 
     /// kube-proxy feature gates (Name=true,Other=false): accepted for compatibility; svcproxy has none, so they are ignored with a warning.
@@ -208,7 +209,7 @@ pub struct ProxyFlags {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = 32768,
+        default_value_t = 32768, value_parser = whole_number::<u32>(0, U32_MAX),
         help_heading = heading::CONNTRACK
     )]
     pub conntrack_max_per_core: u32,
@@ -217,7 +218,7 @@ pub struct ProxyFlags {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = 131072,
+        default_value_t = 131072, value_parser = whole_number::<u32>(0, U32_MAX),
         help_heading = heading::CONNTRACK
     )]
     pub conntrack_min: u32,
@@ -254,7 +255,7 @@ pub struct ProxyFlags {
     pub healthz_bind_address: String,
 
     /// Deprecated (kube-proxy too): the health server's port when --healthz-bind-address has none; 0 disables the server.
-    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = heading::SERVERS)]
+    #[arg(long, value_name = "PORT", value_parser = whole_number::<u16>(0, 65535), help_heading = heading::SERVERS)]
     pub healthz_port: Option<u16>,
 
     /// Metrics server address: IP:PORT, or an IP meaning port 10249. Empty disables it.
@@ -267,7 +268,7 @@ pub struct ProxyFlags {
     pub metrics_bind_address: String,
 
     /// Deprecated (kube-proxy too): the metrics server's port when --metrics-bind-address has none; 0 disables the server.
-    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16), help_heading = heading::SERVERS)]
+    #[arg(long, value_name = "PORT", value_parser = whole_number::<u16>(0, 65535), help_heading = heading::SERVERS)]
     pub metrics_port: Option<u16>,
 
     /// Exit when the health or metrics server cannot bind its address; otherwise the failure is logged and the bind retried every 5s (as kube-proxy).
@@ -301,13 +302,13 @@ pub struct ProxyFlags {
     #[arg(
         long,
         value_name = "QPS",
-        default_value_t = 0,
+        default_value_t = 0, value_parser = whole_number::<u32>(0, U32_MAX),
         help_heading = heading::DNS
     )]
     pub dns_rate_limit: u32,
 
     /// With --dns-rate-limit: the queries a client may send at once; 0: twice the rate (svcproxy only).
-    #[arg(long, value_name = "N", default_value_t = 0, help_heading = heading::DNS)]
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = whole_number::<u32>(0, U32_MAX), help_heading = heading::DNS)]
     pub dns_rate_limit_burst: u32,
 
     /// The time to live of the DNS's records, in whole seconds (svcproxy only).
@@ -319,7 +320,7 @@ pub struct ProxyFlags {
         short = 'v',
         long = "v",
         value_name = "LEVEL",
-        default_value_t = 0,
+        default_value_t = 0, value_parser = whole_number::<u32>(0, U32_MAX),
         help_heading = heading::LOGGING
     )]
     pub v: u32,
@@ -347,7 +348,7 @@ pub struct ProxyFlags {
 
     /// The proxy process's OOM score adjustment, -1000..1000 (as kube-proxy, -999 by default).
     #[arg(long, value_name = "N", default_value_t = -999, allow_hyphen_values = true,
-          value_parser = clap::value_parser!(i32).range(-1000..=1000), help_heading = heading::PROCESS)]
+          value_parser = whole_number::<i32>(-1000, 1000), help_heading = heading::PROCESS)]
     pub oom_score_adj: i32,
 
     /// Write the effective configuration (flags or --config resolved, as a KubeProxyConfiguration in YAML) to FILE and exit.
@@ -687,6 +688,10 @@ pub fn explicitly_set_in(matches: &clap::ArgMatches) -> impl Fn(&str) -> bool + 
 }
 
 pub use svcproxy_core::go_syntax::{parse_duration_arg, parse_go_bool};
+use svcproxy_core::go_syntax::{parse_number, whole_number};
+
+/// The largest u32, as the i64 [`whole_number`] takes.
+const U32_MAX: i64 = u32::MAX as i64;
 
 /// The host's name as kube-proxy finds it (Go's `os.Hostname` reads this file on
 /// Linux), trimmed and lowercased. `$HOSTNAME` is the fallback for systems without
