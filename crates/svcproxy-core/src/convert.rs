@@ -29,6 +29,9 @@ pub struct ConvertOptions {
     /// The cluster DNS's view: headless Services (with no cluster IPs) and their
     /// slices are kept, and other proxies' Services too (DNS answers for all).
     pub for_dns: bool,
+    /// `spec.externalIPs` are dropped (still checked): the `AllowServiceExternalIPs`
+    /// feature gate is off.
+    pub ignore_external_ips: bool,
 }
 
 /// Annotation older clouds use instead of `spec.loadBalancerSourceRanges`.
@@ -352,11 +355,14 @@ pub fn convert_service(
         return None;
     }
 
-    let external_ips = parse_ip_list(
+    let mut external_ips = parse_ip_list(
         &mut ctx,
         "spec.externalIPs",
         spec.external_ips.as_deref().unwrap_or_default(),
     );
+    if opts.ignore_external_ips {
+        external_ips.clear();
+    }
 
     let load_balancer_ingress = if service_type == ServiceType::LoadBalancer {
         parse_lb_ingress(&mut ctx, svc)

@@ -28,6 +28,9 @@ pub struct StateConfig {
     pub node_name: String,
     /// `--service-proxy-name`.
     pub service_proxy_name: Option<String>,
+    /// Services' `spec.externalIPs` are not served (the `AllowServiceExternalIPs`
+    /// feature gate off, as kube-proxy 1.37).
+    pub ignore_external_ips: bool,
 }
 
 /// A slice's namespace and name.
@@ -156,6 +159,7 @@ impl ClusterState {
             opts: ConvertOptions {
                 service_proxy_name: config.service_proxy_name.clone(),
                 for_dns: false,
+                ignore_external_ips: config.ignore_external_ips,
             },
             config,
             services: Tracker::default(),
@@ -761,6 +765,7 @@ mod tests {
         let mut state = ClusterState::new(StateConfig {
             node_name: "node-a".into(),
             service_proxy_name: None,
+            ignore_external_ips: false,
         });
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         state.apply(SourceUpdate::HostAddresses(vec![

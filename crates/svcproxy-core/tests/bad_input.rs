@@ -335,6 +335,7 @@ fn with_a_service_proxy_name_only_services_labelled_with_it_are_proxied() {
     let mut st = ClusterState::new(StateConfig {
         node_name: THIS_NODE.to_string(),
         service_proxy_name: Some("x".to_string()),
+        ignore_external_ips: false,
     });
     add_baseline(&mut st); // web has no label: not ours now
     for (name, label) in [

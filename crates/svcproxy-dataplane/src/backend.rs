@@ -243,8 +243,13 @@ pub enum NodePortDefault {
 /// Whether NodePorts answer on loopback when `--nodeport-localhost` is not given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LocalhostDefault {
-    /// Never (upstream's nftables mode has no localhost NodePorts).
+    /// Never (upstream's nftables mode before 1.37 has no localhost NodePorts).
     Off,
+    /// Off, unless this feature gate is on and the NodePort addresses name loopback
+    /// explicitly (the `localhost` keyword, or a CIDR other than a `/0` that holds a
+    /// loopback address): kube-proxy 1.37's nftables mode with
+    /// `KubeProxyNFTablesLocalhostNodePorts` (KEP-6032).
+    WhenGatedAndNamed(&'static str),
     /// As `--iptables-localhost-nodeports` (`iptables.localhostNodePorts`) says: on
     /// by default (upstream's iptables mode).
     IptablesSetting,
@@ -271,6 +276,9 @@ pub struct Alias {
     pub sync_section: ConfigSection,
     /// Logged at start when the alias is used.
     pub warning: &'static str,
+    /// The kube-proxy feature gate without which kube-proxy refuses this name
+    /// (`KubeProxyIPVS` for `ipvs`); the binary refuses it the same way.
+    pub gate: Option<&'static str>,
 }
 
 /// A registered data plane.
@@ -375,6 +383,8 @@ pub struct ModeChoice {
     pub sync_section: ConfigSection,
     /// Why the mode that runs is not the one asked for, if it is not.
     pub warning: Option<&'static str>,
+    /// The feature gate the name asked for needs on ([`Alias::gate`]).
+    pub gate: Option<&'static str>,
 }
 
 impl ModeChoice {
@@ -400,6 +410,7 @@ pub fn resolve_mode(name: &str) -> Result<ModeChoice, String> {
                 asked: if name.is_empty() { "" } else { b.mode },
                 sync_section: b.defaults.config_section,
                 warning: name.is_empty().then_some(DEFAULT_MODE_WARNING),
+                gate: None,
             });
         }
         if let Some(a) = b.aliases.iter().find(|a| a.name == asked) {
@@ -408,6 +419,7 @@ pub fn resolve_mode(name: &str) -> Result<ModeChoice, String> {
                 asked: a.name,
                 sync_section: a.sync_section,
                 warning: Some(a.warning),
+                gate: a.gate,
             });
         }
     }

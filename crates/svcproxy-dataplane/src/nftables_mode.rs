@@ -28,18 +28,23 @@ pub const BACKEND: Backend = Backend {
         Alias {
             name: "ipvs",
             sync_section: ConfigSection::Ipvs,
-            warning: "\"ipvs\" mode is not supported by svcproxy; using nftables",
+            warning: "\"ipvs\" mode is not supported by svcproxy; using nftables (kube-proxy \
+                      deprecates ipvs too, and suggests nftables)",
+            gate: Some("KubeProxyIPVS"),
         },
         Alias {
             name: "kernelspace",
             sync_section: ConfigSection::Nftables,
             warning: "\"kernelspace\" mode is not supported by svcproxy; using nftables",
+            gate: None,
         },
     ],
     defaults: ModeDefaults {
         config_section: ConfigSection::Nftables,
         nodeport_addresses: NodePortDefault::Primary,
-        localhost_nodeports: LocalhostDefault::Off,
+        localhost_nodeports: LocalhostDefault::WhenGatedAndNamed(
+            "KubeProxyNFTablesLocalhostNodePorts",
+        ),
     },
     flags: <nft::NftablesFlags as clap::Args>::augment_args,
     counts_rules: false,

@@ -77,6 +77,7 @@ fn state(n: usize) -> ClusterState {
     let mut st = ClusterState::new(StateConfig {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
+        ignore_external_ips: false,
     });
     for object in svcproxy_testkit::objects::parse(&manifests(n)) {
         st.apply(SourceUpdate::Upsert {

@@ -49,6 +49,7 @@ use svcproxy_e2e::{Host, ProbeSpec, Proto, NODE_A, NODE_B};
 // Every test below, once per data plane (`<mode>::<test>`).
 per_mode!(
     captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_ingress,
+    external_ips_are_not_served_with_their_feature_gate_off,
     spreads_300_connections_over_3_endpoints_with_each_endpoints_port,
     rejects_without_endpoints_and_drops_local_policies_without_local_endpoints,
     preserves_or_masquerades_the_client_ip_exactly_where_needed,
@@ -247,6 +248,41 @@ fn captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_in
         ck.check(mentions(&rules, plan::external_ip(11, f)), || {
             format!("{fam}: node-a's rules do not mention the VIP ingress IP")
         });
+    }
+    ck.finish(&env);
+}
+
+/// kube-proxy 1.37's `AllowServiceExternalIPs=false` (KEP-5707): Services'
+/// `spec.externalIPs` are not served (not even named in the rules), while the same
+/// service's cluster IP and its LB ingress IP are.
+fn external_ips_are_not_served_with_their_feature_gate_off(mode: Mode) {
+    let lb = tcp_only(Svc::dual("noext", 13).load_balancer(), Some(30083))
+        .external_ips(&Family::BOTH.map(|f| plan::external_ip(13, f)))
+        .ingress(plan::external_ip(14, Family::V4), "VIP")
+        .ingress(plan::external_ip(14, Family::V6), "VIP");
+    let spec = EnvSpec {
+        flags: vec!["--feature-gates=AllowServiceExternalIPs=false".into()],
+        ..EnvSpec::default()
+    };
+    let Some(env) = Env::start(mode, spec, &[(&fname(&lb), file(&lb, &[A0, B0]))]) else {
+        return;
+    };
+    let mut ck = Checks::new("external-ips-gate");
+    let allowed = ["pod-a0", "pod-b0"];
+    let rules = env.ruleset(NODE_A);
+    for f in Family::BOTH {
+        let fam = family_name(f);
+        let ext_ip = plan::external_ip(13, f);
+        let got = env.probe(Host::Ext, Proto::Tcp, sa(ext_ip, 80), 1, DROP_WAIT);
+        ck.not_answered(&format!("{fam} ext -> external IP {ext_ip}"), &got);
+        ck.check(!mentions(&rules, ext_ip), || {
+            format!("{fam}: node-a's rules mention the external IP {ext_ip}")
+        });
+        let vip = plan::external_ip(14, f);
+        let got = env.probe(Host::Ext, Proto::Tcp, sa(vip, 80), 3, ANSWER);
+        ck.answered_by(&format!("{fam} ext -> LB ingress IP {vip}"), &got, &allowed);
+        let got = env.probe(A1, Proto::Tcp, sa(lb.cluster_ip(f), 80), 3, ANSWER);
+        ck.answered_by(&format!("{fam} pod-a1 -> cluster IP"), &got, &allowed);
     }
     ck.finish(&env);
 }
@@ -1091,6 +1127,24 @@ fn outside_packets_to_a_loopback_nodeport_are_not_captured(
 /// default, checked by `localhost_is_not_reachable_from_outside_the_node`).
 #[test]
 fn nftables_mode_serves_localhost_nodeports_through_the_proxy() {
+    nftables_localhost_nodeports("nftables-localhost-nodeports", &["--nodeport-localhost"]);
+}
+
+/// kube-proxy 1.37's way to ask for the same (KEP-6032): the
+/// `KubeProxyNFTablesLocalhostNodePorts` gate, and loopback named among the NodePort
+/// addresses.
+#[test]
+fn nftables_mode_serves_localhost_nodeports_with_kube_proxy_s_gate() {
+    nftables_localhost_nodeports(
+        "nftables-localhost-nodeports-gate",
+        &[
+            "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
+            "--nodeport-addresses=primary,localhost",
+        ],
+    );
+}
+
+fn nftables_localhost_nodeports(name: &'static str, flags: &[&str]) {
     let mode = Mode::Nftables;
     let svc = Svc::dual("lh", 48)
         .node_port()
@@ -1098,13 +1152,13 @@ fn nftables_mode_serves_localhost_nodeports_through_the_proxy() {
         .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT).node_port(30622))
         .etp_local(0);
     let spec = EnvSpec {
-        flags: vec!["--nodeport-localhost".into()],
+        flags: flags.iter().map(|f| f.to_string()).collect(),
         ..EnvSpec::default()
     };
     let Some(env) = Env::start(mode, spec, &[(&fname(&svc), file(&svc, &[A0]))]) else {
         return;
     };
-    let mut ck = Checks::new("nftables-localhost-nodeports");
+    let mut ck = Checks::new(name);
     let localnet = env.c.exec_ok(
         Host::Node(NODE_A),
         &["sysctl", "-n", "net.ipv4.conf.all.route_localnet"],

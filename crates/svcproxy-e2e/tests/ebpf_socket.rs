@@ -174,6 +174,7 @@ fn state(docs: &[String]) -> ClusterState {
     let mut state = ClusterState::new(StateConfig {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
+        ignore_external_ips: false,
     });
     for doc in docs {
         for object in svcproxy_testkit::objects::parse(doc) {

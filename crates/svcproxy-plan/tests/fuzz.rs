@@ -663,6 +663,7 @@ fn check_case(
     let mut state = ClusterState::new(StateConfig {
         node_name: NODE.into(),
         service_proxy_name: None,
+        ignore_external_ips: false,
     });
     let mut keys = BTreeSet::new();
     let nft_cfg = nft::SEMANTICS.apply(cfg.clone());

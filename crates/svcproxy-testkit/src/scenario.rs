@@ -179,6 +179,7 @@ impl Scenario {
         let mut state = ClusterState::new(StateConfig {
             node_name: self.node.clone(),
             service_proxy_name: None,
+            ignore_external_ips: false,
         });
         for (file, object) in &self.objects {
             state.apply(SourceUpdate::Upsert {

@@ -16,7 +16,9 @@ pub use svcproxy_core::go_syntax as duration;
 pub mod effective;
 pub mod file;
 pub mod flags;
+pub mod gates;
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,10 +30,13 @@ use duration::{format_go_duration, GoDuration};
 pub use file::KubeProxyConfiguration;
 pub use flags::{explicitly_set_in, ProxyFlags};
 use flags::{system_hostname, CONFIG_MODELED_FLAGS};
+use gates::FeatureGates;
 
 /// Everything svcproxy's runtime needs, with defaults applied and values validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
+    /// `--feature-gates` or the file's `featureGates`, checked as kube-proxy does.
+    pub feature_gates: FeatureGates,
     /// The Node this proxy serves: `--hostname-override`, else the file's
     /// `hostnameOverride`, else the host name; trimmed and lowercased.
     pub node_name: String,
@@ -133,15 +138,37 @@ impl LogFormat {
 impl Settings {
     /// Whether NodePorts are asked for on loopback: `--nodeport-localhost` when
     /// given; else the iptables setting in the iptables and userspace modes (on by
-    /// default, as upstream's iptables mode), and never in nftables mode (as
-    /// upstream's). Where and how they are then served is the mode's
-    /// ([`svcproxy_plan::PlanConfig::serves_localhost_nodeports`]).
+    /// default, as upstream's iptables mode), and in nftables mode only with the
+    /// `KubeProxyNFTablesLocalhostNodePorts` gate on and loopback named in
+    /// `--nodeport-addresses` (as upstream's 1.37). Where and how they are then
+    /// served is the mode's ([`svcproxy_plan::PlanConfig::serves_localhost_nodeports`]).
     pub fn serves_localhost_nodeports(&self) -> bool {
         self.nodeport_localhost
             .unwrap_or(match self.proxy_mode.defaults.localhost_nodeports {
                 LocalhostDefault::Off => false,
                 LocalhostDefault::IptablesSetting => self.localhost_nodeports,
+                LocalhostDefault::WhenGatedAndNamed(gate) => {
+                    self.feature_gates.enabled(gate) && self.nodeport_addresses.names_loopback()
+                }
             })
+    }
+}
+
+impl NodePortAddresses {
+    /// Loopback is named: a CIDR other than a `/0` holds 127.0.0.1 or ::1 (the
+    /// `localhost` keyword is 127.0.0.0/8 and ::1/128), as upstream's
+    /// `ContainsExplicitLoopback`.
+    pub fn names_loopback(&self) -> bool {
+        match self {
+            NodePortAddresses::Primary | NodePortAddresses::All => false,
+            NodePortAddresses::Cidrs(cidrs) | NodePortAddresses::PrimaryAnd(cidrs) => {
+                cidrs.iter().any(|c| {
+                    c.prefix_len() > 0
+                        && (c.contains(&IpAddr::from(Ipv4Addr::LOCALHOST))
+                            || c.contains(&IpAddr::from(Ipv6Addr::LOCALHOST)))
+                })
+            }
+        }
     }
 }
 
@@ -223,6 +250,9 @@ pub fn resolve(
 /// The configuration fields that come from either the flags or the file.
 struct Modeled {
     proxy_mode: &'static svcproxy_dataplane::Backend,
+    /// The feature gate the mode's name needs on (kube-proxy's `ipvs`), and the name.
+    mode_gate: Option<(&'static str, &'static str)>,
+    feature_gates: FeatureGates,
     bind_address: IpAddr,
     cluster_cidrs: Vec<IpNet>,
     /// `None`: the mode's default.
@@ -343,6 +373,14 @@ fn resolve_with(
         _ => hostname()?,
     };
 
+    if let Some((gate, name)) = modeled.mode_gate {
+        if !modeled.feature_gates.enabled(gate) {
+            anyhow::bail!(
+                "proxy mode {name:?} needs the {gate} feature gate, which is off (as kube-proxy): \
+                 use --proxy-mode nftables or iptables"
+            );
+        }
+    }
     let nodeport_addresses = modeled.nodeport_addresses.unwrap_or(
         match modeled.proxy_mode.defaults.nodeport_addresses {
             NodePortDefault::Primary => NodePortAddresses::Primary,
@@ -376,6 +414,7 @@ fn resolve_with(
 
     let dns_clients_node = flags.dns_node_local.then(|| node_name.clone());
     let settings = Settings {
+        feature_gates: modeled.feature_gates,
         node_name,
         proxy_mode: modeled.proxy_mode,
         bind_address: modeled.bind_address,
@@ -495,15 +534,16 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
     if flags.config_sync_period.is_zero() {
         errors.push("--config-sync-period: must be greater than 0".to_string());
     }
-    if let Some(gates) = &flags.feature_gates {
-        let names = errors.check("--feature-gates", parse_feature_gates(gates), Vec::new());
-        if !names.is_empty() {
-            warnings.push(format!(
-                "--feature-gates: svcproxy has no feature gates; ignoring {}",
-                names.join(", ")
-            ));
-        }
-    }
+    let feature_gates = feature_gates(
+        "--feature-gates",
+        flags
+            .feature_gates
+            .as_deref()
+            .map(gates::parse_flag)
+            .unwrap_or_else(|| Ok(BTreeMap::new())),
+        errors,
+        warnings,
+    );
     let mut rule_warnings: Vec<String> = mode_rule_warning.into_iter().collect();
     let detect_local = errors.check(
         "--detect-local-mode",
@@ -524,6 +564,8 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
     let nonzero = |d: Duration| Some(d).filter(|d| !d.is_zero());
     Modeled {
         proxy_mode: mode.backend,
+        mode_gate: mode.gate.map(|g| (g, mode.asked)),
+        feature_gates,
         bind_address: errors.check(
             "--bind-address",
             parse_ip(&flags.bind_address),
@@ -590,6 +632,12 @@ fn from_file(
     warnings: &mut Vec<String>,
 ) -> Modeled {
     warnings.extend(file.unsupported_fields());
+    let feature_gates = feature_gates(
+        "featureGates",
+        Ok(file.feature_gates.clone().unwrap_or_default()),
+        errors,
+        warnings,
+    );
 
     let mode_str = file.mode.as_deref().unwrap_or("");
     let mode = errors.check(
@@ -833,6 +881,8 @@ fn from_file(
 
     Modeled {
         proxy_mode,
+        mode_gate: mode.gate.map(|g| (g, mode.asked)),
+        feature_gates,
         bind_address,
         cluster_cidrs,
         nodeport_addresses,
@@ -990,18 +1040,29 @@ pub fn parse_bind_address(s: &str, default_port: u16) -> Result<Option<SocketAdd
     Ok(Some(addr))
 }
 
-/// `Name=true,Other=false` (Go ParseBool values); returns the gate names.
-fn parse_feature_gates(s: &str) -> Result<Vec<String>, String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => flags::parse_go_bool(v.trim())
-                .map(|_| k.trim().to_string())
-                .map_err(|e| format!("{kv:?}: {e}")),
-            _ => Err(format!("{kv:?}: expected Name=true or Name=false")),
-        })
-        .collect()
+/// The gates `set` (from `field`) asks for, refusals recorded in `errors` and
+/// GA/deprecated gates' warnings in `warnings`; the defaults when refused.
+fn feature_gates(
+    field: &str,
+    set: Result<BTreeMap<String, bool>, String>,
+    errors: &mut Errors,
+    warnings: &mut Vec<String>,
+) -> FeatureGates {
+    match set
+        .map_err(|e| vec![e])
+        .and_then(|set| FeatureGates::new(&set))
+    {
+        Ok((gates, w)) => {
+            warnings.extend(w.into_iter().map(|w| format!("{field}: {w}")));
+            gates
+        }
+        Err(refused) => {
+            refused
+                .into_iter()
+                .for_each(|e| errors.push(format!("{field}: {e}")));
+            FeatureGates::default()
+        }
+    }
 }
 
 /// detectLocalMode and its companions, as upstream's validation and

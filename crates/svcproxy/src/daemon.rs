@@ -712,6 +712,7 @@ async fn serve<T: Target>(
     let mut state = ClusterState::new(StateConfig {
         node_name: settings.node_name.clone(),
         service_proxy_name: settings.service_proxy_name.clone(),
+        ignore_external_ips: !settings.feature_gates.service_external_ips(),
     });
     let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
     let (tx, rx) = event_channel(health.clone(), metrics.clone());

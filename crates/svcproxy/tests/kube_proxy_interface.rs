@@ -178,24 +178,21 @@ fn repeated_flags_mean_what_they_mean_to_kube_proxy() {
             "--hostname-override=node-x",
             "--cluster-cidr=10.1.0.0/16",
             "--nodeport-addresses=10.0.0.0/8",
-            "--feature-gates=A=true",
+            "--feature-gates=AllowServiceExternalIPs=false",
             "--hostname-override=node-a",
             "--cluster-cidr=10.244.0.0/16",
             "--nodeport-addresses",
             "192.168.0.0/16",
-            "--feature-gates=B=false",
+            "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
         ])
         .arg(format!("--write-config-to={}", file.display()))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("ignoring A, B"),
-        "both gates seen:\n{stderr}"
-    );
     let yaml = std::fs::read_to_string(&file).unwrap();
     for line in [
+        "  AllowServiceExternalIPs: false\n  KubeProxyNFTablesLocalhostNodePorts: true\n",
         "hostnameOverride: node-a",
         "clusterCIDR: 10.244.0.0/16",
         "nodePortAddresses:\n- 10.0.0.0/8\n- 192.168.0.0/16\n",

@@ -45,6 +45,7 @@ pub fn new_state() -> ClusterState {
     ClusterState::new(StateConfig {
         node_name: THIS_NODE.to_string(),
         service_proxy_name: None,
+        ignore_external_ips: false,
     })
 }
 

@@ -120,6 +120,7 @@ pub fn cluster(yamls: &[&str]) -> ClusterState {
     let mut state = ClusterState::new(StateConfig {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
+        ignore_external_ips: false,
     });
     upsert(&mut state, CLUSTER);
     for yaml in yamls {

@@ -7,8 +7,6 @@
 //! can (as upstream): an empty health or metrics address in a file means the default
 //! address, not "disabled", and a zero `minSyncPeriod` means the default (1s).
 
-use std::collections::BTreeMap;
-
 use super::duration::GoDuration;
 use super::file::{
     ClientConnectionConfiguration, ConntrackConfiguration, DetectLocalConfiguration,
@@ -36,7 +34,7 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
     KubeProxyConfiguration {
         api_version: Some(API_VERSION.to_string()),
         kind: Some(KIND.to_string()),
-        feature_gates: Some(BTreeMap::new()),
+        feature_gates: Some(settings.feature_gates.as_set().clone()),
         client_connection: Some(ClientConnectionConfiguration {
             kubeconfig: Some(
                 settings

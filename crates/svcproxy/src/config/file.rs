@@ -355,16 +355,6 @@ impl KubeProxyConfiguration {
         if self.windows_run_as_service == Some(true) {
             warn("windowsRunAsService", unsupported);
         }
-        if let Some(gates) = self.feature_gates.as_ref().filter(|g| !g.is_empty()) {
-            let names: Vec<&str> = gates.keys().map(String::as_str).collect();
-            warn(
-                "featureGates",
-                &format!(
-                    "svcproxy has no feature gates; ignoring {}",
-                    names.join(", ")
-                ),
-            );
-        }
         if self.udp_idle_timeout.as_ref().is_some_and(|v| !v.is_null()) {
             warn(
                 "udpIdleTimeout",
@@ -842,7 +832,6 @@ logging:
             "showHiddenMetricsForVersion",
             "portRange",
             "windowsRunAsService",
-            "featureGates: svcproxy has no feature gates; ignoring SomeGate",
             "udpIdleTimeout",
             "ipvs.scheduler",
             "ipvs.strictARP",
@@ -851,8 +840,14 @@ logging:
         ] {
             assert!(w.contains(field), "{field:?} missing from:\n{w}");
         }
-        // Implemented: the process's OOM score, hard bind failures, JSON logs.
-        for field in ["oomScoreAdj", "bindAddressHardFail", "logging.format"] {
+        // Implemented: the process's OOM score, hard bind failures, JSON logs, feature
+        // gates (checked when the configuration is resolved).
+        for field in [
+            "oomScoreAdj",
+            "bindAddressHardFail",
+            "logging.format",
+            "featureGates",
+        ] {
             assert!(
                 !w.lines().any(|l| l.starts_with(field)),
                 "{field:?} is implemented:\n{w}"

@@ -173,7 +173,7 @@ pub struct ProxyFlags {
           value_parser = whole_number::<u8>(0, 31), help_heading = heading::RULES)]
     pub iptables_masquerade_bit: u8,
 
-    /// kube-proxy feature gates (Name=true,Other=false): accepted for compatibility; svcproxy has none, so they are ignored with a warning.
+    /// kube-proxy feature gates (Name=true,Other=false), checked as kube-proxy 1.37 checks them: every Kubernetes 1.37 gate is known, an unknown gate or a locked one set against its lock is refused, a GA or deprecated one warns. KubeProxyIPVS (off: 'ipvs' is refused), KubeProxyNFTablesLocalhostNodePorts (nftables mode serves NodePorts on loopback when --nodeport-addresses names it) and AllowServiceExternalIPs (off: spec.externalIPs are not served) take effect; the others change nothing here (docs/configuration.md).
     #[arg(long, value_name = "NAME=BOOL,...", help_heading = heading::RULES)]
     pub feature_gates: Option<String>,
 

@@ -220,7 +220,7 @@ fn bad_flag_values_are_all_reported() {
         "--proxy-mode: unknown proxy mode \"ebpf\"",
         "--sync-period: must be greater than 0",
         "--detect-local-mode: BridgeInterface requires --pod-bridge-interface",
-        "--feature-gates: \"A=maybe\"",
+        "--feature-gates: invalid value of A: maybe, use true or false",
     ] {
         assert!(e.contains(want), "{want:?} missing from:\n{e}");
     }
@@ -655,7 +655,6 @@ fn every_kube_proxy_flag_is_accepted() {
         "--logtostderr",
         "--log-file-max-size",
         "--stderrthreshold",
-        "--feature-gates",
     ] {
         let n = w
             .iter()
@@ -897,4 +896,114 @@ fn localhost_nodeports_by_mode_and_flag() {
     // The effective configuration keeps upstream's own field as it was set.
     let (s, _) = ok(&["--nodeport-localhost"]);
     assert!(s.localhost_nodeports);
+}
+
+#[test]
+fn feature_gates_are_checked_as_kube_proxy_checks_them() {
+    // Known gates of any component are accepted; GA and deprecated ones warn.
+    let (s, w) = ok(&[
+        "--feature-gates=InPlacePodVerticalScaling=true,KubeProxyNFTablesLocalhostNodePorts=true,\
+         AllowServiceExternalIPs=false",
+    ]);
+    assert!(!s.feature_gates.service_external_ips());
+    assert!(warned(
+        &w,
+        "--feature-gates: setting GA feature gate AllowServiceExternalIPs=false"
+    ));
+    assert_eq!(s.feature_gates.as_set().len(), 3);
+    // Unknown and locked gates are refused, every one named.
+    let e = err(&["--feature-gates=TopologyAwareHints=true,NFTablesProxyMode=false"]);
+    assert!(
+        e.contains("--feature-gates: unrecognized feature gate: TopologyAwareHints"),
+        "{e}"
+    );
+    assert!(
+        e.contains("cannot set feature gate NFTablesProxyMode to false, feature is locked to true"),
+        "{e}"
+    );
+    assert!(err(&["--feature-gates=KubeProxyIPVS"]).contains("malformed pair"));
+    // The file's featureGates, the same way; the flag is then ignored (the file
+    // models it).
+    let f = write_config(&format!(
+        "{HEAD}mode: nftables\nfeatureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n"
+    ));
+    let (s, w) = ok(&[
+        &config_arg(&f),
+        "--feature-gates=AllowServiceExternalIPs=false",
+    ]);
+    assert!(s.feature_gates.service_external_ips());
+    assert_eq!(s.feature_gates.as_set().len(), 1);
+    assert!(warned(
+        &w,
+        "ignoring --feature-gates because --config is set"
+    ));
+    let f = write_config(&format!("{HEAD}featureGates:\n  NoSuchGate: true\n"));
+    let e = err(&[&config_arg(&f)]);
+    assert!(
+        e.contains("featureGates: unrecognized feature gate: NoSuchGate"),
+        "{e}"
+    );
+    // The effective configuration carries them.
+    let (s, _) = ok(&["--feature-gates=AllowServiceExternalIPs=false"]);
+    let yaml = effective::to_yaml(&s).unwrap();
+    assert!(yaml.contains("AllowServiceExternalIPs: false"), "{yaml}");
+}
+
+#[test]
+fn ipvs_is_refused_with_its_gate_off() {
+    let (_, w) = ok(&["--proxy-mode=ipvs"]);
+    assert!(warned(&w, "\"ipvs\" mode is not supported by svcproxy"));
+    let e = err(&["--proxy-mode=ipvs", "--feature-gates=KubeProxyIPVS=false"]);
+    assert!(
+        e.contains("proxy mode \"ipvs\" needs the KubeProxyIPVS feature gate, which is off"),
+        "{e}"
+    );
+    let f = write_config(&format!(
+        "{HEAD}mode: ipvs\nfeatureGates:\n  KubeProxyIPVS: false\n"
+    ));
+    assert!(err(&[&config_arg(&f)]).contains("needs the KubeProxyIPVS feature gate"));
+    // Other modes do not care.
+    ok(&[
+        "--proxy-mode=nftables",
+        "--feature-gates=KubeProxyIPVS=false",
+    ]);
+}
+
+#[test]
+fn nftables_localhost_nodeports_follow_their_gate_and_the_addresses_named() {
+    let served = |args: &[&str]| {
+        let mut all = vec!["--proxy-mode=nftables"];
+        all.extend_from_slice(args);
+        ok(&all).0.serves_localhost_nodeports()
+    };
+    let gate = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true";
+    // Gate off (its default): never, whatever the addresses say.
+    assert!(!served(&["--nodeport-addresses=primary,localhost"]));
+    // Gate on: when loopback is named.
+    assert!(served(&[gate, "--nodeport-addresses=primary,localhost"]));
+    assert!(served(&[gate, "--nodeport-addresses=127.0.0.1/32"]));
+    assert!(served(&[gate, "--nodeport-addresses=::1/128"]));
+    assert!(served(&[
+        "--feature-gates=AllAlpha=true",
+        "--nodeport-addresses=localhost"
+    ]));
+    // ... and not otherwise: the default (primary), `all`, a /0, other CIDRs.
+    assert!(!served(&[gate]));
+    assert!(!served(&[gate, "--nodeport-addresses=all"]));
+    assert!(!served(&[gate, "--nodeport-addresses=0.0.0.0/0"]));
+    assert!(!served(&[gate, "--nodeport-addresses=10.0.0.0/8"]));
+    // --nodeport-localhost still wins.
+    assert!(!served(&[
+        gate,
+        "--nodeport-addresses=localhost",
+        "--nodeport-localhost=false"
+    ]));
+    // Other modes keep their own defaults.
+    let (s, _) = ok(&[
+        "--proxy-mode=iptables",
+        "--iptables-localhost-nodeports=false",
+        gate,
+        "--nodeport-addresses=localhost",
+    ]);
+    assert!(!s.serves_localhost_nodeports());
 }
