@@ -2,6 +2,8 @@
 # Installs what svcproxy's demo, build and tests need on a fresh Debian/Ubuntu machine:
 # nftables, iproute2, conntrack, iptables (the data planes' tools), clang and libbpf's
 # headers (the eBPF mode's programs, compiled by crates/svcproxy-dataplane/build.rs),
+# with --tests Prometheus (tests/dashboards.rs runs kube-proxy's dashboard queries
+# against svcproxy),
 # and a Rust toolchain check.
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
@@ -24,6 +26,20 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
   apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# With --tests (scripts/test.sh): Prometheus, without its recommends (its node
+# exporter, unused here). The service it registers does not start without systemd,
+# and the test starts its own.
+if [ "${1:-}" = "--tests" ] && ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "svcproxy: need root to install: prometheus" >&2
+    exit 1
+  fi
+  echo "svcproxy: installing prometheus" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

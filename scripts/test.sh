@@ -4,6 +4,6 @@
 # end-to-end tests, which need root and create and remove their own namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh --tests
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked "$@"

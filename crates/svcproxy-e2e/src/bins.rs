@@ -39,6 +39,12 @@ pub fn svcproxy_bin() -> PathBuf {
     locate("svcproxy", "svcproxy").unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// `target/<profile>/svcproxy-fakeapi` (a fake API server serving a generated
+/// cluster), built if missing.
+pub fn fakeapi_bin() -> Result<PathBuf> {
+    locate("svcproxy-fakeapi", "svcproxy-fakeapi")
+}
+
 /// The directory holding the workspace's binaries for the running test's profile.
 pub fn bin_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the test executable")?;
