@@ -1185,6 +1185,26 @@ fn nftables_localhost_nodeports(name: &'static str, flags: &[&str]) {
         ck.answered_by(&what, &got, &["pod-a0"]);
         ck.client_is(&what, &got, plan::ext_ip(f));
     }
+    // kube-proxy 1.37's figures (KEP-6032): two NodePort service ports (TCP and UDP)
+    // served on loopback in each family, no listener failed.
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let metrics = get(&env, Host::Node(NODE_A), loopback, 10249, "/metrics")
+        .map(|a| a.body)
+        .unwrap_or_default();
+    for f in ["IPv4", "IPv6"] {
+        for (name, want) in [
+            ("kubeproxy_nftables_localhost_nodeport_listeners", "2"),
+            (
+                "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
+                "0",
+            ),
+        ] {
+            let line = format!("{name}{{ip_family=\"{f}\"}} {want}");
+            ck.check(metrics.lines().any(|l| l == line), || {
+                format!("/metrics lacks {line:?}")
+            });
+        }
+    }
     route_ext_loopback_via_node_a(&env);
     // The guard is the capture's own first rule, as in the userspace mode.
     outside_packets_to_a_loopback_nodeport_are_not_captured(

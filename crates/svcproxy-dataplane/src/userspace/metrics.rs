@@ -150,3 +150,80 @@ impl Collector for UserspaceCollector {
         out
     }
 }
+
+/// kube-proxy 1.37's localhost NodePort figures (KEP-6032), in nftables mode when
+/// NodePorts are served on loopback: `kubeproxy_nftables_localhost_nodeport_listeners`
+/// (the NodePort service ports served on loopback, TCP and UDP: svcproxy's forwarder
+/// holds two listeners per family and routes each connection by its NodePort, where
+/// upstream opens one listener per NodePort) and
+/// `kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total`, per
+/// `ip_family`, for the families served.
+pub struct LocalhostNodePortCollector {
+    stats: Arc<Stats>,
+    families: [bool; 2],
+    templates: (IntGaugeVec, IntCounterVec),
+}
+
+const LOCALHOST_LISTENERS: (&str, &str) = (
+    "kubeproxy_nftables_localhost_nodeport_listeners",
+    "[ALPHA] Number of localhost NodePort listeners",
+);
+
+const LOCALHOST_FAILURES: (&str, &str) = (
+    "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
+    "[ALPHA] Cumulative localhost NodePort listener creation failures",
+);
+
+impl LocalhostNodePortCollector {
+    pub fn new(stats: Arc<Stats>, families: [bool; 2]) -> Self {
+        LocalhostNodePortCollector {
+            stats,
+            families,
+            templates: Self::families(),
+        }
+    }
+
+    fn families() -> (IntGaugeVec, IntCounterVec) {
+        (
+            IntGaugeVec::new(
+                Opts::new(LOCALHOST_LISTENERS.0, LOCALHOST_LISTENERS.1),
+                &["ip_family"],
+            )
+            .expect("valid"),
+            IntCounterVec::new(
+                Opts::new(LOCALHOST_FAILURES.0, LOCALHOST_FAILURES.1),
+                &["ip_family"],
+            )
+            .expect("valid"),
+        )
+    }
+}
+
+impl Collector for LocalhostNodePortCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        let mut d = self.templates.0.desc();
+        d.extend(self.templates.1.desc());
+        d
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (listeners, failures) = Self::families();
+        for family in svcproxy_core::model::IpFamily::BOTH {
+            let i = super::tcp::family_index(family);
+            if !self.families[i] {
+                continue;
+            }
+            let label = [family.as_str()];
+            listeners.with_label_values(&label).set(
+                i64::try_from(self.stats.loopback_listeners[i].load(Relaxed)).unwrap_or(i64::MAX),
+            );
+            failures
+                .with_label_values(&label)
+                .inc_by(self.stats.listener_failures[i].load(Relaxed));
+        }
+        let mut out = listeners.collect();
+        out.extend(failures.collect());
+        out
+    }
+}

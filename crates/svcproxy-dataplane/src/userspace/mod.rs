@@ -352,6 +352,8 @@ impl UserspaceDataPlane {
                         // A family the host cannot serve (IPv6 disabled): its TCP
                         // services are not captured; the other family still is.
                         tracing::error!(%family, error = %e, "userspace proxy: cannot listen for TCP; this family's TCP services are not proxied");
+                        self.stats.listener_failures[tcp::family_index(family)]
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         continue;
                     }
                 };
@@ -484,6 +486,20 @@ impl UserspaceDataPlane {
                         }
                     }
                 }
+            }
+            if self.scope != Scope::All {
+                // Every frontend of this scope is a NodePort on loopback: its TCP
+                // routes and its UDP service ports are what it listens for.
+                let udp_ports: HashSet<&ServicePortName> = udp
+                    .keys()
+                    .filter(|(f, _, _)| *f == family)
+                    .map(|(_, n, _)| n)
+                    .collect();
+                let tcp_ports = table.nodeports.keys().filter(|(f, _)| *f == family).count();
+                stats.loopback_listeners[tcp::family_index(family)].store(
+                    (tcp_ports + udp_ports.len()) as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
         }
     }
@@ -630,6 +646,8 @@ fn update_udp(
                         }
                         Err(e) => {
                             tracing::error!(service = %name, %family, error = %e, "userspace proxy: cannot bind a UDP socket; this service port is not proxied until the next full sync");
+                            stats.listener_failures[tcp::family_index(family)]
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             failed = true;
                         }
                     }
@@ -768,7 +786,15 @@ impl DataPlane for UserspaceDataPlane {
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        vec![Box::new(UserspaceCollector::new(self.stats.clone()))]
+        let mut all: Vec<Box<dyn prometheus::core::Collector>> =
+            vec![Box::new(UserspaceCollector::new(self.stats.clone()))];
+        if let Scope::LoopbackNodePorts { v4, v6 } = self.scope {
+            all.push(Box::new(metrics::LocalhostNodePortCollector::new(
+                self.stats.clone(),
+                [v4, v6],
+            )));
+        }
+        all
     }
 
     /// Stops accepting (the listeners close: new connections are refused), then

@@ -321,6 +321,21 @@ pub struct Stats {
     pub udp_flows: AtomicU64,
     pub udp_datagrams_to_endpoints: AtomicU64,
     pub udp_datagrams_to_clients: AtomicU64,
+    /// Per family (IPv4, IPv6): the NodePort service ports served on loopback
+    /// (upstream's `kubeproxy_nftables_localhost_nodeport_listeners`), set after each
+    /// sync in the nftables mode's localhost scope.
+    pub loopback_listeners: [AtomicU64; 2],
+    /// Per family: listeners and sockets that could not be bound
+    /// (`..._listener_creation_failures_total`).
+    pub listener_failures: [AtomicU64; 2],
+}
+
+/// The index of `family` in [`Stats`]'s per-family figures.
+pub fn family_index(family: IpFamily) -> usize {
+    match family {
+        IpFamily::V4 => 0,
+        IpFamily::V6 => 1,
+    }
 }
 
 impl Stats {
