@@ -30,6 +30,7 @@ mod host_addrs;
 pub mod iptables;
 pub mod kube_proxy;
 pub mod listing;
+mod localhost_rejects;
 pub mod nft;
 mod nft_netlink;
 mod nftables_mode;

@@ -90,6 +90,9 @@ pub struct NftDataPlane<S = NftCommand> {
     /// `--nft-writer`: whether a plan whose every statement is typed goes to the
     /// sink as typed statements (netlink) or as its script.
     writer: NftWriter,
+    /// The configuration the plane was made for, when its metrics depend on it
+    /// (KEP-6032's reject counters).
+    cfg: Option<PlanConfig>,
 }
 
 impl NftDataPlane<NftCommand> {
@@ -119,7 +122,15 @@ impl<S: ScriptSink> NftDataPlane<S> {
             expected: BTreeMap::new(),
             capture,
             writer: NftWriter::default(),
+            cfg: None,
         }
+    }
+
+    /// The same data plane exporting the metrics `cfg` asks for: the localhost
+    /// NodePort reject counters when KEP-6032's gate is on.
+    pub fn with_config(mut self, cfg: &PlanConfig) -> Self {
+        self.cfg = Some(cfg.clone());
+        self
     }
 
     /// The same data plane writing as `writer` says (`--nft-writer`).
@@ -265,6 +276,14 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         self.planner.abandon();
         self.expected.clear();
         Ok(Some(found.join("; ")))
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        self.cfg
+            .as_ref()
+            .and_then(crate::localhost_rejects::collector)
+            .into_iter()
+            .collect()
     }
 
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {

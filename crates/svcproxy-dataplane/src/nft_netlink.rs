@@ -330,6 +330,21 @@ fn any_bit(w: &mut W, bits: u32) {
     cmp(w, CMP_NEQ, &[0; 4]);
 }
 
+/// `reject with tcp reset`, or `reject` (ICMP port unreachable).
+fn reject(w: &mut W, family: IpFamily, tcp_reset: bool) {
+    // NFTA_REJECT_TYPE (NFT_REJECT_TCP_RST 1, NFT_REJECT_ICMP_UNREACH 0),
+    // NFTA_REJECT_ICMP_CODE (port unreachable: 3 for ICMP, 4 for ICMPv6).
+    let (kind, code) = match (tcp_reset, family) {
+        (true, _) => (1, 0u8),
+        (false, IpFamily::V4) => (0, 3),
+        (false, IpFamily::V6) => (0, 4),
+    };
+    expr(w, "reject", |w| {
+        w.be32(1, kind);
+        w.attr(2, &[code]);
+    });
+}
+
 /// `lookup reg SREG set SET [dreg DREG]`, inverted when `invert`.
 fn lookup(w: &mut W, set: &str, sreg: u32, dreg: Option<u32>, invert: bool) {
     // NFTA_LOOKUP_SET, _SREG, _DREG, _FLAGS (NFT_LOOKUP_F_INV).
@@ -545,18 +560,11 @@ fn action_expressions(w: &mut W, family: IpFamily, action: &Action) {
         }
         Action::MarkOr(mark) => set_mark(w, !mark, *mark),
         Action::MarkXor(mark) => set_mark(w, u32::MAX, *mark),
-        Action::Reject { tcp_reset } => {
-            // NFTA_REJECT_TYPE (NFT_REJECT_TCP_RST 1, NFT_REJECT_ICMP_UNREACH 0),
-            // NFTA_REJECT_ICMP_CODE (port unreachable: 3 for ICMP, 4 for ICMPv6).
-            let (kind, code) = match (tcp_reset, family) {
-                (true, _) => (1, 0u8),
-                (false, IpFamily::V4) => (0, 3),
-                (false, IpFamily::V6) => (0, 4),
-            };
-            expr(w, "reject", |w| {
-                w.be32(1, kind);
-                w.attr(2, &[code]);
-            });
+        Action::Reject { tcp_reset } => reject(w, family, *tcp_reset),
+        Action::CountedReject { tcp_reset } => {
+            // A counter with no attributes starts at zero.
+            expr(w, "counter", |_| {});
+            reject(w, family, *tcp_reset);
         }
         // NFTA_MASQ_FLAGS: NF_NAT_RANGE_PROTO_RANDOM_FULLY.
         Action::MasqueradeFullyRandom => expr(w, "masq", |w| w.be32(1, 0x10)),

@@ -63,6 +63,10 @@ fn new(cfg: &PlanConfig, flags: &ModeFlags) -> Box<dyn DataPlane> {
             flags.userspace_config(),
         ))
     } else {
-        Box::new(NftDataPlane::new().with_writer(flags.nftables.writer()))
+        Box::new(
+            NftDataPlane::new()
+                .with_writer(flags.nftables.writer())
+                .with_config(cfg),
+        )
     }
 }

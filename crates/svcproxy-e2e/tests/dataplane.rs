@@ -1127,12 +1127,16 @@ fn outside_packets_to_a_loopback_nodeport_are_not_captured(
 /// default, checked by `localhost_is_not_reachable_from_outside_the_node`).
 #[test]
 fn nftables_mode_serves_localhost_nodeports_through_the_proxy() {
-    nftables_localhost_nodeports("nftables-localhost-nodeports", &["--nodeport-localhost"]);
+    nftables_localhost_nodeports(
+        "nftables-localhost-nodeports",
+        &["--nodeport-localhost"],
+        false,
+    );
 }
 
-/// kube-proxy 1.37's way to ask for the same (KEP-6032): the
+/// kube-proxy 1.37's way to ask for them (KEP-6032): the
 /// `KubeProxyNFTablesLocalhostNodePorts` gate, and loopback named among the NodePort
-/// addresses.
+/// addresses. As upstream's, TCP is served and UDP rejected (and counted).
 #[test]
 fn nftables_mode_serves_localhost_nodeports_with_kube_proxy_s_gate() {
     nftables_localhost_nodeports(
@@ -1141,10 +1145,75 @@ fn nftables_mode_serves_localhost_nodeports_with_kube_proxy_s_gate() {
             "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
             "--nodeport-addresses=primary,localhost",
         ],
+        true,
     );
 }
 
-fn nftables_localhost_nodeports(name: &'static str, flags: &[&str]) {
+/// The gate on, loopback not named: every NodePort on loopback is refused at once
+/// (a TCP reset, an ICMP error for UDP) and counted, while the node's own address
+/// still answers.
+#[test]
+fn nftables_mode_rejects_unserved_localhost_nodeports_with_kube_proxy_s_gate() {
+    let svc = Svc::dual("lhr", 47)
+        .node_port()
+        .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT).node_port(30611))
+        .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT).node_port(30612));
+    let spec = EnvSpec {
+        flags: vec!["--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true".into()],
+        ..EnvSpec::default()
+    };
+    let Some(env) = Env::start(Mode::Nftables, spec, &[(&fname(&svc), file(&svc, &[A0]))]) else {
+        return;
+    };
+    let mut ck = Checks::new("nftables-localhost-nodeports-rejected");
+    for f in Family::BOTH {
+        let loopback: IpAddr = match f {
+            Family::V4 => "127.0.0.1".parse().unwrap(),
+            Family::V6 => "::1".parse().unwrap(),
+        };
+        for (proto, port) in [(Proto::Tcp, 30611), (Proto::Udp, 30612)] {
+            let got = env.probe(Host::Node(NODE_A), proto, sa(loopback, port), 2, ANSWER);
+            ck.refused_locally(&format!("node-a -> {} {proto:?}", sa(loopback, port)), &got);
+        }
+        let node = sa(plan::node_ip(NODE_A, f), 30611);
+        let got = env.probe(Host::Node(NODE_A), Proto::Tcp, node, 2, ANSWER);
+        ck.answered_by(&format!("node-a -> {node}"), &got, &["pod-a0"]);
+    }
+    let metrics = node_a_metrics(&env);
+    for f in ["IPv4", "IPv6"] {
+        for p in ["tcp", "udp"] {
+            let n = rejected(&metrics, f, p);
+            ck.check(n.is_some_and(|n| n >= 2), || {
+                format!("{f} {p} rejections counted: {n:?}, want at least the 2 probes")
+            });
+        }
+    }
+    ck.finish(&env);
+}
+
+/// node-a's own /metrics.
+fn node_a_metrics(env: &Env) -> String {
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    get(env, Host::Node(NODE_A), loopback, 10249, "/metrics")
+        .map(|a| a.body)
+        .unwrap_or_default()
+}
+
+/// KEP-6032's rejected packets of a family and protocol, from `metrics`.
+fn rejected(metrics: &str, family: &str, protocol: &str) -> Option<u64> {
+    let series = format!(
+        "kubeproxy_nftables_localhost_nodeport_rejected_packets_total\
+         {{ip_family=\"{family}\",protocol=\"{protocol}\"}} "
+    );
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Localhost NodePorts through the forwarder: TCP, and UDP too unless `tcp_only`
+/// (then UDP is rejected and counted).
+fn nftables_localhost_nodeports(name: &'static str, flags: &[&str], tcp_only: bool) {
     let mode = Mode::Nftables;
     let svc = Svc::dual("lh", 48)
         .node_port()
@@ -1173,6 +1242,11 @@ fn nftables_localhost_nodeports(name: &'static str, flags: &[&str]) {
         };
         for (proto, port) in [(Proto::Tcp, 30621), (Proto::Udp, 30622)] {
             let what = format!("node-a itself -> {} NodePort {proto:?}", sa(loopback, port));
+            if tcp_only && proto == Proto::Udp {
+                let got = env.probe(Host::Node(NODE_A), proto, sa(loopback, port), 2, ANSWER);
+                ck.refused_locally(&what, &got);
+                continue;
+            }
             let got = env.probe(Host::Node(NODE_A), proto, sa(loopback, port), 4, ANSWER);
             ck.answered_by(&what, &got, &["pod-a0"]);
             // The proxy's own connection: from node-a's address toward the pod.
@@ -1185,15 +1259,20 @@ fn nftables_localhost_nodeports(name: &'static str, flags: &[&str]) {
         ck.answered_by(&what, &got, &["pod-a0"]);
         ck.client_is(&what, &got, plan::ext_ip(f));
     }
-    // kube-proxy 1.37's figures (KEP-6032): two NodePort service ports (TCP and UDP)
-    // served on loopback in each family, no listener failed.
-    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
-    let metrics = get(&env, Host::Node(NODE_A), loopback, 10249, "/metrics")
-        .map(|a| a.body)
-        .unwrap_or_default();
+    // kube-proxy 1.37's figures (KEP-6032): the NodePort service ports served on
+    // loopback in each family (TCP, and UDP unless `tcp_only`), no listener failed;
+    // with `tcp_only` the UDP probes' rejections counted.
+    let metrics = node_a_metrics(&env);
+    let served = if tcp_only { "1" } else { "2" };
     for f in ["IPv4", "IPv6"] {
+        if tcp_only {
+            let n = rejected(&metrics, f, "udp");
+            ck.check(n.is_some_and(|n| n >= 2), || {
+                format!("{f} udp rejections counted: {n:?}, want at least the 2 probes")
+            });
+        }
         for (name, want) in [
-            ("kubeproxy_nftables_localhost_nodeport_listeners", "2"),
+            ("kubeproxy_nftables_localhost_nodeport_listeners", served),
             (
                 "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
                 "0",

@@ -9,7 +9,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::{IpFamily, Protocol};
 
 /// Upstream kube-proxy's default `--iptables-masquerade-bit`: mark 0x4000.
 pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
@@ -112,6 +112,9 @@ pub struct PlanConfig {
     pub localhost_nodeports: bool,
     /// How the mode serves localhost NodePorts (set by [`ModeSemantics::apply`]).
     pub localhost_by: LocalhostNodePorts,
+    /// kube-proxy 1.37's `KubeProxyNFTablesLocalhostNodePorts` (KEP-6032) is on in
+    /// a mode that follows it: see [`PlanConfig::rejected_localhost_nodeports`].
+    pub localhost_gate: Option<LocalhostGate>,
     /// Guard the service address space, as upstream's nftables mode does: a cluster IP
     /// on a port no service exposes is rejected, and an unallocated address inside a
     /// ServiceCIDR is dropped. Upstream's iptables mode does neither (such packets are
@@ -141,6 +144,7 @@ impl Default for PlanConfig {
             nodeport_addresses: NodePortAddresses::Primary,
             localhost_nodeports: false,
             localhost_by: LocalhostNodePorts::KernelNat,
+            localhost_gate: None,
             guard_service_ips: true,
             conntrack_tcp_be_liberal: false,
             drop_invalid_forwarded: false,
@@ -148,6 +152,16 @@ impl Default for PlanConfig {
             ipv6: true,
         }
     }
+}
+
+/// KEP-6032's localhost NodePorts (kube-proxy 1.37, nftables mode, behind its gate):
+/// NodePorts on loopback that are not served are rejected, each rejection counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalhostGate {
+    /// Served ones are TCP only (upstream's proxy relays TCP alone), as when the
+    /// gate and the NodePort addresses asked for them; `false` when svcproxy's own
+    /// `--nodeport-localhost` did (its forwarder relays UDP too).
+    pub tcp_only: bool,
 }
 
 /// How a mode serves NodePorts on loopback, when they are asked for
@@ -247,6 +261,27 @@ impl PlanConfig {
         }
     }
 
+    /// The protocols whose NodePorts are rejected on the family's loopback (with a
+    /// count): none without [`PlanConfig::localhost_gate`]; with it, those not
+    /// served there (every protocol when the family's loopback is not served; else
+    /// SCTP, and UDP when served ones are TCP only), as upstream's nftables mode.
+    pub fn rejected_localhost_nodeports(&self, family: IpFamily) -> Vec<Protocol> {
+        let Some(gate) = self.localhost_gate else {
+            return Vec::new();
+        };
+        if !self.family_enabled(family) {
+            return Vec::new();
+        }
+        if !self.serves_localhost_nodeports(family) {
+            return vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+        }
+        if gate.tcp_only {
+            vec![Protocol::Udp, Protocol::Sctp]
+        } else {
+            vec![Protocol::Sctp]
+        }
+    }
+
     /// Whether the node needs `route_localnet` (localhost NodePorts by kernel NAT).
     pub fn needs_route_localnet(&self) -> bool {
         self.localhost_by == LocalhostNodePorts::KernelNat
@@ -264,6 +299,50 @@ impl PlanConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kep_6032_rejects_what_loopback_does_not_serve() {
+        use Protocol::{Sctp, Tcp, Udp};
+        let loopback: Vec<IpNet> = vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        let served = PlanConfig {
+            localhost_nodeports: true,
+            localhost_by: LocalhostNodePorts::Proxy,
+            nodeport_addresses: NodePortAddresses::PrimaryAnd(loopback),
+            localhost_gate: Some(LocalhostGate { tcp_only: true }),
+            ..PlanConfig::default()
+        };
+        for f in IpFamily::BOTH {
+            assert_eq!(served.rejected_localhost_nodeports(f), vec![Udp, Sctp]);
+        }
+        let udp_too = PlanConfig {
+            localhost_gate: Some(LocalhostGate { tcp_only: false }),
+            ..served.clone()
+        };
+        assert_eq!(
+            udp_too.rejected_localhost_nodeports(IpFamily::V4),
+            vec![Sctp]
+        );
+        let unserved = PlanConfig {
+            localhost_nodeports: false,
+            ..served.clone()
+        };
+        assert_eq!(
+            unserved.rejected_localhost_nodeports(IpFamily::V6),
+            vec![Tcp, Udp, Sctp]
+        );
+        let no_gate = PlanConfig {
+            localhost_gate: None,
+            ..unserved
+        };
+        assert!(no_gate
+            .rejected_localhost_nodeports(IpFamily::V4)
+            .is_empty());
+        let no_v6 = PlanConfig {
+            ipv6: false,
+            ..served
+        };
+        assert!(no_v6.rejected_localhost_nodeports(IpFamily::V6).is_empty());
+    }
 
     #[test]
     fn mode_semantics_fold_into_the_config() {

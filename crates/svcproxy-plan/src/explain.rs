@@ -442,6 +442,28 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
         ));
     }
 
+    // A NodePort on loopback that is not served there, under KEP-6032's gate: the
+    // filter rejects it (and counts it) before anything else sees it.
+    let on_loopback = FrontendKey::NodePort {
+        protocol: packet.protocol,
+        port: packet.to.port(),
+    };
+    if packet.to.ip().is_loopback()
+        && node.localhost_rejects.contains(&packet.protocol)
+        && fam.frontend(&on_loopback).is_some()
+    {
+        trace.verdict = Verdict::Reject {
+            reason: format!(
+                "NodePort {}/{} is not served on loopback here, and \
+                 KubeProxyNFTablesLocalhostNodePorts rejects it (counted in \
+                 kubeproxy_nftables_localhost_nodeport_rejected_packets_total)",
+                packet.to.port(),
+                packet.protocol
+            ),
+        };
+        return trace;
+    }
+
     // 1. Which frontend.
     let vip = FrontendKey::Vip {
         ip: packet.to.ip(),

@@ -527,9 +527,10 @@ fn plan_config() -> impl Strategy<Value = PlanConfig> {
         0usize..3,
         any::<bool>(),
         any::<bool>(),
+        0usize..3,
     )
         .prop_map(
-            |(masquerade_all, detect, node_ports, localhost, liberal)| PlanConfig {
+            |(masquerade_all, detect, node_ports, localhost, liberal, gate)| PlanConfig {
                 masquerade_all,
                 local_detection: match detect {
                     0 => LocalDetection::None,
@@ -552,6 +553,11 @@ fn plan_config() -> impl Strategy<Value = PlanConfig> {
                 },
                 localhost_nodeports: localhost,
                 conntrack_tcp_be_liberal: liberal,
+                // KEP-6032's reject map, kept up to date by partial syncs too.
+                localhost_gate: match gate {
+                    0 => None,
+                    g => Some(svcproxy_plan::LocalhostGate { tcp_only: g == 1 }),
+                },
                 ..PlanConfig::default()
             },
         )

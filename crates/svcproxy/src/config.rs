@@ -154,6 +154,23 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// KEP-6032's gate in a mode that follows it (kube-proxy 1.37's nftables mode):
+    /// `Some` with the gate on. NodePorts on loopback not served are then rejected;
+    /// served ones are TCP only, as upstream's, unless svcproxy's own
+    /// `--nodeport-localhost` asked for them (its forwarder relays UDP too).
+    pub fn localhost_gate(&self) -> Option<svcproxy_plan::LocalhostGate> {
+        match self.proxy_mode.defaults.localhost_nodeports {
+            LocalhostDefault::WhenGatedAndNamed(gate) if self.feature_gates.enabled(gate) => {
+                Some(svcproxy_plan::LocalhostGate {
+                    tcp_only: self.nodeport_localhost.is_none(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 impl NodePortAddresses {
     /// Loopback is named: a CIDR other than a `/0` holds 127.0.0.1 or ::1 (the
     /// `localhost` keyword is 127.0.0.0/8 and ::1/128), as upstream's

@@ -102,8 +102,9 @@ enum Scope {
     /// Every TCP and UDP frontend (the userspace mode).
     All,
     /// NodePorts on loopback, in these families (the nftables mode's localhost
-    /// NodePorts).
-    LoopbackNodePorts { v4: bool, v6: bool },
+    /// NodePorts); UDP ones too unless `tcp_only` (kube-proxy 1.37's gate, whose
+    /// proxy relays TCP alone: the others are rejected by the rules).
+    LoopbackNodePorts { v4: bool, v6: bool, tcp_only: bool },
 }
 
 impl Scope {
@@ -111,12 +112,13 @@ impl Scope {
     fn serves(self, svc: &ServiceIntent) -> bool {
         match self {
             Scope::All => true,
-            Scope::LoopbackNodePorts { v4, v6 } => {
+            Scope::LoopbackNodePorts { v4, v6, tcp_only } => {
                 let family = match svc.family {
                     IpFamily::V4 => v4,
                     IpFamily::V6 => v6,
                 };
                 family
+                    && !(tcp_only && svc.protocol != Protocol::Tcp)
                     && svc
                         .frontends
                         .iter()
@@ -269,6 +271,8 @@ pub struct UserspaceDataPlane {
     /// The conntrack entries of UDP sockets closed since the last successful sync,
     /// handed to the driver's cleanup with that sync's report.
     stale_flows: Vec<ConntrackFilter>,
+    /// The configuration it was made for (the metrics that depend on it).
+    plan_cfg: PlanConfig,
 }
 
 impl UserspaceDataPlane {
@@ -285,6 +289,7 @@ impl UserspaceDataPlane {
             Scope::LoopbackNodePorts {
                 v4: cfg.serves_localhost_nodeports(IpFamily::V4),
                 v6: cfg.serves_localhost_nodeports(IpFamily::V6),
+                tcp_only: cfg.localhost_gate.is_some_and(|g| g.tcp_only),
             },
         )
     }
@@ -306,6 +311,7 @@ impl UserspaceDataPlane {
             retry_full: false,
             sctp_logged: HashSet::new(),
             stale_flows: Vec::new(),
+            plan_cfg: cfg.clone(),
         }
     }
 
@@ -788,11 +794,12 @@ impl DataPlane for UserspaceDataPlane {
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         let mut all: Vec<Box<dyn prometheus::core::Collector>> =
             vec![Box::new(UserspaceCollector::new(self.stats.clone()))];
-        if let Scope::LoopbackNodePorts { v4, v6 } = self.scope {
+        if let Scope::LoopbackNodePorts { v4, v6, .. } = self.scope {
             all.push(Box::new(metrics::LocalhostNodePortCollector::new(
                 self.stats.clone(),
                 [v4, v6],
             )));
+            all.extend(crate::localhost_rejects::collector(&self.plan_cfg));
         }
         all
     }

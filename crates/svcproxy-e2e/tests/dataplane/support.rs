@@ -1754,6 +1754,24 @@ impl Checks {
         }
     }
 
+    /// Every attempt of a client on the node itself was refused at once: a TCP
+    /// reset or an ICMP error, or, for a datagram the output path rejected, the
+    /// send itself failing with EPERM (how Linux reports a netfilter verdict
+    /// against a local packet to its sender).
+    pub fn refused_locally(&mut self, what: &str, attempts: &[Attempt]) {
+        let refused = |a: &Attempt| {
+            a.is_refused()
+                || matches!(&a.result, ProbeResult::Other(e) if e.contains("Operation not permitted"))
+        };
+        self.check(
+            !attempts.is_empty()
+                && attempts
+                    .iter()
+                    .all(|a| refused(a) && a.elapsed < FAST_REFUSAL),
+            || format!("{what}: expected a refusal at once, got {}", show(attempts)),
+        );
+    }
+
     /// Every attempt timed out (a DROP).
     pub fn dropped(&mut self, what: &str, attempts: &[Attempt]) {
         self.check(

@@ -11,7 +11,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_core::snapshot::NodeSnapshot;
 
 use crate::config::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
@@ -56,6 +56,10 @@ pub struct NodeIntent {
     /// NodePorts also answer on the family's loopback (127.0.0.0/8, ::1): see
     /// [`PlanConfig::serves_localhost_nodeports`] for when, and how by mode.
     pub localhost_nodeports: bool,
+    /// Protocols whose NodePorts are rejected on the family's loopback, each
+    /// rejection counted (kube-proxy 1.37's KEP-6032: see
+    /// [`PlanConfig::rejected_localhost_nodeports`]); empty without its gate.
+    pub localhost_rejects: Vec<Protocol>,
     /// The family's ServiceCIDRs (merged, sorted): a packet to an address inside
     /// them that is no service's cluster IP is dropped.
     pub service_cidrs: Vec<IpNet>,
@@ -103,6 +107,7 @@ impl NodeIntent {
             node_ips,
             nodeports,
             localhost_nodeports: cfg.serves_localhost_nodeports(family),
+            localhost_rejects: cfg.rejected_localhost_nodeports(family),
             service_cidrs,
             refused_service_cidrs,
             guard_service_ips: cfg.guard_service_ips,

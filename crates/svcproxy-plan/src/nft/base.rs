@@ -197,6 +197,23 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         map: map.name().to_string(),
     };
     let jump = |chain: &str| Action::Jump(chain.to_string());
+    // KEP-6032: a NodePort of a rejected protocol on loopback goes, by the map the
+    // planner fills from the NodePorts, to its protocol's counting reject chain,
+    // before DNAT. (A lookup in `service-nodeports` itself cannot do: the kernel
+    // checks a verdict map's chains against every chain that looks it up, and a
+    // filter chain may not reach their DNAT.)
+    let localhost_rejects: Vec<TypedRule> = if ctx.localhost_rejects.is_empty() {
+        Vec::new()
+    } else {
+        rs.maps.insert(
+            MapId::LocalhostNodePortRejects.name().to_string(),
+            Map::verdict(MapId::LocalhostNodePortRejects.key_type(family)),
+        );
+        vec![rule(
+            vec![daddr_is(loopback(family), false)],
+            vmap(false, MapId::LocalhostNodePortRejects),
+        )]
+    };
     let if_new = |chain: &str| rule(vec![Match::CtState(CtState::New)], jump(chain));
 
     let chains = [
@@ -243,7 +260,11 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 ChainType::Filter,
                 Hook::Output,
                 PRIORITY_FILTER,
-                vec![if_new(FIREWALL_CHECK_CHAIN)],
+                localhost_rejects
+                    .clone()
+                    .into_iter()
+                    .chain([if_new(FIREWALL_CHECK_CHAIN)])
+                    .collect(),
             ),
         ),
         (
@@ -373,5 +394,23 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
     for (name, chain) in chains {
         rs.chains.insert(name.to_string(), chain);
     }
+    for &p in &ctx.localhost_rejects {
+        rs.chains.insert(
+            localhost_reject_chain(p),
+            regular(vec![rule(
+                Vec::new(),
+                Action::CountedReject {
+                    tcp_reset: p == Protocol::Tcp,
+                },
+            )]),
+        );
+    }
     rs
+}
+
+/// The chain counting and rejecting a protocol's NodePorts on loopback
+/// (`localhost-nodeport-reject-udp`): its one rule's counter is the
+/// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total` of the protocol.
+pub fn localhost_reject_chain(protocol: Protocol) -> String {
+    format!("localhost-nodeport-reject-{}", protocol_keyword(protocol))
 }

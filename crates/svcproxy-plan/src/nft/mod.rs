@@ -18,6 +18,7 @@
 //! choice is read from the [`crate::intent`].
 
 mod base;
+pub use base::localhost_reject_chain;
 pub mod elements;
 mod planner;
 pub mod ruleset;

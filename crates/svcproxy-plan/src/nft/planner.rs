@@ -451,10 +451,18 @@ struct FamilyState {
 fn owner_elems(
     owner: &Option<Arc<crate::intent::ServiceIntent>>,
     key: &crate::intent::FrontendKey,
+    localhost_rejects: &[Protocol],
 ) -> Vec<Elem> {
     owner
         .as_ref()
-        .map(|svc| elems(svc, service_port_hash(svc.family, &svc.name), key))
+        .map(|svc| {
+            elems(
+                svc,
+                service_port_hash(svc.family, &svc.name),
+                key,
+                localhost_rejects,
+            )
+        })
         .unwrap_or_default()
 }
 
@@ -517,6 +525,13 @@ impl FamilyState {
             }
             _ => true,
         }
+    }
+
+    /// The protocols whose NodePorts the node rejects on loopback (KEP-6032).
+    fn localhost_rejects(&self) -> &[Protocol] {
+        self.node
+            .as_deref()
+            .map_or(&[], |n| n.localhost_rejects.as_slice())
     }
 
     fn set_node(&mut self, node: Option<Arc<NodeIntent>>) {
@@ -596,10 +611,11 @@ impl FamilyState {
                 _ => {}
             }
         }
+        let rejects = self.localhost_rejects().to_vec();
         for change in &fd.frontends {
             let key = key_atoms(&change.key);
-            let before = owner_elems(&change.before, &change.key);
-            let after = owner_elems(&change.after, &change.key);
+            let before = owner_elems(&change.before, &change.key, &rejects);
+            let after = owner_elems(&change.after, &change.key, &rejects);
             for b in &before {
                 if !after.contains(b) {
                     d.element(false, b.map.name(), key.clone(), None);
@@ -723,7 +739,10 @@ impl FamilyState {
                 Some(f) => f.hash,
                 None => service_port_hash(svc.family, &svc.name),
             };
-            (&frontend.key, elems(svc, hash, &frontend.key))
+            (
+                &frontend.key,
+                elems(svc, hash, &frontend.key, self.localhost_rejects()),
+            )
         })
     }
 

@@ -45,7 +45,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use std::sync::Arc;
 
-use svcproxy_core::model::IpFamily;
+use svcproxy_core::model::{IpFamily, Protocol};
 
 use crate::intent::{
     Action, Disposition, EndpointSetId, FrontendKey, FrontendKind, LocalTraffic, Masquerade,
@@ -56,7 +56,7 @@ use crate::names::{
 };
 
 use super::base::endpoint_map;
-use super::base::loopback;
+use super::base::{localhost_reject_chain, loopback};
 use super::elements::{Atom, ElemVerdict};
 use super::ruleset::{Chain, Field, Ruleset, Set};
 use super::slots::Run;
@@ -156,6 +156,10 @@ pub(crate) enum MapId {
     NoEndpointServices,
     NoEndpointNodePorts,
     FirewallIps,
+    /// KEP-6032: the NodePorts rejected on loopback, each to its protocol's
+    /// counting reject chain. Declared only where some protocol is rejected (not in
+    /// [`MapId::ALL`]).
+    LocalhostNodePortRejects,
 }
 
 impl MapId {
@@ -174,12 +178,15 @@ impl MapId {
             MapId::NoEndpointServices => "no-endpoint-services",
             MapId::NoEndpointNodePorts => "no-endpoint-nodeports",
             MapId::FirewallIps => "firewall-ips",
+            MapId::LocalhostNodePortRejects => "localhost-nodeport-reject-ports",
         }
     }
 
     pub fn key_type(self, family: IpFamily) -> Vec<Field> {
         match self {
-            MapId::ServiceNodePorts | MapId::NoEndpointNodePorts => vec![Field::Proto, Field::Port],
+            MapId::ServiceNodePorts
+            | MapId::NoEndpointNodePorts
+            | MapId::LocalhostNodePortRejects => vec![Field::Proto, Field::Port],
             _ => vec![Field::Addr(family), Field::Proto, Field::Port],
         }
     }
@@ -190,6 +197,8 @@ pub(crate) enum Verdict {
     Goto(ObjName),
     Drop,
     Reject,
+    /// To the protocol's counting reject chain of localhost NodePorts.
+    LocalhostReject(Protocol),
 }
 
 impl Verdict {
@@ -198,6 +207,7 @@ impl Verdict {
             Verdict::Goto(name) => format!("goto {name}"),
             Verdict::Drop => "drop".to_string(),
             Verdict::Reject => format!("goto {REJECT_CHAIN}"),
+            Verdict::LocalhostReject(p) => format!("goto {}", localhost_reject_chain(*p)),
         }
     }
 
@@ -206,6 +216,7 @@ impl Verdict {
             Verdict::Goto(name) => ElemVerdict::Goto(name.to_string()),
             Verdict::Drop => ElemVerdict::Drop,
             Verdict::Reject => ElemVerdict::Goto(REJECT_CHAIN.to_string()),
+            Verdict::LocalhostReject(p) => ElemVerdict::Goto(localhost_reject_chain(*p)),
         }
     }
 }
@@ -218,8 +229,14 @@ pub(crate) struct Elem {
 }
 
 /// The elements the frontend at `key` of `svc` puts in the shared maps (`hash`:
-/// the port's [`service_port_hash`]).
-pub(crate) fn elems(svc: &ServiceIntent, hash: u64, key: &FrontendKey) -> Vec<Elem> {
+/// the port's [`service_port_hash`]; `localhost_rejects`: the node's
+/// [`NodeIntent::localhost_rejects`](crate::intent::NodeIntent::localhost_rejects)).
+pub(crate) fn elems(
+    svc: &ServiceIntent,
+    hash: u64,
+    key: &FrontendKey,
+    localhost_rejects: &[Protocol],
+) -> Vec<Elem> {
     let Some(f) = svc.frontend(key) else {
         return Vec::new();
     };
@@ -261,6 +278,12 @@ pub(crate) fn elems(svc: &ServiceIntent, hash: u64, key: &FrontendKey) -> Vec<El
         out.push(Elem {
             map: MapId::FirewallIps,
             verdict: name_of(Prefix::Firewall),
+        });
+    }
+    if f.kind == FrontendKind::NodePort && localhost_rejects.contains(&svc.protocol) {
+        out.push(Elem {
+            map: MapId::LocalhostNodePortRejects,
+            verdict: Verdict::LocalhostReject(svc.protocol),
         });
     }
     out

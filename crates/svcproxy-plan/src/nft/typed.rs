@@ -97,6 +97,10 @@ pub enum Action {
     Reject {
         tcp_reset: bool,
     },
+    /// `counter` then [`Action::Reject`]: the rejections are counted in the rule.
+    CountedReject {
+        tcp_reset: bool,
+    },
     /// `masquerade fully-random`.
     MasqueradeFullyRandom,
     /// `update @SET { F saddr }`.
@@ -196,6 +200,10 @@ impl TypedRule {
             Action::MarkXor(m) => write!(out, "mark set mark xor {m:#x}"),
             Action::Reject { tcp_reset: true } => write!(out, "reject with tcp reset"),
             Action::Reject { tcp_reset: false } => write!(out, "reject"),
+            Action::CountedReject { tcp_reset: true } => {
+                write!(out, "counter reject with tcp reset")
+            }
+            Action::CountedReject { tcp_reset: false } => write!(out, "counter reject"),
             Action::MasqueradeFullyRandom => write!(out, "masquerade fully-random"),
             Action::UpdateSaddr(set) => write!(out, "update @{set} {{ {ipx} saddr }}"),
             Action::Dnat(to) => match to.ip() {
