@@ -47,6 +47,9 @@ pub struct ApplyReport {
     pub kind: SyncKind,
     /// Time spent in the kernel's tool or API (translation excluded).
     pub apply_duration: Duration,
+    /// The same per family, when each family is written apart (its own
+    /// transaction or restore); empty when one write held both.
+    pub family_apply: Vec<(IpFamily, Duration)>,
     /// Size of what was sent to the kernel; 0 when nothing changed (and nothing
     /// was run).
     pub script_bytes: usize,

@@ -37,6 +37,10 @@ pub struct SyncReport {
     pub duration: Duration,
     /// Of which applying (the kernel's tool or API).
     pub apply_duration: Duration,
+    /// Each programmed family's own figure: the pass's shared part (deciding,
+    /// translating, conntrack cleanup) plus that family's own write, when the data
+    /// plane writes each family apart; the whole pass for each when it does not.
+    pub family_durations: Vec<(IpFamily, Duration)>,
     /// Size of what was applied; 0 when nothing changed (and nothing ran).
     pub script_bytes: usize,
     /// Service port intents decided again.
@@ -203,10 +207,12 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
                 tracing::info!(changed = ?report.changed, "conntrack settings applied");
             }
         }
+        let duration = start.elapsed();
         let report = SyncReport {
             kind: applied.kind,
-            duration: start.elapsed(),
+            duration,
             apply_duration: applied.apply_duration,
+            family_durations: family_durations(&self.cfg, duration, &applied.family_apply),
             script_bytes: applied.script_bytes,
             replanned: delta.rebuilt,
             conflicts,
@@ -413,5 +419,53 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             }
         }
         self.logged_conflicts = current;
+    }
+}
+
+/// Each enabled family's figure for a pass that took `total`, of which `own` were
+/// each family's own writes (see [`SyncReport::family_durations`]).
+fn family_durations(
+    cfg: &PlanConfig,
+    total: Duration,
+    own: &[(IpFamily, Duration)],
+) -> Vec<(IpFamily, Duration)> {
+    let shared = total.saturating_sub(own.iter().map(|(_, d)| *d).sum());
+    IpFamily::BOTH
+        .into_iter()
+        .filter(|f| cfg.family_enabled(*f))
+        .map(|f| {
+            let mine = own.iter().find(|(g, _)| *g == f).map(|(_, d)| *d);
+            (f, mine.map_or(total, |d| shared + d))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_family_s_figure_is_the_shared_part_plus_its_own_write() {
+        let ms = Duration::from_millis;
+        let cfg = PlanConfig::default();
+        let own = [(IpFamily::V4, ms(70)), (IpFamily::V6, ms(5))];
+        assert_eq!(
+            family_durations(&cfg, ms(100), &own),
+            vec![(IpFamily::V4, ms(95)), (IpFamily::V6, ms(30))]
+        );
+        // One write for both: the whole pass for each.
+        assert_eq!(
+            family_durations(&cfg, ms(100), &[]),
+            vec![(IpFamily::V4, ms(100)), (IpFamily::V6, ms(100))]
+        );
+        // A family not programmed has no figure.
+        let v4_only = PlanConfig {
+            ipv6: false,
+            ..PlanConfig::default()
+        };
+        assert_eq!(
+            family_durations(&v4_only, ms(100), &own[..1]),
+            vec![(IpFamily::V4, ms(100))]
+        );
     }
 }

@@ -566,6 +566,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         let mut kind = SyncKind::Partial;
         let mut bytes = 0;
         let mut in_tools = Duration::ZERO;
+        let mut family_apply = Vec::new();
         let mut rules = Vec::new();
         for family in IpFamily::BOTH {
             match self.sync_family(intent, delta, family, full) {
@@ -577,6 +578,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                 })) => {
                     bytes += b;
                     in_tools += t;
+                    family_apply.push((family, t));
                     rules.extend(counts);
                     // The report's kind is the fullest of the families'.
                     kind = match (kind, k) {
@@ -585,7 +587,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                         _ => SyncKind::Partial,
                     };
                 }
-                Ok(None) => {}
+                Ok(None) => family_apply.push((family, Duration::ZERO)),
                 Err(e) => {
                     // Unknown kernel state: the next sync of every family is full.
                     self.written.clear();
@@ -599,6 +601,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         Ok(ApplyReport {
             kind,
             apply_duration: in_tools,
+            family_apply,
             script_bytes: bytes,
             rules,
             stale_flows: Vec::new(),

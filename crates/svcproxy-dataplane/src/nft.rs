@@ -204,16 +204,35 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         let typed = self.writer == NftWriter::Netlink && self.sink.writes_typed();
         self.planner
             .set_output(if typed { Output::Typed } else { Output::Text });
-        let mut batch = BatchBuilder::new();
+        // One batch per family: each family's table is its own transaction, as
+        // upstream's proxier per family, and its time in the kernel its own.
+        let mut batches = [BatchBuilder::new(), BatchBuilder::new()];
         let plan = self.planner.plan_into(intent, delta, full, &mut |op| {
             if typed {
-                batch.push(op);
+                batches[usize::from(op.family() == IpFamily::V6)].push(op);
             }
         });
         let start = Instant::now();
+        let mut family_apply = Vec::new();
         let applied = match plan.is_empty() {
             true => Ok(()),
-            false if typed && plan.all_typed => self.sink.apply_batch(batch.finish(), &plan.script),
+            false if typed && plan.all_typed => {
+                let mut applied = Ok(());
+                for (family, batch) in IpFamily::BOTH.into_iter().zip(batches) {
+                    let batch = batch.finish();
+                    let at = Instant::now();
+                    if !batch.is_empty() {
+                        applied = self.sink.apply_batch(batch, &plan.script);
+                    }
+                    family_apply.push((family, at.elapsed()));
+                    if applied.is_err() {
+                        // The other family's batch is not sent: the next sync
+                        // rewrites both anyway.
+                        break;
+                    }
+                }
+                applied
+            }
             false => self.sink.apply(&plan.script),
         };
         let apply_duration = start.elapsed();
@@ -246,6 +265,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
                 PlanKind::Partial => SyncKind::Partial,
             },
             apply_duration,
+            family_apply,
             script_bytes: plan.script.len(),
             rules: Vec::new(),
             stale_flows: Vec::new(),

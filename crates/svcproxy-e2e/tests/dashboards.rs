@@ -159,7 +159,7 @@ fn kube_proxy_dashboards_and_alerts_see_svcproxy() {
             "--listen=127.0.0.1:16443",
             "--kubeconfig-out",
             kubeconfig.to_str().unwrap(),
-            "--services=30",
+            "--services=300",
             "--endpoints-per-service=3",
             "--nodes=2",
             "--churn=10",
@@ -280,6 +280,24 @@ fn kube_proxy_dashboards_and_alerts_see_svcproxy() {
         let firing = query(&ns, expr);
         assert!(firing.is_empty(), "{alert} would fire: {firing:?}");
     }
+    // Each family's sync figures are its own: the generated services are IPv4
+    // only, so IPv4's syncs took longer in all than IPv6's.
+    let sums = query(
+        &ns,
+        r#"kubeproxy_sync_proxy_rules_duration_seconds_sum{job="kube-proxy"}"#,
+    );
+    let sum_of = |family: &str| {
+        sums.iter()
+            .find(|l| l.contains(&format!("ip_family=\"{family}\"")))
+            .and_then(|l| l.split("=> ").nth(1))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let (v4, v6) = (sum_of("IPv4"), sum_of("IPv6"));
+    assert!(
+        matches!((v4, v6), (Some(a), Some(b)) if a > b),
+        "per-family sync time: IPv4 {v4:?}, IPv6 {v6:?} (want IPv4's larger):\n{sums:#?}"
+    );
     // What cannot be filled is empty, and said so where operators look.
     let doc = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),

@@ -243,7 +243,8 @@ impl<T: Target> ProxySyncer<T> {
     fn after_sync(&mut self, update: &SnapshotUpdate, done: &SyncDone) {
         let now = SystemTime::now();
         self.health.updated_through(self.received);
-        self.metrics.observe_sync(done.full, done.duration);
+        self.metrics
+            .observe_sync(done.full, done.duration, &done.families);
         self.metrics
             .observe_network_programming(&update.trigger_times, now);
         self.tallies.update([&update.v4, &update.v6]);

@@ -60,6 +60,9 @@ pub(crate) struct SyncDone {
     /// A full (re)write rather than a partial update.
     pub(crate) full: bool,
     pub(crate) duration: Duration,
+    /// Each programmed family's own figure (kernel only; empty: `duration` for
+    /// each family).
+    pub(crate) families: Vec<(svcproxy_core::model::IpFamily, Duration)>,
     /// What UDP conntrack cleanup did (kernel only).
     pub(crate) conntrack: Option<svcproxy_dataplane::ConntrackCleanupReport>,
     /// The data plane's rule counts (kernel only, the modes that count rules).
@@ -74,6 +77,7 @@ impl SyncDone {
         SyncDone {
             full,
             duration,
+            families: Vec::new(),
             conntrack: None,
             rules: Vec::new(),
             lost_claims: None,
@@ -170,6 +174,7 @@ impl Target for Driver {
         Ok(SyncDone {
             full: report.kind.is_full(),
             duration: report.duration,
+            families: report.family_durations,
             conntrack: Some(report.conntrack),
             rules: report.rules,
             lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),

@@ -147,6 +147,8 @@ impl DataPlane for EbpfDataPlane {
         Ok(ApplyReport {
             kind,
             apply_duration: start.elapsed(),
+            // The maps hold both families.
+            family_apply: Vec::new(),
             // Map writes and deletions: the work sent to the kernel.
             script_bytes: ops,
             rules: Vec::new(),

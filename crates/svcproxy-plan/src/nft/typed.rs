@@ -290,6 +290,27 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The family whose table the statement changes (each statement changes one).
+    pub fn family(&self) -> IpFamily {
+        match self {
+            Op::AddTable { family }
+            | Op::DeleteTable { family }
+            | Op::FlushTable { family }
+            | Op::AddChain { family, .. }
+            | Op::FlushChain { family, .. }
+            | Op::DeleteChain { family, .. }
+            | Op::AddSet { family, .. }
+            | Op::AddMap { family, .. }
+            | Op::FlushSet { family, .. }
+            | Op::DeleteSet { family, .. }
+            | Op::AddRule { family, .. }
+            | Op::AddIntervals { family, .. } => *family,
+            Op::Element(e) => e.family,
+        }
+    }
+}
+
 /// `nets` sorted by address, when no two of them overlap (`None` otherwise).
 pub fn disjoint_prefixes(nets: &[IpNet]) -> Option<Vec<IpNet>> {
     let mut sorted = nets.to_vec();

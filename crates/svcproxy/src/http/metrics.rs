@@ -6,8 +6,10 @@
 //! `ip_family` (`IPv4`, `IPv6`) labels the metrics upstream labels with it since its
 //! dual-stack metrics (1.33): sync durations and timestamps, sync failures,
 //! network-programming latency, Services without local endpoints. Upstream runs a
-//! proxier per family; svcproxy programs both families in one pass, so each family's
-//! series observes that pass (its duration, its success or failure), while
+//! proxier per family; svcproxy programs both families in one pass, writing each
+//! family apart (nftables: a transaction each; iptables: a restore each), so each
+//! family's sync duration is the pass's shared part (deciding, translating) plus
+//! its own write. A failure still fails both families' series, and
 //! network-programming latency and Services without local endpoints are counted per
 //! family exactly (from the EndpointSlice's and the Service port's family).
 //!
@@ -509,11 +511,17 @@ impl Metrics {
         let _ = self.configz.set(json.to_string());
     }
 
-    /// A successful sync (of every family, in one pass) that took `duration`.
-    pub fn observe_sync(&self, full: bool, duration: Duration) {
-        let secs = duration.as_secs_f64();
+    /// A successful sync that took `duration`: each family of `families` its own
+    /// figure, or (none given) every family the pass's.
+    pub fn observe_sync(&self, full: bool, duration: Duration, families: &[(IpFamily, Duration)]) {
         let now = unix_seconds(SystemTime::now());
-        for family in FAMILIES {
+        let each: Vec<(IpFamily, Duration)> = if families.is_empty() {
+            FAMILIES.iter().map(|f| (*f, duration)).collect()
+        } else {
+            families.to_vec()
+        };
+        for (family, duration) in each {
+            let secs = duration.as_secs_f64();
             let f = [family.as_str()];
             self.sync_duration.with_label_values(&f).observe(secs);
             if full {
@@ -1080,9 +1088,17 @@ mod tests {
     #[tokio::test]
     async fn observed_values_appear_in_the_scrape() {
         let m = Metrics::started_at(UNIX_EPOCH, mode("nftables"));
-        m.observe_sync(true, Duration::from_millis(3));
-        m.observe_sync(false, Duration::from_millis(20));
-        m.observe_sync(false, Duration::from_millis(20));
+        m.observe_sync(true, Duration::from_millis(3), &[]);
+        m.observe_sync(false, Duration::from_millis(20), &[]);
+        // Each family written apart: each its own figure.
+        m.observe_sync(
+            false,
+            Duration::from_millis(20),
+            &[
+                (IpFamily::V4, Duration::from_millis(20)),
+                (IpFamily::V6, Duration::from_millis(1)),
+            ],
+        );
         m.sync_failed(false);
         m.cleanup_failed();
         m.cleanup_failed();
@@ -1152,13 +1168,27 @@ mod tests {
         assert_eq!(at(all, f64::INFINITY), 3.0);
         let v4 = r#"ip_family="IPv4""#;
         let v6 = r#"ip_family="IPv6""#;
-        // One pass programs both families: each family's series observes it.
+        // Every pass programs both families: each family's series observes it,
+        // with the family's own figure where the pass had one.
         for f in [v4, v6] {
             assert_eq!(
                 value(&s, "kubeproxy_sync_proxy_rules_duration_seconds_count", f),
                 3.0
             );
         }
+        let partial6 = histogram_of(
+            &s,
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "IPv6",
+        );
+        assert_eq!(at(partial6, 0.002), 1.0);
+        assert_eq!(at(partial6, 0.032), 2.0);
+        let partial4 = histogram_of(
+            &s,
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "IPv4",
+        );
+        assert_eq!(at(partial4, 0.002), 0.0);
         let np = histogram(&s, "kubeproxy_network_programming_duration_seconds");
         assert_eq!(at(np, 0.25), 0.0);
         assert_eq!(at(np, 0.5), 1.0);
