@@ -266,7 +266,7 @@ fn main() -> ExitCode {
     let (settings, warnings) = match config::resolve(flags, &explicitly_set) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("svcproxy: {e:#}");
+            eprintln!("svcproxy: {}", error_text(&e));
             return ExitCode::from(2);
         }
     };
@@ -402,13 +402,33 @@ fn main() -> ExitCode {
         Ok(daemon::Finished::InputErrors) => ExitCode::from(EXIT_INPUT_ERRORS),
         Err(e) => {
             // Once: the log goes to stderr.
+            let text = error_text(&e);
             match permission_hint(&e) {
-                Some(hint) => tracing::error!("{e:#}\n  {hint}"),
-                None => tracing::error!("{e:#}"),
+                Some(hint) => tracing::error!("{text}\n  {hint}"),
+                None => tracing::error!("{text}"),
             }
             ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes, each said once: a library error whose own text already ends
+/// with its cause's (kube's, many io wrappers) would otherwise repeat it; and a
+/// path quoted twice (`'"ca.crt"'`, a Debug-formatted path inside quotes) is quoted
+/// once.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.replace("'\"", "'").replace("\"'", "'")
 }
 
 /// What to do about an error the kernel refused for want of privilege.

@@ -701,6 +701,18 @@ fn errors_speak_the_users_words_and_quote_once() {
     )
     .unwrap();
     let missing = dir.path().join("no-such-kubeconfig");
+    // A kubeconfig naming a CA file that is not there: kube's error repeats its
+    // cause and quotes the path twice; svcproxy says it once.
+    let no_ca = dir.path().join("no-ca-kubeconfig");
+    std::fs::write(
+        &no_ca,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+         server: https://127.0.0.1:1\n    certificate-authority: no-such-ca.crt\nusers:\n\
+         - name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    \
+         cluster: c\n    user: u\ncurrent-context: x\n",
+    )
+    .unwrap();
+    let no_ca_arg = format!("--kubeconfig={}", no_ca.display());
     let config_arg = format!("--config={}", config.display());
     let manifests_arg = format!("--manifests={}", manifests.display());
     let kubeconfig_arg = format!("--kubeconfig={}", missing.display());
@@ -718,6 +730,7 @@ fn errors_speak_the_users_words_and_quote_once() {
             "spec.ports[0].port: invalid type: string \"http\", expected a whole number",
         ),
         (&[&kubeconfig_arg], "No such file or directory"),
+        (&[&no_ca_arg], "no-such-ca.crt': No such file or directory"),
     ];
     for (args, expected) in cases {
         let mut cmd = Command::new(bin());
@@ -750,7 +763,45 @@ fn errors_speak_the_users_words_and_quote_once() {
         }
         if args[0].starts_with("--kubeconfig") {
             assert_eq!(text.matches("No such file").count(), 1, "{text}");
+        }
+        if args[0] == kubeconfig_arg {
             assert_eq!(text.matches("no-such-kubeconfig").count(), 1, "{text}");
         }
     }
+}
+
+/// A kubeconfig's relative paths (its CA certificate here) are read relative to the
+/// kubeconfig's own directory, as client-go reads them, whatever directory
+/// svcproxy runs in.
+#[test]
+fn a_kubeconfig_s_relative_paths_are_its_directory_s() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.crt"), "not a certificate\n").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+         server: https://127.0.0.1:1\n    certificate-authority: ca.crt\nusers:\n- name: u\n  \
+         user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(bin())
+        .current_dir("/")
+        .args(["snapshot", "--hostname-override=node-a"])
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // Long enough to load the kubeconfig and try the (absent) server.
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = child.kill();
+    let _ = child.wait();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    // The certificate file was found, not looked for in /.
+    assert!(!stderr.contains("No such file"), "{stderr}");
+    assert!(!stderr.contains("kubeconfig"), "{stderr}");
 }

@@ -156,13 +156,15 @@ pub async fn client_with_metrics(
     cfg.validate()?;
     let options = KubeConfigOptions::default();
     let mut config = if let Some(path) = &cfg.kubeconfig {
-        // Read here rather than by `Kubeconfig::read_from`, whose error quotes the
-        // path twice and repeats its cause.
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-        let kubeconfig = Kubeconfig::from_yaml(&text)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("parsing kubeconfig {}", path.display()))?;
+        // `read_from` resolves the file's relative paths (certificates, token
+        // files) against its directory, as client-go; its read error quotes the
+        // path twice and repeats its cause, so that one is said again plainly.
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| match e {
+            kube::config::KubeconfigError::ReadConfig(source, _) => {
+                anyhow::anyhow!("reading kubeconfig {}: {source}", path.display())
+            }
+            other => anyhow::anyhow!("loading kubeconfig {}: {other}", path.display()),
+        })?;
         Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
             .with_context(|| format!("loading kubeconfig {}", path.display()))?
