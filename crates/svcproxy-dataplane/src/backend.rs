@@ -91,8 +91,10 @@ pub trait DataPlane: Send {
 
     /// Brings the kernel to `intent`. `delta` is how `intent` differs from the
     /// intent of the previous call (whether or not that call succeeded); `full`
-    /// asks for a full sync. After an error the previous rules stay in force and
-    /// the next call must write everything.
+    /// asks for a full sync. After an error the next call must write everything;
+    /// each family's write is atomic, so what stays in force is each family's
+    /// previous rules, or its new ones where its write went through before another
+    /// family's failed.
     fn sync(
         &mut self,
         intent: &Intent,
@@ -249,8 +251,8 @@ pub enum LocalhostDefault {
     /// Never (upstream's nftables mode before 1.37 has no localhost NodePorts).
     Off,
     /// Off, unless this feature gate is on and the NodePort addresses name loopback
-    /// explicitly (the `localhost` keyword, or a CIDR other than a `/0` that holds a
-    /// loopback address): kube-proxy 1.37's nftables mode with
+    /// explicitly (the `localhost` keyword, or a CIDR other than a `/0` that starts
+    /// at or holds a loopback address): kube-proxy 1.37's nftables mode with
     /// `KubeProxyNFTablesLocalhostNodePorts` (KEP-6032).
     WhenGatedAndNamed(&'static str),
     /// As `--iptables-localhost-nodeports` (`iptables.localhostNodePorts`) says: on

@@ -178,8 +178,9 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     ///
     /// `full` asks for a full resync (periodic, or a retry). Only `update.changed`
     /// (and any view that is not the previous `Arc`) is decided again; the data
-    /// plane writes what changed, or everything when it must. On error the
-    /// previous rules stay in force.
+    /// plane writes what changed, or everything when it must. On error each
+    /// family's previous rules stay in force, unless its own write went through
+    /// before another family's failed (see [`DataPlane::sync`]).
     ///
     /// After a successful apply, the UDP conntrack entries made stale by the change
     /// from the previously applied snapshot are deleted

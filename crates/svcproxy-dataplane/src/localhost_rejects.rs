@@ -3,6 +3,15 @@
 //! of loopback it does not serve, read at each scrape from the counter of each
 //! protocol's `localhost-nodeport-reject-<protocol>` chain
 //! ([`svcproxy_plan::nft::localhost_reject_chain`]) with `nft -j list chain`.
+//!
+//! The rule's counter starts again at zero whenever a full sync rewrites the chain;
+//! the collector keeps a running total across those restarts (a count that went
+//! down is a restart: what was counted before it is kept), so the exported counter
+//! only grows while svcproxy runs. Rejections between the last scrape and a
+//! restart that the new count has already overtaken by the next scrape are missed.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -32,6 +41,7 @@ pub fn collector(cfg: &PlanConfig) -> Option<Box<dyn Collector>> {
         Box::new(LocalhostRejectCollector {
             chains,
             template: family(),
+            totals: Mutex::new(BTreeMap::new()),
         }) as Box<dyn Collector>
     })
 }
@@ -43,7 +53,32 @@ fn family() -> IntCounterVec {
 struct LocalhostRejectCollector {
     chains: Vec<(IpFamily, Protocol)>,
     template: IntCounterVec,
+    /// Per chain, the running total's parts.
+    totals: Mutex<BTreeMap<(IpFamily, Protocol), Running>>,
 }
+
+/// A kernel counter that starts again at zero now and then, as one that only grows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Running {
+    /// What the counters before the last restart had counted.
+    before: u64,
+    /// The kernel's count at the last reading.
+    last: u64,
+}
+
+impl Running {
+    /// Takes a reading; the total so far.
+    fn read(&mut self, now: u64) -> u64 {
+        if now < self.last {
+            self.before += self.last;
+        }
+        self.last = now;
+        self.before + now
+    }
+}
+
+/// How long one reading may take: a scrape must not hang on `nft`.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Collector for LocalhostRejectCollector {
     fn desc(&self) -> Vec<&Desc> {
@@ -52,43 +87,49 @@ impl Collector for LocalhostRejectCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let counters = family();
-        let mut nft = NftCommand::default();
+        let mut nft = NftCommand::default().with_timeout(READ_TIMEOUT);
+        let mut totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
         for &(f, p) in &self.chains {
             let chain = localhost_reject_chain(p);
             let listed = nft.list(&["-j", "list", "chain", family_keyword(f), TABLE_NAME, &chain]);
-            match listed {
-                Ok(Some(json)) => counters
-                    .with_label_values(&[f.as_str(), &protocol_label(p)])
-                    .inc_by(packets(&json)),
-                // Not there (yet): no series, as before the first sync.
-                Ok(None) => {}
+            let now = match listed {
+                Ok(Some(json)) => packets(&json),
+                // Not there (yet): no reading.
+                Ok(None) => None,
                 Err(e) => {
-                    tracing::debug!(chain, family = %f, error = %e, "cannot read a localhost NodePort reject counter")
+                    tracing::debug!(chain, family = %f, error = %e, "cannot read a localhost NodePort reject counter");
+                    None
                 }
+            };
+            let entry = totals.entry((f, p)).or_default();
+            let total = match now {
+                Some(n) => entry.read(n),
+                None => entry.before + entry.last,
+            };
+            if now.is_some() || total > 0 {
+                counters
+                    .with_label_values(&[f.as_str(), p.as_str()])
+                    .inc_by(total);
             }
         }
         counters.collect()
     }
 }
 
-/// `tcp`, `udp`, `sctp`: the protocol as the counting chain's name has it.
-fn protocol_label(p: Protocol) -> String {
-    p.as_str().to_ascii_lowercase()
-}
-
-/// The packets counted by every counter of a chain listed as JSON.
-fn packets(json: &str) -> u64 {
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
-        return 0;
-    };
-    v["nftables"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|o| o["rule"]["expr"].as_array())
-        .flatten()
-        .filter_map(|e| e["counter"]["packets"].as_u64())
-        .sum()
+/// The packets counted by every counter of a chain listed as JSON; `None` when the
+/// listing cannot be read (not a restart of the count).
+fn packets(json: &str) -> Option<u64> {
+    let v = serde_json::from_str::<serde_json::Value>(json).ok()?;
+    Some(
+        v["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["rule"]["expr"].as_array())
+            .flatten()
+            .filter_map(|e| e["counter"]["packets"].as_u64())
+            .sum(),
+    )
 }
 
 #[cfg(test)]
@@ -102,8 +143,19 @@ mod tests {
             {"chain": {"family": "ip", "table": "svcproxy", "name": "localhost-nodeport-reject-udp"}},
             {"rule": {"family": "ip", "table": "svcproxy", "chain": "localhost-nodeport-reject-udp",
               "expr": [{"counter": {"packets": 7, "bytes": 420}}, {"reject": null}]}}]}"#;
-        assert_eq!(packets(json), 7);
-        assert_eq!(packets("not json"), 0);
+        assert_eq!(packets(json), Some(7));
+        assert_eq!(packets("not json"), None);
+    }
+
+    #[test]
+    fn a_counter_that_starts_again_keeps_its_total() {
+        let mut r = Running::default();
+        assert_eq!(r.read(3), 3);
+        assert_eq!(r.read(5), 5);
+        // A full sync rewrote the chain: counted from zero again.
+        assert_eq!(r.read(1), 6);
+        assert_eq!(r.read(4), 9);
+        assert_eq!(r.read(0), 9);
     }
 
     #[test]
@@ -115,6 +167,5 @@ mod tests {
         };
         let c = collector(&cfg).expect("a collector");
         assert_eq!(c.desc()[0].fq_name, NAME);
-        assert_eq!(protocol_label(Protocol::Sctp), "sctp");
     }
 }

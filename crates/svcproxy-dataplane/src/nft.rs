@@ -1,12 +1,14 @@
 //! The nftables data plane: the intent translated by [`svcproxy_plan::nft`] and
-//! applied with `nft -f` as one atomic transaction per sync.
+//! applied as one atomic transaction per family and sync (an nf_tables batch over
+//! netlink), or one `nft -f` for both families when a statement has no typed form
+//! or `--nft-writer text` asks for it.
 //!
 //! Entry point: [`NftDataPlane`]. It keeps the planner, which knows whether the
 //! kernel holds the last plan: a plan is committed when `nft` accepted it and
 //! abandoned otherwise (the next one then recreates the tables).
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 use svcproxy_core::model::IpFamily;
@@ -215,7 +217,11 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         let start = Instant::now();
         let mut family_apply = Vec::new();
         let applied = match plan.is_empty() {
-            true => Ok(()),
+            true => {
+                // Nothing to write: no family spent time in the kernel.
+                family_apply = IpFamily::BOTH.map(|f| (f, Duration::ZERO)).to_vec();
+                Ok(())
+            }
             false if typed && plan.all_typed => {
                 let mut applied = Ok(());
                 for (family, batch) in IpFamily::BOTH.into_iter().zip(batches) {

@@ -1181,7 +1181,7 @@ fn nftables_mode_rejects_unserved_localhost_nodeports_with_kube_proxy_s_gate() {
     }
     let metrics = node_a_metrics(&env);
     for f in ["IPv4", "IPv6"] {
-        for p in ["tcp", "udp"] {
+        for p in ["TCP", "UDP"] {
             let n = rejected(&metrics, f, p);
             ck.check(n.is_some_and(|n| n >= 2), || {
                 format!("{f} {p} rejections counted: {n:?}, want at least the 2 probes")
@@ -1266,7 +1266,7 @@ fn nftables_localhost_nodeports(name: &'static str, flags: &[&str], tcp_only: bo
     let served = if tcp_only { "1" } else { "2" };
     for f in ["IPv4", "IPv6"] {
         if tcp_only {
-            let n = rejected(&metrics, f, "udp");
+            let n = rejected(&metrics, f, "UDP");
             ck.check(n.is_some_and(|n| n >= 2), || {
                 format!("{f} udp rejections counted: {n:?}, want at least the 2 probes")
             });

@@ -266,20 +266,27 @@ impl PlanConfig {
     /// served there (every protocol when the family's loopback is not served; else
     /// SCTP, and UDP when served ones are TCP only), as upstream's nftables mode.
     pub fn rejected_localhost_nodeports(&self, family: IpFamily) -> Vec<Protocol> {
-        let Some(gate) = self.localhost_gate else {
+        if self.localhost_gate.is_none() {
             return Vec::new();
-        };
+        }
         if !self.family_enabled(family) {
             return Vec::new();
         }
         if !self.serves_localhost_nodeports(family) {
             return vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
         }
-        if gate.tcp_only {
-            vec![Protocol::Udp, Protocol::Sctp]
-        } else {
+        if self.localhost_nodeports_serve_udp() {
             vec![Protocol::Sctp]
+        } else {
+            vec![Protocol::Udp, Protocol::Sctp]
         }
+    }
+
+    /// Whether localhost NodePorts, where served, take UDP too: not under KEP-6032's
+    /// gate unless svcproxy's own `--nodeport-localhost` asked for them (see
+    /// [`LocalhostGate::tcp_only`]).
+    pub fn localhost_nodeports_serve_udp(&self) -> bool {
+        !self.localhost_gate.is_some_and(|g| g.tcp_only)
     }
 
     /// Whether the node needs `route_localnet` (localhost NodePorts by kernel NAT).

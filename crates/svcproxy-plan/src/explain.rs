@@ -443,12 +443,14 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
     }
 
     // A NodePort on loopback that is not served there, under KEP-6032's gate: the
-    // filter rejects it (and counts it) before anything else sees it.
+    // node's own output filter rejects it (and counts it) before anything else sees
+    // it. Only the node itself sends to its loopback.
     let on_loopback = FrontendKey::NodePort {
         protocol: packet.protocol,
         port: packet.to.port(),
     };
-    if packet.to.ip().is_loopback()
+    if origin == Origin::Node
+        && packet.to.ip().is_loopback()
         && node.localhost_rejects.contains(&packet.protocol)
         && fam.frontend(&on_loopback).is_some()
     {

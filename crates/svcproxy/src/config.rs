@@ -172,16 +172,18 @@ impl Settings {
 }
 
 impl NodePortAddresses {
-    /// Loopback is named: a CIDR other than a `/0` holds 127.0.0.1 or ::1 (the
-    /// `localhost` keyword is 127.0.0.0/8 and ::1/128), as upstream's
-    /// `ContainsExplicitLoopback`.
+    /// Loopback is named: a CIDR other than a `/0` starts at a loopback address or
+    /// holds 127.0.0.0 or ::1 (the `localhost` keyword is 127.0.0.0/8 and ::1/128),
+    /// as upstream's `ContainsExplicitLoopback`, and as the plan tells a family's
+    /// loopback among its CIDRs (`PlanConfig::serves_localhost_nodeports`).
     pub fn names_loopback(&self) -> bool {
         match self {
             NodePortAddresses::Primary | NodePortAddresses::All => false,
             NodePortAddresses::Cidrs(cidrs) | NodePortAddresses::PrimaryAnd(cidrs) => {
                 cidrs.iter().any(|c| {
                     c.prefix_len() > 0
-                        && (c.contains(&IpAddr::from(Ipv4Addr::LOCALHOST))
+                        && (c.addr().is_loopback()
+                            || c.contains(&IpAddr::from(Ipv4Addr::new(127, 0, 0, 0)))
                             || c.contains(&IpAddr::from(Ipv6Addr::LOCALHOST)))
                 })
             }
@@ -394,7 +396,7 @@ fn resolve_with(
         if !modeled.feature_gates.enabled(gate) {
             anyhow::bail!(
                 "proxy mode {name:?} needs the {gate} feature gate, which is off (as kube-proxy): \
-                 use --proxy-mode nftables or iptables"
+                 choose nftables or iptables (--proxy-mode, or mode: in the config file)"
             );
         }
     }
@@ -672,9 +674,9 @@ fn from_file(
 
     // Upstream's v1alpha1 conversion reads the sync periods from the section of the
     // configured mode (ipvs included), and masqueradeAll from nftables in nftables mode
-    // and from iptables otherwise. An empty mode means svcproxy's nftables, so it reads
-    // the nftables section where kube-proxy (defaulting to iptables) would read
-    // iptables; the warnings below point that out when it matters.
+    // and from iptables otherwise; an empty mode is iptables, as kube-proxy 1.37's,
+    // and reads that section. `ipvs`, run as nftables, reads the ipvs section's sync
+    // periods as upstream does.
     let section_of = |s: ConfigSection| match s {
         ConfigSection::Ipvs => (ipvs.sync_period, ipvs.min_sync_period),
         ConfigSection::Iptables => (ipt.sync_period, ipt.min_sync_period),

@@ -28,6 +28,8 @@ const SUBCOMMANDS: &[(&str, &[Shown])] = &[
         &[
             Heading(heading::SOURCES),
             Heading(heading::ADDRESSES),
+            // AllowServiceExternalIPs changes the addresses shown.
+            Flag("feature_gates"),
             // --watch: how often the snapshot is printed again, and its servers.
             Flag("min_sync_period"),
             Flag("sync_period"),
@@ -66,8 +68,9 @@ const SUBCOMMANDS: &[(&str, &[Shown])] = &[
 ];
 
 /// Said under each subcommand's flags.
-const OTHER_FLAGS: &str = "Every other flag of 'svcproxy --help' is accepted too (a DaemonSet's \
-     command line runs unchanged) and changes nothing here.";
+const OTHER_FLAGS: &str = "Every other flag of 'svcproxy --help' is accepted and checked as the \
+     daemon checks it (a DaemonSet's command line runs unchanged), but does not change what this \
+     command does.";
 
 /// `cmd` (the binary's parser) with the data planes' flags under their modes'
 /// headings and each subcommand's help cut down to the flags it uses.

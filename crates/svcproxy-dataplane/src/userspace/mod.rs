@@ -102,9 +102,9 @@ enum Scope {
     /// Every TCP and UDP frontend (the userspace mode).
     All,
     /// NodePorts on loopback, in these families (the nftables mode's localhost
-    /// NodePorts); UDP ones too unless `tcp_only` (kube-proxy 1.37's gate, whose
-    /// proxy relays TCP alone: the others are rejected by the rules).
-    LoopbackNodePorts { v4: bool, v6: bool, tcp_only: bool },
+    /// NodePorts); UDP ones too when `udp`
+    /// ([`PlanConfig::localhost_nodeports_serve_udp`]; the rules reject the others).
+    LoopbackNodePorts { v4: bool, v6: bool, udp: bool },
 }
 
 impl Scope {
@@ -112,13 +112,13 @@ impl Scope {
     fn serves(self, svc: &ServiceIntent) -> bool {
         match self {
             Scope::All => true,
-            Scope::LoopbackNodePorts { v4, v6, tcp_only } => {
+            Scope::LoopbackNodePorts { v4, v6, udp } => {
                 let family = match svc.family {
                     IpFamily::V4 => v4,
                     IpFamily::V6 => v6,
                 };
                 family
-                    && !(tcp_only && svc.protocol != Protocol::Tcp)
+                    && (svc.protocol == Protocol::Tcp || (udp && svc.protocol == Protocol::Udp))
                     && svc
                         .frontends
                         .iter()
@@ -289,7 +289,7 @@ impl UserspaceDataPlane {
             Scope::LoopbackNodePorts {
                 v4: cfg.serves_localhost_nodeports(IpFamily::V4),
                 v6: cfg.serves_localhost_nodeports(IpFamily::V6),
-                tcp_only: cfg.localhost_gate.is_some_and(|g| g.tcp_only),
+                udp: cfg.localhost_nodeports_serve_udp(),
             },
         )
     }

@@ -261,7 +261,6 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 Hook::Output,
                 PRIORITY_FILTER,
                 localhost_rejects
-                    .clone()
                     .into_iter()
                     .chain([if_new(FIREWALL_CHECK_CHAIN)])
                     .collect(),

@@ -73,7 +73,7 @@ pub struct ProxyFlags {
     )]
     pub kube_api_burst: u32,
 
-    /// How often the API informers resync their caches (Go duration). Must be greater than 0.
+    /// kube-proxy's informer resync period (Go duration), checked as kube-proxy checks it (greater than 0); no effect in svcproxy, whose watches keep their state from the API server's events and resume from resource versions, with no periodic resync.
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration_arg, help_heading = heading::SOURCES)]
     pub config_sync_period: Duration,
 
@@ -177,11 +177,11 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "NAME=BOOL,...", help_heading = heading::RULES)]
     pub feature_gates: Option<String>,
 
-    /// Minimum time between rule syncs (Go duration: 500ms, 1s, 1m30s). 0 syncs on every change.
+    /// Minimum time between rule syncs (Go duration: 500ms, 1s, 1m30s). 0 syncs on every change. svcproxy's mode-neutral name: kube-proxy's are --iptables-min-sync-period and --ipvs-min-sync-period (below), which win when given.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
     pub min_sync_period: Duration,
 
-    /// Maximum time between full resyncs of the rules (Go duration). Must be greater than 0.
+    /// Maximum time between full resyncs of the rules (Go duration). Must be greater than 0. svcproxy's mode-neutral name: kube-proxy's are --iptables-sync-period and --ipvs-sync-period (below), which win when given.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration_arg, help_heading = heading::SYNC)]
     pub sync_period: Duration,
 
@@ -602,8 +602,33 @@ pub const LIST_FLAGS: [&str; 3] = [
     "--feature-gates",
 ];
 
+/// `arg` with the `_` of a long flag's name read as `-`, as kube-proxy's parser
+/// does (component-base's word-separator normalisation: `--hostname_override` is
+/// `--hostname-override`); a value after `=` is left alone.
+fn normalize_flag_name(arg: std::ffi::OsString) -> std::ffi::OsString {
+    let Some(text) = arg.to_str() else {
+        return arg;
+    };
+    let Some(rest) = text.strip_prefix("--") else {
+        return arg;
+    };
+    let (name, value) = match rest.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (rest, None),
+    };
+    if !name.contains('_') {
+        return arg;
+    }
+    let name = name.replace('_', "-");
+    match value {
+        Some(v) => format!("--{name}={v}").into(),
+        None => format!("--{name}").into(),
+    }
+}
+
 /// `args` with each of [`LIST_FLAGS`] given once, where it first appeared, with the
-/// values of all its occurrences joined by commas (`--flag=V` and `--flag V` forms).
+/// values of all its occurrences joined by commas (`--flag=V` and `--flag V` forms),
+/// and `_` in long flags' names read as `-` ([`normalize_flag_name`]).
 /// Everything after `--` is left alone.
 pub fn merge_list_flags(
     args: impl IntoIterator<Item = std::ffi::OsString>,
@@ -617,6 +642,8 @@ pub fn merge_list_flags(
             out.push(arg);
             continue;
         };
+        let arg = normalize_flag_name(arg);
+        let text = arg.to_str().map(str::to_string).unwrap_or(text);
         if text == "--" {
             out.push(arg);
             out.extend(args);
@@ -877,6 +904,32 @@ mod tests {
         assert_eq!(
             merge_list_flags(args(&["svcproxy", "--feature-gates"])),
             args(&["svcproxy", "--feature-gates"])
+        );
+    }
+
+    #[test]
+    fn underscores_in_flag_names_read_as_dashes_as_kube_proxy_reads_them() {
+        let args = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(Into::into).collect() };
+        assert_eq!(
+            merge_list_flags(args(&[
+                "svcproxy",
+                "--hostname_override=node_a",
+                "--cluster_cidr",
+                "10.0.0.0/8",
+                "--feature_gates=A=true",
+                "--feature-gates=B=false",
+                "--",
+                "--not_a_flag",
+            ])),
+            args(&[
+                "svcproxy",
+                "--hostname-override=node_a",
+                "--cluster-cidr",
+                "10.0.0.0/8",
+                "--feature-gates=A=true,B=false",
+                "--",
+                "--not_a_flag",
+            ])
         );
     }
 }

@@ -103,11 +103,11 @@ impl FeatureGates {
             }
             match spec.stage {
                 Stage::Ga => warnings.push(format!(
-                    "setting GA feature gate {name}={value}. It will be removed in a future \
+                    "Setting GA feature gate {name}={value}. It will be removed in a future \
                      release."
                 )),
                 Stage::Deprecated => warnings.push(format!(
-                    "setting deprecated feature gate {name}={value}. It will be removed in a \
+                    "Setting deprecated feature gate {name}={value}. It will be removed in a \
                      future release."
                 )),
                 Stage::Alpha | Stage::Beta => {}
@@ -153,11 +153,15 @@ impl FeatureGates {
     }
 }
 
-/// `--feature-gates` (`Name=true,Other=false`), as pflag's map flag parses it: each
-/// pair's value is a Go boolean. Errors in upstream's words.
+/// `--feature-gates` (`Name=true,Other=false`), as component-base's map flag parses
+/// it: each pair's value is a Go boolean, an empty pair (`A=true,`) is malformed, and
+/// an empty value sets nothing. Errors in upstream's words.
 pub fn parse_flag(s: &str) -> Result<BTreeMap<String, bool>, String> {
     let mut set = BTreeMap::new();
-    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    if s.trim().is_empty() {
+        return Ok(set);
+    }
+    for pair in s.split(',').map(str::trim) {
         let Some((name, value)) = pair.split_once('=') else {
             return Err(format!(
                 "invalid argument {pair:?}: malformed pair, expect string=bool"
@@ -227,7 +231,7 @@ mod tests {
         // A locked gate at its own value is fine (with the GA warning).
         let (_, warnings) = FeatureGates::new(&set(&[("NFTablesProxyMode", true)])).unwrap();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("GA feature gate NFTablesProxyMode=true"));
+        assert!(warnings[0].starts_with("Setting GA feature gate NFTablesProxyMode=true"));
     }
 
     #[test]
@@ -258,9 +262,13 @@ mod tests {
     #[test]
     fn the_flag_parses_as_pflag_s_map() {
         assert_eq!(
-            parse_flag("A=true, B=false,C=1,").unwrap(),
+            parse_flag("A=true, B=false,C=1").unwrap(),
             set(&[("A", true), ("B", false), ("C", true)])
         );
+        assert!(parse_flag("A=true,")
+            .unwrap_err()
+            .contains("malformed pair"));
+        assert_eq!(parse_flag("").unwrap(), set(&[]));
         assert!(parse_flag("A").unwrap_err().contains("malformed pair"));
         assert!(parse_flag("A=maybe")
             .unwrap_err()

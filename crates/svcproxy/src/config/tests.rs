@@ -908,7 +908,7 @@ fn feature_gates_are_checked_as_kube_proxy_checks_them() {
     assert!(!s.feature_gates.service_external_ips());
     assert!(warned(
         &w,
-        "--feature-gates: setting GA feature gate AllowServiceExternalIPs=false"
+        "--feature-gates: Setting GA feature gate AllowServiceExternalIPs=false"
     ));
     assert_eq!(s.feature_gates.as_set().len(), 3);
     // Unknown and locked gates are refused, every one named.
