@@ -622,7 +622,8 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
     ck.check(
         configz["kubeproxy.config.k8s.io"]["mode"] == mode.name()
             && configz["kubeproxy.config.k8s.io"]["hostnameOverride"]
-                == plan::node_name(NODE_A).as_str(),
+                == plan::node_name(NODE_A).as_str()
+            && configz["svcproxy"]["kubeProxyCompatibility"] == "v1.37",
         || format!("/configz: {z:?}"),
     );
     for name in [

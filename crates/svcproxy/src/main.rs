@@ -48,10 +48,7 @@ struct Cli {
     version: Option<String>,
 }
 
-/// The kube-proxy release whose semantics, flags, config file and metrics svcproxy
-/// follows (its API types are k8s-openapi's `v1_37`). What of 1.37 is still missing
-/// (the metrics 1.37 added) is listed in docs/configuration.md.
-const KUBE_PROXY_RELEASE: &str = "v1.37";
+use config::KUBE_PROXY_RELEASE;
 
 /// `--version`, as component-base's verflag: `true` (or no value) prints one line,
 /// `raw` the details, `false` does nothing.

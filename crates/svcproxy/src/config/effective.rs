@@ -128,7 +128,16 @@ pub fn to_yaml(settings: &Settings) -> anyhow::Result<String> {
 }
 
 /// `/configz`'s body: the configuration under its API group, as upstream's configz
-/// handler serves it.
+/// handler serves it, and svcproxy's own section (its version and the kube-proxy
+/// release it follows).
 pub fn configz_json(settings: &Settings) -> serde_json::Value {
-    serde_json::json!({ "kubeproxy.config.k8s.io": effective_config(settings) })
+    serde_json::json!({
+        "kubeproxy.config.k8s.io": effective_config(settings),
+        // A section of svcproxy's own beside kube-proxy's (configz is a map of
+        // sections): which release it follows.
+        "svcproxy": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "kubeProxyCompatibility": super::KUBE_PROXY_RELEASE,
+        },
+    })
 }
