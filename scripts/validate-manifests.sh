@@ -9,14 +9,20 @@
 #   oldest this deploy/ supports;
 # - duplicate keys (YAML silently keeps the last one);
 # - kustomization.yaml: known fields only, lists exactly the manifests in deploy/, and
-#   its image override names the image the DaemonSet uses.
+#   its image override names the image the DaemonSet uses;
+# - the Prometheus Operator's objects (deploy/monitoring: ServiceMonitor,
+#   PrometheusRule) against its schemas, from @kubernetes-models/prometheus-operator
+#   (npm): its validators check types, enums and required fields, and TypeScript's
+#   compiler, given each object as a literal of the package's type, refuses unknown
+#   fields; a PrometheusRule's rules are also checked by promtool (Debian's
+#   prometheus, which scripts/install-deps.sh --tests installs).
 #
 # The embedded KubeProxyConfiguration is checked by svcproxy's own parser in
 # crates/svcproxy/tests/deploy.rs (cargo test), not here.
 #
-# The validator is installed once, pinned, into a virtualenv under
-# ${XDG_CACHE_HOME:-~/.cache}/svcproxy (override: SVCPROXY_VALIDATE_VENV); later runs
-# reuse it and need no network at all.
+# The validators are installed once, pinned, under ${XDG_CACHE_HOME:-~/.cache}/svcproxy
+# (a virtualenv, override SVCPROXY_VALIDATE_VENV; an npm prefix, override
+# SVCPROXY_VALIDATE_NPM); later runs reuse them and need no network at all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +53,7 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$REQUIREME
 fi
 
 PROGRAM=$(cat <<'PY'
+import json
 import pathlib
 import sys
 
@@ -56,6 +63,8 @@ from packaging.version import Version
 
 deploy = pathlib.Path(sys.argv[1])
 oldest = sys.argv[2]
+# The Prometheus Operator's objects go to the npm validator (see the header).
+deferred_dir = pathlib.Path(sys.argv[3])
 newest = kv.latest_version()
 if Version(newest) < Version(oldest):
     sys.exit(f"validate-manifests: kubernetes-validate bundles schemas up to {newest} only")
@@ -83,6 +92,7 @@ StrictLoader.add_constructor(
 errors = []
 checked = 0
 manifests = []
+tool_configs = set()
 kustomization = None
 images = set()
 files = sorted(p for p in deploy.iterdir() if p.suffix in (".yaml", ".yml"))
@@ -107,11 +117,21 @@ for path in files:
         if not isinstance(doc, dict) or not doc.get("apiVersion") or not doc.get("kind"):
             errors.append(f"{where}: not a Kubernetes object (apiVersion and kind required)")
             continue
+        if str(doc["apiVersion"]).startswith("kind.x-k8s.io/"):
+            # kind's own cluster config (examples/kind): not an API object, and not
+            # a resource of the kustomization.
+            tool_configs.add(path.name)
+            print(f"ok {path}: kind {doc['kind']} (kind's configuration, not an API object)")
+            continue
         name = (doc.get("metadata") or {}).get("name")
         if not name:
             errors.append(f"{where}: metadata.name is required")
             continue
         what = f"{path}: {doc['kind']} {name}"
+        if str(doc["apiVersion"]).startswith("monitoring.coreos.com/"):
+            out = deferred_dir / f"{len(list(deferred_dir.iterdir())):03d}.json"
+            out.write_text(json.dumps({"file": str(path), "object": doc}))
+            continue
         pod = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
         for c in pod.get("containers") or []:
             if isinstance(c, dict) and isinstance(c.get("image"), str):
@@ -145,8 +165,22 @@ elif kustomization is not None:
             errors.append(f"{path}: unknown field {key!r}")
         if (k.get("apiVersion"), k.get("kind")) != ("kustomize.config.k8s.io/v1beta1", "Kustomization"):
             errors.append(f"{path}: expected apiVersion kustomize.config.k8s.io/v1beta1, kind Kustomization")
+        manifests = [m for m in manifests if m not in tool_configs]
         listed = k.get("resources") or []
-        for r in sorted(set(listed) - set(manifests)):
+        # An overlay names its base directory (which must have a kustomization);
+        # the base's images may be overridden here.
+        bases = [r for r in listed if (deploy / r).is_dir()]
+        for base in bases:
+            if not (deploy / base / "kustomization.yaml").is_file():
+                errors.append(f"{path}: resource {base!r} is a directory without a kustomization.yaml")
+                continue
+            for bp in sorted((deploy / base).glob("*.yaml")):
+                for bd in yaml.load_all(bp.read_text(), Loader=StrictLoader):
+                    pod = (((bd or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+                    for c in pod.get("containers") or []:
+                        if isinstance(c, dict) and isinstance(c.get("image"), str):
+                            images.add(c["image"].split("@")[0].rsplit(":", 1)[0])
+        for r in sorted(set(listed) - set(manifests) - set(bases)):
             errors.append(f"{path}: resource {r!r} is not a manifest in {deploy}/")
         for r in sorted(set(manifests) - set(listed)):
             errors.append(f"{path}: {r} is not listed in resources")
@@ -165,10 +199,16 @@ if errors:
 print(f"validate-manifests: {deploy}: {checked} object validations passed (strict, Kubernetes {', '.join(versions)})")
 PY
 )
-# deploy/ itself (the proxy) and every kustomization below it (the cluster DNS's
-# node-local and central shapes), each checked as a whole.
-dirs=(deploy)
+# deploy/ itself (the proxy), every kustomization below it (the cluster DNS's
+# node-local and central shapes, the monitoring objects), and the kind example's
+# overlay of deploy/, each checked as a whole.
+dirs=(deploy examples/kind)
 while IFS= read -r d; do dirs+=("$d"); done < <(find deploy -mindepth 2 -name kustomization.yaml -printf '%h\n' | sort)
+deferred=$(mktemp -d)
+trap 'rm -rf "$deferred"' EXIT
 for d in "${dirs[@]}"; do
-  "$venv/bin/python" -c "$PROGRAM" "$d" "$OLDEST_SUPPORTED"
+  "$venv/bin/python" -c "$PROGRAM" "$d" "$OLDEST_SUPPORTED" "$deferred"
 done
+if [ -n "$(ls -A "$deferred")" ]; then
+  bash scripts/validate-monitoring.sh "$deferred"
+fi

@@ -191,12 +191,28 @@ fn kube_proxy_dashboards_and_alerts_see_svcproxy() {
         ],
         dir.path(),
     );
+    // The alerting rules deploy/monitoring ships (kube-proxy's and svcproxy's own),
+    // as the Prometheus Operator hands them to Prometheus: the PrometheusRule's spec.
+    let rule: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring/prometheusrule.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let rules = dir.path().join("rules.yml");
+    std::fs::write(&rules, serde_yaml::to_string(&rule["spec"]).unwrap()).unwrap();
     let config = dir.path().join("prometheus.yml");
     std::fs::write(
         &config,
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-         scrape_configs:\n- job_name: kube-proxy\n  static_configs:\n  \
-         - targets: ['127.0.0.1:10249']\n",
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files: ['{}']\n\
+             scrape_configs:\n- job_name: kube-proxy\n  static_configs:\n  \
+             - targets: ['127.0.0.1:10249']\n\
+             - job_name: prometheus\n  static_configs:\n  - targets: ['127.0.0.1:9090']\n",
+            rules.display()
+        ),
     )
     .unwrap();
     let data = dir.path().join("data");
@@ -280,6 +296,16 @@ fn kube_proxy_dashboards_and_alerts_see_svcproxy() {
         let firing = query(&ns, expr);
         assert!(firing.is_empty(), "{alert} would fire: {firing:?}");
     }
+    // deploy/monitoring's rules loaded (Prometheus's own metrics, scraped as the job
+    // "prometheus", count them) and evaluated: none pending or firing while svcproxy
+    // syncs.
+    let alerts = query(&ns, "ALERTS");
+    assert!(alerts.is_empty(), "alerts while svcproxy works: {alerts:?}");
+    let evaluated = query(&ns, "prometheus_rule_group_rules");
+    assert!(
+        evaluated.iter().any(|l| l.contains("svcproxy")),
+        "deploy/monitoring's rule groups are not loaded: {evaluated:?}"
+    );
     // Each family's sync figures are its own: the generated services are IPv4
     // only, so IPv4's syncs took longer in all than IPv6's.
     let sums = query(
