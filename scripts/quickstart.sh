@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo build --release --locked --bin svcproxy --bin svcproxy-demo --bin svcproxy-echo
-bin=target/release/svcproxy
+# Where cargo put them (CARGO_TARGET_DIR, if set, as cargo reads it).
+release=${CARGO_TARGET_DIR:-target}/release
+bin=$release/svcproxy
 for node in node-a node-c; do
   echo "================================================================"
   echo "\$ svcproxy snapshot --manifests examples/cluster --hostname-override $node"
@@ -16,4 +18,4 @@ for node in node-a node-c; do
 done
 echo "================================================================"
 echo "live demo (network namespaces, real packets):"
-target/release/svcproxy-demo
+"$release/svcproxy-demo"

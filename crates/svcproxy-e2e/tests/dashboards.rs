@@ -195,7 +195,8 @@ fn kube_proxy_dashboards_and_alerts_see_svcproxy() {
     // as the Prometheus Operator hands them to Prometheus: the PrometheusRule's spec.
     let rule: serde_yaml::Value = serde_yaml::from_str(
         &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring/prometheusrule.yaml"),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../deploy/monitoring/prometheusrule.yaml"),
         )
         .unwrap(),
     )

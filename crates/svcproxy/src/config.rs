@@ -725,7 +725,9 @@ fn from_file(
         warnings,
     );
 
-    let masquerade_section = proxy_mode.defaults.config_section;
+    // The section of the mode asked for: `ipvs`, run as nftables, still reads the
+    // iptables section's masquerade settings, as upstream's ipvs mode.
+    let masquerade_section = mode.sync_section;
     let masquerade_of = |s: ConfigSection| match s {
         ConfigSection::Iptables => (ipt.masquerade_all, ipt.masquerade_bit),
         ConfigSection::Nftables => (nft.masquerade_all, nft.masquerade_bit),
@@ -753,13 +755,8 @@ fn from_file(
             fields.push("masqueradeBit");
         }
         if !fields.is_empty() {
-            let hint = if mode_str.is_empty() && name == ConfigSection::Iptables.name() {
-                " (svcproxy's default mode is nftables, kube-proxy's is iptables; set mode: iptables to use this section)"
-            } else {
-                ""
-            };
             warnings.push(format!(
-                "{}: ignored in {active} mode{hint}",
+                "{}: ignored in {active} mode",
                 fields
                     .iter()
                     .map(|f| format!("{name}.{f}"))

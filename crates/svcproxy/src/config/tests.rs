@@ -1007,3 +1007,19 @@ fn nftables_localhost_nodeports_follow_their_gate_and_the_addresses_named() {
     ]);
     assert!(!s.serves_localhost_nodeports());
 }
+
+#[test]
+fn ipvs_reads_the_iptables_section_s_masquerade_settings_as_upstream() {
+    let f = write_config(&format!(
+        "{HEAD}mode: ipvs\niptables:\n  masqueradeAll: true\n  masqueradeBit: 13\n\
+         nftables:\n  masqueradeAll: false\n"
+    ));
+    let (s, _) = ok(&[&config_arg(&f)]);
+    assert!(s.masquerade_all);
+    assert_eq!(s.masquerade_bit, 13);
+    let f = write_config(&format!(
+        "{HEAD}mode: nftables\niptables:\n  masqueradeAll: true\nnftables:\n  masqueradeAll: false\n"
+    ));
+    let (s, _) = ok(&[&config_arg(&f)]);
+    assert!(!s.masquerade_all);
+}
