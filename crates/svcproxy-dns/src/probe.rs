@@ -56,7 +56,39 @@ pub fn udp_from(
 
 /// Sends `q` over TCP (length-prefixed, RFC 1035 4.2.2); the answer.
 pub fn tcp(server: SocketAddr, q: &[u8], timeout: Duration) -> io::Result<Message> {
-    let mut s = TcpStream::connect_timeout(&server, timeout)?;
+    let s = TcpStream::connect_timeout(&server, timeout)?;
+    tcp_on(s, q, timeout)
+}
+
+/// A TCP connection to `server` from `local` (an address of this host; port 0:
+/// any).
+pub fn connect_from(
+    local: SocketAddr,
+    server: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(server),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.bind(&local.into())?;
+    socket.connect_timeout(&server.into(), timeout)?;
+    Ok(socket.into())
+}
+
+/// [`tcp`] from `local`.
+pub fn tcp_from(
+    local: SocketAddr,
+    server: SocketAddr,
+    q: &[u8],
+    timeout: Duration,
+) -> io::Result<Message> {
+    tcp_on(connect_from(local, server, timeout)?, q, timeout)
+}
+
+/// `q` over the connection `s`; the answer.
+fn tcp_on(mut s: TcpStream, q: &[u8], timeout: Duration) -> io::Result<Message> {
     s.set_read_timeout(Some(timeout))?;
     let len = u16::try_from(q.len()).map_err(io::Error::other)?;
     s.write_all(&len.to_be_bytes())?;

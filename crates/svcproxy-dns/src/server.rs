@@ -9,10 +9,11 @@
 //! hickory-server's server runs them, spent most of its time switching tasks). Only
 //! what must wait goes to the async runtime: TCP connections and relays upstream.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::{
     emit_message_parts, Edns, Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode,
@@ -26,8 +27,16 @@ use crate::limit::RateLimiter;
 
 /// How long a TCP connection may stay idle between queries.
 const TCP_IDLE: Duration = Duration::from_secs(10);
-/// TCP connections served at once; further ones wait in the listen backlog.
+/// TCP connections served at once. At the cap a new connection is still taken, and
+/// the idlest one open is closed to make room (as NSD and Unbound shed load): a
+/// client holding idle connections cannot keep others out.
 const MAX_TCP_CONNECTIONS: usize = 1024;
+/// TCP connections one client address may hold at once; a further one from it is
+/// closed as soon as it is accepted.
+const MAX_TCP_PER_CLIENT: usize = 64;
+/// The TCP listen backlog (the kernel caps it at `net.core.somaxconn`): room for a
+/// burst of connections while the accept loop catches up.
+const TCP_BACKLOG: i32 = 4096;
 /// Relays upstream in flight at once; past this a query that needs one is answered
 /// SERVFAIL at once (a flood of foreign names cannot pile up tasks).
 const MAX_RELAYS: usize = 1024;
@@ -63,6 +72,14 @@ pub struct Counters {
     /// Datagrams or messages that were not queries (too short, or responses):
     /// dropped without an answer.
     pub dropped: AtomicU64,
+    /// TCP connections open now.
+    pub tcp_open: AtomicU64,
+    /// TCP connections closed at once because their client held
+    /// [`MAX_TCP_PER_CLIENT`] already.
+    pub tcp_over_client_limit: AtomicU64,
+    /// TCP connections closed, the idlest first, to make room for a new one at
+    /// [`MAX_TCP_CONNECTIONS`].
+    pub tcp_shed: AtomicU64,
 }
 
 const RCODES: [ResponseCode; 6] = [
@@ -597,6 +614,19 @@ fn reuseport_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(socket.into())
 }
 
+/// A TCP listener on `addr` with a backlog of [`TCP_BACKLOG`].
+fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(TCP_BACKLOG)?;
+    Ok(socket.into())
+}
+
 /// `workers` UDP sockets and a TCP listener on `addr`'s one port. With port 0, the
 /// port the kernel gives the first UDP socket may be in use for TCP (by any
 /// connection's local end): then another is tried, a few times.
@@ -608,7 +638,7 @@ fn bind_all(
     loop {
         let first = reuseport_udp(addr)?;
         let port = first.local_addr()?;
-        match std::net::TcpListener::bind(port) {
+        match tcp_listener(port) {
             Ok(tcp) => {
                 let mut udp = vec![first];
                 for _ in 1..workers {
@@ -741,27 +771,125 @@ fn send_udp(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
     }
 }
 
-/// Accepts TCP connections until `stop`, at most [`MAX_TCP_CONNECTIONS`] at once.
+/// The TCP connections open: per connection its client and when it last did
+/// something (and how to close it), per client how many it holds.
+#[derive(Default)]
+struct TcpTable {
+    next: u64,
+    open: HashMap<u64, (IpAddr, Arc<TcpConn>)>,
+    per_client: HashMap<IpAddr, usize>,
+}
+
+/// One open connection, as its task and the table share it.
+struct TcpConn {
+    /// Milliseconds since the table's epoch of the last query (or the accept).
+    last_active: AtomicU64,
+    /// Told when the table closes the connection to make room.
+    close: tokio::sync::Notify,
+}
+
+/// [`TcpTable`] behind its lock, with the clock its connections' activity is on.
+struct TcpConnections {
+    table: Mutex<TcpTable>,
+    epoch: Instant,
+    counters: Arc<Counters>,
+}
+
+impl TcpConnections {
+    fn new(counters: Arc<Counters>) -> Self {
+        TcpConnections {
+            table: Mutex::new(TcpTable::default()),
+            epoch: Instant::now(),
+            counters,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A new connection from `client`: its entry, or `None` when the client holds
+    /// [`MAX_TCP_PER_CLIENT`] already. At [`MAX_TCP_CONNECTIONS`] the idlest
+    /// connection open is told to close, and leaves the table at once.
+    fn admit(&self, client: IpAddr) -> Option<(u64, Arc<TcpConn>)> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let held = t.per_client.get(&client).copied().unwrap_or(0);
+        if held >= MAX_TCP_PER_CLIENT {
+            self.counters
+                .tcp_over_client_limit
+                .fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if t.open.len() >= MAX_TCP_CONNECTIONS {
+            let idlest = t
+                .open
+                .iter()
+                .min_by_key(|(_, (_, c))| c.last_active.load(Ordering::Relaxed))
+                .map(|(id, _)| *id);
+            if let Some(id) = idlest {
+                Self::forget(&mut t, id);
+                self.counters.tcp_shed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let conn = Arc::new(TcpConn {
+            last_active: AtomicU64::new(self.now()),
+            close: tokio::sync::Notify::new(),
+        });
+        t.next += 1;
+        let id = t.next;
+        t.open.insert(id, (client, conn.clone()));
+        *t.per_client.entry(client).or_default() += 1;
+        self.counters
+            .tcp_open
+            .store(t.open.len() as u64, Ordering::Relaxed);
+        Some((id, conn))
+    }
+
+    /// The connection `id` ended (whether or not it was told to).
+    fn release(&self, id: u64) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        Self::forget(&mut t, id);
+        self.counters
+            .tcp_open
+            .store(t.open.len() as u64, Ordering::Relaxed);
+    }
+
+    fn forget(t: &mut TcpTable, id: u64) {
+        if let Some((client, conn)) = t.open.remove(&id) {
+            conn.close.notify_one();
+            if let Some(n) = t.per_client.get_mut(&client) {
+                *n -= 1;
+                if *n == 0 {
+                    t.per_client.remove(&client);
+                }
+            }
+        }
+    }
+}
+
+/// Accepts TCP connections until `stop`: every one is taken (see
+/// [`TcpConnections::admit`] for which are closed at once, and which to make room).
 async fn serve_tcp(
     listener: tokio::net::TcpListener,
     handler: Arc<Handler>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_TCP_CONNECTIONS));
+    let connections = Arc::new(TcpConnections::new(handler.counters()));
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = &mut stop => return,
         };
         match accepted {
             Ok((stream, peer)) => {
-                let handler = handler.clone();
+                let Some((id, conn)) = connections.admit(peer.ip()) else {
+                    drop(stream);
+                    continue;
+                };
+                let (handler, connections) = (handler.clone(), connections.clone());
                 tokio::spawn(async move {
-                    tcp_connection(stream, peer, &handler).await;
-                    drop(slot);
+                    tcp_connection(stream, peer, &handler, &conn, &connections).await;
+                    connections.release(id);
                 });
             }
             Err(e) => {
@@ -774,9 +902,15 @@ async fn serve_tcp(
 }
 
 /// Queries on one TCP connection, each a 2-byte length and a message, answered in
-/// order; the connection closes when idle for [`TCP_IDLE`], or on a message that is
-/// not a query.
-async fn tcp_connection(mut stream: tokio::net::TcpStream, peer: SocketAddr, handler: &Handler) {
+/// order; the connection closes when idle for [`TCP_IDLE`], on a message that is
+/// not a query, or when the table closes it to make room.
+async fn tcp_connection(
+    mut stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    handler: &Handler,
+    conn: &TcpConn,
+    connections: &TcpConnections,
+) {
     let _ = stream.set_nodelay(true);
     loop {
         let mut len = [0u8; 2];
@@ -786,10 +920,14 @@ async fn tcp_connection(mut stream: tokio::net::TcpStream, peer: SocketAddr, han
             message.resize(usize::from(u16::from_be_bytes(len)), 0);
             stream.read_exact(&mut message).await
         };
-        match tokio::time::timeout(TCP_IDLE, read).await {
-            Ok(Ok(_)) => {}
-            _ => return,
+        tokio::select! {
+            read = tokio::time::timeout(TCP_IDLE, read) => match read {
+                Ok(Ok(_)) => {}
+                _ => return,
+            },
+            _ = conn.close.notified() => return,
         }
+        conn.last_active.store(connections.now(), Ordering::Relaxed);
         let bytes = match handler.respond(&message, peer.ip(), Transport::Tcp) {
             Reply::Send(bytes) => bytes,
             Reply::Relay(relay) => handler.relay(relay).await,

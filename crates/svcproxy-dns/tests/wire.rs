@@ -398,3 +398,62 @@ fn answers_kept_encoded_are_never_another_clients() {
     assert!(errors.is_empty());
     assert_eq!(from("127.0.0.2", web), ["10.96.0.99"]);
 }
+
+/// One client holding thousands of idle TCP connections, from many addresses, cannot
+/// keep others' TCP queries waiting: each is answered within a second, the idlest
+/// connections making room; one address cannot hold more than its share; and the
+/// connections held stay bounded.
+#[test]
+fn idle_tcp_connections_cannot_exhaust_the_server() {
+    // Two sockets per connection here (the client's and the server's): this needs
+    // an open files limit above 8,000 (20,000 on these machines).
+    let dns = start(&headless(2));
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    let from = |ip: String| -> SocketAddr { format!("{ip}:0").parse().unwrap() };
+    // 3,000 idle connections from 100 addresses (30 each).
+    let mut idle = Vec::new();
+    for i in 0..3000u32 {
+        let local = from(format!("127.0.{}.{}", 10 + i % 100 / 50, i % 50 + 1));
+        match probe::connect_from(local, dns.addr, WAIT) {
+            Ok(s) => idle.push(s),
+            Err(e) => panic!("idle connection {i}: {e}"),
+        }
+    }
+    // Others' queries are answered at once.
+    for n in 0..10 {
+        let started = std::time::Instant::now();
+        let m = probe::tcp_from(from("127.0.0.2".into()), dns.addr, &q, WAIT)
+            .unwrap_or_else(|e| panic!("query {n} while 3,000 idle connections: {e}"));
+        assert_eq!(addresses(&m), ["10.96.0.10"]);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(1), "query {n} took {took:?}");
+    }
+    let open = dns
+        .counters
+        .tcp_open
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let shed = dns
+        .counters
+        .tcp_shed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(open <= 1024, "{open} open");
+    assert!(shed >= 3000 - 1024, "{shed} shed");
+    // One address holds at most its share: past it, a connection is closed at once.
+    let mut mine = Vec::new();
+    for _ in 0..100 {
+        mine.push(probe::connect_from(from("127.0.0.3".into()), dns.addr, WAIT).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = dns
+        .counters
+        .tcp_over_client_limit
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(refused, 100 - 64, "connections past one client's 64");
+    // Another client is answered meanwhile.
+    assert_eq!(
+        addresses(&probe::tcp_from(from("127.0.0.4".into()), dns.addr, &q, WAIT).unwrap()),
+        ["10.96.0.10"]
+    );
+    drop(idle);
+    drop(mine);
+}

@@ -446,4 +446,14 @@ fn svcproxy_dns_counts_queries_and_answers_in_its_metrics() {
     // workers: one at least was answered as kept.
     assert!(value("svcproxy_dns_cache_hits_total") >= 1, "{text}");
     assert_eq!(value("svcproxy_dns_forward_requests_total"), 0);
+    // The one TCP connection (closed by now, or about to be); nothing was shed.
+    assert!(value("svcproxy_dns_tcp_connections") <= 1, "{text}");
+    for reason in ["client_limit", "idlest"] {
+        assert_eq!(
+            value(&format!(
+                "svcproxy_dns_tcp_connections_shed_total{{reason=\"{reason}\"}}"
+            )),
+            0
+        );
+    }
 }

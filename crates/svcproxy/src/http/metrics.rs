@@ -97,6 +97,9 @@ struct DnsCollector {
     forwarded: IntCounter,
     forward_failures: IntCounter,
     dropped: IntCounter,
+    /// TCP connections open, and those closed to protect the others.
+    tcp_open: IntGauge,
+    tcp_closed: IntCounterVec,
     /// One scrape brings them up at a time.
     syncing: Mutex<()>,
 }
@@ -141,6 +144,17 @@ impl DnsCollector {
                 "svcproxy_dns_dropped_total",
                 "Datagrams and messages that were not DNS queries, dropped without an answer",
             ),
+            tcp_open: IntGauge::with_opts(Opts::new(
+                "svcproxy_dns_tcp_connections",
+                "DNS TCP connections open",
+            ))
+            .expect("valid gauge"),
+            tcp_closed: vec(
+                "svcproxy_dns_tcp_connections_shed_total",
+                "DNS TCP connections closed to protect the others: client_limit (past a client \
+                 address's share), idlest (the idlest, to make room at the server's cap)",
+                "reason",
+            ),
             syncing: Mutex::new(()),
         };
         // Every series from the start: dashboards see zeros rather than gaps.
@@ -180,6 +194,16 @@ impl DnsCollector {
         up_to(&self.forwarded, d.relayed.load(Relaxed));
         up_to(&self.forward_failures, d.relay_failures.load(Relaxed));
         up_to(&self.dropped, d.dropped.load(Relaxed));
+        self.tcp_open
+            .set(i64::try_from(d.tcp_open.load(Relaxed)).unwrap_or(i64::MAX));
+        up_to(
+            &self.tcp_closed.with_label_values(&["client_limit"]),
+            d.tcp_over_client_limit.load(Relaxed),
+        );
+        up_to(
+            &self.tcp_closed.with_label_values(&["idlest"]),
+            d.tcp_shed.load(Relaxed),
+        );
     }
 }
 
@@ -187,6 +211,8 @@ impl Collector for DnsCollector {
     fn desc(&self) -> Vec<&prometheus::core::Desc> {
         let mut d = self.requests.desc();
         d.extend(self.responses.desc());
+        d.extend(self.tcp_open.desc());
+        d.extend(self.tcp_closed.desc());
         for c in self.single() {
             d.extend(c.desc());
         }
@@ -197,6 +223,8 @@ impl Collector for DnsCollector {
         self.sync();
         let mut m = self.requests.collect();
         m.extend(self.responses.collect());
+        m.extend(self.tcp_open.collect());
+        m.extend(self.tcp_closed.collect());
         for c in self.single() {
             m.extend(c.collect());
         }
