@@ -117,7 +117,7 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
                 if is_chain_declaration(line) {
                     chain.declaration.push(line.to_string());
                 } else {
-                    chain.items.push(line.to_string());
+                    chain.items.push(unport_redirect(line));
                 }
                 // A rule never ends with `{` (anonymous sets close on the line).
             }
@@ -156,6 +156,22 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
     }
     resolve_numbered_maps(&mut out);
     out
+}
+
+/// `redirect to :PORT` for any port: the userspace proxy's sockets take their ports
+/// when it starts, so no plan made apart from the running proxy knows them; a
+/// redirect is compared by where it is (which set's chain), not by the port.
+fn unport_redirect(rule: &str) -> String {
+    match rule.find("redirect to :") {
+        Some(at) => {
+            let start = at + "redirect to :".len();
+            let digits = rule[start..]
+                .find(|c: char| !c.is_ascii_digit())
+                .map_or(rule.len(), |n| start + n);
+            format!("{}PORT{}", &rule[..start], &rule[digits..])
+        }
+        None => rule.to_string(),
+    }
 }
 
 /// A rule choosing from a map by number (`numgen random mod N offset B map @M`:
@@ -521,6 +537,19 @@ mod tests {
 ",
             base + 1
         )
+    }
+
+    #[test]
+    fn redirects_compare_by_place_not_port() {
+        assert_eq!(
+            unport_redirect("meta l4proto tcp redirect to :40029"),
+            "meta l4proto tcp redirect to :PORT"
+        );
+        assert_eq!(
+            unport_redirect("redirect to :0 comment \"x\""),
+            "redirect to :PORT comment \"x\""
+        );
+        assert_eq!(unport_redirect("jump services"), "jump services");
     }
 
     #[test]

@@ -2640,3 +2640,147 @@ endpoints:
     }
     ck.finish(&env);
 }
+
+// -----------------------------------------------------------------------------------------
+// The chaos run (not part of the suite: `scripts/chaos.sh`)
+// -----------------------------------------------------------------------------------------
+
+/// For `CHAOS_SECONDS` (default 120), in `CHAOS_MODE` (default nftables): 12 services'
+/// endpoints change every 50-250 ms while node-a's svcproxy is killed with SIGKILL at
+/// random moments (every 1-5 s) and started again. After each restart's first sync,
+/// with the churn paused, `explain --live` must find node-a's kernel equal to the plan
+/// and every service must answer a pod of node-a from its current endpoints. Prints
+/// the counts; fails on any mismatch or failed probe.
+#[test]
+#[ignore]
+fn chaos_kill_9_under_endpoint_churn() {
+    let mode = match std::env::var("CHAOS_MODE").as_deref() {
+        Ok("iptables") => Mode::Iptables,
+        Ok("userspace") => Mode::Userspace,
+        _ => Mode::Nftables,
+    };
+    let seconds: u64 = std::env::var("CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
+    let pods = [A0, A1, B0, B1];
+    let names = ["pod-a0", "pod-a1", "pod-b0", "pod-b1"];
+    let services: Vec<Svc> = (0..12u16)
+        .map(|i| {
+            Svc::dual(&format!("chaos{i}"), 60 + i).port(SvcPort::new(
+                "http",
+                Proto::Tcp,
+                80,
+                BACKEND_PORT,
+            ))
+        })
+        .collect();
+    let files: Vec<(String, String)> = services
+        .iter()
+        .map(|s| (fname(s), file(s, &pods)))
+        .collect();
+    let files: Vec<(&str, String)> = files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let Some(mut env) = Env::start(mode, EnvSpec::default(), &files) else {
+        return;
+    };
+    // A small deterministic generator (xorshift): the run is repeatable by its seed.
+    let mut seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_cafe);
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    // Each service's current endpoints (indices into `pods`).
+    let mut current: Vec<Vec<usize>> = vec![(0..4).collect(); services.len()];
+    let (mut restarts, mut probes, mut failed, mut changes, mut mismatches) = (0, 0, 0, 0, 0);
+    let bin = svcproxy_e2e::bins::svcproxy_bin();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut ck = Checks::new("chaos");
+    while Instant::now() < deadline {
+        // Churn until the next kill.
+        let kill_at = Instant::now() + Duration::from_millis(1000 + next(4000));
+        while Instant::now() < kill_at {
+            let s = next(services.len() as u64) as usize;
+            let mask = 1 + next(15) as usize;
+            current[s] = (0..4).filter(|p| mask & (1 << p) != 0).collect();
+            let chosen: Vec<Host> = current[s].iter().map(|&p| pods[p]).collect();
+            env.write(&fname(&services[s]), &file(&services[s], &chosen));
+            changes += 1;
+            thread::sleep(Duration::from_millis(50 + next(200)));
+        }
+        // SIGKILL node-a's proxy mid-whatever and start it again.
+        let label = format!("svcproxy-{}", plan::node_name(NODE_A));
+        let at = env
+            .proxies
+            .iter()
+            .position(|p| p.label() == label)
+            .expect("node-a's proxy");
+        env.proxies[at].kill();
+        env.proxies.remove(at);
+        let proc = env.spawn_svcproxy(&bin, NODE_A, &[]);
+        env.proxies.push(proc);
+        restarts += 1;
+        env.wait_synced(NODE_A);
+        // Settle: the restarted proxy has read every file (its first sync is of the
+        // whole directory) and later syncs follow within --min-sync-period 0s.
+        thread::sleep(Duration::from_millis(500));
+        let mut args: Vec<String> = vec!["explain".into()];
+        args.extend(env.proxy_args(NODE_A));
+        args.extend(
+            [
+                "--format",
+                "json",
+                "--live",
+                "--from",
+                "198.51.100.7",
+                "--to",
+                "198.51.100.8:80",
+            ]
+            .map(String::from),
+        );
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let live = env.run_svcproxy(NODE_A, &argv);
+        let v: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap_or_default();
+        let diffs = v["kernel"]["differences"]
+            .as_array()
+            .map_or(usize::MAX, Vec::len);
+        if diffs != 0 {
+            mismatches += 1;
+            ck.check(false, || {
+                format!(
+                    "restart {restarts}: explain --live found {diffs} differences: {:#}\n{}",
+                    v["kernel"],
+                    String::from_utf8_lossy(&live.stderr)
+                )
+            });
+        }
+        for (s, svc) in services.iter().enumerate() {
+            let allowed: Vec<&str> = current[s].iter().map(|&p| names[p]).collect();
+            let f = if next(2) == 0 { Family::V4 } else { Family::V6 };
+            let got = env.probe(A1, Proto::Tcp, sa(svc.cluster_ip(f), 80), 1, ANSWER);
+            probes += 1;
+            let ok = got
+                .iter()
+                .all(|a| a.backend().is_some_and(|b| allowed.contains(&b)));
+            if !ok {
+                failed += 1;
+                ck.answered_by(
+                    &format!("restart {restarts}: pod-a1 -> {} ({f:?})", svc.name),
+                    &got,
+                    &allowed,
+                );
+            }
+        }
+    }
+    eprintln!(
+        "[chaos] {}: {seconds} s: {restarts} SIGKILL restarts, {changes} endpoint changes, \
+         {mismatches} kernel/plan mismatches after a restart, {probes} probes after a restart, \
+         {failed} failed",
+        mode.label()
+    );
+    ck.finish(&env);
+}

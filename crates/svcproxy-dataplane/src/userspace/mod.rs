@@ -787,8 +787,15 @@ impl DataPlane for UserspaceDataPlane {
         self.nft.drift()
     }
 
+    /// Against the plan with the capture (each set's redirect, whatever its port:
+    /// a plan made apart from the running proxy cannot know its sockets' ports).
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
-        self.nft.compare(intent)
+        if self.engine.is_some() {
+            return self.nft.compare(intent);
+        }
+        let port = self.cfg.port_range.map_or(0, |(lo, _)| lo);
+        let capture: Arc<dyn CapturePorts> = Arc::new(RenderPorts(self.scope, port));
+        NftDataPlane::with_capture(NftCommand::default(), Some(capture)).compare(intent)
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
