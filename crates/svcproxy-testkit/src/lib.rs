@@ -22,5 +22,6 @@ pub mod confine;
 pub mod netns;
 pub mod objects;
 pub mod pattern;
+pub mod process;
 pub mod rng;
 pub mod scenario;

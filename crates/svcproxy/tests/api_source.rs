@@ -33,23 +33,25 @@ impl Proxy {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml(server_url)).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
-            .args(["snapshot", "--watch", "--format", "json"])
-            .args(["--hostname-override", NODE])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(extra)
-            // A test's own --min-sync-period wins over this default.
-            .args(if extra.contains(&"--min-sync-period") {
-                &[][..]
-            } else {
-                &["--min-sync-period", "200ms"][..]
-            })
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start svcproxy");
+        let mut child = svcproxy_testkit::process::die_with_test(&mut Command::new(env!(
+            "CARGO_BIN_EXE_svcproxy"
+        )))
+        .args(["snapshot", "--watch", "--format", "json"])
+        .args(["--hostname-override", NODE])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(extra)
+        // A test's own --min-sync-period wins over this default.
+        .args(if extra.contains(&"--min-sync-period") {
+            &[][..]
+        } else {
+            &["--min-sync-period", "200ms"][..]
+        })
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start svcproxy");
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {

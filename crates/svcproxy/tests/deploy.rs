@@ -458,17 +458,19 @@ fn dns_shapes_start_and_agree_with_their_rbac_and_probes() {
         let healthz_local = free.local_addr().unwrap().to_string();
         drop(free);
         let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
-            .current_dir(repo())
-            .args(&args)
-            .args(["--manifests", "examples/cluster"])
-            .args(["--dns-bind-address", "127.0.0.1:0"])
-            .args(["--healthz-bind-address", &healthz_local])
-            .args(["--dns-upstream", "none"])
-            .env_remove("RUST_LOG")
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .unwrap();
+        let mut child = svcproxy_testkit::process::die_with_test(&mut Command::new(env!(
+            "CARGO_BIN_EXE_svcproxy"
+        )))
+        .current_dir(repo())
+        .args(&args)
+        .args(["--manifests", "examples/cluster"])
+        .args(["--dns-bind-address", "127.0.0.1:0"])
+        .args(["--healthz-bind-address", &healthz_local])
+        .args(["--dns-upstream", "none"])
+        .env_remove("RUST_LOG")
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
         let start = std::time::Instant::now();
         let text = loop {
             let text = std::fs::read_to_string(log.path()).unwrap_or_default();

@@ -40,16 +40,17 @@ fn start(dir: &Path, extra: &[&str]) -> Dns {
     if !extra.contains(&"--hostname-override") {
         extra.extend(["--hostname-override", "node-a"]);
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
-        .arg("dns")
-        .args(extra)
-        .args(["--manifests"])
-        .arg(dir)
-        .args(["--dns-bind-address", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start svcproxy dns");
+    let mut child =
+        svcproxy_testkit::process::die_with_test(&mut Command::new(env!("CARGO_BIN_EXE_svcproxy")))
+            .arg("dns")
+            .args(extra)
+            .args(["--manifests"])
+            .arg(dir)
+            .args(["--dns-bind-address", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start svcproxy dns");
     let start = Instant::now();
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
