@@ -203,6 +203,14 @@ impl ModeSemantics {
     }
 }
 
+/// Whether a NodePort address CIDR takes in loopback: it starts at a loopback
+/// address, or holds 127.0.0.0 or ::1 (so `127.0.0.1/32` does, and a `/0` does).
+pub fn holds_loopback(cidr: &IpNet) -> bool {
+    cidr.addr().is_loopback()
+        || cidr.contains(&IpAddr::from([127, 0, 0, 0]))
+        || cidr.contains(&IpAddr::from(std::net::Ipv6Addr::LOCALHOST))
+}
+
 impl PlanConfig {
     /// Checks what the types cannot. The planner never fails: given an invalid
     /// masquerade bit it uses the default one.
@@ -235,10 +243,6 @@ impl PlanConfig {
         if !self.localhost_nodeports || !self.family_enabled(family) {
             return false;
         }
-        let loopback: IpAddr = match family {
-            IpFamily::V4 => IpAddr::from([127, 0, 0, 0]),
-            IpFamily::V6 => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
-        };
         let includes_loopback = |primary: bool| match &self.nodeport_addresses {
             NodePortAddresses::Primary => primary,
             NodePortAddresses::AllLocal => true,
@@ -251,8 +255,7 @@ impl PlanConfig {
                     .peekable();
                 let none = own.peek().is_none();
                 // A family without CIDRs: every address (`primary` alone names one).
-                (none && (!with_primary || primary))
-                    || own.any(|c| c.addr().is_loopback() || c.contains(&loopback))
+                (none && (!with_primary || primary)) || own.any(holds_loopback)
             }
         };
         match self.localhost_by {

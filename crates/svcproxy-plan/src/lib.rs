@@ -25,7 +25,7 @@ pub mod names;
 pub mod nft;
 
 pub use config::{
-    ConfigError, InterfaceName, LocalDetection, LocalhostGate, LocalhostNodePorts, ModeSemantics,
-    NodePortAddresses, PlanConfig,
+    holds_loopback, ConfigError, InterfaceName, LocalDetection, LocalhostGate, LocalhostNodePorts,
+    ModeSemantics, NodePortAddresses, PlanConfig,
 };
 pub use intent::{build_intent, Conflict, Intent, IntentBuilder, IntentDelta};

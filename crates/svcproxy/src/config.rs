@@ -177,21 +177,15 @@ impl Settings {
 }
 
 impl NodePortAddresses {
-    /// Loopback is named: a CIDR other than a `/0` starts at a loopback address or
-    /// holds 127.0.0.0 or ::1 (the `localhost` keyword is 127.0.0.0/8 and ::1/128),
-    /// as upstream's `ContainsExplicitLoopback`, and as the plan tells a family's
-    /// loopback among its CIDRs (`PlanConfig::serves_localhost_nodeports`).
+    /// Loopback is named: a CIDR other than a `/0` takes it in (the `localhost`
+    /// keyword is 127.0.0.0/8 and ::1/128), as upstream's `ContainsExplicitLoopback`,
+    /// by the plan's own test ([`svcproxy_plan::holds_loopback`]).
     pub fn names_loopback(&self) -> bool {
         match self {
             NodePortAddresses::Primary | NodePortAddresses::All => false,
-            NodePortAddresses::Cidrs(cidrs) | NodePortAddresses::PrimaryAnd(cidrs) => {
-                cidrs.iter().any(|c| {
-                    c.prefix_len() > 0
-                        && (c.addr().is_loopback()
-                            || c.contains(&IpAddr::from(Ipv4Addr::new(127, 0, 0, 0)))
-                            || c.contains(&IpAddr::from(Ipv6Addr::LOCALHOST)))
-                })
-            }
+            NodePortAddresses::Cidrs(cidrs) | NodePortAddresses::PrimaryAnd(cidrs) => cidrs
+                .iter()
+                .any(|c| c.prefix_len() > 0 && svcproxy_plan::holds_loopback(c)),
         }
     }
 }

@@ -20,6 +20,14 @@ enum Shown {
 
 use Shown::{Flag, Heading};
 
+/// What `render` and `explain` read: the rules a sync would write.
+const RULE_COMMANDS: &[Shown] = &[
+    Heading(heading::SOURCES),
+    Heading(heading::ADDRESSES),
+    Heading(heading::RULES),
+    Heading(heading::LOGGING),
+];
+
 /// Per subcommand, the flags that change what it does. The data planes' flags and
 /// the ignored ones are the daemon's alone.
 const SUBCOMMANDS: &[(&str, &[Shown])] = &[
@@ -37,24 +45,8 @@ const SUBCOMMANDS: &[(&str, &[Shown])] = &[
             Heading(heading::LOGGING),
         ],
     ),
-    (
-        "render",
-        &[
-            Heading(heading::SOURCES),
-            Heading(heading::ADDRESSES),
-            Heading(heading::RULES),
-            Heading(heading::LOGGING),
-        ],
-    ),
-    (
-        "explain",
-        &[
-            Heading(heading::SOURCES),
-            Heading(heading::ADDRESSES),
-            Heading(heading::RULES),
-            Heading(heading::LOGGING),
-        ],
-    ),
+    ("render", RULE_COMMANDS),
+    ("explain", RULE_COMMANDS),
     (
         "dns",
         &[
