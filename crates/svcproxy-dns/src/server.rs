@@ -614,7 +614,9 @@ fn reuseport_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(socket.into())
 }
 
-/// A TCP listener on `addr` with a backlog of [`TCP_BACKLOG`].
+/// A TCP listener on `addr` with a backlog of [`TCP_BACKLOG`], with `SO_REUSEPORT`
+/// as the UDP sockets: a warm standby svcproxy on the same node serves the same port
+/// (from its own catalog) until it takes over.
 fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
@@ -622,6 +624,7 @@ fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
         Some(socket2::Protocol::TCP),
     )?;
     socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
     socket.bind(&addr.into())?;
     socket.listen(TCP_BACKLOG)?;
     Ok(socket.into())

@@ -64,6 +64,7 @@ per_mode!(
     edits_while_running_change_what_answers,
     serving_terminating_endpoints_are_the_fallback,
     once_cleanup_and_sigterm,
+    a_second_instance_stands_by_and_takes_over_without_a_failed_connection,
 );
 
 const A0: Host = Host::Pod(NODE_A, 0);
@@ -2334,6 +2335,225 @@ fn once_cleanup_and_sigterm(mode: Mode) {
         out.status.success() && env.nothing_programmed(NODE_A),
         || format!("final cleanup: {}", out.status),
     );
+    ck.finish(&env);
+}
+
+/// Waits (bounded) until `proc`'s log (stderr) contains `needle`; says whether it did.
+fn wait_log(proc: &svcproxy_e2e::NsProcess, needle: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if proc.stderr().contains(needle) {
+            return true;
+        }
+        if Instant::now() >= deadline || proc.exit_status().is_some() {
+            return proc.stderr().contains(needle);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Issue 38, item 1: a rolling update with `maxSurge` runs two svcproxy processes on
+/// a node. The second waits as a warm standby (writing nothing: the owner sees no
+/// drift, `/healthz` answers for both), takes over at the owner's SIGTERM under a
+/// steady stream of connections with none failing, and within a few seconds of a
+/// SIGKILL.
+fn a_second_instance_stands_by_and_takes_over_without_a_failed_connection(mode: Mode) {
+    let web = tcp_only(Svc::dual("web", 130), None);
+    let Some(env) = Env::start(
+        mode,
+        // pod-a2 is the stream's client.
+        EnvSpec {
+            pods_per_node: 3,
+            ..EnvSpec::default()
+        },
+        &[(&fname(&web), file(&web, &[A0, B0]))],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("hand-over");
+    let label = format!("svcproxy-{}", plan::node_name(NODE_A));
+    let old = env
+        .proxies
+        .iter()
+        .find(|p| p.label() == label)
+        .expect("node-a's proxy");
+    // The new release: another binary (the same build under another path).
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let new_bin = dir.path().join("svcproxy-next");
+    std::fs::copy(svcproxy_e2e::bins::svcproxy_bin(), &new_bin).expect("copy svcproxy");
+    let new = env.spawn_svcproxy(&new_bin, NODE_A, &[]);
+    let standing_by = wait_log(&new, "waiting as a warm standby", SYNC_DEADLINE);
+    ck.check(standing_by, || {
+        format!("the second svcproxy did not stand by\n{}", new.logs())
+    });
+    // Both answer /healthz on the one port (the kernel spreads connections): 200
+    // from each, the standby's saying so. 40 tries all reaching one process would
+    // be a 1-in-10^12 chance.
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let answers: Vec<_> = (0..40)
+        .map(|_| get(&env, Host::Node(NODE_A), loopback, 10256, "/healthz"))
+        .collect();
+    let standby_answers = answers
+        .iter()
+        .flatten()
+        .filter(|a| a.body.contains(r#""role": "standby""#))
+        .count();
+    ck.check(
+        answers
+            .iter()
+            .all(|a| a.as_ref().is_some_and(|a| a.code == 200)),
+        || format!("/healthz with a standby: {answers:?}"),
+    );
+    ck.check(
+        standby_answers > 0 && standby_answers < answers.len(),
+        || {
+            format!(
+                "{standby_answers} of {} /healthz answers from the standby",
+                answers.len()
+            )
+        },
+    );
+    // An edit while both run: the owner applies it, the standby writes nothing
+    // (the owner's drift check would see its writes).
+    let since = Instant::now();
+    env.write(&fname(&web), &file(&web, &[A0, A1, B0]));
+    let spec = ProbeSpec::new(Proto::Tcp, sa(web.cluster_ip(Family::V4), 80));
+    wait_visible(
+        &env,
+        &mut ck,
+        "pod-a1 added, standby waiting",
+        since,
+        &spec,
+        |got| got.iter().any(|a| a.backend() == Some("pod-a1")),
+    );
+    thread::sleep(Duration::from_millis(500));
+
+    // The upgrade under a steady stream of connections, both families.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (attempts, handed_over, took_over) = thread::scope(|s| {
+        let stream = s.spawn(|| {
+            let mut all = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(90);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                for f in Family::BOTH {
+                    all.extend(env.probe(A2, Proto::Tcp, sa(web.cluster_ip(f), 80), 5, ANSWER));
+                }
+            }
+            all
+        });
+        thread::sleep(Duration::from_secs(1));
+        let t = Instant::now();
+        let status = old.terminate(Duration::from_secs(30));
+        let handed_over = t.elapsed();
+        ck.check(status.is_some_and(|s| s.success()), || {
+            format!("the old svcproxy at SIGTERM: {status:?}\n{}", old.logs())
+        });
+        let took_over = wait_log(&new, "took over", Duration::from_secs(5));
+        // An edit after the hand-over reaches the kernel through the new owner.
+        let since = Instant::now();
+        env.write(&fname(&web), &file(&web, &[A0, B0]));
+        wait_visible(
+            &env,
+            &mut ck,
+            "pod-a1 removed by the new owner",
+            since,
+            &spec,
+            |got| {
+                !got.is_empty()
+                    && got
+                        .iter()
+                        .all(|a| matches!(a.backend(), Some("pod-a0" | "pod-b0")))
+            },
+        );
+        thread::sleep(Duration::from_secs(1));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        (stream.join().expect("the stream"), handed_over, took_over)
+    });
+    let failed: Vec<_> = attempts.iter().filter(|a| a.backend().is_none()).collect();
+    eprintln!(
+        "[dataplane] {}: hand-over at SIGTERM in {handed_over:?}; {} connections during \
+         the upgrade, {} failed",
+        mode.label(),
+        attempts.len(),
+        failed.len()
+    );
+    ck.check(took_over, || {
+        format!("the standby never took over\n{}", new.logs())
+    });
+    ck.check(
+        old.stderr()
+            .contains("handed over: the successor's first sync is in"),
+        || {
+            format!(
+                "the old owner did not wait for its successor's sync\n{}",
+                old.logs()
+            )
+        },
+    );
+    ck.check(attempts.len() >= 20 && failed.is_empty(), || {
+        format!(
+            "{} of {} connections failed during the upgrade: {:?}",
+            failed.len(),
+            attempts.len(),
+            svcproxy_e2e::tally(&attempts)
+        )
+    });
+    for (who, p) in [("old", old), ("new", &new)] {
+        ck.check(!p.stderr().contains("behind its back"), || {
+            format!(
+                "the {who} svcproxy saw the other's writes as drift\n{}",
+                p.logs()
+            )
+        });
+    }
+
+    // SIGKILL: a standby of the new owner takes over within a few seconds.
+    let third = env.spawn_svcproxy(&svcproxy_e2e::bins::svcproxy_bin(), NODE_A, &[]);
+    ck.check(
+        wait_log(&third, "waiting as a warm standby", SYNC_DEADLINE),
+        || format!("the third svcproxy did not stand by\n{}", third.logs()),
+    );
+    let t = Instant::now();
+    new.kill();
+    let took_over = wait_log(&third, "took over", Duration::from_secs(10));
+    let took = t.elapsed();
+    eprintln!(
+        "[dataplane] {}: taken over {took:?} after a SIGKILL",
+        mode.label()
+    );
+    ck.check(took_over && took < Duration::from_secs(3), || {
+        format!(
+            "after a SIGKILL the standby took over: {took_over} in {took:?}\n{}",
+            third.logs()
+        )
+    });
+    let since = Instant::now();
+    env.write(&fname(&web), &file(&web, &[B0]));
+    wait_visible(
+        &env,
+        &mut ck,
+        "pod-a0 removed by the third owner",
+        since,
+        &spec,
+        |got| !got.is_empty() && got.iter().all(|a| a.backend() == Some("pod-b0")),
+    );
+    // A one-shot sync would fight the owner: refused, saying who owns the node.
+    let args = env.proxy_args(NODE_A);
+    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    argv.push("--once");
+    let out = env.run_svcproxy(NODE_A, &argv);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ck.check(
+        !out.status.success() && stderr.contains("--once would fight it"),
+        || format!("--once beside a running owner: {}\n{stderr}", out.status),
+    );
+    if !ck.is_ok() {
+        eprintln!(
+            "[dataplane] new svcproxy:\n{}\n[dataplane] third svcproxy:\n{}",
+            new.logs(),
+            third.logs()
+        );
+    }
     ck.finish(&env);
 }
 

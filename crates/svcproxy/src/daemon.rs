@@ -27,6 +27,7 @@ use crate::config::{self, DetectLocal, Settings};
 use crate::http::health::ProxyHealth;
 use crate::http::metrics::Metrics;
 use crate::http::service_health::{Listen, ServiceHealthServers};
+use crate::owner::{HandOver, Ownership, Role};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
 use crate::sources::kube::{self as kube_source, KubeSourceConfig};
 use crate::sources::manifests::ManifestDir;
@@ -221,6 +222,26 @@ struct ProxySyncer<T> {
     /// Update events applied so far (what a sync now covers, in `forward_events`'
     /// numbering).
     received: u64,
+    /// Whether this process owns the node (programming the kernel only).
+    owner: Option<OwnerGate>,
+}
+
+/// A kernel target's claim on the node ([`crate::owner`]).
+struct OwnerGate {
+    ownership: Ownership,
+    role: watch::Receiver<Role>,
+    /// The first sync as owner has succeeded (and the predecessor was told).
+    synced: bool,
+}
+
+impl OwnerGate {
+    /// The owner's PID while this process is a standby.
+    fn standby_for(&self) -> Option<u32> {
+        match &*self.role.borrow() {
+            Role::Standby { owner_pid, .. } => Some(*owner_pid),
+            Role::Owner { .. } => None,
+        }
+    }
 }
 
 impl<T: Target> ProxySyncer<T> {
@@ -303,6 +324,14 @@ impl<T: Target> Syncer for ProxySyncer<T> {
     }
 
     fn check_drift(&mut self) -> bool {
+        // A standby has written nothing, and must not: the owner checks its own.
+        if self
+            .owner
+            .as_ref()
+            .is_some_and(|g| g.standby_for().is_some())
+        {
+            return false;
+        }
         let Some(drift) = self.target.drift() else {
             return false;
         };
@@ -328,6 +357,13 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                 tracing::info!("cluster DNS answering: every source has listed");
             }
         }
+        // A warm standby keeps its state (applied as updates arrive) and writes
+        // nothing: "synced" as far as its own state goes.
+        if let Some(owner_pid) = self.owner.as_ref().and_then(OwnerGate::standby_for) {
+            self.health.set_standby(Some(owner_pid));
+            self.health.updated_through(self.received);
+            return Ok(());
+        }
         // The snapshot is always complete; `changed` only lets the planner skip work.
         // After a failed apply the data plane re-plans everything regardless.
         let update = self.state.snapshot();
@@ -337,6 +373,11 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         match self.target.sync(&self.state, &update, full) {
             Ok(done) => {
                 self.after_sync(&update, &done);
+                if let Some(gate) = self.owner.as_mut().filter(|g| !g.synced) {
+                    gate.synced = true;
+                    gate.ownership.synced();
+                    self.health.set_standby(None);
+                }
                 // After a burst (the initial list, a file of thousands of objects,
                 // a full rewrite) the allocator holds what it freed: give it back.
                 if done.full
@@ -468,6 +509,7 @@ fn run_target(
             }
             let target = plane.with_conntrack_sysctls(conntrack_settings(&settings));
             let once = settings.once;
+            let claim = Some(backend.mode);
             rt.block_on(serve(
                 settings,
                 target,
@@ -475,6 +517,7 @@ fn run_target(
                 once,
                 Some(plan_cfg),
                 Some(backend),
+                claim,
             ))
         }
         Output::Snapshot { json, watch } => {
@@ -486,7 +529,7 @@ fn run_target(
                 },
                 input_errors: input_errors.clone(),
             };
-            rt.block_on(serve(settings, target, servers, !watch, None, None))
+            rt.block_on(serve(settings, target, servers, !watch, None, None, None))
         }
         Output::Explain { packet, json, live } => {
             let backend = settings.proxy_mode;
@@ -501,9 +544,17 @@ fn run_target(
                 },
                 input_errors: input_errors.clone(),
             };
-            rt.block_on(serve(settings, target, servers, true, Some(cfg), None))
+            rt.block_on(serve(
+                settings,
+                target,
+                servers,
+                true,
+                Some(cfg),
+                None,
+                None,
+            ))
         }
-        Output::Dns => rt.block_on(serve(settings, DnsOnly, servers, false, None, None)),
+        Output::Dns => rt.block_on(serve(settings, DnsOnly, servers, false, None, None, None)),
         Output::Render => {
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
@@ -519,6 +570,7 @@ fn run_target(
                 true,
                 Some(plan_cfg),
                 Some(backend),
+                None,
             ))
         }
     }
@@ -542,46 +594,60 @@ fn set_oom_score_adj(value: i32) {
 
 /// A fixed-address HTTP server's listener: bound at start-up, or (without
 /// `bindAddressHardFail`, as upstream) bound later by a retry every 5 seconds after a
-/// failure that is logged.
+/// failure that is logged, or bound once this process owns the node (a warm
+/// standby's metrics server: the owner's holds the port meanwhile).
 enum Listener {
     Bound(tokio::net::TcpListener),
-    Retrying(SocketAddr, &'static str),
+    Retrying(SocketAddr, &'static str, bool),
+    WhenOwner(SocketAddr, &'static str, watch::Receiver<Role>),
 }
 
 async fn listener(
     addr: SocketAddr,
     what: &'static str,
     hard_fail: bool,
+    shared: bool,
 ) -> anyhow::Result<Listener> {
-    match crate::http::bind(addr, what).await {
+    match crate::http::bind(addr, what, shared).await {
         Ok(l) => Ok(Listener::Bound(l)),
         Err(e) if hard_fail => Err(e.context("bindAddressHardFail is set")),
         Err(e) => {
             tracing::error!(
                 "{e:#}; retrying every 5s (set --bind-address-hard-fail to exit instead)"
             );
-            Ok(Listener::Retrying(addr, what))
+            Ok(Listener::Retrying(addr, what, shared))
         }
     }
 }
 
 impl Listener {
     async fn get(self) -> tokio::net::TcpListener {
-        match self {
-            Listener::Bound(l) => l,
-            Listener::Retrying(addr, what) => {
-                let mut attempts = 1u32;
-                loop {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    attempts += 1;
-                    match crate::http::bind(addr, what).await {
-                        Ok(l) => {
-                            tracing::info!(%addr, attempts, "{what}: listening now");
-                            return l;
-                        }
-                        Err(e) => tracing::debug!(attempts, "{e:#}"),
-                    }
+        let (addr, what, shared) = match self {
+            Listener::Bound(l) => return l,
+            Listener::Retrying(addr, what, shared) => (addr, what, shared),
+            Listener::WhenOwner(addr, what, mut role) => {
+                // Closed: the process is stopping; the caller's stop wins the race.
+                if role.wait_for(Role::is_owner).await.is_err() {
+                    std::future::pending::<()>().await;
                 }
+                match crate::http::bind(addr, what, false).await {
+                    Ok(l) => return l,
+                    // The old owner may hold it for a moment longer.
+                    Err(e) => tracing::debug!("{e:#}; retrying every 5s"),
+                }
+                (addr, what, false)
+            }
+        };
+        let mut attempts = 1u32;
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            attempts += 1;
+            match crate::http::bind(addr, what, shared).await {
+                Ok(l) => {
+                    tracing::info!(%addr, attempts, "{what}: listening now");
+                    return l;
+                }
+                Err(e) => tracing::debug!(attempts, "{e:#}"),
             }
         }
     }
@@ -659,17 +725,49 @@ async fn serve<T: Target>(
     // healthCheckNodePort servers listen.
     plan_cfg: Option<PlanConfig>,
     backend: Option<&'static Backend>,
+    // Programs the node in this mode: only while owning it (`crate::owner`).
+    claim: Option<&'static str>,
 ) -> anyhow::Result<()> {
-    // Bind first: with bindAddressHardFail an address in use is a start-up error,
-    // before anything else runs; otherwise it is logged and retried.
-    let hard_fail = settings.bind_address_hard_fail;
-    let healthz = match servers.healthz {
-        Some(addr) => Some(listener(addr, "--healthz-bind-address", hard_fail).await?),
+    let ownership = match claim {
+        Some(mode) => {
+            let o = Ownership::claim(mode).await;
+            let role = o.role().borrow().clone();
+            if let (
+                true,
+                Role::Standby {
+                    owner_pid,
+                    owner_mode,
+                },
+            ) = (once, &role)
+            {
+                bail!(
+                    "another svcproxy (PID {owner_pid}, {owner_mode} mode) programs this \
+                     node's rules: --once would fight it; stop it first"
+                );
+            }
+            Some(o)
+        }
         None => None,
     };
-    let metrics_listener = match servers.metrics {
-        Some(addr) => Some(listener(addr, "--metrics-bind-address", hard_fail).await?),
+    let role = ownership.as_ref().map(Ownership::role);
+    let standby = role.as_ref().is_some_and(|r| !r.borrow().is_owner());
+    // Bind first: with bindAddressHardFail an address in use is a start-up error,
+    // before anything else runs; otherwise it is logged and retried. /healthz and
+    // /livez are shared with a standby (or an owner) on the same node; the metrics
+    // of a standby wait until it owns the node.
+    let hard_fail = settings.bind_address_hard_fail;
+    let healthz = match servers.healthz {
+        Some(addr) => Some(listener(addr, "--healthz-bind-address", hard_fail, true).await?),
         None => None,
+    };
+    let metrics_listener = match (servers.metrics, &role) {
+        (Some(addr), Some(role)) if standby => Some(Listener::WhenOwner(
+            addr,
+            "--metrics-bind-address",
+            role.clone(),
+        )),
+        (Some(addr), _) => Some(listener(addr, "--metrics-bind-address", hard_fail, false).await?),
+        (None, _) => None,
     };
     // Read now, so that a change between start-up and the first check is seen.
     let config_watch = match (&settings.config_file, once) {
@@ -765,6 +863,11 @@ async fn serve<T: Target>(
         }
         None => None,
     };
+    if let Some(role) = &role {
+        if standby {
+            tokio::spawn(announce_take_over(role.clone(), tx.downgrade()));
+        }
+    }
     let mut _manifest_watch = None;
     match source(&settings)? {
         Source::Manifests(mut dir) => {
@@ -826,6 +929,11 @@ async fn serve<T: Target>(
         node_eligible: true,
         dns,
         received: 0,
+        owner: ownership.map(|ownership| OwnerGate {
+            role: ownership.role(),
+            ownership,
+            synced: false,
+        }),
     };
     syncer.update_node_eligibility();
     // A one-shot tool (`snapshot`, `render`, `explain`, `--once`) has nothing to
@@ -853,6 +961,21 @@ async fn serve<T: Target>(
         }
         e = config_changed => Err(e),
     };
+    // A standby waiting to take over gets the lock, and this process goes on
+    // forwarding (the userspace mode) until the standby's first sync is in.
+    if let Some(gate) = &syncer.owner {
+        let was_owner = gate.role.borrow().is_owner();
+        match gate.ownership.hand_over(HAND_OVER_WAIT).await {
+            HandOver::Synced => tracing::info!("handed over: the successor's first sync is in"),
+            HandOver::TimedOut => {
+                tracing::warn!(wait = ?HAND_OVER_WAIT, "handed over, but the successor's first sync did not come within the wait")
+            }
+            HandOver::NoSuccessor if was_owner && !once => {
+                tracing::debug!("no standby to hand over to")
+            }
+            HandOver::NoSuccessor => {}
+        }
+    }
     // A data plane forwarding connections itself lets them finish first (the
     // health and metrics servers still answer meanwhile).
     tokio::task::block_in_place(|| syncer.target.shutdown());
@@ -872,6 +995,22 @@ async fn serve<T: Target>(
         }
     }
     result
+}
+
+/// The longest a stopping owner waits for its successor's first sync (within
+/// Kubernetes' default 30 s termination grace period).
+const HAND_OVER_WAIT: Duration = Duration::from_secs(20);
+
+/// Tells the runner when this standby becomes the owner: its first real sync is due
+/// at once.
+async fn announce_take_over(mut role: watch::Receiver<Role>, tx: mpsc::WeakSender<Event>) {
+    if role.wait_for(Role::is_owner).await.is_err() {
+        return;
+    }
+    tracing::info!("took over: this svcproxy programs the node now");
+    if let Some(tx) = tx.upgrade() {
+        let _ = tx.send(Event::TookOver).await;
+    }
 }
 
 async fn shutdown_signal() {

@@ -13,6 +13,7 @@ mod config;
 mod daemon;
 mod help;
 mod http;
+mod owner;
 mod runner;
 mod sources;
 mod targets;

@@ -97,6 +97,9 @@ pub enum Event {
     /// The named source (already [`Event::Ready`] once) is re-listing: its picture is
     /// incomplete until it is `Ready` again.
     Relisting(&'static str),
+    /// This process has just become the node's owner (a standby took over): a full
+    /// sync is due at once, `--min-sync-period` notwithstanding.
+    TookOver,
 }
 
 /// Runs until `events` closes (every source is gone) or, with `once`, after the first
@@ -134,7 +137,8 @@ pub async fn run<S: Syncer>(
                         syncer.apply(updates);
                     }
                 }
-                Some(Event::Relisting(_)) => {}
+                // The first sync is full and comes as soon as the lists are in.
+                Some(Event::Relisting(_) | Event::TookOver) => {}
                 Some(Event::Ready(name)) => {
                     waiting.retain(|w| *w != name);
                     if waiting.is_empty() {
@@ -233,6 +237,12 @@ pub async fn run<S: Syncer>(
                         tracing::debug!(source = name, "re-listing: syncs wait for it");
                         relisting.push((name, Instant::now()));
                     }
+                }
+                Some(Event::TookOver) => {
+                    pending = true;
+                    force_full = true;
+                    last_sync = None;
+                    retry_at = None;
                 }
                 Some(Event::Ready(name)) => {
                     relisting.retain(|(n, _)| *n != name);
@@ -372,6 +382,19 @@ pub(crate) mod tests {
         assert_eq!(
             RunnerConfig::new(secs(0.0), secs(2.0)).drift_check_period,
             secs(2.0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn taking_over_brings_a_full_sync_at_once_whatever_the_min_sync_period() {
+        let cfg = RunnerConfig::new(secs(10.0), secs(30.0));
+        let (log, tx, _) = start(cfg, 0);
+        tokio::time::sleep(secs(1.0)).await;
+        tx.send(Event::TookOver).await.unwrap();
+        tokio::time::sleep(secs(0.1)).await;
+        assert_eq!(
+            log.lock().unwrap().syncs,
+            vec![(secs(0.0), true), (secs(1.0), true)]
         );
     }
 

@@ -67,6 +67,8 @@ struct Inner {
     /// Since when the kernel has not held the rules (a drift check found them
     /// deleted, re-created or made dormant by someone else), until a sync repairs it.
     drift_since: Option<Stamp>,
+    /// While a warm standby: the PID of the svcproxy that programs the node.
+    standby_for: Option<u32>,
 }
 
 /// The proxy's health, shared between the sync loop and the HTTP servers.
@@ -90,6 +92,8 @@ pub struct HealthStatus {
     pub node_eligible: bool,
     /// The kernel lost the rules and no sync has put them back yet.
     pub drift: bool,
+    /// A warm standby's owner (see [`ProxyHealth::set_standby`]).
+    pub standby_for: Option<u32>,
 }
 
 impl ProxyHealth {
@@ -113,6 +117,7 @@ impl ProxyHealth {
                 // As upstream: eligible until a Node event says otherwise.
                 node_eligible: true,
                 drift_since: None,
+                standby_for: None,
             }),
         })
     }
@@ -173,6 +178,13 @@ impl ProxyHealth {
         inner.drift_since.get_or_insert(now);
     }
 
+    /// While `Some`, this process is a warm standby of the svcproxy with that PID: its
+    /// "syncs" keep only its own state, and `/healthz` says so. Ready once its
+    /// sources have listed, as the owner's rules serve the node meanwhile.
+    pub fn set_standby(&self, owner_pid: Option<u32>) {
+        self.lock().standby_for = owner_pid;
+    }
+
     /// False while the Node has a deletionTimestamp or the
     /// `ToBeDeletedByClusterAutoscaler` taint.
     pub fn set_node_eligible(&self, eligible: bool) {
@@ -202,6 +214,7 @@ impl ProxyHealth {
             last_updated: inner.last_updated.map(|s| s.wall),
             current_time: now.wall,
             node_eligible: inner.node_eligible,
+            standby_for: inner.standby_for,
         }
     }
 }
@@ -232,7 +245,10 @@ fn reported_last_updated(ok: bool, s: &HealthStatus) -> String {
 }
 
 /// `/healthz`: 200 when healthy, ready, the Node is eligible and the kernel holds the
-/// rules (no drift waiting for repair); 503 otherwise.
+/// rules (no drift waiting for repair); 503 otherwise. A warm standby answers the
+/// same way (its readiness is its sources', the owner's rules serve the node), its
+/// body saying `"role": "standby"`: a `maxSurge` rollout waits for the new pod to be
+/// ready before it stops the old one.
 pub(super) fn healthz(health: &ProxyHealth, metrics: Option<&Metrics>) -> Response {
     let s = health.status();
     let ok = s.healthy && s.ready && s.node_eligible && !s.drift;
@@ -244,8 +260,13 @@ pub(super) fn healthz(health: &ProxyHealth, metrics: Option<&Metrics>) -> Respon
     if let Some(m) = metrics {
         m.count_healthz(code.as_u16());
     }
+    // Upstream's body; a warm standby adds its role and the owner's PID.
+    let role = match s.standby_for {
+        Some(pid) => format!(r#", "role": "standby", "ownerPID": {pid}"#),
+        None => String::new(),
+    };
     let body = format!(
-        r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}}}"#,
+        r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}{role}}}"#,
         reported_last_updated(ok, &s),
         go_time_string(Some(s.current_time)),
         s.node_eligible
@@ -514,6 +535,29 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_warm_standby_says_so_once_its_sources_have_listed() {
+        let (h, _clock) = health();
+        let (base, _stop) = start_server(h.clone(), None).await;
+        h.set_standby(Some(4242));
+        // Not ready until its state is complete, as an owner before its first sync.
+        assert_eq!(get(&base, "/healthz").await.0, 503);
+        h.updated();
+        let (code, _, body) = get(&base, "/healthz").await;
+        assert_eq!(code, 200);
+        assert_eq!(
+            body,
+            r#"{"lastUpdated": "2024-05-01 10:00:00 +0000 UTC","currentTime": "2024-05-01 10:00:00 +0000 UTC", "nodeEligible": true, "role": "standby", "ownerPID": 4242}"#
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["role"], "standby");
+        assert_eq!(get(&base, "/livez").await.0, 200);
+        // Taken over: upstream's body again.
+        h.set_standby(None);
+        let (_, _, body) = get(&base, "/healthz").await;
+        assert!(!body.contains("role"), "{body}");
     }
 
     #[tokio::test]

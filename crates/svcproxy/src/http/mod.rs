@@ -22,13 +22,14 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 /// Binds a TCP listener for `what` (the flag, e.g. "--healthz-bind-address"). An address
-/// in use is a clear error naming the flag and the address.
+/// in use is a clear error naming the flag and the address. With `shared`, another
+/// svcproxy may listen on the same address ([`listen`]).
 ///
 /// `0.0.0.0` listens on IPv6 too, as Go's `net.Listen("tcp", "0.0.0.0:port")` does for
 /// kube-proxy (one dual-stack socket): load balancers of dual-stack clusters check
 /// nodes' IPv6 addresses on 10256. Where IPv6 wildcards are IPv6-only or the host has
 /// no IPv6, it is IPv4 only.
-pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+pub async fn bind(addr: SocketAddr, what: &str, shared: bool) -> anyhow::Result<TcpListener> {
     let in_use = || {
         anyhow::anyhow!(
             "{what} {addr}: address already in use (is kube-proxy or another svcproxy \
@@ -38,17 +39,33 @@ pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     if addr.ip() == IpAddr::V4(Ipv4Addr::UNSPECIFIED) && !service_health::ipv6_wildcard_is_v6_only()
     {
         let any6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
-        match TcpListener::bind(any6).await {
+        match listen(any6, shared) {
             Ok(l) => return Ok(l),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(in_use()),
             Err(_) => {} // no IPv6 here
         }
     }
-    match TcpListener::bind(addr).await {
+    match listen(addr, shared) {
         Ok(l) => Ok(l),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(in_use()),
         Err(e) => Err(e).with_context(|| format!("{what} {addr}: cannot listen")),
     }
+}
+
+/// A listener on `addr`; with `shared`, `SO_REUSEPORT`, so that a warm standby
+/// svcproxy ([`crate::owner`]) answers on the same port as the owner (the kernel
+/// spreads connections over both; only sockets of the same user can share).
+fn listen(addr: SocketAddr, shared: bool) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    if shared {
+        socket.set_reuseport(true)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 /// Signed nanoseconds since the Unix epoch.
@@ -251,12 +268,23 @@ mod tests {
     async fn an_address_in_use_is_an_error_naming_the_flag_and_address() {
         let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = taken.local_addr().unwrap();
-        let err = bind(addr, "--healthz-bind-address").await.unwrap_err();
-        let msg = format!("{err:#}");
-        assert!(msg.contains("--healthz-bind-address"), "{msg}");
-        assert!(msg.contains(&addr.to_string()), "{msg}");
-        assert!(msg.contains("address already in use"), "{msg}");
+        // Shared or not: a listener that does not share (kube-proxy's) keeps it.
+        for shared in [false, true] {
+            let err = bind(addr, "--healthz-bind-address", shared)
+                .await
+                .unwrap_err();
+            let msg = format!("{err:#}");
+            assert!(msg.contains("--healthz-bind-address"), "{msg}");
+            assert!(msg.contains(&addr.to_string()), "{msg}");
+            assert!(msg.contains("address already in use"), "{msg}");
+        }
         drop(taken);
-        assert!(bind(addr, "--healthz-bind-address").await.is_ok());
+        let first = bind(addr, "--healthz-bind-address", true).await.unwrap();
+        // Another svcproxy (a warm standby) shares it; a listener that does not
+        // share does not get it.
+        let second = bind(addr, "--healthz-bind-address", true).await.unwrap();
+        assert!(bind(addr, "--healthz-bind-address", false).await.is_err());
+        drop((first, second));
+        assert!(bind(addr, "--healthz-bind-address", false).await.is_ok());
     }
 }

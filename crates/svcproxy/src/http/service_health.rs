@@ -172,10 +172,17 @@ pub(super) fn ipv6_wildcard_is_v6_only() -> bool {
     std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|s| s.trim() == "1")
 }
 
+/// A listener on `addr`, with `SO_REUSEPORT`: a new owner ([`crate::owner`]) binds
+/// the healthCheckNodePorts at its first sync while the old one still holds them.
 fn bind_std(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    let l = std::net::TcpListener::bind(addr)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
+    use socket2::{Domain, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(1024)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
 }
 
 /// A listener on every IPv6 address and no IPv4 one (`IPV6_V6ONLY`), so that
@@ -185,6 +192,7 @@ fn bind_v6_only_wildcard(port: u16) -> io::Result<std::net::TcpListener> {
     let sock = Socket::new(Domain::IPV6, Type::STREAM, None)?;
     sock.set_only_v6(true)?;
     sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
     sock.bind(&SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port).into())?;
     sock.listen(1024)?;
     sock.set_nonblocking(true)?;

@@ -48,6 +48,7 @@ fn summary(events: &[Event]) -> Vec<String> {
         match ev {
             Event::Ready(name) => out.push(format!("ready {name}")),
             Event::Relisting(name) => out.push(format!("relisting {name}")),
+            Event::TookOver => out.push("took over".into()),
             Event::Updates(updates) => out.push(
                 updates
                     .iter()
@@ -123,7 +124,7 @@ fn large_lists_are_sent_in_batches() {
         .iter()
         .map(|e| match e {
             Event::Updates(u) => u.len(),
-            Event::Ready(_) | Event::Relisting(_) => 0,
+            Event::Ready(_) | Event::Relisting(_) | Event::TookOver => 0,
         })
         .collect();
     assert_eq!(sizes, [BATCH, 10, 0]);

@@ -137,6 +137,7 @@ impl Model {
                 self.ready.push((name, n));
             }
             Event::Relisting(_) => {}
+            Event::TookOver => panic!("a source announced a take-over"),
         }
     }
 }
