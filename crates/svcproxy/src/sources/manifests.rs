@@ -991,22 +991,31 @@ fn watch_loop(
         } else {
             (!rescan_period.is_zero()).then_some(rescan_period)
         };
-        let first = match idle {
-            Some(wait) => rx.recv_timeout(wait),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        // Events that are not ours (other processes reading the directory: other
+        // proxies' rescans, tools) neither end the wait nor restart it: a file
+        // left unsettled is read SETTLE after, however busy the directory.
+        let deadline = idle.map(|wait| Instant::now() + wait);
+        let first = loop {
+            let got = match deadline {
+                Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match got {
+                Ok(Msg::Event(event)) if !relevant(&event, dir.root()) => continue,
+                other => break other,
+            }
         };
         // What the burst named; `None` (a timer, or an event naming nothing) is a
         // full rescan.
         let mut touched: Touched = None;
         match first {
-            Ok(Msg::Event(event)) if relevant(&event, dir.root()) => {
+            Ok(Msg::Event(event)) => {
                 touched = Some(BTreeSet::new());
                 note(&mut touched, &event);
                 if debounce(rx, dir.root(), &mut touched).is_err() {
                     return;
                 }
             }
-            Ok(Msg::Event(_)) => continue,
             Err(RecvTimeoutError::Timeout) => {}
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -1091,6 +1100,12 @@ fn rescan_and_send(
     };
     match result {
         Ok(mut result) => {
+            tracing::debug!(
+                paths = touched.map(BTreeSet::len),
+                updates = result.updates.len(),
+                unsettled = result.unsettled,
+                "manifests rescanned"
+            );
             result.updates.extend(result.input_problems);
             if !result.updates.is_empty() {
                 on_change(result.updates);
@@ -2211,6 +2226,52 @@ metadata: {name: versionless}
         d.write("a.yaml", &svc("a", "10.96.0.1"));
         assert!(wait_for(&rx, &svc_key("a")));
         stop.send(Msg::Stop).unwrap();
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn other_processes_reading_the_directory_do_not_hold_back_a_settling_file() {
+        let d = Dir::new();
+        d.write("a.yaml", &svc("a", "10.96.0.1"));
+        std::thread::sleep(SETTLE);
+        let mut src = ManifestDir::new(d.path(""));
+        src.rescan().expect("rescan");
+        let (events_tx, events) = mpsc::channel::<Msg>();
+        let (tx, rx) = mpsc::channel();
+        let armed = DirIdentity::of(src.root());
+        let thread = thread::spawn(move || {
+            watch_loop(
+                src,
+                &events,
+                Duration::ZERO,
+                armed,
+                |_| Ok(()),
+                move |u| {
+                    let _ = tx.send(u);
+                },
+            )
+        });
+        // An edit in place (read too early, it is left to settle), then, as other
+        // proxies rescan, reads of the directory every 50 ms.
+        d.write("a.yaml", &svc("a", "10.96.0.9"));
+        let path = d.path("a.yaml");
+        let event = |kind| Msg::Event(Ok(notify::Event::new(kind).add_path(path.clone())));
+        events_tx
+            .send(event(EventKind::Modify(notify::event::ModifyKind::Any)))
+            .unwrap();
+        let start = Instant::now();
+        let mut got = None;
+        while got.is_none() && start.elapsed() < Duration::from_secs(3) {
+            events_tx
+                .send(event(EventKind::Access(AccessKind::Open(AccessMode::Read))))
+                .unwrap();
+            got = rx.recv_timeout(Duration::from_millis(50)).ok();
+        }
+        let took = start.elapsed();
+        let got = got.expect("the edit was delivered while the directory was read");
+        assert_eq!(cluster_ip(&got, "a").as_deref(), Some("10.96.0.9"));
+        assert!(took < SETTLE * 3, "{took:?}");
+        events_tx.send(Msg::Stop).unwrap();
         thread.join().unwrap();
     }
 
