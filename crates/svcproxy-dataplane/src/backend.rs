@@ -33,11 +33,14 @@ pub enum SyncKind {
     Resync,
     /// Only what changed since the last successful sync.
     Partial,
+    /// Nothing written: the kernel's objects, sealed by the predecessor at a
+    /// hand-over, are what this sync would have written ([`DataPlane::adopt`]).
+    Adopted,
 }
 
 impl SyncKind {
     pub fn is_full(self) -> bool {
-        self != SyncKind::Partial
+        matches!(self, SyncKind::Recreate | SyncKind::Resync)
     }
 }
 
@@ -138,6 +141,38 @@ pub trait DataPlane: Send {
     /// stops accepting and lets open ones finish within its own grace period. The
     /// kernel's modes leave their rules in force and do nothing.
     fn shutdown(&mut self) {}
+
+    /// At a hand-over (the owner stopping, [`crate::Driver::seal`]): marks the
+    /// kernel's objects as holding exactly what the last sync wrote, `seal` naming
+    /// that content, so that a successor whose first sync would write the same
+    /// takes them as they are ([`DataPlane::adopt`]). Says whether it did; only
+    /// after a successful sync, and never by a mode whose rules depend on this
+    /// process (the userspace mode's redirects to its own sockets). None by default.
+    fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {
+        let _ = seal;
+        Ok(false)
+    }
+
+    /// Whether the kernel holds a predecessor's seal at all (cheap: only then is
+    /// the seal of this process's own first sync worth computing).
+    fn sealed(&mut self) -> Result<bool, DataPlaneError> {
+        Ok(false)
+    }
+
+    /// The first sync, when the kernel holds a seal: if it is `seal` (what a first
+    /// sync of `intent` would write), takes the kernel's objects as they are
+    /// instead of writing them (its state brought to `intent` and `delta`, as a
+    /// sync would; the next write rewrites in place, keeping dynamic state) and
+    /// removes the seal. `Ok(false)`, with nothing changed, when it is not.
+    fn adopt(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        seal: &str,
+    ) -> Result<bool, DataPlaneError> {
+        let _ = (intent, delta, seal);
+        Ok(false)
+    }
 }
 
 /// What [`DataPlane::compare`] found.
@@ -194,6 +229,23 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
 
     fn shutdown(&mut self) {
         (**self).shutdown()
+    }
+
+    fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {
+        (**self).seal(seal)
+    }
+
+    fn sealed(&mut self) -> Result<bool, DataPlaneError> {
+        (**self).sealed()
+    }
+
+    fn adopt(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        seal: &str,
+    ) -> Result<bool, DataPlaneError> {
+        (**self).adopt(intent, delta, seal)
     }
 }
 

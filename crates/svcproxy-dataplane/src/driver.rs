@@ -77,6 +77,26 @@ pub struct Driver<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
     conntrack_sysctls: Option<ConntrackSettings>,
     /// The drift check failed last time (logged once until it works again).
     drift_check_failing: bool,
+    /// No sync has been tried yet: the first may adopt a predecessor's sealed
+    /// objects ([`DataPlane::adopt`]).
+    first: bool,
+    /// The last sync succeeded: the kernel holds the intent (what a seal vouches for).
+    in_sync: bool,
+}
+
+/// What a seal names: the mode and the full text its first sync of an intent
+/// would write, hashed. Two processes (two releases, two configurations) whose
+/// first syncs would write the same have the same seal.
+pub fn seal_of(mode: &str, rendered: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(mode.as_bytes());
+    h.update([0]);
+    h.update(rendered.as_bytes());
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl<P: DataPlane> Driver<P, NetlinkConntrack> {
@@ -113,6 +133,8 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             logged_refused_cidrs: Vec::new(),
             conntrack_sysctls: None,
             drift_check_failing: false,
+            first: true,
+            in_sync: false,
         }
     }
 
@@ -200,7 +222,21 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         let conflicts = self.intents.intent().conflicts();
         self.log_conflicts(&conflicts);
         self.log_refused_service_cidrs();
-        let mut applied = self.plane.sync(self.intents.intent(), &delta, full)?;
+        let adopted = std::mem::take(&mut self.first) && self.adopt(&delta);
+        let mut applied = if adopted {
+            crate::backend::ApplyReport {
+                kind: SyncKind::Adopted,
+                apply_duration: Duration::ZERO,
+                family_apply: Vec::new(),
+                script_bytes: 0,
+                rules: Vec::new(),
+                stale_flows: Vec::new(),
+            }
+        } else {
+            self.in_sync = false;
+            self.plane.sync(self.intents.intent(), &delta, full)?
+        };
+        self.in_sync = true;
         let conntrack = self.clean_conntrack(update, std::mem::take(&mut applied.stale_flows));
         if let Some(wanted) = self.conntrack_sysctls.take() {
             let report = crate::apply_conntrack_sysctls(&wanted);
@@ -231,6 +267,52 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             "synced"
         );
         Ok(report)
+    }
+
+    /// The first sync: takes the kernel's objects as they are if the predecessor
+    /// sealed them with this sync's own seal ([`DataPlane::adopt`]). A failure to
+    /// look is logged and the sync writes as usual.
+    fn adopt(&mut self, delta: &svcproxy_plan::IntentDelta) -> bool {
+        match self.plane.sealed() {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for a predecessor's seal; writing everything");
+                return false;
+            }
+        }
+        let intent = self.intents.intent();
+        let seal = seal_of(self.plane.mode(), &self.plane.render(intent));
+        match self.plane.adopt(intent, delta, &seal) {
+            Ok(true) => {
+                tracing::info!(%seal, "the kernel holds what this sync would write (sealed by the predecessor): adopted, nothing written");
+                true
+            }
+            Ok(false) => {
+                tracing::info!(%seal, "the predecessor's rules differ from what this sync writes: writing everything");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "adopting the predecessor's rules failed; writing everything");
+                false
+            }
+        }
+    }
+
+    /// At a hand-over (the owner stopping): seals the kernel's objects with what
+    /// they hold, if the last sync succeeded, so that a successor whose first sync
+    /// would write the same adopts them instead ([`DataPlane::seal`]). Says whether
+    /// it did.
+    pub fn seal(&mut self) -> Result<bool, DataPlaneError> {
+        if !self.in_sync {
+            return Ok(false);
+        }
+        let seal = seal_of(self.plane.mode(), &self.plane.render(self.intents.intent()));
+        let done = self.plane.seal(&seal)?;
+        if done {
+            tracing::info!(%seal, "rules sealed for a successor");
+        }
+        Ok(done)
     }
 
     /// The first sync's cleanup: nothing to compare with, so the kernel's UDP entries

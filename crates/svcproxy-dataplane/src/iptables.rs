@@ -365,14 +365,7 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
         // Time in the tools (saves and the restore), apart from translation.
         let mut in_tools = Duration::ZERO;
         let known = self.written.remove(&family);
-        let fixed_now: HashMap<(TableId, String), u64> = TableId::ALL
-            .into_iter()
-            .flat_map(|t| {
-                rules
-                    .fixed_chains(t)
-                    .map(move |(name, r)| ((t, name.to_string()), digest(r)))
-            })
-            .collect();
+        let fixed_now = fixed_digests(&rules);
         let (kind, stale, input) = match known {
             Some(before) if partial => {
                 // The chains the service ports dropped, and the fixed chains (dispatch
@@ -479,6 +472,28 @@ fn rule_counts(rules: &ipt::FamilyRules, written: &HashMap<&str, usize>) -> Vec<
             written: written.get(t.name()).copied().unwrap_or(0),
         })
         .collect()
+}
+
+/// The digests of a family's fixed chains (what a restore of `rules` leaves).
+fn fixed_digests(rules: &ipt::FamilyRules) -> HashMap<(TableId, String), u64> {
+    TableId::ALL
+        .into_iter()
+        .flat_map(|t| {
+            rules
+                .fixed_chains(t)
+                .map(move |(name, r)| ((t, name.to_string()), digest(r)))
+        })
+        .collect()
+}
+
+/// The chain (in `mangle`, beside the canary) a sealed family carries whatever its
+/// seal.
+const SEALED_CHAIN: &str = "SVCPROXY-SEALED";
+
+/// The chain naming a family's seal ([`DataPlane::seal`]): within iptables' 28
+/// characters, so the seal's first 12 digits.
+fn seal_chain(seal: &str) -> String {
+    format!("SVCPROXY-SEAL-{}", &seal[..seal.len().min(12)])
 }
 
 /// A digest of a chain's rules (to tell whether a fixed chain must be rewritten).
@@ -610,6 +625,78 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
 
     fn render(&self, intent: &Intent) -> String {
         ipt::render_full(intent)
+    }
+
+    fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {
+        let mut families: Vec<IpFamily> = self.written.keys().copied().collect();
+        families.sort();
+        if families.is_empty() {
+            return Ok(false);
+        }
+        let input = format!(
+            "*mangle\n:{SEALED_CHAIN} - [0:0]\n:{} - [0:0]\nCOMMIT\n",
+            seal_chain(seal)
+        );
+        for family in families {
+            self.runner.restore(family, &input)?;
+        }
+        Ok(true)
+    }
+
+    fn sealed(&mut self) -> Result<bool, DataPlaneError> {
+        let args: Vec<String> = ["-t", "mangle", "-S", SEALED_CHAIN]
+            .map(String::from)
+            .to_vec();
+        for family in IpFamily::BOTH {
+            match self.runner.run(family, &args) {
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(_)) => {}
+                // No tools for this family here: nothing of ours either.
+                Err(DataPlaneError::Spawn { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    fn adopt(
+        &mut self,
+        intent: &Intent,
+        _delta: &IntentDelta,
+        seal: &str,
+    ) -> Result<bool, DataPlaneError> {
+        // Every family the intent programs carries the seal (a first sync writes
+        // nothing in the others).
+        let chain = seal_chain(seal);
+        let args: Vec<String> = ["-t", "mangle", "-S", chain.as_str()]
+            .map(String::from)
+            .to_vec();
+        let mut adopted = HashMap::new();
+        for family in IpFamily::BOTH {
+            // Translated as a full sync would, kept for the next partial one (a
+            // full sync clears it anyway, should this not adopt).
+            let cache = self.translations.entry(family).or_default();
+            cache.clear();
+            let Some(rules) = cache.rules(intent, family) else {
+                continue;
+            };
+            if self.runner.run(family, &args)?.is_err() {
+                return Ok(false);
+            }
+            adopted.insert(family, fixed_digests(&rules));
+        }
+        if adopted.is_empty() {
+            return Ok(false);
+        }
+        // The kernel holds what a full restore of the intent writes (the layout is
+        // the intent's alone): the state of one, and the seal goes.
+        let deletion = format!("*mangle\n-X {chain}\n-X {SEALED_CHAIN}\nCOMMIT\n");
+        for family in adopted.keys() {
+            self.runner.restore(*family, &deletion)?;
+        }
+        self.written = adopted;
+        self.last_full = Some(Instant::now());
+        Ok(true)
     }
 
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use svcproxy_core::model::IpFamily;
 
 use svcproxy_plan::nft::{
-    cleanup_script, render_full_with, CapturePorts, Output, PlanKind, Planner, TABLE_NAME,
+    cleanup_script, render_full_with, typed::Op, CapturePorts, Output, PlanKind, Planner,
+    TABLE_NAME,
 };
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
@@ -150,7 +151,52 @@ impl<S: ScriptSink> NftDataPlane<S> {
     }
 }
 
+/// The chain a sealed table carries whatever its seal (found with one question).
+const SEALED_CHAIN: &str = "sealed";
+
+/// The chain naming a table's seal ([`DataPlane::seal`]).
+fn seal_chain(seal: &str) -> String {
+    format!("seal-{seal}")
+}
+
 impl<S: ScriptSink> NftDataPlane<S> {
+    /// Adds (or, with `delete`, deletes) the empty chains `chains` in `families`'
+    /// tables, in one transaction.
+    fn write_chains(
+        &mut self,
+        families: &[IpFamily],
+        chains: &[String],
+        delete: bool,
+    ) -> Result<(), DataPlaneError> {
+        let mut script = String::new();
+        let mut batch = BatchBuilder::new();
+        for &family in families {
+            let keyword = svcproxy_plan::nft::family_keyword(family);
+            for name in chains {
+                let verb = if delete { "delete" } else { "add" };
+                script.push_str(&format!("{verb} chain {keyword} {TABLE_NAME} {name}\n"));
+                batch.push(if delete {
+                    Op::DeleteChain {
+                        family,
+                        name: name.clone(),
+                    }
+                } else {
+                    Op::AddChain {
+                        family,
+                        name: name.clone(),
+                        comment: None,
+                        base: None,
+                    }
+                });
+            }
+        }
+        if self.writer == NftWriter::Netlink && self.sink.writes_typed() {
+            self.sink.apply_batch(batch.finish(), &script)
+        } else {
+            self.sink.apply(&script)
+        }
+    }
+
     /// Reads the tables a full sync just wrote (a recreated table has a new handle).
     /// A family that cannot be read is left out of the drift check until the next
     /// full sync.
@@ -302,6 +348,74 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         self.planner.abandon();
         self.expected.clear();
         Ok(Some(found.join("; ")))
+    }
+
+    fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {
+        // The userspace mode's redirects point at this process's sockets.
+        if self.capture.is_some() || self.expected.is_empty() {
+            return Ok(false);
+        }
+        let families: Vec<IpFamily> = self
+            .expected
+            .iter()
+            .filter(|(_, state)| matches!(state, TableState::Present { .. }))
+            .map(|(f, _)| *f)
+            .collect();
+        if families.is_empty() {
+            return Ok(false);
+        }
+        let chains = [SEALED_CHAIN.to_string(), seal_chain(seal)];
+        self.write_chains(&families, &chains, false)?;
+        Ok(true)
+    }
+
+    fn sealed(&mut self) -> Result<bool, DataPlaneError> {
+        if self.capture.is_some() {
+            return Ok(false);
+        }
+        for family in IpFamily::BOTH {
+            if self.sink.chain_exists(family, TABLE_NAME, SEALED_CHAIN)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn adopt(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        seal: &str,
+    ) -> Result<bool, DataPlaneError> {
+        if self.capture.is_some() {
+            return Ok(false);
+        }
+        // Every family this intent programs carries the seal; the others have no
+        // table (as a first sync would leave them).
+        let chain = seal_chain(seal);
+        let mut programmed = Vec::new();
+        for family in IpFamily::BOTH {
+            if intent.family(family).node().is_some() {
+                if !self.sink.chain_exists(family, TABLE_NAME, &chain)? {
+                    return Ok(false);
+                }
+                programmed.push(family);
+            } else if self.sink.table_state(family, TABLE_NAME)? != TableState::Missing {
+                return Ok(false);
+            }
+        }
+        // The state a first sync would leave, without its statements.
+        self.planner.set_output(Output::Typed);
+        let plan = self.planner.plan_into(intent, delta, true, &mut |_| {});
+        let chains = [SEALED_CHAIN.to_string(), chain];
+        if let Err(e) = self.write_chains(&programmed, &chains, true) {
+            self.planner.abandon();
+            self.expected.clear();
+            return Err(e);
+        }
+        self.planner.adopt(&plan);
+        self.remember_tables();
+        Ok(true)
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {

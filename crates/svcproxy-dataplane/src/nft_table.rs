@@ -11,7 +11,7 @@ use std::path::Path;
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
 use netlink_packet_netfilter::nftables::{
-    NfTablesMessage, TableAttribute, TableFlags, TableMessage,
+    ChainAttribute, ChainMessage, NfTablesMessage, TableAttribute, TableFlags, TableMessage,
 };
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 use svcproxy_core::model::IpFamily;
@@ -47,10 +47,26 @@ fn request(seq: u32, family: IpFamily, name: &str) -> Vec<u8> {
     )
 }
 
+/// The `GETCHAIN` request for chain `chain` of table `table` of `family`.
+fn chain_request(seq: u32, family: IpFamily, table: &str, chain: &str) -> Vec<u8> {
+    encode(
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        family,
+        NfTablesMessage::GetChain(ChainMessage {
+            attributes: vec![
+                ChainAttribute::Table(table.to_string()),
+                ChainAttribute::Name(chain.to_string()),
+            ],
+        }),
+    )
+}
+
 /// What one message of the reply said.
 #[derive(Debug, PartialEq, Eq)]
 enum Reply {
     Table(TableState),
+    Chain,
     /// `0` for success, else a negative errno.
     Ack(i32),
     Other,
@@ -77,6 +93,7 @@ fn parse(msg: &[u8]) -> Result<Reply, ConntrackError> {
                 })?;
                 Reply::Table(TableState::Present { handle, dormant })
             }
+            NetfilterMessageInner::NfTables(NfTablesMessage::NewChain(_)) => Reply::Chain,
             _ => Reply::Other,
         },
         _ => Reply::Other,
@@ -90,9 +107,39 @@ pub fn table_state(
     family: IpFamily,
     name: &str,
 ) -> Result<TableState, ConntrackError> {
+    let what = format!("table {family} {name}");
+    let found = ask(netns, &request(1, family, name), &what)?;
+    Ok(match found {
+        Some(Reply::Table(t)) => t,
+        None => TableState::Missing,
+        Some(_) => {
+            return Err(ConntrackError::Protocol(format!(
+                "the kernel acknowledged the {family} table request without the table"
+            )))
+        }
+    })
+}
+
+/// Whether chain `chain` of table `table` of `family` exists (in `netns`, or the
+/// calling thread's namespace); a missing table is a missing chain.
+pub fn chain_exists(
+    netns: Option<&Path>,
+    family: IpFamily,
+    table: &str,
+    chain: &str,
+) -> Result<bool, ConntrackError> {
+    let what = format!("chain {family} {table} {chain}");
+    let found = ask(netns, &chain_request(1, family, table, chain), &what)?;
+    Ok(found == Some(Reply::Chain))
+}
+
+/// Sends one `GET` request (sequence number 1) and reads its answer: the object's
+/// message (the last one seen) at the acknowledgement, `None` when the kernel says
+/// it does not exist.
+fn ask(netns: Option<&Path>, req: &[u8], what: &str) -> Result<Option<Reply>, ConntrackError> {
     let sock = open_socket(netns, DEFAULT_CONNTRACK_TIMEOUT)?;
     let seq = 1;
-    send_request(&sock, &request(seq, family, name), "the table request")?;
+    send_request(&sock, req, "the nftables request")?;
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut found = None;
     loop {
@@ -102,24 +149,22 @@ pub fn table_state(
                 continue;
             }
             match parse(msg)? {
-                Reply::Table(t) => found = Some(t),
                 Reply::Other => {}
                 Reply::Ack(0) => {
-                    return found.ok_or_else(|| {
+                    return Ok(Some(found.ok_or_else(|| {
                         ConntrackError::Protocol(format!(
-                            "the kernel acknowledged the {family} table request without the table"
+                            "the kernel acknowledged the request for {what} without it"
                         ))
-                    })
+                    })?))
                 }
-                Reply::Ack(code) if code.saturating_abs() == ENOENT => {
-                    return Ok(TableState::Missing)
-                }
+                Reply::Ack(code) if code.saturating_abs() == ENOENT => return Ok(None),
                 Reply::Ack(code) => {
                     return Err(ConntrackError::Kernel {
-                        context: format!("asking for table {family} {name}"),
+                        context: format!("asking for {what}"),
                         source: io::Error::from_raw_os_error(code.saturating_abs()),
                     })
                 }
+                reply => found = Some(reply),
             }
         }
     }

@@ -14,7 +14,7 @@ use svcproxy_core::model::IpFamily;
 
 use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
 use crate::nft_netlink::{Batch, NetlinkWriter};
-use crate::nft_table::{table_state, TableState};
+use crate::nft_table::{chain_exists, table_state, TableState};
 
 /// Applies `nft -f` scripts, each as one atomic transaction, and says what the
 /// kernel holds of a table (the drift check).
@@ -38,6 +38,20 @@ pub trait ScriptSink {
 
     /// Table `name` of `family` as the kernel holds it now.
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError>;
+
+    /// Whether chain `chain` of table `table` of `family` exists (a missing table:
+    /// no). A sink that cannot ask says so with an error.
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, DataPlaneError> {
+        Err(DataPlaneError::Io {
+            command: format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}"),
+            source: io::Error::other("this nft stand-in cannot ask for a chain"),
+        })
+    }
 
     /// `nft ARGS`'s output (a listing: `-s list table ip svcproxy`, `-j list
     /// chains`); `None` when what it lists does not exist.
@@ -77,6 +91,15 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
         (**self).table_state(family, name)
     }
 
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, DataPlaneError> {
+        (**self).chain_exists(family, table, chain)
+    }
+
     fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
         (**self).list(args)
     }
@@ -101,6 +124,15 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
 
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
         (**self).table_state(family, name)
+    }
+
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, DataPlaneError> {
+        (**self).chain_exists(family, table, chain)
     }
 
     fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
@@ -412,6 +444,26 @@ impl ScriptSink for NftCommand {
     fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
         table_state(self.netns.as_deref(), family, name).map_err(|e| DataPlaneError::Io {
             command: format!("netlink NFT_MSG_GETTABLE {family} {name}"),
+            source: io::Error::other(e.to_string()),
+        })
+    }
+
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, DataPlaneError> {
+        let command = format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}");
+        // Over netlink only where `nft` itself writes (see `writes_typed`).
+        if !self.writes_typed() {
+            return Err(DataPlaneError::Io {
+                command,
+                source: io::Error::other("the namespace nft writes to is not named"),
+            });
+        }
+        chain_exists(self.netns.as_deref(), family, table, chain).map_err(|e| DataPlaneError::Io {
+            command,
             source: io::Error::other(e.to_string()),
         })
     }

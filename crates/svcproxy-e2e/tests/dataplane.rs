@@ -2338,6 +2338,37 @@ fn once_cleanup_and_sigterm(mode: Mode) {
     ck.finish(&env);
 }
 
+/// How `node`'s kernel differs from the plan, as `explain --live` tells it: the
+/// number of differences (`usize::MAX` when it could not tell) and what it said.
+fn live_differences(env: &Env, node: usize) -> (usize, String) {
+    let mut args: Vec<String> = vec!["explain".into()];
+    args.extend(env.proxy_args(node));
+    args.extend(
+        [
+            "--format",
+            "json",
+            "--live",
+            "--from",
+            "198.51.100.7",
+            "--to",
+            "198.51.100.8:80",
+        ]
+        .map(String::from),
+    );
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let live = env.run_svcproxy(node, &argv);
+    let v: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap_or_default();
+    let diffs = v["kernel"]["differences"]
+        .as_array()
+        .map_or(usize::MAX, Vec::len);
+    let shown = format!(
+        "{:#}\n{}",
+        v["kernel"],
+        String::from_utf8_lossy(&live.stderr)
+    );
+    (diffs, shown)
+}
+
 /// Waits (bounded) until `proc`'s log (stderr) contains `needle`; says whether it did.
 fn wait_log(proc: &svcproxy_e2e::NsProcess, needle: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
@@ -2390,6 +2421,15 @@ fn a_second_instance_stands_by_and_takes_over_without_a_failed_connection(mode: 
     // from each, the standby's saying so. 40 tries all reaching one process would
     // be a 1-in-10^12 chance.
     let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    // Ready once its sources have listed (503 before, as an owner before its first
+    // sync).
+    let deadline = Instant::now() + SYNC_DEADLINE;
+    while Instant::now() < deadline {
+        let a = get(&env, Host::Node(NODE_A), loopback, 10256, "/healthz");
+        if a.is_some_and(|a| a.code == 200 && a.body.contains(r#""role": "standby""#)) {
+            break;
+        }
+    }
     let answers: Vec<_> = (0..40)
         .map(|_| get(&env, Host::Node(NODE_A), loopback, 10256, "/healthz"))
         .collect();
@@ -2417,7 +2457,7 @@ fn a_second_instance_stands_by_and_takes_over_without_a_failed_connection(mode: 
     // (the owner's drift check would see its writes).
     let since = Instant::now();
     env.write(&fname(&web), &file(&web, &[A0, A1, B0]));
-    let spec = ProbeSpec::new(Proto::Tcp, sa(web.cluster_ip(Family::V4), 80));
+    let spec = ProbeSpec::new(Proto::Tcp, sa(web.cluster_ip(Family::V4), 80)).count(12);
     wait_visible(
         &env,
         &mut ck,
@@ -2497,6 +2537,21 @@ fn a_second_instance_stands_by_and_takes_over_without_a_failed_connection(mode: 
             attempts.len(),
             svcproxy_e2e::tally(&attempts)
         )
+    });
+    // Nothing changed between the old owner's last sync and the hand-over: where
+    // the mode can, the new owner took the sealed rules as they were (and the
+    // edit since was written in place, the kernel equal to the plan).
+    let adopted = new.stderr().contains("adopted, nothing written");
+    ck.check(adopted == mode.adopts_sealed_rules(), || {
+        format!(
+            "the new owner adopted the sealed rules: {adopted}, expected {}\n{}",
+            mode.adopts_sealed_rules(),
+            new.logs()
+        )
+    });
+    let (diffs, shown) = live_differences(&env, NODE_A);
+    ck.check(diffs == 0, || {
+        format!("after the hand-over and an edit, explain --live: {diffs} differences: {shown}")
     });
     for (who, p) in [("old", old), ("new", &new)] {
         ck.check(!p.stderr().contains("behind its back"), || {
@@ -2948,34 +3003,11 @@ fn chaos_kill_9_under_endpoint_churn() {
         // Settle: the restarted proxy has read every file (its first sync is of the
         // whole directory) and later syncs follow within --min-sync-period 0s.
         thread::sleep(Duration::from_millis(500));
-        let mut args: Vec<String> = vec!["explain".into()];
-        args.extend(env.proxy_args(NODE_A));
-        args.extend(
-            [
-                "--format",
-                "json",
-                "--live",
-                "--from",
-                "198.51.100.7",
-                "--to",
-                "198.51.100.8:80",
-            ]
-            .map(String::from),
-        );
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let live = env.run_svcproxy(NODE_A, &argv);
-        let v: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap_or_default();
-        let diffs = v["kernel"]["differences"]
-            .as_array()
-            .map_or(usize::MAX, Vec::len);
+        let (diffs, shown) = live_differences(&env, NODE_A);
         if diffs != 0 {
             mismatches += 1;
             ck.check(false, || {
-                format!(
-                    "restart {restarts}: explain --live found {diffs} differences: {:#}\n{}",
-                    v["kernel"],
-                    String::from_utf8_lossy(&live.stderr)
-                )
+                format!("restart {restarts}: explain --live found {diffs} differences: {shown}")
             });
         }
         for (s, svc) in services.iter().enumerate() {

@@ -965,6 +965,11 @@ async fn serve<T: Target>(
     // forwarding (the userspace mode) until the standby's first sync is in.
     if let Some(gate) = &syncer.owner {
         let was_owner = gate.role.borrow().is_owner();
+        if was_owner && !once {
+            // What the last sync wrote, sealed: a successor whose first sync
+            // would write the same takes it as it is.
+            tokio::task::block_in_place(|| syncer.target.seal());
+        }
         match gate.ownership.hand_over(HAND_OVER_WAIT).await {
             HandOver::Synced => tracing::info!("handed over: the successor's first sync is in"),
             HandOver::TimedOut => {

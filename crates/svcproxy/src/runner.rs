@@ -226,6 +226,7 @@ pub async fn run<S: Syncer>(
         tokio::select! {
             ev = events.recv() => match ev {
                 Some(Event::Updates(updates)) => {
+                    tracing::debug!(updates = updates.len(), "source updates received");
                     if !updates.is_empty() {
                         syncer.apply(updates);
                         pending = true;

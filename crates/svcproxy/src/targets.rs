@@ -53,6 +53,10 @@ pub(crate) trait Target {
 
     /// The process is stopping: see [`svcproxy_dataplane::DataPlane::shutdown`].
     fn shutdown(&mut self) {}
+
+    /// The owner is stopping: seals what it wrote for a successor
+    /// ([`svcproxy_dataplane::Driver::seal`]).
+    fn seal(&mut self) {}
 }
 
 /// What a target reports of a successful sync.
@@ -162,6 +166,12 @@ impl Target for Driver {
 
     fn shutdown(&mut self) {
         self.plane_mut().shutdown();
+    }
+
+    fn seal(&mut self) {
+        if let Err(e) = Driver::seal(self) {
+            tracing::warn!(error = %e, "cannot seal the rules for a successor (it writes them all again)");
+        }
     }
 
     fn sync(

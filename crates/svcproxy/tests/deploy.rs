@@ -304,6 +304,29 @@ fn daemonset_agrees_with_configmap() {
 }
 
 #[test]
+fn daemonset_rolls_with_a_surge_pod_that_can_be_scheduled_beside_the_old_one() {
+    let ds = the("DaemonSet");
+    let rolling = &ds["spec"]["updateStrategy"]["rollingUpdate"];
+    assert_eq!(ds["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    // The new pod stands by beside the old one, which hands over at SIGTERM.
+    assert_eq!(rolling["maxSurge"].as_u64(), Some(1), "{rolling:?}");
+    assert_eq!(rolling["maxUnavailable"].as_u64(), Some(0), "{rolling:?}");
+    // In a hostNetwork pod every declared port is a hostPort: the scheduler would
+    // keep the surge pod off a node whose old pod holds it.
+    let c = container(&ds);
+    assert!(
+        c["ports"].as_sequence().is_none_or(Vec::is_empty),
+        "declared ports block the surge pod: {:?}",
+        c["ports"]
+    );
+    // Long enough for the hand-over's wait (20 s) to end before the SIGKILL.
+    let grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or(30);
+    assert!(grace >= 25, "terminationGracePeriodSeconds {grace}");
+}
+
+#[test]
 fn daemonset_runs_as_its_service_account_with_only_network_privileges() {
     let ds = the("DaemonSet");
     let pod = &ds["spec"]["template"]["spec"];

@@ -247,6 +247,13 @@ impl Mode {
         self != Mode::Userspace
     }
 
+    /// Whether a successor takes the rules a stopping owner sealed as they are
+    /// (issue 38): the kernel's modes whose rules do not point at the process.
+    #[allow(dead_code)] // dataplane.rs only
+    pub fn adopts_sealed_rules(self) -> bool {
+        self != Mode::Userspace
+    }
+
     /// Whether the kernel holds per-endpoint objects (endpoint chains, affinity
     /// sets); the userspace mode's are in the proxy.
     #[allow(dead_code)] // dataplane.rs only

@@ -126,6 +126,10 @@ enum Kernel {
     InSync,
     /// A plan was handed out and not yet committed or abandoned.
     Pending(u64),
+    /// The kernel holds what the planner's state describes, in a layout of its
+    /// own (a predecessor's: the same objects, endpoint map keys of its history):
+    /// the next plan rewrites in place.
+    Adopted,
 }
 
 /// Names of a family's objects, to work out what a resync must delete.
@@ -1055,12 +1059,10 @@ impl Planner {
             .families
             .iter()
             .any(|fam| fam.skeleton_changes(intent.family(fam.family).node()));
-        let kind = if self.kernel != Kernel::InSync {
-            PlanKind::Recreate
-        } else if full || skeleton_changed || !in_step {
-            PlanKind::Resync
-        } else {
-            PlanKind::Partial
+        let kind = match self.kernel {
+            Kernel::InSync if !(full || skeleton_changed || !in_step) => PlanKind::Partial,
+            Kernel::InSync | Kernel::Adopted => PlanKind::Resync,
+            Kernel::Unknown | Kernel::Pending(_) => PlanKind::Recreate,
         };
         // What the kernel holds right now, before the state moves on.
         let old_names: Vec<Names> = if kind == PlanKind::Resync {
@@ -1234,6 +1236,17 @@ impl Planner {
     pub fn commit(&mut self, plan: &Plan) {
         self.kernel = if self.kernel == Kernel::Pending(plan.generation) {
             Kernel::InSync
+        } else {
+            Kernel::Unknown
+        };
+    }
+
+    /// `plan` was not applied because the kernel already holds its objects, in
+    /// another writer's layout (a predecessor's, sealed at a hand-over): the next
+    /// plan rewrites the tables in place (keeping affinity), never partially.
+    pub fn adopt(&mut self, plan: &Plan) {
+        self.kernel = if self.kernel == Kernel::Pending(plan.generation) {
+            Kernel::Adopted
         } else {
             Kernel::Unknown
         };
