@@ -355,6 +355,9 @@ pub struct Backend {
     pub failure_counters: &'static [FailureCounter],
     /// The mode reports [`RuleCount`]s (upstream's iptables rule gauges).
     pub counts_rules: bool,
+    /// The kind of kernel objects it writes: a mode writing another kind removes
+    /// this one's ([`cleanup_other_modes`]).
+    pub objects: KernelObjects,
     /// Where this mode behaves differently from the others, as upstream's same mode
     /// does; folded into the configuration before the intent is built.
     pub semantics: ModeSemantics,
@@ -374,6 +377,37 @@ impl PartialEq for Backend {
     fn eq(&self, other: &Self) -> bool {
         self.mode == other.mode
     }
+}
+
+/// The kind of kernel objects a mode writes. Modes of one kind share them (each
+/// mode's first sync replaces what another of its kind left); a mode of another kind
+/// removes them once it has synced, as kube-proxy removes its iptables rules when it
+/// starts in nftables mode and the reverse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelObjects {
+    /// svcproxy's nftables tables (`ip svcproxy`, `ip6 svcproxy`).
+    NftablesTables,
+    /// svcproxy's iptables chains and the jumps to them.
+    IptablesChains,
+}
+
+/// Removes what modes writing another kind of objects than `current` left in this
+/// network namespace (a mode switch, by a rolling update or a restart with another
+/// `--proxy-mode`); returns the failures. One cleanup per kind.
+pub fn cleanup_other_modes(current: &Backend) -> Vec<(&'static str, DataPlaneError)> {
+    let flags = ModeFlags::default();
+    let mut done = vec![current.objects];
+    let mut failures = Vec::new();
+    for b in BACKENDS {
+        if done.contains(&b.objects) {
+            continue;
+        }
+        done.push(b.objects);
+        if let Err(e) = (b.new)(&PlanConfig::default(), &flags).cleanup() {
+            failures.push((b.mode, e));
+        }
+    }
+    failures
 }
 
 /// Every implemented mode. The factory: a new backend is one line here.

@@ -276,8 +276,10 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         match self.plane.sealed() {
             Ok(true) => {}
             Ok(false) => return false,
+            // Not worth a warning: the sync writes everything, and if the kernel
+            // refused for want of privileges, the sync's own error says so.
             Err(e) => {
-                tracing::warn!(error = %e, "cannot look for a predecessor's seal; writing everything");
+                tracing::debug!(error = %e, "cannot look for a predecessor's seal; writing everything");
                 return false;
             }
         }

@@ -44,6 +44,7 @@ pub const BACKEND: Backend = Backend {
     },
     flags: |cmd| cmd,
     counts_rules: true,
+    objects: crate::backend::KernelObjects::IptablesChains,
     failure_counters: &[
         FailureCounter {
             kind: FailureKind::Sync,

@@ -42,10 +42,10 @@ mod sink;
 pub mod userspace;
 
 pub use backend::{
-    cleanup_all, ignored_flag_warnings, resolve_mode, Alias, ApplyReport, Backend, Comparison,
-    ConfigSection, DataPlane, FailureCounter, FailureKind, LocalhostDefault, ModeChoice,
-    ModeDefaults, ModeFlags, NodePortDefault, NodeRequirements, RuleCount, SyncKind, BACKENDS,
-    DEFAULT_MODE, DEFAULT_MODE_WARNING,
+    cleanup_all, cleanup_other_modes, ignored_flag_warnings, resolve_mode, Alias, ApplyReport,
+    Backend, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind, KernelObjects,
+    LocalhostDefault, ModeChoice, ModeDefaults, ModeFlags, NodePortDefault, NodeRequirements,
+    RuleCount, SyncKind, BACKENDS, DEFAULT_MODE, DEFAULT_MODE_WARNING,
 };
 pub use conntrack::{
     cleanup_filters, ip_protocol, CleanupStats, ConntrackCleaner, ConntrackCleanupReport,

@@ -329,6 +329,16 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     }
 
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {
+        // Asked over netlink first: nothing to remove needs no `nft` at all.
+        let none = IpFamily::BOTH.into_iter().all(|family| {
+            matches!(
+                self.sink.table_state(family, TABLE_NAME),
+                Ok(TableState::Missing)
+            )
+        });
+        if none {
+            return Ok(());
+        }
         self.sink.apply(&cleanup_script())
     }
 

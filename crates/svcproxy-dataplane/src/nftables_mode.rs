@@ -48,6 +48,7 @@ pub const BACKEND: Backend = Backend {
     },
     flags: <nft::NftablesFlags as clap::Args>::augment_args,
     counts_rules: false,
+    objects: crate::backend::KernelObjects::NftablesTables,
     failure_counters: nft::FAILURE_COUNTERS,
     semantics: svcproxy_plan::nft::SEMANTICS,
     new,

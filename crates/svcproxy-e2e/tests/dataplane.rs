@@ -2612,6 +2612,90 @@ fn a_second_instance_stands_by_and_takes_over_without_a_failed_connection(mode: 
     ck.finish(&env);
 }
 
+/// A mode switch by a rolling update: the new owner, of another kind of mode than
+/// the old (iptables to nftables and back), removes the old mode's rules once its
+/// own are in, as kube-proxy does at start; connections are answered throughout.
+#[test]
+fn a_mode_switch_by_hand_over_removes_the_old_modes_rules() {
+    for (from, to) in [
+        (Mode::Iptables, Mode::Nftables),
+        (Mode::Nftables, Mode::Iptables),
+    ] {
+        let web = tcp_only(Svc::dual("web", 140), None);
+        let Some(env) = Env::start(
+            from,
+            EnvSpec::default(),
+            &[(&fname(&web), file(&web, &[A0, B0]))],
+        ) else {
+            return;
+        };
+        let mut ck = Checks::new("mode-switch");
+        let label = format!("svcproxy-{}", plan::node_name(NODE_A));
+        let old = env
+            .proxies
+            .iter()
+            .find(|p| p.label() == label)
+            .expect("node-a's proxy");
+        let bin = svcproxy_e2e::bins::svcproxy_bin();
+        let new = env.spawn_svcproxy(&bin, NODE_A, &[format!("--proxy-mode={}", to.name())]);
+        ck.check(
+            wait_log(&new, "waiting as a warm standby", SYNC_DEADLINE),
+            || {
+                format!(
+                    "the {} svcproxy did not stand by\n{}",
+                    to.label(),
+                    new.logs()
+                )
+            },
+        );
+        ck.check(from.programmed(&env.c, NODE_A) == [true, true], || {
+            format!("the standby removed the owner's {} rules", from.label())
+        });
+        let status = old.terminate(Duration::from_secs(30));
+        ck.check(status.is_some_and(|s| s.success()), || {
+            format!("the old svcproxy at SIGTERM: {status:?}\n{}", old.logs())
+        });
+        ck.check(wait_log(&new, "took over", Duration::from_secs(5)), || {
+            format!("the standby never took over\n{}", new.logs())
+        });
+        let deadline = Instant::now() + SYNC_DEADLINE;
+        let switched = loop {
+            let done = to.programmed(&env.c, NODE_A) == [true, true]
+                && from.programmed(&env.c, NODE_A) == [false, false];
+            if done || Instant::now() >= deadline {
+                break done;
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        eprintln!(
+            "[dataplane] {} to {}: the old rules removed: {switched}",
+            from.label(),
+            to.label()
+        );
+        ck.check(switched, || {
+            format!(
+                "after the switch from {} to {}: {} rules {:?}, {} rules {:?}\n{}",
+                from.label(),
+                to.label(),
+                to.label(),
+                to.programmed(&env.c, NODE_A),
+                from.label(),
+                from.programmed(&env.c, NODE_A),
+                new.logs()
+            )
+        });
+        for f in Family::BOTH {
+            let got = env.probe(A1, Proto::Tcp, sa(web.cluster_ip(f), 80), 6, ANSWER);
+            ck.answered_by(
+                &format!("{} after the switch to {}", family_name(f), to.label()),
+                &got,
+                &["pod-a0", "pod-b0"],
+            );
+        }
+        ck.finish(&env);
+    }
+}
+
 /// The suite runs in exactly the modes svcproxy implements: a new backend in the registry
 /// without a [`Mode`] here (or the reverse) fails this test. (iptables mode runs twice,
 /// once per backend of the tools.)

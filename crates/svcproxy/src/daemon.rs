@@ -230,6 +230,8 @@ struct ProxySyncer<T> {
 struct OwnerGate {
     ownership: Ownership,
     role: watch::Receiver<Role>,
+    /// The mode it programs.
+    backend: &'static Backend,
     /// The first sync as owner has succeeded (and the predecessor was told).
     synced: bool,
 }
@@ -377,6 +379,11 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                     gate.synced = true;
                     gate.ownership.synced();
                     self.health.set_standby(None);
+                    // Another kind of mode ran here before (a mode switch): its rules
+                    // go, now that this mode's are in (as kube-proxy at start).
+                    for (mode, e) in svcproxy_dataplane::cleanup_other_modes(gate.backend) {
+                        tracing::warn!(mode, error = %e, "cannot remove the objects the {mode} mode left");
+                    }
                 }
                 // After a burst (the initial list, a file of thousands of objects,
                 // a full rewrite) the allocator holds what it freed: give it back.
@@ -929,11 +936,14 @@ async fn serve<T: Target>(
         node_eligible: true,
         dns,
         received: 0,
-        owner: ownership.map(|ownership| OwnerGate {
-            role: ownership.role(),
-            ownership,
-            synced: false,
-        }),
+        owner: ownership
+            .zip(backend)
+            .map(|(ownership, backend)| OwnerGate {
+                role: ownership.role(),
+                ownership,
+                backend,
+                synced: false,
+            }),
     };
     syncer.update_node_eligibility();
     // A one-shot tool (`snapshot`, `render`, `explain`, `--once`) has nothing to

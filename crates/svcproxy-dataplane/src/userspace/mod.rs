@@ -90,6 +90,7 @@ pub const BACKEND: Backend = Backend {
     // Upstream's userspace proxy had no failure counters of its own.
     failure_counters: &[],
     counts_rules: false,
+    objects: crate::backend::KernelObjects::NftablesTables,
     semantics: SEMANTICS,
     new: |cfg, flags| Box::new(UserspaceDataPlane::new(cfg, flags.userspace_config())),
 };
