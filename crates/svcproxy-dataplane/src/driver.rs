@@ -78,8 +78,10 @@ pub struct Driver<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
     /// The drift check failed last time (logged once until it works again).
     drift_check_failing: bool,
     /// No sync has been tried yet: the first may adopt a predecessor's sealed
-    /// objects ([`DataPlane::adopt`]).
+    /// objects ([`DataPlane::adopt`]), if allowed.
     first: bool,
+    /// [`Driver::allow_adoption`] was called.
+    adoption_allowed: bool,
     /// The last sync succeeded: the kernel holds the intent (what a seal vouches for).
     in_sync: bool,
 }
@@ -134,6 +136,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             conntrack_sysctls: None,
             drift_check_failing: false,
             first: true,
+            adoption_allowed: false,
             in_sync: false,
         }
     }
@@ -222,7 +225,8 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         let conflicts = self.intents.intent().conflicts();
         self.log_conflicts(&conflicts);
         self.log_refused_service_cidrs();
-        let adopted = std::mem::take(&mut self.first) && self.adopt(&delta);
+        let adopted =
+            std::mem::take(&mut self.first) && self.adoption_allowed && self.adopt(&delta);
         let mut applied = if adopted {
             crate::backend::ApplyReport {
                 kind: SyncKind::Adopted,
@@ -267,6 +271,14 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             "synced"
         );
         Ok(report)
+    }
+
+    /// Lets the first sync take a predecessor's sealed objects as they are: for a
+    /// process the owner handed over to moments ago (it sealed them just before).
+    /// Never for a repair (`--once`), nor after a crash: then the first sync writes
+    /// everything, and deletes any seal with the rest.
+    pub fn allow_adoption(&mut self) {
+        self.adoption_allowed = true;
     }
 
     /// The first sync: takes the kernel's objects as they are if the predecessor

@@ -487,9 +487,15 @@ fn fixed_digests(rules: &ipt::FamilyRules) -> HashMap<(TableId, String), u64> {
         .collect()
 }
 
-/// The chain (in `mangle`, beside the canary) a sealed family carries whatever its
-/// seal.
+/// The chain a sealed family carries whatever its seal: in `nat`, among svcproxy's
+/// own chains, so that any full sync (which deletes chains of ours it does not
+/// write) and any cleanup removes a seal nobody adopted.
 const SEALED_CHAIN: &str = "SVCPROXY-SEALED";
+
+/// Whether `chain` is a seal's.
+fn is_seal(chain: &str) -> bool {
+    chain == SEALED_CHAIN || chain.starts_with("SVCPROXY-SEAL-")
+}
 
 /// The chain naming a family's seal ([`DataPlane::seal`]): within iptables' 28
 /// characters, so the seal's first 12 digits.
@@ -635,7 +641,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
             return Ok(false);
         }
         let input = format!(
-            "*mangle\n:{SEALED_CHAIN} - [0:0]\n:{} - [0:0]\nCOMMIT\n",
+            "*nat\n:{SEALED_CHAIN} - [0:0]\n:{} - [0:0]\nCOMMIT\n",
             seal_chain(seal)
         );
         for family in families {
@@ -645,9 +651,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
     }
 
     fn sealed(&mut self) -> Result<bool, DataPlaneError> {
-        let args: Vec<String> = ["-t", "mangle", "-S", SEALED_CHAIN]
-            .map(String::from)
-            .to_vec();
+        let args: Vec<String> = ["-t", "nat", "-S", SEALED_CHAIN].map(String::from).to_vec();
         for family in IpFamily::BOTH {
             match self.runner.run(family, &args) {
                 Ok(Ok(())) => return Ok(true),
@@ -667,11 +671,9 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         seal: &str,
     ) -> Result<bool, DataPlaneError> {
         // Every family the intent programs carries the seal (a first sync writes
-        // nothing in the others).
+        // nothing in the others), and holds what a full restore would leave: the
+        // canary, every jump from the built-in chains, exactly the plan's chains.
         let chain = seal_chain(seal);
-        let args: Vec<String> = ["-t", "mangle", "-S", chain.as_str()]
-            .map(String::from)
-            .to_vec();
         let mut adopted = HashMap::new();
         for family in IpFamily::BOTH {
             // Translated as a full sync would, kept for the next partial one (a
@@ -681,7 +683,24 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
             let Some(rules) = cache.rules(intent, family) else {
                 continue;
             };
-            if self.runner.run(family, &args)?.is_err() {
+            let state = self.kernel_state(family)?;
+            let nat = state.chains.get(&TableId::Nat);
+            if !nat.is_some_and(|c| c.contains(&chain)) || !state.missing_jumps.is_empty() {
+                return Ok(false);
+            }
+            let same_chains = TableId::ALL.into_iter().all(|t| {
+                let planned: BTreeSet<&str> = rules.table(t).chains().map(|(n, _)| n).collect();
+                let held: BTreeSet<&str> = state
+                    .chains
+                    .get(&t)
+                    .into_iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .filter(|c| !is_seal(c))
+                    .collect();
+                planned == held
+            });
+            if !same_chains || !self.canary_missing_in(vec![family])?.is_empty() {
                 return Ok(false);
             }
             adopted.insert(family, fixed_digests(&rules));
@@ -691,7 +710,7 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         }
         // The kernel holds what a full restore of the intent writes (the layout is
         // the intent's alone): the state of one, and the seal goes.
-        let deletion = format!("*mangle\n-X {chain}\n-X {SEALED_CHAIN}\nCOMMIT\n");
+        let deletion = format!("*nat\n-X {chain}\n-X {SEALED_CHAIN}\nCOMMIT\n");
         for family in adopted.keys() {
             self.runner.restore(*family, &deletion)?;
         }
@@ -734,9 +753,12 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
                 Err(DataPlaneError::Spawn { .. }) => continue,
                 Err(e) => return Err(e),
             };
+            // No chain of ours, so no jump to one either (a jump needs its target):
+            // only the canary may be left (the mode switch runs this at every start).
+            let none = chains.values().all(BTreeSet::is_empty);
             // The jumps first (a chain still referenced cannot be deleted); each
             // may have been added more than once by hand.
-            for j in JUMPS {
+            for j in JUMPS.iter().filter(|_| !none) {
                 let mut del = vec![
                     "-t".to_string(),
                     j.table.name().into(),

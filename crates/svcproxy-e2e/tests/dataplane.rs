@@ -2602,6 +2602,29 @@ fn a_second_instance_stands_by_and_takes_over_without_a_failed_connection(mode: 
         !out.status.success() && stderr.contains("--once would fight it"),
         || format!("--once beside a running owner: {}\n{stderr}", out.status),
     );
+    // Stopped with no standby, the owner seals anyway; a later start (no hand-over)
+    // must not adopt a seal, and its first sync removes it.
+    let status = third.terminate(Duration::from_secs(30));
+    ck.check(status.is_some_and(|s| s.success()), || {
+        format!("the third svcproxy at SIGTERM: {status:?}")
+    });
+    let sealed = env.ruleset(NODE_A).to_lowercase().contains("seal");
+    ck.check(sealed == mode.adopts_sealed_rules(), || {
+        format!("sealed with no standby: {sealed}\n{}", env.ruleset(NODE_A))
+    });
+    let fourth = env.spawn_svcproxy(&svcproxy_e2e::bins::svcproxy_bin(), NODE_A, &[]);
+    ck.check(wait_log(&fourth, "synced", SYNC_DEADLINE), || {
+        format!("the fourth svcproxy never synced\n{}", fourth.logs())
+    });
+    ck.check(!fourth.stderr().contains("adopted"), || {
+        format!("a restart adopted a seal\n{}", fourth.logs())
+    });
+    ck.check(!env.ruleset(NODE_A).to_lowercase().contains("seal"), || {
+        format!(
+            "the seal outlived the restart's first sync\n{}",
+            env.ruleset(NODE_A)
+        )
+    });
     if !ck.is_ok() {
         eprintln!(
             "[dataplane] new svcproxy:\n{}\n[dataplane] third svcproxy:\n{}",

@@ -234,6 +234,8 @@ struct OwnerGate {
     backend: &'static Backend,
     /// The first sync as owner has succeeded (and the predecessor was told).
     synced: bool,
+    /// Whether the first sync may adopt sealed rules was decided (once).
+    adoption_decided: bool,
 }
 
 impl OwnerGate {
@@ -366,6 +368,25 @@ impl<T: Target> Syncer for ProxySyncer<T> {
             self.health.updated_through(self.received);
             return Ok(());
         }
+        if let Some(gate) = self
+            .owner
+            .as_mut()
+            .filter(|g| !g.synced && !g.adoption_decided)
+        {
+            gate.adoption_decided = true;
+            // Kernel settings the mode needs: written by the owner only, before its
+            // first sync (a standby writes nothing).
+            self.target.prepare_node();
+            if matches!(
+                *gate.role.borrow(),
+                Role::Owner {
+                    handed_over: true,
+                    ..
+                }
+            ) {
+                self.target.allow_adoption();
+            }
+        }
         // The snapshot is always complete; `changed` only lets the planner skip work.
         // After a failed apply the data plane re-plans everything regardless.
         let update = self.state.snapshot();
@@ -486,8 +507,8 @@ fn run_target(
                 (backend.new)(&plan_cfg, &settings.mode_flags),
             );
             let needs = plane.node_requirements();
-            let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
             if settings.init_only {
+                let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
                 // kube-proxy's --init-only: what needs full privileges, then exit; the
                 // proxy itself then runs with NET_ADMIN only (no rule is written here).
                 let conntrack =
@@ -735,6 +756,8 @@ async fn serve<T: Target>(
     // Programs the node in this mode: only while owning it (`crate::owner`).
     claim: Option<&'static str>,
 ) -> anyhow::Result<()> {
+    // First of all: a SIGTERM from here on stops the process in order.
+    let stop_signal = shutdown_signal();
     let ownership = match claim {
         Some(mode) => {
             let o = Ownership::claim(mode).await;
@@ -943,6 +966,7 @@ async fn serve<T: Target>(
                 ownership,
                 backend,
                 synced: false,
+                adoption_decided: false,
             }),
     };
     syncer.update_node_eligibility();
@@ -961,7 +985,7 @@ async fn serve<T: Target>(
     };
     let result = tokio::select! {
         r = runner::run(runner_cfg, &mut syncer, rx, once) => r,
-        _ = shutdown_signal() => {
+        _ = stop_signal => {
             if syncer.target.leaves_rules() {
                 tracing::info!("shutting down; the rules stay in place");
             } else {
@@ -1028,17 +1052,29 @@ async fn announce_take_over(mut role: watch::Receiver<Role>, tx: mpsc::WeakSende
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT. The handlers are installed here, when called, not when the
+/// future is first polled: `select!` may poll a sync that blocks for seconds first,
+/// and a signal before the handlers exist would kill the process outright (no
+/// hand-over, no drain).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            (Ok(mut term), Err(_)) => {
+                term.recv().await;
+            }
+            (Err(_), Ok(mut int)) => {
+                int.recv().await;
+            }
+            (Err(_), Err(_)) => std::future::pending().await,
         }
     }
 }

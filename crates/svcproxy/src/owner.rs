@@ -18,9 +18,11 @@
 //!
 //! The exchange is one line each way: the owner greets a standby with
 //! `svcproxy-owner 1 pid=P mode=M`, and later may send `handover`; a successor
-//! answers `synced`. A process that holds the name but is not svcproxy (another user,
-//! or no greeting) cannot keep svcproxy from running: it is logged, and this process
-//! programs the node without the lock.
+//! answers `synced`. Only processes of svcproxy's own user take part (the kernel
+//! tells each side the other's user): a process of another user holding the name
+//! cannot keep svcproxy from running (it is logged, and this process programs the
+//! node without the lock), nor wait on the owner. A process of svcproxy's user that
+//! holds the name without greeting (a stopped owner) is waited for, never fought.
 
 use std::io;
 use std::os::linux::net::SocketAddrExt;
@@ -48,6 +50,10 @@ pub enum Role {
         /// False when the lock is held by something that is not svcproxy, or cannot
         /// be taken: the node is programmed without it.
         locked: bool,
+        /// The predecessor handed over just now (it sealed its rules first: see
+        /// `svcproxy_dataplane::Driver::seal`); false for the first owner and after
+        /// an owner died.
+        handed_over: bool,
     },
     /// Another svcproxy programs the node; this one waits to take over.
     Standby { owner_pid: u32, owner_mode: String },
@@ -155,17 +161,26 @@ fn bind(name: &str) -> io::Result<UnixListener> {
     UnixListener::from_std(l)
 }
 
+/// Connects without blocking: a holder whose backlog is full (one that never
+/// accepts) gives `WouldBlock` at once rather than a connect that never returns.
 fn connect(name: &str) -> io::Result<UnixStream> {
-    let s = std::os::unix::net::UnixStream::connect_addr(&lock_address(name)?)?;
-    s.set_nonblocking(true)?;
-    UnixStream::from_std(s)
+    use std::os::unix::ffi::OsStrExt;
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    let mut abstract_name = vec![0u8];
+    abstract_name.extend_from_slice(name.as_bytes());
+    let addr = socket2::SockAddr::unix(std::ffi::OsStr::from_bytes(&abstract_name))?;
+    socket.connect(&addr)?;
+    UnixStream::from_std(std::os::unix::net::UnixStream::from(
+        std::os::fd::OwnedFd::from(socket),
+    ))
 }
 
-/// This process's effective user, as the kernel reports it for a socket's peer.
-fn own_uid() -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self belongs to the process's effective user.
-    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+/// This process's effective user, as the kernel reports it for a socket's peer (of
+/// a pair of its own). Needs the runtime.
+fn own_uid() -> io::Result<u32> {
+    let (a, _b) = UnixStream::pair()?;
+    Ok(a.peer_cred()?.uid())
 }
 
 /// Reads one line (without its end), at most [`MAX_LINE`] bytes; `None` at
@@ -203,7 +218,13 @@ enum Waited {
     HandedOver(UnixStream),
     /// The owner is gone (its connection closed).
     OwnerGone,
-    /// The name is held by something that is not svcproxy.
+    /// The connection closed before any greeting (an owner on its way out, or one
+    /// turning standbys away).
+    Closed,
+    /// A process of this user holds the name and does not greet (stopped, or
+    /// overloaded): waited for, never fought.
+    Silent(u32),
+    /// The name is held by another user's process: not svcproxy.
     NotSvcproxy(String),
     /// This process is stopping.
     Stopping,
@@ -215,18 +236,27 @@ async fn run(
     role: watch::Sender<Option<Role>>,
     mut commands: mpsc::Receiver<Command>,
 ) {
-    let mut predecessor = None;
+    let mut predecessor: Option<UnixStream> = None;
     // A bound name nobody answers on (being set up or torn down): retried briefly.
     let mut unanswered = 0u32;
+    let mut silent_logged = false;
     loop {
         match bind(name) {
             Ok(listener) => {
                 tracing::info!(lock = %format!("@{name}"), "owner lock taken: this svcproxy programs the node");
-                let _ = role.send(Some(Role::Owner { locked: true }));
+                let handed_over = predecessor.is_some();
+                let _ = role.send(Some(Role::Owner {
+                    locked: true,
+                    handed_over,
+                }));
                 own(mode, listener, predecessor, commands).await;
                 return;
             }
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {}
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                // Another standby won the race: the predecessor owes us nothing, and
+                // our closed connection tells it so.
+                predecessor = None;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "cannot take the owner lock; programming the node without it (another svcproxy here would fight this one)");
                 break;
@@ -253,6 +283,19 @@ async fn run(
             Waited::OwnerGone => {
                 tracing::warn!("the owner is gone without a hand-over: taking the lock");
             }
+            Waited::Closed => tokio::time::sleep(Duration::from_millis(100)).await,
+            Waited::Silent(pid) => {
+                if !std::mem::replace(&mut silent_logged, true) {
+                    tracing::warn!(pid, lock = %format!("@{name}"), "the owner lock is held by a process of this user that does not answer (stopped, or overloaded): waiting for it");
+                }
+                if role.borrow().is_none() {
+                    let _ = role.send(Some(Role::Standby {
+                        owner_pid: pid,
+                        owner_mode: "unknown".into(),
+                    }));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
             Waited::NotSvcproxy(why) => {
                 tracing::error!(lock = %format!("@{name}"), "the owner lock is held by {why}, not by svcproxy: programming the node without it");
                 break;
@@ -260,12 +303,22 @@ async fn run(
             Waited::Stopping => return,
         }
     }
-    let _ = role.send(Some(Role::Owner { locked: false }));
+    let _ = role.send(Some(Role::Owner {
+        locked: false,
+        handed_over: false,
+    }));
     // Without the lock there is nobody to hand over to.
     while let Some(c) = commands.recv().await {
-        if let Command::HandOver { reply, .. } = c {
-            let _ = reply.send(HandOver::NoSuccessor);
-            return;
+        match c {
+            Command::HandOver { reply, .. } => {
+                let _ = reply.send(HandOver::NoSuccessor);
+                return;
+            }
+            Command::Synced => {
+                if let Some(mut p) = predecessor.take() {
+                    let _ = p.write_all(b"synced\n").await;
+                }
+            }
         }
     }
 }
@@ -277,13 +330,14 @@ async fn stand_by(
     commands: &mut mpsc::Receiver<Command>,
 ) -> Waited {
     let peer = stream.peer_cred().ok();
-    if let (Some(peer), Some(own)) = (&peer, own_uid()) {
+    let peer_pid = peer
+        .as_ref()
+        .and_then(|p| p.pid())
+        .and_then(|p| u32::try_from(p).ok())
+        .unwrap_or_default();
+    if let (Some(peer), Ok(own)) = (&peer, own_uid()) {
         if peer.uid() != own {
-            return Waited::NotSvcproxy(format!(
-                "PID {} of user {}",
-                peer.pid().unwrap_or_default(),
-                peer.uid()
-            ));
+            return Waited::NotSvcproxy(format!("PID {peer_pid} of user {}", peer.uid()));
         }
     }
     let mut reader = BufReader::new(stream);
@@ -291,21 +345,10 @@ async fn stand_by(
     let (owner_pid, owner_mode) = match greeting {
         Ok(Some(line)) => match parse_greeting(&line) {
             Some(g) => g,
-            None => {
-                return Waited::NotSvcproxy(format!(
-                    "PID {} (it greets with {line:?})",
-                    peer.and_then(|p| p.pid()).unwrap_or_default()
-                ))
-            }
+            None => return Waited::Silent(peer_pid),
         },
-        // Closed before greeting: an owner on its way out.
-        Ok(None) => return Waited::OwnerGone,
-        Err(_) => {
-            return Waited::NotSvcproxy(format!(
-                "PID {} (no greeting within {GREETING_WAIT:?})",
-                peer.and_then(|p| p.pid()).unwrap_or_default()
-            ))
-        }
+        Ok(None) => return Waited::Closed,
+        Err(_) => return Waited::Silent(peer_pid),
     };
     tracing::info!(
         owner_pid,
@@ -345,10 +388,19 @@ async fn own(
 ) {
     let greeting = format!("svcproxy-owner 1 pid={} mode={mode}\n", std::process::id());
     let mut standbys: Vec<UnixStream> = Vec::new();
+    let mut refused_logged = false;
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((mut s, _)) = accepted else { continue };
+                // Only svcproxy's user may wait here (and later answer `synced`).
+                let peer = s.peer_cred().ok().map(|c| c.uid());
+                if peer.is_none() || peer != own_uid().ok() {
+                    if !std::mem::replace(&mut refused_logged, true) {
+                        tracing::warn!(user = ?peer, "a process of another user connected to the owner lock: turned away");
+                    }
+                    continue;
+                }
                 // Those that went away since.
                 standbys.retain(still_open);
                 if standbys.len() >= MAX_STANDBYS {
@@ -416,7 +468,8 @@ async fn hand_over(standbys: Vec<UnixStream>, wait: Duration) -> HandOver {
         "handing over to the standby; waiting for its first sync"
     );
     let outcome = tokio::time::timeout(wait, async {
-        // One answer per standby told; the losers of the race close without one.
+        // One answer per standby told; the losers of the race close without one
+        // (they drop this connection when the lock turns out taken).
         while let Some(synced) = rx.recv().await {
             if synced {
                 return HandOver::Synced;
@@ -471,7 +524,13 @@ mod tests {
     async fn a_second_claim_waits_and_takes_over_at_the_hand_over() {
         let name = fresh_name();
         let first = Ownership::claim_named(name, "nftables").await;
-        assert_eq!(*first.role().borrow(), Role::Owner { locked: true });
+        assert_eq!(
+            *first.role().borrow(),
+            Role::Owner {
+                locked: true,
+                handed_over: false
+            }
+        );
         let second = Ownership::claim_named(name, "iptables").await;
         assert_eq!(
             *second.role().borrow(),
@@ -482,7 +541,13 @@ mod tests {
         );
         // The hand-over waits for the successor's first sync.
         let handing = tokio::spawn(async move { first.hand_over(Duration::from_secs(10)).await });
-        assert_eq!(becomes_owner(&second).await, Role::Owner { locked: true });
+        assert_eq!(
+            becomes_owner(&second).await,
+            Role::Owner {
+                locked: true,
+                handed_over: true
+            }
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!handing.is_finished(), "the old owner waits for the sync");
         second.synced();
@@ -508,7 +573,13 @@ mod tests {
         // standbys' connections close.
         let t = std::time::Instant::now();
         drop(first);
-        assert_eq!(becomes_owner(&second).await, Role::Owner { locked: true });
+        assert_eq!(
+            becomes_owner(&second).await,
+            Role::Owner {
+                locked: true,
+                handed_over: false
+            }
+        );
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         assert_eq!(
             second.hand_over(Duration::from_secs(1)).await,
@@ -517,7 +588,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_holder_that_is_not_svcproxy_cannot_keep_svcproxy_from_running() {
+    async fn a_silent_holder_of_this_user_is_waited_for_not_fought() {
         for squatter_says in [None, Some("hello\n")] {
             let name = fresh_name();
             let squatter = bind(name).unwrap();
@@ -531,15 +602,134 @@ mod tests {
                     held.push(s);
                 }
             });
-            let t = std::time::Instant::now();
             let o = Ownership::claim_named(name, "nftables").await;
-            assert_eq!(*o.role().borrow(), Role::Owner { locked: false });
-            assert!(t.elapsed() < GREETING_WAIT + Duration::from_secs(1));
-            assert_eq!(
-                o.hand_over(Duration::from_secs(1)).await,
-                HandOver::NoSuccessor
+            assert!(
+                matches!(&*o.role().borrow(), Role::Standby { owner_mode, .. } if owner_mode == "unknown"),
+                "{:?}",
+                o.role().borrow()
             );
+            // Gone (the listener and every connection closed): taken over.
             greeter.abort();
+            let _ = greeter.await;
+            assert_eq!(
+                becomes_owner(&o).await,
+                Role::Owner {
+                    locked: true,
+                    handed_over: false
+                }
+            );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_that_never_accepts_cannot_hang_the_claim() {
+        let name = fresh_name();
+        let socket =
+            socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
+        let mut abstract_name = vec![0u8];
+        abstract_name.extend_from_slice(name.as_bytes());
+        use std::os::unix::ffi::OsStrExt;
+        let addr = socket2::SockAddr::unix(std::ffi::OsStr::from_bytes(&abstract_name)).unwrap();
+        socket.bind(&addr).unwrap();
+        socket.listen(0).unwrap();
+        // Its backlog full with one connection of its own, never accepted.
+        let _queued = connect(name).unwrap();
+        let t = std::time::Instant::now();
+        let o = tokio::time::timeout(
+            Duration::from_secs(20),
+            Ownership::claim_named(name, "nftables"),
+        )
+        .await
+        .expect("the claim returned");
+        assert_eq!(
+            *o.role().borrow(),
+            Role::Owner {
+                locked: false,
+                handed_over: false
+            }
+        );
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        drop(socket);
+    }
+
+    /// Run as another user by the next test: holds the lock `SVCPROXY_TEST_SQUAT`
+    /// names for a while. Nothing without it.
+    #[tokio::test]
+    #[ignore]
+    async fn squat_helper() {
+        let Ok(name) = std::env::var("SVCPROXY_TEST_SQUAT") else {
+            return;
+        };
+        let listener = bind(Box::leak(name.into_boxed_str())).expect("bind");
+        println!("bound");
+        let mut held = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok((s, _)) = listener.accept().await {
+                    held.push(s);
+                }
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_of_another_user_cannot_keep_svcproxy_from_running() {
+        if own_uid().unwrap() != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "needs root and setpriv (util-linux)"
+            );
+            eprintln!("SKIP: needs root and setpriv");
+            return;
+        }
+        // This test binary, copied where user nobody may run it, as nobody.
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("svcproxy-owner-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = dir.join("owner-test");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let name = fresh_name();
+        let mut child = tokio::process::Command::new("/usr/bin/setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args([
+                "--exact",
+                "owner::tests::squat_helper",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("SVCPROXY_TEST_SQUAT", name)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Bound once a connection goes through.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while connect(name).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the helper never bound"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t = std::time::Instant::now();
+        let o = Ownership::claim_named(name, "nftables").await;
+        assert_eq!(
+            *o.role().borrow(),
+            Role::Owner {
+                locked: false,
+                handed_over: false
+            }
+        );
+        assert!(
+            t.elapsed() < GREETING_WAIT,
+            "told by the user at once: {:?}",
+            t.elapsed()
+        );
+        let _ = child.kill().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -57,6 +57,13 @@ pub(crate) trait Target {
     /// The owner is stopping: seals what it wrote for a successor
     /// ([`svcproxy_dataplane::Driver::seal`]).
     fn seal(&mut self) {}
+
+    /// This process was handed the node over just now: its first sync may adopt
+    /// the sealed rules ([`svcproxy_dataplane::Driver::allow_adoption`]).
+    fn allow_adoption(&mut self) {}
+
+    /// Writes the kernel settings the mode needs (once this process owns the node).
+    fn prepare_node(&mut self) {}
 }
 
 /// What a target reports of a successful sync.
@@ -166,6 +173,14 @@ impl Target for Driver {
 
     fn shutdown(&mut self) {
         self.plane_mut().shutdown();
+    }
+
+    fn allow_adoption(&mut self) {
+        Driver::allow_adoption(self);
+    }
+
+    fn prepare_node(&mut self) {
+        svcproxy_dataplane::prepare_node(&self.node_requirements().sysctls);
     }
 
     fn seal(&mut self) {

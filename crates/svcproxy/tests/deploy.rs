@@ -319,11 +319,12 @@ fn daemonset_rolls_with_a_surge_pod_that_can_be_scheduled_beside_the_old_one() {
         "declared ports block the surge pod: {:?}",
         c["ports"]
     );
-    // Long enough for the hand-over's wait (20 s) to end before the SIGKILL.
+    // Long enough for the hand-over's wait (20 s) and the userspace mode's drain
+    // (25 s) before the SIGKILL.
     let grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         .as_u64()
         .unwrap_or(30);
-    assert!(grace >= 25, "terminationGracePeriodSeconds {grace}");
+    assert!(grace >= 45, "terminationGracePeriodSeconds {grace}");
 }
 
 #[test]
