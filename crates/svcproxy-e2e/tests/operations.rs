@@ -653,32 +653,6 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
         || format!("svcproxy's oom_score_adj is {oom:?}, not kube-proxy's -999 (logged: {logged})"),
     );
 
-    // A second svcproxy on node-a cannot bind 10256. With --bind-address-hard-fail:
-    // a clear error and exit, not a panic.
-    let mut args = env.proxy_args(NODE_A);
-    args.push("--bind-address-hard-fail".into());
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = env.run_svcproxy(NODE_A, &argv);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ck.check(
-        !out.status.success()
-            && stderr.contains("10256")
-            && stderr.contains("healthz-bind-address")
-            && !stderr.contains("panicked"),
-        || format!("second svcproxy, hard fail: {}\n{stderr}", out.status),
-    );
-    // Without it (kube-proxy's default) the failure is logged and the bind retried
-    // while the proxy works: here one sync (--once, the same rules), then exit 0.
-    let mut args = env.proxy_args(NODE_A);
-    args.push("--once".into());
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = env.run_svcproxy(NODE_A, &argv);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ck.check(
-        out.status.success() && stderr.contains("10256") && stderr.contains("retrying every 5s"),
-        || format!("second svcproxy, soft fail: {}\n{stderr}", out.status),
-    );
-
     // SIGTERM: the servers close, the rules stay.
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -698,5 +672,84 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
     ck.check(env.programmed(NODE_A), || {
         "SIGTERM removed the rules".to_string()
     });
+    // A port held by another program (kube-proxy, say) and not shared: with
+    // --bind-address-hard-fail a clear error and exit, not a panic. (Another svcproxy
+    // shares /healthz and waits as a standby instead: the dataplane hand-over test.)
+    let echo = svcproxy_e2e::bins::echo_bin().expect("svcproxy-echo");
+    let squatter = env
+        .c
+        .spawn(
+            Host::Node(NODE_A),
+            "port-10256",
+            &[
+                echo.to_str().unwrap(),
+                "serve",
+                "--name",
+                "squatter",
+                "--tcp",
+                "10256",
+            ],
+        )
+        .expect("a listener on 10256");
+    let listening = {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let open = env
+                .c
+                .exec(
+                    Host::Node(NODE_A),
+                    &[
+                        "timeout",
+                        "2",
+                        "bash",
+                        "-c",
+                        "exec 3<>/dev/tcp/127.0.0.1/10256",
+                    ],
+                )
+                .status
+                .success();
+            if open || Instant::now() >= deadline {
+                break open;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    ck.check(listening, || {
+        "the squatter does not listen on 10256".to_string()
+    });
+    let mut args = env.proxy_args(NODE_A);
+    args.push("--bind-address-hard-fail".into());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.run_svcproxy(NODE_A, &argv);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ck.check(
+        !out.status.success()
+            && stderr.contains("10256")
+            && stderr.contains("healthz-bind-address")
+            && !stderr.contains("panicked"),
+        || {
+            format!(
+                "svcproxy beside a holder of 10256, hard fail: {}\n{stderr}",
+                out.status
+            )
+        },
+    );
+    // Without it (kube-proxy's default) the failure is logged and the bind retried
+    // while the proxy works: here one sync (--once, the same rules), then exit 0.
+    let mut args = env.proxy_args(NODE_A);
+    args.push("--once".into());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.run_svcproxy(NODE_A, &argv);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ck.check(
+        out.status.success() && stderr.contains("10256") && stderr.contains("retrying every 5s"),
+        || {
+            format!(
+                "svcproxy beside a holder of 10256, soft fail: {}\n{stderr}",
+                out.status
+            )
+        },
+    );
+    squatter.kill();
     ck.finish(&env);
 }
