@@ -101,7 +101,7 @@ fn parse_yaml<'t>(
 ) -> Result<impl Iterator<Item = Option<Value>> + 't, String> {
     check_flow_nesting(text)?;
     let mut count = 0;
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
         if i == MAX_OBJECTS_PER_FILE {
             return Err(format!(
                 "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
@@ -113,11 +113,11 @@ fn parse_yaml<'t>(
         })?;
         count += 1;
     }
-    Ok(serde_yaml::Deserializer::from_str(text)
+    Ok(yaml_serde::Deserializer::from_str(text)
         .enumerate()
         .take(count)
         .map(move |(i, document)| {
-            let value = serde_yaml::Value::deserialize(document)
+            let value = yaml_serde::Value::deserialize(document)
                 .map_err(|e| crate::go_syntax::plain_serde_message(&e.to_string()))
                 .and_then(|v| serde_json::to_value(v).map_err(|e| e.to_string()));
             match value {

@@ -243,7 +243,7 @@ mod tests {
     use super::*;
 
     fn endpoints(yaml: &str) -> Endpoints {
-        serde_yaml::from_str(yaml).expect("test Endpoints parse")
+        yaml_serde::from_str(yaml).expect("test Endpoints parse")
     }
 
     fn addresses(slice: &discoveryv1::EndpointSlice) -> Vec<&str> {

@@ -1909,19 +1909,19 @@ fn hostile_strings() -> Vec<(&'static str, String)> {
 fn hostile_namespaces_and_names_are_rejected_with_bounded_messages() {
     for (case, h) in hostile_strings() {
         let mut st = baseline_state();
-        let mut svc_ns: Service = serde_yaml::from_str(WEB_SERVICE).unwrap();
+        let mut svc_ns: Service = yaml_serde::from_str(WEB_SERVICE).unwrap();
         svc_ns.metadata.namespace = Some(h.clone());
         upsert(&mut st, KubeObject::Service(svc_ns));
-        let mut svc_name: Service = serde_yaml::from_str(WEB_SERVICE).unwrap();
+        let mut svc_name: Service = yaml_serde::from_str(WEB_SERVICE).unwrap();
         svc_name.metadata.name = Some(h.clone());
         upsert(&mut st, KubeObject::Service(svc_name));
-        let mut slice_ns: EndpointSlice = serde_yaml::from_str(WEB_SLICE).unwrap();
+        let mut slice_ns: EndpointSlice = yaml_serde::from_str(WEB_SLICE).unwrap();
         slice_ns.metadata.namespace = Some(h.clone());
         upsert(&mut st, KubeObject::EndpointSlice(slice_ns));
-        let mut slice_name: EndpointSlice = serde_yaml::from_str(WEB_SLICE).unwrap();
+        let mut slice_name: EndpointSlice = yaml_serde::from_str(WEB_SLICE).unwrap();
         slice_name.metadata.name = Some(h.clone());
         upsert(&mut st, KubeObject::EndpointSlice(slice_name));
-        let mut node_obj: Node = serde_yaml::from_str(&node_yaml(
+        let mut node_obj: Node = yaml_serde::from_str(&node_yaml(
             "x",
             "192.168.0.9",
             "fd00::9",
@@ -1932,7 +1932,7 @@ fn hostile_namespaces_and_names_are_rejected_with_bounded_messages() {
         node_obj.metadata.name = Some(h.clone());
         upsert(&mut st, KubeObject::Node(node_obj));
         let mut cidr: ServiceCIDR =
-            serde_yaml::from_str("metadata: {name: x}\nspec: {cidrs: [10.97.0.0/16]}").unwrap();
+            yaml_serde::from_str("metadata: {name: x}\nspec: {cidrs: [10.97.0.0/16]}").unwrap();
         cidr.metadata.name = Some(h.clone());
         upsert(&mut st, KubeObject::ServiceCidr(cidr));
 
@@ -1992,7 +1992,7 @@ fn hostile_namespaces_and_names_are_rejected_with_bounded_messages() {
 fn log_lines_about_hostile_names_stay_on_one_bounded_line() {
     for (case, h) in hostile_strings() {
         let mut st = new_state();
-        let mut svc: Service = serde_yaml::from_str(WEB_SERVICE).unwrap();
+        let mut svc: Service = yaml_serde::from_str(WEB_SERVICE).unwrap();
         svc.metadata.name = Some(h.clone());
         svc.metadata.namespace = Some(h.clone());
         upsert(&mut st, KubeObject::Service(svc));
@@ -2008,7 +2008,7 @@ fn log_lines_about_hostile_names_stay_on_one_bounded_line() {
 fn hostile_port_names_are_ignored_with_bounded_messages() {
     for (case, h) in hostile_strings() {
         let mut st = baseline_state();
-        let mut svc: Service = serde_yaml::from_str(WEB_SERVICE).unwrap();
+        let mut svc: Service = yaml_serde::from_str(WEB_SERVICE).unwrap();
         svc.metadata.name = Some("hostile".into());
         let spec = svc.spec.as_mut().unwrap();
         spec.cluster_ip = Some("10.96.0.70".into());
@@ -2019,7 +2019,7 @@ fn hostile_port_names_are_ignored_with_bounded_messages() {
         spec.ports.as_mut().unwrap().push(bad_port);
         upsert(&mut st, KubeObject::Service(svc));
 
-        let mut sl: EndpointSlice = serde_yaml::from_str(WEB_SLICE).unwrap();
+        let mut sl: EndpointSlice = yaml_serde::from_str(WEB_SLICE).unwrap();
         sl.metadata.name = Some("hostile-1".into());
         let mut bad_port = sl.ports.as_ref().unwrap()[0].clone();
         bad_port.name = Some(h.clone());
@@ -2061,7 +2061,7 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
     for (case, h) in hostile_strings() {
         let mut st = baseline_state();
         // A service "owned" by a hostile proxy name: not ours, silently.
-        let mut svc: Service = serde_yaml::from_str(WEB_SERVICE).unwrap();
+        let mut svc: Service = yaml_serde::from_str(WEB_SERVICE).unwrap();
         svc.metadata.name = Some("theirs".into());
         svc.metadata.labels = Some(
             [(
@@ -2074,7 +2074,7 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
         assert!(st.problems().is_empty(), "{case}: {:#?}", st.problems());
 
         // A slice claiming a hostile service name: rejected.
-        let mut sl: EndpointSlice = serde_yaml::from_str(WEB_SLICE).unwrap();
+        let mut sl: EndpointSlice = yaml_serde::from_str(WEB_SLICE).unwrap();
         sl.metadata.name = Some("claims".into());
         sl.metadata.labels = Some([("kubernetes.io/service-name".to_string(), h.clone())].into());
         upsert(&mut st, KubeObject::EndpointSlice(sl));
@@ -2086,7 +2086,7 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
         );
 
         // A slice whose endpoint fields are hostile: those fields ignored.
-        let mut sl: EndpointSlice = serde_yaml::from_str(WEB_SLICE).unwrap();
+        let mut sl: EndpointSlice = yaml_serde::from_str(WEB_SLICE).unwrap();
         sl.metadata.name = Some("web-hostile".into());
         let eps = sl.endpoints.get_or_insert_with(Vec::new);
         eps.truncate(1);
@@ -2094,7 +2094,7 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
         sl.endpoints.as_mut().unwrap()[0].node_name = Some(h.clone());
         sl.endpoints.as_mut().unwrap()[0].zone = Some(h.clone());
         sl.endpoints.as_mut().unwrap()[0].hints =
-            Some(serde_yaml::from_str("forZones: [{name: zone-a}]").unwrap());
+            Some(yaml_serde::from_str("forZones: [{name: zone-a}]").unwrap());
         sl.endpoints.as_mut().unwrap()[0]
             .hints
             .as_mut()
@@ -2115,7 +2115,7 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
         );
 
         // A node with a hostile label value and a hostile label key.
-        let mut n: Node = serde_yaml::from_str(&node_yaml(
+        let mut n: Node = yaml_serde::from_str(&node_yaml(
             "node-c",
             "192.168.0.3",
             "fd00::3",
@@ -2154,7 +2154,7 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
 fn hostile_annotations_are_ignored_cleanly() {
     for (case, h) in hostile_strings() {
         let mut st = baseline_state();
-        let mut svc: Service = serde_yaml::from_str(
+        let mut svc: Service = yaml_serde::from_str(
             r#"
 metadata: {name: annotated, namespace: default}
 spec:

@@ -193,7 +193,7 @@ fn kube_proxy_dashboards_and_alerts_see_svcproxy() {
     );
     // The alerting rules deploy/monitoring ships (kube-proxy's and svcproxy's own),
     // as the Prometheus Operator hands them to Prometheus: the PrometheusRule's spec.
-    let rule: serde_yaml::Value = serde_yaml::from_str(
+    let rule: yaml_serde::Value = yaml_serde::from_str(
         &std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../deploy/monitoring/prometheusrule.yaml"),
@@ -202,7 +202,7 @@ fn kube_proxy_dashboards_and_alerts_see_svcproxy() {
     )
     .unwrap();
     let rules = dir.path().join("rules.yml");
-    std::fs::write(&rules, serde_yaml::to_string(&rule["spec"]).unwrap()).unwrap();
+    std::fs::write(&rules, yaml_serde::to_string(&rule["spec"]).unwrap()).unwrap();
     let config = dir.path().join("prometheus.yml");
     std::fs::write(
         &config,

@@ -514,7 +514,7 @@ impl Cluster {
             }
         }
         docs.iter()
-            .map(|d| serde_yaml::to_string(d).expect("yaml"))
+            .map(|d| yaml_serde::to_string(d).expect("yaml"))
             .collect::<Vec<_>>()
             .join("---\n")
     }

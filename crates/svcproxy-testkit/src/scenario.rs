@@ -132,7 +132,7 @@ impl Scenario {
             .unwrap_or_else(|_| "node-a".to_string());
         let config: ScenarioConfig = match std::fs::read_to_string(dir.join("config.yaml")) {
             Ok(text) => {
-                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{case}/config.yaml: {e}"))
+                yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("{case}/config.yaml: {e}"))
             }
             Err(_) => ScenarioConfig::default(),
         };

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Deserialize as _;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -31,7 +31,7 @@ fn objects() -> Vec<(String, Value)> {
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
+        for doc in yaml_serde::Deserializer::from_str(&text) {
             let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
             if !v.is_null() {
                 out.push((name.clone(), v));
@@ -214,7 +214,7 @@ fn configmap_config_is_accepted_by_svcproxy_without_warnings() {
 fn configmap_config_leaves_conntrack_sysctls_alone() {
     // Without privileges /proc/sys is read-only in the container: a config that asks
     // for conntrack tuning would fail (or warn) on every start.
-    let config: Value = serde_yaml::from_str(&config_text()).unwrap();
+    let config: Value = yaml_serde::from_str(&config_text()).unwrap();
     let ct = &config["conntrack"];
     assert_eq!(ct["maxPerCore"], 0, "conntrack.maxPerCore must be 0");
     for field in [
@@ -235,7 +235,7 @@ fn configmap_config_leaves_conntrack_sysctls_alone() {
 fn daemonset_agrees_with_configmap() {
     let ds = the("DaemonSet");
     let c = container(&ds);
-    let config: Value = serde_yaml::from_str(&config_text()).unwrap();
+    let config: Value = yaml_serde::from_str(&config_text()).unwrap();
 
     // The node name from the downward API.
     assert_eq!(
@@ -415,7 +415,7 @@ fn dns_shape(shape: &str) -> Vec<Value> {
     files.sort();
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
+        for doc in yaml_serde::Deserializer::from_str(&text) {
             let v = Value::deserialize(doc).unwrap();
             if !v.is_null() {
                 out.push(v);

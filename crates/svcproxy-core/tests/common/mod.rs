@@ -21,7 +21,7 @@ pub const THIS_NODE: &str = "node-a";
 pub const ORIGIN: &str = "test.yaml";
 
 fn parse<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
-    serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("bad test YAML: {e}\n{yaml}"))
+    yaml_serde::from_str(yaml).unwrap_or_else(|e| panic!("bad test YAML: {e}\n{yaml}"))
 }
 
 pub fn service(yaml: &str) -> KubeObject {

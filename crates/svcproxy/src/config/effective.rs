@@ -124,7 +124,7 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
 
 /// The effective configuration as YAML (`--write-config-to`).
 pub fn to_yaml(settings: &Settings) -> anyhow::Result<String> {
-    Ok(serde_yaml::to_string(&effective_config(settings))?)
+    Ok(yaml_serde::to_string(&effective_config(settings))?)
 }
 
 /// `/configz`'s body: the configuration under its API group, as upstream's configz

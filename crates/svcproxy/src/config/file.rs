@@ -501,13 +501,13 @@ fn parse_document(text: &str) -> anyhow::Result<serde_json::Value> {
     if text.trim_start().starts_with('{') {
         Ok(serde_json::from_str(text)?)
     } else {
-        Ok(serde_yaml::from_str(text)?)
+        Ok(yaml_serde::from_str(text)?)
     }
 }
 
 /// Decodes `doc` into `T`, pushing the path of every field `T` does not know onto
 /// `ignored`. A badly typed value fails with its path (going through a `Value` rather
-/// than the YAML parser keeps paths exact: serde_yaml prefixes its own, coarser one).
+/// than the YAML parser keeps paths exact: the YAML parser prefixes its own, coarser one).
 fn decode<T: DeserializeOwned>(
     doc: &serde_json::Value,
     ignored: &mut Vec<String>,
