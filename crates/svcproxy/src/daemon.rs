@@ -758,47 +758,9 @@ async fn serve<T: Target>(
 ) -> anyhow::Result<()> {
     // First of all: a SIGTERM from here on stops the process in order.
     let stop_signal = shutdown_signal();
-    let ownership = match claim {
-        Some(mode) => {
-            let o = Ownership::claim(mode).await;
-            let role = o.role().borrow().clone();
-            if let (
-                true,
-                Role::Standby {
-                    owner_pid,
-                    owner_mode,
-                },
-            ) = (once, &role)
-            {
-                bail!(
-                    "another svcproxy (PID {owner_pid}, {owner_mode} mode) programs this \
-                     node's rules: --once would fight it; stop it first"
-                );
-            }
-            Some(o)
-        }
-        None => None,
-    };
+    let ownership = claim_node(claim, once).await?;
     let role = ownership.as_ref().map(Ownership::role);
-    let standby = role.as_ref().is_some_and(|r| !r.borrow().is_owner());
-    // Bind first: with bindAddressHardFail an address in use is a start-up error,
-    // before anything else runs; otherwise it is logged and retried. /healthz and
-    // /livez are shared with a standby (or an owner) on the same node; the metrics
-    // of a standby wait until it owns the node.
-    let hard_fail = settings.bind_address_hard_fail;
-    let healthz = match servers.healthz {
-        Some(addr) => Some(listener(addr, "--healthz-bind-address", hard_fail, true).await?),
-        None => None,
-    };
-    let metrics_listener = match (servers.metrics, &role) {
-        (Some(addr), Some(role)) if standby => Some(Listener::WhenOwner(
-            addr,
-            "--metrics-bind-address",
-            role.clone(),
-        )),
-        (Some(addr), _) => Some(listener(addr, "--metrics-bind-address", hard_fail, false).await?),
-        (None, _) => None,
-    };
+    let (healthz, metrics_listener) = bind_http(&settings, &servers, role.as_ref()).await?;
     // Read now, so that a change between start-up and the first check is seen.
     let config_watch = match (&settings.config_file, once) {
         (Some(path), false) => Some((path.clone(), std::fs::read(path).ok())),
@@ -810,34 +772,14 @@ async fn serve<T: Target>(
         Some(b) => Metrics::for_backend(b),
         None => Metrics::new(),
     };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let mut http_tasks = Vec::new();
-    let mut source_task = None;
     metrics.set_configz(&config::effective::configz_json(&settings));
     metrics.register_data_plane(target.collectors());
-    if let Some(l) = healthz {
-        let (health, metrics, stop) = (health.clone(), metrics.clone(), stop_rx.clone());
-        http_tasks.push(tokio::spawn(async move {
-            let l = tokio::select! {
-                l = l.get() => l,
-                _ = stopped(stop.clone()) => return Ok(()),
-            };
-            crate::http::health::serve(l, health, Some(metrics), stopped(stop)).await
-        }));
-    }
-    if let Some(l) = metrics_listener {
-        let (health, metrics, stop) = (health.clone(), metrics.clone(), stop_rx.clone());
-        http_tasks.push(tokio::spawn(async move {
-            let l = tokio::select! {
-                l = l.get() => l,
-                _ = stopped(stop.clone()) => return Ok(()),
-            };
-            crate::http::metrics::serve(l, metrics, health, stopped(stop)).await
-        }));
-    }
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut running = Running {
+        tasks: spawn_http(healthz, metrics_listener, &health, &metrics, &stop_rx),
+        source: None,
+        _manifest_watch: None,
+    };
 
     let mut state = ClusterState::new(StateConfig {
         node_name: settings.node_name.clone(),
@@ -851,95 +793,29 @@ async fn serve<T: Target>(
     }
     let dns = match settings.dns_bind {
         Some(addr) => {
-            let catalog = svcproxy_dns::Catalog::new(&settings.dns).map_err(anyhow::Error::msg)?;
-            let catalog = Arc::new(RwLock::new(catalog));
-            let options = svcproxy_dns::server::Options {
-                upstreams: match &settings.dns_upstreams {
-                    Some(given) => svcproxy_dns::server::Upstreams {
-                        configured: given.clone(),
-                        resolv_conf: String::new(),
-                    },
-                    None => svcproxy_dns::server::Upstreams {
-                        configured: Vec::new(),
-                        resolv_conf: std::fs::read_to_string("/etc/resolv.conf")
-                            .unwrap_or_default(),
-                    },
-                },
-                rate_limit: settings.dns_rate_limit,
-                udp_workers: 0,
-            };
-            // On a thread and runtime of its own: queries never wait behind a sync.
-            let server = svcproxy_dns::server::Dedicated::start(catalog.clone(), addr, &options)
-                .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
-            metrics.register_dns(server.counters.clone());
-            let (bound, upstreams) = (server.addr, server.upstreams.clone());
-            tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, rate_limit = ?settings.dns_rate_limit, "cluster DNS listening (UDP and TCP)");
-            match (&settings.dns_upstreams, upstreams.is_empty()) {
-                (Some(given), true) if given.is_empty() => {
-                    tracing::info!("cluster DNS: --dns-upstream none: names outside the cluster domain are refused");
-                }
-                (_, true) => tracing::warn!("cluster DNS: no upstream resolver (--dns-upstream, /etc/resolv.conf): names outside the cluster domain are refused"),
-                _ => {}
-            }
-            let stop = stop_rx.clone();
-            http_tasks.push(tokio::spawn(async move {
-                stopped(stop).await;
-                tokio::task::spawn_blocking(move || server.stop())
-                    .await
-                    .context("stopping the DNS server")?
-                    .context("stopping the DNS server")
-            }));
+            let (catalog, task) = start_dns(&settings, addr, &metrics, &stop_rx)?;
+            running.tasks.push(task);
             Some(catalog)
         }
         None => None,
     };
-    if let Some(role) = &role {
-        if standby {
-            tokio::spawn(announce_take_over(role.clone(), tx.downgrade()));
-        }
+    if let Some(role) = role.as_ref().filter(|r| !r.borrow().is_owner()) {
+        tokio::spawn(announce_take_over(role.clone(), tx.downgrade()));
     }
-    let mut _manifest_watch = None;
-    match source(&settings)? {
-        Source::Manifests(mut dir) => {
-            // The directory's initial list is read here, before the first sync.
-            let scan = dir
-                .rescan()
-                .with_context(|| format!("reading manifests from {}", dir.root().display()))?;
-            // Its problems were logged by the scan (once each).
-            for update in scan.updates.into_iter().chain(scan.input_problems) {
-                feed_dns(dns.as_ref(), &update);
-                if target.uses_state() {
-                    state.apply(update);
-                }
-            }
-            if !once {
-                let tx = tx.clone();
-                let period = settings.manifests_rescan_period;
-                _manifest_watch = Some(crate::sources::manifests::watch(
-                    dir,
-                    period,
-                    move |updates| {
-                        // Blocking send from the watcher thread: backpressure, never loss.
-                        let _ = tx.blocking_send(Event::Updates(updates));
-                    },
-                )?);
-            }
-        }
-        Source::Api(cfg) => {
-            let client = kube_source::client_with_metrics(&cfg, metrics.rest_client()).await?;
-            runner_cfg.initial_sources = kube_source::WATCHES.to_vec();
-            if cfg.dns_pods {
-                runner_cfg.initial_sources.push(kube_source::POD_WATCH);
-            }
-            if servers.health_check_node_ports {
-                // The daemon announces itself on its Node, as kube-proxy does.
-                tokio::spawn(kube_source::record_startup_event(
-                    client.clone(),
-                    cfg.node_name.clone(),
-                ));
-            }
-            source_task = Some(tokio::spawn(kube_source::run(client, cfg, tx)));
-        }
+    let started = start_source(
+        &settings,
+        &servers,
+        once,
+        tx,
+        target.uses_state().then_some(&mut state),
+        dns.as_ref(),
+        &metrics,
+    )
+    .await?;
+    running.source = started.task;
+    running._manifest_watch = started.watch;
+    if !started.initial_lists.is_empty() {
+        runner_cfg.initial_sources = started.initial_lists;
     }
     let health_checks = match plan_cfg {
         Some(cfg) if servers.health_check_node_ports => Some((
@@ -995,26 +871,7 @@ async fn serve<T: Target>(
         }
         e = config_changed => Err(e),
     };
-    // A standby waiting to take over gets the lock, and this process goes on
-    // forwarding (the userspace mode) until the standby's first sync is in.
-    if let Some(gate) = &syncer.owner {
-        let was_owner = gate.role.borrow().is_owner();
-        if was_owner && !once {
-            // What the last sync wrote, sealed: a successor whose first sync
-            // would write the same takes it as it is.
-            tokio::task::block_in_place(|| syncer.target.seal());
-        }
-        match gate.ownership.hand_over(HAND_OVER_WAIT).await {
-            HandOver::Synced => tracing::info!("handed over: the successor's first sync is in"),
-            HandOver::TimedOut => {
-                tracing::warn!(wait = ?HAND_OVER_WAIT, "handed over, but the successor's first sync did not come within the wait")
-            }
-            HandOver::NoSuccessor if was_owner && !once => {
-                tracing::debug!("no standby to hand over to")
-            }
-            HandOver::NoSuccessor => {}
-        }
-    }
+    hand_over(&mut syncer, once).await;
     // A data plane forwarding connections itself lets them finish first (the
     // health and metrics servers still answer meanwhile).
     tokio::task::block_in_place(|| syncer.target.shutdown());
@@ -1022,18 +879,274 @@ async fn serve<T: Target>(
     if let Some((servers, _)) = &mut syncer.health_checks {
         servers.shutdown();
     }
-    if let Some(t) = source_task {
-        t.abort();
-    }
-    // Let in-flight HTTP answers finish, briefly.
-    for t in http_tasks {
-        match tokio::time::timeout(Duration::from_secs(2), t).await {
-            Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e:#}"),
-            Ok(_) => {}
-            Err(_) => tracing::warn!("an HTTP server did not stop within 2s"),
+    running.stop().await;
+    result
+}
+
+/// The cluster DNS's catalog, shared with its server.
+type SharedCatalog = Arc<RwLock<svcproxy_dns::Catalog>>;
+
+/// A server's task: its result once stopped.
+type ServerTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// What runs beside the sync loop until the process stops.
+struct Running {
+    /// The HTTP servers' tasks and the DNS server's (each ends at the stop signal).
+    tasks: Vec<ServerTask>,
+    /// The Kubernetes API source.
+    source: Option<tokio::task::JoinHandle<()>>,
+    /// The manifests directory's watch (stopped when dropped).
+    _manifest_watch: Option<crate::sources::manifests::WatchHandle>,
+}
+
+impl Running {
+    /// Stops the source and lets in-flight HTTP answers finish, briefly.
+    async fn stop(self) {
+        if let Some(t) = self.source {
+            t.abort();
+        }
+        for t in self.tasks {
+            match tokio::time::timeout(Duration::from_secs(2), t).await {
+                Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e:#}"),
+                Ok(_) => {}
+                Err(_) => tracing::warn!("an HTTP server did not stop within 2s"),
+            }
         }
     }
-    result
+}
+
+/// Resolves once `stop` says so.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Takes the node, or stands by ([`crate::owner`]), when this run programs the
+/// kernel (`claim` names the mode); a one-shot sync beside another owner is refused.
+async fn claim_node(claim: Option<&'static str>, once: bool) -> anyhow::Result<Option<Ownership>> {
+    let Some(mode) = claim else {
+        return Ok(None);
+    };
+    let ownership = Ownership::claim(mode).await;
+    let role = ownership.role().borrow().clone();
+    if let (
+        true,
+        Role::Standby {
+            owner_pid,
+            owner_mode,
+        },
+    ) = (once, &role)
+    {
+        bail!(
+            "another svcproxy (PID {owner_pid}, {owner_mode} mode) programs this \
+             node's rules: --once would fight it; stop it first"
+        );
+    }
+    Ok(Some(ownership))
+}
+
+/// Binds the health and metrics listeners first: with bindAddressHardFail an
+/// address in use is a start-up error, before anything else runs; otherwise it is
+/// logged and retried. /healthz and /livez are shared with a standby (or an owner)
+/// on the same node; the metrics of a standby wait until it owns the node.
+async fn bind_http(
+    settings: &Settings,
+    servers: &Servers,
+    role: Option<&watch::Receiver<Role>>,
+) -> anyhow::Result<(Option<Listener>, Option<Listener>)> {
+    let hard_fail = settings.bind_address_hard_fail;
+    let healthz = match servers.healthz {
+        Some(addr) => Some(listener(addr, "--healthz-bind-address", hard_fail, true).await?),
+        None => None,
+    };
+    let standby = role.filter(|r| !r.borrow().is_owner());
+    let metrics = match (servers.metrics, standby) {
+        (Some(addr), Some(role)) => Some(Listener::WhenOwner(
+            addr,
+            "--metrics-bind-address",
+            role.clone(),
+        )),
+        (Some(addr), None) => {
+            Some(listener(addr, "--metrics-bind-address", hard_fail, false).await?)
+        }
+        (None, _) => None,
+    };
+    Ok((healthz, metrics))
+}
+
+/// The health and metrics servers, each on its own task until `stop`.
+fn spawn_http(
+    healthz: Option<Listener>,
+    metrics_listener: Option<Listener>,
+    health: &Arc<ProxyHealth>,
+    metrics: &Arc<Metrics>,
+    stop: &watch::Receiver<bool>,
+) -> Vec<ServerTask> {
+    let mut tasks = Vec::new();
+    if let Some(l) = healthz {
+        let (health, metrics, stop) = (health.clone(), metrics.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let l = tokio::select! {
+                l = l.get() => l,
+                _ = stopped(stop.clone()) => return Ok(()),
+            };
+            crate::http::health::serve(l, health, Some(metrics), stopped(stop)).await
+        }));
+    }
+    if let Some(l) = metrics_listener {
+        let (health, metrics, stop) = (health.clone(), metrics.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let l = tokio::select! {
+                l = l.get() => l,
+                _ = stopped(stop.clone()) => return Ok(()),
+            };
+            crate::http::metrics::serve(l, metrics, health, stopped(stop)).await
+        }));
+    }
+    tasks
+}
+
+/// The cluster DNS (`--dns-bind-address`): its catalog, fed beside the state, and
+/// the task that stops its server at `stop`.
+fn start_dns(
+    settings: &Settings,
+    addr: SocketAddr,
+    metrics: &Arc<Metrics>,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<(SharedCatalog, ServerTask)> {
+    let catalog = svcproxy_dns::Catalog::new(&settings.dns).map_err(anyhow::Error::msg)?;
+    let catalog = Arc::new(RwLock::new(catalog));
+    let options = svcproxy_dns::server::Options {
+        upstreams: match &settings.dns_upstreams {
+            Some(given) => svcproxy_dns::server::Upstreams {
+                configured: given.clone(),
+                resolv_conf: String::new(),
+            },
+            None => svcproxy_dns::server::Upstreams {
+                configured: Vec::new(),
+                resolv_conf: std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+            },
+        },
+        rate_limit: settings.dns_rate_limit,
+        udp_workers: 0,
+    };
+    // On a thread and runtime of its own: queries never wait behind a sync.
+    let server = svcproxy_dns::server::Dedicated::start(catalog.clone(), addr, &options)
+        .with_context(|| format!("binding the DNS server (--dns-bind-address {addr})"))?;
+    metrics.register_dns(server.counters.clone());
+    let (bound, upstreams) = (server.addr, server.upstreams.clone());
+    tracing::info!(address = %bound, zone = %settings.dns.zone, ?upstreams, rate_limit = ?settings.dns_rate_limit, "cluster DNS listening (UDP and TCP)");
+    match (&settings.dns_upstreams, upstreams.is_empty()) {
+        (Some(given), true) if given.is_empty() => {
+            tracing::info!("cluster DNS: --dns-upstream none: names outside the cluster domain are refused");
+        }
+        (_, true) => tracing::warn!("cluster DNS: no upstream resolver (--dns-upstream, /etc/resolv.conf): names outside the cluster domain are refused"),
+        _ => {}
+    }
+    let stop = stop.clone();
+    let task = tokio::spawn(async move {
+        stopped(stop).await;
+        tokio::task::spawn_blocking(move || server.stop())
+            .await
+            .context("stopping the DNS server")?
+            .context("stopping the DNS server")
+    });
+    Ok((catalog, task))
+}
+
+/// A started source.
+struct StartedSource {
+    /// The API source's task.
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// The manifests directory's watch.
+    watch: Option<crate::sources::manifests::WatchHandle>,
+    /// The lists the first sync waits for (the API source's watches).
+    initial_lists: Vec<&'static str>,
+}
+
+/// Starts the source of Services, EndpointSlices and Nodes: a manifests directory
+/// is read here (its initial list applied to `state`, when the target keeps one,
+/// before the first sync) and then watched; the API source lists and watches on a
+/// task of its own.
+async fn start_source(
+    settings: &Settings,
+    servers: &Servers,
+    once: bool,
+    tx: mpsc::Sender<Event>,
+    mut state: Option<&mut ClusterState>,
+    dns: Option<&SharedCatalog>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<StartedSource> {
+    let mut started = StartedSource {
+        task: None,
+        watch: None,
+        initial_lists: Vec::new(),
+    };
+    match source(settings)? {
+        Source::Manifests(mut dir) => {
+            let scan = dir
+                .rescan()
+                .with_context(|| format!("reading manifests from {}", dir.root().display()))?;
+            // Its problems were logged by the scan (once each).
+            for update in scan.updates.into_iter().chain(scan.input_problems) {
+                feed_dns(dns, &update);
+                if let Some(state) = state.as_deref_mut() {
+                    state.apply(update);
+                }
+            }
+            if !once {
+                let period = settings.manifests_rescan_period;
+                started.watch = Some(crate::sources::manifests::watch(
+                    dir,
+                    period,
+                    move |updates| {
+                        // Blocking send from the watcher thread: backpressure, never loss.
+                        let _ = tx.blocking_send(Event::Updates(updates));
+                    },
+                )?);
+            }
+        }
+        Source::Api(cfg) => {
+            let client = kube_source::client_with_metrics(&cfg, metrics.rest_client()).await?;
+            started.initial_lists = kube_source::WATCHES.to_vec();
+            if cfg.dns_pods {
+                started.initial_lists.push(kube_source::POD_WATCH);
+            }
+            if servers.health_check_node_ports {
+                // The daemon announces itself on its Node, as kube-proxy does.
+                tokio::spawn(kube_source::record_startup_event(
+                    client.clone(),
+                    cfg.node_name.clone(),
+                ));
+            }
+            started.task = Some(tokio::spawn(kube_source::run(client, cfg, tx)));
+        }
+    }
+    Ok(started)
+}
+
+/// The run is over: an owner seals what its last sync wrote and hands the lock to
+/// a standby, waiting for the standby's first sync (this process goes on forwarding
+/// meanwhile, which the userspace mode needs).
+async fn hand_over<T: Target>(syncer: &mut ProxySyncer<T>, once: bool) {
+    let Some(gate) = &syncer.owner else {
+        return;
+    };
+    let was_owner = gate.role.borrow().is_owner();
+    if was_owner && !once {
+        // What the last sync wrote, sealed: a successor whose first sync would
+        // write the same takes it as it is.
+        tokio::task::block_in_place(|| syncer.target.seal());
+    }
+    match gate.ownership.hand_over(HAND_OVER_WAIT).await {
+        HandOver::Synced => tracing::info!("handed over: the successor's first sync is in"),
+        HandOver::TimedOut => {
+            tracing::warn!(wait = ?HAND_OVER_WAIT, "handed over, but the successor's first sync did not come within the wait")
+        }
+        HandOver::NoSuccessor if was_owner && !once => {
+            tracing::debug!("no standby to hand over to")
+        }
+        HandOver::NoSuccessor => {}
+    }
 }
 
 /// The longest a stopping owner waits for its successor's first sync (within
