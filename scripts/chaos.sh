@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# The chaos run (not part of CI): for SECONDS seconds in MODE (nftables, iptables or
-# userspace), node-a's svcproxy in a two-node cluster of network namespaces is killed
-# with SIGKILL at random moments (every 1-5 s) and started again while 12 services'
-# endpoints change every 50-250 ms. After each restart's first sync, `explain --live`
-# must find the kernel equal to the plan and every service must answer from its
-# current endpoints. Prints the counts; exits non-zero on any mismatch or failure.
-#   ./scripts/chaos.sh [SECONDS] [MODE]       (as root; CHAOS_SEED=N repeats a run)
+# The chaos runs (not part of CI), in a two-node cluster of network namespaces where
+# 12 services' endpoints change every 50-250 ms, for SECONDS seconds in MODE
+# (nftables, iptables or userspace):
+#   kill       node-a's svcproxy is killed with SIGKILL at random moments (every
+#              1-5 s) and started again;
+#   hand-over  a new svcproxy (two binaries, alternately) starts beside node-a's at
+#              random moments, stands by, and takes over at the owner's SIGTERM,
+#              while a pod of node-a connects to the services all along.
+# After each disruption `explain --live` must find the kernel equal to the plan and
+# every service must answer from its current endpoints (and, for hand-over, every
+# connection of the stream must have been answered). Prints the counts; exits
+# non-zero on any mismatch or failure.
+#   ./scripts/chaos.sh [SECONDS] [MODE] [kill|hand-over]   (as root; CHAOS_SEED=N
+#   repeats a run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CHAOS_SECONDS=${1:-120} CHAOS_MODE=${2:-nftables}
+case ${3:-kill} in
+  kill) test=chaos_kill_9_under_endpoint_churn ;;
+  hand-over) test=chaos_rolling_hand_overs_under_endpoint_churn ;;
+  *) echo "usage: $0 [SECONDS] [MODE] [kill|hand-over]" >&2; exit 2 ;;
+esac
 cargo build --locked -p svcproxy -p svcproxy-e2e --bins
 exec cargo test --locked -p svcproxy-e2e --test dataplane -- --ignored \
-  --exact chaos_kill_9_under_endpoint_churn --nocapture
+  --exact "$test" --nocapture

@@ -3027,6 +3027,141 @@ endpoints:
 // The chaos run (not part of the suite: `scripts/chaos.sh`)
 // -----------------------------------------------------------------------------------------
 
+/// The chaos runs' shared part: 12 services in a two-node cluster, their endpoints
+/// changed at random (never to none) by a small deterministic generator
+/// (`CHAOS_SEED`), and the checks after each disruption.
+struct Chaos {
+    mode: Mode,
+    seconds: u64,
+    services: Vec<Svc>,
+    /// Each service's current endpoints (indices into [`Chaos::PODS`]).
+    current: Vec<Vec<usize>>,
+    seed: u64,
+    changes: usize,
+    probes: usize,
+    failed: usize,
+    mismatches: usize,
+}
+
+impl Chaos {
+    const PODS: [Host; 4] = [A0, A1, B0, B1];
+    const NAMES: [&'static str; 4] = ["pod-a0", "pod-a1", "pod-b0", "pod-b1"];
+
+    /// `CHAOS_MODE`, `CHAOS_SECONDS` and `CHAOS_SEED`, and the cluster.
+    fn start() -> Option<(Chaos, Env)> {
+        let mode = match std::env::var("CHAOS_MODE").as_deref() {
+            Ok("iptables") => Mode::Iptables,
+            Ok("userspace") => Mode::Userspace,
+            _ => Mode::Nftables,
+        };
+        let number = |var: &str, default: u64| {
+            std::env::var(var)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(default)
+        };
+        let services: Vec<Svc> = (0..12u16)
+            .map(|i| {
+                Svc::dual(&format!("chaos{i}"), 60 + i).port(SvcPort::new(
+                    "http",
+                    Proto::Tcp,
+                    80,
+                    BACKEND_PORT,
+                ))
+            })
+            .collect();
+        let files: Vec<(String, String)> = services
+            .iter()
+            .map(|s| (fname(s), file(s, &Self::PODS)))
+            .collect();
+        let files: Vec<(&str, String)> =
+            files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let env = Env::start(mode, EnvSpec::default(), &files)?;
+        let chaos = Chaos {
+            mode,
+            seconds: number("CHAOS_SECONDS", 120),
+            current: vec![(0..4).collect(); services.len()],
+            services,
+            seed: number("CHAOS_SEED", 0x5eed_cafe),
+            changes: 0,
+            probes: 0,
+            failed: 0,
+            mismatches: 0,
+        };
+        Some((chaos, env))
+    }
+
+    /// xorshift: the run is repeatable by its seed.
+    fn next(&mut self, n: u64) -> u64 {
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        self.seed % n
+    }
+
+    /// Changes endpoints every 50-250 ms for 1-5 s.
+    fn churn(&mut self, env: &Env) {
+        let until = Instant::now() + Duration::from_millis(1000 + self.next(4000));
+        while Instant::now() < until {
+            let s = self.next(self.services.len() as u64) as usize;
+            let mask = 1 + self.next(15) as usize;
+            self.current[s] = (0..4).filter(|p| mask & (1 << p) != 0).collect();
+            let chosen: Vec<Host> = self.current[s].iter().map(|&p| Self::PODS[p]).collect();
+            let svc = &self.services[s];
+            env.write(&fname(svc), &file(svc, &chosen));
+            self.changes += 1;
+            let pause = 50 + self.next(200);
+            thread::sleep(Duration::from_millis(pause));
+        }
+    }
+
+    /// After a disruption (the churn paused): node-a's kernel equal to the plan, and
+    /// every service answering a pod of node-a from its current endpoints.
+    fn check(&mut self, env: &Env, ck: &mut Checks, what: &str) {
+        // The new owner has read every file and later syncs follow within
+        // --min-sync-period 0s.
+        thread::sleep(Duration::from_millis(500));
+        let (diffs, shown) = live_differences(env, NODE_A);
+        if diffs != 0 {
+            self.mismatches += 1;
+            ck.check(false, || {
+                format!("{what}: explain --live found {diffs} differences: {shown}")
+            });
+        }
+        for s in 0..self.services.len() {
+            let allowed: Vec<&str> = self.current[s].iter().map(|&p| Self::NAMES[p]).collect();
+            let f = if self.next(2) == 0 {
+                Family::V4
+            } else {
+                Family::V6
+            };
+            let svc = &self.services[s];
+            let got = env.probe(A1, Proto::Tcp, sa(svc.cluster_ip(f), 80), 1, ANSWER);
+            self.probes += 1;
+            if !got
+                .iter()
+                .all(|a| a.backend().is_some_and(|b| allowed.contains(&b)))
+            {
+                self.failed += 1;
+                ck.answered_by(
+                    &format!("{what}: pod-a1 -> {} ({f:?})", svc.name),
+                    &got,
+                    &allowed,
+                );
+            }
+        }
+    }
+
+    /// Node-a's running proxy's place in `env.proxies`.
+    fn node_a_proxy(env: &Env) -> usize {
+        let label = format!("svcproxy-{}", plan::node_name(NODE_A));
+        env.proxies
+            .iter()
+            .position(|p| p.label() == label)
+            .expect("node-a's proxy")
+    }
+}
+
 /// For `CHAOS_SECONDS` (default 120), in `CHAOS_MODE` (default nftables): 12 services'
 /// endpoints change every 50-250 ms while node-a's svcproxy is killed with SIGKILL at
 /// random moments (every 1-5 s) and started again. After each restart's first sync,
@@ -3036,110 +3171,143 @@ endpoints:
 #[test]
 #[ignore]
 fn chaos_kill_9_under_endpoint_churn() {
-    let mode = match std::env::var("CHAOS_MODE").as_deref() {
-        Ok("iptables") => Mode::Iptables,
-        Ok("userspace") => Mode::Userspace,
-        _ => Mode::Nftables,
-    };
-    let seconds: u64 = std::env::var("CHAOS_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
-    let pods = [A0, A1, B0, B1];
-    let names = ["pod-a0", "pod-a1", "pod-b0", "pod-b1"];
-    let services: Vec<Svc> = (0..12u16)
-        .map(|i| {
-            Svc::dual(&format!("chaos{i}"), 60 + i).port(SvcPort::new(
-                "http",
-                Proto::Tcp,
-                80,
-                BACKEND_PORT,
-            ))
-        })
-        .collect();
-    let files: Vec<(String, String)> = services
-        .iter()
-        .map(|s| (fname(s), file(s, &pods)))
-        .collect();
-    let files: Vec<(&str, String)> = files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let Some(mut env) = Env::start(mode, EnvSpec::default(), &files) else {
+    let Some((mut chaos, mut env)) = Chaos::start() else {
         return;
     };
-    // A small deterministic generator (xorshift): the run is repeatable by its seed.
-    let mut seed: u64 = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_cafe);
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    // Each service's current endpoints (indices into `pods`).
-    let mut current: Vec<Vec<usize>> = vec![(0..4).collect(); services.len()];
-    let (mut restarts, mut probes, mut failed, mut changes, mut mismatches) = (0, 0, 0, 0, 0);
     let bin = svcproxy_e2e::bins::svcproxy_bin();
-    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let deadline = Instant::now() + Duration::from_secs(chaos.seconds);
     let mut ck = Checks::new("chaos");
+    let mut restarts = 0;
     while Instant::now() < deadline {
-        // Churn until the next kill.
-        let kill_at = Instant::now() + Duration::from_millis(1000 + next(4000));
-        while Instant::now() < kill_at {
-            let s = next(services.len() as u64) as usize;
-            let mask = 1 + next(15) as usize;
-            current[s] = (0..4).filter(|p| mask & (1 << p) != 0).collect();
-            let chosen: Vec<Host> = current[s].iter().map(|&p| pods[p]).collect();
-            env.write(&fname(&services[s]), &file(&services[s], &chosen));
-            changes += 1;
-            thread::sleep(Duration::from_millis(50 + next(200)));
-        }
+        chaos.churn(&env);
         // SIGKILL node-a's proxy mid-whatever and start it again.
-        let label = format!("svcproxy-{}", plan::node_name(NODE_A));
-        let at = env
-            .proxies
-            .iter()
-            .position(|p| p.label() == label)
-            .expect("node-a's proxy");
+        let at = Chaos::node_a_proxy(&env);
         env.proxies[at].kill();
         env.proxies.remove(at);
         let proc = env.spawn_svcproxy(&bin, NODE_A, &[]);
         env.proxies.push(proc);
         restarts += 1;
         env.wait_synced(NODE_A);
-        // Settle: the restarted proxy has read every file (its first sync is of the
-        // whole directory) and later syncs follow within --min-sync-period 0s.
-        thread::sleep(Duration::from_millis(500));
-        let (diffs, shown) = live_differences(&env, NODE_A);
-        if diffs != 0 {
-            mismatches += 1;
-            ck.check(false, || {
-                format!("restart {restarts}: explain --live found {diffs} differences: {shown}")
-            });
-        }
-        for (s, svc) in services.iter().enumerate() {
-            let allowed: Vec<&str> = current[s].iter().map(|&p| names[p]).collect();
-            let f = if next(2) == 0 { Family::V4 } else { Family::V6 };
-            let got = env.probe(A1, Proto::Tcp, sa(svc.cluster_ip(f), 80), 1, ANSWER);
-            probes += 1;
-            let ok = got
-                .iter()
-                .all(|a| a.backend().is_some_and(|b| allowed.contains(&b)));
-            if !ok {
-                failed += 1;
-                ck.answered_by(
-                    &format!("restart {restarts}: pod-a1 -> {} ({f:?})", svc.name),
-                    &got,
-                    &allowed,
-                );
-            }
-        }
+        chaos.check(&env, &mut ck, &format!("restart {restarts}"));
     }
     eprintln!(
-        "[chaos] {}: {seconds} s: {restarts} SIGKILL restarts, {changes} endpoint changes, \
-         {mismatches} kernel/plan mismatches after a restart, {probes} probes after a restart, \
-         {failed} failed",
-        mode.label()
+        "[chaos] {}: {} s: {restarts} SIGKILL restarts, {} endpoint changes, \
+         {} kernel/plan mismatches after a restart, {} probes after a restart, \
+         {} failed",
+        chaos.mode.label(),
+        chaos.seconds,
+        chaos.changes,
+        chaos.mismatches,
+        chaos.probes,
+        chaos.failed
+    );
+    ck.finish(&env);
+}
+
+/// The same churn, with rolling upgrades instead of kills: at random moments (every
+/// 1-5 s; every other time after a second's pause, so that the sealed rules can be
+/// adopted) a new svcproxy (two binaries, alternately) starts beside node-a's, waits
+/// as a standby, and takes over at the owner's SIGTERM, while a pod of node-a connects
+/// to the services all along (each connection must be answered). After each hand-over,
+/// with the churn paused, the kernel must equal the plan and every service answer
+/// from its current endpoints. Prints the counts (hand-overs, adoptions, connections
+/// and failures); fails on any.
+#[test]
+#[ignore]
+fn chaos_rolling_hand_overs_under_endpoint_churn() {
+    let Some((mut chaos, mut env)) = Chaos::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let next = dir.path().join("svcproxy-next");
+    std::fs::copy(svcproxy_e2e::bins::svcproxy_bin(), &next).expect("copy svcproxy");
+    let bins = [svcproxy_e2e::bins::svcproxy_bin(), next];
+    let deadline = Instant::now() + Duration::from_secs(chaos.seconds);
+    let mut ck = Checks::new("chaos-hand-over");
+    let (mut hand_overs, mut adopted, mut slowest) = (0, 0, Duration::ZERO);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let cluster_ips: Vec<SocketAddr> = chaos
+        .services
+        .iter()
+        .flat_map(|s| Family::BOTH.map(|f| sa(s.cluster_ip(f), 80)))
+        .collect();
+    // Node-a's owner, out of `env` while the stream borrows it.
+    let mut owner = env.proxies.remove(Chaos::node_a_proxy(&env));
+    let env = env;
+    let attempts = thread::scope(|scope| {
+        // Connections all along from pod-a1 (a pod of node-a), one service after
+        // another.
+        let env_ref = &env;
+        let stream = scope.spawn(|| {
+            let mut all = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let target = cluster_ips[i % cluster_ips.len()];
+                all.extend(env_ref.probe(A1, Proto::Tcp, target, 3, ANSWER));
+                i += 1;
+            }
+            all
+        });
+        while Instant::now() < deadline {
+            chaos.churn(&env);
+            // Every other time the owner is given a second to sync the last change
+            // (then the new owner usually adopts its sealed rules); otherwise the
+            // hand-over comes mid-change (then it writes everything).
+            if hand_overs % 2 == 1 {
+                thread::sleep(Duration::from_secs(1));
+            }
+            let bin = &bins[hand_overs % 2];
+            let new = env.spawn_svcproxy(bin, NODE_A, &[]);
+            if !wait_log(&new, "waiting as a warm standby", SYNC_DEADLINE) {
+                ck.check(false, || {
+                    format!("hand-over {hand_overs}: no standby\n{}", new.logs())
+                });
+                break;
+            }
+            let t = Instant::now();
+            let status = owner.terminate(Duration::from_secs(30));
+            slowest = slowest.max(t.elapsed());
+            ck.check(status.is_some_and(|s| s.success()), || {
+                format!("hand-over {hand_overs}: the old owner at SIGTERM: {status:?}")
+            });
+            ck.check(wait_log(&new, "took over", Duration::from_secs(5)), || {
+                format!("hand-over {hand_overs}: never took over\n{}", new.logs())
+            });
+            hand_overs += 1;
+            chaos.check(&env, &mut ck, &format!("hand-over {hand_overs}"));
+            if new.stderr().contains("adopted, nothing written") {
+                adopted += 1;
+            }
+            owner = new;
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stream.join().expect("the stream")
+    });
+    if !ck.is_ok() {
+        eprintln!("[chaos] node-a's last owner:\n{}", owner.logs());
+    }
+    let failed: Vec<_> = attempts.iter().filter(|a| a.backend().is_none()).collect();
+    ck.check(failed.is_empty(), || {
+        format!(
+            "{} of {} connections failed: {:?}",
+            failed.len(),
+            attempts.len(),
+            svcproxy_e2e::tally(&attempts)
+        )
+    });
+    eprintln!(
+        "[chaos] {}: {} s: {hand_overs} hand-overs ({adopted} adopted the sealed rules, \
+         the slowest SIGTERM-to-exit {slowest:?}), {} endpoint changes, {} connections \
+         during the run with {} failed, {} kernel/plan mismatches after a hand-over, {} \
+         probes after a hand-over, {} failed",
+        chaos.mode.label(),
+        chaos.seconds,
+        chaos.changes,
+        attempts.len(),
+        failed.len(),
+        chaos.mismatches,
+        chaos.probes,
+        chaos.failed
     );
     ck.finish(&env);
 }
