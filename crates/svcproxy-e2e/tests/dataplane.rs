@@ -2402,12 +2402,7 @@ fn a_second_instance_stands_by_and_takes_over_without_a_failed_connection(mode: 
         return;
     };
     let mut ck = Checks::new("hand-over");
-    let label = format!("svcproxy-{}", plan::node_name(NODE_A));
-    let old = env
-        .proxies
-        .iter()
-        .find(|p| p.label() == label)
-        .expect("node-a's proxy");
+    let old = &env.proxies[env.proxy_index(NODE_A)];
     // The new release: another binary (the same build under another path).
     let dir = tempfile::tempdir().expect("temporary directory");
     let new_bin = dir.path().join("svcproxy-next");
@@ -2653,12 +2648,7 @@ fn a_mode_switch_by_hand_over_removes_the_old_modes_rules() {
             return;
         };
         let mut ck = Checks::new("mode-switch");
-        let label = format!("svcproxy-{}", plan::node_name(NODE_A));
-        let old = env
-            .proxies
-            .iter()
-            .find(|p| p.label() == label)
-            .expect("node-a's proxy");
+        let old = &env.proxies[env.proxy_index(NODE_A)];
         let bin = svcproxy_e2e::bins::svcproxy_bin();
         let new = env.spawn_svcproxy(&bin, NODE_A, &[format!("--proxy-mode={}", to.name())]);
         ck.check(
@@ -3151,15 +3141,6 @@ impl Chaos {
             }
         }
     }
-
-    /// Node-a's running proxy's place in `env.proxies`.
-    fn node_a_proxy(env: &Env) -> usize {
-        let label = format!("svcproxy-{}", plan::node_name(NODE_A));
-        env.proxies
-            .iter()
-            .position(|p| p.label() == label)
-            .expect("node-a's proxy")
-    }
 }
 
 /// For `CHAOS_SECONDS` (default 120), in `CHAOS_MODE` (default nftables): 12 services'
@@ -3181,7 +3162,7 @@ fn chaos_kill_9_under_endpoint_churn() {
     while Instant::now() < deadline {
         chaos.churn(&env);
         // SIGKILL node-a's proxy mid-whatever and start it again.
-        let at = Chaos::node_a_proxy(&env);
+        let at = env.proxy_index(NODE_A);
         env.proxies[at].kill();
         env.proxies.remove(at);
         let proc = env.spawn_svcproxy(&bin, NODE_A, &[]);
@@ -3232,7 +3213,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
         .flat_map(|s| Family::BOTH.map(|f| sa(s.cluster_ip(f), 80)))
         .collect();
     // Node-a's owner, out of `env` while the stream borrows it.
-    let mut owner = env.proxies.remove(Chaos::node_a_proxy(&env));
+    let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
     let env = env;
     let attempts = thread::scope(|scope| {
         // Connections all along from pod-a1 (a pod of node-a), one service after

@@ -1438,14 +1438,17 @@ impl Env {
     /// Waits until svcproxy in `node` has programmed both families (its first sync is a
     /// full, atomic one, so the kernel then holds the whole initial snapshot).
     pub fn wait_synced(&self, node: usize) {
+        self.wait_programmed(node, Some(&self.proxies[self.proxy_index(node)]));
+    }
+
+    /// Where the svcproxy of `node` last started is in [`Env::proxies`].
+    #[allow(dead_code)] // not every test binary
+    pub fn proxy_index(&self, node: usize) -> usize {
         let label = format!("svcproxy-{}", plan::node_name(node));
-        let proxy = self
-            .proxies
+        self.proxies
             .iter()
-            .rev()
-            .find(|p| p.label() == label)
-            .unwrap_or_else(|| panic!("no {label} started"));
-        self.wait_programmed(node, Some(proxy));
+            .rposition(|p| p.label() == label)
+            .unwrap_or_else(|| panic!("no {label} started"))
     }
 
     /// Waits (bounded) until svcproxy's objects exist in `node` for both families, failing

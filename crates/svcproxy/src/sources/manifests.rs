@@ -2202,20 +2202,25 @@ metadata: {name: versionless}
         );
     }
 
-    #[test]
-    fn the_periodic_rescan_catches_what_no_event_reported() {
-        let d = Dir::new();
-        let mut src = ManifestDir::new(d.path(""));
-        src.rescan().expect("rescan");
-        // No watcher at all: only the period can notice.
-        let (stop, events) = mpsc::channel::<Msg>();
+    /// `watch_loop` over `src` on a thread of its own, with no watcher: events are
+    /// what the test sends (and `Msg::Stop` ends it); updates come out of the
+    /// receiver.
+    fn loop_without_watcher(
+        src: ManifestDir,
+        rescan_period: Duration,
+    ) -> (
+        mpsc::Sender<Msg>,
+        mpsc::Receiver<Vec<SourceUpdate>>,
+        thread::JoinHandle<()>,
+    ) {
+        let (events_tx, events) = mpsc::channel::<Msg>();
         let (tx, rx) = mpsc::channel();
         let armed = DirIdentity::of(src.root());
         let thread = thread::spawn(move || {
             watch_loop(
                 src,
                 &events,
-                Duration::from_millis(200),
+                rescan_period,
                 armed,
                 |_| Ok(()),
                 move |u| {
@@ -2223,6 +2228,16 @@ metadata: {name: versionless}
                 },
             )
         });
+        (events_tx, rx, thread)
+    }
+
+    #[test]
+    fn the_periodic_rescan_catches_what_no_event_reported() {
+        let d = Dir::new();
+        let mut src = ManifestDir::new(d.path(""));
+        src.rescan().expect("rescan");
+        // No watcher at all: only the period can notice.
+        let (stop, rx, thread) = loop_without_watcher(src, Duration::from_millis(200));
         d.write("a.yaml", &svc("a", "10.96.0.1"));
         assert!(wait_for(&rx, &svc_key("a")));
         stop.send(Msg::Stop).unwrap();
@@ -2236,21 +2251,7 @@ metadata: {name: versionless}
         std::thread::sleep(SETTLE);
         let mut src = ManifestDir::new(d.path(""));
         src.rescan().expect("rescan");
-        let (events_tx, events) = mpsc::channel::<Msg>();
-        let (tx, rx) = mpsc::channel();
-        let armed = DirIdentity::of(src.root());
-        let thread = thread::spawn(move || {
-            watch_loop(
-                src,
-                &events,
-                Duration::ZERO,
-                armed,
-                |_| Ok(()),
-                move |u| {
-                    let _ = tx.send(u);
-                },
-            )
-        });
+        let (events_tx, rx, thread) = loop_without_watcher(src, Duration::ZERO);
         // An edit in place (read too early, it is left to settle), then, as other
         // proxies rescan, reads of the directory every 50 ms.
         d.write("a.yaml", &svc("a", "10.96.0.9"));
