@@ -240,6 +240,7 @@ async fn run(
     // A bound name nobody answers on (being set up or torn down): retried briefly.
     let mut unanswered = 0u32;
     let mut silent_logged = false;
+    let mut closed = 0u32;
     loop {
         match bind(name) {
             Ok(listener) => {
@@ -283,7 +284,18 @@ async fn run(
             Waited::OwnerGone => {
                 tracing::warn!("the owner is gone without a hand-over: taking the lock");
             }
-            Waited::Closed => tokio::time::sleep(Duration::from_millis(100)).await,
+            Waited::Closed => {
+                // An owner that keeps turning this one away (full of standbys): wait
+                // as a standby all the same, so that start-up goes on.
+                closed += 1;
+                if closed >= 20 && role.borrow().is_none() {
+                    let _ = role.send(Some(Role::Standby {
+                        owner_pid: 0,
+                        owner_mode: "unknown".into(),
+                    }));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             Waited::Silent(pid) => {
                 if !std::mem::replace(&mut silent_logged, true) {
                     tracing::warn!(pid, lock = %format!("@{name}"), "the owner lock is held by a process of this user that does not answer (stopped, or overloaded): waiting for it");
@@ -619,6 +631,32 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_that_turns_every_standby_away_cannot_hang_the_claim() {
+        let name = fresh_name();
+        let squatter = bind(name).unwrap();
+        // Accepts and closes at once, never greeting (an owner full of standbys).
+        let closer = tokio::spawn(async move {
+            loop {
+                let _ = squatter.accept().await;
+            }
+        });
+        let o = tokio::time::timeout(
+            Duration::from_secs(10),
+            Ownership::claim_named(name, "nftables"),
+        )
+        .await
+        .expect("the claim returned");
+        assert!(
+            matches!(&*o.role().borrow(), Role::Standby { owner_mode, .. } if owner_mode == "unknown"),
+            "{:?}",
+            o.role().borrow()
+        );
+        closer.abort();
+        let _ = closer.await;
+        assert!(becomes_owner(&o).await.is_owner());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
