@@ -295,9 +295,8 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
                 return false;
             }
         }
-        let intent = self.intents.intent();
-        let seal = seal_of(self.plane.mode(), &self.plane.render(intent));
-        match self.plane.adopt(intent, delta, &seal) {
+        let seal = self.intent_seal();
+        match self.plane.adopt(self.intents.intent(), delta, &seal) {
             Ok(true) => {
                 tracing::info!(%seal, "the kernel holds what this sync would write (sealed by the predecessor): adopted, nothing written");
                 true
@@ -313,6 +312,12 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         }
     }
 
+    /// The seal of the current intent: what this data plane's first sync of it
+    /// would write ([`seal_of`]).
+    fn intent_seal(&self) -> String {
+        seal_of(self.plane.mode(), &self.plane.render(self.intents.intent()))
+    }
+
     /// At a hand-over (the owner stopping): seals the kernel's objects with what
     /// they hold, if the last sync succeeded, so that a successor whose first sync
     /// would write the same adopts them instead ([`DataPlane::seal`]). Says whether
@@ -321,7 +326,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         if !self.in_sync {
             return Ok(false);
         }
-        let seal = seal_of(self.plane.mode(), &self.plane.render(self.intents.intent()));
+        let seal = self.intent_seal();
         let done = self.plane.seal(&seal)?;
         if done {
             tracing::info!(%seal, "rules sealed for a successor");

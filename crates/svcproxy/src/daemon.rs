@@ -229,7 +229,6 @@ struct ProxySyncer<T> {
 /// A kernel target's claim on the node ([`crate::owner`]).
 struct OwnerGate {
     ownership: Ownership,
-    role: watch::Receiver<Role>,
     /// The mode it programs.
     backend: &'static Backend,
     /// The first sync as owner has succeeded (and the predecessor was told).
@@ -241,8 +240,8 @@ struct OwnerGate {
 impl OwnerGate {
     /// The owner's PID while this process is a standby.
     fn standby_for(&self) -> Option<u32> {
-        match &*self.role.borrow() {
-            Role::Standby { owner_pid, .. } => Some(*owner_pid),
+        match self.ownership.current() {
+            Role::Standby { owner_pid, .. } => Some(owner_pid),
             Role::Owner { .. } => None,
         }
     }
@@ -378,7 +377,7 @@ impl<T: Target> Syncer for ProxySyncer<T> {
             // first sync (a standby writes nothing).
             self.target.prepare_node();
             if matches!(
-                *gate.role.borrow(),
+                gate.ownership.current(),
                 Role::Owner {
                     handed_over: true,
                     ..
@@ -838,7 +837,6 @@ async fn serve<T: Target>(
         owner: ownership
             .zip(backend)
             .map(|(ownership, backend)| OwnerGate {
-                role: ownership.role(),
                 ownership,
                 backend,
                 synced: false,
@@ -1131,7 +1129,7 @@ async fn hand_over<T: Target>(syncer: &mut ProxySyncer<T>, once: bool) {
     let Some(gate) = &syncer.owner else {
         return;
     };
-    let was_owner = gate.role.borrow().is_owner();
+    let was_owner = gate.ownership.current().is_owner();
     if was_owner && !once {
         // What the last sync wrote, sealed: a successor whose first sync would
         // write the same takes it as it is.

@@ -25,7 +25,6 @@
 //! holds the name without greeting (a stopped owner) is waited for, never fought.
 
 use std::io;
-use std::os::linux::net::SocketAddrExt;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -129,6 +128,11 @@ impl Ownership {
         self.role.clone()
     }
 
+    /// The current role.
+    pub fn current(&self) -> Role {
+        self.role.borrow().clone()
+    }
+
     /// The first sync as owner succeeded: the predecessor that handed over (if any)
     /// may stop.
     pub fn synced(&self) {
@@ -151,26 +155,34 @@ impl Ownership {
     }
 }
 
-fn lock_address(name: &str) -> io::Result<std::os::unix::net::SocketAddr> {
-    std::os::unix::net::SocketAddr::from_abstract_name(name)
+/// The lock's address: `name` in the abstract namespace (a leading NUL byte).
+fn lock_address(name: &str) -> io::Result<socket2::SockAddr> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut abstract_name = vec![0u8];
+    abstract_name.extend_from_slice(name.as_bytes());
+    socket2::SockAddr::unix(std::ffi::OsStr::from_bytes(&abstract_name))
+}
+
+fn unix_socket() -> io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
 }
 
 fn bind(name: &str) -> io::Result<UnixListener> {
-    let l = std::os::unix::net::UnixListener::bind_addr(&lock_address(name)?)?;
-    l.set_nonblocking(true)?;
-    UnixListener::from_std(l)
+    let socket = unix_socket()?;
+    socket.bind(&lock_address(name)?)?;
+    socket.listen(128)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(
+        std::os::fd::OwnedFd::from(socket),
+    ))
 }
 
 /// Connects without blocking: a holder whose backlog is full (one that never
 /// accepts) gives `WouldBlock` at once rather than a connect that never returns.
 fn connect(name: &str) -> io::Result<UnixStream> {
-    use std::os::unix::ffi::OsStrExt;
-    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
-    socket.set_nonblocking(true)?;
-    let mut abstract_name = vec![0u8];
-    abstract_name.extend_from_slice(name.as_bytes());
-    let addr = socket2::SockAddr::unix(std::ffi::OsStr::from_bytes(&abstract_name))?;
-    socket.connect(&addr)?;
+    let socket = unix_socket()?;
+    socket.connect(&lock_address(name)?)?;
     UnixStream::from_std(std::os::unix::net::UnixStream::from(
         std::os::fd::OwnedFd::from(socket),
     ))
@@ -236,6 +248,8 @@ async fn run(
     role: watch::Sender<Option<Role>>,
     mut commands: mpsc::Receiver<Command>,
 ) {
+    // Asked once: whose connections to trust.
+    let uid = own_uid().ok();
     let mut predecessor: Option<UnixStream> = None;
     // A bound name nobody answers on (being set up or torn down): retried briefly.
     let mut unanswered = 0u32;
@@ -250,7 +264,7 @@ async fn run(
                     locked: true,
                     handed_over,
                 }));
-                own(mode, listener, predecessor, commands).await;
+                own(mode, uid, listener, predecessor, commands).await;
                 return;
             }
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
@@ -276,7 +290,7 @@ async fn run(
             }
         };
         unanswered = 0;
-        match stand_by(stream, &role, &mut commands).await {
+        match stand_by(stream, uid, &role, &mut commands).await {
             Waited::HandedOver(s) => {
                 tracing::info!("the owner handed over: taking the lock");
                 predecessor = Some(s);
@@ -338,6 +352,7 @@ async fn run(
 /// Waits on the owner's connection until it hands over or goes away.
 async fn stand_by(
     stream: UnixStream,
+    uid: Option<u32>,
     role: &watch::Sender<Option<Role>>,
     commands: &mut mpsc::Receiver<Command>,
 ) -> Waited {
@@ -347,7 +362,7 @@ async fn stand_by(
         .and_then(|p| p.pid())
         .and_then(|p| u32::try_from(p).ok())
         .unwrap_or_default();
-    if let (Some(peer), Ok(own)) = (&peer, own_uid()) {
+    if let (Some(peer), Some(own)) = (&peer, uid) {
         if peer.uid() != own {
             return Waited::NotSvcproxy(format!("PID {peer_pid} of user {}", peer.uid()));
         }
@@ -394,6 +409,7 @@ async fn stand_by(
 /// hands over when told to.
 async fn own(
     mode: &'static str,
+    uid: Option<u32>,
     listener: UnixListener,
     mut predecessor: Option<UnixStream>,
     mut commands: mpsc::Receiver<Command>,
@@ -407,7 +423,7 @@ async fn own(
                 let Ok((mut s, _)) = accepted else { continue };
                 // Only svcproxy's user may wait here (and later answer `synced`).
                 let peer = s.peer_cred().ok().map(|c| c.uid());
-                if peer.is_none() || peer != own_uid().ok() {
+                if peer.is_none() || peer != uid {
                     if !std::mem::replace(&mut refused_logged, true) {
                         tracing::warn!(user = ?peer, "a process of another user connected to the owner lock: turned away");
                     }
@@ -662,13 +678,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_holder_that_never_accepts_cannot_hang_the_claim() {
         let name = fresh_name();
-        let socket =
-            socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
-        let mut abstract_name = vec![0u8];
-        abstract_name.extend_from_slice(name.as_bytes());
-        use std::os::unix::ffi::OsStrExt;
-        let addr = socket2::SockAddr::unix(std::ffi::OsStr::from_bytes(&abstract_name)).unwrap();
-        socket.bind(&addr).unwrap();
+        let socket = unix_socket().unwrap();
+        socket.bind(&lock_address(name).unwrap()).unwrap();
         socket.listen(0).unwrap();
         // Its backlog full with one connection of its own, never accepted.
         let _queued = connect(name).unwrap();
