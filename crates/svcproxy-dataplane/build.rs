@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: &[&str] = &["sock"];
+const PROGRAMS: &[&str] = &["sock", "tc"];
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
@@ -17,6 +17,7 @@ fn main() {
     // asm/types.h lives in the multiarch include directory on Debian.
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let multiarch = format!("/usr/include/{arch}-linux-gnu");
+    println!("cargo:rerun-if-changed=bpf/svcproxy.h");
     for name in PROGRAMS {
         let src = format!("bpf/{name}.c");
         println!("cargo:rerun-if-changed={src}");

@@ -8,167 +8,10 @@
 // The programs decide nothing: every verdict, endpoint list and affinity timeout
 // is written into the maps by svcproxy from its intent (see
 // crates/svcproxy-dataplane/src/ebpf/). They only look up, pick at random (or
-// the client's remembered endpoint) and rewrite. The layouts below are mirrored
-// by src/ebpf/wire.rs; change both together.
+// the client's remembered endpoint) and rewrite. The maps' layouts are in
+// svcproxy.h, mirrored by src/ebpf/wire.rs.
 
-#include <linux/bpf.h>
-#include <bpf/bpf_helpers.h>
-
-#define ECONNREFUSED 111
-#define ETIMEDOUT 110
-
-// A route's action (wire.rs: Action).
-#define ACT_FORWARD 0
-#define ACT_DROP 1
-#define ACT_REJECT 2
-#define ACT_PASS 3
-
-#define FAMILY_V4 4
-#define FAMILY_V6 6
-
-// A service address: a VIP (cluster, external or load-balancer IP), a node
-// address with a NodePort, or (addr all zero) a NodePort on every local address.
-struct svc_key {
-	__u32 addr[4];
-	__u16 port; // network order
-	__u8 proto; // IPPROTO_*
-	__u8 family;
-};
-
-// What a connection from one origin meets.
-struct route {
-	__u32 list;  // endpoint list id (slots and members maps)
-	__u32 count; // endpoints in the list
-	__u8 action;
-	__u8 pad[3];
-};
-
-struct svc_val {
-	struct route pod;  // from a process in any other network namespace
-	struct route host; // from a process in the host's network namespace
-	__u64 affinity_id; // the service port, for its affinity entries
-	__u32 affinity_secs; // 0: no session affinity
-	__u32 pad;
-};
-
-struct slot_key {
-	__u32 list;
-	__u32 slot;
-};
-
-struct backend {
-	__u32 addr[4];
-	__u16 port; // network order
-	__u8 family;
-	__u8 pad;
-};
-
-struct member_key {
-	__u32 list;
-	__u32 addr[4];
-	__u16 port;
-	__u16 pad;
-};
-
-struct local_key {
-	__u32 addr[4];
-	__u8 family;
-	__u8 pad[3];
-};
-
-struct aff_key {
-	__u64 affinity_id;
-	__u64 client; // the client's network namespace cookie
-};
-
-struct aff_val {
-	struct backend be;
-	__u64 last_ns;
-};
-
-// A socket's translated peer: the endpoint it was sent to, by socket cookie.
-struct rev_key {
-	__u64 cookie;
-	__u32 addr[4];
-	__u16 port;
-	__u16 pad;
-};
-
-struct rev_val {
-	__u32 addr[4];
-	__u16 port;
-	__u16 pad;
-};
-
-// A connected socket's service address and endpoint, in the socket's own
-// storage (freed with it, never evicted).
-struct sock_peer {
-	__u32 vip[4];
-	__u16 vport;
-	__u16 pad;
-	__u32 be[4];
-	__u16 beport;
-	__u16 pad2;
-};
-
-// An unconnected UDP socket's flow to one service address, so its datagrams
-// stay with one endpoint as conntrack keeps a flow.
-struct flow_key {
-	__u64 cookie;
-	struct svc_key svc;
-};
-
-struct config {
-	__u64 host_netns_cookie;
-	// Translate only the host's own sockets (pods' connections then meet the
-	// packet path), as Cilium's socketLB.hostNamespaceOnly.
-	__u32 host_only;
-	__u32 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct svc_key);
-	__type(value, struct svc_val);
-} svcproxy_svc SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 2097152);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct slot_key);
-	__type(value, struct backend);
-} svcproxy_slot SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct member_key);
-	__type(value, __u8);
-} svcproxy_member SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct local_key);
-	__type(value, __u8);
-} svcproxy_local SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct aff_key);
-	__type(value, struct aff_val);
-} svcproxy_aff SEC(".maps");
+#include "svcproxy.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -194,13 +37,6 @@ struct {
 	__type(value, struct backend);
 } svcproxy_flow SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, __u32);
-	__type(value, struct config);
-} svcproxy_cfg SEC(".maps");
 
 static __always_inline void read_dst(struct bpf_sock_addr *ctx, int family, __u32 *addr)
 {
@@ -236,36 +72,7 @@ static __always_inline struct svc_val *lookup_service(struct bpf_sock_addr *ctx,
 	key->port = (__u16)ctx->user_port;
 	key->proto = (__u8)ctx->protocol;
 	key->family = family;
-	struct svc_val *svc = bpf_map_lookup_elem(&svcproxy_svc, key);
-	if (svc)
-		return svc;
-	// A NodePort on every local address.
-	struct local_key lk = {};
-	lk.addr[0] = key->addr[0];
-	lk.addr[1] = key->addr[1];
-	lk.addr[2] = key->addr[2];
-	lk.addr[3] = key->addr[3];
-	lk.family = family;
-	if (!bpf_map_lookup_elem(&svcproxy_local, &lk))
-		return 0;
-	struct svc_key wild = *key;
-	wild.addr[0] = 0;
-	wild.addr[1] = 0;
-	wild.addr[2] = 0;
-	wild.addr[3] = 0;
-	return bpf_map_lookup_elem(&svcproxy_svc, &wild);
-}
-
-static __always_inline int is_member(__u32 list, const struct backend *be)
-{
-	struct member_key mk = {};
-	mk.list = list;
-	mk.addr[0] = be->addr[0];
-	mk.addr[1] = be->addr[1];
-	mk.addr[2] = be->addr[2];
-	mk.addr[3] = be->addr[3];
-	mk.port = be->port;
-	return bpf_map_lookup_elem(&svcproxy_member, &mk) != 0;
+	return find_service(key);
 }
 
 // 1: the socket call goes on (translated or not); 0: it fails with the error
@@ -298,8 +105,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 		return 1;
 	}
 
-	__u32 zero = 0;
-	struct config *cfg = bpf_map_lookup_elem(&svcproxy_cfg, &zero);
+	struct config *cfg = config();
 	__u64 netns = bpf_get_netns_cookie(ctx);
 	int from_host = cfg && netns == cfg->host_netns_cookie;
 	if (cfg && cfg->host_only && !from_host)
@@ -350,15 +156,9 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 		}
 	}
 
-	if (!have) {
-		struct slot_key sk = { .list = list, .slot = bpf_get_prandom_u32() % count };
-		struct backend *be = bpf_map_lookup_elem(&svcproxy_slot, &sk);
-		if (!be)
-			// The list is being replaced under us: leave the call alone
-			// rather than guess.
-			return 1;
-		chosen = *be;
-	}
+	// The list being replaced under us: leave the call alone rather than guess.
+	if (!have && !pick(rt, &chosen))
+		return 1;
 
 	if (svc->affinity_secs) {
 		ak.affinity_id = svc->affinity_id;

@@ -15,6 +15,7 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{LinkAttribute, LinkLayerType, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr};
@@ -34,6 +35,54 @@ const DUMP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Every address of every interface of this host (both families, loopback
 /// included), deduplicated and sorted, as `ip addr` lists them.
 pub fn host_addresses() -> io::Result<Vec<IpAddr>> {
+    let mut ips = Vec::new();
+    dump(
+        RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+        "address",
+        |msg| {
+            if let RouteNetlinkMessage::NewAddress(a) = msg {
+                ips.extend(address_of(&a));
+            }
+        },
+    )?;
+    ips.sort();
+    ips.dedup();
+    Ok(ips)
+}
+
+/// This host's Ethernet interfaces (veths included), as index and name, in
+/// index order: where the eBPF mode's packet programs attach. Loopback and
+/// interfaces without an Ethernet header (tunnels, WireGuard) are left out.
+pub fn ether_links() -> io::Result<Vec<(u32, String)>> {
+    let mut links = Vec::new();
+    dump(
+        RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        "link",
+        |msg| {
+            if let RouteNetlinkMessage::NewLink(l) = msg {
+                if l.header.link_layer_type != LinkLayerType::Ether {
+                    return;
+                }
+                let name = l.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                });
+                if let Some(name) = name {
+                    links.push((l.header.index, name));
+                }
+            }
+        },
+    )?;
+    links.sort();
+    Ok(links)
+}
+
+/// Sends `request` as a dump and hands each message of the reply to `each`.
+fn dump(
+    request: RouteNetlinkMessage,
+    what: &str,
+    mut each: impl FnMut(RouteNetlinkMessage),
+) -> io::Result<()> {
     let mut sock = Socket::new(NETLINK_ROUTE)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
@@ -45,21 +94,17 @@ pub fn host_addresses() -> io::Result<Vec<IpAddr>> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     header.sequence_number = 1;
-    let mut request = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::GetAddress(AddressMessage::default())),
-    );
+    let mut request = NetlinkMessage::new(header, NetlinkPayload::from(request));
     request.finalize();
     let mut out = vec![0u8; request.buffer_len()];
     request.serialize(&mut out);
     let sent = sock.send(&out, 0)?;
     if sent != out.len() {
         return Err(io::Error::other(format!(
-            "sent {sent} of {} bytes of the address dump request",
+            "sent {sent} of {} bytes of the {what} dump request",
             out.len()
         )));
     }
-    let mut ips = Vec::new();
     let mut buf = Vec::with_capacity(RECV_BUFFER);
     loop {
         buf.clear();
@@ -71,24 +116,18 @@ pub fn host_addresses() -> io::Result<Vec<IpAddr>> {
         let mut offset = 0;
         while offset < buf.len() {
             let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[offset..])
-                .map_err(|e| io::Error::other(format!("an address dump reply: {e}")))?;
+                .map_err(|e| io::Error::other(format!("a {what} dump reply: {e}")))?;
             let len = msg.header.length as usize;
             if len == 0 {
                 break;
             }
             offset += len;
             match msg.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(a)) => {
-                    ips.extend(address_of(&a));
-                }
-                NetlinkPayload::Done(_) => {
-                    ips.sort();
-                    ips.dedup();
-                    return Ok(ips);
-                }
+                NetlinkPayload::InnerMessage(m) => each(m),
+                NetlinkPayload::Done(_) => return Ok(()),
                 NetlinkPayload::Error(e) if e.code.is_some() => {
                     return Err(io::Error::other(format!(
-                        "the kernel refused the address dump: {e}"
+                        "the kernel refused the {what} dump: {e}"
                     )));
                 }
                 _ => {}

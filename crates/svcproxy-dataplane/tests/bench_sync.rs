@@ -533,6 +533,18 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
             return;
         }
     };
+    // The plane runs in a namespace of this run's own: its packet programs take
+    // that namespace's interfaces, its companion rules go there.
+    let Some(ns) = svcproxy_testkit::netns::Netns::create("bench_sync", "ebpf-plane", &[]) else {
+        println!("  ebpf: cannot create a network namespace here");
+        return;
+    };
+    let inside = |f: &mut (dyn FnMut() -> Result<
+        svcproxy_dataplane::SyncReport,
+        svcproxy_dataplane::DataPlaneError,
+    > + Send)| {
+        svcproxy_testkit::netns::in_netns(&ns.name, f).expect("entering the plane's namespace")
+    };
     let mut state = cluster(&[]);
     upsert(&mut state, &services_yaml(0, n, m));
     let base = snapshot(&mut state);
@@ -545,7 +557,7 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
         }),
     );
     let t = Instant::now();
-    let full = match d.sync(&base, true) {
+    let full = match inside(&mut || d.sync(&base, true)) {
         Ok(r) => r,
         Err(e) => {
             println!("  ebpf: full sync FAILED: {e}");
@@ -554,7 +566,7 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
     };
     let took = t.elapsed();
     let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
-        d.sync(snap, false)
+        inside(&mut || d.sync(snap, false))
             .map(|r| {
                 format!(
                     "{:?}, {} map writes, in the kernel {:.2} ms",
@@ -592,5 +604,7 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
         ms(emax),
         enotes.first().cloned().unwrap_or_default(),
     );
-    let _ = svcproxy_dataplane::DataPlane::cleanup(d.plane_mut());
+    let _ = svcproxy_testkit::netns::in_netns(&ns.name, || {
+        svcproxy_dataplane::DataPlane::cleanup(d.plane_mut())
+    });
 }

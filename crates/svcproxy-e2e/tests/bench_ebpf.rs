@@ -179,9 +179,20 @@ fn bench_ebpf_connect() {
     let seconds = env("BENCH_SECONDS", 5) as f64;
     let mut set = NsSet::new();
     let names = set
-        .add(&["client".to_string(), "backend".to_string()])
+        .add(&[
+            "client".to_string(),
+            "backend".to_string(),
+            "plane".to_string(),
+        ])
         .expect("namespaces");
     let (client, backend) = (names[0].clone(), names[1].clone());
+    // The eBPF plane runs in a namespace of its own: the "host" to its socket
+    // programs (the client is a pod's), and the only interfaces its packet
+    // programs take.
+    let plane = names[2].clone();
+    let in_plane = |f: &mut (dyn FnMut() + Send)| {
+        netns::in_netns(&plane, f).expect("entering the plane's namespace")
+    };
     netns::ip_batch(
         &client,
         &[
@@ -248,9 +259,11 @@ fn bench_ebpf_connect() {
                             plan_config(),
                             EbpfDataPlane::new(ebpf_options(&conf)),
                         );
-                        d.sync(&snap, true).expect("ebpf sync");
+                        in_plane(&mut || {
+                            d.sync(&snap, true).expect("ebpf sync");
+                        });
                         let r = bench.connect(&floor_target, Some(&conf));
-                        d.plane_mut().cleanup().expect("ebpf cleanup");
+                        in_plane(&mut || d.plane_mut().cleanup().expect("ebpf cleanup"));
                         r
                     }
                     "ebpf" => {
@@ -259,7 +272,9 @@ fn bench_ebpf_connect() {
                             EbpfDataPlane::new(ebpf_options(&conf)),
                         );
                         let t = Instant::now();
-                        d.sync(&snap, true).expect("ebpf sync");
+                        in_plane(&mut || {
+                            d.sync(&snap, true).expect("ebpf sync");
+                        });
                         let full = t.elapsed();
                         let r = bench.connect(VIP, Some(&conf));
                         if si == 1 {
@@ -270,8 +285,13 @@ fn bench_ebpf_connect() {
                                     origin: "bench".to_string(),
                                 });
                             }
+                            let snap = st.snapshot();
                             let t = Instant::now();
-                            let rep = d.sync(&st.snapshot(), false).expect("one service");
+                            let mut rep = None;
+                            in_plane(&mut || {
+                                rep = Some(d.sync(&snap, false).expect("one service"));
+                            });
+                            let rep = rep.expect("synced");
                             ebpf_syncs.push((full, t.elapsed(), rep.apply_duration));
                             for kind in [Kind::Service, Kind::EndpointSlice] {
                                 let name = if kind == Kind::Service {
@@ -283,7 +303,7 @@ fn bench_ebpf_connect() {
                             }
                             st.snapshot();
                         }
-                        d.plane_mut().cleanup().expect("ebpf cleanup");
+                        in_plane(&mut || d.plane_mut().cleanup().expect("ebpf cleanup"));
                         r
                     }
                     "nftables" => {

@@ -11,9 +11,10 @@
 //! process is gone, a restarted process sweeping what the maps hold beyond its
 //! intent, and cleanup removing every pin.
 //!
-//! Safety: the programs attach only to the test's own cgroup (made under a
-//! cgroup2 mount of the test's), pins live in a bpffs the test mounts; both are
-//! removed at the end, even when the test fails. Traffic stays inside the test's
+//! Safety: the socket programs attach only to the test's own cgroup (made under
+//! a cgroup2 mount of the test's), the packet programs only to interfaces of the
+//! namespace the data plane runs in (one the test creates), pins live in a bpffs
+//! the test mounts; all are removed at the end, even when the test fails. Traffic stays inside the test's
 //! namespace. Without root, BPF or the tools the test prints SKIP (fails under CI).
 
 use std::collections::BTreeSet;
@@ -198,6 +199,10 @@ fn plan_config() -> PlanConfig {
 /// two echo pods, the confinement.
 struct World {
     ns: Netns,
+    /// Where the data plane runs: the "host" its cookie names, apart from the
+    /// clients' namespace (a pod's, to the programs), and the namespace whose
+    /// interfaces the packet programs take.
+    plane: Netns,
     conf: Confinement,
     _pods: Vec<NsProcess>,
     logs: tempfile::TempDir,
@@ -207,6 +212,7 @@ struct World {
 impl World {
     fn new(test: &str) -> Option<World> {
         let ns = Netns::create(test, "ebpf", &["mount", "umount"])?;
+        let plane = Netns::create(test, "ebpf-plane", &[])?;
         let conf = match Confinement::new() {
             Ok(c) => c,
             Err(e) => {
@@ -260,11 +266,17 @@ impl World {
         }
         Some(World {
             ns,
+            plane,
             conf,
             _pods: pods,
             logs,
             echo,
         })
+    }
+
+    /// Runs `f` (the data plane's calls) inside the plane's namespace.
+    fn in_plane<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        netns::in_netns(&self.plane.name, f).expect("entering the plane's namespace")
     }
 
     /// `count` probes from a process in the test's cgroup, inside the namespace.
@@ -321,7 +333,8 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     let mut st = state(&manifests(true));
     let mut driver =
         Driver::without_conntrack(plan_config(), EbpfDataPlane::new(ebpf_options(&w.conf)));
-    if let Err(e) = driver.sync(&st.snapshot(), true) {
+    let snap = st.snapshot();
+    if let Err(e) = w.in_plane(|| driver.sync(&snap, true)) {
         // A kernel without the program types is a machine that cannot run it.
         netns::skip(test, &format!("cannot load the socket programs: {e}"));
         return;
@@ -392,7 +405,9 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     // The kernel holds what the plan says.
     let snap = st.snapshot();
     let intent = build_intent(&snap.v4, &snap.v6, &plan_config());
-    let cmp = driver.plane_mut().compare(&intent).expect("compare");
+    let cmp = w
+        .in_plane(|| driver.plane_mut().compare(&intent))
+        .expect("compare");
     check(
         "explain --live finds the maps as planned",
         cmp.differences.is_empty(),
@@ -408,7 +423,10 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
             });
         }
     }
-    let report = driver.sync(&st.snapshot(), false).expect("partial sync");
+    let snap = st.snapshot();
+    let report = w
+        .in_plane(|| driver.sync(&snap, false))
+        .expect("partial sync");
     check(
         "the endpoint change is a partial sync",
         !report.kind.is_full(),
@@ -452,8 +470,8 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     let mut st2 = state(&docs);
     let mut driver =
         Driver::without_conntrack(plan_config(), EbpfDataPlane::new(ebpf_options(&w.conf)));
-    driver
-        .sync(&st2.snapshot(), true)
+    let snap = st2.snapshot();
+    w.in_plane(|| driver.sync(&snap, true))
         .expect("restarted full sync");
     let seen = World::backends(&w.probe("tcp", "198.19.0.10:80", 30, &[]));
     check(
@@ -469,7 +487,9 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     );
     let snap = st2.snapshot();
     let intent = build_intent(&snap.v4, &snap.v6, &plan_config());
-    let cmp = driver.plane_mut().compare(&intent).expect("compare");
+    let cmp = w
+        .in_plane(|| driver.plane_mut().compare(&intent))
+        .expect("compare");
     check(
         "after the restart the maps hold exactly the plan",
         cmp.differences.is_empty(),
@@ -482,8 +502,8 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     let mut opts = ebpf_options(&w.conf);
     opts.host_namespace_only = true;
     let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(opts));
-    driver
-        .sync(&st2.snapshot(), true)
+    let snap = st2.snapshot();
+    w.in_plane(|| driver.sync(&snap, true))
         .expect("host-only full sync");
     let a = w.probe("tcp", "198.19.0.10:80", 2, &[]);
     check(
@@ -493,7 +513,8 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     );
 
     // Cleanup removes every pin and the translation with them.
-    driver.plane_mut().cleanup().expect("cleanup");
+    w.in_plane(|| driver.plane_mut().cleanup())
+        .expect("cleanup");
     let pin_dir = w.conf.pin_dir();
     check(
         "cleanup leaves nothing pinned",

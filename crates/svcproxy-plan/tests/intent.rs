@@ -15,7 +15,7 @@ use common::*;
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_plan::intent::{
     Action, Disposition, EndpointSetId, ExternalRoute, Frontend, FrontendKey, FrontendKind,
-    IntentBuilder, Masquerade, Origin, ServiceIntent, SocketVerdict,
+    IntentBuilder, Masquerade, Origin, PacketOrigin, ServiceIntent, SocketVerdict,
 };
 use svcproxy_plan::{Intent, LocalDetection};
 
@@ -625,6 +625,72 @@ fn an_intent_kept_from_update_to_update_equals_one_built_from_scratch() {
 
 /// A connection made on the node and translated at its socket meets the same
 /// decisions as its packets would, read for a source that is the node's own.
+#[test]
+fn packets_no_socket_translated_follow_the_same_routes_and_masquerade() {
+    // (verdict, masquerade) from this node's pods, and from elsewhere.
+    let verdicts = |i: &Intent, key: FrontendKey| {
+        let (svc, f) = at(i, key);
+        let v = |o| {
+            let p = svc.packet_verdict(&f, o);
+            (p.verdict, p.masquerade)
+        };
+        (v(PacketOrigin::LocalPod), v(PacketOrigin::Elsewhere))
+    };
+    use SocketVerdict::*;
+    let fwd = Forward(EndpointSetId::Cluster);
+    // A cluster IP: masqueraded unless it comes from this node's pods.
+    let i = intent(&service("web", 10, "", &[ready(REMOTE_POD, "node-b")]));
+    assert_eq!(
+        verdicts(&i, vip("198.19.0.10", 80)),
+        ((fwd, false), (fwd, true))
+    );
+    // --masquerade-all: from anywhere.
+    let all = intent_with(
+        &service("web", 10, "", &[ready(REMOTE_POD, "node-b")]),
+        |c| c.masquerade_all = true,
+    );
+    assert_eq!(
+        verdicts(&all, vip("198.19.0.10", 80)),
+        ((fwd, true), (fwd, true))
+    );
+    // Without local-traffic detection nothing is masqueraded (upstream: no
+    // rule can tell), whatever the origin the programs assume.
+    let blind = intent_with(
+        &service("web", 10, "", &[ready(REMOTE_POD, "node-b")]),
+        |c| c.local_detection = LocalDetection::None,
+    );
+    assert_eq!(
+        verdicts(&blind, vip("198.19.0.10", 80)),
+        ((fwd, false), (fwd, false))
+    );
+    // A NodePort under the Cluster policy: masqueraded from anywhere.
+    let i = intent(&service(
+        "np",
+        52,
+        "  type: NodePort",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    assert_eq!(verdicts(&i, node_port(30052)), ((fwd, true), (fwd, true)));
+    // Under the Local policy, without a local endpoint: pods short-circuit to the
+    // cluster set unmasqueraded, everything else is dropped.
+    let i = intent(&service(
+        "remote",
+        50,
+        "  type: NodePort\n  externalTrafficPolicy: Local",
+        &[ready(REMOTE_POD, "node-b")],
+    ));
+    assert_eq!(
+        verdicts(&i, node_port(30050)),
+        ((fwd, false), (Drop, false))
+    );
+    // No endpoint anywhere: refused, from anywhere.
+    let i = intent(&service("gone", 51, "  type: NodePort", &[]));
+    assert_eq!(
+        verdicts(&i, node_port(30051)),
+        ((Reject, false), (Reject, false))
+    );
+}
+
 #[test]
 fn connections_translated_at_the_socket_follow_the_same_routes() {
     let verdicts = |i: &Intent, key: FrontendKey| {

@@ -418,6 +418,28 @@ pub fn can_run(test: &str, tools: &[&str]) -> bool {
     }
 }
 
+/// Runs `f` on a thread of its own inside network namespace `ns` (setns(2) moves
+/// only the calling thread, so the test's other threads stay where they are), for
+/// in-process code that must see the namespace: a data plane driven directly,
+/// netlink, tc attachments by interface name. Child processes `f` starts are in
+/// `ns` too.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let path = format!("/run/netns/{ns}");
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&file),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .with_context(|| format!("entering {ns}"))?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
 /// One namespace for one test, deleted (with every process in it) when dropped.
 #[derive(Debug)]
 pub struct Netns {

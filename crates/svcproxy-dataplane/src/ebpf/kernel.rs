@@ -1,12 +1,16 @@
-//! The eBPF mode's kernel side: the programs loaded and attached to the cgroup,
-//! the maps and links pinned under svcproxy's bpffs directory, and a [`Table`]
-//! written into the maps.
+//! The eBPF mode's kernel side: the socket programs loaded and attached to the
+//! cgroup, the packet programs to every Ethernet interface of the node (tcx,
+//! ingress and egress), the maps and links pinned under svcproxy's bpffs
+//! directory, and a [`Table`] written into the maps.
 //!
 //! **Pins.** Maps are pinned by name in the pin directory, so a restarted
 //! svcproxy finds and reuses them (sockets translated before the restart keep
 //! their reverse entries). Links are pinned there too (`link-<program>`), so the
 //! programs stay attached while no svcproxy runs (`--once`, a restart); a new
 //! process attaches its programs beside the old ones, then releases the old links.
+//! The packet programs' links are pinned per interface index
+//! (`tc-<index>-ingress`, `tc-<index>-egress`); each write attaches them to
+//! interfaces that appeared and releases those of interfaces that went.
 //!
 //! **Writes.** An endpoint list is written under a fresh id before any service
 //! entry names it, and an old list is deleted only after no entry names it: a
@@ -19,13 +23,20 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, IterableMap, MapData};
-use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType};
+use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{
+    CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType, SchedClassifier, TcAttachType,
+};
 use aya::{Ebpf, EbpfLoader};
+use ipnet::IpNet;
 
 use super::batch;
-use super::wire::{self, Backend, Config, LocalKey, MemberKey, SlotKey, SvcKey, SvcVal};
+use super::wire::{
+    self, Backend, Config, FwData, LocalKey, MemberKey, PodnetData, SlotKey, SvcKey, SvcVal,
+};
 
 type HashMap2<K, V> = std::collections::HashMap<K, V>;
 
@@ -37,7 +48,9 @@ fn local_key(ip: &std::net::IpAddr) -> LocalKey {
     }
 }
 use crate::error::DataPlaneError;
-use svcproxy_plan::ebpf::{Changes, Dest, EndpointList, Entry, ListName, Route, Table};
+use svcproxy_plan::ebpf::{
+    Changes, Dest, EndpointList, Entry, ListName, PacketRoute, PortName, Route, Table,
+};
 
 /// The socket programs, as `bpf/sock.c` names them, with their attach points.
 const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
@@ -57,8 +70,15 @@ const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
     ),
 ];
 
+/// The packet programs, as `bpf/tc.c` names them, with their attach points and
+/// the suffix of their links' pins.
+const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
+    ("svcproxy_tc_ingress", TcAttachType::Ingress, "ingress"),
+    ("svcproxy_tc_egress", TcAttachType::Egress, "egress"),
+];
+
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 9] = [
+pub const MAPS: [&str; 14] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -68,10 +88,17 @@ pub const MAPS: [&str; 9] = [
     "svcproxy_peer",
     "svcproxy_flow",
     "svcproxy_cfg",
+    "svcproxy_fw",
+    "svcproxy_podnet",
+    "svcproxy_ifc",
+    "svcproxy_ct",
+    "svcproxy_affip",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
 static SOCK_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sock.o"));
+/// The packet programs, likewise.
+static TC_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tc.o"));
 
 /// `statfs(2)`'s magic number of a bpffs.
 const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
@@ -126,6 +153,9 @@ struct Written {
     lists: HashMap2<ListName, (u32, EndpointList)>,
     entries: HashMap2<Dest, (SvcKey, SvcVal)>,
     local: BTreeSet<LocalKey>,
+    /// Each fenced port's admitted sources, by the port's id.
+    firewalls: BTreeMap<u64, (PortName, Vec<IpNet>)>,
+    pod_cidrs: BTreeSet<IpNet>,
 }
 
 /// Lists' keys and values gathered for batched writes.
@@ -154,7 +184,16 @@ impl ListBatch {
 
 /// The programs attached and the maps open.
 pub struct Kernel {
+    pin_dir: PathBuf,
+    cfg: Array<MapData, Config>,
+    config: Config,
     svc: HashMap<MapData, SvcKey, SvcVal>,
+    fw: LpmTrie<MapData, FwData, u8>,
+    podnet: LpmTrie<MapData, PodnetData, u8>,
+    ifc: HashMap<MapData, u32, u32>,
+    /// The interfaces the packet programs are attached to: index → name and
+    /// the flags written for it.
+    attached: BTreeMap<u32, (String, u32)>,
     slot: HashMap<MapData, SlotKey, Backend>,
     member: HashMap<MapData, MemberKey, u8>,
     local: HashMap<MapData, LocalKey, u8>,
@@ -167,15 +206,17 @@ pub struct Kernel {
     /// before it opened them, or a write failed part-way): the next full write
     /// sweeps them.
     unknown_keys: bool,
-    /// Held so the programs stay loaded while the process runs.
+    /// Held so the programs stay loaded while the process runs (the packet
+    /// programs also to be attached to interfaces that appear).
     _ebpf: Ebpf,
+    tc: Ebpf,
 }
 
 impl Kernel {
     /// Loads the programs, opens (or creates) the pinned maps under `pin_dir` and
     /// attaches the programs to `cgroup`, releasing any earlier process's links.
     pub fn open(cgroup: &Path, pin_dir: &Path, host_only: bool) -> Result<Kernel, DataPlaneError> {
-        if SOCK_OBJECT.is_empty() {
+        if SOCK_OBJECT.is_empty() || TC_OBJECT.is_empty() {
             return Err(kernel_err(
                 "the ebpf mode's programs",
                 "svcproxy was built without clang; run scripts/install-deps.sh and build again",
@@ -201,18 +242,32 @@ impl Kernel {
             .load(SOCK_OBJECT)
             .map_err(|e| kernel_err("loading the socket programs", e))?;
 
+        // The same pinned maps, and the packet programs.
+        let mut tc = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .load(TC_OBJECT)
+            .map_err(|e| kernel_err("loading the packet programs", e))?;
+        for (name, _, _) in TC_PROGRAMS {
+            let prog: &mut SchedClassifier = tc
+                .program_mut(name)
+                .ok_or_else(|| kernel_err(name, "missing from the object"))?
+                .try_into()
+                .map_err(|e| kernel_err(name, e))?;
+            prog.load()
+                .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
+        }
+
         let cookie = netns_cookie()?;
         let mut cfg: Array<MapData, Config> = take(&mut ebpf, "svcproxy_cfg")?;
-        cfg.set(
-            0,
-            Config {
-                host_netns_cookie: cookie,
-                host_only: u32::from(host_only),
-                pad: 0,
-            },
-            0,
-        )
-        .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
+        let config = Config {
+            host_netns_cookie: cookie,
+            host_only: u32::from(host_only),
+            masquerade_mark: 0,
+            reject_mark: 0,
+            pad: 0,
+        };
+        cfg.set(0, config, 0)
+            .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
 
         for (name, _) in PROGRAMS {
             let prog: &mut CgroupSockAddr = ebpf
@@ -250,6 +305,13 @@ impl Kernel {
             .max()
             .map_or(1, |m| m.wrapping_add(1).max(1));
         Ok(Kernel {
+            pin_dir: pin_dir.to_path_buf(),
+            cfg,
+            config,
+            fw: take(&mut tc, "svcproxy_fw")?,
+            podnet: take(&mut tc, "svcproxy_podnet")?,
+            ifc: take(&mut tc, "svcproxy_ifc")?,
+            attached: BTreeMap::new(),
             svc: take(&mut ebpf, "svcproxy_svc")?,
             slot,
             member: take(&mut ebpf, "svcproxy_member")?,
@@ -258,7 +320,118 @@ impl Kernel {
             written: None,
             unknown_keys: reused,
             _ebpf: ebpf,
+            tc,
         })
+    }
+
+    /// The marks in the programs' configuration follow the table's.
+    fn write_marks(&mut self, table: &Table) -> Result<usize, DataPlaneError> {
+        if (self.config.masquerade_mark, self.config.reject_mark)
+            == (table.masquerade_mark, table.reject_mark)
+        {
+            return Ok(0);
+        }
+        let config = Config {
+            masquerade_mark: table.masquerade_mark,
+            reject_mark: table.reject_mark,
+            ..self.config
+        };
+        self.cfg
+            .set(0, config, 0)
+            .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
+        self.config = config;
+        Ok(1)
+    }
+
+    /// The packet programs on every Ethernet interface there is now, each
+    /// interface flagged as the table says (its packets come from this node's
+    /// pods, or not); the links of interfaces gone are released. An interface
+    /// that goes while it is being attached is skipped (the next write sees it
+    /// gone). Returns the number of map writes and attachments.
+    pub fn attach_interfaces(&mut self, table: &Table) -> Result<usize, DataPlaneError> {
+        let links = crate::host_addrs::ether_links()
+            .map_err(|e| kernel_err("listing the node's interfaces", e))?;
+        let mut ops = 0;
+        let present: BTreeMap<u32, String> = links.into_iter().collect();
+        for (&index, name) in &present {
+            let flags = if table.pod_interfaces.iter().any(|p| p.matches(name)) {
+                wire::IFC_PODS
+            } else {
+                0
+            };
+            match self.attached.get(&index) {
+                Some((n, f)) if n == name && *f == flags => continue,
+                Some((n, _)) if n == name => {}
+                _ => {
+                    // Flagged before the first packet meets the programs.
+                    self.ifc
+                        .insert(index, flags, 0)
+                        .map_err(|e| kernel_err(format!("flagging interface {name}"), e))?;
+                    match self.attach_interface(index, name) {
+                        Ok(()) => ops += TC_PROGRAMS.len(),
+                        Err(e) if !still_there(index, name) => {
+                            tracing::debug!(interface = %name, error = %e, "an interface went while being attached");
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            self.ifc
+                .insert(index, flags, 0)
+                .map_err(|e| kernel_err(format!("flagging interface {name}"), e))?;
+            ops += 1;
+            self.attached.insert(index, (name.clone(), flags));
+        }
+        // Interfaces gone: this process's, and any pinned by an earlier one.
+        let gone: Vec<u32> = self
+            .attached
+            .keys()
+            .copied()
+            .chain(pinned_interfaces(&self.pin_dir))
+            .filter(|i| !present.contains_key(i))
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        for index in gone {
+            release_interface(&self.pin_dir, index)?;
+            ops += remove(&mut self.ifc, &index)?;
+            self.attached.remove(&index);
+        }
+        Ok(ops)
+    }
+
+    /// Attaches both packet programs to interface `name` (tcx, after any program
+    /// already there), pinning each link under a new name, then over the old.
+    fn attach_interface(&mut self, index: u32, name: &str) -> Result<(), DataPlaneError> {
+        for (prog_name, attach_type, suffix) in TC_PROGRAMS {
+            let prog: &mut SchedClassifier = self
+                .tc
+                .program_mut(prog_name)
+                .ok_or_else(|| kernel_err(prog_name, "missing from the object"))?
+                .try_into()
+                .map_err(|e| kernel_err(prog_name, e))?;
+            let id = prog
+                .attach_with_options(
+                    name,
+                    attach_type,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
+                .map_err(|e| kernel_err(format!("attaching {prog_name} to {name}"), e))?;
+            let link: FdLink = prog
+                .take_link(id)
+                .map_err(|e| kernel_err(prog_name, e))?
+                .try_into()
+                .map_err(|e| kernel_err(prog_name, e))?;
+            let pin = self.pin_dir.join(format!("tc-{index}-{suffix}"));
+            let fresh = self.pin_dir.join(format!("tc-{index}-{suffix}-new"));
+            let _ = std::fs::remove_file(&fresh);
+            link.pin(&fresh)
+                .map_err(|e| kernel_err(format!("pinning {}", fresh.display()), e))?;
+            std::fs::rename(&fresh, &pin)
+                .map_err(|e| kernel_err(format!("pinning {}", pin.display()), e))?;
+        }
+        Ok(())
     }
 
     /// Brings the maps to `table`. With `changes` (and a known last write), only
@@ -272,10 +445,14 @@ impl Kernel {
     ) -> Result<usize, DataPlaneError> {
         // Until this write succeeds, the maps hold what nobody recorded.
         let unknown = std::mem::replace(&mut self.unknown_keys, true);
-        let result = match (changes, self.written.take()) {
-            (Some(changes), Some(written)) => self.write_changes(table, changes, written),
-            (_, before) => self.write_all(table, before, unknown),
-        };
+        let result = self.write_marks(table).and_then(|marks| {
+            let ifaces = self.attach_interfaces(table)?;
+            let maps = match (changes, self.written.take()) {
+                (Some(changes), Some(written)) => self.write_changes(table, changes, written),
+                (_, before) => self.write_all(table, before, unknown),
+            }?;
+            Ok(marks + ifaces + maps)
+        });
         self.unknown_keys = result.is_err();
         result
     }
@@ -302,6 +479,18 @@ impl Kernel {
             w.lists.insert(name.clone(), (id, list.clone()));
         }
         ops += self.write_lists(&batch)?;
+        // The sources fenced entries admit, before the entries.
+        for (port, nets) in &table.firewalls {
+            ops += self.write_firewall(port, nets, &[])?;
+            w.firewalls.insert(port.id(), (port.clone(), nets.clone()));
+        }
+        for net in &table.pod_cidrs {
+            self.podnet
+                .insert(&wire::podnet_key(net), 1, 0)
+                .map_err(|e| kernel_err(format!("writing pod CIDR {net}"), e))?;
+            ops += 1;
+            w.pod_cidrs.insert(*net);
+        }
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for (dest, entry) in &table.entries {
             let (k, v) = encode(dest, entry, &w.lists);
@@ -332,6 +521,13 @@ impl Kernel {
                 for (id, list) in before.lists.values() {
                     ops += self.delete_list(*id, list)?;
                 }
+                for (id, (_, nets)) in &before.firewalls {
+                    let now = w.firewalls.get(id).map_or(&[][..], |(_, n)| n);
+                    ops += self.delete_firewall(*id, nets, now)?;
+                }
+                for net in before.pod_cidrs.difference(&w.pod_cidrs) {
+                    ops += removed(self.podnet.remove(&wire::podnet_key(net)), net)?;
+                }
             }
             _ if unknown => ops += self.sweep(&w)?,
             _ => {}
@@ -349,6 +545,19 @@ impl Kernel {
         mut w: Written,
     ) -> Result<usize, DataPlaneError> {
         let mut ops = 0usize;
+        // Sources admitted before the entries that need them; those no longer
+        // admitted go after.
+        let mut fenced: Vec<(u64, Vec<IpNet>)> = Vec::new();
+        for port in &changes.firewalls {
+            let id = port.id();
+            let new = table.firewalls.get(port);
+            let old = w.firewalls.remove(&id).map(|(_, n)| n).unwrap_or_default();
+            if let Some(nets) = new {
+                ops += self.write_firewall(port, nets, &old)?;
+                w.firewalls.insert(id, (port.clone(), nets.clone()));
+            }
+            fenced.push((id, old));
+        }
         let mut retired: Vec<(u32, EndpointList)> = Vec::new();
         for name in &changes.lists {
             let new = table.lists.get(name);
@@ -396,7 +605,43 @@ impl Kernel {
         for (id, list) in &retired {
             ops += self.delete_list(*id, list)?;
         }
+        for (id, old) in fenced {
+            let now = w.firewalls.get(&id).map_or(&[][..], |(_, n)| n);
+            ops += self.delete_firewall(id, &old, now)?;
+        }
         self.written = Some(w);
+        Ok(ops)
+    }
+
+    /// The sources of fenced `port` that `old` lacks.
+    fn write_firewall(
+        &mut self,
+        port: &PortName,
+        nets: &[IpNet],
+        old: &[IpNet],
+    ) -> Result<usize, DataPlaneError> {
+        let id = port.id();
+        let mut ops = 0;
+        for net in nets.iter().filter(|n| !old.contains(n)) {
+            self.fw
+                .insert(&wire::fw_key(id, net), 1, 0)
+                .map_err(|e| kernel_err(format!("writing source range {net} of {port}"), e))?;
+            ops += 1;
+        }
+        Ok(ops)
+    }
+
+    /// The sources of fenced port `id` in `old` that `now` lacks.
+    fn delete_firewall(
+        &mut self,
+        id: u64,
+        old: &[IpNet],
+        now: &[IpNet],
+    ) -> Result<usize, DataPlaneError> {
+        let mut ops = 0;
+        for net in old.iter().filter(|n| !now.contains(n)) {
+            ops += removed(self.fw.remove(&wire::fw_key(id, net)), net)?;
+        }
         Ok(ops)
     }
 
@@ -443,7 +688,7 @@ impl Kernel {
             .svc
             .iter()
             .filter_map(Result::ok)
-            .flat_map(|(_, v)| [v.pod, v.host])
+            .flat_map(|(_, v)| [v.pod, v.host, v.pkt_pod, v.pkt_other])
             .filter(|r| r.action == wire::ACT_FORWARD)
             .map(|r| r.list)
             .collect();
@@ -460,9 +705,21 @@ impl Kernel {
     fn sweep(&mut self, w: &Written) -> Result<usize, DataPlaneError> {
         let entries: BTreeSet<SvcKey> = w.entries.values().map(|(k, _)| *k).collect();
         let ids: BTreeSet<u32> = w.lists.values().map(|(id, _)| *id).collect();
+        let fw: BTreeSet<(u32, FwData)> = w
+            .firewalls
+            .iter()
+            .flat_map(|(id, (_, nets))| nets.iter().map(|n| lpm_parts(&wire::fw_key(*id, n))))
+            .collect();
+        let pod: BTreeSet<(u32, PodnetData)> = w
+            .pod_cidrs
+            .iter()
+            .map(|n| lpm_parts(&wire::podnet_key(n)))
+            .collect();
         Ok(remove_unless(&mut self.svc, |k| entries.contains(k))?
             + remove_unless(&mut self.local, |k| w.local.contains(k))?
-            + self.drop_lists_but(&ids)?)
+            + self.drop_lists_but(&ids)?
+            + lpm_remove_unless(&mut self.fw, |k| fw.contains(&lpm_parts(k)))?
+            + lpm_remove_unless(&mut self.podnet, |k| pod.contains(&lpm_parts(k)))?)
     }
 
     /// The maps' contents read back as a table (lists named by the entries that
@@ -492,7 +749,48 @@ impl Kernel {
             .iter()
             .flat_map(|w| w.lists.iter().map(|(n, (id, _))| (*id, n.clone())))
             .collect();
-        let mut t = Table::default();
+        let mut t = Table {
+            masquerade_mark: self.config.masquerade_mark,
+            reject_mark: self.config.reject_mark,
+            ..Table::default()
+        };
+        let ports: BTreeMap<u64, PortName> = self
+            .written
+            .iter()
+            .flat_map(|w| w.firewalls.iter().map(|(id, (p, _))| (*id, p.clone())))
+            .collect();
+        for k in self.fw.keys() {
+            let k = match k {
+                Ok(k) => k,
+                Err(e) => {
+                    problems.push(format!("reading svcproxy_fw: {e}"));
+                    continue;
+                }
+            };
+            let id = wire::fw_id(&k);
+            let Some(port) = ports.get(&id) else {
+                problems.push(format!(
+                    "source range of port id {id:#x} is no port svcproxy wrote"
+                ));
+                continue;
+            };
+            match wire::fw_of(&k, port.family == svcproxy_core::model::IpFamily::V4) {
+                Some((_, net)) => t.firewalls.entry(port.clone()).or_default().push(net),
+                None => problems.push(format!("source range key of {port} is malformed")),
+            }
+        }
+        for nets in t.firewalls.values_mut() {
+            nets.sort();
+        }
+        for k in self.podnet.keys() {
+            match k.map(|k| wire::podnet_of(&k)) {
+                Ok(Some(net)) => {
+                    t.pod_cidrs.insert(net);
+                }
+                Ok(None) => problems.push("a pod CIDR key is malformed".to_string()),
+                Err(e) => problems.push(format!("reading svcproxy_podnet: {e}")),
+            }
+        }
         let route = |r: &wire::Route, t: &mut Table, problems: &mut Vec<String>| match r.action {
             wire::ACT_FORWARD => {
                 let list: Vec<SocketAddr> = slots
@@ -556,10 +854,31 @@ impl Kernel {
                 protocol,
                 port: wire::port_of(k.port),
             };
+            let mut packet = |r: &wire::Route| PacketRoute {
+                route: route(r, &mut t, &mut problems),
+                masquerade: r.flags & wire::ROUTE_MASQUERADE != 0,
+            };
+            let packet_pod = packet(&v.pkt_pod);
+            let packet_other = packet(&v.pkt_other);
+            let firewall = match v.fw_id {
+                0 => None,
+                id => match ports.get(&id) {
+                    Some(p) => Some(p.clone()),
+                    None => {
+                        problems.push(format!(
+                            "service entry {dest} names source ranges {id:#x} svcproxy did not write"
+                        ));
+                        None
+                    }
+                },
+            };
             let entry = Entry {
                 pod: route(&v.pod, &mut t, &mut problems),
                 host: route(&v.host, &mut t, &mut problems),
+                packet_pod,
+                packet_other,
                 affinity: (v.affinity_secs > 0).then_some((v.affinity_id, v.affinity_secs)),
+                firewall,
             };
             t.entries.insert(dest, entry);
         }
@@ -591,7 +910,7 @@ fn encode(
         proto: wire::proto_byte(dest.protocol),
         family: wire::family_byte(dest.family),
     };
-    let route = |r: &Route| {
+    let route = |r: &Route, masquerade: bool| {
         let (action, list, count) = match r {
             Route::Forward(name) => match lists.get(name) {
                 Some((id, list)) => (wire::ACT_FORWARD, *id, list.endpoints.len() as u32),
@@ -605,16 +924,24 @@ fn encode(
             list,
             count,
             action,
-            pad: [0; 3],
+            flags: if masquerade && action == wire::ACT_FORWARD {
+                wire::ROUTE_MASQUERADE
+            } else {
+                0
+            },
+            pad: [0; 2],
         }
     };
     let (affinity_id, affinity_secs) = entry.affinity.unwrap_or((0, 0));
     (
         key,
         SvcVal {
-            pod: route(&entry.pod),
-            host: route(&entry.host),
+            pod: route(&entry.pod, false),
+            host: route(&entry.host, false),
+            pkt_pod: route(&entry.packet_pod.route, entry.packet_pod.masquerade),
+            pkt_other: route(&entry.packet_other.route, entry.packet_other.masquerade),
             affinity_id,
+            fw_id: entry.firewall.as_ref().map_or(0, PortName::id),
             affinity_secs,
             pad: 0,
         },
@@ -643,7 +970,37 @@ fn remove<K: aya::Pod + std::fmt::Debug, V: aya::Pod>(
     map: &mut HashMap<MapData, K, V>,
     key: &K,
 ) -> Result<usize, DataPlaneError> {
-    match map.remove(key) {
+    removed(map.remove(key), key)
+}
+
+/// An LPM trie key as plain parts (aya's key type compares nothing).
+fn lpm_parts<K: aya::Pod>(k: &LpmKey<K>) -> (u32, K) {
+    (k.prefix_len(), k.data())
+}
+
+/// [`remove_unless`] for an LPM trie.
+fn lpm_remove_unless<K: aya::Pod + std::fmt::Debug, V: aya::Pod>(
+    map: &mut LpmTrie<MapData, K, V>,
+    keep: impl Fn(&LpmKey<K>) -> bool,
+) -> Result<usize, DataPlaneError> {
+    let stale: Vec<LpmKey<K>> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !keep(k))
+        .collect();
+    let mut ops = 0;
+    for k in &stale {
+        ops += removed(map.remove(k), &lpm_parts(k))?;
+    }
+    Ok(ops)
+}
+
+/// A removal's result: 1 removed, 0 already gone, or the error.
+fn removed(
+    r: Result<(), aya::maps::MapError>,
+    key: &dyn std::fmt::Debug,
+) -> Result<usize, DataPlaneError> {
+    match r {
         Ok(()) => Ok(1),
         Err(aya::maps::MapError::KeyNotFound) => Ok(0),
         Err(aya::maps::MapError::SyscallError(e))
@@ -678,11 +1035,53 @@ fn verifier(e: aya::programs::ProgramError) -> String {
     }
 }
 
+/// The interface indexes whose packet-program links are pinned in `pin_dir`.
+fn pinned_interfaces(pin_dir: &Path) -> BTreeSet<u32> {
+    let Ok(dir) = std::fs::read_dir(pin_dir) else {
+        return BTreeSet::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_prefix("tc-")?.split('-').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Releases the packet programs' links of interface `index` (detaching them,
+/// when the interface is still there).
+fn release_interface(pin_dir: &Path, index: u32) -> Result<(), DataPlaneError> {
+    for (_, _, suffix) in TC_PROGRAMS {
+        for name in [
+            format!("tc-{index}-{suffix}-new"),
+            format!("tc-{index}-{suffix}"),
+        ] {
+            let pin = pin_dir.join(name);
+            if !pin.exists() {
+                continue;
+            }
+            let link = PinnedLink::from_pin(&pin)
+                .map_err(|e| kernel_err(format!("opening {}", pin.display()), e))?;
+            link.unpin()
+                .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether interface `index` still has `name`.
+fn still_there(index: u32, name: &str) -> bool {
+    crate::host_addrs::ether_links().is_ok_and(|l| l.iter().any(|(i, n)| *i == index && n == name))
+}
+
 /// Removes what svcproxy pinned in `pin_dir`: the links first (detaching the
 /// programs), then the maps, then the directory. Nothing there is no error.
 pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
     if !pin_dir.exists() {
         return Ok(());
+    }
+    for index in pinned_interfaces(pin_dir) {
+        release_interface(pin_dir, index)?;
     }
     for (name, _) in PROGRAMS {
         let _ = std::fs::remove_file(pin_dir.join(format!("link-{name}-new")));

@@ -1,23 +1,26 @@
-//! The eBPF data plane, socket side: cgroup programs (`bpf/sock.c`) translate a
+//! The eBPF data plane. Socket side: cgroup programs (`bpf/sock.c`) translate a
 //! connection to a service address once, at connect() (sendmsg() for an
 //! unconnected UDP socket), to an endpoint chosen from BPF maps, and show the
-//! service address back at recvmsg() and getpeername(). No packet of such a
-//! connection meets a NAT rule.
+//! service address back at recvmsg() and getpeername(); no packet of such a
+//! connection meets a NAT rule. Packet side: tc programs (`bpf/tc.c`) on every
+//! Ethernet interface of the node translate connections no local socket made
+//! (from outside, from other nodes, from pods whose sockets are left to the
+//! packet path) and their replies, with two fixed nftables rules for what a tc
+//! program cannot do well (masquerade, reject).
 //!
-//! - [`svcproxy_plan::ebpf`]: the intent as map contents (pure), and `render`'s text;
-//! - [`wire`]: the maps' binary layouts, mirrored from the C;
+//! - [`svcproxy_plan::ebpf`]: the intent as map contents (pure), `render`'s
+//!   text, and the fixed rules;
+//! - [`wire`]: the maps' binary layouts, mirrored from `bpf/svcproxy.h`;
 //! - [`kernel`]: loading, attaching, pinning, and writing the maps.
 //!
 //! Every verdict comes from the intent
-//! ([`svcproxy_plan::intent::ServiceIntent::socket_verdict`]); the programs look
+//! ([`svcproxy_plan::intent::ServiceIntent::socket_verdict`] and
+//! [`svcproxy_plan::intent::ServiceIntent::packet_verdict`]); the programs look
 //! up, pick and rewrite.
 //!
-//! **Status.** This is the first step of `--proxy-mode ebpf` (issue 33): the
-//! socket programs for processes in the cgroup, driven through [`DataPlane`] and
-//! tested with real sockets (`svcproxy-e2e/tests/ebpf_socket.rs`). Traffic that
-//! does not come from a local socket (NodePorts and external IPs reached from
-//! outside) needs the tc programs still to come, so the mode is not yet in the
-//! registry.
+//! Tested with real sockets (`svcproxy-e2e/tests/ebpf_socket.rs`) and real
+//! packets through a two-node namespace cluster
+//! (`svcproxy-e2e/tests/ebpf_packet.rs`).
 
 mod batch;
 pub mod kernel;
@@ -32,8 +35,16 @@ use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::backend::{ApplyReport, Comparison, DataPlane, NodeRequirements, SyncKind};
 use crate::error::DataPlaneError;
+use crate::sink::NftCommand;
 use kernel::Kernel;
-use svcproxy_plan::ebpf::Table;
+use svcproxy_plan::ebpf::{companion_rules, Table, COMPANION_TABLE};
+
+/// Deletes the companion rules' table; none is no error.
+fn remove_companion() -> Result<(), DataPlaneError> {
+    NftCommand::default().run(&format!(
+        "table inet {COMPANION_TABLE}\ndelete table inet {COMPANION_TABLE}\n"
+    ))
+}
 
 /// The `--proxy-mode` name.
 pub const MODE: &str = "ebpf";
@@ -70,6 +81,8 @@ pub struct EbpfDataPlane {
     /// The table of the last intent synced (successfully or not), brought
     /// forward by each delta.
     table: Option<Table>,
+    /// The marks the companion nftables rules were last written with.
+    companion: Option<(u32, u32)>,
 }
 
 impl EbpfDataPlane {
@@ -78,6 +91,7 @@ impl EbpfDataPlane {
             opts,
             kernel: None,
             table: None,
+            companion: None,
         }
     }
 
@@ -136,6 +150,14 @@ impl DataPlane for EbpfDataPlane {
         }
         let kernel = self.kernel.as_mut().expect("opened above");
         let changes = changes.filter(|_| !first);
+        // The fixed companion rules, with the marks of the moment, before the
+        // programs set those marks.
+        let marks = (table.masquerade_mark, table.reject_mark);
+        if changes.is_none() || self.companion != Some(marks) {
+            self.companion = None;
+            NftCommand::default().run(&companion_rules(marks.0, marks.1))?;
+            self.companion = Some(marks);
+        }
         let ops = kernel.write(table, changes.as_ref())?;
         let kind = if first {
             SyncKind::Recreate
@@ -163,7 +185,9 @@ impl DataPlane for EbpfDataPlane {
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {
         self.kernel = None;
         self.table = None;
-        kernel::cleanup(&self.opts.pin_dir)
+        self.companion = None;
+        kernel::cleanup(&self.opts.pin_dir)?;
+        remove_companion()
     }
 
     fn node_requirements(&self, _cfg: &PlanConfig) -> NodeRequirements {

@@ -1,9 +1,11 @@
-//! The BPF maps' keys and values, laid out as `bpf/sock.c` declares them (change
+//! The BPF maps' keys and values, laid out as `bpf/svcproxy.h` declares them (change
 //! both together; `layouts_match_the_c_structs` checks the sizes), and their
 //! encoding from the table's types.
 
 use std::net::{IpAddr, SocketAddr};
 
+use aya::maps::lpm_trie::Key as LpmKey;
+use ipnet::IpNet;
 use svcproxy_core::model::{IpFamily, Protocol};
 
 pub const FAMILY_V4: u8 = 4;
@@ -14,6 +16,13 @@ pub const ACT_FORWARD: u8 = 0;
 pub const ACT_DROP: u8 = 1;
 pub const ACT_REJECT: u8 = 2;
 pub const ACT_PASS: u8 = 3;
+
+/// A route's flags (`ROUTE_*` in the C): the connection is masqueraded.
+pub const ROUTE_MASQUERADE: u8 = 1;
+
+/// `svcproxy_ifc`'s flags (`IFC_*`): packets arriving on the interface come from
+/// this node's pods.
+pub const IFC_PODS: u32 = 1;
 
 pub fn family_byte(family: IpFamily) -> u8 {
     match family {
@@ -95,7 +104,8 @@ pub struct Route {
     pub list: u32,
     pub count: u32,
     pub action: u8,
-    pub pad: [u8; 3],
+    pub flags: u8,
+    pub pad: [u8; 2],
 }
 
 #[repr(C)]
@@ -103,7 +113,11 @@ pub struct Route {
 pub struct SvcVal {
     pub pod: Route,
     pub host: Route,
+    pub pkt_pod: Route,
+    pub pkt_other: Route,
     pub affinity_id: u64,
+    /// Non-zero: `svcproxy_fw` must admit a packet's source.
+    pub fw_id: u64,
     pub affinity_secs: u32,
     pub pad: u32,
 }
@@ -174,7 +188,80 @@ pub struct Config {
     pub host_netns_cookie: u64,
     /// 1: translate only the host's own sockets.
     pub host_only: u32,
+    pub masquerade_mark: u32,
+    pub reject_mark: u32,
     pub pad: u32,
+}
+
+/// `svcproxy_fw`'s key data (an LPM trie): a fenced service port's id, then an
+/// admitted source prefix; the prefix length counts the id's 64 bits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FwData {
+    pub id: [u32; 2],
+    pub addr: [u32; 4],
+}
+
+pub fn fw_key(id: u64, net: &IpNet) -> LpmKey<FwData> {
+    let b = id.to_ne_bytes();
+    LpmKey::new(
+        64 + u32::from(net.prefix_len()),
+        FwData {
+            id: [
+                u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+                u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+            ],
+            addr: addr_words(Some(net.network())),
+        },
+    )
+}
+
+/// The port id and prefix of a key, of the family `v4` says (the key does not).
+pub fn fw_of(key: &LpmKey<FwData>, v4: bool) -> Option<(u64, IpNet)> {
+    let len = u8::try_from(key.prefix_len().checked_sub(64)?).ok()?;
+    Some((fw_id(key), net_of(key.data().addr, v4, len)?))
+}
+
+/// The port id of a key.
+pub fn fw_id(key: &LpmKey<FwData>) -> u64 {
+    let d = key.data();
+    let (a, b) = (d.id[0].to_ne_bytes(), d.id[1].to_ne_bytes());
+    u64::from_ne_bytes([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]])
+}
+
+/// `svcproxy_podnet`'s key data (an LPM trie): the family, then one of this
+/// node's pods' CIDRs; the prefix length counts the family word's 32 bits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodnetData {
+    pub family: u32,
+    pub addr: [u32; 4],
+}
+
+pub fn podnet_key(net: &IpNet) -> LpmKey<PodnetData> {
+    LpmKey::new(
+        32 + u32::from(net.prefix_len()),
+        PodnetData {
+            family: u32::from(family_byte(IpFamily::of(&net.network()))),
+            addr: addr_words(Some(net.network())),
+        },
+    )
+}
+
+pub fn podnet_of(key: &LpmKey<PodnetData>) -> Option<IpNet> {
+    let d = key.data();
+    let len = u8::try_from(key.prefix_len().checked_sub(32)?).ok()?;
+    net_of(d.addr, d.family == u32::from(FAMILY_V4), len)
+}
+
+fn net_of(words: [u32; 4], v4: bool, len: u8) -> Option<IpNet> {
+    let family = if v4 { FAMILY_V4 } else { FAMILY_V6 };
+    let ip = addr_of(words, family).unwrap_or(if v4 {
+        IpAddr::from([0u8; 4])
+    } else {
+        IpAddr::from([0u8; 16])
+    });
+    IpNet::new(ip, len).ok()
 }
 
 // SAFETY: each is `repr(C)`, `Copy`, made of integers only, with every padding
@@ -190,6 +277,8 @@ mod pod {
     unsafe impl aya::Pod for MemberKey {}
     unsafe impl aya::Pod for LocalKey {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for FwData {}
+    unsafe impl aya::Pod for PodnetData {}
 }
 
 #[cfg(test)]
@@ -198,15 +287,38 @@ mod tests {
 
     #[test]
     fn layouts_match_the_c_structs() {
-        // Sizes as clang lays out bpf/sock.c's structs.
+        // Sizes as clang lays out bpf/svcproxy.h's structs.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<Route>(), 12);
-        assert_eq!(std::mem::size_of::<SvcVal>(), 40);
+        assert_eq!(std::mem::size_of::<SvcVal>(), 72);
+        assert_eq!(std::mem::size_of::<LpmKey<FwData>>(), 28);
+        assert_eq!(std::mem::size_of::<LpmKey<PodnetData>>(), 24);
         assert_eq!(std::mem::size_of::<SlotKey>(), 8);
         assert_eq!(std::mem::size_of::<Backend>(), 20);
         assert_eq!(std::mem::size_of::<MemberKey>(), 24);
         assert_eq!(std::mem::size_of::<LocalKey>(), 20);
-        assert_eq!(std::mem::size_of::<Config>(), 16);
+        assert_eq!(std::mem::size_of::<Config>(), 24);
+    }
+
+    #[test]
+    fn lpm_keys_round_trip_and_count_their_prefix_words() {
+        let net: IpNet = "198.18.0.0/24".parse().unwrap();
+        let k = fw_key(0x0123_4567_89ab_cdef, &net);
+        assert_eq!(k.prefix_len(), 64 + 24);
+        assert_eq!(fw_of(&k, true), Some((0x0123_4567_89ab_cdef, net)));
+        let net6: IpNet = "2001:db8::/32".parse().unwrap();
+        let k6 = fw_key(7, &net6);
+        assert_eq!(k6.prefix_len(), 64 + 32);
+        assert_eq!(fw_of(&k6, false), Some((7, net6)));
+        // The id's bytes come first, in memory order, as the C copies them.
+        assert_eq!(
+            k.data().id[0].to_ne_bytes(),
+            0x0123_4567_89ab_cdefu64.to_ne_bytes()[..4]
+        );
+        let p = podnet_key(&net6);
+        assert_eq!(p.prefix_len(), 32 + 32);
+        assert_eq!(p.data().family, u32::from(FAMILY_V6));
+        assert_eq!(podnet_of(&p), Some(net6));
     }
 
     #[test]

@@ -1,7 +1,11 @@
 //! The eBPF mode's translation: what its maps must hold for an intent, as plain
-//! values. One entry per service address a socket can name, with the route a
-//! pod's and the host's connection take ([`ServiceIntent::socket_verdict`]), and
-//! the endpoint lists those routes name. Decides nothing; the kernel side
+//! values. One entry per service address a socket or a packet can name, with the
+//! route a pod's and the host's connection take at the socket
+//! ([`ServiceIntent::socket_verdict`]) and the route a packet from this node's
+//! pods or from elsewhere takes on the packet path
+//! ([`ServiceIntent::packet_verdict`]), the endpoint lists those routes name, the
+//! sources loadBalancerSourceRanges admit, and how the packet path tells this
+//! node's pods (the node intent's `local_traffic`). Decides nothing; the kernel side
 //! (`svcproxy_dataplane::ebpf`) gives the lists their ids and writes the
 //! differences.
 //!
@@ -11,9 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use ipnet::IpNet;
+
 use crate::intent::{
-    EndpointSetId, Frontend, FrontendKey, NodeIntent, NodePortDestinations, Origin, ServiceIntent,
-    SocketVerdict,
+    EndpointSetId, Frontend, FrontendKey, LocalTraffic, NodeIntent, NodePortDestinations, Origin,
+    PacketOrigin, ServiceIntent, SocketVerdict,
 };
 use crate::names::service_port_hash;
 use crate::{Intent, IntentDelta};
@@ -83,13 +89,72 @@ pub enum Route {
     Pass,
 }
 
+/// What a packet that no socket translated meets.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PacketRoute {
+    /// Never `Pass`.
+    pub route: Route,
+    /// The connection is masqueraded (besides a hairpin, which always is).
+    pub masquerade: bool,
+}
+
+/// A service port in one family: whose loadBalancerSourceRanges an entry checks.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortName {
+    pub family: IpFamily,
+    pub service: ServicePortName,
+}
+
+impl PortName {
+    /// The id the maps know it by.
+    pub fn id(&self) -> u64 {
+        service_port_hash(self.family, &self.service)
+    }
+}
+
+impl std::fmt::Display for PortName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{}",
+            self.family, self.service, self.service.protocol
+        )
+    }
+}
+
 /// One service address's entry.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Entry {
+    /// A connection translated at the socket, from a pod's process.
     pub pod: Route,
+    /// ... from one of the host's processes.
     pub host: Route,
+    /// A packet from one of this node's pods.
+    pub packet_pod: PacketRoute,
+    /// A packet from anywhere else.
+    pub packet_other: PacketRoute,
     /// ClientIP affinity: the service port's id (its hash) and the timeout.
     pub affinity: Option<(u64, u32)>,
+    /// loadBalancerSourceRanges: a packet's source must be among the port's
+    /// admitted sources ([`Table::firewalls`]) before any route applies.
+    pub firewall: Option<PortName>,
+}
+
+/// How the packet path tells a packet from one of this node's pods by the
+/// interface it arrives on.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PodInterface {
+    Name(String),
+    Prefix(String),
+}
+
+impl PodInterface {
+    pub fn matches(&self, ifname: &str) -> bool {
+        match self {
+            PodInterface::Name(n) => ifname == n,
+            PodInterface::Prefix(p) => ifname.starts_with(p.as_str()),
+        }
+    }
 }
 
 /// Everything the maps hold for one intent.
@@ -101,6 +166,67 @@ pub struct Table {
     /// The node's own addresses answering the `ip: None` entries (loopback left
     /// out); empty when no entry needs them.
     pub local_addrs: BTreeSet<IpAddr>,
+    /// The sources each fenced port admits: its loadBalancerSourceRanges and,
+    /// with `allowFromNode`, its load-balancer IPs (never empty of meaning: an
+    /// empty list admits nobody).
+    pub firewalls: BTreeMap<PortName, Vec<IpNet>>,
+    /// This node's pods' sources (`--detect-local-mode` ClusterCIDR / NodeCIDR).
+    pub pod_cidrs: BTreeSet<IpNet>,
+    /// ... or the interfaces their packets arrive on (BridgeInterface,
+    /// InterfaceNamePrefix).
+    pub pod_interfaces: BTreeSet<PodInterface>,
+    /// The packet path's marks, each acted on by one fixed nftables rule
+    /// ([`companion_rules`]): masquerade (the intent's), and reject.
+    pub masquerade_mark: u32,
+    pub reject_mark: u32,
+}
+
+/// The name of the eBPF mode's nftables table (fixed rules only).
+pub const COMPANION_TABLE: &str = "svcproxy-ebpf";
+
+/// The mark asking the companion rules to reject a packet: the bit above the
+/// masquerade mark's (kube-proxy's 0x4000 gives 0x8000, its old drop bit), or
+/// the one below when that is the top bit.
+pub fn reject_mark(masquerade_mark: u32) -> u32 {
+    if masquerade_mark >= 1 << 31 {
+        masquerade_mark >> 1
+    } else {
+        (masquerade_mark << 1).max(1)
+    }
+}
+
+/// The eBPF mode's fixed nftables rules, the same whatever the services: the
+/// packet programs mark, these act. A connection marked for masquerade is
+/// masqueraded (the kernel's conntrack owns its source port and turns its
+/// replies back before they reach the egress program); a packet marked for
+/// reject gets a TCP reset or an ICMP port unreachable, which a tc program
+/// cannot send. The script replaces the table whole.
+pub fn companion_rules(masquerade_mark: u32, reject_mark: u32) -> String {
+    format!(
+        "table inet {t}\n\
+         delete table inet {t}\n\
+         table inet {t} {{\n\
+         \tchain nat-postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tmeta mark & {m:#x} == {m:#x} meta mark set meta mark ^ {m:#x} masquerade\n\
+         \t}}\n\
+         \tchain filter-input {{\n\
+         \t\ttype filter hook input priority filter - 5; policy accept;\n\
+         \t\tmeta mark & {r:#x} == {r:#x} jump reject-marked\n\
+         \t}}\n\
+         \tchain filter-forward {{\n\
+         \t\ttype filter hook forward priority filter - 5; policy accept;\n\
+         \t\tmeta mark & {r:#x} == {r:#x} jump reject-marked\n\
+         \t}}\n\
+         \tchain reject-marked {{\n\
+         \t\tmeta l4proto tcp reject with tcp reset\n\
+         \t\treject with icmpx port-unreachable\n\
+         \t}}\n\
+         }}\n",
+        t = COMPANION_TABLE,
+        m = masquerade_mark,
+        r = reject_mark,
+    )
 }
 
 /// What [`Table::update`] may have changed: the keys to write again or delete.
@@ -108,6 +234,7 @@ pub struct Table {
 pub struct Changes {
     pub entries: BTreeSet<Dest>,
     pub lists: BTreeSet<ListName>,
+    pub firewalls: BTreeSet<PortName>,
 }
 
 /// The addresses a family's NodePorts answer on (`None`: every local address).
@@ -152,6 +279,20 @@ impl Table {
         };
         for fam in intent.families() {
             let Some(node) = fam.node() else { continue };
+            t.masquerade_mark = node.masquerade_mark;
+            t.reject_mark = reject_mark(node.masquerade_mark);
+            match &node.local_traffic {
+                Some(LocalTraffic::Cidrs(nets)) => t.pod_cidrs.extend(nets.iter().copied()),
+                Some(LocalTraffic::Interface(name)) => {
+                    t.pod_interfaces
+                        .insert(PodInterface::Name(name.as_str().to_string()));
+                }
+                Some(LocalTraffic::InterfacePrefix(prefix)) => {
+                    t.pod_interfaces
+                        .insert(PodInterface::Prefix(prefix.as_str().to_string()));
+                }
+                None => {}
+            }
             let ips = nodeport_ips(node);
             // Key order: a service IP's frontend comes before a NodePort's, and
             // takes an address both name (an external IP that is also a NodePort
@@ -209,6 +350,12 @@ impl Table {
             }
             // The lists of those ports, from what each owns now.
             for name in &ports {
+                let port = PortName {
+                    family,
+                    service: name.clone(),
+                };
+                self.firewalls.remove(&port);
+                changes.firewalls.insert(port);
                 for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
                     let list = ListName {
                         family,
@@ -268,14 +415,44 @@ impl Table {
         out
     }
 
-    /// The entry of one frontend, adding the lists its routes name.
+    /// The entry of one frontend, adding the lists its routes name and the
+    /// sources its firewall admits.
     fn entry(&mut self, svc: &ServiceIntent, frontend: &Frontend) -> Entry {
+        let mut packet = |origin| {
+            let v = svc.packet_verdict(frontend, origin);
+            PacketRoute {
+                route: self.route(svc, v.verdict),
+                masquerade: v.masquerade,
+            }
+        };
+        let packet_pod = packet(PacketOrigin::LocalPod);
+        let packet_other = packet(PacketOrigin::Elsewhere);
+        let firewall = match svc.firewall.as_deref() {
+            Some(fw) if frontend.firewall => {
+                let port = PortName {
+                    family: svc.family,
+                    service: svc.name.clone(),
+                };
+                let sources = fw
+                    .ranges
+                    .iter()
+                    .copied()
+                    .chain(fw.lb_sources.iter().map(|ip| IpNet::from(*ip)))
+                    .collect();
+                self.firewalls.insert(port.clone(), sources);
+                Some(port)
+            }
+            _ => None,
+        };
         Entry {
             pod: self.route(svc, svc.socket_verdict(frontend, Origin::Pod)),
             host: self.route(svc, svc.socket_verdict(frontend, Origin::Host)),
+            packet_pod,
+            packet_other,
             affinity: svc
                 .affinity_timeout
                 .map(|secs| (service_port_hash(svc.family, &svc.name), secs)),
+            firewall,
         }
     }
 
@@ -314,17 +491,50 @@ impl Table {
             Route::Reject => "reject".to_string(),
             Route::Pass => "pass".to_string(),
         };
+        let packet = |p: &PacketRoute| {
+            let masq = if p.masquerade { " masquerade" } else { "" };
+            format!("{}{masq}", route(&p.route))
+        };
         for (dest, e) in &self.entries {
             let _ = write!(
                 out,
-                "service {dest} pod: {} host: {}",
+                "service {dest} pod: {} host: {} packet-pod: {} packet-other: {}",
                 route(&e.pod),
-                route(&e.host)
+                route(&e.host),
+                packet(&e.packet_pod),
+                packet(&e.packet_other),
             );
             if let Some((_, secs)) = e.affinity {
                 let _ = write!(out, " affinity: {secs}s");
             }
+            if let Some(fw) = &e.firewall {
+                let _ = write!(out, " source-ranges: {fw}");
+            }
             out.push('\n');
+        }
+        for (port, nets) in &self.firewalls {
+            let nets: Vec<String> = nets.iter().map(|n| n.to_string()).collect();
+            let _ = writeln!(out, "source-ranges {port}: {}", nets.join(" "));
+        }
+        for net in &self.pod_cidrs {
+            let _ = writeln!(out, "pod-cidr {net}");
+        }
+        if self.masquerade_mark != 0 {
+            let _ = writeln!(
+                out,
+                "marks masquerade {:#x} reject {:#x}",
+                self.masquerade_mark, self.reject_mark
+            );
+        }
+        for i in &self.pod_interfaces {
+            match i {
+                PodInterface::Name(n) => {
+                    let _ = writeln!(out, "pod-interface {n}");
+                }
+                PodInterface::Prefix(p) => {
+                    let _ = writeln!(out, "pod-interface {p}*");
+                }
+            }
         }
         for (name, list) in &self.lists {
             let eps: Vec<String> = list.endpoints.iter().map(|a| a.to_string()).collect();

@@ -34,7 +34,8 @@ pub use node::{
 };
 pub use service::{
     Action, Disposition, EndpointSetId, ExternalRoute, Firewall, Frontend, FrontendKey,
-    FrontendKind, InternalRoute, Masquerade, Origin, ServiceIntent, SocketVerdict,
+    FrontendKind, InternalRoute, Masquerade, Origin, PacketOrigin, PacketVerdict, ServiceIntent,
+    SocketVerdict,
 };
 pub use text::describe;
 

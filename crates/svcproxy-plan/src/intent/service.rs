@@ -180,6 +180,26 @@ pub enum SocketVerdict {
     Untranslated,
 }
 
+/// Where a packet that no socket translated comes from (the eBPF mode's packet
+/// path, [`ServiceIntent::packet_verdict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PacketOrigin {
+    /// One of this node's pods, as the node intent's `local_traffic` tells them.
+    LocalPod,
+    /// Anywhere else: another node, a client outside the cluster.
+    Elsewhere,
+}
+
+/// What a new connection's first packet meets on the packet path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PacketVerdict {
+    /// Forward (to a set), drop or reject; never `Untranslated`.
+    pub verdict: SocketVerdict,
+    /// The forwarded connection is masqueraded. A connection from an endpoint to
+    /// itself (hairpin) always is, whatever this says.
+    pub masquerade: bool,
+}
+
 /// loadBalancerSourceRanges of a port, for its load-balancer IPs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Firewall {
@@ -585,6 +605,54 @@ impl ServiceIntent {
         match ext.rest {
             Disposition::Forward(set) => SocketVerdict::Forward(set),
             Disposition::Drop => SocketVerdict::Drop,
+        }
+    }
+
+    /// What a new connection's first packet to `frontend` meets when it was not
+    /// translated at a socket (it comes from another host, or from a pod whose
+    /// sockets are left to the packet path), read from the same routes as the
+    /// packet modes' rules:
+    ///
+    /// - a cluster IP forwards along the internal route, masqueraded as
+    ///   [`InternalRoute::masquerade`] says for the origin;
+    /// - an external frontend takes the pod→cluster short circuit for this node's
+    ///   pods where the Local policy has it (unmasqueraded), else the route's rest,
+    ///   masqueraded under the Cluster policy;
+    /// - loadBalancerSourceRanges are checked before this, on the original
+    ///   destination ([`Frontend::firewall`]).
+    pub fn packet_verdict(&self, frontend: &Frontend, origin: PacketOrigin) -> PacketVerdict {
+        let plain = |verdict| PacketVerdict {
+            verdict,
+            masquerade: false,
+        };
+        match frontend.action {
+            Action::Reject => return plain(SocketVerdict::Reject),
+            Action::Drop => return plain(SocketVerdict::Drop),
+            Action::Forward => {}
+        }
+        if frontend.kind == FrontendKind::ClusterIp {
+            return PacketVerdict {
+                verdict: SocketVerdict::Forward(self.internal.set),
+                masquerade: match self.internal.masquerade {
+                    Masquerade::Never => false,
+                    Masquerade::Always => true,
+                    Masquerade::UnlessFromLocalPod => origin != PacketOrigin::LocalPod,
+                },
+            };
+        }
+        let Some(ext) = self.external else {
+            // Not reached: an external frontend forwards only with a route.
+            return plain(SocketVerdict::Reject);
+        };
+        if origin == PacketOrigin::LocalPod && ext.pods_to_cluster {
+            return plain(SocketVerdict::Forward(EndpointSetId::Cluster));
+        }
+        match ext.rest {
+            Disposition::Forward(set) => PacketVerdict {
+                verdict: SocketVerdict::Forward(set),
+                masquerade: ext.masquerade,
+            },
+            Disposition::Drop => plain(SocketVerdict::Drop),
         }
     }
 

@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: (BSD-2-Clause OR GPL-2.0)
+//
+// What svcproxy's programs share: the maps' layouts and definitions (pinned by
+// name, so the socket programs of sock.c and the packet programs of tc.c use the
+// same maps), and the service lookup. Mirrored by src/ebpf/wire.rs; change both
+// together.
+
+#ifndef SVCPROXY_H
+#define SVCPROXY_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#define ECONNREFUSED 111
+#define ETIMEDOUT 110
+
+// A route's action (wire.rs: Action).
+#define ACT_FORWARD 0
+#define ACT_DROP 1
+#define ACT_REJECT 2
+#define ACT_PASS 3
+
+// A route's flags.
+#define ROUTE_MASQUERADE 1
+
+#define FAMILY_V4 4
+#define FAMILY_V6 6
+
+// A service address: a VIP (cluster, external or load-balancer IP), a node
+// address with a NodePort, or (addr all zero) a NodePort on every local address.
+struct svc_key {
+	__u32 addr[4];
+	__u16 port; // network order
+	__u8 proto; // IPPROTO_*
+	__u8 family;
+};
+
+// What a connection from one origin meets.
+struct route {
+	__u32 list;  // endpoint list id (slots and members maps)
+	__u32 count; // endpoints in the list
+	__u8 action;
+	__u8 flags; // ROUTE_*
+	__u8 pad[2];
+};
+
+struct svc_val {
+	struct route pod;  // a socket of a process in any other network namespace
+	struct route host; // a socket of a process in the host's network namespace
+	struct route pkt_pod;   // a packet from one of this node's pods
+	struct route pkt_other; // a packet from anywhere else
+	__u64 affinity_id; // the service port, for its affinity entries
+	__u64 fw_id; // non-zero: svcproxy_fw must admit a packet's source
+	__u32 affinity_secs; // 0: no session affinity
+	__u32 pad;
+};
+
+struct slot_key {
+	__u32 list;
+	__u32 slot;
+};
+
+struct backend {
+	__u32 addr[4];
+	__u16 port; // network order
+	__u8 family;
+	__u8 pad;
+};
+
+struct member_key {
+	__u32 list;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+struct local_key {
+	__u32 addr[4];
+	__u8 family;
+	__u8 pad[3];
+};
+
+struct aff_key {
+	__u64 affinity_id;
+	__u64 client; // the client's network namespace cookie
+};
+
+struct aff_val {
+	struct backend be;
+	__u64 last_ns;
+};
+
+// A socket's translated peer: the endpoint it was sent to, by socket cookie.
+struct rev_key {
+	__u64 cookie;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+struct rev_val {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+// A connected socket's service address and endpoint, in the socket's own
+// storage (freed with it, never evicted).
+struct sock_peer {
+	__u32 vip[4];
+	__u16 vport;
+	__u16 pad;
+	__u32 be[4];
+	__u16 beport;
+	__u16 pad2;
+};
+
+// An unconnected UDP socket's flow to one service address, so its datagrams
+// stay with one endpoint as conntrack keeps a flow.
+struct flow_key {
+	__u64 cookie;
+	struct svc_key svc;
+};
+
+struct config {
+	__u64 host_netns_cookie;
+	// Translate only the host's own sockets (pods' connections then meet the
+	// packet path), as Cilium's socketLB.hostNamespaceOnly.
+	__u32 host_only;
+	// Marks the packet programs set: masquerade this connection (the intent's
+	// mark, kube-proxy's 0x4000 by default), reject this packet. Each acted on
+	// by one fixed nftables rule.
+	__u32 masquerade_mark;
+	__u32 reject_mark;
+	__u32 pad;
+};
+
+// loadBalancerSourceRanges: a fenced service port's id and an admitted prefix
+// (prefixlen counts the id's 64 bits too).
+struct fw_key {
+	__u32 prefixlen;
+	__u32 id[2];
+	__u32 addr[4];
+};
+
+// This node's pods' sources (--detect-local-mode ClusterCIDR / NodeCIDR);
+// prefixlen counts the family word's 32 bits too.
+struct podnet_key {
+	__u32 prefixlen;
+	__u32 family;
+	__u32 addr[4];
+};
+
+// A packet-path connection, each way: dir 0 is the client's packets to the
+// service address (the value: the endpoint), dir 1 the endpoint's replies to the
+// client (the value: the service address to show as their source).
+struct ct_key {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 family;
+	__u8 dir;
+	__u8 pad;
+};
+
+struct ct_val {
+	__u32 addr[4];
+	__u16 port;
+	__u8 flags; // ROUTE_MASQUERADE
+	__u8 pad;
+	__u32 pad2;
+	__u64 created_ns; // when the connection's endpoint was chosen
+};
+
+struct aff_ip_key {
+	__u64 affinity_id;
+	__u32 client[4]; // the client's address
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+} svcproxy_svc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2097152);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct slot_key);
+	__type(value, struct backend);
+} svcproxy_slot SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1048576);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct member_key);
+	__type(value, __u8);
+} svcproxy_member SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct local_key);
+	__type(value, __u8);
+} svcproxy_local SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct aff_key);
+	__type(value, struct aff_val);
+} svcproxy_aff SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, struct config);
+} svcproxy_cfg SEC(".maps");
+
+static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+static __always_inline void addr_copy(__u32 *to, const __u32 *from)
+{
+	to[0] = from[0];
+	to[1] = from[1];
+	to[2] = from[2];
+	to[3] = from[3];
+}
+
+// The entry for key (address, port, protocol, family): the address's own, or
+// the every-local-address entry when the address is one of the host's.
+static __always_inline struct svc_val *find_service(const struct svc_key *key)
+{
+	struct svc_val *svc = bpf_map_lookup_elem(&svcproxy_svc, key);
+	if (svc)
+		return svc;
+	struct local_key lk = {};
+	addr_copy(lk.addr, key->addr);
+	lk.family = key->family;
+	if (!bpf_map_lookup_elem(&svcproxy_local, &lk))
+		return 0;
+	struct svc_key wild = *key;
+	wild.addr[0] = 0;
+	wild.addr[1] = 0;
+	wild.addr[2] = 0;
+	wild.addr[3] = 0;
+	return bpf_map_lookup_elem(&svcproxy_svc, &wild);
+}
+
+static __always_inline int is_member(__u32 list, const struct backend *be)
+{
+	struct member_key mk = {};
+	mk.list = list;
+	addr_copy(mk.addr, be->addr);
+	mk.port = be->port;
+	return bpf_map_lookup_elem(&svcproxy_member, &mk) != 0;
+}
+
+// An endpoint at random from the route's list; 0 while the list is being
+// replaced under us.
+static __always_inline int pick(const struct route *rt, struct backend *out)
+{
+	struct slot_key sk = { .list = rt->list, .slot = bpf_get_prandom_u32() % rt->count };
+	struct backend *be = bpf_map_lookup_elem(&svcproxy_slot, &sk);
+	if (!be)
+		return 0;
+	*out = *be;
+	return 1;
+}
+
+static __always_inline struct config *config(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&svcproxy_cfg, &zero);
+}
+
+#endif

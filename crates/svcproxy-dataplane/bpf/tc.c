@@ -1,0 +1,372 @@
+// SPDX-License-Identifier: (BSD-2-Clause OR GPL-2.0)
+//
+// svcproxy's packet path: tc programs on the node's interfaces for packets that
+// no local socket translated (NodePorts, external IPs and load-balancer IPs
+// reached from outside; cluster IPs reached from another host; pods whose
+// sockets are left to the packet path). The ingress program translates a new
+// connection's first packet to an endpoint and remembers the choice both ways
+// (svcproxy_ct); the egress program shows the service address as the source of
+// the endpoint's replies.
+//
+// As in sock.c, the programs decide nothing: each route (forward to a list,
+// drop, reject, masquerade or not) is the intent's, written into the maps by
+// svcproxy. Two fixed nftables rules act on the marks set here: masquerade
+// (the kernel's conntrack then owns the source port and un-masquerades the
+// replies before they reach the egress program), and reject (a TCP reset or an
+// ICMP port unreachable, which a tc program cannot send).
+//
+// A program that lets a packet go on returns TC_ACT_UNSPEC (tcx's TCX_NEXT):
+// the programs attached after it on the interface (a CNI's) still run.
+
+#include "svcproxy.h"
+#include <stddef.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
+
+// svcproxy_ifc's flags: packets arriving here come from this node's pods.
+#define IFC_PODS 1
+
+// A SYN again within this time of the last is a retransmission of the same
+// connection: it keeps the endpoint chosen for the first.
+#define SYN_RETRY_NS (3ULL * 1000000000ULL)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct fw_key);
+	__type(value, __u8);
+} svcproxy_fw SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct podnet_key);
+	__type(value, __u8);
+} svcproxy_podnet SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u32);
+} svcproxy_ifc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+} svcproxy_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct aff_ip_key);
+	__type(value, struct aff_val);
+} svcproxy_affip SEC(".maps");
+
+// One packet's addresses, ports and where its headers are.
+struct pkt {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport; // network order
+	__u16 dport;
+	__u8 proto;
+	__u8 family;
+	__u8 tcp_flags;
+	__u8 pad;
+	__u32 l4_off;
+	__u32 csum_off;	  // the TCP or UDP checksum
+	__u32 csum_flags; // BPF_F_MARK_MANGLED_0 for UDP (an IPv4 checksum of 0 is none)
+};
+
+// An unfragmented IPv4 or IPv6 TCP or UDP packet after an Ethernet header;
+// 0 for anything else (left alone).
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	__builtin_memset(p, 0, sizeof(*p));
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+			return 0;
+		if (ip.ihl < 5 || (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return 0;
+		p->family = FAMILY_V4;
+		p->proto = ip.protocol;
+		p->saddr[0] = ip.saddr;
+		p->daddr[0] = ip.daddr;
+		p->l4_off = ETH_HLEN + ip.ihl * 4;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return 0;
+		p->family = FAMILY_V6;
+		// Extension headers (fragments included) are left alone.
+		p->proto = ip6.nexthdr;
+		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		p->l4_off = ETH_HLEN + sizeof(ip6);
+	} else {
+		return 0;
+	}
+	if (p->proto == IPPROTO_TCP) {
+		struct tcphdr th;
+		if (bpf_skb_load_bytes(skb, p->l4_off, &th, sizeof(th)) < 0)
+			return 0;
+		p->sport = th.source;
+		p->dport = th.dest;
+		p->tcp_flags = ((__u8 *)&th)[13];
+		p->csum_off = p->l4_off + offsetof(struct tcphdr, check);
+	} else if (p->proto == IPPROTO_UDP) {
+		struct udphdr uh;
+		if (bpf_skb_load_bytes(skb, p->l4_off, &uh, sizeof(uh)) < 0)
+			return 0;
+		p->sport = uh.source;
+		p->dport = uh.dest;
+		p->csum_off = p->l4_off + offsetof(struct udphdr, check);
+		p->csum_flags = BPF_F_MARK_MANGLED_0;
+	} else {
+		// SCTP's CRC32c covers the ports and cannot be patched: SCTP from
+		// outside is not translated here.
+		return 0;
+	}
+	return 1;
+}
+
+// Rewrites the packet's destination (dst) or source address and port, with
+// the checksums.
+static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, int dst,
+				   const __u32 *addr, __u16 port)
+{
+	__u32 old[4], new[4];
+	addr_copy(old, dst ? p->daddr : p->saddr);
+	addr_copy(new, addr);
+	__u16 old_port = dst ? p->dport : p->sport;
+	__s64 diff;
+	__u32 off;
+	if (p->family == FAMILY_V4) {
+		diff = bpf_csum_diff(old, 4, new, 4, 0);
+		off = ETH_HLEN + (dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
+		if (diff < 0 ||
+		    bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), 0, diff, 0))
+			return 0;
+	} else {
+		diff = bpf_csum_diff(old, 16, new, 16, 0);
+		off = ETH_HLEN +
+		      (dst ? offsetof(struct ipv6hdr, daddr) : offsetof(struct ipv6hdr, saddr));
+		if (diff < 0)
+			return 0;
+	}
+	if (bpf_l4_csum_replace(skb, p->csum_off, 0, diff, BPF_F_PSEUDO_HDR | p->csum_flags))
+		return 0;
+	if (bpf_skb_store_bytes(skb, off, new, p->family == FAMILY_V4 ? 4 : 16, 0))
+		return 0;
+	if (port != old_port) {
+		if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port,
+					sizeof(__u16) | p->csum_flags))
+			return 0;
+		__u32 port_off = p->l4_off + (dst ? offsetof(struct udphdr, dest)
+						  : offsetof(struct udphdr, source));
+		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0))
+			return 0;
+	}
+	return 1;
+}
+
+// The packet comes from one of this node's pods (the intent's local_traffic:
+// its interface, or its source among the pods' CIDRs).
+static __always_inline int from_pod(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 ifindex = skb->ingress_ifindex;
+	__u32 *flags = bpf_map_lookup_elem(&svcproxy_ifc, &ifindex);
+	if (flags && (*flags & IFC_PODS))
+		return 1;
+	struct podnet_key k = {};
+	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	k.family = p->family;
+	addr_copy(k.addr, p->saddr);
+	return bpf_map_lookup_elem(&svcproxy_podnet, &k) != 0;
+}
+
+// loadBalancerSourceRanges admit the packet's source.
+static __always_inline int admitted(const struct svc_val *svc, const struct pkt *p)
+{
+	struct fw_key k = {};
+	k.prefixlen = 64 + (p->family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.id, &svc->fw_id, sizeof(k.id));
+	addr_copy(k.addr, p->saddr);
+	return bpf_map_lookup_elem(&svcproxy_fw, &k) != 0;
+}
+
+static __always_inline void ct_key_of(struct ct_key *k, const struct pkt *p)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	addr_copy(k->saddr, p->saddr);
+	addr_copy(k->daddr, p->daddr);
+	k->sport = p->sport;
+	k->dport = p->dport;
+	k->proto = p->proto;
+	k->family = p->family;
+}
+
+// A new connection: its route's endpoint, remembered both ways. 0 when the
+// packet goes on untranslated (the list being replaced under us).
+static __always_inline int choose(const struct pkt *p, const struct svc_val *svc,
+				  const struct route *rt, struct ct_val *out)
+{
+	struct backend be;
+	int have = 0;
+	struct aff_ip_key ak = {};
+	if (svc->affinity_secs) {
+		ak.affinity_id = svc->affinity_id;
+		addr_copy(ak.client, p->saddr);
+		struct aff_val *av = bpf_map_lookup_elem(&svcproxy_affip, &ak);
+		if (av && bpf_ktime_get_ns() - av->last_ns <= (__u64)svc->affinity_secs * 1000000000ULL &&
+		    is_member(rt->list, &av->be)) {
+			be = av->be;
+			have = 1;
+		}
+	}
+	if (!have && !pick(rt, &be))
+		return 0;
+	if (svc->affinity_secs) {
+		struct aff_val nv = { .be = be, .last_ns = bpf_ktime_get_ns() };
+		bpf_map_update_elem(&svcproxy_affip, &ak, &nv, BPF_ANY);
+	}
+
+	__builtin_memset(out, 0, sizeof(*out));
+	addr_copy(out->addr, be.addr);
+	out->port = be.port;
+	// A connection from an endpoint to itself is always masqueraded, or its
+	// replies would never come back through this node.
+	out->flags = (rt->flags & ROUTE_MASQUERADE) || addr_eq(p->saddr, be.addr)
+			     ? ROUTE_MASQUERADE
+			     : 0;
+	out->created_ns = bpf_ktime_get_ns();
+
+	struct ct_key k;
+	ct_key_of(&k, p);
+	bpf_map_update_elem(&svcproxy_ct, &k, out, BPF_ANY);
+	struct ct_key rk = {};
+	addr_copy(rk.saddr, be.addr);
+	addr_copy(rk.daddr, p->saddr);
+	rk.sport = be.port;
+	rk.dport = p->sport;
+	rk.proto = p->proto;
+	rk.family = p->family;
+	rk.dir = 1;
+	struct ct_val rv = {};
+	addr_copy(rv.addr, p->daddr);
+	rv.port = p->dport;
+	rv.created_ns = out->created_ns;
+	bpf_map_update_elem(&svcproxy_ct, &rk, &rv, BPF_ANY);
+	return 1;
+}
+
+SEC("classifier")
+int svcproxy_tc_ingress(struct __sk_buff *skb)
+{
+	struct pkt p;
+	if (!parse(skb, &p))
+		return TC_ACT_UNSPEC;
+	struct config *cfg = config();
+	if (!cfg)
+		return TC_ACT_UNSPEC;
+
+	int tcp = p.proto == IPPROTO_TCP;
+	int syn = tcp && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	struct ct_key k;
+	ct_key_of(&k, &p);
+	struct ct_val flow;
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (ct && syn && bpf_ktime_get_ns() - ct->created_ns > SYN_RETRY_NS)
+		// A new connection from a port used before.
+		ct = 0;
+	if (ct && tcp) {
+		flow = *ct;
+	} else {
+		struct svc_key key = {};
+		addr_copy(key.addr, p.daddr);
+		key.port = p.dport;
+		key.proto = p.proto;
+		key.family = p.family;
+		struct svc_val *svc = find_service(&key);
+		if (!svc)
+			return TC_ACT_UNSPEC;
+		const struct route *rt = from_pod(skb, &p) ? &svc->pkt_pod : &svc->pkt_other;
+		struct backend prev = {};
+		if (ct) {
+			addr_copy(prev.addr, ct->addr);
+			prev.port = ct->port;
+		}
+		if (ct && rt->action == ACT_FORWARD && is_member(rt->list, &prev)) {
+			// A UDP flow keeps its endpoint while it stays in the list.
+			flow = *ct;
+		} else {
+			// Mid-stream TCP that no connection here began: not ours.
+			if (tcp && !syn)
+				return TC_ACT_UNSPEC;
+			if (svc->fw_id && !admitted(svc, &p))
+				return TC_ACT_SHOT;
+			switch (rt->action) {
+			case ACT_FORWARD:
+				break;
+			case ACT_DROP:
+				return TC_ACT_SHOT;
+			case ACT_PASS:
+				return TC_ACT_UNSPEC;
+			default:
+				skb->mark |= cfg->reject_mark;
+				return TC_ACT_UNSPEC;
+			}
+			if (rt->count == 0) {
+				skb->mark |= cfg->reject_mark;
+				return TC_ACT_UNSPEC;
+			}
+			if (!choose(&p, svc, rt, &flow))
+				return TC_ACT_UNSPEC;
+		}
+	}
+	if (flow.flags & ROUTE_MASQUERADE)
+		skb->mark |= cfg->masquerade_mark;
+	rewrite(skb, &p, 1, flow.addr, flow.port);
+	return TC_ACT_UNSPEC;
+}
+
+SEC("classifier")
+int svcproxy_tc_egress(struct __sk_buff *skb)
+{
+	struct pkt p;
+	if (!parse(skb, &p))
+		return TC_ACT_UNSPEC;
+	struct ct_key k;
+	ct_key_of(&k, &p);
+	k.dir = 1;
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!ct)
+		return TC_ACT_UNSPEC;
+	struct ct_val back = *ct;
+	rewrite(skb, &p, 0, back.addr, back.port);
+	return TC_ACT_UNSPEC;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

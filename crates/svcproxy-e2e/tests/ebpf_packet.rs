@@ -1,0 +1,338 @@
+//! The eBPF data plane's packet path on real packets: tc programs on node-a's
+//! interfaces of a two-node namespace cluster translate connections that no local
+//! socket made (from the external client, from a pod) to endpoints on this node
+//! and on the other, with masquerade exactly where the intent says.
+//!
+//! Shown here, IPv4 and IPv6: a NodePort with `externalTrafficPolicy: Cluster`
+//! from outside reaches the endpoints of both nodes (the other node's only
+//! because the connection is masqueraded) over TCP and UDP; an external IP; a
+//! Local policy keeps the client's address and this node's endpoint; a port with
+//! no endpoint refuses (the companion reject rule); loadBalancerSourceRanges
+//! admit one source and drop another; a pod reaches a cluster IP's endpoints, its
+//! own included (the hairpin, masqueraded); the replies carry the service
+//! address; `explain --live`'s comparison; cleanup removes pins and rules.
+//!
+//! Safety: the programs attach only to interfaces of node-a's namespace (the
+//! driver runs on a thread inside it), cgroup programs to the test's own cgroup,
+//! pins live in a bpffs the test mounts; all go with the namespaces and mounts,
+//! even when the test fails. Without root, BPF or the tools it prints SKIP (fails
+//! under CI).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use svcproxy_core::objects::SourceUpdate;
+use svcproxy_core::state::{ClusterState, StateConfig};
+use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
+use svcproxy_e2e::plan::{self, Family};
+use svcproxy_e2e::{
+    ebpf_options, Attempt, BackendPorts, Cluster, ClusterSpec, Confinement, Host, ProbeSpec, Proto,
+};
+use svcproxy_plan::{build_intent, LocalDetection, PlanConfig};
+use svcproxy_testkit::netns::{self, in_netns};
+
+const TEST: &str = "packets_from_outside_and_from_pods_reach_endpoints_through_tc";
+
+fn q(ip: IpAddr) -> String {
+    format!("\"{ip}\"")
+}
+
+fn manifests() -> String {
+    let mut out = String::new();
+    for n in 0..2 {
+        let name = plan::node_name(n);
+        let _ = write!(
+            out,
+            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: \
+             {{kubernetes.io/hostname: {name}}}\nspec:\n  podCIDRs: [\"{}\", \"{}\"]\n\
+             status:\n  addresses:\n  - {{type: InternalIP, address: {}}}\n  \
+             - {{type: InternalIP, address: {}}}\n",
+            plan::pod_cidr(n, Family::V4),
+            plan::pod_cidr(n, Family::V6),
+            q(plan::node_ip(n, Family::V4)),
+            q(plan::node_ip(n, Family::V6)),
+        );
+    }
+    // name, cluster IP index, type, extra spec lines, TCP and UDP NodePorts.
+    let services: [(&str, u16, &str, String, u16, u16); 4] = [
+        (
+            "web",
+            10,
+            "NodePort",
+            format!(
+                "  externalIPs: [{}, {}]\n",
+                q(plan::external_ip(10, Family::V4)),
+                q(plan::external_ip(10, Family::V6))
+            ),
+            30080,
+            30090,
+        ),
+        (
+            "local",
+            11,
+            "NodePort",
+            "  externalTrafficPolicy: Local\n".to_string(),
+            30081,
+            30091,
+        ),
+        ("empty", 12, "NodePort", String::new(), 30082, 30092),
+        (
+            "fenced",
+            13,
+            "LoadBalancer",
+            format!(
+                "  loadBalancerSourceRanges: [\"{}/32\", \"{}/128\"]\n",
+                plan::ext_ip(Family::V4),
+                plan::ext_ip(Family::V6)
+            ),
+            30083,
+            30093,
+        ),
+    ];
+    for (name, n, ty, extra, tcp_np, udp_np) in &services {
+        let _ = write!(
+            out,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: demo}}\n\
+             spec:\n  type: {ty}\n  clusterIP: {v4}\n  clusterIPs: [{v4}, {v6}]\n  \
+             ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n{extra}  ports:\n  \
+             - {{name: http, port: 80, targetPort: 8080, protocol: TCP, nodePort: {tcp_np}}}\n  \
+             - {{name: echo, port: 90, targetPort: 8080, protocol: UDP, nodePort: {udp_np}}}\n",
+            v4 = q(plan::cluster_ip(*n, Family::V4)),
+            v6 = q(plan::cluster_ip(*n, Family::V6)),
+        );
+        if *ty == "LoadBalancer" {
+            let _ = write!(
+                out,
+                "status:\n  loadBalancer:\n    ingress: [{{ip: {}}}, {{ip: {}}}]\n",
+                q(plan::external_ip(13, Family::V4)),
+                q(plan::external_ip(13, Family::V6))
+            );
+        }
+        if *name == "empty" {
+            continue;
+        }
+        for f in Family::BOTH {
+            let eps: String = (0..2)
+                .map(|node| {
+                    format!(
+                        "- {{addresses: [{}], nodeName: {}}}\n",
+                        q(plan::pod_ip(node, 0, f)),
+                        plan::node_name(node)
+                    )
+                })
+                .collect();
+            let (ty, low) = if f == Family::V4 {
+                ("IPv4", "v4")
+            } else {
+                ("IPv6", "v6")
+            };
+            let _ = write!(
+                out,
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+                 name: {name}-{low}\n  namespace: demo\n  labels: {{kubernetes.io/service-name: {name}}}\n\
+                 addressType: {ty}\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
+                 - {{name: echo, port: 8080, protocol: UDP}}\nendpoints:\n{eps}"
+            );
+        }
+    }
+    out
+}
+
+fn state() -> ClusterState {
+    let mut state = ClusterState::new(StateConfig {
+        node_name: plan::node_name(0),
+        service_proxy_name: None,
+        ignore_external_ips: false,
+    });
+    for doc in manifests().split("---\n").filter(|d| !d.trim().is_empty()) {
+        for object in svcproxy_testkit::objects::parse(doc) {
+            state.apply(SourceUpdate::Upsert {
+                object,
+                origin: "test".to_string(),
+            });
+        }
+    }
+    state
+}
+
+fn plan_config() -> PlanConfig {
+    PlanConfig {
+        local_detection: LocalDetection::NodeCidr(Vec::new()),
+        ..PlanConfig::default()
+    }
+}
+
+fn seen(a: &[Attempt]) -> BTreeSet<String> {
+    a.iter().map(Attempt::label).collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
+    if !netns::can_run(TEST, &["ip", "nft", "mount", "umount"]) {
+        return;
+    }
+    let conf = match Confinement::new() {
+        Ok(c) => c,
+        Err(e) => {
+            netns::skip(TEST, &format!("cannot confine BPF programs: {e}"));
+            return;
+        }
+    };
+    let cluster = Cluster::create(ClusterSpec {
+        nodes: 2,
+        pods_per_node: 1,
+        dual_stack: true,
+        ext_via: 0,
+    })
+    .expect("cluster");
+    let _backends = cluster
+        .start_backends(&BackendPorts {
+            tcp: vec![8080],
+            udp: vec![8080],
+            sctp: Vec::new(),
+        })
+        .expect("backends");
+    let node_a = cluster.ns(Host::Node(0)).to_string();
+    let mut st = state();
+    let mut driver =
+        Driver::without_conntrack(plan_config(), EbpfDataPlane::new(ebpf_options(&conf)));
+    let snap = st.snapshot();
+    let synced = in_netns(&node_a, || driver.sync(&snap, true)).expect("netns");
+    if let Err(e) = synced {
+        netns::skip(TEST, &format!("cannot load the eBPF programs: {e}"));
+        return;
+    }
+
+    let mut failures = Vec::new();
+    let mut check = |what: String, ok: bool, detail: String| {
+        if !ok {
+            failures.push(format!("{what}: {detail}"));
+        }
+    };
+    let probe = |from: Host, proto: Proto, target: SocketAddr, count: usize| {
+        cluster.probe(from, proto, target, count, Duration::from_millis(1500))
+    };
+    let both = set(&["pod-a0", "pod-b0"]);
+    for f in Family::BOTH {
+        let node = plan::node_ip(0, f);
+        let ext = plan::ext_ip(f);
+        for (proto, port) in [(Proto::Tcp, 30080), (Proto::Udp, 30090)] {
+            let target = SocketAddr::new(node, port);
+            let a = probe(Host::Ext, proto, target, 30);
+            check(
+                format!(
+                    "{proto} {target} from outside (Cluster policy) reaches both nodes' endpoints"
+                ),
+                seen(&a) == both,
+                format!("{:?}", seen(&a)),
+            );
+            let peers: BTreeSet<Option<SocketAddr>> = a.iter().map(|x| x.peer).collect();
+            check(
+                format!("{proto} {target}: replies come from the NodePort"),
+                peers == BTreeSet::from([Some(target)]),
+                format!("{peers:?}"),
+            );
+        }
+        let target = SocketAddr::new(plan::external_ip(10, f), 80);
+        let a = probe(Host::Ext, Proto::Tcp, target, 20);
+        check(
+            format!("external IP {target} from outside"),
+            seen(&a) == both,
+            format!("{:?}", seen(&a)),
+        );
+
+        let target = SocketAddr::new(node, 30081);
+        let a = probe(Host::Ext, Proto::Tcp, target, 10);
+        let clients: BTreeSet<Option<IpAddr>> =
+            a.iter().map(|x| x.client_seen().map(|c| c.ip())).collect();
+        check(
+            format!("{target} (Local policy) goes to this node's endpoint only"),
+            seen(&a) == set(&["pod-a0"]),
+            format!("{:?}", seen(&a)),
+        );
+        check(
+            format!("{target} (Local policy) keeps the client's address"),
+            clients == BTreeSet::from([Some(ext)]),
+            format!("{clients:?}"),
+        );
+
+        let target = SocketAddr::new(node, 30082);
+        let a = probe(Host::Ext, Proto::Tcp, target, 3);
+        check(
+            format!("{target} (no endpoint) is refused"),
+            a.iter().all(Attempt::is_refused),
+            format!("{:?}", seen(&a)),
+        );
+
+        let target = SocketAddr::new(plan::external_ip(13, f), 80);
+        let a = probe(Host::Ext, Proto::Tcp, target, 10);
+        check(
+            format!("{target} admits a source in loadBalancerSourceRanges"),
+            seen(&a) == both,
+            format!("{:?}", seen(&a)),
+        );
+        let spec = ProbeSpec::new(Proto::Tcp, target)
+            .count(2)
+            .timeout(Duration::from_millis(800))
+            .source_ip(plan::ext_alt_ip(f));
+        let a = cluster.probe_spec(Host::Ext, &spec);
+        check(
+            format!("{target} drops a source outside loadBalancerSourceRanges"),
+            a.iter().all(Attempt::is_timeout),
+            format!("{:?}", seen(&a)),
+        );
+
+        let target = SocketAddr::new(plan::cluster_ip(10, f), 80);
+        let a = probe(Host::Pod(0, 0), Proto::Tcp, target, 30);
+        check(
+            format!("{target} from pod-a0 reaches both endpoints, its own included"),
+            seen(&a) == both,
+            format!("{:?}", seen(&a)),
+        );
+        let peers: BTreeSet<Option<SocketAddr>> = a.iter().map(|x| x.peer).collect();
+        check(
+            format!("{target} from pod-a0: replies come from the cluster IP"),
+            peers == BTreeSet::from([Some(target)]),
+            format!("{peers:?}"),
+        );
+    }
+
+    let intent = build_intent(&snap.v4, &snap.v6, &plan_config());
+    let cmp = in_netns(&node_a, || driver.plane_mut().compare(&intent))
+        .expect("netns")
+        .expect("compare");
+    check(
+        "explain --live finds the maps as planned".to_string(),
+        cmp.differences.is_empty(),
+        cmp.differences.join("\n"),
+    );
+
+    in_netns(&node_a, || driver.plane_mut().cleanup())
+        .expect("netns")
+        .expect("cleanup");
+    let tables = cluster.exec_ok(Host::Node(0), &["nft", "list", "tables"]);
+    check(
+        "cleanup removes the companion rules".to_string(),
+        !tables.contains("svcproxy-ebpf"),
+        tables,
+    );
+    check(
+        "cleanup removes the pins".to_string(),
+        !conf.pin_dir().exists(),
+        format!("{:?}", std::fs::read_dir(conf.pin_dir()).map(|d| d.count())),
+    );
+    let target = SocketAddr::new(plan::node_ip(0, Family::V4), 30080);
+    let a = probe(Host::Ext, Proto::Tcp, target, 2);
+    check(
+        "after cleanup nothing answers the NodePort".to_string(),
+        a.iter().all(|x| x.backend().is_none()),
+        format!("{:?}", seen(&a)),
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
