@@ -13,6 +13,9 @@
 
 #include "svcproxy.h"
 
+#define SOL_SOCKET 1
+#define SO_MARK 36
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -75,6 +78,34 @@ static __always_inline struct svc_val *lookup_service(struct bpf_sock_addr *ctx,
 	return find_service(key);
 }
 
+// The socket's bound source address, if it has one (0: none, the kernel
+// chooses at connect).
+static __always_inline int bound_source(struct bpf_sock_addr *ctx, int family, __u32 *src)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	if (family == FAMILY_V4) {
+		src[0] = sk->src_ip4;
+	} else {
+		src[0] = sk->src_ip6[0];
+		src[1] = sk->src_ip6[1];
+		src[2] = sk->src_ip6[2];
+		src[3] = sk->src_ip6[3];
+	}
+	return (src[0] | src[1] | src[2] | src[3]) != 0;
+}
+
+// Adds `mark` to the socket's own (SO_MARK), for the companion rules.
+static __always_inline void mark_socket(struct bpf_sock_addr *ctx, __u32 mark)
+{
+	int cur = 0;
+	if (bpf_getsockopt(ctx, SOL_SOCKET, SO_MARK, &cur, sizeof(cur)))
+		cur = 0;
+	cur |= mark;
+	bpf_setsockopt(ctx, SOL_SOCKET, SO_MARK, &cur, sizeof(cur));
+}
+
 // 1: the socket call goes on (translated or not); 0: it fails with the error
 // set here.
 static __always_inline int refuse(int err)
@@ -111,6 +142,21 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	if (cfg && cfg->host_only && !from_host)
 		return 1;
 	struct route *rt = from_host ? &svc->host : &svc->pod;
+
+	// A host socket bound to a source address before connecting: that source
+	// is known, so it meets loadBalancerSourceRanges as its packets would, and
+	// the connection is masqueraded as the packet modes masquerade the host's
+	// (its bound address may be one the endpoint cannot answer, such as a
+	// load-balancer IP).
+	int bound_masquerade = 0;
+	if (from_host && rt->action == ACT_FORWARD && cfg) {
+		__u32 src[4] = {};
+		if (bound_source(ctx, family, src)) {
+			if (svc->fw_id && !admitted(svc, family, src))
+				return refuse(ETIMEDOUT);
+			bound_masquerade = 1;
+		}
+	}
 
 	switch (rt->action) {
 	case ACT_FORWARD:
@@ -204,6 +250,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 		}
 	}
 
+	if (bound_masquerade)
+		mark_socket(ctx, cfg->masquerade_mark);
 	write_dst(ctx, family, chosen.addr, chosen.port);
 	return 1;
 }

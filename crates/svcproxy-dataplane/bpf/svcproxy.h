@@ -132,7 +132,9 @@ struct config {
 	// by one fixed nftables rule.
 	__u32 masquerade_mark;
 	__u32 reject_mark;
-	__u32 pad;
+	// Successful writes of the maps by svcproxy so far (0: none yet); the
+	// programs do not read it.
+	__u32 generation;
 };
 
 // loadBalancerSourceRanges: a fenced service port's id and an admitted prefix
@@ -231,6 +233,15 @@ struct {
 	__type(value, struct config);
 } svcproxy_cfg SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct fw_key);
+	__type(value, __u8);
+} svcproxy_fw SEC(".maps");
+
 static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
 {
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
@@ -271,6 +282,16 @@ static __always_inline int is_member(__u32 list, const struct backend *be)
 	addr_copy(mk.addr, be->addr);
 	mk.port = be->port;
 	return bpf_map_lookup_elem(&svcproxy_member, &mk) != 0;
+}
+
+// loadBalancerSourceRanges of the entry admit source `addr`.
+static __always_inline int admitted(const struct svc_val *svc, int family, const __u32 *addr)
+{
+	struct fw_key k = {};
+	k.prefixlen = 64 + (family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.id, &svc->fw_id, sizeof(k.id));
+	addr_copy(k.addr, addr);
+	return bpf_map_lookup_elem(&svcproxy_fw, &k) != 0;
 }
 
 // An endpoint at random from the route's list; 0 while the list is being

@@ -43,15 +43,6 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 65536);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct fw_key);
-	__type(value, __u8);
-} svcproxy_fw SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, 1024);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -207,16 +198,6 @@ static __always_inline int from_pod(struct __sk_buff *skb, const struct pkt *p)
 	return bpf_map_lookup_elem(&svcproxy_podnet, &k) != 0;
 }
 
-// loadBalancerSourceRanges admit the packet's source.
-static __always_inline int admitted(const struct svc_val *svc, const struct pkt *p)
-{
-	struct fw_key k = {};
-	k.prefixlen = 64 + (p->family == FAMILY_V4 ? 32 : 128);
-	__builtin_memcpy(k.id, &svc->fw_id, sizeof(k.id));
-	addr_copy(k.addr, p->saddr);
-	return bpf_map_lookup_elem(&svcproxy_fw, &k) != 0;
-}
-
 static __always_inline void ct_key_of(struct ct_key *k, const struct pkt *p)
 {
 	__builtin_memset(k, 0, sizeof(*k));
@@ -325,7 +306,7 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 			// Mid-stream TCP that no connection here began: not ours.
 			if (tcp && !syn)
 				return TC_ACT_UNSPEC;
-			if (svc->fw_id && !admitted(svc, &p))
+			if (svc->fw_id && !admitted(svc, p.family, p.saddr))
 				return TC_ACT_SHOT;
 			switch (rt->action) {
 			case ACT_FORWARD:

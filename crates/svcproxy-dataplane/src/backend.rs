@@ -389,13 +389,17 @@ pub enum KernelObjects {
     NftablesTables,
     /// svcproxy's iptables chains and the jumps to them.
     IptablesChains,
+    /// The eBPF mode's pinned programs and maps, and its fixed nftables table.
+    EbpfMaps,
 }
 
 /// Removes what modes writing another kind of objects than `current` left in this
 /// network namespace (a mode switch, by a rolling update or a restart with another
 /// `--proxy-mode`); returns the failures. One cleanup per kind.
-pub fn cleanup_other_modes(current: &Backend) -> Vec<(&'static str, DataPlaneError)> {
-    let flags = ModeFlags::default();
+pub fn cleanup_other_modes(
+    current: &Backend,
+    flags: &ModeFlags,
+) -> Vec<(&'static str, DataPlaneError)> {
     let mut done = vec![current.objects];
     let mut failures = Vec::new();
     for b in BACKENDS {
@@ -403,7 +407,7 @@ pub fn cleanup_other_modes(current: &Backend) -> Vec<(&'static str, DataPlaneErr
             continue;
         }
         done.push(b.objects);
-        if let Err(e) = (b.new)(&PlanConfig::default(), &flags).cleanup() {
+        if let Err(e) = (b.new)(&PlanConfig::default(), flags).cleanup() {
             failures.push((b.mode, e));
         }
     }
@@ -415,6 +419,7 @@ pub const BACKENDS: &[Backend] = &[
     crate::nftables_mode::BACKEND,
     crate::iptables::BACKEND,
     crate::userspace::BACKEND,
+    crate::ebpf::BACKEND,
 ];
 
 /// The mode an empty `--proxy-mode` (and no `mode:` in the config file) runs.
@@ -434,6 +439,8 @@ pub struct ModeFlags {
     pub nftables: crate::nft::NftablesFlags,
     #[command(flatten)]
     pub userspace: crate::userspace::UserspaceFlags,
+    #[command(flatten)]
+    pub ebpf: crate::ebpf::EbpfFlags,
 }
 
 impl Default for ModeFlags {
@@ -553,11 +560,10 @@ pub fn ignored_flag_warnings(
 
 /// Runs every backend's cleanup (`svcproxy cleanup`): each removes its own objects
 /// and nothing else. Returns each mode's failure.
-pub fn cleanup_all(cfg: &PlanConfig) -> Vec<(&'static str, DataPlaneError)> {
-    let flags = ModeFlags::default();
+pub fn cleanup_all(cfg: &PlanConfig, flags: &ModeFlags) -> Vec<(&'static str, DataPlaneError)> {
     let mut failures = Vec::new();
     for b in BACKENDS {
-        if let Err(e) = (b.new)(cfg, &flags).cleanup() {
+        if let Err(e) = (b.new)(cfg, flags).cleanup() {
             failures.push((b.mode, e));
         }
     }

@@ -188,6 +188,9 @@ pub struct Cluster {
     children: Mutex<Vec<Weak<Mutex<Option<Child>>>>>,
     log_dir: Option<tempfile::TempDir>,
     sctp_mode: OnceLock<SctpMode>,
+    /// Per node, the cgroup its processes start in and its data plane's pin
+    /// directory ([`Cluster::confine_node`]).
+    node_cgroups: Mutex<Vec<Option<(PathBuf, PathBuf)>>>,
     // Last: its Drop runs after ours has killed the processes.
     nsset: NsSet,
 }
@@ -242,6 +245,7 @@ impl Cluster {
             children: Mutex::new(Vec::new()),
             log_dir: Some(log_dir),
             sctp_mode: OnceLock::new(),
+            node_cgroups: Mutex::new(Vec::new()),
             nsset,
         };
         // On error `cluster` drops here and removes what was built so far.
@@ -544,16 +548,61 @@ impl Cluster {
         *self.sctp_mode.get_or_init(SctpMode::detect)
     }
 
+    /// From now on, every process [`Cluster::exec`], [`Cluster::spawn`] and
+    /// [`Cluster::probe`] start on `node` starts in `cgroup` (a cgroup v2
+    /// directory the test owns): the node's own processes, for a data plane that
+    /// translates sockets by cgroup (the ebpf mode), which pins in `pin_dir`.
+    pub fn confine_node(&self, node: usize, cgroup: PathBuf, pin_dir: PathBuf) {
+        let mut cgroups = self.node_cgroups.lock().unwrap_or_else(|e| e.into_inner());
+        if cgroups.len() <= node {
+            cgroups.resize(node + 1, None);
+        }
+        cgroups[node] = Some((cgroup, pin_dir));
+    }
+
+    /// The nodes' indexes.
+    pub fn nodes_indexes(&self) -> std::ops::Range<usize> {
+        0..self.nodes.len()
+    }
+
+    /// The cgroup and pin directory of `node`'s data plane, if it is confined.
+    pub fn node_confinement(&self, node: usize) -> Option<(PathBuf, PathBuf)> {
+        self.node_cgroups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .cloned()
+            .flatten()
+    }
+
+    /// `argv` inside the host's namespace, in its node's cgroup if it has one.
+    fn command(&self, host: Host, argv: &[&str]) -> std::process::Command {
+        let cgroup = match host {
+            Host::Node(n) => self.node_confinement(n).map(|(cg, _)| cg),
+            _ => None,
+        };
+        match cgroup {
+            Some(cg) => {
+                let procs = cg.join("cgroup.procs");
+                let procs = procs.to_string_lossy();
+                let mut v = vec!["sh", "-c", "echo $$ > \"$0\" && exec \"$@\"", &*procs];
+                v.extend_from_slice(argv);
+                ns_command(self.ns(host), &v)
+            }
+            None => ns_command(self.ns(host), argv),
+        }
+    }
+
     /// Runs `argv` inside the host's namespace and waits (bounded) for it. Panics only if
     /// the command cannot be run at all; check `status` for its own failure.
     pub fn exec(&self, host: Host, argv: &[&str]) -> Output {
-        run(&mut ns_command(self.ns(host), argv), None, COMMAND_TIMEOUT)
+        run(&mut self.command(host, argv), None, COMMAND_TIMEOUT)
             .unwrap_or_else(|e| panic!("exec in {}: {e:#}", self.name(host)))
     }
 
     /// Like [`Cluster::exec`], returning stdout and panicking with stderr on failure.
     pub fn exec_ok(&self, host: Host, argv: &[&str]) -> String {
-        run_ok(&mut ns_command(self.ns(host), argv), None)
+        run_ok(&mut self.command(host, argv), None)
             .unwrap_or_else(|e| panic!("in {}: {e:#}", self.name(host)))
     }
 
@@ -568,7 +617,7 @@ impl Cluster {
     /// Starts a long-running process inside the host's namespace, its output in
     /// `<log_dir>/<label>.out|.err`; killed when the guard or the cluster drops.
     pub fn spawn(&self, host: Host, label: &str, argv: &[&str]) -> Result<NsProcess> {
-        let proc = NsProcess::spawn(self.ns(host), argv, label, self.log_dir())?;
+        let proc = NsProcess::spawn_command(&mut self.command(host, argv), label, self.log_dir())?;
         let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
         children.retain(|w| w.strong_count() > 0);
         children.push(proc.slot());
@@ -674,7 +723,7 @@ impl Cluster {
         // Each attempt is bounded by its timeout, plus slack for process start-up.
         let per = spec.timeout + spec.interval + Duration::from_millis(50);
         let limit = per * spec.count.max(1) as u32 + Duration::from_secs(10);
-        let out = run(&mut ns_command(self.ns(from), &argv), None, limit)?;
+        let out = run(&mut self.command(from, &argv), None, limit)?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let attempts: Vec<Attempt> = stdout
             .lines()

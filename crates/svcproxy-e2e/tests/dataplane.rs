@@ -169,10 +169,9 @@ fn captures_cluster_ips_node_ports_external_ips_and_vip_ingress_but_not_proxy_in
         // Not captured, and said so once per service port: a connection to the
         // cluster IP's SCTP port is refused by the guard of the service addresses.
         let logs = env.proxy_logs();
-        ck.check(
-            logs.contains("SCTP is not proxied in userspace mode"),
-            || "the logs do not say SCTP is not proxied".to_string(),
-        );
+        ck.check(logs.contains(mode.sctp_not_proxied_logged()), || {
+            "the logs do not say SCTP is not proxied".to_string()
+        });
         if env.c.sctp_mode() != svcproxy_e2e::SctpMode::Unavailable {
             for f in Family::BOTH {
                 let got = env.probe(A1, Proto::Sctp, sa(web.cluster_ip(f), 9000), 1, ANSWER);
@@ -2274,7 +2273,11 @@ fn once_cleanup_and_sigterm(mode: Mode) {
     // tables go.
     for (node, how) in [(NODE_A, "cleanup"), (NODE_B, "--cleanup")] {
         let node_name = plan::node_name(node);
-        let out = env.run_svcproxy(node, &[how]);
+        // With the flags saying where the mode's objects are (the ebpf mode's pins).
+        let mut args = vec![how.to_string()];
+        args.extend(confinement_args(&env.c, node));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = env.run_svcproxy(node, &args);
         ck.check(out.status.success(), || {
             format!(
                 "svcproxy {how} on {node_name}: {}\n{}",
@@ -2330,7 +2333,10 @@ fn once_cleanup_and_sigterm(mode: Mode) {
             ck.refused_fast(&what, &got);
         }
     }
-    let out = env.run_svcproxy(NODE_A, &["cleanup"]);
+    let mut args = vec!["cleanup".to_string()];
+    args.extend(confinement_args(&env.c, NODE_A));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.run_svcproxy(NODE_A, &args);
     ck.check(
         out.status.success() && env.nothing_programmed(NODE_A),
         || format!("final cleanup: {}", out.status),

@@ -418,8 +418,9 @@ fn rules_taken_away_by_hand_are_put_back_and_healthz_says_so_meanwhile(mode: Mod
 /// `/run` and `/tmp`, which are part of it in a container) and whose `/proc/sys` is
 /// read-only (as a runtime mounts it for an unprivileged container), with
 /// `/run/xtables.lock` bind-mounted writable (the hostPath deploy/README.md asks for
-/// in iptables mode); then uid 0 with every capability dropped but `NET_ADMIN` and
-/// `NET_RAW` (bounding, inheritable and ambient sets), and no_new_privs
+/// in iptables mode); then uid 0 with every capability dropped but `$CAPS` (`NET_ADMIN`
+/// and `NET_RAW`, and `BPF` in ebpf mode: [`Mode::capabilities`]) (bounding,
+/// inheritable and ambient sets), and no_new_privs
 /// (`allowPrivilegeEscalation: false`). The OOM score adjustment is -997, as the
 /// kubelet sets it for a `system-node-critical` pod, where the machine lets the test
 /// lower it (it needs CAP_SYS_RESOURCE), and `--oom-score-adj` is the value the
@@ -437,7 +438,7 @@ done
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
 if touch /.svcproxy-rw-probe 2>/dev/null; then echo "root filesystem" "still writable" >&2; exit 97; fi
-exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all,+net_admin,+net_raw --no-new-privs "$@" --oom-score-adj="$(cat /proc/self/oom_score_adj)"
+exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all,$CAPS --no-new-privs "$@" --oom-score-adj="$(cat /proc/self/oom_score_adj)"
 "#;
 
 /// Issue 15's least-privilege proof: svcproxy as deploy/daemonset.yaml runs it (read-only
@@ -460,9 +461,20 @@ fn runs_with_only_the_daemonsets_privileges(mode: Mode) {
     };
     let mut ck = Checks::new("least-privilege");
     let bin = svcproxy_e2e::svcproxy_bin();
-    let mut argv: Vec<String> = ["unshare", "--mount", "sh", "-c", CONTAINER, "container"]
-        .map(String::from)
-        .to_vec();
+    // The capabilities deploy/daemonset.yaml adds for the mode.
+    let caps = format!("CAPS={}", mode.capabilities());
+    let mut argv: Vec<String> = [
+        "env",
+        &caps,
+        "unshare",
+        "--mount",
+        "sh",
+        "-c",
+        CONTAINER,
+        "container",
+    ]
+    .map(String::from)
+    .to_vec();
     argv.extend(mode.launch(&bin));
     argv.extend(env.proxy_args(NODE_A));
     // deploy/configmap.yaml's settings that keep svcproxy off /proc/sys and its OOM

@@ -349,6 +349,7 @@ fn run_scenario(mode: Mode, case: &'static str) {
         std::fs::copy(file, manifests.path().join(format!("{i:02}-{name}")))
             .expect("copy manifest");
     }
+    let confinement = support::confine_for(mode, &c);
     let mut env = Env {
         mode,
         proxies: Vec::new(),
@@ -356,6 +357,7 @@ fn run_scenario(mode: Mode, case: &'static str) {
         c,
         manifests,
         started,
+        _confinement: confinement,
     };
     let mut argv: Vec<String> = mode.launch(&svcproxy_bin());
     argv.extend([
@@ -368,6 +370,7 @@ fn run_scenario(mode: Mode, case: &'static str) {
         "--min-sync-period".into(),
         "0s".into(),
     ]);
+    argv.extend(support::confinement_args(&env.c, node));
     argv.extend(config_flags(&sc.config));
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let proxy = env

@@ -15,6 +15,8 @@ use std::time::Duration;
 pub struct Confinement {
     cgroup_mount: tempfile::TempDir,
     cgroup: PathBuf,
+    /// Cgroups made below `cgroup` ([`Confinement::child`]), removed first.
+    children: std::sync::Mutex<Vec<PathBuf>>,
     bpffs: tempfile::TempDir,
 }
 
@@ -32,6 +34,7 @@ impl Confinement {
         let c = Confinement {
             cgroup_mount,
             cgroup,
+            children: std::sync::Mutex::new(Vec::new()),
             bpffs,
         };
         std::fs::create_dir(&c.cgroup)
@@ -43,6 +46,18 @@ impl Confinement {
     /// The directory the data plane pins into, inside the test's bpffs.
     pub fn pin_dir(&self) -> PathBuf {
         self.bpffs.path().join("svcproxy")
+    }
+
+    /// A cgroup `name` below the test's, and a pin directory `name` in its bpffs:
+    /// one data plane's confinement when a test runs several (one per node).
+    pub fn child(&self, name: &str) -> Result<(PathBuf, PathBuf), String> {
+        let cgroup = self.cgroup.join(name);
+        std::fs::create_dir(&cgroup).map_err(|e| format!("creating {}: {e}", cgroup.display()))?;
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cgroup.clone());
+        Ok((cgroup, self.bpffs.path().join(name)))
     }
 }
 
@@ -67,12 +82,16 @@ impl Drop for Confinement {
         // Whatever a failed test left pinned goes with the bpffs: unmounting it
         // releases the pinned links (detaching the programs) and maps.
         let _ = Command::new("umount").arg(self.bpffs.path()).status();
-        // The cgroup empties as its probes exit.
-        for _ in 0..50 {
-            match std::fs::remove_dir(&self.cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        // The cgroups empty as their processes exit.
+        let children =
+            std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
+        for dir in children.iter().chain(std::iter::once(&self.cgroup)) {
+            for _ in 0..50 {
+                match std::fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
             }
         }
         let _ = Command::new("umount")

@@ -231,6 +231,8 @@ struct OwnerGate {
     ownership: Ownership,
     /// The mode it programs.
     backend: &'static Backend,
+    /// The modes' flags (where another mode's objects are, for their cleanup).
+    mode_flags: svcproxy_dataplane::ModeFlags,
     /// The first sync as owner has succeeded (and the predecessor was told).
     synced: bool,
     /// Whether the first sync may adopt sealed rules was decided (once).
@@ -401,7 +403,9 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                     self.health.set_standby(None);
                     // Another kind of mode ran here before (a mode switch): its rules
                     // go, now that this mode's are in (as kube-proxy at start).
-                    for (mode, e) in svcproxy_dataplane::cleanup_other_modes(gate.backend) {
+                    for (mode, e) in
+                        svcproxy_dataplane::cleanup_other_modes(gate.backend, &gate.mode_flags)
+                    {
                         tracing::warn!(mode, error = %e, "cannot remove the objects the {mode} mode left");
                     }
                 }
@@ -839,6 +843,7 @@ async fn serve<T: Target>(
             .map(|(ownership, backend)| OwnerGate {
                 ownership,
                 backend,
+                mode_flags: settings.mode_flags.clone(),
                 synced: false,
                 adoption_decided: false,
             }),
@@ -1258,9 +1263,10 @@ fn warn_about_kube_proxy_leftovers(settings: &Settings) {
 }
 
 /// Removes what every svcproxy mode created (each mode's own objects, and only
-/// those). Every mode is tried; the first failure is returned.
-pub fn cleanup() -> anyhow::Result<()> {
-    let failures = svcproxy_dataplane::cleanup_all(&PlanConfig::default());
+/// those, where `flags` say they are: the ebpf mode's pin directory). Every mode
+/// is tried; the first failure is returned.
+pub fn cleanup(flags: &svcproxy_dataplane::ModeFlags) -> anyhow::Result<()> {
+    let failures = svcproxy_dataplane::cleanup_all(&PlanConfig::default(), flags);
     for b in svcproxy_dataplane::BACKENDS {
         match failures.iter().find(|(mode, _)| *mode == b.mode) {
             Some((mode, e)) => tracing::error!(mode, error = %e, "cleanup failed"),

@@ -383,8 +383,12 @@ fn main() -> ExitCode {
         Some(Command::Cleanup {
             kube_proxy: true, ..
         }) => daemon::cleanup_kube_proxy().map(|()| daemon::Finished::Clean),
-        Some(Command::Cleanup { .. }) => daemon::cleanup().map(|()| daemon::Finished::Clean),
-        None if settings.cleanup => daemon::cleanup().map(|()| daemon::Finished::Clean),
+        Some(Command::Cleanup { .. }) => {
+            daemon::cleanup(&settings.mode_flags).map(|()| daemon::Finished::Clean)
+        }
+        None if settings.cleanup => {
+            daemon::cleanup(&settings.mode_flags).map(|()| daemon::Finished::Clean)
+        }
         None => {
             let servers = Servers {
                 healthz: settings.healthz_bind,

@@ -259,12 +259,14 @@ impl Kernel {
 
         let cookie = netns_cookie()?;
         let mut cfg: Array<MapData, Config> = take(&mut ebpf, "svcproxy_cfg")?;
+        // A predecessor's marks stay in force until this process's first write.
+        let before = cfg.get(&0, 0).unwrap_or_default();
         let config = Config {
             host_netns_cookie: cookie,
             host_only: u32::from(host_only),
-            masquerade_mark: 0,
-            reject_mark: 0,
-            pad: 0,
+            masquerade_mark: before.masquerade_mark,
+            reject_mark: before.reject_mark,
+            generation: 0,
         };
         cfg.set(0, config, 0)
             .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
@@ -401,6 +403,20 @@ impl Kernel {
         Ok(ops)
     }
 
+    /// The packet programs' links that should be pinned for the interfaces
+    /// they were attached to, and are not.
+    pub fn missing_links(&self) -> Vec<String> {
+        self.attached
+            .keys()
+            .flat_map(|i| {
+                TC_PROGRAMS
+                    .iter()
+                    .map(move |(_, _, s)| format!("tc-{i}-{s}"))
+            })
+            .filter(|n| !self.pin_dir.join(n).exists())
+            .collect()
+    }
+
     /// Attaches both packet programs to interface `name` (tcx, after any program
     /// already there), pinning each link under a new name, then over the old.
     fn attach_interface(&mut self, index: u32, name: &str) -> Result<(), DataPlaneError> {
@@ -451,7 +467,15 @@ impl Kernel {
                 (Some(changes), Some(written)) => self.write_changes(table, changes, written),
                 (_, before) => self.write_all(table, before, unknown),
             }?;
-            Ok(marks + ifaces + maps)
+            let config = Config {
+                generation: self.config.generation.wrapping_add(1).max(1),
+                ..self.config
+            };
+            self.cfg
+                .set(0, config, 0)
+                .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
+            self.config = config;
+            Ok(marks + ifaces + maps + 1)
         });
         self.unknown_keys = result.is_err();
         result
@@ -1035,6 +1059,247 @@ fn verifier(e: aya::programs::ProgramError) -> String {
     }
 }
 
+/// A pinned map of `pin_dir` opened as `T`.
+fn open_pinned<T>(pin_dir: &Path, name: &str) -> Result<T, DataPlaneError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let pin = pin_dir.join(name);
+    let data =
+        MapData::from_pin(&pin).map_err(|e| kernel_err(format!("opening {}", pin.display()), e))?;
+    let map = match name {
+        "svcproxy_cfg" => aya::maps::Map::Array(data),
+        "svcproxy_aff" | "svcproxy_affip" => aya::maps::Map::LruHashMap(data),
+        "svcproxy_fw" | "svcproxy_podnet" => aya::maps::Map::LpmTrie(data),
+        _ => aya::maps::Map::HashMap(data),
+    };
+    T::try_from(map).map_err(|e| kernel_err(name, e))
+}
+
+/// What the maps pinned in `pin_dir` hold, as text: the configuration, each
+/// service entry with its routes' endpoints resolved, the admitted sources, the
+/// pods' CIDRs and interfaces, and the affinity entries (age in seconds). Read
+/// without loading anything; for tests and operators (`svcproxy render` prints
+/// the plan, this the kernel).
+pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
+    use std::fmt::Write as _;
+    let cfg: Array<MapData, Config> = open_pinned(pin_dir, "svcproxy_cfg")?;
+    let svc: HashMap<MapData, SvcKey, SvcVal> = open_pinned(pin_dir, "svcproxy_svc")?;
+    let slot: HashMap<MapData, SlotKey, Backend> = open_pinned(pin_dir, "svcproxy_slot")?;
+    let fw: LpmTrie<MapData, FwData, u8> = open_pinned(pin_dir, "svcproxy_fw")?;
+    let podnet: LpmTrie<MapData, PodnetData, u8> = open_pinned(pin_dir, "svcproxy_podnet")?;
+    let ifc: HashMap<MapData, u32, u32> = open_pinned(pin_dir, "svcproxy_ifc")?;
+    let local: HashMap<MapData, LocalKey, u8> = open_pinned(pin_dir, "svcproxy_local")?;
+    let aff: HashMap<MapData, wire::AffKey, wire::AffVal> = open_pinned(pin_dir, "svcproxy_aff")?;
+    let affip: HashMap<MapData, wire::AffIpKey, wire::AffVal> =
+        open_pinned(pin_dir, "svcproxy_affip")?;
+    let mut out = String::new();
+    let c = cfg
+        .get(&0, 0)
+        .map_err(|e| kernel_err("reading svcproxy_cfg", e))?;
+    let _ = writeln!(out, "generation {}", c.generation);
+    let _ = writeln!(out, "host-only {}", c.host_only);
+    let mut lines = vec![marks_line(c.masquerade_mark, c.reject_mark)];
+    let mut lists: BTreeMap<u32, BTreeMap<u32, SocketAddr>> = BTreeMap::new();
+    for (k, be) in slot.iter().filter_map(Result::ok) {
+        if let Some(a) = be.socket_addr() {
+            lists.entry(k.list).or_default().insert(k.slot, a);
+        }
+    }
+    let route = |r: &wire::Route, packet: bool| {
+        let eps: Vec<SocketAddr> = lists
+            .get(&r.list)
+            .map(|l| l.values().copied().collect())
+            .unwrap_or_default();
+        let masq = packet && r.flags & wire::ROUTE_MASQUERADE != 0;
+        route_text(r.action, &eps, masq)
+    };
+    for (k, v) in svc.iter().filter_map(Result::ok) {
+        let (Some(protocol), Some(family)) = (wire::proto_of(k.proto), family_of(k.family)) else {
+            continue;
+        };
+        let dest = Dest {
+            family,
+            ip: wire::addr_of(k.addr, k.family),
+            protocol,
+            port: wire::port_of(k.port),
+        };
+        let routes = [
+            route(&v.pod, false),
+            route(&v.host, false),
+            route(&v.pkt_pod, true),
+            route(&v.pkt_other, true),
+        ];
+        let affinity = (v.affinity_secs > 0).then_some(v.affinity_secs);
+        lines.push(service_line(&dest, &routes, affinity, v.fw_id));
+    }
+    for k in local.keys().filter_map(Result::ok) {
+        if let Some(ip) = wire::addr_of(k.addr, k.family) {
+            lines.push(format!("local-address {ip}"));
+        }
+    }
+    for k in fw.keys().filter_map(Result::ok) {
+        let len = k.prefix_len().saturating_sub(64);
+        let d = k.data();
+        let v4 = len <= 32 && d.addr[1..] == [0, 0, 0];
+        if let Some((id, net)) = wire::fw_of(&k, v4) {
+            lines.push(format!("source-range {id:#x} {net}"));
+        }
+    }
+    for net in podnet
+        .keys()
+        .filter_map(Result::ok)
+        .filter_map(|k| wire::podnet_of(&k))
+    {
+        lines.push(format!("pod-cidr {net}"));
+    }
+    for (index, flags) in ifc.iter().filter_map(Result::ok) {
+        let what = if flags & wire::IFC_PODS != 0 {
+            "pods"
+        } else {
+            "other"
+        };
+        lines.push(format!("interface {index} {what}"));
+    }
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let now_ns = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
+    let age = |last: u64| now_ns.saturating_sub(last) / 1_000_000_000;
+    for (k, v) in affip.iter().filter_map(Result::ok) {
+        let family = if k.client[1..] == [0, 0, 0] {
+            wire::FAMILY_V4
+        } else {
+            wire::FAMILY_V6
+        };
+        let client = wire::addr_of(k.client, family).map_or("?".to_string(), |a| a.to_string());
+        let be =
+            v.be.socket_addr()
+                .map_or("?".to_string(), |a| a.to_string());
+        lines.push(format!(
+            "affinity {:#x} client {client} endpoint {be} age {}s",
+            k.affinity_id,
+            age(v.last_ns)
+        ));
+    }
+    for (k, v) in aff.iter().filter_map(Result::ok) {
+        let be =
+            v.be.socket_addr()
+                .map_or("?".to_string(), |a| a.to_string());
+        lines.push(format!(
+            "affinity {:#x} netns {:#x} endpoint {be} age {}s",
+            k.affinity_id,
+            k.client,
+            age(v.last_ns)
+        ));
+    }
+    lines.sort();
+    for l in lines {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// A route as [`dump`] writes it: `forward [ENDPOINTS]` (` masquerade` on the
+/// packet path), `drop`, `reject` or `pass`.
+fn route_text(action: u8, endpoints: &[SocketAddr], masquerade: bool) -> String {
+    match action {
+        wire::ACT_FORWARD => {
+            let eps: Vec<String> = endpoints.iter().map(|a| a.to_string()).collect();
+            let masq = if masquerade { " masquerade" } else { "" };
+            format!("forward [{}]{masq}", eps.join(" "))
+        }
+        wire::ACT_DROP => "drop".to_string(),
+        wire::ACT_PASS => "pass".to_string(),
+        _ => "reject".to_string(),
+    }
+}
+
+/// A service entry as [`dump`] writes it: address and port apart (as rule
+/// listings write them), then the socket and packet routes.
+fn service_line(dest: &Dest, routes: &[String; 4], affinity: Option<u32>, fw_id: u64) -> String {
+    use std::fmt::Write as _;
+    let ip = dest
+        .ip
+        .map_or(format!("{}-local", dest.family), |ip| ip.to_string());
+    let mut line = format!(
+        "service {ip} {}/{} pod: {} host: {} packet-pod: {} packet-other: {}",
+        dest.port,
+        dest.protocol.as_str().to_ascii_lowercase(),
+        routes[0],
+        routes[1],
+        routes[2],
+        routes[3]
+    );
+    if let Some(secs) = affinity {
+        let _ = write!(line, " affinity: {secs}s");
+    }
+    if fw_id != 0 {
+        let _ = write!(line, " source-ranges: {fw_id:#x}");
+    }
+    line
+}
+
+fn marks_line(masquerade: u32, reject: u32) -> String {
+    format!("marks masquerade {masquerade:#x} reject {reject:#x}")
+}
+
+/// The lines of [`dump`] that `table` says the maps must hold (entries with
+/// their lists resolved, admitted sources, pods' CIDRs, local addresses, marks):
+/// what a process that did not write the maps compares them with.
+pub fn expected_lines(table: &Table) -> BTreeSet<String> {
+    let text = |r: &Route, masquerade: bool| match r {
+        // A forward to a list the table lacks is written as a reject ([`encode`]).
+        Route::Forward(name) => match table.lists.get(name) {
+            Some(l) => route_text(wire::ACT_FORWARD, &l.endpoints, masquerade),
+            None => route_text(wire::ACT_REJECT, &[], false),
+        },
+        Route::Drop => route_text(wire::ACT_DROP, &[], false),
+        Route::Reject => route_text(wire::ACT_REJECT, &[], false),
+        Route::Pass => route_text(wire::ACT_PASS, &[], false),
+    };
+    let mut out = BTreeSet::new();
+    out.insert(marks_line(table.masquerade_mark, table.reject_mark));
+    for (dest, e) in &table.entries {
+        let routes = [
+            text(&e.pod, false),
+            text(&e.host, false),
+            text(&e.packet_pod.route, e.packet_pod.masquerade),
+            text(&e.packet_other.route, e.packet_other.masquerade),
+        ];
+        let fw = e.firewall.as_ref().map_or(0, PortName::id);
+        out.insert(service_line(dest, &routes, e.affinity.map(|(_, s)| s), fw));
+    }
+    for (port, nets) in &table.firewalls {
+        for net in nets {
+            out.insert(format!("source-range {:#x} {net}", port.id()));
+        }
+    }
+    for net in &table.pod_cidrs {
+        out.insert(format!("pod-cidr {net}"));
+    }
+    for ip in &table.local_addrs {
+        out.insert(format!("local-address {ip}"));
+    }
+    out
+}
+
+/// The network namespace cookie the pinned configuration names as the host's.
+fn pinned_owner(pin_dir: &Path) -> Option<u64> {
+    let pin = pin_dir.join("svcproxy_cfg");
+    if !pin.exists() {
+        return None;
+    }
+    let data = match MapData::from_pin(&pin) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::debug!(pin = %pin.display(), error = %e, "cannot open the pinned configuration");
+            return None;
+        }
+    };
+    let cfg: Array<MapData, Config> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
+    cfg.get(&0, 0).ok().map(|c| c.host_netns_cookie)
+}
+
 /// The interface indexes whose packet-program links are pinned in `pin_dir`.
 fn pinned_interfaces(pin_dir: &Path) -> BTreeSet<u32> {
     let Ok(dir) = std::fs::read_dir(pin_dir) else {
@@ -1076,9 +1341,23 @@ fn still_there(index: u32, name: &str) -> bool {
 
 /// Removes what svcproxy pinned in `pin_dir`: the links first (detaching the
 /// programs), then the maps, then the directory. Nothing there is no error.
+///
+/// Pins another network namespace's svcproxy made (the host's, seen from a
+/// namespace sharing its filesystem) are left alone: the cookie of the namespace
+/// whose processes count as the host, pinned in `svcproxy_cfg`, must be this one's.
 pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
     if !pin_dir.exists() {
         return Ok(());
+    }
+    if let Some(owner) = pinned_owner(pin_dir) {
+        let here = netns_cookie()?;
+        if owner != here {
+            tracing::warn!(
+                pin_dir = %pin_dir.display(),
+                "the eBPF pins there belong to svcproxy in another network namespace; left alone"
+            );
+            return Ok(());
+        }
     }
     for index in pinned_interfaces(pin_dir) {
         release_interface(pin_dir, index)?;

@@ -30,14 +30,20 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use svcproxy_core::model::Protocol;
 use svcproxy_plan::intent::NodePortDestinations;
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
-use crate::backend::{ApplyReport, Comparison, DataPlane, NodeRequirements, SyncKind};
+use crate::backend::{
+    ApplyReport, Backend, Comparison, ConfigSection, DataPlane, KernelObjects, LocalhostDefault,
+    ModeDefaults, NodePortDefault, NodeRequirements, SyncKind,
+};
 use crate::error::DataPlaneError;
 use crate::sink::NftCommand;
 use kernel::Kernel;
+use svcproxy_core::go_syntax::parse_go_bool;
 use svcproxy_plan::ebpf::{companion_rules, Table, COMPANION_TABLE};
+use svcproxy_plan::{LocalhostNodePorts, ModeSemantics};
 
 /// Deletes the companion rules' table; none is no error.
 fn remove_companion() -> Result<(), DataPlaneError> {
@@ -48,6 +54,68 @@ fn remove_companion() -> Result<(), DataPlaneError> {
 
 /// The `--proxy-mode` name.
 pub const MODE: &str = "ebpf";
+
+/// The ebpf mode's behaviour where modes differ: NodePorts on loopback are
+/// translated at the socket in both families (no `route_localnet`, as the
+/// userspace proxy serves them). The ServiceCIDR guard and the INVALID-drop rule
+/// are not in the packet path yet, and the intent says so.
+pub const SEMANTICS: ModeSemantics = ModeSemantics {
+    localhost_nodeports: LocalhostNodePorts::Proxy,
+    guard_service_ips: false,
+    drop_invalid_forwarded: false,
+};
+
+/// The ebpf mode in the registry.
+pub const BACKEND: Backend = Backend {
+    mode: MODE,
+    aliases: &[],
+    defaults: ModeDefaults {
+        // Sync periods as the nftables mode, the mode it replaces.
+        config_section: ConfigSection::Nftables,
+        nodeport_addresses: NodePortDefault::Primary,
+        localhost_nodeports: LocalhostDefault::Off,
+    },
+    flags: <EbpfFlags as clap::Args>::augment_args,
+    failure_counters: &[],
+    counts_rules: false,
+    objects: KernelObjects::EbpfMaps,
+    semantics: SEMANTICS,
+    new: |_, flags| Box::new(EbpfDataPlane::new(flags.ebpf.options())),
+};
+
+/// The ebpf mode's flags, as the command line gives them.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct EbpfFlags {
+    /// ebpf mode only: the cgroup (v2) whose processes' sockets are translated at connect(), every cgroup below it included; unset: the cgroup v2 root, wherever it is mounted (svcproxy only).
+    #[arg(long, value_name = "PATH", help_heading = "svcproxy")]
+    pub ebpf_cgroup: Option<PathBuf>,
+
+    /// ebpf mode only: the directory svcproxy owns for its pinned maps and links; its parent must be on a bpffs (svcproxy only).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/sys/fs/bpf/svcproxy",
+        help_heading = "svcproxy"
+    )]
+    pub ebpf_bpffs: PathBuf,
+
+    /// ebpf mode only: translate at connect() only the host's own processes' sockets; pods' connections keep the service address and meet the packet path, for service meshes that must see it (as Cilium's socketLB.hostNamespaceOnly) (svcproxy only).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          value_parser = parse_go_bool, action = clap::ArgAction::Set, help_heading = "svcproxy")]
+    pub ebpf_host_namespace_only: bool,
+}
+
+impl EbpfFlags {
+    pub fn options(&self) -> EbpfOptions {
+        let defaults = EbpfOptions::host_defaults();
+        EbpfOptions {
+            cgroup: self.ebpf_cgroup.clone().unwrap_or(defaults.cgroup),
+            pin_dir: self.ebpf_bpffs.clone(),
+            host_namespace_only: self.ebpf_host_namespace_only,
+        }
+    }
+}
 
 /// Where the programs attach and pin.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +151,8 @@ pub struct EbpfDataPlane {
     table: Option<Table>,
     /// The marks the companion nftables rules were last written with.
     companion: Option<(u32, u32)>,
+    /// The SCTP limit was logged.
+    sctp_warned: bool,
 }
 
 impl EbpfDataPlane {
@@ -92,6 +162,7 @@ impl EbpfDataPlane {
             kernel: None,
             table: None,
             companion: None,
+            sctp_warned: false,
         }
     }
 
@@ -139,6 +210,15 @@ impl DataPlane for EbpfDataPlane {
             }
         };
         let table = self.table.as_ref().expect("set above");
+        if !self.sctp_warned && table.entries.keys().any(|d| d.protocol == Protocol::Sctp) {
+            tracing::warn!(
+                "SCTP is translated at connect() only in ebpf mode: connections from the \
+                 node's processes reach SCTP services, SCTP packets from outside the node or \
+                 from pods whose sockets are not translated are not (SCTP's checksum covers \
+                 the ports and a tc program cannot recompute it)"
+            );
+            self.sctp_warned = true;
+        }
         let start = Instant::now();
         let first = self.kernel.is_none();
         if first {
@@ -198,7 +278,17 @@ impl DataPlane for EbpfDataPlane {
         if self.kernel.is_none() {
             return Ok(None);
         }
-        let missing = kernel::missing_links(&self.opts.pin_dir);
+        let mut missing = kernel::missing_links(&self.opts.pin_dir);
+        missing.extend(
+            self.kernel
+                .as_ref()
+                .map(Kernel::missing_links)
+                .unwrap_or_default(),
+        );
+        if !missing.is_empty() {
+            // The next sync loads and attaches the programs again.
+            self.kernel = None;
+        }
         Ok((!missing.is_empty()).then(|| {
             format!(
                 "pinned links removed from {}: {}",
@@ -211,9 +301,11 @@ impl DataPlane for EbpfDataPlane {
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
         let want = Self::table(intent);
         let Some(kernel) = self.kernel.as_ref() else {
+            // Another process wrote the maps (`explain --live` beside the
+            // daemon): compared by content, lists resolved to their endpoints.
             return Ok(Comparison {
                 counted_only: None,
-                differences: vec!["nothing written yet by this process".to_string()],
+                differences: pinned_differences(&self.opts.pin_dir, &want)?,
                 ahead: Vec::new(),
             });
         };
@@ -225,6 +317,39 @@ impl DataPlane for EbpfDataPlane {
             ahead: Vec::new(),
         })
     }
+}
+
+/// What the maps pinned in `pin_dir` hold that `want` does not, and the
+/// reverse, line by line ([`kernel::dump`]'s lines).
+fn pinned_differences(
+    pin_dir: &std::path::Path,
+    want: &Table,
+) -> Result<Vec<String>, DataPlaneError> {
+    if !pin_dir.join("svcproxy_cfg").exists() {
+        return Ok(vec![format!("nothing pinned in {}", pin_dir.display())]);
+    }
+    let have: std::collections::BTreeSet<String> = kernel::dump(pin_dir)?
+        .lines()
+        .filter(|l| {
+            [
+                "service ",
+                "source-range ",
+                "pod-cidr ",
+                "local-address ",
+                "marks ",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
+        .map(String::from)
+        .collect();
+    let want = kernel::expected_lines(want);
+    let mut out: Vec<String> = want
+        .difference(&have)
+        .map(|l| format!("missing: {l}"))
+        .collect();
+    out.extend(have.difference(&want).map(|l| format!("extra: {l}")));
+    Ok(out)
 }
 
 /// One line per entry, list or local address that `have` lacks, holds beyond

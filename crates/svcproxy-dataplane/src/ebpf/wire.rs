@@ -190,7 +190,8 @@ pub struct Config {
     pub host_only: u32,
     pub masquerade_mark: u32,
     pub reject_mark: u32,
-    pub pad: u32,
+    /// Successful writes of the maps so far (0: none yet).
+    pub generation: u32,
 }
 
 /// `svcproxy_fw`'s key data (an LPM trie): a fenced service port's id, then an
@@ -264,6 +265,34 @@ fn net_of(words: [u32; 4], v4: bool, len: u8) -> Option<IpNet> {
     IpNet::new(ip, len).ok()
 }
 
+/// `svcproxy_affip`'s key: a service port's id and a client's address (the
+/// packet path's ClientIP affinity).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffIpKey {
+    pub affinity_id: u64,
+    pub client: [u32; 4],
+}
+
+/// `svcproxy_aff`'s key: a service port's id and a client's network namespace
+/// cookie (the socket path's ClientIP affinity).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffKey {
+    pub affinity_id: u64,
+    pub client: u64,
+}
+
+/// An affinity entry: the endpoint, and when the client last used it
+/// (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffVal {
+    pub be: Backend,
+    pub pad: u32,
+    pub last_ns: u64,
+}
+
 // SAFETY: each is `repr(C)`, `Copy`, made of integers only, with every padding
 // byte an explicit field: any bit pattern is a valid value. aya reads and writes
 // map keys and values through this trait; there is no other way to use its maps.
@@ -278,6 +307,9 @@ mod pod {
     unsafe impl aya::Pod for LocalKey {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for FwData {}
+    unsafe impl aya::Pod for AffIpKey {}
+    unsafe impl aya::Pod for AffKey {}
+    unsafe impl aya::Pod for AffVal {}
     unsafe impl aya::Pod for PodnetData {}
 }
 
@@ -298,6 +330,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<MemberKey>(), 24);
         assert_eq!(std::mem::size_of::<LocalKey>(), 20);
         assert_eq!(std::mem::size_of::<Config>(), 24);
+        assert_eq!(std::mem::size_of::<AffIpKey>(), 24);
+        assert_eq!(std::mem::size_of::<AffKey>(), 16);
+        assert_eq!(std::mem::size_of::<AffVal>(), 32);
     }
 
     #[test]

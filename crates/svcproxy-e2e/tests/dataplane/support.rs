@@ -67,6 +67,14 @@ macro_rules! per_mode {
                 }
             )*
         }
+        mod ebpf {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Ebpf)
+                }
+            )*
+        }
     };
 }
 
@@ -118,6 +126,10 @@ pub enum Mode {
     /// The userspace proxy: the nftables mode's table captures connections to the
     /// proxy's own sockets, and the proxy connects to the endpoint from the node.
     Userspace,
+    /// The eBPF data plane: sockets of the node's processes (moved into a cgroup of
+    /// the test's, one per node) translated at connect(), packets by tc programs
+    /// on the node's interfaces; maps pinned in a bpffs of the test's.
+    Ebpf,
 }
 
 /// A kind of per-service object, for counting what a sync left behind.
@@ -136,6 +148,7 @@ impl Mode {
         Mode::Iptables,
         Mode::IptablesLegacy,
         Mode::Userspace,
+        Mode::Ebpf,
     ];
 
     /// The `--proxy-mode` value.
@@ -144,6 +157,7 @@ impl Mode {
             Mode::Nftables => "nftables",
             Mode::Iptables | Mode::IptablesLegacy => "iptables",
             Mode::Userspace => "userspace",
+            Mode::Ebpf => "ebpf",
         }
     }
 
@@ -154,6 +168,7 @@ impl Mode {
             Mode::Iptables => "iptables",
             Mode::IptablesLegacy => "iptables (legacy)",
             Mode::Userspace => "userspace",
+            Mode::Ebpf => "ebpf",
         }
     }
 
@@ -185,7 +200,7 @@ impl Mode {
     /// What svcproxy logs at its first sync about the tools' backend, if anything.
     pub fn variant_logged(self) -> Option<&'static str> {
         match self {
-            Mode::Nftables | Mode::Userspace => None,
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf => None,
             Mode::Iptables => Some("the host's iptables uses nf_tables"),
             Mode::IptablesLegacy => Some("the host's iptables uses legacy"),
         }
@@ -251,7 +266,7 @@ impl Mode {
     /// (issue 38): the kernel's modes whose rules do not point at the process.
     #[allow(dead_code)] // dataplane.rs only
     pub fn adopts_sealed_rules(self) -> bool {
-        self != Mode::Userspace
+        !matches!(self, Mode::Userspace | Mode::Ebpf)
     }
 
     /// Whether the kernel holds per-endpoint objects (endpoint chains, affinity
@@ -272,12 +287,23 @@ impl Mode {
         match self {
             Mode::Iptables | Mode::IptablesLegacy => local,
             Mode::Nftables | Mode::Userspace => false,
+            // Every endpoint of a list is a slot of the list.
+            Mode::Ebpf => true,
         }
     }
 
-    /// Whether the mode proxies SCTP (the userspace proxy does not, as upstream's).
+    /// What the mode logs about SCTP service ports it does not proxy.
+    pub fn sctp_not_proxied_logged(self) -> &'static str {
+        match self {
+            Mode::Ebpf => "SCTP is translated at connect() only in ebpf mode",
+            _ => "SCTP is not proxied in userspace mode",
+        }
+    }
+
+    /// Whether the mode proxies SCTP (the userspace proxy does not, as upstream's;
+    /// the ebpf mode's packet path cannot rewrite SCTP's CRC32c-covered ports).
     pub fn proxies_sctp(self) -> bool {
-        self != Mode::Userspace
+        !matches!(self, Mode::Userspace | Mode::Ebpf)
     }
 
     #[allow(dead_code)] // dataplane.rs only
@@ -288,6 +314,8 @@ impl Mode {
     /// Whether a dump shows a drop of the whole ServiceCIDR `cidr`.
     pub fn shows_cidr_drop(self, dump: &str, cidr: &str) -> bool {
         match self {
+            // No guard yet (its semantics say so).
+            Mode::Ebpf => false,
             Mode::Nftables | Mode::Userspace => dump
                 .lines()
                 .any(|l| l.contains(cidr) && l.trim_end().ends_with("drop")),
@@ -301,6 +329,11 @@ impl Mode {
     fn listings(self) -> [Vec<String>; 2] {
         let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match self {
+            // The fixed companion table (the maps are read by `ebpf_dump`).
+            Mode::Ebpf => [
+                argv(&["nft", "list", "table", "inet", "svcproxy-ebpf"]),
+                argv(&["true"]),
+            ],
             Mode::Nftables | Mode::Userspace => [
                 argv(&["nft", "list", "table", "ip", "svcproxy"]),
                 argv(&["nft", "list", "table", "ip6", "svcproxy"]),
@@ -314,10 +347,20 @@ impl Mode {
 
     /// Whether svcproxy's objects exist in `node`, per family (v4, v6).
     pub fn programmed(self, c: &Cluster, node: usize) -> [bool; 2] {
+        if self == Mode::Ebpf {
+            // One write for both families; the generation counts successful ones.
+            let written = ebpf_dump(c, node)
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix("generation "))
+                .and_then(|l| l.split(' ').next())
+                .is_some_and(|g| g != "0");
+            return [written; 2];
+        }
         self.listings().map(|argv| {
             let out = exec_owned(c, node, &argv);
             match self {
-                Mode::Nftables | Mode::Userspace => out.status.success(),
+                Mode::Nftables | Mode::Userspace | Mode::Ebpf => out.status.success(),
                 // The jumps from the built-in chains are added after the restore:
                 // the last one in place means the whole sync is.
                 Mode::Iptables | Mode::IptablesLegacy => String::from_utf8_lossy(&out.stdout)
@@ -331,6 +374,9 @@ impl Mode {
     /// Everything svcproxy programmed in `node`, as the mode's own tool lists it.
     pub fn dump(self, c: &Cluster, node: usize) -> String {
         let mut out = String::new();
+        if self == Mode::Ebpf {
+            out.push_str(&ebpf_dump(c, node));
+        }
         for argv in self.listings() {
             let o = exec_owned(c, node, &argv);
             out.push_str(&String::from_utf8_lossy(&o.stdout));
@@ -342,6 +388,11 @@ impl Mode {
     /// verdict, told apart from "no rule at all", which also ends in a timeout).
     pub fn shows_drop(self, dump: &str, ip: IpAddr, proto: &str, port: u16) -> bool {
         match self {
+            Mode::Ebpf => {
+                let dest = format!("service {ip} {port}/{proto} ");
+                dump.lines()
+                    .any(|l| l.starts_with(&dest) && l.contains("packet-other: drop"))
+            }
             Mode::Nftables | Mode::Userspace => {
                 dump.contains(&format!("{ip} . {proto} . {port} : drop"))
             }
@@ -363,6 +414,16 @@ impl Mode {
     /// The session-affinity state the kernel keeps in `node`, as text naming the clients.
     pub fn affinity_state(self, c: &Cluster, node: usize) -> String {
         match self {
+            // The entries, then the service entries that hold the timeout.
+            Mode::Ebpf => {
+                let dump = ebpf_dump(c, node);
+                let mut out: Vec<&str> = dump
+                    .lines()
+                    .filter(|l| l.starts_with("affinity "))
+                    .collect();
+                out.extend(dump.lines().filter(|l| l.contains(" affinity: ")));
+                out.join("\n") + "\n"
+            }
             Mode::Nftables | Mode::Userspace => {
                 let mut out = String::new();
                 let mut inside = false;
@@ -423,6 +484,7 @@ impl Mode {
     /// Whether affinity state shows the service's timeout of `seconds`.
     pub fn affinity_timeout_shown(self, state: &str, seconds: u32) -> bool {
         match self {
+            Mode::Ebpf => state.contains(&format!(" affinity: {seconds}s")),
             Mode::Nftables | Mode::Userspace => state.contains(&format!("timeout {seconds}s")),
             Mode::Iptables | Mode::IptablesLegacy => {
                 state.contains(&format!("--seconds {seconds} "))
@@ -436,6 +498,8 @@ impl Mode {
     pub fn affinity_expiry_listed(self) -> bool {
         match self {
             Mode::Nftables | Mode::Userspace => true,
+            // LRU entries stay until evicted; a stale one stops matching.
+            Mode::Ebpf => false,
             Mode::Iptables | Mode::IptablesLegacy => false,
         }
     }
@@ -452,6 +516,7 @@ impl Mode {
         let out = exec_owned(c, node, argv);
         let text = String::from_utf8_lossy(&out.stdout);
         match self {
+            Mode::Ebpf => ebpf_service_objects(c, node, f, kind),
             Mode::Nftables | Mode::Userspace => {
                 let prefix = match kind {
                     ServiceObject::Service => "service-",
@@ -507,7 +572,8 @@ impl Mode {
     /// `node` by hand, for a test to show what it stops; `false` when the mode has none.
     pub fn remove_localnet_guard(self, c: &Cluster, node: usize) -> bool {
         match self {
-            Mode::Nftables => false,
+            // Outside packets to loopback are never translated: no guard to remove.
+            Mode::Nftables | Mode::Ebpf => false,
             // The capture's first rule leaves packets to loopback alone when they come
             // from outside: the chain without it.
             Mode::Userspace => {
@@ -535,8 +601,19 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's least-privilege test only
     pub fn unprivileged_flags(self) -> &'static [&'static str] {
         match self {
-            Mode::Nftables | Mode::Userspace => &[],
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf => &[],
             Mode::Iptables | Mode::IptablesLegacy => &["--iptables-localhost-nodeports=false"],
+        }
+    }
+
+    /// The capabilities the DaemonSet's container keeps for this mode (setpriv's
+    /// spelling): deploy/daemonset.yaml's `NET_ADMIN` and `NET_RAW`, and `BPF` for
+    /// the ebpf mode's maps and programs, as deploy/README.md says.
+    #[allow(dead_code)] // operations.rs's least-privilege test only
+    pub fn capabilities(self) -> &'static str {
+        match self {
+            Mode::Ebpf => "+net_admin,+net_raw,+bpf",
+            _ => "+net_admin,+net_raw",
         }
     }
 
@@ -547,6 +624,7 @@ impl Mode {
         match self {
             Mode::Nftables | Mode::Userspace => &["tables deleted", "tables dormant"],
             Mode::Iptables | Mode::IptablesLegacy => &["every table flushed"],
+            Mode::Ebpf => &["links unpinned"],
         }
     }
 
@@ -583,6 +661,18 @@ impl Mode {
                 }
                 "is gone"
             }
+            (Mode::Ebpf, "links unpinned") => {
+                // What a careless `rm` of the pin directory's links does: the
+                // socket and packet programs detached.
+                let (_, pins) = c.node_confinement(node).expect("an ebpf node is confined");
+                for e in std::fs::read_dir(&pins).expect("pin directory").flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name.starts_with("link-") || name.starts_with("tc-") {
+                        std::fs::remove_file(e.path()).expect("unpin a link");
+                    }
+                }
+                "pinned links removed"
+            }
             _ => panic!("{self:?} has no breakage {how:?}"),
         }
     }
@@ -590,7 +680,7 @@ impl Mode {
     /// Adds an object of the mode's kind that svcproxy does not own, for cleanup to leave.
     pub fn add_foreign(self, c: &Cluster, node: usize) {
         match self {
-            Mode::Nftables | Mode::Userspace => {
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf => {
                 let keep = "table inet keepme {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 1 counter\n }\n}\n";
                 c.nft(Host::Node(node), keep).expect("add a foreign table");
             }
@@ -612,7 +702,7 @@ impl Mode {
     /// `Err` with what is wrong when the object of [`Mode::add_foreign`] is gone or changed.
     pub fn foreign_intact(self, c: &Cluster, node: usize) -> Result<(), String> {
         match self {
-            Mode::Nftables | Mode::Userspace => {
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf => {
                 let out = c.exec(
                     Host::Node(node),
                     &["nft", "list", "table", "inet", "keepme"],
@@ -646,6 +736,43 @@ impl Mode {
             }
         }
     }
+}
+
+/// [`Mode::service_objects`] in ebpf mode: the distinct endpoint lists the
+/// family's entries forward to, and their endpoints.
+fn ebpf_service_objects(c: &Cluster, node: usize, f: Family, kind: ServiceObject) -> usize {
+    let dump = ebpf_dump(c, node);
+    let mut lists = std::collections::BTreeSet::new();
+    for line in dump.lines().filter(|l| l.starts_with("service ")) {
+        let v6 = line
+            .split(' ')
+            .nth(1)
+            .is_some_and(|a| a.contains(':') || a == "IPv6-local");
+        if (f == Family::V6) != v6 {
+            continue;
+        }
+        for part in line.split("forward [").skip(1) {
+            if let Some((eps, _)) = part.split_once(']') {
+                lists.insert(eps.to_string());
+            }
+        }
+    }
+    match kind {
+        ServiceObject::Service => lists.len(),
+        ServiceObject::Endpoint => lists
+            .iter()
+            .map(|l| l.split(' ').filter(|e| !e.is_empty()).count())
+            .sum(),
+    }
+}
+
+/// What the maps pinned by `node`'s ebpf data plane hold, as text (empty when
+/// nothing is pinned yet).
+fn ebpf_dump(c: &Cluster, node: usize) -> String {
+    let Some((_, pins)) = c.node_confinement(node) else {
+        return String::new();
+    };
+    svcproxy_dataplane::ebpf::kernel::dump(&pins).unwrap_or_default()
 }
 
 /// Runs `argv` in `node`'s namespace.
@@ -1195,6 +1322,36 @@ pub struct Env {
     pub c: Cluster,
     pub manifests: tempfile::TempDir,
     pub started: Instant,
+    /// The ebpf mode's cgroups and bpffs (one per node); after the cluster, whose
+    /// processes must be gone before the cgroups can go.
+    pub _confinement: Option<svcproxy_e2e::Confinement>,
+}
+
+/// For the ebpf mode: a cgroup and a pin directory of the test's own per node,
+/// the node's processes started in its cgroup. `None` for the other modes.
+pub fn confine_for(mode: Mode, c: &Cluster) -> Option<svcproxy_e2e::Confinement> {
+    if mode != Mode::Ebpf {
+        return None;
+    }
+    let conf = svcproxy_e2e::Confinement::new().expect("a cgroup and a bpffs for the ebpf mode");
+    for n in c.nodes_indexes() {
+        let (cgroup, pins) = conf.child(&plan::node_name(n)).expect("a node's cgroup");
+        c.confine_node(n, cgroup, pins);
+    }
+    Some(conf)
+}
+
+/// The flags confining `node`'s svcproxy in the ebpf mode (see [`confine_for`]).
+pub fn confinement_args(c: &Cluster, node: usize) -> Vec<String> {
+    match c.node_confinement(node) {
+        Some((cgroup, pins)) => vec![
+            "--ebpf-cgroup".into(),
+            cgroup.to_string_lossy().into_owned(),
+            "--ebpf-bpffs".into(),
+            pins.to_string_lossy().into_owned(),
+        ],
+        None => Vec::new(),
+    }
 }
 
 impl Env {
@@ -1231,6 +1388,7 @@ impl Env {
             .prefix("svcproxy-dataplane-")
             .tempdir()
             .expect("manifests dir");
+        let confinement = confine_for(mode, &c);
         let mut env = Env {
             mode,
             proxies: Vec::new(),
@@ -1238,6 +1396,7 @@ impl Env {
             c,
             manifests,
             started,
+            _confinement: confinement,
         };
         env.write("00-nodes.yaml", &nodes_yaml(&spec.zones));
         env.write("00-servicecidr.yaml", &service_cidr_yaml());
@@ -1264,7 +1423,7 @@ impl Env {
 
     /// The run-mode arguments of svcproxy for `node` (without the binary).
     pub fn proxy_args(&self, node: usize) -> Vec<String> {
-        vec![
+        let mut args = vec![
             "--proxy-mode".into(),
             self.mode.name().into(),
             "--manifests".into(),
@@ -1279,7 +1438,9 @@ impl Env {
             ),
             "--min-sync-period".into(),
             "0s".into(),
-        ]
+        ];
+        args.extend(confinement_args(&self.c, node));
+        args
     }
 
     /// `svcproxy explain --format json` for a connection through `node`'s rules, run

@@ -208,7 +208,7 @@ fn bad_flag_values_are_all_reported() {
         "--cluster-cidr=10.0.0.0/33",
         "--healthz-bind-address=localhost:10256",
         "--metrics-bind-address=127.0.0.1:0",
-        "--proxy-mode=ebpf",
+        "--proxy-mode=bpf",
         "--sync-period=0s",
         "--detect-local-mode=BridgeInterface",
         "--feature-gates=A=maybe",
@@ -217,7 +217,7 @@ fn bad_flag_values_are_all_reported() {
         "--cluster-cidr: invalid CIDR \"10.0.0.0/33\"",
         "--healthz-bind-address: invalid address \"localhost:10256\"",
         "--metrics-bind-address: invalid address \"127.0.0.1:0\"",
-        "--proxy-mode: unknown proxy mode \"ebpf\"",
+        "--proxy-mode: unknown proxy mode \"bpf\"",
         "--sync-period: must be greater than 0",
         "--detect-local-mode: BridgeInterface requires --pod-bridge-interface",
         "--feature-gates: invalid value of A: maybe, use true or false",
@@ -514,7 +514,7 @@ fn bad_file_values_name_field_and_value() {
     let f = write_config(&format!(
         "{HEAD}clusterCIDR: 10.0.0.0/8,not-a-cidr\nnodePortAddresses: [10.0.0.0/8, 300.0.0.0/8]\n\
          iptables:\n  masqueradeBit: 32\nhealthzBindAddress: 1.2.3.4:99999\n\
-         detectLocalMode: InterfaceNamePrefix\nconntrack:\n  maxPerCore: -1\nmode: ebpf\n\
+         detectLocalMode: InterfaceNamePrefix\nconntrack:\n  maxPerCore: -1\nmode: bpf\n\
          clientConnection:\n  burst: -5\n"
     ));
     let e = err(&[&config_arg(&f)]);
@@ -525,7 +525,7 @@ fn bad_file_values_name_field_and_value() {
         "healthzBindAddress: invalid address \"1.2.3.4:99999\"",
         "detectLocalMode: InterfaceNamePrefix requires detectLocal.interfaceNamePrefix",
         "conntrack.maxPerCore: -1 must be greater than or equal to 0",
-        "mode: unknown proxy mode \"ebpf\"",
+        "mode: unknown proxy mode \"bpf\"",
         "clientConnection.burst: -5",
     ] {
         assert!(e.contains(want), "{want:?} missing from:\n{e}");
