@@ -10,7 +10,9 @@
 //! no endpoint refuses (the companion reject rule); loadBalancerSourceRanges
 //! admit one source and drop another; a pod reaches a cluster IP's endpoints, its
 //! own included (the hairpin, masqueraded); the replies carry the service
-//! address; `explain --live`'s comparison; cleanup removes pins and rules.
+//! address; `explain --live`'s comparison from the writing process and from
+//! another; an interface that appears gets the programs at the drift check;
+//! cleanup removes pins and rules.
 //!
 //! Safety: the programs attach only to interfaces of node-a's namespace (the
 //! driver runs on a thread inside it), cgroup programs to the test's own cgroup,
@@ -311,6 +313,49 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
         "explain --live finds the maps as planned".to_string(),
         cmp.differences.is_empty(),
         cmp.differences.join("\n"),
+    );
+
+    // From another process (`svcproxy explain --live` beside the daemon): the
+    // pinned maps compared by content.
+    let cmp = in_netns(&node_a, || {
+        EbpfDataPlane::new(ebpf_options(&conf)).compare(&intent)
+    })
+    .expect("netns")
+    .expect("compare from a fresh plane");
+    check(
+        "explain --live from another process finds the maps as planned".to_string(),
+        cmp.differences.is_empty(),
+        cmp.differences.join("\n"),
+    );
+
+    // An interface that appears (a new pod's veth) gets the packet programs at the
+    // next drift check.
+    cluster.exec_ok(
+        Host::Node(0),
+        &[
+            "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late1",
+        ],
+    );
+    let index = cluster
+        .exec_ok(Host::Node(0), &["cat", "/sys/class/net/late0/ifindex"])
+        .trim()
+        .to_string();
+    let drift = in_netns(&node_a, || driver.plane_mut().drift())
+        .expect("netns")
+        .expect("drift check");
+    check(
+        "a new interface is no drift".to_string(),
+        drift.is_none(),
+        format!("{drift:?}"),
+    );
+    let dump = svcproxy_dataplane::ebpf::kernel::dump(&conf.pin_dir()).expect("dump");
+    check(
+        format!("the drift check attaches the programs to the new interface {index}"),
+        dump.lines()
+            .any(|l| l == format!("interface {index} other"))
+            && conf.pin_dir().join(format!("tc-{index}-ingress")).exists()
+            && conf.pin_dir().join(format!("tc-{index}-egress")).exists(),
+        dump,
     );
 
     in_netns(&node_a, || driver.plane_mut().cleanup())

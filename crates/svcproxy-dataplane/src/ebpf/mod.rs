@@ -288,6 +288,13 @@ impl DataPlane for EbpfDataPlane {
         if !missing.is_empty() {
             // The next sync loads and attaches the programs again.
             self.kernel = None;
+        } else if let (Some(kernel), Some(table)) = (self.kernel.as_mut(), self.table.as_ref()) {
+            // Interfaces that came since the last sync (a new pod's veth) get the
+            // packet programs now rather than at the next sync: the drift check
+            // runs every few seconds.
+            if let Err(e) = kernel.attach_interfaces(table) {
+                tracing::warn!(error = %e, "cannot attach the packet programs to new interfaces");
+            }
         }
         Ok((!missing.is_empty()).then(|| {
             format!(
