@@ -207,3 +207,17 @@ fn every_scenario_renders_its_golden_iptables_rules() {
         }
     }
 }
+
+/// Golden eBPF map contents: each scenario, run as the ebpf mode runs it, gives
+/// exactly its `expected.ebpf` (what `svcproxy --proxy-mode ebpf render` prints:
+/// the entries with their socket and packet routes, the lists, the admitted
+/// sources, how pods are told, the marks).
+#[test]
+fn every_scenario_renders_its_golden_ebpf_table() {
+    for case in cases() {
+        let sc = svcproxy_testkit::scenario::Scenario::load(&case);
+        let intent = sc.intent_as(svcproxy_plan::ebpf::SEMANTICS);
+        let text = svcproxy_plan::ebpf::Table::build(&intent, &[]).render();
+        assert_golden(&case, "expected.ebpf", &text);
+    }
+}

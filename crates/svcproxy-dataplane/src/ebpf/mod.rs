@@ -43,7 +43,6 @@ use crate::sink::NftCommand;
 use kernel::Kernel;
 use svcproxy_core::go_syntax::parse_go_bool;
 use svcproxy_plan::ebpf::{companion_rules, Table, COMPANION_TABLE};
-use svcproxy_plan::{LocalhostNodePorts, ModeSemantics};
 
 /// Deletes the companion rules' table; none is no error.
 fn remove_companion() -> Result<(), DataPlaneError> {
@@ -54,16 +53,6 @@ fn remove_companion() -> Result<(), DataPlaneError> {
 
 /// The `--proxy-mode` name.
 pub const MODE: &str = "ebpf";
-
-/// The ebpf mode's behaviour where modes differ: NodePorts on loopback are
-/// translated at the socket in both families (no `route_localnet`, as the
-/// userspace proxy serves them). The ServiceCIDR guard and the INVALID-drop rule
-/// are not in the packet path yet, and the intent says so.
-pub const SEMANTICS: ModeSemantics = ModeSemantics {
-    localhost_nodeports: LocalhostNodePorts::Proxy,
-    guard_service_ips: false,
-    drop_invalid_forwarded: false,
-};
 
 /// The ebpf mode in the registry.
 pub const BACKEND: Backend = Backend {
@@ -79,7 +68,7 @@ pub const BACKEND: Backend = Backend {
     failure_counters: &[],
     counts_rules: false,
     objects: KernelObjects::EbpfMaps,
-    semantics: SEMANTICS,
+    semantics: svcproxy_plan::ebpf::SEMANTICS,
     new: |_, flags| Box::new(EbpfDataPlane::new(flags.ebpf.options())),
 };
 

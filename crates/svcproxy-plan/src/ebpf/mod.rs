@@ -181,6 +181,16 @@ pub struct Table {
     pub reject_mark: u32,
 }
 
+/// The ebpf mode's behaviour where modes differ: NodePorts on loopback are
+/// translated at the socket in both families (no `route_localnet`, as the
+/// userspace proxy serves them). The ServiceCIDR guard and the INVALID-drop rule
+/// are not on the packet path yet, and the intent says so.
+pub const SEMANTICS: crate::ModeSemantics = crate::ModeSemantics {
+    localhost_nodeports: crate::LocalhostNodePorts::Proxy,
+    guard_service_ips: false,
+    drop_invalid_forwarded: false,
+};
+
 /// The name of the eBPF mode's nftables table (fixed rules only).
 pub const COMPANION_TABLE: &str = "svcproxy-ebpf";
 
