@@ -78,9 +78,9 @@ macro_rules! per_mode {
     };
 }
 
-/// [`per_mode!`] for behaviours of the kernel's NAT itself (conntrack entries that
-/// outlive a sync or a restart): every mode but the userspace one, whose flows live
-/// in the proxy process (its UDP flows moving off a removed endpoint are tested in
+/// [`per_mode!`] for behaviours of flows that outlive a sync or a restart (the
+/// kernel's conntrack entries, the ebpf mode's pinned connection table): every mode
+/// but the userspace one, whose flows live in the proxy process (its UDP flows moving off a removed endpoint are tested in
 /// `svcproxy-dataplane`'s `tests/userspace.rs`).
 #[macro_export]
 macro_rules! per_kernel_mode {
@@ -106,6 +106,14 @@ macro_rules! per_kernel_mode {
                 #[test]
                 fn $test() {
                     super::$test(super::Mode::IptablesLegacy)
+                }
+            )*
+        }
+        mod ebpf {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Ebpf)
                 }
             )*
         }
@@ -298,6 +306,14 @@ impl Mode {
             Mode::Ebpf => "SCTP is translated at connect() only in ebpf mode",
             _ => "SCTP is not proxied in userspace mode",
         }
+    }
+
+    /// Whether the mode's UDP flows are the kernel's conntrack entries, which
+    /// svcproxy deletes when their endpoint leaves; the ebpf mode keeps its own
+    /// connection table, where the programs move such a flow themselves.
+    #[allow(dead_code)] // conntrack.rs only
+    pub fn flows_in_kernel_conntrack(self) -> bool {
+        self != Mode::Ebpf
     }
 
     /// Whether the mode proxies SCTP (the userspace proxy does not, as upstream's;
