@@ -116,6 +116,14 @@ pub trait DataPlane: Send {
     /// What the node needs for this backend under `cfg`.
     fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements;
 
+    /// Checks at start that this node can run the backend at all (kernel
+    /// features, file systems), doing what it may to make it so (mounting a
+    /// missing bpffs); `Err` names what is missing, and the process refuses to
+    /// start rather than retry a sync that cannot succeed.
+    fn preflight(&mut self) -> Result<(), DataPlaneError> {
+        Ok(())
+    }
+
     /// Checks, cheaply (not rule by rule), that the kernel still holds what the last
     /// successful sync wrote, and says why not: tables deleted, re-created or made
     /// dormant behind svcproxy's back, or the built-in chains flushed. On drift the
@@ -213,6 +221,10 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
 
     fn node_requirements(&self, cfg: &PlanConfig) -> NodeRequirements {
         (**self).node_requirements(cfg)
+    }
+
+    fn preflight(&mut self) -> Result<(), DataPlaneError> {
+        (**self).preflight()
     }
 
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {

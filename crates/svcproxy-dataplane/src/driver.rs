@@ -199,6 +199,11 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         self.plane.node_requirements(&self.cfg)
     }
 
+    /// See [`DataPlane::preflight`].
+    pub fn preflight(&mut self) -> Result<(), DataPlaneError> {
+        self.plane.preflight()
+    }
+
     /// Brings the kernel to `update`'s state.
     ///
     /// `full` asks for a full resync (periodic, or a retry). Only `update.changed`

@@ -505,10 +505,17 @@ fn run_target(
             }
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
-            let plane = Driver::new(
+            let mut plane = Driver::new(
                 plan_cfg.clone(),
                 (backend.new)(&plan_cfg, &settings.mode_flags),
             );
+            if !settings.init_only {
+                // A node that cannot run the mode at all: refused now, naming why,
+                // rather than a sync retried for ever.
+                plane.preflight().with_context(|| {
+                    format!("the {} mode cannot run on this node", backend.mode)
+                })?;
+            }
             let needs = plane.node_requirements();
             if settings.init_only {
                 let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);

@@ -110,6 +110,78 @@ fn kernel_err(what: impl Into<String>, reason: impl std::fmt::Display) -> DataPl
     }
 }
 
+/// `statfs(2)`'s magic number of a cgroup v2 file system.
+const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
+
+/// Where a bpffs is mounted when none is (the kernel's conventional place).
+const BPFFS_HOME: &str = "/sys/fs/bpf";
+
+/// What the mode needs before anything is loaded: the programs built, a kernel
+/// with tcx (6.6+: the packet programs' links), `cgroup` a cgroup v2
+/// directory, and `pin_dir`'s parent on a bpffs, one mounted at `/sys/fs/bpf`
+/// when the default place has none. Each failure names what is missing.
+pub fn preflight(cgroup: &Path, pin_dir: &Path) -> Result<(), DataPlaneError> {
+    if SOCK_OBJECT.is_empty() || TC_OBJECT.is_empty() {
+        return Err(kernel_err(
+            "the ebpf mode's programs",
+            "svcproxy was built without clang; run scripts/install-deps.sh and build again",
+        ));
+    }
+    let uname = rustix::system::uname();
+    let release = uname.release().to_string_lossy().into_owned();
+    let version: Vec<u32> = release
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    if version.len() == 2 && (version[0], version[1]) < (6, 6) {
+        return Err(kernel_err(
+            format!("kernel {release}"),
+            "the ebpf mode needs tcx links for its packet programs (Linux 6.6 or later)",
+        ));
+    }
+    match rustix::fs::statfs(cgroup) {
+        Ok(s) if s.f_type as u64 == CGROUP2_SUPER_MAGIC => {}
+        Ok(_) => {
+            let hint = cgroup2_root().map_or_else(
+                || "no cgroup v2 hierarchy is mounted".to_string(),
+                |r| format!("the cgroup v2 hierarchy is mounted at {}", r.display()),
+            );
+            return Err(kernel_err(
+                format!("--ebpf-cgroup {}", cgroup.display()),
+                format!("not a cgroup v2 directory ({hint})"),
+            ));
+        }
+        Err(e) => {
+            return Err(kernel_err(format!("--ebpf-cgroup {}", cgroup.display()), e));
+        }
+    }
+    let parent = pin_dir.parent().unwrap_or(pin_dir);
+    if !on_bpffs(parent) {
+        if parent == Path::new(BPFFS_HOME) {
+            rustix::mount::mount(
+                "bpf",
+                parent,
+                "bpf",
+                rustix::mount::MountFlags::empty(),
+                None,
+            )
+            .map_err(|e| kernel_err(format!("mounting a bpffs at {BPFFS_HOME}"), e))?;
+            tracing::info!(dir = BPFFS_HOME, "no bpffs was mounted: mounted one");
+        } else {
+            return Err(kernel_err(
+                format!("--ebpf-bpffs {}", pin_dir.display()),
+                format!(
+                    "{} is not on a bpffs: mount one (mount -t bpf bpf DIR) or point \
+                     --ebpf-bpffs into one",
+                    parent.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `dir` is on a bpffs.
 pub fn on_bpffs(dir: &Path) -> bool {
     rustix::fs::statfs(dir).is_ok_and(|s| s.f_type as u64 == BPF_FS_MAGIC)

@@ -263,6 +263,10 @@ impl DataPlane for EbpfDataPlane {
         NodeRequirements::default()
     }
 
+    fn preflight(&mut self) -> Result<(), DataPlaneError> {
+        kernel::preflight(&self.opts.cgroup, &self.opts.pin_dir)
+    }
+
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
         if self.kernel.is_none() {
             return Ok(None);

@@ -1,0 +1,276 @@
+//! Faults of the eBPF mode (issue 38): a node that cannot run it is refused at
+//! start with what is missing named; a missing bpffs at its home is mounted; after
+//! a SIGKILL the data path stays, and `svcproxy cleanup` removes every pin and the
+//! fixed rules, while a cleanup run from another network namespace leaves them
+//! alone.
+//!
+//! Safety: svcproxy runs only inside network namespaces the test creates (its
+//! packet programs attach to their interfaces), its socket programs attach to a
+//! cgroup of the test's, its pins live in a bpffs the test mounts, or in one it
+//! mounts itself inside `ip netns exec`'s own mount namespace (gone when it exits).
+//! Without root, BPF or the tools it prints SKIP (fails under CI).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use svcproxy_e2e::{svcproxy_bin, Confinement, NsProcess};
+use svcproxy_testkit::netns::{self, Netns};
+
+const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {kubernetes.io/hostname: node-a}
+spec:
+  podCIDRs: ["198.18.1.0/24"]
+status:
+  addresses:
+  - {type: InternalIP, address: 198.18.0.1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  clusterIP: 198.19.0.10
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+- {name: http, port: 8080}
+endpoints:
+- {addresses: [198.18.1.10], nodeName: node-a}
+"#;
+
+/// The test's world: a namespace with an interface, a manifests directory, a
+/// cgroup and a bpffs.
+struct World {
+    ns: Netns,
+    conf: Confinement,
+    manifests: tempfile::TempDir,
+    logs: tempfile::TempDir,
+}
+
+impl World {
+    fn new(test: &str) -> Option<World> {
+        let ns = Netns::create(test, "ebpf-faults", &["nft", "mount", "umount"])?;
+        let conf = match Confinement::new() {
+            Ok(c) => c,
+            Err(e) => {
+                netns::skip(test, &format!("cannot confine BPF programs: {e}"));
+                return None;
+            }
+        };
+        netns::ip_batch(
+            &ns.name,
+            &[
+                "link set lo up".into(),
+                "link add node0 type veth peer name node1".into(),
+                "link set node0 up".into(),
+                "link set node1 up".into(),
+                "addr add 198.18.0.1/24 dev node0".into(),
+            ],
+        )
+        .expect("links");
+        let manifests = tempfile::tempdir().expect("manifests");
+        std::fs::write(manifests.path().join("web.yaml"), MANIFESTS).expect("write manifests");
+        Some(World {
+            ns,
+            conf,
+            manifests,
+            logs: tempfile::tempdir().expect("logs"),
+        })
+    }
+
+    /// svcproxy's arguments in ebpf mode with `cgroup` and `pin_dir`.
+    fn args(&self, cgroup: &Path, pin_dir: &Path) -> Vec<String> {
+        let bin = svcproxy_bin().to_string_lossy().into_owned();
+        [
+            bin.as_str(),
+            "--proxy-mode",
+            "ebpf",
+            "--manifests",
+            &self.manifests.path().to_string_lossy(),
+            "--hostname-override",
+            "node-a",
+            "--ebpf-cgroup",
+            &cgroup.to_string_lossy(),
+            "--ebpf-bpffs",
+            &pin_dir.to_string_lossy(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// Runs svcproxy to its end in the namespace.
+    fn run(&self, args: &[String]) -> std::process::Output {
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        netns::run(&mut self.ns.command(&argv), None, Duration::from_secs(60))
+            .expect("svcproxy ran")
+    }
+}
+
+fn generation(pins: &Path) -> u64 {
+    svcproxy_dataplane::ebpf::kernel::dump(pins)
+        .ok()
+        .and_then(|d| {
+            d.lines()
+                .next()
+                .and_then(|l| l.strip_prefix("generation "))
+                .and_then(|g| g.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_node_that_cannot_run_the_mode_is_refused_naming_what_is_missing() {
+    let test = "a_node_that_cannot_run_the_mode_is_refused_naming_what_is_missing";
+    let Some(w) = World::new(test) else { return };
+    let not_a_cgroup = tempfile::tempdir().expect("dir");
+    let mut failures = Vec::new();
+    for (what, cgroup, pins, want) in [
+        (
+            "a cgroup that is no cgroup v2 directory",
+            not_a_cgroup.path().to_path_buf(),
+            w.conf.pin_dir(),
+            "not a cgroup v2 directory",
+        ),
+        (
+            "a pin directory off any bpffs",
+            w.conf.cgroup().to_path_buf(),
+            not_a_cgroup.path().join("svcproxy"),
+            "is not on a bpffs",
+        ),
+    ] {
+        let mut args = w.args(&cgroup, &pins);
+        args.push("--once".into());
+        let out = w.run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success()
+            || !stderr.contains("the ebpf mode cannot run on this node")
+            || !stderr.contains(want)
+        {
+            failures.push(format!("{what}: {} {stderr}", out.status));
+        }
+        if pins.exists() {
+            failures.push(format!("{what}: {} was created", pins.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_missing_bpffs_at_its_home_is_mounted() {
+    let test = "a_missing_bpffs_at_its_home_is_mounted";
+    let Some(w) = World::new(test) else { return };
+    // Inside `ip netns exec`, /sys is the namespace's own sysfs in a mount
+    // namespace of its own: /sys/fs/bpf has no bpffs there, and one mounted
+    // there goes when svcproxy exits.
+    let mut args = w.args(w.conf.cgroup(), Path::new("/sys/fs/bpf/svcproxy"));
+    args.push("--once".into());
+    let out = w.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.contains("no bpffs was mounted: mounted one"),
+        "{} {stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
+    let test = "after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin";
+    let Some(w) = World::new(test) else { return };
+    let pins = w.conf.pin_dir();
+    let args = w.args(w.conf.cgroup(), &pins);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = NsProcess::spawn(&w.ns.name, &argv, "svcproxy", w.logs.path()).expect("spawn");
+    let start = Instant::now();
+    while generation(&pins) == 0 && proxy.is_running() && start.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if generation(&pins) == 0 {
+        let logs = proxy.logs();
+        if logs.contains("cannot run on this node") {
+            netns::skip(
+                test,
+                &format!("this machine cannot run the ebpf mode: {logs}"),
+            );
+            return;
+        }
+        panic!("svcproxy never wrote its maps:\n{logs}");
+    }
+    proxy.kill();
+
+    let mut failures = Vec::new();
+    let dump = svcproxy_dataplane::ebpf::kernel::dump(&pins).unwrap_or_default();
+    if !dump.contains("service 198.19.0.10 80/tcp") {
+        failures.push(format!("after SIGKILL the maps should stay:\n{dump}"));
+    }
+    let tables = w.ns.run_ok(&["nft", "list", "tables"], None).expect("nft");
+    if !tables.contains("svcproxy-ebpf") {
+        failures.push(format!(
+            "after SIGKILL the fixed rules should stay: {tables}"
+        ));
+    }
+
+    // From another network namespace, the same pin directory is someone else's.
+    if let Some(other) = Netns::create(test, "ebpf-other", &[]) {
+        let bin = svcproxy_bin().to_string_lossy().into_owned();
+        let pins_arg = pins.to_string_lossy().into_owned();
+        let out = netns::run(
+            &mut other.command(&[&bin, "cleanup", "--ebpf-bpffs", &pins_arg]),
+            None,
+            Duration::from_secs(60),
+        )
+        .expect("cleanup ran");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success()
+            || !stderr.contains("belong to svcproxy in another network namespace")
+            || generation(&pins) == 0
+        {
+            failures.push(format!(
+                "a cleanup from another namespace must leave the pins: {} {stderr}",
+                out.status
+            ));
+        }
+    }
+
+    let mut args = vec![
+        svcproxy_bin().to_string_lossy().into_owned(),
+        "cleanup".into(),
+    ];
+    args.extend(["--ebpf-bpffs".into(), pins.to_string_lossy().into_owned()]);
+    let out = w.run(&args);
+    if !out.status.success() {
+        failures.push(format!(
+            "cleanup: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    if pins.exists() {
+        let left: Vec<String> = std::fs::read_dir(&pins)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        failures.push(format!("cleanup left {}: {left:?}", pins.display()));
+    }
+    let tables = w.ns.run_ok(&["nft", "list", "tables"], None).expect("nft");
+    if tables.contains("svcproxy-ebpf") {
+        failures.push(format!("cleanup left the fixed rules: {tables}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
