@@ -46,6 +46,9 @@ pub enum DataPlaneError {
     /// attaching a BPF program, writing a BPF map.
     #[error("{what}: {reason}")]
     Kernel { what: String, reason: String },
+    /// A BPF map has no room for a key (it holds `max_entries`).
+    #[error("{what}: the BPF map {map} is full")]
+    MapFull { map: &'static str, what: String },
 }
 
 impl DataPlaneError {

@@ -95,5 +95,6 @@ pub fn ebpf_options(c: &Confinement) -> svcproxy_dataplane::EbpfOptions {
         cgroup: c.cgroup().to_path_buf(),
         pin_dir: c.pin_dir(),
         host_namespace_only: false,
+        sizes: svcproxy_dataplane::ebpf::MapSizes::DEFAULT,
     }
 }

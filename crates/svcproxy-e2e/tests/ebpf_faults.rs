@@ -2,7 +2,8 @@
 //! start with what is missing named; a missing bpffs at its home is mounted; after
 //! a SIGKILL the data path stays, and `svcproxy cleanup` removes every pin and the
 //! fixed rules, while a cleanup run from another network namespace leaves them
-//! alone.
+//! alone; full maps leave out what does not fit, say so in the log and the
+//! metrics, and everything else is served.
 //!
 //! Safety: svcproxy runs only inside network namespaces the test creates (its
 //! packet programs attach to their interfaces), its socket programs attach to a
@@ -13,8 +14,14 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use svcproxy_e2e::{svcproxy_bin, Confinement, NsProcess};
-use svcproxy_testkit::netns::{self, Netns};
+use svcproxy_core::objects::SourceUpdate;
+use svcproxy_core::state::{ClusterState, StateConfig};
+use svcproxy_dataplane::ebpf::MapSizes;
+use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
+use svcproxy_e2e::probe::ProbeLine;
+use svcproxy_e2e::{ebpf_options, echo_bin, svcproxy_bin, Attempt, Confinement, NsProcess};
+use svcproxy_plan::{LocalDetection, PlanConfig};
+use svcproxy_testkit::netns::{self, in_netns, Netns};
 
 const MANIFESTS: &str = r#"
 apiVersion: v1
@@ -273,4 +280,189 @@ fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
         failures.push(format!("cleanup left the fixed rules: {tables}"));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Six cluster IPs (198.19.0.1-6:80), each with one endpoint, 198.18.1.10:8080.
+fn six_services() -> ClusterState {
+    let mut state = ClusterState::new(StateConfig {
+        node_name: "node-a".to_string(),
+        service_proxy_name: None,
+        ignore_external_ips: false,
+    });
+    let mut docs = vec![MANIFESTS
+        .split("---")
+        .next()
+        .unwrap_or_default()
+        .to_string()];
+    for n in 1..=6 {
+        docs.push(format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: s{n}, namespace: demo}}\nspec:\n  \
+             clusterIP: 198.19.0.{n}\n  ports:\n  - {{name: http, port: 80, targetPort: 8080}}\n"
+        ));
+        docs.push(format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: s{n}-1\n  \
+             namespace: demo\n  labels: {{kubernetes.io/service-name: s{n}}}\naddressType: IPv4\n\
+             ports:\n- {{name: http, port: 8080}}\nendpoints:\n- {{addresses: [198.18.1.10], nodeName: node-a}}\n"
+        ));
+    }
+    for doc in docs {
+        for object in svcproxy_testkit::objects::parse(&doc) {
+            state.apply(SourceUpdate::Upsert {
+                object,
+                origin: "test".to_string(),
+            });
+        }
+    }
+    state
+}
+
+#[test]
+fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
+    let test = "full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest";
+    let Some(w) = World::new(test) else { return };
+    netns::ip_batch(&w.ns.name, &["addr add 198.18.1.10/32 dev lo".into()]).expect("address");
+    let echo = echo_bin().expect("svcproxy-echo");
+    let e = echo.to_string_lossy().into_owned();
+    let server = NsProcess::spawn(
+        &w.ns.name,
+        &[
+            &e,
+            "serve",
+            "--name",
+            "pod-a",
+            "--tcp",
+            "8080",
+            "--lifetime-secs",
+            "120",
+        ],
+        "echo",
+        w.logs.path(),
+    )
+    .expect("echo");
+    server
+        .wait_for_stdout("\"ready\"", Duration::from_secs(10))
+        .expect("echo ready");
+    let probe = |target: &str| -> Attempt {
+        let argv = [
+            "ip",
+            "netns",
+            "exec",
+            &w.ns.name,
+            &e,
+            "probe",
+            "--proto",
+            "tcp",
+            "--target",
+            target,
+            "--count",
+            "1",
+            "--timeout-ms",
+            "800",
+        ];
+        let out =
+            netns::run(&mut w.conf.command(&argv), None, Duration::from_secs(30)).expect("probe");
+        let line = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        serde_json::from_str::<ProbeLine>(&line)
+            .unwrap_or_else(|err| panic!("probe line {line:?}: {err}"))
+            .into()
+    };
+    let cfg = PlanConfig {
+        local_detection: LocalDetection::NodeCidr(Vec::new()),
+        ..PlanConfig::default()
+    };
+    let mut st = six_services();
+    let snap = st.snapshot();
+    let mut failures = Vec::new();
+
+    // Room for four service addresses of six.
+    let mut opts = ebpf_options(&w.conf);
+    opts.sizes = MapSizes {
+        services: 4,
+        ..MapSizes::DEFAULT
+    };
+    let mut driver = Driver::without_conntrack(cfg.clone(), EbpfDataPlane::new(opts));
+    let synced = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns");
+    if let Err(e) = &synced {
+        if e.to_string().contains("cannot") {
+            netns::skip(test, &format!("cannot load the eBPF programs: {e}"));
+            return;
+        }
+    }
+    if let Err(e) = synced {
+        failures.push(format!("a full service map fails the sync: {e}"));
+    }
+    let metrics = text_of(driver.plane_mut().collectors());
+    for want in [
+        "svcproxy_ebpf_map_overflow_keys{map=\"svcproxy_svc\"} 2",
+        "svcproxy_ebpf_map_entries{map=\"svcproxy_svc\"} 4",
+        "svcproxy_ebpf_map_max_entries{map=\"svcproxy_svc\"} 4",
+        "svcproxy_ebpf_unprogrammed_service_ports 2",
+    ] {
+        if !metrics.contains(want) {
+            failures.push(format!("metrics lack {want:?}:\n{metrics}"));
+        }
+    }
+    let served: Vec<bool> = (1..=6)
+        .map(|n| probe(&format!("198.19.0.{n}:80")).backend() == Some("pod-a"))
+        .collect();
+    if served != [true, true, true, true, false, false] {
+        failures.push(format!(
+            "the four that fit are served, the two others not: {served:?}"
+        ));
+    }
+    w.run_cleanup(&mut driver);
+
+    // Room for the six addresses, and for three endpoints of six.
+    let mut opts = ebpf_options(&w.conf);
+    opts.sizes = MapSizes {
+        endpoints: 3,
+        ..MapSizes::DEFAULT
+    };
+    let mut driver = Driver::without_conntrack(cfg, EbpfDataPlane::new(opts));
+    if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
+        failures.push(format!("a full endpoint map fails the sync: {e}"));
+    }
+    let refused = (1..=6)
+        .filter(|n| probe(&format!("198.19.0.{n}:80")).is_refused())
+        .count();
+    let answered = (1..=6)
+        .filter(|n| probe(&format!("198.19.0.{n}:80")).backend() == Some("pod-a"))
+        .count();
+    if (answered, refused) != (3, 3) {
+        failures.push(format!(
+            "three lists fit and are served, three refuse: answered {answered}, refused {refused}"
+        ));
+    }
+    let metrics = text_of(driver.plane_mut().collectors());
+    if !metrics.contains("svcproxy_ebpf_map_overflow_keys{map=\"svcproxy_slot\"} 3") {
+        failures.push(format!("metrics lack the endpoint overflow:\n{metrics}"));
+    }
+    w.run_cleanup(&mut driver);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The collectors' samples as Prometheus text.
+fn text_of(collectors: Vec<Box<dyn prometheus::core::Collector>>) -> String {
+    use prometheus::Encoder;
+    let families: Vec<_> = collectors.iter().flat_map(|c| c.collect()).collect();
+    let mut out = Vec::new();
+    prometheus::TextEncoder::new()
+        .encode(&families, &mut out)
+        .expect("encode");
+    String::from_utf8(out).expect("utf-8")
+}
+
+impl World {
+    fn run_cleanup<C>(&self, driver: &mut Driver<EbpfDataPlane, C>)
+    where
+        C: svcproxy_dataplane::ConntrackCleaner + Send,
+    {
+        in_netns(&self.ns.name, || driver.plane_mut().cleanup())
+            .expect("netns")
+            .expect("cleanup");
+    }
 }

@@ -37,6 +37,7 @@ use super::batch;
 use super::wire::{
     self, Backend, Config, FwData, LocalKey, MemberKey, PodnetData, SlotKey, SvcKey, SvcVal,
 };
+use super::EbpfOptions;
 
 type HashMap2<K, V> = std::collections::HashMap<K, V>;
 
@@ -278,6 +279,9 @@ pub struct Kernel {
     /// before it opened them, or a write failed part-way): the next full write
     /// sweeps them.
     unknown_keys: bool,
+    /// What did not fit at the last write.
+    pub overflow: Overflow,
+    sizes: super::MapSizes,
     /// Held so the programs stay loaded while the process runs (the packet
     /// programs also to be attached to interfaces that appear).
     _ebpf: Ebpf,
@@ -287,7 +291,8 @@ pub struct Kernel {
 impl Kernel {
     /// Loads the programs, opens (or creates) the pinned maps under `pin_dir` and
     /// attaches the programs to `cgroup`, releasing any earlier process's links.
-    pub fn open(cgroup: &Path, pin_dir: &Path, host_only: bool) -> Result<Kernel, DataPlaneError> {
+    pub fn open(opts: &EbpfOptions) -> Result<Kernel, DataPlaneError> {
+        let (cgroup, pin_dir, host_only) = (&opts.cgroup, &opts.pin_dir, opts.host_namespace_only);
         if SOCK_OBJECT.is_empty() || TC_OBJECT.is_empty() {
             return Err(kernel_err(
                 "the ebpf mode's programs",
@@ -306,17 +311,37 @@ impl Kernel {
         }
         std::fs::create_dir_all(pin_dir)
             .map_err(|e| kernel_err(format!("creating {}", pin_dir.display()), e))?;
+        // A pinned map of another size (the flags changed) is made afresh: the
+        // kernel cannot resize one.
+        for (name, size) in opts.sizes.by_map() {
+            let pin = pin_dir.join(name);
+            let pinned = MapData::from_pin(&pin)
+                .ok()
+                .and_then(|m| m.info().ok())
+                .map(|i| i.max_entries());
+            if let Some(old) = pinned.filter(|old| *old != size) {
+                tracing::warn!(map = name, from = old, to = size, "resizing a pinned map: it is made afresh (the packet path's connections through it are forgotten)");
+                std::fs::remove_file(&pin)
+                    .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
+            }
+        }
         let reused = MAPS.iter().any(|m| pin_dir.join(m).exists());
         let cgroup_dir = File::open(cgroup)
             .map_err(|e| kernel_err(format!("opening cgroup {}", cgroup.display()), e))?;
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
+        let loader = || {
+            let mut l = EbpfLoader::new();
+            l.default_map_pin_directory(pin_dir);
+            for (name, size) in opts.sizes.by_map() {
+                l.map_max_entries(name, size);
+            }
+            l
+        };
+        let mut ebpf = loader()
             .load(SOCK_OBJECT)
             .map_err(|e| kernel_err("loading the socket programs", e))?;
 
         // The same pinned maps, and the packet programs.
-        let mut tc = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
+        let mut tc = loader()
             .load(TC_OBJECT)
             .map_err(|e| kernel_err("loading the packet programs", e))?;
         for (name, _, _) in TC_PROGRAMS {
@@ -393,6 +418,8 @@ impl Kernel {
             next_list,
             written: None,
             unknown_keys: reused,
+            overflow: Overflow::default(),
+            sizes: opts.sizes,
             _ebpf: ebpf,
             tc,
         })
@@ -473,6 +500,25 @@ impl Kernel {
             self.attached.remove(&index);
         }
         Ok(ops)
+    }
+
+    /// The entries the maps svcproxy fills hold now, by map.
+    pub fn fill(&self) -> Vec<(&'static str, usize)> {
+        let Some(w) = self.written.as_ref() else {
+            return Vec::new();
+        };
+        let slots: usize = w.lists.values().map(|(_, l)| l.endpoints.len()).sum();
+        let members: usize = w
+            .lists
+            .values()
+            .filter(|(_, l)| l.remembered)
+            .map(|(_, l)| l.endpoints.len())
+            .sum();
+        vec![
+            ("svcproxy_svc", w.entries.len()),
+            ("svcproxy_slot", slots),
+            ("svcproxy_member", members),
+        ]
     }
 
     /// The packet programs' links that should be pinned for the interfaces
@@ -568,13 +614,40 @@ impl Kernel {
             ops += self.drop_unnamed_lists()?;
         }
         let mut w = Written::default();
+        self.overflow = Overflow::default();
         let mut batch = ListBatch::default();
+        let mut fresh = Vec::new();
         for (name, list) in &table.lists {
             let id = self.fresh_id();
             batch.add(id, list);
-            w.lists.insert(name.clone(), (id, list.clone()));
+            fresh.push((name, id, list));
         }
-        ops += self.write_lists(&batch)?;
+        match self.write_lists(&batch) {
+            Ok(n) => {
+                ops += n;
+                for (name, id, list) in fresh {
+                    w.lists.insert(name.clone(), (id, list.clone()));
+                }
+            }
+            // No room for them all: list by list, each whole or not at all (a
+            // list that does not fit leaves its entries rejecting).
+            Err(DataPlaneError::MapFull { .. }) => {
+                for (name, id, list) in fresh {
+                    match self.write_list(id, list) {
+                        Ok(n) => {
+                            ops += n;
+                            w.lists.insert(name.clone(), (id, list.clone()));
+                        }
+                        Err(DataPlaneError::MapFull { map, .. }) => {
+                            self.delete_list(id, list)?;
+                            self.overflow.note(map, list.endpoints.len(), &name.service);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
         // The sources fenced entries admit, before the entries.
         for (port, nets) in &table.firewalls {
             ops += self.write_firewall(port, nets, &[])?;
@@ -587,16 +660,40 @@ impl Kernel {
             ops += 1;
             w.pod_cidrs.insert(*net);
         }
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        let (mut keys, mut values, mut dests) = (Vec::new(), Vec::new(), Vec::new());
         for (dest, entry) in &table.entries {
             let (k, v) = encode(dest, entry, &w.lists);
             keys.push(k);
             values.push(v);
-            w.entries.insert(*dest, (k, v));
+            dests.push((dest, entry));
         }
-        batch::update(self.svc.map(), &keys, &values)
-            .map_err(|(n, e)| kernel_err(format!("writing service entries (after {n})"), e))?;
-        ops += keys.len();
+        let written = match batch::update(self.svc.map(), &keys, &values) {
+            Ok(()) => keys.len(),
+            Err((n, e)) if e.raw_os_error() == Some(libc::E2BIG) => n,
+            Err((n, e)) => {
+                return Err(kernel_err(
+                    format!("writing service entries (after {n})"),
+                    e,
+                ));
+            }
+        };
+        ops += written;
+        for i in 0..keys.len() {
+            if i >= written {
+                // No room left for the batch: one by one, those that fit.
+                match self.svc.insert(keys[i], values[i], 0) {
+                    Ok(()) => ops += 1,
+                    Err(e) if map_full(&e) => {
+                        self.overflow
+                            .note("svcproxy_svc", 1, &entry_port(dests[i].1));
+                        continue;
+                    }
+                    Err(e) => return Err(kernel_err(format!("writing service {}", dests[i].0), e)),
+                }
+            }
+            w.entries.insert(*dests[i].0, (keys[i], values[i]));
+        }
+        self.overflow.report(&self.sizes);
         for ip in &table.local_addrs {
             let k = local_key(ip);
             self.local
@@ -641,6 +738,7 @@ impl Kernel {
         mut w: Written,
     ) -> Result<usize, DataPlaneError> {
         let mut ops = 0usize;
+        let overflow_before = self.overflow.clone();
         // Sources admitted before the entries that need them; those no longer
         // admitted go after.
         let mut fenced: Vec<(u64, Vec<IpNet>)> = Vec::new();
@@ -661,8 +759,19 @@ impl Kernel {
                 (Some((_, old)), Some(new)) if old == new => {}
                 (_, Some(new)) => {
                     let id = self.fresh_id();
-                    ops += self.write_list(id, new)?;
-                    retired.extend(w.lists.insert(name.clone(), (id, new.clone())));
+                    match self.write_list(id, new) {
+                        Ok(n) => {
+                            ops += n;
+                            retired.extend(w.lists.insert(name.clone(), (id, new.clone())));
+                        }
+                        // No room: the entries naming it reject until there is.
+                        Err(DataPlaneError::MapFull { map, .. }) => {
+                            self.delete_list(id, new)?;
+                            self.overflow.note(map, new.endpoints.len(), &name.service);
+                            retired.extend(w.lists.remove(name));
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 (Some(_), None) => retired.extend(w.lists.remove(name)),
                 (None, None) => {}
@@ -673,11 +782,18 @@ impl Kernel {
                 Some(entry) => {
                     let (k, v) = encode(dest, entry, &w.lists);
                     if w.entries.get(dest) != Some(&(k, v)) {
-                        self.svc
-                            .insert(k, v, 0)
-                            .map_err(|e| kernel_err(format!("writing service {dest}"), e))?;
-                        ops += 1;
-                        w.entries.insert(*dest, (k, v));
+                        match self.svc.insert(k, v, 0) {
+                            Ok(()) => {
+                                ops += 1;
+                                w.entries.insert(*dest, (k, v));
+                            }
+                            Err(e) if map_full(&e) => {
+                                self.overflow.note("svcproxy_svc", 1, &entry_port(entry));
+                            }
+                            Err(e) => {
+                                return Err(kernel_err(format!("writing service {dest}"), e));
+                            }
+                        }
                     }
                 }
                 None => {
@@ -704,6 +820,9 @@ impl Kernel {
         for (id, old) in fenced {
             let now = w.firewalls.get(&id).map_or(&[][..], |(_, n)| n);
             ops += self.delete_firewall(id, &old, now)?;
+        }
+        if self.overflow != overflow_before {
+            self.overflow.report(&self.sizes);
         }
         self.written = Some(w);
         Ok(ops)
@@ -755,11 +874,21 @@ impl Kernel {
     }
 
     fn write_lists(&mut self, b: &ListBatch) -> Result<usize, DataPlaneError> {
+        let err = |map: &'static str, what: &str, n: usize, e: std::io::Error| {
+            if e.raw_os_error() == Some(libc::E2BIG) {
+                DataPlaneError::MapFull {
+                    map,
+                    what: format!("writing {what} (after {n})"),
+                }
+            } else {
+                kernel_err(format!("writing {what} (after {n})"), e)
+            }
+        };
         batch::update(self.slot.map(), &b.slots, &b.backends)
-            .map_err(|(n, e)| kernel_err(format!("writing endpoints (after {n})"), e))?;
+            .map_err(|(n, e)| err("svcproxy_slot", "endpoints", n, e))?;
         let ones = vec![1u8; b.members.len()];
         batch::update(self.member.map(), &b.members, &ones)
-            .map_err(|(n, e)| kernel_err(format!("writing endpoint members (after {n})"), e))?;
+            .map_err(|(n, e)| err("svcproxy_member", "endpoint members", n, e))?;
         Ok(b.slots.len() + b.members.len())
     }
 
@@ -1042,6 +1171,58 @@ fn encode(
             pad: 0,
         },
     )
+}
+
+/// Whether a map update failed for want of room.
+fn map_full(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
+/// The service port an entry's routes belong to, for overflow reports.
+fn entry_port(entry: &Entry) -> String {
+    [
+        &entry.pod,
+        &entry.host,
+        &entry.packet_pod.route,
+        &entry.packet_other.route,
+    ]
+    .into_iter()
+    .find_map(|r| match r {
+        Route::Forward(l) => Some(l.service.to_string()),
+        _ => None,
+    })
+    .or_else(|| entry.firewall.as_ref().map(|p| p.service.to_string()))
+    .unwrap_or_else(|| "a service without endpoints".to_string())
+}
+
+/// What did not fit in the maps at the last write: keys per map, and the
+/// service ports left out or rejecting because of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overflow {
+    pub keys: BTreeMap<&'static str, usize>,
+    pub ports: BTreeSet<String>,
+}
+
+impl Overflow {
+    fn note(&mut self, map: &'static str, keys: usize, port: &dyn std::fmt::Display) {
+        *self.keys.entry(map).or_default() += keys;
+        self.ports.insert(port.to_string());
+    }
+
+    /// Logs what did not fit, once per write.
+    fn report(&self, sizes: &super::MapSizes) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let first: Vec<&str> = self.ports.iter().take(10).map(String::as_str).collect();
+        tracing::error!(
+            maps = ?self.keys,
+            sizes = ?sizes.by_map(),
+            service_ports = self.ports.len(),
+            first = ?first,
+            "BPF maps are full: these service ports are not served as planned (their addresses not translated, or refused for want of room for their endpoints); everything else is; raise --ebpf-map-size-services / --ebpf-map-size-endpoints"
+        );
+    }
 }
 
 /// Removes every key of `map` but those `keep` accepts; the number removed.

@@ -24,6 +24,7 @@
 
 mod batch;
 pub mod kernel;
+mod metrics;
 pub mod wire;
 
 use std::net::IpAddr;
@@ -93,6 +94,53 @@ pub struct EbpfFlags {
           default_value = "false", default_missing_value = "true",
           value_parser = parse_go_bool, action = clap::ArgAction::Set, help_heading = "svcproxy")]
     pub ebpf_host_namespace_only: bool,
+
+    /// ebpf mode only: service addresses the maps hold (each cluster, external and load-balancer IP and NodePort address, per port) (svcproxy only).
+    #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.services, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
+    pub ebpf_map_size_services: u32,
+
+    /// ebpf mode only: endpoint slots the maps hold; a full sync needs room for twice the endpoints of every list it writes (the old lists stay until the entries have moved) (svcproxy only).
+    #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.endpoints, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
+    pub ebpf_map_size_endpoints: u32,
+
+    /// ebpf mode only: connections the packet path remembers, each way (an LRU: the least recently used go first) (svcproxy only).
+    #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.connections, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
+    pub ebpf_map_size_connections: u32,
+}
+
+/// The sizes of the maps that grow with the cluster (`max_entries`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    /// `svcproxy_svc`.
+    pub services: u32,
+    /// `svcproxy_slot` (and `svcproxy_member`, the same).
+    pub endpoints: u32,
+    /// `svcproxy_ct`.
+    pub connections: u32,
+}
+
+impl MapSizes {
+    pub const DEFAULT: MapSizes = MapSizes {
+        services: 262_144,
+        endpoints: 2_097_152,
+        connections: 262_144,
+    };
+
+    /// Each sized map's name and size.
+    pub fn by_map(&self) -> [(&'static str, u32); 4] {
+        [
+            ("svcproxy_svc", self.services),
+            ("svcproxy_slot", self.endpoints),
+            ("svcproxy_member", self.endpoints),
+            ("svcproxy_ct", self.connections),
+        ]
+    }
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        MapSizes::DEFAULT
+    }
 }
 
 impl EbpfFlags {
@@ -102,6 +150,11 @@ impl EbpfFlags {
             cgroup: self.ebpf_cgroup.clone().unwrap_or(defaults.cgroup),
             pin_dir: self.ebpf_bpffs.clone(),
             host_namespace_only: self.ebpf_host_namespace_only,
+            sizes: MapSizes {
+                services: self.ebpf_map_size_services,
+                endpoints: self.ebpf_map_size_endpoints,
+                connections: self.ebpf_map_size_connections,
+            },
         }
     }
 }
@@ -118,6 +171,8 @@ pub struct EbpfOptions {
     /// the service address and meet the packet path (for meshes that must see
     /// it, as Cilium's `socketLB.hostNamespaceOnly`).
     pub host_namespace_only: bool,
+    /// The maps' sizes.
+    pub sizes: MapSizes,
 }
 
 impl EbpfOptions {
@@ -127,6 +182,7 @@ impl EbpfOptions {
             cgroup: kernel::cgroup2_root().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
             pin_dir: PathBuf::from("/sys/fs/bpf/svcproxy"),
             host_namespace_only: false,
+            sizes: MapSizes::DEFAULT,
         }
     }
 }
@@ -142,6 +198,8 @@ pub struct EbpfDataPlane {
     companion: Option<(u32, u32)>,
     /// The SCTP limit was logged.
     sctp_warned: bool,
+    /// What the metrics read.
+    stats: std::sync::Arc<std::sync::Mutex<metrics::MapStats>>,
 }
 
 impl EbpfDataPlane {
@@ -152,6 +210,7 @@ impl EbpfDataPlane {
             table: None,
             companion: None,
             sctp_warned: false,
+            stats: Default::default(),
         }
     }
 
@@ -211,11 +270,7 @@ impl DataPlane for EbpfDataPlane {
         let start = Instant::now();
         let first = self.kernel.is_none();
         if first {
-            self.kernel = Some(Kernel::open(
-                &self.opts.cgroup,
-                &self.opts.pin_dir,
-                self.opts.host_namespace_only,
-            )?);
+            self.kernel = Some(Kernel::open(&self.opts)?);
         }
         let kernel = self.kernel.as_mut().expect("opened above");
         let changes = changes.filter(|_| !first);
@@ -227,7 +282,15 @@ impl DataPlane for EbpfDataPlane {
             NftCommand::default().run(&companion_rules(marks.0, marks.1))?;
             self.companion = Some(marks);
         }
-        let ops = kernel.write(table, changes.as_ref())?;
+        let written = kernel.write(table, changes.as_ref());
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.fill = kernel.fill();
+            stats.sizes = self.opts.sizes;
+            stats.overflow = kernel.overflow.clone();
+            stats.failed_writes += u64::from(written.is_err());
+        }
+        let ops = written?;
         let kind = if first {
             SyncKind::Recreate
         } else if changes.is_none() {
@@ -261,6 +324,10 @@ impl DataPlane for EbpfDataPlane {
 
     fn node_requirements(&self, _cfg: &PlanConfig) -> NodeRequirements {
         NodeRequirements::default()
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![Box::new(metrics::EbpfCollector::new(self.stats.clone()))]
     }
 
     fn preflight(&mut self) -> Result<(), DataPlaneError> {

@@ -1,0 +1,103 @@
+//! The ebpf mode's own metrics, read at each scrape from what the last write
+//! left: how full the maps svcproxy fills are, what did not fit, and how many
+//! writes failed.
+//!
+//! - `svcproxy_ebpf_map_entries{map}`: keys svcproxy holds in the map;
+//! - `svcproxy_ebpf_map_max_entries{map}`: the map's size (the flags');
+//! - `svcproxy_ebpf_map_overflow_keys{map}`: keys that did not fit (0 when all did);
+//! - `svcproxy_ebpf_unprogrammed_service_ports`: service ports not served as planned
+//!   for want of room (their addresses untranslated, or refused for want of room
+//!   for their endpoints);
+//! - `svcproxy_ebpf_map_write_failures_total`: writes of the maps that failed.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts};
+
+use super::kernel::Overflow;
+use super::MapSizes;
+
+/// What the collector reads, written after each sync.
+#[derive(Debug, Default)]
+pub struct MapStats {
+    pub fill: Vec<(&'static str, usize)>,
+    pub sizes: MapSizes,
+    pub overflow: Overflow,
+    pub failed_writes: u64,
+}
+
+pub struct EbpfCollector {
+    stats: Arc<Mutex<MapStats>>,
+    descs: Vec<Desc>,
+}
+
+fn gauges(name: &str, help: &str) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), &["map"]).expect("valid")
+}
+
+fn families() -> (IntGaugeVec, IntGaugeVec, IntGaugeVec, IntGauge, IntCounter) {
+    (
+        gauges(
+            "svcproxy_ebpf_map_entries",
+            "Keys svcproxy holds in each BPF map it fills (ebpf mode).",
+        ),
+        gauges(
+            "svcproxy_ebpf_map_max_entries",
+            "Size (max_entries) of each BPF map svcproxy fills (ebpf mode).",
+        ),
+        gauges(
+            "svcproxy_ebpf_map_overflow_keys",
+            "Keys that did not fit in each BPF map at the last write (ebpf mode).",
+        ),
+        IntGauge::new(
+            "svcproxy_ebpf_unprogrammed_service_ports",
+            "Service ports not served as planned for want of room in the BPF maps (ebpf mode).",
+        )
+        .expect("valid"),
+        IntCounter::new(
+            "svcproxy_ebpf_map_write_failures_total",
+            "Writes of the BPF maps that failed (ebpf mode).",
+        )
+        .expect("valid"),
+    )
+}
+
+impl EbpfCollector {
+    pub fn new(stats: Arc<Mutex<MapStats>>) -> Self {
+        let (a, b, c, d, e) = families();
+        let mut descs = Vec::new();
+        for m in [a.desc(), b.desc(), c.desc(), d.desc(), e.desc()] {
+            descs.extend(m.into_iter().cloned());
+        }
+        EbpfCollector { stats, descs }
+    }
+}
+
+impl Collector for EbpfCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let (entries, max, overflow, ports, failures) = families();
+        let s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        for (map, n) in &s.fill {
+            entries.with_label_values(&[map]).set(*n as i64);
+        }
+        for (map, size) in s.sizes.by_map() {
+            max.with_label_values(&[map]).set(i64::from(size));
+            let over = s.overflow.keys.get(map).copied().unwrap_or(0);
+            overflow.with_label_values(&[map]).set(over as i64);
+        }
+        ports.set(s.overflow.ports.len() as i64);
+        failures.inc_by(s.failed_writes);
+        let mut out = entries.collect();
+        out.extend(max.collect());
+        out.extend(overflow.collect());
+        out.extend(ports.collect());
+        out.extend(failures.collect());
+        out
+    }
+}
