@@ -147,9 +147,10 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	// is known, so it meets loadBalancerSourceRanges as its packets would, and
 	// the connection is masqueraded as the packet modes masquerade the host's
 	// (its bound address may be one the endpoint cannot answer, such as a
-	// load-balancer IP).
+	// load-balancer IP). Not for an unconnected UDP socket's datagrams: its
+	// mark would stay on every later datagram, to any destination.
 	int bound_masquerade = 0;
-	if (from_host && rt->action == ACT_FORWARD && cfg) {
+	if (from_host && !datagram && rt->action == ACT_FORWARD && cfg) {
 		__u32 src[4] = {};
 		if (bound_source(ctx, family, src)) {
 			if (svc->fw_id && !admitted(svc, family, src))
@@ -209,7 +210,11 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	if (svc->affinity_secs) {
 		ak.affinity_id = svc->affinity_id;
 		ak.client = netns;
-		struct aff_val nv = { .be = chosen, .last_ns = bpf_ktime_get_ns() };
+		// Zeroed first: the padding must not be uninitialised stack.
+		struct aff_val nv;
+		__builtin_memset(&nv, 0, sizeof(nv));
+		nv.be = chosen;
+		nv.last_ns = bpf_ktime_get_ns();
 		bpf_map_update_elem(&svcproxy_aff, &ak, &nv, BPF_ANY);
 	}
 	if (datagram)

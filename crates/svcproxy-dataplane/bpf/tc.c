@@ -37,9 +37,11 @@
 // svcproxy_ifc's flags: packets arriving here come from this node's pods.
 #define IFC_PODS 1
 
-// A SYN again within this time of the last is a retransmission of the same
-// connection: it keeps the endpoint chosen for the first.
-#define SYN_RETRY_NS (3ULL * 1000000000ULL)
+// A SYN again within this time of the choice is a retransmission of the same
+// connection (Linux retries at 1, 3, 7, 15, 31 s): it keeps the endpoint chosen
+// for the first. A new connection from the same client port comes only after
+// the old one's TIME_WAIT (60 s).
+#define SYN_RETRY_NS (60ULL * 1000000000ULL)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -169,7 +171,11 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 	}
 	if (bpf_l4_csum_replace(skb, p->csum_off, 0, diff, BPF_F_PSEUDO_HDR | p->csum_flags))
 		return 0;
-	if (bpf_skb_store_bytes(skb, off, new, p->family == FAMILY_V4 ? 4 : 16, 0))
+	// An IPv6 address has no header checksum to absorb its change: a packet
+	// whose checksum the device gave whole (CHECKSUM_COMPLETE) has its sum
+	// brought along (the L4 update above assumed IPv4's compensation).
+	if (bpf_skb_store_bytes(skb, off, new, p->family == FAMILY_V4 ? 4 : 16,
+				p->family == FAMILY_V4 ? 0 : BPF_F_RECOMPUTE_CSUM))
 		return 0;
 	if (port != old_port) {
 		if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port,
@@ -230,7 +236,11 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	if (!have && !pick(rt, &be))
 		return 0;
 	if (svc->affinity_secs) {
-		struct aff_val nv = { .be = be, .last_ns = bpf_ktime_get_ns() };
+		// Zeroed first: the padding must not be uninitialised stack.
+		struct aff_val nv;
+		__builtin_memset(&nv, 0, sizeof(nv));
+		nv.be = be;
+		nv.last_ns = bpf_ktime_get_ns();
 		bpf_map_update_elem(&svcproxy_affip, &ak, &nv, BPF_ANY);
 	}
 
@@ -329,7 +339,9 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	}
 	if (flow.flags & ROUTE_MASQUERADE)
 		skb->mark |= cfg->masquerade_mark;
-	rewrite(skb, &p, 1, flow.addr, flow.port);
+	// A packet half rewritten (a helper failed) would carry a wrong checksum.
+	if (!rewrite(skb, &p, 1, flow.addr, flow.port))
+		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
 }
 
@@ -346,7 +358,8 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 	if (!ct)
 		return TC_ACT_UNSPEC;
 	struct ct_val back = *ct;
-	rewrite(skb, &p, 0, back.addr, back.port);
+	if (!rewrite(skb, &p, 0, back.addr, back.port))
+		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
 }
 

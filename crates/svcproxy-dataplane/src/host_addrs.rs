@@ -50,10 +50,19 @@ pub fn host_addresses() -> io::Result<Vec<IpAddr>> {
     Ok(ips)
 }
 
-/// This host's Ethernet interfaces (veths included), as index and name, in
-/// index order: where the eBPF mode's packet programs attach. Loopback and
-/// interfaces without an Ethernet header (tunnels, WireGuard) are left out.
-pub fn ether_links() -> io::Result<Vec<(u32, String)>> {
+/// One of this host's interfaces.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    /// The index of the interface it is enslaved to (a bridge's port).
+    pub master: Option<u32>,
+}
+
+/// This host's Ethernet interfaces (veths included), in index order: where the
+/// eBPF mode's packet programs attach. Loopback and interfaces without an
+/// Ethernet header (tunnels, WireGuard) are left out.
+pub fn ether_links() -> io::Result<Vec<Link>> {
     let mut links = Vec::new();
     dump(
         RouteNetlinkMessage::GetLink(LinkMessage::default()),
@@ -67,8 +76,16 @@ pub fn ether_links() -> io::Result<Vec<(u32, String)>> {
                     LinkAttribute::IfName(n) => Some(n.clone()),
                     _ => None,
                 });
+                let master = l.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::Controller(m) => Some(*m),
+                    _ => None,
+                });
                 if let Some(name) = name {
-                    links.push((l.header.index, name));
+                    links.push(Link {
+                        index: l.header.index,
+                        name,
+                        master,
+                    });
                 }
             }
         },

@@ -1,8 +1,8 @@
 //! Faults of the eBPF mode (issue 38): a node that cannot run it is refused at
 //! start with what is missing named; a missing bpffs at its home is mounted; after
 //! a SIGKILL the data path stays, and `svcproxy cleanup` removes every pin and the
-//! fixed rules, while a cleanup run from another network namespace leaves them
-//! alone; full maps leave out what does not fit, say so in the log and the
+//! fixed rules, while a cleanup or an svcproxy run from another network
+//! namespace leaves them alone; full maps leave out what does not fit, say so in the log and the
 //! metrics, and everything else is served.
 //!
 //! Safety: svcproxy runs only inside network namespaces the test creates (its
@@ -250,6 +250,20 @@ fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
                 out.status
             ));
         }
+        // Nor may an svcproxy there take them over.
+        let mut args = w.args(w.conf.cgroup(), &pins);
+        args.push("--once".into());
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = netns::run(&mut other.command(&argv), None, Duration::from_secs(60))
+            .expect("svcproxy ran");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !stderr.contains("pins of svcproxy in another network namespace")
+        {
+            failures.push(format!(
+                "an svcproxy in another namespace must not take the pins over: {} {stderr}",
+                out.status
+            ));
+        }
     }
 
     let mut args = vec![
@@ -465,4 +479,58 @@ impl World {
             .expect("netns")
             .expect("cleanup");
     }
+}
+
+/// `--detect-local-mode=BridgeInterface`: a pod's packets arrive on its veth, a
+/// port of the bridge, before the bridge: the bridge's ports are flagged as the
+/// pods' interfaces, as the bridge is; other interfaces are not.
+#[test]
+fn a_bridges_ports_are_its_pods_interfaces() {
+    let test = "a_bridges_ports_are_its_pods_interfaces";
+    let Some(w) = World::new(test) else { return };
+    netns::ip_batch(
+        &w.ns.name,
+        &[
+            "link add cbr0 type bridge".into(),
+            "link add vp0 type veth peer name vp1".into(),
+            "link set vp0 master cbr0".into(),
+            "link set cbr0 up".into(),
+            "link set vp0 up".into(),
+        ],
+    )
+    .expect("bridge");
+    let index = |name: &str| {
+        w.ns.run_ok(&["cat", &format!("/sys/class/net/{name}/ifindex")], None)
+            .expect("ifindex")
+            .trim()
+            .to_string()
+    };
+    let cfg = PlanConfig {
+        local_detection: LocalDetection::BridgeInterface(
+            svcproxy_plan::InterfaceName::parse("cbr0").expect("a name"),
+        ),
+        ..PlanConfig::default()
+    };
+    let mut st = six_services();
+    let snap = st.snapshot();
+    let mut driver = Driver::without_conntrack(cfg, EbpfDataPlane::new(ebpf_options(&w.conf)));
+    if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
+        netns::skip(test, &format!("cannot load the eBPF programs: {e}"));
+        return;
+    }
+    let dump = svcproxy_dataplane::ebpf::kernel::dump(&w.conf.pin_dir()).expect("dump");
+    let mut failures = Vec::new();
+    for (name, want) in [
+        ("cbr0", "pods"),
+        ("vp0", "pods"),
+        ("vp1", "other"),
+        ("node0", "other"),
+    ] {
+        let line = format!("interface {} {want}", index(name));
+        if !dump.lines().any(|l| l == line) {
+            failures.push(format!("{name}: no {line:?}"));
+        }
+    }
+    w.run_cleanup(&mut driver);
+    assert!(failures.is_empty(), "{}\n{dump}", failures.join("\n"));
 }

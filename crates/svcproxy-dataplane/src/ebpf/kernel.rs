@@ -157,6 +157,15 @@ pub fn preflight(cgroup: &Path, pin_dir: &Path) -> Result<(), DataPlaneError> {
             return Err(kernel_err(format!("--ebpf-cgroup {}", cgroup.display()), e));
         }
     }
+    if let Some(owner) = pinned_owner(pin_dir) {
+        if owner != netns_cookie()? {
+            return Err(kernel_err(
+                format!("--ebpf-bpffs {}", pin_dir.display()),
+                "it holds the pins of svcproxy in another network namespace; give this one \
+                 its own directory",
+            ));
+        }
+    }
     let parent = pin_dir.parent().unwrap_or(pin_dir);
     if !on_bpffs(parent) {
         if parent == Path::new(BPFFS_HOME) {
@@ -311,6 +320,16 @@ impl Kernel {
         }
         std::fs::create_dir_all(pin_dir)
             .map_err(|e| kernel_err(format!("creating {}", pin_dir.display()), e))?;
+        // Pins another network namespace's svcproxy made are not taken over.
+        if let Some(owner) = pinned_owner(pin_dir) {
+            if owner != netns_cookie()? {
+                return Err(kernel_err(
+                    format!("pin directory {}", pin_dir.display()),
+                    "it holds the pins of svcproxy in another network namespace; give this \
+                     one its own --ebpf-bpffs",
+                ));
+            }
+        }
         // A pinned map of another size (the flags changed) is made afresh: the
         // kernel cannot resize one.
         for (name, size) in opts.sizes.by_map() {
@@ -397,10 +416,19 @@ impl Kernel {
         }
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
+        let svc: HashMap<MapData, SvcKey, SvcVal> = take(&mut ebpf, "svcproxy_svc")?;
+        // Past every id in use, the entries' included: a slot map made afresh
+        // (resized) must not hand out an id the pinned entries still name.
         let next_list = slot
             .keys()
             .filter_map(Result::ok)
             .map(|k| k.list)
+            .chain(
+                svc.iter()
+                    .filter_map(Result::ok)
+                    .flat_map(|(_, v)| [v.pod, v.host, v.pkt_pod, v.pkt_other])
+                    .map(|r| r.list),
+            )
             .max()
             .map_or(1, |m| m.wrapping_add(1).max(1));
         Ok(Kernel {
@@ -411,7 +439,7 @@ impl Kernel {
             podnet: take(&mut tc, "svcproxy_podnet")?,
             ifc: take(&mut tc, "svcproxy_ifc")?,
             attached: BTreeMap::new(),
-            svc: take(&mut ebpf, "svcproxy_svc")?,
+            svc,
             slot,
             member: take(&mut ebpf, "svcproxy_member")?,
             local: take(&mut ebpf, "svcproxy_local")?,
@@ -453,13 +481,22 @@ impl Kernel {
         let links = crate::host_addrs::ether_links()
             .map_err(|e| kernel_err("listing the node's interfaces", e))?;
         let mut ops = 0;
-        let present: BTreeMap<u32, String> = links.into_iter().collect();
+        let present: BTreeMap<u32, String> =
+            links.iter().map(|l| (l.index, l.name.clone())).collect();
+        let masters: BTreeMap<u32, u32> = links
+            .iter()
+            .filter_map(|l| l.master.map(|m| (l.index, m)))
+            .collect();
         for (&index, name) in &present {
-            let flags = if table.pod_interfaces.iter().any(|p| p.matches(name)) {
-                wire::IFC_PODS
-            } else {
-                0
-            };
+            // A pod's packets arrive on its veth before the bridge it is a port
+            // of: the bridge's ports are the pods' interfaces too
+            // (`--detect-local-mode=BridgeInterface`).
+            let bridge = masters.get(&index).and_then(|m| present.get(m));
+            let pods = table
+                .pod_interfaces
+                .iter()
+                .any(|p| p.matches(name) || bridge.is_some_and(|b| p.matches(b)));
+            let flags = if pods { wire::IFC_PODS } else { 0 };
             match self.attached.get(&index) {
                 Some((n, f)) if n == name && *f == flags => continue,
                 Some((n, _)) if n == name => {}
@@ -474,7 +511,12 @@ impl Kernel {
                             tracing::debug!(interface = %name, error = %e, "an interface went while being attached");
                             continue;
                         }
-                        Err(e) => return Err(e),
+                        // One interface must not keep every service from the
+                        // maps: logged, and tried again at the next write.
+                        Err(e) => {
+                            tracing::warn!(interface = %name, error = %e, "cannot attach the packet programs to an interface; its packets are not translated");
+                            continue;
+                        }
                     }
                 }
             }
@@ -764,11 +806,12 @@ impl Kernel {
                             ops += n;
                             retired.extend(w.lists.insert(name.clone(), (id, new.clone())));
                         }
-                        // No room: the entries naming it reject until there is.
+                        // No room: the entries keep the list they name (its old
+                        // endpoints) until there is; a new list is not written and
+                        // its entries refuse.
                         Err(DataPlaneError::MapFull { map, .. }) => {
                             self.delete_list(id, new)?;
                             self.overflow.note(map, new.endpoints.len(), &name.service);
-                            retired.extend(w.lists.remove(name));
                         }
                         Err(e) => return Err(e),
                     }
@@ -1589,7 +1632,8 @@ fn release_interface(pin_dir: &Path, index: u32) -> Result<(), DataPlaneError> {
 
 /// Whether interface `index` still has `name`.
 fn still_there(index: u32, name: &str) -> bool {
-    crate::host_addrs::ether_links().is_ok_and(|l| l.iter().any(|(i, n)| *i == index && n == name))
+    crate::host_addrs::ether_links()
+        .is_ok_and(|l| l.iter().any(|l| l.index == index && l.name == name))
 }
 
 /// Removes what svcproxy pinned in `pin_dir`: the links first (detaching the
