@@ -294,6 +294,10 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 		ct = 0;
 	if (ct && tcp) {
 		flow = *ct;
+	} else if (tcp && !syn) {
+		// Mid-stream TCP that no connection here began (replies, the node's
+		// own traffic): not ours, and no service lookup for it.
+		return TC_ACT_UNSPEC;
 	} else {
 		struct svc_key key = {};
 		addr_copy(key.addr, p.daddr);
@@ -313,9 +317,6 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 			// A UDP flow keeps its endpoint while it stays in the list.
 			flow = *ct;
 		} else {
-			// Mid-stream TCP that no connection here began: not ours.
-			if (tcp && !syn)
-				return TC_ACT_UNSPEC;
 			if (svc->fw_id && !admitted(svc, p.family, p.saddr))
 				return TC_ACT_SHOT;
 			switch (rt->action) {

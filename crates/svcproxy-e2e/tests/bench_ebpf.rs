@@ -382,3 +382,201 @@ fn bench_ebpf_connect() {
     println!("{out}");
     drop(server);
 }
+
+/// A NodePort reached from outside the node, through the packet path: an
+/// external namespace, the node's namespace (where the data plane runs) and a
+/// backend namespace, joined by veths; the node forwards. Rows, each the median
+/// of `BENCH_REPEAT` runs taken in turn:
+///
+/// - `floor`: the external client connects to the backend's address, routed
+///   through the node (forwarding only: no NAT, no program);
+/// - `ebpf`: tc programs on the node's interfaces DNAT to the endpoint and turn
+///   the replies back, one fixed rule masquerades (externalTrafficPolicy
+///   Cluster);
+/// - `nftables`: the mode's rules DNAT and masquerade in the node's namespace.
+///
+/// Two figures each: new connections per second (`loadgen connect`, 8 threads)
+/// and requests per second on 8 open connections (`loadgen rr`), each as a ratio
+/// to the first row's. `BENCH_ROWS=ebpf` runs that row alone.
+#[test]
+#[ignore]
+fn bench_ebpf_nodeport_from_outside() {
+    let test = "bench_ebpf_nodeport_from_outside";
+    if !netns::can_run(test, &["ip", "nft", "taskset"]) {
+        return;
+    }
+    let repeat = env("BENCH_REPEAT", 3);
+    let seconds = env("BENCH_SECONDS", 5).to_string();
+    let mut set = NsSet::new();
+    let names = set
+        .add(&["ext".to_string(), "node".to_string(), "backend".to_string()])
+        .expect("namespaces");
+    let (ext, node, backend) = (names[0].clone(), names[1].clone(), names[2].clone());
+    netns::ip_batch(
+        &ext,
+        &[
+            "link set lo up".into(),
+            format!("link add eth0 type veth peer name eth0 netns {node}"),
+            "addr add 10.71.0.100/24 dev eth0".into(),
+            "link set eth0 up".into(),
+            "route add 10.72.0.0/24 via 10.71.0.1".into(),
+        ],
+    )
+    .expect("ext links");
+    netns::ip_batch(
+        &node,
+        &[
+            "link set lo up".into(),
+            "addr add 10.71.0.1/24 dev eth0".into(),
+            "link set eth0 up".into(),
+            format!("link add p0 type veth peer name eth0 netns {backend}"),
+            "addr add 10.72.0.1/24 dev p0".into(),
+            "link set p0 up".into(),
+        ],
+    )
+    .expect("node links");
+    netns::sysctl(&node, &[("net.ipv4.ip_forward", "1")]).expect("forwarding");
+    netns::ip_batch(
+        &backend,
+        &[
+            "link set lo up".into(),
+            "addr add 10.72.0.2/24 dev eth0".into(),
+            "link set eth0 up".into(),
+            "route add default via 10.72.0.1".into(),
+        ],
+    )
+    .expect("backend links");
+    let logs = tempfile::tempdir().unwrap();
+    let lg = loadgen_bin()
+        .expect("svcproxy-loadgen")
+        .to_string_lossy()
+        .into_owned();
+    let server = NsProcess::spawn(
+        &backend,
+        &[
+            "taskset",
+            "-c",
+            "1",
+            &lg,
+            "serve",
+            "--listen",
+            "10.72.0.2:8080",
+        ],
+        "server",
+        logs.path(),
+    )
+    .expect("server");
+    server
+        .wait_for_stdout("ready", Duration::from_secs(10))
+        .expect("server ready");
+
+    let yaml = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec: {podCIDRs: [10.72.0.0/24]}\nstatus:\n  addresses: [{type: InternalIP, address: 10.71.0.1}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: bench}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.1\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: bench, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n- {addresses: [10.72.0.2], nodeName: node-a}\n";
+    let mut st = ClusterState::new(StateConfig {
+        node_name: "node-a".to_string(),
+        service_proxy_name: None,
+        ignore_external_ips: false,
+    });
+    for object in svcproxy_testkit::objects::parse(yaml) {
+        st.apply(SourceUpdate::Upsert {
+            object,
+            origin: "bench".to_string(),
+        });
+    }
+    let snap = st.snapshot();
+    let conf = Confinement::new().expect("cgroup and bpffs");
+    let load = |what: &str, target: &str| -> f64 {
+        let argv = [
+            "ip",
+            "netns",
+            "exec",
+            &ext,
+            "taskset",
+            "-c",
+            "0",
+            &lg,
+            what,
+            "--target",
+            target,
+            "--concurrency",
+            "8",
+            "--seconds",
+            &seconds,
+        ];
+        let out = netns::run(
+            std::process::Command::new(argv[0]).args(&argv[1..]),
+            None,
+            Duration::from_secs(120),
+        )
+        .expect("loadgen");
+        assert!(
+            out.status.success(),
+            "loadgen: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("loadgen JSON");
+        assert_eq!(
+            v["errors"].as_f64().unwrap_or(0.0),
+            0.0,
+            "{what} {target}: errors {v}"
+        );
+        v["per_s"].as_f64().unwrap_or(0.0)
+    };
+    // `BENCH_ROWS=ebpf` runs one row alone (for a profile of it).
+    let only = std::env::var("BENCH_ROWS").unwrap_or_default();
+    let rows: Vec<&str> = ["floor", "ebpf", "nftables"]
+        .into_iter()
+        .filter(|r| only.is_empty() || only.split(',').any(|o| o == *r))
+        .collect();
+    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); rows.len()];
+    for _ in 0..repeat {
+        for (ri, row) in rows.iter().enumerate() {
+            let (target, cleanup): (&str, Box<dyn FnOnce()>) = match *row {
+                "floor" => ("10.72.0.2:8080", Box::new(|| {})),
+                "ebpf" => {
+                    let mut d = Driver::without_conntrack(
+                        plan_config(),
+                        EbpfDataPlane::new(ebpf_options(&conf)),
+                    );
+                    netns::in_netns(&node, || d.sync(&snap, true))
+                        .expect("netns")
+                        .expect("ebpf sync");
+                    let node = node.clone();
+                    (
+                        "10.71.0.1:30080",
+                        Box::new(move || {
+                            netns::in_netns(&node, || d.plane_mut().cleanup())
+                                .expect("netns")
+                                .expect("ebpf cleanup")
+                        }),
+                    )
+                }
+                _ => {
+                    let cmd = NftCommand::from_argv(["ip", "netns", "exec", &node, "nft"])
+                        .in_netns(format!("/run/netns/{node}"));
+                    let mut d =
+                        Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(cmd));
+                    d.sync(&snap, true).expect("nft sync");
+                    (
+                        "10.71.0.1:30080",
+                        Box::new(move || d.plane_mut().cleanup().expect("nft cleanup")),
+                    )
+                }
+            };
+            results[ri].0.push(load("connect", target));
+            results[ri].1.push(load("rr", target));
+            cleanup();
+        }
+    }
+    let floor = (median(results[0].0.clone()), median(results[0].1.clone()));
+    println!("\nNodePort from outside, {repeat} runs each (median):");
+    println!("| row | conn/s | x floor | req/s (8 open connections) | x floor |");
+    println!("|---|---|---|---|---|");
+    for (ri, row) in rows.iter().enumerate() {
+        let (c, r) = (median(results[ri].0.clone()), median(results[ri].1.clone()));
+        println!(
+            "| {row} | {c:.0} | {:.3} | {r:.0} | {:.3} |",
+            c / floor.0,
+            r / floor.1
+        );
+    }
+}
