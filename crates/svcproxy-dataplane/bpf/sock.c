@@ -131,6 +131,17 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	struct svc_key key;
 	struct svc_val *svc = lookup_service(ctx, family, &key);
 	if (!svc) {
+		struct config *c = config();
+		// The guard is the host's to apply; pods left to the packet path meet
+		// it there.
+		if (!(c && c->host_only && bpf_get_netns_cookie(ctx) != c->host_netns_cookie)) {
+			switch (guard(&key)) {
+			case GUARD_REJECT:
+				return refuse(ECONNREFUSED);
+			case GUARD_DROP:
+				return refuse(ETIMEDOUT);
+			}
+		}
 		if (!datagram)
 			forget_peer(ctx);
 		return 1;

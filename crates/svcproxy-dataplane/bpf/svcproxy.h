@@ -242,6 +242,26 @@ struct {
 	__type(value, __u8);
 } svcproxy_fw SEC(".maps");
 
+// The service address space's guard: every cluster IP (key as svcproxy_local's)...
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct local_key);
+	__type(value, __u8);
+} svcproxy_vip SEC(".maps");
+
+// ... and the ServiceCIDRs (key as svcproxy_podnet's).
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct podnet_key);
+	__type(value, __u8);
+} svcproxy_guard SEC(".maps");
+
 static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
 {
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
@@ -282,6 +302,29 @@ static __always_inline int is_member(__u32 list, const struct backend *be)
 	addr_copy(mk.addr, be->addr);
 	mk.port = be->port;
 	return bpf_map_lookup_elem(&svcproxy_member, &mk) != 0;
+}
+
+#define GUARD_NONE 0
+#define GUARD_REJECT 1
+#define GUARD_DROP 2
+
+// What the guard says of a destination that is no service address: a cluster
+// IP on a port no service exposes is refused, another address of a ServiceCIDR
+// dropped (as the packet modes' rules after DNAT).
+static __always_inline int guard(const struct svc_key *key)
+{
+	struct local_key vk = {};
+	addr_copy(vk.addr, key->addr);
+	vk.family = key->family;
+	if (bpf_map_lookup_elem(&svcproxy_vip, &vk))
+		return GUARD_REJECT;
+	struct podnet_key gk = {};
+	gk.prefixlen = 32 + (key->family == FAMILY_V4 ? 32 : 128);
+	gk.family = key->family;
+	addr_copy(gk.addr, key->addr);
+	if (bpf_map_lookup_elem(&svcproxy_guard, &gk))
+		return GUARD_DROP;
+	return GUARD_NONE;
 }
 
 // loadBalancerSourceRanges of the entry admit source `addr`.

@@ -305,8 +305,16 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 		key.proto = p.proto;
 		key.family = p.family;
 		struct svc_val *svc = find_service(&key);
-		if (!svc)
+		if (!svc) {
+			switch (guard(&key)) {
+			case GUARD_REJECT:
+				skb->mark |= cfg->reject_mark;
+				return TC_ACT_UNSPEC;
+			case GUARD_DROP:
+				return TC_ACT_SHOT;
+			}
 			return TC_ACT_UNSPEC;
+		}
 		const struct route *rt = from_pod(skb, &p) ? &svc->pkt_pod : &svc->pkt_other;
 		struct backend prev = {};
 		if (ct) {

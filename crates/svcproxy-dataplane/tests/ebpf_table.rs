@@ -59,6 +59,11 @@ service 203.0.113.20:5432/tcp pod: forward IPv4 demo/db:pg/TCP cluster host: for
 pod-cidr 198.18.1.0/24
 pod-cidr 2001:db8:1::/64
 marks masquerade 0x4000 reject 0x8000
+guard-cidr 198.19.0.0/16
+guard-cidr 2001:db8:ffff::/112
+cluster-ip 198.19.0.10
+cluster-ip 198.19.0.20
+cluster-ip 198.19.0.40
 endpoints IPv4 demo/db:pg/TCP cluster: 198.18.2.20:5432
 endpoints IPv4 demo/np:http/TCP cluster (remembered): 198.18.2.40:8080
 endpoints IPv4 demo/web:http/TCP cluster: 198.18.1.10:8080 198.18.2.10:8080

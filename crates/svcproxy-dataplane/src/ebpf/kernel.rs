@@ -79,7 +79,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 ];
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 14] = [
+pub const MAPS: [&str; 16] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -94,6 +94,8 @@ pub const MAPS: [&str; 14] = [
     "svcproxy_ifc",
     "svcproxy_ct",
     "svcproxy_affip",
+    "svcproxy_vip",
+    "svcproxy_guard",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
@@ -235,6 +237,9 @@ struct Written {
     lists: HashMap2<ListName, (u32, EndpointList)>,
     entries: HashMap2<Dest, (SvcKey, SvcVal)>,
     local: BTreeSet<LocalKey>,
+    /// The guard's cluster IPs and ServiceCIDRs.
+    vips: BTreeSet<LocalKey>,
+    guard: BTreeSet<IpNet>,
     /// Each fenced port's admitted sources, by the port's id.
     firewalls: BTreeMap<u64, (PortName, Vec<IpNet>)>,
     pod_cidrs: BTreeSet<IpNet>,
@@ -273,6 +278,8 @@ pub struct Kernel {
     fw: LpmTrie<MapData, FwData, u8>,
     podnet: LpmTrie<MapData, PodnetData, u8>,
     ifc: HashMap<MapData, u32, u32>,
+    vip: HashMap<MapData, LocalKey, u8>,
+    guard: LpmTrie<MapData, PodnetData, u8>,
     /// The interfaces the packet programs are attached to: index → name and
     /// the flags written for it.
     attached: BTreeMap<u32, (String, u32)>,
@@ -438,6 +445,8 @@ impl Kernel {
             fw: take(&mut tc, "svcproxy_fw")?,
             podnet: take(&mut tc, "svcproxy_podnet")?,
             ifc: take(&mut tc, "svcproxy_ifc")?,
+            vip: take(&mut ebpf, "svcproxy_vip")?,
+            guard: take(&mut ebpf, "svcproxy_guard")?,
             attached: BTreeMap::new(),
             svc,
             slot,
@@ -735,7 +744,6 @@ impl Kernel {
             }
             w.entries.insert(*dests[i].0, (keys[i], values[i]));
         }
-        self.overflow.report(&self.sizes);
         for ip in &table.local_addrs {
             let k = local_key(ip);
             self.local
@@ -743,6 +751,25 @@ impl Kernel {
                 .map_err(|e| kernel_err(format!("writing local address {ip}"), e))?;
             ops += 1;
             w.local.insert(k);
+        }
+        for ip in table.cluster_ips.keys() {
+            let k = local_key(ip);
+            match self.vip.insert(k, 1, 0) {
+                Ok(()) => {
+                    ops += 1;
+                    w.vips.insert(k);
+                }
+                // No room: that cluster IP's unexposed ports are not refused.
+                Err(e) if map_full(&e) => self.overflow.note_keys("svcproxy_vip", 1),
+                Err(e) => return Err(kernel_err(format!("writing cluster IP {ip}"), e)),
+            }
+        }
+        for net in &table.guard_cidrs {
+            self.guard
+                .insert(&wire::podnet_key(net), 1, 0)
+                .map_err(|e| kernel_err(format!("writing ServiceCIDR {net}"), e))?;
+            ops += 1;
+            w.guard.insert(*net);
         }
         match before {
             Some(before) if !unknown => {
@@ -763,10 +790,17 @@ impl Kernel {
                 for net in before.pod_cidrs.difference(&w.pod_cidrs) {
                     ops += removed(self.podnet.remove(&wire::podnet_key(net)), net)?;
                 }
+                for k in before.vips.difference(&w.vips) {
+                    ops += remove(&mut self.vip, k)?;
+                }
+                for net in before.guard.difference(&w.guard) {
+                    ops += removed(self.guard.remove(&wire::podnet_key(net)), net)?;
+                }
             }
             _ if unknown => ops += self.sweep(&w)?,
             _ => {}
         }
+        self.overflow.report(&self.sizes);
         self.written = Some(w);
         Ok(ops)
     }
@@ -857,6 +891,24 @@ impl Kernel {
             ops += remove(&mut self.local, k)?;
         }
         w.local = local;
+        for ip in &changes.cluster_ips {
+            let k = local_key(ip);
+            match (table.cluster_ips.contains_key(ip), w.vips.contains(&k)) {
+                (true, false) => match self.vip.insert(k, 1, 0) {
+                    Ok(()) => {
+                        ops += 1;
+                        w.vips.insert(k);
+                    }
+                    Err(e) if map_full(&e) => self.overflow.note_keys("svcproxy_vip", 1),
+                    Err(e) => return Err(kernel_err(format!("writing cluster IP {ip}"), e)),
+                },
+                (false, true) => {
+                    ops += remove(&mut self.vip, &k)?;
+                    w.vips.remove(&k);
+                }
+                _ => {}
+            }
+        }
         for (id, list) in &retired {
             ops += self.delete_list(*id, list)?;
         }
@@ -983,11 +1035,18 @@ impl Kernel {
             .iter()
             .map(|n| lpm_parts(&wire::podnet_key(n)))
             .collect();
+        let guard: BTreeSet<(u32, PodnetData)> = w
+            .guard
+            .iter()
+            .map(|n| lpm_parts(&wire::podnet_key(n)))
+            .collect();
         Ok(remove_unless(&mut self.svc, |k| entries.contains(k))?
             + remove_unless(&mut self.local, |k| w.local.contains(k))?
             + self.drop_lists_but(&ids)?
             + lpm_remove_unless(&mut self.fw, |k| fw.contains(&lpm_parts(k)))?
-            + lpm_remove_unless(&mut self.podnet, |k| pod.contains(&lpm_parts(k)))?)
+            + lpm_remove_unless(&mut self.podnet, |k| pod.contains(&lpm_parts(k)))?
+            + remove_unless(&mut self.vip, |k| w.vips.contains(k))?
+            + lpm_remove_unless(&mut self.guard, |k| guard.contains(&lpm_parts(k)))?)
     }
 
     /// The maps' contents read back as a table (lists named by the entries that
@@ -1057,6 +1116,25 @@ impl Kernel {
                 }
                 Ok(None) => problems.push("a pod CIDR key is malformed".to_string()),
                 Err(e) => problems.push(format!("reading svcproxy_podnet: {e}")),
+            }
+        }
+        for k in self.vip.keys() {
+            match k {
+                Ok(k) => {
+                    if let Some(ip) = wire::addr_of(k.addr, k.family) {
+                        t.cluster_ips.insert(ip, 1);
+                    }
+                }
+                Err(e) => problems.push(format!("reading svcproxy_vip: {e}")),
+            }
+        }
+        for k in self.guard.keys() {
+            match k.map(|k| wire::podnet_of(&k)) {
+                Ok(Some(net)) => {
+                    t.guard_cidrs.insert(net);
+                }
+                Ok(None) => problems.push("a ServiceCIDR key is malformed".to_string()),
+                Err(e) => problems.push(format!("reading svcproxy_guard: {e}")),
             }
         }
         let route = |r: &wire::Route, t: &mut Table, problems: &mut Vec<String>| match r.action {
@@ -1248,8 +1326,14 @@ pub struct Overflow {
 
 impl Overflow {
     fn note(&mut self, map: &'static str, keys: usize, port: &dyn std::fmt::Display) {
-        *self.keys.entry(map).or_default() += keys;
+        self.note_keys(map, keys);
         self.ports.insert(port.to_string());
+    }
+
+    /// Keys that did not fit without a service port left out for it (the
+    /// guard's cluster IPs: their unexposed ports are not refused).
+    fn note_keys(&mut self, map: &'static str, keys: usize) {
+        *self.keys.entry(map).or_default() += keys;
     }
 
     /// Logs what did not fit, once per write.
@@ -1366,7 +1450,7 @@ where
     let map = match name {
         "svcproxy_cfg" => aya::maps::Map::Array(data),
         "svcproxy_aff" | "svcproxy_affip" => aya::maps::Map::LruHashMap(data),
-        "svcproxy_fw" | "svcproxy_podnet" => aya::maps::Map::LpmTrie(data),
+        "svcproxy_fw" | "svcproxy_podnet" | "svcproxy_guard" => aya::maps::Map::LpmTrie(data),
         _ => aya::maps::Map::HashMap(data),
     };
     T::try_from(map).map_err(|e| kernel_err(name, e))
@@ -1386,6 +1470,8 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
     let podnet: LpmTrie<MapData, PodnetData, u8> = open_pinned(pin_dir, "svcproxy_podnet")?;
     let ifc: HashMap<MapData, u32, u32> = open_pinned(pin_dir, "svcproxy_ifc")?;
     let local: HashMap<MapData, LocalKey, u8> = open_pinned(pin_dir, "svcproxy_local")?;
+    let vip: HashMap<MapData, LocalKey, u8> = open_pinned(pin_dir, "svcproxy_vip")?;
+    let guard: LpmTrie<MapData, PodnetData, u8> = open_pinned(pin_dir, "svcproxy_guard")?;
     let aff: HashMap<MapData, wire::AffKey, wire::AffVal> = open_pinned(pin_dir, "svcproxy_aff")?;
     let affip: HashMap<MapData, wire::AffIpKey, wire::AffVal> =
         open_pinned(pin_dir, "svcproxy_affip")?;
@@ -1433,6 +1519,18 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         if let Some(ip) = wire::addr_of(k.addr, k.family) {
             lines.push(format!("local-address {ip}"));
         }
+    }
+    for k in vip.keys().filter_map(Result::ok) {
+        if let Some(ip) = wire::addr_of(k.addr, k.family) {
+            lines.push(format!("cluster-ip {ip}"));
+        }
+    }
+    for net in guard
+        .keys()
+        .filter_map(Result::ok)
+        .filter_map(|k| wire::podnet_of(&k))
+    {
+        lines.push(format!("guard-cidr {net}"));
     }
     for k in fw.keys().filter_map(Result::ok) {
         let len = k.prefix_len().saturating_sub(64);
@@ -1575,6 +1673,12 @@ pub fn expected_lines(table: &Table) -> BTreeSet<String> {
     }
     for ip in &table.local_addrs {
         out.insert(format!("local-address {ip}"));
+    }
+    for ip in table.cluster_ips.keys() {
+        out.insert(format!("cluster-ip {ip}"));
+    }
+    for net in &table.guard_cidrs {
+        out.insert(format!("guard-cidr {net}"));
     }
     out
 }

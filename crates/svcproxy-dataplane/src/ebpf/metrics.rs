@@ -93,7 +93,12 @@ impl Collector for EbpfCollector {
         }
         ports.set(s.overflow.ports.len() as i64);
         failures.inc_by(s.failed_writes);
-        let mut out = entries.collect();
+        // A family without samples (nothing written yet) is left out.
+        let mut out: Vec<MetricFamily> = entries
+            .collect()
+            .into_iter()
+            .filter(|f| !f.get_metric().is_empty())
+            .collect();
         out.extend(max.collect());
         out.extend(overflow.collect());
         out.extend(ports.collect());

@@ -127,9 +127,10 @@ impl MapSizes {
     };
 
     /// Each sized map's name and size.
-    pub fn by_map(&self) -> [(&'static str, u32); 4] {
+    pub fn by_map(&self) -> [(&'static str, u32); 5] {
         [
             ("svcproxy_svc", self.services),
+            ("svcproxy_vip", self.services),
             ("svcproxy_slot", self.endpoints),
             ("svcproxy_member", self.endpoints),
             ("svcproxy_ct", self.connections),
@@ -404,6 +405,8 @@ fn pinned_differences(
                 "pod-cidr ",
                 "local-address ",
                 "marks ",
+                "cluster-ip ",
+                "guard-cidr ",
             ]
             .iter()
             .any(|p| l.starts_with(p))

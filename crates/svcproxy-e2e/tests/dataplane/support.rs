@@ -330,8 +330,7 @@ impl Mode {
     /// Whether a dump shows a drop of the whole ServiceCIDR `cidr`.
     pub fn shows_cidr_drop(self, dump: &str, cidr: &str) -> bool {
         match self {
-            // No guard yet (its semantics say so).
-            Mode::Ebpf => false,
+            Mode::Ebpf => dump.lines().any(|l| l == format!("guard-cidr {cidr}")),
             Mode::Nftables | Mode::Userspace => dump
                 .lines()
                 .any(|l| l.contains(cidr) && l.trim_end().ends_with("drop")),

@@ -179,15 +179,23 @@ pub struct Table {
     /// ([`companion_rules`]): masquerade (the intent's), and reject.
     pub masquerade_mark: u32,
     pub reject_mark: u32,
+    /// The service address space's guard (the node intent's
+    /// `guard_service_ips`): a connection to a cluster IP on a port no service
+    /// exposes is refused...
+    pub cluster_ips: BTreeMap<IpAddr, usize>,
+    /// ... and one to an address of these ServiceCIDRs that is no cluster IP is
+    /// dropped. Each cluster IP counts the service ports that have it.
+    pub guard_cidrs: BTreeSet<IpNet>,
 }
 
 /// The ebpf mode's behaviour where modes differ: NodePorts on loopback are
 /// translated at the socket in both families (no `route_localnet`, as the
-/// userspace proxy serves them). The ServiceCIDR guard and the INVALID-drop rule
-/// are not on the packet path yet, and the intent says so.
+/// userspace proxy serves them); the service address space is guarded at the
+/// socket and on the packet path. The INVALID-drop rule is not on the packet
+/// path, and the intent says so.
 pub const SEMANTICS: crate::ModeSemantics = crate::ModeSemantics {
     localhost_nodeports: crate::LocalhostNodePorts::Proxy,
-    guard_service_ips: false,
+    guard_service_ips: true,
     drop_invalid_forwarded: false,
 };
 
@@ -245,6 +253,7 @@ pub struct Changes {
     pub entries: BTreeSet<Dest>,
     pub lists: BTreeSet<ListName>,
     pub firewalls: BTreeSet<PortName>,
+    pub cluster_ips: BTreeSet<IpAddr>,
 }
 
 /// The addresses a family's NodePorts answer on (`None`: every local address).
@@ -291,6 +300,14 @@ impl Table {
             let Some(node) = fam.node() else { continue };
             t.masquerade_mark = node.masquerade_mark;
             t.reject_mark = reject_mark(node.masquerade_mark);
+            if node.guard_service_ips {
+                t.guard_cidrs.extend(node.service_cidrs.iter().copied());
+                for svc in fam.services().values() {
+                    for ip in svc.cluster_ips() {
+                        *t.cluster_ips.entry(ip).or_default() += 1;
+                    }
+                }
+            }
             match &node.local_traffic {
                 Some(LocalTraffic::Cidrs(nets)) => t.pod_cidrs.extend(nets.iter().copied()),
                 Some(LocalTraffic::Interface(name)) => {
@@ -356,6 +373,21 @@ impl Table {
                 ports.insert(c.name.clone());
                 for svc in c.before.iter().chain(&c.after) {
                     keys.extend(svc.frontends.iter().map(|f| f.key));
+                }
+                if node.guard_service_ips {
+                    for ip in c.before.iter().flat_map(|s| s.cluster_ips()) {
+                        if let Some(n) = self.cluster_ips.get_mut(&ip) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.cluster_ips.remove(&ip);
+                            }
+                        }
+                        changes.cluster_ips.insert(ip);
+                    }
+                    for ip in c.after.iter().flat_map(|s| s.cluster_ips()) {
+                        *self.cluster_ips.entry(ip).or_default() += 1;
+                        changes.cluster_ips.insert(ip);
+                    }
                 }
             }
             // The lists of those ports, from what each owns now.
@@ -535,6 +567,12 @@ impl Table {
                 "marks masquerade {:#x} reject {:#x}",
                 self.masquerade_mark, self.reject_mark
             );
+        }
+        for net in &self.guard_cidrs {
+            let _ = writeln!(out, "guard-cidr {net}");
+        }
+        for ip in self.cluster_ips.keys() {
+            let _ = writeln!(out, "cluster-ip {ip}");
         }
         for i in &self.pod_interfaces {
             match i {
