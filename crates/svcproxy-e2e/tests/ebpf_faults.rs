@@ -14,8 +14,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use svcproxy_core::objects::SourceUpdate;
-use svcproxy_core::state::{ClusterState, StateConfig};
+use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::ebpf::MapSizes;
 use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
 use svcproxy_e2e::probe::ProbeLine;
@@ -298,11 +297,6 @@ fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
 
 /// Six cluster IPs (198.19.0.1-6:80), each with one endpoint, 198.18.1.10:8080.
 fn six_services() -> ClusterState {
-    let mut state = ClusterState::new(StateConfig {
-        node_name: "node-a".to_string(),
-        service_proxy_name: None,
-        ignore_external_ips: false,
-    });
     let mut docs = vec![MANIFESTS
         .split("---")
         .next()
@@ -319,15 +313,7 @@ fn six_services() -> ClusterState {
              ports:\n- {{name: http, port: 8080}}\nendpoints:\n- {{addresses: [198.18.1.10], nodeName: node-a}}\n"
         ));
     }
-    for doc in docs {
-        for object in svcproxy_testkit::objects::parse(&doc) {
-            state.apply(SourceUpdate::Upsert {
-                object,
-                origin: "test".to_string(),
-            });
-        }
-    }
-    state
+    svcproxy_testkit::objects::state("node-a", &docs)
 }
 
 #[test]

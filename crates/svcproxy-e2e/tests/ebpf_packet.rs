@@ -25,8 +25,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use svcproxy_core::objects::SourceUpdate;
-use svcproxy_core::state::{ClusterState, StateConfig};
+use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
 use svcproxy_e2e::plan::{self, Family};
 use svcproxy_e2e::{
@@ -143,20 +142,7 @@ fn manifests() -> String {
 }
 
 fn state() -> ClusterState {
-    let mut state = ClusterState::new(StateConfig {
-        node_name: plan::node_name(0),
-        service_proxy_name: None,
-        ignore_external_ips: false,
-    });
-    for doc in manifests().split("---\n").filter(|d| !d.trim().is_empty()) {
-        for object in svcproxy_testkit::objects::parse(doc) {
-            state.apply(SourceUpdate::Upsert {
-                object,
-                origin: "test".to_string(),
-            });
-        }
-    }
-    state
+    svcproxy_testkit::objects::state(&plan::node_name(0), &[manifests()])
 }
 
 fn plan_config() -> PlanConfig {

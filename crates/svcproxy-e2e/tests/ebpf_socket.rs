@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use svcproxy_core::objects::SourceUpdate;
-use svcproxy_core::state::{ClusterState, StateConfig};
+use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::ebpf::kernel;
 use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
 use svcproxy_e2e::probe::ProbeLine;
@@ -172,20 +172,7 @@ fn manifests(with_b: bool) -> Vec<String> {
 }
 
 fn state(docs: &[String]) -> ClusterState {
-    let mut state = ClusterState::new(StateConfig {
-        node_name: "node-a".to_string(),
-        service_proxy_name: None,
-        ignore_external_ips: false,
-    });
-    for doc in docs {
-        for object in svcproxy_testkit::objects::parse(doc) {
-            state.apply(SourceUpdate::Upsert {
-                object,
-                origin: "test".to_string(),
-            });
-        }
-    }
-    state
+    svcproxy_testkit::objects::state("node-a", docs)
 }
 
 fn plan_config() -> PlanConfig {

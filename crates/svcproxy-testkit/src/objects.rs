@@ -1,6 +1,7 @@
 //! Kubernetes objects for tests, read with the proxy's own manifest parser.
 //!
-//! Entry points: [`parse`] (YAML text), [`load`] (a YAML file), [`one`] (exactly one object).
+//! Entry points: [`parse`] (YAML text), [`load`] (a YAML file), [`one`] (exactly one object),
+//! [`state`] (a node's `ClusterState` of YAML documents).
 
 use std::path::Path;
 
@@ -32,6 +33,26 @@ pub fn parse(yaml: &str) -> Vec<KubeObject> {
 pub fn load(path: &Path) -> Vec<KubeObject> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     parse_named(&text, &path.display().to_string())
+}
+
+/// The state node `node` holds once every object of `docs` (YAML texts) is
+/// applied, in order; its own services not filtered by a proxy name.
+pub fn state<S: AsRef<str>>(node: &str, docs: &[S]) -> svcproxy_core::state::ClusterState {
+    use svcproxy_core::objects::SourceUpdate;
+    let mut st = svcproxy_core::state::ClusterState::new(svcproxy_core::state::StateConfig {
+        node_name: node.to_string(),
+        service_proxy_name: None,
+        ignore_external_ips: false,
+    });
+    for doc in docs {
+        for object in parse(doc.as_ref()) {
+            st.apply(SourceUpdate::Upsert {
+                object,
+                origin: "test".to_string(),
+            });
+        }
+    }
+    st
 }
 
 /// The one object in `yaml`; panics if there are none or several.

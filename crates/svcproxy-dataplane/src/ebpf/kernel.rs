@@ -1109,34 +1109,12 @@ impl Kernel {
         for nets in t.firewalls.values_mut() {
             nets.sort();
         }
-        for k in self.podnet.keys() {
-            match k.map(|k| wire::podnet_of(&k)) {
-                Ok(Some(net)) => {
-                    t.pod_cidrs.insert(net);
-                }
-                Ok(None) => problems.push("a pod CIDR key is malformed".to_string()),
-                Err(e) => problems.push(format!("reading svcproxy_podnet: {e}")),
-            }
-        }
-        for k in self.vip.keys() {
-            match k {
-                Ok(k) => {
-                    if let Some(ip) = wire::addr_of(k.addr, k.family) {
-                        t.cluster_ips.insert(ip, 1);
-                    }
-                }
-                Err(e) => problems.push(format!("reading svcproxy_vip: {e}")),
-            }
-        }
-        for k in self.guard.keys() {
-            match k.map(|k| wire::podnet_of(&k)) {
-                Ok(Some(net)) => {
-                    t.guard_cidrs.insert(net);
-                }
-                Ok(None) => problems.push("a ServiceCIDR key is malformed".to_string()),
-                Err(e) => problems.push(format!("reading svcproxy_guard: {e}")),
-            }
-        }
+        t.pod_cidrs = nets_in(&self.podnet, "svcproxy_podnet", &mut problems);
+        t.guard_cidrs = nets_in(&self.guard, "svcproxy_guard", &mut problems);
+        t.cluster_ips = addrs_in(&self.vip, "svcproxy_vip", &mut problems)
+            .into_iter()
+            .map(|ip| (ip, 1))
+            .collect();
         let route = |r: &wire::Route, t: &mut Table, problems: &mut Vec<String>| match r.action {
             wire::ACT_FORWARD => {
                 let list: Vec<SocketAddr> = slots
@@ -1228,11 +1206,7 @@ impl Kernel {
             };
             t.entries.insert(dest, entry);
         }
-        for k in self.local.keys().filter_map(Result::ok) {
-            if let Some(ip) = wire::addr_of(k.addr, k.family) {
-                t.local_addrs.insert(ip);
-            }
-        }
+        t.local_addrs = addrs_in(&self.local, "svcproxy_local", &mut problems);
         (t, problems)
     }
 }
@@ -1515,23 +1489,16 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         let affinity = (v.affinity_secs > 0).then_some(v.affinity_secs);
         lines.push(service_line(&dest, &routes, affinity, v.fw_id));
     }
-    for k in local.keys().filter_map(Result::ok) {
-        if let Some(ip) = wire::addr_of(k.addr, k.family) {
-            lines.push(format!("local-address {ip}"));
-        }
+    let mut problems = Vec::new();
+    for (label, map) in [("local-address", &local), ("cluster-ip", &vip)] {
+        let addrs = addrs_in(map, label, &mut problems);
+        lines.extend(addrs.iter().map(|ip| format!("{label} {ip}")));
     }
-    for k in vip.keys().filter_map(Result::ok) {
-        if let Some(ip) = wire::addr_of(k.addr, k.family) {
-            lines.push(format!("cluster-ip {ip}"));
-        }
+    for (label, map) in [("pod-cidr", &podnet), ("guard-cidr", &guard)] {
+        let nets = nets_in(map, label, &mut problems);
+        lines.extend(nets.iter().map(|net| format!("{label} {net}")));
     }
-    for net in guard
-        .keys()
-        .filter_map(Result::ok)
-        .filter_map(|k| wire::podnet_of(&k))
-    {
-        lines.push(format!("guard-cidr {net}"));
-    }
+    lines.extend(problems.into_iter().map(|p| format!("problem {p}")));
     for k in fw.keys().filter_map(Result::ok) {
         let len = k.prefix_len().saturating_sub(64);
         let d = k.data();
@@ -1539,13 +1506,6 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         if let Some((id, net)) = wire::fw_of(&k, v4) {
             lines.push(format!("source-range {id:#x} {net}"));
         }
-    }
-    for net in podnet
-        .keys()
-        .filter_map(Result::ok)
-        .filter_map(|k| wire::podnet_of(&k))
-    {
-        lines.push(format!("pod-cidr {net}"));
     }
     for (index, flags) in ifc.iter().filter_map(Result::ok) {
         let what = if flags & wire::IFC_PODS != 0 {
@@ -1591,6 +1551,43 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         out.push('\n');
     }
     Ok(out)
+}
+
+/// The addresses a set of addresses (`svcproxy_local`, `svcproxy_vip`) holds;
+/// what cannot be read, as problems.
+fn addrs_in(
+    map: &HashMap<MapData, LocalKey, u8>,
+    name: &str,
+    problems: &mut Vec<String>,
+) -> BTreeSet<std::net::IpAddr> {
+    let mut out = BTreeSet::new();
+    for k in map.keys() {
+        match k {
+            Ok(k) => out.extend(wire::addr_of(k.addr, k.family)),
+            Err(e) => problems.push(format!("reading {name}: {e}")),
+        }
+    }
+    out
+}
+
+/// The prefixes a set of prefixes (`svcproxy_podnet`, `svcproxy_guard`) holds;
+/// what cannot be read, as problems.
+fn nets_in(
+    map: &LpmTrie<MapData, PodnetData, u8>,
+    name: &str,
+    problems: &mut Vec<String>,
+) -> BTreeSet<IpNet> {
+    let mut out = BTreeSet::new();
+    for k in map.keys() {
+        match k.map(|k| wire::podnet_of(&k)) {
+            Ok(Some(net)) => {
+                out.insert(net);
+            }
+            Ok(None) => problems.push(format!("a key of {name} is malformed")),
+            Err(e) => problems.push(format!("reading {name}: {e}")),
+        }
+    }
+    out
 }
 
 /// A route as [`dump`] writes it: `forward [ENDPOINTS]` (` masquerade` on the

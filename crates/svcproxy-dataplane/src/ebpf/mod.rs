@@ -407,6 +407,7 @@ fn pinned_differences(
                 "marks ",
                 "cluster-ip ",
                 "guard-cidr ",
+                "problem ",
             ]
             .iter()
             .any(|p| l.starts_with(p))
