@@ -344,6 +344,31 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
         dump,
     );
 
+    // The fixed rules deleted by hand: the drift check says so, and the next
+    // (full) sync writes them again.
+    cluster
+        .nft(Host::Node(0), "delete table inet svcproxy-ebpf\n")
+        .expect("delete the fixed rules");
+    let drift = in_netns(&node_a, || driver.plane_mut().drift())
+        .expect("netns")
+        .expect("drift check");
+    check(
+        "the drift check notices the fixed rules gone".to_string(),
+        drift
+            .as_deref()
+            .is_some_and(|d| d.contains("svcproxy-ebpf was deleted")),
+        format!("{drift:?}"),
+    );
+    in_netns(&node_a, || driver.sync(&snap, true))
+        .expect("netns")
+        .expect("repair sync");
+    let tables = cluster.exec_ok(Host::Node(0), &["nft", "list", "tables"]);
+    check(
+        "the repair writes the fixed rules again".to_string(),
+        tables.contains("svcproxy-ebpf"),
+        tables,
+    );
+
     in_netns(&node_a, || driver.plane_mut().cleanup())
         .expect("netns")
         .expect("cleanup");

@@ -40,7 +40,7 @@ use crate::backend::{
     ModeDefaults, NodePortDefault, NodeRequirements, SyncKind,
 };
 use crate::error::DataPlaneError;
-use crate::sink::NftCommand;
+use crate::sink::{NftCommand, ScriptSink};
 use kernel::Kernel;
 use svcproxy_core::go_syntax::parse_go_bool;
 use svcproxy_plan::ebpf::{companion_rules, Table, COMPANION_TABLE};
@@ -357,13 +357,23 @@ impl DataPlane for EbpfDataPlane {
                 tracing::warn!(error = %e, "cannot attach the packet programs to new interfaces");
             }
         }
-        Ok((!missing.is_empty()).then(|| {
-            format!(
+        if !missing.is_empty() {
+            return Ok(Some(format!(
                 "pinned links removed from {}: {}",
                 self.opts.pin_dir.display(),
                 missing.join(", ")
-            )
-        }))
+            )));
+        }
+        // The fixed rules (masquerade, reject) deleted by hand or by a firewall
+        // reload: the next sync, full, writes them again.
+        if self.companion.is_some() {
+            let listed = NftCommand::default().list(&["list", "table", "inet", COMPANION_TABLE])?;
+            if listed.is_none() {
+                self.companion = None;
+                return Ok(Some(format!("table inet {COMPANION_TABLE} was deleted")));
+            }
+        }
+        Ok(None)
     }
 
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {
