@@ -218,6 +218,21 @@ fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
     proxy.kill();
 
     let mut failures = Vec::new();
+    // The start's probe of the programs (in a scratch directory beside the pins)
+    // left nothing behind.
+    let beside: Vec<String> = std::fs::read_dir(pins.parent().expect("a parent"))
+        .expect("the bpffs")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    // (`maps.debug` and `progs.debug` are the bpffs's own.)
+    if beside.iter().any(|n| n.starts_with("svcproxy-probe"))
+        || !beside.iter().any(|n| n == "svcproxy")
+    {
+        failures.push(format!(
+            "the bpffs holds {beside:?}: a probe left behind, or no pins"
+        ));
+    }
     let dump = svcproxy_dataplane::ebpf::kernel::dump(&pins).unwrap_or_default();
     if !dump.contains("service 198.19.0.10 80/tcp") {
         failures.push(format!("after SIGKILL the maps should stay:\n{dump}"));

@@ -191,7 +191,59 @@ pub fn preflight(cgroup: &Path, pin_dir: &Path) -> Result<(), DataPlaneError> {
             ));
         }
     }
-    Ok(())
+    probe_programs(parent)
+}
+
+/// Loads every program once (the kernel verifies it) with small maps pinned in a
+/// scratch directory beside the pin directory, then lets everything go: a kernel
+/// that refuses one (a helper or hook it lacks) is named now, not at every sync.
+fn probe_programs(bpffs: &Path) -> Result<(), DataPlaneError> {
+    // (A bpffs takes no dot in a name.)
+    let scratch = bpffs.join(format!("svcproxy-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)
+        .map_err(|e| kernel_err(format!("creating {}", scratch.display()), e))?;
+    let result = (|| {
+        for object in [SOCK_OBJECT, TC_OBJECT] {
+            let mut loader = EbpfLoader::new();
+            loader.default_map_pin_directory(&scratch);
+            // Small maps: the probe costs no memory worth naming (socket storage
+            // takes no size).
+            for name in MAPS
+                .iter()
+                .filter(|m| **m != "svcproxy_peer" && **m != "svcproxy_cfg")
+            {
+                loader.map_max_entries(name, 64);
+            }
+            let mut ebpf = loader
+                .load(object)
+                .map_err(|e| kernel_err("the kernel refuses the ebpf mode's maps", e))?;
+            let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_string()).collect();
+            for name in names {
+                let program = ebpf
+                    .program_mut(&name)
+                    .ok_or_else(|| kernel_err(name.as_str(), "missing from the object"))?;
+                let loaded = match program {
+                    aya::programs::Program::CgroupSockAddr(p) => p.load(),
+                    aya::programs::Program::SchedClassifier(p) => p.load(),
+                    _ => continue,
+                };
+                loaded.map_err(|e| {
+                    kernel_err(
+                        format!("the kernel refuses the ebpf mode's program {name}"),
+                        verifier(e),
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    })();
+    if let Ok(dir) = std::fs::read_dir(&scratch) {
+        for e in dir.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(&scratch);
+    result
 }
 
 /// Whether `dir` is on a bpffs.
