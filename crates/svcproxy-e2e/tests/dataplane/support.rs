@@ -686,6 +686,9 @@ impl Mode {
                         std::fs::remove_file(e.path()).expect("unpin a link");
                     }
                 }
+                // The kernel puts a link whose last reference went from a
+                // workqueue: the programs come off a moment later.
+                thread::sleep(Duration::from_secs(1));
                 "pinned links removed"
             }
             _ => panic!("{self:?} has no breakage {how:?}"),
