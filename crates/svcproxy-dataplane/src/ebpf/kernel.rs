@@ -423,11 +423,7 @@ impl Kernel {
             .load(TC_OBJECT)
             .map_err(|e| kernel_err("loading the packet programs", e))?;
         for (name, _, _) in TC_PROGRAMS {
-            let prog: &mut SchedClassifier = tc
-                .program_mut(name)
-                .ok_or_else(|| kernel_err(name, "missing from the object"))?
-                .try_into()
-                .map_err(|e| kernel_err(name, e))?;
+            let prog: &mut SchedClassifier = program(&mut tc, name)?;
             prog.load()
                 .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
         }
@@ -447,11 +443,7 @@ impl Kernel {
             .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
 
         for (name, _) in PROGRAMS {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or_else(|| kernel_err(name, "missing from the object"))?
-                .try_into()
-                .map_err(|e| kernel_err(name, e))?;
+            let prog: &mut CgroupSockAddr = program(&mut ebpf, name)?;
             prog.load()
                 .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
             let id = prog
@@ -462,16 +454,7 @@ impl Kernel {
                 .map_err(|e| kernel_err(name, e))?
                 .try_into()
                 .map_err(|e| kernel_err(name, e))?;
-            let pin = pin_dir.join(format!("link-{name}"));
-            // Pinned under a new name, then renamed over the earlier process's pin:
-            // its link stays attached until the new one is pinned in its place,
-            // and a failure leaves the old one in force.
-            let fresh = pin_dir.join(format!("link-{name}-new"));
-            let _ = std::fs::remove_file(&fresh);
-            link.pin(&fresh)
-                .map_err(|e| kernel_err(format!("pinning {}", fresh.display()), e))?;
-            std::fs::rename(&fresh, &pin)
-                .map_err(|e| kernel_err(format!("pinning {}", pin.display()), e))?;
+            pin_in_place(link, &pin_dir.join(format!("link-{name}")))?;
         }
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
@@ -642,12 +625,7 @@ impl Kernel {
     /// already there), pinning each link under a new name, then over the old.
     fn attach_interface(&mut self, index: u32, name: &str) -> Result<(), DataPlaneError> {
         for (prog_name, attach_type, suffix) in TC_PROGRAMS {
-            let prog: &mut SchedClassifier = self
-                .tc
-                .program_mut(prog_name)
-                .ok_or_else(|| kernel_err(prog_name, "missing from the object"))?
-                .try_into()
-                .map_err(|e| kernel_err(prog_name, e))?;
+            let prog: &mut SchedClassifier = program(&mut self.tc, prog_name)?;
             let id = prog
                 .attach_with_options(
                     name,
@@ -660,13 +638,7 @@ impl Kernel {
                 .map_err(|e| kernel_err(prog_name, e))?
                 .try_into()
                 .map_err(|e| kernel_err(prog_name, e))?;
-            let pin = self.pin_dir.join(format!("tc-{index}-{suffix}"));
-            let fresh = self.pin_dir.join(format!("tc-{index}-{suffix}-new"));
-            let _ = std::fs::remove_file(&fresh);
-            link.pin(&fresh)
-                .map_err(|e| kernel_err(format!("pinning {}", fresh.display()), e))?;
-            std::fs::rename(&fresh, &pin)
-                .map_err(|e| kernel_err(format!("pinning {}", pin.display()), e))?;
+            pin_in_place(link, &self.pin_dir.join(format!("tc-{index}-{suffix}")))?;
         }
         Ok(())
     }
@@ -1440,6 +1412,30 @@ fn removed(
         }
         Err(e) => Err(kernel_err(format!("deleting {key:?}"), e)),
     }
+}
+
+/// Program `name` of `ebpf`, as the type its section says.
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, DataPlaneError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| kernel_err(name, "missing from the object"))?
+        .try_into()
+        .map_err(|e| kernel_err(name, e))
+}
+
+/// Pins `link` at `pin` under a new name, then renames it over whatever is
+/// pinned there (an earlier process's link): the old link stays attached until
+/// the new one is in its place, and a failure leaves the old one in force.
+fn pin_in_place(link: FdLink, pin: &Path) -> Result<(), DataPlaneError> {
+    let mut fresh = pin.as_os_str().to_owned();
+    fresh.push("-new");
+    let fresh = PathBuf::from(fresh);
+    let _ = std::fs::remove_file(&fresh);
+    link.pin(&fresh)
+        .map_err(|e| kernel_err(format!("pinning {}", fresh.display()), e))?;
+    std::fs::rename(&fresh, pin).map_err(|e| kernel_err(format!("pinning {}", pin.display()), e))
 }
 
 fn take<T>(ebpf: &mut Ebpf, name: &str) -> Result<T, DataPlaneError>
