@@ -12,6 +12,7 @@
 // svcproxy.h, mirrored by src/ebpf/wire.rs.
 
 #include "svcproxy.h"
+#include <bpf/bpf_endian.h>
 
 #define SOL_SOCKET 1
 #define SO_MARK 36
@@ -41,23 +42,46 @@ struct {
 } svcproxy_flow SEC(".maps");
 
 
-static __always_inline void read_dst(struct bpf_sock_addr *ctx, int family, __u32 *addr)
+// An IPv6 socket names an IPv4 address as ::ffff:a.b.c.d (IPv4-mapped): the
+// maps key it as the IPv4 address it is.
+static __always_inline int v4_mapped(const __u32 *ip6)
+{
+	return ip6[0] == 0 && ip6[1] == 0 && ip6[2] == bpf_htonl(0xffff);
+}
+
+// The address ctx names, as the maps key it; returns its family (IPv4 for an
+// IPv6 socket naming an IPv4-mapped address).
+static __always_inline int read_dst(struct bpf_sock_addr *ctx, int family, __u32 *addr)
 {
 	if (family == FAMILY_V4) {
 		addr[0] = ctx->user_ip4;
-	} else {
-		addr[0] = ctx->user_ip6[0];
-		addr[1] = ctx->user_ip6[1];
-		addr[2] = ctx->user_ip6[2];
-		addr[3] = ctx->user_ip6[3];
+		return FAMILY_V4;
 	}
+	addr[0] = ctx->user_ip6[0];
+	addr[1] = ctx->user_ip6[1];
+	addr[2] = ctx->user_ip6[2];
+	addr[3] = ctx->user_ip6[3];
+	if (!v4_mapped(addr))
+		return FAMILY_V6;
+	addr[0] = addr[3];
+	addr[1] = 0;
+	addr[2] = 0;
+	addr[3] = 0;
+	return FAMILY_V4;
 }
 
-static __always_inline void write_dst(struct bpf_sock_addr *ctx, int family,
+// Writes addr (of family `as`, the maps' form) into ctx, an IPv4 address into
+// an IPv6 socket's call as ::ffff:a.b.c.d.
+static __always_inline void write_dst(struct bpf_sock_addr *ctx, int family, int as,
 				      const __u32 *addr, __u16 port)
 {
 	if (family == FAMILY_V4) {
 		ctx->user_ip4 = addr[0];
+	} else if (as == FAMILY_V4) {
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0xffff);
+		ctx->user_ip6[3] = addr[0];
 	} else {
 		ctx->user_ip6[0] = addr[0];
 		ctx->user_ip6[1] = addr[1];
@@ -71,15 +95,15 @@ static __always_inline struct svc_val *lookup_service(struct bpf_sock_addr *ctx,
 						      struct svc_key *key)
 {
 	__builtin_memset(key, 0, sizeof(*key));
-	read_dst(ctx, family, key->addr);
+	key->family = read_dst(ctx, family, key->addr);
 	key->port = (__u16)ctx->user_port;
 	key->proto = (__u8)ctx->protocol;
-	key->family = family;
 	return find_service(key);
 }
 
 // The socket's bound source address, if it has one (0: none, the kernel
-// chooses at connect).
+// chooses at connect), in the maps' form: an IPv6 socket's IPv4-mapped source
+// as its IPv4 address.
 static __always_inline int bound_source(struct bpf_sock_addr *ctx, int family, __u32 *src)
 {
 	struct bpf_sock *sk = ctx->sk;
@@ -92,6 +116,11 @@ static __always_inline int bound_source(struct bpf_sock_addr *ctx, int family, _
 		src[1] = sk->src_ip6[1];
 		src[2] = sk->src_ip6[2];
 		src[3] = sk->src_ip6[3];
+		if (v4_mapped(src)) {
+			src[0] = src[3];
+			src[3] = 0;
+			src[2] = 0;
+		}
 	}
 	return (src[0] | src[1] | src[2] | src[3]) != 0;
 }
@@ -164,7 +193,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 	if (from_host && !datagram && rt->action == ACT_FORWARD && cfg) {
 		__u32 src[4] = {};
 		if (bound_source(ctx, family, src)) {
-			if (svc->fw_id && !admitted(svc, family, src))
+			if (svc->fw_id && !admitted(svc, key.family, src))
 				return refuse(ETIMEDOUT);
 			bound_masquerade = 1;
 		}
@@ -268,7 +297,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 
 	if (bound_masquerade)
 		mark_socket(ctx, cfg->masquerade_mark);
-	write_dst(ctx, family, chosen.addr, chosen.port);
+	write_dst(ctx, family, key.family, chosen.addr, chosen.port);
 	return 1;
 }
 
@@ -277,13 +306,13 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 static __always_inline int reverse(struct bpf_sock_addr *ctx, int family)
 {
 	__u32 addr[4] = {};
-	read_dst(ctx, family, addr);
+	int as = read_dst(ctx, family, addr);
 	__u16 port = (__u16)ctx->user_port;
 	struct bpf_sock *sk = ctx->sk;
 	struct sock_peer *p = sk ? bpf_sk_storage_get(&svcproxy_peer, sk, 0, 0) : 0;
 	if (p && p->beport == port && p->be[0] == addr[0] && p->be[1] == addr[1] &&
 	    p->be[2] == addr[2] && p->be[3] == addr[3]) {
-		write_dst(ctx, family, p->vip, p->vport);
+		write_dst(ctx, family, as, p->vip, p->vport);
 		return 1;
 	}
 	struct rev_key rk = {};
@@ -295,7 +324,7 @@ static __always_inline int reverse(struct bpf_sock_addr *ctx, int family)
 	rk.port = port;
 	struct rev_val *rv = bpf_map_lookup_elem(&svcproxy_rev, &rk);
 	if (rv)
-		write_dst(ctx, family, rv->addr, rv->port);
+		write_dst(ctx, family, as, rv->addr, rv->port);
 	return 1;
 }
 

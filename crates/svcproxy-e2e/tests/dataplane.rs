@@ -60,6 +60,7 @@ per_mode!(
     load_balancer_source_ranges_and_short_circuit,
     session_affinity_sticks_and_expires,
     each_family_is_proxied_on_its_own,
+    ipv6_sockets_reach_ipv4_services_by_ipv4_mapped_addresses,
     topology_keys_choose_endpoints_per_node,
     edits_while_running_change_what_answers,
     serving_terminating_endpoints_are_the_fallback,
@@ -1761,6 +1762,54 @@ fn each_family_is_proxied_on_its_own(mode: Mode) {
 // -----------------------------------------------------------------------------------------
 // 8. Topology: per-node endpoint choice (svcproxy.io/topology-keys)
 // -----------------------------------------------------------------------------------------
+
+/// An IPv6 socket (not IPV6_V6ONLY) names an IPv4 service as ::ffff:a.b.c.d, as
+/// a dual-stack program (Java's, Go's with `tcp`) does: the same service, the same
+/// endpoints, its address shown back as the client named it, a refusal where it
+/// has no endpoint. From a pod and from the node itself (in ebpf mode the node's
+/// connect() is translated by the socket programs, the pod's packets by tc).
+fn ipv6_sockets_reach_ipv4_services_by_ipv4_mapped_addresses(mode: Mode) {
+    let f = Family::V4;
+    let web = Svc::new("mapped", &[plan::cluster_ip(36, f)])
+        .node_port()
+        .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT).node_port(30136))
+        .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT).node_port(30137));
+    let empty = tcp_only(Svc::new("mapped-empty", &[plan::cluster_ip(37, f)]), None);
+    let Some(env) = Env::start(
+        mode,
+        EnvSpec::default(),
+        &[
+            (&fname(&web), file(&web, &[A1, B0])),
+            (&fname(&empty), file(&empty, &[])),
+        ],
+    ) else {
+        return;
+    };
+    let mut ck = Checks::new("ipv4-mapped");
+    let mapped = |ip: IpAddr, port: u16| match ip {
+        IpAddr::V4(v4) => SocketAddr::new(IpAddr::V6(v4.to_ipv6_mapped()), port),
+        IpAddr::V6(_) => unreachable!("an IPv4 service"),
+    };
+    let allowed = ["pod-a1", "pod-b0"];
+    let node_ip = plan::node_ip(NODE_A, f);
+    for from in [A0, Host::Node(NODE_A)] {
+        for (proto, port, node_port) in [(Proto::Tcp, 80, 30136), (Proto::Udp, 53, 30137)] {
+            for target in [mapped(web.cluster_ip(f), port), mapped(node_ip, node_port)] {
+                let what = format!("{proto} {from:?} -> {target}");
+                let got = env.probe(from, proto, target, 6, ANSWER);
+                ck.answered_by(&what, &got, &allowed);
+                let peers: Vec<_> = got.iter().filter_map(|a| a.peer).collect();
+                ck.check(peers.iter().all(|p| *p == target), || {
+                    format!("{what}: the socket's peer is {peers:?}, not the address it named")
+                });
+            }
+        }
+        let target = mapped(empty.cluster_ip(f), 80);
+        let got = env.probe(from, Proto::Tcp, target, 2, DROP_WAIT);
+        ck.refused_fast(&format!("{from:?} -> {target} (no endpoint)"), &got);
+    }
+    ck.finish(&env);
+}
 
 fn topology_keys_choose_endpoints_per_node(mode: Mode) {
     const KEYS: &str = "svcproxy.io/topology-keys";
