@@ -86,14 +86,14 @@ struct pkt {
 	__u8 proto;
 	__u8 family;
 	__u8 tcp_flags;
-	__u8 pad;
+	__u8 pseudo; // the L4 checksum covers the addresses (all but ICMPv4)
 	__u32 l4_off;
-	__u32 csum_off;	  // the TCP or UDP checksum
+	__u32 csum_off;	  // the TCP, UDP or ICMP checksum
 	__u32 csum_flags; // BPF_F_MARK_MANGLED_0 for UDP (an IPv4 checksum of 0 is none)
 };
 
-// An unfragmented IPv4 or IPv6 TCP or UDP packet after an Ethernet header;
-// 0 for anything else (left alone).
+// An unfragmented IPv4 or IPv6 TCP, UDP or ICMP packet after an Ethernet
+// header (an ICMP packet's ports are 0); 0 for anything else (left alone).
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	__builtin_memset(p, 0, sizeof(*p));
@@ -128,6 +128,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		p->sport = th.source;
 		p->dport = th.dest;
 		p->tcp_flags = ((__u8 *)&th)[13];
+		p->pseudo = 1;
 		p->csum_off = p->l4_off + offsetof(struct tcphdr, check);
 	} else if (p->proto == IPPROTO_UDP) {
 		struct udphdr uh;
@@ -135,8 +136,14 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return 0;
 		p->sport = uh.source;
 		p->dport = uh.dest;
+		p->pseudo = 1;
 		p->csum_off = p->l4_off + offsetof(struct udphdr, check);
 		p->csum_flags = BPF_F_MARK_MANGLED_0;
+	} else if ((p->family == FAMILY_V4 && p->proto == IPPROTO_ICMP) ||
+		   (p->family == FAMILY_V6 && p->proto == IPPROTO_ICMPV6)) {
+		p->csum_off = p->l4_off + 2;
+		p->pseudo = p->family == FAMILY_V6;
+		return 1;
 	} else {
 		// SCTP's CRC32c covers the ports and cannot be patched: SCTP from
 		// outside is not translated here.
@@ -169,7 +176,8 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 		if (diff < 0)
 			return 0;
 	}
-	if (bpf_l4_csum_replace(skb, p->csum_off, 0, diff, BPF_F_PSEUDO_HDR | p->csum_flags))
+	if (p->pseudo &&
+	    bpf_l4_csum_replace(skb, p->csum_off, 0, diff, BPF_F_PSEUDO_HDR | p->csum_flags))
 		return 0;
 	// An IPv6 address has no header checksum to absorb its change: a packet
 	// whose checksum the device gave whole (CHECKSUM_COMPLETE) has its sum
@@ -273,12 +281,154 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	return 1;
 }
 
+// ICMP errors (RFC 792, 4443) that quote a packet: destination unreachable
+// (packet too big and fragmentation needed included), time exceeded,
+// parameter problem.
+#define ICMP_ERR_UNREACH 3
+#define ICMP_ERR_TIME 11
+#define ICMP_ERR_PARAM 12
+#define ICMP6_ERR_FIRST 1 // unreachable, too big, time exceeded, parameter problem
+#define ICMP6_ERR_LAST 4
+
+// The 16-bit checksum `check` after the words of `from` became those of `to`
+// (sizes in bytes, multiples of 4).
+static __always_inline __u16 csum_update(__u16 check, __u32 *from, __u32 *to, __u32 size)
+{
+	__s64 sum = bpf_csum_diff(from, size, to, size, (__u32)(__u16)~check);
+	__u32 c = (__u32)sum;
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	return (__u16)~c;
+}
+
+// An ICMP error about a packet of a connection translated here: the quoted
+// packet and the error's own address are translated as that connection's
+// packets are, so the client (or the endpoint) matches the error with its
+// socket (a refused UDP port, a path MTU), as the kernel's conntrack does for
+// the packet modes (nf_nat_icmp_reply_translation). On ingress the error is
+// about a reply (quoted: service address to client) and goes on to the
+// endpoint; on egress it is about the client's packet (quoted: client to
+// endpoint) and goes on to the client, from the service address.
+static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int ingress)
+{
+	__u8 type;
+	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
+		return TC_ACT_UNSPEC;
+	if (p->family == FAMILY_V4 ? type != ICMP_ERR_UNREACH && type != ICMP_ERR_TIME &&
+					     type != ICMP_ERR_PARAM
+				   : type < ICMP6_ERR_FIRST || type > ICMP6_ERR_LAST)
+		return TC_ACT_UNSPEC;
+
+	// The quoted packet: its header, and the first 8 bytes of its TCP or UDP
+	// header (all an ICMPv4 error must quote).
+	__u32 in_off = p->l4_off + 8, in_l4, addr_off, check_off = 0;
+	__u32 qs[4] = {}, qd[4] = {};
+	__u8 proto;
+	if (p->family == FAMILY_V4) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, in_off, &ip, sizeof(ip)) < 0)
+			return TC_ACT_UNSPEC;
+		if (ip.ihl < 5 || (ip.frag_off & bpf_htons(IP_OFFSET)))
+			return TC_ACT_UNSPEC;
+		proto = ip.protocol;
+		qs[0] = ip.saddr;
+		qd[0] = ip.daddr;
+		in_l4 = in_off + ip.ihl * 4;
+		addr_off = in_off + (ingress ? offsetof(struct iphdr, saddr)
+					     : offsetof(struct iphdr, daddr));
+	} else {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, in_off, &ip6, sizeof(ip6)) < 0)
+			return TC_ACT_UNSPEC;
+		proto = ip6.nexthdr;
+		__builtin_memcpy(qs, &ip6.saddr, 16);
+		__builtin_memcpy(qd, &ip6.daddr, 16);
+		in_l4 = in_off + sizeof(ip6);
+		addr_off = in_off + (ingress ? offsetof(struct ipv6hdr, saddr)
+					     : offsetof(struct ipv6hdr, daddr));
+	}
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return TC_ACT_UNSPEC;
+	// old/new: the quoted address [0-3], ports [4], the IPv4 header's
+	// ttl/protocol/checksum word [5], the word with the quoted checksum [6].
+	__u32 old[8] = {}, new[8] = {};
+	if (bpf_skb_load_bytes(skb, in_l4, &old[4], 4) < 0)
+		return TC_ACT_UNSPEC;
+	__u16 ports[2];
+	__builtin_memcpy(ports, &old[4], 4);
+
+	// The quoted packet turned round is the connection's own, this way.
+	struct ct_key k = {};
+	addr_copy(k.saddr, qd);
+	addr_copy(k.daddr, qs);
+	k.sport = ports[1];
+	k.dport = ports[0];
+	k.proto = proto;
+	k.family = p->family;
+	k.dir = ingress ? 0 : 1;
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!ct)
+		return TC_ACT_UNSPEC;
+	struct ct_val to = *ct;
+
+	addr_copy(old, ingress ? qs : qd);
+	addr_copy(new, to.addr);
+	__u16 half[2];
+	__builtin_memcpy(half, &old[4], 4);
+	if (ingress)
+		half[0] = to.port;
+	else
+		half[1] = to.port;
+	__builtin_memcpy(&new[4], half, 4);
+	if (p->family == FAMILY_V4) {
+		// The quoted header's checksum, the second half of its word.
+		if (bpf_skb_load_bytes(skb, in_off + 8, &old[5], 4) < 0)
+			return TC_ACT_UNSPEC;
+		__builtin_memcpy(half, &old[5], 4);
+		half[1] = csum_update(half[1], old, new, 4);
+		__builtin_memcpy(&new[5], half, 4);
+	}
+	// The quoted TCP or UDP checksum, when quoted (UDP's 0: none): the first
+	// half of TCP's word at 16, the second of UDP's at 4.
+	__u32 word_off = in_l4 + (proto == IPPROTO_TCP ? 16 : 4);
+	if (bpf_skb_load_bytes(skb, word_off, &old[6], 4) == 0) {
+		__builtin_memcpy(half, &old[6], 4);
+		if (proto == IPPROTO_TCP) {
+			half[0] = csum_update(half[0], old, new, 20);
+			check_off = word_off;
+		} else if (half[1]) {
+			half[1] = csum_update(half[1], old, new, 20);
+			check_off = word_off;
+		}
+		__builtin_memcpy(&new[6], half, 4);
+	}
+
+	// The ICMP checksum covers all that changed.
+	__u16 icmp_check;
+	if (bpf_skb_load_bytes(skb, p->csum_off, &icmp_check, 2) < 0)
+		return TC_ACT_UNSPEC;
+	icmp_check = csum_update(icmp_check, old, new, sizeof(old));
+	if (bpf_skb_store_bytes(skb, addr_off, new, p->family == FAMILY_V4 ? 4 : 16, 0) ||
+	    bpf_skb_store_bytes(skb, in_l4, &new[4], 4, 0) ||
+	    (p->family == FAMILY_V4 && bpf_skb_store_bytes(skb, in_off + 8, &new[5], 4, 0)) ||
+	    (check_off && bpf_skb_store_bytes(skb, check_off, &new[6], 4, 0)) ||
+	    bpf_skb_store_bytes(skb, p->csum_off, &icmp_check, 2, 0))
+		return TC_ACT_SHOT;
+	// The error's own address: to the endpoint (ingress), from the service
+	// address (egress).
+	if (!rewrite(skb, p, ingress, to.addr, 0))
+		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
 SEC("classifier")
 int svcproxy_tc_ingress(struct __sk_buff *skb)
 {
 	struct pkt p;
 	if (!parse(skb, &p))
 		return TC_ACT_UNSPEC;
+	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
+		return icmp_error(skb, &p, 1);
 	struct config *cfg = config();
 	if (!cfg)
 		return TC_ACT_UNSPEC;
@@ -360,6 +510,8 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 	struct pkt p;
 	if (!parse(skb, &p))
 		return TC_ACT_UNSPEC;
+	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
+		return icmp_error(skb, &p, 0);
 	struct ct_key k;
 	ct_key_of(&k, &p);
 	k.dir = 1;

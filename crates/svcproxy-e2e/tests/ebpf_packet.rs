@@ -10,7 +10,9 @@
 //! no endpoint refuses (the companion reject rule); loadBalancerSourceRanges
 //! admit one source and drop another; a pod reaches a cluster IP's endpoints, its
 //! own included (the hairpin, masqueraded); the replies carry the service
-//! address; `explain --live`'s comparison from the writing process and from
+//! address; ICMP errors about translated packets are translated both ways (an
+//! endpoint's port unreachable refuses the client's UDP socket, a client's
+//! reaches the endpoint's); `explain --live`'s comparison from the writing process and from
 //! another; an interface that appears gets the programs at the drift check;
 //! cleanup removes pins and rules.
 //!
@@ -22,7 +24,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use svcproxy_core::state::ClusterState;
@@ -40,6 +42,19 @@ fn q(ip: IpAddr) -> String {
     format!("\"{ip}\"")
 }
 
+/// A service of the test: name, cluster IP index, type, extra spec lines, TCP and
+/// UDP NodePorts, the endpoints' port and nodes.
+type ServiceRow = (
+    &'static str,
+    u16,
+    &'static str,
+    String,
+    u16,
+    u16,
+    u16,
+    &'static [usize],
+);
+
 fn manifests() -> String {
     let mut out = String::new();
     for n in 0..2 {
@@ -56,8 +71,7 @@ fn manifests() -> String {
             q(plan::node_ip(n, Family::V6)),
         );
     }
-    // name, cluster IP index, type, extra spec lines, TCP and UDP NodePorts.
-    let services: [(&str, u16, &str, String, u16, u16); 4] = [
+    let services: [ServiceRow; 7] = [
         (
             "web",
             10,
@@ -69,6 +83,8 @@ fn manifests() -> String {
             ),
             30080,
             30090,
+            8080,
+            &[0, 1],
         ),
         (
             "local",
@@ -77,8 +93,19 @@ fn manifests() -> String {
             "  externalTrafficPolicy: Local\n".to_string(),
             30081,
             30091,
+            8080,
+            &[0, 1],
         ),
-        ("empty", 12, "NodePort", String::new(), 30082, 30092),
+        (
+            "empty",
+            12,
+            "NodePort",
+            String::new(),
+            30082,
+            30092,
+            8080,
+            &[],
+        ),
         (
             "fenced",
             13,
@@ -90,16 +117,52 @@ fn manifests() -> String {
             ),
             30083,
             30093,
+            8080,
+            &[0, 1],
+        ),
+        // Nothing listens on the endpoints' port: the pods answer UDP with an
+        // ICMP port unreachable.
+        (
+            "closed",
+            14,
+            "NodePort",
+            String::new(),
+            30084,
+            30094,
+            8081,
+            &[0, 1],
+        ),
+        // For the test's own endpoint sockets (ICMP errors about replies):
+        // masqueraded from outside (the other node's endpoint), and not.
+        (
+            "remote",
+            15,
+            "NodePort",
+            String::new(),
+            30085,
+            30095,
+            8082,
+            &[1],
+        ),
+        (
+            "near",
+            16,
+            "NodePort",
+            "  externalTrafficPolicy: Local\n".to_string(),
+            30086,
+            30096,
+            8082,
+            &[0],
         ),
     ];
-    for (name, n, ty, extra, tcp_np, udp_np) in &services {
+    for (name, n, ty, extra, tcp_np, udp_np, target, nodes) in &services {
         let _ = write!(
             out,
             "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: demo}}\n\
              spec:\n  type: {ty}\n  clusterIP: {v4}\n  clusterIPs: [{v4}, {v6}]\n  \
              ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n{extra}  ports:\n  \
-             - {{name: http, port: 80, targetPort: 8080, protocol: TCP, nodePort: {tcp_np}}}\n  \
-             - {{name: echo, port: 90, targetPort: 8080, protocol: UDP, nodePort: {udp_np}}}\n",
+             - {{name: http, port: 80, targetPort: {target}, protocol: TCP, nodePort: {tcp_np}}}\n  \
+             - {{name: echo, port: 90, targetPort: {target}, protocol: UDP, nodePort: {udp_np}}}\n",
             v4 = q(plan::cluster_ip(*n, Family::V4)),
             v6 = q(plan::cluster_ip(*n, Family::V6)),
         );
@@ -111,12 +174,13 @@ fn manifests() -> String {
                 q(plan::external_ip(13, Family::V6))
             );
         }
-        if *name == "empty" {
+        if nodes.is_empty() {
             continue;
         }
         for f in Family::BOTH {
-            let eps: String = (0..2)
-                .map(|node| {
+            let eps: String = nodes
+                .iter()
+                .map(|&node| {
                     format!(
                         "- {{addresses: [{}], nodeName: {}}}\n",
                         q(plan::pod_ip(node, 0, f)),
@@ -133,8 +197,8 @@ fn manifests() -> String {
                 out,
                 "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
                  name: {name}-{low}\n  namespace: demo\n  labels: {{kubernetes.io/service-name: {name}}}\n\
-                 addressType: {ty}\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
-                 - {{name: echo, port: 8080, protocol: UDP}}\nendpoints:\n{eps}"
+                 addressType: {ty}\nports:\n- {{name: http, port: {target}, protocol: TCP}}\n\
+                 - {{name: echo, port: {target}, protocol: UDP}}\nendpoints:\n{eps}"
             );
         }
     }
@@ -158,6 +222,46 @@ fn seen(a: &[Attempt]) -> BTreeSet<String> {
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
+}
+
+/// An endpoint socket (port 8082 of `backend`) answers a datagram from outside
+/// sent to `target`; the client has gone by then, so its node answers the reply
+/// with an ICMP port unreachable. `Ok` when that error reaches the endpoint's
+/// connected socket as ECONNREFUSED (its quoted packet translated back to the
+/// endpoint's own addresses).
+fn error_about_a_reply(
+    cluster: &Cluster,
+    backend: Host,
+    f: Family,
+    target: SocketAddr,
+) -> Result<(), String> {
+    let any: IpAddr = match f {
+        Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
+        Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let server = in_netns(cluster.ns(backend), || UdpSocket::bind((any, 8082)))
+        .map_err(|e| format!("{e:#}"))?
+        .map_err(|e| format!("bind in {backend:?}: {e}"))?;
+    server
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| e.to_string())?;
+    in_netns(cluster.ns(Host::Ext), || {
+        let client = UdpSocket::bind((plan::ext_ip(f), 0))?;
+        client.send_to(b"svcproxy icmp test\n", target)
+        // Closed here, before any reply.
+    })
+    .map_err(|e| format!("{e:#}"))?
+    .map_err(|e| format!("send from outside: {e}"))?;
+    let mut buf = [0u8; 64];
+    let (_, from) = server
+        .recv_from(&mut buf)
+        .map_err(|e| format!("no datagram at the endpoint: {e}"))?;
+    server.connect(from).map_err(|e| e.to_string())?;
+    server.send(b"reply\n").map_err(|e| format!("reply: {e}"))?;
+    match server.recv(&mut buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+        other => Err(format!("the endpoint (peer {from}) saw {other:?}")),
+    }
 }
 
 #[test]
@@ -289,6 +393,35 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
             peers == BTreeSet::from([Some(target)]),
             format!("{peers:?}"),
         );
+
+        // ICMP errors about translated packets are translated too: a pod's port
+        // unreachable reaches the client's socket as a refusal (its quoted
+        // packet names the service address), from outside and from a pod.
+        for (from, target) in [
+            (Host::Ext, SocketAddr::new(node, 30094)),
+            (
+                Host::Pod(0, 0),
+                SocketAddr::new(plan::cluster_ip(14, f), 90),
+            ),
+        ] {
+            let a = probe(from, Proto::Udp, target, 4);
+            check(
+                format!("UDP {target} from {from:?}: the endpoints' port unreachable is a refusal"),
+                a.iter().all(Attempt::is_refused),
+                format!("{:?}", a.iter().map(|x| &x.result).collect::<Vec<_>>()),
+            );
+        }
+        // And the other way: the client's port unreachable about a reply reaches
+        // the endpoint's socket, masqueraded (the other node's endpoint) or not.
+        for (backend, port) in [(Host::Pod(1, 0), 30095), (Host::Pod(0, 0), 30096)] {
+            let target = SocketAddr::new(node, port);
+            let got = error_about_a_reply(&cluster, backend, f, target);
+            check(
+                format!("UDP {target}: the client's port unreachable reaches {backend:?}'s socket"),
+                got.is_ok(),
+                format!("{got:?}"),
+            );
+        }
     }
 
     let intent = build_intent(&snap.v4, &snap.v6, &plan_config());
