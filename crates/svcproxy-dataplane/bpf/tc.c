@@ -223,6 +223,43 @@ static __always_inline void ct_key_of(struct ct_key *k, const struct pkt *p)
 	k->family = p->family;
 }
 
+// A UDP datagram that answers one of this node's own connected sockets (a
+// process talking from a port that is also a NodePort): the kernel's conntrack
+// knows it as a reply, and the packet modes leave it alone; so does this one.
+static __always_inline int answers_local_socket(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	if (p->family == FAMILY_V4) {
+		t.ipv4.saddr = p->saddr[0];
+		t.ipv4.daddr = p->daddr[0];
+		t.ipv4.sport = p->sport;
+		t.ipv4.dport = p->dport;
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, p->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, p->daddr, 16);
+		t.ipv6.sport = p->sport;
+		t.ipv6.dport = p->dport;
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	}
+	if (!sk)
+		return 0;
+	// Each field read once, straight from the socket (the verifier refuses
+	// arithmetic on a socket pointer).
+	__u32 peer[4] = { sk->dst_ip6[0], sk->dst_ip6[1], sk->dst_ip6[2], sk->dst_ip6[3] };
+	__u32 peer4 = sk->dst_ip4;
+	__u16 peer_port = sk->dst_port;
+	bpf_sk_release(sk);
+	if (p->family == FAMILY_V4) {
+		peer[0] = peer4;
+		peer[1] = 0;
+		peer[2] = 0;
+		peer[3] = 0;
+	}
+	return peer_port == p->sport && addr_eq(peer, p->saddr);
+}
+
 // A new connection: its route's endpoint, remembered both ways. 0 when the
 // packet goes on untranslated (the list being replaced under us).
 static __always_inline int choose(const struct pkt *p, const struct svc_val *svc,
@@ -465,6 +502,8 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 			}
 			return TC_ACT_UNSPEC;
 		}
+		if (!ct && !tcp && answers_local_socket(skb, &p))
+			return TC_ACT_UNSPEC;
 		const struct route *rt = from_pod(skb, &p) ? &svc->pkt_pod : &svc->pkt_other;
 		struct backend prev = {};
 		if (ct) {

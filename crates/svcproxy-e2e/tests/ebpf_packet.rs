@@ -12,7 +12,8 @@
 //! own included (the hairpin, masqueraded); the replies carry the service
 //! address; ICMP errors about translated packets are translated both ways (an
 //! endpoint's port unreachable refuses the client's UDP socket, a client's
-//! reaches the endpoint's); `explain --live`'s comparison from the writing process and from
+//! reaches the endpoint's); a reply to a node's own UDP socket whose port is a
+//! NodePort reaches that socket; `explain --live`'s comparison from the writing process and from
 //! another; an interface that appears gets the programs at the drift check;
 //! cleanup removes pins and rules.
 //!
@@ -264,6 +265,37 @@ fn error_about_a_reply(
     }
 }
 
+/// A process on node-a talks UDP to the external client from the node's address
+/// and port 30090, which is also a NodePort: the client's answer is a reply
+/// (conntrack would say so), and must reach that socket, not an endpoint.
+fn reply_to_a_node_socket_on_a_node_port(cluster: &Cluster, f: Family) -> Result<(), String> {
+    let node = SocketAddr::new(plan::node_ip(0, f), 30090);
+    let local = in_netns(cluster.ns(Host::Node(0)), || UdpSocket::bind(node))
+        .map_err(|e| format!("{e:#}"))?
+        .map_err(|e| format!("bind {node} on node-a: {e}"))?;
+    let peer = in_netns(cluster.ns(Host::Ext), || {
+        UdpSocket::bind((plan::ext_ip(f), 0))
+    })
+    .map_err(|e| format!("{e:#}"))?
+    .map_err(|e| format!("bind outside: {e}"))?;
+    for s in [&local, &peer] {
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+    }
+    let to = peer.local_addr().map_err(|e| e.to_string())?;
+    local.connect(to).map_err(|e| e.to_string())?;
+    local.send(b"question\n").map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 64];
+    let (_, from) = peer
+        .recv_from(&mut buf)
+        .map_err(|e| format!("nothing arrived outside: {e}"))?;
+    peer.send_to(b"answer\n", from).map_err(|e| e.to_string())?;
+    match local.recv(&mut buf) {
+        Ok(n) if &buf[..n] == b"answer\n" => Ok(()),
+        other => Err(format!("the node's socket got {other:?}")),
+    }
+}
+
 #[test]
 fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
     if !netns::can_run(TEST, &["ip", "nft", "mount", "umount"]) {
@@ -411,6 +443,13 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
                 format!("{:?}", a.iter().map(|x| &x.result).collect::<Vec<_>>()),
             );
         }
+        let got = reply_to_a_node_socket_on_a_node_port(&cluster, f);
+        check(
+            "a reply to a node's own UDP socket on a NodePort's port reaches it".to_string(),
+            got.is_ok(),
+            format!("{got:?}"),
+        );
+
         // And the other way: the client's port unreachable about a reply reaches
         // the endpoint's socket, masqueraded (the other node's endpoint) or not.
         for (backend, port) in [(Host::Pod(1, 0), 30095), (Host::Pod(0, 0), 30096)] {
