@@ -155,7 +155,13 @@ struct podnet_key {
 
 // A packet-path connection, each way: dir 0 is the client's packets to the
 // service address (the value: the endpoint), dir 1 the endpoint's replies to the
-// client (the value: the service address to show as their source).
+// client (the value: the service address to show as their source). dir 2 (UDP):
+// the replies a masqueraded flow expects, addressed to the port the kernel's
+// masquerade chose (no value: the kernel turns them back itself).
+#define CT_ORIGINAL 0
+#define CT_REPLY 1
+#define CT_MASQUERADED_REPLY 2
+
 struct ct_key {
 	__u32 saddr[4];
 	__u32 daddr[4];
@@ -163,7 +169,7 @@ struct ct_key {
 	__u16 dport;
 	__u8 proto;
 	__u8 family;
-	__u8 dir;
+	__u8 dir; // CT_*
 	__u8 pad;
 };
 

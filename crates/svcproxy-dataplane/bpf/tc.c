@@ -260,6 +260,34 @@ static __always_inline int answers_local_socket(struct __sk_buff *skb, const str
 	return peer_port == p->sport && addr_eq(peer, p->saddr);
 }
 
+// The replies of a masqueraded UDP flow whose packet `p` is (after the
+// masquerade): from its destination to its new source.
+static __always_inline void expect_masqueraded_reply(const struct pkt *p)
+{
+	struct ct_key k = {};
+	addr_copy(k.saddr, p->daddr);
+	addr_copy(k.daddr, p->saddr);
+	k.sport = p->dport;
+	k.dport = p->sport;
+	k.proto = p->proto;
+	k.family = p->family;
+	k.dir = CT_MASQUERADED_REPLY;
+	if (bpf_map_lookup_elem(&svcproxy_ct, &k))
+		return;
+	struct ct_val v = {};
+	v.created_ns = bpf_ktime_get_ns();
+	bpf_map_update_elem(&svcproxy_ct, &k, &v, BPF_ANY);
+}
+
+// A UDP datagram that a masqueraded flow expects (expect_masqueraded_reply).
+static __always_inline int masqueraded_reply(const struct pkt *p)
+{
+	struct ct_key k;
+	ct_key_of(&k, p);
+	k.dir = CT_MASQUERADED_REPLY;
+	return bpf_map_lookup_elem(&svcproxy_ct, &k) != 0;
+}
+
 // A new connection: its route's endpoint, remembered both ways. 0 when the
 // packet goes on untranslated (the list being replaced under us).
 static __always_inline int choose(const struct pkt *p, const struct svc_val *svc,
@@ -309,7 +337,7 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	rk.dport = p->sport;
 	rk.proto = p->proto;
 	rk.family = p->family;
-	rk.dir = 1;
+	rk.dir = CT_REPLY;
 	struct ct_val rv = {};
 	addr_copy(rv.addr, p->daddr);
 	rv.port = p->dport;
@@ -402,7 +430,7 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 	k.dport = ports[0];
 	k.proto = proto;
 	k.family = p->family;
-	k.dir = ingress ? 0 : 1;
+	k.dir = ingress ? CT_ORIGINAL : CT_REPLY;
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
 	if (!ct)
 		return TC_ACT_UNSPEC;
@@ -502,7 +530,7 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 			}
 			return TC_ACT_UNSPEC;
 		}
-		if (!ct && !tcp && answers_local_socket(skb, &p))
+		if (!ct && !tcp && (masqueraded_reply(&p) || answers_local_socket(skb, &p)))
 			return TC_ACT_UNSPEC;
 		const struct route *rt = from_pod(skb, &p) ? &svc->pkt_pod : &svc->pkt_other;
 		struct backend prev = {};
@@ -551,9 +579,19 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
 		return icmp_error(skb, &p, 0);
+	struct config *cfg = config();
+	if (cfg && (skb->mark & cfg->masquerade_mark)) {
+		// Masqueraded by the fixed rule (postrouting is behind us): the mark
+		// has done its work and leaves with the packet no further. A UDP
+		// flow's replies will come to the port the kernel chose, which may be
+		// a NodePort's: remembered, so ingress leaves them to the kernel.
+		skb->mark &= ~cfg->masquerade_mark;
+		if (p.proto == IPPROTO_UDP)
+			expect_masqueraded_reply(&p);
+	}
 	struct ct_key k;
 	ct_key_of(&k, &p);
-	k.dir = 1;
+	k.dir = CT_REPLY;
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
 	if (!ct)
 		return TC_ACT_UNSPEC;

@@ -27,7 +27,7 @@
 //! | 4 SNAT exactly where needed, local detection, `--masquerade-all` | `preserves_or_masquerades_…`, `local_traffic_detection_modes_…`, `masquerade_all_…` |
 //! | 5 loadBalancerSourceRanges, short circuit | `load_balancer_source_ranges_…` |
 //! | 6 affinity, terminating fallback, topology | `session_affinity_…`, `serving_terminating_…`, `topology_keys_…` |
-//! | 7 families on their own | `each_family_is_proxied_on_its_own` (and every test runs both) |
+//! | 7 families on their own, IPv4-mapped addresses | `each_family_is_proxied_on_its_own`, `ipv6_sockets_reach_ipv4_services_by_ipv4_mapped_addresses` (and every test runs both) |
 //! | partial sync, deletions | `edits_while_running_…` |
 //! | `--once`, `cleanup`, `--cleanup`, SIGTERM | `once_cleanup_and_sigterm` |
 //!

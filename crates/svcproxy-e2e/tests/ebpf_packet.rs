@@ -13,7 +13,8 @@
 //! address; ICMP errors about translated packets are translated both ways (an
 //! endpoint's port unreachable refuses the client's UDP socket, a client's
 //! reaches the endpoint's); a reply to a node's own UDP socket whose port is a
-//! NodePort reaches that socket; `explain --live`'s comparison from the writing process and from
+//! NodePort reaches that socket, and so does a masqueraded flow's reply to a
+//! client port that is a NodePort; `explain --live`'s comparison from the writing process and from
 //! another; an interface that appears gets the programs at the drift check;
 //! cleanup removes pins and rules.
 //!
@@ -443,6 +444,25 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
                 format!("{:?}", a.iter().map(|x| &x.result).collect::<Vec<_>>()),
             );
         }
+        // A client whose own port is a NodePort's: the masquerade keeps it, so
+        // the endpoint's replies come to the node on that NodePort, and are
+        // replies all the same.
+        let target = SocketAddr::new(node, 30090);
+        let spec = ProbeSpec::new(Proto::Udp, target)
+            .count(3)
+            .timeout(Duration::from_millis(1500))
+            .source_port(30090);
+        let a = cluster.probe_spec(Host::Ext, &spec);
+        let peers: BTreeSet<Option<SocketAddr>> = a.iter().map(|x| x.peer).collect();
+        check(
+            format!("UDP {target} from client port 30090 (masqueraded) is answered"),
+            a.iter().all(|x| x.backend().is_some()) && peers == BTreeSet::from([Some(target)]),
+            format!(
+                "{:?} {peers:?}",
+                a.iter().map(|x| &x.result).collect::<Vec<_>>()
+            ),
+        );
+
         let got = reply_to_a_node_socket_on_a_node_port(&cluster, f);
         check(
             "a reply to a node's own UDP socket on a NodePort's port reaches it".to_string(),

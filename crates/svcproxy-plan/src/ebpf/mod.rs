@@ -218,7 +218,10 @@ pub fn reject_mark(masquerade_mark: u32) -> u32 {
 /// masqueraded (the kernel's conntrack owns its source port and turns its
 /// replies back before they reach the egress program); a packet marked for
 /// reject gets a TCP reset or an ICMP port unreachable, which a tc program
-/// cannot send. The script replaces the table whole.
+/// cannot send. The masquerade mark is left on the packet: the egress program,
+/// after postrouting, reads it (a masqueraded UDP flow's replies may come to a
+/// NodePort's port, and must be left to the kernel) and clears it. The script
+/// replaces the table whole.
 pub fn companion_rules(masquerade_mark: u32, reject_mark: u32) -> String {
     format!(
         "table inet {t}\n\
@@ -226,7 +229,7 @@ pub fn companion_rules(masquerade_mark: u32, reject_mark: u32) -> String {
          table inet {t} {{\n\
          \tchain nat-postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tmeta mark & {m:#x} == {m:#x} meta mark set meta mark ^ {m:#x} masquerade\n\
+         \t\tmeta mark & {m:#x} == {m:#x} masquerade\n\
          \t}}\n\
          \tchain filter-input {{\n\
          \t\ttype filter hook input priority filter - 5; policy accept;\n\
