@@ -19,74 +19,7 @@ if [ ${#bins[@]} -eq 0 ]; then
 fi
 dir=$(mktemp -d "${TMPDIR:-/tmp}/svcproxy-parse.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
-python3 - "$dir" "$services" <<'PY'
-import sys
-d, n = sys.argv[1], int(sys.argv[2])
-per = 100
-def service(i):
-    a, b = (i >> 8) & 255, i & 255
-    return f"""apiVersion: v1
-kind: Service
-metadata:
-  name: svc-{i}
-  namespace: bench
-  labels:
-    app: svc-{i}
-spec:
-  type: ClusterIP
-  clusterIP: 10.96.{a}.{b}
-  clusterIPs:
-  - 10.96.{a}.{b}
-  ipFamilies:
-  - IPv4
-  selector:
-    app: svc-{i}
-  ports:
-  - name: http
-    protocol: TCP
-    port: 80
-    targetPort: 8080
-"""
-def endpoint(i, e):
-    return f"""- addresses:
-  - 10.{100 + i % 100}.{(i // 100) % 256}.{e + 1}
-  conditions:
-    ready: true
-    serving: true
-    terminating: false
-  nodeName: node-{e}
-  zone: zone-{e % 3}
-"""
-def slice_(i):
-    eps = "".join(endpoint(i, e) for e in range(10))
-    return f"""apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: svc-{i}-abcde
-  namespace: bench
-  labels:
-    kubernetes.io/service-name: svc-{i}
-addressType: IPv4
-ports:
-- name: http
-  protocol: TCP
-  port: 8080
-endpoints:
-{eps}"""
-for f in range((n + per - 1) // per):
-    docs = []
-    for i in range(f * per, min(n, (f + 1) * per)):
-        docs += [service(i), slice_(i)]
-    open(f"{d}/svc-{f:04d}.yaml", "w").write("---\n".join(docs))
-nodes = [f"""apiVersion: v1
-kind: Node
-metadata:
-  name: node-{e}
-  labels:
-    topology.kubernetes.io/zone: zone-{e % 3}
-""" for e in range(10)]
-open(f"{d}/nodes.yaml", "w").write("---\n".join(nodes))
-PY
+python3 scripts/gen-cluster.py "$dir" "$services"
 echo "$services services x 10 endpoints, $(du -sh "$dir" | cut -f1) of YAML; $rounds rounds" >&2
 declare -A times
 for _ in $(seq "$rounds"); do

@@ -70,7 +70,9 @@ pub fn parse(text: &str, format: Format, origin: &str) -> Result<Manifest, Strin
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut errors = Vec::new();
     let mut parsed = match format {
-        Format::Json => parse_documents(origin, parse_json(text)?.into_iter().map(Some))?,
+        Format::Json => {
+            parse_documents(origin, parse_json(text)?.into_iter().map(|v| Ok(Some(v))))?
+        }
         Format::Yaml => parse_documents(origin, parse_yaml(text, &mut errors)?)?,
     };
     // Documents that did not convert come first: they are whole documents.
@@ -87,20 +89,57 @@ fn parse_json(text: &str) -> Result<Vec<Value>, String> {
         .map_err(|e| format!("invalid JSON: {e}"))
 }
 
-/// Parses every document, in two passes. A syntax error anywhere fails the file: the
-/// parser stops there, so what follows it is unknown, and a half-saved file must
-/// not delete the objects it held. A document that is valid YAML but no valid
-/// object tree (a number out of range, a key given twice, a non-string key) is that
-/// document's error alone (in `errors`): it is `None` in the second pass, and the
-/// others count. The second pass yields one document at a time, so that each is
-/// turned into its object before the next is read: a file's documents are never all
-/// held as trees at once.
+/// Parses every document, each turned into its object tree before the next is
+/// read (a file's documents are never all held as trees at once). A syntax error
+/// anywhere fails the file: the parser stops there, so what follows it is unknown,
+/// and a half-saved file must not delete the objects it held. A document that is
+/// valid YAML but no valid object tree (a number out of range, a key given twice, a
+/// non-string key) is that document's error alone (in `errors`): it is `None`, and
+/// the others count. Told apart when a document fails: the whole text is then read
+/// once for syntax alone (at most once per text), and a syntax error anywhere is
+/// the file's (`Some(Err)`, the last item).
 fn parse_yaml<'t>(
     text: &'t str,
     errors: &'t mut Vec<String>,
-) -> Result<impl Iterator<Item = Option<Value>> + 't, String> {
+) -> Result<impl Iterator<Item = Result<Option<Value>, String>> + 't, String> {
     check_flow_nesting(text)?;
-    let mut count = 0;
+    let mut syntax_checked = false;
+    let mut failed = false;
+    Ok(yaml_serde::Deserializer::from_str(text)
+        .enumerate()
+        .map_while(move |(i, document)| {
+            if failed {
+                return None;
+            }
+            if i == MAX_OBJECTS_PER_FILE {
+                failed = true;
+                return Some(Err(format!(
+                    "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
+                )));
+            }
+            let value = yaml_serde::Value::deserialize(document)
+                .map_err(|e| crate::go_syntax::plain_serde_message(&e.to_string()))
+                .and_then(|v| serde_json::to_value(v).map_err(|e| e.to_string()));
+            match value {
+                Ok(v) => Some(Ok(Some(v))),
+                Err(e) => {
+                    if !syntax_checked {
+                        syntax_checked = true;
+                        if let Err(fatal) = check_syntax(text) {
+                            failed = true;
+                            return Some(Err(fatal));
+                        }
+                    }
+                    errors.push(format!("document {}: {e}; skipped", i + 1));
+                    Some(Ok(None))
+                }
+            }
+        }))
+}
+
+/// Reads every document of `text` for syntax alone: the first syntax error, as the
+/// file's error.
+fn check_syntax(text: &str) -> Result<(), String> {
     for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
         if i == MAX_OBJECTS_PER_FILE {
             return Err(format!(
@@ -111,23 +150,8 @@ fn parse_yaml<'t>(
             let e = crate::go_syntax::plain_serde_message(&e.to_string());
             format!("invalid YAML in document {}: {e}", i + 1)
         })?;
-        count += 1;
     }
-    Ok(yaml_serde::Deserializer::from_str(text)
-        .enumerate()
-        .take(count)
-        .map(move |(i, document)| {
-            let value = yaml_serde::Value::deserialize(document)
-                .map_err(|e| crate::go_syntax::plain_serde_message(&e.to_string()))
-                .and_then(|v| serde_json::to_value(v).map_err(|e| e.to_string()));
-            match value {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    errors.push(format!("document {}: {e}; skipped", i + 1));
-                    None
-                }
-            }
-        }))
+    Ok(())
 }
 
 /// Flow collections (`[...]`, `{...}`) nested deeper than this fail the file before
@@ -200,16 +224,16 @@ struct Pending {
     in_list: bool,
 }
 
-/// The objects of `documents` (`None`: a document that did not convert), one
-/// document (and its list items) after the other.
+/// The objects of `documents` (`None`: a document that did not convert; `Err`:
+/// the text is unusable), one document (and its list items) after the other.
 fn parse_documents(
     origin: &str,
-    documents: impl Iterator<Item = Option<Value>>,
+    documents: impl Iterator<Item = Result<Option<Value>, String>>,
 ) -> Result<Manifest, String> {
     let mut parsed = Manifest::default();
     let mut seen = 0usize;
     for (i, value) in documents.enumerate() {
-        let Some(value) = value else { continue };
+        let Some(value) = value? else { continue };
         let stack = vec![Pending {
             value,
             at: format!("document {}", i + 1),
@@ -482,6 +506,30 @@ fn json_type(v: &Value) -> &'static str {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// One pass over the text: a document error is the document's, unless a
+    /// syntax error anywhere (before or after it) makes the text unusable.
+    #[test]
+    fn a_syntax_error_anywhere_fails_the_text_and_a_document_error_only_its_document() {
+        let good = "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n";
+        let twice = "apiVersion: v1\nkind: Node\nmetadata: {name: n2}\nkind: Node\n";
+        let broken = "apiVersion: v1\nkind: [Node\n";
+        let m = parse(&format!("{good}---\n{twice}---\n{good}"), Format::Yaml, "t").unwrap();
+        assert_eq!(m.objects.len(), 2);
+        assert_eq!(m.errors.len(), 1, "{:?}", m.errors);
+        assert!(m.errors[0].starts_with("document 2:"), "{:?}", m.errors);
+        for (text, at) in [
+            (format!("{good}---\n{twice}---\n{broken}"), 3),
+            (format!("{good}---\n{broken}---\n{twice}"), 2),
+            (format!("{good}---\n{good}---\n{broken}"), 3),
+        ] {
+            let err = parse(&text, Format::Yaml, "t").unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid YAML in document {at}")),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn deep_flow_nesting_is_refused_before_parsing_whatever_the_size() {
