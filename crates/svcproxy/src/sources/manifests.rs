@@ -284,7 +284,23 @@ impl ManifestDir {
         let mut files: HashMap<Arc<Path>, Vec<Entry>> = HashMap::with_capacity(listing.files.len());
         let mut order: Vec<Arc<Path>> = Vec::with_capacity(listing.files.len());
         let mut unsettled = false;
+        // The files this walk will read, read first on every core (a cold start
+        // reads them all); the walk itself stays in order.
+        let wanted: Vec<&Path> = listing
+            .files
+            .iter()
+            .filter(|(path, meta)| {
+                self.must_read(path, meta.as_ref(), previous.contains_key(path.as_path()))
+            })
+            .map(|(path, _)| path.as_path())
+            .collect();
+        let mut read: HashMap<PathBuf, Result<Manifest, String>> = wanted
+            .iter()
+            .map(|p| p.to_path_buf())
+            .zip(read_manifests(&wanted))
+            .collect();
         for (path, meta) in listing.files {
+            let manifest = read.remove(&path);
             let (path, before) = match previous.remove_entry(path.as_path()) {
                 Some((path, entries)) => (path, Some(entries)),
                 None => (Arc::from(path), None),
@@ -293,7 +309,9 @@ impl ManifestDir {
                 self.file_errors.insert(path.clone(), errors);
             }
             // The listing's `stat`, one per file and rescan.
-            if let Some(entries) = self.refresh(&path, meta.as_ref(), before, &mut unsettled) {
+            if let Some(entries) =
+                self.refresh(&path, meta.as_ref(), before, manifest, &mut unsettled)
+            {
                 order.push(path.clone());
                 files.insert(path, entries);
             }
@@ -343,7 +361,7 @@ impl ManifestDir {
             };
             let listed = before.is_some();
             let now = match meta {
-                Some(meta) => self.refresh(&path, Some(&meta), before, &mut unsettled),
+                Some(meta) => self.refresh(&path, Some(&meta), before, None, &mut unsettled),
                 // Gone: its objects with it.
                 None => {
                     self.file_errors.remove(&path);
@@ -448,24 +466,25 @@ impl ManifestDir {
     /// in force and was written too recently is left as it was (`unsettled`);
     /// one that cannot be read or parsed keeps its previous objects. Records its
     /// errors and, once settled, its stamp.
+    /// `read`: the file, read already (by [`read_manifests`]), if it was.
     fn refresh(
         &mut self,
         path: &Arc<Path>,
         meta: Option<&fs::Metadata>,
         before: Option<Vec<Entry>>,
+        read: Option<Result<Manifest, String>>,
         unsettled: &mut bool,
     ) -> Option<Vec<Entry>> {
-        if before.is_some() && meta.is_some_and(|m| written_within(m, self.settle)) {
-            *unsettled = true;
+        if !self.must_read(path, meta, before.is_some()) {
+            if before.is_some() && meta.is_some_and(|m| written_within(m, self.settle)) {
+                *unsettled = true;
+            }
             return before;
         }
         let stamp = meta.and_then(|m| Stamp::settled(m, self.settle));
-        if before.is_some() && stamp.is_some() && stamp.as_ref() == self.parsed.get(path) {
-            return before;
-        }
         self.parsed.remove(path);
         self.reads += 1;
-        match read_manifest(path) {
+        match read.unwrap_or_else(|| read_manifest(path)) {
             Ok(parsed) => {
                 let errors: Vec<FileError> = parsed
                     .errors
@@ -493,6 +512,17 @@ impl ManifestDir {
                 before
             }
         }
+    }
+
+    /// Whether [`ManifestDir::refresh`] reads a listed file (`listed`: it was
+    /// listed before): not one with objects in force written too recently, nor
+    /// one that still looks as when it was parsed.
+    fn must_read(&self, path: &Path, meta: Option<&fs::Metadata>, listed: bool) -> bool {
+        if listed && meta.is_some_and(|m| written_within(m, self.settle)) {
+            return false;
+        }
+        let stamp = meta.and_then(|m| Stamp::settled(m, self.settle));
+        !(listed && stamp.is_some() && stamp.as_ref() == self.parsed.get(path))
     }
 
     /// The updates from what was yielded to what `files` define now (each key's
@@ -826,6 +856,43 @@ fn written_within(m: &fs::Metadata, window: Duration) -> bool {
         .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
         .is_some_and(|age| age < window)
 }
+
+/// [`read_manifest`] of each path, in order, the files shared out among the
+/// machine's cores (parsing is most of a cold start).
+fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, String>> {
+    let workers = thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_READERS)
+        .min(paths.len());
+    if workers <= 1 {
+        return paths.iter().map(|p| read_manifest(p)).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, Result<Manifest, String>)> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(path) = paths.get(i) else { break };
+                        mine.push((i, read_manifest(path)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    done.sort_unstable_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Threads that read manifests at once, at most.
+const MAX_READERS: usize = 8;
 
 /// Reads and parses one file. `Err` means the file as a whole is unusable.
 fn read_manifest(path: &Path) -> Result<Manifest, String> {
