@@ -284,8 +284,8 @@ pub(crate) fn encode(
 }
 
 /// [`encode`] with a netfilter header of the caller's (an nf_tables batch's
-/// begin and end name their subsystem in it).
-fn encode_with(
+/// begin and end name their subsystem in it; an `inet` table's request).
+pub(crate) fn encode_with(
     flags: u16,
     seq: u32,
     nf_header: NetfilterHeader,

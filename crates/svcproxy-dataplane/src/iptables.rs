@@ -106,6 +106,14 @@ pub trait IptablesRunner: Send {
         None
     }
 
+    /// The kernel says there is no iptables table at all in this family (so no
+    /// chain of ours either), without running a tool; `false` when it cannot
+    /// tell.
+    fn no_tables(&mut self, family: IpFamily) -> bool {
+        let _ = family;
+        false
+    }
+
     /// `input` restored into a scratch network namespace, created and gone with
     /// this call, and saved back (`iptables-save`): the plan in the kernel's own
     /// canonical form, to compare with the real tables.
@@ -204,6 +212,31 @@ fn restore_tunables(current: Option<&str>) -> String {
 }
 
 impl IptablesRunner for IptablesCommands {
+    fn no_tables(&mut self, family: IpFamily) -> bool {
+        // Only in this process's own namespace (no `ip netns exec` prefix), and
+        // whichever backend the tools drive: no nf_tables table of theirs
+        // (asked over netlink) and no legacy table (the kernel's list of them,
+        // absent when the module is not loaded).
+        if !self.prefix.is_empty() {
+            return false;
+        }
+        let legacy_names = match family {
+            IpFamily::V4 => "/proc/net/ip_tables_names",
+            IpFamily::V6 => "/proc/net/ip6_tables_names",
+        };
+        let no_legacy = match std::fs::read_to_string(legacy_names) {
+            Ok(names) => names.trim().is_empty(),
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        };
+        no_legacy
+            && TableId::ALL.iter().all(|t| {
+                matches!(
+                    crate::nft_table::table_state(None, family, t.name()),
+                    Ok(crate::nft_table::TableState::Missing)
+                )
+            })
+    }
+
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), DataPlaneError> {
         let argv = self.argv(self.tool(family, "-restore"), &["-w", "--noflush"]);
         let out =
@@ -747,6 +780,9 @@ impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
         self.written.clear();
         self.last_full = None;
         for family in IpFamily::BOTH {
+            if self.runner.no_tables(family) {
+                continue;
+            }
             // No iptables for this family here: nothing of ours can exist either.
             let chains = match self.kernel_state(family) {
                 Ok(state) => state.chains,

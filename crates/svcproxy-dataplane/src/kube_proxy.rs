@@ -257,11 +257,48 @@ fn legacy_table_exists(prefix: &[String], tool: &str, table: &str) -> bool {
     } else {
         "/proc/net/ip_tables_names"
     };
-    matches!(run(prefix, &["cat", names], None), Ok(Some(list)) if list.lines().any(|l| l.trim() == table))
+    let list = if prefix.is_empty() {
+        std::fs::read_to_string(names).ok()
+    } else {
+        run(prefix, &["cat", names], None).ok().flatten()
+    };
+    list.is_some_and(|list| list.lines().any(|l| l.trim() == table))
+}
+
+/// Whether the kernel says (over netlink, in this process's namespace: only
+/// without a command prefix) that the nftables table an nft-backed iptables
+/// `tool` keeps `table` in does not exist. `false` when it cannot tell: the tool
+/// is run.
+fn nft_backed_table_missing(prefix: &[String], tool: &str, table: &str) -> bool {
+    if !prefix.is_empty() {
+        return false;
+    }
+    let family = if tool.starts_with("ip6") {
+        svcproxy_core::model::IpFamily::V6
+    } else {
+        svcproxy_core::model::IpFamily::V4
+    };
+    matches!(
+        crate::nft_table::table_state(None, family, table),
+        Ok(crate::nft_table::TableState::Missing)
+    )
 }
 
 /// Whether the `kube-proxy` nftables table of `family` exists.
 fn nft_table_exists(prefix: &[String], family: &str) -> Result<bool, DataPlaneError> {
+    if prefix.is_empty() {
+        let f = if family == "ip6" {
+            svcproxy_core::model::IpFamily::V6
+        } else {
+            svcproxy_core::model::IpFamily::V4
+        };
+        // Over netlink in this process's namespace; `nft` only when it cannot tell.
+        match crate::nft_table::table_state(None, f, "kube-proxy") {
+            Ok(crate::nft_table::TableState::Missing) => return Ok(false),
+            Ok(crate::nft_table::TableState::Present { .. }) => return Ok(true),
+            Err(_) => {}
+        }
+    }
     match run(
         prefix,
         &["nft", "list", "table", family, "kube-proxy"],
@@ -275,6 +312,11 @@ fn nft_table_exists(prefix: &[String], family: &str) -> Result<bool, DataPlaneEr
 }
 
 fn ipvs_link_exists(prefix: &[String]) -> bool {
+    if prefix.is_empty() {
+        // Asked of this thread's network namespace itself (not of /sys, which
+        // may be another namespace's).
+        return nix::net::if_::if_nametoindex("kube-ipvs0").is_ok();
+    }
     matches!(
         run(prefix, &["ip", "-o", "link", "show", "kube-ipvs0"], None),
         Ok(Some(_))
@@ -302,6 +344,10 @@ fn walk(prefix: &[String], remove: bool) -> Leftovers {
                 if tool.ends_with("-legacy") && !legacy_table_exists(prefix, tool, table) {
                     // Listing it would load the legacy table's module (and so create
                     // it): only a table that exists can hold kube-proxy's chains.
+                    continue;
+                }
+                if !tool.ends_with("-legacy") && nft_backed_table_missing(prefix, tool, table) {
+                    // Nothing to list, and no iptables-save run to find that out.
                     continue;
                 }
                 let save_tool = format!("{tool}-save");

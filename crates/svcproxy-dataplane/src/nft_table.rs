@@ -13,12 +13,14 @@ use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUE
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, NfTablesMessage, TableAttribute, TableFlags, TableMessage,
 };
-use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
 use svcproxy_core::model::IpFamily;
 
 use crate::conntrack::ConntrackError;
 use crate::ctnetlink::{
-    encode, open_socket, recv_datagram, send_request, DEFAULT_CONNTRACK_TIMEOUT,
+    encode, encode_with, open_socket, recv_datagram, send_request, DEFAULT_CONNTRACK_TIMEOUT,
 };
 
 const ENOENT: i32 = 2;
@@ -41,6 +43,18 @@ fn request(seq: u32, family: IpFamily, name: &str) -> Vec<u8> {
         NLM_F_REQUEST | NLM_F_ACK,
         seq,
         family,
+        NfTablesMessage::GetTable(TableMessage {
+            attributes: vec![TableAttribute::Name(name.to_string())],
+        }),
+    )
+}
+
+/// The `GETTABLE` request for table `name` of the `inet` family.
+fn inet_request(seq: u32, name: &str) -> Vec<u8> {
+    encode_with(
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        NetfilterHeader::new(NetfilterProtoFamily::Inet, 0, 0),
         NfTablesMessage::GetTable(TableMessage {
             attributes: vec![TableAttribute::Name(name.to_string())],
         }),
@@ -108,7 +122,19 @@ pub fn table_state(
     name: &str,
 ) -> Result<TableState, ConntrackError> {
     let what = format!("table {family} {name}");
-    let found = ask(netns, &request(1, family, name), &what)?;
+    state_from(ask(netns, &request(1, family, name), &what)?, family)
+}
+
+/// Table `name` of the `inet` family, in the calling thread's network namespace.
+pub fn inet_table_state(name: &str) -> Result<TableState, ConntrackError> {
+    let what = format!("table inet {name}");
+    state_from(ask(None, &inet_request(1, name), &what)?, "inet")
+}
+
+fn state_from(
+    found: Option<Reply>,
+    family: impl std::fmt::Display,
+) -> Result<TableState, ConntrackError> {
     Ok(match found {
         Some(Reply::Table(t)) => t,
         None => TableState::Missing,

@@ -500,9 +500,10 @@ fn run_target(
     match output {
         Output::Kernel => {
             set_oom_score_adj(settings.oom_score_adj);
-            if !settings.init_only {
-                warn_about_kube_proxy_leftovers(&settings);
-            }
+            // A look at the node for kube-proxy's rules (a dozen iptables-save
+            // runs, about 0.1 s): beside the start rather than before it.
+            let leftovers = (!settings.init_only && settings.service_proxy_name.is_none())
+                .then(|| std::thread::spawn(warn_about_kube_proxy_leftovers));
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
             let mut plane = Driver::new(
@@ -548,7 +549,7 @@ fn run_target(
             let target = plane.with_conntrack_sysctls(conntrack_settings(&settings));
             let once = settings.once;
             let claim = Some(backend.mode);
-            rt.block_on(serve(
+            let served = rt.block_on(serve(
                 settings,
                 target,
                 servers,
@@ -556,7 +557,12 @@ fn run_target(
                 Some(plan_cfg),
                 Some(backend),
                 claim,
-            ))
+            ));
+            if let Some(leftovers) = leftovers {
+                // Its warning belongs in the log of a short run too.
+                let _ = leftovers.join();
+            }
+            served
         }
         Output::Snapshot { json, watch } => {
             let target = Checked {
@@ -1249,10 +1255,7 @@ pub fn cleanup_kube_proxy() -> anyhow::Result<()> {
 /// At start (no `--service-proxy-name`): kube-proxy's rules still in the kernel would
 /// answer for the same Services as svcproxy's (stale once kube-proxy is stopped), so
 /// say so and how to remove them.
-fn warn_about_kube_proxy_leftovers(settings: &Settings) {
-    if settings.service_proxy_name.is_some() {
-        return;
-    }
+fn warn_about_kube_proxy_leftovers() {
     let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
     if found.is_empty() {
         return;

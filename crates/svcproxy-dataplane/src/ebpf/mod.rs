@@ -47,6 +47,13 @@ use svcproxy_plan::ebpf::{companion_rules, Table, COMPANION_TABLE};
 
 /// Deletes the companion rules' table; none is no error.
 fn remove_companion() -> Result<(), DataPlaneError> {
+    // Asked over netlink first: nothing to remove needs no `nft` at all.
+    if matches!(
+        crate::nft_table::inet_table_state(COMPANION_TABLE),
+        Ok(crate::nft_table::TableState::Missing)
+    ) {
+        return Ok(());
+    }
     NftCommand::default().run(&format!(
         "table inet {COMPANION_TABLE}\ndelete table inet {COMPANION_TABLE}\n"
     ))
