@@ -201,59 +201,49 @@ fn parse_from(s: &str) -> Result<std::net::IpAddr, String> {
         .map_err(|_| format!("--from {s:?}: not an IP address or IP:PORT"))
 }
 
-/// Hands the allocator's free pages back to the kernel now: called after the
-/// syncs that follow a burst (the initial list's parsed objects, a full sync's
-/// rendered rules). Memory freed between bursts goes back on its own
-/// ([`tune_allocator`]).
+/// Hands the allocator's free pages back to the kernel. glibc keeps what a burst
+/// freed (the initial list's parsed objects, a full sync's rendered rules) as its
+/// own: at 10k services x 10 endpoints the daemon held 142 MiB resident for 51 MiB
+/// in use, 93 MiB after this. Called after the syncs that follow a burst; a walk of
+/// the heaps, a few milliseconds.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 pub(crate) fn release_free_memory() {
-    // SAFETY: mi_collect only frees what no allocation uses; it is thread-safe.
+    // SAFETY: malloc_trim only returns free pages to the kernel; it is thread-safe.
     unsafe {
-        libmimalloc_sys::mi_collect(true);
+        libc::malloc_trim(0);
     }
 }
 
-/// mimalloc's `purge_delay` option, which its Rust bindings do not name: the one
-/// after `eager_commit_delay` (14) in mimalloc.h's `mi_option_t` (checked by a
-/// test).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(crate) fn release_free_memory() {}
 
-/// The allocator is mimalloc (`ALLOCATOR`): each thread allocates from a heap of
-/// its own without a lock, so the manifests are parsed on every core at once
-/// (glibc's malloc, limited to one arena to bound its memory, made the parsing
-/// threads queue on its lock). Two settings differ from mimalloc's defaults, as
-/// measured on a 10k-service cold start (`scripts/bench-scale.sh`):
-/// - freed pages go back to the kernel after 10 ms, not 1 s: a cold start frees
-///   the parsed objects while it builds the state, and the longer delay let the
-///   process hold half as much again at its peak (294 against about 200 MiB); at
-///   once (0) costs a third more system time in page faults;
-/// - no transparent huge pages (`PR_SET_THP_DISABLE`; mimalloc asks for them
-///   with `madvise`, and its own option is read before `main`): zeroing 2 MiB
-///   pages for growing buffers was a fifth of a cold start's samples.
-///
-/// `MIMALLOC_PURGE_DELAY` and `MIMALLOC_ALLOW_THP` in the environment still win.
+/// Heap arenas glibc may make: as many as threads parse manifests at once
+/// (`sources::manifests::MAX_READERS`). glibc gives every thread that allocates an
+/// arena of its own (up to eight per core), and memory freed in one arena is not
+/// reused by another: with the tokio workers decoding lists while the state is
+/// built, unlimited arenas held 20 MiB more at 100k endpoints. One arena made the
+/// two threads parsing a cold start's manifests queue on its lock (2.5 s against
+/// 1.0 s with two, 10k services); two cost the daemon about 6 MiB after its first
+/// sync at 10k services through the API (mimalloc, tried instead, 19 MiB).
+/// `MALLOC_ARENA_MAX` in the environment still wins.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
-fn tune_allocator() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: setting an option is thread-safe; no other thread exists yet.
+fn limit_malloc_arenas() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let arenas = i32::try_from(sources::manifests::MAX_READERS).unwrap_or(1);
+        // SAFETY: mallopt only tunes the allocator; no other thread exists yet.
         unsafe {
-            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 10);
-        }
-    }
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: prctl with these arguments only sets a flag of this process.
-        unsafe {
-            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
         }
     }
 }
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn limit_malloc_arenas() {}
 
 fn main() -> ExitCode {
-    tune_allocator();
+    limit_malloc_arenas();
     // As pflag: repeated list flags add up, any other repeated flag's last value
     // wins (a DaemonSet's args patched by appending must start unchanged).
     let matches = help::shape(Cli::command())
@@ -498,22 +488,5 @@ fn init_logging(verbosity: u32, format: config::LogFormat) {
         // One object per line, the message and fields at the top level (as
         // kube-proxy's json format: ts, level, msg, and the key/value pairs).
         config::LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
-}
-
-#[cfg(test)]
-mod allocator_tests {
-    /// The option's place: next to one the bindings name, and its default (1 s)
-    /// there, unless the environment set it.
-    #[test]
-    #[allow(unsafe_code)]
-    fn the_purge_delay_option_is_where_mimalloc_h_puts_it() {
-        use libmimalloc_sys::{mi_option_get, mi_option_use_numa_nodes};
-        assert_eq!(mi_option_use_numa_nodes, super::MI_OPTION_PURGE_DELAY + 1);
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-            // SAFETY: reading an option is thread-safe. v3's options.c default
-            // (its header still says 10).
-            assert_eq!(unsafe { mi_option_get(super::MI_OPTION_PURGE_DELAY) }, 1000);
-        }
     }
 }

@@ -857,8 +857,8 @@ fn written_within(m: &fs::Metadata, window: Duration) -> bool {
         .is_some_and(|age| age < window)
 }
 
-/// [`read_manifest`] of each path, in order, the files shared out among the
-/// machine's cores (parsing is most of a cold start).
+/// [`read_manifest`] of each path, in order, the files shared out among up to
+/// [`MAX_READERS`] threads (parsing is most of a cold start).
 fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, String>> {
     let workers = thread::available_parallelism()
         .map_or(1, usize::from)
@@ -891,8 +891,9 @@ fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, String>> {
     done.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Threads that read manifests at once, at most.
-const MAX_READERS: usize = 8;
+/// Threads that read manifests at once, at most (and the allocator's arenas,
+/// `limit_malloc_arenas`: a reader without one of its own waits on another's).
+pub(crate) const MAX_READERS: usize = 2;
 
 /// Reads and parses one file. `Err` means the file as a whole is unusable.
 fn read_manifest(path: &Path) -> Result<Manifest, String> {
