@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# What an operator waits for at scale: process start to rules in the kernel.
+#
+# For each size (Services, 10 endpoints each; scripts/gen-cluster.py writes the
+# manifests directory) and each round, in fresh network namespaces this script
+# creates and deletes:
+# - the floor: `nft -f` of the ruleset svcproxy renders for that cluster (what the
+#   kernel needs to load the same rules, with nothing parsed before);
+# - `svcproxy --proxy-mode MODE --manifests DIR --once` for each mode (wall time
+#   from exec to exit, which is after the rules are in; peak RSS); the ebpf mode
+#   confined to a cgroup and a bpffs of this script's own, removed at the end;
+# - with --daemon, the daemon itself (nftables mode): its RSS once its first sync
+#   is in (the manifests source).
+# Prints each run, then per size and mode the median and its ratio to the floor's
+# median of the same run.
+#
+#   scripts/bench-scale.sh [--sizes "10000 100000"] [--modes "nftables ebpf"]
+#                          [--rounds 3] [--daemon] [--bin PATH]
+# As root (namespaces, nft, BPF); needs python3, nft, ip, /usr/bin/time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sizes="10000 100000"
+modes="nftables ebpf"
+rounds=3
+daemon=0
+bin=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --sizes) sizes=$2; shift 2 ;;
+        --modes) modes=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
+        --daemon) daemon=1; shift ;;
+        --bin) bin=$2; shift 2 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+if [ -z "$bin" ]; then
+    cargo build --release --locked -p svcproxy >&2
+    bin=target/release/svcproxy
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/svcproxy-scale.XXXXXX")
+ns=svcscale-$$
+cgroup=
+cgroup_mount=
+bpffs=
+cleanup() {
+    if [ -n "$bpffs" ] && mountpoint -q "$bpffs"; then
+        ip netns exec "$ns" "$bin" cleanup --ebpf-cgroup "$cgroup" \
+            --ebpf-bpffs "$bpffs/pins" >/dev/null 2>&1 || true
+        umount "$bpffs" || true
+    fi
+    ip netns delete "$ns" 2>/dev/null || true
+    if [ -n "$cgroup" ]; then
+        rmdir "$cgroup" 2>/dev/null || true
+        umount "$cgroup_mount" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [[ " $modes " == *" ebpf "* ]]; then
+    # The cgroup v2 hierarchy mounted again under the work directory: `ip netns
+    # exec` remounts /sys, where the host mounts it (../shared/EBPF-NOTES.md).
+    mkdir "$work/cgroup2"
+    mount -t cgroup2 none "$work/cgroup2"
+    cgroup_mount=$work/cgroup2
+    cgroup=$cgroup_mount/svcproxy-scale-$$
+    mkdir "$cgroup"
+    bpffs=$work/bpffs
+    mkdir "$bpffs"
+    mount -t bpf bpf "$bpffs"
+fi
+
+fresh_ns() {
+    ip netns delete "$ns" 2>/dev/null || true
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+}
+
+# run LABEL CMD...: one timed run in a fresh namespace; prints "LABEL SECONDS MIB".
+run() {
+    local label=$1
+    shift
+    fresh_ns
+    /usr/bin/time -f "%e %M" -o "$work/time" ip netns exec "$ns" "$@" \
+        >"$work/out" 2>"$work/err" || {
+        echo "$label failed:" >&2; tail -n 20 "$work/err" >&2; exit 1; }
+    read -r secs kib <"$work/time"
+    echo "$label $secs $((kib / 1024))"
+}
+
+# daemon_rss DIR: the daemon's VmRSS once its first sync is logged, and 5 s later.
+daemon_rss() {
+    fresh_ns
+    ip netns exec "$ns" "$bin" --proxy-mode nftables --manifests "$1" \
+        --hostname-override node-1 >"$work/daemon.out" 2>"$work/daemon.err" &
+    local pid=$! deadline=$((SECONDS + 600))
+    until grep -q 'synced mode=' "$work/daemon.err"; do
+        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$work/daemon.err" >&2; exit 1; }
+        [ $SECONDS -lt $deadline ] || { echo "no first sync" >&2; kill "$pid"; exit 1; }
+        sleep 0.1
+    done
+    local pidof
+    pidof=$(pgrep -P "$pid" -x svcproxy || echo "$pid")
+    local first later
+    first=$(awk '$1 == "VmRSS:" { printf "%.0f", $2 / 1024 }' "/proc/$pidof/status")
+    sleep 5
+    later=$(awk '$1 == "VmRSS:" { printf "%.0f", $2 / 1024 }' "/proc/$pidof/status")
+    local peak
+    peak=$(awk '$1 == "VmHWM:" { printf "%.0f", $2 / 1024 }' "/proc/$pidof/status")
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    echo "daemon-rss $first $later $peak"
+}
+
+median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+results=$work/results
+: >"$results"
+for n in $sizes; do
+    dir=$work/cluster-$n
+    mkdir -p "$dir"
+    python3 scripts/gen-cluster.py "$dir" "$n"
+    "$bin" render --proxy-mode nftables --manifests "$dir" --hostname-override node-1 \
+        >"$work/rules.nft" 2>/dev/null
+    echo "== $n services x 10 endpoints: $(du -sh "$dir" | cut -f1) of YAML," \
+        "$(wc -c <"$work/rules.nft") bytes of rules" >&2
+    for r in $(seq "$rounds"); do
+        line=$(run floor nft -f "$work/rules.nft")
+        echo "$n round $r $line" | tee -a "$results"
+        for m in $modes; do
+            extra=()
+            if [ "$m" = ebpf ]; then
+                extra=(--ebpf-cgroup "$cgroup" --ebpf-bpffs "$bpffs/pins")
+            fi
+            line=$(run "$m" "$bin" --proxy-mode "$m" --manifests "$dir" \
+                --hostname-override node-1 --once "${extra[@]}")
+            echo "$n round $r $line" | tee -a "$results"
+            if [ "$m" = ebpf ]; then
+                ip netns exec "$ns" "$bin" cleanup "${extra[@]}" >/dev/null 2>&1
+            fi
+        done
+    done
+    if [ "$daemon" = 1 ]; then
+        line=$(daemon_rss "$dir")
+        echo "$n $line (MiB: after the first sync, 5 s later, peak)" | tee -a "$results"
+    fi
+    rm -rf "$dir"
+done
+
+echo
+echo "| services x 10 endpoints | row | median wall s | x floor | median peak RSS MiB |"
+echo "|---|---|---|---|---|"
+for n in $sizes; do
+    floor=$(awk -v n="$n" '$1 == n && $4 == "floor" { print $5 }' "$results" | median)
+    for label in floor $modes; do
+        secs=$(awk -v n="$n" -v l="$label" '$1 == n && $4 == l { print $5 }' "$results" | median)
+        mib=$(awk -v n="$n" -v l="$label" '$1 == n && $4 == l { print $6 }' "$results" | median)
+        ratio=$(awk -v a="$secs" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')
+        echo "| $n | $label | $secs | $ratio | $mib |"
+    done
+done
