@@ -284,8 +284,8 @@ impl ManifestDir {
         let mut files: HashMap<Arc<Path>, Vec<Entry>> = HashMap::with_capacity(listing.files.len());
         let mut order: Vec<Arc<Path>> = Vec::with_capacity(listing.files.len());
         let mut unsettled = false;
-        // The files this walk will read, read first on every core (a cold start
-        // reads them all); the walk itself stays in order.
+        // The files this walk will read, read first by up to MAX_READERS threads
+        // (a cold start reads them all); the walk itself stays in order.
         let wanted: Vec<&Path> = listing
             .files
             .iter()
@@ -475,10 +475,10 @@ impl ManifestDir {
         read: Option<Result<Manifest, String>>,
         unsettled: &mut bool,
     ) -> Option<Vec<Entry>> {
-        if !self.must_read(path, meta, before.is_some()) {
-            if before.is_some() && meta.is_some_and(|m| written_within(m, self.settle)) {
-                *unsettled = true;
-            }
+        let listed = before.is_some();
+        if !self.must_read(path, meta, listed) {
+            // Written too recently (held back), or unchanged since it was parsed.
+            *unsettled |= listed && meta.is_some_and(|m| written_within(m, self.settle));
             return before;
         }
         let stamp = meta.and_then(|m| Stamp::settled(m, self.settle));
