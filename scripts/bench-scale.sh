@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
         --rounds) rounds=$2; shift 2 ;;
         --daemon) daemon=1; shift ;;
         --bin) bin=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -47,17 +47,20 @@ cgroup=
 cgroup_mount=
 bpffs=
 cleanup() {
+    if [ -s "$work/daemon.pid" ]; then
+        kill "$(cat "$work/daemon.pid")" 2>/dev/null || true
+    fi
     if [ -n "$bpffs" ] && mountpoint -q "$bpffs"; then
         ip netns exec "$ns" "$bin" cleanup --ebpf-cgroup "$cgroup" \
             --ebpf-bpffs "$bpffs/pins" >/dev/null 2>&1 || true
         umount "$bpffs" || true
     fi
     ip netns delete "$ns" 2>/dev/null || true
-    if [ -n "$cgroup" ]; then
-        rmdir "$cgroup" 2>/dev/null || true
-        umount "$cgroup_mount" 2>/dev/null || true
+    [ -z "$cgroup" ] || rmdir "$cgroup" 2>/dev/null || true
+    if [ -n "$cgroup_mount" ] && mountpoint -q "$cgroup_mount"; then
+        umount "$cgroup_mount" || true
     fi
-    rm -rf "$work"
+    rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -65,11 +68,11 @@ trap 'exit 130' INT TERM
 if [[ " $modes " == *" ebpf "* ]]; then
     # The cgroup v2 hierarchy mounted again under the work directory: `ip netns
     # exec` remounts /sys, where the host mounts it (../shared/EBPF-NOTES.md).
-    mkdir "$work/cgroup2"
-    mount -t cgroup2 none "$work/cgroup2"
     cgroup_mount=$work/cgroup2
+    mkdir "$cgroup_mount"
+    mount -t cgroup2 none "$cgroup_mount"
+    mkdir "$cgroup_mount/svcproxy-scale-$$"
     cgroup=$cgroup_mount/svcproxy-scale-$$
-    mkdir "$cgroup"
     bpffs=$work/bpffs
     mkdir "$bpffs"
     mount -t bpf bpf "$bpffs"
@@ -99,6 +102,8 @@ daemon_rss() {
     ip netns exec "$ns" "$bin" --proxy-mode nftables --manifests "$1" \
         --hostname-override node-1 >"$work/daemon.out" 2>"$work/daemon.err" &
     local pid=$! deadline=$((SECONDS + 600))
+    # This runs in a subshell ($(...)): the trap finds the daemon by this file.
+    echo "$pid" >"$work/daemon.pid"
     until grep -q 'synced mode=' "$work/daemon.err"; do
         kill -0 "$pid" 2>/dev/null || { tail -n 20 "$work/daemon.err" >&2; exit 1; }
         [ $SECONDS -lt $deadline ] || { echo "no first sync" >&2; kill "$pid"; exit 1; }
@@ -114,6 +119,7 @@ daemon_rss() {
     peak=$(awk '$1 == "VmHWM:" { printf "%.0f", $2 / 1024 }' "/proc/$pidof/status")
     kill "$pid"
     wait "$pid" 2>/dev/null || true
+    : >"$work/daemon.pid"
     echo "daemon-rss $first $later $peak"
 }
 

@@ -157,7 +157,8 @@ struct podnet_key {
 // service address (the value: the endpoint), dir 1 the endpoint's replies to the
 // client (the value: the service address to show as their source). dir 2 (UDP):
 // the replies a masqueraded flow expects, addressed to the port the kernel's
-// masquerade chose (no value: the kernel turns them back itself).
+// masquerade chose (the value: only when, created_ns; the kernel turns them
+// back itself).
 #define CT_ORIGINAL 0
 #define CT_REPLY 1
 #define CT_MASQUERADED_REPLY 2

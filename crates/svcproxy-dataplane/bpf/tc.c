@@ -88,6 +88,7 @@ struct pkt {
 	__u8 tcp_flags;
 	__u8 pseudo; // the L4 checksum covers the addresses (all but ICMPv4)
 	__u32 l4_off;
+	__u32 end;	  // where the IP packet ends (the frame may be padded)
 	__u32 csum_off;	  // the TCP, UDP or ICMP checksum
 	__u32 csum_flags; // BPF_F_MARK_MANGLED_0 for UDP (an IPv4 checksum of 0 is none)
 };
@@ -108,6 +109,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		p->saddr[0] = ip.saddr;
 		p->daddr[0] = ip.daddr;
 		p->l4_off = ETH_HLEN + ip.ihl * 4;
+		p->end = ETH_HLEN + bpf_ntohs(ip.tot_len);
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr ip6;
 		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
@@ -118,6 +120,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		p->l4_off = ETH_HLEN + sizeof(ip6);
+		p->end = p->l4_off + bpf_ntohs(ip6.payload_len);
 	} else {
 		return 0;
 	}
@@ -260,6 +263,13 @@ static __always_inline int answers_local_socket(struct __sk_buff *skb, const str
 	return peer_port == p->sport && addr_eq(peer, p->saddr);
 }
 
+// How long a masqueraded UDP flow's replies are expected after its last packet
+// out: the kernel's conntrack keeps a UDP flow that had replies this long
+// (nf_conntrack_udp_timeout_stream), and its masquerade with it.
+#define MASQUERADED_REPLY_NS (120ULL * 1000000000ULL)
+// A flow's expectation is renewed by its packets out at most this often.
+#define MASQUERADED_RENEW_NS (1000000000ULL)
+
 // The replies of a masqueraded UDP flow whose packet `p` is (after the
 // masquerade): from its destination to its new source.
 static __always_inline void expect_masqueraded_reply(const struct pkt *p)
@@ -272,10 +282,12 @@ static __always_inline void expect_masqueraded_reply(const struct pkt *p)
 	k.proto = p->proto;
 	k.family = p->family;
 	k.dir = CT_MASQUERADED_REPLY;
-	if (bpf_map_lookup_elem(&svcproxy_ct, &k))
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_val *seen = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (seen && now - seen->created_ns < MASQUERADED_RENEW_NS)
 		return;
 	struct ct_val v = {};
-	v.created_ns = bpf_ktime_get_ns();
+	v.created_ns = now;
 	bpf_map_update_elem(&svcproxy_ct, &k, &v, BPF_ANY);
 }
 
@@ -285,7 +297,8 @@ static __always_inline int masqueraded_reply(const struct pkt *p)
 	struct ct_key k;
 	ct_key_of(&k, p);
 	k.dir = CT_MASQUERADED_REPLY;
-	return bpf_map_lookup_elem(&svcproxy_ct, &k) != 0;
+	struct ct_val *v = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	return v && bpf_ktime_get_ns() - v->created_ns <= MASQUERADED_REPLY_NS;
 }
 
 // A new connection: its route's endpoint, remembered both ways. 0 when the
@@ -417,7 +430,7 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 	// old/new: the quoted address [0-3], ports [4], the IPv4 header's
 	// ttl/protocol/checksum word [5], the word with the quoted checksum [6].
 	__u32 old[8] = {}, new[8] = {};
-	if (bpf_skb_load_bytes(skb, in_l4, &old[4], 4) < 0)
+	if (in_l4 + 4 > p->end || bpf_skb_load_bytes(skb, in_l4, &old[4], 4) < 0)
 		return TC_ACT_UNSPEC;
 	__u16 ports[2];
 	__builtin_memcpy(ports, &old[4], 4);
@@ -456,7 +469,7 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 	// The quoted TCP or UDP checksum, when quoted (UDP's 0: none): the first
 	// half of TCP's word at 16, the second of UDP's at 4.
 	__u32 word_off = in_l4 + (proto == IPPROTO_TCP ? 16 : 4);
-	if (bpf_skb_load_bytes(skb, word_off, &old[6], 4) == 0) {
+	if (word_off + 4 <= p->end && bpf_skb_load_bytes(skb, word_off, &old[6], 4) == 0) {
 		__builtin_memcpy(half, &old[6], 4);
 		if (proto == IPPROTO_TCP) {
 			half[0] = csum_update(half[0], old, new, 20);

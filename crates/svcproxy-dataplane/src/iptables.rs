@@ -126,6 +126,21 @@ pub trait IptablesRunner: Send {
     }
 }
 
+/// The legacy iptables tables of `family` in the calling thread's network
+/// namespace (the kernel's list, one name a line); empty when the module is not
+/// loaded, `None` when it cannot be read.
+pub(crate) fn legacy_table_names(family: IpFamily) -> Option<String> {
+    let path = match family {
+        IpFamily::V4 => "/proc/thread-self/net/ip_tables_names",
+        IpFamily::V6 => "/proc/thread-self/net/ip6_tables_names",
+    };
+    match std::fs::read_to_string(path) {
+        Ok(names) => Some(names),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(String::new()),
+        Err(_) => None,
+    }
+}
+
 /// The real `iptables` tools, optionally behind a prefix (`ip netns exec NAME`).
 #[derive(Clone, Debug, Default)]
 pub struct IptablesCommands {
@@ -214,27 +229,20 @@ fn restore_tunables(current: Option<&str>) -> String {
 impl IptablesRunner for IptablesCommands {
     fn no_tables(&mut self, family: IpFamily) -> bool {
         // Only in this process's own namespace (no `ip netns exec` prefix), and
-        // whichever backend the tools drive: no nf_tables table of theirs
-        // (asked over netlink) and no legacy table (the kernel's list of them,
-        // absent when the module is not loaded).
-        if !self.prefix.is_empty() {
-            return false;
-        }
-        let legacy_names = match family {
-            IpFamily::V4 => "/proc/net/ip_tables_names",
-            IpFamily::V6 => "/proc/net/ip6_tables_names",
-        };
-        let no_legacy = match std::fs::read_to_string(legacy_names) {
-            Ok(names) => names.trim().is_empty(),
-            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-        };
-        no_legacy
-            && TableId::ALL.iter().all(|t| {
-                matches!(
-                    crate::nft_table::table_state(None, family, t.name()),
-                    Ok(crate::nft_table::TableState::Missing)
-                )
-            })
+        // whichever backend the tools drive: no legacy table and no nf_tables
+        // table of theirs (asked over netlink), mangle included (the canary).
+        self.prefix.is_empty()
+            && legacy_table_names(family).is_some_and(|names| names.trim().is_empty())
+            && TableId::ALL
+                .iter()
+                .map(|t| t.name())
+                .chain(["mangle"])
+                .all(|t| {
+                    matches!(
+                        crate::nft_table::table_state(None, family, t),
+                        Ok(crate::nft_table::TableState::Missing)
+                    )
+                })
     }
 
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), DataPlaneError> {

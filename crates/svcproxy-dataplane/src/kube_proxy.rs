@@ -252,17 +252,26 @@ fn run(
 /// Whether the legacy (x_tables) `table` of `tool`'s family exists, from
 /// `/proc/net/ip{,6}_tables_names` (read where the tools run).
 fn legacy_table_exists(prefix: &[String], tool: &str, table: &str) -> bool {
-    let names = if tool.starts_with("ip6") {
-        "/proc/net/ip6_tables_names"
-    } else {
-        "/proc/net/ip_tables_names"
-    };
     let list = if prefix.is_empty() {
-        std::fs::read_to_string(names).ok()
+        crate::iptables::legacy_table_names(tool_family(tool))
     } else {
+        let names = if tool.starts_with("ip6") {
+            "/proc/net/ip6_tables_names"
+        } else {
+            "/proc/net/ip_tables_names"
+        };
         run(prefix, &["cat", names], None).ok().flatten()
     };
     list.is_some_and(|list| list.lines().any(|l| l.trim() == table))
+}
+
+/// The family of an iptables tool (`ip6tables-save`) or an nft family (`ip6`).
+fn tool_family(tool: &str) -> svcproxy_core::model::IpFamily {
+    if tool.starts_with("ip6") {
+        svcproxy_core::model::IpFamily::V6
+    } else {
+        svcproxy_core::model::IpFamily::V4
+    }
 }
 
 /// Whether the kernel says (over netlink, in this process's namespace: only
@@ -273,13 +282,8 @@ fn nft_backed_table_missing(prefix: &[String], tool: &str, table: &str) -> bool 
     if !prefix.is_empty() {
         return false;
     }
-    let family = if tool.starts_with("ip6") {
-        svcproxy_core::model::IpFamily::V6
-    } else {
-        svcproxy_core::model::IpFamily::V4
-    };
     matches!(
-        crate::nft_table::table_state(None, family, table),
+        crate::nft_table::table_state(None, tool_family(tool), table),
         Ok(crate::nft_table::TableState::Missing)
     )
 }
@@ -287,13 +291,8 @@ fn nft_backed_table_missing(prefix: &[String], tool: &str, table: &str) -> bool 
 /// Whether the `kube-proxy` nftables table of `family` exists.
 fn nft_table_exists(prefix: &[String], family: &str) -> Result<bool, DataPlaneError> {
     if prefix.is_empty() {
-        let f = if family == "ip6" {
-            svcproxy_core::model::IpFamily::V6
-        } else {
-            svcproxy_core::model::IpFamily::V4
-        };
-        // Over netlink in this process's namespace; `nft` only when it cannot tell.
-        match crate::nft_table::table_state(None, f, "kube-proxy") {
+        // Over netlink in this thread's namespace; `nft` only when it cannot tell.
+        match crate::nft_table::table_state(None, tool_family(family), "kube-proxy") {
             Ok(crate::nft_table::TableState::Missing) => return Ok(false),
             Ok(crate::nft_table::TableState::Present { .. }) => return Ok(true),
             Err(_) => {}
@@ -346,8 +345,12 @@ fn walk(prefix: &[String], remove: bool) -> Leftovers {
                     // it): only a table that exists can hold kube-proxy's chains.
                     continue;
                 }
-                if !tool.ends_with("-legacy") && nft_backed_table_missing(prefix, tool, table) {
-                    // Nothing to list, and no iptables-save run to find that out.
+                if !tool.ends_with("-legacy")
+                    && nft_backed_table_missing(prefix, tool, table)
+                    && (tool.ends_with("-nft") || !legacy_table_exists(prefix, tool, table))
+                {
+                    // Nothing to list (the plain tool may drive either backend),
+                    // and no iptables-save run to find that out.
                     continue;
                 }
                 let save_tool = format!("{tool}-save");

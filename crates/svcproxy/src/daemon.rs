@@ -502,8 +502,8 @@ fn run_target(
             set_oom_score_adj(settings.oom_score_adj);
             // A look at the node for kube-proxy's rules (a dozen iptables-save
             // runs, about 0.1 s): beside the start rather than before it.
-            let leftovers = (!settings.init_only && settings.service_proxy_name.is_none())
-                .then(|| std::thread::spawn(warn_about_kube_proxy_leftovers));
+            let _leftovers = (!settings.init_only && settings.service_proxy_name.is_none())
+                .then(|| JoinOnDrop(Some(std::thread::spawn(warn_about_kube_proxy_leftovers))));
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
             let mut plane = Driver::new(
@@ -549,7 +549,7 @@ fn run_target(
             let target = plane.with_conntrack_sysctls(conntrack_settings(&settings));
             let once = settings.once;
             let claim = Some(backend.mode);
-            let served = rt.block_on(serve(
+            rt.block_on(serve(
                 settings,
                 target,
                 servers,
@@ -557,12 +557,7 @@ fn run_target(
                 Some(plan_cfg),
                 Some(backend),
                 claim,
-            ));
-            if let Some(leftovers) = leftovers {
-                // Its warning belongs in the log of a short run too.
-                let _ = leftovers.join();
-            }
-            served
+            ))
         }
         Output::Snapshot { json, watch } => {
             let target = Checked {
@@ -1248,6 +1243,19 @@ pub fn cleanup_kube_proxy() -> anyhow::Result<()> {
                 "{} part(s) of kube-proxy's leftovers could not be removed",
                 errors.len()
             )
+        }
+    }
+}
+
+/// A thread waited for when it goes out of scope, whichever way: the look for
+/// kube-proxy's leftovers, whose warning belongs in the log of a short run (or a
+/// failed start) too.
+struct JoinOnDrop(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
         }
     }
 }
