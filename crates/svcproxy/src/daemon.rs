@@ -420,11 +420,8 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                 Ok(())
             }
             Err(e) => {
-                let partial = e
-                    .downcast_ref::<svcproxy_dataplane::DataPlaneError>()
-                    .is_some_and(|d| d.is_partial());
-                self.metrics.sync_failed(partial);
-                Err(e)
+                self.metrics.sync_failed(e.is_partial());
+                Err(e.into())
             }
         }
     }

@@ -13,6 +13,35 @@ use svcproxy_core::state::{ClusterState, SnapshotUpdate};
 use svcproxy_dataplane::{DataPlane, Driver, NoConntrackCleanup};
 use svcproxy_plan::PlanConfig;
 
+/// Why a sync failed: the data plane's own error, which says whether the kernel
+/// was left half written (a partial sync's metric), or another target's.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SyncError {
+    #[error(transparent)]
+    DataPlane(#[from] svcproxy_dataplane::DataPlaneError),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl SyncError {
+    /// The data plane applied part of the sync before it failed.
+    pub(crate) fn is_partial(&self) -> bool {
+        matches!(self, SyncError::DataPlane(e) if e.is_partial())
+    }
+}
+
+impl From<std::io::Error> for SyncError {
+    fn from(e: std::io::Error) -> Self {
+        SyncError::Other(e.into())
+    }
+}
+
+impl From<serde_json::Error> for SyncError {
+    fn from(e: serde_json::Error) -> Self {
+        SyncError::Other(e.into())
+    }
+}
+
 /// Where a sync's snapshot goes.
 pub(crate) trait Target {
     /// Programs or prints `update`; returns the kind of sync done.
@@ -21,7 +50,7 @@ pub(crate) trait Target {
         state: &ClusterState,
         update: &SnapshotUpdate,
         full: bool,
-    ) -> anyhow::Result<SyncDone>;
+    ) -> Result<SyncDone, SyncError>;
 
     /// Why the kernel no longer holds what the last sync wrote, if it does not.
     fn drift(&mut self) -> Option<String> {
@@ -109,7 +138,7 @@ impl<T: Target> Target for Checked<T> {
         state: &ClusterState,
         update: &SnapshotUpdate,
         full: bool,
-    ) -> anyhow::Result<SyncDone> {
+    ) -> Result<SyncDone, SyncError> {
         self.input_errors.store(
             state.has_input_errors(),
             std::sync::atomic::Ordering::Relaxed,
@@ -151,7 +180,7 @@ impl Target for DnsOnly {
         _state: &ClusterState,
         _update: &SnapshotUpdate,
         full: bool,
-    ) -> anyhow::Result<SyncDone> {
+    ) -> Result<SyncDone, SyncError> {
         Ok(SyncDone::printed(full, Duration::ZERO))
     }
 
@@ -194,7 +223,7 @@ impl Target for Driver {
         _state: &ClusterState,
         update: &SnapshotUpdate,
         full: bool,
-    ) -> anyhow::Result<SyncDone> {
+    ) -> Result<SyncDone, SyncError> {
         let report = Driver::sync(self, update, full)?;
         Ok(SyncDone {
             full: report.kind.is_full(),
@@ -274,7 +303,7 @@ impl Target for SnapshotPrinter {
         state: &ClusterState,
         update: &SnapshotUpdate,
         full: bool,
-    ) -> anyhow::Result<SyncDone> {
+    ) -> Result<SyncDone, SyncError> {
         let start = std::time::Instant::now();
         let mut hash = HashWriter(std::hash::DefaultHasher::new());
         self.write(&mut hash, state, update)?;
@@ -305,7 +334,7 @@ impl Target for ExplainPrinter {
         _state: &ClusterState,
         update: &SnapshotUpdate,
         full: bool,
-    ) -> anyhow::Result<SyncDone> {
+    ) -> Result<SyncDone, SyncError> {
         let start = std::time::Instant::now();
         let intent = svcproxy_plan::build_intent(&update.v4, &update.v6, &self.cfg);
         let mut trace =
@@ -362,11 +391,33 @@ impl Target for RenderPrinter {
         _state: &ClusterState,
         update: &SnapshotUpdate,
         full: bool,
-    ) -> anyhow::Result<SyncDone> {
+    ) -> Result<SyncDone, SyncError> {
         let start = std::time::Instant::now();
         let mut out = std::io::stdout().lock();
         out.write_all(self.0.render(update).as_bytes())?;
         out.flush()?;
         Ok(SyncDone::printed(full, start.elapsed()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SyncError;
+    use svcproxy_dataplane::DataPlaneError;
+
+    /// The partial-sync metric follows the data plane's own word, through `?`.
+    #[test]
+    fn a_sync_error_is_partial_only_when_the_data_plane_says_so() {
+        let rejected = || DataPlaneError::TimedOut {
+            command: "nft -f -".into(),
+            after: std::time::Duration::from_secs(1),
+        };
+        let through = |e: DataPlaneError| -> Result<(), SyncError> { Err(e)? };
+        assert!(through(DataPlaneError::Partial(Box::new(rejected())))
+            .unwrap_err()
+            .is_partial());
+        assert!(!through(rejected()).unwrap_err().is_partial());
+        assert!(!SyncError::from(anyhow::anyhow!("stdout closed")).is_partial());
+        assert!(!SyncError::from(std::io::Error::other("broken pipe")).is_partial());
     }
 }
