@@ -323,6 +323,20 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
             sctp: Vec::new(),
         })
         .expect("backends");
+    // The pods answer every datagram to a closed port with an error: the kernel's
+    // ICMP rate limit (per destination, a burst of about six) would turn some of
+    // the refusals checked below into timeouts. In the pods' own namespaces.
+    for pod in [Host::Pod(0, 0), Host::Pod(1, 0)] {
+        cluster.exec_ok(
+            pod,
+            &[
+                "sysctl",
+                "-qw",
+                "net.ipv4.icmp_ratelimit=0",
+                "net.ipv6.icmp.ratelimit=0",
+            ],
+        );
+    }
     let node_a = cluster.ns(Host::Node(0)).to_string();
     let mut st = state();
     let mut driver =
