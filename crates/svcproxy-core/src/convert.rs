@@ -282,78 +282,9 @@ pub fn convert_service(
         ctx.reject("spec", "missing spec");
         return None;
     };
-    let service_type = match spec.type_.as_deref() {
-        None | Some("") | Some("ClusterIP") => ServiceType::ClusterIP,
-        Some("NodePort") => ServiceType::NodePort,
-        Some("LoadBalancer") => ServiceType::LoadBalancer,
-        Some("ExternalName") => return None,
-        Some(other) => {
-            ctx.reject(
-                "spec.type",
-                format!("unknown service type {}", quote(other)),
-            );
-            return None;
-        }
-    };
+    let service_type = service_type(&mut ctx, spec)?;
 
-    // Cluster IPs: clusterIPs when set (it is the dual-stack list and its first entry
-    // equals clusterIP), else the legacy single clusterIP.
-    let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
-        (Some(ips), _) if !ips.is_empty() => ips.clone(),
-        (_, Some(ip)) if !ip.is_empty() => vec![ip.clone()],
-        _ => Vec::new(),
-    };
-    let headless = raw_ips.first().map(String::as_str) == Some("None");
-    if headless && !opts.for_dns {
-        return None;
-    }
-    let raw_ips = if headless { Vec::new() } else { raw_ips };
-    if raw_ips.is_empty() && !headless {
-        ctx.reject(
-            "spec.clusterIP",
-            "not set: svcproxy proxies only Services with an allocated cluster IP",
-        );
-        return None;
-    }
-    if raw_ips.len() > 2 {
-        ctx.ignore(
-            "spec.clusterIPs",
-            format!(
-                "{} entries; at most one per IP family is used",
-                raw_ips.len()
-            ),
-        );
-    }
-    let mut cluster_ips: Vec<IpAddr> = Vec::new();
-    for (i, raw) in raw_ips.iter().enumerate().take(2) {
-        let field = format!("spec.clusterIPs[{i}]");
-        match parse_ip(&mut ctx, &field, raw) {
-            Some(ip) if forbidden_service_ip(&ip).is_some() => ctx.ignore(
-                field,
-                format!(
-                    "{} cannot be a cluster IP ({} address)",
-                    quote(raw),
-                    forbidden_service_ip(&ip).unwrap_or_default()
-                ),
-            ),
-            Some(ip)
-                if cluster_ips
-                    .iter()
-                    .any(|c| IpFamily::of(c) == IpFamily::of(&ip)) =>
-            {
-                ctx.ignore(
-                    field,
-                    format!("second {} cluster IP {}", IpFamily::of(&ip), quote(raw)),
-                )
-            }
-            Some(ip) => cluster_ips.push(ip),
-            None => ctx.ignore(field, format!("invalid IP address {}", quote(raw))),
-        }
-    }
-    if cluster_ips.is_empty() && !headless {
-        ctx.reject("spec.clusterIPs", "no valid cluster IP");
-        return None;
-    }
+    let cluster_ips = cluster_ips(&mut ctx, spec, opts.for_dns)?;
 
     let mut external_ips = parse_ip_list(
         &mut ctx,
@@ -387,7 +318,170 @@ pub fn convert_service(
         spec.internal_traffic_policy.as_deref(),
     );
 
-    let session_affinity_timeout = match spec.session_affinity.as_deref() {
+    let session_affinity_timeout = affinity_timeout(&mut ctx, spec);
+
+    let health_check_node_port =
+        health_check_node_port(&mut ctx, spec, service_type, external_traffic_policy);
+
+    let traffic_distribution = traffic_distribution(&mut ctx, spec);
+
+    let topology_mode = annotations
+        .get(ANNOTATION_TOPOLOGY_MODE)
+        .or_else(|| annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS))
+        .cloned();
+
+    let externally_accessible = service_type != ServiceType::ClusterIP
+        || !external_ips.is_empty()
+        || !load_balancer_ingress.is_empty();
+    let topology_keys = topology_keys(
+        &mut ctx,
+        annotations,
+        external_traffic_policy == TrafficPolicy::Local && externally_accessible,
+    );
+
+    let raw_ports = spec.ports.as_deref().unwrap_or_default();
+    if raw_ports.is_empty() {
+        ctx.reject("spec.ports", "no ports");
+        return None;
+    }
+    if raw_ports.len() > MAX_SERVICE_PORTS {
+        ctx.reject(
+            "spec.ports",
+            format!("{} ports; at most {MAX_SERVICE_PORTS}", raw_ports.len()),
+        );
+        return None;
+    }
+    let name = ServiceName::new(key.namespace.clone(), key.name.clone());
+    // Shared by every port.
+    let cluster_ips: Arc<[IpAddr]> = cluster_ips.into();
+    let external_ips: Arc<[IpAddr]> = external_ips.into();
+    let load_balancer_ingress: Arc<[LoadBalancerIngress]> = load_balancer_ingress.into();
+    let load_balancer_source_ranges: Option<Arc<[IpNet]>> =
+        load_balancer_source_ranges.map(Into::into);
+    let topology_mode: Option<Arc<str>> = topology_mode.map(Into::into);
+    let topology_keys: Option<Arc<[TopologyKey]>> = topology_keys.map(Into::into);
+    let mut seen: HashSet<(String, Protocol)> = HashSet::new();
+    let mut ports = Vec::with_capacity(raw_ports.len());
+    for (i, p) in raw_ports.iter().enumerate() {
+        let Some((port_name, protocol, port, node_port)) =
+            port_fields(&mut ctx, i, p, service_type, &mut seen)
+        else {
+            continue;
+        };
+        ports.push(Arc::new(ServicePort {
+            name: ServicePortName::new(name.clone(), port_name, protocol),
+            service_type,
+            cluster_ips: cluster_ips.clone(),
+            port,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ingress: load_balancer_ingress.clone(),
+            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+            external_traffic_policy,
+            internal_traffic_policy,
+            session_affinity_timeout,
+            health_check_node_port,
+            traffic_distribution,
+            topology_mode: topology_mode.clone(),
+            topology_keys: topology_keys.clone(),
+        }));
+    }
+    if ports.is_empty() {
+        ctx.reject("spec.ports", "no usable port");
+        return None;
+    }
+    Some(Service { name, ports })
+}
+
+/// The service's type; `None` for ExternalName (not proxied) and for an unknown
+/// type (rejected).
+fn service_type(ctx: &mut Ctx<'_>, spec: &corev1::ServiceSpec) -> Option<ServiceType> {
+    match spec.type_.as_deref() {
+        None | Some("") | Some("ClusterIP") => Some(ServiceType::ClusterIP),
+        Some("NodePort") => Some(ServiceType::NodePort),
+        Some("LoadBalancer") => Some(ServiceType::LoadBalancer),
+        Some("ExternalName") => None,
+        Some(other) => {
+            ctx.reject(
+                "spec.type",
+                format!("unknown service type {}", quote(other)),
+            );
+            None
+        }
+    }
+}
+
+/// The cluster IPs, at most one per family (none for a headless service);
+/// `None` when the service is not proxied (headless outside the DNS, or rejected).
+fn cluster_ips(
+    ctx: &mut Ctx<'_>,
+    spec: &corev1::ServiceSpec,
+    for_dns: bool,
+) -> Option<Vec<IpAddr>> {
+    // Cluster IPs: clusterIPs when set (it is the dual-stack list and its first entry
+    // equals clusterIP), else the legacy single clusterIP.
+    let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips.clone(),
+        (_, Some(ip)) if !ip.is_empty() => vec![ip.clone()],
+        _ => Vec::new(),
+    };
+    let headless = raw_ips.first().map(String::as_str) == Some("None");
+    if headless && !for_dns {
+        return None;
+    }
+    let raw_ips = if headless { Vec::new() } else { raw_ips };
+    if raw_ips.is_empty() && !headless {
+        ctx.reject(
+            "spec.clusterIP",
+            "not set: svcproxy proxies only Services with an allocated cluster IP",
+        );
+        return None;
+    }
+    if raw_ips.len() > 2 {
+        ctx.ignore(
+            "spec.clusterIPs",
+            format!(
+                "{} entries; at most one per IP family is used",
+                raw_ips.len()
+            ),
+        );
+    }
+    let mut cluster_ips: Vec<IpAddr> = Vec::new();
+    for (i, raw) in raw_ips.iter().enumerate().take(2) {
+        let field = format!("spec.clusterIPs[{i}]");
+        match parse_ip(ctx, &field, raw) {
+            Some(ip) if forbidden_service_ip(&ip).is_some() => ctx.ignore(
+                field,
+                format!(
+                    "{} cannot be a cluster IP ({} address)",
+                    quote(raw),
+                    forbidden_service_ip(&ip).unwrap_or_default()
+                ),
+            ),
+            Some(ip)
+                if cluster_ips
+                    .iter()
+                    .any(|c| IpFamily::of(c) == IpFamily::of(&ip)) =>
+            {
+                ctx.ignore(
+                    field,
+                    format!("second {} cluster IP {}", IpFamily::of(&ip), quote(raw)),
+                )
+            }
+            Some(ip) => cluster_ips.push(ip),
+            None => ctx.ignore(field, format!("invalid IP address {}", quote(raw))),
+        }
+    }
+    if cluster_ips.is_empty() && !headless {
+        ctx.reject("spec.clusterIPs", "no valid cluster IP");
+        return None;
+    }
+    Some(cluster_ips)
+}
+
+/// ClientIP affinity's timeout, `None` without affinity.
+fn affinity_timeout(ctx: &mut Ctx<'_>, spec: &corev1::ServiceSpec) -> Option<u32> {
+    match spec.session_affinity.as_deref() {
         None | Some("None") | Some("") => None,
         Some("ClientIP") => {
             let t = spec
@@ -418,9 +512,38 @@ pub fn convert_service(
             );
             None
         }
-    };
+    }
+}
 
-    let health_check_node_port = match spec.health_check_node_port {
+/// The topology keys annotation's keys; none where the service keeps traffic
+/// from outside on its node (`local_external`: externalTrafficPolicy Local and
+/// reachable from outside), the two being mutually exclusive.
+fn topology_keys(
+    ctx: &mut Ctx<'_>,
+    annotations: &BTreeMap<String, String>,
+    local_external: bool,
+) -> Option<Vec<TopologyKey>> {
+    let keys = annotations
+        .get(ANNOTATION_TOPOLOGY_KEYS)
+        .and_then(|raw| parse_topology_keys(ctx, raw))?;
+    if local_external {
+        ctx.warn(
+            format!("metadata.annotations[{ANNOTATION_TOPOLOGY_KEYS}]"),
+            "ignored: topology keys and externalTrafficPolicy Local are mutually exclusive",
+        );
+        return None;
+    }
+    Some(keys)
+}
+
+/// The healthCheckNodePort, for a LoadBalancer with externalTrafficPolicy Local.
+fn health_check_node_port(
+    ctx: &mut Ctx<'_>,
+    spec: &corev1::ServiceSpec,
+    service_type: ServiceType,
+    external_traffic_policy: TrafficPolicy,
+) -> Option<u16> {
+    match spec.health_check_node_port {
         None | Some(0) => None,
         Some(p)
             if service_type == ServiceType::LoadBalancer
@@ -444,9 +567,14 @@ pub fn convert_service(
             );
             None
         }
-    };
+    }
+}
 
-    let traffic_distribution = match spec.traffic_distribution.as_deref() {
+fn traffic_distribution(
+    ctx: &mut Ctx<'_>,
+    spec: &corev1::ServiceSpec,
+) -> Option<TrafficDistribution> {
+    match spec.traffic_distribution.as_deref() {
         None | Some("") => None,
         Some(s) => match TrafficDistribution::parse(s) {
             Some(td) => Some(td),
@@ -458,138 +586,80 @@ pub fn convert_service(
                 None
             }
         },
+    }
+}
+
+/// Port `i`'s name, protocol, port and node port; `None` when it is skipped
+/// (each reason recorded). `seen`: the (name, protocol) pairs of the ports
+/// before it.
+fn port_fields(
+    ctx: &mut Ctx<'_>,
+    i: usize,
+    p: &corev1::ServicePort,
+    service_type: ServiceType,
+    seen: &mut HashSet<(String, Protocol)>,
+) -> Option<(String, Protocol, u16, Option<u16>)> {
+    let field = format!("spec.ports[{i}]");
+    let port_name = p.name.clone().unwrap_or_default();
+    if !port_name.is_empty() && !is_dns1123_label(&port_name) {
+        ctx.ignore(
+            format!("{field}.name"),
+            format!("invalid port name {}; port skipped", quote(&port_name)),
+        );
+        return None;
+    }
+    // The API server defaults an empty service port protocol to TCP.
+    let Some(protocol) = Protocol::parse(p.protocol.as_deref().filter(|s| !s.is_empty())) else {
+        ctx.ignore(
+            format!("{field}.protocol"),
+            format!(
+                "unknown protocol {}; port skipped",
+                quote(p.protocol.as_deref().unwrap_or(""))
+            ),
+        );
+        return None;
     };
-
-    let topology_mode = annotations
-        .get(ANNOTATION_TOPOLOGY_MODE)
-        .or_else(|| annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS))
-        .cloned();
-
-    let mut topology_keys = annotations
-        .get(ANNOTATION_TOPOLOGY_KEYS)
-        .and_then(|raw| parse_topology_keys(&mut ctx, raw));
-    let externally_accessible = service_type != ServiceType::ClusterIP
-        || !external_ips.is_empty()
-        || !load_balancer_ingress.is_empty();
-    if topology_keys.is_some()
-        && external_traffic_policy == TrafficPolicy::Local
-        && externally_accessible
-    {
-        ctx.warn(
-            format!("metadata.annotations[{ANNOTATION_TOPOLOGY_KEYS}]"),
-            "ignored: topology keys and externalTrafficPolicy Local are mutually exclusive",
-        );
-        topology_keys = None;
-    }
-
-    let raw_ports = spec.ports.as_deref().unwrap_or_default();
-    if raw_ports.is_empty() {
-        ctx.reject("spec.ports", "no ports");
-        return None;
-    }
-    if raw_ports.len() > MAX_SERVICE_PORTS {
-        ctx.reject(
-            "spec.ports",
-            format!("{} ports; at most {MAX_SERVICE_PORTS}", raw_ports.len()),
-        );
-        return None;
-    }
-    let name = ServiceName::new(key.namespace.clone(), key.name.clone());
-    // Shared by every port.
-    let cluster_ips: Arc<[IpAddr]> = cluster_ips.into();
-    let external_ips: Arc<[IpAddr]> = external_ips.into();
-    let load_balancer_ingress: Arc<[LoadBalancerIngress]> = load_balancer_ingress.into();
-    let load_balancer_source_ranges: Option<Arc<[IpNet]>> =
-        load_balancer_source_ranges.map(Into::into);
-    let topology_mode: Option<Arc<str>> = topology_mode.map(Into::into);
-    let topology_keys: Option<Arc<[TopologyKey]>> = topology_keys.map(Into::into);
-    let mut seen: HashSet<(String, Protocol)> = HashSet::new();
-    let mut ports = Vec::with_capacity(raw_ports.len());
-    for (i, p) in raw_ports.iter().enumerate() {
-        let field = format!("spec.ports[{i}]");
-        let port_name = p.name.clone().unwrap_or_default();
-        if !port_name.is_empty() && !is_dns1123_label(&port_name) {
+    let port = match u16::try_from(p.port) {
+        Ok(port) if port > 0 => port,
+        _ => {
             ctx.ignore(
-                format!("{field}.name"),
-                format!("invalid port name {}; port skipped", quote(&port_name)),
+                format!("{field}.port"),
+                format!("port {} is out of range 1-65535; port skipped", p.port),
             );
-            continue;
+            return None;
         }
-        // The API server defaults an empty service port protocol to TCP.
-        let Some(protocol) = Protocol::parse(p.protocol.as_deref().filter(|s| !s.is_empty()))
-        else {
+    };
+    if !seen.insert((port_name.clone(), protocol)) {
+        ctx.ignore(
+            field,
+            format!(
+                "duplicate port name {} for {protocol}; port skipped",
+                quote(&port_name)
+            ),
+        );
+        return None;
+    }
+    let node_port = match (service_type, p.node_port) {
+        (_, None | Some(0)) => None,
+        (ServiceType::ClusterIP, Some(_)) => {
             ctx.ignore(
-                format!("{field}.protocol"),
-                format!(
-                    "unknown protocol {}; port skipped",
-                    quote(p.protocol.as_deref().unwrap_or(""))
-                ),
+                format!("{field}.nodePort"),
+                "ignored: only NodePort and LoadBalancer services have node ports",
             );
-            continue;
-        };
-        let port = match u16::try_from(p.port) {
-            Ok(port) if port > 0 => port,
+            None
+        }
+        (_, Some(np)) => match u16::try_from(np) {
+            Ok(np) if np > 0 => Some(np),
             _ => {
                 ctx.ignore(
-                    format!("{field}.port"),
-                    format!("port {} is out of range 1-65535; port skipped", p.port),
-                );
-                continue;
-            }
-        };
-        if !seen.insert((port_name.clone(), protocol)) {
-            ctx.ignore(
-                field,
-                format!(
-                    "duplicate port name {} for {protocol}; port skipped",
-                    quote(&port_name)
-                ),
-            );
-            continue;
-        }
-        let node_port = match (service_type, p.node_port) {
-            (_, None | Some(0)) => None,
-            (ServiceType::ClusterIP, Some(_)) => {
-                ctx.ignore(
                     format!("{field}.nodePort"),
-                    "ignored: only NodePort and LoadBalancer services have node ports",
+                    format!("node port {np} is out of range 1-65535; ignored"),
                 );
                 None
             }
-            (_, Some(np)) => match u16::try_from(np) {
-                Ok(np) if np > 0 => Some(np),
-                _ => {
-                    ctx.ignore(
-                        format!("{field}.nodePort"),
-                        format!("node port {np} is out of range 1-65535; ignored"),
-                    );
-                    None
-                }
-            },
-        };
-        ports.push(Arc::new(ServicePort {
-            name: ServicePortName::new(name.clone(), port_name, protocol),
-            service_type,
-            cluster_ips: cluster_ips.clone(),
-            port,
-            node_port,
-            external_ips: external_ips.clone(),
-            load_balancer_ingress: load_balancer_ingress.clone(),
-            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
-            external_traffic_policy,
-            internal_traffic_policy,
-            session_affinity_timeout,
-            health_check_node_port,
-            traffic_distribution,
-            topology_mode: topology_mode.clone(),
-            topology_keys: topology_keys.clone(),
-        }));
-    }
-    if ports.is_empty() {
-        ctx.reject("spec.ports", "no usable port");
-        return None;
-    }
-    Some(Service { name, ports })
+        },
+    };
+    Some((port_name, protocol, port, node_port))
 }
 
 fn parse_ip_list(ctx: &mut Ctx<'_>, field: &str, raw: &[String]) -> Vec<IpAddr> {
