@@ -10,12 +10,16 @@
 #   from exec to exit, which is after the rules are in; peak RSS); the ebpf mode
 #   confined to a cgroup and a bpffs of this script's own, removed at the end;
 # - with --daemon, the daemon itself (nftables mode): its RSS once its first sync
-#   is in (the manifests source).
+#   is in (the manifests source);
+# - with --probe, nftables mode's cold start written in one transaction
+#   (`--nft-cold-start single`) and in steps (the default), each with another
+#   nftables writer beside it (scripts/nft-writer-probe.py, a transaction every
+#   5 ms in the same namespace): the longest it waited, and its 99th percentile.
 # Prints each run, then per size and mode the median and its ratio to the floor's
 # median of the same run.
 #
 #   scripts/bench-scale.sh [--sizes "10000 100000"] [--modes "nftables ebpf"]
-#                          [--rounds 3] [--daemon] [--bin PATH]
+#                          [--rounds 3] [--daemon] [--probe] [--bin PATH]
 # As root (namespaces, nft, BPF); needs python3, nft, ip, /usr/bin/time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +28,7 @@ sizes="10000 100000"
 modes="nftables ebpf"
 rounds=3
 daemon=0
+probe=0
 bin=
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,8 +36,9 @@ while [ $# -gt 0 ]; do
         --modes) modes=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
         --daemon) daemon=1; shift ;;
+        --probe) probe=1; shift ;;
         --bin) bin=$2; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -123,6 +129,29 @@ daemon_rss() {
     echo "daemon-rss $first $later $peak"
 }
 
+# probed LABEL CMD...: `run`, with the writer probe in the same namespace; prints
+# "LABEL SECONDS MIB MAX_WAIT_MS P99_WAIT_MS".
+probed() {
+    local label=$1
+    shift
+    fresh_ns
+    rm -f "$work/probe.stop"
+    ip netns exec "$ns" python3 scripts/nft-writer-probe.py --stop "$work/probe.stop" \
+        >"$work/probe.out" &
+    local pp=$!
+    sleep 0.5
+    /usr/bin/time -f "%e %M" -o "$work/time" ip netns exec "$ns" "$@" \
+        >"$work/out" 2>"$work/err" || {
+        echo "$label failed:" >&2; tail -n 20 "$work/err" >&2; kill "$pp"; exit 1; }
+    touch "$work/probe.stop"
+    wait "$pp"
+    read -r secs kib <"$work/time"
+    local max p99
+    max=$(awk '{ for (i = 1; i < NF; i++) if ($i == "max_ms") print $(i + 1) }' "$work/probe.out")
+    p99=$(awk '{ for (i = 1; i < NF; i++) if ($i == "p99_ms") print $(i + 1) }' "$work/probe.out")
+    echo "$label $secs $((kib / 1024)) $max $p99"
+}
+
 median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 results=$work/results
@@ -151,6 +180,15 @@ for n in $sizes; do
             fi
         done
     done
+    if [ "$probe" = 1 ]; then
+        for r in $(seq "$rounds"); do
+            for how in single steps; do
+                line=$(probed "probe-$how" "$bin" --proxy-mode nftables --manifests "$dir" \
+                    --hostname-override node-1 --once --nft-cold-start "$how")
+                echo "$n round $r $line" | tee -a "$work/probes"
+            done
+        done
+    fi
     if [ "$daemon" = 1 ]; then
         line=$(daemon_rss "$dir")
         echo "$n $line (MiB: after the first sync, 5 s later, peak)" | tee -a "$results"
@@ -170,3 +208,14 @@ for n in $sizes; do
         echo "| $n | $label | $secs | $ratio | $mib |"
     done
 done
+if [ "$probe" = 1 ]; then
+    echo
+    echo "| services x 10 endpoints | nftables cold start | median wall s | another writer's longest wait, ms (median of rounds) | its p99, ms |"
+    echo "|---|---|---|---|---|"
+    for n in $sizes; do
+        for how in single steps; do
+            col() { awk -v n="$n" -v l="probe-$how" -v c="$1" '$1 == n && $4 == l { print $c }' "$work/probes" | median; }
+            echo "| $n | $how | $(col 5) | $(col 7) | $(col 8) |"
+        done
+    done
+fi

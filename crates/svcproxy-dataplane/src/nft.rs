@@ -14,8 +14,8 @@ use std::sync::Arc;
 use svcproxy_core::model::IpFamily;
 
 use svcproxy_plan::nft::{
-    cleanup_script, render_full_with, typed::Op, CapturePorts, Output, PlanKind, Planner,
-    TABLE_NAME,
+    cleanup_script, render_full_with, typed::Op, CapturePorts, ColdStart, Output, PlanKind,
+    Planner, Step, TABLE_NAME,
 };
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
@@ -67,9 +67,17 @@ pub struct NftablesFlags {
     /// nftables mode only: how changes reach the kernel. 'netlink' (the default): a partial sync of elements and plain service chains (an endpoint moved, a ClusterIP service added or deleted) is one nf_tables batch over netlink, every other sync one nft -f transaction; 'text': every sync through nft -f (svcproxy only).
     #[arg(long, value_name = "netlink|text", default_value = "netlink", value_parser = ["netlink", "text"], help_heading = "svcproxy")]
     pub nft_writer: String,
+    /// nftables mode only: how a first sync writes the tables when the node has none of svcproxy's (a node's first start). 'steps' (the default): the skeleton and the API server's and cluster DNS's Services first, then the rest in bounded transactions, so that no other nftables writer waits for the whole table; 'single': one transaction per family, as kube-proxy (svcproxy only).
+    #[arg(long, value_name = "steps|single", default_value = "steps", value_parser = ["steps", "single"], help_heading = "svcproxy")]
+    pub nft_cold_start: String,
 }
 
 impl NftablesFlags {
+    /// `--nft-cold-start`.
+    pub fn cold_start(&self) -> Option<ColdStart> {
+        (self.nft_cold_start != "single").then(ColdStart::default)
+    }
+
     /// `--nft-writer`.
     pub fn writer(&self) -> NftWriter {
         match self.nft_writer.as_str() {
@@ -96,6 +104,9 @@ pub struct NftDataPlane<S = NftCommand> {
     /// The configuration the plane was made for, when its metrics depend on it
     /// (KEP-6032's reject counters).
     cfg: Option<PlanConfig>,
+    /// How a first sync into a node without svcproxy's tables is cut into
+    /// transactions; `None`: one transaction.
+    cold_start: Option<ColdStart>,
 }
 
 impl NftDataPlane<NftCommand> {
@@ -126,7 +137,15 @@ impl<S: ScriptSink> NftDataPlane<S> {
             capture,
             writer: NftWriter::default(),
             cfg: None,
+            cold_start: Some(ColdStart::default()),
         }
+    }
+
+    /// The same data plane writing a cold start (no svcproxy table in the
+    /// kernel) in the steps of `cold`, or, with `None`, in one transaction.
+    pub fn with_cold_start(mut self, cold: Option<ColdStart>) -> Self {
+        self.cold_start = cold;
+        self
     }
 
     /// The same data plane exporting the metrics `cfg` asks for: the localhost
@@ -215,6 +234,57 @@ impl<S: ScriptSink> NftDataPlane<S> {
     }
 }
 
+/// The transactions of one sync, sent as the planner ends them: each family's
+/// batch on its own, the other family's not sent once one failed (the next sync
+/// rewrites both anyway).
+struct Steps {
+    began: Instant,
+    /// When the first transaction was in (a cold start's first step: the
+    /// Services needed first), from `began`.
+    first: Option<Duration>,
+    failed: Option<DataPlaneError>,
+    /// Time in the kernel per family (v4, v6).
+    spent: [Duration; 2],
+    sent: usize,
+    longest: Duration,
+}
+
+impl Steps {
+    fn new() -> Self {
+        Steps {
+            began: Instant::now(),
+            first: None,
+            failed: None,
+            spent: [Duration::ZERO; 2],
+            sent: 0,
+            longest: Duration::ZERO,
+        }
+    }
+
+    fn send<S: ScriptSink + ?Sized>(&mut self, sink: &mut S, batches: &mut [BatchBuilder; 2]) {
+        for (i, b) in batches.iter_mut().enumerate() {
+            let batch = std::mem::take(b).finish();
+            if batch.is_empty() || self.failed.is_some() {
+                continue;
+            }
+            let at = Instant::now();
+            if let Err(e) = sink.apply_batch(batch, "") {
+                self.failed = Some(e);
+            }
+            let took = at.elapsed();
+            tracing::debug!(
+                transaction = self.sent,
+                ms = took.as_secs_f64() * 1e3,
+                "nftables transaction"
+            );
+            self.spent[i] += took;
+            self.sent += 1;
+            self.first.get_or_insert_with(|| self.began.elapsed());
+            self.longest = self.longest.max(took);
+        }
+    }
+}
+
 /// Why `now` is not the table a sync left (`expected`), if it is not.
 fn table_drift(family: IpFamily, expected: TableState, now: TableState) -> Option<String> {
     let table = format!(
@@ -252,16 +322,35 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         let typed = self.writer == NftWriter::Netlink && self.sink.writes_typed();
         self.planner
             .set_output(if typed { Output::Typed } else { Output::Text });
+        // A first sync into a node without svcproxy's tables is written in
+        // bounded steps (every other writer of the node's nftables waits for one
+        // step at most); the tables being absent, no step replaces anything.
+        let staged = typed
+            && self.cold_start.is_some()
+            && self.planner.will_recreate()
+            && IpFamily::BOTH.into_iter().all(|f| {
+                matches!(
+                    self.sink.table_state(f, TABLE_NAME),
+                    Ok(TableState::Missing)
+                )
+            });
+        self.planner
+            .set_cold_start(staged.then_some(self.cold_start).flatten());
         // One batch per family: each family's table is its own transaction, as
         // upstream's proxier per family, and its time in the kernel its own.
         let mut batches = [BatchBuilder::new(), BatchBuilder::new()];
-        let plan = self.planner.plan_into(intent, delta, full, &mut |op| {
-            if typed {
-                batches[usize::from(op.family() == IpFamily::V6)].push(op);
-            }
-        });
-        let start = Instant::now();
+        let mut steps = Steps::new();
+        let sink = &mut self.sink;
+        let plan = self
+            .planner
+            .plan_steps_into(intent, delta, full, &mut |step| match step {
+                Step::Op(op) if typed => batches[usize::from(op.family() == IpFamily::V6)].push(op),
+                Step::Op(_) => {}
+                Step::Commit if staged => steps.send(sink, &mut batches),
+                Step::Commit => {}
+            });
         let mut family_apply = Vec::new();
+        let mut text_apply = None;
         let applied = match plan.is_empty() {
             true => {
                 // Nothing to write: no family spent time in the kernel.
@@ -269,25 +358,29 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
                 Ok(())
             }
             false if typed && plan.all_typed => {
-                let mut applied = Ok(());
-                for (family, batch) in IpFamily::BOTH.into_iter().zip(batches) {
-                    let batch = batch.finish();
-                    let at = Instant::now();
-                    if !batch.is_empty() {
-                        applied = self.sink.apply_batch(batch, &plan.script);
-                    }
-                    family_apply.push((family, at.elapsed()));
-                    if applied.is_err() {
-                        // The other family's batch is not sent: the next sync
-                        // rewrites both anyway.
-                        break;
-                    }
-                }
+                steps.send(&mut self.sink, &mut batches);
+                family_apply = IpFamily::BOTH.into_iter().zip(steps.spent).collect();
+                steps.failed.map_or(Ok(()), Err)
+            }
+            false => {
+                let at = Instant::now();
+                let applied = self.sink.apply(&plan.script);
+                text_apply = Some(at.elapsed());
                 applied
             }
-            false => self.sink.apply(&plan.script),
         };
-        let apply_duration = start.elapsed();
+        if staged {
+            tracing::info!(
+                transactions = steps.sent,
+                longest_ms = steps.longest.as_secs_f64() * 1e3,
+                first_in_ms = steps.first.unwrap_or_default().as_secs_f64() * 1e3,
+                "nftables cold start written in steps"
+            );
+        }
+        let apply_duration = match text_apply {
+            Some(took) => took,
+            None => steps.spent.iter().sum(),
+        };
         match applied {
             Ok(()) => self.planner.commit(&plan),
             Err(e) => {

@@ -67,6 +67,7 @@ fn new(cfg: &PlanConfig, flags: &ModeFlags) -> Box<dyn DataPlane> {
         Box::new(
             NftDataPlane::new()
                 .with_writer(flags.nftables.writer())
+                .with_cold_start(flags.nftables.cold_start())
                 .with_config(cfg),
         )
     }

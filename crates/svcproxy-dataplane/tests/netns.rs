@@ -13,9 +13,13 @@ use std::process::Command;
 
 use common::netns::Netns;
 use common::*;
+use svcproxy_core::model::IpFamily;
 use svcproxy_dataplane::nft::NftWriter;
 use svcproxy_dataplane::nft::{cleanup, cleanup_with};
-use svcproxy_dataplane::{DataPlaneError, Driver, NftCommand, NftDataPlane, SyncKind};
+use svcproxy_dataplane::Batch;
+use svcproxy_dataplane::TableState;
+use svcproxy_dataplane::{DataPlaneError, Driver, NftCommand, NftDataPlane, ScriptSink, SyncKind};
+use svcproxy_plan::nft::ColdStart;
 
 /// What these tests do inside their namespace.
 impl Netns {
@@ -498,11 +502,47 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     both!("web6 deleted");
 }
 
+/// A sink that counts the transactions it writes.
+struct Counting<S> {
+    inner: S,
+    batches: usize,
+}
+
+impl<S: ScriptSink> ScriptSink for Counting<S> {
+    fn apply(&mut self, script: &str) -> Result<(), DataPlaneError> {
+        self.inner.apply(script)
+    }
+    fn apply_batch(&mut self, batch: Batch, script: &str) -> Result<(), DataPlaneError> {
+        self.batches += 1;
+        self.inner.apply_batch(batch, script)
+    }
+    fn writes_typed(&self) -> bool {
+        self.inner.writes_typed()
+    }
+    fn table_state(&mut self, family: IpFamily, name: &str) -> Result<TableState, DataPlaneError> {
+        self.inner.table_state(family, name)
+    }
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, DataPlaneError> {
+        self.inner.chain_exists(family, table, chain)
+    }
+}
+
 /// Full syncs over netlink: for every golden scenario (affinity, firewalls,
 /// NodePorts, every local-traffic detection, IPv6, the userspace-free skeleton
 /// variants), a first sync and a forced resync written with no `nft` binary at
 /// all leave exactly the tables `nft -f` leaves for the same plans (the
 /// `pod-cidrs` interval set of local detection by several CIDRs included).
+///
+/// The first sync finds no svcproxy table, so it is a cold start written in
+/// steps: with the default budgets, and in a third namespace with a budget of
+/// one statement (a transaction per service port, and one per Service linked),
+/// which leaves the same tables; a recreate over existing tables is one
+/// transaction per family.
 #[test]
 fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
     for case in svcproxy_testkit::scenario::cases() {
@@ -511,13 +551,28 @@ fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
             return;
         };
         let b = create("full_syncs_over_netlink", "text").expect("a second namespace");
+        let c = create("full_syncs_over_netlink", "steps").expect("a third namespace");
         let cfg = sc.config.to_plan_config();
-        let no_nft = NftCommand::new("/nonexistent/svcproxy-test/nft")
-            .in_netns(format!("/run/netns/{}", a.name));
-        let mut net = Driver::without_conntrack(cfg.clone(), NftDataPlane::with_sink(no_nft));
+        let no_nft = |ns: &Netns| {
+            NftCommand::new("/nonexistent/svcproxy-test/nft")
+                .in_netns(format!("/run/netns/{}", ns.name))
+        };
+        let mut net = Driver::without_conntrack(cfg.clone(), NftDataPlane::with_sink(no_nft(&a)));
         let mut txt = Driver::without_conntrack(
-            cfg,
+            cfg.clone(),
             NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
+        );
+        let tiny = ColdStart {
+            objects_per_commit: 1,
+            links_per_commit: 1,
+        };
+        let mut steps = Driver::without_conntrack(
+            cfg,
+            NftDataPlane::with_sink(Counting {
+                inner: no_nft(&c),
+                batches: 0,
+            })
+            .with_cold_start(Some(tiny)),
         );
         let mut state = sc.state();
         let snap = snapshot(&mut state);
@@ -527,6 +582,28 @@ fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
             .unwrap_or_else(|e| panic!("{case}: the netlink writer failed: {e}"));
         assert_eq!(r.kind, SyncKind::Recreate, "{case}");
         same_tables(&a, &b, &format!("{case}: first sync"));
+        let r = steps
+            .sync(&snap, false)
+            .unwrap_or_else(|e| panic!("{case}: the cold start in steps failed: {e}"));
+        assert_eq!(r.kind, SyncKind::Recreate, "{case}");
+        same_tables(&c, &b, &format!("{case}: cold start in steps"));
+        let ports = snap.v4.service_ports.len() + snap.v6.service_ports.len();
+        let sent = steps.plane().sink().batches;
+        assert!(
+            sent > ports,
+            "{case}: {sent} transactions for {ports} service ports"
+        );
+        // Over existing tables (the drift check's repair): one per family.
+        c.nft(&["add table ip svcproxy { flags dormant; }"]);
+        assert!(steps.drift().expect("drift check").is_some(), "{case}");
+        steps.plane_mut().sink_mut().batches = 0;
+        let snap2 = snapshot(&mut state);
+        assert_eq!(
+            steps.sync(&snap2, false).expect("repair").kind,
+            SyncKind::Recreate
+        );
+        assert!(steps.plane().sink().batches <= 2, "{case}: the repair");
+        same_tables(&c, &b, &format!("{case}: recreate over a table"));
         // A forced full sync over the loaded tables (flushes, then adds again).
         let snap = snapshot(&mut state);
         assert_eq!(

@@ -68,6 +68,7 @@ fn the_daemon_s_help_groups_every_flag_and_puts_the_ignored_ones_last() {
     for flag in [
         "--conntrack-min",
         "--nft-writer",
+        "--nft-cold-start",
         "--userspace-scheduler",
         "--ipvs-scheduler",
         "--dns-ttl",

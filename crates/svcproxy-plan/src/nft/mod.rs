@@ -39,7 +39,8 @@ pub const SEMANTICS: crate::config::ModeSemantics = crate::config::ModeSemantics
 };
 
 pub use planner::{
-    cleanup_script, render_full, render_full_with, Output, Plan, PlanKind, PlanStats, Planner,
+    cleanup_script, needed_first, render_full, render_full_with, ColdStart, Output, Plan, PlanKind,
+    PlanStats, Planner, Step,
 };
 pub use ruleset::{
     family_keyword, BaseChain, Chain, ChainType, Hook, Map, MapType, Ruleset, Set, TABLE_NAME,

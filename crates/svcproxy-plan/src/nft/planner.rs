@@ -37,7 +37,7 @@ use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
 
 use crate::intent::{
     Conflict, FamilyDelta, FamilyIntent, FrontendKey, Intent, IntentDelta, LocalTraffic,
-    NodeIntent, NodePortDestinations,
+    NodeIntent, NodePortDestinations, ServiceIntent,
 };
 use crate::names::service_port_hash;
 
@@ -116,6 +116,53 @@ impl Plan {
     pub fn is_empty(&self) -> bool {
         self.script.is_empty() && self.typed_ops == 0
     }
+}
+
+/// What [`Planner::plan_steps_into`] hands out: a statement, or the end of a
+/// transaction (the writer sends what it has so far, and goes on only if the
+/// kernel took it).
+#[derive(Debug)]
+pub enum Step {
+    Op(Op),
+    Commit,
+}
+
+/// How to write a table the kernel does not have yet (a node's first start): in
+/// several transactions, each bounded and whole on its own, instead of one that
+/// holds the kernel's nftables lock for the whole table (kubernetes#139328).
+/// Another writer then waits for one of them at most. See
+/// `FamilyState::staged_table_ops` for the order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColdStart {
+    /// Statements per transaction writing service ports' objects (a transaction
+    /// ends after the service port that reaches it).
+    pub objects_per_commit: usize,
+    /// Elements per transaction linking services in; each such transaction makes
+    /// the kernel validate everything linked so far.
+    pub links_per_commit: usize,
+}
+
+impl Default for ColdStart {
+    /// Measured at 100k services x 10 endpoints (docs/benchmarks.md): a
+    /// transaction of 8192 objects or elements takes the kernel 40-90 ms; one
+    /// linking 16384 elements at most 120 ms plus the validation of what is
+    /// linked.
+    fn default() -> Self {
+        ColdStart {
+            objects_per_commit: 8192,
+            links_per_commit: 16384,
+        }
+    }
+}
+
+/// The Services a node needs before any other (written and linked in the first
+/// transaction of a cold start): the API server's `default/kubernetes` and the
+/// cluster DNS's `kube-system/kube-dns`, by their well-known names.
+pub fn needed_first(name: &ServicePortName) -> bool {
+    matches!(
+        (&*name.service.namespace, &*name.service.name),
+        ("default", "kubernetes") | ("kube-system", "kube-dns")
+    )
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -365,6 +412,30 @@ fn delete_set(family: IpFamily, name: &str) -> Op {
         family,
         name: name.to_string(),
     }
+}
+
+/// The chains' declarations, then their rules (which may jump to one another);
+/// the number of statements.
+fn chain_ops(
+    family: IpFamily,
+    chains: BTreeMap<String, Chain>,
+    out: &mut dyn FnMut(Step),
+) -> usize {
+    let mut n = chains.len();
+    for (name, chain) in &chains {
+        out(Step::Op(add_chain(family, name, chain)));
+    }
+    for (name, chain) in chains {
+        n += chain.rules.len();
+        for rule in chain.rules {
+            out(Step::Op(Op::AddRule {
+                family,
+                chain: name.clone(),
+                rule,
+            }));
+        }
+    }
+    n
 }
 
 /// A value of an `endpoint-dnat-*` map: `address . port`.
@@ -861,7 +932,10 @@ impl FamilyState {
             }
         };
         chains(out, shared);
-        for frag in self.entries.values() {
+        // Map by map (see `staged_table_ops`).
+        let by_map = self.fragments_by_endpoint_map();
+        let unmapped = self.entries.values().filter(|f| !f.uses_endpoint_map());
+        for frag in by_map.values().flatten().copied().chain(unmapped) {
             let objs = frag.objects(self.detect.as_ref());
             for (name, set) in &objs.sets {
                 out(add_set(f, name, set));
@@ -903,7 +977,7 @@ impl FamilyState {
         for rule in rules {
             out(rule);
         }
-        for (map, frags) in self.fragments_by_endpoint_map() {
+        for (map, frags) in by_map {
             for frag in frags {
                 frag.dnat_elements(|k, ep| {
                     out(elem(
@@ -914,6 +988,192 @@ impl FamilyState {
                 });
             }
         }
+    }
+
+    /// [`FamilyState::table_ops`] cut into transactions for a table the kernel
+    /// does not have yet ([`ColdStart`]), each ended by [`Step::Commit`]:
+    /// 1. the skeleton, and the service ports the node needs first
+    ///    ([`needed_first`]) whole;
+    /// 2. every other service port's objects (sets, chains, rules), then their
+    ///    endpoint map elements and the hairpin elements: nothing reaches them yet, so
+    ///    traffic meets none of it, and the kernel's validation at each commit
+    ///    walks only what step 1 linked;
+    /// 3. the links: each service's `cluster-ips` elements and verdict map
+    ///    elements (its frontends), all of a Service's in one transaction, so a
+    ///    Service appears whole. Each of these commits makes the kernel walk
+    ///    everything linked so far, so they are fewer and larger.
+    ///
+    /// The statements are those of `table_ops` (the same multiset), in this order.
+    fn staged_table_ops(&self, fam: &FamilyIntent, cold: ColdStart, out: &mut dyn FnMut(Step)) {
+        let Some(node) = &self.node else {
+            return;
+        };
+        let f = self.family;
+        let shared = self.skeleton(node);
+        let elem = |set: &str, key: Vec<Atom>, value: Option<ElemValue>| {
+            Step::Op(Op::Element(ElemOp {
+                family: f,
+                add: true,
+                set: set.to_string(),
+                key,
+                value,
+            }))
+        };
+        // A fragment's objects; the number of statements.
+        let objects = |frag: &Fragment, out: &mut dyn FnMut(Step)| {
+            let objs = frag.objects(self.detect.as_ref());
+            for (name, set) in &objs.sets {
+                out(Step::Op(add_set(f, name, set)));
+            }
+            objs.sets.len() + chain_ops(f, objs.chains, out)
+        };
+        // A fragment's endpoint map elements; the number of statements.
+        let endpoints = |frag: &Fragment, out: &mut dyn FnMut(Step)| {
+            let mut n = 0;
+            if frag.uses_endpoint_map() {
+                let map = frag.endpoint_map();
+                frag.dnat_elements(|k, ep| {
+                    n += 1;
+                    out(elem(
+                        &map,
+                        vec![Atom::Num(k)],
+                        Some(ElemValue::Data(dnat_value(ep))),
+                    ))
+                });
+            }
+            n
+        };
+        let mut hairpin = BTreeSet::new();
+        let mut hairpins = |ips: &mut dyn Iterator<Item = IpAddr>, out: &mut dyn FnMut(Step)| {
+            let mut n = 0;
+            for ip in ips {
+                if hairpin.insert(ip) {
+                    n += 1;
+                    out(elem(HAIRPIN_SET, hairpin_elem(ip), None));
+                }
+            }
+            n
+        };
+        // A service port's links; the number of elements.
+        let mut linked = BTreeSet::new();
+        let mut links = |svc: &Arc<ServiceIntent>, out: &mut dyn FnMut(Step)| {
+            let mut n = 0;
+            for ip in svc.cluster_ips() {
+                if linked.insert(ip) {
+                    n += 1;
+                    out(elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
+                }
+            }
+            let hash = match self.entries.get(&svc.name) {
+                Some(frag) => frag.hash,
+                None => service_port_hash(f, &svc.name),
+            };
+            for frontend in svc.frontends.iter() {
+                // Only the owner of a contested frontend links it.
+                match fam.frontend(&frontend.key) {
+                    Some((owner, _)) if Arc::ptr_eq(owner, svc) => {}
+                    _ => continue,
+                }
+                for e in elems(svc, hash, &frontend.key, self.localhost_rejects()) {
+                    n += 1;
+                    out(elem(
+                        e.map.name(),
+                        key_atoms(&frontend.key),
+                        Some(ElemValue::Verdict(e.verdict.elem())),
+                    ));
+                }
+            }
+            n
+        };
+        let first = |name: &ServicePortName| needed_first(name);
+
+        // 1. The skeleton and the service ports needed first.
+        out(Step::Op(Op::AddTable { family: f }));
+        for (name, set) in &shared.sets {
+            out(Step::Op(add_set(f, name, set)));
+        }
+        for (name, map) in &shared.maps {
+            out(Step::Op(add_map(f, name, map)));
+        }
+        for (name, protocol) in self.endpoint_maps.iter() {
+            out(Step::Op(add_map(f, name, &endpoint_map_decl(f, protocol))));
+        }
+        chain_ops(f, shared.chains, out);
+        if let Some(o) = self.pod_cidrs().ok().flatten() {
+            out(Step::Op(o));
+        }
+        if let NodePortDestinations::Ips(ips) = &node.nodeports {
+            for ip in ips {
+                out(elem(NODEPORT_IPS_SET, vec![Atom::Ip(*ip)], None));
+            }
+        }
+        for (name, frag) in self.entries.iter().filter(|(n, _)| first(n)) {
+            objects(frag, out);
+            endpoints(frag, out);
+            hairpins(&mut frag.hairpin_ips(), out);
+            if let Some(svc) = fam.service(name) {
+                links(svc, out);
+            }
+        }
+        out(Step::Commit);
+
+        // 2. The other service ports' objects, unreachable.
+        let mut pending = 0;
+        let commit_at = |pending: &mut usize, limit: usize, out: &mut dyn FnMut(Step)| {
+            if *pending >= limit.max(1) {
+                out(Step::Commit);
+                *pending = 0;
+            }
+        };
+        // Every rule before any endpoint map element: a new rule using a map is
+        // checked against every element the map holds, a new element against
+        // every rule using its map (cheaply); rules after elements would be
+        // quadratic (see `write_table`).
+        // Map by map: a new rule's check walks the list of its map's rules, and
+        // each element's check too; walked again and again, a list stays in the
+        // CPU's caches.
+        let by_map = self.fragments_by_endpoint_map();
+        let unmapped = self.entries.values().filter(|f| !f.uses_endpoint_map());
+        for frag in by_map.values().flatten().copied().chain(unmapped) {
+            if !first(&frag.intent.name) {
+                pending += objects(frag, out);
+                commit_at(&mut pending, cold.objects_per_commit, out);
+            }
+        }
+        for (_, frags) in by_map {
+            for frag in frags.into_iter().filter(|f| !first(&f.intent.name)) {
+                pending += endpoints(frag, out);
+                commit_at(&mut pending, cold.objects_per_commit, out);
+            }
+        }
+        for (_, frag) in self.entries.iter().filter(|(n, _)| !first(n)) {
+            pending += hairpins(&mut frag.hairpin_ips(), out);
+            commit_at(&mut pending, cold.objects_per_commit, out);
+        }
+        // Addresses no fragment names (none, as fragments are made; the table
+        // stays whole whatever the state holds).
+        pending += hairpins(&mut self.hairpin.keys().copied(), out);
+        if pending > 0 {
+            out(Step::Commit);
+            pending = 0;
+        }
+
+        // 3. The links, a Service at a time.
+        let mut last: Option<&ServicePortName> = None;
+        for (name, svc) in fam.services().iter().filter(|(n, _)| !first(n)) {
+            if last.is_some_and(|l| l.service != name.service) {
+                commit_at(&mut pending, cold.links_per_commit, out);
+            }
+            last = Some(name);
+            pending += links(svc, out);
+        }
+        // Cluster IPs of no service port (none, as the intent is built).
+        for ip in fam.cluster_ips() {
+            if linked.insert(ip) {
+                out(elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
+            }
+        }
+        out(Step::Commit);
     }
 
     /// The fragments that use an endpoint map, by map.
@@ -979,6 +1239,8 @@ pub struct Planner {
     intent_generation: Option<u64>,
     /// What full plans carry: their script, their typed statements, or both.
     output: Output,
+    /// The next recreate is a cold start, written in steps.
+    cold_start: Option<ColdStart>,
 }
 
 /// What a full plan carries (a partial plan, small, always carries both).
@@ -1018,6 +1280,7 @@ impl Planner {
             generation: 0,
             intent_generation: None,
             output: Output::Both,
+            cold_start: None,
         }
     }
 
@@ -1052,6 +1315,38 @@ impl Planner {
         full: bool,
         out: &mut dyn FnMut(Op),
     ) -> Plan {
+        self.plan_steps_into(intent, delta, full, &mut |step| {
+            if let Step::Op(op) = step {
+                out(op)
+            }
+        })
+    }
+
+    /// Whether the next plan recreates the tables (the kernel's state is not
+    /// known).
+    pub fn will_recreate(&self) -> bool {
+        matches!(self.kernel, Kernel::Unknown | Kernel::Pending(_))
+    }
+
+    /// The next plan, if it recreates the tables as typed statements, writes them
+    /// in the steps of `cold` ([`Planner::plan_steps_into`]). For a table the
+    /// kernel does not have: the first steps replace nothing.
+    pub fn set_cold_start(&mut self, cold: Option<ColdStart>) {
+        self.cold_start = cold;
+    }
+
+    /// [`Planner::plan_into`], with the ends of transactions: one at the end of
+    /// the plan, and, for a cold start ([`Planner::set_cold_start`]), the steps
+    /// in between. Every step is whole: what one step links, that step or an
+    /// earlier one wrote.
+    pub fn plan_steps_into(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        full: bool,
+        out: &mut dyn FnMut(Step),
+    ) -> Plan {
+        let cold = self.cold_start.take();
         self.generation += 1;
         let in_step = self.intent_generation == Some(delta.from) && delta.to == intent.generation();
         self.intent_generation = Some(intent.generation());
@@ -1095,31 +1390,42 @@ impl Planner {
         let typed = all_typed && self.output != Output::Text;
         let (mut emitted, mut added, mut deleted) = (0, 0, 0);
         {
-            let mut emit = |op: Op| {
-                emitted += 1;
-                match &op {
-                    Op::AddChain { .. } => added += 1,
-                    Op::DeleteChain { .. } => deleted += 1,
-                    _ => {}
+            let mut step = |step: Step| {
+                match &step {
+                    Step::Op(op) => {
+                        emitted += 1;
+                        match op {
+                            Op::AddChain { .. } => added += 1,
+                            Op::DeleteChain { .. } => deleted += 1,
+                            _ => {}
+                        }
+                    }
+                    Step::Commit => {}
                 }
-                out(op);
+                out(step);
             };
             match kind {
-                PlanKind::Partial => partial.into_iter().for_each(&mut emit),
+                PlanKind::Partial => partial.into_iter().for_each(|op| step(Step::Op(op))),
                 PlanKind::Recreate if typed => {
                     for fam in &self.families {
-                        emit(Op::AddTable { family: fam.family });
-                        emit(Op::DeleteTable { family: fam.family });
-                        fam.table_ops(intent.family(fam.family), &mut emit);
+                        step(Step::Op(Op::AddTable { family: fam.family }));
+                        step(Step::Op(Op::DeleteTable { family: fam.family }));
+                        let fi = intent.family(fam.family);
+                        match cold {
+                            Some(cold) => fam.staged_table_ops(fi, cold, &mut step),
+                            None => fam.table_ops(fi, &mut |op| step(Step::Op(op))),
+                        }
                     }
                 }
                 PlanKind::Resync if typed => {
                     for (fam, old) in self.families.iter().zip(&old_names) {
-                        Self::resync_ops(fam, intent.family(fam.family), old, &mut emit);
+                        let fi = intent.family(fam.family);
+                        Self::resync_ops(fam, fi, old, &mut |op| step(Step::Op(op)));
                     }
                 }
                 _ => {}
             }
+            step(Step::Commit);
         }
         match kind {
             PlanKind::Partial => {}
