@@ -119,7 +119,11 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
             1,
             "{case}: one transaction without a cold start"
         );
-        for cold in [tiny, ColdStart::default()] {
+        let small = ColdStart {
+            objects_per_commit: 32,
+            links_per_commit: 32,
+        };
+        for cold in [tiny, small, ColdStart::default()] {
             let staged = steps(&intent, Some(cold));
             let what = format!("{case} {cold:?}");
             assert_eq!(
@@ -169,6 +173,17 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
                         }
                     }
                 }
+            }
+            // Bounded: a step past a family's first (the skeleton) holds at most
+            // its budget and what one service port or Service adds past it.
+            for (i, step) in staged.iter().enumerate() {
+                let skeleton = step.iter().any(|op| matches!(op, Op::AddTable { .. }));
+                let budget = cold.objects_per_commit.max(cold.links_per_commit);
+                assert!(
+                    skeleton || step.len() <= budget + 48,
+                    "{what}: step {i} holds {} statements",
+                    step.len()
+                );
             }
             if cold == tiny {
                 assert!(

@@ -414,6 +414,10 @@ fn delete_set(family: IpFamily, name: &str) -> Op {
     }
 }
 
+/// In a cold start, how many sets in the table make a statement about a set
+/// weigh one more statement (`FamilyState::staged_table_ops`).
+const SETS_PER_WEIGHT: usize = 256;
+
 /// The chains' declarations, then their rules (which may jump to one another);
 /// the number of statements.
 fn chain_ops(
@@ -1020,12 +1024,24 @@ impl FamilyState {
             }))
         };
         // A fragment's objects; the number of statements.
-        let objects = |frag: &Fragment, out: &mut dyn FnMut(Step)| {
+        // A fragment's objects; their weight: the number of statements, each
+        // weighing more the more sets the table holds when the fragment has
+        // sets (session affinity's, one per endpoint), as the kernel finds a set
+        // by name in a list of them.
+        let mut sets = 0;
+        let mut objects = |frag: &Fragment, out: &mut dyn FnMut(Step)| {
             let objs = frag.objects(self.detect.as_ref());
             for (name, set) in &objs.sets {
                 out(Step::Op(add_set(f, name, set)));
             }
-            objs.sets.len() + chain_ops(f, objs.chains, out)
+            let n = objs.sets.len() + chain_ops(f, objs.chains, out);
+            let weight = if objs.sets.is_empty() {
+                1
+            } else {
+                1 + sets / SETS_PER_WEIGHT
+            };
+            sets += objs.sets.len();
+            n * weight
         };
         // A fragment's endpoint map elements; the number of statements.
         let endpoints = |frag: &Fragment, out: &mut dyn FnMut(Step)| {
