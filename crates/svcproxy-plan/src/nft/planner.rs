@@ -1148,9 +1148,13 @@ impl FamilyState {
         // Map by map: a new rule's check walks the list of its map's rules, and
         // each element's check too; walked again and again, a list stays in the
         // CPU's caches.
+        // The fragments without an endpoint map first: those with sets (session
+        // affinity's, one per endpoint) cost the kernel a walk of the table's
+        // sets each, and the table is smallest then (each commit also walks
+        // every chain of the table).
         let by_map = self.fragments_by_endpoint_map();
         let unmapped = self.entries.values().filter(|f| !f.uses_endpoint_map());
-        for frag in by_map.values().flatten().copied().chain(unmapped) {
+        for frag in unmapped.chain(by_map.values().flatten().copied()) {
             if !first(&frag.intent.name) {
                 pending += objects(frag, out);
                 commit_at(&mut pending, cold.objects_per_commit, out);
