@@ -369,7 +369,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
                 applied
             }
         };
-        if staged {
+        if staged && applied.is_ok() && steps.sent > 0 {
             tracing::info!(
                 transactions = steps.sent,
                 longest_ms = steps.longest.as_secs_f64() * 1e3,

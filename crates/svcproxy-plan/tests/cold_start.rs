@@ -148,6 +148,32 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
                     }
                 }
             }
+            // No other Service is linked before every service port's rules and
+            // endpoint elements are in (a linked Service's endpoints are there).
+            let first_link = staged.iter().position(|step| {
+                step.iter().any(|op| match op {
+                    Op::Element(e) if e.set == "service-ips" => {
+                        !["default/kubernetes", "kube-system/kube-dns"]
+                            .contains(&chain_service(&whole[0], links_to(op).unwrap()).as_str())
+                    }
+                    _ => false,
+                })
+            });
+            if let Some(l) = first_link {
+                for (i, step) in staged.iter().enumerate().skip(l + 1) {
+                    for op in step {
+                        let late = match op {
+                            Op::AddRule { .. } => true,
+                            Op::Element(e) => e.set.starts_with("endpoint-dnat"),
+                            _ => false,
+                        };
+                        assert!(
+                            !late || op.family() != staged[l][0].family(),
+                            "{what}: step {i} writes {op:?} after step {l} linked a Service"
+                        );
+                    }
+                }
+            }
             // The first step of IPv4: the Services needed first, linked.
             let first: Vec<String> = staged[0].iter().map(|op| format!("{op:?}")).collect();
             for needle in ["198.19.0.1", "198.19.0.254"] {

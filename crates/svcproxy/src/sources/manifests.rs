@@ -2169,12 +2169,20 @@ metadata: {name: versionless}
     }
 
     /// Collects every key upserted through `rx` until `want` is among them (10 s).
+    /// Other updates are passed over: a rescan that lists a directory while a
+    /// symlink on its path is repointed may find a listed file gone, and says so
+    /// (the file's objects stay; the next rescan reads the new target).
     fn wait_for(rx: &mpsc::Receiver<Vec<SourceUpdate>>, want: &ObjectKey) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let upserts = |updates: &[SourceUpdate]| {
+            updates
+                .iter()
+                .any(|u| matches!(u, SourceUpdate::Upsert { object, .. } if object.key() == *want))
+        };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(updates) if upserted(&updates).contains(want) => return true,
+                Ok(updates) if upserts(&updates) => return true,
                 Ok(_) => {}
                 Err(_) => return false,
             }
