@@ -11,14 +11,15 @@
 //! is the human form, user strings quoted with `{:?}` so none can forge a line.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use serde::Serialize;
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_core::snapshot::NodeSnapshot;
 
 use crate::intent::{
-    Action, Disposition, EndpointSetId, FrontendKey, FrontendKind, Intent, LocalTraffic,
-    Masquerade, NodeIntent, NodePortDestinations, ServiceIntent,
+    Action, Disposition, EndpointSetId, FamilyIntent, Frontend, FrontendKey, FrontendKind, Intent,
+    LocalTraffic, Masquerade, NodeIntent, NodePortDestinations, ServiceIntent,
 };
 
 /// Where the connection comes from, as the rules tell sources apart.
@@ -421,272 +422,304 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
         kernel: None,
         object_ids: Vec::new(),
     };
-    let accept = |trace: &mut Trace, reason: String| {
-        trace.verdict = Verdict::Accept { reason };
-    };
     let Some(node) = node else {
-        accept(
-            &mut trace,
-            format!(
+        trace.verdict = Verdict::Accept {
+            reason: format!(
                 "svcproxy programs no {} rules on this node",
                 family.as_str()
             ),
-        );
-        return trace;
-    };
-    if IpFamily::of(&packet.from) != family {
-        trace.steps.push(format!(
-            "the source {} is not {}: no such packet exists; explained as if it were",
-            packet.from,
-            family.as_str()
-        ));
-    }
-
-    // A NodePort on loopback that is not served there, under KEP-6032's gate: the
-    // node's own output filter rejects it (and counts it) before anything else sees
-    // it. Only the node itself sends to its loopback.
-    let on_loopback = FrontendKey::NodePort {
-        protocol: packet.protocol,
-        port: packet.to.port(),
-    };
-    if origin == Origin::Node
-        && packet.to.ip().is_loopback()
-        && node.localhost_rejects.contains(&packet.protocol)
-        && fam.frontend(&on_loopback).is_some()
-    {
-        trace.verdict = Verdict::Reject {
-            reason: format!(
-                "NodePort {}/{} is not served on loopback here, and \
-                 KubeProxyNFTablesLocalhostNodePorts rejects it (counted in \
-                 kubeproxy_nftables_localhost_nodeport_rejected_packets_total)",
-                packet.to.port(),
-                packet.protocol
-            ),
         };
         return trace;
+    };
+    let snap = match family {
+        IpFamily::V4 => v4,
+        IpFamily::V6 => v6,
+    };
+    let path = Path {
+        fam,
+        node,
+        snap,
+        packet,
+        origin,
+    };
+    trace.verdict = match path.follow(&mut trace) {
+        Ok(verdict) | Err(verdict) => verdict,
+    };
+    trace
+}
+
+/// One connection's way through one family's intent: each step either says what
+/// it found (in the trace's steps) and passes the connection on, or ends it with
+/// its verdict (`Err`).
+struct Path<'a> {
+    fam: &'a FamilyIntent,
+    node: &'a NodeIntent,
+    snap: &'a NodeSnapshot,
+    packet: &'a Packet,
+    origin: Origin,
+}
+
+/// A step's result: the connection goes on with `T`, or ends with a verdict.
+type Step<T> = Result<T, Verdict>;
+
+impl<'a> Path<'a> {
+    /// The steps in the order the rules take them.
+    fn follow(&self, trace: &mut Trace) -> Step<Verdict> {
+        if IpFamily::of(&self.packet.from) != self.fam.family() {
+            trace.steps.push(format!(
+                "the source {} is not {}: no such packet exists; explained as if it were",
+                self.packet.from,
+                self.fam.family().as_str()
+            ));
+        }
+        self.loopback_nodeport()?;
+        let (svc, frontend) = self.frontend(&mut trace.steps)?;
+        self.record_frontend(trace, svc, frontend);
+        self.firewall(svc, frontend, &mut trace.steps)?;
+        self.policy(svc, frontend, &mut trace.steps)?;
+        let (set, masquerade, why) = self.endpoint_set(svc, frontend, &mut trace.steps)?;
+        self.forward(svc, frontend, set, masquerade, why)
     }
 
-    // 1. Which frontend.
-    let vip = FrontendKey::Vip {
-        ip: packet.to.ip(),
-        protocol: packet.protocol,
-        port: packet.to.port(),
-    };
-    let hit = match fam.frontend(&vip) {
-        Some(hit) => Some(hit),
-        None => match nodeport_destination(
-            node,
-            if family == IpFamily::V4 { v4 } else { v6 },
-            packet.to.ip(),
-        ) {
-            Some(why) => {
-                let key = FrontendKey::NodePort {
-                    protocol: packet.protocol,
-                    port: packet.to.port(),
-                };
-                let hit = fam.frontend(&key);
-                if hit.is_some() {
-                    trace
-                        .steps
-                        .push(format!("{} takes NodePorts: {why}", packet.to.ip()));
-                }
-                hit
-            }
-            None => None,
-        },
-    };
-    let Some((svc, frontend)) = hit else {
-        // No frontend: the guards for the service ranges, or nothing.
+    /// Rejects a NodePort on loopback that is not served there, under KEP-6032's
+    /// gate: the node's own output filter rejects it (and counts it) before
+    /// anything else sees it. Only the node itself sends to its loopback.
+    fn loopback_nodeport(&self) -> Step<()> {
+        let packet = self.packet;
+        let on_loopback = FrontendKey::NodePort {
+            protocol: packet.protocol,
+            port: packet.to.port(),
+        };
+        if self.origin == Origin::Node
+            && packet.to.ip().is_loopback()
+            && self.node.localhost_rejects.contains(&packet.protocol)
+            && self.fam.frontend(&on_loopback).is_some()
+        {
+            return Err(Verdict::Reject {
+                reason: format!(
+                    "NodePort {}/{} is not served on loopback here, and \
+                     KubeProxyNFTablesLocalhostNodePorts rejects it (counted in \
+                     kubeproxy_nftables_localhost_nodeport_rejected_packets_total)",
+                    packet.to.port(),
+                    packet.protocol
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Step 1, which frontend: a service address, else a NodePort on an address that
+    /// takes NodePorts; with none, the guards of the service ranges, or nothing.
+    fn frontend(&self, steps: &mut Vec<String>) -> Step<(&'a Arc<ServiceIntent>, &'a Frontend)> {
+        let packet = self.packet;
+        let vip = FrontendKey::Vip {
+            ip: packet.to.ip(),
+            protocol: packet.protocol,
+            port: packet.to.port(),
+        };
+        let hit = self.fam.frontend(&vip).or_else(|| {
+            let why = nodeport_destination(self.node, self.snap, packet.to.ip())?;
+            let key = FrontendKey::NodePort {
+                protocol: packet.protocol,
+                port: packet.to.port(),
+            };
+            let hit = self.fam.frontend(&key)?;
+            steps.push(format!("{} takes NodePorts: {why}", packet.to.ip()));
+            Some(hit)
+        });
+        hit.ok_or_else(|| self.no_frontend(steps))
+    }
+
+    /// The verdict for a destination no frontend matches.
+    fn no_frontend(&self, steps: &mut Vec<String>) -> Verdict {
+        let (packet, node) = (self.packet, self.node);
         let ip = packet.to.ip();
-        if node.guard_service_ips && fam.cluster_ips().any(|c| c == ip) {
-            trace.steps.push(format!(
+        if node.guard_service_ips && self.fam.cluster_ips().any(|c| c == ip) {
+            steps.push(format!(
                 "{ip} is a cluster IP, but no service port of it is {}/{}",
                 packet.to.port(),
                 packet.protocol
             ));
-            trace.verdict = Verdict::Reject {
+            return Verdict::Reject {
                 reason: format!(
                     "port {}/{} is not exposed on cluster IP {ip} (upstream rejects a cluster IP's other ports)",
                     packet.to.port(),
                     packet.protocol
                 ),
             };
-            return trace;
         }
         if node.guard_service_ips {
             if let Some(cidr) = node.service_cidrs.iter().find(|c| c.contains(&ip)) {
-                trace.verdict = Verdict::Drop {
+                return Verdict::Drop {
                     reason: format!(
                         "{ip} is inside ServiceCIDR {cidr} but allocated to no service (unallocated service addresses are dropped)"
                     ),
                 };
-                return trace;
             }
         }
-        accept(
-            &mut trace,
-            format!(
+        Verdict::Accept {
+            reason: format!(
                 "{} is no service frontend on this node: routed as any other packet",
                 packet.to
             ),
-        );
-        return trace;
-    };
-    trace.object_ids = object_ids(svc);
-    trace.frontend = Some(FrontendHit {
-        service_port: svc.name.to_string(),
-        kind: frontend.kind.as_str(),
-        destination: frontend.key.to_string(),
-    });
-    trace.steps.push(format!(
-        "frontend: {} {} of service port {:?}",
-        frontend.kind.as_str(),
-        frontend.key,
-        svc.name.to_string()
-    ));
-    let conflicted = fam
-        .conflicts()
-        .into_iter()
-        .find(|c| c.destination == frontend.key.to_string());
-    if let Some(c) = conflicted {
-        trace.steps.push(format!(
-            "also claimed by {}: ignored, {:?} holds it (a cluster IP first, then the first by name)",
-            c.ignored
-                .iter()
-                .map(|n| format!("{:?}", n.to_string()))
-                .collect::<Vec<_>>()
-                .join(", "),
-            c.kept.to_string()
-        ));
+        }
     }
 
-    // 2. The firewall (loadBalancerSourceRanges), before anything else.
-    if frontend.firewall {
-        if let Some(fw) = &svc.firewall {
-            let in_range = fw.ranges.iter().find(|r| r.contains(&packet.from));
-            let ranges = fw
-                .ranges
-                .iter()
-                .map(|r| r.to_string())
-                .collect::<Vec<_>>()
-                .join(", ");
-            match in_range {
-                Some(r) => trace.steps.push(format!(
-                    "loadBalancerSourceRanges: {} is inside {r}: allowed",
-                    packet.from
-                )),
-                None if fw.lb_sources.contains(&packet.from) => trace.steps.push(format!(
-                    "loadBalancerSourceRanges: from the load balancer's own IP {} (one of this \
-                     node's addresses is in the ranges, so a VIP-style load balancer's loop back \
-                     is allowed, as upstream)",
-                    packet.from
-                )),
-                None => {
-                    trace.verdict = Verdict::Drop {
-                        reason: format!(
-                            "{} is not in the loadBalancerSourceRanges [{ranges}]",
-                            packet.from
-                        ),
-                    };
-                    return trace;
-                }
+    /// The frontend hit, its objects' ids, and who else claims it.
+    fn record_frontend(&self, trace: &mut Trace, svc: &ServiceIntent, frontend: &Frontend) {
+        trace.object_ids = object_ids(svc);
+        trace.frontend = Some(FrontendHit {
+            service_port: svc.name.to_string(),
+            kind: frontend.kind.as_str(),
+            destination: frontend.key.to_string(),
+        });
+        trace.steps.push(format!(
+            "frontend: {} {} of service port {:?}",
+            frontend.kind.as_str(),
+            frontend.key,
+            svc.name.to_string()
+        ));
+        let conflicted = self
+            .fam
+            .conflicts()
+            .into_iter()
+            .find(|c| c.destination == frontend.key.to_string());
+        if let Some(c) = conflicted {
+            trace.steps.push(format!(
+                "also claimed by {}: ignored, {:?} holds it (a cluster IP first, then the first by name)",
+                c.ignored
+                    .iter()
+                    .map(|n| format!("{:?}", n.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                c.kept.to_string()
+            ));
+        }
+    }
+
+    /// Step 2, the firewall (loadBalancerSourceRanges), before anything else.
+    fn firewall(
+        &self,
+        svc: &ServiceIntent,
+        frontend: &Frontend,
+        steps: &mut Vec<String>,
+    ) -> Step<()> {
+        let from = self.packet.from;
+        let Some(fw) = svc.firewall.as_ref().filter(|_| frontend.firewall) else {
+            return Ok(());
+        };
+        match fw.ranges.iter().find(|r| r.contains(&from)) {
+            Some(r) => steps.push(format!(
+                "loadBalancerSourceRanges: {from} is inside {r}: allowed"
+            )),
+            None if fw.lb_sources.contains(&from) => steps.push(format!(
+                "loadBalancerSourceRanges: from the load balancer's own IP {from} (one of this \
+                 node's addresses is in the ranges, so a VIP-style load balancer's loop back \
+                 is allowed, as upstream)"
+            )),
+            None => {
+                let ranges = fw
+                    .ranges
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(Verdict::Drop {
+                    reason: format!("{from} is not in the loadBalancerSourceRanges [{ranges}]"),
+                });
             }
         }
+        Ok(())
     }
 
-    // 3. The traffic policy and topology decision.
-    let snap = match family {
-        IpFamily::V4 => v4,
-        IpFamily::V6 => v6,
-    };
-    let selection_reason = snap
-        .service_ports
-        .get(&svc.name)
-        .map(|v| v.selection.reason.clone())
-        .unwrap_or_default();
-    if !selection_reason.is_empty() {
-        trace
-            .steps
-            .push(format!("endpoint selection: {selection_reason}"));
-    }
-    let reason_no_endpoints = |policy: &str| -> String {
-        if svc.has_any_endpoints {
-            format!(
-                "{policy}: none of the service's usable endpoints may take this traffic from this node"
-            )
+    /// Step 3, the traffic policy and topology decision.
+    fn policy(
+        &self,
+        svc: &ServiceIntent,
+        frontend: &Frontend,
+        steps: &mut Vec<String>,
+    ) -> Step<()> {
+        let selection_reason = self
+            .snap
+            .service_ports
+            .get(&svc.name)
+            .map(|v| v.selection.reason.clone())
+            .unwrap_or_default();
+        if !selection_reason.is_empty() {
+            steps.push(format!("endpoint selection: {selection_reason}"));
+        }
+        let policy = if frontend.kind.is_external() {
+            "externalTrafficPolicy"
         } else {
-            "no usable endpoint (ready, or serving and terminating) anywhere".to_string()
-        }
-    };
-    let policy = if frontend.kind.is_external() {
-        "externalTrafficPolicy"
-    } else {
-        "internalTrafficPolicy"
-    };
-    match frontend.action {
-        Action::Forward => {}
-        Action::Reject => {
-            trace.verdict = Verdict::Reject {
-                reason: reason_no_endpoints(policy),
-            };
-            return trace;
-        }
-        Action::Drop => {
-            trace.verdict = Verdict::Drop {
+            "internalTrafficPolicy"
+        };
+        match frontend.action {
+            Action::Forward => Ok(()),
+            Action::Reject => Err(Verdict::Reject {
+                reason: no_endpoints(svc, policy),
+            }),
+            Action::Drop => Err(Verdict::Drop {
                 reason: format!(
                     "{policy} Local and no endpoint on this node, while some exist elsewhere (a client or load balancer should use another node)"
                 ),
-            };
-            return trace;
+            }),
         }
     }
 
-    // 4. Which set, and masquerade.
-    let (set, masquerade, why) = if frontend.kind == FrontendKind::ClusterIp {
-        let r = svc.internal;
-        let (masq, why) = match r.masquerade {
-            Masquerade::Always => (true, "--masquerade-all".to_string()),
-            Masquerade::UnlessFromLocalPod if origin == Origin::LocalPod => {
-                (false, "local (pod) traffic is not masqueraded".into())
-            }
-            Masquerade::UnlessFromLocalPod => (
-                true,
-                "to a cluster IP from outside the pods (not local traffic): the reply must come back through this node"
-                    .into(),
-            ),
-            Masquerade::Never => (
-                false,
-                "local traffic cannot be told apart (--detect-local-mode), so cluster IP traffic is not masqueraded"
-                    .into(),
-            ),
-        };
-        (r.set, masq, why)
-    } else {
-        let Some(route) = svc.external else {
-            trace.verdict = Verdict::Reject {
-                reason: reason_no_endpoints("externalTrafficPolicy"),
+    /// Step 4, which endpoint set, whether masqueraded, and why.
+    fn endpoint_set(
+        &self,
+        svc: &ServiceIntent,
+        frontend: &Frontend,
+        steps: &mut Vec<String>,
+    ) -> Step<(EndpointSetId, bool, String)> {
+        let (packet, origin) = (self.packet, self.origin);
+        if frontend.kind == FrontendKind::ClusterIp {
+            let r = svc.internal;
+            let (masq, why) = match r.masquerade {
+                Masquerade::Always => (true, "--masquerade-all".to_string()),
+                Masquerade::UnlessFromLocalPod if origin == Origin::LocalPod => {
+                    (false, "local (pod) traffic is not masqueraded".into())
+                }
+                Masquerade::UnlessFromLocalPod => (
+                    true,
+                    "to a cluster IP from outside the pods (not local traffic): the reply must come back through this node"
+                        .into(),
+                ),
+                Masquerade::Never => (
+                    false,
+                    "local traffic cannot be told apart (--detect-local-mode), so cluster IP traffic is not masqueraded"
+                        .into(),
+                ),
             };
-            return trace;
+            return Ok((r.set, masq, why));
+        }
+        let Some(route) = svc.external else {
+            return Err(Verdict::Reject {
+                reason: no_endpoints(svc, "externalTrafficPolicy"),
+            });
         };
         let localhost = frontend.kind == FrontendKind::NodePort && packet.to.ip().is_loopback();
         if route.masquerade {
-            (
+            return Ok((
                 EndpointSetId::Cluster,
                 true,
                 "externalTrafficPolicy Cluster: the endpoint may be on another node".to_string(),
-            )
-        } else if route.pods_to_cluster && origin == Origin::LocalPod {
-            trace.steps.push(
+            ));
+        }
+        if route.pods_to_cluster && origin == Origin::LocalPod {
+            steps.push(
                 "externalTrafficPolicy Local, but from a pod: short-circuited to the cluster-wide endpoints"
                     .into(),
             );
-            (
+            return Ok((
                 EndpointSetId::Cluster,
                 false,
                 "pod traffic keeps its address".to_string(),
-            )
-        } else if origin == Origin::Node && (route.host_to_cluster || route.host_masquerade) {
-            trace.steps.push(
+            ));
+        }
+        if origin == Origin::Node && (route.host_to_cluster || route.host_masquerade) {
+            steps.push(
                 "externalTrafficPolicy Local, but from the node itself: short-circuited to the cluster-wide endpoints"
                     .into(),
             );
@@ -698,50 +731,66 @@ pub fn explain(intent: &Intent, v4: &NodeSnapshot, v6: &NodeSnapshot, packet: &P
                     Disposition::Drop => EndpointSetId::Cluster,
                 }
             };
-            (
+            return Ok((
                 set,
                 route.host_masquerade,
                 "from the node itself, whose source address an endpoint could not answer"
                     .to_string(),
-            )
-        } else {
-            match route.rest {
-                Disposition::Forward(s) => (
-                    s,
-                    localhost,
-                    if localhost {
-                        "a localhost NodePort: a loopback source cannot leave the node".to_string()
-                    } else {
-                        "externalTrafficPolicy Local: the client's address is kept".to_string()
-                    },
-                ),
-                Disposition::Drop => {
-                    trace.verdict = Verdict::Drop {
-                        reason: "externalTrafficPolicy Local and no endpoint on this node, while some exist elsewhere (a load balancer should use another node)".into(),
-                    };
-                    return trace;
-                }
-            }
+            ));
         }
-    };
-    let masquerade = masquerade
-        || (frontend.kind == FrontendKind::NodePort
-            && matches!(packet.to.ip(), IpAddr::V4(v4) if v4.is_loopback()));
-    let endpoints = candidates(svc, set, packet.from, masquerade);
-    if endpoints.is_empty() {
-        trace.verdict = Verdict::Reject {
-            reason: reason_no_endpoints("traffic policy"),
-        };
-        return trace;
+        match route.rest {
+            Disposition::Forward(s) => Ok((
+                s,
+                localhost,
+                if localhost {
+                    "a localhost NodePort: a loopback source cannot leave the node".to_string()
+                } else {
+                    "externalTrafficPolicy Local: the client's address is kept".to_string()
+                },
+            )),
+            Disposition::Drop => Err(Verdict::Drop {
+                reason: "externalTrafficPolicy Local and no endpoint on this node, while some exist elsewhere (a load balancer should use another node)".into(),
+            }),
+        }
     }
-    trace.verdict = Verdict::Forward {
-        endpoint_set: set_name(set),
-        endpoints,
-        masquerade,
-        masquerade_reason: why,
-        session_affinity_seconds: svc.affinity_timeout,
-    };
-    trace
+
+    /// Step 5, the candidates of the set, each with its chance.
+    fn forward(
+        &self,
+        svc: &ServiceIntent,
+        frontend: &Frontend,
+        set: EndpointSetId,
+        masquerade: bool,
+        why: String,
+    ) -> Step<Verdict> {
+        let masquerade = masquerade
+            || (frontend.kind == FrontendKind::NodePort
+                && matches!(self.packet.to.ip(), IpAddr::V4(v4) if v4.is_loopback()));
+        let endpoints = candidates(svc, set, self.packet.from, masquerade);
+        if endpoints.is_empty() {
+            return Err(Verdict::Reject {
+                reason: no_endpoints(svc, "traffic policy"),
+            });
+        }
+        Ok(Verdict::Forward {
+            endpoint_set: set_name(set),
+            endpoints,
+            masquerade,
+            masquerade_reason: why,
+            session_affinity_seconds: svc.affinity_timeout,
+        })
+    }
+}
+
+/// Why a connection finds no endpoint, under `policy`.
+fn no_endpoints(svc: &ServiceIntent, policy: &str) -> String {
+    if svc.has_any_endpoints {
+        format!(
+            "{policy}: none of the service's usable endpoints may take this traffic from this node"
+        )
+    } else {
+        "no usable endpoint (ready, or serving and terminating) anywhere".to_string()
+    }
 }
 
 /// The hex hashes in the names of `svc`'s chains and sets: the service port's (its
