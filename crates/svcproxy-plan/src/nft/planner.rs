@@ -414,6 +414,236 @@ fn delete_set(family: IpFamily, name: &str) -> Op {
     }
 }
 
+/// A cold start's steps for one family ([`FamilyState::staged_table_ops`]), with
+/// what they have written so far.
+struct Staging<'a> {
+    state: &'a FamilyState,
+    fam: &'a FamilyIntent,
+    cold: ColdStart,
+    /// Hairpin addresses and cluster IPs written (several fragments share them).
+    hairpin: BTreeSet<IpAddr>,
+    linked: BTreeSet<IpAddr>,
+    /// Sets written: the kernel's cost of a statement about a set grows with them.
+    sets: usize,
+    /// The weight written since the last commit.
+    pending: usize,
+}
+
+impl<'a> Staging<'a> {
+    fn new(state: &'a FamilyState, fam: &'a FamilyIntent, cold: ColdStart) -> Self {
+        Staging {
+            state,
+            fam,
+            cold,
+            hairpin: BTreeSet::new(),
+            linked: BTreeSet::new(),
+            sets: 0,
+            pending: 0,
+        }
+    }
+
+    fn elem(&self, set: &str, key: Vec<Atom>, value: Option<ElemValue>) -> Step {
+        Step::Op(Op::Element(ElemOp {
+            family: self.state.family,
+            add: true,
+            set: set.to_string(),
+            key,
+            value,
+        }))
+    }
+
+    /// Ends the transaction once `limit` is reached.
+    fn commit_at(&mut self, limit: usize, out: &mut dyn FnMut(Step)) {
+        if self.pending >= limit.max(1) {
+            out(Step::Commit);
+            self.pending = 0;
+        }
+    }
+
+    /// The table's declarations (every set and map, the endpoint maps), the
+    /// skeleton's chains and rules, and the node-wide elements.
+    fn skeleton(&mut self, node: &NodeIntent, out: &mut dyn FnMut(Step)) {
+        let (state, f) = (self.state, self.state.family);
+        let shared = state.skeleton(node);
+        out(Step::Op(Op::AddTable { family: f }));
+        for (name, set) in &shared.sets {
+            out(Step::Op(add_set(f, name, set)));
+        }
+        for (name, map) in &shared.maps {
+            out(Step::Op(add_map(f, name, map)));
+        }
+        for (name, protocol) in state.endpoint_maps.iter() {
+            out(Step::Op(add_map(f, name, &endpoint_map_decl(f, protocol))));
+        }
+        chain_ops(f, shared.chains, out);
+        if let Some(o) = state.pod_cidrs().ok().flatten() {
+            out(Step::Op(o));
+        }
+        if let NodePortDestinations::Ips(ips) = &node.nodeports {
+            for ip in ips {
+                out(self.elem(NODEPORT_IPS_SET, vec![Atom::Ip(*ip)], None));
+            }
+        }
+    }
+
+    /// The service ports the node needs first ([`needed_first`]), whole.
+    fn needed_first(&mut self, out: &mut dyn FnMut(Step)) {
+        let state = self.state;
+        for (name, frag) in state.entries.iter().filter(|(n, _)| needed_first(n)) {
+            self.fragment(frag, out);
+            self.endpoints(frag, out);
+            self.hairpins(&mut frag.hairpin_ips(), out);
+            if let Some(svc) = self.fam.service(name) {
+                self.link(svc, out);
+            }
+        }
+    }
+
+    /// Every other service port's objects, then their endpoint map and hairpin
+    /// elements: unreachable until linked.
+    ///
+    /// Every rule before any endpoint map element: a new rule using a map is
+    /// checked against every element the map holds, a new element against every
+    /// rule using its map (cheaply); rules after elements would be quadratic (see
+    /// `write_table`). And map by map: those checks walk the map's list of rules,
+    /// which walked again and again stays in the CPU's caches. The fragments
+    /// without an endpoint map first: those with sets (session affinity's, one per
+    /// endpoint) cost the kernel a walk of the table's sets each, and the table is
+    /// smallest then (each commit also walks every chain of the table).
+    fn objects(&mut self, out: &mut dyn FnMut(Step)) {
+        let state = self.state;
+        let limit = self.cold.objects_per_commit;
+        let rest = |f: &&Fragment| !needed_first(&f.intent.name);
+        let by_map = state.fragments_by_endpoint_map();
+        let unmapped = state.entries.values().filter(|f| !f.uses_endpoint_map());
+        for frag in unmapped
+            .chain(by_map.values().flatten().copied())
+            .filter(rest)
+        {
+            self.pending += self.fragment(frag, out);
+            self.commit_at(limit, out);
+        }
+        for frag in by_map.values().flatten().copied().filter(rest) {
+            self.pending += self.endpoints(frag, out);
+            self.commit_at(limit, out);
+        }
+        for frag in state.entries.values().filter(rest) {
+            self.pending += self.hairpins(&mut frag.hairpin_ips(), out);
+            self.commit_at(limit, out);
+        }
+        // Addresses no fragment names (none, as fragments are made; the table
+        // stays whole whatever the state holds).
+        self.pending += self.hairpins(&mut state.hairpin.keys().copied(), out);
+        if self.pending > 0 {
+            out(Step::Commit);
+            self.pending = 0;
+        }
+    }
+
+    /// The links, a Service at a time: each Service's are in one transaction.
+    fn links(&mut self, out: &mut dyn FnMut(Step)) {
+        let fam = self.fam;
+        let mut last: Option<&ServicePortName> = None;
+        for (name, svc) in fam.services().iter().filter(|(n, _)| !needed_first(n)) {
+            if last.is_some_and(|l| l.service != name.service) {
+                self.commit_at(self.cold.links_per_commit, out);
+            }
+            last = Some(name);
+            self.pending += self.link(svc, out);
+        }
+        // Cluster IPs of no service port (none, as the intent is built).
+        for ip in fam.cluster_ips() {
+            if self.linked.insert(ip) {
+                out(self.elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
+            }
+        }
+    }
+
+    /// A fragment's objects; their weight: the number of statements, each
+    /// weighing more the more sets the table holds when the fragment has sets, as
+    /// the kernel finds a set by name in a list of them.
+    fn fragment(&mut self, frag: &Fragment, out: &mut dyn FnMut(Step)) -> usize {
+        let f = self.state.family;
+        let objs = frag.objects(self.state.detect.as_ref());
+        for (name, set) in &objs.sets {
+            out(Step::Op(add_set(f, name, set)));
+        }
+        let n = objs.sets.len() + chain_ops(f, objs.chains, out);
+        let weight = match objs.sets.len() {
+            0 => 1,
+            _ => 1 + self.sets / SETS_PER_WEIGHT,
+        };
+        self.sets += objs.sets.len();
+        n * weight
+    }
+
+    /// A fragment's endpoint map elements; their number.
+    fn endpoints(&self, frag: &Fragment, out: &mut dyn FnMut(Step)) -> usize {
+        let mut n = 0;
+        if frag.uses_endpoint_map() {
+            let map = frag.endpoint_map();
+            frag.dnat_elements(|k, ep| {
+                n += 1;
+                out(self.elem(
+                    &map,
+                    vec![Atom::Num(k)],
+                    Some(ElemValue::Data(dnat_value(ep))),
+                ))
+            });
+        }
+        n
+    }
+
+    /// The hairpin elements of `ips` not written yet; their number.
+    fn hairpins(
+        &mut self,
+        ips: &mut dyn Iterator<Item = IpAddr>,
+        out: &mut dyn FnMut(Step),
+    ) -> usize {
+        let mut n = 0;
+        for ip in ips {
+            if self.hairpin.insert(ip) {
+                n += 1;
+                out(self.elem(HAIRPIN_SET, hairpin_elem(ip), None));
+            }
+        }
+        n
+    }
+
+    /// A service port's links (its cluster IPs not written yet, and the verdict
+    /// map elements of the frontends it owns); their number.
+    fn link(&mut self, svc: &Arc<ServiceIntent>, out: &mut dyn FnMut(Step)) -> usize {
+        let (state, f) = (self.state, self.state.family);
+        let mut n = 0;
+        for ip in svc.cluster_ips() {
+            if self.linked.insert(ip) {
+                n += 1;
+                out(self.elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
+            }
+        }
+        let hash = match state.entries.get(&svc.name) {
+            Some(frag) => frag.hash,
+            None => service_port_hash(f, &svc.name),
+        };
+        for frontend in svc.frontends.iter() {
+            // Only the owner of a contested frontend links it.
+            match self.fam.frontend(&frontend.key) {
+                Some((owner, _)) if Arc::ptr_eq(owner, svc) => {}
+                _ => continue,
+            }
+            for e in elems(svc, hash, &frontend.key, state.localhost_rejects()) {
+                n += 1;
+                out(self.elem(
+                    e.map.name(),
+                    key_atoms(&frontend.key),
+                    Some(ElemValue::Verdict(e.verdict.elem())),
+                ));
+            }
+        }
+        n
+    }
+}
+
 /// In a cold start, how many sets in the table make a statement about a set
 /// weigh one more statement (`FamilyState::staged_table_ops`).
 const SETS_PER_WEIGHT: usize = 256;
@@ -1012,187 +1242,12 @@ impl FamilyState {
         let Some(node) = &self.node else {
             return;
         };
-        let f = self.family;
-        let shared = self.skeleton(node);
-        let elem = |set: &str, key: Vec<Atom>, value: Option<ElemValue>| {
-            Step::Op(Op::Element(ElemOp {
-                family: f,
-                add: true,
-                set: set.to_string(),
-                key,
-                value,
-            }))
-        };
-        // A fragment's objects; the number of statements.
-        // A fragment's objects; their weight: the number of statements, each
-        // weighing more the more sets the table holds when the fragment has
-        // sets (session affinity's, one per endpoint), as the kernel finds a set
-        // by name in a list of them.
-        let mut sets = 0;
-        let mut objects = |frag: &Fragment, out: &mut dyn FnMut(Step)| {
-            let objs = frag.objects(self.detect.as_ref());
-            for (name, set) in &objs.sets {
-                out(Step::Op(add_set(f, name, set)));
-            }
-            let n = objs.sets.len() + chain_ops(f, objs.chains, out);
-            let weight = if objs.sets.is_empty() {
-                1
-            } else {
-                1 + sets / SETS_PER_WEIGHT
-            };
-            sets += objs.sets.len();
-            n * weight
-        };
-        // A fragment's endpoint map elements; the number of statements.
-        let endpoints = |frag: &Fragment, out: &mut dyn FnMut(Step)| {
-            let mut n = 0;
-            if frag.uses_endpoint_map() {
-                let map = frag.endpoint_map();
-                frag.dnat_elements(|k, ep| {
-                    n += 1;
-                    out(elem(
-                        &map,
-                        vec![Atom::Num(k)],
-                        Some(ElemValue::Data(dnat_value(ep))),
-                    ))
-                });
-            }
-            n
-        };
-        let mut hairpin = BTreeSet::new();
-        let mut hairpins = |ips: &mut dyn Iterator<Item = IpAddr>, out: &mut dyn FnMut(Step)| {
-            let mut n = 0;
-            for ip in ips {
-                if hairpin.insert(ip) {
-                    n += 1;
-                    out(elem(HAIRPIN_SET, hairpin_elem(ip), None));
-                }
-            }
-            n
-        };
-        // A service port's links; the number of elements.
-        let mut linked = BTreeSet::new();
-        let mut links = |svc: &Arc<ServiceIntent>, out: &mut dyn FnMut(Step)| {
-            let mut n = 0;
-            for ip in svc.cluster_ips() {
-                if linked.insert(ip) {
-                    n += 1;
-                    out(elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
-                }
-            }
-            let hash = match self.entries.get(&svc.name) {
-                Some(frag) => frag.hash,
-                None => service_port_hash(f, &svc.name),
-            };
-            for frontend in svc.frontends.iter() {
-                // Only the owner of a contested frontend links it.
-                match fam.frontend(&frontend.key) {
-                    Some((owner, _)) if Arc::ptr_eq(owner, svc) => {}
-                    _ => continue,
-                }
-                for e in elems(svc, hash, &frontend.key, self.localhost_rejects()) {
-                    n += 1;
-                    out(elem(
-                        e.map.name(),
-                        key_atoms(&frontend.key),
-                        Some(ElemValue::Verdict(e.verdict.elem())),
-                    ));
-                }
-            }
-            n
-        };
-        let first = |name: &ServicePortName| needed_first(name);
-
-        // 1. The skeleton and the service ports needed first.
-        out(Step::Op(Op::AddTable { family: f }));
-        for (name, set) in &shared.sets {
-            out(Step::Op(add_set(f, name, set)));
-        }
-        for (name, map) in &shared.maps {
-            out(Step::Op(add_map(f, name, map)));
-        }
-        for (name, protocol) in self.endpoint_maps.iter() {
-            out(Step::Op(add_map(f, name, &endpoint_map_decl(f, protocol))));
-        }
-        chain_ops(f, shared.chains, out);
-        if let Some(o) = self.pod_cidrs().ok().flatten() {
-            out(Step::Op(o));
-        }
-        if let NodePortDestinations::Ips(ips) = &node.nodeports {
-            for ip in ips {
-                out(elem(NODEPORT_IPS_SET, vec![Atom::Ip(*ip)], None));
-            }
-        }
-        for (name, frag) in self.entries.iter().filter(|(n, _)| first(n)) {
-            objects(frag, out);
-            endpoints(frag, out);
-            hairpins(&mut frag.hairpin_ips(), out);
-            if let Some(svc) = fam.service(name) {
-                links(svc, out);
-            }
-        }
+        let mut staging = Staging::new(self, fam, cold);
+        staging.skeleton(node, out);
+        staging.needed_first(out);
         out(Step::Commit);
-
-        // 2. The other service ports' objects, unreachable.
-        let mut pending = 0;
-        let commit_at = |pending: &mut usize, limit: usize, out: &mut dyn FnMut(Step)| {
-            if *pending >= limit.max(1) {
-                out(Step::Commit);
-                *pending = 0;
-            }
-        };
-        // Every rule before any endpoint map element: a new rule using a map is
-        // checked against every element the map holds, a new element against
-        // every rule using its map (cheaply); rules after elements would be
-        // quadratic (see `write_table`).
-        // Map by map: a new rule's check walks the list of its map's rules, and
-        // each element's check too; walked again and again, a list stays in the
-        // CPU's caches.
-        // The fragments without an endpoint map first: those with sets (session
-        // affinity's, one per endpoint) cost the kernel a walk of the table's
-        // sets each, and the table is smallest then (each commit also walks
-        // every chain of the table).
-        let by_map = self.fragments_by_endpoint_map();
-        let unmapped = self.entries.values().filter(|f| !f.uses_endpoint_map());
-        for frag in unmapped.chain(by_map.values().flatten().copied()) {
-            if !first(&frag.intent.name) {
-                pending += objects(frag, out);
-                commit_at(&mut pending, cold.objects_per_commit, out);
-            }
-        }
-        for (_, frags) in by_map {
-            for frag in frags.into_iter().filter(|f| !first(&f.intent.name)) {
-                pending += endpoints(frag, out);
-                commit_at(&mut pending, cold.objects_per_commit, out);
-            }
-        }
-        for (_, frag) in self.entries.iter().filter(|(n, _)| !first(n)) {
-            pending += hairpins(&mut frag.hairpin_ips(), out);
-            commit_at(&mut pending, cold.objects_per_commit, out);
-        }
-        // Addresses no fragment names (none, as fragments are made; the table
-        // stays whole whatever the state holds).
-        pending += hairpins(&mut self.hairpin.keys().copied(), out);
-        if pending > 0 {
-            out(Step::Commit);
-            pending = 0;
-        }
-
-        // 3. The links, a Service at a time.
-        let mut last: Option<&ServicePortName> = None;
-        for (name, svc) in fam.services().iter().filter(|(n, _)| !first(n)) {
-            if last.is_some_and(|l| l.service != name.service) {
-                commit_at(&mut pending, cold.links_per_commit, out);
-            }
-            last = Some(name);
-            pending += links(svc, out);
-        }
-        // Cluster IPs of no service port (none, as the intent is built).
-        for ip in fam.cluster_ips() {
-            if linked.insert(ip) {
-                out(elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
-            }
-        }
+        staging.objects(out);
+        staging.links(out);
         out(Step::Commit);
     }
 
