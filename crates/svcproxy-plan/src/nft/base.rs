@@ -125,17 +125,80 @@ fn address_set(key: Vec<Field>, elements: Vec<String>) -> Set {
     }
 }
 
-/// The shared objects of one family's table, without map elements or cluster IPs.
+/// The shared objects of one family's table, without map elements or cluster IPs:
+/// its sets and maps, the base chains on the hooks, the dispatch to services, the
+/// checks after it, and masquerading.
 pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
-    let family = ctx.family;
-    // Several local-pod CIDRs live in one named set (see `Detect`).
-    let pod_cidrs = match &ctx.local_traffic {
-        Some(LocalTraffic::Cidrs(nets)) if nets.len() > 1 => nets.as_slice(),
-        _ => &[],
-    };
-    let addr = Field::Addr(family);
-    let mut rs = Ruleset::new(family);
+    let r = Rules(ctx.family);
+    let mut rs = Ruleset::new(ctx.family);
+    shared_sets(ctx, &mut rs);
+    let nodeport_dests = nodeport_destinations(ctx, r);
+    let chains = hook_chains(ctx, r, &mut rs)
+        .into_iter()
+        .chain(dispatch_chains(r, &nodeport_dests))
+        .chain(check_chains(ctx, r, &nodeport_dests))
+        .chain(masquerade_chains(ctx, r));
+    for (name, chain) in chains {
+        rs.chains.insert(name.to_string(), chain);
+    }
+    for &p in &ctx.localhost_rejects {
+        rs.chains.insert(
+            localhost_reject_chain(p),
+            regular(vec![r.rule(
+                Vec::new(),
+                Action::CountedReject {
+                    tcp_reset: p == Protocol::Tcp,
+                },
+            )]),
+        );
+    }
+    rs
+}
 
+/// Makes the rules of one family's skeleton.
+#[derive(Clone, Copy)]
+struct Rules(IpFamily);
+
+impl Rules {
+    fn rule(self, matches: Vec<Match>, action: Action) -> TypedRule {
+        TypedRule::new(self.0, matches, action)
+    }
+
+    fn daddr_is(self, net: IpNet, negate: bool) -> Match {
+        Match::Prefix {
+            addr: Addr::Daddr,
+            net,
+            negate,
+        }
+    }
+
+    fn vmap(self, daddr: bool, map: MapId) -> Action {
+        Action::Vmap {
+            daddr,
+            map: map.name().to_string(),
+        }
+    }
+
+    /// `ct state new jump CHAIN`.
+    fn if_new(self, chain: &str) -> TypedRule {
+        self.rule(vec![Match::CtState(CtState::New)], jump(chain))
+    }
+
+    /// A rule of no condition jumping to `chain`.
+    fn jump_to(self, chain: &str) -> TypedRule {
+        self.rule(Vec::new(), jump(chain))
+    }
+}
+
+fn jump(chain: &str) -> Action {
+    Action::Jump(chain.to_string())
+}
+
+/// The sets and the verdict maps every table has (the elements of `nodeport-ips`
+/// and `pod-cidrs` with them; the maps' come from the planner).
+fn shared_sets(ctx: &NodeIntent, rs: &mut Ruleset) {
+    let family = ctx.family;
+    let addr = Field::Addr(family);
     rs.sets.insert(
         CLUSTER_IPS_SET.to_string(),
         address_set(vec![addr], Vec::new()),
@@ -146,17 +209,18 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
             address_set(vec![addr], ips.iter().map(ToString::to_string).collect()),
         );
     }
-    if !pod_cidrs.is_empty() {
-        rs.sets.insert(
-            POD_CIDRS_SET.to_string(),
-            Set {
-                interval: true,
-                ..address_set(
-                    vec![addr],
-                    pod_cidrs.iter().map(ToString::to_string).collect(),
-                )
-            },
-        );
+    // Several local-pod CIDRs live in one named set (see `Detect`).
+    match &ctx.local_traffic {
+        Some(LocalTraffic::Cidrs(nets)) if nets.len() > 1 => {
+            rs.sets.insert(
+                POD_CIDRS_SET.to_string(),
+                Set {
+                    interval: true,
+                    ..address_set(vec![addr], nets.iter().map(ToString::to_string).collect())
+                },
+            );
+        }
+        _ => {}
     }
     for map in MapId::ALL {
         rs.maps
@@ -166,37 +230,35 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         HAIRPIN_SET.to_string(),
         address_set(vec![addr, addr], Vec::new()),
     );
+}
 
-    let rule = |matches: Vec<Match>, action: Action| TypedRule::new(family, matches, action);
-    let daddr_is = |net: IpNet, negate: bool| Match::Prefix {
-        addr: Addr::Daddr,
-        net,
-        negate,
-    };
-    // The destinations NodePort lookups apply to, one rule each.
-    let mut nodeport_dests = Vec::new();
+/// The destinations NodePort lookups apply to, one rule's matches each.
+fn nodeport_destinations(ctx: &NodeIntent, r: Rules) -> Vec<Vec<Match>> {
+    let family = ctx.family;
+    let mut dests = Vec::new();
     match &ctx.nodeports {
-        NodePortDestinations::Ips(_) => nodeport_dests.push(vec![Match::InSet {
+        NodePortDestinations::Ips(_) => dests.push(vec![Match::InSet {
             addr: Addr::Daddr,
             set: NODEPORT_IPS_SET.to_string(),
             negate: false,
         }]),
         NodePortDestinations::AllLocal if ctx.localhost_nodeports => {
-            nodeport_dests.push(vec![Match::FibLocal(Addr::Daddr)])
+            dests.push(vec![Match::FibLocal(Addr::Daddr)])
         }
-        NodePortDestinations::AllLocal => nodeport_dests.push(vec![
+        NodePortDestinations::AllLocal => dests.push(vec![
             Match::FibLocal(Addr::Daddr),
-            daddr_is(loopback(family), true),
+            r.daddr_is(loopback(family), true),
         ]),
     }
     if ctx.localhost_nodeports && matches!(ctx.nodeports, NodePortDestinations::Ips(_)) {
-        nodeport_dests.push(vec![daddr_is(loopback(family), false)]);
+        dests.push(vec![r.daddr_is(loopback(family), false)]);
     }
-    let vmap = |daddr: bool, map: MapId| Action::Vmap {
-        daddr,
-        map: map.name().to_string(),
-    };
-    let jump = |chain: &str| Action::Jump(chain.to_string());
+    dests
+}
+
+/// The base chains on the netfilter hooks, each jumping to the chains below (and
+/// the localhost NodePort rejects' map, when there are any, into `rs`).
+fn hook_chains(ctx: &NodeIntent, r: Rules, rs: &mut Ruleset) -> Vec<(&'static str, Chain)> {
     // KEP-6032: a NodePort of a rejected protocol on loopback goes, by the map the
     // planner fills from the NodePorts, to its protocol's counting reject chain,
     // before DNAT. (A lookup in `service-nodeports` itself cannot do: the kernel
@@ -207,167 +269,176 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
     } else {
         rs.maps.insert(
             MapId::LocalhostNodePortRejects.name().to_string(),
-            Map::verdict(MapId::LocalhostNodePortRejects.key_type(family)),
+            Map::verdict(MapId::LocalhostNodePortRejects.key_type(ctx.family)),
         );
-        vec![rule(
-            vec![daddr_is(loopback(family), false)],
-            vmap(false, MapId::LocalhostNodePortRejects),
+        vec![r.rule(
+            vec![r.daddr_is(loopback(ctx.family), false)],
+            r.vmap(false, MapId::LocalhostNodePortRejects),
         )]
     };
-    let if_new = |chain: &str| rule(vec![Match::CtState(CtState::New)], jump(chain));
-
-    let chains = [
+    let filter = |hook, priority, rules| base(ChainType::Filter, hook, priority, rules);
+    let nat = |hook, priority, rules| base(ChainType::Nat, hook, priority, rules);
+    vec![
         (
             "filter-prerouting",
-            base(
-                ChainType::Filter,
+            filter(
                 Hook::Prerouting,
                 PRIORITY_FILTER,
-                vec![if_new(FIREWALL_CHECK_CHAIN)],
+                vec![r.if_new(FIREWALL_CHECK_CHAIN)],
             ),
         ),
         (
             "filter-input",
-            base(
-                ChainType::Filter,
+            filter(
                 Hook::Input,
                 PRIORITY_FILTER,
                 vec![
-                    if_new(NODEPORT_ENDPOINTS_CHECK_CHAIN),
-                    if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
+                    r.if_new(NODEPORT_ENDPOINTS_CHECK_CHAIN),
+                    r.if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
                 ],
             ),
         ),
         (
             "filter-forward",
-            base(
-                ChainType::Filter,
+            filter(
                 Hook::Forward,
                 PRIORITY_FILTER,
                 ctx.drop_invalid_forwarded
-                    .then(|| rule(vec![Match::CtState(CtState::Invalid)], Action::Drop))
+                    .then(|| r.rule(vec![Match::CtState(CtState::Invalid)], Action::Drop))
                     .into_iter()
                     .chain([
-                        if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
-                        if_new(CLUSTER_IPS_CHECK_CHAIN),
+                        r.if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
+                        r.if_new(CLUSTER_IPS_CHECK_CHAIN),
                     ])
                     .collect(),
             ),
         ),
         (
             "filter-output",
-            base(
-                ChainType::Filter,
+            filter(
                 Hook::Output,
                 PRIORITY_FILTER,
                 localhost_rejects
                     .into_iter()
-                    .chain([if_new(FIREWALL_CHECK_CHAIN)])
+                    .chain([r.if_new(FIREWALL_CHECK_CHAIN)])
                     .collect(),
             ),
         ),
         (
             "filter-output-post-dnat",
-            base(
-                ChainType::Filter,
+            filter(
                 Hook::Output,
                 PRIORITY_FILTER_POST_DNAT,
                 vec![
-                    if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
-                    if_new(CLUSTER_IPS_CHECK_CHAIN),
+                    r.if_new(SERVICE_ENDPOINTS_CHECK_CHAIN),
+                    r.if_new(CLUSTER_IPS_CHECK_CHAIN),
                 ],
             ),
         ),
         (
             "nat-prerouting",
-            base(
-                ChainType::Nat,
+            nat(
                 Hook::Prerouting,
                 PRIORITY_DSTNAT,
-                vec![rule(Vec::new(), jump(SERVICES_CHAIN))],
+                vec![r.jump_to(SERVICES_CHAIN)],
             ),
         ),
         (
             "nat-output",
-            base(
-                ChainType::Nat,
+            nat(
                 Hook::Output,
                 PRIORITY_DSTNAT,
-                vec![rule(Vec::new(), jump(SERVICES_CHAIN))],
+                vec![r.jump_to(SERVICES_CHAIN)],
             ),
         ),
         (
             "nat-postrouting",
-            base(
-                ChainType::Nat,
+            nat(
                 Hook::Postrouting,
                 PRIORITY_SRCNAT,
-                vec![rule(Vec::new(), jump(MASQUERADING_CHAIN))],
+                vec![r.jump_to(MASQUERADING_CHAIN)],
             ),
         ),
-        (SERVICES_CHAIN, {
-            let mut rules = vec![rule(Vec::new(), vmap(true, MapId::ServiceIps))];
-            for dest in &nodeport_dests {
-                rules.push(rule(dest.clone(), vmap(false, MapId::ServiceNodePorts)));
-            }
-            regular(rules)
-        }),
+    ]
+}
+
+/// `services`: the service addresses, then the NodePorts, each by its verdict map.
+fn dispatch_chains(r: Rules, nodeport_dests: &[Vec<Match>]) -> Vec<(&'static str, Chain)> {
+    let mut rules = vec![r.rule(Vec::new(), r.vmap(true, MapId::ServiceIps))];
+    for dest in nodeport_dests {
+        rules.push(r.rule(dest.clone(), r.vmap(false, MapId::ServiceNodePorts)));
+    }
+    vec![(SERVICES_CHAIN, regular(rules))]
+}
+
+/// The filter checks: no endpoints, the firewall, the service address space, and
+/// the reject they share.
+fn check_chains(
+    ctx: &NodeIntent,
+    r: Rules,
+    nodeport_dests: &[Vec<Match>],
+) -> Vec<(&'static str, Chain)> {
+    // Runs after DNAT: a packet still addressed to a cluster IP here matched no
+    // service port, and one inside a ServiceCIDR hit no cluster IP (one rule per
+    // CIDR: an anonymous set would cost the kernel's loop check a scan of every
+    // set, as in `Detect`).
+    let mut guards = Vec::new();
+    if ctx.guard_service_ips {
+        guards.push(r.rule(
+            vec![Match::InSet {
+                addr: Addr::Daddr,
+                set: CLUSTER_IPS_SET.to_string(),
+                negate: false,
+            }],
+            Action::Goto(REJECT_CHAIN.to_string()),
+        ));
+        for net in &ctx.service_cidrs {
+            guards.push(r.rule(vec![r.daddr_is(*net, false)], Action::Drop));
+        }
+    }
+    vec![
         (
             SERVICE_ENDPOINTS_CHECK_CHAIN,
-            regular(vec![rule(
-                Vec::new(),
-                vmap(true, MapId::NoEndpointServices),
-            )]),
+            regular(vec![
+                r.rule(Vec::new(), r.vmap(true, MapId::NoEndpointServices))
+            ]),
         ),
         (
             NODEPORT_ENDPOINTS_CHECK_CHAIN,
             regular(
                 nodeport_dests
                     .iter()
-                    .map(|dest| rule(dest.clone(), vmap(false, MapId::NoEndpointNodePorts)))
+                    .map(|dest| r.rule(dest.clone(), r.vmap(false, MapId::NoEndpointNodePorts)))
                     .collect(),
             ),
         ),
         (
             FIREWALL_CHECK_CHAIN,
-            regular(vec![rule(Vec::new(), vmap(true, MapId::FirewallIps))]),
+            regular(vec![r.rule(Vec::new(), r.vmap(true, MapId::FirewallIps))]),
         ),
-        (CLUSTER_IPS_CHECK_CHAIN, {
-            // Runs after DNAT: a packet still addressed to a cluster IP here matched
-            // no service port, and one inside a ServiceCIDR hit no cluster IP (one
-            // rule per CIDR: an anonymous set would cost the kernel's loop check a
-            // scan of every set, as in `Detect`).
-            let mut rules = Vec::new();
-            if ctx.guard_service_ips {
-                rules.push(rule(
-                    vec![Match::InSet {
-                        addr: Addr::Daddr,
-                        set: CLUSTER_IPS_SET.to_string(),
-                        negate: false,
-                    }],
-                    Action::Goto(REJECT_CHAIN.to_string()),
-                ));
-                for net in &ctx.service_cidrs {
-                    rules.push(rule(vec![daddr_is(*net, false)], Action::Drop));
-                }
-            }
-            regular(rules)
-        }),
+        (CLUSTER_IPS_CHECK_CHAIN, regular(guards)),
         // A TCP reset refuses a TCP client at once; an ICMP error can reach a
         // connecting socket before it is ready for it and cost a SYN retry (~1 s).
         (
             REJECT_CHAIN,
             regular(vec![
-                rule(
+                r.rule(
                     vec![Match::L4Proto(Protocol::Tcp)],
                     Action::Reject { tcp_reset: true },
                 ),
-                rule(Vec::new(), Action::Reject { tcp_reset: false }),
+                r.rule(Vec::new(), Action::Reject { tcp_reset: false }),
             ]),
         ),
+    ]
+}
+
+/// Marking for masquerade, and masquerading the marked.
+fn masquerade_chains(ctx: &NodeIntent, r: Rules) -> Vec<(&'static str, Chain)> {
+    let mark = ctx.masquerade_mark;
+    vec![
         (
             MARK_MASQ_CHAIN,
-            regular(vec![rule(Vec::new(), Action::MarkOr(ctx.masquerade_mark))]),
+            regular(vec![r.rule(Vec::new(), Action::MarkOr(mark))]),
         ),
         (
             MASQUERADING_CHAIN,
@@ -375,36 +446,21 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
                 // The hairpin: a connection DNATed back to the endpoint it came
                 // from must leave with another source, or the reply never
                 // reaches conntrack to be translated back.
-                rule(
+                r.rule(
                     vec![
                         Match::CtStatusDnat,
                         Match::PairInSet(HAIRPIN_SET.to_string()),
                     ],
                     jump(MARK_MASQ_CHAIN),
                 ),
-                rule(vec![Match::MarkClear(ctx.masquerade_mark)], Action::Return),
+                r.rule(vec![Match::MarkClear(mark)], Action::Return),
                 // Clear the bit so a packet re-entering (e.g. tunnelled) is not
                 // masqueraded twice.
-                rule(Vec::new(), Action::MarkXor(ctx.masquerade_mark)),
-                rule(Vec::new(), Action::MasqueradeFullyRandom),
+                r.rule(Vec::new(), Action::MarkXor(mark)),
+                r.rule(Vec::new(), Action::MasqueradeFullyRandom),
             ]),
         ),
-    ];
-    for (name, chain) in chains {
-        rs.chains.insert(name.to_string(), chain);
-    }
-    for &p in &ctx.localhost_rejects {
-        rs.chains.insert(
-            localhost_reject_chain(p),
-            regular(vec![rule(
-                Vec::new(),
-                Action::CountedReject {
-                    tcp_reset: p == Protocol::Tcp,
-                },
-            )]),
-        );
-    }
-    rs
+    ]
 }
 
 /// The chain counting and rejecting a protocol's NodePorts on loopback
