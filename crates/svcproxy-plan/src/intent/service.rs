@@ -32,7 +32,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use svcproxy_core::model::{Endpoint, IpFamily, Protocol, ServicePortName};
+use svcproxy_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
 use svcproxy_core::snapshot::ServicePortView;
 
 use super::endpoints::{EndpointEntry, Endpoints};
@@ -290,232 +290,39 @@ impl std::fmt::Debug for Source {
 }
 
 impl ServiceIntent {
+    /// The decisions for one service port of `node`'s family, from its view:
+    /// its endpoints, the routes of internal and external traffic, the firewall,
+    /// and the frontends with what each does.
     pub fn build(name: &ServicePortName, view: &Arc<ServicePortView>, node: &NodeIntent) -> Self {
-        let family = node.family;
         let p = &view.port;
-        let sel = &view.selection;
-        let protocol = name.protocol;
-
-        // The union of the sets, in address order, merged with each endpoint's
-        // flags. Both lists come sorted from the selection (subsequences of the
-        // port's sorted list); sorted again here, at no cost when they are, so no
-        // selection can make the merge wrong.
-        let of_family = |eps: &Option<Arc<[Endpoint]>>| -> Vec<(SocketAddr, bool)> {
-            let mut v: Vec<(SocketAddr, bool)> = eps
-                .iter()
-                .flat_map(|l| l.iter())
-                .filter(|e| IpFamily::of(&e.ip) == family)
-                .map(|e| {
-                    let hairpin = match e.node_name.as_deref() {
-                        None => true,
-                        Some(n) => n == node.node_name || node.node_ips.contains(&e.ip),
-                    };
-                    (SocketAddr::new(e.ip, e.port), hairpin)
-                })
-                .collect();
-            v.sort_by_key(|(addr, _)| *addr);
-            v
-        };
-        let (cluster_list, local_list) = (
-            of_family(&sel.cluster_endpoints),
-            of_family(&sel.local_endpoints),
-        );
-        let mut entries: Vec<EndpointEntry> =
-            Vec::with_capacity(cluster_list.len().max(local_list.len()));
-        let (mut c, mut l) = (cluster_list.iter().peekable(), local_list.iter().peekable());
-        loop {
-            let (cluster, local) = match (c.peek(), l.peek()) {
-                (None, None) => break,
-                (Some(x), Some(y)) if x.0 == y.0 => (c.next(), l.next()),
-                (Some(x), Some(y)) if x.0 < y.0 => (c.next(), None),
-                (Some(_), None) => (c.next(), None),
-                _ => (None, l.next()),
-            };
-            let (addr, hairpin) = *cluster.or(local).expect("one of the lists has a next");
-            match entries.last_mut() {
-                // A set listing one address twice counts it once.
-                Some(last) if last.addr == addr => {
-                    last.cluster |= cluster.is_some();
-                    last.local |= local.is_some();
-                    last.hairpin |= hairpin;
-                }
-                _ => entries.push(EndpointEntry {
-                    addr,
-                    cluster: cluster.is_some(),
-                    local: local.is_some(),
-                    hairpin: hairpin || local.is_some_and(|l| l.1),
-                }),
-            }
-        }
-        let endpoints = Endpoints::new(&entries);
-        drop(entries);
-
-        let has_any = sel.has_any_endpoints;
-        // With no endpoint anywhere everything is refused; when endpoints exist but
-        // none may take this traffic, a Local policy drops (the client should try
-        // another node) and a cluster policy (hard topology keys) refuses.
-        let fail = |policy_local: bool| {
-            if policy_local && has_any {
-                Action::Drop
-            } else {
-                Action::Reject
-            }
-        };
-        let set_of = |local_policy: bool| {
-            if local_policy {
-                EndpointSetId::Local
-            } else {
-                EndpointSetId::Cluster
-            }
-        };
-        let usable = |set: EndpointSetId| endpoints.has_members(set);
-        let (cluster_usable, local_usable) =
-            (usable(EndpointSetId::Cluster), usable(EndpointSetId::Local));
-
-        let internal_local = p.internal_policy_local();
-        let internal = InternalRoute {
-            set: set_of(internal_local),
-            masquerade: if node.masquerade_all {
-                Masquerade::Always
-            } else if node.local_traffic.is_some() {
-                Masquerade::UnlessFromLocalPod
-            } else {
-                Masquerade::Never
-            },
-        };
-        let internal_action = if usable(internal.set) {
-            Action::Forward
-        } else {
-            fail(internal_local)
-        };
-
-        let ext_local = p.external_policy_local();
-        let ext_ok = usable(set_of(ext_local));
-        // A Local-policy port keeps its route even without local endpoints: pods
-        // and the host reaching its external addresses are short-circuited.
-        let external =
-            (p.externally_accessible() && (ext_ok || (ext_local && has_any))).then(|| {
-                if ext_local {
-                    ExternalRoute {
-                        masquerade: false,
-                        pods_to_cluster: node.local_traffic.is_some() && cluster_usable,
-                        host_masquerade: true,
-                        host_to_cluster: cluster_usable,
-                        rest: if local_usable {
-                            Disposition::Forward(EndpointSetId::Local)
-                        } else {
-                            Disposition::Drop
-                        },
-                    }
-                } else {
-                    ExternalRoute {
-                        masquerade: true,
-                        pods_to_cluster: false,
-                        host_masquerade: false,
-                        host_to_cluster: false,
-                        rest: Disposition::Forward(EndpointSetId::Cluster),
-                    }
-                }
-            });
-        let external_action = if external.is_some() {
-            Action::Forward
-        } else {
-            fail(ext_local)
-        };
-
+        let endpoints = endpoint_union(view, node);
+        let has_any = view.selection.has_any_endpoints;
+        let routes = Routes::decide(p, node, &endpoints, has_any);
         let vips: Vec<IpAddr> = p
             .load_balancer_vips()
-            .filter(|ip| IpFamily::of(ip) == family)
+            .filter(|ip| IpFamily::of(ip) == node.family)
             .collect();
-        let firewall = match &p.load_balancer_source_ranges {
-            Some(ranges) if !vips.is_empty() => {
-                let ranges = family_nets(ranges, family);
-                let allow_from_node = node
-                    .node_ips
-                    .iter()
-                    .any(|ip| ranges.iter().any(|r| r.contains(ip)));
-                let mut lb_sources = if allow_from_node {
-                    vips.clone()
-                } else {
-                    Vec::new()
-                };
-                lb_sources.sort();
-                lb_sources.dedup();
-                Some(Box::new(Firewall {
-                    allow_from_node,
-                    ranges,
-                    lb_sources,
-                }))
-            }
-            _ => None,
-        };
-
-        // The first claim of a key within one port wins (a cluster IP that is also
-        // listed as an external IP stays a cluster IP).
-        let mut frontends: BTreeMap<FrontendKey, Frontend> = BTreeMap::new();
-        let mut claim = |key: FrontendKey, kind: FrontendKind| {
-            let action = if kind.is_external() {
-                external_action
-            } else {
-                internal_action
-            };
-            frontends.entry(key).or_insert(Frontend {
-                key,
-                kind,
-                action,
-                firewall: kind == FrontendKind::LoadBalancerIp && firewall.is_some(),
-            });
-        };
-        let cluster_ips: Vec<IpAddr> = p
-            .cluster_ips
-            .iter()
-            .copied()
-            .filter(|ip| IpFamily::of(ip) == family)
-            .collect();
-        let vip = |ip| FrontendKey::Vip {
-            ip,
-            protocol,
-            port: p.port,
-        };
-        for &ip in &cluster_ips {
-            claim(vip(ip), FrontendKind::ClusterIp);
-        }
-        let mut external_ips: Vec<(IpAddr, FrontendKind)> = p
-            .external_ips
-            .iter()
-            .filter(|ip| IpFamily::of(ip) == family)
-            .map(|&ip| (ip, FrontendKind::ExternalIp))
-            .collect();
-        // An address that is both an external IP and an LB IP is an LB IP: the
-        // firewall applies to it.
-        external_ips.extend(vips.iter().map(|&ip| (ip, FrontendKind::LoadBalancerIp)));
-        external_ips.sort_by_key(|&(ip, kind)| (ip, std::cmp::Reverse(kind)));
-        external_ips.dedup_by_key(|(ip, _)| *ip);
-        for (ip, kind) in external_ips {
-            claim(vip(ip), kind);
-        }
-        if let Some(node_port) = p.node_port {
-            claim(
-                FrontendKey::NodePort {
-                    protocol,
-                    port: node_port,
-                },
-                FrontendKind::NodePort,
-            );
-        }
-
+        let firewall = firewall(p, node, &vips);
+        let frontends = frontends(
+            p,
+            name.protocol,
+            node.family,
+            &vips,
+            &routes,
+            firewall.is_some(),
+        );
         ServiceIntent {
             name: name.clone(),
-            family,
-            protocol,
+            family: node.family,
+            protocol: name.protocol,
             port: p.port,
             endpoints,
             affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),
-            internal,
-            external,
+            internal: routes.internal,
+            external: routes.external,
             firewall,
             health_check_node_port: p.health_check_node_port,
-            frontends: frontends.into_values().collect(),
+            frontends,
             has_any_endpoints: has_any,
             source: Source(view.clone()),
         }
@@ -662,4 +469,236 @@ impl ServiceIntent {
             .ok()
             .map(|i| &self.frontends[i])
     }
+}
+
+/// The union of the selection's sets, in address order, merged with each
+/// endpoint's flags. Both lists come sorted from the selection (subsequences of
+/// the port's sorted list); sorted again here, at no cost when they are, so no
+/// selection can make the merge wrong.
+fn endpoint_union(view: &ServicePortView, node: &NodeIntent) -> Endpoints {
+    let family = node.family;
+    let sel = &view.selection;
+    let of_family = |eps: &Option<Arc<[Endpoint]>>| -> Vec<(SocketAddr, bool)> {
+        let mut v: Vec<(SocketAddr, bool)> = eps
+            .iter()
+            .flat_map(|l| l.iter())
+            .filter(|e| IpFamily::of(&e.ip) == family)
+            .map(|e| {
+                let hairpin = match e.node_name.as_deref() {
+                    None => true,
+                    Some(n) => n == node.node_name || node.node_ips.contains(&e.ip),
+                };
+                (SocketAddr::new(e.ip, e.port), hairpin)
+            })
+            .collect();
+        v.sort_by_key(|(addr, _)| *addr);
+        v
+    };
+    let (cluster_list, local_list) = (
+        of_family(&sel.cluster_endpoints),
+        of_family(&sel.local_endpoints),
+    );
+    let mut entries: Vec<EndpointEntry> =
+        Vec::with_capacity(cluster_list.len().max(local_list.len()));
+    let (mut c, mut l) = (cluster_list.iter().peekable(), local_list.iter().peekable());
+    loop {
+        let (cluster, local) = match (c.peek(), l.peek()) {
+            (None, None) => break,
+            (Some(x), Some(y)) if x.0 == y.0 => (c.next(), l.next()),
+            (Some(x), Some(y)) if x.0 < y.0 => (c.next(), None),
+            (Some(_), None) => (c.next(), None),
+            _ => (None, l.next()),
+        };
+        let (addr, hairpin) = *cluster.or(local).expect("one of the lists has a next");
+        match entries.last_mut() {
+            // A set listing one address twice counts it once.
+            Some(last) if last.addr == addr => {
+                last.cluster |= cluster.is_some();
+                last.local |= local.is_some();
+                last.hairpin |= hairpin;
+            }
+            _ => entries.push(EndpointEntry {
+                addr,
+                cluster: cluster.is_some(),
+                local: local.is_some(),
+                hairpin: hairpin || local.is_some_and(|l| l.1),
+            }),
+        }
+    }
+    Endpoints::new(&entries)
+}
+
+/// Where internal and external traffic go, and what their frontends do.
+struct Routes {
+    internal: InternalRoute,
+    internal_action: Action,
+    external: Option<ExternalRoute>,
+    external_action: Action,
+}
+
+impl Routes {
+    fn decide(p: &ServicePort, node: &NodeIntent, endpoints: &Endpoints, has_any: bool) -> Self {
+        // With no endpoint anywhere everything is refused; when endpoints exist but
+        // none may take this traffic, a Local policy drops (the client should try
+        // another node) and a cluster policy (hard topology keys) refuses.
+        let fail = |policy_local: bool| {
+            if policy_local && has_any {
+                Action::Drop
+            } else {
+                Action::Reject
+            }
+        };
+        let set_of = |local_policy: bool| {
+            if local_policy {
+                EndpointSetId::Local
+            } else {
+                EndpointSetId::Cluster
+            }
+        };
+        let usable = |set: EndpointSetId| endpoints.has_members(set);
+        let (cluster_usable, local_usable) =
+            (usable(EndpointSetId::Cluster), usable(EndpointSetId::Local));
+
+        let internal_local = p.internal_policy_local();
+        let internal = InternalRoute {
+            set: set_of(internal_local),
+            masquerade: if node.masquerade_all {
+                Masquerade::Always
+            } else if node.local_traffic.is_some() {
+                Masquerade::UnlessFromLocalPod
+            } else {
+                Masquerade::Never
+            },
+        };
+        let internal_action = if usable(internal.set) {
+            Action::Forward
+        } else {
+            fail(internal_local)
+        };
+
+        let ext_local = p.external_policy_local();
+        let ext_ok = usable(set_of(ext_local));
+        // A Local-policy port keeps its route even without local endpoints: pods
+        // and the host reaching its external addresses are short-circuited.
+        let external =
+            (p.externally_accessible() && (ext_ok || (ext_local && has_any))).then(|| {
+                if ext_local {
+                    ExternalRoute {
+                        masquerade: false,
+                        pods_to_cluster: node.local_traffic.is_some() && cluster_usable,
+                        host_masquerade: true,
+                        host_to_cluster: cluster_usable,
+                        rest: if local_usable {
+                            Disposition::Forward(EndpointSetId::Local)
+                        } else {
+                            Disposition::Drop
+                        },
+                    }
+                } else {
+                    ExternalRoute {
+                        masquerade: true,
+                        pods_to_cluster: false,
+                        host_masquerade: false,
+                        host_to_cluster: false,
+                        rest: Disposition::Forward(EndpointSetId::Cluster),
+                    }
+                }
+            });
+        let external_action = if external.is_some() {
+            Action::Forward
+        } else {
+            fail(ext_local)
+        };
+        Routes {
+            internal,
+            internal_action,
+            external,
+            external_action,
+        }
+    }
+}
+
+/// The loadBalancerSourceRanges of a port with load-balancer addresses (`vips`)
+/// of this family.
+fn firewall(p: &ServicePort, node: &NodeIntent, vips: &[IpAddr]) -> Option<Box<Firewall>> {
+    match &p.load_balancer_source_ranges {
+        Some(ranges) if !vips.is_empty() => {
+            let ranges = family_nets(ranges, node.family);
+            let allow_from_node = node
+                .node_ips
+                .iter()
+                .any(|ip| ranges.iter().any(|r| r.contains(ip)));
+            let mut lb_sources = if allow_from_node {
+                vips.to_vec()
+            } else {
+                Vec::new()
+            };
+            lb_sources.sort();
+            lb_sources.dedup();
+            Some(Box::new(Firewall {
+                allow_from_node,
+                ranges,
+                lb_sources,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The port's frontends of this family, sorted by key, one per key: the first
+/// claim of a key wins (a cluster IP that is also listed as an external IP
+/// stays a cluster IP; an address both an external IP and an LB IP is an LB IP,
+/// which the firewall applies to).
+fn frontends(
+    p: &ServicePort,
+    protocol: Protocol,
+    family: IpFamily,
+    vips: &[IpAddr],
+    routes: &Routes,
+    firewalled: bool,
+) -> Box<[Frontend]> {
+    let mut frontends: BTreeMap<FrontendKey, Frontend> = BTreeMap::new();
+    let mut claim = |key: FrontendKey, kind: FrontendKind| {
+        let action = if kind.is_external() {
+            routes.external_action
+        } else {
+            routes.internal_action
+        };
+        frontends.entry(key).or_insert(Frontend {
+            key,
+            kind,
+            action,
+            firewall: kind == FrontendKind::LoadBalancerIp && firewalled,
+        });
+    };
+    let vip = |ip| FrontendKey::Vip {
+        ip,
+        protocol,
+        port: p.port,
+    };
+    for &ip in p.cluster_ips.iter().filter(|ip| IpFamily::of(ip) == family) {
+        claim(vip(ip), FrontendKind::ClusterIp);
+    }
+    let mut external_ips: Vec<(IpAddr, FrontendKind)> = p
+        .external_ips
+        .iter()
+        .filter(|ip| IpFamily::of(ip) == family)
+        .map(|&ip| (ip, FrontendKind::ExternalIp))
+        .collect();
+    external_ips.extend(vips.iter().map(|&ip| (ip, FrontendKind::LoadBalancerIp)));
+    external_ips.sort_by_key(|&(ip, kind)| (ip, std::cmp::Reverse(kind)));
+    external_ips.dedup_by_key(|(ip, _)| *ip);
+    for (ip, kind) in external_ips {
+        claim(vip(ip), kind);
+    }
+    if let Some(node_port) = p.node_port {
+        claim(
+            FrontendKey::NodePort {
+                protocol,
+                port: node_port,
+            },
+            FrontendKind::NodePort,
+        );
+    }
+    frontends.into_values().collect()
 }
