@@ -443,13 +443,7 @@ impl<'a> Staging<'a> {
     }
 
     fn elem(&self, set: &str, key: Vec<Atom>, value: Option<ElemValue>) -> Step {
-        Step::Op(Op::Element(ElemOp {
-            family: self.state.family,
-            add: true,
-            set: set.to_string(),
-            key,
-            value,
-        }))
+        Step::Op(add_element(self.state.family, set, key, value))
     }
 
     /// Ends the transaction once `limit` is reached.
@@ -465,16 +459,7 @@ impl<'a> Staging<'a> {
     fn skeleton(&mut self, node: &NodeIntent, out: &mut dyn FnMut(Step)) {
         let (state, f) = (self.state, self.state.family);
         let shared = state.skeleton(node);
-        out(Step::Op(Op::AddTable { family: f }));
-        for (name, set) in &shared.sets {
-            out(Step::Op(add_set(f, name, set)));
-        }
-        for (name, map) in &shared.maps {
-            out(Step::Op(add_map(f, name, map)));
-        }
-        for (name, protocol) in state.endpoint_maps.iter() {
-            out(Step::Op(add_map(f, name, &endpoint_map_decl(f, protocol))));
-        }
+        state.declarations(&shared, &mut |op| out(Step::Op(op)));
         chain_ops(f, shared.chains, out);
         if let Some(o) = state.pod_cidrs().ok().flatten() {
             out(Step::Op(o));
@@ -580,17 +565,10 @@ impl<'a> Staging<'a> {
     /// A fragment's endpoint map elements; their number.
     fn endpoints(&self, frag: &Fragment, out: &mut dyn FnMut(Step)) -> usize {
         let mut n = 0;
-        if frag.uses_endpoint_map() {
-            let map = frag.endpoint_map();
-            frag.dnat_elements(|k, ep| {
-                n += 1;
-                out(self.elem(
-                    &map,
-                    vec![Atom::Num(k)],
-                    Some(ElemValue::Data(dnat_value(ep))),
-                ))
-            });
-        }
+        self.state.dnat_ops(frag, &mut |op| {
+            n += 1;
+            out(Step::Op(op))
+        });
         n
     }
 
@@ -613,7 +591,7 @@ impl<'a> Staging<'a> {
     /// A service port's links (its cluster IPs not written yet, and the verdict
     /// map elements of the frontends it owns); their number.
     fn link(&mut self, svc: &Arc<ServiceIntent>, out: &mut dyn FnMut(Step)) -> usize {
-        let (state, f) = (self.state, self.state.family);
+        let state = self.state;
         let mut n = 0;
         for ip in svc.cluster_ips() {
             if self.linked.insert(ip) {
@@ -621,10 +599,7 @@ impl<'a> Staging<'a> {
                 out(self.elem(CLUSTER_IPS_SET, vec![Atom::Ip(ip)], None));
             }
         }
-        let hash = match state.entries.get(&svc.name) {
-            Some(frag) => frag.hash,
-            None => service_port_hash(f, &svc.name),
-        };
+        let hash = state.port_hash(svc);
         for frontend in svc.frontends.iter() {
             // Only the owner of a contested frontend links it.
             match self.fam.frontend(&frontend.key) {
@@ -670,6 +645,17 @@ fn chain_ops(
         }
     }
     n
+}
+
+/// An element added to `set`.
+fn add_element(family: IpFamily, set: &str, key: Vec<Atom>, value: Option<ElemValue>) -> Op {
+    Op::Element(ElemOp {
+        family,
+        add: true,
+        set: set.to_string(),
+        key,
+        value,
+    })
 }
 
 /// A value of an `endpoint-dnat-*` map: `address . port`.
@@ -1044,15 +1030,56 @@ impl FamilyState {
         fam: &'a FamilyIntent,
     ) -> impl Iterator<Item = (&'a FrontendKey, Vec<Elem>)> + 'a {
         fam.frontends().map(|(svc, frontend)| {
-            let hash = match self.entries.get(&svc.name) {
-                Some(f) => f.hash,
-                None => service_port_hash(svc.family, &svc.name),
-            };
             (
                 &frontend.key,
-                elems(svc, hash, &frontend.key, self.localhost_rejects()),
+                elems(
+                    svc,
+                    self.port_hash(svc),
+                    &frontend.key,
+                    self.localhost_rejects(),
+                ),
             )
         })
+    }
+
+    /// The hash naming a service port's objects: its fragment's, or (a port with
+    /// no fragment yet) computed.
+    fn port_hash(&self, svc: &ServiceIntent) -> u64 {
+        match self.entries.get(&svc.name) {
+            Some(f) => f.hash,
+            None => service_port_hash(svc.family, &svc.name),
+        }
+    }
+
+    /// `AddTable`, and the declarations of the shared sets and maps and of the
+    /// endpoint maps (without elements).
+    fn declarations(&self, shared: &Ruleset, out: &mut dyn FnMut(Op)) {
+        let f = self.family;
+        out(Op::AddTable { family: f });
+        for (name, set) in &shared.sets {
+            out(add_set(f, name, set));
+        }
+        for (name, map) in &shared.maps {
+            out(add_map(f, name, map));
+        }
+        for (name, protocol) in self.endpoint_maps.iter() {
+            out(add_map(f, name, &endpoint_map_decl(f, protocol)));
+        }
+    }
+
+    /// A fragment's endpoint map elements.
+    fn dnat_ops(&self, frag: &Fragment, out: &mut dyn FnMut(Op)) {
+        if frag.uses_endpoint_map() {
+            let map = frag.endpoint_map();
+            frag.dnat_elements(|k, ep| {
+                out(add_element(
+                    self.family,
+                    &map,
+                    vec![Atom::Num(k)],
+                    Some(ElemValue::Data(dnat_value(ep))),
+                ))
+            });
+        }
     }
 
     /// The whole table block, streamed: the shared objects, then each service
@@ -1143,16 +1170,7 @@ impl FamilyState {
         let f = self.family;
         let shared = self.skeleton(node);
         let pod_cidrs = self.pod_cidrs().ok().flatten();
-        out(Op::AddTable { family: f });
-        for (name, set) in &shared.sets {
-            out(add_set(f, name, set));
-        }
-        for (name, map) in &shared.maps {
-            out(add_map(f, name, map));
-        }
-        for (name, protocol) in self.endpoint_maps.iter() {
-            out(add_map(f, name, &endpoint_map_decl(f, protocol)));
-        }
+        self.declarations(&shared, out);
         let mut rules = Vec::new();
         // Each chain declared now, its rules kept for after the elements.
         let mut chains = |out: &mut dyn FnMut(Op), objs: Ruleset| {
@@ -1176,15 +1194,7 @@ impl FamilyState {
             }
             chains(out, objs);
         }
-        let elem = |set: &str, key: Vec<Atom>, value: Option<ElemValue>| {
-            Op::Element(ElemOp {
-                family: f,
-                add: true,
-                set: set.to_string(),
-                key,
-                value,
-            })
-        };
+        let elem = |set: &str, key, value| add_element(f, set, key, value);
         if let Some(op) = pod_cidrs {
             out(op);
         }
@@ -1211,16 +1221,8 @@ impl FamilyState {
         for rule in rules {
             out(rule);
         }
-        for (map, frags) in by_map {
-            for frag in frags {
-                frag.dnat_elements(|k, ep| {
-                    out(elem(
-                        &map,
-                        vec![Atom::Num(k)],
-                        Some(ElemValue::Data(dnat_value(ep))),
-                    ))
-                });
-            }
+        for frag in by_map.into_values().flatten() {
+            self.dnat_ops(frag, out);
         }
     }
 
