@@ -23,6 +23,10 @@ fn main() {
         println!("cargo:rerun-if-changed={src}");
         let obj = out.join(format!("{name}.o"));
         let result = Command::new(&clang)
+            // The default instruction set: the rr scheduler's fetch-and-add
+            // (kernel 5.12+) is a 64-bit atomic it has, and v3's 32-bit
+            // subregisters spill over pointers in ways the verifier refuses
+            // without CAP_PERFMON (the DaemonSet grants BPF, NET_ADMIN, NET_RAW).
             .args(["-target", "bpf", "-O2", "-g", "-Wall", "-Werror"])
             .arg(format!("-I{multiarch}"))
             .args(["-c", &src, "-o"])

@@ -339,6 +339,8 @@ pub fn convert_service(
         external_traffic_policy == TrafficPolicy::Local && externally_accessible,
     );
 
+    let scheduler = scheduler(&mut ctx, annotations);
+
     let raw_ports = spec.ports.as_deref().unwrap_or_default();
     if raw_ports.is_empty() {
         ctx.reject("spec.ports", "no ports");
@@ -384,6 +386,7 @@ pub fn convert_service(
             traffic_distribution,
             topology_mode: topology_mode.clone(),
             topology_keys: topology_keys.clone(),
+            scheduler,
         }));
     }
     if ports.is_empty() {
@@ -534,6 +537,22 @@ fn topology_keys(
         return None;
     }
     Some(keys)
+}
+
+/// `svcproxy.io/scheduler`: the Service's scheduler; an unknown or unimplemented
+/// one is ignored (the node's scheduler applies).
+fn scheduler(ctx: &mut Ctx<'_>, annotations: &BTreeMap<String, String>) -> Option<Scheduler> {
+    let raw = annotations.get(ANNOTATION_SCHEDULER)?;
+    match Scheduler::parse(raw.trim()) {
+        Ok(s) => Some(s),
+        Err(why) => {
+            ctx.ignore(
+                format!("metadata.annotations[{ANNOTATION_SCHEDULER}]"),
+                format!("{why}; the node's scheduler applies"),
+            );
+            None
+        }
+    }
 }
 
 /// The healthCheckNodePort, for a LoadBalancer with externalTrafficPolicy Local.

@@ -31,6 +31,9 @@ pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode"
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// svcproxy's arbitrary topology keys (the topology-aware service routing proposal).
 pub const ANNOTATION_TOPOLOGY_KEYS: &str = "svcproxy.io/topology-keys";
+/// svcproxy's per-Service choice of scheduler ([`Scheduler::parse`]'s names), in the
+/// modes that execute schedulers (ebpf, ipvs).
+pub const ANNOTATION_SCHEDULER: &str = "svcproxy.io/scheduler";
 /// EndpointSlice annotation with the time the endpoints last changed.
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
@@ -272,6 +275,71 @@ impl TrafficDistribution {
     }
 }
 
+/// How a new connection's endpoint is chosen among a service port's usable ones:
+/// IPVS's schedulers (`--ipvs-scheduler`), with IPVS's names, and the random
+/// choice of the other modes. Session affinity comes first with every scheduler
+/// (as IPVS's persistence does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Scheduler {
+    /// Uniformly at random (kube-proxy's iptables and nftables modes).
+    #[default]
+    Random,
+    /// `rr`: the endpoints in turn, one connection each.
+    RoundRobin,
+    /// `sh`: a hash of the client's address, so one client stays on one endpoint
+    /// while the endpoints stay the same.
+    SourceHash,
+    /// `dh`: a hash of the destination (the service address).
+    DestinationHash,
+    /// `mh`: Maglev hashing of the client's address and port: every node with
+    /// the same endpoints makes the same choice for a flow, and an endpoint's
+    /// removal moves about 1/N of the flows.
+    Maglev,
+}
+
+impl Scheduler {
+    /// IPVS's schedulers that svcproxy does not execute (yet); named so that
+    /// their refusal says so rather than "unknown".
+    pub const NOT_IMPLEMENTED: &'static [&'static str] = &[
+        "wrr", "lc", "wlc", "lblc", "lblcr", "sed", "nq", "fo", "ovf", "twos",
+    ];
+
+    /// A scheduler by its IPVS name (`random` is svcproxy's name for the other
+    /// modes' choice).
+    pub fn parse(name: &str) -> Result<Scheduler, String> {
+        match name {
+            "random" => Ok(Scheduler::Random),
+            "rr" => Ok(Scheduler::RoundRobin),
+            "sh" => Ok(Scheduler::SourceHash),
+            "dh" => Ok(Scheduler::DestinationHash),
+            "mh" => Ok(Scheduler::Maglev),
+            other if Scheduler::NOT_IMPLEMENTED.contains(&other) => Err(format!(
+                "scheduler \"{other}\" is not implemented by svcproxy; use rr, sh, dh, mh or random"
+            )),
+            other => Err(format!(
+                "unknown scheduler {}: must be rr, sh, dh, mh or random",
+                crate::problem::quote(other)
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheduler::Random => "random",
+            Scheduler::RoundRobin => "rr",
+            Scheduler::SourceHash => "sh",
+            Scheduler::DestinationHash => "dh",
+            Scheduler::Maglev => "mh",
+        }
+    }
+}
+
+impl fmt::Display for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One entry of the `svcproxy.io/topology-keys` annotation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TopologyKey {
@@ -322,6 +390,9 @@ pub struct ServicePort {
     pub topology_mode: Option<Arc<str>>,
     /// Parsed `svcproxy.io/topology-keys`; `None` when absent (or ignored).
     pub topology_keys: Option<Arc<[TopologyKey]>>,
+    /// `svcproxy.io/scheduler`; `None`: the node's (`--ipvs-scheduler`,
+    /// `--scheduler`).
+    pub scheduler: Option<Scheduler>,
 }
 
 impl ServicePort {
@@ -535,6 +606,7 @@ pub(crate) fn test_port(
         traffic_distribution: None,
         topology_mode: None,
         topology_keys: None,
+        scheduler: None,
     }
 }
 

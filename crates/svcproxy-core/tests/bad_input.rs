@@ -1335,6 +1335,7 @@ fn malformed_topology_keys_are_ignored_as_a_whole() {
         assert_baseline_works(&update);
         let v = must_view(&update.v4, &tcp("default", "topo", "http"));
         assert_eq!(v.port.topology_keys, None, "{case}");
+        assert_eq!(v.port.scheduler, None, "{case}");
         assert_eq!(cluster_endpoints(v), all_three(), "{case}");
     }
 }
@@ -2168,6 +2169,7 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.80}]}}
         svc.metadata.annotations = Some(
             [
                 ("svcproxy.io/topology-keys".to_string(), h.clone()),
+                ("svcproxy.io/scheduler".to_string(), h.clone()),
                 (
                     "service.beta.kubernetes.io/load-balancer-source-ranges".to_string(),
                     h.clone(),
@@ -2178,6 +2180,12 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.80}]}}
         upsert(&mut st, KubeObject::Service(svc));
         let k = key(Kind::Service, "default", "annotated");
         expect_problem(&st, &k, TOPOLOGY_KEYS_FIELD, Ignored);
+        expect_problem(
+            &st,
+            &k,
+            "metadata.annotations[svcproxy.io/scheduler]",
+            Ignored,
+        );
         let ranges_field =
             "metadata.annotations[service.beta.kubernetes.io/load-balancer-source-ranges]";
         // Fails closed with a warning; a 10k-entry value also reports its truncation.
@@ -2586,4 +2594,48 @@ endpoints:
     );
     let eps: Vec<String> = v.endpoints.iter().map(|e| e.ip.to_string()).collect();
     assert_eq!(eps, ["10.244.1.10"]);
+}
+
+#[test]
+fn a_services_scheduler_annotation_is_read_and_an_unknown_one_ignored() {
+    let annotated = |name: &str, ip: &str, value: &str| {
+        service(&format!(
+            r#"
+metadata:
+  name: {name}
+  namespace: default
+  annotations: {{svcproxy.io/scheduler: "{value}"}}
+spec:
+  clusterIP: {ip}
+  ports: [{{name: http, port: 80}}]
+"#
+        ))
+    };
+    let mut st = baseline_state();
+    upsert(&mut st, annotated("maglev", "10.96.0.91", " mh "));
+    upsert(&mut st, annotated("leastconn", "10.96.0.92", "lc"));
+    let lc = key(Kind::Service, "default", "leastconn");
+    expect_problem(
+        &st,
+        &lc,
+        "metadata.annotations[svcproxy.io/scheduler]",
+        Ignored,
+    );
+    assert!(
+        problems_of(&st, &lc)
+            .iter()
+            .any(|p| p.message.contains("\"lc\" is not implemented")),
+        "{:#?}",
+        problems_of(&st, &lc)
+    );
+    let update = st.snapshot();
+    assert_baseline_works(&update);
+    let v = must_view(&update.v4, &tcp("default", "maglev", "http"));
+    assert_eq!(
+        v.port.scheduler,
+        Some(svcproxy_core::model::Scheduler::Maglev)
+    );
+    // The Service is served; only its annotation is ignored.
+    let v = must_view(&update.v4, &tcp("default", "leastconn", "http"));
+    assert_eq!(v.port.scheduler, None);
 }

@@ -133,6 +133,7 @@ fn cluster_ip_port() -> ServicePort {
         traffic_distribution: None,
         topology_mode: None,
         topology_keys: None,
+        scheduler: None,
     }
 }
 

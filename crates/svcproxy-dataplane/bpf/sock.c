@@ -7,8 +7,8 @@
 //
 // The programs decide nothing: every verdict, endpoint list and affinity timeout
 // is written into the maps by svcproxy from its intent (see
-// crates/svcproxy-dataplane/src/ebpf/). They only look up, pick at random (or
-// the client's remembered endpoint) and rewrite. The maps' layouts are in
+// crates/svcproxy-dataplane/src/ebpf/). They only look up, pick (as the route's
+// scheduler says, or the client's remembered endpoint) and rewrite. The maps' layouts are in
 // svcproxy.h, mirrored by src/ebpf/wire.rs.
 
 #include "svcproxy.h"
@@ -125,6 +125,29 @@ static __always_inline int bound_source(struct bpf_sock_addr *ctx, int family, _
 	return (src[0] | src[1] | src[2] | src[3]) != 0;
 }
 
+// The hashing schedulers' input for a connection: the client (sh: its network
+// namespace, a pod's, or the source a host's stream socket bound), the service
+// address (dh), the socket (mh: a flow, whose source port is not chosen yet).
+static __always_inline __u32 sched_hash(struct bpf_sock_addr *ctx, const struct route *rt,
+					const struct svc_key *key, __u64 netns, int host_stream,
+					int family)
+{
+	switch (rt->sched) {
+	case SCHED_SH: {
+		__u32 src[4] = {};
+		if (host_stream && bound_source(ctx, family, src))
+			return hash_addr(0, src);
+		return hash_u64(0, netns);
+	}
+	case SCHED_DH:
+		return hash_addr(0, key->addr);
+	case SCHED_MH:
+		return hash_u64(hash_u64(0, netns), bpf_get_socket_cookie(ctx));
+	default:
+		return 0;
+	}
+}
+
 // Adds `mark` to the socket's own (SO_MARK), for the companion rules.
 static __always_inline void mark_socket(struct bpf_sock_addr *ctx, __u32 mark)
 {
@@ -217,35 +240,37 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 
 	__u64 cookie = datagram ? bpf_get_socket_cookie(ctx) : 0;
 	struct flow_key fk = {};
-	struct backend chosen;
-	int have = 0;
+	// Where the endpoint is found (a map's value), copied once below: copies
+	// made on each branch put its fields in stack slots the verifier refuses to
+	// share without CAP_PERFMON.
+	const struct backend *found = 0;
 
 	if (datagram) {
 		fk.cookie = cookie;
 		fk.svc = key;
 		struct backend *prev = bpf_map_lookup_elem(&svcproxy_flow, &fk);
-		if (prev && is_member(list, prev)) {
-			chosen = *prev;
-			have = 1;
-		}
+		if (prev && is_member(list, prev))
+			found = prev;
 	}
 
 	struct aff_key ak = {};
-	if (!have && svc->affinity_secs) {
+	if (!found && svc->affinity_secs) {
 		ak.affinity_id = svc->affinity_id;
 		ak.client = netns;
 		struct aff_val *av = bpf_map_lookup_elem(&svcproxy_aff, &ak);
 		__u64 now = bpf_ktime_get_ns();
 		if (av && now - av->last_ns <= (__u64)svc->affinity_secs * 1000000000ULL &&
-		    is_member(list, &av->be)) {
-			chosen = av->be;
-			have = 1;
-		}
+		    is_member(list, &av->be))
+			found = &av->be;
 	}
 
+	if (!found)
+		found = pick(rt, sched_hash(ctx, rt, &key, netns, from_host && !datagram, family));
 	// The list being replaced under us: leave the call alone rather than guess.
-	if (!have && !pick(rt, &chosen))
+	if (!found)
 		return 1;
+	struct backend chosen;
+	__builtin_memcpy(&chosen, found, sizeof(chosen));
 
 	if (svc->affinity_secs) {
 		ak.affinity_id = svc->affinity_id;

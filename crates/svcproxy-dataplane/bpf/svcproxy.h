@@ -23,6 +23,14 @@
 // A route's flags.
 #define ROUTE_MASQUERADE 1
 
+// A route's scheduler (wire.rs: SCHED_*): how pick() chooses a new
+// connection's endpoint from the list.
+#define SCHED_RANDOM 0
+#define SCHED_RR 1 // in turn: svcproxy_rr's counter of the list
+#define SCHED_SH 2 // a hash of the client
+#define SCHED_DH 3 // a hash of the service address
+#define SCHED_MH 4 // Maglev: the flow's hash names a cell of svcproxy_mh
+
 #define FAMILY_V4 4
 #define FAMILY_V6 6
 
@@ -41,7 +49,8 @@ struct route {
 	__u32 count; // endpoints in the list
 	__u8 action;
 	__u8 flags; // ROUTE_*
-	__u8 pad[2];
+	__u8 sched; // SCHED_*
+	__u8 mh_size; // SCHED_MH: the table's size, as an index of mh_cells()
 };
 
 struct svc_val {
@@ -269,6 +278,96 @@ struct {
 	__type(value, __u8);
 } svcproxy_guard SEC(".maps");
 
+// A round-robin list's turn: the connections it has been given.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32); // the list
+	__type(value, __u64);
+} svcproxy_rr SEC(".maps");
+
+// A Maglev list's lookup table, MH_CHUNK cells an entry: each cell the slot of
+// the list it names (src/ebpf/maglev.rs in the plan crate fills it).
+#define MH_CHUNK 256
+
+struct mh_key {
+	__u32 list;
+	__u32 chunk;
+};
+
+struct mh_val {
+	__u16 cell[MH_CHUNK];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct mh_key);
+	__type(value, struct mh_val);
+} svcproxy_mh SEC(".maps");
+
+// The Maglev table sizes (maglev::SIZES): primes near powers of two.
+static __always_inline __u32 mh_cells(__u8 size)
+{
+	switch (size) {
+	case 0:
+		return 251;
+	case 1:
+		return 509;
+	case 2:
+		return 1021;
+	case 3:
+		return 2039;
+	case 4:
+		return 4093;
+	case 5:
+		return 8191;
+	case 6:
+		return 16381;
+	case 7:
+		return 32749;
+	default:
+		return 65521;
+	}
+}
+
+// The schedulers' hash: murmur3's finaliser over each word mixed in.
+static __always_inline __u32 mix(__u32 h, __u32 w)
+{
+	h ^= w;
+	h *= 0xcc9e2d51;
+	h = (h << 15) | (h >> 17);
+	h *= 0x1b873593;
+	return h;
+}
+
+static __always_inline __u32 fmix(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline __u32 hash_addr(__u32 h, const __u32 *addr)
+{
+	h = mix(h, addr[0]);
+	h = mix(h, addr[1]);
+	h = mix(h, addr[2]);
+	return mix(h, addr[3]);
+}
+
+static __always_inline __u32 hash_u64(__u32 h, __u64 v)
+{
+	return mix(mix(h, (__u32)v), (__u32)(v >> 32));
+}
+
 static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
 {
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
@@ -344,16 +443,39 @@ static __always_inline int admitted(const struct svc_val *svc, int family, const
 	return bpf_map_lookup_elem(&svcproxy_fw, &k) != 0;
 }
 
-// An endpoint at random from the route's list; 0 while the list is being
-// replaced under us.
-static __always_inline int pick(const struct route *rt, struct backend *out)
+// An endpoint of the route's list (count > 0), as its scheduler chooses:
+// `hash` is the connection's for the hashing schedulers (the client's for sh,
+// the service address's for dh, the flow's for mh): the endpoint in the slots
+// map. 0 while the list is being replaced under us.
+static __always_inline const struct backend *pick(const struct route *rt, __u32 hash)
 {
-	struct slot_key sk = { .list = rt->list, .slot = bpf_get_prandom_u32() % rt->count };
-	struct backend *be = bpf_map_lookup_elem(&svcproxy_slot, &sk);
-	if (!be)
-		return 0;
-	*out = *be;
-	return 1;
+	struct slot_key sk = { .list = rt->list };
+	switch (rt->sched) {
+	case SCHED_RR: {
+		__u32 list = rt->list;
+		__u64 *turn = bpf_map_lookup_elem(&svcproxy_rr, &list);
+		if (!turn)
+			return 0;
+		sk.slot = __sync_fetch_and_add(turn, 1) % rt->count;
+		break;
+	}
+	case SCHED_SH:
+	case SCHED_DH:
+		sk.slot = fmix(hash) % rt->count;
+		break;
+	case SCHED_MH: {
+		__u32 cell = fmix(hash) % mh_cells(rt->mh_size);
+		struct mh_key mk = { .list = rt->list, .chunk = cell / MH_CHUNK };
+		struct mh_val *t = bpf_map_lookup_elem(&svcproxy_mh, &mk);
+		if (!t)
+			return 0;
+		sk.slot = t->cell[cell % MH_CHUNK];
+		break;
+	}
+	default:
+		sk.slot = bpf_get_prandom_u32() % rt->count;
+	}
+	return bpf_map_lookup_elem(&svcproxy_slot, &sk);
 }
 
 static __always_inline struct config *config(void)

@@ -301,26 +301,46 @@ static __always_inline int masqueraded_reply(const struct pkt *p)
 	return v && bpf_ktime_get_ns() - v->created_ns <= MASQUERADED_REPLY_NS;
 }
 
+// The hashing schedulers' input for a packet: the client's address (sh), the
+// service address (dh), the client's address and port (mh, as IPVS's
+// mh-port); never the node's, so that every node makes the same choice for a
+// flow.
+static __always_inline __u32 sched_hash(const struct pkt *p, const struct route *rt)
+{
+	switch (rt->sched) {
+	case SCHED_SH:
+		return hash_addr(0, p->saddr);
+	case SCHED_DH:
+		return hash_addr(0, p->daddr);
+	case SCHED_MH:
+		return mix(hash_addr(0, p->saddr), ((__u32)p->sport << 16) | p->proto);
+	default:
+		return 0;
+	}
+}
+
 // A new connection: its route's endpoint, remembered both ways. 0 when the
 // packet goes on untranslated (the list being replaced under us).
 static __always_inline int choose(const struct pkt *p, const struct svc_val *svc,
 				  const struct route *rt, struct ct_val *out)
 {
-	struct backend be;
-	int have = 0;
+	// Where the endpoint is found (a map's value), copied once below.
+	const struct backend *found = 0;
 	struct aff_ip_key ak = {};
 	if (svc->affinity_secs) {
 		ak.affinity_id = svc->affinity_id;
 		addr_copy(ak.client, p->saddr);
 		struct aff_val *av = bpf_map_lookup_elem(&svcproxy_affip, &ak);
 		if (av && bpf_ktime_get_ns() - av->last_ns <= (__u64)svc->affinity_secs * 1000000000ULL &&
-		    is_member(rt->list, &av->be)) {
-			be = av->be;
-			have = 1;
-		}
+		    is_member(rt->list, &av->be))
+			found = &av->be;
 	}
-	if (!have && !pick(rt, &be))
+	if (!found)
+		found = pick(rt, sched_hash(p, rt));
+	if (!found)
 		return 0;
+	struct backend be;
+	__builtin_memcpy(&be, found, sizeof(be));
 	if (svc->affinity_secs) {
 		// Zeroed first: the padding must not be uninitialised stack.
 		struct aff_val nv;

@@ -358,6 +358,9 @@ pub struct Backend {
     pub mode: &'static str,
     /// Other names `--proxy-mode` accepts for this mode.
     pub aliases: &'static [Alias],
+    /// The kube-proxy feature gate without which kube-proxy refuses the mode's
+    /// name (`KubeProxyIPVS` for `ipvs`); the binary refuses it the same way.
+    pub gate: Option<&'static str>,
     /// Defaults where kube-proxy's modes differ.
     pub defaults: ModeDefaults,
     /// Adds the mode's own flags (its group of [`ModeFlags`]) to a command: how the
@@ -432,6 +435,7 @@ pub const BACKENDS: &[Backend] = &[
     crate::iptables::BACKEND,
     crate::userspace::BACKEND,
     crate::ebpf::BACKEND,
+    crate::ipvs::BACKEND,
 ];
 
 /// The mode an empty `--proxy-mode` (and no `mode:` in the config file) runs.
@@ -520,7 +524,7 @@ pub fn resolve_mode(name: &str) -> Result<ModeChoice, String> {
                 asked: if name.is_empty() { "" } else { b.mode },
                 sync_section: b.defaults.config_section,
                 warning: name.is_empty().then_some(DEFAULT_MODE_WARNING),
-                gate: None,
+                gate: b.gate,
             });
         }
         if let Some(a) = b.aliases.iter().find(|a| a.name == asked) {

@@ -568,6 +568,7 @@ mod tests {
             traffic_distribution: None,
             topology_mode: None,
             topology_keys: None,
+            scheduler: None,
         }
     }
 

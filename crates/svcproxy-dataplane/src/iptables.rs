@@ -35,6 +35,7 @@ pub const MODE: &str = "iptables";
 pub const BACKEND: Backend = Backend {
     mode: MODE,
     aliases: &[],
+    gate: None,
     defaults: ModeDefaults {
         config_section: ConfigSection::Iptables,
         // Upstream's iptables mode: every local address, and 127.0.0.1

@@ -28,6 +28,7 @@ pub mod ebpf;
 mod error;
 mod host_addrs;
 pub mod iptables;
+mod ipvs;
 pub mod kube_proxy;
 pub mod listing;
 mod localhost_rejects;

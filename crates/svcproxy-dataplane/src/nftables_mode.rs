@@ -23,22 +23,14 @@ use crate::userspace::UserspaceDataPlane;
 /// The nftables mode in the registry.
 pub const BACKEND: Backend = Backend {
     mode: nft::MODE,
-    // kube-proxy's modes svcproxy does not implement run as nftables.
-    aliases: &[
-        Alias {
-            name: "ipvs",
-            sync_section: ConfigSection::Ipvs,
-            warning: "\"ipvs\" mode is not supported by svcproxy; using nftables (kube-proxy \
-                      deprecates ipvs too, and suggests nftables)",
-            gate: Some("KubeProxyIPVS"),
-        },
-        Alias {
-            name: "kernelspace",
-            sync_section: ConfigSection::Nftables,
-            warning: "\"kernelspace\" mode is not supported by svcproxy; using nftables",
-            gate: None,
-        },
-    ],
+    // kube-proxy's Windows mode, asked for on Linux, runs as nftables.
+    aliases: &[Alias {
+        name: "kernelspace",
+        sync_section: ConfigSection::Nftables,
+        warning: "\"kernelspace\" mode is not supported by svcproxy; using nftables",
+        gate: None,
+    }],
+    gate: None,
     defaults: ModeDefaults {
         config_section: ConfigSection::Nftables,
         nodeport_addresses: NodePortDefault::Primary,

@@ -9,7 +9,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_core::model::{IpFamily, Protocol, Scheduler};
 
 /// Upstream kube-proxy's default `--iptables-masquerade-bit`: mark 0x4000.
 pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
@@ -128,6 +128,13 @@ pub struct PlanConfig {
     /// would otherwise reach a pod un-DNATed and draw a spurious reset
     /// (kubernetes#74839). See [`ModeSemantics`].
     pub drop_invalid_forwarded: bool,
+    /// The scheduler of every service port without its own
+    /// (`svcproxy.io/scheduler`): `--ipvs-scheduler` in ipvs mode, `--scheduler`
+    /// otherwise.
+    pub scheduler: Scheduler,
+    /// The mode executes schedulers (set by [`ModeSemantics::apply`]); where it
+    /// does not, every choice is random whatever the Service or `scheduler` say.
+    pub schedulers: bool,
     /// Program the IPv4 table.
     pub ipv4: bool,
     /// Program the IPv6 table.
@@ -148,6 +155,8 @@ impl Default for PlanConfig {
             guard_service_ips: true,
             conntrack_tcp_be_liberal: false,
             drop_invalid_forwarded: false,
+            scheduler: Scheduler::Random,
+            schedulers: false,
             ipv4: true,
             ipv6: true,
         }
@@ -191,6 +200,8 @@ pub struct ModeSemantics {
     pub guard_service_ips: bool,
     /// See [`PlanConfig::drop_invalid_forwarded`].
     pub drop_invalid_forwarded: bool,
+    /// See [`PlanConfig::schedulers`].
+    pub schedulers: bool,
 }
 
 impl ModeSemantics {
@@ -199,6 +210,7 @@ impl ModeSemantics {
         cfg.localhost_by = self.localhost_nodeports;
         cfg.guard_service_ips = self.guard_service_ips;
         cfg.drop_invalid_forwarded = self.drop_invalid_forwarded;
+        cfg.schedulers = self.schedulers;
         cfg
     }
 }
@@ -365,18 +377,21 @@ mod tests {
             localhost_nodeports: LocalhostNodePorts::Proxy,
             guard_service_ips: true,
             drop_invalid_forwarded: false,
+            schedulers: true,
         };
         let ipt_like = ModeSemantics {
             localhost_nodeports: LocalhostNodePorts::KernelNat,
             guard_service_ips: false,
             drop_invalid_forwarded: true,
+            schedulers: false,
         };
         let a = by_proxy.apply(cfg.clone());
-        assert!(a.guard_service_ips && !a.needs_route_localnet());
+        assert!(a.guard_service_ips && !a.needs_route_localnet() && a.schedulers);
         assert!(a.serves_localhost_nodeports(IpFamily::V4));
         assert!(a.serves_localhost_nodeports(IpFamily::V6));
         let b = ipt_like.apply(cfg.clone());
         assert!(!b.guard_service_ips && b.drop_invalid_forwarded && b.needs_route_localnet());
+        assert!(!b.schedulers);
         assert!(b.serves_localhost_nodeports(IpFamily::V4));
         assert!(!b.serves_localhost_nodeports(IpFamily::V6));
         // A mode that can serve localhost NodePorts still only does when asked.

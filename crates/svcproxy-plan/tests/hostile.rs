@@ -68,6 +68,7 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
         traffic_distribution: None,
         topology_mode: Some(("\"; reject".to_string()).into()),
         topology_keys: None,
+        scheduler: None,
     };
     let view = ServicePortView {
         port: Arc::new(sp),

@@ -12,7 +12,7 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 
 use common::*;
-use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_core::model::{IpFamily, Protocol, Scheduler};
 use svcproxy_plan::intent::{
     Action, Disposition, EndpointSetId, ExternalRoute, Frontend, FrontendKey, FrontendKind,
     IntentBuilder, Masquerade, Origin, PacketOrigin, ServiceIntent, SocketVerdict,
@@ -752,4 +752,34 @@ fn connections_translated_at_the_socket_follow_the_same_routes() {
         verdicts(&fenced("198.51.100.0/24"), node_port(30031)),
         (fwd, fwd)
     );
+}
+
+#[test]
+fn the_scheduler_is_the_services_else_the_nodes_where_the_mode_runs_schedulers() {
+    let yaml = format!(
+        "{}\n---\n{}",
+        service("plain", 140, "", &[ready(LOCAL_POD, "node-a")]),
+        service("maglev", 141, "", &[ready(LOCAL_POD, "node-a")]).replace(
+            "metadata: {name: maglev, namespace: demo}",
+            "metadata: {name: maglev, namespace: demo, annotations: {svcproxy.io/scheduler: mh}}",
+        ),
+    );
+    let sched = |i: &Intent, n: u8| at(i, vip(&format!("198.19.0.{n}"), 80)).0.scheduler;
+    // A mode that runs schedulers (ebpf, ipvs): the node's, or the Service's own.
+    let i = intent_with(&yaml, |c| {
+        c.schedulers = true;
+        c.scheduler = Scheduler::RoundRobin;
+    });
+    assert_eq!(sched(&i, 140), Scheduler::RoundRobin);
+    assert_eq!(sched(&i, 141), Scheduler::Maglev);
+    assert!(
+        svcproxy_plan::intent::describe(&i).contains("; scheduler mh"),
+        "{}",
+        svcproxy_plan::intent::describe(&i)
+    );
+    // A mode that chooses at random whatever a Service says.
+    let i = intent_with(&yaml, |c| c.scheduler = Scheduler::RoundRobin);
+    assert_eq!(sched(&i, 140), Scheduler::Random);
+    assert_eq!(sched(&i, 141), Scheduler::Random);
+    assert!(!svcproxy_plan::intent::describe(&i).contains("scheduler"));
 }

@@ -62,6 +62,7 @@ fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
         traffic_distribution: None,
         topology_mode: None,
         topology_keys: None,
+        scheduler: None,
     };
     let v = ServicePortView {
         port: Arc::new(port),

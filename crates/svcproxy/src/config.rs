@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use svcproxy_core::model::Scheduler;
 use svcproxy_dataplane::{ConfigSection, LocalhostDefault, NodePortDefault};
 
 use duration::{format_go_duration, GoDuration};
@@ -47,6 +48,10 @@ pub struct Settings {
     pub node_name: String,
     /// The data plane `--proxy-mode` names, from the registry.
     pub proxy_mode: &'static svcproxy_dataplane::Backend,
+    /// The scheduler of every Service without its own (`--scheduler`, and
+    /// `--ipvs-scheduler` / `ipvs.scheduler` in ipvs mode); random in the modes
+    /// that execute no scheduler.
+    pub scheduler: Scheduler,
     /// kube-proxy's `bindAddress`: an override for the node's primary IP. Unspecified
     /// (0.0.0.0 or ::) means "from the Node object"; its family still hints the
     /// primary IP family.
@@ -270,6 +275,8 @@ struct Modeled {
     proxy_mode: &'static svcproxy_dataplane::Backend,
     /// The feature gate the mode's name needs on (kube-proxy's `ipvs`), and the name.
     mode_gate: Option<(&'static str, &'static str)>,
+    /// `--ipvs-scheduler` or `ipvs.scheduler` as given, with its name.
+    ipvs_scheduler: (&'static str, Option<String>),
     feature_gates: FeatureGates,
     bind_address: IpAddr,
     cluster_cidrs: Vec<IpNet>,
@@ -399,6 +406,12 @@ fn resolve_with(
             );
         }
     }
+    let scheduler = scheduler(
+        modeled.proxy_mode,
+        &modeled.ipvs_scheduler,
+        flags.scheduler.as_deref(),
+        &mut warnings,
+    )?;
     let nodeport_addresses = modeled.nodeport_addresses.unwrap_or(
         match modeled.proxy_mode.defaults.nodeport_addresses {
             NodePortDefault::Primary => NodePortAddresses::Primary,
@@ -435,6 +448,7 @@ fn resolve_with(
         feature_gates: modeled.feature_gates,
         node_name,
         proxy_mode: modeled.proxy_mode,
+        scheduler,
         bind_address: modeled.bind_address,
         cluster_cidrs: modeled.cluster_cidrs,
         nodeport_addresses,
@@ -486,6 +500,42 @@ fn resolve_with(
         mode_flags: flags.mode.clone(),
     };
     Ok((settings, warnings))
+}
+
+/// The node's scheduler: in ipvs mode `--ipvs-scheduler` (or `ipvs.scheduler`)
+/// when given, else `--scheduler`, else rr (upstream's ipvs default); in the
+/// other modes that execute schedulers `--scheduler`, else random. A mode that
+/// executes none refuses `--scheduler` other than random, and warns that the
+/// ipvs one is ignored.
+fn scheduler(
+    mode: &svcproxy_dataplane::Backend,
+    (ipvs_name, ipvs): &(&'static str, Option<String>),
+    own: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<Scheduler> {
+    let ipvs_mode = mode.defaults.config_section == ConfigSection::Ipvs;
+    let ipvs = ipvs.as_deref().map(str::trim);
+    if !ipvs_mode && ipvs.is_some_and(|s| !s.is_empty()) {
+        warnings.push(format!(
+            "{ipvs_name}: ignored in {} mode (ipvs mode only)",
+            mode.mode
+        ));
+    }
+    let (name, given) = match (ipvs.filter(|s| ipvs_mode && !s.is_empty()), own) {
+        (Some(s), _) => (*ipvs_name, s),
+        (None, Some(s)) => ("--scheduler", s.trim()),
+        (None, None) if ipvs_mode => return Ok(Scheduler::RoundRobin),
+        (None, None) => return Ok(Scheduler::Random),
+    };
+    let scheduler = Scheduler::parse(given).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    if !mode.semantics.schedulers && scheduler != Scheduler::Random {
+        anyhow::bail!(
+            "{name}: {} mode chooses endpoints at random only; the schedulers run in the \
+             ebpf and ipvs modes",
+            mode.mode
+        );
+    }
+    Ok(scheduler)
 }
 
 fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String>) -> Modeled {
@@ -583,6 +633,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
     Modeled {
         proxy_mode: mode.backend,
         mode_gate: mode.gate.map(|g| (g, mode.asked)),
+        ipvs_scheduler: ("--ipvs-scheduler", flags.ignored.ipvs_scheduler.clone()),
         feature_gates,
         bind_address: errors.check(
             "--bind-address",
@@ -775,10 +826,7 @@ fn from_file(
             fields.push("ipvs.minSyncPeriod");
         }
         if !fields.is_empty() {
-            warnings.push(format!(
-                "{}: svcproxy has no ipvs mode; ignored",
-                fields.join(", ")
-            ));
+            warnings.push(format!("{}: ipvs mode only; ignored", fields.join(", ")));
         }
     }
 
@@ -897,6 +945,7 @@ fn from_file(
     Modeled {
         proxy_mode,
         mode_gate: mode.gate.map(|g| (g, mode.asked)),
+        ipvs_scheduler: ("ipvs.scheduler", ipvs.scheduler.clone()),
         feature_gates,
         bind_address,
         cluster_cidrs,

@@ -101,6 +101,7 @@ pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<Pla
         localhost_nodeports: settings.serves_localhost_nodeports(),
         localhost_gate: settings.localhost_gate(),
         conntrack_tcp_be_liberal: settings.conntrack.tcp_be_liberal,
+        scheduler: settings.scheduler,
         ..PlanConfig::default()
     };
     let cfg = backend.semantics.apply(cfg);

@@ -35,9 +35,11 @@ use ipnet::IpNet;
 
 use super::batch;
 use super::wire::{
-    self, Backend, Config, FwData, LocalKey, MemberKey, PodnetData, SlotKey, SvcKey, SvcVal,
+    self, Backend, Config, FwData, LocalKey, MemberKey, MhKey, MhVal, PodnetData, SlotKey, SvcKey,
+    SvcVal,
 };
 use super::EbpfOptions;
+use svcproxy_core::model::Scheduler;
 
 type HashMap2<K, V> = std::collections::HashMap<K, V>;
 
@@ -50,7 +52,7 @@ fn local_key(ip: &std::net::IpAddr) -> LocalKey {
 }
 use crate::error::DataPlaneError;
 use svcproxy_plan::ebpf::{
-    Changes, Dest, EndpointList, Entry, ListName, PacketRoute, PortName, Route, Table,
+    maglev, Changes, Dest, EndpointList, Entry, ListName, PacketRoute, PortName, Route, Table,
 };
 
 /// The socket programs, as `bpf/sock.c` names them, with their attach points.
@@ -79,7 +81,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 ];
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 16] = [
+pub const MAPS: [&str; 18] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -96,6 +98,8 @@ pub const MAPS: [&str; 16] = [
     "svcproxy_affip",
     "svcproxy_vip",
     "svcproxy_guard",
+    "svcproxy_rr",
+    "svcproxy_mh",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
@@ -303,10 +307,27 @@ struct ListBatch {
     slots: Vec<SlotKey>,
     backends: Vec<Backend>,
     members: Vec<MemberKey>,
+    /// Round-robin lists' turns, from 0.
+    turns: Vec<u32>,
+    /// Maglev lists' tables.
+    mh_keys: Vec<MhKey>,
+    mh_vals: Vec<MhVal>,
 }
 
 impl ListBatch {
     fn add(&mut self, id: u32, list: &EndpointList) {
+        match wire::sched_bytes(list.scheduler, list.endpoints.len()).0 {
+            wire::SCHED_RR => self.turns.push(id),
+            wire::SCHED_MH => {
+                if let Some(table) = maglev::table(&list.endpoints) {
+                    for (k, v) in wire::mh_entries(id, &table) {
+                        self.mh_keys.push(k);
+                        self.mh_vals.push(v);
+                    }
+                }
+            }
+            _ => {}
+        }
         for (slot, ep) in list.endpoints.iter().enumerate() {
             let be = Backend::of(*ep);
             if list.remembered {
@@ -337,6 +358,9 @@ pub struct Kernel {
     attached: BTreeMap<u32, (String, u32)>,
     slot: HashMap<MapData, SlotKey, Backend>,
     member: HashMap<MapData, MemberKey, u8>,
+    /// The schedulers' state: round-robin turns and Maglev tables, by list.
+    rr: HashMap<MapData, u32, u64>,
+    mh: HashMap<MapData, MhKey, MhVal>,
     local: HashMap<MapData, LocalKey, u8>,
     /// The next list id to give (ids only grow: an id is never reused while a
     /// socket may still read it).
@@ -486,6 +510,8 @@ impl Kernel {
             svc,
             slot,
             member: take(&mut ebpf, "svcproxy_member")?,
+            rr: take(&mut ebpf, "svcproxy_rr")?,
+            mh: take(&mut ebpf, "svcproxy_mh")?,
             local: take(&mut ebpf, "svcproxy_local")?,
             next_list,
             written: None,
@@ -1008,7 +1034,12 @@ impl Kernel {
         let ones = vec![1u8; b.members.len()];
         batch::update(self.member.map(), &b.members, &ones)
             .map_err(|(n, e)| err("svcproxy_member", "endpoint members", n, e))?;
-        Ok(b.slots.len() + b.members.len())
+        let zeros = vec![0u64; b.turns.len()];
+        batch::update(self.rr.map(), &b.turns, &zeros)
+            .map_err(|(n, e)| err("svcproxy_rr", "round-robin turns", n, e))?;
+        batch::update(self.mh.map(), &b.mh_keys, &b.mh_vals)
+            .map_err(|(n, e)| err("svcproxy_mh", "Maglev tables", n, e))?;
+        Ok(b.slots.len() + b.members.len() + b.turns.len() + b.mh_keys.len())
     }
 
     fn delete_list(&mut self, id: u32, list: &EndpointList) -> Result<usize, DataPlaneError> {
@@ -1022,6 +1053,15 @@ impl Kernel {
             if list.remembered {
                 ops += remove(&mut self.member, &MemberKey::of(id, &Backend::of(*ep)))?;
             }
+        }
+        match wire::sched_bytes(list.scheduler, list.endpoints.len()) {
+            (wire::SCHED_RR, _) => ops += remove(&mut self.rr, &id)?,
+            (wire::SCHED_MH, size) => {
+                for chunk in 0..wire::mh_chunks(size) {
+                    ops += remove(&mut self.mh, &MhKey { list: id, chunk })?;
+                }
+            }
+            _ => {}
         }
         Ok(ops)
     }
@@ -1042,7 +1082,9 @@ impl Kernel {
     /// Deletes the slots and members of every list but `ids`.
     fn drop_lists_but(&mut self, ids: &BTreeSet<u32>) -> Result<usize, DataPlaneError> {
         Ok(remove_unless(&mut self.slot, |k| ids.contains(&k.list))?
-            + remove_unless(&mut self.member, |k| ids.contains(&k.list))?)
+            + remove_unless(&mut self.member, |k| ids.contains(&k.list))?
+            + remove_unless(&mut self.rr, |k| ids.contains(k))?
+            + remove_unless(&mut self.mh, |k| ids.contains(&k.list))?)
     }
 
     /// Deletes every key the maps hold beyond what `w` wrote.
@@ -1161,9 +1203,32 @@ impl Kernel {
                         list.len()
                     ));
                 }
+                let scheduler = wire::scheduler_of(r.sched);
+                let state = match r.sched {
+                    wire::SCHED_RR => self.rr.get(&r.list, 0).is_ok(),
+                    wire::SCHED_MH => (0..wire::mh_chunks(r.mh_size)).all(|chunk| {
+                        self.mh
+                            .get(
+                                &MhKey {
+                                    list: r.list,
+                                    chunk,
+                                },
+                                0,
+                            )
+                            .is_ok()
+                    }),
+                    _ => true,
+                };
+                if !state {
+                    problems.push(format!(
+                        "endpoint list {} lacks its {scheduler} scheduler's state",
+                        r.list
+                    ));
+                }
                 let list = EndpointList {
                     endpoints: list,
                     remembered: member_count > 0,
+                    scheduler,
                 };
                 match names.get(&r.list) {
                     Some(name) => {
@@ -1255,14 +1320,19 @@ fn encode(
         family: wire::family_byte(dest.family),
     };
     let route = |r: &Route, masquerade: bool| {
-        let (action, list, count) = match r {
+        let (action, list, count, (sched, mh_size)) = match r {
             Route::Forward(name) => match lists.get(name) {
-                Some((id, list)) => (wire::ACT_FORWARD, *id, list.endpoints.len() as u32),
-                None => (wire::ACT_REJECT, 0, 0),
+                Some((id, list)) => (
+                    wire::ACT_FORWARD,
+                    *id,
+                    list.endpoints.len() as u32,
+                    wire::sched_bytes(list.scheduler, list.endpoints.len()),
+                ),
+                None => (wire::ACT_REJECT, 0, 0, (0, 0)),
             },
-            Route::Drop => (wire::ACT_DROP, 0, 0),
-            Route::Reject => (wire::ACT_REJECT, 0, 0),
-            Route::Pass => (wire::ACT_PASS, 0, 0),
+            Route::Drop => (wire::ACT_DROP, 0, 0, (0, 0)),
+            Route::Reject => (wire::ACT_REJECT, 0, 0, (0, 0)),
+            Route::Pass => (wire::ACT_PASS, 0, 0, (0, 0)),
         };
         wire::Route {
             list,
@@ -1273,7 +1343,8 @@ fn encode(
             } else {
                 0
             },
-            pad: [0; 2],
+            sched,
+            mh_size,
         }
     };
     let (affinity_id, affinity_secs) = entry.affinity.unwrap_or((0, 0));
@@ -1516,7 +1587,7 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
             .map(|l| l.values().copied().collect())
             .unwrap_or_default();
         let masq = packet && r.flags & wire::ROUTE_MASQUERADE != 0;
-        route_text(r.action, &eps, masq)
+        route_text(r.action, &eps, masq, r.sched)
     };
     for (k, v) in svc.iter().filter_map(Result::ok) {
         let (Some(protocol), Some(family)) = (wire::proto_of(k.proto), family_of(k.family)) else {
@@ -1640,12 +1711,16 @@ fn nets_in(
 
 /// A route as [`dump`] writes it: `forward [ENDPOINTS]` (` masquerade` on the
 /// packet path), `drop`, `reject` or `pass`.
-fn route_text(action: u8, endpoints: &[SocketAddr], masquerade: bool) -> String {
+fn route_text(action: u8, endpoints: &[SocketAddr], masquerade: bool, sched: u8) -> String {
     match action {
         wire::ACT_FORWARD => {
             let eps: Vec<String> = endpoints.iter().map(|a| a.to_string()).collect();
             let masq = if masquerade { " masquerade" } else { "" };
-            format!("forward [{}]{masq}", eps.join(" "))
+            let by = match wire::scheduler_of(sched) {
+                Scheduler::Random => String::new(),
+                s => format!(" [{s}]"),
+            };
+            format!("forward [{}]{masq}{by}", eps.join(" "))
         }
         wire::ACT_DROP => "drop".to_string(),
         wire::ACT_PASS => "pass".to_string(),
@@ -1689,12 +1764,17 @@ pub fn expected_lines(table: &Table) -> BTreeSet<String> {
     let text = |r: &Route, masquerade: bool| match r {
         // A forward to a list the table lacks is written as a reject ([`encode`]).
         Route::Forward(name) => match table.lists.get(name) {
-            Some(l) => route_text(wire::ACT_FORWARD, &l.endpoints, masquerade),
-            None => route_text(wire::ACT_REJECT, &[], false),
+            Some(l) => route_text(
+                wire::ACT_FORWARD,
+                &l.endpoints,
+                masquerade,
+                wire::sched_bytes(l.scheduler, l.endpoints.len()).0,
+            ),
+            None => route_text(wire::ACT_REJECT, &[], false, 0),
         },
-        Route::Drop => route_text(wire::ACT_DROP, &[], false),
-        Route::Reject => route_text(wire::ACT_REJECT, &[], false),
-        Route::Pass => route_text(wire::ACT_PASS, &[], false),
+        Route::Drop => route_text(wire::ACT_DROP, &[], false, 0),
+        Route::Reject => route_text(wire::ACT_REJECT, &[], false, 0),
+        Route::Pass => route_text(wire::ACT_PASS, &[], false, 0),
     };
     let mut out = BTreeSet::new();
     out.insert(marks_line(table.masquerade_mark, table.reject_mark));

@@ -66,6 +66,7 @@ pub const MODE: &str = "ebpf";
 pub const BACKEND: Backend = Backend {
     mode: MODE,
     aliases: &[],
+    gate: None,
     defaults: ModeDefaults {
         // Sync periods as the nftables mode, the mode it replaces.
         config_section: ConfigSection::Nftables,
@@ -83,11 +84,11 @@ pub const BACKEND: Backend = Backend {
 /// The ebpf mode's flags, as the command line gives them.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
 pub struct EbpfFlags {
-    /// ebpf mode only: the cgroup (v2) whose processes' sockets are translated at connect(), every cgroup below it included; unset: the cgroup v2 root, wherever it is mounted (svcproxy only).
+    /// ebpf and ipvs modes: the cgroup (v2) whose processes' sockets are translated at connect(), every cgroup below it included; unset: the cgroup v2 root, wherever it is mounted (svcproxy only).
     #[arg(long, value_name = "PATH", help_heading = "svcproxy")]
     pub ebpf_cgroup: Option<PathBuf>,
 
-    /// ebpf mode only: the directory svcproxy owns for its pinned maps and links; its parent must be on a bpffs (svcproxy only).
+    /// ebpf and ipvs modes: the directory svcproxy owns for its pinned maps and links; its parent must be on a bpffs (svcproxy only).
     #[arg(
         long,
         value_name = "DIR",
@@ -96,21 +97,21 @@ pub struct EbpfFlags {
     )]
     pub ebpf_bpffs: PathBuf,
 
-    /// ebpf mode only: translate at connect() only the host's own processes' sockets; pods' connections keep the service address and meet the packet path, for service meshes that must see it (as Cilium's socketLB.hostNamespaceOnly) (svcproxy only).
+    /// ebpf and ipvs modes: translate at connect() only the host's own processes' sockets; pods' connections keep the service address and meet the packet path, for service meshes that must see it (as Cilium's socketLB.hostNamespaceOnly) (svcproxy only).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true",
           value_parser = parse_go_bool, action = clap::ArgAction::Set, help_heading = "svcproxy")]
     pub ebpf_host_namespace_only: bool,
 
-    /// ebpf mode only: service addresses the maps hold (each cluster, external and load-balancer IP and NodePort address, per port) (svcproxy only).
+    /// ebpf and ipvs modes: service addresses the maps hold (each cluster, external and load-balancer IP and NodePort address, per port) (svcproxy only).
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.services, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_services: u32,
 
-    /// ebpf mode only: endpoint slots the maps hold; a full sync needs room for twice the endpoints of every list it writes (the old lists stay until the entries have moved) (svcproxy only).
+    /// ebpf and ipvs modes: endpoint slots the maps hold; a full sync needs room for twice the endpoints of every list it writes (the old lists stay until the entries have moved) (svcproxy only).
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.endpoints, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_endpoints: u32,
 
-    /// ebpf mode only: connections the packet path remembers, each way (an LRU: the least recently used go first) (svcproxy only).
+    /// ebpf and ipvs modes: connections the packet path remembers, each way (an LRU: the least recently used go first) (svcproxy only).
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.connections, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_connections: u32,
 }
@@ -197,6 +198,8 @@ impl EbpfOptions {
 
 /// The eBPF data plane (socket side).
 pub struct EbpfDataPlane {
+    /// The `--proxy-mode` it runs as (`ebpf`, or `ipvs`).
+    mode: &'static str,
     opts: EbpfOptions,
     kernel: Option<Kernel>,
     /// The table of the last intent synced (successfully or not), brought
@@ -211,8 +214,16 @@ pub struct EbpfDataPlane {
 }
 
 impl EbpfDataPlane {
+    /// The same data plane, answering `/proxyMode` as `mode` (the registry's
+    /// ipvs mode).
+    pub fn named(mut self, mode: &'static str) -> EbpfDataPlane {
+        self.mode = mode;
+        self
+    }
+
     pub fn new(opts: EbpfOptions) -> EbpfDataPlane {
         EbpfDataPlane {
+            mode: MODE,
             opts,
             kernel: None,
             table: None,
@@ -245,7 +256,7 @@ impl EbpfDataPlane {
 
 impl DataPlane for EbpfDataPlane {
     fn mode(&self) -> &'static str {
-        MODE
+        self.mode
     }
 
     fn sync(
@@ -268,7 +279,7 @@ impl DataPlane for EbpfDataPlane {
         let table = self.table.as_ref().expect("set above");
         if !self.sctp_warned && table.entries.keys().any(|d| d.protocol == Protocol::Sctp) {
             tracing::warn!(
-                "SCTP is translated at connect() only in ebpf mode: connections from the \
+                "SCTP is translated at connect() only on the ebpf data plane: connections from the \
                  node's processes reach SCTP services, SCTP packets from outside the node or \
                  from pods whose sockets are not translated are not (SCTP's checksum covers \
                  the ports and a tc program cannot recompute it)"

@@ -6,7 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use aya::maps::lpm_trie::Key as LpmKey;
 use ipnet::IpNet;
-use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_core::model::{IpFamily, Protocol, Scheduler};
+use svcproxy_plan::ebpf::maglev;
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
@@ -19,6 +20,40 @@ pub const ACT_PASS: u8 = 3;
 
 /// A route's flags (`ROUTE_*` in the C): the connection is masqueraded.
 pub const ROUTE_MASQUERADE: u8 = 1;
+
+/// A route's scheduler (`SCHED_*` in the C).
+pub const SCHED_RANDOM: u8 = 0;
+pub const SCHED_RR: u8 = 1;
+pub const SCHED_SH: u8 = 2;
+pub const SCHED_DH: u8 = 3;
+pub const SCHED_MH: u8 = 4;
+
+/// The byte the programs know `scheduler` by; Maglev's also says its table's
+/// size (`None`: the list is too long for any table, and is chosen from at
+/// random).
+pub fn sched_bytes(scheduler: Scheduler, endpoints: usize) -> (u8, u8) {
+    match scheduler {
+        Scheduler::Random => (SCHED_RANDOM, 0),
+        Scheduler::RoundRobin => (SCHED_RR, 0),
+        Scheduler::SourceHash => (SCHED_SH, 0),
+        Scheduler::DestinationHash => (SCHED_DH, 0),
+        Scheduler::Maglev => match maglev::size_for(endpoints) {
+            Some(size) => (SCHED_MH, size),
+            None => (SCHED_RANDOM, 0),
+        },
+    }
+}
+
+/// The scheduler a route's byte names.
+pub fn scheduler_of(sched: u8) -> Scheduler {
+    match sched {
+        SCHED_RR => Scheduler::RoundRobin,
+        SCHED_SH => Scheduler::SourceHash,
+        SCHED_DH => Scheduler::DestinationHash,
+        SCHED_MH => Scheduler::Maglev,
+        _ => Scheduler::Random,
+    }
+}
 
 /// `svcproxy_ifc`'s flags (`IFC_*`): packets arriving on the interface come from
 /// this node's pods.
@@ -105,7 +140,50 @@ pub struct Route {
     pub count: u32,
     pub action: u8,
     pub flags: u8,
-    pub pad: [u8; 2],
+    pub sched: u8,
+    /// Maglev's table size, as an index of [`maglev::SIZES`].
+    pub mh_size: u8,
+}
+
+/// A Maglev table's entry: `maglev::CHUNK` cells of a list.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MhKey {
+    pub list: u32,
+    pub chunk: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MhVal {
+    pub cell: [u16; maglev::CHUNK],
+}
+
+/// A list's Maglev table as the map's entries.
+pub fn mh_entries(list: u32, table: &maglev::Table) -> Vec<(MhKey, MhVal)> {
+    table
+        .cells
+        .chunks(maglev::CHUNK)
+        .enumerate()
+        .map(|(i, cells)| {
+            let mut v = MhVal {
+                cell: [0; maglev::CHUNK],
+            };
+            v.cell[..cells.len()].copy_from_slice(cells);
+            (
+                MhKey {
+                    list,
+                    chunk: i as u32,
+                },
+                v,
+            )
+        })
+        .collect()
+}
+
+/// The entries of a table of size index `size`.
+pub fn mh_chunks(size: u8) -> u32 {
+    maglev::SIZES[usize::from(size).min(maglev::SIZES.len() - 1)].div_ceil(maglev::CHUNK as u32)
 }
 
 #[repr(C)]
@@ -311,6 +389,8 @@ mod pod {
     unsafe impl aya::Pod for AffKey {}
     unsafe impl aya::Pod for AffVal {}
     unsafe impl aya::Pod for PodnetData {}
+    unsafe impl aya::Pod for MhKey {}
+    unsafe impl aya::Pod for MhVal {}
 }
 
 #[cfg(test)]
@@ -333,6 +413,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<AffIpKey>(), 24);
         assert_eq!(std::mem::size_of::<AffKey>(), 16);
         assert_eq!(std::mem::size_of::<AffVal>(), 32);
+        assert_eq!(std::mem::size_of::<MhKey>(), 8);
+        assert_eq!(std::mem::size_of::<MhVal>(), 512);
     }
 
     #[test]

@@ -73,12 +73,14 @@ pub const SEMANTICS: ModeSemantics = ModeSemantics {
     localhost_nodeports: svcproxy_plan::LocalhostNodePorts::Proxy,
     guard_service_ips: true,
     drop_invalid_forwarded: false,
+    schedulers: false,
 };
 
 /// The userspace mode in the registry.
 pub const BACKEND: Backend = Backend {
     mode: "userspace",
     aliases: &[],
+    gate: None,
     defaults: ModeDefaults {
         // It captures with the nftables mode's table.
         config_section: ConfigSection::Nftables,

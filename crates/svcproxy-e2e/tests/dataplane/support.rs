@@ -75,6 +75,14 @@ macro_rules! per_mode {
                 }
             )*
         }
+        mod ipvs {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Ipvs)
+                }
+            )*
+        }
     };
 }
 
@@ -117,6 +125,14 @@ macro_rules! per_kernel_mode {
                 }
             )*
         }
+        mod ipvs {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Mode::Ipvs)
+                }
+            )*
+        }
     };
 }
 
@@ -138,6 +154,9 @@ pub enum Mode {
     /// the test's, one per node) translated at connect(), packets by tc programs
     /// on the node's interfaces; maps pinned in a bpffs of the test's.
     Ebpf,
+    /// kube-proxy's ipvs mode: the eBPF data plane with the ipvs mode's defaults
+    /// (round robin, NodePorts on every local address).
+    Ipvs,
 }
 
 /// A kind of per-service object, for counting what a sync left behind.
@@ -157,6 +176,7 @@ impl Mode {
         Mode::IptablesLegacy,
         Mode::Userspace,
         Mode::Ebpf,
+        Mode::Ipvs,
     ];
 
     /// The `--proxy-mode` value.
@@ -166,6 +186,7 @@ impl Mode {
             Mode::Iptables | Mode::IptablesLegacy => "iptables",
             Mode::Userspace => "userspace",
             Mode::Ebpf => "ebpf",
+            Mode::Ipvs => "ipvs",
         }
     }
 
@@ -177,7 +198,13 @@ impl Mode {
             Mode::IptablesLegacy => "iptables (legacy)",
             Mode::Userspace => "userspace",
             Mode::Ebpf => "ebpf",
+            Mode::Ipvs => "ipvs",
         }
+    }
+
+    /// Whether the mode runs on the eBPF data plane (ebpf, ipvs).
+    pub fn ebpf_data_plane(self) -> bool {
+        matches!(self, Mode::Ebpf | Mode::Ipvs)
     }
 
     /// The `iptables` tool `base` (`iptables`, `ip6tables-save`, ...) of this mode's backend.
@@ -208,7 +235,7 @@ impl Mode {
     /// What svcproxy logs at its first sync about the tools' backend, if anything.
     pub fn variant_logged(self) -> Option<&'static str> {
         match self {
-            Mode::Nftables | Mode::Userspace | Mode::Ebpf => None,
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf | Mode::Ipvs => None,
             Mode::Iptables => Some("the host's iptables uses nf_tables"),
             Mode::IptablesLegacy => Some("the host's iptables uses legacy"),
         }
@@ -274,7 +301,7 @@ impl Mode {
     /// (issue 38): the kernel's modes whose rules do not point at the process.
     #[allow(dead_code)] // dataplane.rs only
     pub fn adopts_sealed_rules(self) -> bool {
-        !matches!(self, Mode::Userspace | Mode::Ebpf)
+        !matches!(self, Mode::Userspace | Mode::Ebpf | Mode::Ipvs)
     }
 
     /// Whether the kernel holds per-endpoint objects (endpoint chains, affinity
@@ -296,14 +323,16 @@ impl Mode {
             Mode::Iptables | Mode::IptablesLegacy => local,
             Mode::Nftables | Mode::Userspace => false,
             // Every endpoint of a list is a slot of the list.
-            Mode::Ebpf => true,
+            Mode::Ebpf | Mode::Ipvs => true,
         }
     }
 
     /// What the mode logs about SCTP service ports it does not proxy.
     pub fn sctp_not_proxied_logged(self) -> &'static str {
         match self {
-            Mode::Ebpf => "SCTP is translated at connect() only in ebpf mode",
+            Mode::Ebpf | Mode::Ipvs => {
+                "SCTP is translated at connect() only on the ebpf data plane"
+            }
             _ => "SCTP is not proxied in userspace mode",
         }
     }
@@ -313,13 +342,13 @@ impl Mode {
     /// connection table, where the programs move such a flow themselves.
     #[allow(dead_code)] // conntrack.rs only
     pub fn flows_in_kernel_conntrack(self) -> bool {
-        self != Mode::Ebpf
+        !self.ebpf_data_plane()
     }
 
     /// Whether the mode proxies SCTP (the userspace proxy does not, as upstream's;
     /// the ebpf mode's packet path cannot rewrite SCTP's CRC32c-covered ports).
     pub fn proxies_sctp(self) -> bool {
-        !matches!(self, Mode::Userspace | Mode::Ebpf)
+        !matches!(self, Mode::Userspace | Mode::Ebpf | Mode::Ipvs)
     }
 
     #[allow(dead_code)] // dataplane.rs only
@@ -330,7 +359,7 @@ impl Mode {
     /// Whether a dump shows a drop of the whole ServiceCIDR `cidr`.
     pub fn shows_cidr_drop(self, dump: &str, cidr: &str) -> bool {
         match self {
-            Mode::Ebpf => dump.lines().any(|l| l == format!("guard-cidr {cidr}")),
+            Mode::Ebpf | Mode::Ipvs => dump.lines().any(|l| l == format!("guard-cidr {cidr}")),
             Mode::Nftables | Mode::Userspace => dump
                 .lines()
                 .any(|l| l.contains(cidr) && l.trim_end().ends_with("drop")),
@@ -345,7 +374,7 @@ impl Mode {
         let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match self {
             // The fixed companion table (the maps are read by `ebpf_dump`).
-            Mode::Ebpf => [
+            Mode::Ebpf | Mode::Ipvs => [
                 argv(&["nft", "list", "table", "inet", "svcproxy-ebpf"]),
                 argv(&["true"]),
             ],
@@ -362,7 +391,7 @@ impl Mode {
 
     /// Whether svcproxy's objects exist in `node`, per family (v4, v6).
     pub fn programmed(self, c: &Cluster, node: usize) -> [bool; 2] {
-        if self == Mode::Ebpf {
+        if self.ebpf_data_plane() {
             // One write for both families; the generation counts successful ones.
             let written = ebpf_dump(c, node)
                 .lines()
@@ -375,7 +404,7 @@ impl Mode {
         self.listings().map(|argv| {
             let out = exec_owned(c, node, &argv);
             match self {
-                Mode::Nftables | Mode::Userspace | Mode::Ebpf => out.status.success(),
+                Mode::Nftables | Mode::Userspace | Mode::Ebpf | Mode::Ipvs => out.status.success(),
                 // The jumps from the built-in chains are added after the restore:
                 // the last one in place means the whole sync is.
                 Mode::Iptables | Mode::IptablesLegacy => String::from_utf8_lossy(&out.stdout)
@@ -389,7 +418,7 @@ impl Mode {
     /// Everything svcproxy programmed in `node`, as the mode's own tool lists it.
     pub fn dump(self, c: &Cluster, node: usize) -> String {
         let mut out = String::new();
-        if self == Mode::Ebpf {
+        if self.ebpf_data_plane() {
             out.push_str(&ebpf_dump(c, node));
         }
         for argv in self.listings() {
@@ -403,7 +432,7 @@ impl Mode {
     /// verdict, told apart from "no rule at all", which also ends in a timeout).
     pub fn shows_drop(self, dump: &str, ip: IpAddr, proto: &str, port: u16) -> bool {
         match self {
-            Mode::Ebpf => {
+            Mode::Ebpf | Mode::Ipvs => {
                 let dest = format!("service {ip} {port}/{proto} ");
                 dump.lines()
                     .any(|l| l.starts_with(&dest) && l.contains("packet-other: drop"))
@@ -430,7 +459,7 @@ impl Mode {
     pub fn affinity_state(self, c: &Cluster, node: usize) -> String {
         match self {
             // The entries, then the service entries that hold the timeout.
-            Mode::Ebpf => {
+            Mode::Ebpf | Mode::Ipvs => {
                 let dump = ebpf_dump(c, node);
                 let mut out: Vec<&str> = dump
                     .lines()
@@ -499,7 +528,7 @@ impl Mode {
     /// Whether affinity state shows the service's timeout of `seconds`.
     pub fn affinity_timeout_shown(self, state: &str, seconds: u32) -> bool {
         match self {
-            Mode::Ebpf => state.contains(&format!(" affinity: {seconds}s")),
+            Mode::Ebpf | Mode::Ipvs => state.contains(&format!(" affinity: {seconds}s")),
             Mode::Nftables | Mode::Userspace => state.contains(&format!("timeout {seconds}s")),
             Mode::Iptables | Mode::IptablesLegacy => {
                 state.contains(&format!("--seconds {seconds} "))
@@ -514,7 +543,7 @@ impl Mode {
         match self {
             Mode::Nftables | Mode::Userspace => true,
             // LRU entries stay until evicted; a stale one stops matching.
-            Mode::Ebpf => false,
+            Mode::Ebpf | Mode::Ipvs => false,
             Mode::Iptables | Mode::IptablesLegacy => false,
         }
     }
@@ -531,7 +560,7 @@ impl Mode {
         let out = exec_owned(c, node, argv);
         let text = String::from_utf8_lossy(&out.stdout);
         match self {
-            Mode::Ebpf => ebpf_service_objects(c, node, f, kind),
+            Mode::Ebpf | Mode::Ipvs => ebpf_service_objects(c, node, f, kind),
             Mode::Nftables | Mode::Userspace => {
                 let prefix = match kind {
                     ServiceObject::Service => "service-",
@@ -588,7 +617,7 @@ impl Mode {
     pub fn remove_localnet_guard(self, c: &Cluster, node: usize) -> bool {
         match self {
             // Outside packets to loopback are never translated: no guard to remove.
-            Mode::Nftables | Mode::Ebpf => false,
+            Mode::Nftables | Mode::Ebpf | Mode::Ipvs => false,
             // The capture's first rule leaves packets to loopback alone when they come
             // from outside: the chain without it.
             Mode::Userspace => {
@@ -616,7 +645,7 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's least-privilege test only
     pub fn unprivileged_flags(self) -> &'static [&'static str] {
         match self {
-            Mode::Nftables | Mode::Userspace | Mode::Ebpf => &[],
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf | Mode::Ipvs => &[],
             Mode::Iptables | Mode::IptablesLegacy => &["--iptables-localhost-nodeports=false"],
         }
     }
@@ -627,7 +656,7 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's least-privilege test only
     pub fn capabilities(self) -> &'static str {
         match self {
-            Mode::Ebpf => "+net_admin,+net_raw,+bpf",
+            Mode::Ebpf | Mode::Ipvs => "+net_admin,+net_raw,+bpf",
             _ => "+net_admin,+net_raw",
         }
     }
@@ -639,7 +668,7 @@ impl Mode {
         match self {
             Mode::Nftables | Mode::Userspace => &["tables deleted", "tables dormant"],
             Mode::Iptables | Mode::IptablesLegacy => &["every table flushed"],
-            Mode::Ebpf => &["links unpinned"],
+            Mode::Ebpf | Mode::Ipvs => &["links unpinned"],
         }
     }
 
@@ -676,7 +705,7 @@ impl Mode {
                 }
                 "is gone"
             }
-            (Mode::Ebpf, "links unpinned") => {
+            (Mode::Ebpf | Mode::Ipvs, "links unpinned") => {
                 // What a careless `rm` of the pin directory's links does: the
                 // socket and packet programs detached.
                 let (_, pins) = c.node_confinement(node).expect("an ebpf node is confined");
@@ -698,7 +727,7 @@ impl Mode {
     /// Adds an object of the mode's kind that svcproxy does not own, for cleanup to leave.
     pub fn add_foreign(self, c: &Cluster, node: usize) {
         match self {
-            Mode::Nftables | Mode::Userspace | Mode::Ebpf => {
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf | Mode::Ipvs => {
                 let keep = "table inet keepme {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 1 counter\n }\n}\n";
                 c.nft(Host::Node(node), keep).expect("add a foreign table");
             }
@@ -720,7 +749,7 @@ impl Mode {
     /// `Err` with what is wrong when the object of [`Mode::add_foreign`] is gone or changed.
     pub fn foreign_intact(self, c: &Cluster, node: usize) -> Result<(), String> {
         match self {
-            Mode::Nftables | Mode::Userspace | Mode::Ebpf => {
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf | Mode::Ipvs => {
                 let out = c.exec(
                     Host::Node(node),
                     &["nft", "list", "table", "inet", "keepme"],
@@ -1348,7 +1377,7 @@ pub struct Env {
 /// For the ebpf mode: a cgroup and a pin directory of the test's own per node,
 /// the node's processes started in its cgroup. `None` for the other modes.
 pub fn confine_for(mode: Mode, c: &Cluster) -> Option<svcproxy_e2e::Confinement> {
-    if mode != Mode::Ebpf {
+    if !mode.ebpf_data_plane() {
         return None;
     }
     let conf = svcproxy_e2e::Confinement::new().expect("a cgroup and a bpffs for the ebpf mode");

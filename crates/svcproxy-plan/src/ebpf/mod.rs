@@ -11,6 +11,8 @@
 //!
 //! Entry point: [`Table::build`]; [`Table::render`] is `svcproxy render`'s text.
 
+pub mod maglev;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -23,7 +25,7 @@ use crate::intent::{
 };
 use crate::names::service_port_hash;
 use crate::{Intent, IntentDelta};
-use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
+use svcproxy_core::model::{IpFamily, Protocol, Scheduler, ServicePortName};
 
 /// An address and port a socket names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,6 +79,8 @@ pub struct EndpointList {
     /// of unconnected UDP sockets), so the programs must be able to tell whether
     /// it is still in the list.
     pub remembered: bool,
+    /// How the programs choose among them (the service port's).
+    pub scheduler: Scheduler,
 }
 
 /// What a connection from one origin meets.
@@ -197,6 +201,7 @@ pub const SEMANTICS: crate::ModeSemantics = crate::ModeSemantics {
     localhost_nodeports: crate::LocalhostNodePorts::Proxy,
     guard_service_ips: true,
     drop_invalid_forwarded: false,
+    schedulers: true,
 };
 
 /// The name of the eBPF mode's nftables table (fixed rules only).
@@ -513,6 +518,7 @@ impl Table {
                     let list = EndpointList {
                         endpoints,
                         remembered: svc.affinity_timeout.is_some() || svc.protocol == Protocol::Udp,
+                        scheduler: svc.scheduler,
                     };
                     self.lists.insert(name.clone(), list);
                     Route::Forward(name)
@@ -590,7 +596,15 @@ impl Table {
         for (name, list) in &self.lists {
             let eps: Vec<String> = list.endpoints.iter().map(|a| a.to_string()).collect();
             let remembered = if list.remembered { " (remembered)" } else { "" };
-            let _ = writeln!(out, "endpoints {name}{remembered}: {}", eps.join(" "));
+            let scheduler = match list.scheduler {
+                Scheduler::Random => String::new(),
+                s => format!(" [{s}]"),
+            };
+            let _ = writeln!(
+                out,
+                "endpoints {name}{remembered}{scheduler}: {}",
+                eps.join(" ")
+            );
         }
         for ip in &self.local_addrs {
             let _ = writeln!(out, "local-address {ip}");

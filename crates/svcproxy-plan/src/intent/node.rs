@@ -11,7 +11,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_core::model::{IpFamily, Protocol, Scheduler};
 use svcproxy_core::snapshot::NodeSnapshot;
 
 use crate::config::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
@@ -72,6 +72,9 @@ pub struct NodeIntent {
     pub guard_service_ips: bool,
     /// Drop forwarded packets conntrack marks INVALID.
     pub drop_invalid_forwarded: bool,
+    /// The scheduler of a service port that names none, when the mode executes
+    /// schedulers ([`PlanConfig::schedulers`]); `None`: every choice is random.
+    pub scheduler: Option<Scheduler>,
 }
 
 impl NodeIntent {
@@ -112,6 +115,7 @@ impl NodeIntent {
             refused_service_cidrs,
             guard_service_ips: cfg.guard_service_ips,
             drop_invalid_forwarded: cfg.drop_invalid_forwarded && !cfg.conntrack_tcp_be_liberal,
+            scheduler: cfg.schedulers.then_some(cfg.scheduler),
         }
     }
 }

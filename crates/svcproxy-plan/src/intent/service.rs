@@ -32,7 +32,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use svcproxy_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
+use svcproxy_core::model::{Endpoint, IpFamily, Protocol, Scheduler, ServicePort, ServicePortName};
 use svcproxy_core::snapshot::ServicePortView;
 
 use super::endpoints::{EndpointEntry, Endpoints};
@@ -247,6 +247,10 @@ pub struct ServiceIntent {
     pub endpoints: Endpoints,
     /// ClientIP session affinity: seconds a client sticks to its endpoint (≥ 1).
     pub affinity_timeout: Option<u32>,
+    /// How a new connection's endpoint is chosen (after affinity): the
+    /// Service's `svcproxy.io/scheduler`, else the node's, where the mode
+    /// executes schedulers; random where it does not.
+    pub scheduler: Scheduler,
     pub internal: InternalRoute,
     /// `None` when no external traffic is forwarded (no external frontend, or
     /// every one rejects).
@@ -318,6 +322,9 @@ impl ServiceIntent {
             port: p.port,
             endpoints,
             affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),
+            scheduler: node
+                .scheduler
+                .map_or(Scheduler::Random, |default| p.scheduler.unwrap_or(default)),
             internal: routes.internal,
             external: routes.external,
             firewall,

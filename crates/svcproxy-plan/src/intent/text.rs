@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use svcproxy_core::model::Scheduler;
 
 use super::{
     Action, Disposition, EndpointSetId, ExternalRoute, FamilyIntent, Intent, LocalTraffic,
@@ -151,9 +152,13 @@ fn family(out: &mut String, fam: &FamilyIntent) {
             .affinity_timeout
             .map(|t| format!("; ClientIP affinity {t}s"))
             .unwrap_or_default();
+        let scheduler = match svc.scheduler {
+            Scheduler::Random => String::new(),
+            s => format!("; scheduler {s}"),
+        };
         let _ = writeln!(
             out,
-            "  {} {} {:?}: {firewall}{action}{affinity}",
+            "  {} {} {:?}: {firewall}{action}{affinity}{scheduler}",
             f.key,
             f.kind.as_str(),
             svc.name.to_string(),

@@ -59,6 +59,7 @@ pub const SEMANTICS: ModeSemantics = ModeSemantics {
     localhost_nodeports: LocalhostNodePorts::KernelNat,
     guard_service_ips: false,
     drop_invalid_forwarded: true,
+    schedulers: false,
 };
 
 /// Prefix of every fixed chain.

@@ -36,6 +36,7 @@ pub const SEMANTICS: crate::config::ModeSemantics = crate::config::ModeSemantics
     localhost_nodeports: crate::config::LocalhostNodePorts::Proxy,
     guard_service_ips: true,
     drop_invalid_forwarded: false,
+    schedulers: false,
 };
 
 pub use planner::{

@@ -10,10 +10,11 @@
 use super::duration::GoDuration;
 use super::file::{
     ClientConnectionConfiguration, ConntrackConfiguration, DetectLocalConfiguration,
-    IPTablesConfiguration, KubeProxyConfiguration, LoggingConfiguration, NFTablesConfiguration,
-    API_VERSION, KIND,
+    IPTablesConfiguration, IPVSConfiguration, KubeProxyConfiguration, LoggingConfiguration,
+    NFTablesConfiguration, API_VERSION, KIND,
 };
 use super::{DetectLocal, NodePortAddresses, Settings};
+use svcproxy_dataplane::ConfigSection;
 
 /// `settings` as a complete v1alpha1 `KubeProxyConfiguration` (every field svcproxy
 /// reads is set; the sync periods and masquerade settings in both the iptables and
@@ -69,7 +70,15 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
             sync_period: dur(settings.sync_period),
             min_sync_period: dur(settings.min_sync_period),
         }),
-        ipvs: None,
+        // The ipvs section where the mode reads it: its sync periods and scheduler.
+        ipvs: (settings.proxy_mode.defaults.config_section == ConfigSection::Ipvs).then(|| {
+            IPVSConfiguration {
+                sync_period: dur(settings.sync_period),
+                min_sync_period: dur(settings.min_sync_period),
+                scheduler: Some(settings.scheduler.as_str().to_string()),
+                ..IPVSConfiguration::default()
+            }
+        }),
         nftables: Some(NFTablesConfiguration {
             masquerade_bit: Some(i32::from(settings.masquerade_bit)),
             masquerade_all: Some(settings.masquerade_all),

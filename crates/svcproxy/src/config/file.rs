@@ -398,24 +398,29 @@ impl KubeProxyConfiguration {
             }
         }
 
+        // ipvs.scheduler is read in ipvs mode (and warned about in the others)
+        // where the mode is known.
         if let Some(ipvs) = &self.ipvs {
             let nonzero = |d: &Option<GoDuration>| d.is_some_and(|d| !d.0.is_zero());
-            for (name, set) in [
-                ("scheduler", non_empty(&ipvs.scheduler)),
+            let timeouts = "not applied yet (the ebpf data plane's packet path keeps its own \
+                            connection timeouts); ignored";
+            for (name, set, why) in [
                 (
                     "excludeCIDRs",
                     ipvs.exclude_cidrs.as_ref().is_some_and(|v| !v.is_empty()),
+                    &*format!("{}; ignored", super::flags::IPVS_EXCLUDE_CIDRS),
                 ),
-                ("strictARP", ipvs.strict_arp == Some(true)),
-                ("tcpTimeout", nonzero(&ipvs.tcp_timeout)),
-                ("tcpFinTimeout", nonzero(&ipvs.tcp_fin_timeout)),
-                ("udpTimeout", nonzero(&ipvs.udp_timeout)),
+                (
+                    "strictARP",
+                    ipvs.strict_arp == Some(true),
+                    &*format!("{}; ignored", super::flags::IPVS_STRICT_ARP),
+                ),
+                ("tcpTimeout", nonzero(&ipvs.tcp_timeout), timeouts),
+                ("tcpFinTimeout", nonzero(&ipvs.tcp_fin_timeout), timeouts),
+                ("udpTimeout", nonzero(&ipvs.udp_timeout), timeouts),
             ] {
                 if set {
-                    warn(
-                        &format!("ipvs.{name}"),
-                        "svcproxy has no ipvs mode; ignored",
-                    );
+                    warn(&format!("ipvs.{name}"), why);
                 }
             }
         }
@@ -833,7 +838,6 @@ logging:
             "portRange",
             "windowsRunAsService",
             "udpIdleTimeout",
-            "ipvs.scheduler",
             "ipvs.strictARP",
             "winkernel.networkName",
             "logging.flushFrequency",

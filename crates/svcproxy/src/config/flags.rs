@@ -93,7 +93,7 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration_arg, help_heading = heading::SOURCES)]
     pub manifests_rescan_period: Duration,
 
-    /// Proxy mode: 'nftables', 'iptables' or 'userspace' (svcproxy itself relays TCP and UDP, as kube-proxy's original mode). Unset (or empty): 'iptables' with a warning, as kube-proxy 1.37, whose default will change to 'nftables'. kube-proxy's 'ipvs' and 'kernelspace' are not implemented and fall back to nftables with a warning.
+    /// Proxy mode: 'nftables', 'iptables', 'userspace' (svcproxy itself relays TCP and UDP, as kube-proxy's original mode), 'ebpf' (sockets translated at connect(), packets by tc programs) or 'ipvs' (the ebpf data plane with IPVS's schedulers and the ipvs mode's defaults; needs the KubeProxyIPVS gate, as kube-proxy). Unset (or empty): 'iptables' with a warning, as kube-proxy 1.37, whose default will change to 'nftables'. kube-proxy's Windows 'kernelspace' falls back to nftables with a warning.
     #[arg(
         long,
         value_name = "MODE",
@@ -298,6 +298,10 @@ pub struct ProxyFlags {
     #[arg(long, help_heading = heading::DNS)]
     pub dns_node_local: bool,
 
+    /// How a new connection's endpoint is chosen, for every Service without its own svcproxy.io/scheduler annotation: 'random', or IPVS's 'rr' (in turn), 'sh' (source hash), 'dh' (destination hash), 'mh' (Maglev: the same choice for a flow on every node). ebpf and ipvs modes only (the other modes choose at random); in ipvs mode --ipvs-scheduler (or ipvs.scheduler) wins, and the default is 'rr'. Default in ebpf mode: 'random' (svcproxy only).
+    #[arg(long, value_name = "NAME", help_heading = heading::ADDRESSES)]
+    pub scheduler: Option<String>,
+
     /// Answer each client address at most this many DNS queries per second (over UDP the rest get an empty truncated answer, over TCP REFUSED); 0: no limit (svcproxy only).
     #[arg(
         long,
@@ -376,23 +380,23 @@ pub struct IgnoredFlags {
     /// Ignored: svcproxy hides no metrics.
     #[arg(long, value_name = "VERSION", help_heading = IGNORED)]
     pub show_hidden_metrics_for_version: Option<String>,
-    /// IPVS only; svcproxy has no ipvs mode. Ignored.
-    #[arg(long, value_name = "NAME", help_heading = IGNORED)]
+    /// ipvs mode: the scheduler of every Service without its own (rr, sh, dh, mh; empty: rr), as --scheduler. Ignored in the other modes.
+    #[arg(long, value_name = "NAME", help_heading = heading::ADDRESSES)]
     pub ipvs_scheduler: Option<String>,
-    /// IPVS only. Ignored.
+    /// IPVS only: svcproxy makes no IPVS virtual servers, so has none to keep. Ignored.
     #[arg(long, value_name = "CIDRS", help_heading = IGNORED)]
     pub ipvs_exclude_cidrs: Option<String>,
-    /// IPVS only. Ignored.
+    /// IPVS only: svcproxy binds no service address to an interface, so has no ARP reply to restrict. Ignored.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_go_bool, help_heading = IGNORED)]
     pub ipvs_strict_arp: Option<bool>,
-    /// IPVS only. Ignored.
+    /// IPVS only: not applied yet (the packet path keeps its own connection timeouts). Ignored.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
     pub ipvs_tcp_timeout: Option<Duration>,
-    /// IPVS only. Ignored.
+    /// IPVS only: not applied yet. Ignored.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
     pub ipvs_tcpfin_timeout: Option<Duration>,
-    /// IPVS only. Ignored.
+    /// IPVS only: not applied yet. Ignored.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
     pub ipvs_udp_timeout: Option<Duration>,
     /// Removed upstream. Ignored.
@@ -451,12 +455,20 @@ pub struct IgnoredFlags {
 
 const IGNORED: &str = heading::IGNORED;
 
+/// Why `--ipvs-exclude-cidrs` (`ipvs.excludeCIDRs`) is ignored.
+pub const IPVS_EXCLUDE_CIDRS: &str =
+    "svcproxy makes no IPVS virtual servers, so it has none to keep from deletion";
+/// Why `--ipvs-strict-arp` (`ipvs.strictARP`) is ignored.
+pub const IPVS_STRICT_ARP: &str = "svcproxy binds no service address to an interface (there \
+     is no kube-ipvs0), so it has no ARP reply to restrict";
+
 impl IgnoredFlags {
     /// One warning per flag given, naming it and why it has no effect.
     pub fn warnings(&self) -> Vec<String> {
-        let ipvs = "svcproxy has no ipvs mode";
+        let timeouts = "not applied yet: the ebpf data plane's packet path keeps its own \
+                        connection timeouts";
         let klog = "svcproxy's logger has no such setting (every line goes to stderr at once)";
-        let given: [(&str, bool, &str); 26] = [
+        let given: [(&str, bool, &str); 25] = [
             (
                 "--profiling",
                 self.profiling.is_some(),
@@ -467,20 +479,31 @@ impl IgnoredFlags {
                 self.show_hidden_metrics_for_version.is_some(),
                 "svcproxy hides no metrics",
             ),
-            ("--ipvs-scheduler", self.ipvs_scheduler.is_some(), ipvs),
             (
                 "--ipvs-exclude-cidrs",
                 self.ipvs_exclude_cidrs.is_some(),
-                ipvs,
+                IPVS_EXCLUDE_CIDRS,
             ),
-            ("--ipvs-strict-arp", self.ipvs_strict_arp.is_some(), ipvs),
-            ("--ipvs-tcp-timeout", self.ipvs_tcp_timeout.is_some(), ipvs),
+            (
+                "--ipvs-strict-arp",
+                self.ipvs_strict_arp.is_some(),
+                IPVS_STRICT_ARP,
+            ),
+            (
+                "--ipvs-tcp-timeout",
+                self.ipvs_tcp_timeout.is_some(),
+                timeouts,
+            ),
             (
                 "--ipvs-tcpfin-timeout",
                 self.ipvs_tcpfin_timeout.is_some(),
-                ipvs,
+                timeouts,
             ),
-            ("--ipvs-udp-timeout", self.ipvs_udp_timeout.is_some(), ipvs),
+            (
+                "--ipvs-udp-timeout",
+                self.ipvs_udp_timeout.is_some(),
+                timeouts,
+            ),
             (
                 "--resource-container",
                 self.resource_container.is_some(),

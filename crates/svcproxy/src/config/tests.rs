@@ -283,11 +283,84 @@ fn detect_local_modes() {
 }
 
 #[test]
-fn proxy_mode_ipvs_falls_back_with_warning() {
+fn proxy_mode_ipvs_runs_the_ebpf_data_plane_with_ipvs_defaults() {
     let (s, w) = ok(&["--proxy-mode=ipvs", "--cluster-cidr=10.0.0.0/8"]);
+    assert_eq!(s.proxy_mode.mode, "ipvs");
+    assert!(s.proxy_mode.semantics.schedulers);
+    assert_eq!(
+        s.proxy_mode.objects,
+        svcproxy_dataplane::KernelObjects::EbpfMaps
+    );
+    assert!(w.is_empty(), "{w:?}");
+    // Upstream's ipvs defaults: rr, NodePorts on every local address.
+    assert_eq!(s.scheduler, Scheduler::RoundRobin);
+    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
+    // kube-proxy's Windows mode still falls back to nftables.
+    let (s, w) = ok(&["--proxy-mode=kernelspace"]);
     assert_eq!(s.proxy_mode.mode, "nftables");
+    assert!(warned(&w, "\"kernelspace\" mode is not supported"), "{w:?}");
+}
+
+#[test]
+fn schedulers_by_mode() {
+    let sched = |args: &[&str]| ok(args).0.scheduler;
+    // ipvs mode: --ipvs-scheduler (empty: rr), then --scheduler.
+    assert_eq!(
+        sched(&["--proxy-mode=ipvs", "--ipvs-scheduler=mh"]),
+        Scheduler::Maglev
+    );
+    assert_eq!(
+        sched(&["--proxy-mode=ipvs", "--ipvs-scheduler="]),
+        Scheduler::RoundRobin
+    );
+    assert_eq!(
+        sched(&["--proxy-mode=ipvs", "--ipvs-scheduler=sh", "--scheduler=dh"]),
+        Scheduler::SourceHash
+    );
+    assert_eq!(
+        sched(&["--proxy-mode=ipvs", "--scheduler=dh"]),
+        Scheduler::DestinationHash
+    );
+    // ebpf mode: --scheduler, random by default; --ipvs-scheduler is ignored.
+    assert_eq!(sched(&["--proxy-mode=ebpf"]), Scheduler::Random);
+    assert_eq!(
+        sched(&["--proxy-mode=ebpf", "--scheduler=mh"]),
+        Scheduler::Maglev
+    );
+    let (s, w) = ok(&["--proxy-mode=ebpf", "--ipvs-scheduler=rr"]);
+    assert_eq!(s.scheduler, Scheduler::Random);
     assert!(
-        warned(&w, "--proxy-mode: \"ipvs\" mode is not supported"),
+        warned(&w, "--ipvs-scheduler: ignored in ebpf mode"),
+        "{w:?}"
+    );
+    // The modes that choose at random refuse another scheduler.
+    let e = err(&["--proxy-mode=nftables", "--scheduler=rr"]);
+    assert!(
+        e.contains("nftables mode chooses endpoints at random only"),
+        "{e}"
+    );
+    assert_eq!(
+        sched(&["--proxy-mode=nftables", "--scheduler=random"]),
+        Scheduler::Random
+    );
+    // Unknown and unimplemented names are refused, naming the flag.
+    let e = err(&["--proxy-mode=ipvs", "--ipvs-scheduler=bogus\u{1b}[2J"]);
+    assert!(
+        e.contains("--ipvs-scheduler: unknown scheduler \"bogus\\u{1b}[2J\""),
+        "{e}"
+    );
+    let e = err(&["--proxy-mode=ipvs", "--ipvs-scheduler=lc"]);
+    assert!(e.contains("\"lc\" is not implemented"), "{e}");
+    // The config file's ipvs.scheduler, in ipvs mode.
+    let f = write_config(&format!("{HEAD}mode: ipvs\nipvs:\n  scheduler: sh\n"));
+    assert_eq!(sched(&[&config_arg(&f)]), Scheduler::SourceHash);
+    let yaml = effective::to_yaml(&ok(&[&config_arg(&f)]).0).unwrap();
+    assert!(yaml.contains("scheduler: sh"), "{yaml}");
+    let f = write_config(&format!("{HEAD}mode: nftables\nipvs:\n  scheduler: sh\n"));
+    let (s, w) = ok(&[&config_arg(&f)]);
+    assert_eq!(s.scheduler, Scheduler::Random);
+    assert!(
+        warned(&w, "ipvs.scheduler: ignored in nftables mode"),
         "{w:?}"
     );
 }
@@ -478,15 +551,15 @@ fn file_sync_periods_by_mode() {
         "{w:?}"
     );
 
-    // ipvs: unsupported, so nftables runs, but with the ipvs section's periods.
+    // ipvs: the ipvs section's periods and scheduler.
     let f = write_config(&format!(
         "{HEAD}mode: ipvs\nipvs:\n  syncPeriod: 20s\n  minSyncPeriod: 0s\n  scheduler: rr\n"
     ));
     let (s, w) = ok(&[&config_arg(&f)]);
-    assert_eq!(s.proxy_mode.mode, "nftables");
+    assert_eq!(s.proxy_mode.mode, "ipvs");
     assert_eq!(s.sync_period, Duration::from_secs(20));
-    assert!(warned(&w, "mode: \"ipvs\" mode is not supported"), "{w:?}");
-    assert!(warned(&w, "ipvs.scheduler"), "{w:?}");
+    assert_eq!(s.scheduler, Scheduler::RoundRobin);
+    assert!(w.is_empty(), "{w:?}");
 }
 
 #[test]
@@ -688,7 +761,7 @@ fn mode_specific_sync_period_flags_as_upstream() {
     assert_eq!(s.sync_period, Duration::from_secs(7));
     assert_eq!(s.min_sync_period, Duration::from_secs(1));
     assert!(warned(&w, "--ipvs-min-sync-period: ignored"), "{w:?}");
-    // In ipvs mode (run as nftables), the ipvs names apply.
+    // In ipvs mode, the ipvs names apply.
     let (s, w) = ok(&[
         "--proxy-mode=ipvs",
         "--iptables-sync-period=7s",
@@ -951,8 +1024,8 @@ fn feature_gates_are_checked_as_kube_proxy_checks_them() {
 
 #[test]
 fn ipvs_is_refused_with_its_gate_off() {
-    let (_, w) = ok(&["--proxy-mode=ipvs"]);
-    assert!(warned(&w, "\"ipvs\" mode is not supported by svcproxy"));
+    let (s, _) = ok(&["--proxy-mode=ipvs"]);
+    assert_eq!(s.proxy_mode.mode, "ipvs");
     let e = err(&["--proxy-mode=ipvs", "--feature-gates=KubeProxyIPVS=false"]);
     assert!(
         e.contains("proxy mode \"ipvs\" needs the KubeProxyIPVS feature gate, which is off"),

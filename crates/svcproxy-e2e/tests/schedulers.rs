@@ -1,0 +1,302 @@
+//! IPVS's schedulers on the eBPF data plane, shown by real connections: each
+//! scheduler's defining property, through the socket path (a pod's connect()) and
+//! the packet path (a client outside the cluster, through a NodePort), in the
+//! two-node namespace cluster of the data-plane tests.
+//!
+//! - `rr`: the endpoints answer in turn (ipvs mode's default scheduler);
+//! - `sh`: one client, one endpoint (`--ipvs-scheduler=sh`);
+//! - `mh`: the same flow (client address and port) meets the same endpoint
+//!   through either node, and removing one of four endpoints moves about a
+//!   quarter of the flows (ipvs mode, `--ipvs-scheduler=mh`); and a Service's
+//!   `svcproxy.io/scheduler: mh` in ebpf mode (whose default is random) gives the
+//!   same choice on both nodes.
+//!
+//! Needs root (skips cleanly otherwise) and a `svcproxy` binary built from the
+//! current tree (`cargo build -p svcproxy` first, as for the other data-plane tests).
+
+// Shared with the other end-to-end test binaries; each uses only part of it.
+#[allow(dead_code)]
+#[path = "dataplane/support.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::*;
+use svcproxy_e2e::plan::{self, Family};
+use svcproxy_e2e::{Host, ProbeSpec, Proto, NODE_A, NODE_B};
+
+const A0: Host = Host::Pod(NODE_A, 0);
+const A1: Host = Host::Pod(NODE_A, 1);
+const B0: Host = Host::Pod(NODE_B, 0);
+const B1: Host = Host::Pod(NODE_B, 1);
+const NODE_PORT: u16 = 30480;
+const PODS: [&str; 4] = ["pod-a0", "pod-a1", "pod-b0", "pod-b1"];
+
+/// A NodePort service on 80/tcp (NodePort 30480) with `pods` behind it, in both
+/// families.
+fn service(name: &str, annotations: &[(&str, &str)], pods: &[Host]) -> (Svc, String) {
+    let mut svc = Svc::dual(name, 40)
+        .node_port()
+        .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT).node_port(NODE_PORT));
+    for (k, v) in annotations {
+        svc = svc.annotate(k, v);
+    }
+    let slices: Vec<Slice> = Family::BOTH
+        .iter()
+        .map(|f| Slice::of(&svc, *f, pods))
+        .collect();
+    let text = svc_file(&svc, &slices);
+    (svc, text)
+}
+
+fn start(mode: Mode, flags: &[&str], file: &str) -> Option<Env> {
+    Env::start(
+        mode,
+        EnvSpec {
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+            ..EnvSpec::default()
+        },
+        &[("svc.yaml", file.to_string())],
+    )
+}
+
+/// The backends that answered, in order (`-` for an attempt nobody answered).
+fn answers(env: &Env, from: Host, target: SocketAddr, count: usize) -> Vec<String> {
+    env.probe(from, Proto::Tcp, target, count, ANSWER)
+        .iter()
+        .map(|a| a.backend().unwrap_or("-").to_string())
+        .collect()
+}
+
+/// One connection per source port from the external client to `target`: the
+/// backend each flow met.
+fn flows(env: &Env, target: SocketAddr, ports: &[u16]) -> BTreeMap<u16, String> {
+    ports
+        .iter()
+        .map(|&port| {
+            let spec = ProbeSpec::new(Proto::Tcp, target)
+                .source_port(port)
+                .timeout(ANSWER);
+            let got = env.c.probe_spec(Host::Ext, &spec);
+            let backend = got
+                .first()
+                .and_then(|a| a.backend())
+                .unwrap_or("-")
+                .to_string();
+            (port, backend)
+        })
+        .collect()
+}
+
+/// Whether every window of `n` consecutive answers holds `n` different backends.
+fn in_turn(seq: &[String], n: usize) -> bool {
+    seq.len() >= n
+        && seq.windows(n).all(|w| {
+            let mut w: Vec<&String> = w.iter().collect();
+            w.sort();
+            w.dedup();
+            w.len() == n && w.iter().all(|b| *b != "-")
+        })
+}
+
+#[test]
+fn round_robin_gives_each_endpoint_its_turn() {
+    let (svc, file) = service("rr", &[], &[A0, B0, B1]);
+    // ipvs mode's default scheduler is rr.
+    let Some(env) = start(Mode::Ipvs, &[], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("rr");
+    for f in Family::BOTH {
+        let fam = family_name(f);
+        // The socket path: a pod's connections to the cluster IP.
+        let seq = answers(&env, A1, sa(svc.cluster_ip(f), 80), 12);
+        ck.check(in_turn(&seq, 3), || {
+            format!("{fam}: a pod's 12 connections not in turn over 3 endpoints: {seq:?}")
+        });
+        // The packet path: the external client through node-a's NodePort.
+        let node = plan::node_ip(NODE_A, f);
+        let seq = answers(&env, Host::Ext, sa(node, NODE_PORT), 12);
+        ck.check(in_turn(&seq, 3), || {
+            format!("{fam}: the NodePort's 12 connections not in turn over 3 endpoints: {seq:?}")
+        });
+    }
+    ck.finish(&env);
+}
+
+#[test]
+fn source_hashing_keeps_each_client_on_one_endpoint() {
+    let (svc, file) = service("sh", &[], &[A0, A1, B0, B1]);
+    let Some(env) = start(Mode::Ipvs, &["--ipvs-scheduler=sh"], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("sh");
+    for f in Family::BOTH {
+        let fam = family_name(f);
+        for (what, from, target) in [
+            ("pod-a1 to the cluster IP", A1, sa(svc.cluster_ip(f), 80)),
+            ("pod-b0 to the cluster IP", B0, sa(svc.cluster_ip(f), 80)),
+            (
+                "the external client to node-a's NodePort",
+                Host::Ext,
+                sa(plan::node_ip(NODE_A, f), NODE_PORT),
+            ),
+        ] {
+            let seq = answers(&env, from, target, 10);
+            let mut seen = seq.clone();
+            seen.sort();
+            seen.dedup();
+            ck.check(seen.len() == 1 && seen[0] != "-", || {
+                format!("{fam}: {what}: 10 connections met {seen:?}, one endpoint expected")
+            });
+        }
+    }
+    ck.finish(&env);
+}
+
+/// A second address on each node's LAN interface, so that a flow already seen
+/// through one address can be seen afresh (the packet path remembers a client
+/// port's endpoint for a minute).
+fn second_node_ip(node: usize) -> IpAddr {
+    IpAddr::from([198, 18, 0, 11 + node as u8])
+}
+
+#[test]
+fn maglev_makes_the_same_choice_on_every_node_and_moves_few_flows() {
+    let (_, file) = service("mh", &[], &[A0, A1, B0, B1]);
+    let Some(mut env) = Env::start(
+        Mode::Ipvs,
+        EnvSpec {
+            start_proxies: false,
+            ..EnvSpec::default()
+        },
+        &[("svc.yaml", file)],
+    ) else {
+        return;
+    };
+    // ipvs mode answers NodePorts on every local address: the second ones too.
+    for n in [NODE_A, NODE_B] {
+        let ip = format!("{}/24", second_node_ip(n));
+        env.c
+            .exec_ok(Host::Node(n), &["ip", "addr", "add", &ip, "dev", "eth0"]);
+    }
+    let bin = svcproxy_e2e::bins::svcproxy_bin();
+    for n in [NODE_A, NODE_B] {
+        let p = env.spawn_svcproxy(&bin, n, &["--ipvs-scheduler=mh".to_string()]);
+        env.proxies.push(p);
+    }
+    for n in [NODE_A, NODE_B] {
+        env.wait_synced(n);
+    }
+    let mut ck = Checks::new("mh");
+    let ports: Vec<u16> = (41000..41080).collect();
+    let via = |node: IpAddr| sa(node, NODE_PORT);
+    let a = flows(&env, via(plan::node_ip(NODE_A, Family::V4)), &ports);
+    let b = flows(&env, via(plan::node_ip(NODE_B, Family::V4)), &ports);
+    let unanswered = a.values().chain(b.values()).filter(|x| *x == "-").count();
+    ck.check(unanswered == 0, || {
+        format!("{unanswered} flows unanswered: node-a {a:?} node-b {b:?}")
+    });
+    let differ: Vec<u16> = ports.iter().copied().filter(|p| a[p] != b[p]).collect();
+    ck.check(differ.is_empty(), || {
+        format!("flows from the same client port met different endpoints through node-a and node-b: ports {differ:?}\nnode-a {a:?}\nnode-b {b:?}")
+    });
+    let mut share: BTreeMap<&str, usize> = BTreeMap::new();
+    for x in a.values() {
+        *share.entry(x.as_str()).or_default() += 1;
+    }
+    eprintln!("[schedulers] mh: 80 flows over 4 endpoints: {share:?}");
+    ck.check(
+        PODS.iter().all(|p| share.get(p).is_some_and(|n| *n >= 8)),
+        || format!("80 flows spread unevenly over 4 endpoints: {share:?}"),
+    );
+
+    // pod-b1 goes: only its flows move (and few others).
+    let (_, file) = service("mh", &[], &[A0, A1, B0]);
+    env.write("svc.yaml", &file);
+    let gone = plan::pod_ip(NODE_B, 1, Family::V4);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while [NODE_A, NODE_B].iter().any(|n| {
+        env.mode
+            .dump(&env.c, *n)
+            .contains(&format!("{gone}:{BACKEND_PORT}"))
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "pod-b1 still in the maps after 20 s"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let after = flows(&env, via(second_node_ip(NODE_A)), &ports);
+    let after_b = flows(&env, via(second_node_ip(NODE_B)), &ports);
+    let differ: Vec<u16> = ports
+        .iter()
+        .copied()
+        .filter(|p| after[p] != after_b[p])
+        .collect();
+    ck.check(differ.is_empty(), || {
+        format!("after the removal, node-a and node-b disagree on ports {differ:?}")
+    });
+    let on_gone = ports.iter().filter(|p| a[p] == "pod-b1").count();
+    let moved_needlessly: Vec<u16> = ports
+        .iter()
+        .copied()
+        .filter(|p| a[p] != "pod-b1" && after[p] != a[p])
+        .collect();
+    let stranded = ports
+        .iter()
+        .filter(|p| after[p] == "pod-b1" || after[p] == "-")
+        .count();
+    eprintln!(
+        "[schedulers] mh: pod-b1 held {on_gone} of 80 flows; {} others moved",
+        moved_needlessly.len()
+    );
+    ck.check(stranded == 0, || {
+        format!("{stranded} flows still meet pod-b1 or nobody: {after:?}")
+    });
+    // Maglev moves the removed endpoint's flows and, of the others, a few
+    // percent at most (8 of 80 would be 10%).
+    ck.check(moved_needlessly.len() <= 8, || {
+        format!(
+            "{} flows of the remaining endpoints moved: ports {moved_needlessly:?}",
+            moved_needlessly.len()
+        )
+    });
+    ck.finish(&env);
+}
+
+#[test]
+fn a_services_maglev_annotation_is_honoured_in_ebpf_mode() {
+    let (_, file) = service(
+        "mh-annotated",
+        &[("svcproxy.io/scheduler", "mh")],
+        &[A0, A1, B0, B1],
+    );
+    let Some(env) = start(Mode::Ebpf, &[], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("mh annotation");
+    let ports: Vec<u16> = (42000..42040).collect();
+    let a = flows(
+        &env,
+        sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT),
+        &ports,
+    );
+    let b = flows(
+        &env,
+        sa(plan::node_ip(NODE_B, Family::V4), NODE_PORT),
+        &ports,
+    );
+    let differ: Vec<u16> = ports.iter().copied().filter(|p| a[p] != b[p]).collect();
+    ck.check(differ.is_empty() && a.values().all(|x| x != "-"), || {
+        format!("ports {differ:?} met different endpoints through the two nodes\nnode-a {a:?}\nnode-b {b:?}")
+    });
+    let state = env.mode.dump(&env.c, NODE_A);
+    ck.check(state.contains("[mh]"), || {
+        format!("node-a's maps do not show the mh list:\n{state}")
+    });
+    ck.finish(&env);
+}
