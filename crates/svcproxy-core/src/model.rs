@@ -295,32 +295,64 @@ pub enum Scheduler {
     /// the same endpoints makes the same choice for a flow, and an endpoint's
     /// removal moves about 1/N of the flows.
     Maglev,
+    /// `lc`: the endpoint with the fewest live connections (the first such).
+    LeastConnection,
+    /// `wlc`: the fewest live connections per unit of weight.
+    WeightedLeastConnection,
+    /// `sed`: the shortest expected delay, (connections + 1) / weight.
+    ShortestExpectedDelay,
+    /// `nq`: an idle endpoint if there is one, else as `sed`.
+    NeverQueue,
 }
 
 impl Scheduler {
     /// IPVS's schedulers that svcproxy does not execute (yet); named so that
     /// their refusal says so rather than "unknown".
-    pub const NOT_IMPLEMENTED: &'static [&'static str] = &[
-        "wrr", "lc", "wlc", "lblc", "lblcr", "sed", "nq", "fo", "ovf", "twos",
+    pub const NOT_IMPLEMENTED: &'static [&'static str] =
+        &["wrr", "lblc", "lblcr", "fo", "ovf", "twos"];
+
+    /// Every scheduler, in the order the names are listed.
+    pub const ALL: [Scheduler; 9] = [
+        Scheduler::Random,
+        Scheduler::RoundRobin,
+        Scheduler::SourceHash,
+        Scheduler::DestinationHash,
+        Scheduler::Maglev,
+        Scheduler::LeastConnection,
+        Scheduler::WeightedLeastConnection,
+        Scheduler::ShortestExpectedDelay,
+        Scheduler::NeverQueue,
     ];
 
     /// A scheduler by its IPVS name (`random` is svcproxy's name for the other
     /// modes' choice).
     pub fn parse(name: &str) -> Result<Scheduler, String> {
-        match name {
-            "random" => Ok(Scheduler::Random),
-            "rr" => Ok(Scheduler::RoundRobin),
-            "sh" => Ok(Scheduler::SourceHash),
-            "dh" => Ok(Scheduler::DestinationHash),
-            "mh" => Ok(Scheduler::Maglev),
-            other if Scheduler::NOT_IMPLEMENTED.contains(&other) => Err(format!(
-                "scheduler \"{other}\" is not implemented by svcproxy; use rr, sh, dh, mh or random"
-            )),
-            other => Err(format!(
-                "unknown scheduler {}: must be rr, sh, dh, mh or random",
-                crate::problem::quote(other)
-            )),
+        if let Some(s) = Scheduler::ALL.into_iter().find(|s| s.as_str() == name) {
+            return Ok(s);
         }
+        let names = Scheduler::ALL.map(Scheduler::as_str).join(", ");
+        if Scheduler::NOT_IMPLEMENTED.contains(&name) {
+            Err(format!(
+                "scheduler \"{name}\" is not implemented by svcproxy; use one of {names}"
+            ))
+        } else {
+            Err(format!(
+                "unknown scheduler {}: must be one of {names}",
+                crate::problem::quote(name)
+            ))
+        }
+    }
+
+    /// Whether it chooses by the endpoints' live connections (which the data
+    /// plane then counts).
+    pub fn counts_connections(self) -> bool {
+        matches!(
+            self,
+            Scheduler::LeastConnection
+                | Scheduler::WeightedLeastConnection
+                | Scheduler::ShortestExpectedDelay
+                | Scheduler::NeverQueue
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -330,6 +362,10 @@ impl Scheduler {
             Scheduler::SourceHash => "sh",
             Scheduler::DestinationHash => "dh",
             Scheduler::Maglev => "mh",
+            Scheduler::LeastConnection => "lc",
+            Scheduler::WeightedLeastConnection => "wlc",
+            Scheduler::ShortestExpectedDelay => "sed",
+            Scheduler::NeverQueue => "nq",
         }
     }
 }

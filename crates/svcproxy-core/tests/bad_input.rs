@@ -2613,8 +2613,8 @@ spec:
     };
     let mut st = baseline_state();
     upsert(&mut st, annotated("maglev", "10.96.0.91", " mh "));
-    upsert(&mut st, annotated("leastconn", "10.96.0.92", "lc"));
-    let lc = key(Kind::Service, "default", "leastconn");
+    upsert(&mut st, annotated("weighted", "10.96.0.92", "wrr"));
+    let lc = key(Kind::Service, "default", "weighted");
     expect_problem(
         &st,
         &lc,
@@ -2624,7 +2624,7 @@ spec:
     assert!(
         problems_of(&st, &lc)
             .iter()
-            .any(|p| p.message.contains("\"lc\" is not implemented")),
+            .any(|p| p.message.contains("\"wrr\" is not implemented")),
         "{:#?}",
         problems_of(&st, &lc)
     );
@@ -2636,6 +2636,6 @@ spec:
         Some(svcproxy_core::model::Scheduler::Maglev)
     );
     // The Service is served; only its annotation is ignored.
-    let v = must_view(&update.v4, &tcp("default", "leastconn", "http"));
+    let v = must_view(&update.v4, &tcp("default", "weighted", "http"));
     assert_eq!(v.port.scheduler, None);
 }

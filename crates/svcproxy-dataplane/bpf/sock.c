@@ -148,6 +148,19 @@ static __always_inline __u32 sched_hash(struct bpf_sock_addr *ctx, const struct 
 	}
 }
 
+// Gives back the live connection a stream socket counts for its endpoint (lc).
+static __always_inline void release_count(struct sock_peer *p)
+{
+	if (!p->counted)
+		return;
+	p->counted = 0;
+	struct backend be = {};
+	addr_copy(be.addr, p->be);
+	be.port = p->beport;
+	be.family = p->family;
+	conns_add(&be, -1);
+}
+
 // Adds `mark` to the socket's own (SO_MARK), for the companion rules.
 static __always_inline void mark_socket(struct bpf_sock_addr *ctx, __u32 mark)
 {
@@ -307,6 +320,13 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 							    BPF_SK_STORAGE_GET_F_CREATE)
 					 : 0;
 		if (p) {
+			// A socket connecting again gives back its last connection's count.
+			release_count(p);
+			if (COUNTS_CONNS(rt->sched)) {
+				conns_add(&chosen, 1);
+				p->counted = 1;
+			}
+			p->family = chosen.family;
 			p->vip[0] = key.addr[0];
 			p->vip[1] = key.addr[1];
 			p->vip[2] = key.addr[2];
@@ -399,6 +419,18 @@ SEC("cgroup/getpeername6")
 int svcproxy_getpeername6(struct bpf_sock_addr *ctx)
 {
 	return reverse(ctx, FAMILY_V6);
+}
+
+
+// A socket is released (closed, or its process gone): its connection no longer
+// counts for its endpoint.
+SEC("cgroup/sock_release")
+int svcproxy_release(struct bpf_sock *sk)
+{
+	struct sock_peer *p = bpf_sk_storage_get(&svcproxy_peer, sk, 0, 0);
+	if (p)
+		release_count(p);
+	return 1;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

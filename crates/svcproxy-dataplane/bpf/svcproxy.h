@@ -30,6 +30,16 @@
 #define SCHED_SH 2 // a hash of the client
 #define SCHED_DH 3 // a hash of the service address
 #define SCHED_MH 4 // Maglev: the flow's hash names a cell of svcproxy_mh
+#define SCHED_LC 5 // the fewest live connections (svcproxy_conns)
+// wlc, sed, nq: lc's weighted kin, the same as lc while every weight is 1.
+#define SCHED_WLC 6
+#define SCHED_SED 7
+#define SCHED_NQ 8
+#define COUNTS_CONNS(s) ((s) >= SCHED_LC && (s) <= SCHED_NQ)
+
+// The endpoints the lc scheduler compares: all of a list up to this many (as
+// IPVS, the first with the fewest), else this many from a random slot on.
+#define LC_SCAN 64
 
 #define FAMILY_V4 4
 #define FAMILY_V6 6
@@ -118,7 +128,8 @@ struct rev_val {
 struct sock_peer {
 	__u32 vip[4];
 	__u16 vport;
-	__u16 pad;
+	__u8 family; // the endpoint's (FAMILY_*)
+	__u8 counted; // the connection counts in svcproxy_conns until released
 	__u32 be[4];
 	__u16 beport;
 	__u16 pad2;
@@ -187,7 +198,7 @@ struct ct_val {
 	__u32 addr[4];
 	__u16 port;
 	__u8 flags; // ROUTE_MASQUERADE
-	__u8 pad;
+	__u8 counted; // CT_ORIGINAL: the connection counts in svcproxy_conns
 	__u32 pad2;
 	__u64 created_ns; // when the connection's endpoint was chosen
 };
@@ -287,6 +298,33 @@ struct {
 	__type(key, __u32); // the list
 	__type(value, __u64);
 } svcproxy_rr SEC(".maps");
+
+// Each endpoint's live connections, for the lc scheduler: counted when a
+// connection is translated to it, released when its socket is (socket side) or
+// at the first FIN or RST (packet side). An LRU: an endpoint long gone is
+// forgotten.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct backend);
+	__type(value, __s64);
+} svcproxy_conns SEC(".maps");
+
+static __always_inline void conns_add(const struct backend *be, __s64 delta)
+{
+	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, be);
+	if (!n) {
+		if (delta < 0)
+			return;
+		__s64 zero = 0;
+		bpf_map_update_elem(&svcproxy_conns, be, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&svcproxy_conns, be);
+		if (!n)
+			return;
+	}
+	__sync_fetch_and_add(n, delta);
+}
 
 // A Maglev list's lookup table, MH_CHUNK cells an entry: each cell the slot of
 // the list it names (src/ebpf/maglev.rs in the plan crate fills it).
@@ -443,6 +481,40 @@ static __always_inline int admitted(const struct svc_val *svc, int family, const
 	return bpf_map_lookup_elem(&svcproxy_fw, &k) != 0;
 }
 
+// The lc scheduler's scan: the first of up to LC_SCAN slots from `start` with
+// the fewest live connections (in the high word of `least`, the slot in the
+// low); `least` -1 when the list is being replaced under us. One bpf_loop
+// step a slot, the minimum taken without a branch: the verifier checks one
+// step, not LC_SCAN of them.
+struct lc_scan {
+	__u32 list;
+	__u32 count;
+	__u32 start;
+	__u32 pad;
+	__s64 least;
+};
+
+static long lc_step(__u32 i, void *data)
+{
+	struct lc_scan *s = data;
+	if (!s->count)
+		return 1;
+	struct slot_key k = { .list = s->list, .slot = (s->start + i) % s->count };
+	const struct backend *be = bpf_map_lookup_elem(&svcproxy_slot, &k);
+	if (!be) {
+		s->least = -1;
+		return 1;
+	}
+	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, be);
+	__s64 c = n ? *n : 0;
+	c &= ~(c >> 63); // a count raced below 0 is 0
+	c &= 0x7fffffff; // and fits the high word
+	__s64 cand = (c << 32) | k.slot;
+	__s64 d = s->least - cand; // least < cand: d < 0
+	s->least = cand + (d & (d >> 63));
+	return 0;
+}
+
 // An endpoint of the route's list (count > 0), as its scheduler chooses:
 // `hash` is the connection's for the hashing schedulers (the client's for sh,
 // the service address's for dh, the flow's for mh): the endpoint in the slots
@@ -470,6 +542,23 @@ static __always_inline const struct backend *pick(const struct route *rt, __u32 
 		if (!t)
 			return 0;
 		sk.slot = t->cell[cell % MH_CHUNK];
+		break;
+	}
+	case SCHED_LC:
+	case SCHED_WLC:
+	case SCHED_SED:
+	case SCHED_NQ: {
+		struct lc_scan scan = {
+			.list = rt->list,
+			.count = rt->count,
+			.start = rt->count > LC_SCAN ? bpf_get_prandom_u32() % rt->count : 0,
+			.least = 0x7fffffffffffffffLL,
+		};
+		bpf_loop(rt->count < LC_SCAN ? rt->count : LC_SCAN, lc_step, &scan, 0);
+		__s64 least = scan.least;
+		if (least < 0)
+			return 0;
+		sk.slot = (__u32)least;
 		break;
 	}
 	default:

@@ -31,7 +31,9 @@
 
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
+#define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
 // svcproxy_ifc's flags: packets arriving here come from this node's pods.
@@ -319,6 +321,20 @@ static __always_inline __u32 sched_hash(const struct pkt *p, const struct route 
 	}
 }
 
+// A connection the lc scheduler counted ends (its first FIN or RST, either
+// way, or its client port reused): its endpoint's count goes down, once.
+static __always_inline void release_flow(struct ct_val *ct, __u8 family)
+{
+	if (!ct->counted)
+		return;
+	ct->counted = 0;
+	struct backend be = {};
+	addr_copy(be.addr, ct->addr);
+	be.port = ct->port;
+	be.family = family;
+	conns_add(&be, -1);
+}
+
 // A new connection: its route's endpoint, remembered both ways. 0 when the
 // packet goes on untranslated (the list being replaced under us).
 static __always_inline int choose(const struct pkt *p, const struct svc_val *svc,
@@ -359,6 +375,10 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 			     ? ROUTE_MASQUERADE
 			     : 0;
 	out->created_ns = bpf_ktime_get_ns();
+	if (COUNTS_CONNS(rt->sched) && p->proto == IPPROTO_TCP) {
+		conns_add(&be, 1);
+		out->counted = 1;
+	}
 
 	struct ct_key k;
 	ct_key_of(&k, p);
@@ -537,10 +557,14 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	ct_key_of(&k, &p);
 	struct ct_val flow;
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
-	if (ct && syn && bpf_ktime_get_ns() - ct->created_ns > SYN_RETRY_NS)
+	if (ct && syn && bpf_ktime_get_ns() - ct->created_ns > SYN_RETRY_NS) {
 		// A new connection from a port used before.
+		release_flow(ct, p.family);
 		ct = 0;
+	}
 	if (ct && tcp) {
+		if (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+			release_flow(ct, p.family);
 		flow = *ct;
 	} else if (tcp && !syn) {
 		// Mid-stream TCP that no connection here began (replies, the node's
@@ -629,6 +653,21 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 	if (!ct)
 		return TC_ACT_UNSPEC;
 	struct ct_val back = *ct;
+	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))) {
+		// The endpoint ends the connection: the client's side of it is what
+		// the lc scheduler counted.
+		struct ct_key ok = {};
+		addr_copy(ok.saddr, p.daddr);
+		addr_copy(ok.daddr, back.addr);
+		ok.sport = p.dport;
+		ok.dport = back.port;
+		ok.proto = p.proto;
+		ok.family = p.family;
+		ok.dir = CT_ORIGINAL;
+		struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
+		if (orig)
+			release_flow(orig, p.family);
+	}
 	if (!rewrite(skb, &p, 0, back.addr, back.port))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;

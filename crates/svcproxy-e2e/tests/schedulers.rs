@@ -300,3 +300,107 @@ fn a_services_maglev_annotation_is_honoured_in_ebpf_mode() {
     });
     ck.finish(&env);
 }
+
+/// Holds `n` connections to `target` open from the process it runs in, one after
+/// the other, and prints the backends that answered as one JSON line.
+fn holder_script(target: SocketAddr, n: usize) -> String {
+    format!(
+        "import json, socket, sys, time\n\
+         held, names = [], []\n\
+         for _ in range({n}):\n\
+         \x20   s = socket.create_connection(('{ip}', {port}), timeout=5)\n\
+         \x20   names.append(json.loads(s.makefile().readline())['backend'])\n\
+         \x20   held.append(s)\n\
+         print(json.dumps(names), flush=True)\n\
+         time.sleep(120)\n",
+        ip = target.ip(),
+        port = target.port(),
+    )
+}
+
+#[test]
+fn least_connection_sends_new_connections_away_from_an_endpoint_holding_long_ones() {
+    let (svc, file) = service("lc", &[], &[A0, B0, B1]);
+    let Some(env) = start(Mode::Ipvs, &["--ipvs-scheduler=lc"], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("lc");
+    let vip = sa(svc.cluster_ip(Family::V4), 80);
+    // A process of node-a holds four connections (translated at connect(), they
+    // count until their sockets close): lc spreads them 2, 1, 1.
+    let script = holder_script(vip, 4);
+    let holder = env
+        .c
+        .spawn(Host::Node(NODE_A), "holder", &["python3", "-c", &script])
+        .expect("spawn the holder");
+    let line = holder
+        .wait_for_stdout("]", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("the holder's connections: {e}\n{}", holder.logs()));
+    let held: Vec<String> = serde_json::from_str(line.lines().last().unwrap_or("[]")).unwrap();
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for b in &held {
+        *count.entry(b.as_str()).or_default() += 1;
+    }
+    let mut spread: Vec<usize> = count.values().copied().collect();
+    spread.sort();
+    ck.check(spread == [1, 1, 2], || {
+        format!("4 held connections spread {count:?}, lc gives 2, 1, 1")
+    });
+    let busy = count
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(b, _)| b.to_string())
+        .unwrap_or_default();
+    let busy_ip = match busy.as_str() {
+        "pod-a0" => plan::pod_ip(NODE_A, 0, Family::V4),
+        "pod-b0" => plan::pod_ip(NODE_B, 0, Family::V4),
+        _ => plan::pod_ip(NODE_B, 1, Family::V4),
+    };
+    let state = env.mode.dump(&env.c, NODE_A);
+    ck.check(
+        state.contains(&format!("connections {busy_ip}:{BACKEND_PORT} 2")),
+        || format!("node-a's maps do not count 2 connections for {busy}:\n{state}"),
+    );
+    // New connections, each closed before the next, through the socket path (the
+    // node's) and through the packet path (a pod's, the outside client's):
+    // never to the endpoint holding two.
+    for (what, from, target) in [
+        ("node-a's", Host::Node(NODE_A), vip),
+        ("pod-a0's", A0, vip),
+        (
+            "the external client's (NodePort)",
+            Host::Ext,
+            sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT),
+        ),
+    ] {
+        let seq = answers(&env, from, target, 12);
+        ck.check(seq.iter().all(|b| b != "-" && *b != busy), || {
+            format!("{what} 12 connections met {seq:?}; {busy} holds two")
+        });
+    }
+    // The holder's sockets released (its process gone), every count is back
+    // to 0 (the packet path's connections were released at their FIN).
+    holder.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let settled = loop {
+        let state = env.mode.dump(&env.c, NODE_A);
+        let live: Vec<&str> = state
+            .lines()
+            .filter(|l| l.starts_with("connections ") && !l.ends_with(" 0"))
+            .collect();
+        if live.is_empty() {
+            break Ok(());
+        }
+        if Instant::now() >= deadline {
+            break Err(live.join("\n"));
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    ck.check(settled.is_ok(), || {
+        format!(
+            "connections still counted after every one closed:\n{}",
+            settled.clone().unwrap_err()
+        )
+    });
+    ck.finish(&env);
+}

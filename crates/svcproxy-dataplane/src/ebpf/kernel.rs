@@ -28,7 +28,8 @@ use aya::maps::{Array, HashMap, IterableMap, MapData};
 use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
 use aya::programs::tc::TcAttachOptions;
 use aya::programs::{
-    CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType, SchedClassifier, TcAttachType,
+    CgroupAttachMode, CgroupSock, CgroupSockAddr, CgroupSockAddrAttachType, SchedClassifier,
+    TcAttachType,
 };
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
@@ -73,6 +74,18 @@ const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
     ),
 ];
 
+/// The socket program that gives back a released socket's connection count
+/// (`cgroup/sock_release`, the lc scheduler's).
+const RELEASE_PROGRAM: &str = "svcproxy_release";
+
+/// Every socket program's name, each pinned as `link-NAME`.
+fn socket_programs() -> impl Iterator<Item = &'static str> {
+    PROGRAMS
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(std::iter::once(RELEASE_PROGRAM))
+}
+
 /// The packet programs, as `bpf/tc.c` names them, with their attach points and
 /// the suffix of their links' pins.
 const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
@@ -81,7 +94,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 ];
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 18] = [
+pub const MAPS: [&str; 19] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -100,6 +113,7 @@ pub const MAPS: [&str; 18] = [
     "svcproxy_guard",
     "svcproxy_rr",
     "svcproxy_mh",
+    "svcproxy_conns",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
@@ -228,6 +242,7 @@ fn probe_programs(bpffs: &Path) -> Result<(), DataPlaneError> {
                     .ok_or_else(|| kernel_err(name.as_str(), "missing from the object"))?;
                 let loaded = match program {
                     aya::programs::Program::CgroupSockAddr(p) => p.load(),
+                    aya::programs::Program::CgroupSock(p) => p.load(),
                     aya::programs::Program::SchedClassifier(p) => p.load(),
                     _ => continue,
                 };
@@ -468,6 +483,21 @@ impl Kernel {
 
         for (name, _) in PROGRAMS {
             let prog: &mut CgroupSockAddr = program(&mut ebpf, name)?;
+            prog.load()
+                .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
+            let id = prog
+                .attach(&cgroup_dir, CgroupAttachMode::Single)
+                .map_err(|e| kernel_err(format!("attaching {name} to {}", cgroup.display()), e))?;
+            let link: FdLink = prog
+                .take_link(id)
+                .map_err(|e| kernel_err(name, e))?
+                .try_into()
+                .map_err(|e| kernel_err(name, e))?;
+            pin_in_place(link, &pin_dir.join(format!("link-{name}")))?;
+        }
+        {
+            let name = RELEASE_PROGRAM;
+            let prog: &mut CgroupSock = program(&mut ebpf, name)?;
             prog.load()
                 .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
             let id = prog
@@ -1664,6 +1694,14 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
             age(v.last_ns)
         ));
     }
+    // The lc scheduler's live connections per endpoint (none before a release
+    // that has the map).
+    let conns: Option<HashMap<MapData, Backend, i64>> = open_pinned(pin_dir, "svcproxy_conns").ok();
+    for (be, n) in conns.iter().flat_map(|m| m.iter().filter_map(Result::ok)) {
+        if let Some(a) = be.socket_addr() {
+            lines.push(format!("connections {a} {n}"));
+        }
+    }
     lines.sort();
     for l in lines {
         out.push_str(&l);
@@ -1888,7 +1926,7 @@ pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
     for index in pinned_interfaces(pin_dir) {
         release_interface(pin_dir, index)?;
     }
-    for (name, _) in PROGRAMS {
+    for name in socket_programs() {
         let _ = std::fs::remove_file(pin_dir.join(format!("link-{name}-new")));
         let pin = pin_dir.join(format!("link-{name}"));
         if pin.exists() {
@@ -1915,9 +1953,8 @@ pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
 
 /// What is pinned in `pin_dir` of svcproxy's: links and maps present, by name.
 pub fn pinned(pin_dir: &Path) -> Vec<String> {
-    PROGRAMS
-        .iter()
-        .map(|(n, _)| format!("link-{n}"))
+    socket_programs()
+        .map(|n| format!("link-{n}"))
         .chain(MAPS.iter().map(|m| m.to_string()))
         .filter(|n| pin_dir.join(n).exists())
         .collect()
@@ -1925,9 +1962,8 @@ pub fn pinned(pin_dir: &Path) -> Vec<String> {
 
 /// The links that should be pinned and are not.
 pub fn missing_links(pin_dir: &Path) -> Vec<String> {
-    PROGRAMS
-        .iter()
-        .map(|(n, _)| format!("link-{n}"))
+    socket_programs()
+        .map(|n| format!("link-{n}"))
         .filter(|n| !pin_dir.join(n).exists())
         .collect()
 }

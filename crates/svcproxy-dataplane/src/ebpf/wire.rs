@@ -27,6 +27,10 @@ pub const SCHED_RR: u8 = 1;
 pub const SCHED_SH: u8 = 2;
 pub const SCHED_DH: u8 = 3;
 pub const SCHED_MH: u8 = 4;
+pub const SCHED_LC: u8 = 5;
+pub const SCHED_WLC: u8 = 6;
+pub const SCHED_SED: u8 = 7;
+pub const SCHED_NQ: u8 = 8;
 
 /// The byte the programs know `scheduler` by; Maglev's also says its table's
 /// size (`None`: the list is too long for any table, and is chosen from at
@@ -41,6 +45,10 @@ pub fn sched_bytes(scheduler: Scheduler, endpoints: usize) -> (u8, u8) {
             Some(size) => (SCHED_MH, size),
             None => (SCHED_RANDOM, 0),
         },
+        Scheduler::LeastConnection => (SCHED_LC, 0),
+        Scheduler::WeightedLeastConnection => (SCHED_WLC, 0),
+        Scheduler::ShortestExpectedDelay => (SCHED_SED, 0),
+        Scheduler::NeverQueue => (SCHED_NQ, 0),
     }
 }
 
@@ -51,6 +59,10 @@ pub fn scheduler_of(sched: u8) -> Scheduler {
         SCHED_SH => Scheduler::SourceHash,
         SCHED_DH => Scheduler::DestinationHash,
         SCHED_MH => Scheduler::Maglev,
+        SCHED_LC => Scheduler::LeastConnection,
+        SCHED_WLC => Scheduler::WeightedLeastConnection,
+        SCHED_SED => Scheduler::ShortestExpectedDelay,
+        SCHED_NQ => Scheduler::NeverQueue,
         _ => Scheduler::Random,
     }
 }

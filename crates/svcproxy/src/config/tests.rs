@@ -349,8 +349,20 @@ fn schedulers_by_mode() {
         e.contains("--ipvs-scheduler: unknown scheduler \"bogus\\u{1b}[2J\""),
         "{e}"
     );
-    let e = err(&["--proxy-mode=ipvs", "--ipvs-scheduler=lc"]);
-    assert!(e.contains("\"lc\" is not implemented"), "{e}");
+    let e = err(&["--proxy-mode=ipvs", "--ipvs-scheduler=wrr"]);
+    assert!(e.contains("\"wrr\" is not implemented"), "{e}");
+    // lc and its weighted kin.
+    for (name, s) in [
+        ("lc", Scheduler::LeastConnection),
+        ("wlc", Scheduler::WeightedLeastConnection),
+        ("sed", Scheduler::ShortestExpectedDelay),
+        ("nq", Scheduler::NeverQueue),
+    ] {
+        assert_eq!(
+            sched(&["--proxy-mode=ipvs", &format!("--ipvs-scheduler={name}")]),
+            s
+        );
+    }
     // The config file's ipvs.scheduler, in ipvs mode.
     let f = write_config(&format!("{HEAD}mode: ipvs\nipvs:\n  scheduler: sh\n"));
     assert_eq!(sched(&[&config_arg(&f)]), Scheduler::SourceHash);
