@@ -340,6 +340,8 @@ pub fn convert_service(
     );
 
     let scheduler = scheduler(&mut ctx, annotations);
+    let endpoint_weights: Option<Arc<[(WeightKey, u8)]>> =
+        endpoint_weights(&mut ctx, annotations).map(Into::into);
 
     let raw_ports = spec.ports.as_deref().unwrap_or_default();
     if raw_ports.is_empty() {
@@ -387,6 +389,7 @@ pub fn convert_service(
             topology_mode: topology_mode.clone(),
             topology_keys: topology_keys.clone(),
             scheduler,
+            endpoint_weights: endpoint_weights.clone(),
         }));
     }
     if ports.is_empty() {
@@ -553,6 +556,67 @@ fn scheduler(ctx: &mut Ctx<'_>, annotations: &BTreeMap<String, String>) -> Optio
             None
         }
     }
+}
+
+/// The most entries `svcproxy.io/endpoint-weights` may have.
+const MAX_ENDPOINT_WEIGHTS: usize = 1024;
+
+/// `svcproxy.io/endpoint-weights`: `KEY=WEIGHT` entries, KEY an endpoint's
+/// address or a node's name, WEIGHT 1..=255. A malformed list is ignored as a
+/// whole (every endpoint weighs 1), with a problem naming the first bad entry.
+fn endpoint_weights(
+    ctx: &mut Ctx<'_>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<Vec<(WeightKey, u8)>> {
+    let raw = annotations.get(ANNOTATION_ENDPOINT_WEIGHTS)?;
+    let field = format!("metadata.annotations[{ANNOTATION_ENDPOINT_WEIGHTS}]");
+    let parts: Vec<&str> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if parts.len() > MAX_ENDPOINT_WEIGHTS {
+        ctx.ignore(
+            field,
+            format!(
+                "{} entries; at most {MAX_ENDPOINT_WEIGHTS}; every endpoint weighs 1",
+                parts.len()
+            ),
+        );
+        return None;
+    }
+    let mut out = Vec::with_capacity(parts.len());
+    for part in parts {
+        let parsed = part.split_once('=').and_then(|(k, w)| {
+            let w: u8 = w.trim().parse().ok().filter(|w| *w >= 1)?;
+            let k = k.trim();
+            let key = match k.parse::<IpAddr>() {
+                Ok(ip) => WeightKey::Ip(ip),
+                Err(_) if is_dns1123_subdomain(k) => WeightKey::Node(k.into()),
+                Err(_) => return None,
+            };
+            Some((key, w))
+        });
+        match parsed {
+            Some(entry) => out.push(entry),
+            None => {
+                ctx.ignore(
+                    field,
+                    format!(
+                        "entry {} is not ADDRESS=WEIGHT or NODE=WEIGHT with a weight of \
+                         1..={MAX_ENDPOINT_WEIGHT}; every endpoint weighs 1",
+                        quote(part)
+                    ),
+                );
+                return None;
+            }
+        }
+    }
+    if out.is_empty() {
+        ctx.ignore(field, "no entries; every endpoint weighs 1");
+        return None;
+    }
+    Some(out)
 }
 
 /// The healthCheckNodePort, for a LoadBalancer with externalTrafficPolicy Local.

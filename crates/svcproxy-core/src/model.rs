@@ -34,6 +34,11 @@ pub const ANNOTATION_TOPOLOGY_KEYS: &str = "svcproxy.io/topology-keys";
 /// svcproxy's per-Service choice of scheduler ([`Scheduler::parse`]'s names), in the
 /// modes that execute schedulers (ebpf, ipvs).
 pub const ANNOTATION_SCHEDULER: &str = "svcproxy.io/scheduler";
+/// svcproxy's endpoint weights for the weighted schedulers: comma-separated
+/// `KEY=WEIGHT`, KEY an endpoint's address or a node's name, WEIGHT 1..=255.
+pub const ANNOTATION_ENDPOINT_WEIGHTS: &str = "svcproxy.io/endpoint-weights";
+/// The largest endpoint weight.
+pub const MAX_ENDPOINT_WEIGHT: u8 = 255;
 /// EndpointSlice annotation with the time the endpoints last changed.
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
@@ -297,6 +302,9 @@ pub enum Scheduler {
     Maglev,
     /// `lc`: the endpoint with the fewest live connections (the first such).
     LeastConnection,
+    /// `wrr`: in turn, each endpoint as often as its weight, interleaved as
+    /// IPVS's.
+    WeightedRoundRobin,
     /// `wlc`: the fewest live connections per unit of weight.
     WeightedLeastConnection,
     /// `sed`: the shortest expected delay, (connections + 1) / weight.
@@ -308,13 +316,13 @@ pub enum Scheduler {
 impl Scheduler {
     /// IPVS's schedulers that svcproxy does not execute (yet); named so that
     /// their refusal says so rather than "unknown".
-    pub const NOT_IMPLEMENTED: &'static [&'static str] =
-        &["wrr", "lblc", "lblcr", "fo", "ovf", "twos"];
+    pub const NOT_IMPLEMENTED: &'static [&'static str] = &["lblc", "lblcr", "fo", "ovf", "twos"];
 
     /// Every scheduler, in the order the names are listed.
-    pub const ALL: [Scheduler; 9] = [
+    pub const ALL: [Scheduler; 10] = [
         Scheduler::Random,
         Scheduler::RoundRobin,
+        Scheduler::WeightedRoundRobin,
         Scheduler::SourceHash,
         Scheduler::DestinationHash,
         Scheduler::Maglev,
@@ -343,6 +351,16 @@ impl Scheduler {
         }
     }
 
+    /// Whether it gives endpoints shares by their weights (`svcproxy.io/endpoint-weights`):
+    /// as IPVS's, all but `rr`, `lc` and `dh`, which ignore weights; `random`
+    /// chooses in proportion to them.
+    pub fn weighted(self) -> bool {
+        !matches!(
+            self,
+            Scheduler::RoundRobin | Scheduler::LeastConnection | Scheduler::DestinationHash
+        )
+    }
+
     /// Whether it chooses by the endpoints' live connections (which the data
     /// plane then counts).
     pub fn counts_connections(self) -> bool {
@@ -362,6 +380,7 @@ impl Scheduler {
             Scheduler::SourceHash => "sh",
             Scheduler::DestinationHash => "dh",
             Scheduler::Maglev => "mh",
+            Scheduler::WeightedRoundRobin => "wrr",
             Scheduler::LeastConnection => "lc",
             Scheduler::WeightedLeastConnection => "wlc",
             Scheduler::ShortestExpectedDelay => "sed",
@@ -374,6 +393,15 @@ impl fmt::Display for Scheduler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Which endpoints an entry of `svcproxy.io/endpoint-weights` weighs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum WeightKey {
+    /// The endpoint with this address.
+    Ip(IpAddr),
+    /// Every endpoint on this node (one with its own address entry takes that).
+    Node(Arc<str>),
 }
 
 /// One entry of the `svcproxy.io/topology-keys` annotation.
@@ -429,6 +457,9 @@ pub struct ServicePort {
     /// `svcproxy.io/scheduler`; `None`: the node's (`--ipvs-scheduler`,
     /// `--scheduler`).
     pub scheduler: Option<Scheduler>,
+    /// `svcproxy.io/endpoint-weights`, in the annotation's order; `None`: every
+    /// endpoint weighs 1.
+    pub endpoint_weights: Option<Arc<[(WeightKey, u8)]>>,
 }
 
 impl ServicePort {
@@ -643,6 +674,7 @@ pub(crate) fn test_port(
         topology_mode: None,
         topology_keys: None,
         scheduler: None,
+        endpoint_weights: None,
     }
 }
 

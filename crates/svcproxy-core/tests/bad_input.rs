@@ -1336,6 +1336,7 @@ fn malformed_topology_keys_are_ignored_as_a_whole() {
         let v = must_view(&update.v4, &tcp("default", "topo", "http"));
         assert_eq!(v.port.topology_keys, None, "{case}");
         assert_eq!(v.port.scheduler, None, "{case}");
+        assert_eq!(v.port.endpoint_weights, None, "{case}");
         assert_eq!(cluster_endpoints(v), all_three(), "{case}");
     }
 }
@@ -2170,6 +2171,7 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.80}]}}
             [
                 ("svcproxy.io/topology-keys".to_string(), h.clone()),
                 ("svcproxy.io/scheduler".to_string(), h.clone()),
+                ("svcproxy.io/endpoint-weights".to_string(), h.clone()),
                 (
                     "service.beta.kubernetes.io/load-balancer-source-ranges".to_string(),
                     h.clone(),
@@ -2186,6 +2188,12 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.80}]}}
             "metadata.annotations[svcproxy.io/scheduler]",
             Ignored,
         );
+        expect_problem(
+            &st,
+            &k,
+            "metadata.annotations[svcproxy.io/endpoint-weights]",
+            Ignored,
+        );
         let ranges_field =
             "metadata.annotations[service.beta.kubernetes.io/load-balancer-source-ranges]";
         // Fails closed with a warning; a 10k-entry value also reports its truncation.
@@ -2198,7 +2206,8 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.80}]}}
             "{case}: {at_field:#?}"
         );
         assert!(at_field.len() <= 2, "{at_field:#?}");
-        assert!(problems_of(&st, &k).len() <= 1004, "{case}: bounded");
+        // At most 1000 ranges, their truncation, and one per other annotation.
+        assert!(problems_of(&st, &k).len() <= 1005, "{case}: bounded");
         for p in problems_of(&st, &k) {
             assert_clean_message(&p);
         }
@@ -2613,7 +2622,7 @@ spec:
     };
     let mut st = baseline_state();
     upsert(&mut st, annotated("maglev", "10.96.0.91", " mh "));
-    upsert(&mut st, annotated("weighted", "10.96.0.92", "wrr"));
+    upsert(&mut st, annotated("weighted", "10.96.0.92", "lblc"));
     let lc = key(Kind::Service, "default", "weighted");
     expect_problem(
         &st,
@@ -2624,7 +2633,7 @@ spec:
     assert!(
         problems_of(&st, &lc)
             .iter()
-            .any(|p| p.message.contains("\"wrr\" is not implemented")),
+            .any(|p| p.message.contains("\"lblc\" is not implemented")),
         "{:#?}",
         problems_of(&st, &lc)
     );
@@ -2638,4 +2647,63 @@ spec:
     // The Service is served; only its annotation is ignored.
     let v = must_view(&update.v4, &tcp("default", "weighted", "http"));
     assert_eq!(v.port.scheduler, None);
+}
+
+#[test]
+fn endpoint_weights_are_read_and_a_malformed_list_ignored_whole() {
+    let weighted = |name: &str, ip: &str, value: &str| {
+        service(&format!(
+            r#"
+metadata:
+  name: {name}
+  namespace: default
+  annotations: {{svcproxy.io/endpoint-weights: "{value}"}}
+spec:
+  clusterIP: {ip}
+  ports: [{{name: http, port: 80}}]
+"#
+        ))
+    };
+    let mut st = baseline_state();
+    upsert(
+        &mut st,
+        weighted("good", "10.96.0.93", "10.244.1.5=3, node-b = 2,"),
+    );
+    let bad = [
+        "10.244.1.5=0",
+        "node-b=256",
+        "node-b",
+        "Node_B=2",
+        "10.244.1.5=3,x=y",
+    ];
+    for (i, value) in bad.iter().enumerate() {
+        let name = format!("bad{i}");
+        upsert(
+            &mut st,
+            weighted(&name, &format!("10.96.0.{}", 100 + i), value),
+        );
+    }
+    for i in 0..bad.len() {
+        let k = key(Kind::Service, "default", &format!("bad{i}"));
+        expect_problem(
+            &st,
+            &k,
+            "metadata.annotations[svcproxy.io/endpoint-weights]",
+            Ignored,
+        );
+    }
+    let update = st.snapshot();
+    assert_baseline_works(&update);
+    let v = must_view(&update.v4, &tcp("default", "good", "http"));
+    assert_eq!(
+        v.port.endpoint_weights.as_deref(),
+        Some(
+            &[
+                (svcproxy_core::model::WeightKey::Ip(ip("10.244.1.5")), 3),
+                (svcproxy_core::model::WeightKey::Node("node-b".into()), 2),
+            ][..]
+        )
+    );
+    let v = must_view(&update.v4, &tcp("default", "bad0", "http"));
+    assert_eq!(v.port.endpoint_weights, None);
 }

@@ -134,6 +134,7 @@ fn cluster_ip_port() -> ServicePort {
         topology_mode: None,
         topology_keys: None,
         scheduler: None,
+        endpoint_weights: None,
     }
 }
 

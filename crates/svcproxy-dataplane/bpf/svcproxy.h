@@ -31,10 +31,12 @@
 #define SCHED_DH 3 // a hash of the service address
 #define SCHED_MH 4 // Maglev: the flow's hash names a cell of svcproxy_mh
 #define SCHED_LC 5 // the fewest live connections (svcproxy_conns)
-// wlc, sed, nq: lc's weighted kin, the same as lc while every weight is 1.
+// wlc, sed, nq: lc's weighted kin (a weighted list's slots carry their
+// endpoint's weight in `pad`).
 #define SCHED_WLC 6
 #define SCHED_SED 7
 #define SCHED_NQ 8
+#define SCHED_WRR 9 // as rr: a weighted list's slots are in IPVS's wrr order
 #define COUNTS_CONNS(s) ((s) >= SCHED_LC && (s) <= SCHED_NQ)
 
 // The endpoints the lc scheduler compares: all of a list up to this many (as
@@ -83,7 +85,7 @@ struct backend {
 	__u32 addr[4];
 	__u16 port; // network order
 	__u8 family;
-	__u8 pad;
+	__u8 pad; // a slot of a weighted list: the endpoint's weight (else 0)
 };
 
 struct member_key {
@@ -311,15 +313,30 @@ struct {
 	__type(value, __s64);
 } svcproxy_conns SEC(".maps");
 
+// An endpoint's key in svcproxy_conns: its address, port and family (not its
+// weight).
+static __always_inline void conns_key(struct backend *key, const struct backend *be)
+{
+	__builtin_memset(key, 0, sizeof(*key));
+	key->addr[0] = be->addr[0];
+	key->addr[1] = be->addr[1];
+	key->addr[2] = be->addr[2];
+	key->addr[3] = be->addr[3];
+	key->port = be->port;
+	key->family = be->family;
+}
+
 static __always_inline void conns_add(const struct backend *be, __s64 delta)
 {
-	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, be);
+	struct backend key;
+	conns_key(&key, be);
+	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, &key);
 	if (!n) {
 		if (delta < 0)
 			return;
 		__s64 zero = 0;
-		bpf_map_update_elem(&svcproxy_conns, be, &zero, BPF_NOEXIST);
-		n = bpf_map_lookup_elem(&svcproxy_conns, be);
+		bpf_map_update_elem(&svcproxy_conns, &key, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&svcproxy_conns, &key);
 		if (!n)
 			return;
 	}
@@ -490,7 +507,7 @@ struct lc_scan {
 	__u32 list;
 	__u32 count;
 	__u32 start;
-	__u32 pad;
+	__u32 sched; // SCHED_LC, _WLC, _SED or _NQ
 	__s64 least;
 };
 
@@ -505,11 +522,32 @@ static long lc_step(__u32 i, void *data)
 		s->least = -1;
 		return 1;
 	}
-	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, be);
+	struct backend key;
+	conns_key(&key, be);
+	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, &key);
 	__s64 c = n ? *n : 0;
 	c &= ~(c >> 63); // a count raced below 0 is 0
-	c &= 0x7fffffff; // and fits the high word
-	__s64 cand = (c << 32) | k.slot;
+	c &= 0x7fffff;	 // and its overhead fits the high word
+	__s64 w = be->pad;
+	w += ((w - 1) >> 63) & 1; // an unweighted slot weighs 1
+	// IPVS's overheads: lc the connections; wlc per unit of weight; sed the
+	// connections once this one is added, per unit of weight; nq as sed but an
+	// idle endpoint first (in 1/256ths).
+	__s64 over;
+	switch (s->sched) {
+	case SCHED_WLC:
+		over = (c << 8) / w;
+		break;
+	case SCHED_SED:
+		over = ((c + 1) << 8) / w;
+		break;
+	case SCHED_NQ:
+		over = (((c + 1) << 8) / w) & ((-c) >> 63); // busy: sed; idle: 0
+		break;
+	default:
+		over = c;
+	}
+	__s64 cand = (over << 32) | k.slot;
 	__s64 d = s->least - cand; // least < cand: d < 0
 	s->least = cand + (d & (d >> 63));
 	return 0;
@@ -523,7 +561,8 @@ static __always_inline const struct backend *pick(const struct route *rt, __u32 
 {
 	struct slot_key sk = { .list = rt->list };
 	switch (rt->sched) {
-	case SCHED_RR: {
+	case SCHED_RR:
+	case SCHED_WRR: {
 		__u32 list = rt->list;
 		__u64 *turn = bpf_map_lookup_elem(&svcproxy_rr, &list);
 		if (!turn)
@@ -551,6 +590,7 @@ static __always_inline const struct backend *pick(const struct route *rt, __u32 
 		struct lc_scan scan = {
 			.list = rt->list,
 			.count = rt->count,
+			.sched = rt->sched,
 			.start = rt->count > LC_SCAN ? bpf_get_prandom_u32() % rt->count : 0,
 			.least = 0x7fffffffffffffffLL,
 		};

@@ -569,6 +569,7 @@ mod tests {
             topology_mode: None,
             topology_keys: None,
             scheduler: None,
+            endpoint_weights: None,
         }
     }
 

@@ -404,3 +404,84 @@ fn least_connection_sends_new_connections_away_from_an_endpoint_holding_long_one
     });
     ck.finish(&env);
 }
+
+#[test]
+fn weighted_round_robin_gives_each_endpoint_its_weight_in_ipvs_order() {
+    // pod-a0 weighs 3 by its address, node-b's endpoints 1 (the default); pod-b1
+    // 2 by node-b's entry but 1 by its own address, which wins.
+    let a0 = plan::pod_ip(NODE_A, 0, Family::V4);
+    let b1 = plan::pod_ip(NODE_B, 1, Family::V4);
+    let weights = format!("{a0}=3, node-b=2, {b1}=1");
+    let (svc, file) = service(
+        "wrr",
+        &[("svcproxy.io/endpoint-weights", weights.as_str())],
+        &[A0, B0, B1],
+    );
+    let Some(env) = start(Mode::Ipvs, &["--ipvs-scheduler=wrr"], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("wrr");
+    // IPVS's wrr for weights 3, 2, 1 (address order): a0; a0 b0; a0 b0 b1.
+    let round = ["pod-a0", "pod-a0", "pod-b0", "pod-a0", "pod-b0", "pod-b1"];
+    for (what, from, target) in [
+        (
+            "node-a's",
+            Host::Node(NODE_A),
+            sa(svc.cluster_ip(Family::V4), 80),
+        ),
+        (
+            "the external client's (NodePort)",
+            Host::Ext,
+            sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT),
+        ),
+    ] {
+        let seq = answers(&env, from, target, 18);
+        // The rounds, from wherever the turn counter stood.
+        let ok = (0..round.len()).any(|shift| {
+            seq.iter()
+                .enumerate()
+                .all(|(i, b)| *b == round[(i + shift) % round.len()])
+        });
+        ck.check(ok, || {
+            format!("{what} 18 connections met {seq:?}; IPVS's wrr for 3, 2, 1 repeats {round:?}")
+        });
+    }
+    ck.finish(&env);
+}
+
+#[test]
+fn weighted_least_connection_holds_connections_in_proportion_to_the_weights() {
+    let a0 = plan::pod_ip(NODE_A, 0, Family::V4);
+    let weights = format!("{a0}=3");
+    let (svc, file) = service(
+        "wlc",
+        &[("svcproxy.io/endpoint-weights", weights.as_str())],
+        &[A0, B0, B1],
+    );
+    let Some(env) = start(Mode::Ipvs, &["--ipvs-scheduler=wlc"], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("wlc");
+    // Five connections held from node-a: the fewest per unit of weight each
+    // time gives pod-a0 (weight 3) three, the others one each (lc would give
+    // 2, 2, 1).
+    let script = holder_script(sa(svc.cluster_ip(Family::V4), 80), 5);
+    let holder = env
+        .c
+        .spawn(Host::Node(NODE_A), "holder", &["python3", "-c", &script])
+        .expect("spawn the holder");
+    let line = holder
+        .wait_for_stdout("]", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("the holder's connections: {e}\n{}", holder.logs()));
+    let held: Vec<String> = serde_json::from_str(line.lines().last().unwrap_or("[]")).unwrap();
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for b in &held {
+        *count.entry(b.as_str()).or_default() += 1;
+    }
+    let want: BTreeMap<&str, usize> = [("pod-a0", 3), ("pod-b0", 1), ("pod-b1", 1)].into();
+    ck.check(count == want, || {
+        format!("5 held connections spread {count:?} ({held:?}), wlc with weights 3, 1, 1 gives {want:?}")
+    });
+    holder.kill();
+    ck.finish(&env);
+}

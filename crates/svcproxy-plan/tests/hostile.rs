@@ -69,6 +69,7 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
         topology_mode: Some(("\"; reject".to_string()).into()),
         topology_keys: None,
         scheduler: None,
+        endpoint_weights: None,
     };
     let view = ServicePortView {
         port: Arc::new(sp),

@@ -783,3 +783,37 @@ fn the_scheduler_is_the_services_else_the_nodes_where_the_mode_runs_schedulers()
     assert_eq!(sched(&i, 141), Scheduler::Random);
     assert!(!svcproxy_plan::intent::describe(&i).contains("scheduler"));
 }
+
+#[test]
+fn endpoint_weights_by_address_then_node_where_the_scheduler_weighs() {
+    let yaml = service(
+        "weighted",
+        142,
+        "",
+        &[
+            ready(LOCAL_POD, "node-a"),
+            ready(REMOTE_POD, "node-b"),
+            ready("198.18.2.11", "node-b"),
+        ],
+    )
+    .replace(
+        "metadata: {name: weighted, namespace: demo}",
+        "metadata: {name: weighted, namespace: demo, annotations: {svcproxy.io/endpoint-weights: '198.18.2.11=5, node-b=2'}}",
+    );
+    let weights = |s: Scheduler| {
+        let i = intent_with(&yaml, |c| {
+            c.schedulers = true;
+            c.scheduler = s;
+        });
+        at(&i, vip("198.19.0.142", 80)).0.weights.to_vec()
+    };
+    // Address order: 198.18.1.10 (node-a: 1), 198.18.2.10 (node-b: 2), 198.18.2.11 (its own: 5).
+    assert_eq!(weights(Scheduler::WeightedRoundRobin), [1, 2, 5]);
+    assert_eq!(weights(Scheduler::WeightedLeastConnection), [1, 2, 5]);
+    // rr, lc and dh ignore weights, as IPVS's.
+    assert!(weights(Scheduler::RoundRobin).is_empty());
+    assert!(weights(Scheduler::LeastConnection).is_empty());
+    // A mode that chooses at random ignores them too.
+    let i = intent(&yaml);
+    assert!(at(&i, vip("198.19.0.142", 80)).0.weights.is_empty());
+}

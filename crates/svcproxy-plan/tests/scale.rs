@@ -63,6 +63,7 @@ fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
         topology_mode: None,
         topology_keys: None,
         scheduler: None,
+        endpoint_weights: None,
     };
     let v = ServicePortView {
         port: Arc::new(port),

@@ -332,7 +332,7 @@ struct ListBatch {
 impl ListBatch {
     fn add(&mut self, id: u32, list: &EndpointList) {
         match wire::sched_bytes(list.scheduler, list.endpoints.len()).0 {
-            wire::SCHED_RR => self.turns.push(id),
+            wire::SCHED_RR | wire::SCHED_WRR => self.turns.push(id),
             wire::SCHED_MH => {
                 if let Some(table) = maglev::table(&list.endpoints) {
                     for (k, v) in wire::mh_entries(id, &table) {
@@ -343,9 +343,12 @@ impl ListBatch {
             }
             _ => {}
         }
+        // A weighted list holds an endpoint in several slots: one member each.
+        let mut seen = std::collections::HashSet::new();
         for (slot, ep) in list.endpoints.iter().enumerate() {
-            let be = Backend::of(*ep);
-            if list.remembered {
+            let mut be = Backend::of(*ep);
+            be.pad = list.weights.get(slot).copied().unwrap_or(0);
+            if list.remembered && seen.insert(*ep) {
                 self.members.push(MemberKey::of(id, &be));
             }
             self.slots.push(SlotKey {
@@ -1085,7 +1088,7 @@ impl Kernel {
             }
         }
         match wire::sched_bytes(list.scheduler, list.endpoints.len()) {
-            (wire::SCHED_RR, _) => ops += remove(&mut self.rr, &id)?,
+            (wire::SCHED_RR | wire::SCHED_WRR, _) => ops += remove(&mut self.rr, &id)?,
             (wire::SCHED_MH, size) => {
                 for chunk in 0..wire::mh_chunks(size) {
                     ops += remove(&mut self.mh, &MhKey { list: id, chunk })?;
@@ -1150,11 +1153,19 @@ impl Kernel {
     pub fn read(&self) -> (Table, Vec<String>) {
         let mut problems = Vec::new();
         let mut slots: BTreeMap<u32, BTreeMap<u32, SocketAddr>> = BTreeMap::new();
+        // Each weighted list's slots' weights (every slot of one carries its own).
+        let mut slot_weights: BTreeMap<u32, BTreeMap<u32, u8>> = BTreeMap::new();
         for kv in self.slot.iter() {
             match kv {
                 Ok((k, be)) => {
                     if let Some(a) = be.socket_addr() {
                         slots.entry(k.list).or_default().insert(k.slot, a);
+                    }
+                    if be.pad != 0 {
+                        slot_weights
+                            .entry(k.list)
+                            .or_default()
+                            .insert(k.slot, be.pad);
                     }
                 }
                 Err(e) => problems.push(format!("reading svcproxy_slot: {e}")),
@@ -1167,6 +1178,10 @@ impl Kernel {
                 Err(e) => problems.push(format!("reading svcproxy_member: {e}")),
             }
         }
+        let weights: BTreeMap<u32, Vec<u8>> = slot_weights
+            .into_iter()
+            .map(|(list, w)| (list, w.into_values().collect()))
+            .collect();
         let names: BTreeMap<u32, ListName> = self
             .written
             .iter()
@@ -1226,16 +1241,16 @@ impl Kernel {
                     ));
                 }
                 let member_count = members.get(&r.list).copied().unwrap_or(0);
-                if member_count != 0 && member_count != list.len() {
+                let distinct = list.iter().collect::<BTreeSet<_>>().len();
+                if member_count != 0 && member_count != distinct {
                     problems.push(format!(
-                        "endpoint list {} has {} endpoints and {member_count} members",
+                        "endpoint list {} has {distinct} endpoints and {member_count} members",
                         r.list,
-                        list.len()
                     ));
                 }
                 let scheduler = wire::scheduler_of(r.sched);
                 let state = match r.sched {
-                    wire::SCHED_RR => self.rr.get(&r.list, 0).is_ok(),
+                    wire::SCHED_RR | wire::SCHED_WRR => self.rr.get(&r.list, 0).is_ok(),
                     wire::SCHED_MH => (0..wire::mh_chunks(r.mh_size)).all(|chunk| {
                         self.mh
                             .get(
@@ -1255,10 +1270,12 @@ impl Kernel {
                         r.list
                     ));
                 }
+                let weights: Vec<u8> = weights.get(&r.list).cloned().unwrap_or_default();
                 let list = EndpointList {
                     endpoints: list,
                     remembered: member_count > 0,
                     scheduler,
+                    weights,
                 };
                 match names.get(&r.list) {
                     Some(name) => {

@@ -31,6 +31,7 @@ pub const SCHED_LC: u8 = 5;
 pub const SCHED_WLC: u8 = 6;
 pub const SCHED_SED: u8 = 7;
 pub const SCHED_NQ: u8 = 8;
+pub const SCHED_WRR: u8 = 9;
 
 /// The byte the programs know `scheduler` by; Maglev's also says its table's
 /// size (`None`: the list is too long for any table, and is chosen from at
@@ -45,6 +46,7 @@ pub fn sched_bytes(scheduler: Scheduler, endpoints: usize) -> (u8, u8) {
             Some(size) => (SCHED_MH, size),
             None => (SCHED_RANDOM, 0),
         },
+        Scheduler::WeightedRoundRobin => (SCHED_WRR, 0),
         Scheduler::LeastConnection => (SCHED_LC, 0),
         Scheduler::WeightedLeastConnection => (SCHED_WLC, 0),
         Scheduler::ShortestExpectedDelay => (SCHED_SED, 0),
@@ -59,6 +61,7 @@ pub fn scheduler_of(sched: u8) -> Scheduler {
         SCHED_SH => Scheduler::SourceHash,
         SCHED_DH => Scheduler::DestinationHash,
         SCHED_MH => Scheduler::Maglev,
+        SCHED_WRR => Scheduler::WeightedRoundRobin,
         SCHED_LC => Scheduler::LeastConnection,
         SCHED_WLC => Scheduler::WeightedLeastConnection,
         SCHED_SED => Scheduler::ShortestExpectedDelay,

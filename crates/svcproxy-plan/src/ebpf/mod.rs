@@ -12,6 +12,7 @@
 //! Entry point: [`Table::build`]; [`Table::render`] is `svcproxy render`'s text.
 
 pub mod maglev;
+pub mod weights;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -81,6 +82,10 @@ pub struct EndpointList {
     pub remembered: bool,
     /// How the programs choose among them (the service port's).
     pub scheduler: Scheduler,
+    /// Each slot's endpoint weight, for the weighted schedulers; empty: every
+    /// one weighs 1 (a weighted list holds each endpoint in as many slots as
+    /// its weight: [`weights::schedule`]).
+    pub weights: Vec<u8>,
 }
 
 /// What a connection from one origin meets.
@@ -509,16 +514,23 @@ impl Table {
     fn route(&mut self, svc: &ServiceIntent, verdict: SocketVerdict) -> Route {
         match verdict {
             SocketVerdict::Forward(set) => match svc.set(set) {
-                Some(endpoints) => {
+                Some(mut endpoints) => {
                     let name = ListName {
                         family: svc.family,
                         service: svc.name.clone(),
                         set,
                     };
+                    let mut weights = svc.set_weights(set);
+                    if !weights.is_empty() {
+                        let slots = weights::schedule(&weights);
+                        endpoints = slots.iter().map(|&i| endpoints[usize::from(i)]).collect();
+                        weights = slots.iter().map(|&i| weights[usize::from(i)]).collect();
+                    }
                     let list = EndpointList {
                         endpoints,
                         remembered: svc.affinity_timeout.is_some() || svc.protocol == Protocol::Udp,
                         scheduler: svc.scheduler,
+                        weights,
                     };
                     self.lists.insert(name.clone(), list);
                     Route::Forward(name)
@@ -594,7 +606,15 @@ impl Table {
             }
         }
         for (name, list) in &self.lists {
-            let eps: Vec<String> = list.endpoints.iter().map(|a| a.to_string()).collect();
+            let eps: Vec<String> = list
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, a)| match list.weights.get(i) {
+                    Some(w) => format!("{a}*{w}"),
+                    None => a.to_string(),
+                })
+                .collect();
             let remembered = if list.remembered { " (remembered)" } else { "" };
             let scheduler = match list.scheduler {
                 Scheduler::Random => String::new(),

@@ -32,7 +32,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use svcproxy_core::model::{Endpoint, IpFamily, Protocol, Scheduler, ServicePort, ServicePortName};
+use svcproxy_core::model::{
+    Endpoint, IpFamily, Protocol, Scheduler, ServicePort, ServicePortName, WeightKey,
+};
 use svcproxy_core::snapshot::ServicePortView;
 
 use super::endpoints::{EndpointEntry, Endpoints};
@@ -251,6 +253,10 @@ pub struct ServiceIntent {
     /// Service's `svcproxy.io/scheduler`, else the node's, where the mode
     /// executes schedulers; random where it does not.
     pub scheduler: Scheduler,
+    /// Each endpoint's weight (`svcproxy.io/endpoint-weights`), by index into
+    /// `endpoints`, where the scheduler weighs endpoints; empty: every one
+    /// weighs 1.
+    pub weights: Box<[u8]>,
     pub internal: InternalRoute,
     /// `None` when no external traffic is forwarded (no external frontend, or
     /// every one rejects).
@@ -315,6 +321,14 @@ impl ServiceIntent {
             &routes,
             firewall.is_some(),
         );
+        let scheduler = node
+            .scheduler
+            .map_or(Scheduler::Random, |default| p.scheduler.unwrap_or(default));
+        let weights = if node.scheduler.is_some() && scheduler.weighted() {
+            weights(view, &endpoints)
+        } else {
+            Box::default()
+        };
         ServiceIntent {
             name: name.clone(),
             family: node.family,
@@ -322,9 +336,8 @@ impl ServiceIntent {
             port: p.port,
             endpoints,
             affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),
-            scheduler: node
-                .scheduler
-                .map_or(Scheduler::Random, |default| p.scheduler.unwrap_or(default)),
+            scheduler,
+            weights,
             internal: routes.internal,
             external: routes.external,
             firewall,
@@ -343,6 +356,19 @@ impl ServiceIntent {
                 .map(|&i| self.endpoints.get(i as usize))
                 .collect()
         })
+    }
+
+    /// The weights of set `id`'s endpoints, in [`ServiceIntent::set`]'s order;
+    /// empty when every one weighs 1.
+    pub fn set_weights(&self, id: EndpointSetId) -> Vec<u8> {
+        if self.weights.is_empty() {
+            return Vec::new();
+        }
+        self.set_indices(id)
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| self.weights.get(i as usize).copied().unwrap_or(1))
+            .collect()
     }
 
     /// Whether endpoint `i` (an index into `endpoints`) needs state of its own in a
@@ -482,6 +508,43 @@ impl ServiceIntent {
 /// endpoint's flags. Both lists come sorted from the selection (subsequences of
 /// the port's sorted list); sorted again here, at no cost when they are, so no
 /// selection can make the merge wrong.
+/// Each endpoint's weight from the port's `svcproxy.io/endpoint-weights`: its
+/// address's entry, else its node's, else 1; empty when every one weighs 1.
+fn weights(view: &ServicePortView, endpoints: &Endpoints) -> Box<[u8]> {
+    let Some(entries) = view.port.endpoint_weights.as_deref() else {
+        return Box::default();
+    };
+    let sel = &view.selection;
+    let nodes: BTreeMap<SocketAddr, Option<&str>> = [&sel.cluster_endpoints, &sel.local_endpoints]
+        .into_iter()
+        .flat_map(|l| l.iter().flat_map(|l| l.iter()))
+        .map(|e| (SocketAddr::new(e.ip, e.port), e.node_name.as_deref()))
+        .collect();
+    let weight = |addr: SocketAddr| {
+        let by_ip = entries.iter().find_map(|(k, w)| match k {
+            WeightKey::Ip(ip) if *ip == addr.ip() => Some(*w),
+            _ => None,
+        });
+        let node = nodes.get(&addr).copied().flatten();
+        by_ip
+            .or_else(|| {
+                entries.iter().find_map(|(k, w)| match k {
+                    WeightKey::Node(n) if Some(&**n) == node => Some(*w),
+                    _ => None,
+                })
+            })
+            .unwrap_or(1)
+    };
+    let w: Vec<u8> = (0..endpoints.len())
+        .map(|i| weight(endpoints.get(i)))
+        .collect();
+    if w.iter().all(|w| *w == 1) {
+        Box::default()
+    } else {
+        w.into()
+    }
+}
+
 fn endpoint_union(view: &ServicePortView, node: &NodeIntent) -> Endpoints {
     let family = node.family;
     let sel = &view.selection;

@@ -156,6 +156,12 @@ fn family(out: &mut String, fam: &FamilyIntent) {
             Scheduler::Random => String::new(),
             s => format!("; scheduler {s}"),
         };
+        let scheduler = if svc.weights.is_empty() {
+            scheduler
+        } else {
+            let w: Vec<String> = svc.weights.iter().map(u8::to_string).collect();
+            format!("{scheduler}; weights {}", w.join(","))
+        };
         let _ = writeln!(
             out,
             "  {} {} {:?}: {firewall}{action}{affinity}{scheduler}",

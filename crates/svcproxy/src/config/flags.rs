@@ -298,7 +298,7 @@ pub struct ProxyFlags {
     #[arg(long, help_heading = heading::DNS)]
     pub dns_node_local: bool,
 
-    /// How a new connection's endpoint is chosen, for every Service without its own svcproxy.io/scheduler annotation: 'random', or IPVS's 'rr' (in turn), 'sh' (source hash), 'dh' (destination hash), 'mh' (Maglev: the same choice for a flow on every node), 'lc' (fewest live connections; 'wlc', 'sed', 'nq' as lc while every weight is 1). ebpf and ipvs modes only (the other modes choose at random); in ipvs mode --ipvs-scheduler (or ipvs.scheduler) wins, and the default is 'rr'. Default in ebpf mode: 'random' (svcproxy only).
+    /// How a new connection's endpoint is chosen, for every Service without its own svcproxy.io/scheduler annotation: 'random', or IPVS's 'rr' (in turn), 'sh' (source hash), 'dh' (destination hash), 'mh' (Maglev: the same choice for a flow on every node), 'wrr' (in turn by weight), 'lc' (fewest live connections), 'wlc', 'sed', 'nq' (lc's weighted kin); weights from a Service's svcproxy.io/endpoint-weights. ebpf and ipvs modes only (the other modes choose at random); in ipvs mode --ipvs-scheduler (or ipvs.scheduler) wins, and the default is 'rr'. Default in ebpf mode: 'random' (svcproxy only).
     #[arg(long, value_name = "NAME", help_heading = heading::ADDRESSES)]
     pub scheduler: Option<String>,
 
@@ -380,7 +380,7 @@ pub struct IgnoredFlags {
     /// Ignored: svcproxy hides no metrics.
     #[arg(long, value_name = "VERSION", help_heading = IGNORED)]
     pub show_hidden_metrics_for_version: Option<String>,
-    /// ipvs mode: the scheduler of every Service without its own (rr, sh, dh, mh, lc, wlc, sed, nq; empty: rr), as --scheduler. Ignored in the other modes.
+    /// ipvs mode: the scheduler of every Service without its own (rr, wrr, sh, dh, mh, lc, wlc, sed, nq; empty: rr), as --scheduler. Ignored in the other modes.
     #[arg(long, value_name = "NAME", help_heading = heading::ADDRESSES)]
     pub ipvs_scheduler: Option<String>,
     /// IPVS only: svcproxy makes no IPVS virtual servers, so has none to keep. Ignored.

@@ -349,10 +349,11 @@ fn schedulers_by_mode() {
         e.contains("--ipvs-scheduler: unknown scheduler \"bogus\\u{1b}[2J\""),
         "{e}"
     );
-    let e = err(&["--proxy-mode=ipvs", "--ipvs-scheduler=wrr"]);
-    assert!(e.contains("\"wrr\" is not implemented"), "{e}");
+    let e = err(&["--proxy-mode=ipvs", "--ipvs-scheduler=lblc"]);
+    assert!(e.contains("\"lblc\" is not implemented"), "{e}");
     // lc and its weighted kin.
     for (name, s) in [
+        ("wrr", Scheduler::WeightedRoundRobin),
         ("lc", Scheduler::LeastConnection),
         ("wlc", Scheduler::WeightedLeastConnection),
         ("sed", Scheduler::ShortestExpectedDelay),
