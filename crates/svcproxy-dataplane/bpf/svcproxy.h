@@ -199,10 +199,22 @@ struct ct_key {
 struct ct_val {
 	__u32 addr[4];
 	__u16 port;
-	__u8 flags; // ROUTE_MASQUERADE
+	__u8 flags; // ROUTE_MASQUERADE, CT_CLOSING
 	__u8 counted; // CT_ORIGINAL: the connection counts in svcproxy_conns
-	__u32 pad2;
+	__u32 seen_s; // CT_ORIGINAL: when a packet of it last passed, in seconds
 	__u64 created_ns; // when the connection's endpoint was chosen
+};
+
+// ct_val.flags: a FIN or RST of the connection passed.
+#define CT_CLOSING 0x80
+
+// The packet path's idle timeouts, in seconds (0: none; the LRU alone forgets):
+// kube-proxy's --ipvs-tcp-timeout, --ipvs-tcpfin-timeout, --ipvs-udp-timeout.
+struct timeouts {
+	__u32 tcp;
+	__u32 tcpfin;
+	__u32 udp;
+	__u32 pad;
 };
 
 struct aff_ip_key {

@@ -46,6 +46,40 @@
 #define SYN_RETRY_NS (60ULL * 1000000000ULL)
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, struct timeouts);
+} svcproxy_timeouts SEC(".maps");
+
+static __always_inline __u32 now_s(void)
+{
+	return bpf_ktime_get_ns() / 1000000000ULL;
+}
+
+// Whether a connection has been idle longer than its timeout (TCP: tcpfin once
+// a FIN or RST passed, else tcp; UDP: udp).
+static __always_inline int idle_expired(const struct ct_val *ct, int tcp)
+{
+	__u32 zero = 0;
+	struct timeouts *t = bpf_map_lookup_elem(&svcproxy_timeouts, &zero);
+	if (!t)
+		return 0;
+	__u32 limit = !tcp ? t->udp : (ct->flags & CT_CLOSING) ? t->tcpfin : t->tcp;
+	return limit && now_s() - ct->seen_s > limit;
+}
+
+// A packet of the connection passed: it is not idle (written at most once a
+// second).
+static __always_inline void touch(struct ct_val *ct)
+{
+	__u32 now = now_s();
+	if (ct->seen_s != now)
+		ct->seen_s = now;
+}
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, 1024);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -375,6 +409,7 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 			     ? ROUTE_MASQUERADE
 			     : 0;
 	out->created_ns = bpf_ktime_get_ns();
+	out->seen_s = out->created_ns / 1000000000ULL;
 	if (COUNTS_CONNS(rt->sched) && p->proto == IPPROTO_TCP) {
 		conns_add(&be, 1);
 		out->counted = 1;
@@ -562,9 +597,19 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 		release_flow(ct, p.family);
 		ct = 0;
 	}
+	if (ct && tcp && !syn && idle_expired(ct, 1)) {
+		// Idle past --ipvs-tcp-timeout (or -tcpfin-): forgotten, as IPVS
+		// forgets it; its packets now meet no connection here.
+		release_flow(ct, p.family);
+		bpf_map_delete_elem(&svcproxy_ct, &k);
+		ct = 0;
+	}
 	if (ct && tcp) {
-		if (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		if (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) {
 			release_flow(ct, p.family);
+			ct->flags |= CT_CLOSING;
+		}
+		touch(ct);
 		flow = *ct;
 	} else if (tcp && !syn) {
 		// Mid-stream TCP that no connection here began (replies, the node's
@@ -595,8 +640,11 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 			addr_copy(prev.addr, ct->addr);
 			prev.port = ct->port;
 		}
-		if (ct && rt->action == ACT_FORWARD && is_member(rt->list, &prev)) {
-			// A UDP flow keeps its endpoint while it stays in the list.
+		if (ct && rt->action == ACT_FORWARD && is_member(rt->list, &prev) &&
+		    !idle_expired(ct, 0)) {
+			// A UDP flow keeps its endpoint while it stays in the list (and
+			// is not idle past --ipvs-udp-timeout).
+			touch(ct);
 			flow = *ct;
 		} else {
 			if (svc->fw_id && !admitted(svc, p.family, p.saddr))
@@ -653,9 +701,13 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 	if (!ct)
 		return TC_ACT_UNSPEC;
 	struct ct_val back = *ct;
-	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))) {
-		// The endpoint ends the connection: the client's side of it is what
-		// the lc scheduler counted.
+	int closing = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST));
+	// A reply keeps its connection from idling out: the client's side of it (its
+	// original entry) is touched at most once a second, and told of a FIN or
+	// RST, which the lc scheduler's count is given back at.
+	__u32 now = now_s();
+	if (closing || ct->seen_s != now) {
+		ct->seen_s = now;
 		struct ct_key ok = {};
 		addr_copy(ok.saddr, p.daddr);
 		addr_copy(ok.daddr, back.addr);
@@ -665,8 +717,13 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 		ok.family = p.family;
 		ok.dir = CT_ORIGINAL;
 		struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
-		if (orig)
-			release_flow(orig, p.family);
+		if (orig) {
+			touch(orig);
+			if (closing) {
+				release_flow(orig, p.family);
+				orig->flags |= CT_CLOSING;
+			}
+		}
 	}
 	if (!rewrite(skb, &p, 0, back.addr, back.port))
 		return TC_ACT_SHOT;

@@ -96,5 +96,6 @@ pub fn ebpf_options(c: &Confinement) -> svcproxy_dataplane::EbpfOptions {
         pin_dir: c.pin_dir(),
         host_namespace_only: false,
         sizes: svcproxy_dataplane::ebpf::MapSizes::DEFAULT,
+        timeouts: Default::default(),
     }
 }

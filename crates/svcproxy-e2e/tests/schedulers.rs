@@ -485,3 +485,44 @@ fn weighted_least_connection_holds_connections_in_proportion_to_the_weights() {
     holder.kill();
     ck.finish(&env);
 }
+
+#[test]
+fn an_idle_udp_flow_is_scheduled_afresh_after_the_ipvs_udp_timeout() {
+    let svc = Svc::dual("udp-idle", 41)
+        .node_port()
+        .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT).node_port(30481));
+    let slices: Vec<Slice> = Family::BOTH
+        .iter()
+        .map(|f| Slice::of(&svc, *f, &[A0, B0, B1]))
+        .collect();
+    let file = svc_file(&svc, &slices);
+    let Some(env) = start(Mode::Ipvs, &["--ipvs-udp-timeout=2s"], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("udp timeout");
+    let target = sa(plan::node_ip(NODE_A, Family::V4), 30481);
+    let datagram = || {
+        let spec = ProbeSpec::new(Proto::Udp, target)
+            .source_port(45053)
+            .timeout(ANSWER);
+        env.c
+            .probe_spec(Host::Ext, &spec)
+            .first()
+            .and_then(|a| a.backend())
+            .unwrap_or("-")
+            .to_string()
+    };
+    // One flow (the client's port 45053): it keeps its endpoint while it is
+    // busy, and is scheduled afresh (rr: the next endpoint) once idle past 2 s.
+    let first = datagram();
+    let again = datagram();
+    ck.check(first != "-" && again == first, || {
+        format!("a busy UDP flow moved: {first} then {again}")
+    });
+    thread::sleep(Duration::from_millis(3500));
+    let after = datagram();
+    ck.check(after != "-" && after != first, || {
+        format!("a UDP flow idle past --ipvs-udp-timeout=2s kept {first} ({after}); rr gives the next endpoint")
+    });
+    ck.finish(&env);
+}

@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use serde::Serialize;
-use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_core::model::{IpFamily, Protocol, Scheduler};
 use svcproxy_core::snapshot::NodeSnapshot;
 
 use crate::intent::{
@@ -74,7 +74,9 @@ pub struct FrontendHit {
 #[serde(rename_all = "camelCase")]
 pub struct Candidate {
     pub address: String,
-    /// Chance of being picked by a new connection (uniform, as the rules pick).
+    /// Its share of new connections: uniform at random, by weight for the
+    /// weighted schedulers; for `lc` and its kin, and the hashing ones, the share
+    /// they would have if their counts or hashes were even.
     pub probability: f64,
     /// Masqueraded on this path (true for all when the route masquerades; for a
     /// connection from an endpoint that may be this node's own to itself, always:
@@ -96,6 +98,10 @@ pub enum Verdict {
         masquerade_reason: String,
         /// ClientIP session affinity: a client keeps its endpoint this long.
         session_affinity_seconds: Option<u32>,
+        /// How a new connection's endpoint is chosen, where not at random
+        /// (IPVS's scheduler names: `rr`, `mh`, `lc`, ...).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        scheduler: Option<&'static str>,
     },
     Drop {
         reason: String,
@@ -228,10 +234,12 @@ impl Trace {
                 masquerade,
                 masquerade_reason,
                 session_affinity_seconds,
+                scheduler,
             } => {
                 let head = format!(
-                    "FORWARD to one of {} endpoint(s) of the {endpoint_set} set{}; {}masqueraded: {masquerade_reason}",
+                    "FORWARD to one of {} endpoint(s) of the {endpoint_set} set{}{}; {}masqueraded: {masquerade_reason}",
                     endpoints.len(),
+                    scheduler.map(|s| format!(", chosen by {s}")).unwrap_or_default(),
                     session_affinity_seconds
                         .map(|t| format!(" (ClientIP affinity: a client keeps its endpoint for {t} s)"))
                         .unwrap_or_default(),
@@ -778,6 +786,7 @@ impl<'a> Path<'a> {
             masquerade,
             masquerade_reason: why,
             session_affinity_seconds: svc.affinity_timeout,
+            scheduler: (svc.scheduler != Scheduler::Random).then(|| svc.scheduler.as_str()),
         })
     }
 }
@@ -819,10 +828,18 @@ fn candidates(
     masquerade: bool,
 ) -> Vec<Candidate> {
     let eps = svc.set(set).unwrap_or_default();
-    let p = if eps.is_empty() {
-        0.0
+    let weights = svc.set_weights(set);
+    let total: f64 = if weights.is_empty() {
+        eps.len() as f64
     } else {
-        1.0 / eps.len() as f64
+        weights.iter().map(|w| f64::from(*w)).sum()
+    };
+    let p = |i: usize| {
+        if total == 0.0 {
+            0.0
+        } else {
+            weights.get(i).map_or(1.0, |w| f64::from(*w)) / total
+        }
     };
     // A connection from an endpoint to itself is masqueraded (hairpin), where the
     // intent says the endpoint may be this node's own (one on another node never
@@ -833,9 +850,10 @@ fn candidates(
             .is_some_and(|i| svc.endpoints.hairpin(i))
     };
     eps.iter()
-        .map(|e| Candidate {
+        .enumerate()
+        .map(|(i, e)| Candidate {
             address: socket(e.ip(), e.port()),
-            probability: p,
+            probability: p(i),
             masquerade: masquerade || (e.ip() == from && hairpin(e)),
         })
         .collect()

@@ -249,3 +249,47 @@ fn no_input_can_forge_a_line_of_the_text_form() {
         "{text}"
     );
 }
+
+#[test]
+fn a_weighted_scheduler_is_named_and_shares_by_weight() {
+    let yaml = service(
+        "weighted",
+        60,
+        "",
+        &[ready("198.18.1.5", "node-a"), ready("198.18.2.5", "node-b")],
+    )
+    .replace(
+        "metadata: {name: weighted, namespace: demo}",
+        "metadata: {name: weighted, namespace: demo, annotations: {svcproxy.io/scheduler: wrr, svcproxy.io/endpoint-weights: 'node-b=3'}}",
+    );
+    let mut sc = Scenario::empty("node-a");
+    sc.cfg.schedulers = true;
+    sc.upsert_yaml(&yaml);
+    let up = sc.snapshot();
+    let intent = svcproxy_plan::build_intent(&up.v4, &up.v6, &sc.cfg);
+    let packet = Packet {
+        from: CLIENT.parse().unwrap(),
+        to: "198.19.0.60:80".parse().unwrap(),
+        protocol: Protocol::Tcp,
+        origin: None,
+    };
+    let t = explain(&intent, &up.v4, &up.v6, &packet);
+    match &t.verdict {
+        Verdict::Forward {
+            endpoints,
+            scheduler,
+            ..
+        } => {
+            assert_eq!(*scheduler, Some("wrr"));
+            let p: Vec<f64> = endpoints.iter().map(|c| c.probability).collect();
+            assert_eq!(p, [0.25, 0.75]);
+        }
+        other => panic!("not a forward: {other:?}"),
+    }
+    assert!(t.text().contains(", chosen by wrr;"), "{}", t.text());
+    let json = serde_json::to_string(&t).unwrap();
+    assert!(json.contains(r#""scheduler":"wrr""#), "{json}");
+    // At random (every mode but ebpf and ipvs): no scheduler named.
+    let t = trace(&yaml, CLIENT, "198.19.0.60:80", None);
+    assert!(!serde_json::to_string(&t).unwrap().contains("scheduler"));
+}

@@ -277,6 +277,8 @@ struct Modeled {
     mode_gate: Option<(&'static str, &'static str)>,
     /// `--ipvs-scheduler` or `ipvs.scheduler` as given, with its name.
     ipvs_scheduler: (&'static str, Option<String>),
+    /// The ipvs idle timeouts (tcp, tcpfin, udp) as given, with their names.
+    ipvs_timeouts: [(&'static str, Option<Duration>); 3],
     feature_gates: FeatureGates,
     bind_address: IpAddr,
     cluster_cidrs: Vec<IpNet>,
@@ -412,6 +414,7 @@ fn resolve_with(
         flags.scheduler.as_deref(),
         &mut warnings,
     )?;
+    let idle_timeouts = idle_timeouts(modeled.proxy_mode, &modeled.ipvs_timeouts, &mut warnings);
     let nodeport_addresses = modeled.nodeport_addresses.unwrap_or(
         match modeled.proxy_mode.defaults.nodeport_addresses {
             NodePortDefault::Primary => NodePortAddresses::Primary,
@@ -497,7 +500,11 @@ fn resolve_with(
             .write_config_to
             .clone()
             .filter(|p| !p.as_os_str().is_empty()),
-        mode_flags: flags.mode.clone(),
+        mode_flags: {
+            let mut m = flags.mode.clone();
+            m.ebpf.timeouts = idle_timeouts;
+            m
+        },
     };
     Ok((settings, warnings))
 }
@@ -536,6 +543,34 @@ fn scheduler(
         );
     }
     Ok(scheduler)
+}
+
+/// The packet path's idle timeouts: ipvs mode's `--ipvs-*-timeout` (or
+/// `ipvs.*Timeout`), 0 meaning none, as kube-proxy's "leave as is"; the other
+/// modes warn that those given are ignored.
+fn idle_timeouts(
+    mode: &svcproxy_dataplane::Backend,
+    given: &[(&'static str, Option<Duration>); 3],
+    warnings: &mut Vec<String>,
+) -> svcproxy_dataplane::IdleTimeouts {
+    let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+    if mode.defaults.config_section != ConfigSection::Ipvs {
+        for (name, d) in given {
+            if nonzero(*d).is_some() {
+                warnings.push(format!(
+                    "{name}: ignored in {} mode (ipvs mode only)",
+                    mode.mode
+                ));
+            }
+        }
+        return svcproxy_dataplane::IdleTimeouts::default();
+    }
+    let [(_, tcp), (_, tcp_fin), (_, udp)] = *given;
+    svcproxy_dataplane::IdleTimeouts {
+        tcp: nonzero(tcp),
+        tcp_fin: nonzero(tcp_fin),
+        udp: nonzero(udp),
+    }
 }
 
 fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String>) -> Modeled {
@@ -634,6 +669,11 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         proxy_mode: mode.backend,
         mode_gate: mode.gate.map(|g| (g, mode.asked)),
         ipvs_scheduler: ("--ipvs-scheduler", flags.ignored.ipvs_scheduler.clone()),
+        ipvs_timeouts: [
+            ("--ipvs-tcp-timeout", flags.ignored.ipvs_tcp_timeout),
+            ("--ipvs-tcpfin-timeout", flags.ignored.ipvs_tcpfin_timeout),
+            ("--ipvs-udp-timeout", flags.ignored.ipvs_udp_timeout),
+        ],
         feature_gates,
         bind_address: errors.check(
             "--bind-address",
@@ -946,6 +986,11 @@ fn from_file(
         proxy_mode,
         mode_gate: mode.gate.map(|g| (g, mode.asked)),
         ipvs_scheduler: ("ipvs.scheduler", ipvs.scheduler.clone()),
+        ipvs_timeouts: [
+            ("ipvs.tcpTimeout", ipvs.tcp_timeout.map(|d| d.0)),
+            ("ipvs.tcpFinTimeout", ipvs.tcp_fin_timeout.map(|d| d.0)),
+            ("ipvs.udpTimeout", ipvs.udp_timeout.map(|d| d.0)),
+        ],
         feature_gates,
         bind_address,
         cluster_cidrs,

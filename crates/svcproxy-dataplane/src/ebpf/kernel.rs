@@ -94,7 +94,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 ];
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 19] = [
+pub const MAPS: [&str; 20] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -114,6 +114,7 @@ pub const MAPS: [&str; 19] = [
     "svcproxy_rr",
     "svcproxy_mh",
     "svcproxy_conns",
+    "svcproxy_timeouts",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
@@ -513,6 +514,26 @@ impl Kernel {
                 .map_err(|e| kernel_err(name, e))?;
             pin_in_place(link, &pin_dir.join(format!("link-{name}")))?;
         }
+
+        // The idle timeouts, whole seconds (a part-second rounds up).
+        let secs = |d: Option<std::time::Duration>| {
+            d.map_or(0, |d| {
+                u32::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).unwrap_or(u32::MAX)
+            })
+        };
+        let mut timeouts: Array<MapData, wire::Timeouts> = take(&mut tc, "svcproxy_timeouts")?;
+        timeouts
+            .set(
+                0,
+                wire::Timeouts {
+                    tcp: secs(opts.timeouts.tcp),
+                    tcpfin: secs(opts.timeouts.tcp_fin),
+                    udp: secs(opts.timeouts.udp),
+                    pad: 0,
+                },
+                0,
+            )
+            .map_err(|e| kernel_err("writing svcproxy_timeouts", e))?;
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
         let svc: HashMap<MapData, SvcKey, SvcVal> = take(&mut ebpf, "svcproxy_svc")?;

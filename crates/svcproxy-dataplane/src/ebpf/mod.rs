@@ -114,6 +114,11 @@ pub struct EbpfFlags {
     /// ebpf and ipvs modes: connections the packet path remembers, each way (an LRU: the least recently used go first) (svcproxy only).
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.connections, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_connections: u32,
+
+    /// The idle timeouts, set by the configuration (ipvs mode's
+    /// `--ipvs-*-timeout` flags and `ipvs.*Timeout` fields), not a flag here.
+    #[arg(skip)]
+    pub timeouts: IdleTimeouts,
 }
 
 /// The sizes of the maps that grow with the cluster (`max_entries`).
@@ -164,6 +169,7 @@ impl EbpfFlags {
                 endpoints: self.ebpf_map_size_endpoints,
                 connections: self.ebpf_map_size_connections,
             },
+            timeouts: self.timeouts,
         }
     }
 }
@@ -182,6 +188,22 @@ pub struct EbpfOptions {
     pub host_namespace_only: bool,
     /// The maps' sizes.
     pub sizes: MapSizes,
+    /// The packet path's idle timeouts (ipvs mode's `--ipvs-*-timeout`).
+    pub timeouts: IdleTimeouts,
+}
+
+/// How long the packet path keeps an idle connection's endpoint: kube-proxy's
+/// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout` and `--ipvs-udp-timeout`
+/// (`ipvs.tcpTimeout`, `tcpFinTimeout`, `udpTimeout`). `None` (kube-proxy's 0:
+/// "leave as is"): no idle timeout; the connection table's LRU alone forgets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdleTimeouts {
+    /// An established TCP connection.
+    pub tcp: Option<std::time::Duration>,
+    /// A TCP connection once a FIN or RST passed.
+    pub tcp_fin: Option<std::time::Duration>,
+    /// A UDP flow: past it, the flow's next datagram is scheduled afresh.
+    pub udp: Option<std::time::Duration>,
 }
 
 impl EbpfOptions {
@@ -192,6 +214,7 @@ impl EbpfOptions {
             pin_dir: PathBuf::from("/sys/fs/bpf/svcproxy"),
             host_namespace_only: false,
             sizes: MapSizes::DEFAULT,
+            timeouts: IdleTimeouts::default(),
         }
     }
 }

@@ -287,6 +287,17 @@ pub struct Config {
     pub generation: u32,
 }
 
+/// `svcproxy_timeouts`' value: the packet path's idle timeouts in seconds (0:
+/// none).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    pub tcp: u32,
+    pub tcpfin: u32,
+    pub udp: u32,
+    pub pad: u32,
+}
+
 /// `svcproxy_fw`'s key data (an LPM trie): a fenced service port's id, then an
 /// admitted source prefix; the prefix length counts the id's 64 bits.
 #[repr(C)]
@@ -405,6 +416,7 @@ mod pod {
     unsafe impl aya::Pod for AffVal {}
     unsafe impl aya::Pod for PodnetData {}
     unsafe impl aya::Pod for MhKey {}
+    unsafe impl aya::Pod for Timeouts {}
     unsafe impl aya::Pod for MhVal {}
 }
 
@@ -429,6 +441,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<AffKey>(), 16);
         assert_eq!(std::mem::size_of::<AffVal>(), 32);
         assert_eq!(std::mem::size_of::<MhKey>(), 8);
+        assert_eq!(std::mem::size_of::<Timeouts>(), 16);
         assert_eq!(std::mem::size_of::<MhVal>(), 512);
     }
 

@@ -398,12 +398,9 @@ impl KubeProxyConfiguration {
             }
         }
 
-        // ipvs.scheduler is read in ipvs mode (and warned about in the others)
-        // where the mode is known.
+        // ipvs.scheduler and the timeouts are read in ipvs mode (and warned
+        // about in the others) where the mode is known.
         if let Some(ipvs) = &self.ipvs {
-            let nonzero = |d: &Option<GoDuration>| d.is_some_and(|d| !d.0.is_zero());
-            let timeouts = "not applied yet (the ebpf data plane's packet path keeps its own \
-                            connection timeouts); ignored";
             for (name, set, why) in [
                 (
                     "excludeCIDRs",
@@ -415,9 +412,6 @@ impl KubeProxyConfiguration {
                     ipvs.strict_arp == Some(true),
                     &*format!("{}; ignored", super::flags::IPVS_STRICT_ARP),
                 ),
-                ("tcpTimeout", nonzero(&ipvs.tcp_timeout), timeouts),
-                ("tcpFinTimeout", nonzero(&ipvs.tcp_fin_timeout), timeouts),
-                ("udpTimeout", nonzero(&ipvs.udp_timeout), timeouts),
             ] {
                 if set {
                     warn(&format!("ipvs.{name}"), why);

@@ -390,14 +390,14 @@ pub struct IgnoredFlags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_go_bool, help_heading = IGNORED)]
     pub ipvs_strict_arp: Option<bool>,
-    /// IPVS only: not applied yet (the packet path keeps its own connection timeouts). Ignored.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
+    /// ipvs mode: how long the packet path keeps an idle established TCP connection (0: no idle timeout). Ignored in the other modes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = heading::ADDRESSES)]
     pub ipvs_tcp_timeout: Option<Duration>,
-    /// IPVS only: not applied yet. Ignored.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
+    /// ipvs mode: how long the packet path keeps an idle TCP connection after a FIN or RST (0: no idle timeout). Ignored in the other modes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = heading::ADDRESSES)]
     pub ipvs_tcpfin_timeout: Option<Duration>,
-    /// IPVS only: not applied yet. Ignored.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = IGNORED)]
+    /// ipvs mode: how long the packet path keeps an idle UDP flow's endpoint; past it the next datagram is scheduled afresh (0: no idle timeout). Ignored in the other modes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, help_heading = heading::ADDRESSES)]
     pub ipvs_udp_timeout: Option<Duration>,
     /// Removed upstream. Ignored.
     #[arg(long, value_name = "NAME", hide = true)]
@@ -465,10 +465,8 @@ pub const IPVS_STRICT_ARP: &str = "svcproxy binds no service address to an inter
 impl IgnoredFlags {
     /// One warning per flag given, naming it and why it has no effect.
     pub fn warnings(&self) -> Vec<String> {
-        let timeouts = "not applied yet: the ebpf data plane's packet path keeps its own \
-                        connection timeouts";
         let klog = "svcproxy's logger has no such setting (every line goes to stderr at once)";
-        let given: [(&str, bool, &str); 25] = [
+        let given: [(&str, bool, &str); 22] = [
             (
                 "--profiling",
                 self.profiling.is_some(),
@@ -488,21 +486,6 @@ impl IgnoredFlags {
                 "--ipvs-strict-arp",
                 self.ipvs_strict_arp.is_some(),
                 IPVS_STRICT_ARP,
-            ),
-            (
-                "--ipvs-tcp-timeout",
-                self.ipvs_tcp_timeout.is_some(),
-                timeouts,
-            ),
-            (
-                "--ipvs-tcpfin-timeout",
-                self.ipvs_tcpfin_timeout.is_some(),
-                timeouts,
-            ),
-            (
-                "--ipvs-udp-timeout",
-                self.ipvs_udp_timeout.is_some(),
-                timeouts,
             ),
             (
                 "--resource-container",

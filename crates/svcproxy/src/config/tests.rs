@@ -302,6 +302,38 @@ fn proxy_mode_ipvs_runs_the_ebpf_data_plane_with_ipvs_defaults() {
 }
 
 #[test]
+fn ipvs_idle_timeouts_reach_the_data_plane_in_ipvs_mode() {
+    let (s, w) = ok(&[
+        "--proxy-mode=ipvs",
+        "--ipvs-tcp-timeout=15m",
+        "--ipvs-tcpfin-timeout=0s",
+        "--ipvs-udp-timeout=5m",
+    ]);
+    assert!(w.is_empty(), "{w:?}");
+    let t = s.mode_flags.ebpf.timeouts;
+    assert_eq!(t.tcp, Some(Duration::from_secs(900)));
+    assert_eq!(t.tcp_fin, None, "0: leave as is");
+    assert_eq!(t.udp, Some(Duration::from_secs(300)));
+    let f = write_config(&format!(
+        "{HEAD}mode: ipvs\nipvs:\n  tcpFinTimeout: 30s\n  udpTimeout: 0s\n"
+    ));
+    let t = ok(&[&config_arg(&f)]).0.mode_flags.ebpf.timeouts;
+    assert_eq!(
+        (t.tcp, t.tcp_fin, t.udp),
+        (None, Some(Duration::from_secs(30)), None)
+    );
+    let yaml = effective::to_yaml(&ok(&[&config_arg(&f)]).0).unwrap();
+    assert!(yaml.contains("tcpFinTimeout: 30s"), "{yaml}");
+    // Outside ipvs mode: ignored, each with one warning.
+    let (s, w) = ok(&["--proxy-mode=ebpf", "--ipvs-udp-timeout=5m"]);
+    assert_eq!(s.mode_flags.ebpf.timeouts, Default::default());
+    assert!(
+        warned(&w, "--ipvs-udp-timeout: ignored in ebpf mode"),
+        "{w:?}"
+    );
+}
+
+#[test]
 fn schedulers_by_mode() {
     let sched = |args: &[&str]| ok(args).0.scheduler;
     // ipvs mode: --ipvs-scheduler (empty: rr), then --scheduler.
@@ -694,9 +726,9 @@ fn every_kube_proxy_flag_is_accepted() {
         "--ipvs-scheduler=rr",
         "--ipvs-exclude-cidrs=10.0.0.0/8",
         "--ipvs-strict-arp",
-        "--ipvs-tcp-timeout=0s",
-        "--ipvs-tcpfin-timeout=0s",
-        "--ipvs-udp-timeout=0s",
+        "--ipvs-tcp-timeout=900s",
+        "--ipvs-tcpfin-timeout=120s",
+        "--ipvs-udp-timeout=300s",
         "--healthz-port=10256",
         "--metrics-port=10249",
         "--logging-format=json",
