@@ -7,6 +7,10 @@
 //! - `nftables`, `iptables`: the mode's rules in the client's namespace DNAT the
 //!   connection (the nat lookup and conntrack a pod's connection meets on a node);
 //!
+//! - `ebpf-rr`, `ebpf-mh`, `ebpf-lc`: the ebpf row with that scheduler (issue 34:
+//!   the per-connection cost of a scheduler against `ebpf`'s random choice; with
+//!   `BENCH_MEASURED_ENDPOINTS=2`, `lc` compares two counts);
+//!
 //! each with 1 service and with `BENCH_SERVICES` (default 30,000) services × 10
 //! endpoints (the measured one among them, whose endpoint is the floor's address;
 //! `BENCH_MEASURED_ENDPOINTS=2` adds a second address of the backend), `BENCH_REPEAT` (default 3) times in
@@ -93,6 +97,14 @@ fn plan_config() -> PlanConfig {
         local_detection: LocalDetection::NodeCidr(Vec::new()),
         ..PlanConfig::default()
     }
+}
+
+/// [`plan_config`] with the ebpf mode's scheduler `name` for every service.
+fn scheduler_config(name: &str) -> PlanConfig {
+    svcproxy_plan::ebpf::SEMANTICS.apply(PlanConfig {
+        scheduler: svcproxy_core::model::Scheduler::parse(name).expect("a scheduler"),
+        ..plan_config()
+    })
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -241,7 +253,9 @@ fn bench_ebpf_connect() {
     let mut states: Vec<ClusterState> = sizes.iter().map(|&n| state(n)).collect();
     // `floor-cg`: the floor from inside the cgroup with the programs attached (the
     // cost of running them for a connection to no service).
-    let rows = ["floor", "floor-cg", "ebpf", "nftables", "iptables"];
+    let rows = [
+        "floor", "floor-cg", "ebpf", "nftables", "iptables", "ebpf-rr", "ebpf-mh", "ebpf-lc",
+    ];
     let mut results: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); sizes.len()]; rows.len()];
     let mut ebpf_syncs = Vec::new();
     let floor_target = format!("{}:8080", ENDPOINTS[0]);
@@ -303,6 +317,18 @@ fn bench_ebpf_connect() {
                             }
                             st.snapshot();
                         }
+                        in_plane(&mut || d.plane_mut().cleanup().expect("ebpf cleanup"));
+                        r
+                    }
+                    scheduled if scheduled.starts_with("ebpf-") => {
+                        let mut d = Driver::without_conntrack(
+                            scheduler_config(&scheduled["ebpf-".len()..]),
+                            EbpfDataPlane::new(ebpf_options(&conf)),
+                        );
+                        in_plane(&mut || {
+                            d.sync(&snap, true).expect("ebpf sync");
+                        });
+                        let r = bench.connect(VIP, Some(&conf));
                         in_plane(&mut || d.plane_mut().cleanup().expect("ebpf cleanup"));
                         r
                     }
