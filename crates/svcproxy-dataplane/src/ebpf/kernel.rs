@@ -213,6 +213,60 @@ pub fn preflight(cgroup: &Path, pin_dir: &Path) -> Result<(), DataPlaneError> {
     probe_programs(parent)
 }
 
+/// Loads the socket programs, attaches them to `cgroup` and pins their links in
+/// `pin_dir` (each pin replaced in place).
+fn attach_socket_programs(
+    ebpf: &mut Ebpf,
+    cgroup_dir: &File,
+    cgroup: &Path,
+    pin_dir: &Path,
+) -> Result<(), DataPlaneError> {
+    macro_rules! attach {
+        ($ty:ty, $name:expr) => {{
+            let name = $name;
+            let prog: &mut $ty = program(ebpf, name)?;
+            prog.load()
+                .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
+            let id = prog
+                .attach(cgroup_dir, CgroupAttachMode::Single)
+                .map_err(|e| kernel_err(format!("attaching {name} to {}", cgroup.display()), e))?;
+            let link: FdLink = prog
+                .take_link(id)
+                .map_err(|e| kernel_err(name, e))?
+                .try_into()
+                .map_err(|e| kernel_err(name, e))?;
+            pin_in_place(link, &pin_dir.join(format!("link-{name}")))?;
+        }};
+    }
+    for (name, _) in PROGRAMS {
+        attach!(CgroupSockAddr, name);
+    }
+    attach!(CgroupSock, RELEASE_PROGRAM);
+    Ok(())
+}
+
+/// The packet path's idle timeouts, in whole seconds (a part-second rounds up).
+fn write_timeouts(tc: &mut Ebpf, t: &super::IdleTimeouts) -> Result<(), DataPlaneError> {
+    let secs = |d: Option<std::time::Duration>| {
+        d.map_or(0, |d| {
+            u32::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).unwrap_or(u32::MAX)
+        })
+    };
+    let mut timeouts: Array<MapData, wire::Timeouts> = take(tc, "svcproxy_timeouts")?;
+    timeouts
+        .set(
+            0,
+            wire::Timeouts {
+                tcp: secs(t.tcp),
+                tcpfin: secs(t.tcp_fin),
+                udp: secs(t.udp),
+                pad: 0,
+            },
+            0,
+        )
+        .map_err(|e| kernel_err("writing svcproxy_timeouts", e))
+}
+
 /// Loads every program once (the kernel verifies it) with small maps pinned in a
 /// scratch directory beside the pin directory, then lets everything go: a kernel
 /// that refuses one (a helper or hook it lacks) is named now, not at every sync.
@@ -485,55 +539,8 @@ impl Kernel {
         cfg.set(0, config, 0)
             .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
 
-        for (name, _) in PROGRAMS {
-            let prog: &mut CgroupSockAddr = program(&mut ebpf, name)?;
-            prog.load()
-                .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
-            let id = prog
-                .attach(&cgroup_dir, CgroupAttachMode::Single)
-                .map_err(|e| kernel_err(format!("attaching {name} to {}", cgroup.display()), e))?;
-            let link: FdLink = prog
-                .take_link(id)
-                .map_err(|e| kernel_err(name, e))?
-                .try_into()
-                .map_err(|e| kernel_err(name, e))?;
-            pin_in_place(link, &pin_dir.join(format!("link-{name}")))?;
-        }
-        {
-            let name = RELEASE_PROGRAM;
-            let prog: &mut CgroupSock = program(&mut ebpf, name)?;
-            prog.load()
-                .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
-            let id = prog
-                .attach(&cgroup_dir, CgroupAttachMode::Single)
-                .map_err(|e| kernel_err(format!("attaching {name} to {}", cgroup.display()), e))?;
-            let link: FdLink = prog
-                .take_link(id)
-                .map_err(|e| kernel_err(name, e))?
-                .try_into()
-                .map_err(|e| kernel_err(name, e))?;
-            pin_in_place(link, &pin_dir.join(format!("link-{name}")))?;
-        }
-
-        // The idle timeouts, whole seconds (a part-second rounds up).
-        let secs = |d: Option<std::time::Duration>| {
-            d.map_or(0, |d| {
-                u32::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).unwrap_or(u32::MAX)
-            })
-        };
-        let mut timeouts: Array<MapData, wire::Timeouts> = take(&mut tc, "svcproxy_timeouts")?;
-        timeouts
-            .set(
-                0,
-                wire::Timeouts {
-                    tcp: secs(opts.timeouts.tcp),
-                    tcpfin: secs(opts.timeouts.tcp_fin),
-                    udp: secs(opts.timeouts.udp),
-                    pad: 0,
-                },
-                0,
-            )
-            .map_err(|e| kernel_err("writing svcproxy_timeouts", e))?;
+        attach_socket_programs(&mut ebpf, &cgroup_dir, cgroup, pin_dir)?;
+        write_timeouts(&mut tc, &opts.timeouts)?;
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
         let svc: HashMap<MapData, SvcKey, SvcVal> = take(&mut ebpf, "svcproxy_svc")?;
