@@ -15,6 +15,7 @@
 #include <bpf/bpf_endian.h>
 
 #define SOL_SOCKET 1
+#define SOCK_STREAM 1
 #define SO_MARK 36
 
 struct {
@@ -158,7 +159,7 @@ static __always_inline void release_count(struct sock_peer *p)
 	addr_copy(be.addr, p->be);
 	be.port = p->beport;
 	be.family = p->family;
-	conns_add(&be, -1);
+	count_add(&svcproxy_conns, &be, -1);
 }
 
 // Adds `mark` to the socket's own (SO_MARK), for the companion rules.
@@ -187,8 +188,10 @@ static __always_inline void forget_peer(struct bpf_sock_addr *ctx)
 {
 	struct bpf_sock *sk = ctx->sk;
 	struct sock_peer *p = sk ? bpf_sk_storage_get(&svcproxy_peer, sk, 0, 0) : 0;
-	if (p)
+	if (p) {
+		release_count(p);
 		p->beport = 0;
+	}
 }
 
 static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int datagram)
@@ -322,8 +325,9 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 		if (p) {
 			// A socket connecting again gives back its last connection's count.
 			release_count(p);
-			if (COUNTS_CONNS(rt->sched)) {
-				conns_add(&chosen, 1);
+			// Connections, not connected datagram sockets, count.
+			if (COUNTS_CONNS(rt->sched) && ctx->type == SOCK_STREAM) {
+				count_add(&svcproxy_conns, &chosen, 1);
 				p->counted = 1;
 			}
 			p->family = chosen.family;

@@ -313,10 +313,12 @@ struct {
 	__type(value, __u64);
 } svcproxy_rr SEC(".maps");
 
-// Each endpoint's live connections, for the lc scheduler: counted when a
-// connection is translated to it, released when its socket is (socket side) or
-// at the first FIN or RST (packet side). An LRU: an endpoint long gone is
-// forgotten.
+// Each endpoint's live connections, for the lc scheduler, one map a path:
+// svcproxy_conns the sockets translated at connect() (counted then, released
+// when the socket is: exact), svcproxy_flows the packet path's (counted at a
+// connection's first packet, released at its first FIN or RST, and brought back
+// to what svcproxy_ct holds by svcproxy at each sync: a connection the LRU
+// forgot or that vanished idle goes). LRUs: an endpoint long gone is forgotten.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -324,6 +326,14 @@ struct {
 	__type(key, struct backend);
 	__type(value, __s64);
 } svcproxy_conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct backend);
+	__type(value, __s64);
+} svcproxy_flows SEC(".maps");
 
 // An endpoint's key in svcproxy_conns: its address, port and family (not its
 // weight).
@@ -338,17 +348,18 @@ static __always_inline void conns_key(struct backend *key, const struct backend 
 	key->family = be->family;
 }
 
-static __always_inline void conns_add(const struct backend *be, __s64 delta)
+// Adds `delta` to an endpoint's count in `counts` (svcproxy_conns or _flows).
+static __always_inline void count_add(void *counts, const struct backend *be, __s64 delta)
 {
 	struct backend key;
 	conns_key(&key, be);
-	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, &key);
+	__s64 *n = bpf_map_lookup_elem(counts, &key);
 	if (!n) {
 		if (delta < 0)
 			return;
 		__s64 zero = 0;
-		bpf_map_update_elem(&svcproxy_conns, &key, &zero, BPF_NOEXIST);
-		n = bpf_map_lookup_elem(&svcproxy_conns, &key);
+		bpf_map_update_elem(counts, &key, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(counts, &key);
 		if (!n)
 			return;
 	}
@@ -511,8 +522,8 @@ static __always_inline int admitted(const struct svc_val *svc, int family, const
 }
 
 // The lc scheduler's scan: the first of up to LC_SCAN slots from `start` with
-// the fewest live connections (in the high word of `least`, the slot in the
-// low); `least` -1 when the list is being replaced under us. One bpf_loop
+// the fewest live connections (in the high word of `least`, its step in the
+// low, so that a tie goes to the first scanned); `least` -1 when the list is being replaced under us. One bpf_loop
 // step a slot, the minimum taken without a branch: the verifier checks one
 // step, not LC_SCAN of them.
 struct lc_scan {
@@ -537,7 +548,8 @@ static long lc_step(__u32 i, void *data)
 	struct backend key;
 	conns_key(&key, be);
 	__s64 *n = bpf_map_lookup_elem(&svcproxy_conns, &key);
-	__s64 c = n ? *n : 0;
+	__s64 *f = bpf_map_lookup_elem(&svcproxy_flows, &key);
+	__s64 c = (n ? *n : 0) + (f ? *f : 0);
 	c &= ~(c >> 63); // a count raced below 0 is 0
 	c &= 0x7fffff;	 // and its overhead fits the high word
 	__s64 w = be->pad;
@@ -559,7 +571,8 @@ static long lc_step(__u32 i, void *data)
 	default:
 		over = c;
 	}
-	__s64 cand = (over << 32) | k.slot;
+	__s64 cand = (over << 32) | i; // ties: the first scanned
+
 	__s64 d = s->least - cand; // least < cand: d < 0
 	s->least = cand + (d & (d >> 63));
 	return 0;
@@ -610,6 +623,7 @@ static __always_inline const struct backend *pick(const struct route *rt, __u32 
 		__s64 least = scan.least;
 		if (least < 0)
 			return 0;
+		least = (scan.start + (__u32)least) % rt->count;
 		sk.slot = (__u32)least;
 		break;
 	}

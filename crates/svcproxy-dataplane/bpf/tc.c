@@ -67,7 +67,8 @@ static __always_inline int idle_expired(const struct ct_val *ct, int tcp)
 	if (!t)
 		return 0;
 	__u32 limit = !tcp ? t->udp : (ct->flags & CT_CLOSING) ? t->tcpfin : t->tcp;
-	return limit && now_s() - ct->seen_s > limit;
+	// seen_s 0: an entry a release without idle timeouts wrote, never touched.
+	return limit && ct->seen_s && now_s() - ct->seen_s > limit;
 }
 
 // A packet of the connection passed: it is not idle (written at most once a
@@ -366,7 +367,7 @@ static __always_inline void release_flow(struct ct_val *ct, __u8 family)
 	addr_copy(be.addr, ct->addr);
 	be.port = ct->port;
 	be.family = family;
-	conns_add(&be, -1);
+	count_add(&svcproxy_flows, &be, -1);
 }
 
 // A new connection: its route's endpoint, remembered both ways. 0 when the
@@ -411,7 +412,7 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	out->created_ns = bpf_ktime_get_ns();
 	out->seen_s = out->created_ns / 1000000000ULL;
 	if (COUNTS_CONNS(rt->sched) && p->proto == IPPROTO_TCP) {
-		conns_add(&be, 1);
+		count_add(&svcproxy_flows, &be, 1);
 		out->counted = 1;
 	}
 
@@ -592,8 +593,10 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	ct_key_of(&k, &p);
 	struct ct_val flow;
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
-	if (ct && syn && bpf_ktime_get_ns() - ct->created_ns > SYN_RETRY_NS) {
-		// A new connection from a port used before.
+	if (ct && syn &&
+	    (bpf_ktime_get_ns() - ct->created_ns > SYN_RETRY_NS || (ct->flags & CT_CLOSING))) {
+		// A new connection from a port used before (a SYN after the old
+		// one's FIN or RST is no retransmission).
 		release_flow(ct, p.family);
 		ct = 0;
 	}

@@ -386,7 +386,10 @@ fn least_connection_sends_new_connections_away_from_an_endpoint_holding_long_one
         let state = env.mode.dump(&env.c, NODE_A);
         let live: Vec<&str> = state
             .lines()
-            .filter(|l| l.starts_with("connections ") && !l.ends_with(" 0"))
+            .filter(|l| {
+                (l.starts_with("connections ") || l.starts_with("packet-connections "))
+                    && !l.ends_with(" 0")
+            })
             .collect();
         if live.is_empty() {
             break Ok(());

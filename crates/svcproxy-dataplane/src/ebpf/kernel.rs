@@ -36,8 +36,8 @@ use ipnet::IpNet;
 
 use super::batch;
 use super::wire::{
-    self, Backend, Config, FwData, LocalKey, MemberKey, MhKey, MhVal, PodnetData, SlotKey, SvcKey,
-    SvcVal,
+    self, Backend, Config, CtKey, CtVal, FwData, LocalKey, MemberKey, MhKey, MhVal, PodnetData,
+    SlotKey, SvcKey, SvcVal,
 };
 use super::EbpfOptions;
 use svcproxy_core::model::Scheduler;
@@ -94,7 +94,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 ];
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 20] = [
+pub const MAPS: [&str; 21] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -114,6 +114,7 @@ pub const MAPS: [&str; 20] = [
     "svcproxy_rr",
     "svcproxy_mh",
     "svcproxy_conns",
+    "svcproxy_flows",
     "svcproxy_timeouts",
 ];
 
@@ -434,6 +435,11 @@ pub struct Kernel {
     /// The schedulers' state: round-robin turns and Maglev tables, by list.
     rr: HashMap<MapData, u32, u64>,
     mh: HashMap<MapData, MhKey, MhVal>,
+    /// The packet path's connections, and its live-connection counts, which
+    /// [`Kernel::reconcile_flows`] brings back to them.
+    ct: HashMap<MapData, CtKey, CtVal>,
+    flows: HashMap<MapData, Backend, i64>,
+    timeouts: super::IdleTimeouts,
     local: HashMap<MapData, LocalKey, u8>,
     /// The next list id to give (ids only grow: an id is never reused while a
     /// socket may still read it).
@@ -573,6 +579,9 @@ impl Kernel {
             member: take(&mut ebpf, "svcproxy_member")?,
             rr: take(&mut ebpf, "svcproxy_rr")?,
             mh: take(&mut ebpf, "svcproxy_mh")?,
+            ct: take(&mut tc, "svcproxy_ct")?,
+            flows: take(&mut ebpf, "svcproxy_flows")?,
+            timeouts: opts.timeouts,
             local: take(&mut ebpf, "svcproxy_local")?,
             next_list,
             written: None,
@@ -1034,6 +1043,40 @@ impl Kernel {
         Ok(ops)
     }
 
+    /// Brings the packet path's live-connection counts (`svcproxy_flows`, the lc
+    /// schedulers') back to the connections its table holds that count: one the
+    /// LRU forgot, or whose FIN was lost, no longer counts, and one idle past its
+    /// timeout (`--ipvs-tcp-timeout`, `-tcpfin-`) is forgotten. Programs counting
+    /// meanwhile may leave the count off by the connections opened or closed
+    /// during the pass, until the next. Returns the map writes and deletions.
+    pub fn reconcile_flows(&mut self) -> Result<usize, DataPlaneError> {
+        let (counts, expired) = flow_counts(
+            self.ct.iter().filter_map(Result::ok),
+            monotonic_secs(),
+            &self.timeouts,
+        );
+        let mut ops = 0;
+        for k in &expired {
+            ops += remove(&mut self.ct, k)?;
+        }
+        let stale: Vec<Backend> = self
+            .flows
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|be| !counts.contains_key(be))
+            .collect();
+        for be in &stale {
+            ops += remove(&mut self.flows, be)?;
+        }
+        for (be, n) in counts {
+            self.flows
+                .insert(be, n, 0)
+                .map_err(|e| kernel_err("writing svcproxy_flows", e))?;
+            ops += 1;
+        }
+        Ok(ops)
+    }
+
     /// The sources of fenced `port` that `old` lacks.
     fn write_firewall(
         &mut self,
@@ -1438,6 +1481,48 @@ fn encode(
     )
 }
 
+/// What the packet path's connection table says the live-connection counts are
+/// (`now` in the programs' seconds): each counted connection's endpoint once,
+/// but for those idle past their timeout, which are returned to be forgotten.
+fn flow_counts(
+    entries: impl Iterator<Item = (CtKey, CtVal)>,
+    now: u64,
+    timeouts: &super::IdleTimeouts,
+) -> (HashMap2<Backend, i64>, Vec<CtKey>) {
+    let secs = |d: Option<std::time::Duration>| d.map_or(0, |d| d.as_secs().max(1));
+    let (tcp, fin) = (secs(timeouts.tcp), secs(timeouts.tcp_fin));
+    let mut counts: HashMap2<Backend, i64> = HashMap2::new();
+    let mut expired = Vec::new();
+    for (k, v) in entries {
+        if k.dir != wire::CT_ORIGINAL || v.counted == 0 {
+            continue;
+        }
+        let limit = if v.flags & wire::CT_CLOSING != 0 {
+            fin
+        } else {
+            tcp
+        };
+        if limit != 0 && v.seen_s != 0 && now.saturating_sub(u64::from(v.seen_s)) > limit {
+            expired.push(k);
+            continue;
+        }
+        let be = Backend {
+            addr: v.addr,
+            port: v.port,
+            family: k.family,
+            pad: 0,
+        };
+        *counts.entry(be).or_default() += 1;
+    }
+    (counts, expired)
+}
+
+/// The monotonic clock in seconds, as the programs' `bpf_ktime_get_ns`.
+fn monotonic_secs() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(ts.tv_sec).unwrap_or(0)
+}
+
 /// Whether a map update failed for want of room.
 fn map_full(e: &aya::maps::MapError) -> bool {
     matches!(e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
@@ -1491,7 +1576,7 @@ impl Overflow {
             sizes = ?sizes.by_map(),
             service_ports = self.ports.len(),
             first = ?first,
-            "BPF maps are full: these service ports are not served as planned (their addresses not translated, or refused for want of room for their endpoints); everything else is; raise --ebpf-map-size-services / --ebpf-map-size-endpoints"
+            "BPF maps are full: these service ports are not served as planned (their addresses not translated, or refused for want of room for their endpoints); everything else is; raise --ebpf-map-size-services / --ebpf-map-size-endpoints (svcproxy_rr and svcproxy_mh, the schedulers' state, hold 262,144 entries each, a Maglev list up to 256 of them: fewer or smaller endpoint weights, or fewer mh services, make room)"
         );
     }
 }
@@ -1741,10 +1826,15 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
     }
     // The lc scheduler's live connections per endpoint (none before a release
     // that has the map).
-    let conns: Option<HashMap<MapData, Backend, i64>> = open_pinned(pin_dir, "svcproxy_conns").ok();
-    for (be, n) in conns.iter().flat_map(|m| m.iter().filter_map(Result::ok)) {
-        if let Some(a) = be.socket_addr() {
-            lines.push(format!("connections {a} {n}"));
+    for (map, label) in [
+        ("svcproxy_conns", "connections"),
+        ("svcproxy_flows", "packet-connections"),
+    ] {
+        let counts: Option<HashMap<MapData, Backend, i64>> = open_pinned(pin_dir, map).ok();
+        for (be, n) in counts.iter().flat_map(|m| m.iter().filter_map(Result::ok)) {
+            if let Some(a) = be.socket_addr() {
+                lines.push(format!("{label} {a} {n}"));
+            }
         }
     }
     lines.sort();
@@ -2022,4 +2112,79 @@ pub fn cgroup2_root() -> Option<PathBuf> {
             .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
             .flatten()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn flow(
+        client_port: u16,
+        endpoint: &str,
+        counted: bool,
+        flags: u8,
+        seen_s: u32,
+    ) -> (CtKey, CtVal) {
+        let be = Backend::of(endpoint.parse().unwrap());
+        (
+            CtKey {
+                saddr: wire::addr_words(Some("198.51.100.7".parse().unwrap())),
+                daddr: wire::addr_words(Some("198.19.0.10".parse().unwrap())),
+                sport: client_port,
+                dport: 80,
+                proto: 6,
+                family: wire::FAMILY_V4,
+                dir: wire::CT_ORIGINAL,
+                pad: 0,
+            },
+            CtVal {
+                addr: be.addr,
+                port: be.port,
+                flags,
+                counted: u8::from(counted),
+                seen_s,
+                created_ns: 0,
+            },
+        )
+    }
+
+    #[test]
+    fn the_packet_paths_counts_are_what_its_connection_table_holds() {
+        let a = "10.244.1.5:8080";
+        let b = "10.244.2.5:8080";
+        let mut reply = flow(9, a, true, 0, 1000);
+        reply.0.dir = 1;
+        let entries = vec![
+            flow(1, a, true, 0, 1000),
+            flow(2, a, true, 0, 1000),
+            // Released at its FIN: no longer counted.
+            flow(3, a, false, wire::CT_CLOSING, 1000),
+            flow(4, b, true, 0, 1000),
+            // Idle for 500 s, past a 300 s tcp timeout: forgotten.
+            flow(5, b, true, 0, 500),
+            // Closing and idle past a 60 s tcpfin timeout.
+            flow(6, b, true, wire::CT_CLOSING, 900),
+            // Never touched (a release without idle timeouts wrote it): kept.
+            flow(7, b, true, 0, 0),
+            // A reply entry counts nothing.
+            reply,
+        ];
+        let timeouts = crate::IdleTimeouts {
+            tcp: Some(Duration::from_secs(300)),
+            tcp_fin: Some(Duration::from_secs(60)),
+            udp: None,
+        };
+        let (counts, expired) = flow_counts(entries.clone().into_iter(), 1001, &timeouts);
+        let be = |s: &str| Backend::of(s.parse().unwrap());
+        assert_eq!(counts.get(&be(a)), Some(&2));
+        assert_eq!(counts.get(&be(b)), Some(&2));
+        let gone: Vec<u16> = expired.iter().map(|k| k.sport).collect();
+        assert_eq!(gone, [5, 6]);
+        // Without timeouts nothing idles out.
+        let (counts, expired) =
+            flow_counts(entries.into_iter(), 1001, &crate::IdleTimeouts::default());
+        assert_eq!(counts.get(&be(b)), Some(&4));
+        assert!(expired.is_empty());
+    }
 }

@@ -333,6 +333,15 @@ impl DataPlane for EbpfDataPlane {
             stats.failed_writes += u64::from(written.is_err());
         }
         let ops = written?;
+        if table
+            .lists
+            .values()
+            .any(|l| l.scheduler.counts_connections())
+        {
+            if let Err(e) = kernel.reconcile_flows() {
+                tracing::warn!(error = %e, "the packet path's connection counts (lc) were not reconciled; the next sync tries again");
+            }
+        }
         let kind = if first {
             SyncKind::Recreate
         } else if changes.is_none() {

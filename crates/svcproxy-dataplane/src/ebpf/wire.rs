@@ -223,7 +223,7 @@ pub struct SlotKey {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Backend {
     pub addr: [u32; 4],
     pub port: u16,
@@ -286,6 +286,39 @@ pub struct Config {
     /// Successful writes of the maps so far (0: none yet).
     pub generation: u32,
 }
+
+/// A packet-path connection's key in `svcproxy_ct` (`struct ct_key`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    /// `CT_ORIGINAL` (0), `CT_REPLY`, `CT_MASQUERADED_REPLY`.
+    pub dir: u8,
+    pub pad: u8,
+}
+
+/// `svcproxy_ct`'s value (`struct ct_val`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtVal {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub flags: u8,
+    /// The original direction's: the connection counts in `svcproxy_flows`.
+    pub counted: u8,
+    /// When a packet of it last passed, in seconds of the monotonic clock.
+    pub seen_s: u32,
+    pub created_ns: u64,
+}
+
+pub const CT_ORIGINAL: u8 = 0;
+/// `ct_val.flags`: a FIN or RST of the connection passed.
+pub const CT_CLOSING: u8 = 0x80;
 
 /// `svcproxy_timeouts`' value: the packet path's idle timeouts in seconds (0:
 /// none).
@@ -417,6 +450,8 @@ mod pod {
     unsafe impl aya::Pod for PodnetData {}
     unsafe impl aya::Pod for MhKey {}
     unsafe impl aya::Pod for Timeouts {}
+    unsafe impl aya::Pod for CtKey {}
+    unsafe impl aya::Pod for CtVal {}
     unsafe impl aya::Pod for MhVal {}
 }
 
@@ -442,6 +477,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<AffVal>(), 32);
         assert_eq!(std::mem::size_of::<MhKey>(), 8);
         assert_eq!(std::mem::size_of::<Timeouts>(), 16);
+        assert_eq!(std::mem::size_of::<CtKey>(), 40);
+        assert_eq!(std::mem::size_of::<CtVal>(), 32);
         assert_eq!(std::mem::size_of::<MhVal>(), 512);
     }
 

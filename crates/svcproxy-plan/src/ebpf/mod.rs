@@ -521,7 +521,10 @@ impl Table {
                         set,
                     };
                     let mut weights = svc.set_weights(set);
-                    if !weights.is_empty() {
+                    // The counting schedulers weigh each endpoint's one slot by the
+                    // weight it carries; the others choose among slots, so a
+                    // weighted list holds each endpoint as often as its weight.
+                    if !weights.is_empty() && !svc.scheduler.counts_connections() {
                         let slots = weights::schedule(&weights);
                         endpoints = slots.iter().map(|&i| endpoints[usize::from(i)]).collect();
                         weights = slots.iter().map(|&i| weights[usize::from(i)]).collect();

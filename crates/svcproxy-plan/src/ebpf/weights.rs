@@ -1,13 +1,13 @@
-//! Endpoint weights as the programs see them: a weighted list is written with
-//! each endpoint in as many slots as its weight, in IPVS's weighted
-//! round-robin order (its `wrr` interleaving), so that the programs' choices
-//! over slots give each endpoint its share: `wrr` takes the slots in turn,
-//! `random`, `sh` and `mh` weigh by the slots an endpoint holds. The slots also
-//! carry their endpoint's weight, for `wlc`, `sed` and `nq`.
+//! Endpoint weights as the programs see them. For `wrr`, `random`, `sh` and
+//! `mh` a weighted list is written with each endpoint in as many slots as its
+//! weight, in IPVS's weighted round-robin order (its `wrr` interleaving), so that
+//! the programs' choices over slots give each endpoint its share: `wrr` takes the
+//! slots in turn, the others weigh by the slots an endpoint holds. For `wlc`,
+//! `sed` and `nq` each endpoint keeps one slot, which carries its weight.
 
 /// The most slots a weighted list takes; weights whose round is longer are
 /// scaled down to fit (each at least 1).
-pub const MAX_SLOTS: usize = 16384;
+pub const MAX_SLOTS: usize = 4096;
 
 /// The slots of a weighted list: indices into `weights` (each endpoint's weight,
 /// all ≥ 1), in the order IPVS's `wrr` gives them: each round visits the
