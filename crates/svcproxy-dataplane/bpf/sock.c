@@ -256,9 +256,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 
 	__u64 cookie = datagram ? bpf_get_socket_cookie(ctx) : 0;
 	struct flow_key fk = {};
-	// Where the endpoint is found (a map's value), copied once below: copies
-	// made on each branch put its fields in stack slots the verifier refuses to
-	// share without CAP_PERFMON.
+	// Where the endpoint is found (a map's value), copied once below.
 	const struct backend *found = 0;
 
 	if (datagram) {
@@ -424,7 +422,6 @@ int svcproxy_getpeername6(struct bpf_sock_addr *ctx)
 {
 	return reverse(ctx, FAMILY_V6);
 }
-
 
 // A socket is released (closed, or its process gone): its connection no longer
 // counts for its endpoint.

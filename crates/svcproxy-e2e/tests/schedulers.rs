@@ -318,17 +318,15 @@ fn holder_script(target: SocketAddr, n: usize) -> String {
     )
 }
 
-#[test]
-fn least_connection_sends_new_connections_away_from_an_endpoint_holding_long_ones() {
-    let (svc, file) = service("lc", &[], &[A0, B0, B1]);
-    let Some(env) = start(Mode::Ipvs, &["--ipvs-scheduler=lc"], &file) else {
-        return;
-    };
-    let mut ck = Checks::new("lc");
-    let vip = sa(svc.cluster_ip(Family::V4), 80);
-    // A process of node-a holds four connections (translated at connect(), they
-    // count until their sockets close): lc spreads them 2, 1, 1.
-    let script = holder_script(vip, 4);
+/// A process of node-a (whose connections are translated at connect() and count
+/// until their sockets close) holding `n` connections to `target`: the process,
+/// and how many went to each backend.
+fn hold(
+    env: &Env,
+    target: SocketAddr,
+    n: usize,
+) -> (svcproxy_e2e::NsProcess, BTreeMap<String, usize>) {
+    let script = holder_script(target, n);
     let holder = env
         .c
         .spawn(Host::Node(NODE_A), "holder", &["python3", "-c", &script])
@@ -337,10 +335,23 @@ fn least_connection_sends_new_connections_away_from_an_endpoint_holding_long_one
         .wait_for_stdout("]", Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("the holder's connections: {e}\n{}", holder.logs()));
     let held: Vec<String> = serde_json::from_str(line.lines().last().unwrap_or("[]")).unwrap();
-    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
-    for b in &held {
-        *count.entry(b.as_str()).or_default() += 1;
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for b in held {
+        *count.entry(b).or_default() += 1;
     }
+    (holder, count)
+}
+
+#[test]
+fn least_connection_sends_new_connections_away_from_an_endpoint_holding_long_ones() {
+    let (svc, file) = service("lc", &[], &[A0, B0, B1]);
+    let Some(env) = start(Mode::Ipvs, &["--ipvs-scheduler=lc"], &file) else {
+        return;
+    };
+    let mut ck = Checks::new("lc");
+    let vip = sa(svc.cluster_ip(Family::V4), 80);
+    // A process of node-a holds four connections: lc spreads them 2, 1, 1.
+    let (holder, count) = hold(&env, vip, 4);
     let mut spread: Vec<usize> = count.values().copied().collect();
     spread.sort();
     ck.check(spread == [1, 1, 2], || {
@@ -468,22 +479,12 @@ fn weighted_least_connection_holds_connections_in_proportion_to_the_weights() {
     // Five connections held from node-a: the fewest per unit of weight each
     // time gives pod-a0 (weight 3) three, the others one each (lc would give
     // 2, 2, 1).
-    let script = holder_script(sa(svc.cluster_ip(Family::V4), 80), 5);
-    let holder = env
-        .c
-        .spawn(Host::Node(NODE_A), "holder", &["python3", "-c", &script])
-        .expect("spawn the holder");
-    let line = holder
-        .wait_for_stdout("]", Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("the holder's connections: {e}\n{}", holder.logs()));
-    let held: Vec<String> = serde_json::from_str(line.lines().last().unwrap_or("[]")).unwrap();
-    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
-    for b in &held {
-        *count.entry(b.as_str()).or_default() += 1;
-    }
-    let want: BTreeMap<&str, usize> = [("pod-a0", 3), ("pod-b0", 1), ("pod-b1", 1)].into();
+    let (holder, count) = hold(&env, sa(svc.cluster_ip(Family::V4), 80), 5);
+    let want: BTreeMap<String, usize> = [("pod-a0", 3), ("pod-b0", 1), ("pod-b1", 1)]
+        .map(|(b, n)| (b.to_string(), n))
+        .into();
     ck.check(count == want, || {
-        format!("5 held connections spread {count:?} ({held:?}), wlc with weights 3, 1, 1 gives {want:?}")
+        format!("5 held connections spread {count:?}, wlc with weights 3, 1, 1 gives {want:?}")
     });
     holder.kill();
     ck.finish(&env);
