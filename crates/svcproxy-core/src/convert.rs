@@ -963,18 +963,52 @@ pub fn convert_slice_with(
     if labels.contains_key(LABEL_HEADLESS) && !opts.for_dns {
         return None;
     }
-    let family = match slice.address_type.as_str() {
-        "IPv4" => IpFamily::V4,
-        "IPv6" => IpFamily::V6,
-        "FQDN" => return None,
+    let family = slice_family(&mut ctx, slice)?;
+    let service_name = slice_service_name(&mut ctx, labels)?;
+    let (raw_ports, raw_endpoints) = slice_contents(&mut ctx, slice)?;
+    let ports = slice_ports(&mut ctx, raw_ports);
+    let endpoints: Vec<SliceEndpoint> = raw_endpoints
+        .iter()
+        .enumerate()
+        .filter_map(|(i, ep)| slice_endpoint(&mut ctx, &format!("endpoints[{i}]"), ep, family))
+        .collect();
+    Some(Slice {
+        service: ServiceName::new(key.namespace.clone(), service_name.clone()),
+        name: key.name.as_str().into(),
+        family,
+        ports: ports.into(),
+        endpoints: endpoints.into(),
+        last_change_trigger_time: slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME))
+            .cloned(),
+    })
+}
+
+/// The slice's address family; `None` for FQDN slices (not proxied) and unknown
+/// types (rejected).
+fn slice_family(ctx: &mut Ctx<'_>, slice: &discoveryv1::EndpointSlice) -> Option<IpFamily> {
+    match slice.address_type.as_str() {
+        "IPv4" => Some(IpFamily::V4),
+        "IPv6" => Some(IpFamily::V6),
+        "FQDN" => None,
         other => {
             ctx.reject(
                 "addressType",
                 format!("unknown address type {}", quote(other)),
             );
-            return None;
+            None
         }
-    };
+    }
+}
+
+/// The service the slice belongs to (its `kubernetes.io/service-name` label).
+fn slice_service_name<'a>(
+    ctx: &mut Ctx<'_>,
+    labels: &'a BTreeMap<String, String>,
+) -> Option<&'a String> {
     let Some(service_name) = labels.get(LABEL_SERVICE_NAME) else {
         ctx.reject(
             format!("metadata.labels[{LABEL_SERVICE_NAME}]"),
@@ -989,6 +1023,15 @@ pub fn convert_slice_with(
         );
         return None;
     }
+    Some(service_name)
+}
+
+/// The slice's ports and endpoints, within the API's limits (a slice beyond
+/// them is rejected whole).
+fn slice_contents<'a>(
+    ctx: &mut Ctx<'_>,
+    slice: &'a discoveryv1::EndpointSlice,
+) -> Option<(&'a [discoveryv1::EndpointPort], &'a [discoveryv1::Endpoint])> {
     let raw_ports = slice.ports.as_deref().unwrap_or_default();
     if raw_ports.len() > MAX_SLICE_PORTS {
         ctx.reject(
@@ -1009,7 +1052,11 @@ pub fn convert_slice_with(
         );
         return None;
     }
+    Some((raw_ports, raw_endpoints))
+}
 
+/// The slice's usable ports; each bad one is ignored with a problem.
+fn slice_ports(ctx: &mut Ctx<'_>, raw_ports: &[discoveryv1::EndpointPort]) -> Vec<SlicePort> {
     let mut ports: Vec<SlicePort> = Vec::new();
     for (i, p) in raw_ports.iter().enumerate() {
         let field = format!("ports[{i}]");
@@ -1064,108 +1111,101 @@ pub fn convert_slice_with(
             protocol,
         });
     }
+    ports
+}
 
-    let mut endpoints = Vec::with_capacity(raw_endpoints.len());
-    for (i, ep) in raw_endpoints.iter().enumerate() {
-        let field = format!("endpoints[{i}]");
-        // Only the first address is used, as upstream: the rest are reserved.
-        let Some(raw) = ep.addresses.first() else {
-            ctx.ignore(format!("{field}.addresses"), "no address");
-            continue;
-        };
-        let Some(ip) = parse_ip(&mut ctx, &format!("{field}.addresses[0]"), raw) else {
-            ctx.ignore(
-                format!("{field}.addresses[0]"),
-                format!("invalid IP address {}", quote(raw)),
-            );
-            continue;
-        };
-        if IpFamily::of(&ip) != family {
-            ctx.ignore(
-                format!("{field}.addresses[0]"),
-                format!("{} is not an {family} address", quote(raw)),
-            );
-            continue;
-        }
-        if let Some(why) = forbidden_endpoint_ip(&ip) {
-            ctx.ignore(
-                format!("{field}.addresses[0]"),
-                format!("{why} address {} cannot be an endpoint", quote(raw)),
-            );
-            continue;
-        }
-        let node_name = match ep.node_name.as_deref() {
-            None | Some("") => None,
-            Some(n) if is_dns1123_subdomain(n) => Some(Arc::from(n)),
-            Some(n) => {
-                ctx.ignore(
-                    format!("{field}.nodeName"),
-                    format!("invalid node name {}", quote(n)),
-                );
-                None
-            }
-        };
-        let zone = match ep.zone.as_deref() {
-            None | Some("") => None,
-            Some(z) if is_label_value(z) => Some(Arc::from(z)),
-            Some(z) => {
-                ctx.ignore(
-                    format!("{field}.zone"),
-                    format!("invalid zone {}", quote(z)),
-                );
-                None
-            }
-        };
-        let cond = ep.conditions.clone().unwrap_or_default();
-        // Upstream defaulting: unset ready means ready; unset serving means "same as
-        // ready"; unset terminating means not terminating.
-        let ready = cond.ready.unwrap_or(true);
-        let serving = cond.serving.unwrap_or(ready);
-        let terminating = cond.terminating.unwrap_or(false);
-        let hints = ep.hints.clone().unwrap_or_default();
-        let zone_hints = hint_list(
-            &mut ctx,
-            &format!("{field}.hints.forZones"),
-            hints
-                .for_zones
-                .unwrap_or_default()
-                .into_iter()
-                .map(|z| z.name),
+/// One endpoint of a slice of `family`; `None`, with a problem, when its address
+/// is unusable (its other bad fields are ignored one by one).
+fn slice_endpoint(
+    ctx: &mut Ctx<'_>,
+    field: &str,
+    ep: &discoveryv1::Endpoint,
+    family: IpFamily,
+) -> Option<SliceEndpoint> {
+    // Only the first address is used, as upstream: the rest are reserved.
+    let Some(raw) = ep.addresses.first() else {
+        ctx.ignore(format!("{field}.addresses"), "no address");
+        return None;
+    };
+    let Some(ip) = parse_ip(ctx, &format!("{field}.addresses[0]"), raw) else {
+        ctx.ignore(
+            format!("{field}.addresses[0]"),
+            format!("invalid IP address {}", quote(raw)),
         );
-        let node_hints = hint_list(
-            &mut ctx,
-            &format!("{field}.hints.forNodes"),
-            hints
-                .for_nodes
-                .unwrap_or_default()
-                .into_iter()
-                .map(|n| n.name),
+        return None;
+    };
+    if IpFamily::of(&ip) != family {
+        ctx.ignore(
+            format!("{field}.addresses[0]"),
+            format!("{} is not an {family} address", quote(raw)),
         );
-        endpoints.push(SliceEndpoint {
-            ip,
-            info: Arc::new(EndpointInfo {
-                node_name,
-                zone,
-                ready,
-                serving,
-                terminating,
-                zone_hints,
-                node_hints,
-            }),
-        });
+        return None;
     }
-    Some(Slice {
-        service: ServiceName::new(key.namespace.clone(), service_name.clone()),
-        name: key.name.as_str().into(),
-        family,
-        ports: ports.into(),
-        endpoints: endpoints.into(),
-        last_change_trigger_time: slice
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME))
-            .cloned(),
+    if let Some(why) = forbidden_endpoint_ip(&ip) {
+        ctx.ignore(
+            format!("{field}.addresses[0]"),
+            format!("{why} address {} cannot be an endpoint", quote(raw)),
+        );
+        return None;
+    }
+    let node_name = match ep.node_name.as_deref() {
+        None | Some("") => None,
+        Some(n) if is_dns1123_subdomain(n) => Some(Arc::from(n)),
+        Some(n) => {
+            ctx.ignore(
+                format!("{field}.nodeName"),
+                format!("invalid node name {}", quote(n)),
+            );
+            None
+        }
+    };
+    let zone = match ep.zone.as_deref() {
+        None | Some("") => None,
+        Some(z) if is_label_value(z) => Some(Arc::from(z)),
+        Some(z) => {
+            ctx.ignore(
+                format!("{field}.zone"),
+                format!("invalid zone {}", quote(z)),
+            );
+            None
+        }
+    };
+    let cond = ep.conditions.clone().unwrap_or_default();
+    // Upstream defaulting: unset ready means ready; unset serving means "same as
+    // ready"; unset terminating means not terminating.
+    let ready = cond.ready.unwrap_or(true);
+    let serving = cond.serving.unwrap_or(ready);
+    let terminating = cond.terminating.unwrap_or(false);
+    let hints = ep.hints.clone().unwrap_or_default();
+    let zone_hints = hint_list(
+        ctx,
+        &format!("{field}.hints.forZones"),
+        hints
+            .for_zones
+            .unwrap_or_default()
+            .into_iter()
+            .map(|z| z.name),
+    );
+    let node_hints = hint_list(
+        ctx,
+        &format!("{field}.hints.forNodes"),
+        hints
+            .for_nodes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| n.name),
+    );
+    Some(SliceEndpoint {
+        ip,
+        info: Arc::new(EndpointInfo {
+            node_name,
+            zone,
+            ready,
+            serving,
+            terminating,
+            zone_hints,
+            node_hints,
+        }),
     })
 }
 
