@@ -298,40 +298,12 @@ impl Metrics {
     /// Metrics of a proxy running `backend` that started at `started`.
     pub fn started_at(started: SystemTime, backend: &Backend) -> Arc<Self> {
         let r = Registry::new();
-        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
-            register(
-                &r,
-                HistogramVec::new(
-                    HistogramOpts::new(name, alpha(help)).buckets(buckets),
-                    &[IP_FAMILY],
-                )
-                .expect("valid histogram"),
-            )
-        };
-        let gauge = |name: &str, help: &str| {
-            register(
-                &r,
-                GaugeVec::new(Opts::new(name, alpha(help)), &[IP_FAMILY]).expect("valid gauge"),
-            )
-        };
-        let int_gauge = |name: &str, help: String| {
-            register(
-                &r,
-                IntGauge::with_opts(Opts::new(name, help)).expect("valid gauge"),
-            )
-        };
-        let counter = |name: &str, help: String| {
-            register(
-                &r,
-                IntCounter::with_opts(Opts::new(name, help)).expect("valid counter"),
-            )
-        };
-        let counter_vec = |name: &str, help: String, label: &str| {
-            register(
-                &r,
-                IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid counter"),
-            )
-        };
+        let reg = Register(&r);
+        let histogram = |name, help, buckets| reg.histogram(name, help, buckets);
+        let gauge = |name, help| reg.gauge(name, help);
+        let int_gauge = |name, help| reg.int_gauge(name, help);
+        let counter = |name, help| reg.counter(name, help);
+        let counter_vec = |name, help, label| reg.counter_vec(name, help, label);
 
         let m = Metrics {
             sync_duration: histogram(
@@ -477,36 +449,46 @@ impl Metrics {
             configz: std::sync::OnceLock::new(),
             registry: r,
         };
-        // The process's own figures (process_resident_memory_bytes,
-        // process_cpu_seconds_total, process_open_fds, ...), as every Go component has.
+        m.register_process();
+        m.preset_series();
+        Arc::new(m)
+    }
+
+    /// The process's own figures (process_resident_memory_bytes,
+    /// process_cpu_seconds_total, process_open_fds, ...), as every Go component has.
+    fn register_process(&self) {
         #[cfg(target_os = "linux")]
-        m.registry
+        self.registry
             .register(Box::new(
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metrics register once");
-        // Series that exist from the start, so dashboards see zeros rather than gaps.
+    }
+
+    /// Series that exist from the start, so dashboards see zeros rather than gaps.
+    fn preset_series(&self) {
         for family in FAMILIES {
             let f = family.as_str();
             for policy in ["internal", "external"] {
-                m.no_local_endpoints.with_label_values(&[f, policy]).set(0);
+                self.no_local_endpoints
+                    .with_label_values(&[f, policy])
+                    .set(0);
             }
-            for (_, c) in &m.failures {
+            for (_, c) in &self.failures {
                 c.with_label_values(&[f]);
             }
             for h in [
-                &m.sync_duration,
-                &m.sync_full_duration,
-                &m.sync_partial_duration,
-                &m.network_programming_duration,
+                &self.sync_duration,
+                &self.sync_full_duration,
+                &self.sync_partial_duration,
+                &self.network_programming_duration,
             ] {
                 h.with_label_values(&[f]);
             }
         }
         for kind in Kind::ALL {
-            m.invalid_objects.with_label_values(&[kind.as_str()]);
+            self.invalid_objects.with_label_values(&[kind.as_str()]);
         }
-        Arc::new(m)
     }
 
     /// The families the API client's metrics layer observes into.
@@ -810,6 +792,51 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| anyhow::anyhow!("metrics server on {addr:?}: {e}"))
+}
+
+/// The metric constructors `Metrics::started_at` uses, each registering into one
+/// registry (kube-proxy's stability level in the help where upstream marks it).
+struct Register<'a>(&'a Registry);
+
+impl Register<'_> {
+    fn histogram(&self, name: &str, help: &str, buckets: Vec<f64>) -> HistogramVec {
+        register(
+            self.0,
+            HistogramVec::new(
+                HistogramOpts::new(name, alpha(help)).buckets(buckets),
+                &[IP_FAMILY],
+            )
+            .expect("valid histogram"),
+        )
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> GaugeVec {
+        register(
+            self.0,
+            GaugeVec::new(Opts::new(name, alpha(help)), &[IP_FAMILY]).expect("valid gauge"),
+        )
+    }
+
+    fn int_gauge(&self, name: &str, help: String) -> IntGauge {
+        register(
+            self.0,
+            IntGauge::with_opts(Opts::new(name, help)).expect("valid gauge"),
+        )
+    }
+
+    fn counter(&self, name: &str, help: String) -> IntCounter {
+        register(
+            self.0,
+            IntCounter::with_opts(Opts::new(name, help)).expect("valid counter"),
+        )
+    }
+
+    fn counter_vec(&self, name: &str, help: String, label: &str) -> IntCounterVec {
+        register(
+            self.0,
+            IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid counter"),
+        )
+    }
 }
 
 #[cfg(test)]
