@@ -155,11 +155,7 @@ static __always_inline void release_count(struct sock_peer *p)
 	if (!p->counted)
 		return;
 	p->counted = 0;
-	struct backend be = {};
-	addr_copy(be.addr, p->be);
-	be.port = p->beport;
-	be.family = p->family;
-	count_add(&svcproxy_conns, &be, -1);
+	count_release(&svcproxy_conns, p->be, p->beport, p->family);
 }
 
 // Adds `mark` to the socket's own (SO_MARK), for the companion rules.

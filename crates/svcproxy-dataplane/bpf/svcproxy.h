@@ -459,6 +459,18 @@ static __always_inline void addr_copy(__u32 *to, const __u32 *from)
 	to[3] = from[3];
 }
 
+// Gives back one count of the endpoint at (addr, port, family) in `counts`:
+// the release of a socket's (sock.c) or a packet-path connection's (tc.c).
+static __always_inline void count_release(void *counts, const __u32 *addr, __u16 port,
+					  __u8 family)
+{
+	struct backend be = {};
+	addr_copy(be.addr, addr);
+	be.port = port;
+	be.family = family;
+	count_add(counts, &be, -1);
+}
+
 // The entry for key (address, port, protocol, family): the address's own, or
 // the every-local-address entry when the address is one of the host's.
 static __always_inline struct svc_val *find_service(const struct svc_key *key)

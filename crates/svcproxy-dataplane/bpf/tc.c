@@ -363,11 +363,7 @@ static __always_inline void release_flow(struct ct_val *ct, __u8 family)
 	if (!ct->counted)
 		return;
 	ct->counted = 0;
-	struct backend be = {};
-	addr_copy(be.addr, ct->addr);
-	be.port = ct->port;
-	be.family = family;
-	count_add(&svcproxy_flows, &be, -1);
+	count_release(&svcproxy_flows, ct->addr, ct->port, family);
 }
 
 // A new connection: its route's endpoint, remembered both ways. 0 when the

@@ -299,54 +299,49 @@ impl Metrics {
     pub fn started_at(started: SystemTime, backend: &Backend) -> Arc<Self> {
         let r = Registry::new();
         let reg = Register(&r);
-        let histogram = |name, help, buckets| reg.histogram(name, help, buckets);
-        let gauge = |name, help| reg.gauge(name, help);
-        let int_gauge = |name, help| reg.int_gauge(name, help);
-        let counter = |name, help| reg.counter(name, help);
-        let counter_vec = |name, help, label| reg.counter_vec(name, help, label);
 
         let m = Metrics {
-            sync_duration: histogram(
+            sync_duration: reg.histogram(
                 "kubeproxy_sync_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds",
                 sync_buckets(),
             ),
-            sync_full_duration: histogram(
+            sync_full_duration: reg.histogram(
                 "kubeproxy_sync_full_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds for full resyncs",
                 sync_buckets(),
             ),
-            sync_partial_duration: histogram(
+            sync_partial_duration: reg.histogram(
                 "kubeproxy_sync_partial_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds for partial resyncs",
                 sync_buckets(),
             ),
-            network_programming_duration: histogram(
+            network_programming_duration: reg.histogram(
                 "kubeproxy_network_programming_duration_seconds",
                 "In Cluster Network Programming Latency in seconds",
                 network_programming_buckets(),
             ),
-            last_timestamp: gauge(
+            last_timestamp: reg.gauge(
                 "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
                 "The last time proxy rules were successfully synced",
             ),
-            last_queued_timestamp: gauge(
+            last_queued_timestamp: reg.gauge(
                 "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
                 "The last time a sync of proxy rules was queued",
             ),
-            endpoint_changes_pending: int_gauge(
+            endpoint_changes_pending: reg.int_gauge(
                 "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
                 alpha("Pending proxy rules Endpoint changes"),
             ),
-            endpoint_changes_total: counter(
+            endpoint_changes_total: reg.counter(
                 "kubeproxy_sync_proxy_rules_endpoint_changes_total",
                 alpha("Cumulative proxy rules Endpoint changes"),
             ),
-            service_changes_pending: int_gauge(
+            service_changes_pending: reg.int_gauge(
                 "kubeproxy_sync_proxy_rules_service_changes_pending",
                 alpha("Pending proxy rules Service changes"),
             ),
-            service_changes_total: counter(
+            service_changes_total: reg.counter(
                 "kubeproxy_sync_proxy_rules_service_changes_total",
                 alpha("Cumulative proxy rules Service changes"),
             ),
@@ -366,30 +361,30 @@ impl Metrics {
             failures: backend
                 .failure_counters
                 .iter()
-                .map(|c| (c.kind, counter_vec(c.name, alpha(c.help), IP_FAMILY)))
+                .map(|c| (c.kind, reg.counter_vec(c.name, alpha(c.help), IP_FAMILY)))
                 .collect(),
-            healthz_total: counter_vec(
+            healthz_total: reg.counter_vec(
                 "kubeproxy_proxy_healthz_total",
                 alpha("Cumulative proxy healthz HTTP status"),
                 "code",
             ),
-            livez_total: counter_vec(
+            livez_total: reg.counter_vec(
                 "kubeproxy_proxy_livez_total",
                 alpha("Cumulative proxy livez HTTP status"),
                 "code",
             ),
-            invalid_objects: counter_vec(
+            invalid_objects: reg.counter_vec(
                 "svcproxy_invalid_objects_total",
                 "Objects rejected as invalid (logged and skipped), by kind".to_string(),
                 "kind",
             ),
             invalid_reported: Mutex::new(BTreeMap::new()),
             started,
-            conntrack_cleanup_failures: counter(
+            conntrack_cleanup_failures: reg.counter(
                 "svcproxy_conntrack_cleanup_failures_total",
                 "Syncs whose UDP conntrack cleanup failed".to_string(),
             ),
-            conntrack_entries_deleted: counter(
+            conntrack_entries_deleted: reg.counter(
                 "svcproxy_conntrack_entries_deleted_total",
                 "Stale UDP conntrack entries deleted".to_string(),
             ),
@@ -412,28 +407,28 @@ impl Metrics {
                     ),
                 )
             }),
-            conntrack_reconciler_deleted: counter_vec(
+            conntrack_reconciler_deleted: reg.counter_vec(
                 "kubeproxy_conntrack_reconciler_deleted_entries_total",
                 alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
                 IP_FAMILY,
             ),
-            conntrack_reconciler_duration: histogram(
+            conntrack_reconciler_duration: reg.histogram(
                 "kubeproxy_conntrack_reconciler_sync_duration_seconds",
                 "ReconcileConntrackFlowsLatency latency in seconds",
                 sync_buckets(),
             ),
-            health_check_bind_failures: int_gauge(
+            health_check_bind_failures: reg.int_gauge(
                 "svcproxy_service_health_check_bind_failures",
                 "healthCheckNodePort servers that cannot currently listen on their port"
                     .to_string(),
             ),
-            lost_claims: int_gauge(
+            lost_claims: reg.int_gauge(
                 "svcproxy_destination_conflicts",
                 "Claims on a destination (service IP and port, or NodePort) that another \
                  service port holds and this one therefore does not get (each is logged)"
                     .to_string(),
             ),
-            drift_detected: counter(
+            drift_detected: reg.counter(
                 "svcproxy_kernel_drift_total",
                 "Times the periodic check found the kernel without svcproxy's rules (tables \
                  deleted, re-created or made dormant, iptables flushed), each repaired by a \
