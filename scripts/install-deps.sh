@@ -3,7 +3,7 @@
 # nftables, iproute2, conntrack, iptables (the data planes' tools), clang and libbpf's
 # headers (the eBPF mode's programs, compiled by crates/svcproxy-dataplane/build.rs),
 # with --tests Prometheus (tests/dashboards.rs runs kube-proxy's dashboard queries
-# against svcproxy) and python3,
+# against svcproxy), python3 and ethtool,
 # and a Rust toolchain check.
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
@@ -17,9 +17,11 @@ command -v clang >/dev/null 2>&1 || need+=(clang)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -f /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
 # The tests: python3 (a client holding connections open, tests/schedulers.rs; and
-# scripts/validate-manifests.sh's virtualenv).
+# scripts/validate-manifests.sh's virtualenv), ethtool (a test namespace's veth made
+# to send whole checksums, as a wire does: tests/ebpf_packet.rs's XDP run).
 if [ "${1:-}" = "--tests" ]; then
   command -v python3 >/dev/null 2>&1 || need+=(python3)
+  command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 fi
 
 if [ ${#need[@]} -gt 0 ]; then

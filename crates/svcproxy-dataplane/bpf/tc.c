@@ -239,9 +239,8 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 
 // The packet comes from one of this node's pods (the intent's local_traffic:
 // its interface, or its source among the pods' CIDRs).
-static __always_inline int from_pod(struct __sk_buff *skb, const struct pkt *p)
+static __always_inline int from_pod(__u32 ifindex, const struct pkt *p)
 {
-	__u32 ifindex = skb->ingress_ifindex;
 	__u32 *flags = bpf_map_lookup_elem(&svcproxy_ifc, &ifindex);
 	if (flags && (*flags & IFC_PODS))
 		return 1;
@@ -266,7 +265,7 @@ static __always_inline void ct_key_of(struct ct_key *k, const struct pkt *p)
 // A UDP datagram that answers one of this node's own connected sockets (a
 // process talking from a port that is also a NodePort): the kernel's conntrack
 // knows it as a reply, and the packet modes leave it alone; so does this one.
-static __always_inline int answers_local_socket(struct __sk_buff *skb, const struct pkt *p)
+static __always_inline int answers_local_socket(void *ctx, const struct pkt *p)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
@@ -275,13 +274,13 @@ static __always_inline int answers_local_socket(struct __sk_buff *skb, const str
 		t.ipv4.daddr = p->daddr[0];
 		t.ipv4.sport = p->sport;
 		t.ipv4.dport = p->dport;
-		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		sk = bpf_sk_lookup_udp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
 	} else {
 		__builtin_memcpy(t.ipv6.saddr, p->saddr, 16);
 		__builtin_memcpy(t.ipv6.daddr, p->daddr, 16);
 		t.ipv6.sport = p->sport;
 		t.ipv6.dport = p->dport;
-		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+		sk = bpf_sk_lookup_udp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
 	}
 	if (!sk)
 		return 0;
@@ -571,6 +570,102 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 	return TC_ACT_UNSPEC;
 }
 
+// What becomes of a packet arriving from outside this host's sockets: the
+// decision the tc ingress and the XDP programs share (the XDP program makes it
+// first where it runs; tc, meeting the same packet after an XDP_PASS, finds the
+// connection it recorded and makes the same one). `ifindex`: the interface it
+// arrived on. VERDICT_FORWARD fills `flow` with the endpoint (and whether to
+// masquerade).
+#define VERDICT_PASS 0
+#define VERDICT_DROP 1
+#define VERDICT_REJECT 2
+#define VERDICT_FORWARD 3
+
+static __always_inline int decide(void *ctx, const struct pkt *p, __u32 ifindex,
+				  struct ct_val *flow)
+{
+	int tcp = p->proto == IPPROTO_TCP;
+	int syn = tcp && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	struct ct_key k;
+	ct_key_of(&k, p);
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (ct && syn &&
+	    (bpf_ktime_get_ns() - ct->created_ns > SYN_RETRY_NS || (ct->flags & CT_CLOSING))) {
+		// A new connection from a port used before (a SYN after the old
+		// one's FIN or RST is no retransmission).
+		release_flow(ct, p->family);
+		ct = 0;
+	}
+	if (ct && tcp && !syn && idle_expired(ct, 1)) {
+		// Idle past --ipvs-tcp-timeout (or -tcpfin-): forgotten, as IPVS
+		// forgets it; its packets now meet no connection here.
+		release_flow(ct, p->family);
+		bpf_map_delete_elem(&svcproxy_ct, &k);
+		ct = 0;
+	}
+	if (ct && tcp) {
+		if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) {
+			release_flow(ct, p->family);
+			ct->flags |= CT_CLOSING;
+		}
+		touch(ct);
+		*flow = *ct;
+	} else if (tcp && !syn) {
+		// Mid-stream TCP that no connection here began (replies, the node's
+		// own traffic): not ours, and no service lookup for it.
+		return VERDICT_PASS;
+	} else {
+		struct svc_key key = {};
+		addr_copy(key.addr, p->daddr);
+		key.port = p->dport;
+		key.proto = p->proto;
+		key.family = p->family;
+		struct svc_val *svc = find_service(&key);
+		if (!svc) {
+			switch (guard(&key)) {
+			case GUARD_REJECT:
+				return VERDICT_REJECT;
+			case GUARD_DROP:
+				return VERDICT_DROP;
+			}
+			return VERDICT_PASS;
+		}
+		if (!ct && !tcp && (masqueraded_reply(p) || answers_local_socket(ctx, p)))
+			return VERDICT_PASS;
+		const struct route *rt = from_pod(ifindex, p) ? &svc->pkt_pod : &svc->pkt_other;
+		struct backend prev = {};
+		if (ct) {
+			addr_copy(prev.addr, ct->addr);
+			prev.port = ct->port;
+		}
+		if (ct && rt->action == ACT_FORWARD && is_member(rt->list, &prev) &&
+		    !idle_expired(ct, 0)) {
+			// A UDP flow keeps its endpoint while it stays in the list (and
+			// is not idle past --ipvs-udp-timeout).
+			touch(ct);
+			*flow = *ct;
+		} else {
+			if (svc->fw_id && !admitted(svc, p->family, p->saddr))
+				return VERDICT_DROP;
+			switch (rt->action) {
+			case ACT_FORWARD:
+				break;
+			case ACT_DROP:
+				return VERDICT_DROP;
+			case ACT_PASS:
+				return VERDICT_PASS;
+			default:
+				return VERDICT_REJECT;
+			}
+			if (rt->count == 0)
+				return VERDICT_REJECT;
+			if (!choose(p, svc, rt, flow))
+				return VERDICT_PASS;
+		}
+	}
+	return VERDICT_FORWARD;
+}
+
 SEC("classifier")
 int svcproxy_tc_ingress(struct __sk_buff *skb)
 {
@@ -582,90 +677,17 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	struct config *cfg = config();
 	if (!cfg)
 		return TC_ACT_UNSPEC;
-
-	int tcp = p.proto == IPPROTO_TCP;
-	int syn = tcp && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
-	struct ct_key k;
-	ct_key_of(&k, &p);
 	struct ct_val flow;
-	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
-	if (ct && syn &&
-	    (bpf_ktime_get_ns() - ct->created_ns > SYN_RETRY_NS || (ct->flags & CT_CLOSING))) {
-		// A new connection from a port used before (a SYN after the old
-		// one's FIN or RST is no retransmission).
-		release_flow(ct, p.family);
-		ct = 0;
-	}
-	if (ct && tcp && !syn && idle_expired(ct, 1)) {
-		// Idle past --ipvs-tcp-timeout (or -tcpfin-): forgotten, as IPVS
-		// forgets it; its packets now meet no connection here.
-		release_flow(ct, p.family);
-		bpf_map_delete_elem(&svcproxy_ct, &k);
-		ct = 0;
-	}
-	if (ct && tcp) {
-		if (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) {
-			release_flow(ct, p.family);
-			ct->flags |= CT_CLOSING;
-		}
-		touch(ct);
-		flow = *ct;
-	} else if (tcp && !syn) {
-		// Mid-stream TCP that no connection here began (replies, the node's
-		// own traffic): not ours, and no service lookup for it.
+	switch (decide(skb, &p, skb->ingress_ifindex, &flow)) {
+	case VERDICT_FORWARD:
+		break;
+	case VERDICT_DROP:
+		return TC_ACT_SHOT;
+	case VERDICT_REJECT:
+		skb->mark |= cfg->reject_mark;
 		return TC_ACT_UNSPEC;
-	} else {
-		struct svc_key key = {};
-		addr_copy(key.addr, p.daddr);
-		key.port = p.dport;
-		key.proto = p.proto;
-		key.family = p.family;
-		struct svc_val *svc = find_service(&key);
-		if (!svc) {
-			switch (guard(&key)) {
-			case GUARD_REJECT:
-				skb->mark |= cfg->reject_mark;
-				return TC_ACT_UNSPEC;
-			case GUARD_DROP:
-				return TC_ACT_SHOT;
-			}
-			return TC_ACT_UNSPEC;
-		}
-		if (!ct && !tcp && (masqueraded_reply(&p) || answers_local_socket(skb, &p)))
-			return TC_ACT_UNSPEC;
-		const struct route *rt = from_pod(skb, &p) ? &svc->pkt_pod : &svc->pkt_other;
-		struct backend prev = {};
-		if (ct) {
-			addr_copy(prev.addr, ct->addr);
-			prev.port = ct->port;
-		}
-		if (ct && rt->action == ACT_FORWARD && is_member(rt->list, &prev) &&
-		    !idle_expired(ct, 0)) {
-			// A UDP flow keeps its endpoint while it stays in the list (and
-			// is not idle past --ipvs-udp-timeout).
-			touch(ct);
-			flow = *ct;
-		} else {
-			if (svc->fw_id && !admitted(svc, p.family, p.saddr))
-				return TC_ACT_SHOT;
-			switch (rt->action) {
-			case ACT_FORWARD:
-				break;
-			case ACT_DROP:
-				return TC_ACT_SHOT;
-			case ACT_PASS:
-				return TC_ACT_UNSPEC;
-			default:
-				skb->mark |= cfg->reject_mark;
-				return TC_ACT_UNSPEC;
-			}
-			if (rt->count == 0) {
-				skb->mark |= cfg->reject_mark;
-				return TC_ACT_UNSPEC;
-			}
-			if (!choose(&p, svc, rt, &flow))
-				return TC_ACT_UNSPEC;
-		}
+	default:
+		return TC_ACT_UNSPEC;
 	}
 	if (flow.flags & ROUTE_MASQUERADE)
 		skb->mark |= cfg->masquerade_mark;
@@ -727,6 +749,246 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 	if (!rewrite(skb, &p, 0, back.addr, back.port))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
+}
+
+// The XDP fast path (--ebpf-xdp=native): on the node's interfaces from
+// outside whose driver runs XDP, a connection's packets that need nothing of
+// the kernel (no masquerade, no reject, no fragment, no IP option) are
+// translated and sent on to the endpoint's interface here, before the kernel
+// builds a socket buffer; drops are made here too. Everything else goes on
+// untranslated (XDP_PASS) to the tc program, which finds what was decided
+// here and finishes it. Only interfaces svcproxy found able to take frames
+// redirected to them (their kernel XDP features: a veth whose peer runs NAPI,
+// a driver with ndo_xdp_xmit) are sent to: others meet the stack as before.
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u32);
+} svcproxy_xdp_tx SEC(".maps");
+
+// Packets the XDP program sent on (XDP_STAT_FORWARD), dropped, and left to the
+// stack, per CPU.
+#define XDP_STAT_FORWARD 0
+#define XDP_STAT_DROP 1
+#define XDP_STAT_PASS 2
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 3);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u64);
+} svcproxy_xdp_stats SEC(".maps");
+
+static __always_inline int xdp_count(__u32 stat, int action)
+{
+	__u64 *n = bpf_map_lookup_elem(&svcproxy_xdp_stats, &stat);
+	if (n)
+		*n += 1;
+	return action;
+}
+
+// The headers of a frame the XDP program may translate: Ethernet, an IPv4
+// header without options or an IPv6 header without extensions, then TCP or
+// UDP (ICMP errors, SCTP, fragments and the rest are the tc program's).
+struct xdp_hdrs {
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	struct ipv6hdr *ip6;
+	__u16 *ports; // the source and destination port
+	__u16 *check; // the TCP or UDP checksum
+};
+
+static __always_inline int parse_xdp(struct xdp_md *ctx, struct pkt *p, struct xdp_hdrs *h)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__builtin_memset(p, 0, sizeof(*p));
+	__builtin_memset(h, 0, sizeof(*h));
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return 0;
+	h->eth = eth;
+	void *l4;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ihl != 5 ||
+		    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return 0;
+		h->ip = ip;
+		p->family = FAMILY_V4;
+		p->proto = ip->protocol;
+		p->saddr[0] = ip->saddr;
+		p->daddr[0] = ip->daddr;
+		l4 = ip + 1;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return 0;
+		h->ip6 = ip6;
+		p->family = FAMILY_V6;
+		p->proto = ip6->nexthdr;
+		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+		l4 = ip6 + 1;
+	} else {
+		return 0;
+	}
+	if (p->proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > end)
+			return 0;
+		p->tcp_flags = ((__u8 *)th)[13];
+		h->check = &th->check;
+	} else if (p->proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > end)
+			return 0;
+		h->check = &uh->check;
+	} else {
+		return 0;
+	}
+	h->ports = l4;
+	p->sport = h->ports[0];
+	p->dport = h->ports[1];
+	p->pseudo = 1;
+	return 1;
+}
+
+// Whether the packet's TCP or UDP checksum is a partial one: its sender's
+// device was to finish it (CHECKSUM_PARTIAL), which a veth never does, so the
+// field holds the sum of the pseudo-header alone. Only the stack may carry such
+// a packet on: a frame redirected from XDP loses the socket buffer's note of it,
+// and its receiver would find the checksum wrong. (A complete checksum equal to
+// that sum by chance, one in 65536, merely takes the stack's way too.)
+static __always_inline int partial_csum(const struct pkt *p, const struct xdp_hdrs *h)
+{
+	__u32 len;
+	if (p->family == FAMILY_V4) {
+		if (!h->ip)
+			return 1;
+		len = bpf_ntohs(h->ip->tot_len) - sizeof(struct iphdr);
+	} else {
+		if (!h->ip6)
+			return 1;
+		len = bpf_ntohs(h->ip6->payload_len);
+	}
+	// The pseudo-header's words: both addresses, the length, the protocol.
+	__u32 words[10] = {};
+	addr_copy(words, p->saddr);
+	addr_copy(&words[4], p->daddr);
+	words[8] = bpf_htonl(len);
+	words[9] = bpf_htonl(p->proto);
+	__u32 c = (__u32)bpf_csum_diff(0, 0, words, sizeof(words), 0);
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	return (__u16)c == *h->check;
+}
+
+// Sends a packet of `flow` on to its endpoint from XDP when the kernel's
+// routing says where (a neighbour known, forwarding on, the MTU enough) and
+// that interface takes redirected frames, and its checksum is complete;
+// XDP_PASS, the packet untouched, otherwise.
+static __always_inline int xdp_forward(struct xdp_md *ctx, const struct pkt *p,
+				       struct xdp_hdrs *h, const struct ct_val *flow)
+{
+	struct bpf_fib_lookup fib = {};
+	fib.ifindex = ctx->ingress_ifindex;
+	fib.l4_protocol = p->proto;
+	fib.sport = p->sport;
+	fib.dport = flow->port;
+	if (p->family == FAMILY_V4) {
+		if (!h->ip || h->ip->ttl <= 1)
+			return XDP_PASS;
+		fib.family = 2; // AF_INET
+		fib.tos = h->ip->tos;
+		fib.tot_len = bpf_ntohs(h->ip->tot_len);
+		fib.ipv4_src = p->saddr[0];
+		fib.ipv4_dst = flow->addr[0];
+	} else {
+		if (!h->ip6 || h->ip6->hop_limit <= 1)
+			return XDP_PASS;
+		fib.family = 10; // AF_INET6
+		fib.flowinfo = *(__be32 *)h->ip6 & bpf_htonl(0x0FFFFFFF);
+		fib.tot_len = sizeof(struct ipv6hdr) + bpf_ntohs(h->ip6->payload_len);
+		addr_copy(fib.ipv6_src, p->saddr);
+		addr_copy(fib.ipv6_dst, flow->addr);
+	}
+	if (partial_csum(p, h) ||
+	    bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
+		return XDP_PASS;
+	__u32 out = fib.ifindex;
+	if (!bpf_map_lookup_elem(&svcproxy_xdp_tx, &out))
+		return XDP_PASS;
+
+	// The destination address and port, with the checksums that cover them
+	// (UDP over IPv4 without one keeps none).
+	__u32 old[5] = {}, new[5] = {};
+	__u16 ports[2] = { p->sport, flow->port };
+	__builtin_memcpy(&old[4], h->ports, 4);
+	__builtin_memcpy(&new[4], ports, 4);
+	__u16 *check = h->check;
+	if (p->family == FAMILY_V4) {
+		struct iphdr *ip = h->ip;
+		if (!ip)
+			return XDP_PASS;
+		old[0] = ip->daddr;
+		new[0] = flow->addr[0];
+		// Only the changed words count: the rest of old and new are equal.
+		ip->check = csum_update(ip->check, old, new, 4);
+		if (p->proto == IPPROTO_TCP || *check) {
+			__u16 c = csum_update(*check, old, new, sizeof(old));
+			*check = (p->proto == IPPROTO_UDP && !c) ? 0xffff : c;
+		}
+		ip->daddr = flow->addr[0];
+		// The TTL, as a router lowers it (RFC 1624's incremental update).
+		__u32 sum = (__u32)ip->check + (__u32)bpf_htons(0x0100);
+		ip->check = (__u16)(sum + (sum >= 0xffff));
+		ip->ttl--;
+	} else {
+		struct ipv6hdr *ip6 = h->ip6;
+		if (!ip6)
+			return XDP_PASS;
+		__builtin_memcpy(old, &ip6->daddr, 16);
+		addr_copy(new, flow->addr);
+		__u16 c = csum_update(*check, old, new, sizeof(old));
+		*check = (p->proto == IPPROTO_UDP && !c) ? 0xffff : c;
+		__builtin_memcpy(&ip6->daddr, flow->addr, 16);
+		ip6->hop_limit--;
+	}
+	h->ports[1] = flow->port;
+	__builtin_memcpy(h->eth->h_dest, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(h->eth->h_source, fib.smac, ETH_ALEN);
+	if (out == ctx->ingress_ifindex)
+		return XDP_TX;
+	return bpf_redirect(out, 0);
+}
+
+SEC("xdp")
+int svcproxy_xdp(struct xdp_md *ctx)
+{
+	struct pkt p;
+	struct xdp_hdrs h;
+	if (!parse_xdp(ctx, &p, &h) || !config())
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	struct ct_val flow;
+	switch (decide(ctx, &p, ctx->ingress_ifindex, &flow)) {
+	case VERDICT_FORWARD:
+		break;
+	case VERDICT_DROP:
+		return xdp_count(XDP_STAT_DROP, XDP_DROP);
+	default:
+		// A reject is tc's to mark (the fixed rule answers it).
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	}
+	// A masquerade is the kernel's conntrack's: tc marks the packet.
+	if (flow.flags & ROUTE_MASQUERADE)
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	int action = xdp_forward(ctx, &p, &h, &flow);
+	return xdp_count(action == XDP_PASS ? XDP_STAT_PASS : XDP_STAT_FORWARD, action);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

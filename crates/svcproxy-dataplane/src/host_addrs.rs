@@ -12,7 +12,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+    NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
+    NLM_F_DUMP, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkLayerType, LinkMessage};
@@ -38,7 +39,7 @@ pub fn host_addresses() -> io::Result<Vec<IpAddr>> {
     let mut ips = Vec::new();
     dump(
         RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-        "address",
+        "address dump",
         |msg| {
             if let RouteNetlinkMessage::NewAddress(a) = msg {
                 ips.extend(address_of(&a));
@@ -66,7 +67,7 @@ pub fn ether_links() -> io::Result<Vec<Link>> {
     let mut links = Vec::new();
     dump(
         RouteNetlinkMessage::GetLink(LinkMessage::default()),
-        "link",
+        "link dump",
         |msg| {
             if let RouteNetlinkMessage::NewLink(l) = msg {
                 if l.header.link_layer_type != LinkLayerType::Ether {
@@ -98,9 +99,26 @@ pub fn ether_links() -> io::Result<Vec<Link>> {
 fn dump(
     request: RouteNetlinkMessage,
     what: &str,
-    mut each: impl FnMut(RouteNetlinkMessage),
+    each: impl FnMut(RouteNetlinkMessage),
 ) -> io::Result<()> {
-    let mut sock = Socket::new(NETLINK_ROUTE)?;
+    exchange(NETLINK_ROUTE, request, NLM_F_DUMP, what, each)
+}
+
+/// Sends `request` (with `flags` beside `NLM_F_REQUEST`) on a new socket of
+/// netlink `protocol` and hands each message of the reply to `each`, until the
+/// kernel says it is done (a dump) or, without `NLM_F_DUMP`, after the first.
+pub(crate) fn exchange<M>(
+    protocol: isize,
+    request: M,
+    flags: u16,
+    what: &str,
+    mut each: impl FnMut(M),
+) -> io::Result<()>
+where
+    M: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
+    NetlinkPayload<M>: From<M>,
+{
+    let mut sock = Socket::new(protocol)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
     rustix::net::sockopt::set_socket_timeout(
@@ -109,7 +127,7 @@ fn dump(
         Some(DUMP_TIMEOUT),
     )?;
     let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.flags = NLM_F_REQUEST | flags;
     header.sequence_number = 1;
     let mut request = NetlinkMessage::new(header, NetlinkPayload::from(request));
     request.finalize();
@@ -118,7 +136,7 @@ fn dump(
     let sent = sock.send(&out, 0)?;
     if sent != out.len() {
         return Err(io::Error::other(format!(
-            "sent {sent} of {} bytes of the {what} dump request",
+            "sent {sent} of {} bytes of the {what} request",
             out.len()
         )));
     }
@@ -132,19 +150,24 @@ fn dump(
         }
         let mut offset = 0;
         while offset < buf.len() {
-            let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[offset..])
-                .map_err(|e| io::Error::other(format!("a {what} dump reply: {e}")))?;
+            let msg = NetlinkMessage::<M>::deserialize(&buf[offset..])
+                .map_err(|e| io::Error::other(format!("a {what} reply: {e}")))?;
             let len = msg.header.length as usize;
             if len == 0 {
                 break;
             }
             offset += len;
             match msg.payload {
-                NetlinkPayload::InnerMessage(m) => each(m),
+                NetlinkPayload::InnerMessage(m) => {
+                    each(m);
+                    if flags & NLM_F_DUMP == 0 {
+                        return Ok(());
+                    }
+                }
                 NetlinkPayload::Done(_) => return Ok(()),
                 NetlinkPayload::Error(e) if e.code.is_some() => {
                     return Err(io::Error::other(format!(
-                        "the kernel refused the {what} dump: {e}"
+                        "the kernel refused the {what} request: {e}"
                     )));
                 }
                 _ => {}

@@ -35,6 +35,7 @@ mod localhost_rejects;
 pub mod nft;
 mod nft_netlink;
 mod nftables_mode;
+mod xdp_features;
 pub use nft_netlink::{Batch, BatchBuilder, BatchStats};
 mod driver;
 mod nft_table;

@@ -554,6 +554,7 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
             cgroup: conf.cgroup().to_path_buf(),
             pin_dir: conf.pin_dir(),
             host_namespace_only: false,
+            xdp: svcproxy_dataplane::ebpf::XdpMode::Off,
             sizes: svcproxy_dataplane::ebpf::MapSizes::DEFAULT,
             timeouts: Default::default(),
         }),

@@ -55,6 +55,7 @@ pub mod plan;
 pub mod probe;
 pub mod process;
 pub mod sctp_raw;
+pub mod xdp;
 
 pub use bins::{demo_bin, echo_bin, loadgen_bin, svcproxy_bin};
 pub use cluster::{
@@ -95,6 +96,7 @@ pub fn ebpf_options(c: &Confinement) -> svcproxy_dataplane::EbpfOptions {
         cgroup: c.cgroup().to_path_buf(),
         pin_dir: c.pin_dir(),
         host_namespace_only: false,
+        xdp: svcproxy_dataplane::ebpf::XdpMode::Off,
         sizes: svcproxy_dataplane::ebpf::MapSizes::DEFAULT,
         timeouts: Default::default(),
     }

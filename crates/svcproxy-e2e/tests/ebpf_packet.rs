@@ -30,15 +30,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use svcproxy_core::state::ClusterState;
-use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
+use svcproxy_dataplane::ebpf::XdpMode;
+use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane, EbpfOptions};
 use svcproxy_e2e::plan::{self, Family};
+use svcproxy_e2e::xdp::TestXdp;
 use svcproxy_e2e::{
     ebpf_options, Attempt, BackendPorts, Cluster, ClusterSpec, Confinement, Host, ProbeSpec, Proto,
 };
 use svcproxy_plan::{build_intent, LocalDetection, PlanConfig};
 use svcproxy_testkit::netns::{self, in_netns};
-
-const TEST: &str = "packets_from_outside_and_from_pods_reach_endpoints_through_tc";
 
 fn q(ip: IpAddr) -> String {
     format!("\"{ip}\"")
@@ -299,13 +299,37 @@ fn reply_to_a_node_socket_on_a_node_port(cluster: &Cluster, f: Family) -> Result
 
 #[test]
 fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
-    if !netns::can_run(TEST, &["ip", "nft", "mount", "umount"]) {
+    run(
+        "packets_from_outside_and_from_pods_reach_endpoints_through_tc",
+        XdpMode::Off,
+    );
+}
+
+/// The same packets with the XDP fast path on node-a's interfaces
+/// (`--ebpf-xdp=native`): the same verdicts, the Local policy's connections
+/// sent on to pod-a0 by the XDP program itself (pod-a0's side of its veth runs
+/// an XDP program, so the kernel says the node's side takes redirected frames),
+/// the fenced port's drops made there.
+#[test]
+fn packets_from_outside_and_from_pods_reach_endpoints_through_xdp() {
+    run(
+        "packets_from_outside_and_from_pods_reach_endpoints_through_xdp",
+        XdpMode::Native,
+    );
+}
+
+fn run(test: &str, xdp: XdpMode) {
+    let tools: &[&str] = match xdp {
+        XdpMode::Off => &["ip", "nft", "mount", "umount"],
+        XdpMode::Native => &["ip", "nft", "mount", "umount", "ethtool"],
+    };
+    if !netns::can_run(test, tools) {
         return;
     }
     let conf = match Confinement::new() {
         Ok(c) => c,
         Err(e) => {
-            netns::skip(TEST, &format!("cannot confine BPF programs: {e}"));
+            netns::skip(test, &format!("cannot confine BPF programs: {e}"));
             return;
         }
     };
@@ -338,13 +362,23 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
         );
     }
     let node_a = cluster.ns(Host::Node(0)).to_string();
+    // pod-a0's side of its veth takes redirected frames (an XDP program there),
+    // and the external client's packets carry whole checksums, as from a wire
+    // (a veth leaves them partial, and XDP leaves such packets to the stack).
+    let _pod_xdp = (xdp == XdpMode::Native).then(|| {
+        cluster.exec_ok(Host::Ext, &["ethtool", "-K", "eth0", "tx", "off"]);
+        TestXdp::attach(cluster.ns(Host::Pod(0, 0)), "eth0", "bench_pass").expect("pod XDP")
+    });
+    let options = EbpfOptions {
+        xdp,
+        ..ebpf_options(&conf)
+    };
     let mut st = state();
-    let mut driver =
-        Driver::without_conntrack(plan_config(), EbpfDataPlane::new(ebpf_options(&conf)));
+    let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(options.clone()));
     let snap = st.snapshot();
     let synced = in_netns(&node_a, || driver.sync(&snap, true)).expect("netns");
     if let Err(e) = synced {
-        netns::skip(TEST, &format!("cannot load the eBPF programs: {e}"));
+        netns::skip(test, &format!("cannot load the eBPF programs: {e}"));
         return;
     }
 
@@ -497,6 +531,24 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
         }
     }
 
+    if xdp == XdpMode::Native {
+        let eth0 = cluster
+            .exec_ok(Host::Node(0), &["cat", "/sys/class/net/eth0/ifindex"])
+            .trim()
+            .to_string();
+        check(
+            "the XDP program's link is pinned for node-a's eth0".to_string(),
+            conf.pin_dir().join(format!("xdp-{eth0}")).exists(),
+            String::new(),
+        );
+        let counts = svcproxy_dataplane::ebpf::kernel::xdp_packets(&conf.pin_dir());
+        check(
+            "the XDP program forwarded the Local policy's packets and made the drops".to_string(),
+            counts.is_some_and(|[forwarded, dropped, _]| forwarded > 0 && dropped > 0),
+            format!("{counts:?}"),
+        );
+    }
+
     let intent = build_intent(&snap.v4, &snap.v6, &plan_config());
     let cmp = in_netns(&node_a, || driver.plane_mut().compare(&intent))
         .expect("netns")
@@ -510,7 +562,7 @@ fn packets_from_outside_and_from_pods_reach_endpoints_through_tc() {
     // From another process (`svcproxy explain --live` beside the daemon): the
     // pinned maps compared by content.
     let cmp = in_netns(&node_a, || {
-        EbpfDataPlane::new(ebpf_options(&conf)).compare(&intent)
+        EbpfDataPlane::new(options.clone()).compare(&intent)
     })
     .expect("netns")
     .expect("compare from a fresh plane");

@@ -10,7 +10,10 @@
 //! process attaches its programs beside the old ones, then releases the old links.
 //! The packet programs' links are pinned per interface index
 //! (`tc-<index>-ingress`, `tc-<index>-egress`); each write attaches them to
-//! interfaces that appeared and releases those of interfaces that went.
+//! interfaces that appeared and releases those of interfaces that went. With
+//! `--ebpf-xdp=native` the XDP program is attached (in the driver) to every
+//! interface that is not a pod's, its link pinned as `xdp-<index>`; an interface
+//! whose driver has no native XDP keeps the tc programs alone.
 //!
 //! **Writes.** An endpoint list is written under a fresh id before any service
 //! entry names it, and an old list is deleted only after no entry names it: a
@@ -27,9 +30,10 @@ use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, IterableMap, MapData};
 use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
 use aya::programs::tc::TcAttachOptions;
+use aya::programs::xdp::XdpLink;
 use aya::programs::{
     CgroupAttachMode, CgroupSock, CgroupSockAddr, CgroupSockAddrAttachType, SchedClassifier,
-    TcAttachType,
+    TcAttachType, Xdp,
 };
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
@@ -39,7 +43,7 @@ use super::wire::{
     self, Backend, Config, CtKey, CtVal, FwData, LocalKey, MemberKey, MhKey, MhVal, PodnetData,
     SlotKey, SvcKey, SvcVal,
 };
-use super::EbpfOptions;
+use super::{EbpfOptions, XdpMode};
 use svcproxy_core::model::Scheduler;
 
 type HashMap2<K, V> = std::collections::HashMap<K, V>;
@@ -93,8 +97,11 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
     ("svcproxy_tc_egress", TcAttachType::Egress, "egress"),
 ];
 
+/// The XDP fast path's program (`--ebpf-xdp=native`), in `bpf/tc.c`.
+const XDP_PROGRAM: &str = "svcproxy_xdp";
+
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 21] = [
+pub const MAPS: [&str; 23] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -116,6 +123,8 @@ pub const MAPS: [&str; 21] = [
     "svcproxy_conns",
     "svcproxy_flows",
     "svcproxy_timeouts",
+    "svcproxy_xdp_tx",
+    "svcproxy_xdp_stats",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
@@ -430,6 +439,14 @@ pub struct Kernel {
     /// The interfaces the packet programs are attached to: index → name and
     /// the flags written for it.
     attached: BTreeMap<u32, (String, u32)>,
+    /// `--ebpf-xdp`, and the interfaces the XDP program was tried on: index →
+    /// attached (false: the driver refused it; not tried again while the
+    /// interface stays).
+    xdp: XdpMode,
+    xdp_links: BTreeMap<u32, bool>,
+    /// The interfaces the XDP program may send frames to, as written.
+    xdp_tx: HashMap<MapData, u32, u32>,
+    xdp_targets: BTreeSet<u32>,
     slot: HashMap<MapData, SlotKey, Backend>,
     member: HashMap<MapData, MemberKey, u8>,
     /// The schedulers' state: round-robin turns and Maglev tables, by list.
@@ -530,6 +547,11 @@ impl Kernel {
             prog.load()
                 .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
         }
+        if opts.xdp == XdpMode::Native {
+            let prog: &mut Xdp = program(&mut tc, XDP_PROGRAM)?;
+            prog.load()
+                .map_err(|e| kernel_err(format!("loading {XDP_PROGRAM}"), verifier(e)))?;
+        }
 
         let cookie = netns_cookie()?;
         let mut cfg: Array<MapData, Config> = take(&mut ebpf, "svcproxy_cfg")?;
@@ -574,6 +596,10 @@ impl Kernel {
             vip: take(&mut ebpf, "svcproxy_vip")?,
             guard: take(&mut ebpf, "svcproxy_guard")?,
             attached: BTreeMap::new(),
+            xdp: opts.xdp,
+            xdp_links: BTreeMap::new(),
+            xdp_tx: take(&mut tc, "svcproxy_xdp_tx")?,
+            xdp_targets: BTreeSet::new(),
             svc,
             slot,
             member: take(&mut ebpf, "svcproxy_member")?,
@@ -665,6 +691,7 @@ impl Kernel {
                 .map_err(|e| kernel_err(format!("flagging interface {name}"), e))?;
             ops += 1;
             self.attached.insert(index, (name.clone(), flags));
+            ops += self.xdp_interface(index, name, flags & wire::IFC_PODS == 0)?;
         }
         // Interfaces gone: this process's, and any pinned by an earlier one.
         let gone: Vec<u32> = self
@@ -680,7 +707,106 @@ impl Kernel {
             release_interface(&self.pin_dir, index)?;
             ops += remove(&mut self.ifc, &index)?;
             self.attached.remove(&index);
+            self.xdp_links.remove(&index);
         }
+        ops += self.write_xdp_targets(&present)?;
+        Ok(ops)
+    }
+
+    /// The XDP program on interface `name` when `--ebpf-xdp=native` and it
+    /// `wanted` (not a pod's), off it otherwise. A driver without native XDP
+    /// is said once; its packets meet the tc programs alone.
+    fn xdp_interface(
+        &mut self,
+        index: u32,
+        name: &str,
+        wanted: bool,
+    ) -> Result<usize, DataPlaneError> {
+        let wanted = wanted && self.xdp == XdpMode::Native;
+        match (wanted, self.xdp_links.get(&index).copied()) {
+            (true, None) => match self.attach_xdp(index, name) {
+                Ok(()) => {
+                    self.xdp_links.insert(index, true);
+                    Ok(1)
+                }
+                Err(e) if !still_there(index, name) => {
+                    tracing::debug!(interface = %name, error = %e, "an interface went while being attached");
+                    Ok(0)
+                }
+                Err(e) => {
+                    tracing::warn!(interface = %name, error = %e, "no native XDP on this interface: its packets meet the tc programs alone");
+                    self.xdp_links.insert(index, false);
+                    Ok(0)
+                }
+            },
+            (false, Some(attached)) => {
+                self.xdp_links.remove(&index);
+                if attached {
+                    release_xdp(&self.pin_dir, index)?;
+                }
+                Ok(usize::from(attached))
+            }
+            // An earlier process's XDP program, with the XDP path off now.
+            (false, None) if self.pin_dir.join(format!("xdp-{index}")).exists() => {
+                release_xdp(&self.pin_dir, index)?;
+                Ok(1)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Attaches the XDP program to interface `index` in its driver: in place
+    /// of an earlier process's program when its link is pinned (the link is
+    /// updated, never detached), pinned as `xdp-<index>`.
+    fn attach_xdp(&mut self, index: u32, name: &str) -> Result<(), DataPlaneError> {
+        let pin = self.pin_dir.join(format!("xdp-{index}"));
+        let prog: &mut Xdp = program(&mut self.tc, XDP_PROGRAM)?;
+        let id = match PinnedLink::from_pin(&pin) {
+            Ok(old) => {
+                let old = XdpLink::try_from(FdLink::from(old))
+                    .map_err(|e| kernel_err(format!("the XDP link pinned for {name}"), e))?;
+                prog.attach_to_link(old)
+            }
+            Err(_) => prog.attach_to_if_index(index, aya::programs::XdpMode::Driver),
+        }
+        .map_err(|e| kernel_err(format!("attaching {XDP_PROGRAM} to {name}"), e))?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(|e| kernel_err(XDP_PROGRAM, e))?
+            .try_into()
+            .map_err(|e| kernel_err(XDP_PROGRAM, e))?;
+        pin_in_place(link, &pin)
+    }
+
+    /// The XDP program may send frames to the interfaces present that the
+    /// kernel says take them (none while the XDP path is off). Returns the
+    /// number of map writes.
+    fn write_xdp_targets(
+        &mut self,
+        present: &BTreeMap<u32, String>,
+    ) -> Result<usize, DataPlaneError> {
+        let targets: BTreeSet<u32> = if self.xdp_links.values().any(|a| *a) {
+            match crate::xdp_features::redirect_targets() {
+                Ok(t) => t.into_iter().filter(|i| present.contains_key(i)).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the interfaces' XDP features: the XDP program sends no frame on itself");
+                    BTreeSet::new()
+                }
+            }
+        } else {
+            BTreeSet::new()
+        };
+        let mut ops = 0;
+        for index in targets.difference(&self.xdp_targets) {
+            self.xdp_tx
+                .insert(index, 1, 0)
+                .map_err(|e| kernel_err("writing svcproxy_xdp_tx", e))?;
+            ops += 1;
+        }
+        for index in self.xdp_targets.difference(&targets) {
+            ops += remove(&mut self.xdp_tx, index)?;
+        }
+        self.xdp_targets = targets;
         Ok(ops)
     }
 
@@ -713,6 +839,12 @@ impl Kernel {
                     .iter()
                     .map(move |(_, _, s)| format!("tc-{i}-{s}"))
             })
+            .chain(
+                self.xdp_links
+                    .iter()
+                    .filter(|(_, attached)| **attached)
+                    .map(|(i, _)| format!("xdp-{i}")),
+            )
             .filter(|n| !self.pin_dir.join(n).exists())
             .collect()
     }
@@ -1709,6 +1841,20 @@ where
     T::try_from(map).map_err(|e| kernel_err(name, e))
 }
 
+/// The XDP program's packets so far, summed over CPUs: sent on to an endpoint,
+/// dropped, and left to the stack (the tc programs); `None` when it never ran
+/// under this pin directory.
+pub fn xdp_packets(pin_dir: &Path) -> Option<[u64; 3]> {
+    let data = MapData::from_pin(pin_dir.join("svcproxy_xdp_stats")).ok()?;
+    let stats: aya::maps::PerCpuArray<MapData, u64> =
+        aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).ok()?;
+    let mut out = [0u64; 3];
+    for (i, n) in out.iter_mut().enumerate() {
+        *n = stats.get(&(i as u32), 0).ok()?.iter().sum();
+    }
+    Some(out)
+}
+
 /// What the maps pinned in `pin_dir` hold, as text: the configuration, each
 /// service entry with its routes' endpoints resolved, the admitted sources, the
 /// pods' CIDRs and interfaces, and the affinity entries (age in seconds). Read
@@ -1734,6 +1880,12 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         .map_err(|e| kernel_err("reading svcproxy_cfg", e))?;
     let _ = writeln!(out, "generation {}", c.generation);
     let _ = writeln!(out, "host-only {}", c.host_only);
+    if let Some([forwarded, dropped, passed]) = xdp_packets(pin_dir) {
+        let _ = writeln!(
+            out,
+            "xdp forwarded {forwarded} dropped {dropped} passed {passed}"
+        );
+    }
     let mut lines = vec![marks_line(c.masquerade_mark, c.reject_mark)];
     let mut lists: BTreeMap<u32, BTreeMap<u32, SocketAddr>> = BTreeMap::new();
     for (k, be) in slot.iter().filter_map(Result::ok) {
@@ -2006,7 +2158,12 @@ fn pinned_interfaces(pin_dir: &Path) -> BTreeSet<u32> {
     dir.filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            name.strip_prefix("tc-")?.split('-').next()?.parse().ok()
+            name.strip_prefix("tc-")
+                .or_else(|| name.strip_prefix("xdp-"))?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()
         })
         .collect()
 }
@@ -2015,19 +2172,27 @@ fn pinned_interfaces(pin_dir: &Path) -> BTreeSet<u32> {
 /// when the interface is still there).
 fn release_interface(pin_dir: &Path, index: u32) -> Result<(), DataPlaneError> {
     for (_, _, suffix) in TC_PROGRAMS {
-        for name in [
-            format!("tc-{index}-{suffix}-new"),
-            format!("tc-{index}-{suffix}"),
-        ] {
-            let pin = pin_dir.join(name);
-            if !pin.exists() {
-                continue;
-            }
-            let link = PinnedLink::from_pin(&pin)
-                .map_err(|e| kernel_err(format!("opening {}", pin.display()), e))?;
-            link.unpin()
-                .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
+        release_pin(pin_dir, &format!("tc-{index}-{suffix}"))?;
+    }
+    release_xdp(pin_dir, index)
+}
+
+/// Releases the XDP program's link of interface `index`.
+fn release_xdp(pin_dir: &Path, index: u32) -> Result<(), DataPlaneError> {
+    release_pin(pin_dir, &format!("xdp-{index}"))
+}
+
+/// Releases the link pinned as `name` (and one left half-pinned beside it).
+fn release_pin(pin_dir: &Path, name: &str) -> Result<(), DataPlaneError> {
+    for name in [format!("{name}-new"), name.to_string()] {
+        let pin = pin_dir.join(name);
+        if !pin.exists() {
+            continue;
         }
+        let link = PinnedLink::from_pin(&pin)
+            .map_err(|e| kernel_err(format!("opening {}", pin.display()), e))?;
+        link.unpin()
+            .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
     }
     Ok(())
 }

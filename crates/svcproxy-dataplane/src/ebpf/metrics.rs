@@ -8,13 +8,16 @@
 //! - `svcproxy_ebpf_unprogrammed_service_ports`: service ports not served as planned
 //!   for want of room (their addresses untranslated, or refused for want of room
 //!   for their endpoints);
-//! - `svcproxy_ebpf_map_write_failures_total`: writes of the maps that failed.
+//! - `svcproxy_ebpf_map_write_failures_total`: writes of the maps that failed;
+//! - `svcproxy_ebpf_xdp_packets_total{verdict}`: packets the XDP fast path
+//!   (`--ebpf-xdp=native`) `forwarded` to an endpoint itself, `dropped`, or
+//!   `passed` to the stack, read from its counters at each scrape.
 
 use std::sync::{Arc, Mutex};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use super::kernel::Overflow;
 use super::MapSizes;
@@ -30,7 +33,20 @@ pub struct MapStats {
 
 pub struct EbpfCollector {
     stats: Arc<Mutex<MapStats>>,
+    /// Where the XDP program's counters are pinned.
+    pin_dir: std::path::PathBuf,
     descs: Vec<Desc>,
+}
+
+fn xdp_family() -> IntCounterVec {
+    IntCounterVec::new(
+        Opts::new(
+            "svcproxy_ebpf_xdp_packets_total",
+            "Packets the XDP fast path forwarded to an endpoint, dropped, or passed to the stack (ebpf mode, --ebpf-xdp=native).",
+        ),
+        &["verdict"],
+    )
+    .expect("valid")
 }
 
 fn gauges(name: &str, help: &str) -> IntGaugeVec {
@@ -65,13 +81,18 @@ fn families() -> (IntGaugeVec, IntGaugeVec, IntGaugeVec, IntGauge, IntCounter) {
 }
 
 impl EbpfCollector {
-    pub fn new(stats: Arc<Mutex<MapStats>>) -> Self {
+    pub fn new(stats: Arc<Mutex<MapStats>>, pin_dir: std::path::PathBuf) -> Self {
         let (a, b, c, d, e) = families();
+        let f = xdp_family();
         let mut descs = Vec::new();
-        for m in [a.desc(), b.desc(), c.desc(), d.desc(), e.desc()] {
+        for m in [a.desc(), b.desc(), c.desc(), d.desc(), e.desc(), f.desc()] {
             descs.extend(m.into_iter().cloned());
         }
-        EbpfCollector { stats, descs }
+        EbpfCollector {
+            stats,
+            pin_dir,
+            descs,
+        }
     }
 }
 
@@ -103,6 +124,13 @@ impl Collector for EbpfCollector {
         out.extend(overflow.collect());
         out.extend(ports.collect());
         out.extend(failures.collect());
+        if let Some(counts) = super::kernel::xdp_packets(&self.pin_dir) {
+            let xdp = xdp_family();
+            for (verdict, n) in ["forwarded", "dropped", "passed"].iter().zip(counts) {
+                xdp.with_label_values(&[verdict]).inc_by(n);
+            }
+            out.extend(xdp.collect());
+        }
         out
     }
 }

@@ -115,10 +115,35 @@ pub struct EbpfFlags {
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.connections, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_connections: u32,
 
+    /// ebpf and ipvs modes: the XDP fast path for NodePort, external-IP and load-balancer traffic from outside. `native` attaches it to every interface that is not a pod's whose driver runs native XDP (veth does; the others keep the tc path alone): drops are made there, and a connection needing no masquerade is sent on to its endpoint there when the kernel says the endpoint's interface takes redirected frames. Those packets skip the netfilter forward hook and any tc program on that interface, so leave it `off` (the default) where a NetworkPolicy is enforced there (svcproxy only).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        default_value = "off",
+        help_heading = "svcproxy"
+    )]
+    pub ebpf_xdp: XdpMode,
+
     /// The idle timeouts, set by the configuration (ipvs mode's
     /// `--ipvs-*-timeout` flags and `ipvs.*Timeout` fields), not a flag here.
     #[arg(skip)]
     pub timeouts: IdleTimeouts,
+}
+
+/// Where build.rs left the XDP benchmark's and tests' own programs
+/// (`bpf/bench.c`: a frame generator, a bare-redirect floor, a pass and a
+/// counting sink); svcproxy never loads them, and the binary does not carry them.
+pub const BENCH_OBJECT: &str = concat!(env!("OUT_DIR"), "/bench.o");
+
+/// `--ebpf-xdp`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpMode {
+    /// No XDP program: the tc programs meet every packet.
+    #[default]
+    Off,
+    /// The XDP program in the driver, where the driver runs one.
+    Native,
 }
 
 /// The sizes of the maps that grow with the cluster (`max_entries`).
@@ -164,6 +189,7 @@ impl EbpfFlags {
             cgroup: self.ebpf_cgroup.clone().unwrap_or(defaults.cgroup),
             pin_dir: self.ebpf_bpffs.clone(),
             host_namespace_only: self.ebpf_host_namespace_only,
+            xdp: self.ebpf_xdp,
             sizes: MapSizes {
                 services: self.ebpf_map_size_services,
                 endpoints: self.ebpf_map_size_endpoints,
@@ -186,6 +212,8 @@ pub struct EbpfOptions {
     /// the service address and meet the packet path (for meshes that must see
     /// it, as Cilium's `socketLB.hostNamespaceOnly`).
     pub host_namespace_only: bool,
+    /// The XDP fast path on the interfaces from outside.
+    pub xdp: XdpMode,
     /// The maps' sizes.
     pub sizes: MapSizes,
     /// The packet path's idle timeouts (ipvs mode's `--ipvs-*-timeout`).
@@ -213,6 +241,7 @@ impl EbpfOptions {
             cgroup: kernel::cgroup2_root().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
             pin_dir: PathBuf::from("/sys/fs/bpf/svcproxy"),
             host_namespace_only: false,
+            xdp: XdpMode::Off,
             sizes: MapSizes::DEFAULT,
             timeouts: IdleTimeouts::default(),
         }
@@ -378,7 +407,10 @@ impl DataPlane for EbpfDataPlane {
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        vec![Box::new(metrics::EbpfCollector::new(self.stats.clone()))]
+        vec![Box::new(metrics::EbpfCollector::new(
+            self.stats.clone(),
+            self.opts.pin_dir.clone(),
+        ))]
     }
 
     fn preflight(&mut self) -> Result<(), DataPlaneError> {
