@@ -458,7 +458,7 @@ static __always_inline __u16 csum_update(__u16 check, __u32 *from, __u32 *to, __
 // about a reply (quoted: service address to client) and goes on to the
 // endpoint; on egress it is about the client's packet (quoted: client to
 // endpoint) and goes on to the client, from the service address.
-static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int ingress)
+static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int ingress)
 {
 	__u8 type;
 	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
@@ -581,8 +581,8 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 #define VERDICT_REJECT 2
 #define VERDICT_FORWARD 3
 
-static __always_inline int decide(void *ctx, const struct pkt *p, __u32 ifindex,
-				  struct ct_val *flow)
+static __noinline int decide(void *ctx, const struct pkt *p, __u32 ifindex,
+			    struct ct_val *flow)
 {
 	int tcp = p->proto == IPPROTO_TCP;
 	int syn = tcp && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
@@ -858,6 +858,33 @@ static __always_inline int parse_xdp(struct xdp_md *ctx, struct pkt *p, struct x
 	return 1;
 }
 
+// One's-complement arithmetic on 16-bit words as they lie in memory (RFC
+// 1071, 1624), for the XDP program's checksums (no helper call).
+static __always_inline __u16 csum_fold(__u64 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)sum;
+}
+
+// The sum of an address's 16-bit words.
+static __always_inline __u64 csum_words(const __u32 *addr, __u8 family)
+{
+	__u64 sum = (addr[0] & 0xffff) + (addr[0] >> 16);
+	if (family == FAMILY_V6)
+		for (int i = 1; i < 4; i++)
+			sum += (addr[i] & 0xffff) + (addr[i] >> 16);
+	return sum;
+}
+
+// A checksum `check` after a change whose one's-complement difference is
+// `delta` (RFC 1624: HC' = ~(~HC + ~m + m')).
+static __always_inline __u16 csum_apply(__u16 check, __u16 delta)
+{
+	return ~csum_fold((__u64)(__u16)~check + delta);
+}
+
 // Whether the packet's TCP or UDP checksum is a partial one: its sender's
 // device was to finish it (CHECKSUM_PARTIAL), which a veth never does, so the
 // field holds the sum of the pseudo-header alone. Only the stack may carry such
@@ -866,34 +893,65 @@ static __always_inline int parse_xdp(struct xdp_md *ctx, struct pkt *p, struct x
 // that sum by chance, one in 65536, merely takes the stack's way too.)
 static __always_inline int partial_csum(const struct pkt *p, const struct xdp_hdrs *h)
 {
-	__u32 len;
+	// The pseudo-header's sum: the length, the protocol, both addresses.
+	__u64 sum = bpf_htons(p->proto);
 	if (p->family == FAMILY_V4) {
-		if (!h->ip)
+		struct iphdr *ip = h->ip;
+		if (!ip)
 			return 1;
-		len = bpf_ntohs(h->ip->tot_len) - sizeof(struct iphdr);
+		sum += bpf_htons(bpf_ntohs(ip->tot_len) - sizeof(struct iphdr));
 	} else {
-		if (!h->ip6)
+		struct ipv6hdr *ip6 = h->ip6;
+		if (!ip6)
 			return 1;
-		len = bpf_ntohs(h->ip6->payload_len);
+		sum += ip6->payload_len;
 	}
-	// The pseudo-header's words: both addresses, the length, the protocol.
-	__u32 words[10] = {};
-	addr_copy(words, p->saddr);
-	addr_copy(&words[4], p->daddr);
-	words[8] = bpf_htonl(len);
-	words[9] = bpf_htonl(p->proto);
-	__u32 c = (__u32)bpf_csum_diff(0, 0, words, sizeof(words), 0);
-	c = (c & 0xffff) + (c >> 16);
-	c = (c & 0xffff) + (c >> 16);
-	return (__u16)c == *h->check;
+	sum += csum_words(p->saddr, p->family) + csum_words(p->daddr, p->family);
+	return csum_fold(sum) == *h->check;
 }
 
-// Sends a packet of `flow` on to its endpoint from XDP when the kernel's
-// routing says where (a neighbour known, forwarding on, the MTU enough) and
-// that interface takes redirected frames, and its checksum is complete;
-// XDP_PASS, the packet untouched, otherwise.
-static __always_inline int xdp_forward(struct xdp_md *ctx, const struct pkt *p,
-				       struct xdp_hdrs *h, const struct ct_val *flow)
+// How a connection's packets leave from XDP: its endpoint, the interface to
+// it, the Ethernet addresses, the checksums' change; and when that was found out (the maps'
+// generation, and jiffies).
+struct xdp_fwd {
+	__u32 addr[4];
+	__u16 port;
+	__u8 dmac[ETH_ALEN];
+	__u8 smac[ETH_ALEN];
+	// What the translation adds to the IPv4 header's checksum, and to the
+	// TCP or UDP one (the same for every packet of the connection).
+	__u16 l3_delta;
+	__u16 l4_delta;
+	__u8 pad[2];
+	__u32 ifindex;
+	__u32 generation;
+	__u64 jiffies;
+};
+
+// The XDP program's cache: for each connection it sent on, how. A packet of it
+// (no SYN, FIN or RST) finds there all it needs, with no other lookup, while
+// the maps are unchanged since (svcproxy bumps their generation after each
+// write) and for at most FWD_FRESH_JIFFIES (a second at the common HZ=250):
+// then the whole decision is made again, and the connection touched, its
+// route and neighbour looked up afresh. A connection forgotten here is only
+// slower.
+#define FWD_FRESH_JIFFIES 250
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct ct_key);
+	__type(value, struct xdp_fwd);
+} svcproxy_xdp_fwd SEC(".maps");
+
+// Where a packet of `flow` goes from XDP, into `out`: 1 when the kernel's
+// routing says where (a neighbour known, forwarding on, the MTU enough, the
+// TTL left) and that interface takes redirected frames; 0 (the stack's way)
+// otherwise.
+static __always_inline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
+				     const struct xdp_hdrs *h, const struct ct_val *flow,
+				     struct xdp_fwd *out)
 {
 	struct bpf_fib_lookup fib = {};
 	fib.ifindex = ctx->ingress_ifindex;
@@ -902,7 +960,7 @@ static __always_inline int xdp_forward(struct xdp_md *ctx, const struct pkt *p,
 	fib.dport = flow->port;
 	if (p->family == FAMILY_V4) {
 		if (!h->ip || h->ip->ttl <= 1)
-			return XDP_PASS;
+			return 0;
 		fib.family = 2; // AF_INET
 		fib.tos = h->ip->tos;
 		fib.tot_len = bpf_ntohs(h->ip->tot_len);
@@ -910,61 +968,102 @@ static __always_inline int xdp_forward(struct xdp_md *ctx, const struct pkt *p,
 		fib.ipv4_dst = flow->addr[0];
 	} else {
 		if (!h->ip6 || h->ip6->hop_limit <= 1)
-			return XDP_PASS;
+			return 0;
 		fib.family = 10; // AF_INET6
 		fib.flowinfo = *(__be32 *)h->ip6 & bpf_htonl(0x0FFFFFFF);
 		fib.tot_len = sizeof(struct ipv6hdr) + bpf_ntohs(h->ip6->payload_len);
 		addr_copy(fib.ipv6_src, p->saddr);
 		addr_copy(fib.ipv6_dst, flow->addr);
 	}
-	if (partial_csum(p, h) ||
-	    bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
-		return XDP_PASS;
-	__u32 out = fib.ifindex;
-	if (!bpf_map_lookup_elem(&svcproxy_xdp_tx, &out))
-		return XDP_PASS;
+	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	__u32 index = fib.ifindex;
+	if (!bpf_map_lookup_elem(&svcproxy_xdp_tx, &index))
+		return 0;
+	__builtin_memset(out, 0, sizeof(*out));
+	addr_copy(out->addr, flow->addr);
+	out->port = flow->port;
+	__builtin_memcpy(out->dmac, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(out->smac, fib.smac, ETH_ALEN);
+	out->ifindex = index;
+	// The old destination's words taken away (added complemented), the new
+	// one's added.
+	__u32 old[4] = { ~p->daddr[0], ~p->daddr[1], ~p->daddr[2], ~p->daddr[3] };
+	__u64 l3 = csum_words(old, p->family) + csum_words(flow->addr, p->family);
+	out->l3_delta = csum_fold(l3);
+	out->l4_delta = csum_fold(l3 + (__u16)~p->dport + flow->port);
+	return 1;
+}
 
-	// The destination address and port, with the checksums that cover them
-	// (UDP over IPv4 without one keeps none).
-	__u32 old[5] = {}, new[5] = {};
-	__u16 ports[2] = { p->sport, flow->port };
-	__builtin_memcpy(&old[4], h->ports, 4);
-	__builtin_memcpy(&new[4], ports, 4);
+// Sends the packet on as `fwd` says: the destination address and port, with
+// the checksums that cover them (UDP over IPv4 without one keeps none), the
+// TTL or hop limit lowered as a router does, the Ethernet addresses. Only a
+// packet whose checksum is whole (partial_csum) may go.
+static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
+				    struct xdp_hdrs *h, const struct xdp_fwd *fwd)
+{
 	__u16 *check = h->check;
 	if (p->family == FAMILY_V4) {
 		struct iphdr *ip = h->ip;
-		if (!ip)
+		if (!ip || ip->ttl <= 1)
 			return XDP_PASS;
-		old[0] = ip->daddr;
-		new[0] = flow->addr[0];
-		// Only the changed words count: the rest of old and new are equal.
-		ip->check = csum_update(ip->check, old, new, 4);
+		// The TTL's word loses 0x0100 (its high byte), then the address.
+		__u16 ttl_delta = (__u16)~bpf_htons(0x0100);
+		ip->check = csum_apply(ip->check, csum_fold((__u64)fwd->l3_delta + ttl_delta));
+		ip->ttl--;
+		ip->daddr = fwd->addr[0];
 		if (p->proto == IPPROTO_TCP || *check) {
-			__u16 c = csum_update(*check, old, new, sizeof(old));
+			__u16 c = csum_apply(*check, fwd->l4_delta);
 			*check = (p->proto == IPPROTO_UDP && !c) ? 0xffff : c;
 		}
-		ip->daddr = flow->addr[0];
-		// The TTL, as a router lowers it (RFC 1624's incremental update).
-		__u32 sum = (__u32)ip->check + (__u32)bpf_htons(0x0100);
-		ip->check = (__u16)(sum + (sum >= 0xffff));
-		ip->ttl--;
 	} else {
 		struct ipv6hdr *ip6 = h->ip6;
-		if (!ip6)
+		if (!ip6 || ip6->hop_limit <= 1)
 			return XDP_PASS;
-		__builtin_memcpy(old, &ip6->daddr, 16);
-		addr_copy(new, flow->addr);
-		__u16 c = csum_update(*check, old, new, sizeof(old));
+		__u16 c = csum_apply(*check, fwd->l4_delta);
 		*check = (p->proto == IPPROTO_UDP && !c) ? 0xffff : c;
-		__builtin_memcpy(&ip6->daddr, flow->addr, 16);
+		__builtin_memcpy(&ip6->daddr, fwd->addr, 16);
 		ip6->hop_limit--;
 	}
-	h->ports[1] = flow->port;
-	__builtin_memcpy(h->eth->h_dest, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(h->eth->h_source, fib.smac, ETH_ALEN);
-	if (out == ctx->ingress_ifindex)
+	h->ports[1] = fwd->port;
+	__builtin_memcpy(h->eth->h_dest, fwd->dmac, ETH_ALEN);
+	__builtin_memcpy(h->eth->h_source, fwd->smac, ETH_ALEN);
+	if (fwd->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
-	return bpf_redirect(out, 0);
+	return bpf_redirect(fwd->ifindex, 0);
+}
+
+// The end of a decision the XDP program made (noinline: its own stack frame,
+// apart from decide's): a connection to forward goes from XDP when
+// xdp_route finds the way, and is cached; all else goes to the stack. Only a
+// packet whose checksum is whole comes here.
+static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p, struct xdp_hdrs *h,
+				 const struct ct_val *flow, __u32 generation)
+{
+	struct xdp_fwd fwd;
+	// A masquerade is the kernel's conntrack's: tc marks the packet.
+	if ((flow->flags & ROUTE_MASQUERADE) || !xdp_route(ctx, p, h, flow, &fwd))
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	fwd.generation = generation;
+	fwd.jiffies = bpf_jiffies64();
+	struct ct_key k;
+	ct_key_of(&k, p);
+	bpf_map_update_elem(&svcproxy_xdp_fwd, &k, &fwd, BPF_ANY);
+	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, h, &fwd));
+}
+
+// A connection's packet the XDP program sent on lately, the maps unchanged
+// since: sent on the same way (noinline: its key's stack is its own). -1 when
+// there is none.
+static __noinline int xdp_cached(struct xdp_md *ctx, const struct pkt *p, struct xdp_hdrs *h,
+				 __u32 generation)
+{
+	struct ct_key k;
+	ct_key_of(&k, p);
+	struct xdp_fwd *f = bpf_map_lookup_elem(&svcproxy_xdp_fwd, &k);
+	if (!f || f->generation != generation || bpf_jiffies64() - f->jiffies >= FWD_FRESH_JIFFIES)
+		return -1;
+	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, h, f));
 }
 
 SEC("xdp")
@@ -972,23 +1071,30 @@ int svcproxy_xdp(struct xdp_md *ctx)
 {
 	struct pkt p;
 	struct xdp_hdrs h;
-	if (!parse_xdp(ctx, &p, &h) || !config())
+	struct config *cfg = config();
+	if (!cfg || !parse_xdp(ctx, &p, &h))
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	// The maps' generation before the decision: a write during it makes the
+	// cache entry stale at once.
+	__u32 generation = cfg->generation;
+	int whole = !partial_csum(&p, &h);
+	if (whole && !(p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST))) {
+		int action = xdp_cached(ctx, &p, &h, generation);
+		if (action >= 0)
+			return action;
+	}
 	struct ct_val flow;
 	switch (decide(ctx, &p, ctx->ingress_ifindex, &flow)) {
 	case VERDICT_FORWARD:
-		break;
+		if (!whole)
+			return xdp_count(XDP_STAT_PASS, XDP_PASS);
+		return xdp_finish(ctx, &p, &h, &flow, generation);
 	case VERDICT_DROP:
 		return xdp_count(XDP_STAT_DROP, XDP_DROP);
 	default:
 		// A reject is tc's to mark (the fixed rule answers it).
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
 	}
-	// A masquerade is the kernel's conntrack's: tc marks the packet.
-	if (flow.flags & ROUTE_MASQUERADE)
-		return xdp_count(XDP_STAT_PASS, XDP_PASS);
-	int action = xdp_forward(ctx, &p, &h, &flow);
-	return xdp_count(action == XDP_PASS ? XDP_STAT_PASS : XDP_STAT_FORWARD, action);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -101,7 +101,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 const XDP_PROGRAM: &str = "svcproxy_xdp";
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 23] = [
+pub const MAPS: [&str; 24] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -125,6 +125,7 @@ pub const MAPS: [&str; 23] = [
     "svcproxy_timeouts",
     "svcproxy_xdp_tx",
     "svcproxy_xdp_stats",
+    "svcproxy_xdp_fwd",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
