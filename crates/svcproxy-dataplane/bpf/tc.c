@@ -128,6 +128,9 @@ struct pkt {
 	__u32 end;	  // where the IP packet ends (the frame may be padded)
 	__u32 csum_off;	  // the TCP, UDP or ICMP checksum
 	__u32 csum_flags; // BPF_F_MARK_MANGLED_0 for UDP (an IPv4 checksum of 0 is none)
+	// The XDP program's: the TCP or UDP checksum and the length it covers.
+	__u16 l4_check;
+	__u16 l4_len;
 };
 
 // An unfragmented IPv4 or IPv6 TCP, UDP or ICMP packet after an Ethernet
@@ -791,69 +794,77 @@ static __always_inline int xdp_count(__u32 stat, int action)
 	return action;
 }
 
-// The headers of a frame the XDP program may translate: Ethernet, an IPv4
-// header without options or an IPv6 header without extensions, then TCP or
-// UDP (ICMP errors, SCTP, fragments and the rest are the tc program's).
-struct xdp_hdrs {
-	struct ethhdr *eth;
-	struct iphdr *ip;
-	struct ipv6hdr *ip6;
-	__u16 *ports; // the source and destination port
-	__u16 *check; // the TCP or UDP checksum
-};
+// Makes a packet pointer opaque to the compiler, so that two branches'
+// pointers are not merged into one base plus a register offset: without
+// CAP_PERFMON (the DaemonSet grants BPF, NET_ADMIN, NET_RAW) the verifier
+// refuses a packet pointer plus a register, even a known one, and a packet
+// pointer compared with null. So the XDP program keeps no packet pointer
+// between its steps: each step finds the headers again, at fixed offsets,
+// bounds checked.
+#define opaque(ptr) asm volatile("" : "+r"(ptr))
 
-static __always_inline int parse_xdp(struct xdp_md *ctx, struct pkt *p, struct xdp_hdrs *h)
+#define XDP_L4_V4 (sizeof(struct ethhdr) + sizeof(struct iphdr))
+#define XDP_L4_V6 (sizeof(struct ethhdr) + sizeof(struct ipv6hdr))
+
+// A frame the XDP program may translate: Ethernet, an IPv4 header without
+// options or an IPv6 header without extensions, then TCP or UDP (ICMP errors,
+// SCTP, fragments and the rest are the tc program's).
+static __always_inline int parse_xdp(struct xdp_md *ctx, struct pkt *p)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	__builtin_memset(p, 0, sizeof(*p));
-	__builtin_memset(h, 0, sizeof(*h));
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return 0;
-	h->eth = eth;
 	void *l4;
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > end || ip->ihl != 5 ||
 		    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
 			return 0;
-		h->ip = ip;
 		p->family = FAMILY_V4;
 		p->proto = ip->protocol;
 		p->saddr[0] = ip->saddr;
 		p->daddr[0] = ip->daddr;
+		p->l4_len = bpf_ntohs(ip->tot_len) - sizeof(struct iphdr);
 		l4 = ip + 1;
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > end)
 			return 0;
-		h->ip6 = ip6;
 		p->family = FAMILY_V6;
 		p->proto = ip6->nexthdr;
 		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+		p->l4_len = bpf_ntohs(ip6->payload_len);
 		l4 = ip6 + 1;
 	} else {
 		return 0;
 	}
+	opaque(l4);
 	if (p->proto == IPPROTO_TCP) {
 		struct tcphdr *th = l4;
 		if ((void *)(th + 1) > end)
 			return 0;
 		p->tcp_flags = ((__u8 *)th)[13];
-		h->check = &th->check;
+		p->sport = th->source;
+		p->dport = th->dest;
+		__u16 *check = &th->check;
+		opaque(check);
+		p->l4_check = *check;
 	} else if (p->proto == IPPROTO_UDP) {
 		struct udphdr *uh = l4;
 		if ((void *)(uh + 1) > end)
 			return 0;
-		h->check = &uh->check;
+		p->sport = uh->source;
+		p->dport = uh->dest;
+		__u16 *check = &uh->check;
+		opaque(check);
+		p->l4_check = *check;
 	} else {
 		return 0;
 	}
-	h->ports = l4;
-	p->sport = h->ports[0];
-	p->dport = h->ports[1];
 	p->pseudo = 1;
 	return 1;
 }
@@ -891,23 +902,11 @@ static __always_inline __u16 csum_apply(__u16 check, __u16 delta)
 // a packet on: a frame redirected from XDP loses the socket buffer's note of it,
 // and its receiver would find the checksum wrong. (A complete checksum equal to
 // that sum by chance, one in 65536, merely takes the stack's way too.)
-static __always_inline int partial_csum(const struct pkt *p, const struct xdp_hdrs *h)
+static __always_inline int partial_csum(const struct pkt *p)
 {
-	// The pseudo-header's sum: the length, the protocol, both addresses.
-	__u64 sum = bpf_htons(p->proto);
-	if (p->family == FAMILY_V4) {
-		struct iphdr *ip = h->ip;
-		if (!ip)
-			return 1;
-		sum += bpf_htons(bpf_ntohs(ip->tot_len) - sizeof(struct iphdr));
-	} else {
-		struct ipv6hdr *ip6 = h->ip6;
-		if (!ip6)
-			return 1;
-		sum += ip6->payload_len;
-	}
+	__u64 sum = bpf_htons(p->proto) + bpf_htons(p->l4_len);
 	sum += csum_words(p->saddr, p->family) + csum_words(p->daddr, p->family);
-	return csum_fold(sum) == *h->check;
+	return csum_fold(sum) == p->l4_check;
 }
 
 // How a connection's packets leave from XDP: its endpoint, the interface to
@@ -950,28 +949,31 @@ struct {
 // TTL left) and that interface takes redirected frames; 0 (the stack's way)
 // otherwise.
 static __always_inline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
-				     const struct xdp_hdrs *h, const struct ct_val *flow,
-				     struct xdp_fwd *out)
+				     const struct ct_val *flow, struct xdp_fwd *out)
 {
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
 	struct bpf_fib_lookup fib = {};
 	fib.ifindex = ctx->ingress_ifindex;
 	fib.l4_protocol = p->proto;
 	fib.sport = p->sport;
 	fib.dport = flow->port;
 	if (p->family == FAMILY_V4) {
-		if (!h->ip || h->ip->ttl <= 1)
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > end || ip->ttl <= 1)
 			return 0;
 		fib.family = 2; // AF_INET
-		fib.tos = h->ip->tos;
-		fib.tot_len = bpf_ntohs(h->ip->tot_len);
+		fib.tos = ip->tos;
+		fib.tot_len = bpf_ntohs(ip->tot_len);
 		fib.ipv4_src = p->saddr[0];
 		fib.ipv4_dst = flow->addr[0];
 	} else {
-		if (!h->ip6 || h->ip6->hop_limit <= 1)
+		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+		if ((void *)(ip6 + 1) > end || ip6->hop_limit <= 1)
 			return 0;
 		fib.family = 10; // AF_INET6
-		fib.flowinfo = *(__be32 *)h->ip6 & bpf_htonl(0x0FFFFFFF);
-		fib.tot_len = sizeof(struct ipv6hdr) + bpf_ntohs(h->ip6->payload_len);
+		fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0FFFFFFF);
+		fib.tot_len = sizeof(struct ipv6hdr) + bpf_ntohs(ip6->payload_len);
 		addr_copy(fib.ipv6_src, p->saddr);
 		addr_copy(fib.ipv6_dst, flow->addr);
 	}
@@ -995,39 +997,71 @@ static __always_inline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
 	return 1;
 }
 
-// Sends the packet on as `fwd` says: the destination address and port, with
-// the checksums that cover them (UDP over IPv4 without one keeps none), the
-// TTL or hop limit lowered as a router does, the Ethernet addresses. Only a
-// packet whose checksum is whole (partial_csum) may go.
-static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
-				    struct xdp_hdrs *h, const struct xdp_fwd *fwd)
+// The TCP or UDP header's checksum and destination port at `l4`, as `fwd`
+// says (UDP over IPv4 without a checksum keeps none). 0 when the header is
+// not all there.
+static __always_inline int xdp_send_l4(const struct pkt *p, void *l4, void *end,
+				       const struct xdp_fwd *fwd)
 {
-	__u16 *check = h->check;
+	if (p->proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > end)
+			return 0;
+		__u16 *check = &th->check;
+		opaque(check);
+		*check = csum_apply(*check, fwd->l4_delta);
+		th->dest = fwd->port;
+	} else {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > end)
+			return 0;
+		__u16 *check = &uh->check;
+		opaque(check);
+		if (*check || p->family == FAMILY_V6) {
+			__u16 c = csum_apply(*check, fwd->l4_delta);
+			*check = c ? c : 0xffff;
+		}
+		uh->dest = fwd->port;
+	}
+	return 1;
+}
+
+// Sends the packet on as `fwd` says: the destination address and port, with
+// the checksums that cover them, the TTL or hop limit lowered as a router
+// does, the Ethernet addresses. Only a packet whose checksum is whole
+// (partial_csum) may go.
+static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
+				    const struct xdp_fwd *fwd)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
 	if (p->family == FAMILY_V4) {
-		struct iphdr *ip = h->ip;
-		if (!ip || ip->ttl <= 1)
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ttl <= 1)
+			return XDP_PASS;
+		void *l4 = ip + 1;
+		opaque(l4);
+		if (!xdp_send_l4(p, l4, end, fwd))
 			return XDP_PASS;
 		// The TTL's word loses 0x0100 (its high byte), then the address.
 		__u16 ttl_delta = (__u16)~bpf_htons(0x0100);
 		ip->check = csum_apply(ip->check, csum_fold((__u64)fwd->l3_delta + ttl_delta));
 		ip->ttl--;
 		ip->daddr = fwd->addr[0];
-		if (p->proto == IPPROTO_TCP || *check) {
-			__u16 c = csum_apply(*check, fwd->l4_delta);
-			*check = (p->proto == IPPROTO_UDP && !c) ? 0xffff : c;
-		}
 	} else {
-		struct ipv6hdr *ip6 = h->ip6;
-		if (!ip6 || ip6->hop_limit <= 1)
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end || ip6->hop_limit <= 1)
 			return XDP_PASS;
-		__u16 c = csum_apply(*check, fwd->l4_delta);
-		*check = (p->proto == IPPROTO_UDP && !c) ? 0xffff : c;
+		void *l4 = ip6 + 1;
+		opaque(l4);
+		if (!xdp_send_l4(p, l4, end, fwd))
+			return XDP_PASS;
 		__builtin_memcpy(&ip6->daddr, fwd->addr, 16);
 		ip6->hop_limit--;
 	}
-	h->ports[1] = fwd->port;
-	__builtin_memcpy(h->eth->h_dest, fwd->dmac, ETH_ALEN);
-	__builtin_memcpy(h->eth->h_source, fwd->smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, fwd->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fwd->smac, ETH_ALEN);
 	if (fwd->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
 	return bpf_redirect(fwd->ifindex, 0);
@@ -1037,49 +1071,47 @@ static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
 // apart from decide's): a connection to forward goes from XDP when
 // xdp_route finds the way, and is cached; all else goes to the stack. Only a
 // packet whose checksum is whole comes here.
-static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p, struct xdp_hdrs *h,
+static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p,
 				 const struct ct_val *flow, __u32 generation)
 {
 	struct xdp_fwd fwd;
 	// A masquerade is the kernel's conntrack's: tc marks the packet.
-	if ((flow->flags & ROUTE_MASQUERADE) || !xdp_route(ctx, p, h, flow, &fwd))
+	if ((flow->flags & ROUTE_MASQUERADE) || !xdp_route(ctx, p, flow, &fwd))
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
 	fwd.generation = generation;
 	fwd.jiffies = bpf_jiffies64();
 	struct ct_key k;
 	ct_key_of(&k, p);
 	bpf_map_update_elem(&svcproxy_xdp_fwd, &k, &fwd, BPF_ANY);
-	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, h, &fwd));
+	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, &fwd));
 }
 
 // A connection's packet the XDP program sent on lately, the maps unchanged
 // since: sent on the same way (noinline: its key's stack is its own). -1 when
 // there is none.
-static __noinline int xdp_cached(struct xdp_md *ctx, const struct pkt *p, struct xdp_hdrs *h,
-				 __u32 generation)
+static __noinline int xdp_cached(struct xdp_md *ctx, const struct pkt *p, __u32 generation)
 {
 	struct ct_key k;
 	ct_key_of(&k, p);
 	struct xdp_fwd *f = bpf_map_lookup_elem(&svcproxy_xdp_fwd, &k);
 	if (!f || f->generation != generation || bpf_jiffies64() - f->jiffies >= FWD_FRESH_JIFFIES)
 		return -1;
-	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, h, f));
+	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, f));
 }
 
 SEC("xdp")
 int svcproxy_xdp(struct xdp_md *ctx)
 {
 	struct pkt p;
-	struct xdp_hdrs h;
 	struct config *cfg = config();
-	if (!cfg || !parse_xdp(ctx, &p, &h))
+	if (!cfg || !parse_xdp(ctx, &p))
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
 	// The maps' generation before the decision: a write during it makes the
 	// cache entry stale at once.
 	__u32 generation = cfg->generation;
-	int whole = !partial_csum(&p, &h);
+	int whole = !partial_csum(&p);
 	if (whole && !(p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST))) {
-		int action = xdp_cached(ctx, &p, &h, generation);
+		int action = xdp_cached(ctx, &p, generation);
 		if (action >= 0)
 			return action;
 	}
@@ -1088,7 +1120,7 @@ int svcproxy_xdp(struct xdp_md *ctx)
 	case VERDICT_FORWARD:
 		if (!whole)
 			return xdp_count(XDP_STAT_PASS, XDP_PASS);
-		return xdp_finish(ctx, &p, &h, &flow, generation);
+		return xdp_finish(ctx, &p, &flow, generation);
 	case VERDICT_DROP:
 		return xdp_count(XDP_STAT_DROP, XDP_DROP);
 	default:

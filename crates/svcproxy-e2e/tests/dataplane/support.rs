@@ -645,7 +645,10 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's least-privilege test only
     pub fn unprivileged_flags(self) -> &'static [&'static str] {
         match self {
-            Mode::Nftables | Mode::Userspace | Mode::Ebpf | Mode::Ipvs => &[],
+            Mode::Nftables | Mode::Userspace | Mode::Ebpf => &[],
+            // The XDP fast path too: its program passes the verifier, and
+            // attaches, with the DaemonSet's capabilities.
+            Mode::Ipvs => &["--ebpf-xdp=native"],
             Mode::Iptables | Mode::IptablesLegacy => &["--iptables-localhost-nodeports=false"],
         }
     }
