@@ -627,6 +627,44 @@ fn run(test: &str, xdp: XdpMode) {
         tables,
     );
 
+    if xdp == XdpMode::Native {
+        // A restart: the next process's program takes the pinned link's place
+        // (the link updated, never detached), and goes on forwarding.
+        let eth0 = cluster
+            .exec_ok(Host::Node(0), &["cat", "/sys/class/net/eth0/ifindex"])
+            .trim()
+            .to_string();
+        let counts = svcproxy_dataplane::ebpf::kernel::xdp_packets(&conf.pin_dir());
+        let xdp_prog = || {
+            let link = cluster.exec_ok(Host::Node(0), &["ip", "-d", "link", "show", "dev", "eth0"]);
+            link.split_once("prog/xdp id ")
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+        };
+        let before = xdp_prog();
+        let mut next =
+            Driver::without_conntrack(plan_config(), EbpfDataPlane::new(options.clone()));
+        let synced = in_netns(&node_a, || next.sync(&snap, true)).expect("netns");
+        let now = xdp_prog();
+        check(
+            "a second process's XDP program takes the pinned link's place".to_string(),
+            synced.is_ok()
+                && conf.pin_dir().join(format!("xdp-{eth0}")).exists()
+                && before.is_some()
+                && now.is_some()
+                && now != before,
+            format!("{:?} program {before:?} then {now:?}", synced.err()),
+        );
+        let target = SocketAddr::new(plan::node_ip(0, Family::V4), 30081);
+        let a = probe(Host::Ext, Proto::Tcp, target, 5);
+        let after = svcproxy_dataplane::ebpf::kernel::xdp_packets(&conf.pin_dir());
+        check(
+            "after the takeover the XDP program forwards the Local policy's connections"
+                .to_string(),
+            seen(&a) == set(&["pod-a0"]) && after.zip(counts).is_some_and(|(a, b)| a[0] > b[0]),
+            format!("{:?} {after:?}", seen(&a)),
+        );
+    }
+
     in_netns(&node_a, || driver.plane_mut().cleanup())
         .expect("netns")
         .expect("cleanup");
