@@ -57,6 +57,8 @@ pub mod process;
 pub mod sctp_raw;
 pub mod xdp;
 
+pub mod nodeport_bench;
+
 pub use bins::{demo_bin, echo_bin, loadgen_bin, svcproxy_bin};
 pub use cluster::{
     BackendPorts, Backends, Cluster, ClusterSpec, Host, PodInfo, ProbeSpec, NODE_A, NODE_B,

@@ -434,44 +434,8 @@ fn bench_ebpf_nodeport_from_outside() {
     let repeat = env("BENCH_REPEAT", 3);
     let seconds = env("BENCH_SECONDS", 5).to_string();
     let mut set = NsSet::new();
-    let names = set
-        .add(&["ext".to_string(), "node".to_string(), "backend".to_string()])
-        .expect("namespaces");
-    let (ext, node, backend) = (names[0].clone(), names[1].clone(), names[2].clone());
-    netns::ip_batch(
-        &ext,
-        &[
-            "link set lo up".into(),
-            format!("link add eth0 type veth peer name eth0 netns {node}"),
-            "addr add 10.71.0.100/24 dev eth0".into(),
-            "link set eth0 up".into(),
-            "route add 10.72.0.0/24 via 10.71.0.1".into(),
-        ],
-    )
-    .expect("ext links");
-    netns::ip_batch(
-        &node,
-        &[
-            "link set lo up".into(),
-            "addr add 10.71.0.1/24 dev eth0".into(),
-            "link set eth0 up".into(),
-            format!("link add p0 type veth peer name eth0 netns {backend}"),
-            "addr add 10.72.0.1/24 dev p0".into(),
-            "link set p0 up".into(),
-        ],
-    )
-    .expect("node links");
-    netns::sysctl(&node, &[("net.ipv4.ip_forward", "1")]).expect("forwarding");
-    netns::ip_batch(
-        &backend,
-        &[
-            "link set lo up".into(),
-            "addr add 10.72.0.2/24 dev eth0".into(),
-            "link set eth0 up".into(),
-            "route add default via 10.72.0.1".into(),
-        ],
-    )
-    .expect("backend links");
+    let (ext, node, backend) =
+        svcproxy_e2e::nodeport_bench::namespaces(&mut set).expect("namespaces");
     let logs = tempfile::tempdir().unwrap();
     let lg = loadgen_bin()
         .expect("svcproxy-loadgen")

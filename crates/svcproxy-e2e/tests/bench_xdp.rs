@@ -35,14 +35,13 @@ use svcproxy_dataplane::ebpf::XdpMode;
 use svcproxy_dataplane::{
     DataPlane, Driver, EbpfDataPlane, EbpfOptions, NftCommand, NftDataPlane, NoConntrackCleanup,
 };
+use svcproxy_e2e::nodeport_bench::{self, BACKEND, CLIENT, NODE};
 use svcproxy_e2e::xdp::{mac, udp_frame, Generator, TestXdp};
 use svcproxy_e2e::{ebpf_options, Confinement};
 use svcproxy_plan::{LocalDetection, PlanConfig};
 use svcproxy_testkit::netns::{self, NsSet};
 
-const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 100);
-const NODE: Ipv4Addr = Ipv4Addr::new(10, 71, 0, 1);
-const ENDPOINT: Ipv4Addr = Ipv4Addr::new(10, 72, 0, 2);
+const ENDPOINT: Ipv4Addr = BACKEND;
 const NODE_PORT: u16 = 30090;
 const TARGET_PORT: u16 = 8080;
 
@@ -104,43 +103,7 @@ fn bench_xdp_nodeport_pps() {
     let repeat = env("BENCH_REPEAT", 3);
     let flows = env("BENCH_FLOWS", 256) as u32;
     let mut set = NsSet::new();
-    let names = set
-        .add(&["ext".to_string(), "node".to_string(), "backend".to_string()])
-        .expect("namespaces");
-    let (ext, node, backend) = (names[0].clone(), names[1].clone(), names[2].clone());
-    netns::ip_batch(
-        &ext,
-        &[
-            "link set lo up".into(),
-            format!("link add eth0 type veth peer name eth0 netns {node}"),
-            format!("addr add {CLIENT}/24 dev eth0"),
-            "link set eth0 up".into(),
-        ],
-    )
-    .expect("ext links");
-    netns::ip_batch(
-        &node,
-        &[
-            "link set lo up".into(),
-            format!("addr add {NODE}/24 dev eth0"),
-            "link set eth0 up".into(),
-            format!("link add p0 type veth peer name eth0 netns {backend}"),
-            "addr add 10.72.0.1/24 dev p0".into(),
-            "link set p0 up".into(),
-        ],
-    )
-    .expect("node links");
-    netns::sysctl(&node, &[("net.ipv4.ip_forward", "1")]).expect("forwarding");
-    netns::ip_batch(
-        &backend,
-        &[
-            "link set lo up".into(),
-            format!("addr add {ENDPOINT}/24 dev eth0"),
-            "link set eth0 up".into(),
-            "route add default via 10.72.0.1".into(),
-        ],
-    )
-    .expect("backend links");
+    let (ext, node, backend) = nodeport_bench::namespaces(&mut set).expect("namespaces");
     // The endpoint counts and drops what arrives (no ARP answered): the node
     // knows its address for good.
     let sink = TestXdp::attach(&backend, "eth0", "bench_sink").expect("sink");
