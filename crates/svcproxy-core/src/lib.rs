@@ -15,6 +15,7 @@ pub mod mirror;
 pub mod model;
 pub mod objects;
 pub mod problem;
+pub mod quote;
 pub mod report;
 pub mod selection;
 pub mod snapshot;

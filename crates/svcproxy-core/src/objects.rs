@@ -83,7 +83,7 @@ impl fmt::Display for ObjectKey {
             if plain {
                 s.to_string()
             } else {
-                crate::problem::quote(s)
+                crate::quote::quote(s)
             }
         };
         if self.namespace.is_empty() {
@@ -176,5 +176,27 @@ pub enum SourceUpdate {
     HostAddresses(Vec<std::net::IpAddr>),
     /// Every piece of input the source could not read as objects, now: replaces
     /// the previous list (reports list them beside the objects' problems).
-    InputProblems(Vec<crate::problem::InputProblem>),
+    InputProblems(Vec<InputProblem>),
+}
+
+/// Input a source could not turn into objects at all (a document that is not
+/// YAML, an unreadable file, a definition passed over for another): where, and
+/// why. Its objects, if any, are not proxied (a file that stops parsing keeps the
+/// objects it last yielded: the message says so).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputProblem {
+    /// The file (or other place) the input came from.
+    pub origin: String,
+    pub message: String,
+}
+
+impl fmt::Display for InputProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} [unreadable]",
+            crate::quote::quote_path(&self.origin),
+            self.message
+        )
+    }
 }

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::objects::ObjectKey;
+use crate::quote::quote_path;
 
 /// What svcproxy did with a bad object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -67,50 +68,5 @@ impl fmt::Display for Problem {
     }
 }
 
-/// Input a source could not turn into objects at all (a document that is not
-/// YAML, an unreadable file, a definition passed over for another): where, and
-/// why. Its objects, if any, are not proxied (a file that stops parsing keeps the
-/// objects it last yielded: the message says so).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InputProblem {
-    /// The file (or other place) the input came from.
-    pub origin: String,
-    pub message: String,
-}
-
-impl fmt::Display for InputProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} [unreadable]",
-            quote_path(&self.origin),
-            self.message
-        )
-    }
-}
-
-/// Quotes a user-supplied value for a message: bounded in length and with control
-/// characters escaped, so a hostile value cannot forge log lines.
-pub fn quote(value: &str) -> String {
-    const MAX: usize = 80;
-    let mut out = String::with_capacity(value.len().min(MAX) + 2);
-    out.push('"');
-    for (i, c) in value.chars().enumerate() {
-        if i == MAX {
-            out.push('…');
-            break;
-        }
-        out.extend(c.escape_debug());
-    }
-    out.push('"');
-    out
-}
-
-/// A path for a message: as is when it is printable, else quoted and bounded.
-fn quote_path(path: &str) -> String {
-    if path.len() <= 4096 && !path.chars().any(char::is_control) {
-        path.to_string()
-    } else {
-        quote(path)
-    }
-}
+pub use crate::objects::InputProblem;
+pub use crate::quote::quote;

@@ -416,7 +416,7 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                     || update.service_changes + update.endpoint_changes >= TRIM_AFTER_CHANGES
                 {
                     drop(update);
-                    crate::release_free_memory();
+                    crate::alloc::release_free_memory();
                 }
                 Ok(())
             }
@@ -429,7 +429,7 @@ impl<T: Target> Syncer for ProxySyncer<T> {
 }
 
 /// A sync that applied at least this many Service and EndpointSlice changes is
-/// followed by [`crate::release_free_memory`].
+/// followed by [`crate::alloc::release_free_memory`].
 const TRIM_AFTER_CHANGES: usize = 1000;
 
 /// Where Services, EndpointSlices and Nodes come from.
@@ -1002,13 +1002,13 @@ fn spawn_http(
         }));
     }
     if let Some(l) = metrics_listener {
-        let (health, metrics, stop) = (health.clone(), metrics.clone(), stop.clone());
+        let (metrics, stop) = (metrics.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let l = tokio::select! {
                 l = l.get() => l,
                 _ = stopped(stop.clone()) => return Ok(()),
             };
-            crate::http::metrics::serve(l, metrics, health, stopped(stop)).await
+            crate::http::metrics::serve(l, metrics, stopped(stop)).await
         }));
     }
     tasks

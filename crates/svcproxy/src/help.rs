@@ -160,7 +160,7 @@ mod tests {
     use clap::CommandFactory;
 
     fn cli() -> Command {
-        shape(crate::Cli::command())
+        shape(crate::cli::Cli::command())
     }
 
     fn visible(cmd: &Command) -> Vec<(String, Option<String>)> {

@@ -31,8 +31,8 @@ use svcproxy_core::model::{IpFamily, Protocol};
 use crate::intent::{LocalTraffic, NodeIntent, NodePortDestinations};
 use crate::names::protocol_keyword;
 
+use super::common::{MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 use super::ruleset::{BaseChain, Chain, ChainType, Field, Hook, Map, MapType, Ruleset, Set};
-use super::service::{MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 use super::typed::{Action, Addr, CtState, Match, TypedRule};
 
 pub(crate) const CLUSTER_IPS_SET: &str = "cluster-ips";

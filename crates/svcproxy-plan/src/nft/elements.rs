@@ -15,7 +15,7 @@ use svcproxy_core::model::{IpFamily, Protocol};
 
 use crate::names::protocol_keyword;
 
-use super::ruleset::{family_keyword, TABLE_NAME};
+use super::decl::{family_keyword, TABLE_NAME};
 
 /// One field of an element's key or value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

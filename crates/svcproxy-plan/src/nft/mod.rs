@@ -18,6 +18,8 @@
 //! choice is read from the [`crate::intent`].
 
 mod base;
+mod common;
+pub mod decl;
 pub use base::localhost_reject_chain;
 pub mod elements;
 mod planner;

@@ -45,7 +45,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use std::sync::Arc;
 
-use svcproxy_core::model::{IpFamily, Protocol};
+use svcproxy_core::model::Protocol;
 
 use crate::intent::{
     Action, Disposition, EndpointSetId, FrontendKey, FrontendKind, LocalTraffic, Masquerade,
@@ -57,17 +57,11 @@ use crate::names::{
 
 use super::base::endpoint_map;
 use super::base::{localhost_reject_chain, loopback};
+pub(crate) use super::common::{MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 use super::elements::{Atom, ElemVerdict};
 use super::ruleset::{Chain, Field, Ruleset, Set};
 use super::slots::Run;
 use super::typed::{Action as RuleAction, Addr, Match, TypedRule};
-
-/// Chain every rule jumps to for "masquerade this connection".
-pub(crate) const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
-/// Chain rejecting a packet (a verdict map cannot say `reject` itself).
-pub(crate) const REJECT_CHAIN: &str = "reject-chain";
-/// Named set of the local-pod CIDRs, when detection uses more than one.
-pub(crate) const POD_CIDRS_SET: &str = "pod-cidrs";
 
 /// Where the userspace mode's capture sends each endpoint set's connections: a
 /// port of the proxy's own sockets on this node (`redirect to :PORT`).
@@ -145,50 +139,6 @@ pub(crate) fn key_atoms(key: &FrontendKey) -> Vec<Atom> {
             vec![Atom::Ip(*ip), Atom::Proto(*protocol), Atom::Port(*port)]
         }
         FrontendKey::NodePort { protocol, port } => vec![Atom::Proto(*protocol), Atom::Port(*port)],
-    }
-}
-
-/// The shared verdict maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum MapId {
-    ServiceIps,
-    ServiceNodePorts,
-    NoEndpointServices,
-    NoEndpointNodePorts,
-    FirewallIps,
-    /// KEP-6032: the NodePorts rejected on loopback, each to its protocol's
-    /// counting reject chain. Declared only where some protocol is rejected (not in
-    /// [`MapId::ALL`]).
-    LocalhostNodePortRejects,
-}
-
-impl MapId {
-    pub const ALL: [MapId; 5] = [
-        MapId::ServiceIps,
-        MapId::ServiceNodePorts,
-        MapId::NoEndpointServices,
-        MapId::NoEndpointNodePorts,
-        MapId::FirewallIps,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            MapId::ServiceIps => "service-ips",
-            MapId::ServiceNodePorts => "service-nodeports",
-            MapId::NoEndpointServices => "no-endpoint-services",
-            MapId::NoEndpointNodePorts => "no-endpoint-nodeports",
-            MapId::FirewallIps => "firewall-ips",
-            MapId::LocalhostNodePortRejects => "localhost-nodeport-reject-ports",
-        }
-    }
-
-    pub fn key_type(self, family: IpFamily) -> Vec<Field> {
-        match self {
-            MapId::ServiceNodePorts
-            | MapId::NoEndpointNodePorts
-            | MapId::LocalhostNodePortRejects => vec![Field::Proto, Field::Port],
-            _ => vec![Field::Addr(family), Field::Proto, Field::Port],
-        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! svcproxy's nftables statements as typed values, for a writer that sends them
 //! to the kernel itself: every rule of the table ([`TypedRule`]: matches and one
-//! action), set and map declarations ([`super::ruleset::Field`]), and a
+//! action), set and map declarations ([`super::decl::Field`]), and a
 //! plan's statements ([`Op`]). Each value prints as exactly the text the plan's
 //! script holds, so the netlink writer and `nft -f` apply the same thing (a test
 //! compares the tables both leave).
@@ -16,8 +16,8 @@ use svcproxy_core::model::{IpFamily, Protocol};
 
 use crate::names::protocol_keyword;
 
+use super::decl::{family_keyword, BaseChain, Map, Set};
 use super::elements::ElemOp;
-use super::ruleset::{family_keyword, BaseChain, Map, Set};
 
 /// A conntrack state bit `ct state` tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -37,7 +37,6 @@ use svcproxy_core::objects::Kind;
 use svcproxy_dataplane::{Backend, FailureKind};
 use tokio::net::TcpListener;
 
-use super::health::ProxyHealth;
 use super::{parse_rfc3339, unix_nanos};
 
 /// The metrics svcproxy exports.
@@ -745,7 +744,6 @@ fn ping_healthz(query: Option<String>) -> Response {
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    _health: Arc<ProxyHealth>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = Router::new()
@@ -849,14 +847,9 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(
-            listener,
-            m,
-            ProxyHealth::new(Duration::from_secs(60)),
-            async move {
-                let _ = rx.await;
-            },
-        ));
+        let task = tokio::spawn(serve(listener, m, async move {
+            let _ = rx.await;
+        }));
         let resp = reqwest::get(format!("http://{addr}/metrics"))
             .await
             .unwrap();
@@ -1356,13 +1349,12 @@ mod tests {
     async fn the_metrics_port_answers_healthz_and_proxy_mode_as_upstream() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        // Even an unhealthy proxy: this port's /healthz is a liveness ping.
-        let health = ProxyHealth::new(Duration::ZERO);
+        // Whatever the proxy's health: this port's /healthz is a liveness ping
+        // (the server is not even told the health).
         let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(serve(
             listener,
             Metrics::for_backend(nftables()),
-            health,
             async move {
                 let _ = rx.await;
             },
