@@ -64,9 +64,29 @@ pub struct Manifest {
     pub errors: Vec<String>,
 }
 
+/// Why a text as a whole is unusable: none of its objects are read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    /// A JSON file that does not parse.
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    /// A YAML syntax error, in the given document (counted from 1).
+    #[error("invalid YAML in document {document}: {message}")]
+    Yaml { document: usize, message: String },
+    /// More documents than [`MAX_OBJECTS_PER_FILE`].
+    #[error("more than {MAX_OBJECTS_PER_FILE} documents; skipped")]
+    TooManyDocuments,
+    /// More documents and list items together than [`MAX_OBJECTS_PER_FILE`].
+    #[error("more than {MAX_OBJECTS_PER_FILE} documents and list items; skipped")]
+    TooManyObjects,
+    /// Flow collections nested deeper than [`MAX_FLOW_NESTING`], first at `line`.
+    #[error("line {line}: flow collections nested more than {MAX_FLOW_NESTING} deep; skipped")]
+    TooDeep { line: usize },
+}
+
 /// Parses `text`. `Err` means the text as a whole is unusable (a syntax error, too many
 /// documents); `origin` (a file name) only labels debug logs of ignored documents.
-pub fn parse(text: &str, format: Format, origin: &str) -> Result<Manifest, String> {
+pub fn parse(text: &str, format: Format, origin: &str) -> Result<Manifest, ManifestError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut errors = Vec::new();
     let mut parsed = match format {
@@ -162,13 +182,13 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
     }
 }
 
-fn parse_json(text: &str) -> Result<Vec<Value>, String> {
+fn parse_json(text: &str) -> Result<Vec<Value>, ManifestError> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
     serde_json::from_str(text)
         .map(|v| vec![v])
-        .map_err(|e| format!("invalid JSON: {e}"))
+        .map_err(|e| ManifestError::Json(e.to_string()))
 }
 
 /// Parses every document, each turned into its object tree before the next is
@@ -183,7 +203,7 @@ fn parse_json(text: &str) -> Result<Vec<Value>, String> {
 fn parse_yaml<'t>(
     text: &'t str,
     errors: &'t mut Vec<String>,
-) -> Result<impl Iterator<Item = Result<Option<Value>, String>> + 't, String> {
+) -> Result<impl Iterator<Item = Result<Option<Value>, ManifestError>> + 't, ManifestError> {
     check_flow_nesting(text)?;
     let mut syntax_checked = false;
     let mut failed = false;
@@ -195,9 +215,7 @@ fn parse_yaml<'t>(
             }
             if i == MAX_OBJECTS_PER_FILE {
                 failed = true;
-                return Some(Err(format!(
-                    "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
-                )));
+                return Some(Err(ManifestError::TooManyDocuments));
             }
             let value = yaml_serde::Value::deserialize(document)
                 .map_err(|e| crate::go_syntax::plain_serde_message(&e.to_string()))
@@ -221,16 +239,14 @@ fn parse_yaml<'t>(
 
 /// Reads every document of `text` for syntax alone: the first syntax error, as the
 /// file's error.
-fn check_syntax(text: &str) -> Result<(), String> {
+fn check_syntax(text: &str) -> Result<(), ManifestError> {
     for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
         if i == MAX_OBJECTS_PER_FILE {
-            return Err(format!(
-                "more than {MAX_OBJECTS_PER_FILE} documents; skipped"
-            ));
+            return Err(ManifestError::TooManyDocuments);
         }
-        serde::de::IgnoredAny::deserialize(document).map_err(|e| {
-            let e = crate::go_syntax::plain_serde_message(&e.to_string());
-            format!("invalid YAML in document {}: {e}", i + 1)
+        serde::de::IgnoredAny::deserialize(document).map_err(|e| ManifestError::Yaml {
+            document: i + 1,
+            message: crate::go_syntax::plain_serde_message(&e.to_string()),
         })?;
     }
     Ok(())
@@ -247,7 +263,7 @@ pub const MAX_FLOW_NESTING: usize = 256;
 /// pass over the bytes that stops at the first offending bracket. Brackets inside
 /// quoted strings and comments are not counted; an apostrophe inside a plain scalar
 /// (`don't`) is taken as a quote, which can only make the count lower.
-fn check_flow_nesting(text: &str) -> Result<(), String> {
+fn check_flow_nesting(text: &str) -> Result<(), ManifestError> {
     #[derive(PartialEq)]
     enum In {
         Plain,
@@ -269,9 +285,7 @@ fn check_flow_nesting(text: &str) -> Result<(), String> {
                 b'[' | b'{' => {
                     depth += 1;
                     if depth > MAX_FLOW_NESTING {
-                        return Err(format!(
-                            "line {line}: flow collections nested more than {MAX_FLOW_NESTING} deep; skipped"
-                        ));
+                        return Err(ManifestError::TooDeep { line });
                     }
                 }
                 b']' | b'}' => depth = depth.saturating_sub(1),
@@ -310,8 +324,8 @@ struct Pending {
 /// the text is unusable), one document (and its list items) after the other.
 fn parse_documents(
     origin: &str,
-    documents: impl Iterator<Item = Result<Option<Value>, String>>,
-) -> Result<Manifest, String> {
+    documents: impl Iterator<Item = Result<Option<Value>, ManifestError>>,
+) -> Result<Manifest, ManifestError> {
     let mut parsed = Manifest::default();
     let mut seen = 0usize;
     for (i, value) in documents.enumerate() {
@@ -334,13 +348,11 @@ fn parse_document(
     mut stack: Vec<Pending>,
     parsed: &mut Manifest,
     seen: &mut usize,
-) -> Result<(), String> {
+) -> Result<(), ManifestError> {
     while let Some(pending) = stack.pop() {
         *seen += 1;
         if *seen > MAX_OBJECTS_PER_FILE {
-            return Err(format!(
-                "more than {MAX_OBJECTS_PER_FILE} documents and list items; skipped"
-            ));
+            return Err(ManifestError::TooManyObjects);
         }
         let Pending {
             value,
@@ -649,7 +661,7 @@ mod tests {
         ] {
             let err = parse(&text, Format::Yaml, "t").unwrap_err();
             assert!(
-                err.starts_with(&format!("invalid YAML in document {at}")),
+                matches!(err, ManifestError::Yaml { document, .. } if document == at),
                 "{err}"
             );
         }
@@ -669,8 +681,10 @@ mod tests {
                 "{open}: {:?}",
                 start.elapsed()
             );
+            assert_eq!(err, ManifestError::TooDeep { line: 3 }, "{err}");
             assert!(
-                err.contains("line 3: flow collections nested more than 256"),
+                err.to_string()
+                    .contains("line 3: flow collections nested more than 256"),
                 "{err}"
             );
         }

@@ -294,7 +294,7 @@ impl ManifestDir {
             })
             .map(|(path, _)| path.as_path())
             .collect();
-        let mut read: HashMap<PathBuf, Result<Manifest, String>> = wanted
+        let mut read: HashMap<PathBuf, Result<Manifest, ReadError>> = wanted
             .iter()
             .map(|p| p.to_path_buf())
             .zip(read_manifests(&wanted))
@@ -472,7 +472,7 @@ impl ManifestDir {
         path: &Arc<Path>,
         meta: Option<&fs::Metadata>,
         before: Option<Vec<Entry>>,
-        read: Option<Result<Manifest, String>>,
+        read: Option<Result<Manifest, ReadError>>,
         unsettled: &mut bool,
     ) -> Option<Vec<Entry>> {
         let listed = before.is_some();
@@ -859,7 +859,7 @@ fn written_within(m: &fs::Metadata, window: Duration) -> bool {
 
 /// [`read_manifest`] of each path, in order, the files shared out among up to
 /// [`MAX_READERS`] threads (parsing is most of a cold start).
-fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, String>> {
+fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, ReadError>> {
     let workers = thread::available_parallelism()
         .map_or(1, usize::from)
         .min(MAX_READERS)
@@ -868,7 +868,7 @@ fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, String>> {
         return paths.iter().map(|p| read_manifest(p)).collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut done: Vec<(usize, Result<Manifest, String>)> = thread::scope(|scope| {
+    let mut done: Vec<(usize, Result<Manifest, ReadError>)> = thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
@@ -895,21 +895,33 @@ fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, String>> {
 /// `limit_malloc_arenas`: a reader without one of its own waits on another's).
 pub(crate) const MAX_READERS: usize = 2;
 
+/// Why a manifest file as a whole is unusable (its previous objects stay in force).
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("cannot open: {0}")]
+    Open(std::io::Error),
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    #[error("larger than {} MiB; skipped", MAX_FILE_BYTES / (1024 * 1024))]
+    TooLarge,
+    #[error("not UTF-8: {0}")]
+    NotUtf8(std::string::FromUtf8Error),
+    #[error(transparent)]
+    Parse(#[from] manifest::ManifestError),
+}
+
 /// Reads and parses one file. `Err` means the file as a whole is unusable.
-fn read_manifest(path: &Path) -> Result<Manifest, String> {
-    let file = fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+fn read_manifest(path: &Path) -> Result<Manifest, ReadError> {
+    let file = fs::File::open(path).map_err(ReadError::Open)?;
     let mut bytes = Vec::new();
     // Bounded read: the size seen when listing may not be the size now.
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read: {e}"))?;
+        .map_err(ReadError::Read)?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!(
-            "larger than {} MiB; skipped",
-            MAX_FILE_BYTES / (1024 * 1024)
-        ));
+        return Err(ReadError::TooLarge);
     }
-    let text = String::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let text = String::from_utf8(bytes).map_err(ReadError::NotUtf8)?;
     let format = if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"))
@@ -918,7 +930,7 @@ fn read_manifest(path: &Path) -> Result<Manifest, String> {
     } else {
         Format::Yaml
     };
-    manifest::parse(&text, format, &path.display().to_string())
+    Ok(manifest::parse(&text, format, &path.display().to_string())?)
 }
 
 /// Bounded, single-line: parser messages can quote large or multi-line input.
