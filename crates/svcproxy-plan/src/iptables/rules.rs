@@ -10,7 +10,7 @@ use std::sync::Arc;
 use svcproxy_core::model::{IpFamily, Protocol};
 
 use crate::intent::{
-    Action, Disposition, EndpointSetId, FamilyIntent, FrontendKey, Intent, LocalTraffic,
+    Action, Disposition, EndpointSetId, FamilyIntent, Frontend, FrontendKey, Intent, LocalTraffic,
     Masquerade, NodeIntent, NodePortDestinations, ServiceIntent,
 };
 use crate::names::{protocol_keyword, service_port_comment, service_port_hash, EndpointHasher};
@@ -445,6 +445,9 @@ fn bucket_match(family: IpFamily, b: u8) -> String {
     }
 }
 
+/// One service port's rules in one family: its endpoint-set and endpoint chains
+/// (`nat`), its external and firewall chains, its dispatch rules and the filter
+/// verdicts for what must not get through.
 fn service_rules(
     r: &mut FamilyRules,
     fam: &FamilyIntent,
@@ -452,16 +455,39 @@ fn service_rules(
     names: &Names,
     detect: Option<&Detect>,
 ) {
-    let text = service_port_comment(&svc.name);
-    let note = comment(&text);
-    let proto = svc.protocol;
-    let owned: Vec<_> = svc
+    let owned: Vec<&Frontend> = svc
         .frontends
         .iter()
         .filter(|f| fam.owner(&f.key).is_some_and(|o| o.name == svc.name))
         .collect();
+    let (declared, endpoints) = endpoint_set_chains(r, svc, names, detect);
+    endpoint_chains(r, svc, names, endpoints);
+    external_chain(r, svc, names, &owned, &declared, detect);
+    firewall_chain(r, svc, names, &owned);
+    let note = comment(&service_port_comment(&svc.name));
+    for f in &owned {
+        match f.key {
+            FrontendKey::Vip { .. } => vip_dispatch(r, svc, names, f, &note),
+            FrontendKey::NodePort { .. } => node_port_dispatch(r, svc, names, f, &note),
+        }
+    }
+    // A load balancer's health checks must get through a default-drop INPUT.
+    // (One rule per port: the ports of one Service share it, see `dispatch`.)
+    if let Some(hc) = svc.health_check_node_port {
+        let rule = format!("{} -j ACCEPT", proto_match(Protocol::Tcp, hc));
+        r.dispatch(TableId::Filter, NODEPORTS, rule);
+    }
+}
 
-    // The endpoint sets: each a chain choosing an endpoint at random (after affinity).
+/// The endpoint sets' chains, each choosing an endpoint at random (after
+/// affinity). Returns the sets declared and the endpoints they name.
+fn endpoint_set_chains(
+    r: &mut FamilyRules,
+    svc: &ServiceIntent,
+    names: &Names,
+    detect: Option<&Detect>,
+) -> (BTreeSet<EndpointSetId>, BTreeSet<u32>) {
+    let proto = svc.protocol;
     let mut declared: BTreeSet<EndpointSetId> = BTreeSet::new();
     let mut endpoints: BTreeSet<u32> = BTreeSet::new();
     for id in [EndpointSetId::Cluster, EndpointSetId::Local] {
@@ -522,6 +548,18 @@ fn service_rules(
             }
         }
     }
+    (declared, endpoints)
+}
+
+/// Each endpoint's chain (where it has one): the hairpin's masquerade, affinity's
+/// note, the DNAT.
+fn endpoint_chains(
+    r: &mut FamilyRules,
+    svc: &ServiceIntent,
+    names: &Names,
+    endpoints: BTreeSet<u32>,
+) {
+    let p = protocol_keyword(svc.protocol);
     for i in endpoints {
         let ep: SocketAddr = svc.endpoints.get(i as usize);
         let Some(chain) = &names.endpoints[i as usize] else {
@@ -538,142 +576,161 @@ fn service_rules(
         };
         // (`-p` alone lets DNAT rewrite the port: an empty `-m tcp` would only add
         // an xt match for the kernel to run.)
-        let p = protocol_keyword(proto);
         r.nat.add(
             chain,
             format!("{affinity}-p {p} -j DNAT --to-destination {ep}"),
         );
     }
+}
 
-    // The external route.
-    let ext_chain = names.chain("EXT");
-    let fw_chain = names.chain("FW");
-    let cluster = names.set(EndpointSetId::Cluster);
+/// The external route's chain, when an external frontend forwards: masquerade,
+/// the shortcuts for this node's pods and host, then the set the rest goes to.
+fn external_chain(
+    r: &mut FamilyRules,
+    svc: &ServiceIntent,
+    names: &Names,
+    owned: &[&Frontend],
+    declared: &BTreeSet<EndpointSetId>,
+    detect: Option<&Detect>,
+) {
     let forwards_external = owned
         .iter()
         .any(|f| f.kind.is_external() && f.action == Action::Forward);
-    if let (Some(ext), true) = (&svc.external, forwards_external) {
-        let has_cluster = declared.contains(&EndpointSetId::Cluster);
-        r.nat.declare(&ext_chain);
-        if ext.masquerade {
-            r.nat.add(&ext_chain, format!("-j {MARK_MASQ}"));
-        }
-        if ext.pods_to_cluster && has_cluster {
-            for m in detect.map(|d| d.if_local.as_slice()).unwrap_or_default() {
-                r.nat.add(&ext_chain, format!("{m} -j {cluster}"));
-            }
-        }
-        if ext.host_masquerade {
-            r.nat.add(
-                &ext_chain,
-                format!("-m addrtype --src-type LOCAL -j {MARK_MASQ}"),
-            );
-        }
-        if ext.host_to_cluster && has_cluster {
-            r.nat.add(
-                &ext_chain,
-                format!("-m addrtype --src-type LOCAL -j {cluster}"),
-            );
-        }
-        if let Disposition::Forward(id) = ext.rest {
-            if declared.contains(&id) {
-                r.nat.add(&ext_chain, format!("-j {}", names.set(id)));
-            }
+    let (Some(ext), true) = (&svc.external, forwards_external) else {
+        return;
+    };
+    let ext_chain = names.chain("EXT");
+    let cluster = names.set(EndpointSetId::Cluster);
+    let has_cluster = declared.contains(&EndpointSetId::Cluster);
+    r.nat.declare(&ext_chain);
+    if ext.masquerade {
+        r.nat.add(&ext_chain, format!("-j {MARK_MASQ}"));
+    }
+    if ext.pods_to_cluster && has_cluster {
+        for m in detect.map(|d| d.if_local.as_slice()).unwrap_or_default() {
+            r.nat.add(&ext_chain, format!("{m} -j {cluster}"));
         }
     }
+    if ext.host_masquerade {
+        r.nat.add(
+            &ext_chain,
+            format!("-m addrtype --src-type LOCAL -j {MARK_MASQ}"),
+        );
+    }
+    if ext.host_to_cluster && has_cluster {
+        r.nat.add(
+            &ext_chain,
+            format!("-m addrtype --src-type LOCAL -j {cluster}"),
+        );
+    }
+    if let Disposition::Forward(id) = ext.rest {
+        if declared.contains(&id) {
+            r.nat.add(&ext_chain, format!("-j {}", names.set(id)));
+        }
+    }
+}
 
-    // loadBalancerSourceRanges: allowed sources go on to the external chain; the rest
-    // is not DNATed and the filter chain drops it by its destination.
-    let firewalled: Vec<_> = owned.iter().filter(|f| f.firewall).collect();
-    if let (Some(fw), false) = (&svc.firewall, firewalled.is_empty()) {
-        r.nat.declare(&fw_chain);
-        for range in &fw.ranges {
-            r.nat.add(&fw_chain, format!("-s {range} -j {ext_chain}"));
-        }
-        // Upstream's allowFromNode: the LB IPs themselves as sources.
-        for ip in &fw.lb_sources {
-            r.nat.add(
-                &fw_chain,
-                format!("-s {} -j {ext_chain}", ipnet::IpNet::from(*ip)),
-            );
-        }
+/// loadBalancerSourceRanges: allowed sources go on to the external chain; the rest
+/// is not DNATed and the filter chain drops it by its destination.
+fn firewall_chain(r: &mut FamilyRules, svc: &ServiceIntent, names: &Names, owned: &[&Frontend]) {
+    let (Some(fw), true) = (&svc.firewall, owned.iter().any(|f| f.firewall)) else {
+        return;
+    };
+    let fw_chain = names.chain("FW");
+    let ext_chain = names.chain("EXT");
+    r.nat.declare(&fw_chain);
+    for range in &fw.ranges {
+        r.nat.add(&fw_chain, format!("-s {range} -j {ext_chain}"));
     }
+    // Upstream's allowFromNode: the LB IPs themselves as sources.
+    for ip in &fw.lb_sources {
+        r.nat.add(
+            &fw_chain,
+            format!("-s {} -j {ext_chain}", ipnet::IpNet::from(*ip)),
+        );
+    }
+}
 
-    // Dispatch, and the filter verdicts for what must not get through.
-    for f in &owned {
-        let external = f.kind.is_external();
-        match f.key {
-            FrontendKey::Vip { ip, protocol, port } => {
-                let d = dest(ip, protocol, port);
-                match (f.action, external) {
-                    (Action::Forward, false) => r.dispatch(
-                        TableId::Nat,
-                        &bucket_chain(bucket(ip)),
-                        format!("{note} {d} -j {}", names.set(svc.internal.set)),
-                    ),
-                    (Action::Forward, true) => {
-                        let to = if f.firewall && r.nat.has(&fw_chain) {
-                            &fw_chain
-                        } else {
-                            &ext_chain
-                        };
-                        r.dispatch(
-                            TableId::Nat,
-                            &bucket_chain(bucket(ip)),
-                            format!("{note} {d} -j {to}"),
-                        );
-                        if f.firewall {
-                            r.dispatch(TableId::Filter, FIREWALL, format!("{note} {d} -j DROP"));
-                        }
-                        if svc.external.is_some_and(|e| e.rest == Disposition::Drop) {
-                            r.dispatch(TableId::Filter, EXTERNAL, format!("{note} {d} -j DROP"));
-                        }
-                    }
-                    (action, false) => r.dispatch(
-                        TableId::Filter,
-                        SERVICES,
-                        format!("{note} {d} {}", verdict(action, protocol)),
-                    ),
-                    (action, true) => r.dispatch(
-                        TableId::Filter,
-                        EXTERNAL,
-                        format!("{note} {d} {}", verdict(action, protocol)),
-                    ),
-                }
+/// A service address's dispatch in its bucket, and the filter verdicts for what
+/// must not get through.
+fn vip_dispatch(r: &mut FamilyRules, svc: &ServiceIntent, names: &Names, f: &Frontend, note: &str) {
+    let FrontendKey::Vip { ip, protocol, port } = f.key else {
+        return;
+    };
+    let d = dest(ip, protocol, port);
+    match (f.action, f.kind.is_external()) {
+        (Action::Forward, false) => r.dispatch(
+            TableId::Nat,
+            &bucket_chain(bucket(ip)),
+            format!("{note} {d} -j {}", names.set(svc.internal.set)),
+        ),
+        (Action::Forward, true) => {
+            let fw_chain = names.chain("FW");
+            let to = if f.firewall && r.nat.has(&fw_chain) {
+                fw_chain
+            } else {
+                names.chain("EXT")
+            };
+            r.dispatch(
+                TableId::Nat,
+                &bucket_chain(bucket(ip)),
+                format!("{note} {d} -j {to}"),
+            );
+            if f.firewall {
+                r.dispatch(TableId::Filter, FIREWALL, format!("{note} {d} -j DROP"));
             }
-            FrontendKey::NodePort { protocol, port } => {
-                let m = proto_match(protocol, port);
-                match f.action {
-                    Action::Forward => {
-                        r.dispatch(
-                            TableId::Nat,
-                            NODEPORTS,
-                            format!("{note} {m} -j {ext_chain}"),
-                        );
-                        if svc.external.is_some_and(|e| e.rest == Disposition::Drop) {
-                            r.dispatch(
-                                TableId::Filter,
-                                EXTERNAL,
-                                format!("{note} -m addrtype --dst-type LOCAL {m} -j DROP"),
-                            );
-                        }
-                    }
-                    action => r.dispatch(
-                        TableId::Filter,
-                        EXTERNAL,
-                        format!(
-                            "{note} -m addrtype --dst-type LOCAL {m} {}",
-                            verdict(action, protocol)
-                        ),
-                    ),
-                }
+            if svc.external.is_some_and(|e| e.rest == Disposition::Drop) {
+                r.dispatch(TableId::Filter, EXTERNAL, format!("{note} {d} -j DROP"));
             }
         }
+        (action, false) => r.dispatch(
+            TableId::Filter,
+            SERVICES,
+            format!("{note} {d} {}", verdict(action, protocol)),
+        ),
+        (action, true) => r.dispatch(
+            TableId::Filter,
+            EXTERNAL,
+            format!("{note} {d} {}", verdict(action, protocol)),
+        ),
     }
-    // A load balancer's health checks must get through a default-drop INPUT.
-    // (One rule per port: the ports of one Service share it, see `dispatch`.)
-    if let Some(hc) = svc.health_check_node_port {
-        let rule = format!("{} -j ACCEPT", proto_match(Protocol::Tcp, hc));
-        r.dispatch(TableId::Filter, NODEPORTS, rule);
+}
+
+/// A NodePort's dispatch, and the filter verdicts for what must not get through.
+fn node_port_dispatch(
+    r: &mut FamilyRules,
+    svc: &ServiceIntent,
+    names: &Names,
+    f: &Frontend,
+    note: &str,
+) {
+    let FrontendKey::NodePort { protocol, port } = f.key else {
+        return;
+    };
+    let m = proto_match(protocol, port);
+    match f.action {
+        Action::Forward => {
+            let ext_chain = names.chain("EXT");
+            r.dispatch(
+                TableId::Nat,
+                NODEPORTS,
+                format!("{note} {m} -j {ext_chain}"),
+            );
+            if svc.external.is_some_and(|e| e.rest == Disposition::Drop) {
+                r.dispatch(
+                    TableId::Filter,
+                    EXTERNAL,
+                    format!("{note} -m addrtype --dst-type LOCAL {m} -j DROP"),
+                );
+            }
+        }
+        action => r.dispatch(
+            TableId::Filter,
+            EXTERNAL,
+            format!(
+                "{note} -m addrtype --dst-type LOCAL {m} {}",
+                verdict(action, protocol)
+            ),
+        ),
     }
 }
