@@ -48,8 +48,8 @@ use std::sync::Arc;
 use svcproxy_core::model::Protocol;
 
 use crate::intent::{
-    Action, Disposition, EndpointSetId, FrontendKey, FrontendKind, LocalTraffic, Masquerade,
-    NodeIntent, ServiceIntent,
+    Action, Disposition, EndpointSetId, ExternalRoute, Firewall, FrontendKey, FrontendKind,
+    LocalTraffic, Masquerade, NodeIntent, ServiceIntent,
 };
 use crate::names::{
     protocol_keyword, service_port_comment, service_port_hash, EndpointHasher, ObjName, Prefix,
@@ -371,200 +371,235 @@ impl Fragment {
     /// resolved by the planner). `detect` is the family's [`Detect`].
     pub fn objects(&self, detect: Option<&Detect>) -> Ruleset {
         let svc = &*self.intent;
-        let family = svc.family;
-        let comment = service_port_comment(&svc.name);
-        let mut rs = Ruleset::new(family);
-        let rule =
-            |matches: Vec<Match>, action: RuleAction| TypedRule::new(family, matches, action);
-        let l4proto = || vec![Match::L4Proto(svc.protocol)];
-        let chain = |rules: Vec<TypedRule>| Chain {
-            base: None,
-            comment: Some(comment.clone()),
-            rules,
-        };
+        let mut rs = Ruleset::new(svc.family);
+        for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
+            if let Some(list) = svc.set_indices(set) {
+                rs.chains.insert(
+                    self.name(set_prefix(set)).to_string(),
+                    self.set_chain(set, &list, detect),
+                );
+            }
+        }
+        if let Some(ext) = &svc.external {
+            rs.chains.insert(
+                self.name(Prefix::External).to_string(),
+                self.external_chain(ext, detect),
+            );
+        }
+        if let Some(fw) = &svc.firewall {
+            rs.chains.insert(
+                self.name(Prefix::Firewall).to_string(),
+                self.firewall_chain(fw),
+            );
+        }
+        self.endpoint_objects(&mut rs);
+        rs
+    }
 
-        let own = |i: u32| self.endpoints.get(i as usize).copied();
-        // Where the choice of endpoint `i` goes: its chain, or straight to it.
-        let to_endpoint = |i: u32, mut matches: Vec<Match>| match own(i) {
-            Some(names) => rule(
+    /// A rule of the fragment's family.
+    fn rule(&self, matches: Vec<Match>, action: RuleAction) -> TypedRule {
+        TypedRule::new(self.intent.family, matches, action)
+    }
+
+    /// A regular chain of the fragment, commented with its service port.
+    fn chain(&self, rules: Vec<TypedRule>) -> Chain {
+        Chain {
+            base: None,
+            comment: Some(service_port_comment(&self.intent.name)),
+            rules,
+        }
+    }
+
+    /// The match on the service port's protocol.
+    fn l4proto(&self) -> Vec<Match> {
+        vec![Match::L4Proto(self.intent.protocol)]
+    }
+
+    /// Where the choice of endpoint `i` goes, after `matches`: its chain, or
+    /// straight to it.
+    fn to_endpoint(&self, i: u32, mut matches: Vec<Match>) -> TypedRule {
+        let svc = &*self.intent;
+        match self.endpoints.get(i as usize) {
+            Some(names) => self.rule(
                 matches,
                 RuleAction::Goto(ObjName::new(Prefix::Endpoint, names.chain).to_string()),
             ),
             None => {
                 matches.push(Match::L4Proto(svc.protocol));
-                rule(matches, RuleAction::Dnat(svc.endpoints.get(i as usize)))
+                self.rule(matches, RuleAction::Dnat(svc.endpoints.get(i as usize)))
             }
-        };
+        }
+    }
 
-        let set_chain = |set: EndpointSetId, list: &[u32]| -> Chain {
-            let mut rules = Vec::new();
-            if let Some(ports) = &self.capture {
-                let port = ports[set_slot(set)];
-                if self.capture_loopback_only {
-                    // Localhost NodePorts: only the proxy on loopback can serve
-                    // them without route_localnet; every other destination goes on
-                    // to the rules below.
-                    if let Some(port) = port {
-                        rules.push(rule(
-                            vec![
-                                Match::Prefix {
-                                    addr: Addr::Daddr,
-                                    net: loopback(family),
-                                    negate: false,
-                                },
-                                Match::L4Proto(svc.protocol),
-                            ],
-                            RuleAction::Redirect(port),
-                        ));
-                    }
-                } else {
-                    // The proxy connects from the node itself: nothing to
-                    // masquerade, and it keeps the affinity and chooses the endpoint.
-                    if let Some(port) = port {
-                        rules.push(rule(l4proto(), RuleAction::Redirect(port)));
-                    }
-                    return chain(rules);
-                }
-            }
-            if svc.internal.set == set {
-                // Only traffic that came for the cluster IP: the same chain also
-                // serves external traffic, which the external chain handles.
-                for ip in svc.cluster_ips() {
-                    let mut matches = vec![
-                        Match::Prefix {
-                            addr: Addr::Daddr,
-                            net: IpNet::from(ip),
-                            negate: false,
-                        },
-                        Match::Dport(svc.protocol, svc.port),
-                    ];
-                    match (svc.internal.masquerade, detect) {
-                        (Masquerade::Always, _) => {}
-                        (Masquerade::UnlessFromLocalPod, Some(d)) => {
-                            matches.push(d.if_not_local.clone())
-                        }
-                        _ => continue,
-                    }
-                    rules.push(rule(matches, RuleAction::Jump(MARK_MASQ_CHAIN.to_string())));
-                }
-            }
-            if svc.affinity_timeout.is_some() {
-                // (With affinity every endpoint has its objects.)
-                for names in list.iter().filter_map(|&i| own(i)) {
-                    rules.push(rule(
-                        vec![Match::InSet {
-                            addr: Addr::Saddr,
-                            set: ObjName::new(Prefix::Affinity, names.affinity).to_string(),
-                            negate: false,
-                        }],
-                        RuleAction::Goto(ObjName::new(Prefix::Endpoint, names.chain).to_string()),
+    /// An endpoint set's chain: the userspace capture (if any), the cluster IP's
+    /// masquerade, affinity, then the choice of endpoint.
+    fn set_chain(&self, set: EndpointSetId, list: &[u32], detect: Option<&Detect>) -> Chain {
+        let svc = &*self.intent;
+        let family = svc.family;
+        let mut rules = Vec::new();
+        if let Some(ports) = &self.capture {
+            let port = ports[set_slot(set)];
+            if self.capture_loopback_only {
+                // Localhost NodePorts: only the proxy on loopback can serve
+                // them without route_localnet; every other destination goes on
+                // to the rules below.
+                if let Some(port) = port {
+                    rules.push(self.rule(
+                        vec![
+                            Match::Prefix {
+                                addr: Addr::Daddr,
+                                net: loopback(family),
+                                negate: false,
+                            },
+                            Match::L4Proto(svc.protocol),
+                        ],
+                        RuleAction::Redirect(port),
                     ));
                 }
-            }
-            let n = list.len();
-            if let Some(base) = self.blocks[set_slot(set)].map(|r| r.first) {
-                // Uniform choice in one lookup: the set's endpoints are the map's
-                // elements base..base+n.
-                rules.push(rule(
-                    l4proto(),
-                    RuleAction::MapDnat {
-                        n: n as u32,
-                        offset: base,
-                        map: self.endpoint_map(),
-                    },
-                ));
-                return chain(rules);
-            }
-            // Otherwise (affinity; one endpoint) a cascade: endpoint i is taken with
-            // probability 1/(n-i) among those left, i.e. 1/n overall. (An anonymous
-            // verdict map per service instead would cost the kernel's loop check a
-            // scan of every set of the table for every chain it visits.)
-            for (k, &i) in list.iter().enumerate() {
-                let matches = if k + 1 == n {
-                    Vec::new()
-                } else {
-                    vec![Match::NumgenZero((n - k) as u32)]
-                };
-                rules.push(to_endpoint(i, matches));
-            }
-            chain(rules)
-        };
-
-        for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
-            if let Some(list) = svc.set_indices(set) {
-                rs.chains.insert(
-                    self.name(set_prefix(set)).to_string(),
-                    set_chain(set, &list),
-                );
-            }
-        }
-
-        let mark = || RuleAction::Jump(MARK_MASQ_CHAIN.to_string());
-        if let Some(ext) = &svc.external {
-            let mut rules = Vec::new();
-            let service = || RuleAction::Goto(self.name(Prefix::Service).to_string());
-            if ext.masquerade {
-                rules.push(rule(Vec::new(), mark()));
-            }
-            if ext.pods_to_cluster {
-                if let Some(d) = detect {
-                    rules.push(rule(vec![d.if_local.clone()], service()));
+            } else {
+                // The proxy connects from the node itself: nothing to
+                // masquerade, and it keeps the affinity and chooses the endpoint.
+                if let Some(port) = port {
+                    rules.push(self.rule(self.l4proto(), RuleAction::Redirect(port)));
                 }
+                return self.chain(rules);
             }
-            let from_host = || vec![Match::FibLocal(Addr::Saddr)];
-            if ext.host_masquerade {
-                rules.push(rule(from_host(), mark()));
-            }
-            if ext.host_to_cluster {
-                rules.push(rule(from_host(), service()));
-            }
-            if let Disposition::Forward(set) = ext.rest {
-                rules.push(rule(
-                    Vec::new(),
-                    RuleAction::Goto(self.name(set_prefix(set)).to_string()),
-                ));
-            }
-            rs.chains
-                .insert(self.name(Prefix::External).to_string(), chain(rules));
         }
-
-        if let Some(fw) = &svc.firewall {
-            let mut rules = Vec::new();
-            // One rule per range rather than an anonymous set (see the dispatch
-            // cascade above for why); only new connections to the LB walk them.
-            // The LB IPs as sources (upstream's allowFromNode) are host ranges.
-            let lb_sources = fw.lb_sources.iter().map(|ip| IpNet::from(*ip));
-            for range in fw.ranges.iter().copied().chain(lb_sources) {
-                rules.push(rule(
-                    vec![Match::Prefix {
+        if svc.internal.set == set {
+            // Only traffic that came for the cluster IP: the same chain also
+            // serves external traffic, which the external chain handles.
+            for ip in svc.cluster_ips() {
+                let mut matches = vec![
+                    Match::Prefix {
+                        addr: Addr::Daddr,
+                        net: IpNet::from(ip),
+                        negate: false,
+                    },
+                    Match::Dport(svc.protocol, svc.port),
+                ];
+                match (svc.internal.masquerade, detect) {
+                    (Masquerade::Always, _) => {}
+                    (Masquerade::UnlessFromLocalPod, Some(d)) => {
+                        matches.push(d.if_not_local.clone())
+                    }
+                    _ => continue,
+                }
+                rules.push(self.rule(matches, RuleAction::Jump(MARK_MASQ_CHAIN.to_string())));
+            }
+        }
+        if svc.affinity_timeout.is_some() {
+            // (With affinity every endpoint has its objects.)
+            for names in list.iter().filter_map(|&i| self.endpoints.get(i as usize)) {
+                rules.push(self.rule(
+                    vec![Match::InSet {
                         addr: Addr::Saddr,
-                        net: range,
+                        set: ObjName::new(Prefix::Affinity, names.affinity).to_string(),
                         negate: false,
                     }],
-                    RuleAction::Return,
+                    RuleAction::Goto(ObjName::new(Prefix::Endpoint, names.chain).to_string()),
                 ));
             }
-            rules.push(rule(Vec::new(), RuleAction::Drop));
-            rs.chains
-                .insert(self.name(Prefix::Firewall).to_string(), chain(rules));
         }
+        let n = list.len();
+        if let Some(base) = self.blocks[set_slot(set)].map(|r| r.first) {
+            // Uniform choice in one lookup: the set's endpoints are the map's
+            // elements base..base+n.
+            rules.push(self.rule(
+                self.l4proto(),
+                RuleAction::MapDnat {
+                    n: n as u32,
+                    offset: base,
+                    map: self.endpoint_map(),
+                },
+            ));
+            return self.chain(rules);
+        }
+        // Otherwise (affinity; one endpoint) a cascade: endpoint i is taken with
+        // probability 1/(n-i) among those left, i.e. 1/n overall. (An anonymous
+        // verdict map per service instead would cost the kernel's loop check a
+        // scan of every set of the table for every chain it visits.)
+        for (k, &i) in list.iter().enumerate() {
+            let matches = if k + 1 == n {
+                Vec::new()
+            } else {
+                vec![Match::NumgenZero((n - k) as u32)]
+            };
+            rules.push(self.to_endpoint(i, matches));
+        }
+        self.chain(rules)
+    }
 
+    /// The external route's chain: masquerade, the shortcuts for this node's pods
+    /// and host, then the set the rest goes to.
+    fn external_chain(&self, ext: &ExternalRoute, detect: Option<&Detect>) -> Chain {
+        let mark = || RuleAction::Jump(MARK_MASQ_CHAIN.to_string());
+        let service = || RuleAction::Goto(self.name(Prefix::Service).to_string());
+        let from_host = || vec![Match::FibLocal(Addr::Saddr)];
+        let mut rules = Vec::new();
+        if ext.masquerade {
+            rules.push(self.rule(Vec::new(), mark()));
+        }
+        if ext.pods_to_cluster {
+            if let Some(d) = detect {
+                rules.push(self.rule(vec![d.if_local.clone()], service()));
+            }
+        }
+        if ext.host_masquerade {
+            rules.push(self.rule(from_host(), mark()));
+        }
+        if ext.host_to_cluster {
+            rules.push(self.rule(from_host(), service()));
+        }
+        if let Disposition::Forward(set) = ext.rest {
+            rules.push(self.rule(
+                Vec::new(),
+                RuleAction::Goto(self.name(set_prefix(set)).to_string()),
+            ));
+        }
+        self.chain(rules)
+    }
+
+    /// loadBalancerSourceRanges' chain: admitted sources return, the rest drops.
+    fn firewall_chain(&self, fw: &Firewall) -> Chain {
+        let mut rules = Vec::new();
+        // One rule per range rather than an anonymous set (see the dispatch
+        // cascade in set_chain for why); only new connections to the LB walk them.
+        // The LB IPs as sources (upstream's allowFromNode) are host ranges.
+        let lb_sources = fw.lb_sources.iter().map(|ip| IpNet::from(*ip));
+        for range in fw.ranges.iter().copied().chain(lb_sources) {
+            rules.push(self.rule(
+                vec![Match::Prefix {
+                    addr: Addr::Saddr,
+                    net: range,
+                    negate: false,
+                }],
+                RuleAction::Return,
+            ));
+        }
+        rules.push(self.rule(Vec::new(), RuleAction::Drop));
+        self.chain(rules)
+    }
+
+    /// Each endpoint's chain (with affinity, noting the client in its set) and
+    /// affinity set.
+    fn endpoint_objects(&self, rs: &mut Ruleset) {
+        let svc = &*self.intent;
         for (ep, names) in svc.endpoints.iter().zip(&self.endpoints) {
             let mut rules = Vec::new();
             if let Some(t) = svc.affinity_timeout {
                 let set = ObjName::new(Prefix::Affinity, names.affinity).to_string();
-                rules.push(rule(Vec::new(), RuleAction::UpdateSaddr(set.clone())));
+                rules.push(self.rule(Vec::new(), RuleAction::UpdateSaddr(set.clone())));
                 rs.sets.insert(
                     set,
                     Set {
-                        key: vec![Field::Addr(family)],
+                        key: vec![Field::Addr(svc.family)],
                         timeout: Some(t),
                         interval: false,
                         elements: Vec::new(),
                     },
                 );
             }
-            rules.push(rule(l4proto(), RuleAction::Dnat(ep)));
+            rules.push(self.rule(self.l4proto(), RuleAction::Dnat(ep)));
             rs.chains.insert(
                 ObjName::new(Prefix::Endpoint, names.chain).to_string(),
                 Chain {
@@ -574,7 +609,6 @@ impl Fragment {
                 },
             );
         }
-        rs
     }
 
     /// Names of the chains and sets this fragment owns, without printing any rule.
