@@ -44,20 +44,42 @@ fn main() -> ExitCode {
         return code;
     }
     let sub_matches = matches.subcommand().map(|(_, m)| m).unwrap_or(&matches);
-    let (flags, command) = match &cli.command {
-        None => (&cli.flags, None),
+    let command = cli.command.as_ref();
+    let flags = match command {
+        None => &cli.flags,
         Some(Command::Snapshot { flags, .. })
         | Some(Command::Explain { flags, .. })
         | Some(Command::Render { flags })
         | Some(Command::Dns { flags })
-        | Some(Command::Cleanup { flags, .. }) => (flags, cli.command.as_ref()),
+        | Some(Command::Cleanup { flags, .. }) => flags,
     };
     let explicitly_set = explicitly_set_in(sub_matches);
-    let (settings, warnings) = match config::resolve(flags, &explicitly_set) {
+    let settings = match settings(flags, &explicitly_set, command) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    if let Some(path) = &settings.write_config_to {
+        return write_config(&settings, path);
+    }
+    match run(command, settings, &explicitly_set) {
+        Ok(result) => exit_code(result),
+        Err(code) => code,
+    }
+}
+
+/// The settings from the flags and config file, with logging started and the
+/// warnings said (the rules' only for the commands that write or show rules).
+/// `Err`: the exit code of a usage error, said.
+fn settings(
+    flags: &config::ProxyFlags,
+    explicitly_set: &dyn Fn(&str) -> bool,
+    command: Option<&Command>,
+) -> Result<config::Settings, ExitCode> {
+    let (settings, warnings) = match config::resolve(flags, explicitly_set) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("svcproxy: {}", error_text(&e));
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     };
     init_logging(settings.verbosity, settings.log_format);
@@ -75,30 +97,48 @@ fn main() -> ExitCode {
     {
         tracing::warn!("{w}");
     }
-    if let Some(path) = &settings.write_config_to {
-        // As kube-proxy: write the resolved configuration and exit, nothing else.
-        return match config::effective::to_yaml(&settings)
-            .and_then(|y| std::fs::write(path, y).map_err(anyhow::Error::from))
-        {
-            Ok(()) => {
-                tracing::info!(file = %path.display(), "wrote the effective configuration");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("svcproxy: writing {}: {e:#}", path.display());
-                ExitCode::FAILURE
-            }
-        };
+    Ok(settings)
+}
+
+/// As kube-proxy's `--write-config-to`: the resolved configuration written, and
+/// nothing else.
+fn write_config(settings: &config::Settings, path: &std::path::Path) -> ExitCode {
+    match config::effective::to_yaml(settings)
+        .and_then(|y| std::fs::write(path, y).map_err(anyhow::Error::from))
+    {
+        Ok(()) => {
+            tracing::info!(file = %path.display(), "wrote the effective configuration");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("svcproxy: writing {}: {e:#}", path.display());
+            ExitCode::FAILURE
+        }
     }
-    let result = match command {
+}
+
+/// The servers a tool serves: /healthz and /metrics only where their addresses
+/// were given explicitly.
+fn tool_servers(settings: &config::Settings, explicitly_set: &dyn Fn(&str) -> bool) -> Servers {
+    let explicit = |id: &str, addr| explicitly_set(id).then_some(addr).flatten();
+    Servers {
+        healthz: explicit("healthz_bind_address", settings.healthz_bind),
+        metrics: explicit("metrics_bind_address", settings.metrics_bind),
+        health_check_node_ports: false,
+    }
+}
+
+/// Runs the command (the proxy without one). `Err`: the exit code of a usage
+/// error, said.
+fn run(
+    command: Option<&Command>,
+    settings: config::Settings,
+    explicitly_set: &dyn Fn(&str) -> bool,
+) -> Result<anyhow::Result<daemon::Finished>, ExitCode> {
+    Ok(match command {
         Some(Command::Snapshot { format, watch, .. }) => {
-            let explicit = |id: &str, addr| explicitly_set(id).then_some(addr).flatten();
             let servers = if *watch {
-                Servers {
-                    healthz: explicit("healthz_bind_address", settings.healthz_bind),
-                    metrics: explicit("metrics_bind_address", settings.metrics_bind),
-                    health_check_node_ports: false,
-                }
+                tool_servers(&settings, explicitly_set)
             } else {
                 Servers::default()
             };
@@ -110,67 +150,24 @@ fn main() -> ExitCode {
         }
         Some(Command::Render { .. }) => daemon::run(settings, Output::Render, Servers::default()),
         Some(Command::Dns { .. }) => {
-            let explicit = |id: &str, addr| explicitly_set(id).then_some(addr).flatten();
-            let servers = Servers {
-                healthz: explicit("healthz_bind_address", settings.healthz_bind),
-                metrics: explicit("metrics_bind_address", settings.metrics_bind),
-                health_check_node_ports: false,
-            };
+            let servers = tool_servers(&settings, explicitly_set);
             let mut settings = settings;
             settings.dns_bind = settings
                 .dns_bind
                 .or(Some(std::net::SocketAddr::from(([0, 0, 0, 0], 53))));
             daemon::run(settings, Output::Dns, servers)
         }
-        Some(Command::Explain {
-            from,
-            to,
-            proto,
-            from_node,
-            from_pod,
-            external,
-            format,
-            live,
-            ..
-        }) => {
-            let packet = parse_from(from).and_then(|from| {
-                let to = to
-                    .parse::<std::net::SocketAddr>()
-                    .map_err(|_| format!("--to {to:?}: not IP:PORT ([IPv6]:PORT)"))?;
-                Ok(svcproxy_plan::explain::Packet {
-                    from,
-                    to,
-                    protocol: match proto {
-                        Proto::Tcp => svcproxy_core::model::Protocol::Tcp,
-                        Proto::Udp => svcproxy_core::model::Protocol::Udp,
-                        Proto::Sctp => svcproxy_core::model::Protocol::Sctp,
-                    },
-                    origin: if *from_node {
-                        Some(svcproxy_plan::explain::Origin::Node)
-                    } else if *from_pod {
-                        Some(svcproxy_plan::explain::Origin::LocalPod)
-                    } else if *external {
-                        Some(svcproxy_plan::explain::Origin::External)
-                    } else {
-                        None
-                    },
-                })
-            });
-            match packet {
-                Ok(packet) => daemon::run(
-                    settings,
-                    Output::Explain {
-                        packet,
-                        json: *format == ExplainFormat::Json,
-                        live: *live,
-                    },
-                    Servers::default(),
-                ),
-                Err(e) => {
-                    eprintln!("svcproxy: {e}");
-                    return ExitCode::from(2);
-                }
-            }
+        Some(explain @ Command::Explain { format, live, .. }) => {
+            let packet = explain_packet(explain).map_err(|e| {
+                eprintln!("svcproxy: {e}");
+                ExitCode::from(2)
+            })?;
+            let output = Output::Explain {
+                packet,
+                json: *format == ExplainFormat::Json,
+                live: *live,
+            };
+            daemon::run(settings, output, Servers::default())
         }
         Some(Command::Cleanup {
             kube_proxy: true, ..
@@ -189,7 +186,50 @@ fn main() -> ExitCode {
             };
             daemon::run(settings, Output::Kernel, servers)
         }
+    })
+}
+
+/// `explain`'s packet: from, to, protocol and origin as its flags say.
+fn explain_packet(command: &Command) -> Result<svcproxy_plan::explain::Packet, String> {
+    let Command::Explain {
+        from,
+        to,
+        proto,
+        from_node,
+        from_pod,
+        external,
+        ..
+    } = command
+    else {
+        return Err("not explain".to_string());
     };
+    use svcproxy_plan::explain::Origin;
+    let from = parse_from(from)?;
+    let to = to
+        .parse::<std::net::SocketAddr>()
+        .map_err(|_| format!("--to {to:?}: not IP:PORT ([IPv6]:PORT)"))?;
+    Ok(svcproxy_plan::explain::Packet {
+        from,
+        to,
+        protocol: match proto {
+            Proto::Tcp => svcproxy_core::model::Protocol::Tcp,
+            Proto::Udp => svcproxy_core::model::Protocol::Udp,
+            Proto::Sctp => svcproxy_core::model::Protocol::Sctp,
+        },
+        origin: if *from_node {
+            Some(Origin::Node)
+        } else if *from_pod {
+            Some(Origin::LocalPod)
+        } else if *external {
+            Some(Origin::External)
+        } else {
+            None
+        },
+    })
+}
+
+/// The process's exit code for what the command returned (an error logged once).
+fn exit_code(result: anyhow::Result<daemon::Finished>) -> ExitCode {
     match result {
         Ok(daemon::Finished::Clean) => ExitCode::SUCCESS,
         // The output lists the problems; the code lets a script tell.
