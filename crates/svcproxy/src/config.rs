@@ -336,70 +336,8 @@ fn resolve_with(
     hostname: &dyn Fn() -> anyhow::Result<String>,
 ) -> anyhow::Result<(Settings, Vec<String>)> {
     let mut warnings = Vec::new();
-    let mut errors = Errors::default();
-    let modeled = match &flags.config {
-        None => {
-            let m = from_flags(flags, &mut errors, &mut warnings);
-            errors.finish("flags")?;
-            m
-        }
-        Some(path) => {
-            let (file, unknown) = KubeProxyConfiguration::load(path)?;
-            if !unknown.is_empty() {
-                let s = if unknown.len() == 1 { "" } else { "s" };
-                warnings.push(format!(
-                    "{}: unknown field{s} ignored (strict decoding failed, so the file was \
-                     decoded leniently, as kube-proxy does): {}",
-                    path.display(),
-                    unknown.join(", ")
-                ));
-            }
-            let ignored: Vec<&str> = CONFIG_MODELED_FLAGS
-                .iter()
-                .filter(|(id, _)| explicitly_set(id))
-                .map(|&(_, flag)| flag)
-                .collect();
-            if !ignored.is_empty() {
-                warnings.push(format!(
-                    "ignoring {} because --config is set (as with kube-proxy, the config file \
-                     replaces the flags it models; set these in {} instead)",
-                    ignored.join(", "),
-                    path.display()
-                ));
-            }
-            let mut m = from_file(&file, &mut errors, &mut warnings);
-            if flags.manifests.is_some() {
-                // svcproxy's own source flag chooses the source over the file's client
-                // connection (a kubeadm config names a kubeconfig).
-                if let Some(k) = m.kubeconfig.take() {
-                    warnings.push(format!(
-                        "clientConnection.kubeconfig ({}) unused: --manifests is the source",
-                        k.display()
-                    ));
-                }
-            }
-            errors
-                .finish(&format!("config file {}", path.display()))
-                .map_err(|e| e.context(format!("loading config file {}", path.display())))?;
-            m
-        }
-    };
-
-    // processHostnameOverrideFlag: a non-empty flag beats the file.
-    let override_name = match flags.hostname_override.as_deref() {
-        Some(f) if !f.is_empty() => {
-            if f.trim().is_empty() {
-                anyhow::bail!("--hostname-override: empty (whitespace-only) name is invalid");
-            }
-            Some(f.to_string())
-        }
-        _ => modeled.hostname_override.clone(),
-    };
-    let node_name = match override_name.map(|n| n.trim().to_lowercase()) {
-        Some(n) if !n.is_empty() => n,
-        _ => hostname()?,
-    };
-
+    let modeled = modeled(flags, explicitly_set, &mut warnings)?;
+    let node_name = node_name(flags, &modeled, hostname)?;
     if let Some((gate, name)) = modeled.mode_gate {
         if !modeled.feature_gates.enabled(gate) {
             anyhow::bail!(
@@ -415,25 +353,7 @@ fn resolve_with(
         &mut warnings,
     )?;
     let idle_timeouts = idle_timeouts(modeled.proxy_mode, &modeled.ipvs_timeouts, &mut warnings);
-    let nodeport_addresses = modeled.nodeport_addresses.unwrap_or(
-        match modeled.proxy_mode.defaults.nodeport_addresses {
-            NodePortDefault::Primary => NodePortAddresses::Primary,
-            NodePortDefault::AllLocal => NodePortAddresses::All,
-        },
-    );
-    let verbosity = if explicitly_set("v") {
-        flags.v
-    } else {
-        modeled.verbosity.unwrap_or(flags.v)
-    };
-    // Logging flags win over the file (upstream's copyLogsFromFlags).
-    let flag_format = LogFormat::parse(&flags.logging_format)
-        .map_err(|e| anyhow::anyhow!("--logging-format: {e}"))?;
-    let log_format = if explicitly_set("logging_format") {
-        flag_format
-    } else {
-        modeled.log_format.unwrap_or(flag_format)
-    };
+    let (verbosity, log_format) = logging(flags, &modeled, explicitly_set)?;
     warnings.extend(flags.ignored.warnings());
     warnings.extend(svcproxy_dataplane::ignored_flag_warnings(
         modeled.proxy_mode,
@@ -445,13 +365,138 @@ fn resolve_with(
         mode_errors.into_iter().for_each(|e| errors.push(e));
         errors.finish("flags")?;
     }
-
-    let dns_clients_node = flags.dns_node_local.then(|| node_name.clone());
-    let settings = Settings {
-        feature_gates: modeled.feature_gates,
+    let resolved = Resolved {
         node_name,
-        proxy_mode: modeled.proxy_mode,
         scheduler,
+        idle_timeouts,
+        verbosity,
+        log_format,
+    };
+    Ok((assemble(flags, modeled, resolved), warnings))
+}
+
+/// The fields the flags or the config file model (the file's when `--config` is
+/// given, with warnings for its unknown fields and for the modeled flags it
+/// overrides).
+fn modeled(
+    flags: &ProxyFlags,
+    explicitly_set: &dyn Fn(&str) -> bool,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<Modeled> {
+    let mut errors = Errors::default();
+    let Some(path) = &flags.config else {
+        let m = from_flags(flags, &mut errors, warnings);
+        errors.finish("flags")?;
+        return Ok(m);
+    };
+    let (file, unknown) = KubeProxyConfiguration::load(path)?;
+    if !unknown.is_empty() {
+        let s = if unknown.len() == 1 { "" } else { "s" };
+        warnings.push(format!(
+            "{}: unknown field{s} ignored (strict decoding failed, so the file was \
+             decoded leniently, as kube-proxy does): {}",
+            path.display(),
+            unknown.join(", ")
+        ));
+    }
+    let ignored: Vec<&str> = CONFIG_MODELED_FLAGS
+        .iter()
+        .filter(|(id, _)| explicitly_set(id))
+        .map(|&(_, flag)| flag)
+        .collect();
+    if !ignored.is_empty() {
+        warnings.push(format!(
+            "ignoring {} because --config is set (as with kube-proxy, the config file \
+             replaces the flags it models; set these in {} instead)",
+            ignored.join(", "),
+            path.display()
+        ));
+    }
+    let mut m = from_file(&file, &mut errors, warnings);
+    if flags.manifests.is_some() {
+        // svcproxy's own source flag chooses the source over the file's client
+        // connection (a kubeadm config names a kubeconfig).
+        if let Some(k) = m.kubeconfig.take() {
+            warnings.push(format!(
+                "clientConnection.kubeconfig ({}) unused: --manifests is the source",
+                k.display()
+            ));
+        }
+    }
+    errors
+        .finish(&format!("config file {}", path.display()))
+        .map_err(|e| e.context(format!("loading config file {}", path.display())))?;
+    Ok(m)
+}
+
+/// The node's name: upstream's processHostnameOverrideFlag (a non-empty flag
+/// beats the file), trimmed and lowercased, else the host's name.
+fn node_name(
+    flags: &ProxyFlags,
+    modeled: &Modeled,
+    hostname: &dyn Fn() -> anyhow::Result<String>,
+) -> anyhow::Result<String> {
+    let override_name = match flags.hostname_override.as_deref() {
+        Some(f) if !f.is_empty() => {
+            if f.trim().is_empty() {
+                anyhow::bail!("--hostname-override: empty (whitespace-only) name is invalid");
+            }
+            Some(f.to_string())
+        }
+        _ => modeled.hostname_override.clone(),
+    };
+    match override_name.map(|n| n.trim().to_lowercase()) {
+        Some(n) if !n.is_empty() => Ok(n),
+        _ => hostname(),
+    }
+}
+
+/// The log's verbosity and format: the flags win over the file when given
+/// (upstream's copyLogsFromFlags).
+fn logging(
+    flags: &ProxyFlags,
+    modeled: &Modeled,
+    explicitly_set: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<(u32, LogFormat)> {
+    let verbosity = if explicitly_set("v") {
+        flags.v
+    } else {
+        modeled.verbosity.unwrap_or(flags.v)
+    };
+    let flag_format = LogFormat::parse(&flags.logging_format)
+        .map_err(|e| anyhow::anyhow!("--logging-format: {e}"))?;
+    let log_format = if explicitly_set("logging_format") {
+        flag_format
+    } else {
+        modeled.log_format.unwrap_or(flag_format)
+    };
+    Ok((verbosity, log_format))
+}
+
+/// What [`resolve_with`] works out beside the modeled fields.
+struct Resolved {
+    node_name: String,
+    scheduler: Scheduler,
+    idle_timeouts: svcproxy_dataplane::IdleTimeouts,
+    verbosity: u32,
+    log_format: LogFormat,
+}
+
+/// The settings: the modeled fields, what was worked out, and svcproxy's own
+/// flags.
+fn assemble(flags: &ProxyFlags, modeled: Modeled, r: Resolved) -> Settings {
+    let dns_clients_node = flags.dns_node_local.then(|| r.node_name.clone());
+    let nodeport_addresses = modeled.nodeport_addresses.unwrap_or(
+        match modeled.proxy_mode.defaults.nodeport_addresses {
+            NodePortDefault::Primary => NodePortAddresses::Primary,
+            NodePortDefault::AllLocal => NodePortAddresses::All,
+        },
+    );
+    Settings {
+        feature_gates: modeled.feature_gates,
+        node_name: r.node_name,
+        proxy_mode: modeled.proxy_mode,
+        scheduler: r.scheduler,
         bind_address: modeled.bind_address,
         cluster_cidrs: modeled.cluster_cidrs,
         nodeport_addresses,
@@ -476,8 +521,8 @@ fn resolve_with(
         manifests_rescan_period: flags.manifests_rescan_period,
         service_proxy_name: flags.service_proxy_name.clone().filter(|n| !n.is_empty()),
         once: flags.once,
-        verbosity,
-        log_format,
+        verbosity: r.verbosity,
+        log_format: r.log_format,
         oom_score_adj: modeled.oom_score_adj,
         bind_address_hard_fail: modeled.bind_address_hard_fail,
         init_only: flags.init_only,
@@ -502,11 +547,10 @@ fn resolve_with(
             .filter(|p| !p.as_os_str().is_empty()),
         mode_flags: {
             let mut m = flags.mode.clone();
-            m.ebpf.timeouts = idle_timeouts;
+            m.ebpf.timeouts = r.idle_timeouts;
             m
         },
-    };
-    Ok((settings, warnings))
+    }
 }
 
 /// The node's scheduler: in ipvs mode `--ipvs-scheduler` (or `ipvs.scheduler`)
