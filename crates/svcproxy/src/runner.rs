@@ -112,112 +112,42 @@ pub async fn run<S: Syncer>(
     mut events: mpsc::Receiver<Event>,
     once: bool,
 ) -> anyhow::Result<()> {
-    // The first sync is due at once and is full.
-    let mut pending = true;
-    let mut force_full = true;
-    let mut last_sync: Option<Instant> = None;
-    let mut last_full = Instant::now();
-    let mut failures: u32 = 0;
-    let mut retry_at: Option<Instant> = None;
+    let mut schedule = Schedule::new();
     let mut events_open = true;
-    let mut waiting: Vec<&'static str> = std::mem::take(&mut cfg.initial_sources);
-    // Sources re-listing, and since when.
-    let mut relisting: Vec<(&'static str, Instant)> = Vec::new();
-    let mut hold_expired_logged = false;
     let mut next_check = Instant::now() + cfg.drift_check_period;
-    if !waiting.is_empty() {
-        tracing::info!(sources = ?waiting, "waiting for the initial lists before the first sync");
-    }
-
+    let waiting = std::mem::take(&mut cfg.initial_sources);
+    initial_lists(waiting, &mut events, syncer, &mut schedule).await?;
     loop {
-        if !waiting.is_empty() {
-            match events.recv().await {
-                Some(Event::Updates(updates)) => {
-                    if !updates.is_empty() {
-                        syncer.apply(updates);
-                    }
-                }
-                // The first sync is full and comes as soon as the lists are in.
-                Some(Event::Relisting(_) | Event::TookOver) => {}
-                Some(Event::Ready(name)) => {
-                    waiting.retain(|w| *w != name);
-                    if waiting.is_empty() {
-                        tracing::info!("every initial list is complete; first sync");
-                        last_full = Instant::now();
-                    }
-                }
-                None => anyhow::bail!("the sources stopped before their initial lists completed"),
-            }
-            continue;
-        }
         let now = Instant::now();
-        // No sync, periodic ones included, comes sooner than min_sync_period after
-        // the last one, nor before a failed sync's retry time.
-        let earliest = last_sync.map_or(now, |t| t + cfg.min_sync_period);
-        let periodic_due = (last_sync.unwrap_or(last_full) + cfg.sync_period).max(earliest);
-        let mut due = periodic_due;
-        if pending {
-            due = due.min(earliest);
-        }
-        if let Some(retry) = retry_at {
-            due = due.max(retry);
-        }
-        if let Some(since) = relisting.iter().map(|(_, t)| *t).min() {
-            let hold = since + cfg.relist_hold;
-            if hold > now {
-                due = due.max(hold);
-            } else if !hold_expired_logged {
-                hold_expired_logged = true;
-                let names: Vec<_> = relisting.iter().map(|(n, _)| *n).collect();
-                tracing::warn!(sources = ?names, hold = ?cfg.relist_hold, "a re-list is taking too long; syncing what has arrived");
-            }
-        }
-
+        let due = schedule.due(now, &cfg);
         if now >= next_check {
             next_check = now + cfg.drift_check_period;
             if blocking(|| syncer.check_drift()) {
-                pending = true;
-                force_full = true;
+                schedule.repair();
             }
             continue;
         }
-
         if due <= now {
-            let full = force_full || now >= last_full + cfg.full_sync_period;
+            let full = schedule.full(now, &cfg);
             match blocking(|| syncer.sync(full)) {
                 Ok(()) => {
-                    if failures > 0 {
-                        tracing::info!(after_failures = failures, "sync succeeded again");
-                    }
-                    failures = 0;
-                    retry_at = None;
-                    pending = false;
-                    force_full = false;
-                    if full {
-                        last_full = now;
-                    }
-                    last_sync = Some(now);
+                    schedule.synced(now, full);
                     if once {
                         return Ok(());
                     }
                 }
                 Err(err) => {
-                    failures += 1;
-                    let delay = cfg.backoff(failures);
                     if once {
                         // The caller reports it (once), with what to do about it.
                         return Err(err.context("sync failed; the previous rules stay in force"));
                     }
+                    let delay = schedule.failed(now, &cfg);
+                    let failures = schedule.failures;
                     tracing::error!(error = %format!("{err:#}"), failures, retry_in = ?delay, "sync failed; the previous rules stay in force");
-                    retry_at = Some(now + delay);
-                    pending = true;
-                    force_full = true;
-                    last_sync = Some(now);
                 }
             }
             continue;
         }
-
         let wake = due.min(next_check);
         if !events_open {
             tokio::time::sleep_until(wake).await;
@@ -225,38 +155,175 @@ pub async fn run<S: Syncer>(
         }
         tokio::select! {
             ev = events.recv() => match ev {
-                Some(Event::Updates(updates)) => {
-                    tracing::debug!(updates = updates.len(), "source updates received");
-                    if !updates.is_empty() {
-                        syncer.apply(updates);
-                        pending = true;
-                        syncer.queued();
-                    }
-                }
-                Some(Event::Relisting(name)) => {
-                    if !relisting.iter().any(|(n, _)| *n == name) {
-                        tracing::debug!(source = name, "re-listing: syncs wait for it");
-                        relisting.push((name, Instant::now()));
-                    }
-                }
-                Some(Event::TookOver) => {
-                    pending = true;
-                    force_full = true;
-                    last_sync = None;
-                    retry_at = None;
-                }
-                Some(Event::Ready(name)) => {
-                    relisting.retain(|(n, _)| *n != name);
-                    if relisting.is_empty() {
-                        hold_expired_logged = false;
-                    }
-                }
+                Some(ev) => schedule.event(ev, syncer),
                 None => {
                     events_open = false;
                     tracing::debug!("all sources closed; periodic syncs continue");
                 }
             },
             _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
+/// Applies the sources' updates until every source in `waiting` has delivered
+/// its initial list; the first sync (full) is due then.
+async fn initial_lists<S: Syncer>(
+    mut waiting: Vec<&'static str>,
+    events: &mut mpsc::Receiver<Event>,
+    syncer: &mut S,
+    schedule: &mut Schedule,
+) -> anyhow::Result<()> {
+    if !waiting.is_empty() {
+        tracing::info!(sources = ?waiting, "waiting for the initial lists before the first sync");
+    }
+    while !waiting.is_empty() {
+        match events.recv().await {
+            Some(Event::Updates(updates)) => {
+                if !updates.is_empty() {
+                    syncer.apply(updates);
+                }
+            }
+            // The first sync is full and comes as soon as the lists are in.
+            Some(Event::Relisting(_) | Event::TookOver) => {}
+            Some(Event::Ready(name)) => {
+                waiting.retain(|w| *w != name);
+                if waiting.is_empty() {
+                    tracing::info!("every initial list is complete; first sync");
+                    schedule.last_full = Instant::now();
+                }
+            }
+            None => anyhow::bail!("the sources stopped before their initial lists completed"),
+        }
+    }
+    Ok(())
+}
+
+/// When the next sync is due and whether it must be full: the runner's state
+/// between syncs.
+struct Schedule {
+    /// Updates (or a repair) wait for a sync.
+    pending: bool,
+    force_full: bool,
+    last_sync: Option<Instant>,
+    last_full: Instant,
+    /// Failed syncs in a row, and when the next may be tried.
+    failures: u32,
+    retry_at: Option<Instant>,
+    /// Sources re-listing, and since when.
+    relisting: Vec<(&'static str, Instant)>,
+    hold_expired_logged: bool,
+}
+
+impl Schedule {
+    /// The first sync is due at once and is full.
+    fn new() -> Schedule {
+        Schedule {
+            pending: true,
+            force_full: true,
+            last_sync: None,
+            last_full: Instant::now(),
+            failures: 0,
+            retry_at: None,
+            relisting: Vec::new(),
+            hold_expired_logged: false,
+        }
+    }
+
+    /// When the next sync is due. No sync, periodic ones included, comes sooner
+    /// than min_sync_period after the last one, nor before a failed sync's retry
+    /// time, nor (for up to relist_hold) while a source re-lists.
+    fn due(&mut self, now: Instant, cfg: &RunnerConfig) -> Instant {
+        let earliest = self.last_sync.map_or(now, |t| t + cfg.min_sync_period);
+        let periodic_due =
+            (self.last_sync.unwrap_or(self.last_full) + cfg.sync_period).max(earliest);
+        let mut due = periodic_due;
+        if self.pending {
+            due = due.min(earliest);
+        }
+        if let Some(retry) = self.retry_at {
+            due = due.max(retry);
+        }
+        if let Some(since) = self.relisting.iter().map(|(_, t)| *t).min() {
+            let hold = since + cfg.relist_hold;
+            if hold > now {
+                due = due.max(hold);
+            } else if !self.hold_expired_logged {
+                self.hold_expired_logged = true;
+                let names: Vec<_> = self.relisting.iter().map(|(n, _)| *n).collect();
+                tracing::warn!(sources = ?names, hold = ?cfg.relist_hold, "a re-list is taking too long; syncing what has arrived");
+            }
+        }
+        due
+    }
+
+    /// Whether the sync due at `now` must be full.
+    fn full(&self, now: Instant, cfg: &RunnerConfig) -> bool {
+        self.force_full || now >= self.last_full + cfg.full_sync_period
+    }
+
+    /// The kernel lost what was written: a full sync, at once.
+    fn repair(&mut self) {
+        self.pending = true;
+        self.force_full = true;
+    }
+
+    /// A sync at `now` succeeded.
+    fn synced(&mut self, now: Instant, full: bool) {
+        if self.failures > 0 {
+            tracing::info!(after_failures = self.failures, "sync succeeded again");
+        }
+        self.failures = 0;
+        self.retry_at = None;
+        self.pending = false;
+        self.force_full = false;
+        if full {
+            self.last_full = now;
+        }
+        self.last_sync = Some(now);
+    }
+
+    /// A sync at `now` failed: a full one is retried after the backoff, which
+    /// is returned.
+    fn failed(&mut self, now: Instant, cfg: &RunnerConfig) -> Duration {
+        self.failures += 1;
+        let delay = cfg.backoff(self.failures);
+        self.retry_at = Some(now + delay);
+        self.pending = true;
+        self.force_full = true;
+        self.last_sync = Some(now);
+        delay
+    }
+
+    /// A source's event between syncs.
+    fn event<S: Syncer>(&mut self, ev: Event, syncer: &mut S) {
+        match ev {
+            Event::Updates(updates) => {
+                tracing::debug!(updates = updates.len(), "source updates received");
+                if !updates.is_empty() {
+                    syncer.apply(updates);
+                    self.pending = true;
+                    syncer.queued();
+                }
+            }
+            Event::Relisting(name) => {
+                if !self.relisting.iter().any(|(n, _)| *n == name) {
+                    tracing::debug!(source = name, "re-listing: syncs wait for it");
+                    self.relisting.push((name, Instant::now()));
+                }
+            }
+            Event::TookOver => {
+                self.pending = true;
+                self.force_full = true;
+                self.last_sync = None;
+                self.retry_at = None;
+            }
+            Event::Ready(name) => {
+                self.relisting.retain(|(n, _)| *n != name);
+                if self.relisting.is_empty() {
+                    self.hold_expired_logged = false;
+                }
+            }
         }
     }
 }
