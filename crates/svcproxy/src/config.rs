@@ -644,8 +644,90 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         parse_nodeport_addresses(&nodeport_items),
         None,
     );
-    // kube-proxy's mode-specific names (processV1Alpha1Flags): --ipvs-* in ipvs mode,
-    // --iptables-* in every other mode; each wins over svcproxy's mode-neutral flag.
+    let (sync_period, min_sync_period) = flag_sync_periods(flags, &mode, errors, warnings);
+    let feature_gates = feature_gates(
+        "--feature-gates",
+        flags
+            .feature_gates
+            .as_deref()
+            .map(gates::parse_flag)
+            .unwrap_or_else(|| Ok(BTreeMap::new())),
+        errors,
+        warnings,
+    );
+    let mut rule_warnings: Vec<String> = mode_rule_warning.into_iter().collect();
+    let detect_local = errors.check(
+        "--detect-local-mode",
+        detect_local(
+            &flags.detect_local_mode,
+            &cluster_cidrs,
+            &flags.pod_bridge_interface,
+            &flags.pod_interface_name_prefix,
+            (
+                "--pod-bridge-interface",
+                "--pod-interface-name-prefix",
+                "--cluster-cidr",
+            ),
+            &mut rule_warnings,
+        ),
+        DetectLocal::None,
+    );
+    let (healthz_bind, metrics_bind) = flag_servers(flags, errors);
+    Modeled {
+        proxy_mode: mode.backend,
+        mode_gate: mode.gate.map(|g| (g, mode.asked)),
+        ipvs_scheduler: ("--ipvs-scheduler", flags.ignored.ipvs_scheduler.clone()),
+        ipvs_timeouts: [
+            ("--ipvs-tcp-timeout", flags.ignored.ipvs_tcp_timeout),
+            ("--ipvs-tcpfin-timeout", flags.ignored.ipvs_tcpfin_timeout),
+            ("--ipvs-udp-timeout", flags.ignored.ipvs_udp_timeout),
+        ],
+        feature_gates,
+        bind_address: errors.check(
+            "--bind-address",
+            parse_ip(&flags.bind_address),
+            Ipv4Addr::UNSPECIFIED.into(),
+        ),
+        cluster_cidrs,
+        nodeport_addresses,
+        masquerade_all: flags.masquerade_all,
+        masquerade_bit: flags.iptables_masquerade_bit,
+        localhost_nodeports: flags.iptables_localhost_nodeports,
+        healthz_bind,
+        metrics_bind,
+        min_sync_period,
+        sync_period,
+        config_sync_period: flags.config_sync_period,
+        kubeconfig: flags
+            .kubeconfig
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty()),
+        client_connection: ClientConnection {
+            qps: flags.kube_api_qps,
+            burst: flags.kube_api_burst,
+            content_type: flags.kube_api_content_type.clone(),
+            accept_content_types: String::new(),
+        },
+        detect_local,
+        rule_warnings,
+        conntrack: flag_conntrack(flags),
+        hostname_override: None,
+        verbosity: None,
+        log_format: None,
+        oom_score_adj: flags.oom_score_adj,
+        bind_address_hard_fail: flags.bind_address_hard_fail,
+    }
+}
+
+/// The sync period and the minimum one: kube-proxy's mode-specific names
+/// (processV1Alpha1Flags): --ipvs-* in ipvs mode, --iptables-* in every other mode;
+/// each wins over svcproxy's mode-neutral flag, and the other mode's warn.
+fn flag_sync_periods(
+    flags: &ProxyFlags,
+    mode: &svcproxy_dataplane::ModeChoice,
+    errors: &mut Errors,
+    warnings: &mut Vec<String>,
+) -> (Duration, Duration) {
     let (mode_sync, mode_min, other) = if mode.sync_section == ConfigSection::Ipvs {
         (
             flags.ipvs_sync_period,
@@ -681,101 +763,46 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
     if flags.config_sync_period.is_zero() {
         errors.push("--config-sync-period: must be greater than 0".to_string());
     }
-    let feature_gates = feature_gates(
-        "--feature-gates",
-        flags
-            .feature_gates
-            .as_deref()
-            .map(gates::parse_flag)
-            .unwrap_or_else(|| Ok(BTreeMap::new())),
-        errors,
-        warnings,
-    );
-    let mut rule_warnings: Vec<String> = mode_rule_warning.into_iter().collect();
-    let detect_local = errors.check(
-        "--detect-local-mode",
-        detect_local(
-            &flags.detect_local_mode,
-            &cluster_cidrs,
-            &flags.pod_bridge_interface,
-            &flags.pod_interface_name_prefix,
-            (
-                "--pod-bridge-interface",
-                "--pod-interface-name-prefix",
-                "--cluster-cidr",
-            ),
-            &mut rule_warnings,
+    (sync_period, min_sync_period)
+}
+
+/// The health and metrics servers' addresses. The deprecated --healthz-port and
+/// --metrics-port (addressFromDeprecatedFlags): 0 disables the server; another
+/// port only fills in an address without one.
+fn flag_servers(
+    flags: &ProxyFlags,
+    errors: &mut Errors,
+) -> (Option<SocketAddr>, Option<SocketAddr>) {
+    let healthz = match flags.healthz_port {
+        Some(0) => None,
+        port => errors.check(
+            "--healthz-bind-address",
+            parse_bind_address(&flags.healthz_bind_address, port.unwrap_or(HEALTHZ_PORT)),
+            None,
         ),
-        DetectLocal::None,
-    );
+    };
+    let metrics = match flags.metrics_port {
+        Some(0) => None,
+        port => errors.check(
+            "--metrics-bind-address",
+            parse_bind_address(&flags.metrics_bind_address, port.unwrap_or(METRICS_PORT)),
+            None,
+        ),
+    };
+    (healthz, metrics)
+}
+
+/// The conntrack settings the flags give (0: leave the kernel's).
+fn flag_conntrack(flags: &ProxyFlags) -> Conntrack {
     let nonzero = |d: Duration| Some(d).filter(|d| !d.is_zero());
-    Modeled {
-        proxy_mode: mode.backend,
-        mode_gate: mode.gate.map(|g| (g, mode.asked)),
-        ipvs_scheduler: ("--ipvs-scheduler", flags.ignored.ipvs_scheduler.clone()),
-        ipvs_timeouts: [
-            ("--ipvs-tcp-timeout", flags.ignored.ipvs_tcp_timeout),
-            ("--ipvs-tcpfin-timeout", flags.ignored.ipvs_tcpfin_timeout),
-            ("--ipvs-udp-timeout", flags.ignored.ipvs_udp_timeout),
-        ],
-        feature_gates,
-        bind_address: errors.check(
-            "--bind-address",
-            parse_ip(&flags.bind_address),
-            Ipv4Addr::UNSPECIFIED.into(),
-        ),
-        cluster_cidrs,
-        nodeport_addresses,
-        masquerade_all: flags.masquerade_all,
-        masquerade_bit: flags.iptables_masquerade_bit,
-        localhost_nodeports: flags.iptables_localhost_nodeports,
-        // The deprecated --healthz-port/--metrics-port (addressFromDeprecatedFlags):
-        // 0 disables the server; another port only fills in an address without one.
-        healthz_bind: match flags.healthz_port {
-            Some(0) => None,
-            port => errors.check(
-                "--healthz-bind-address",
-                parse_bind_address(&flags.healthz_bind_address, port.unwrap_or(HEALTHZ_PORT)),
-                None,
-            ),
-        },
-        metrics_bind: match flags.metrics_port {
-            Some(0) => None,
-            port => errors.check(
-                "--metrics-bind-address",
-                parse_bind_address(&flags.metrics_bind_address, port.unwrap_or(METRICS_PORT)),
-                None,
-            ),
-        },
-        min_sync_period,
-        sync_period,
-        config_sync_period: flags.config_sync_period,
-        kubeconfig: flags
-            .kubeconfig
-            .clone()
-            .filter(|p| !p.as_os_str().is_empty()),
-        client_connection: ClientConnection {
-            qps: flags.kube_api_qps,
-            burst: flags.kube_api_burst,
-            content_type: flags.kube_api_content_type.clone(),
-            accept_content_types: String::new(),
-        },
-        detect_local,
-        rule_warnings,
-        conntrack: Conntrack {
-            max_per_core: flags.conntrack_max_per_core,
-            min: flags.conntrack_min,
-            tcp_established_timeout: nonzero(flags.conntrack_tcp_timeout_established),
-            tcp_close_wait_timeout: nonzero(flags.conntrack_tcp_timeout_close_wait),
-            tcp_be_liberal: flags.conntrack_tcp_be_liberal,
-            udp_timeout: nonzero(flags.conntrack_udp_timeout),
-            udp_stream_timeout: nonzero(flags.conntrack_udp_timeout_stream),
-        },
-        hostname_override: None,
-        verbosity: None,
-        log_format: None,
-        oom_score_adj: flags.oom_score_adj,
-        bind_address_hard_fail: flags.bind_address_hard_fail,
+    Conntrack {
+        max_per_core: flags.conntrack_max_per_core,
+        min: flags.conntrack_min,
+        tcp_established_timeout: nonzero(flags.conntrack_tcp_timeout_established),
+        tcp_close_wait_timeout: nonzero(flags.conntrack_tcp_timeout_close_wait),
+        tcp_be_liberal: flags.conntrack_tcp_be_liberal,
+        udp_timeout: nonzero(flags.conntrack_udp_timeout),
+        udp_stream_timeout: nonzero(flags.conntrack_udp_timeout_stream),
     }
 }
 
