@@ -771,7 +771,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__type(key, __u32);
 	__type(value, __u32);
-} svcproxy_xdp_tx SEC(".maps");
+} svcproxy_xdp_tx SEC(".maps"); // interface index -> its MTU
 
 // Packets the XDP program sent on (XDP_STAT_FORWARD), dropped, and left to the
 // stack, per CPU.
@@ -792,6 +792,12 @@ static __always_inline int xdp_count(__u32 stat, int action)
 	if (n)
 		*n += 1;
 	return action;
+}
+
+// Counts what xdp_send did: sent on, or (no TTL left) left to the stack.
+static __always_inline int xdp_sent(int action)
+{
+	return xdp_count(action == XDP_PASS ? XDP_STAT_PASS : XDP_STAT_FORWARD, action);
 }
 
 // Makes a packet pointer opaque to the compiler, so that two branches'
@@ -923,6 +929,9 @@ struct xdp_fwd {
 	__u16 l4_delta;
 	__u8 pad[2];
 	__u32 ifindex;
+	// The interface's MTU: a longer packet takes the stack's way (which fragments
+	// it, or says so to its sender).
+	__u32 mtu;
 	__u32 generation;
 	__u64 jiffies;
 };
@@ -980,9 +989,11 @@ static __always_inline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
 	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
 	__u32 index = fib.ifindex;
-	if (!bpf_map_lookup_elem(&svcproxy_xdp_tx, &index))
+	__u32 *mtu = bpf_map_lookup_elem(&svcproxy_xdp_tx, &index);
+	if (!mtu)
 		return 0;
 	__builtin_memset(out, 0, sizeof(*out));
+	out->mtu = *mtu;
 	addr_copy(out->addr, flow->addr);
 	out->port = flow->port;
 	__builtin_memcpy(out->dmac, fib.dmac, ETH_ALEN);
@@ -1017,7 +1028,9 @@ static __always_inline int xdp_send_l4(const struct pkt *p, void *l4, void *end,
 			return 0;
 		__u16 *check = &uh->check;
 		opaque(check);
-		if (*check || p->family == FAMILY_V6) {
+		// A zero UDP checksum stays zero (none over IPv4; over IPv6 the tc
+		// program leaves it so too).
+		if (*check) {
 			__u16 c = csum_apply(*check, fwd->l4_delta);
 			*check = c ? c : 0xffff;
 		}
@@ -1075,20 +1088,25 @@ static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p,
 				 const struct ct_val *flow, __u32 generation)
 {
 	struct xdp_fwd fwd;
-	// A masquerade is the kernel's conntrack's: tc marks the packet.
-	if ((flow->flags & ROUTE_MASQUERADE) || !xdp_route(ctx, p, flow, &fwd))
-		return xdp_count(XDP_STAT_PASS, XDP_PASS);
-	fwd.generation = generation;
-	fwd.jiffies = bpf_jiffies64();
 	struct ct_key k;
 	ct_key_of(&k, p);
+	// A masquerade is the kernel's conntrack's: tc marks the packet. A
+	// connection that goes the stack's way now is forgotten here (its endpoint
+	// may be a new one: a port used again after a FIN).
+	if ((flow->flags & ROUTE_MASQUERADE) || partial_csum(p) ||
+	    !xdp_route(ctx, p, flow, &fwd)) {
+		bpf_map_delete_elem(&svcproxy_xdp_fwd, &k);
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	}
+	fwd.generation = generation;
+	fwd.jiffies = bpf_jiffies64();
 	bpf_map_update_elem(&svcproxy_xdp_fwd, &k, &fwd, BPF_ANY);
-	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, &fwd));
+	return xdp_sent(xdp_send(ctx, p, &fwd));
 }
 
 // A connection's packet the XDP program sent on lately, the maps unchanged
-// since: sent on the same way (noinline: its key's stack is its own). -1 when
-// there is none.
+// since, no longer than the way's MTU: sent on the same way (noinline: its
+// key's stack is its own). -1 when there is none.
 static __noinline int xdp_cached(struct xdp_md *ctx, const struct pkt *p, __u32 generation)
 {
 	struct ct_key k;
@@ -1096,7 +1114,11 @@ static __noinline int xdp_cached(struct xdp_md *ctx, const struct pkt *p, __u32 
 	struct xdp_fwd *f = bpf_map_lookup_elem(&svcproxy_xdp_fwd, &k);
 	if (!f || f->generation != generation || bpf_jiffies64() - f->jiffies >= FWD_FRESH_JIFFIES)
 		return -1;
-	return xdp_count(XDP_STAT_FORWARD, xdp_send(ctx, p, f));
+	__u32 l3_len = p->l4_len + (p->family == FAMILY_V4 ? sizeof(struct iphdr)
+							   : sizeof(struct ipv6hdr));
+	if (l3_len > f->mtu)
+		return -1;
+	return xdp_sent(xdp_send(ctx, p, f));
 }
 
 SEC("xdp")
@@ -1118,8 +1140,6 @@ int svcproxy_xdp(struct xdp_md *ctx)
 	struct ct_val flow;
 	switch (decide(ctx, &p, ctx->ingress_ifindex, &flow)) {
 	case VERDICT_FORWARD:
-		if (!whole)
-			return xdp_count(XDP_STAT_PASS, XDP_PASS);
 		return xdp_finish(ctx, &p, &flow, generation);
 	case VERDICT_DROP:
 		return xdp_count(XDP_STAT_DROP, XDP_DROP);

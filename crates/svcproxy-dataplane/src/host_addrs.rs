@@ -58,6 +58,8 @@ pub struct Link {
     pub name: String,
     /// The index of the interface it is enslaved to (a bridge's port).
     pub master: Option<u32>,
+    /// Its MTU (0 when the kernel did not say).
+    pub mtu: u32,
 }
 
 /// This host's Ethernet interfaces (veths included), in index order: where the
@@ -81,11 +83,16 @@ pub fn ether_links() -> io::Result<Vec<Link>> {
                     LinkAttribute::Controller(m) => Some(*m),
                     _ => None,
                 });
+                let mtu = l.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::Mtu(m) => Some(*m),
+                    _ => None,
+                });
                 if let Some(name) = name {
                     links.push(Link {
                         index: l.header.index,
                         name,
                         master,
+                        mtu: mtu.unwrap_or(0),
                     });
                 }
             }

@@ -555,6 +555,7 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
             pin_dir: conf.pin_dir(),
             host_namespace_only: false,
             xdp: svcproxy_dataplane::ebpf::XdpMode::Off,
+            xdp_interfaces: Vec::new(),
             sizes: svcproxy_dataplane::ebpf::MapSizes::DEFAULT,
             timeouts: Default::default(),
         }),

@@ -99,6 +99,7 @@ pub fn ebpf_options(c: &Confinement) -> svcproxy_dataplane::EbpfOptions {
         pin_dir: c.pin_dir(),
         host_namespace_only: false,
         xdp: svcproxy_dataplane::ebpf::XdpMode::Off,
+        xdp_interfaces: Vec::new(),
         sizes: svcproxy_dataplane::ebpf::MapSizes::DEFAULT,
         timeouts: Default::default(),
     }

@@ -445,9 +445,13 @@ pub struct Kernel {
     /// interface stays).
     xdp: XdpMode,
     xdp_links: BTreeMap<u32, bool>,
-    /// The interfaces the XDP program may send frames to, as written.
+    /// The interfaces the XDP program may send frames to, with their MTUs, as
+    /// the map holds them.
     xdp_tx: HashMap<MapData, u32, u32>,
-    xdp_targets: BTreeSet<u32>,
+    xdp_targets: BTreeMap<u32, u32>,
+    /// `--ebpf-xdp-interfaces`: where the XDP program goes (empty: every
+    /// interface that is not a pod's).
+    xdp_interfaces: Vec<String>,
     slot: HashMap<MapData, SlotKey, Backend>,
     member: HashMap<MapData, MemberKey, u8>,
     /// The schedulers' state: round-robin turns and Maglev tables, by list.
@@ -555,6 +559,7 @@ impl Kernel {
         }
 
         let cookie = netns_cookie()?;
+        let xdp_tx: HashMap<MapData, u32, u32> = take(&mut tc, "svcproxy_xdp_tx")?;
         let mut cfg: Array<MapData, Config> = take(&mut ebpf, "svcproxy_cfg")?;
         // A predecessor's marks stay in force until this process's first write.
         let before = cfg.get(&0, 0).unwrap_or_default();
@@ -599,8 +604,11 @@ impl Kernel {
             attached: BTreeMap::new(),
             xdp: opts.xdp,
             xdp_links: BTreeMap::new(),
-            xdp_tx: take(&mut tc, "svcproxy_xdp_tx")?,
-            xdp_targets: BTreeSet::new(),
+            // What an earlier process left is brought to what the kernel says at
+            // the first write.
+            xdp_targets: xdp_tx.iter().filter_map(Result::ok).collect(),
+            xdp_tx,
+            xdp_interfaces: opts.xdp_interfaces.clone(),
             svc,
             slot,
             member: take(&mut ebpf, "svcproxy_member")?,
@@ -650,6 +658,7 @@ impl Kernel {
         let mut ops = 0;
         let present: BTreeMap<u32, String> =
             links.iter().map(|l| (l.index, l.name.clone())).collect();
+        let mtus: BTreeMap<u32, u32> = links.iter().map(|l| (l.index, l.mtu)).collect();
         let masters: BTreeMap<u32, u32> = links
             .iter()
             .filter_map(|l| l.master.map(|m| (l.index, m)))
@@ -710,7 +719,7 @@ impl Kernel {
             self.attached.remove(&index);
             self.xdp_links.remove(&index);
         }
-        ops += self.write_xdp_targets(&present)?;
+        ops += self.write_xdp_targets(&mtus)?;
         Ok(ops)
     }
 
@@ -723,7 +732,8 @@ impl Kernel {
         name: &str,
         wanted: bool,
     ) -> Result<usize, DataPlaneError> {
-        let wanted = wanted && self.xdp == XdpMode::Native;
+        let named = self.xdp_interfaces.is_empty() || self.xdp_interfaces.iter().any(|n| n == name);
+        let wanted = wanted && named && self.xdp == XdpMode::Native;
         match (wanted, self.xdp_links.get(&index).copied()) {
             (true, None) => match self.attach_xdp(index, name) {
                 Ok(()) => {
@@ -779,36 +789,60 @@ impl Kernel {
         pin_in_place(link, &pin)
     }
 
-    /// The XDP program may send frames to the interfaces present that the
-    /// kernel says take them (none while the XDP path is off). Returns the
-    /// number of map writes.
-    fn write_xdp_targets(
-        &mut self,
-        present: &BTreeMap<u32, String>,
-    ) -> Result<usize, DataPlaneError> {
-        let targets: BTreeSet<u32> = if self.xdp_links.values().any(|a| *a) {
+    /// The XDP program may send frames to the interfaces present (`mtus`: each
+    /// one's MTU) that the kernel says take them (none while the XDP path is
+    /// off). A change makes the XDP program's cache stale at once (the maps'
+    /// generation moves). Returns the number of map writes.
+    fn write_xdp_targets(&mut self, mtus: &BTreeMap<u32, u32>) -> Result<usize, DataPlaneError> {
+        let targets: BTreeMap<u32, u32> = if self.xdp_links.values().any(|a| *a) {
             match crate::xdp_features::redirect_targets() {
-                Ok(t) => t.into_iter().filter(|i| present.contains_key(i)).collect(),
+                Ok(t) => t
+                    .into_iter()
+                    .filter_map(|i| mtus.get(&i).filter(|m| **m > 0).map(|m| (i, *m)))
+                    .collect(),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the interfaces' XDP features: the XDP program sends no frame on itself");
-                    BTreeSet::new()
+                    BTreeMap::new()
                 }
             }
         } else {
-            BTreeSet::new()
+            BTreeMap::new()
         };
-        let mut ops = 0;
-        for index in targets.difference(&self.xdp_targets) {
-            self.xdp_tx
-                .insert(index, 1, 0)
-                .map_err(|e| kernel_err("writing svcproxy_xdp_tx", e))?;
-            ops += 1;
+        if targets == self.xdp_targets {
+            return Ok(0);
         }
-        for index in self.xdp_targets.difference(&targets) {
+        let mut ops = 0;
+        for (index, mtu) in &targets {
+            if self.xdp_targets.get(index) != Some(mtu) {
+                self.xdp_tx
+                    .insert(index, mtu, 0)
+                    .map_err(|e| kernel_err("writing svcproxy_xdp_tx", e))?;
+                ops += 1;
+            }
+        }
+        for index in self.xdp_targets.keys().filter(|i| !targets.contains_key(i)) {
             ops += remove(&mut self.xdp_tx, index)?;
         }
         self.xdp_targets = targets;
+        // (Before the first write, the write's own count serves: the generation
+        // stays 0 until the maps are written.)
+        if self.written.is_some() {
+            self.bump_generation()?;
+        }
         Ok(ops)
+    }
+
+    /// The maps' generation moves on (the XDP program's cache goes stale).
+    fn bump_generation(&mut self) -> Result<(), DataPlaneError> {
+        let config = Config {
+            generation: self.config.generation.wrapping_add(1).max(1),
+            ..self.config
+        };
+        self.cfg
+            .set(0, config, 0)
+            .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
+        self.config = config;
+        Ok(())
     }
 
     /// The entries the maps svcproxy fills hold now, by map.
@@ -1907,8 +1941,8 @@ where
 }
 
 /// The XDP program's packets so far, summed over CPUs: sent on to an endpoint,
-/// dropped, and left to the stack (the tc programs); `None` when it never ran
-/// under this pin directory.
+/// dropped, and left to the stack (the tc programs); zeros when it never ran,
+/// `None` when the programs' maps are not pinned in `pin_dir`.
 pub fn xdp_packets(pin_dir: &Path) -> Option<[u64; 3]> {
     let data = MapData::from_pin(pin_dir.join("svcproxy_xdp_stats")).ok()?;
     let stats: aya::maps::PerCpuArray<MapData, u64> =

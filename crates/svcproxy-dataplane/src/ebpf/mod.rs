@@ -125,6 +125,15 @@ pub struct EbpfFlags {
     )]
     pub ebpf_xdp: XdpMode,
 
+    /// ebpf and ipvs modes, with --ebpf-xdp=native: the interfaces the XDP program goes on, by name (default: every interface that is not a pod's). Name the node's external interfaces where --detect-local-mode is a CIDR mode: svcproxy cannot tell pods' veths then, and an XDP program on a veth turns off its pod's segmentation offload (svcproxy only).
+    #[arg(
+        long,
+        value_name = "NAME[,NAME]",
+        value_delimiter = ',',
+        help_heading = "svcproxy"
+    )]
+    pub ebpf_xdp_interfaces: Vec<String>,
+
     /// The idle timeouts, set by the configuration (ipvs mode's
     /// `--ipvs-*-timeout` flags and `ipvs.*Timeout` fields), not a flag here.
     #[arg(skip)]
@@ -190,6 +199,7 @@ impl EbpfFlags {
             pin_dir: self.ebpf_bpffs.clone(),
             host_namespace_only: self.ebpf_host_namespace_only,
             xdp: self.ebpf_xdp,
+            xdp_interfaces: self.ebpf_xdp_interfaces.clone(),
             sizes: MapSizes {
                 services: self.ebpf_map_size_services,
                 endpoints: self.ebpf_map_size_endpoints,
@@ -214,6 +224,8 @@ pub struct EbpfOptions {
     pub host_namespace_only: bool,
     /// The XDP fast path on the interfaces from outside.
     pub xdp: XdpMode,
+    /// Where it goes, by name (empty: every interface that is not a pod's).
+    pub xdp_interfaces: Vec<String>,
     /// The maps' sizes.
     pub sizes: MapSizes,
     /// The packet path's idle timeouts (ipvs mode's `--ipvs-*-timeout`).
@@ -242,6 +254,7 @@ impl EbpfOptions {
             pin_dir: PathBuf::from("/sys/fs/bpf/svcproxy"),
             host_namespace_only: false,
             xdp: XdpMode::Off,
+            xdp_interfaces: Vec::new(),
             sizes: MapSizes::DEFAULT,
             timeouts: IdleTimeouts::default(),
         }
