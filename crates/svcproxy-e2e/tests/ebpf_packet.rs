@@ -369,8 +369,11 @@ fn run(test: &str, xdp: XdpMode) {
         cluster.exec_ok(Host::Ext, &["ethtool", "-K", "eth0", "tx", "off"]);
         TestXdp::attach(cluster.ns(Host::Pod(0, 0)), "eth0", "bench_pass").expect("pod XDP")
     });
+    // The node's external interface named, as a CIDR --detect-local-mode needs
+    // (the pods' veths are not told apart by it).
     let options = EbpfOptions {
         xdp,
+        xdp_interfaces: vec!["eth0".to_string()],
         ..ebpf_options(&conf)
     };
     let mut st = state();
@@ -536,9 +539,16 @@ fn run(test: &str, xdp: XdpMode) {
             .exec_ok(Host::Node(0), &["cat", "/sys/class/net/eth0/ifindex"])
             .trim()
             .to_string();
+        let p0 = cluster
+            .exec_ok(Host::Node(0), &["cat", "/sys/class/net/p0/ifindex"])
+            .trim()
+            .to_string();
         check(
-            "the XDP program's link is pinned for node-a's eth0".to_string(),
-            conf.pin_dir().join(format!("xdp-{eth0}")).exists(),
+            "the XDP program's link is pinned for node-a's eth0, and for no pod's veth \
+             (--ebpf-xdp-interfaces eth0)"
+                .to_string(),
+            conf.pin_dir().join(format!("xdp-{eth0}")).exists()
+                && !conf.pin_dir().join(format!("xdp-{p0}")).exists(),
             String::new(),
         );
         let counts = svcproxy_dataplane::ebpf::kernel::xdp_packets(&conf.pin_dir());
