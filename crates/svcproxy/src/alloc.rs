@@ -18,7 +18,7 @@ pub(crate) fn release_free_memory() {
 pub(crate) fn release_free_memory() {}
 
 /// Heap arenas glibc may make: as many as threads parse manifests at once
-/// (`sources::manifests::MAX_READERS`). glibc gives every thread that allocates an
+/// (`svcproxy_sources::manifests::MAX_READERS`). glibc gives every thread that allocates an
 /// arena of its own (up to eight per core), and memory freed in one arena is not
 /// reused by another: with the tokio workers decoding lists while the state is
 /// built, unlimited arenas held 20 MiB more at 100k endpoints. One arena made the
@@ -30,7 +30,7 @@ pub(crate) fn release_free_memory() {}
 #[allow(unsafe_code)]
 pub(crate) fn limit_malloc_arenas() {
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        let arenas = i32::try_from(crate::sources::manifests::MAX_READERS).unwrap_or(1);
+        let arenas = i32::try_from(svcproxy_sources::manifests::MAX_READERS).unwrap_or(1);
         // SAFETY: mallopt only tunes the allocator; no other thread exists yet.
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, arenas);

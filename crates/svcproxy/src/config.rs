@@ -224,14 +224,7 @@ pub enum DetectLocal {
     InterfaceNamePrefix(String),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClientConnection {
-    pub qps: f32,
-    pub burst: u32,
-    pub content_type: String,
-    /// Accept header; empty means the client's default (application/json).
-    pub accept_content_types: String,
-}
+pub use svcproxy_sources::ClientConnection;
 
 /// Conntrack sysctls to apply. `None` timeouts and a zero `max_per_core` mean "leave
 /// the kernel's value as it is", as kube-proxy's 0.

@@ -29,11 +29,11 @@ use crate::http::metrics::Metrics;
 use crate::http::service_health::{Listen, ServiceHealthServers};
 use crate::owner::{HandOver, Ownership, Role};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
-use crate::sources::kube::{self as kube_source, KubeSourceConfig};
-use crate::sources::manifests::ManifestDir;
 use crate::targets::{
     Checked, DnsOnly, ExplainPrinter, RenderPrinter, SnapshotPrinter, SyncDone, Target,
 };
+use svcproxy_sources::kube::{self as kube_source, KubeSourceConfig};
+use svcproxy_sources::manifests::ManifestDir;
 
 /// What each sync does with the snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -905,7 +905,7 @@ struct Running {
     /// The Kubernetes API source.
     source: Option<tokio::task::JoinHandle<()>>,
     /// The manifests directory's watch (stopped when dropped).
-    _manifest_watch: Option<crate::sources::manifests::WatchHandle>,
+    _manifest_watch: Option<svcproxy_sources::manifests::WatchHandle>,
 }
 
 impl Running {
@@ -1067,7 +1067,7 @@ struct StartedSource {
     /// The API source's task.
     task: Option<tokio::task::JoinHandle<()>>,
     /// The manifests directory's watch.
-    watch: Option<crate::sources::manifests::WatchHandle>,
+    watch: Option<svcproxy_sources::manifests::WatchHandle>,
     /// The lists the first sync waits for (the API source's watches).
     initial_lists: Vec<&'static str>,
 }
@@ -1104,7 +1104,7 @@ async fn start_source(
             }
             if !once {
                 let period = settings.manifests_rescan_period;
-                started.watch = Some(crate::sources::manifests::watch(
+                started.watch = Some(svcproxy_sources::manifests::watch(
                     dir,
                     period,
                     move |updates| {

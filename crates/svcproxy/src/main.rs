@@ -17,7 +17,7 @@ mod help;
 mod http;
 mod owner;
 mod runner;
-mod sources;
+
 mod targets;
 
 use std::process::ExitCode;

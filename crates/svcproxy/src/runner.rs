@@ -87,20 +87,7 @@ pub trait Syncer {
     }
 }
 
-/// Messages sources send to the runner.
-#[derive(Debug)]
-pub enum Event {
-    Updates(Vec<SourceUpdate>),
-    /// The named source has delivered its complete initial list (repeats, e.g. after
-    /// a re-list, are harmless).
-    Ready(&'static str),
-    /// The named source (already [`Event::Ready`] once) is re-listing: its picture is
-    /// incomplete until it is `Ready` again.
-    Relisting(&'static str),
-    /// This process has just become the node's owner (a standby took over): a full
-    /// sync is due at once, `--min-sync-period` notwithstanding.
-    TookOver,
-}
+pub use svcproxy_sources::Event;
 
 /// Runs until `events` closes (every source is gone) or, with `once`, after the first
 /// sync. Returns the result of the last sync attempt. The first sync waits until every

@@ -80,7 +80,7 @@ pub struct Metrics {
     /// Drift checks that found the kernel without the rules.
     drift_detected: IntCounter,
     /// client-go's REST client families, observed by the API client's layer.
-    rest_client: crate::sources::kube::client_metrics::RestClientMetrics,
+    rest_client: svcproxy_sources::kube::client_metrics::RestClientMetrics,
     /// `/configz`'s body, set once the configuration is known.
     configz: std::sync::OnceLock<String>,
 }
@@ -435,7 +435,7 @@ impl Metrics {
                     .to_string(),
             ),
             rest_client: {
-                let rc = crate::sources::kube::client_metrics::RestClientMetrics::new();
+                let rc = svcproxy_sources::kube::client_metrics::RestClientMetrics::new();
                 register(&r, rc.requests.clone());
                 register(&r, rc.duration.clone());
                 rc
@@ -486,7 +486,7 @@ impl Metrics {
     }
 
     /// The families the API client's metrics layer observes into.
-    pub fn rest_client(&self) -> crate::sources::kube::client_metrics::RestClientMetrics {
+    pub fn rest_client(&self) -> svcproxy_sources::kube::client_metrics::RestClientMetrics {
         self.rest_client.clone()
     }
 

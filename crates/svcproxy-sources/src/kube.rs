@@ -41,8 +41,7 @@ use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::config::ClientConnection;
-use crate::runner::Event;
+use crate::{ClientConnection, Event};
 
 /// Watch names, for `RunnerConfig::initial_sources`.
 /// The Pod watch's name, run only for a central cluster DNS (`dns_pods`).

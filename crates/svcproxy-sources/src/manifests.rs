@@ -893,7 +893,7 @@ fn read_manifests(paths: &[&Path]) -> Vec<Result<Manifest, ReadError>> {
 
 /// Threads that read manifests at once, at most (and the allocator's arenas,
 /// `limit_malloc_arenas`: a reader without one of its own waits on another's).
-pub(crate) const MAX_READERS: usize = 2;
+pub const MAX_READERS: usize = 2;
 
 /// Why a manifest file as a whole is unusable (its previous objects stay in force).
 #[derive(Debug, thiserror::Error)]
