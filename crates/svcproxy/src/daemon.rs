@@ -24,14 +24,14 @@ use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, DetectLocal, Settings};
-use crate::http::health::ProxyHealth;
-use crate::http::metrics::Metrics;
-use crate::http::service_health::{Listen, ServiceHealthServers};
 use crate::owner::{HandOver, Ownership, Role};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
 use crate::targets::{
     Checked, DnsOnly, ExplainPrinter, RenderPrinter, SnapshotPrinter, SyncDone, Target,
 };
+use svcproxy_http::health::ProxyHealth;
+use svcproxy_http::metrics::Metrics;
+use svcproxy_http::service_health::{Listen, ServiceHealthServers};
 use svcproxy_sources::kube::{self as kube_source, KubeSourceConfig};
 use svcproxy_sources::manifests::ManifestDir;
 
@@ -645,7 +645,7 @@ async fn listener(
     hard_fail: bool,
     shared: bool,
 ) -> anyhow::Result<Listener> {
-    match crate::http::bind(addr, what, shared).await {
+    match svcproxy_http::bind(addr, what, shared).await {
         Ok(l) => Ok(Listener::Bound(l)),
         Err(e) if hard_fail => Err(e.context("bindAddressHardFail is set")),
         Err(e) => {
@@ -667,7 +667,7 @@ impl Listener {
                 if role.wait_for(Role::is_owner).await.is_err() {
                     std::future::pending::<()>().await;
                 }
-                match crate::http::bind(addr, what, false).await {
+                match svcproxy_http::bind(addr, what, false).await {
                     Ok(l) => return l,
                     // The old owner may hold it for a moment longer.
                     Err(e) => tracing::debug!("{e:#}; retrying every 5s"),
@@ -679,7 +679,7 @@ impl Listener {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
             attempts += 1;
-            match crate::http::bind(addr, what, shared).await {
+            match svcproxy_http::bind(addr, what, shared).await {
                 Ok(l) => {
                     tracing::info!(%addr, attempts, "{what}: listening now");
                     return l;
@@ -998,7 +998,7 @@ fn spawn_http(
                 l = l.get() => l,
                 _ = stopped(stop.clone()) => return Ok(()),
             };
-            crate::http::health::serve(l, health, Some(metrics), stopped(stop)).await
+            svcproxy_http::health::serve(l, health, Some(metrics), stopped(stop)).await
         }));
     }
     if let Some(l) = metrics_listener {
@@ -1008,7 +1008,7 @@ fn spawn_http(
                 l = l.get() => l,
                 _ = stopped(stop.clone()) => return Ok(()),
             };
-            crate::http::metrics::serve(l, metrics, stopped(stop)).await
+            svcproxy_http::metrics::serve(l, metrics, stopped(stop)).await
         }));
     }
     tasks

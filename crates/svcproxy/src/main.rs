@@ -14,7 +14,7 @@ mod cli;
 mod config;
 mod daemon;
 mod help;
-mod http;
+
 mod owner;
 mod runner;
 

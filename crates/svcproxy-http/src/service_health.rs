@@ -172,7 +172,7 @@ pub(super) fn ipv6_wildcard_is_v6_only() -> bool {
     std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|s| s.trim() == "1")
 }
 
-/// A listener on `addr`, with `SO_REUSEPORT`: a new owner ([`crate::owner`]) binds
+/// A listener on `addr`, with `SO_REUSEPORT`: a new owner (the binary's hand-over) binds
 /// the healthCheckNodePorts at its first sync while the old one still holds them.
 fn bind_std(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     use socket2::{Domain, Socket, Type};
@@ -392,7 +392,7 @@ mod tests {
     use std::net::Ipv4Addr;
     use std::time::UNIX_EPOCH;
 
-    use crate::http::health::testing::ManualClock;
+    use crate::health::testing::ManualClock;
 
     const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 

@@ -53,7 +53,7 @@ pub async fn bind(addr: SocketAddr, what: &str, shared: bool) -> anyhow::Result<
 }
 
 /// A listener on `addr`; with `shared`, `SO_REUSEPORT`, so that a warm standby
-/// svcproxy ([`crate::owner`]) answers on the same port as the owner (the kernel
+/// svcproxy (the binary's owner hand-over) answers on the same port as the owner (the kernel
 /// spreads connections over both; only sockets of the same user can share).
 fn listen(addr: SocketAddr, shared: bool) -> std::io::Result<TcpListener> {
     let socket = match addr {

@@ -322,17 +322,17 @@ pub async fn serve(
 
 /// A clock tests move by hand.
 #[cfg(test)]
-pub(crate) mod testing {
+pub mod testing {
     use super::*;
 
-    pub(crate) struct ManualClock {
+    pub struct ManualClock {
         wall: SystemTime,
         mono: Instant,
         offset: Mutex<Duration>,
     }
 
     impl ManualClock {
-        pub(crate) fn new(wall: SystemTime) -> Arc<Self> {
+        pub fn new(wall: SystemTime) -> Arc<Self> {
             Arc::new(ManualClock {
                 wall,
                 mono: Instant::now(),
@@ -340,7 +340,7 @@ pub(crate) mod testing {
             })
         }
 
-        pub(crate) fn advance(&self, d: Duration) {
+        pub fn advance(&self, d: Duration) {
             *self.offset.lock().unwrap() += d;
         }
     }
