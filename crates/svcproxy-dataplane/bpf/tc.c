@@ -809,9 +809,6 @@ static __always_inline int xdp_sent(int action)
 // bounds checked.
 #define opaque(ptr) asm volatile("" : "+r"(ptr))
 
-#define XDP_L4_V4 (sizeof(struct ethhdr) + sizeof(struct iphdr))
-#define XDP_L4_V6 (sizeof(struct ethhdr) + sizeof(struct ipv6hdr))
-
 // A frame the XDP program may translate: Ethernet, an IPv4 header without
 // options or an IPv6 header without extensions, then TCP or UDP (ICMP errors,
 // SCTP, fragments and the rest are the tc program's).

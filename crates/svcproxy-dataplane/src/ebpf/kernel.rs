@@ -492,71 +492,11 @@ impl Kernel {
                 "svcproxy was built without clang; run scripts/install-deps.sh and build again",
             ));
         }
-        let parent = pin_dir.parent().unwrap_or(pin_dir);
-        if !on_bpffs(parent) {
-            return Err(kernel_err(
-                format!("pin directory {}", pin_dir.display()),
-                format!(
-                    "{} is not on a bpffs (mount -t bpf bpf DIR)",
-                    parent.display()
-                ),
-            ));
-        }
-        std::fs::create_dir_all(pin_dir)
-            .map_err(|e| kernel_err(format!("creating {}", pin_dir.display()), e))?;
-        // Pins another network namespace's svcproxy made are not taken over.
-        if let Some(owner) = pinned_owner(pin_dir) {
-            if owner != netns_cookie()? {
-                return Err(kernel_err(
-                    format!("pin directory {}", pin_dir.display()),
-                    "it holds the pins of svcproxy in another network namespace; give this \
-                     one its own --ebpf-bpffs",
-                ));
-            }
-        }
-        // A pinned map of another size (the flags changed) is made afresh: the
-        // kernel cannot resize one.
-        for (name, size) in opts.sizes.by_map() {
-            let pin = pin_dir.join(name);
-            let pinned = MapData::from_pin(&pin)
-                .ok()
-                .and_then(|m| m.info().ok())
-                .map(|i| i.max_entries());
-            if let Some(old) = pinned.filter(|old| *old != size) {
-                tracing::warn!(map = name, from = old, to = size, "resizing a pinned map: it is made afresh (the packet path's connections through it are forgotten)");
-                std::fs::remove_file(&pin)
-                    .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
-            }
-        }
+        prepare_pin_dir(opts)?;
         let reused = MAPS.iter().any(|m| pin_dir.join(m).exists());
         let cgroup_dir = File::open(cgroup)
             .map_err(|e| kernel_err(format!("opening cgroup {}", cgroup.display()), e))?;
-        let loader = || {
-            let mut l = EbpfLoader::new();
-            l.default_map_pin_directory(pin_dir);
-            for (name, size) in opts.sizes.by_map() {
-                l.map_max_entries(name, size);
-            }
-            l
-        };
-        let mut ebpf = loader()
-            .load(SOCK_OBJECT)
-            .map_err(|e| kernel_err("loading the socket programs", e))?;
-
-        // The same pinned maps, and the packet programs.
-        let mut tc = loader()
-            .load(TC_OBJECT)
-            .map_err(|e| kernel_err("loading the packet programs", e))?;
-        for (name, _, _) in TC_PROGRAMS {
-            let prog: &mut SchedClassifier = program(&mut tc, name)?;
-            prog.load()
-                .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
-        }
-        if opts.xdp == XdpMode::Native {
-            let prog: &mut Xdp = program(&mut tc, XDP_PROGRAM)?;
-            prog.load()
-                .map_err(|e| kernel_err(format!("loading {XDP_PROGRAM}"), verifier(e)))?;
-        }
+        let (mut ebpf, mut tc) = load_programs(opts)?;
 
         let cookie = netns_cookie()?;
         let xdp_tx: HashMap<MapData, u32, u32> = take(&mut tc, "svcproxy_xdp_tx")?;
@@ -578,20 +518,7 @@ impl Kernel {
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
         let svc: HashMap<MapData, SvcKey, SvcVal> = take(&mut ebpf, "svcproxy_svc")?;
-        // Past every id in use, the entries' included: a slot map made afresh
-        // (resized) must not hand out an id the pinned entries still name.
-        let next_list = slot
-            .keys()
-            .filter_map(Result::ok)
-            .map(|k| k.list)
-            .chain(
-                svc.iter()
-                    .filter_map(Result::ok)
-                    .flat_map(|(_, v)| [v.pod, v.host, v.pkt_pod, v.pkt_other])
-                    .map(|r| r.list),
-            )
-            .max()
-            .map_or(1, |m| m.wrapping_add(1).max(1));
+        let next_list = next_list_id(&slot, &svc);
         Ok(Kernel {
             pin_dir: pin_dir.to_path_buf(),
             cfg,
@@ -627,7 +554,107 @@ impl Kernel {
             tc,
         })
     }
+}
 
+/// The pin directory made ready: on a bpffs, not another network namespace's,
+/// and without a pinned map of another size than the flags say (the kernel cannot
+/// resize one: it is made afresh).
+fn prepare_pin_dir(opts: &EbpfOptions) -> Result<(), DataPlaneError> {
+    let pin_dir = &opts.pin_dir;
+    let parent = pin_dir.parent().unwrap_or(pin_dir);
+    if !on_bpffs(parent) {
+        return Err(kernel_err(
+            format!("pin directory {}", pin_dir.display()),
+            format!(
+                "{} is not on a bpffs (mount -t bpf bpf DIR)",
+                parent.display()
+            ),
+        ));
+    }
+    std::fs::create_dir_all(pin_dir)
+        .map_err(|e| kernel_err(format!("creating {}", pin_dir.display()), e))?;
+    // Pins another network namespace's svcproxy made are not taken over.
+    if let Some(owner) = pinned_owner(pin_dir) {
+        if owner != netns_cookie()? {
+            return Err(kernel_err(
+                format!("pin directory {}", pin_dir.display()),
+                "it holds the pins of svcproxy in another network namespace; give this \
+                 one its own --ebpf-bpffs",
+            ));
+        }
+    }
+    // A pinned map of another size (the flags changed) is made afresh: the
+    // kernel cannot resize one.
+    for (name, size) in opts.sizes.by_map() {
+        let pin = pin_dir.join(name);
+        let pinned = MapData::from_pin(&pin)
+            .ok()
+            .and_then(|m| m.info().ok())
+            .map(|i| i.max_entries());
+        if let Some(old) = pinned.filter(|old| *old != size) {
+            tracing::warn!(map = name, from = old, to = size, "resizing a pinned map: it is made afresh (the packet path's connections through it are forgotten)");
+            std::fs::remove_file(&pin)
+                .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The socket programs and the packet programs (the XDP program too with
+/// `--ebpf-xdp=native`) loaded, their maps opened or created under the pin
+/// directory at the flags' sizes.
+fn load_programs(opts: &EbpfOptions) -> Result<(Ebpf, Ebpf), DataPlaneError> {
+    let pin_dir = &opts.pin_dir;
+    let loader = || {
+        let mut l = EbpfLoader::new();
+        l.default_map_pin_directory(pin_dir);
+        for (name, size) in opts.sizes.by_map() {
+            l.map_max_entries(name, size);
+        }
+        l
+    };
+    let ebpf = loader()
+        .load(SOCK_OBJECT)
+        .map_err(|e| kernel_err("loading the socket programs", e))?;
+
+    // The same pinned maps, and the packet programs.
+    let mut tc = loader()
+        .load(TC_OBJECT)
+        .map_err(|e| kernel_err("loading the packet programs", e))?;
+    for (name, _, _) in TC_PROGRAMS {
+        let prog: &mut SchedClassifier = program(&mut tc, name)?;
+        prog.load()
+            .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
+    }
+    if opts.xdp == XdpMode::Native {
+        let prog: &mut Xdp = program(&mut tc, XDP_PROGRAM)?;
+        prog.load()
+            .map_err(|e| kernel_err(format!("loading {XDP_PROGRAM}"), verifier(e)))?;
+    }
+    Ok((ebpf, tc))
+}
+
+/// The first list id to give: past every id in use, the entries' included (a
+/// slot map made afresh, resized, must not hand out an id the pinned entries
+/// still name).
+fn next_list_id(
+    slot: &HashMap<MapData, SlotKey, Backend>,
+    svc: &HashMap<MapData, SvcKey, SvcVal>,
+) -> u32 {
+    slot.keys()
+        .filter_map(Result::ok)
+        .map(|k| k.list)
+        .chain(
+            svc.iter()
+                .filter_map(Result::ok)
+                .flat_map(|(_, v)| [v.pod, v.host, v.pkt_pod, v.pkt_other])
+                .map(|r| r.list),
+        )
+        .max()
+        .map_or(1, |m| m.wrapping_add(1).max(1))
+}
+
+impl Kernel {
     /// The marks in the programs' configuration follow the table's.
     fn write_marks(&mut self, table: &Table) -> Result<usize, DataPlaneError> {
         if (self.config.masquerade_mark, self.config.reject_mark)
@@ -635,16 +662,21 @@ impl Kernel {
         {
             return Ok(0);
         }
-        let config = Config {
+        self.set_config(Config {
             masquerade_mark: table.masquerade_mark,
             reject_mark: table.reject_mark,
             ..self.config
-        };
+        })?;
+        Ok(1)
+    }
+
+    /// The programs' configuration written, and remembered.
+    fn set_config(&mut self, config: Config) -> Result<(), DataPlaneError> {
         self.cfg
             .set(0, config, 0)
             .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
         self.config = config;
-        Ok(1)
+        Ok(())
     }
 
     /// The packet programs on every Ethernet interface there is now, each
@@ -834,15 +866,10 @@ impl Kernel {
 
     /// The maps' generation moves on (the XDP program's cache goes stale).
     fn bump_generation(&mut self) -> Result<(), DataPlaneError> {
-        let config = Config {
+        self.set_config(Config {
             generation: self.config.generation.wrapping_add(1).max(1),
             ..self.config
-        };
-        self.cfg
-            .set(0, config, 0)
-            .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
-        self.config = config;
-        Ok(())
+        })
     }
 
     /// The entries the maps svcproxy fills hold now, by map.
@@ -923,14 +950,7 @@ impl Kernel {
                 (Some(changes), Some(written)) => self.write_changes(table, changes, written),
                 (_, before) => self.write_all(table, before, unknown),
             }?;
-            let config = Config {
-                generation: self.config.generation.wrapping_add(1).max(1),
-                ..self.config
-            };
-            self.cfg
-                .set(0, config, 0)
-                .map_err(|e| kernel_err("writing svcproxy_cfg", e))?;
-            self.config = config;
+            self.bump_generation()?;
             Ok(marks + ifaces + maps + 1)
         });
         self.unknown_keys = result.is_err();
