@@ -452,6 +452,9 @@ pub struct Kernel {
     /// `--ebpf-xdp-interfaces`: where the XDP program goes (empty: every
     /// interface that is not a pod's).
     xdp_interfaces: Vec<String>,
+    /// The kernel could not say which interfaces take redirected frames, and
+    /// the log said so.
+    xdp_features_warned: bool,
     slot: HashMap<MapData, SlotKey, Backend>,
     member: HashMap<MapData, MemberKey, u8>,
     /// The schedulers' state: round-robin turns and Maglev tables, by list.
@@ -536,6 +539,7 @@ impl Kernel {
             xdp_targets: xdp_tx.iter().filter_map(Result::ok).collect(),
             xdp_tx,
             xdp_interfaces: opts.xdp_interfaces.clone(),
+            xdp_features_warned: false,
             svc,
             slot,
             member: take(&mut ebpf, "svcproxy_member")?,
@@ -833,7 +837,10 @@ impl Kernel {
                     .filter_map(|i| mtus.get(&i).filter(|m| **m > 0).map(|m| (i, *m)))
                     .collect(),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the interfaces' XDP features: the XDP program sends no frame on itself");
+                    // Said once (a kernel before 6.3 has no netdev family at all).
+                    if !std::mem::replace(&mut self.xdp_features_warned, true) {
+                        tracing::warn!(error = %e, "cannot read the interfaces' XDP features: the XDP program sends no frame on itself, it only drops");
+                    }
                     BTreeMap::new()
                 }
             }
