@@ -1451,16 +1451,9 @@ impl Kernel {
                     continue;
                 }
             };
-            let (Some(protocol), Some(family)) = (wire::proto_of(k.proto), family_of(k.family))
-            else {
+            let Some(dest) = dest_of(&k) else {
                 problems.push(format!("service entry {k:?} is not one svcproxy writes"));
                 continue;
-            };
-            let dest = Dest {
-                family,
-                ip: wire::addr_of(k.addr, k.family),
-                protocol,
-                port: wire::port_of(k.port),
             };
             let entry = lists.entry(&dest, &v, &ports, &mut t, &mut problems);
             t.entries.insert(dest, entry);
@@ -1674,6 +1667,18 @@ impl ReadBack<'_> {
             _ => true,
         }
     }
+}
+
+/// The service address a `svcproxy_svc` key names; `None` for a key svcproxy
+/// does not write (an unknown protocol or family).
+fn dest_of(k: &SvcKey) -> Option<Dest> {
+    let (protocol, family) = (wire::proto_of(k.proto)?, family_of(k.family)?);
+    Some(Dest {
+        family,
+        ip: wire::addr_of(k.addr, k.family),
+        protocol,
+        port: wire::port_of(k.port),
+    })
 }
 
 fn family_of(b: u8) -> Option<svcproxy_core::model::IpFamily> {
@@ -2028,14 +2033,8 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         route_text(r.action, &eps, masq, r.sched)
     };
     for (k, v) in svc.iter().filter_map(Result::ok) {
-        let (Some(protocol), Some(family)) = (wire::proto_of(k.proto), family_of(k.family)) else {
+        let Some(dest) = dest_of(&k) else {
             continue;
-        };
-        let dest = Dest {
-            family,
-            ip: wire::addr_of(k.addr, k.family),
-            protocol,
-            port: wire::port_of(k.port),
         };
         let routes = [
             route(&v.pod, false),
