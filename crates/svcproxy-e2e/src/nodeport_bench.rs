@@ -10,6 +10,20 @@ pub const CLIENT: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 71, 0, 100);
 pub const NODE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 71, 0, 1);
 pub const BACKEND: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 72, 0, 2);
 
+/// A benchmark's setting from the environment: `name` as a number, else `default`.
+pub fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The median of a benchmark's runs (0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// The three namespaces in `set`, wired: `(ext, node, backend)`.
 pub fn namespaces(set: &mut NsSet) -> Result<(String, String, String)> {
     let names = set.add(&["ext".to_string(), "node".to_string(), "backend".to_string()])?;

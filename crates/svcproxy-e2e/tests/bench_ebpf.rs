@@ -30,6 +30,7 @@ use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
 use svcproxy_core::state::{ClusterState, StateConfig};
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
 use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane, NftCommand, NftDataPlane};
+use svcproxy_e2e::nodeport_bench::{env, median};
 use svcproxy_e2e::{ebpf_options, loadgen_bin, Confinement, NsProcess};
 use svcproxy_plan::{LocalDetection, PlanConfig};
 use svcproxy_testkit::netns::{self, NsSet};
@@ -39,13 +40,6 @@ const VIP: &str = "198.19.0.1:80";
 /// The service the partial sync adds.
 const EXTRA: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: extra, namespace: bench}\nspec:\n  clusterIP: 198.18.255.1\n  ports: [{name: http, port: 80, targetPort: 8080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: extra-1, namespace: bench, labels: {kubernetes.io/service-name: extra}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n- {addresses: [10.70.0.2], nodeName: node-b}\n";
 const ENDPOINTS: [&str; 2] = ["10.70.0.2", "10.70.0.3"];
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The measured service (cluster IP 198.19.0.1, both endpoints on the backend
 /// namespace), then `n - 1` more with 10 endpoints each nobody connects to.
@@ -113,15 +107,6 @@ struct Run {
     p50_us: f64,
     p99_us: f64,
     errors: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        0.0
-    } else {
-        v[v.len() / 2]
-    }
 }
 
 struct Bench {

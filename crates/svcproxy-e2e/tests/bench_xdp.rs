@@ -35,7 +35,7 @@ use svcproxy_dataplane::ebpf::XdpMode;
 use svcproxy_dataplane::{
     DataPlane, Driver, EbpfDataPlane, EbpfOptions, NftCommand, NftDataPlane, NoConntrackCleanup,
 };
-use svcproxy_e2e::nodeport_bench::{self, BACKEND, CLIENT, NODE};
+use svcproxy_e2e::nodeport_bench::{self, env, median, BACKEND, CLIENT, NODE};
 use svcproxy_e2e::xdp::{mac, udp_frame, Generator, TestXdp};
 use svcproxy_e2e::{ebpf_options, Confinement};
 use svcproxy_plan::{LocalDetection, PlanConfig};
@@ -44,18 +44,6 @@ use svcproxy_testkit::netns::{self, NsSet};
 const ENDPOINT: Ipv4Addr = BACKEND;
 const NODE_PORT: u16 = 30090;
 const TARGET_PORT: u16 = 8080;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
 
 fn plan_config() -> PlanConfig {
     PlanConfig {

@@ -766,22 +766,26 @@ fn flag_servers(
     flags: &ProxyFlags,
     errors: &mut Errors,
 ) -> (Option<SocketAddr>, Option<SocketAddr>) {
-    let healthz = match flags.healthz_port {
+    let mut server = |flag: &str, addr: &str, port: Option<u16>, default: u16| match port {
         Some(0) => None,
         port => errors.check(
-            "--healthz-bind-address",
-            parse_bind_address(&flags.healthz_bind_address, port.unwrap_or(HEALTHZ_PORT)),
+            flag,
+            parse_bind_address(addr, port.unwrap_or(default)),
             None,
         ),
     };
-    let metrics = match flags.metrics_port {
-        Some(0) => None,
-        port => errors.check(
-            "--metrics-bind-address",
-            parse_bind_address(&flags.metrics_bind_address, port.unwrap_or(METRICS_PORT)),
-            None,
-        ),
-    };
+    let healthz = server(
+        "--healthz-bind-address",
+        &flags.healthz_bind_address,
+        flags.healthz_port,
+        HEALTHZ_PORT,
+    );
+    let metrics = server(
+        "--metrics-bind-address",
+        &flags.metrics_bind_address,
+        flags.metrics_port,
+        METRICS_PORT,
+    );
     (healthz, metrics)
 }
 
