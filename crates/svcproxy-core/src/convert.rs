@@ -1,7 +1,7 @@
 //! Conversion from raw k8s-openapi objects to the validated [`crate::model`].
 //!
 //! Entry points: [`convert_service`], [`convert_slice`], [`convert_node`],
-//! [`convert_service_cidr`]. Each returns the converted value (or `None` when the
+//! [`convert_service_cidr`], [`convert_pod`]. Each returns the converted value (or `None` when the
 //! object is not proxied or is unusable) and pushes every [`Problem`] it found. The
 //! rules mirror what the API server would have enforced, because manifests reach us
 //! without that validation: anything the API would refuse is refused here, with a
@@ -26,9 +26,11 @@ pub struct ConvertOptions {
     /// `--service-proxy-name`: when set, only Services labelled with exactly this
     /// value are ours; when unset, only Services without the label are.
     pub service_proxy_name: Option<String>,
-    /// The cluster DNS's view: headless Services (with no cluster IPs) and their
-    /// slices are kept, and other proxies' Services too (DNS answers for all).
-    pub for_dns: bool,
+    /// Services the proxy leaves alone are converted too, marked
+    /// [`Service::not_proxied`] (headless and ExternalName Services, other proxies'
+    /// Services, headless services' slices): the cluster DNS answers for all of
+    /// them, from the same model. Off, they are `None`, with no problem.
+    pub keep_unproxied: bool,
     /// `spec.externalIPs` are dropped (still checked): the `AllowServiceExternalIPs`
     /// feature gate is off.
     pub ignore_external_ips: bool,
@@ -69,6 +71,9 @@ pub struct SliceEndpoint {
     pub ip: IpAddr,
     /// Shared with every service port's [`Endpoint`](crate::model::Endpoint) of this address.
     pub info: Arc<EndpointInfo>,
+    /// `hostname` (a DNS label): the cluster DNS names a headless service's
+    /// endpoint by it, else by its address.
+    pub hostname: Option<Box<str>>,
 }
 
 impl std::ops::Deref for SliceEndpoint {
@@ -221,7 +226,10 @@ fn meta_key(
     kind: Kind,
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> ObjectKey {
-    let namespaced = matches!(kind, Kind::Service | Kind::EndpointSlice | Kind::Endpoints);
+    let namespaced = matches!(
+        kind,
+        Kind::Service | Kind::EndpointSlice | Kind::Endpoints | Kind::Pod
+    );
     ObjectKey {
         kind,
         namespace: if namespaced {
@@ -270,11 +278,15 @@ pub fn convert_service(
     let labels = svc.metadata.labels.as_ref().unwrap_or(&empty);
     let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
 
-    if labels.contains_key(LABEL_HEADLESS) && !opts.for_dns {
-        return None;
-    }
     let proxy_label = labels.get(LABEL_SERVICE_PROXY_NAME).map(String::as_str);
-    if proxy_label != opts.service_proxy_name.as_deref() && !opts.for_dns {
+    let mut not_proxied = if labels.contains_key(LABEL_HEADLESS) {
+        Some(NotProxied::HeadlessLabel)
+    } else if proxy_label != opts.service_proxy_name.as_deref() {
+        Some(NotProxied::OtherProxy)
+    } else {
+        None
+    };
+    if not_proxied.is_some() && !opts.keep_unproxied {
         return None;
     }
 
@@ -282,9 +294,28 @@ pub fn convert_service(
         ctx.reject("spec", "missing spec");
         return None;
     };
-    let service_type = service_type(&mut ctx, spec)?;
+    let name = ServiceName::new(key.namespace.clone(), key.name.clone());
+    let publish_not_ready_addresses = spec.publish_not_ready_addresses == Some(true);
+    let Some(service_type) = service_type(&mut ctx, spec)? else {
+        // ExternalName: an alias, nothing to proxy.
+        if !opts.keep_unproxied {
+            return None;
+        }
+        return Some(Service {
+            name,
+            ports: Vec::new(),
+            kind: ServiceKind::ExternalName(external_name(&mut ctx, spec)?),
+            publish_not_ready_addresses,
+            not_proxied: Some(NotProxied::ExternalName),
+        });
+    };
 
-    let cluster_ips = cluster_ips(&mut ctx, spec, opts.for_dns)?;
+    let cluster_ips = cluster_ips(&mut ctx, spec, opts.keep_unproxied)?;
+    let headless = cluster_ips.is_none();
+    if headless {
+        not_proxied = not_proxied.or(Some(NotProxied::Headless));
+    }
+    let cluster_ips = cluster_ips.unwrap_or_default();
 
     let mut external_ips = parse_ip_list(
         &mut ctx,
@@ -344,7 +375,8 @@ pub fn convert_service(
         endpoint_weights(&mut ctx, annotations).map(Into::into);
 
     let raw_ports = spec.ports.as_deref().unwrap_or_default();
-    if raw_ports.is_empty() {
+    // A headless service needs no port (the API's rule): its name still answers.
+    if raw_ports.is_empty() && !headless {
         ctx.reject("spec.ports", "no ports");
         return None;
     }
@@ -355,7 +387,6 @@ pub fn convert_service(
         );
         return None;
     }
-    let name = ServiceName::new(key.namespace.clone(), key.name.clone());
     // Shared by every port.
     let cluster_ips: Arc<[IpAddr]> = cluster_ips.into();
     let external_ips: Arc<[IpAddr]> = external_ips.into();
@@ -392,21 +423,31 @@ pub fn convert_service(
             endpoint_weights: endpoint_weights.clone(),
         }));
     }
-    if ports.is_empty() {
+    if ports.is_empty() && !raw_ports.is_empty() {
         ctx.reject("spec.ports", "no usable port");
         return None;
     }
-    Some(Service { name, ports })
+    Some(Service {
+        name,
+        ports,
+        kind: if headless {
+            ServiceKind::Headless
+        } else {
+            ServiceKind::ClusterIp(cluster_ips)
+        },
+        publish_not_ready_addresses,
+        not_proxied,
+    })
 }
 
-/// The service's type; `None` for ExternalName (not proxied) and for an unknown
-/// type (rejected).
-fn service_type(ctx: &mut Ctx<'_>, spec: &corev1::ServiceSpec) -> Option<ServiceType> {
+/// The service's type: `Some(None)` for ExternalName (not proxied), `None` for an
+/// unknown type (rejected).
+fn service_type(ctx: &mut Ctx<'_>, spec: &corev1::ServiceSpec) -> Option<Option<ServiceType>> {
     match spec.type_.as_deref() {
-        None | Some("") | Some("ClusterIP") => Some(ServiceType::ClusterIP),
-        Some("NodePort") => Some(ServiceType::NodePort),
-        Some("LoadBalancer") => Some(ServiceType::LoadBalancer),
-        Some("ExternalName") => None,
+        None | Some("") | Some("ClusterIP") => Some(Some(ServiceType::ClusterIP)),
+        Some("NodePort") => Some(Some(ServiceType::NodePort)),
+        Some("LoadBalancer") => Some(Some(ServiceType::LoadBalancer)),
+        Some("ExternalName") => Some(None),
         Some(other) => {
             ctx.reject(
                 "spec.type",
@@ -417,13 +458,29 @@ fn service_type(ctx: &mut Ctx<'_>, spec: &corev1::ServiceSpec) -> Option<Service
     }
 }
 
-/// The cluster IPs, at most one per family (none for a headless service);
-/// `None` when the service is not proxied (headless outside the DNS, or rejected).
+/// An ExternalName service's target: a domain name as the API requires (RFC 1123
+/// subdomain; a final dot allowed), lowercased; `None`, rejected, otherwise.
+fn external_name(ctx: &mut Ctx<'_>, spec: &corev1::ServiceSpec) -> Option<Arc<str>> {
+    let raw = spec.external_name.as_deref().unwrap_or_default();
+    let target = raw.strip_suffix('.').unwrap_or(raw).to_ascii_lowercase();
+    if target.is_empty() || !is_dns1123_subdomain(&target) {
+        ctx.reject(
+            "spec.externalName",
+            format!("{} is not a domain name", quote(raw)),
+        );
+        return None;
+    }
+    Some(target.into())
+}
+
+/// The cluster IPs, at most one per family: `Some(None)` for a headless service
+/// (kept only with `keep_headless`), `None` when the service is dropped (headless
+/// without `keep_headless`, or rejected).
 fn cluster_ips(
     ctx: &mut Ctx<'_>,
     spec: &corev1::ServiceSpec,
-    for_dns: bool,
-) -> Option<Vec<IpAddr>> {
+    keep_headless: bool,
+) -> Option<Option<Vec<IpAddr>>> {
     // Cluster IPs: clusterIPs when set (it is the dual-stack list and its first entry
     // equals clusterIP), else the legacy single clusterIP.
     let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
@@ -432,11 +489,10 @@ fn cluster_ips(
         _ => Vec::new(),
     };
     let headless = raw_ips.first().map(String::as_str) == Some("None");
-    if headless && !for_dns {
-        return None;
+    if headless {
+        return keep_headless.then_some(None);
     }
-    let raw_ips = if headless { Vec::new() } else { raw_ips };
-    if raw_ips.is_empty() && !headless {
+    if raw_ips.is_empty() {
         ctx.reject(
             "spec.clusterIP",
             "not set: svcproxy proxies only Services with an allocated cluster IP",
@@ -478,11 +534,11 @@ fn cluster_ips(
             None => ctx.ignore(field, format!("invalid IP address {}", quote(raw))),
         }
     }
-    if cluster_ips.is_empty() && !headless {
+    if cluster_ips.is_empty() {
         ctx.reject("spec.clusterIPs", "no valid cluster IP");
         return None;
     }
-    Some(cluster_ips)
+    Some(Some(cluster_ips))
 }
 
 /// ClientIP affinity's timeout, `None` without affinity.
@@ -944,7 +1000,7 @@ pub fn convert_slice(
     convert_slice_with(slice, &ConvertOptions::default(), problems)
 }
 
-/// [`convert_slice`] under `opts` (`for_dns` keeps headless services' slices).
+/// [`convert_slice`] under `opts` (`keep_unproxied` keeps headless services' slices).
 pub fn convert_slice_with(
     slice: &discoveryv1::EndpointSlice,
     opts: &ConvertOptions,
@@ -960,7 +1016,7 @@ pub fn convert_slice_with(
     }
     let empty = BTreeMap::new();
     let labels = slice.metadata.labels.as_ref().unwrap_or(&empty);
-    if labels.contains_key(LABEL_HEADLESS) && !opts.for_dns {
+    if labels.contains_key(LABEL_HEADLESS) && !opts.keep_unproxied {
         return None;
     }
     let family = slice_family(&mut ctx, slice)?;
@@ -1170,6 +1226,17 @@ fn slice_endpoint(
             None
         }
     };
+    let hostname = match ep.hostname.as_deref() {
+        None | Some("") => None,
+        Some(h) if is_dns1123_label(h) => Some(Box::from(h)),
+        Some(h) => {
+            ctx.ignore(
+                format!("{field}.hostname"),
+                format!("invalid hostname {}: not a DNS label", quote(h)),
+            );
+            None
+        }
+    };
     let cond = ep.conditions.clone().unwrap_or_default();
     // Upstream defaulting: unset ready means ready; unset serving means "same as
     // ready"; unset terminating means not terminating.
@@ -1206,6 +1273,7 @@ fn slice_endpoint(
             zone_hints,
             node_hints,
         }),
+        hostname,
     })
 }
 
@@ -1233,6 +1301,52 @@ fn hint_list(
     }
     out.sort();
     out.into_iter().map(Arc::from).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Pod
+
+/// What the cluster DNS reads of a Pod: its node and addresses. `None`, with no
+/// problem, while it is not scheduled or has no address (it places nobody).
+pub fn convert_pod(pod: &corev1::Pod, problems: &mut Vec<Problem>) -> Option<PodInfo> {
+    let key = meta_key(Kind::Pod, &pod.metadata);
+    let mut ctx = Ctx {
+        key: &key,
+        problems,
+    };
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())?;
+    if !is_dns1123_subdomain(node) {
+        ctx.ignore(
+            "spec.nodeName",
+            format!("invalid node name {}", quote(node)),
+        );
+        return None;
+    }
+    let raw = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ips.as_deref())
+        .unwrap_or_default();
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for (i, p) in raw.iter().enumerate().take(2) {
+        let field = format!("status.podIPs[{i}]");
+        match parse_ip(&mut ctx, &field, &p.ip) {
+            Some(ip) if !ips.contains(&ip) => ips.push(ip),
+            Some(_) => {}
+            None => ctx.ignore(field, format!("invalid IP address {}", quote(&p.ip))),
+        }
+    }
+    if ips.is_empty() {
+        return None;
+    }
+    Some(PodInfo {
+        node_name: node.into(),
+        ips: ips.into(),
+    })
 }
 
 // ---------------------------------------------------------------------------

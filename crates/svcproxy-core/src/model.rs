@@ -560,11 +560,78 @@ impl ServicePort {
     }
 }
 
-/// A converted Service: its ports, each carrying the service-wide fields.
+/// A converted Service: its ports, each carrying the service-wide fields, and what
+/// the cluster DNS names it by.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     pub name: ServiceName,
+    /// Possibly none: a headless service may have no port.
     pub ports: Vec<Arc<ServicePort>>,
+    pub kind: ServiceKind,
+    /// `spec.publishNotReadyAddresses`: the DNS names every endpoint of a headless
+    /// service, ready or not.
+    pub publish_not_ready_addresses: bool,
+    /// Why the proxy leaves the service alone; `None`: it proxies it. Services
+    /// that are not proxied are kept only for the cluster DNS
+    /// ([`crate::convert::ConvertOptions::keep_unproxied`]).
+    pub not_proxied: Option<NotProxied>,
+}
+
+impl Service {
+    pub fn proxied(&self) -> bool {
+        self.not_proxied.is_none()
+    }
+
+    /// Its cluster IPs (at most one per family; none unless [`ServiceKind::ClusterIp`]).
+    pub fn cluster_ips(&self) -> &[IpAddr] {
+        match &self.kind {
+            ServiceKind::ClusterIp(ips) => ips,
+            _ => &[],
+        }
+    }
+}
+
+/// How a Service is reached, which is what its DNS name answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceKind {
+    /// By its cluster IPs (shared with every port's `cluster_ips`).
+    ClusterIp(Arc<[IpAddr]>),
+    /// `clusterIP: None`: by its endpoints' addresses.
+    Headless,
+    /// `type: ExternalName`: an alias of this domain name (lowercase, no final dot).
+    ExternalName(Arc<str>),
+}
+
+/// Why a Service is not proxied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NotProxied {
+    /// `clusterIP: None`.
+    Headless,
+    /// Labelled `service.kubernetes.io/headless`.
+    HeadlessLabel,
+    /// `type: ExternalName`.
+    ExternalName,
+    /// Its `service.kubernetes.io/service-proxy-name` label is not this proxy's.
+    OtherProxy,
+}
+
+impl fmt::Display for NotProxied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NotProxied::Headless => "headless (clusterIP: None)",
+            NotProxied::HeadlessLabel => "labelled service.kubernetes.io/headless",
+            NotProxied::ExternalName => "type ExternalName",
+            NotProxied::OtherProxy => "another proxy's (service.kubernetes.io/service-proxy-name)",
+        })
+    }
+}
+
+/// What the cluster DNS needs of a Pod: where it runs and its addresses, to find
+/// a client's node from its address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodInfo {
+    pub node_name: Arc<str>,
+    pub ips: Box<[IpAddr]>,
 }
 
 /// What an EndpointSlice says about one endpoint address, whatever the port: shared

@@ -31,6 +31,30 @@ pub struct StateConfig {
     /// Services' `spec.externalIPs` are not served (the `AllowServiceExternalIPs`
     /// feature gate off, as kube-proxy 1.37).
     pub ignore_external_ips: bool,
+    /// The cluster DNS reads this state too: the Services the proxy leaves alone
+    /// (headless, ExternalName, other proxies'), their slices, and Pods are kept,
+    /// and what changes is noted for [`ClusterState::take_model_changes`].
+    pub dns: bool,
+    /// Nothing reads node snapshots (`svcproxy dns`): [`ClusterState::snapshot`]
+    /// only forgets the changes and returns empty ones.
+    pub without_snapshots: bool,
+}
+
+/// What changed in the model since the last [`ClusterState::take_model_changes`]
+/// (kept only for the cluster DNS: [`StateConfig::dns`]): names to read again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelChanges {
+    /// Services whose Service or slices changed.
+    pub services: BTreeSet<ServiceName>,
+    pub nodes: BTreeSet<String>,
+    /// Pods by namespace and name.
+    pub pods: BTreeSet<(Arc<str>, Arc<str>)>,
+}
+
+impl ModelChanges {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.nodes.is_empty() && self.pods.is_empty()
+    }
 }
 
 /// A slice's namespace and name.
@@ -88,6 +112,10 @@ pub struct ClusterState {
     input_problems: Vec<InputProblem>,
     /// Endpoint infos (and the names in them), interned.
     interned: Interner,
+    /// Pods by namespace and name (the cluster DNS's only).
+    pods: HashMap<(Arc<str>, Arc<str>), Arc<PodInfo>>,
+    /// `Some` when the cluster DNS reads the state.
+    model_changes: Option<ModelChanges>,
 }
 
 /// Interned endpoint infos and node labels: endpoints differ by address, but all the
@@ -158,9 +186,10 @@ impl ClusterState {
         ClusterState {
             opts: ConvertOptions {
                 service_proxy_name: config.service_proxy_name.clone(),
-                for_dns: false,
+                keep_unproxied: config.dns,
                 ignore_external_ips: config.ignore_external_ips,
             },
+            model_changes: config.dns.then(ModelChanges::default),
             config,
             services: Tracker::default(),
             slices: Tracker::default(),
@@ -175,6 +204,7 @@ impl ClusterState {
             host_ips: [Arc::from([]), Arc::from([])],
             input_problems: Vec::new(),
             interned: Interner::default(),
+            pods: HashMap::new(),
         }
     }
 
@@ -247,8 +277,11 @@ impl ClusterState {
                         .map(|n| ObjectKey::new(Kind::ServiceCidr, "", n)),
                 ),
                 Kind::Endpoints => keys.extend(self.mirrored.keys().cloned()),
-                // The proxy keeps no Pods.
-                Kind::Pod => {}
+                Kind::Pod => keys.extend(
+                    self.pods
+                        .keys()
+                        .map(|(ns, n)| ObjectKey::new(Kind::Pod, ns, n)),
+                ),
             }
         }
         // Objects that were rejected are still "held" for Replace purposes.
@@ -275,6 +308,7 @@ impl ClusterState {
                     .as_ref()
                     .map(|s| s.name.clone())
                     .unwrap_or_else(|| ServiceName::new(&key.namespace, &key.name));
+                self.note_service(&name);
                 self.services.set(name, converted.map(Arc::new));
             }
             KubeObject::EndpointSlice(slice) => {
@@ -286,6 +320,7 @@ impl ClusterState {
                     self.interned.labels(&mut n.labels);
                     Arc::new(n)
                 });
+                self.note_node(&key.name);
                 self.nodes.set(key.name.clone(), converted);
             }
             KubeObject::ServiceCidr(cidr) => {
@@ -314,7 +349,17 @@ impl ClusterState {
                 self.mirrored.insert(key.clone(), new_keys);
             }
             // Only the cluster DNS reads Pods.
-            KubeObject::Pod(_) => return,
+            KubeObject::Pod(_) if self.model_changes.is_none() => return,
+            KubeObject::Pod(pod) => {
+                let id = pod_key(&key);
+                match convert::convert_pod(pod, &mut problems) {
+                    Some(info) => self.pods.insert(id.clone(), Arc::new(info)),
+                    None => self.pods.remove(&id),
+                };
+                if let Some(changes) = &mut self.model_changes {
+                    changes.pods.insert(id);
+                }
+            }
         }
         self.record_problems(key, origin, problems);
     }
@@ -322,11 +367,13 @@ impl ClusterState {
     fn delete(&mut self, key: &ObjectKey) {
         match key.kind {
             Kind::Service => {
-                self.services
-                    .set(ServiceName::new(&key.namespace, &key.name), None);
+                let name = ServiceName::new(&key.namespace, &key.name);
+                self.note_service(&name);
+                self.services.set(name, None);
             }
             Kind::EndpointSlice => self.set_slice(slice_key(key), None),
             Kind::Node => {
+                self.note_node(&key.name);
                 self.nodes.set(key.name.clone(), None);
             }
             Kind::ServiceCidr => {
@@ -337,7 +384,14 @@ impl ClusterState {
                     self.delete(&old);
                 }
             }
-            Kind::Pod => return,
+            Kind::Pod => {
+                let id = pod_key(key);
+                if self.pods.remove(&id).is_some() {
+                    if let Some(changes) = &mut self.model_changes {
+                        changes.pods.insert(id);
+                    }
+                }
+            }
         }
         self.problems.remove(key);
         self.unmatched_ports.remove(key);
@@ -367,6 +421,11 @@ impl ClusterState {
             for p in s.ports.iter_mut() {
                 self.interned.name(&mut p.name);
             }
+        }
+        if let Some(changes) = &mut self.model_changes {
+            let old = self.slices.get(&key).map(|s| s.service.clone());
+            let new = slice.as_ref().map(|s| s.service.clone());
+            changes.services.extend(old.into_iter().chain(new));
         }
         if let Some(old) = self.slices.get(&key) {
             let svc = old.service.clone();
@@ -413,6 +472,56 @@ impl ClusterState {
             }
         }
         self.problems.insert(key, problems);
+    }
+
+    fn note_service(&mut self, name: &ServiceName) {
+        if let Some(changes) = &mut self.model_changes {
+            changes.services.insert(name.clone());
+        }
+    }
+
+    fn note_node(&mut self, name: &str) {
+        if let Some(changes) = &mut self.model_changes {
+            changes.nodes.insert(name.to_string());
+        }
+    }
+
+    /// What changed in the model since the last call (always empty unless
+    /// [`StateConfig::dns`]): the cluster DNS reads those names again.
+    pub fn take_model_changes(&mut self) -> ModelChanges {
+        self.model_changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// A Service as converted (proxied or not), by name.
+    pub fn service(&self, name: &ServiceName) -> Option<&Arc<Service>> {
+        self.services.get(name)
+    }
+
+    /// The slices of a service (whether or not the Service exists), by name.
+    pub fn slices_of<'a>(&'a self, name: &'a ServiceName) -> impl Iterator<Item = &'a Arc<Slice>> {
+        self.slices_by_service
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(move |n| self.slices.get(&(name.namespace.clone(), n.clone())))
+    }
+
+    /// A Node, by name.
+    pub fn node(&self, name: &str) -> Option<&Arc<NodeInfo>> {
+        self.nodes.get(name)
+    }
+
+    /// Every Node.
+    pub fn nodes(&self) -> impl Iterator<Item = &Arc<NodeInfo>> {
+        self.nodes.iter().map(|(_, n)| n)
+    }
+
+    /// A Pod (kept only for the cluster DNS), by namespace and name.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodInfo>> {
+        self.pods.get(&(Arc::from(namespace), Arc::from(name)))
     }
 
     /// Problems of the objects currently held, by object.
@@ -463,6 +572,17 @@ impl ClusterState {
         let node_changes = self.nodes.take_changes();
         self.service_cidrs.take_changes();
         self.interned.prune();
+        if self.config.without_snapshots {
+            let empty = |family| Arc::new(NodeSnapshot::empty(&self.config.node_name, family));
+            return SnapshotUpdate {
+                v4: empty(IpFamily::V4),
+                v6: empty(IpFamily::V6),
+                changed: BTreeSet::new(),
+                service_changes: service_changes.len(),
+                endpoint_changes: slice_changes.len(),
+                trigger_times: Vec::new(),
+            };
+        }
 
         let mut trigger_times = Vec::new();
         let mut affected: BTreeSet<ServiceName> = BTreeSet::new();
@@ -542,7 +662,8 @@ impl ClusterState {
                 .into_iter()
                 .filter_map(|k| ports.remove(&k).map(|v| (k, v)))
                 .collect();
-            if let Some(svc) = self.services.get(svc_name) {
+            // Services kept for the cluster DNS only have no view.
+            if let Some(svc) = self.services.get(svc_name).filter(|s| s.proxied()) {
                 for port in &svc.ports {
                     let Some(narrowed) = ServicePort::shared_for_family(port, family) else {
                         continue;
@@ -635,7 +756,7 @@ impl ClusterState {
     /// only when the list for a slice changes.
     fn warn_unmatched_slice_ports(&mut self, affected: &BTreeSet<ServiceName>) {
         for svc_name in affected {
-            let svc = self.services.get(svc_name).cloned();
+            let svc = self.services.get(svc_name).filter(|s| s.proxied()).cloned();
             let slice_names: Vec<Arc<str>> = self
                 .slices_by_service
                 .get(svc_name)
@@ -685,6 +806,10 @@ impl ClusterState {
             }
         }
     }
+}
+
+fn pod_key(key: &ObjectKey) -> (Arc<str>, Arc<str>) {
+    (key.namespace.as_str().into(), key.name.as_str().into())
 }
 
 fn slice_key(key: &ObjectKey) -> SliceKey {
@@ -766,6 +891,8 @@ mod tests {
             node_name: "node-a".into(),
             service_proxy_name: None,
             ignore_external_ips: false,
+            dns: false,
+            without_snapshots: false,
         });
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         state.apply(SourceUpdate::HostAddresses(vec![

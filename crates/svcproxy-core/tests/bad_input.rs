@@ -336,6 +336,8 @@ fn with_a_service_proxy_name_only_services_labelled_with_it_are_proxied() {
         node_name: THIS_NODE.to_string(),
         service_proxy_name: Some("x".to_string()),
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     });
     add_baseline(&mut st); // web has no label: not ours now
     for (name, label) in [

@@ -24,12 +24,13 @@ use std::sync::Arc;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use svcproxy_core::convert::{self, ConvertOptions, Slice};
-use svcproxy_core::model::{Endpoint, IpFamily, Labels, NodeInfo, ServicePort, LABEL_SERVICE_NAME};
-use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
+use smallvec::SmallVec;
+use svcproxy_core::convert::{is_dns1123_label, Slice, SliceEndpoint};
+use svcproxy_core::model::{
+    Endpoint, IpFamily, Labels, NodeInfo, PodInfo, Protocol, Service, ServiceKind, ServiceName,
+};
 use svcproxy_core::selection::{select_endpoints, NodeContext};
+use svcproxy_core::state::{ClusterState, ModelChanges};
 
 /// The schema version `dns-version.<zone>` answers.
 pub const SCHEMA_VERSION: &str = "1.1.0";
@@ -73,77 +74,160 @@ pub struct Answer {
     pub per_client: bool,
 }
 
-/// A named port: SRV records exist for these only.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct NamedPort {
-    name: String,
-    /// `tcp`, `udp`, `sctp`.
-    protocol: String,
-    port: u16,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum ServiceKind {
-    ClusterIp(Vec<IpAddr>),
-    Headless,
-    ExternalName(Name),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct ServiceSpec {
-    kind: ServiceKind,
-    ports: Vec<NamedPort>,
-    publish_not_ready: bool,
-    /// A headless service's port as the proxy's model has it (its topology keys,
-    /// `trafficDistribution`, policies), for endpoint selection; `None` when the
-    /// service has no port or the model refuses it (then nothing is filtered).
-    selection: Option<ServicePort>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct EndpointSpec {
-    ips: Vec<IpAddr>,
-    hostname: Option<String>,
-    ready: bool,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct SliceSpec {
-    service: String,
-    endpoints: Vec<EndpointSpec>,
-    ports: Vec<NamedPort>,
-    /// The slice as the proxy's model has it (zones, nodes, hints, conditions),
-    /// for endpoint selection.
-    model: Option<Slice>,
-}
-
-/// What the DNS answers for one service, derived from its spec and its slices.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct View {
-    /// A/AAAA at the service's name: its cluster IPs, or a headless service's
-    /// ready endpoints (those selection chose for the clients' node).
-    addrs: Vec<IpAddr>,
-    /// A headless service whose answers depend on the client's node (it has a
-    /// port the proxy's model accepts, for endpoint selection).
-    selective: bool,
-    /// With every client on one node (`clients_node`): what selection chooses
-    /// there, decided when the view is built rather than at every query.
-    chosen_here: Option<BTreeSet<IpAddr>>,
-    cname: Option<Name>,
-    headless: bool,
-    /// A headless service's endpoints by hostname.
-    hosts: BTreeMap<String, Vec<IpAddr>>,
-    /// `(port name, protocol)` → the SRV targets: port and hostname (`None`: the
-    /// service's own name).
-    srv: BTreeMap<(String, String), Vec<SrvTarget>>,
-}
-
 /// An SRV record's port and target hostname (`None`: the service's own name).
 type SrvTarget = (u16, Option<String>);
 
-type Key = (String, String);
+/// One service as the DNS answers it: the proxy's model of the Service and of its
+/// slices (shared with the cluster state, not copied), and what endpoint selection
+/// chose for the clients' node when they all run on one.
+#[derive(Clone, Debug)]
+struct Entry {
+    service: Arc<Service>,
+    /// Its slices, in name order.
+    slices: Box<[Arc<Slice>]>,
+    /// With every client on one node (`clients_node`), a selective headless
+    /// service's endpoints chosen there: decided when the entry is built rather
+    /// than at every query.
+    chosen_here: Option<Box<[IpAddr]>>,
+}
 
-/// Everything the DNS answers from, kept up to date by [`Catalog::apply`].
+impl Entry {
+    /// The same service, slices and choice (the model's values are shared, so
+    /// pointers compare them).
+    fn same(&self, other: &Entry) -> bool {
+        Arc::ptr_eq(&self.service, &other.service)
+            && self.slices.len() == other.slices.len()
+            && self
+                .slices
+                .iter()
+                .zip(other.slices.iter())
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+            && self.chosen_here == other.chosen_here
+    }
+
+    fn headless(&self) -> bool {
+        self.service.kind == ServiceKind::Headless
+    }
+
+    /// A headless service whose answers depend on the client's node: it has a
+    /// port, which endpoint selection reads (its topology keys,
+    /// `trafficDistribution`, policies).
+    fn selective(&self) -> bool {
+        self.headless() && !self.service.ports.is_empty()
+    }
+
+    /// A headless service's endpoints the DNS names: the ready ones, or all with
+    /// `publishNotReadyAddresses`.
+    fn published(&self) -> impl Iterator<Item = &SliceEndpoint> {
+        let all = self.service.publish_not_ready_addresses;
+        self.slices
+            .iter()
+            .filter(|_| self.headless())
+            .flat_map(|s| s.endpoints.iter())
+            .filter(move |e| e.ready || all)
+    }
+
+    /// A/AAAA at the service's name: its cluster IPs, or a headless service's
+    /// published endpoints (sorted).
+    fn addrs(&self) -> Vec<IpAddr> {
+        if !self.headless() {
+            return self.service.cluster_ips().to_vec();
+        }
+        let mut ips: Vec<IpAddr> = self.published().map(|e| e.ip).collect();
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
+    /// The addresses of a headless service's endpoints named `host`.
+    fn host_ips(&self, host: &str) -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = self
+            .published()
+            .filter(|e| host_of(e) == host)
+            .map(|e| e.ip)
+            .collect();
+        ips.dedup();
+        ips
+    }
+
+    /// The SRV targets of the named port `name` over `protocol` (lowercase):
+    /// the service itself, or each of a headless service's published endpoints
+    /// whose slice has that port. `None`: no such record.
+    fn srv_targets(&self, name: &str, protocol: &str) -> Option<Vec<SrvTarget>> {
+        let is = |port: &str, p: Protocol| !port.is_empty() && port == name && lower(p) == protocol;
+        let mut targets: Vec<SrvTarget> = Vec::new();
+        if self.headless() {
+            let all = self.service.publish_not_ready_addresses;
+            for slice in self.slices.iter() {
+                for p in slice.ports.iter().filter(|p| is(&p.name, p.protocol)) {
+                    for e in slice.endpoints.iter().filter(|e| e.ready || all) {
+                        let target = (p.port, Some(host_of(e).into_owned()));
+                        if !targets.contains(&target) {
+                            targets.push(target);
+                        }
+                    }
+                }
+            }
+        } else if matches!(self.service.kind, ServiceKind::ClusterIp(_)) {
+            targets.extend(
+                self.service
+                    .ports
+                    .iter()
+                    .filter(|p| is(&p.name.port, p.name.protocol))
+                    .map(|p| (p.port, None)),
+            );
+        }
+        targets.sort();
+        (!targets.is_empty()).then_some(targets)
+    }
+
+    /// Whether some SRV record of the service is over `protocol` (lowercase).
+    fn has_protocol(&self, protocol: &str) -> bool {
+        if self.headless() {
+            let has_endpoint = self.published().next().is_some();
+            has_endpoint
+                && self.slices.iter().any(|s| {
+                    !s.endpoints.is_empty()
+                        && s.ports
+                            .iter()
+                            .any(|p| !p.name.is_empty() && lower(p.protocol) == protocol)
+                })
+        } else {
+            self.service
+                .ports
+                .iter()
+                .any(|p| !p.name.port.is_empty() && lower(p.name.protocol) == protocol)
+        }
+    }
+
+    /// The addresses with PTR records to this service's names: its cluster IPs,
+    /// or a headless service's published endpoints.
+    fn ptr_ips(&self) -> Vec<IpAddr> {
+        self.addrs()
+    }
+}
+
+/// An endpoint's hostname: its own, else its address with dashes.
+fn host_of(e: &SliceEndpoint) -> std::borrow::Cow<'_, str> {
+    match &e.hostname {
+        Some(h) => std::borrow::Cow::Borrowed(h),
+        None => std::borrow::Cow::Owned(dashed(e.ip)),
+    }
+}
+
+fn lower(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// What the DNS answers from: an index over the cluster state's model
+/// ([`ClusterState`]), kept up to date by [`Catalog::follow`]. Every object is
+/// converted and validated once, by the state, for the proxy and the DNS alike:
+/// the catalog keeps only what is its own (names to services, addresses to names,
+/// clients to nodes).
 #[derive(Debug)]
 pub struct Catalog {
     zone: Name,
@@ -153,24 +237,19 @@ pub struct Catalog {
     /// Bumped at every change of a service, its slices or the Nodes (never
     /// wrapping): see [`Catalog::generation`].
     generation: u64,
-    services: HashMap<Key, ServiceSpec>,
-    /// By namespace and slice name.
-    slices: HashMap<Key, SliceSpec>,
-    /// By namespace and service name: the names of its slices.
-    slices_of: HashMap<Key, BTreeSet<String>>,
-    views: HashMap<Key, View>,
-    /// Services per namespace (`<ns>.svc.<zone>` exists while it has one).
-    namespaces: HashMap<String, usize>,
-    ptr: HashMap<IpAddr, BTreeSet<Name>>,
+    /// Services by namespace, then name (`<ns>.svc.<zone>` exists while it has one).
+    services: HashMap<Arc<str>, HashMap<Arc<str>, Entry>>,
+    /// Services with names for each address (PTR).
+    ptr: HashMap<IpAddr, SmallVec<[ServiceName; 1]>>,
     /// `DnsConfig::clients_node`.
     clients_node: Option<String>,
     /// Nodes by name: labels for endpoint selection, `podCIDRs` and addresses to
     /// place a client.
-    nodes: HashMap<String, NodeInfo>,
+    nodes: HashMap<String, Arc<NodeInfo>>,
     /// Pods by namespace and name: their IPs and node.
-    pods: HashMap<Key, (Vec<IpAddr>, String)>,
+    pods: HashMap<(Arc<str>, Arc<str>), Arc<PodInfo>>,
     /// A pod IP's node.
-    pod_nodes: HashMap<IpAddr, String>,
+    pod_nodes: HashMap<IpAddr, Arc<str>>,
     /// Nodes by their `podCIDRs`: per prefix length, longest first, the networks.
     /// An IPv4 and an IPv6 network never compare equal, so one map holds both.
     node_cidrs: BTreeMap<std::cmp::Reverse<u8>, HashMap<IpAddr, String>>,
@@ -181,15 +260,17 @@ pub struct Catalog {
     ready: bool,
 }
 
+/// `cfg.zone`, not a domain name.
+#[derive(Debug, thiserror::Error)]
+#[error("--cluster-domain {0:?}: not a domain name (lowercase labels of letters, digits and '-')")]
+pub struct BadZone(pub String);
+
 impl Catalog {
-    /// An empty catalog for `cfg`'s zone; `Err` when the zone is not a domain name.
-    pub fn new(cfg: &DnsConfig) -> Result<Self, String> {
+    /// An empty catalog for `cfg`'s zone.
+    pub fn new(cfg: &DnsConfig) -> Result<Self, BadZone> {
         let zone = cfg.zone.trim_end_matches('.').to_ascii_lowercase();
-        if zone.is_empty() || zone.len() > 200 || !zone.split('.').all(is_label) {
-            return Err(format!(
-                "--cluster-domain {:?}: not a domain name (lowercase labels of letters, digits and '-')",
-                cfg.zone
-            ));
+        if zone.is_empty() || zone.len() > 200 || !zone.split('.').all(is_dns1123_label) {
+            return Err(BadZone(cfg.zone.clone()));
         }
         Ok(Catalog {
             zone: fqdn(&zone),
@@ -197,10 +278,6 @@ impl Catalog {
             serial: 1,
             generation: 0,
             services: HashMap::new(),
-            slices: HashMap::new(),
-            slices_of: HashMap::new(),
-            views: HashMap::new(),
-            namespaces: HashMap::new(),
             ptr: HashMap::new(),
             clients_node: cfg.clients_node.clone(),
             nodes: HashMap::new(),
@@ -242,142 +319,61 @@ impl Catalog {
 
     /// Services known.
     pub fn services(&self) -> usize {
-        self.services.len()
+        self.services.values().map(HashMap::len).sum()
     }
 
-    /// Takes one update from a source; returns the errors about the objects in it
-    /// (each named). An object that cannot be read keeps its previous version, if
-    /// any: nothing that answered is lost to a bad edit.
-    pub fn apply(&mut self, update: &SourceUpdate) -> Vec<String> {
-        let mut errors = Vec::new();
-        match update {
-            SourceUpdate::Upsert { object, origin } => {
-                if let Err(e) = self.upsert(object) {
-                    errors.push(format!("{} (from {origin}): {e}", object.key()));
-                }
-            }
-            SourceUpdate::Delete(key) => self.delete(key),
-            SourceUpdate::Replace { kinds, objects } => {
-                let mut keep: BTreeSet<ObjectKey> = BTreeSet::new();
-                for (object, origin) in objects {
-                    keep.insert(object.key());
-                    if let Err(e) = self.upsert(object) {
-                        errors.push(format!("{} (from {origin}): {e}", object.key()));
-                    }
-                }
-                let stale: Vec<ObjectKey> = self
-                    .keys()
-                    .filter(|k| kinds.contains(&k.kind) && !keep.contains(k))
-                    .collect();
-                for key in stale {
-                    self.delete(&key);
-                }
-            }
-            SourceUpdate::HostAddresses(_) | SourceUpdate::InputProblems(_) => {}
+    /// Reads again what changed in `model` since the last call (the state must
+    /// have been made with [`svcproxy_core::state::StateConfig::dns`]).
+    pub fn follow(&mut self, model: &mut ClusterState) {
+        let changes = model.take_model_changes();
+        if !changes.is_empty() {
+            self.update(model, &changes);
         }
-        errors
     }
 
-    fn keys(&self) -> impl Iterator<Item = ObjectKey> + '_ {
-        let services = self
-            .services
-            .keys()
-            .map(|(ns, n)| ObjectKey::new(Kind::Service, ns, n));
-        let slices = self
-            .slices
-            .keys()
-            .map(|(ns, n)| ObjectKey::new(Kind::EndpointSlice, ns, n));
-        let nodes = self.nodes.keys().map(|n| ObjectKey::new(Kind::Node, "", n));
-        let pods = self
-            .pods
-            .keys()
-            .map(|(ns, n)| ObjectKey::new(Kind::Pod, ns, n));
-        services.chain(slices).chain(nodes).chain(pods)
-    }
-
-    fn upsert(&mut self, object: &KubeObject) -> Result<(), String> {
-        let key = object.key();
-        let id = (key.namespace.clone(), key.name.clone());
-        match object {
-            KubeObject::Service(svc) => {
-                check_names(&key)?;
-                let spec = service_spec(svc)?;
-                if self.services.get(&id) == Some(&spec) {
-                    return Ok(());
-                }
-                if self.services.insert(id.clone(), spec).is_none() {
-                    *self.namespaces.entry(id.0.clone()).or_default() += 1;
-                }
-                self.refresh(&id);
-            }
-            KubeObject::EndpointSlice(slice) => {
-                let spec = slice_spec(slice)?;
-                if self.slices.get(&id) == Some(&spec) {
-                    return Ok(());
-                }
-                let service = spec.service.clone();
-                if let Some(old) = self.slices.insert(id.clone(), spec) {
-                    if old.service != service {
-                        self.unlink_slice(&id, &old.service);
-                    }
-                }
-                let svc = (id.0.clone(), service);
-                self.slices_of
-                    .entry(svc.clone())
-                    .or_default()
-                    .insert(id.1.clone());
-                self.refresh(&svc);
-            }
-            KubeObject::Node(node) => {
-                let mut problems = Vec::new();
-                let info = convert::convert_node(node, &mut problems)
-                    .ok_or_else(|| "not a usable Node".to_string())?;
-                let old = self.nodes.insert(info.name.clone(), info.clone());
-                if old.as_ref().map(|o| &o.labels) != Some(&info.labels) {
-                    self.nodes_changed();
-                }
-                if old.map(|o| (o.pod_cidrs, o.addresses)) != Some((info.pod_cidrs, info.addresses))
-                {
-                    self.index_nodes();
-                }
-            }
-            KubeObject::Pod(pod) => {
-                let node = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .filter(|n| !n.is_empty());
-                let ips: Vec<IpAddr> = pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.pod_ips.as_ref())
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|p| svcproxy_core::addr::parse_ip_sloppy(&p.ip))
-                    .map(|p| p.value)
-                    .collect();
-                self.remove_pod(&id);
-                // A pod not yet scheduled, or without an address, places nobody.
-                if let Some(node) = node.filter(|_| !ips.is_empty()) {
-                    for ip in &ips {
-                        self.pod_nodes.insert(*ip, node.clone());
-                    }
-                    self.pods.insert(id, (ips, node));
-                }
-            }
-            // ServiceCIDRs and legacy Endpoints say nothing DNS answers.
-            _ => {}
+    /// Reads again the objects `changes` names from `model`.
+    pub fn update(&mut self, model: &ClusterState, changes: &ModelChanges) {
+        let (mut labels_moved, mut places_moved) = (false, false);
+        for name in &changes.nodes {
+            let new = model.node(name).cloned();
+            let old = match &new {
+                Some(n) => self.nodes.insert(name.clone(), n.clone()),
+                None => self.nodes.remove(name),
+            };
+            labels_moved |= old.as_ref().map(|o| &o.labels) != new.as_ref().map(|n| &n.labels);
+            places_moved |= old.as_ref().map(|o| (&o.pod_cidrs, &o.addresses))
+                != new.as_ref().map(|n| (&n.pod_cidrs, &n.addresses));
         }
-        Ok(())
+        for (ns, name) in &changes.pods {
+            self.place_pod((ns.clone(), name.clone()), model.pod(ns, name).cloned());
+        }
+        for name in &changes.services {
+            self.refresh(name, model);
+        }
+        if places_moved {
+            self.index_nodes();
+        }
+        if labels_moved {
+            // The endpoints chosen for any node may differ now.
+            self.generation += 1;
+            self.refresh_chosen_here();
+        }
     }
 
-    /// Node labels changed: with every client on one node, the selections decided
-    /// at build time are decided again.
-    /// A Node's labels changed, or a Node went: the endpoints chosen for any node
-    /// may differ now.
-    fn nodes_changed(&mut self) {
-        self.generation += 1;
-        self.refresh_chosen_here();
+    fn place_pod(&mut self, id: (Arc<str>, Arc<str>), pod: Option<Arc<PodInfo>>) {
+        if let Some(old) = self.pods.remove(&id) {
+            for ip in old.ips.iter() {
+                if self.pod_nodes.get(ip) == Some(&old.node_name) {
+                    self.pod_nodes.remove(ip);
+                }
+            }
+        }
+        if let Some(pod) = pod {
+            for ip in pod.ips.iter() {
+                self.pod_nodes.insert(*ip, pod.node_name.clone());
+            }
+            self.pods.insert(id, pod);
+        }
     }
 
     /// Rebuilds the index of Nodes by `podCIDRs` and by address: once at
@@ -391,7 +387,7 @@ impl Catalog {
         self.node_cidrs.clear();
         // Sorted by name: where two Nodes claim the same address or range (a
         // misconfiguration), the answer does not depend on hash order.
-        let mut nodes: Vec<&NodeInfo> = self.nodes.values().collect();
+        let mut nodes: Vec<&NodeInfo> = self.nodes.values().map(|n| &**n).collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         for n in nodes {
             for ip in &n.addresses {
@@ -410,158 +406,98 @@ impl Catalog {
         }
     }
 
+    /// Node labels changed: with every client on one node, the endpoints chosen
+    /// there are chosen again.
     fn refresh_chosen_here(&mut self) {
         // Before the first complete list (nobody is answered yet), once, at
         // `set_ready`, rather than once per Node of the list.
-        if self.clients_node.is_none() || !self.ready {
+        let Some(node) = self.clients_node.clone().filter(|_| self.ready) else {
             return;
-        }
-        let selective: Vec<Key> = self
-            .views
-            .iter()
-            .filter(|(_, v)| v.selective)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for id in selective {
-            self.refresh(&id);
-        }
-    }
-
-    fn remove_pod(&mut self, id: &Key) {
-        if let Some((ips, node)) = self.pods.remove(id) {
-            for ip in ips {
-                if self.pod_nodes.get(&ip) == Some(&node) {
-                    self.pod_nodes.remove(&ip);
+        };
+        let mut moved = false;
+        let mut updates = Vec::new();
+        for (ns, names) in &self.services {
+            for (name, entry) in names.iter().filter(|(_, e)| e.selective()) {
+                let chosen = self.chosen(entry, &node);
+                if chosen != entry.chosen_here {
+                    updates.push((ns.clone(), name.clone(), chosen));
                 }
             }
         }
-    }
-
-    fn delete(&mut self, key: &ObjectKey) {
-        let id = (key.namespace.clone(), key.name.clone());
-        match key.kind {
-            Kind::Service if self.services.remove(&id).is_some() => {
-                if let Some(n) = self.namespaces.get_mut(&id.0) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.namespaces.remove(&id.0);
-                    }
-                }
-                self.refresh(&id);
+        for (ns, name, chosen) in updates {
+            if let Some(entry) = self.services.get_mut(&ns).and_then(|m| m.get_mut(&name)) {
+                entry.chosen_here = chosen;
+                moved = true;
             }
-            Kind::EndpointSlice => {
-                if let Some(old) = self.slices.remove(&id) {
-                    self.unlink_slice(&id, &old.service);
-                }
-            }
-            Kind::Node if self.nodes.remove(&key.name).is_some() => {
-                self.nodes_changed();
-                self.index_nodes();
-            }
-            Kind::Pod => self.remove_pod(&id),
-            _ => {}
+        }
+        if moved {
+            self.generation += 1;
+            self.serial = self.serial.wrapping_add(1).max(1);
         }
     }
 
-    /// Forgets that slice `id` belonged to `service`, and refreshes that service.
-    fn unlink_slice(&mut self, id: &Key, service: &str) {
-        let svc = (id.0.clone(), service.to_string());
-        if let Some(set) = self.slices_of.get_mut(&svc) {
-            set.remove(&id.1);
-            if set.is_empty() {
-                self.slices_of.remove(&svc);
-            }
-        }
-        self.refresh(&svc);
-    }
-
-    /// Rebuilds service `id`'s view and its PTR records.
-    fn refresh(&mut self, id: &Key) {
-        // Whether or not the view changes: what endpoint selection chooses for a
+    /// Reads service `name` (its Service and slices) again from `model`, and its
+    /// PTR records.
+    fn refresh(&mut self, name: &ServiceName, model: &ClusterState) {
+        // Whether or not the entry changes: what endpoint selection chooses for a
         // client's node may (a zone or a hint changed, not an address).
         self.generation += 1;
-        let new = self.services.get(id).map(|spec| self.build_view(id, spec));
+        let new = model.service(name).map(|service| {
+            let mut entry = Entry {
+                service: service.clone(),
+                slices: model.slices_of(name).cloned().collect(),
+                chosen_here: None,
+            };
+            if entry.selective() && self.ready {
+                if let Some(node) = &self.clients_node {
+                    entry.chosen_here = self.chosen(&entry, node);
+                }
+            }
+            entry
+        });
         let old = match &new {
-            Some(v) => self.views.insert(id.clone(), v.clone()),
-            None => self.views.remove(id),
+            Some(entry) => self
+                .services
+                .entry(name.namespace.clone())
+                .or_default()
+                .insert(name.name.clone(), entry.clone()),
+            None => {
+                let names = self.services.get_mut(&*name.namespace);
+                let old = names.and_then(|m| m.remove(&*name.name));
+                if self
+                    .services
+                    .get(&*name.namespace)
+                    .is_some_and(HashMap::is_empty)
+                {
+                    self.services.remove(&*name.namespace);
+                }
+                old
+            }
         };
-        if old == new {
-            return;
+        match (&old, &new) {
+            (None, None) => return,
+            (Some(a), Some(b)) if a.same(b) => return,
+            _ => {}
         }
         self.serial = self.serial.wrapping_add(1).max(1);
-        if let Some(old) = old {
-            for (ip, name) in self.ptrs(id, &old) {
-                if let Some(set) = self.ptr.get_mut(&ip) {
-                    set.remove(&name);
-                    if set.is_empty() {
-                        self.ptr.remove(&ip);
-                    }
+        for ip in old.iter().flat_map(Entry::ptr_ips) {
+            if let Some(names) = self.ptr.get_mut(&ip) {
+                names.retain(|n| n != name);
+                if names.is_empty() {
+                    self.ptr.remove(&ip);
                 }
             }
         }
-        if let Some(new) = new {
-            for (ip, name) in self.ptrs(id, &new) {
-                self.ptr.entry(ip).or_default().insert(name);
+        for ip in new.iter().flat_map(Entry::ptr_ips) {
+            let names = self.ptr.entry(ip).or_default();
+            if !names.contains(name) {
+                names.push(name.clone());
             }
         }
     }
 
-    fn build_view(&self, id: &Key, spec: &ServiceSpec) -> View {
-        let mut view = View::default();
-        match &spec.kind {
-            ServiceKind::ExternalName(target) => view.cname = Some(target.clone()),
-            ServiceKind::ClusterIp(ips) => {
-                view.addrs = ips.clone();
-                for p in &spec.ports {
-                    view.srv
-                        .entry((p.name.clone(), p.protocol.clone()))
-                        .or_default()
-                        .push((p.port, None));
-                }
-            }
-            ServiceKind::Headless => {
-                view.headless = true;
-                view.selective = spec.selection.is_some();
-                if view.selective {
-                    if let Some(node) = &self.clients_node {
-                        view.chosen_here = self.chosen(id, spec, node);
-                    }
-                }
-                let slices = self.slices_of.get(id).into_iter().flatten();
-                for slice in slices.filter_map(|n| self.slices.get(&(id.0.clone(), n.clone()))) {
-                    for ep in &slice.endpoints {
-                        if !(ep.ready || spec.publish_not_ready) {
-                            continue;
-                        }
-                        for ip in &ep.ips {
-                            let host = ep.hostname.clone().unwrap_or_else(|| dashed(*ip));
-                            let ips = view.hosts.entry(host.clone()).or_default();
-                            if !ips.contains(ip) {
-                                ips.push(*ip);
-                            }
-                            if !view.addrs.contains(ip) {
-                                view.addrs.push(*ip);
-                            }
-                            for p in &slice.ports {
-                                let targets = view
-                                    .srv
-                                    .entry((p.name.clone(), p.protocol.clone()))
-                                    .or_default();
-                                let target = (p.port, Some(host.clone()));
-                                if !targets.contains(&target) {
-                                    targets.push(target);
-                                }
-                            }
-                        }
-                    }
-                }
-                view.addrs.sort();
-                for targets in view.srv.values_mut() {
-                    targets.sort();
-                }
-            }
-        }
-        view
+    fn entry(&self, ns: &str, name: &str) -> Option<&Entry> {
+        self.services.get(ns)?.get(name)
     }
 
     /// The node of the client at `client`: the one all clients are on, else its
@@ -585,12 +521,15 @@ impl Catalog {
             .map(String::as_str)
     }
 
-    /// The addresses endpoint selection chooses for `node` among service `id`'s
-    /// endpoints: the proxy's own function, on the proxy's own model of the service
-    /// and its slices, per family. `None`: the service has no port the model
-    /// accepts (nothing is filtered).
-    fn chosen(&self, id: &Key, spec: &ServiceSpec, node: &str) -> Option<BTreeSet<IpAddr>> {
-        let port = spec.selection.as_ref()?;
+    /// The addresses endpoint selection chooses for `node` among a selective
+    /// headless service's endpoints: the proxy's own function, on the proxy's own
+    /// model of the service and its slices, per family (sorted). `None`: the
+    /// service is not selective (nothing is filtered).
+    fn chosen(&self, entry: &Entry, node: &str) -> Option<Box<[IpAddr]>> {
+        if !entry.selective() {
+            return None;
+        }
+        let port = &entry.service.ports[0];
         let no_labels = Labels::new();
         let node_labels = |n: &str| self.nodes.get(n).map(|i| &i.labels);
         let ctx = NodeContext {
@@ -598,24 +537,18 @@ impl Catalog {
             labels: self.nodes.get(node).map_or(&no_labels, |i| &i.labels),
             node_labels: &node_labels,
         };
-        let slices: Vec<&Slice> = self
-            .slices_of
-            .get(id)
-            .into_iter()
-            .flatten()
-            .filter_map(|n| self.slices.get(&(id.0.clone(), n.clone())))
-            .filter_map(|s| s.model.as_ref())
-            .collect();
-        let mut chosen = BTreeSet::new();
+        let all = entry.service.publish_not_ready_addresses;
+        let mut chosen = Vec::new();
         for family in [IpFamily::V4, IpFamily::V6] {
-            let mut endpoints: Vec<Endpoint> = slices
+            let mut endpoints: Vec<Endpoint> = entry
+                .slices
                 .iter()
                 .filter(|s| s.family == family)
                 .flat_map(|s| {
                     let port = s.ports.first().map_or(0, |p| p.port);
                     s.endpoints.iter().map(move |e| {
                         let mut info = e.info.clone();
-                        if spec.publish_not_ready && !info.ready {
+                        if all && !info.ready {
                             Arc::make_mut(&mut info).ready = true;
                         }
                         Endpoint {
@@ -633,28 +566,17 @@ impl Catalog {
             let picked = selection.cluster_endpoints.or(selection.local_endpoints);
             chosen.extend(picked.iter().flat_map(|l| l.iter()).map(|e| e.ip));
         }
-        Some(chosen)
-    }
-
-    /// The PTR records a view makes: cluster IPs to the service's name, headless
-    /// endpoints to their hostname's.
-    fn ptrs(&self, id: &Key, view: &View) -> Vec<(IpAddr, Name)> {
-        let service = self.service_name(id);
-        if view.headless {
-            view.hosts
-                .iter()
-                .flat_map(|(host, ips)| {
-                    let name = prefixed(host, &service);
-                    ips.iter().map(move |ip| (*ip, name.clone()))
-                })
-                .collect()
-        } else {
-            view.addrs.iter().map(|ip| (*ip, service.clone())).collect()
-        }
+        chosen.sort();
+        chosen.dedup();
+        Some(chosen.into())
     }
 
     /// `<service>.<ns>.svc.<zone>.`
-    fn service_name(&self, (ns, name): &Key) -> Name {
+    fn service_name(&self, name: &ServiceName) -> Name {
+        self.service_name_of(&name.namespace, &name.name)
+    }
+
+    fn service_name_of(&self, ns: &str, name: &str) -> Name {
         let svc = prefixed("svc", &self.zone);
         prefixed(name, &prefixed(ns, &svc))
     }
@@ -678,14 +600,34 @@ impl Catalog {
         if ip.prefix_len() != ip.max_prefix_len() {
             return None;
         }
-        let names = self.ptr.get(&ip.addr())?;
+        let ip = ip.addr();
+        let services = self.ptr.get(&ip)?;
         if !matches!(qtype, RecordType::PTR | RecordType::ANY) {
             return Some(Answer::default());
         }
+        // Cluster IPs name their service; a headless service's endpoint, its
+        // hostname under the service.
+        let mut names: BTreeSet<Name> = BTreeSet::new();
+        for svc in services {
+            let Some(entry) = self.entry(&svc.namespace, &svc.name) else {
+                continue;
+            };
+            let service = self.service_name(svc);
+            if entry.headless() {
+                names.extend(
+                    entry
+                        .published()
+                        .filter(|e| e.ip == ip)
+                        .map(|e| prefixed(&host_of(e), &service)),
+                );
+            } else {
+                names.insert(service);
+            }
+        }
         Some(Answer {
             answers: names
-                .iter()
-                .map(|n| self.record(qname, RData::PTR(PTR(n.clone()))))
+                .into_iter()
+                .map(|n| self.record(qname, RData::PTR(PTR(n))))
                 .collect(),
             ..Answer::default()
         })
@@ -724,38 +666,37 @@ impl Catalog {
                 },
                 _ => self.nodata(),
             },
-            ["svc", ns] if self.namespaces.contains_key(*ns) => self.nodata(),
-            ["svc", ns, svc] => {
-                let id = (ns.to_string(), svc.to_string());
-                match self.views.get(&id) {
-                    None => self.nxdomain(),
-                    Some(view) => self.service_answer(qname, &id, view, qtype, client),
-                }
-            }
-            ["svc", ns, svc, proto] if proto.starts_with('_') => {
-                match self.views.get(&(ns.to_string(), svc.to_string())) {
-                    Some(view) if view.srv.keys().any(|(_, p)| *p == proto[1..]) => self.nodata(),
-                    _ => self.nxdomain(),
-                }
-            }
-            ["svc", ns, svc, host] => match self
-                .views
-                .get(&(ns.to_string(), svc.to_string()))
-                .and_then(|v| v.hosts.get(*host))
-            {
+            ["svc", ns] if self.services.contains_key(*ns) => self.nodata(),
+            ["svc", ns, svc] => match self.entry(ns, svc) {
                 None => self.nxdomain(),
-                Some(ips) => self.address_answer(qname, ips, qtype),
+                Some(entry) => self.service_answer(qname, entry, qtype, client),
             },
+            ["svc", ns, svc, proto] if proto.starts_with('_') => match self.entry(ns, svc) {
+                Some(entry) if entry.has_protocol(&proto[1..]) => self.nodata(),
+                _ => self.nxdomain(),
+            },
+            ["svc", ns, svc, host] => {
+                let ips = self
+                    .entry(ns, svc)
+                    .map(|e| e.host_ips(host))
+                    .unwrap_or_default();
+                if ips.is_empty() {
+                    self.nxdomain()
+                } else {
+                    self.address_answer(qname, &ips, qtype)
+                }
+            }
             ["svc", ns, svc, proto, port] if proto.starts_with('_') && port.starts_with('_') => {
-                let id = (ns.to_string(), svc.to_string());
-                let targets = self
-                    .views
-                    .get(&id)
-                    .and_then(|v| v.srv.get(&(port[1..].to_string(), proto[1..].to_string())));
-                match targets {
+                let found = self.entry(ns, svc).and_then(|entry| {
+                    let targets = entry.srv_targets(&port[1..], &proto[1..])?;
+                    Some((entry, targets))
+                });
+                match found {
                     None => self.nxdomain(),
                     Some(_) if !matches!(qtype, RecordType::SRV | RecordType::ANY) => self.nodata(),
-                    Some(targets) => self.srv_answer(qname, &id, targets, client),
+                    Some((entry, targets)) => {
+                        self.srv_answer(qname, ns, svc, entry, &targets, client)
+                    }
                 }
             }
             ["pod", _, ip] => match undashed(ip) {
@@ -766,66 +707,63 @@ impl Catalog {
         }
     }
 
-    /// The addresses endpoint selection chose for `client`'s node, when `view`'s
+    /// The addresses endpoint selection chose for `client`'s node, when `entry`'s
     /// answers depend on it and the node is known; `None`: every one.
     fn chosen_for<'a>(
         &self,
-        id: &Key,
-        view: &'a View,
+        entry: &'a Entry,
         client: Option<IpAddr>,
-    ) -> Option<std::borrow::Cow<'a, BTreeSet<IpAddr>>> {
-        if !view.selective {
+    ) -> Option<std::borrow::Cow<'a, [IpAddr]>> {
+        if !entry.selective() {
             return None;
         }
         if self.clients_node.is_some() {
-            return view.chosen_here.as_ref().map(std::borrow::Cow::Borrowed);
+            return entry.chosen_here.as_deref().map(std::borrow::Cow::Borrowed);
         }
-        let spec = self.services.get(id)?;
-        self.chosen(id, spec, self.client_node(client)?)
-            .map(std::borrow::Cow::Owned)
+        self.chosen(entry, self.client_node(client)?)
+            .map(|c| std::borrow::Cow::Owned(c.into_vec()))
     }
 
     fn service_answer(
         &self,
         qname: &Name,
-        id: &Key,
-        view: &View,
+        entry: &Entry,
         qtype: RecordType,
         client: Option<IpAddr>,
     ) -> Answer {
-        if let Some(target) = &view.cname {
+        if let ServiceKind::ExternalName(target) = &entry.service.kind {
             // Whatever the type: the resolver follows the alias.
             return Answer {
-                answers: vec![self.record(qname, RData::CNAME(CNAME(target.clone())))],
+                answers: vec![self.record(qname, RData::CNAME(CNAME(fqdn(target))))],
                 ..Answer::default()
             };
         }
-        if view.headless && view.addrs.is_empty() {
+        let addrs = entry.addrs();
+        if entry.headless() && addrs.is_empty() {
             // The specification: a headless service without ready endpoints. With
             // some, but none chosen for the client's node: NODATA, below.
             return self.nxdomain();
         }
-        let answer = match self.chosen_for(id, view, client) {
-            None => self.address_answer(qname, &view.addrs, qtype),
+        let answer = match self.chosen_for(entry, client) {
+            None => self.address_answer(qname, &addrs, qtype),
             Some(chosen) => {
-                let ips: Vec<IpAddr> = view
-                    .addrs
+                let ips: Vec<IpAddr> = addrs
                     .iter()
                     .copied()
-                    .filter(|ip| chosen.contains(ip))
+                    .filter(|ip| chosen.binary_search(ip).is_ok())
                     .collect();
                 self.address_answer(qname, &ips, qtype)
             }
         };
         Answer {
-            per_client: self.varies_by_client(view),
+            per_client: self.varies_by_client(entry),
             ..answer
         }
     }
 
-    /// Whether `view`'s answers depend on the client asking.
-    fn varies_by_client(&self, view: &View) -> bool {
-        view.selective && self.clients_node.is_none()
+    /// Whether `entry`'s answers depend on the client asking.
+    fn varies_by_client(&self, entry: &Entry) -> bool {
+        entry.selective() && self.clients_node.is_none()
     }
 
     /// A/AAAA of `ips` at `qname`, as `qtype` asks; NODATA for other types.
@@ -854,25 +792,32 @@ impl Catalog {
     fn srv_answer(
         &self,
         qname: &Name,
-        id: &Key,
+        ns: &str,
+        svc: &str,
+        entry: &Entry,
         targets: &[SrvTarget],
         client: Option<IpAddr>,
     ) -> Answer {
-        let service = self.service_name(id);
-        let view = &self.views[id];
+        let service = self.service_name_of(ns, svc);
+        let chosen = self.chosen_for(entry, client);
+        let ips_of = |host: &Option<String>| match host {
+            Some(h) => entry.host_ips(h),
+            None => entry.addrs(),
+        };
         // A headless service's endpoints chosen for the client's node only.
-        let targets: Vec<&SrvTarget> = match self.chosen_for(id, view, client) {
+        let targets: Vec<&SrvTarget> = match &chosen {
             None => targets.iter().collect(),
             Some(chosen) => targets
                 .iter()
                 .filter(|(_, host)| {
-                    host.as_ref()
-                        .and_then(|h| view.hosts.get(h))
-                        .is_some_and(|ips| ips.iter().any(|ip| chosen.contains(ip)))
+                    host.is_some()
+                        && ips_of(host)
+                            .iter()
+                            .any(|ip| chosen.binary_search(ip).is_ok())
                 })
                 .collect(),
         };
-        let per_client = self.varies_by_client(view);
+        let per_client = self.varies_by_client(entry);
         if targets.is_empty() {
             return Answer {
                 per_client,
@@ -884,7 +829,7 @@ impl Catalog {
         let mut answers = Vec::new();
         let mut additionals = Vec::new();
         let mut added: BTreeSet<&str> = BTreeSet::new();
-        for &(port, host) in &targets {
+        for (port, host) in targets {
             let target = match host {
                 Some(h) => prefixed(h, &service),
                 None => service.clone(),
@@ -893,15 +838,10 @@ impl Catalog {
                 qname,
                 RData::SRV(SRV::new(0, weight, *port, target.clone())),
             ));
-            let key = host.as_deref().unwrap_or("");
-            if !added.insert(key) {
+            if !added.insert(host.as_deref().unwrap_or("")) {
                 continue;
             }
-            let ips = match host {
-                Some(h) => view.hosts.get(h).map(Vec::as_slice).unwrap_or_default(),
-                None => view.addrs.as_slice(),
-            };
-            additionals.extend(ips.iter().map(|ip| match ip {
+            additionals.extend(ips_of(host).iter().map(|ip| match ip {
                 IpAddr::V4(v4) => self.record(&target, RData::A(A(*v4))),
                 IpAddr::V6(v6) => self.record(&target, RData::AAAA(AAAA(*v6))),
             }));
@@ -947,23 +887,6 @@ impl Catalog {
     }
 }
 
-/// A DNS label as Kubernetes names are (RFC 1123): 1 to 63 lowercase letters,
-/// digits and '-', not starting or ending with '-'.
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// A port name as Kubernetes allows (IANA_SVC_NAME): a label of at most 15
-/// characters with a letter, no `--`.
-fn is_port_name(s: &str) -> bool {
-    is_label(s) && s.len() <= 15 && s.bytes().any(|b| b.is_ascii_lowercase()) && !s.contains("--")
-}
-
 /// A name made of checked labels; `name` is absolute (ends with `.`).
 fn fqdn(name: &str) -> Name {
     Name::from_ascii(format!("{name}.")).expect("checked labels make a name")
@@ -991,179 +914,6 @@ fn undashed(label: &str) -> Option<IpAddr> {
         .parse::<Ipv6Addr>()
         .ok()
         .map(IpAddr::V6)
-}
-
-fn check_names(key: &ObjectKey) -> Result<(), String> {
-    for (what, v) in [("namespace", &key.namespace), ("name", &key.name)] {
-        if !is_label(v) {
-            return Err(format!(
-                "its {what} is not a DNS label (1 to 63 lowercase letters, digits and '-'): no records"
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn protocol(p: Option<&str>) -> Result<String, String> {
-    match p.unwrap_or("TCP") {
-        "TCP" => Ok("tcp".into()),
-        "UDP" => Ok("udp".into()),
-        "SCTP" => Ok("sctp".into()),
-        other => Err(format!("unknown protocol {other:?}")),
-    }
-}
-
-fn service_spec(svc: &Service) -> Result<ServiceSpec, String> {
-    let spec = svc.spec.as_ref().ok_or("no spec")?;
-    let kind = if spec.type_.as_deref() == Some("ExternalName") {
-        let target = spec
-            .external_name
-            .as_deref()
-            .ok_or("type ExternalName without externalName")?
-            .trim_end_matches('.')
-            .to_ascii_lowercase();
-        if target.is_empty() || target.len() > 253 || !target.split('.').all(is_label) {
-            return Err(format!(
-                "externalName {target:?} is not a domain name: no CNAME record"
-            ));
-        }
-        ServiceKind::ExternalName(fqdn(&target))
-    } else {
-        let ips: Vec<&String> = match (&spec.cluster_ips, &spec.cluster_ip) {
-            (Some(ips), _) if !ips.is_empty() => ips.iter().collect(),
-            (_, Some(ip)) => vec![ip],
-            _ => Vec::new(),
-        };
-        if ips.first().is_some_and(|ip| ip.as_str() == "None") {
-            ServiceKind::Headless
-        } else {
-            let mut parsed = Vec::new();
-            for ip in ips.iter().filter(|ip| !ip.is_empty()) {
-                let p = svcproxy_core::addr::parse_ip_sloppy(ip)
-                    .ok_or_else(|| format!("cluster IP {ip:?} is not an IP address"))?;
-                if !parsed.contains(&p.value) {
-                    parsed.push(p.value);
-                }
-            }
-            ServiceKind::ClusterIp(parsed)
-        }
-    };
-    let mut ports = Vec::new();
-    for p in spec.ports.iter().flatten() {
-        let Some(name) = p.name.as_deref().filter(|n| !n.is_empty()) else {
-            continue;
-        };
-        if !is_port_name(name) {
-            return Err(format!("port name {name:?} is not a valid port name"));
-        }
-        let port = u16::try_from(p.port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("port {name}: {} is not a port number", p.port))?;
-        ports.push(NamedPort {
-            name: name.to_string(),
-            protocol: protocol(p.protocol.as_deref())?,
-            port,
-        });
-    }
-    let selection = match kind {
-        ServiceKind::Headless => {
-            let opts = ConvertOptions {
-                for_dns: true,
-                ..ConvertOptions::default()
-            };
-            convert::convert_service(svc, &opts, &mut Vec::new())
-                .and_then(|s| s.ports.first().map(|p| (**p).clone()))
-        }
-        _ => None,
-    };
-    Ok(ServiceSpec {
-        kind,
-        ports,
-        publish_not_ready: spec.publish_not_ready_addresses == Some(true),
-        selection,
-    })
-}
-
-fn slice_spec(slice: &EndpointSlice) -> Result<SliceSpec, String> {
-    let service = slice
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_SERVICE_NAME))
-        .ok_or_else(|| format!("no {LABEL_SERVICE_NAME} label"))?;
-    if !is_label(service) {
-        return Err(format!(
-            "its {LABEL_SERVICE_NAME} label {service:?} is not a service name"
-        ));
-    }
-    let family = match slice.address_type.as_str() {
-        "IPv4" => Some(false),
-        "IPv6" => Some(true),
-        // FQDN slices name no address DNS could answer with.
-        _ => None,
-    };
-    let mut endpoints = Vec::new();
-    for ep in slice
-        .endpoints
-        .iter()
-        .flatten()
-        .filter(|_| family.is_some())
-    {
-        let mut ips = Vec::new();
-        for a in &ep.addresses {
-            let ip = svcproxy_core::addr::parse_ip_sloppy(a)
-                .ok_or_else(|| format!("endpoint address {a:?} is not an IP address"))?
-                .value;
-            if Some(ip.is_ipv6()) != family {
-                return Err(format!(
-                    "endpoint address {a:?} is not of the slice's addressType"
-                ));
-            }
-            ips.push(ip);
-        }
-        let hostname = match ep.hostname.as_deref() {
-            Some(h) if !is_label(h) => {
-                return Err(format!("endpoint hostname {h:?} is not a DNS label"));
-            }
-            h => h.map(String::from),
-        };
-        let conditions = ep.conditions.as_ref();
-        endpoints.push(EndpointSpec {
-            ips,
-            hostname,
-            // Unset means ready (the API's documented default).
-            ready: conditions.and_then(|c| c.ready).unwrap_or(true),
-        });
-    }
-    let mut ports = Vec::new();
-    for p in slice.ports.iter().flatten() {
-        let (Some(name), Some(port)) = (p.name.as_deref().filter(|n| !n.is_empty()), p.port) else {
-            continue;
-        };
-        if !is_port_name(name) {
-            return Err(format!("port name {name:?} is not a valid port name"));
-        }
-        let port = u16::try_from(port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("port {name}: {port} is not a port number"))?;
-        ports.push(NamedPort {
-            name: name.to_string(),
-            protocol: protocol(p.protocol.as_deref())?,
-            port,
-        });
-    }
-    let opts = ConvertOptions {
-        for_dns: true,
-        ..ConvertOptions::default()
-    };
-    Ok(SliceSpec {
-        service: service.clone(),
-        endpoints,
-        ports,
-        model: convert::convert_slice_with(slice, &opts, &mut Vec::new()),
-    })
 }
 
 #[cfg(test)]

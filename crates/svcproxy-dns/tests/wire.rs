@@ -2,13 +2,15 @@
 //! truncation, and answers that follow the catalog as it changes.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use serde_json::json;
 use svcproxy_core::objects::{KubeObject, SourceUpdate};
+use svcproxy_core::problem::Severity;
+use svcproxy_core::state::{ClusterState, StateConfig};
 use svcproxy_dns::probe::{self, answers as addresses, query};
 use svcproxy_dns::server::{self, Options, RateLimit, Upstreams};
 use svcproxy_dns::{Catalog, DnsConfig};
@@ -49,6 +51,8 @@ fn headless(n: u32) -> Vec<SourceUpdate> {
 
 struct Running {
     addr: SocketAddr,
+    /// The model the catalog follows, as the daemon keeps it.
+    state: Mutex<ClusterState>,
     catalog: Arc<RwLock<Catalog>>,
     counters: Arc<server::Counters>,
     _server: server::Dedicated,
@@ -71,19 +75,43 @@ fn start_with(cfg: DnsConfig, updates: &[SourceUpdate], upstreams: &Upstreams) -
 }
 
 fn start_opts(cfg: DnsConfig, updates: &[SourceUpdate], options: &Options) -> Running {
-    let mut catalog = Catalog::new(&cfg).unwrap();
-    for u in updates {
-        assert!(catalog.apply(u).is_empty());
-    }
-    catalog.set_ready();
-    let catalog = Arc::new(RwLock::new(catalog));
+    let state = ClusterState::new(StateConfig {
+        node_name: "node-a".into(),
+        dns: true,
+        ..StateConfig::default()
+    });
+    let catalog = Arc::new(RwLock::new(Catalog::new(&cfg).unwrap()));
     let server =
         server::Dedicated::start(catalog.clone(), "127.0.0.1:0".parse().unwrap(), options).unwrap();
-    Running {
+    let running = Running {
         addr: server.addr,
         counters: server.counters.clone(),
+        state: Mutex::new(state),
         catalog,
         _server: server,
+    };
+    for u in updates {
+        running.apply(u);
+    }
+    running.catalog.write().unwrap().set_ready();
+    running
+}
+
+impl Running {
+    /// Applies `u` to the model and the catalog follows; asserts that the state
+    /// found nothing wrong with it.
+    fn apply(&self, u: &SourceUpdate) {
+        let mut state = self.state.lock().unwrap();
+        state.apply(u.clone());
+        self.catalog.write().unwrap().follow(&mut state);
+        let errors: Vec<String> = state
+            .problems()
+            .into_values()
+            .flatten()
+            .filter(|p| p.severity != Severity::Warning)
+            .map(|p| p.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{errors:?}");
     }
 }
 
@@ -174,10 +202,9 @@ fn answers_follow_the_catalog_at_once() {
     let dns = start(&headless(2));
     let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
     assert_eq!(addresses(&udp(dns.addr, &q).0), ["10.96.0.10"]);
-    let errors = dns.catalog.write().unwrap().apply(&upsert(json!({
+    dns.apply(&upsert(json!({
         "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-        "spec": {"clusterIP": "10.96.0.99"}})));
-    assert!(errors.is_empty());
+        "spec": {"clusterIP": "10.96.0.99", "ports": [{"name": "http", "port": 80}]}})));
     assert_eq!(addresses(&udp(dns.addr, &q).0), ["10.96.0.99"]);
 }
 
@@ -344,10 +371,7 @@ fn answers_kept_encoded_are_never_another_clients() {
         assert_eq!(from("127.0.0.2", zonal), ["10.244.9.1"]);
         assert_eq!(from("127.0.0.3", zonal), ["10.244.9.2"]);
     }
-    let apply = |object: serde_json::Value| {
-        let errors = dns.catalog.write().unwrap().apply(&upsert(object));
-        assert!(errors.is_empty(), "{errors:?}");
-    };
+    let apply = |object: serde_json::Value| dns.apply(&upsert(object));
     let pod = |node: &str| {
         json!({"kind": "Pod", "metadata": {"namespace": "apps", "name": "client"},
             "spec": {"nodeName": node}, "status": {"podIPs": [{"ip": "127.0.0.4"}]}})
@@ -392,10 +416,9 @@ fn answers_kept_encoded_are_never_another_clients() {
         hits + 2
     );
     // A change is seen at once, cache or not.
-    let errors = dns.catalog.write().unwrap().apply(&upsert(json!({
+    dns.apply(&upsert(json!({
         "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-        "spec": {"clusterIP": "10.96.0.99"}})));
-    assert!(errors.is_empty());
+        "spec": {"clusterIP": "10.96.0.99", "ports": [{"name": "http", "port": 80}]}})));
     assert_eq!(from("127.0.0.2", web), ["10.96.0.99"]);
 }
 

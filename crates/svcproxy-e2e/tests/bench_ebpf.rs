@@ -76,6 +76,8 @@ fn state(n: usize) -> ClusterState {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     });
     for object in svcproxy_testkit::objects::parse(&manifests(n)) {
         st.apply(SourceUpdate::Upsert {
@@ -450,6 +452,8 @@ fn bench_ebpf_nodeport_from_outside() {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     });
     for object in svcproxy_testkit::objects::parse(yaml) {
         st.apply(SourceUpdate::Upsert {

@@ -60,6 +60,8 @@ fn state() -> ClusterState {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     });
     for object in svcproxy_testkit::objects::parse(&yaml) {
         st.apply(SourceUpdate::Upsert {

@@ -670,6 +670,8 @@ fn check_case(
         node_name: NODE.into(),
         service_proxy_name: None,
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     });
     let mut keys = BTreeSet::new();
     let nft_cfg = nft::SEMANTICS.apply(cfg.clone());

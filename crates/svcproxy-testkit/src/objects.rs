@@ -43,6 +43,8 @@ pub fn state<S: AsRef<str>>(node: &str, docs: &[S]) -> svcproxy_core::state::Clu
         node_name: node.to_string(),
         service_proxy_name: None,
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     });
     for doc in docs {
         for object in parse(doc.as_ref()) {

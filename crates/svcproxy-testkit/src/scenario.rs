@@ -180,6 +180,8 @@ impl Scenario {
             node_name: self.node.clone(),
             service_proxy_name: None,
             ignore_external_ips: false,
+            dns: false,
+            without_snapshots: false,
         });
         for (file, object) in &self.objects {
             state.apply(SourceUpdate::Upsert {

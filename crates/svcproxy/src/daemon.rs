@@ -304,15 +304,11 @@ impl<T: Target> ProxySyncer<T> {
     }
 }
 
-/// Hands one source update to the cluster DNS's catalog, if it runs; logs the
-/// objects it cannot read.
-fn feed_dns(dns: Option<&Arc<RwLock<svcproxy_dns::Catalog>>>, update: &SourceUpdate) {
-    let Some(dns) = dns else {
-        return;
-    };
-    let errors = dns.write().unwrap_or_else(|e| e.into_inner()).apply(update);
-    for e in errors {
-        tracing::error!("cluster DNS: {e}");
+/// Brings the cluster DNS's catalog, if it runs, up to date with the state's
+/// model (the state logged the objects it could not read, for both).
+fn follow_dns(dns: Option<&Arc<RwLock<svcproxy_dns::Catalog>>>, state: &mut ClusterState) {
+    if let Some(dns) = dns {
+        dns.write().unwrap_or_else(|e| e.into_inner()).follow(state);
     }
 }
 
@@ -321,11 +317,9 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         // One call per update event, as `forward_events` numbers them.
         self.received += 1;
         for u in updates {
-            feed_dns(self.dns.as_ref(), &u);
-            if self.target.uses_state() {
-                self.state.apply(u);
-            }
+            self.state.apply(u);
         }
+        follow_dns(self.dns.as_ref(), &mut self.state);
         self.update_node_eligibility();
     }
 
@@ -794,6 +788,8 @@ async fn serve<T: Target>(
         node_name: settings.node_name.clone(),
         service_proxy_name: settings.service_proxy_name.clone(),
         ignore_external_ips: !settings.feature_gates.service_external_ips(),
+        dns: settings.dns_bind.is_some(),
+        without_snapshots: !target.uses_snapshots(),
     });
     let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
     let (tx, rx) = event_channel(health.clone(), metrics.clone());
@@ -816,7 +812,7 @@ async fn serve<T: Target>(
         &servers,
         once,
         tx,
-        target.uses_state().then_some(&mut state),
+        &mut state,
         dns.as_ref(),
         &metrics,
     )
@@ -1022,7 +1018,7 @@ fn start_dns(
     metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
 ) -> anyhow::Result<(SharedCatalog, ServerTask)> {
-    let catalog = svcproxy_dns::Catalog::new(&settings.dns).map_err(anyhow::Error::msg)?;
+    let catalog = svcproxy_dns::Catalog::new(&settings.dns)?;
     let catalog = Arc::new(RwLock::new(catalog));
     let options = svcproxy_dns::server::Options {
         upstreams: match &settings.dns_upstreams {
@@ -1081,7 +1077,7 @@ async fn start_source(
     servers: &Servers,
     once: bool,
     tx: mpsc::Sender<Event>,
-    mut state: Option<&mut ClusterState>,
+    state: &mut ClusterState,
     dns: Option<&SharedCatalog>,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<StartedSource> {
@@ -1097,11 +1093,9 @@ async fn start_source(
                 .with_context(|| format!("reading manifests from {}", dir.root().display()))?;
             // Its problems were logged by the scan (once each).
             for update in scan.updates.into_iter().chain(scan.input_problems) {
-                feed_dns(dns, &update);
-                if let Some(state) = state.as_deref_mut() {
-                    state.apply(update);
-                }
+                state.apply(update);
             }
+            follow_dns(dns, state);
             if !once {
                 let period = settings.manifests_rescan_period;
                 started.watch = Some(svcproxy_sources::manifests::watch(

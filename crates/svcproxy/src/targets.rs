@@ -63,9 +63,10 @@ pub(crate) trait Target {
         false
     }
 
-    /// Whether the target reads the cluster state at all (`svcproxy dns` does not:
-    /// its catalog is fed the same updates, and the state would only cost memory).
-    fn uses_state(&self) -> bool {
+    /// Whether the target reads node snapshots at all (`svcproxy dns` does not: its
+    /// catalog reads the cluster state's model, and building snapshots of it would
+    /// only cost memory).
+    fn uses_snapshots(&self) -> bool {
         true
     }
 
@@ -154,8 +155,8 @@ impl<T: Target> Target for Checked<T> {
         self.inner.wants_host_addresses()
     }
 
-    fn uses_state(&self) -> bool {
-        self.inner.uses_state()
+    fn uses_snapshots(&self) -> bool {
+        self.inner.uses_snapshots()
     }
 
     fn leaves_rules(&self) -> bool {
@@ -171,7 +172,7 @@ impl<T: Target> Target for Checked<T> {
     }
 }
 
-/// `svcproxy dns`: the snapshot is not used; the catalog is fed the updates.
+/// `svcproxy dns`: no snapshot is used; the catalog reads the state's model.
 pub(crate) struct DnsOnly;
 
 impl Target for DnsOnly {
@@ -184,7 +185,7 @@ impl Target for DnsOnly {
         Ok(SyncDone::printed(full, Duration::ZERO))
     }
 
-    fn uses_state(&self) -> bool {
+    fn uses_snapshots(&self) -> bool {
         false
     }
 }

@@ -46,6 +46,8 @@ pub fn new_state() -> ClusterState {
         node_name: THIS_NODE.to_string(),
         service_proxy_name: None,
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     })
 }
 

@@ -121,6 +121,8 @@ pub fn cluster(yamls: &[&str]) -> ClusterState {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
         ignore_external_ips: false,
+        dns: false,
+        without_snapshots: false,
     });
     upsert(&mut state, CLUSTER);
     for yaml in yamls {

@@ -1,6 +1,55 @@
 use super::*;
 use pretty_assertions::assert_eq;
 use serde_json::json;
+use svcproxy_core::objects::{Kind, KubeObject, ObjectKey, SourceUpdate};
+use svcproxy_core::problem::Severity;
+use svcproxy_core::state::StateConfig;
+
+/// The cluster state (as the daemon keeps it with the DNS on) and the catalog that
+/// follows it.
+struct Fed {
+    state: ClusterState,
+    catalog: Catalog,
+}
+
+impl Fed {
+    fn new(cfg: &DnsConfig) -> Fed {
+        Fed {
+            state: ClusterState::new(StateConfig {
+                node_name: "node-a".into(),
+                dns: true,
+                ..StateConfig::default()
+            }),
+            catalog: Catalog::new(cfg).unwrap(),
+        }
+    }
+
+    /// Applies `u`; returns the problems (other than warnings) of the objects it
+    /// names, as the state logged them.
+    fn apply(&mut self, u: &SourceUpdate) -> Vec<String> {
+        let keys: Vec<ObjectKey> = match u {
+            SourceUpdate::Upsert { object, .. } => vec![object.key()],
+            SourceUpdate::Replace { objects, .. } => objects.iter().map(|(o, _)| o.key()).collect(),
+            SourceUpdate::Delete(k) => vec![k.clone()],
+            _ => Vec::new(),
+        };
+        self.state.apply(u.clone());
+        self.catalog.follow(&mut self.state);
+        let problems = self.state.problems();
+        keys.iter()
+            .flat_map(|k| problems.get(k).into_iter().flatten())
+            .filter(|p| p.severity != Severity::Warning)
+            .map(|p| p.to_string())
+            .collect()
+    }
+}
+
+impl std::ops::Deref for Fed {
+    type Target = Catalog;
+    fn deref(&self) -> &Catalog {
+        &self.catalog
+    }
+}
 
 fn upsert(object: serde_json::Value) -> SourceUpdate {
     let object = match object["kind"].as_str() {
@@ -28,8 +77,8 @@ fn slice(ns: &str, name: &str, svc: &str, v6: bool, endpoints: serde_json::Value
     }))
 }
 
-fn catalog(updates: &[SourceUpdate]) -> Catalog {
-    let mut c = Catalog::new(&DnsConfig::default()).unwrap();
+fn catalog(updates: &[SourceUpdate]) -> Fed {
+    let mut c = Fed::new(&DnsConfig::default());
     for u in updates {
         assert_eq!(c.apply(u), Vec::<String>::new());
     }
@@ -364,55 +413,114 @@ fn deletes_replaces_and_moved_slices_take_records_away() {
     );
 }
 
+/// Hostile input is refused (or its bad field ignored) per object, by the state's
+/// one conversion: an object refused is gone for the proxy and the DNS alike, and
+/// no string in it reaches an answer.
 #[test]
-fn hostile_input_is_refused_per_object_and_the_last_good_version_stays() {
+fn hostile_input_is_refused_per_object_and_reaches_no_answer() {
     let mut c = catalog(&cluster());
+    let ports = json!([{"name": "http", "port": 80}]);
+    // (update, problems it must cause)
     let bad = [
-        service("demo", "web", json!({"clusterIP": "10.96.0.999"})),
-        service(
-            "demo",
-            "ext",
-            json!({"type": "ExternalName", "externalName": "evil.com. 0 IN A 6.6.6.6"}),
+        (
+            service(
+                "demo",
+                "web",
+                json!({"clusterIP": "10.96.0.999", "ports": ports}),
+            ),
+            2,
         ),
-        service("Demo", "x", json!({"clusterIP": "10.96.0.11"})),
-        service("demo", "bad.name", json!({"clusterIP": "10.96.0.12"})),
-        service(
-            "demo",
-            "web",
-            json!({"clusterIP": "10.96.0.10", "ports": [{"name": "a b", "port": 1}]}),
+        (
+            service(
+                "demo",
+                "ext",
+                json!({"type": "ExternalName", "externalName": "evil.com. 0 IN A 6.6.6.6"}),
+            ),
+            1,
         ),
-        slice(
-            "demo",
-            "db-v4",
-            "db",
-            false,
-            json!([{"addresses": ["10.244.1.5"], "hostname": "x.evil"}]),
+        (
+            service(
+                "Demo",
+                "x",
+                json!({"clusterIP": "10.96.0.11", "ports": ports}),
+            ),
+            1,
         ),
-        slice(
+        (
+            service(
+                "demo",
+                "bad.name",
+                json!({"clusterIP": "10.96.0.12", "ports": ports}),
+            ),
+            1,
+        ),
+        (
+            service(
+                "demo",
+                "api",
+                json!({"clusterIP": "10.96.0.13", "ports": [{"name": "a b", "port": 1}]}),
+            ),
+            2,
+        ),
+        (
+            slice(
+                "demo",
+                "db-v4",
+                "db",
+                false,
+                json!([{"addresses": ["10.244.1.5"], "hostname": "x.evil"}]),
+            ),
+            1,
+        ),
+    ];
+    for (u, problems) in &bad {
+        let errors = c.apply(u);
+        assert_eq!(errors.len(), *problems, "{u:?}: {errors:?}");
+    }
+    // Refused: gone, for the DNS as for the proxy (the same model).
+    for name in ["web", "ext", "api", "x", "bad.name"] {
+        assert_eq!(
+            ask(
+                &c,
+                &format!("{name}.demo.svc.cluster.local."),
+                RecordType::A
+            ),
+            NXDOMAIN,
+            "{name}"
+        );
+    }
+    // A bad hostname is ignored: the endpoint is named by its address.
+    assert_eq!(
+        ask(&c, "db-0.db.demo.svc.cluster.local.", RecordType::A),
+        NODATA,
+        "db-0 is the IPv6 endpoint's name alone now"
+    );
+    assert_eq!(
+        ask(&c, "x.evil.db.demo.svc.cluster.local.", RecordType::A),
+        NXDOMAIN
+    );
+    assert_eq!(
+        ask(&c, "10-244-1-5.db.demo.svc.cluster.local.", RecordType::A),
+        ok(&["A 10.244.1.5"])
+    );
+    // An endpoint of the wrong family is no endpoint.
+    assert_eq!(
+        c.apply(&slice(
             "demo",
             "db-v4",
             "db",
             false,
             json!([{"addresses": ["fd00::1"]}]),
-        ),
-    ];
-    for u in &bad {
-        let errors = c.apply(u);
-        assert_eq!(errors.len(), 1, "{u:?}");
-    }
-    assert_eq!(
-        ask(&c, "web.demo.svc.cluster.local.", RecordType::A),
-        ok(&["A 10.96.0.10"])
+        ))
+        .len(),
+        1
     );
     assert_eq!(
-        ask(&c, "ext.demo.svc.cluster.local.", RecordType::CNAME),
-        ok(&["CNAME www.example.com."])
+        ask(&c, "db.demo.svc.cluster.local.", RecordType::A),
+        NODATA,
+        "the IPv6 slice's endpoint is still there"
     );
-    assert_eq!(
-        ask(&c, "db-0.db.demo.svc.cluster.local.", RecordType::A),
-        ok(&["A 10.244.1.5"])
-    );
-    assert_eq!(c.services(), 4);
+    assert_eq!(c.services(), 2, "db and empty");
     assert!(Catalog::new(&DnsConfig {
         zone: "evil zone".into(),
         ttl: 5,
@@ -470,12 +578,11 @@ fn zonal(name: &str, keys: Option<&str>, distribution: Option<&str>) -> Vec<Sour
     ]
 }
 
-fn on_node(clients_node: Option<&str>, updates: &[SourceUpdate]) -> Catalog {
-    let mut c = Catalog::new(&DnsConfig {
+fn on_node(clients_node: Option<&str>, updates: &[SourceUpdate]) -> Fed {
+    let mut c = Fed::new(&DnsConfig {
         clients_node: clients_node.map(String::from),
         ..DnsConfig::default()
-    })
-    .unwrap();
+    });
     for u in [
         node("node-a", "a"),
         node("node-b", "b"),
@@ -488,7 +595,7 @@ fn on_node(clients_node: Option<&str>, updates: &[SourceUpdate]) -> Catalog {
         assert_eq!(c.apply(u), Vec::<String>::new());
     }
     // As the server does once the sources have listed everything.
-    c.set_ready();
+    c.catalog.set_ready();
     c
 }
 
