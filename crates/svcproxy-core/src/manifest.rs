@@ -553,9 +553,9 @@ fn deserialize(target: Target, mut map: Map<String, Value>) -> Result<KubeObject
     Ok(match target {
         Target::Service => KubeObject::Service(de::<Service>(map)?),
         Target::EndpointSlice => KubeObject::EndpointSlice(de::<EndpointSlice>(map)?),
-        Target::Node => KubeObject::Node(de::<Node>(map)?),
+        Target::Node => KubeObject::Node(Box::new(de::<Node>(map)?)),
         Target::Endpoints => KubeObject::Endpoints(de::<Endpoints>(map)?),
-        Target::Pod => KubeObject::Pod(de::<Pod>(map)?),
+        Target::Pod => KubeObject::Pod(Box::new(de::<Pod>(map)?)),
         Target::ServiceCidr => {
             // The v1 type checks apiVersion, and v1beta1 is the same shape.
             map.insert(

@@ -224,11 +224,15 @@ impl ClusterState {
                         self.delete(&key);
                     }
                 }
-                for (object, origin) in objects {
+                drop(incoming);
+                for (object, origin) in &objects {
                     if kinds.contains(&object.kind()) {
-                        self.upsert(&object, Some(&origin));
+                        self.upsert(object, Some(origin));
                     }
                 }
+                // Freed together, after: the model converted from them is not
+                // spread over the holes each freed object would leave.
+                drop(objects);
             }
             SourceUpdate::HostAddresses(mut ips) => {
                 ips.sort();

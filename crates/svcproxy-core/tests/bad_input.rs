@@ -1934,7 +1934,7 @@ fn hostile_namespaces_and_names_are_rejected_with_bounded_messages() {
         ))
         .unwrap();
         node_obj.metadata.name = Some(h.clone());
-        upsert(&mut st, KubeObject::Node(node_obj));
+        upsert(&mut st, KubeObject::Node(Box::new(node_obj)));
         let mut cidr: ServiceCIDR =
             yaml_serde::from_str("metadata: {name: x}\nspec: {cidrs: [10.97.0.0/16]}").unwrap();
         cidr.metadata.name = Some(h.clone());
@@ -2130,7 +2130,7 @@ fn hostile_label_values_and_endpoint_fields_are_handled_cleanly() {
         let labels = n.metadata.labels.as_mut().unwrap();
         labels.insert("topology.kubernetes.io/zone".into(), h.clone());
         labels.insert(h.clone(), "x".into());
-        upsert(&mut st, KubeObject::Node(n));
+        upsert(&mut st, KubeObject::Node(Box::new(n)));
         let node_key = key(Kind::Node, "", "node-c");
         for field in [
             format!("metadata.labels[{}]", quote("topology.kubernetes.io/zone")),
@@ -2417,7 +2417,7 @@ fn default_objects_of_every_kind_are_rejected_for_their_missing_name() {
     let mut st = baseline_state();
     upsert(&mut st, KubeObject::Service(Service::default()));
     upsert(&mut st, KubeObject::EndpointSlice(EndpointSlice::default()));
-    upsert(&mut st, KubeObject::Node(Node::default()));
+    upsert(&mut st, KubeObject::Node(Box::default()));
     upsert(&mut st, KubeObject::ServiceCidr(ServiceCIDR::default()));
     for k in [
         key(Kind::Service, "default", ""),

@@ -294,13 +294,13 @@ pub async fn run(client: Client, cfg: KubeSourceConfig, tx: mpsc::Sender<Event>)
         drive(
             WATCHES[2],
             nodes,
-            |n| KubeObject::Node(node_from_meta(n)),
+            |n| KubeObject::Node(Box::new(node_from_meta(n))),
             &tx
         ),
         drive(
             WATCHES[3],
             own_node,
-            |n| KubeObject::Node(strip_own_node(n)),
+            |n| KubeObject::Node(Box::new(strip_own_node(n))),
             &tx
         ),
         drive(
@@ -311,7 +311,13 @@ pub async fn run(client: Client, cfg: KubeSourceConfig, tx: mpsc::Sender<Event>)
         ),
         async {
             if cfg.dns_pods {
-                drive(POD_WATCH, pods, |p| KubeObject::Pod(strip_pod(p)), &tx).await;
+                drive(
+                    POD_WATCH,
+                    pods,
+                    |p| KubeObject::Pod(Box::new(strip_pod(p))),
+                    &tx,
+                )
+                .await;
             }
         },
     );

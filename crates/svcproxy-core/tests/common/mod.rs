@@ -31,7 +31,7 @@ pub fn slice(yaml: &str) -> KubeObject {
     KubeObject::EndpointSlice(parse::<EndpointSlice>(yaml))
 }
 pub fn node(yaml: &str) -> KubeObject {
-    KubeObject::Node(parse::<Node>(yaml))
+    KubeObject::Node(Box::new(parse::<Node>(yaml)))
 }
 pub fn service_cidr(yaml: &str) -> KubeObject {
     KubeObject::ServiceCidr(parse::<ServiceCIDR>(yaml))

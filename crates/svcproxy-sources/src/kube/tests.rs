@@ -28,13 +28,13 @@ fn cfg(proxy_name: Option<&str>) -> KubeSourceConfig {
 }
 
 fn node(name: &str) -> KubeObject {
-    KubeObject::Node(Node {
+    KubeObject::Node(Box::new(Node {
         metadata: ObjectMeta {
             name: Some(name.into()),
             ..ObjectMeta::default()
         },
         ..Node::default()
-    })
+    }))
 }
 
 fn node_key(name: &str) -> ObjectKey {
