@@ -87,20 +87,48 @@ pub enum ManifestError {
 /// Parses `text`. `Err` means the text as a whole is unusable (a syntax error, too many
 /// documents); `origin` (a file name) only labels debug logs of ignored documents.
 pub fn parse(text: &str, format: Format, origin: &str) -> Result<Manifest, ManifestError> {
+    let mut objects = Vec::new();
+    let errors = parse_each(text, format, origin, &mut |o| objects.push(o))?;
+    Ok(Manifest { objects, errors })
+}
+
+/// [`parse`], handing each object to `emit` as soon as its document is read
+/// (nothing of a document is kept once its objects are handed on); returns the
+/// documents' and objects' errors. On `Err` the objects handed on so far are not
+/// the text's: the text as a whole is unusable (the caller takes them back).
+pub fn parse_each(
+    text: &str,
+    format: Format,
+    origin: &str,
+    emit: &mut dyn FnMut(ManifestObject),
+) -> Result<Vec<String>, ManifestError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut unconverted = Vec::new();
     let mut errors = Vec::new();
-    let mut parsed = match format {
-        Format::Json => {
-            parse_documents(origin, parse_json(text)?.into_iter().map(|v| Ok(Some(v))))?
-        }
-        Format::Yaml => match json_document(text) {
-            Some(value) => parse_documents(origin, std::iter::once(Ok(Some(value))))?,
-            None => parse_documents(origin, parse_yaml(text, &mut errors)?)?,
-        },
+    let mut out = Out {
+        emit,
+        errors: &mut errors,
     };
+    match format {
+        Format::Json => parse_documents(
+            origin,
+            parse_json(text)?.into_iter().map(|v| Ok(Some(v))),
+            &mut out,
+        )?,
+        Format::Yaml => match json_document(text) {
+            Some(value) => parse_documents(origin, std::iter::once(Ok(Some(value))), &mut out)?,
+            None => parse_documents(origin, parse_yaml(text, &mut unconverted)?, &mut out)?,
+        },
+    }
     // Documents that did not convert come first: they are whole documents.
-    parsed.errors.splice(0..0, errors);
-    Ok(parsed)
+    errors.splice(0..0, unconverted);
+    Ok(errors)
+}
+
+/// Where [`parse_documents`] puts what it reads.
+struct Out<'a> {
+    emit: &'a mut dyn FnMut(ManifestObject),
+    errors: &'a mut Vec<String>,
 }
 
 /// YAML text that is one JSON document (`kubectl get -o json` saved as
@@ -325,8 +353,8 @@ struct Pending {
 fn parse_documents(
     origin: &str,
     documents: impl Iterator<Item = Result<Option<Value>, ManifestError>>,
-) -> Result<Manifest, ManifestError> {
-    let mut parsed = Manifest::default();
+    parsed: &mut Out<'_>,
+) -> Result<(), ManifestError> {
     let mut seen = 0usize;
     for (i, value) in documents.enumerate() {
         let Some(value) = value? else { continue };
@@ -336,9 +364,9 @@ fn parse_documents(
             defaults: None,
             in_list: false,
         }];
-        parse_document(origin, stack, &mut parsed, &mut seen)?;
+        parse_document(origin, stack, parsed, &mut seen)?;
     }
-    Ok(parsed)
+    Ok(())
 }
 
 /// One document's objects, list items included, into `parsed`; `seen` counts the
@@ -346,7 +374,7 @@ fn parse_documents(
 fn parse_document(
     origin: &str,
     mut stack: Vec<Pending>,
-    parsed: &mut Manifest,
+    parsed: &mut Out<'_>,
     seen: &mut usize,
 ) -> Result<(), ManifestError> {
     while let Some(pending) = stack.pop() {
@@ -470,7 +498,7 @@ fn parse_document(
             }
             for slice in mirrored.slices {
                 let object = KubeObject::EndpointSlice(slice);
-                parsed.objects.push(ManifestObject {
+                (parsed.emit)(ManifestObject {
                     key: object.key(),
                     object: Arc::new(object),
                     at: at.clone(),
@@ -479,7 +507,7 @@ fn parse_document(
             }
             continue;
         }
-        parsed.objects.push(ManifestObject {
+        (parsed.emit)(ManifestObject {
             key,
             object: Arc::new(object),
             at,

@@ -1088,12 +1088,14 @@ async fn start_source(
     };
     match source(settings)? {
         Source::Manifests(mut dir) => {
+            // Each object converted as soon as it is read (see `rescan_into`): a
+            // cold start holds the state and one document, not every object.
             let scan = dir
-                .rescan()
+                .rescan_into(&mut |update| state.apply(update))
                 .with_context(|| format!("reading manifests from {}", dir.root().display()))?;
             // Its problems were logged by the scan (once each).
-            for update in scan.updates.into_iter().chain(scan.input_problems) {
-                state.apply(update);
+            if let Some(problems) = scan.input_problems {
+                state.apply(problems);
             }
             follow_dns(dns, state);
             if !once {

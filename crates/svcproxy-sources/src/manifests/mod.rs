@@ -28,6 +28,7 @@ use svcproxy_core::manifest::{self, Format, Manifest, ManifestObject};
 use svcproxy_core::objects::{KubeObject, ObjectKey, SourceUpdate};
 use svcproxy_core::problem::InputProblem;
 
+mod first;
 mod read;
 mod walk;
 mod watch;
@@ -189,6 +190,25 @@ struct Entry {
     mirrored_from: Option<ObjectKey>,
     digest: Digest,
     object: Option<Arc<KubeObject>>,
+}
+
+/// What is said of a definition passed over for an earlier one of the same
+/// object, at `first_at`: in the same file (`other_file` `None`) or in another.
+fn passed_over(entry: &Entry, other_file: Option<&Arc<Path>>, first_at: &str) -> String {
+    match other_file {
+        None => format!(
+            "{}: {} is defined twice in this file ({first_at} and {}); the first is used",
+            entry.at,
+            entry.describe(),
+            entry.at
+        ),
+        Some(first_path) => format!(
+            "{}: {} is also defined in {} ({first_at}); that definition is used",
+            entry.at,
+            entry.describe(),
+            first_path.display()
+        ),
+    }
 }
 
 impl Entry {
@@ -519,21 +539,8 @@ impl ManifestDir {
                         let (first_fi, first_ei) = *first.get();
                         let first_path = &order[first_fi];
                         let first_at = &files[first_path][first_ei].at;
-                        let message = if first_fi == fi {
-                            format!(
-                                "{}: {} is defined twice in this file ({first_at} and {}); the first is used",
-                                entry.at,
-                                entry.describe(),
-                                entry.at
-                            )
-                        } else {
-                            format!(
-                                "{}: {} is also defined in {} ({first_at}); that definition is used",
-                                entry.at,
-                                entry.describe(),
-                                first_path.display()
-                            )
-                        };
+                        let message =
+                            passed_over(entry, (first_fi != fi).then_some(first_path), first_at);
                         errors.push(FileError::new(path, message));
                     }
                     btree_map::Entry::Vacant(v) => {
@@ -630,6 +637,17 @@ impl ManifestDir {
             });
         }
 
+        self.finish(errors, updates, unsettled)
+    }
+
+    /// A rescan's result: `errors` logged (those not logged before) and handed to
+    /// the state when they changed.
+    fn finish(
+        &mut self,
+        mut errors: Vec<FileError>,
+        updates: Vec<SourceUpdate>,
+        unsettled: bool,
+    ) -> RescanResult {
         // Stable: within a file, errors stay in document order.
         errors.sort_by(|a, b| a.path.cmp(&b.path));
         self.log_errors(&errors);
@@ -1847,5 +1865,132 @@ metadata: {name: versionless}
         assert!(d.rescan().updates.is_empty());
         std::thread::sleep(SETTLE);
         assert_eq!(summary(&d.rescan().updates).1, [svc_key("a")]);
+    }
+
+    /// The first scan streamed (`rescan_into`) comes to what `rescan` returns: the
+    /// same objects in force (each key's first definition in path order, nothing of
+    /// a file that fails part way), the same errors, and the same record, so that
+    /// the rescans that follow say the same.
+    #[test]
+    fn the_first_scan_streamed_is_the_scan() {
+        let write_all = |d: &Dir| {
+            d.write(
+                "a/1.yaml",
+                &format!(
+                    "{}---\n{}",
+                    svc("web", "10.96.0.1"),
+                    svc("web", "10.96.0.9")
+                ),
+            );
+            d.write(
+                "a/2.yaml",
+                &format!(
+                    "{}---\n{}---\n[not: yaml\n",
+                    svc("late", "10.96.0.2"),
+                    svc("db", "10.96.0.3")
+                ),
+            );
+            d.write(
+                "b/1.yaml",
+                &format!(
+                    "{}---\n{}---\nkind: Service\nmetadata: {{name: x}}\nspec: 5\n",
+                    svc("web", "10.96.0.4"),
+                    svc("db", "10.96.0.5")
+                ),
+            );
+            d.write("b/2.json", r#"{"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "json", "namespace": "default"},
+                 "spec": {"clusterIP": "10.96.0.6", "ports": [{"port": 80}]}},
+                {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "json", "namespace": "default"},
+                 "subsets": [{"addresses": [{"ip": "10.244.0.6"}], "ports": [{"port": 80}]}]}]}"#);
+            d.write("c/empty.yaml", "");
+            d.write("c/bad.json", "{");
+        };
+        let mut plain = Dir::new();
+        write_all(&plain);
+        let mut streamed = Dir::new();
+        write_all(&streamed);
+
+        let scanned = plain.rescan();
+        let mut handed: Vec<SourceUpdate> = Vec::new();
+        let first = streamed
+            .src
+            .rescan_into(&mut |u| handed.push(u))
+            .expect("rescan");
+        // What is in force after each: the upserts, less what was taken back, by
+        // the file (under its root) that defined them.
+        let in_force = |d: &Dir, updates: &[SourceUpdate]| {
+            let mut objects: BTreeMap<ObjectKey, (KubeObject, String)> = BTreeMap::new();
+            for u in updates {
+                match u {
+                    SourceUpdate::Upsert { object, origin } => {
+                        let file = Path::new(origin).strip_prefix(d.tmp.path()).unwrap();
+                        objects.insert(object.key(), (object.clone(), file.display().to_string()));
+                    }
+                    SourceUpdate::Delete(k) => {
+                        objects.remove(k);
+                    }
+                    _ => panic!("{u:?}"),
+                }
+            }
+            objects
+        };
+        assert_eq!(
+            in_force(&streamed, &handed),
+            in_force(&plain, &scanned.updates)
+        );
+        assert_eq!(
+            cluster_ip(&scanned.updates, "web").as_deref(),
+            Some("10.96.0.1"),
+            "the first definition in path order"
+        );
+        assert_eq!(
+            cluster_ip(&scanned.updates, "db").as_deref(),
+            Some("10.96.0.5"),
+            "a/2.yaml fails part way: nothing of it counts"
+        );
+        assert!(
+            handed.contains(&SourceUpdate::Delete(svc_key("late"))),
+            "taken back"
+        );
+        // Paths under each directory's own root.
+        let norm = |d: &Dir, x: &dyn fmt::Debug| {
+            format!("{x:?}").replace(&d.tmp.path().display().to_string(), "ROOT")
+        };
+        assert_eq!(
+            norm(&streamed, &first.errors),
+            norm(&plain, &scanned.errors)
+        );
+        assert_eq!(
+            norm(&streamed, &first.input_problems),
+            norm(&plain, &scanned.input_problems)
+        );
+        assert_eq!(first.unsettled, scanned.unsettled);
+        assert_eq!(streamed.src.reads, plain.src.reads);
+
+        // The same record: the same rescans after edits.
+        for d in [&plain, &streamed] {
+            d.write("a/2.yaml", &svc("late", "10.96.0.2"));
+            d.remove("a/1.yaml");
+            d.write("c/bad.json", "[]");
+        }
+        let (a, b) = (plain.rescan(), streamed.rescan());
+        assert_eq!(norm(&plain, &a.updates), norm(&streamed, &b.updates));
+        assert_eq!(norm(&plain, &a.errors), norm(&streamed, &b.errors));
+        assert_eq!(summary(&a.updates).1, Vec::<ObjectKey>::new());
+        assert_eq!(cluster_ip(&a.updates, "web").as_deref(), Some("10.96.0.4"));
+        // A later rescan_into is a rescan.
+        for d in [&plain, &streamed] {
+            d.write("b/1.yaml", &svc("db", "10.96.0.7"));
+        }
+        let mut handed = Vec::new();
+        let b = streamed
+            .src
+            .rescan_into(&mut |u| handed.push(u))
+            .expect("rescan");
+        let a = plain.rescan();
+        assert_eq!(norm(&streamed, &handed), norm(&plain, &a.updates));
+        assert_eq!(norm(&streamed, &b.errors), norm(&plain, &a.errors));
+        assert!(b.updates.is_empty());
     }
 }

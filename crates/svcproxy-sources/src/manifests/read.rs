@@ -58,6 +58,28 @@ pub(super) enum ReadError {
 
 /// Reads and parses one file. `Err` means the file as a whole is unusable.
 pub(super) fn read_manifest(path: &Path) -> Result<Manifest, ReadError> {
+    let (text, format) = read_text(path)?;
+    Ok(manifest::parse(&text, format, &path.display().to_string())?)
+}
+
+/// [`read_manifest`], each object handed to `emit` as soon as its document is
+/// parsed; returns the documents' errors. On `Err` the objects handed on are not
+/// the file's.
+pub(super) fn read_manifest_each(
+    path: &Path,
+    emit: &mut dyn FnMut(ManifestObject),
+) -> Result<Vec<String>, ReadError> {
+    let (text, format) = read_text(path)?;
+    Ok(manifest::parse_each(
+        &text,
+        format,
+        &path.display().to_string(),
+        emit,
+    )?)
+}
+
+/// A file's text (bounded) and its format, by its extension.
+fn read_text(path: &Path) -> Result<(String, Format), ReadError> {
     let file = fs::File::open(path).map_err(ReadError::Open)?;
     let mut bytes = Vec::new();
     // Bounded read: the size seen when listing may not be the size now.
@@ -76,7 +98,7 @@ pub(super) fn read_manifest(path: &Path) -> Result<Manifest, ReadError> {
     } else {
         Format::Yaml
     };
-    Ok(manifest::parse(&text, format, &path.display().to_string())?)
+    Ok((text, format))
 }
 
 /// Bounded, single-line: parser messages can quote large or multi-line input.

@@ -1,0 +1,199 @@
+//! The first scan, streamed: each object goes to the caller as soon as its document
+//! is parsed, instead of every object of the directory being held until the merge.
+//!
+//! Why: a cold start otherwise holds every parsed object at once, and the state
+//! converted from them is then allocated among the holes their parsing left (each
+//! document's YAML and JSON trees), so it stays spread over all of that memory once
+//! the objects are freed: `svcproxy dns` at 10,000 Services with 10 endpoints each
+//! (`scripts/bench-dns.sh`) peaked at 138 MiB and held 103 MiB resident for 27 MiB
+//! in use, which `malloc_trim` cannot give back (the free pieces are smaller than
+//! a page). Streamed, it peaks at 54 MiB and holds 49 MiB: what the state holds,
+//! and a document.
+//!
+//! The outcome is [`ManifestDir::rescan`]'s: the same objects (each key's first
+//! definition in path order), the same errors, the same record of what was yielded
+//! for the rescans that follow. A file that turns out unusable part way (a syntax
+//! error, too many objects) takes back the objects it handed on, as `Delete`s: on a
+//! first scan nothing else can have defined them yet.
+
+use super::*;
+
+/// What the reader thread sends: a file's object (with its digest), or the end of
+/// the file.
+enum Read {
+    Object(ManifestObject, Digest),
+    Done(Result<Vec<String>, ReadError>),
+}
+
+/// Objects parsed ahead of the state at most (backpressure: a reader faster than
+/// the state holds no more than this).
+const AHEAD: usize = 256;
+
+impl ManifestDir {
+    /// [`ManifestDir::rescan`], handing the updates to `sink` as they are read
+    /// rather than returning them: on the first scan, each object as soon as its
+    /// document is parsed (files read in path order on a thread of their own while
+    /// the caller takes the objects); later, all at once at the end.
+    pub fn rescan_into(
+        &mut self,
+        sink: &mut dyn FnMut(SourceUpdate),
+    ) -> anyhow::Result<RescanResult> {
+        if !self.files.is_empty() || !self.yielded.is_empty() || !self.file_errors.is_empty() {
+            let mut result = self.rescan()?;
+            for update in result.updates.drain(..) {
+                sink(update);
+            }
+            return Ok(result);
+        }
+        let listing = list_files(&self.root)?;
+        let paths: Vec<&Path> = listing.files.iter().map(|(p, _)| p.as_path()).collect();
+        let (tx, rx) = mpsc::sync_channel::<(usize, Read)>(AHEAD);
+        let mut first = First::default();
+        thread::scope(|scope| {
+            let paths = &paths;
+            scope.spawn(move || {
+                for (i, path) in paths.iter().enumerate() {
+                    let done = read_manifest_each(path, &mut |o| {
+                        let d = digest(&o.object);
+                        let _ = tx.send((i, Read::Object(o, d)));
+                    });
+                    if tx.send((i, Read::Done(done))).is_err() {
+                        return;
+                    }
+                }
+            });
+            for (i, read) in rx {
+                let (path, meta) = &listing.files[i];
+                match read {
+                    Read::Object(o, d) => first.object(path, o, d, sink),
+                    Read::Done(done) => {
+                        self.reads += 1;
+                        match done {
+                            Ok(errors) => {
+                                let stamp =
+                                    meta.as_ref().and_then(|m| Stamp::settled(m, self.settle));
+                                let path = first.done(path);
+                                if !errors.is_empty() {
+                                    let errors = errors.iter().map(|m| FileError::new(&path, m));
+                                    self.file_errors.insert(path.clone(), errors.collect());
+                                }
+                                if let Some(stamp) = stamp {
+                                    self.parsed.insert(path, stamp);
+                                }
+                            }
+                            Err(message) => {
+                                first.take_back(sink);
+                                let path: Arc<Path> = Arc::from(path.as_path());
+                                let message =
+                                    format!("{message}; its previous objects stay in force");
+                                self.file_errors
+                                    .insert(path.clone(), vec![FileError::new(&path, message)]);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        let mut errors = listing.errors.clone();
+        errors.extend(self.file_errors.values().flatten().cloned());
+        errors.extend(first.passed_over);
+        self.files = first.files.into_iter().collect();
+        self.order = first.order;
+        self.yielded = first.yielded;
+        self.tree = listing.simple.then(|| Tree {
+            dirs: listing.dirs,
+            errors: listing.errors,
+        });
+        Ok(self.finish(errors, Vec::new(), false))
+    }
+}
+
+/// The first scan's record, file by file.
+#[derive(Default)]
+struct First {
+    /// Files done, in path order, with their entries.
+    order: Vec<Arc<Path>>,
+    files: Vec<(Arc<Path>, Vec<Entry>)>,
+    /// Each key's first definition: file (in `order`, or the file being read when
+    /// past its end) and entry.
+    wanted: HashMap<ObjectKey, (usize, usize)>,
+    yielded: BTreeMap<ObjectKey, (Digest, Arc<Path>)>,
+    /// The file being read: its entries, and the keys it handed on.
+    entries: Vec<Entry>,
+    handed_on: Vec<ObjectKey>,
+    /// The definitions passed over, of the files done and of the one being read
+    /// (from `pending_from` on).
+    passed_over: Vec<FileError>,
+    pending_from: usize,
+}
+
+impl First {
+    /// One object of the file at `path`: handed on if it is the first definition
+    /// of its key, else noted as passed over.
+    fn object(
+        &mut self,
+        path: &Path,
+        o: ManifestObject,
+        digest: Digest,
+        sink: &mut dyn FnMut(SourceUpdate),
+    ) {
+        let fi = self.order.len();
+        let entry = Entry {
+            key: o.key.clone(),
+            at: o.at.as_str().to_owned(),
+            mirrored_from: o.mirrored_from.clone(),
+            digest,
+            object: None,
+        };
+        let ei = self.entries.len();
+        match self.wanted.get(&o.key) {
+            Some(&(first_fi, first_ei)) => {
+                let (first_path, first_at) = if first_fi == fi {
+                    (None, &self.entries[first_ei].at)
+                } else {
+                    let (p, entries) = &self.files[first_fi];
+                    (Some(p), &entries[first_ei].at)
+                };
+                let message = passed_over(&entry, first_path, first_at);
+                self.passed_over.push(FileError::new(path, message));
+            }
+            None => {
+                self.wanted.insert(entry.key.clone(), (fi, ei));
+                self.handed_on.push(entry.key.clone());
+                sink(SourceUpdate::Upsert {
+                    object: Arc::try_unwrap(o.object).unwrap_or_else(|o| (*o).clone()),
+                    origin: path.display().to_string(),
+                });
+            }
+        }
+        self.entries.push(entry);
+    }
+
+    /// The file at `path` parsed: its entries are kept, and what it handed on is
+    /// recorded as yielded. Returns its shared path.
+    fn done(&mut self, path: &Path) -> Arc<Path> {
+        let path: Arc<Path> = Arc::from(path);
+        let fi = self.order.len();
+        let entries = std::mem::take(&mut self.entries);
+        for key in self.handed_on.drain(..) {
+            let (_, ei) = self.wanted[&key];
+            self.yielded.insert(key, (entries[ei].digest, path.clone()));
+        }
+        debug_assert!(self.wanted.values().all(|(f, _)| *f <= fi));
+        self.order.push(path.clone());
+        self.files.push((path.clone(), entries));
+        self.pending_from = self.passed_over.len();
+        path
+    }
+
+    /// The file being read is unusable: what it handed on is taken back, and
+    /// nothing of it counts.
+    fn take_back(&mut self, sink: &mut dyn FnMut(SourceUpdate)) {
+        for key in self.handed_on.drain(..) {
+            self.wanted.remove(&key);
+            sink(SourceUpdate::Delete(key));
+        }
+        self.entries.clear();
+        self.passed_over.truncate(self.pending_from);
+    }
+}
