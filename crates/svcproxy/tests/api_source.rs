@@ -448,9 +448,29 @@ fn count_lists(server: &FakeApiServer) -> usize {
         .count()
 }
 
+/// A loopback address whose port is free, and below the kernel's ephemeral range
+/// (`ip_local_port_range`): a test stops and restarts its fake API server on it,
+/// and a port from that range (what binding port 0 gives) can meanwhile become the
+/// local port of any outgoing connection on the machine (CI runs other tests beside
+/// this one); the restart then failed with "address in use" once. Ports are taken
+/// in turn from a start that differs per process.
 fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static TAKEN: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000u32, low.saturating_sub(10_000).max(1));
+    loop {
+        let n = TAKEN.fetch_add(1, Ordering::Relaxed);
+        assert!(n < span, "no free port below {low}");
+        let port = first + (std::process::id().wrapping_mul(7919) + n) % span;
+        let addr = SocketAddr::from(([127, 0, 0, 1], u16::try_from(port).unwrap()));
+        if TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
 }
 
 async fn healthz(addr: SocketAddr) -> Option<u16> {
