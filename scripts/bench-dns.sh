@@ -18,7 +18,9 @@
 # the queries per second of a whole CPU (dnsperf alone on CPU 1 can be the
 # bottleneck: then qps is about the same for all), the queries per second with a
 # busy loop sharing CPU 0 (the server, with about half a CPU, is the bottleneck),
-# p50/p99, and svcproxy's ratios to NSD.
+# p50/p99, and svcproxy's ratios to NSD. Last, the memory of `svcproxy dns` fed by
+# the API source instead (svcproxy-fakeapi serving a cluster of the same size, its
+# own: plain ClusterIP services).
 #
 # Usage: scripts/bench-dns.sh [--services N] [--endpoints-per-service M]
 #          [--seconds S] [--latency-qps Q] [--no-build]
@@ -49,9 +51,10 @@ if ! command -v dnsperf >/dev/null || ! command -v nsd >/dev/null; then
     apt-get install -y --no-install-recommends dnsperf nsd >/dev/null
 fi
 if [ "$build" = 1 ]; then
-    cargo build --release --locked -p svcproxy >&2
+    cargo build --release --locked -p svcproxy -p svcproxy-fakeapi >&2
 fi
 bin=$PWD/target/release/svcproxy
+fakeapi=$PWD/target/release/svcproxy-fakeapi
 
 work=$(mktemp -d /tmp/svcproxy-bench-dns.XXXXXX)
 pids=()
@@ -265,6 +268,26 @@ for name in ["svc-0", "svc-1", "svc-3"]:
     a, c, b = ask(5353, fqdn), ask(5355, fqdn), ask(5354, fqdn)
     assert a == b == c, f"{fqdn}: svcproxy {a}, central {c}, nsd {b}"
 PY
+# The API source: svcproxy dns against svcproxy-fakeapi (same numbers of Services,
+# endpoints and Nodes), its RSS once every list is in and it is idle.
+api_rss=''
+if [ -x "$fakeapi" ]; then
+    mkdir -p "$work/api"
+    "$fakeapi" --listen 127.0.0.1:0 --kubeconfig-out "$work/api/kubeconfig" \
+        --services "$services" --endpoints-per-service "$endpoints" --nodes 100 \
+        >"$work/api/out" 2>"$work/api/err" &
+    pids+=($!)
+    for _ in $(seq 1 600); do grep -qx ready "$work/api/out" && break; sleep 0.1; done
+    taskset -c 0 "$bin" dns --kubeconfig "$work/api/kubeconfig" --hostname-override node-1 \
+        --dns-bind-address 127.0.0.1:5356 --dns-upstream none --dns-node-local \
+        >"$work/svcproxy-api.log" 2>&1 &
+    pids+=($!)
+    api_pid=$!
+    for _ in $(seq 1 600); do grep -q 'cluster DNS answering' "$work/svcproxy-api.log" && break; sleep 0.1; done
+    wait_idle "$api_pid"
+    api_rss=$(awk '/VmRSS/ {print $2}' "/proc/$api_pid/status")
+fi
+
 read -r s_qps s_p50 s_p99 s_lost s_n s_busy s_shared <<<"$svc"
 read -r c_qps c_p50 c_p99 c_lost c_n c_busy c_shared <<<"$central"
 read -r n_qps n_p50 n_p99 n_lost n_n n_busy n_shared <<<"$ref"
@@ -283,6 +306,9 @@ ratio() { # LABEL QPS BUSY SHARED P99
 ratio "svcproxy node-local" "$s_qps" "$s_busy" "$s_shared" "$s_p99"
 ratio "svcproxy central" "$c_qps" "$c_busy" "$c_shared" "$c_p99"
 echo "svcproxy answered its first query $ready s after start"
+if [ -n "$api_rss" ]; then
+    echo "svcproxy dns through the API source (svcproxy-fakeapi, $services ClusterIP services x $endpoints endpoints, 100 nodes): rss_kib $api_rss"
+fi
 if [ "$s_busy" -lt 97 ] || [ "$n_busy" -lt 97 ]; then
     echo "note: below ~97% of CPU 0 a server was not the bottleneck (dnsperf, alone on CPU 1, was): qps_per_cpu (queries per second of a whole CPU) and qps_shared (a busy loop sharing CPU 0, so the server is the bottleneck) tell them apart"
 fi
