@@ -72,7 +72,8 @@ pub struct SliceEndpoint {
     /// Shared with every service port's [`Endpoint`](crate::model::Endpoint) of this address.
     pub info: Arc<EndpointInfo>,
     /// `hostname` (a DNS label): the cluster DNS names a headless service's
-    /// endpoint by it, else by its address.
+    /// endpoint by it, else by its address. Kept only for the DNS
+    /// ([`ConvertOptions::keep_unproxied`]).
     pub hostname: Option<Box<str>>,
 }
 
@@ -274,18 +275,7 @@ pub fn convert_service(
     if !check_namespaced_name(&mut ctx, is_dns1035_label) {
         return None;
     }
-    let empty = BTreeMap::new();
-    let labels = svc.metadata.labels.as_ref().unwrap_or(&empty);
-    let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
-
-    let proxy_label = labels.get(LABEL_SERVICE_PROXY_NAME).map(String::as_str);
-    let mut not_proxied = if labels.contains_key(LABEL_HEADLESS) {
-        Some(NotProxied::HeadlessLabel)
-    } else if proxy_label != opts.service_proxy_name.as_deref() {
-        Some(NotProxied::OtherProxy)
-    } else {
-        None
-    };
+    let mut not_proxied = not_proxied_by_labels(svc, opts);
     if not_proxied.is_some() && !opts.keep_unproxied {
         return None;
     }
@@ -317,8 +307,59 @@ pub fn convert_service(
     }
     let cluster_ips = cluster_ips.unwrap_or_default();
 
-    let mut external_ips = parse_ip_list(
+    let cluster_ips: Arc<[IpAddr]> = cluster_ips.into();
+    let template = port_template(
         &mut ctx,
+        svc,
+        spec,
+        service_type,
+        &name,
+        cluster_ips.clone(),
+        opts,
+    );
+    let ports = service_ports(&mut ctx, spec, &template, headless)?;
+    Some(Service {
+        name,
+        ports,
+        kind: if headless {
+            ServiceKind::Headless
+        } else {
+            ServiceKind::ClusterIp(cluster_ips)
+        },
+        publish_not_ready_addresses,
+        not_proxied,
+    })
+}
+
+/// Why the Service's labels leave it to another: `service.kubernetes.io/headless`,
+/// or a `service.kubernetes.io/service-proxy-name` that is not ours.
+fn not_proxied_by_labels(svc: &corev1::Service, opts: &ConvertOptions) -> Option<NotProxied> {
+    let labels = svc.metadata.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    if label(LABEL_HEADLESS).is_some() {
+        Some(NotProxied::HeadlessLabel)
+    } else if label(LABEL_SERVICE_PROXY_NAME) != opts.service_proxy_name.as_deref() {
+        Some(NotProxied::OtherProxy)
+    } else {
+        None
+    }
+}
+
+/// Every field a Service's ports share, in a port of its own (no name, port 0):
+/// each port is this one with its name and numbers.
+fn port_template(
+    ctx: &mut Ctx<'_>,
+    svc: &corev1::Service,
+    spec: &corev1::ServiceSpec,
+    service_type: ServiceType,
+    name: &ServiceName,
+    cluster_ips: Arc<[IpAddr]>,
+    opts: &ConvertOptions,
+) -> ServicePort {
+    let empty = BTreeMap::new();
+    let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
+    let mut external_ips = parse_ip_list(
+        ctx,
         "spec.externalIPs",
         spec.external_ips.as_deref().unwrap_or_default(),
     );
@@ -327,34 +368,34 @@ pub fn convert_service(
     }
 
     let load_balancer_ingress = if service_type == ServiceType::LoadBalancer {
-        parse_lb_ingress(&mut ctx, svc)
+        parse_lb_ingress(ctx, svc)
     } else {
         Vec::new()
     };
 
     let load_balancer_source_ranges = if service_type == ServiceType::LoadBalancer {
-        parse_source_ranges(&mut ctx, spec, annotations)
+        parse_source_ranges(ctx, spec, annotations)
     } else {
         None
     };
 
     let external_traffic_policy = parse_policy(
-        &mut ctx,
+        ctx,
         "spec.externalTrafficPolicy",
         spec.external_traffic_policy.as_deref(),
     );
     let internal_traffic_policy = parse_policy(
-        &mut ctx,
+        ctx,
         "spec.internalTrafficPolicy",
         spec.internal_traffic_policy.as_deref(),
     );
 
-    let session_affinity_timeout = affinity_timeout(&mut ctx, spec);
+    let session_affinity_timeout = affinity_timeout(ctx, spec);
 
     let health_check_node_port =
-        health_check_node_port(&mut ctx, spec, service_type, external_traffic_policy);
+        health_check_node_port(ctx, spec, service_type, external_traffic_policy);
 
-    let traffic_distribution = traffic_distribution(&mut ctx, spec);
+    let traffic_distribution = traffic_distribution(ctx, spec);
 
     let topology_mode = annotations
         .get(ANNOTATION_TOPOLOGY_MODE)
@@ -365,15 +406,45 @@ pub fn convert_service(
         || !external_ips.is_empty()
         || !load_balancer_ingress.is_empty();
     let topology_keys = topology_keys(
-        &mut ctx,
+        ctx,
         annotations,
         external_traffic_policy == TrafficPolicy::Local && externally_accessible,
     );
 
-    let scheduler = scheduler(&mut ctx, annotations);
+    let scheduler = scheduler(ctx, annotations);
     let endpoint_weights: Option<Arc<[(WeightKey, u8)]>> =
-        endpoint_weights(&mut ctx, annotations).map(Into::into);
+        endpoint_weights(ctx, annotations).map(Into::into);
 
+    ServicePort {
+        name: ServicePortName::new(name.clone(), "", Protocol::Tcp),
+        service_type,
+        cluster_ips,
+        port: 0,
+        node_port: None,
+        external_ips: external_ips.into(),
+        load_balancer_ingress: load_balancer_ingress.into(),
+        load_balancer_source_ranges: load_balancer_source_ranges.map(Into::into),
+        external_traffic_policy,
+        internal_traffic_policy,
+        session_affinity_timeout,
+        health_check_node_port,
+        traffic_distribution,
+        topology_mode: topology_mode.map(Into::into),
+        topology_keys: topology_keys.map(Into::into),
+        scheduler,
+        endpoint_weights,
+    }
+}
+
+/// The Service's ports, each `template` with its own name and numbers; `None`
+/// (rejected) when it has none (but for a headless service, which needs none), too
+/// many, or none usable.
+fn service_ports(
+    ctx: &mut Ctx<'_>,
+    spec: &corev1::ServiceSpec,
+    template: &ServicePort,
+    headless: bool,
+) -> Option<Vec<Arc<ServicePort>>> {
     let raw_ports = spec.ports.as_deref().unwrap_or_default();
     // A headless service needs no port (the API's rule): its name still answers.
     if raw_ports.is_empty() && !headless {
@@ -387,57 +458,26 @@ pub fn convert_service(
         );
         return None;
     }
-    // Shared by every port.
-    let cluster_ips: Arc<[IpAddr]> = cluster_ips.into();
-    let external_ips: Arc<[IpAddr]> = external_ips.into();
-    let load_balancer_ingress: Arc<[LoadBalancerIngress]> = load_balancer_ingress.into();
-    let load_balancer_source_ranges: Option<Arc<[IpNet]>> =
-        load_balancer_source_ranges.map(Into::into);
-    let topology_mode: Option<Arc<str>> = topology_mode.map(Into::into);
-    let topology_keys: Option<Arc<[TopologyKey]>> = topology_keys.map(Into::into);
     let mut seen: HashSet<(String, Protocol)> = HashSet::new();
     let mut ports = Vec::with_capacity(raw_ports.len());
     for (i, p) in raw_ports.iter().enumerate() {
         let Some((port_name, protocol, port, node_port)) =
-            port_fields(&mut ctx, i, p, service_type, &mut seen)
+            port_fields(ctx, i, p, template.service_type, &mut seen)
         else {
             continue;
         };
         ports.push(Arc::new(ServicePort {
-            name: ServicePortName::new(name.clone(), port_name, protocol),
-            service_type,
-            cluster_ips: cluster_ips.clone(),
+            name: ServicePortName::new(template.name.service.clone(), port_name, protocol),
             port,
             node_port,
-            external_ips: external_ips.clone(),
-            load_balancer_ingress: load_balancer_ingress.clone(),
-            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
-            external_traffic_policy,
-            internal_traffic_policy,
-            session_affinity_timeout,
-            health_check_node_port,
-            traffic_distribution,
-            topology_mode: topology_mode.clone(),
-            topology_keys: topology_keys.clone(),
-            scheduler,
-            endpoint_weights: endpoint_weights.clone(),
+            ..template.clone()
         }));
     }
     if ports.is_empty() && !raw_ports.is_empty() {
         ctx.reject("spec.ports", "no usable port");
         return None;
     }
-    Some(Service {
-        name,
-        ports,
-        kind: if headless {
-            ServiceKind::Headless
-        } else {
-            ServiceKind::ClusterIp(cluster_ips)
-        },
-        publish_not_ready_addresses,
-        not_proxied,
-    })
+    Some(ports)
 }
 
 /// The service's type: `Some(None)` for ExternalName (not proxied), `None` for an
@@ -1026,7 +1066,10 @@ pub fn convert_slice_with(
     let endpoints: Vec<SliceEndpoint> = raw_endpoints
         .iter()
         .enumerate()
-        .filter_map(|(i, ep)| slice_endpoint(&mut ctx, &format!("endpoints[{i}]"), ep, family))
+        .filter_map(|(i, ep)| {
+            let field = format!("endpoints[{i}]");
+            slice_endpoint(&mut ctx, &field, ep, family, opts.keep_unproxied)
+        })
         .collect();
     Some(Slice {
         service: ServiceName::new(key.namespace.clone(), service_name.clone()),
@@ -1177,6 +1220,7 @@ fn slice_endpoint(
     field: &str,
     ep: &discoveryv1::Endpoint,
     family: IpFamily,
+    keep_hostname: bool,
 ) -> Option<SliceEndpoint> {
     // Only the first address is used, as upstream: the rest are reserved.
     let Some(raw) = ep.addresses.first() else {
@@ -1204,39 +1248,25 @@ fn slice_endpoint(
         );
         return None;
     }
-    let node_name = match ep.node_name.as_deref() {
-        None | Some("") => None,
-        Some(n) if is_dns1123_subdomain(n) => Some(Arc::from(n)),
-        Some(n) => {
-            ctx.ignore(
-                format!("{field}.nodeName"),
-                format!("invalid node name {}", quote(n)),
-            );
-            None
-        }
-    };
-    let zone = match ep.zone.as_deref() {
-        None | Some("") => None,
-        Some(z) if is_label_value(z) => Some(Arc::from(z)),
-        Some(z) => {
-            ctx.ignore(
-                format!("{field}.zone"),
-                format!("invalid zone {}", quote(z)),
-            );
-            None
-        }
-    };
-    let hostname = match ep.hostname.as_deref() {
-        None | Some("") => None,
-        Some(h) if is_dns1123_label(h) => Some(Box::from(h)),
-        Some(h) => {
-            ctx.ignore(
-                format!("{field}.hostname"),
-                format!("invalid hostname {}: not a DNS label", quote(h)),
-            );
-            None
-        }
-    };
+    let node_name = checked(
+        ctx,
+        field,
+        "nodeName",
+        ep.node_name.as_deref(),
+        is_dns1123_subdomain,
+    )
+    .map(Arc::from);
+    let zone = checked(ctx, field, "zone", ep.zone.as_deref(), is_label_value).map(Arc::from);
+    // Checked either way (the API's rule), kept for the cluster DNS only.
+    let hostname = checked(
+        ctx,
+        field,
+        "hostname",
+        ep.hostname.as_deref(),
+        is_dns1123_label,
+    )
+    .filter(|_| keep_hostname)
+    .map(Box::from);
     let cond = ep.conditions.clone().unwrap_or_default();
     // Upstream defaulting: unset ready means ready; unset serving means "same as
     // ready"; unset terminating means not terminating.
@@ -1275,6 +1305,32 @@ fn slice_endpoint(
         }),
         hostname,
     })
+}
+
+/// An optional name field of an endpoint: `None` when unset or empty, and, with a
+/// problem, when `valid` refuses it.
+fn checked<'a>(
+    ctx: &mut Ctx<'_>,
+    field: &str,
+    name: &str,
+    value: Option<&'a str>,
+    valid: fn(&str) -> bool,
+) -> Option<&'a str> {
+    match value {
+        None | Some("") => None,
+        Some(v) if valid(v) => Some(v),
+        Some(v) => {
+            let what = match name {
+                "nodeName" => "node name",
+                other => other,
+            };
+            ctx.ignore(
+                format!("{field}.{name}"),
+                format!("invalid {what} {}", quote(v)),
+            );
+            None
+        }
+    }
 }
 
 fn hint_list(

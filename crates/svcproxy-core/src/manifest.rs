@@ -382,139 +382,182 @@ fn parse_document(
         if *seen > MAX_OBJECTS_PER_FILE {
             return Err(ManifestError::TooManyObjects);
         }
-        let Pending {
-            value,
-            at,
-            defaults,
-            in_list,
-        } = pending;
-        let mut map = match value {
-            Value::Object(map) => map,
-            // An empty document (`---` twice, a comment-only file).
-            Value::Null if !in_list => continue,
-            other => {
-                parsed.errors.push(format!(
-                    "{at}: is {}, not an object; skipped",
-                    json_type(&other)
-                ));
-                continue;
-            }
-        };
-        let (default_version, default_kind) = match defaults {
-            Some((v, k)) => (v, Some(k)),
-            None => (None, None),
-        };
-        let api_version = str_field(&map, "apiVersion").or(default_version);
-        let Some(kind) = str_field(&map, "kind").or(default_kind) else {
-            if in_list {
-                parsed
-                    .errors
-                    .push(format!("{at}: list item has no kind; skipped"));
-            } else if map.contains_key("metadata") {
-                // Shaped like an object (a `metadata`), so a forgotten `kind`, not
-                // some other YAML (a Helm Chart.yaml, a config file).
-                parsed.errors.push(format!(
-                    "{at}: {} has metadata but no kind; skipped",
-                    object_name(&map)
-                ));
-            } else {
-                tracing::debug!(origin, "{at}: no kind; not a Kubernetes object, ignored");
-            }
+        let Some(mut doc) = kind_of(origin, pending, parsed) else {
             continue;
         };
-
-        if kind.ends_with("List") && (kind == "List" || map.contains_key("items")) {
-            let items = match map.remove("items") {
-                Some(Value::Array(items)) => items,
-                None | Some(Value::Null) => Vec::new(),
-                Some(other) => {
-                    parsed.errors.push(format!(
-                        "{at}: {kind} items is {}, not a list; skipped",
-                        json_type(&other)
-                    ));
-                    continue;
-                }
-            };
-            let item_defaults = match kind.strip_suffix("List") {
-                Some(item_kind) if !item_kind.is_empty() => {
-                    Some((api_version.clone(), item_kind.to_string()))
-                }
-                _ => None,
-            };
-            stack.extend(
-                items
-                    .into_iter()
-                    .enumerate()
-                    .rev()
-                    .map(|(i, value)| Pending {
-                        value,
-                        at: format!("{at}, items[{i}]"),
-                        defaults: item_defaults.clone(),
-                        in_list: true,
-                    }),
-            );
-            continue;
+        if doc.kind.ends_with("List") && (doc.kind == "List" || doc.map.contains_key("items")) {
+            stack.extend(list_items(&mut doc, parsed));
+        } else {
+            emit_object(origin, doc, parsed);
         }
-
-        let target = match target(api_version.as_deref(), &kind) {
-            Ok(Some(t)) => t,
-            Ok(None) => {
-                tracing::debug!(
-                    origin,
-                    "{at}: {} {kind} is not used by svcproxy; ignored",
-                    api_version.as_deref().unwrap_or("")
-                );
-                continue;
-            }
-            Err(reason) => {
-                parsed.errors.push(format!(
-                    "{at}: {kind} {}: {reason}; skipped",
-                    object_name(&map)
-                ));
-                continue;
-            }
-        };
-        let name = object_name(&map);
-        let object = match deserialize(target, map) {
-            Ok(o) => o,
-            Err(reason) => {
-                parsed
-                    .errors
-                    .push(format!("{at}: {kind} {name}: {reason}; skipped"));
-                continue;
-            }
-        };
-        let key = object.key();
-        if key.name.is_empty() {
-            parsed
-                .errors
-                .push(format!("{at}: {kind} has no metadata.name; skipped"));
-            continue;
-        }
-        if let KubeObject::Endpoints(ep) = &object {
-            let mirrored = endpoints_to_slices(ep);
-            for problem in mirrored.problems {
-                parsed.errors.push(format!("{at}: {key}: {problem}"));
-            }
-            for slice in mirrored.slices {
-                let object = KubeObject::EndpointSlice(slice);
-                (parsed.emit)(ManifestObject {
-                    key: object.key(),
-                    object: Arc::new(object),
-                    at: at.clone(),
-                    mirrored_from: Some(key.clone()),
-                });
-            }
-            continue;
-        }
-        (parsed.emit)(ManifestObject {
-            key,
-            object: Arc::new(object),
-            at,
-            mirrored_from: None,
-        });
     }
     Ok(())
+}
+
+/// An object tree with its kind and apiVersion (given, or its list's).
+struct Typed {
+    map: Map<String, Value>,
+    at: String,
+    api_version: Option<String>,
+    kind: String,
+}
+
+/// `pending` as an object with a kind; `None` when it is none (an error said, or
+/// not a Kubernetes object at all).
+fn kind_of(origin: &str, pending: Pending, parsed: &mut Out<'_>) -> Option<Typed> {
+    let Pending {
+        value,
+        at,
+        defaults,
+        in_list,
+    } = pending;
+    let map = match value {
+        Value::Object(map) => map,
+        // An empty document (`---` twice, a comment-only file).
+        Value::Null if !in_list => return None,
+        other => {
+            parsed.errors.push(format!(
+                "{at}: is {}, not an object; skipped",
+                json_type(&other)
+            ));
+            return None;
+        }
+    };
+    let (default_version, default_kind) = match defaults {
+        Some((v, k)) => (v, Some(k)),
+        None => (None, None),
+    };
+    let api_version = str_field(&map, "apiVersion").or(default_version);
+    let Some(kind) = str_field(&map, "kind").or(default_kind) else {
+        if in_list {
+            parsed
+                .errors
+                .push(format!("{at}: list item has no kind; skipped"));
+        } else if map.contains_key("metadata") {
+            // Shaped like an object (a `metadata`), so a forgotten `kind`, not
+            // some other YAML (a Helm Chart.yaml, a config file).
+            parsed.errors.push(format!(
+                "{at}: {} has metadata but no kind; skipped",
+                object_name(&map)
+            ));
+        } else {
+            tracing::debug!(origin, "{at}: no kind; not a Kubernetes object, ignored");
+        }
+        return None;
+    };
+    Some(Typed {
+        map,
+        at,
+        api_version,
+        kind,
+    })
+}
+
+/// A list's items, still to be looked at (in order when popped), each with the
+/// apiVersion and kind a typed list (`ServiceList`) gives it.
+fn list_items(list: &mut Typed, parsed: &mut Out<'_>) -> Vec<Pending> {
+    let Typed {
+        map,
+        at,
+        api_version,
+        kind,
+    } = list;
+    let items = match map.remove("items") {
+        Some(Value::Array(items)) => items,
+        None | Some(Value::Null) => Vec::new(),
+        Some(other) => {
+            parsed.errors.push(format!(
+                "{at}: {kind} items is {}, not a list; skipped",
+                json_type(&other)
+            ));
+            return Vec::new();
+        }
+    };
+    let item_defaults = match kind.strip_suffix("List") {
+        Some(item_kind) if !item_kind.is_empty() => {
+            Some((api_version.clone(), item_kind.to_string()))
+        }
+        _ => None,
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .rev()
+        .map(|(i, value)| Pending {
+            value,
+            at: format!("{at}, items[{i}]"),
+            defaults: item_defaults.clone(),
+            in_list: true,
+        })
+        .collect()
+}
+
+/// One object handed on, if it is of a kind svcproxy reads and reads as one (an
+/// Endpoints object as the slices it mirrors to); else its error said.
+fn emit_object(origin: &str, doc: Typed, parsed: &mut Out<'_>) {
+    let Typed {
+        map,
+        at,
+        api_version,
+        kind,
+    } = doc;
+    let target = match target(api_version.as_deref(), &kind) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            tracing::debug!(
+                origin,
+                "{at}: {} {kind} is not used by svcproxy; ignored",
+                api_version.as_deref().unwrap_or("")
+            );
+            return;
+        }
+        Err(reason) => {
+            parsed.errors.push(format!(
+                "{at}: {kind} {}: {reason}; skipped",
+                object_name(&map)
+            ));
+            return;
+        }
+    };
+    let name = object_name(&map);
+    let object = match deserialize(target, map) {
+        Ok(o) => o,
+        Err(reason) => {
+            parsed
+                .errors
+                .push(format!("{at}: {kind} {name}: {reason}; skipped"));
+            return;
+        }
+    };
+    let key = object.key();
+    if key.name.is_empty() {
+        parsed
+            .errors
+            .push(format!("{at}: {kind} has no metadata.name; skipped"));
+        return;
+    }
+    if let KubeObject::Endpoints(ep) = &object {
+        let mirrored = endpoints_to_slices(ep);
+        for problem in mirrored.problems {
+            parsed.errors.push(format!("{at}: {key}: {problem}"));
+        }
+        for slice in mirrored.slices {
+            let object = KubeObject::EndpointSlice(slice);
+            (parsed.emit)(ManifestObject {
+                key: object.key(),
+                object: Arc::new(object),
+                at: at.clone(),
+                mirrored_from: Some(key.clone()),
+            });
+        }
+        return;
+    }
+    (parsed.emit)(ManifestObject {
+        key,
+        object: Arc::new(object),
+        at,
+        mirrored_from: None,
+    });
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -316,7 +316,7 @@ impl ClusterState {
                 self.services.set(name, converted.map(Arc::new));
             }
             KubeObject::EndpointSlice(slice) => {
-                let converted = convert::convert_slice(slice, &mut problems);
+                let converted = convert::convert_slice_with(slice, &self.opts, &mut problems);
                 self.set_slice(slice_key(&key), converted);
             }
             KubeObject::Node(node) => {
@@ -518,14 +518,10 @@ impl ClusterState {
         self.nodes.get(name)
     }
 
-    /// Every Node.
-    pub fn nodes(&self) -> impl Iterator<Item = &Arc<NodeInfo>> {
-        self.nodes.iter().map(|(_, n)| n)
-    }
-
-    /// A Pod (kept only for the cluster DNS), by namespace and name.
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodInfo>> {
-        self.pods.get(&(Arc::from(namespace), Arc::from(name)))
+    /// A Pod (kept only for the cluster DNS), by namespace and name (as
+    /// [`ModelChanges::pods`] names it).
+    pub fn pod(&self, key: &(Arc<str>, Arc<str>)) -> Option<&Arc<PodInfo>> {
+        self.pods.get(key)
     }
 
     /// Problems of the objects currently held, by object.

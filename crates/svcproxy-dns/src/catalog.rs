@@ -344,8 +344,8 @@ impl Catalog {
             places_moved |= old.as_ref().map(|o| (&o.pod_cidrs, &o.addresses))
                 != new.as_ref().map(|n| (&n.pod_cidrs, &n.addresses));
         }
-        for (ns, name) in &changes.pods {
-            self.place_pod((ns.clone(), name.clone()), model.pod(ns, name).cloned());
+        for key in &changes.pods {
+            self.place_pod(key.clone(), model.pod(key).cloned());
         }
         for name in &changes.services {
             self.refresh(name, model);

@@ -37,8 +37,31 @@ fn service(ns: &str, name: &str, meta: Value, spec: Value) -> SourceUpdate {
 }
 
 fn slice(ns: &str, name: &str, svc: &str, family: &str, endpoints: Value) -> SourceUpdate {
+    labelled_slice(
+        ns,
+        name,
+        json!({"kubernetes.io/service-name": svc}),
+        family,
+        endpoints,
+    )
+}
+
+/// A headless service's slice, labelled as the EndpointSlice controller labels it
+/// (the proxy passes over such slices).
+fn headless_slice(name: &str, svc: &str, endpoints: Value) -> SourceUpdate {
+    let labels = json!({"kubernetes.io/service-name": svc, "service.kubernetes.io/headless": ""});
+    labelled_slice("demo", name, labels, "IPv4", endpoints)
+}
+
+fn labelled_slice(
+    ns: &str,
+    name: &str,
+    labels: Value,
+    family: &str,
+    endpoints: Value,
+) -> SourceUpdate {
     upsert(json!({"kind": "EndpointSlice",
-        "metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": svc}},
+        "metadata": {"namespace": ns, "name": name, "labels": labels},
         "addressType": family, "endpoints": endpoints,
         "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}))
 }
@@ -225,12 +248,19 @@ fn objects() -> Vec<SourceUpdate> {
         ),
     ];
     for svc in ["db", "all"] {
-        for (owner, name) in [
-            (svc.to_string(), format!("{svc}-1")),
-            (format!("twin-{svc}"), format!("twin-{svc}-1")),
-        ] {
-            u.push(slice("demo", &name, &owner, "IPv4", hostile_endpoints()));
-        }
+        u.push(headless_slice(
+            &format!("{svc}-1"),
+            svc,
+            hostile_endpoints(),
+        ));
+        let twin = format!("twin-{svc}");
+        u.push(slice(
+            "demo",
+            &format!("{twin}-1"),
+            &twin,
+            "IPv4",
+            hostile_endpoints(),
+        ));
     }
     u
 }
@@ -297,16 +327,25 @@ fn the_proxy_and_the_dns_agree_on_what_exists() {
     catalog.set_ready();
 
     // The DNS on changes nothing the proxy does, nor what it reports, but for the
-    // objects only the DNS reads (an ExternalName's target).
+    // objects only the DNS reads (an ExternalName's target, headless services'
+    // slices).
     let proxied = proxy_view(&mut alone);
     assert_eq!(proxy_view(&mut both), proxied);
     let (problems, dns_only): (BTreeMap<_, _>, BTreeMap<_, _>) = both
         .problems()
         .into_iter()
         .partition(|(k, _)| alone.problems().contains_key(k));
-    let dns_only: Vec<String> = dns_only.keys().map(ToString::to_string).collect();
+    let mut dns_only: Vec<String> = dns_only.keys().map(ToString::to_string).collect();
+    dns_only.sort();
     assert_eq!(problems, alone.problems());
-    assert_eq!(dns_only, ["Service demo/evil-alias"]);
+    assert_eq!(
+        dns_only,
+        [
+            "EndpointSlice demo/all-1",
+            "EndpointSlice demo/db-1",
+            "Service demo/evil-alias"
+        ]
+    );
 
     // Every proxied service answers with exactly its cluster IPs.
     let expected_proxied = ["web", "dual", "zeros", "twin-db", "twin-all"];
