@@ -12,13 +12,15 @@
 //!
 //! The outcome is [`ManifestDir::rescan`]'s: the same objects (each key's first
 //! definition in path order), the same errors, the same record of what was yielded
-//! for the rescans that follow. A file that turns out unusable part way (a syntax
+//! for the rescans that follow. Files are parsed by up to [`MAX_READERS`] threads
+//! at once, each at most a few hundred objects ahead of the state, and taken in
+//! path order. A file that turns out unusable part way (a syntax
 //! error, too many objects) takes back the objects it handed on, as `Delete`s: on a
 //! first scan nothing else can have defined them yet.
 
 use super::*;
 
-/// What the reader thread sends: a file's object (with its digest), or the end of
+/// What a reader thread sends: a file's object (with its digest), or the end of
 /// the file.
 enum Read {
     Object(ManifestObject, Digest),
@@ -32,7 +34,7 @@ const AHEAD: usize = 256;
 impl ManifestDir {
     /// [`ManifestDir::rescan`], handing the updates to `sink` as they are read
     /// rather than returning them: on the first scan, each object as soon as its
-    /// document is parsed (files read in path order on a thread of their own while
+    /// document is parsed (files parsed by reader threads, taken in path order while
     /// the caller takes the objects); later, all at once at the end.
     pub fn rescan_into(
         &mut self,
@@ -47,22 +49,51 @@ impl ManifestDir {
         }
         let listing = list_files(&self.root)?;
         let paths: Vec<&Path> = listing.files.iter().map(|(p, _)| p.as_path()).collect();
-        let (tx, rx) = mpsc::sync_channel::<(usize, Read)>(AHEAD);
+        // A channel per file, taken in path order here while up to MAX_READERS
+        // threads parse the files in turn, each at most AHEAD objects ahead of it.
+        let (senders, receivers): (Vec<_>, Vec<_>) = paths
+            .iter()
+            .map(|_| mpsc::sync_channel::<Read>(AHEAD))
+            .unzip();
+        let senders: Vec<std::sync::Mutex<Option<mpsc::SyncSender<Read>>>> = senders
+            .into_iter()
+            .map(|s| std::sync::Mutex::new(Some(s)))
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let readers = thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, MAX_READERS);
         let mut first = First::default();
         thread::scope(|scope| {
-            let paths = &paths;
-            scope.spawn(move || {
-                for (i, path) in paths.iter().enumerate() {
+            for _ in 0..readers {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let (Some(path), Some(slot)) = (paths.get(i), senders.get(i)) else {
+                        return;
+                    };
+                    let Some(tx) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                        continue;
+                    };
                     let done = read_manifest_each(path, &mut |o| {
                         let d = digest(&o.object);
-                        let _ = tx.send((i, Read::Object(o, d)));
+                        let _ = tx.send(Read::Object(o, d));
                     });
-                    if tx.send((i, Read::Done(done))).is_err() {
-                        return;
+                    let _ = tx.send(Read::Done(done));
+                });
+            }
+            let reads = receivers.into_iter().enumerate().flat_map(|(i, rx)| {
+                // A file's objects, until its end (or its reader's, should it panic).
+                let mut ended = false;
+                std::iter::from_fn(move || {
+                    if ended {
+                        return None;
                     }
-                }
+                    let read = rx.recv().ok()?;
+                    ended = matches!(read, Read::Done(_));
+                    Some((i, read))
+                })
             });
-            for (i, read) in rx {
+            for (i, read) in reads {
                 let (path, meta) = &listing.files[i];
                 match read {
                     Read::Object(o, d) => first.object(path, o, d, sink),
