@@ -65,6 +65,32 @@ impl DataPlaneError {
     pub fn is_partial(&self) -> bool {
         matches!(self, DataPlaneError::Partial(_))
     }
+
+    /// Whether the kernel (or the tool, in its own words) refused for want of
+    /// privilege: EPERM or EACCES.
+    pub fn permission_denied(&self) -> bool {
+        match self {
+            DataPlaneError::Spawn { source, .. } | DataPlaneError::Io { source, .. } => {
+                is_permission_error(source)
+            }
+            DataPlaneError::Rejected { stderr: text, .. }
+            | DataPlaneError::Kernel { reason: text, .. } => says_permission_denied(text),
+            DataPlaneError::Partial(inner) => inner.permission_denied(),
+            DataPlaneError::TimedOut { .. } | DataPlaneError::MapFull { .. } => false,
+        }
+    }
+}
+
+/// An I/O error that is the kernel refusing for want of privilege.
+pub fn is_permission_error(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied
+        || matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES))
+}
+
+/// A tool's or library's message for EPERM or EACCES (`strerror`'s words), the
+/// only form some of them give it in.
+fn says_permission_denied(text: &str) -> bool {
+    text.contains("Operation not permitted") || text.contains("Permission denied")
 }
 
 /// `bytes` as text, trailing whitespace trimmed, cut to at most `limit` bytes (on a

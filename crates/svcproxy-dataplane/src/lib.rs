@@ -60,7 +60,7 @@ pub use conntrack_sysctl::{
 pub use ctnetlink::{NetlinkConntrack, DEFAULT_CONNTRACK_TIMEOUT};
 pub use driver::{Driver, SyncReport};
 pub use ebpf::{EbpfDataPlane, EbpfOptions, IdleTimeouts};
-pub use error::{DataPlaneError, STDERR_LIMIT};
+pub use error::{is_permission_error, DataPlaneError, STDERR_LIMIT};
 pub use host_addrs::{host_addresses, AddressChanges};
 pub use nft::NftDataPlane;
 pub use nft_table::TableState;

@@ -265,18 +265,23 @@ fn error_text(e: &anyhow::Error) -> String {
     out.replace("'\"", "'").replace("\"'", "'")
 }
 
+/// Whether `e`, or a cause of it, is the kernel refusing for want of privilege:
+/// asked of the errors' own types, a sync's and the data plane's (which knows its
+/// tools' words for it) and the system's.
+pub(crate) fn permission_denied(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<targets::SyncError>()
+            .is_some_and(targets::SyncError::permission_denied)
+            || c.downcast_ref::<svcproxy_dataplane::DataPlaneError>()
+                .is_some_and(svcproxy_dataplane::DataPlaneError::permission_denied)
+            || c.downcast_ref::<std::io::Error>()
+                .is_some_and(svcproxy_dataplane::is_permission_error)
+    })
+}
+
 /// What to do about an error the kernel refused for want of privilege.
 fn permission_hint(e: &anyhow::Error) -> Option<&'static str> {
-    let denied = e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            .is_some_and(|n| n == libc::EPERM || n == libc::EACCES)
-            || {
-                let text = c.to_string();
-                text.contains("Operation not permitted") || text.contains("Permission denied")
-            }
-    });
-    denied.then_some(
+    permission_denied(e).then_some(
         "svcproxy programs the kernel: run it as root, or with the capabilities the \
          DaemonSet grants (NET_ADMIN and NET_RAW; deploy/daemonset.yaml)",
     )

@@ -28,6 +28,14 @@ impl SyncError {
     pub(crate) fn is_partial(&self) -> bool {
         matches!(self, SyncError::DataPlane(e) if e.is_partial())
     }
+
+    /// The kernel refused for want of privilege.
+    pub(crate) fn permission_denied(&self) -> bool {
+        match self {
+            SyncError::DataPlane(e) => e.permission_denied(),
+            SyncError::Other(e) => crate::permission_denied(e),
+        }
+    }
 }
 
 impl From<std::io::Error> for SyncError {
