@@ -241,6 +241,20 @@ struct OwnerGate {
 }
 
 impl OwnerGate {
+    fn new(
+        ownership: Ownership,
+        backend: &'static Backend,
+        mode_flags: svcproxy_dataplane::ModeFlags,
+    ) -> Self {
+        OwnerGate {
+            ownership,
+            backend,
+            mode_flags,
+            synced: false,
+            adoption_decided: false,
+        }
+    }
+
     /// The owner's PID while this process is a standby.
     fn standby_for(&self) -> Option<u32> {
         match self.ownership.current() {
@@ -490,67 +504,7 @@ fn run_target(
         .enable_all()
         .build()?;
     match output {
-        Output::Kernel => {
-            set_oom_score_adj(settings.oom_score_adj);
-            // A look at the node for kube-proxy's rules (a dozen iptables-save
-            // runs, about 0.1 s): beside the start rather than before it.
-            let _leftovers = (!settings.init_only && settings.service_proxy_name.is_none())
-                .then(|| JoinOnDrop(Some(std::thread::spawn(warn_about_kube_proxy_leftovers))));
-            let backend = settings.proxy_mode;
-            let plan_cfg = plan_config(&settings, backend)?;
-            let mut plane = Driver::new(
-                plan_cfg.clone(),
-                (backend.new)(&plan_cfg, &settings.mode_flags),
-            );
-            if !settings.init_only {
-                // A node that cannot run the mode at all: refused now, naming why,
-                // rather than a sync retried for ever.
-                plane.preflight().with_context(|| {
-                    format!("the {} mode cannot run on this node", backend.mode)
-                })?;
-            }
-            let needs = plane.node_requirements();
-            if settings.init_only {
-                let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
-                // kube-proxy's --init-only: what needs full privileges, then exit; the
-                // proxy itself then runs with NET_ADMIN only (no rule is written here).
-                let conntrack =
-                    svcproxy_dataplane::apply_conntrack_sysctls(&conntrack_settings(&settings));
-                let warnings: Vec<_> = prepared
-                    .warnings
-                    .iter()
-                    .chain(&conntrack.warnings)
-                    .collect();
-                tracing::info!(
-                    changed = ?prepared.changed.iter().chain(&conntrack.changed).collect::<Vec<_>>(),
-                    warnings = warnings.len(),
-                    mode = backend.mode,
-                    "--init-only: node prepared; exiting"
-                );
-                return Ok(());
-            }
-            for module in &needs.modules {
-                if !std::path::Path::new("/sys/module").join(module).exists() {
-                    tracing::warn!(
-                        module,
-                        mode = backend.mode,
-                        "a kernel module this mode needs is not loaded"
-                    );
-                }
-            }
-            let target = plane.with_conntrack_sysctls(conntrack_settings(&settings));
-            let once = settings.once;
-            let claim = Some(backend.mode);
-            rt.block_on(serve(
-                settings,
-                target,
-                servers,
-                once,
-                Some(plan_cfg),
-                Some(backend),
-                claim,
-            ))
-        }
+        Output::Kernel => run_kernel(&rt, settings, servers),
         Output::Snapshot { json, watch } => {
             let target = Checked {
                 inner: SnapshotPrinter {
@@ -605,6 +559,82 @@ fn run_target(
             ))
         }
     }
+}
+
+/// The kernel's data plane: the mode's preflight and node preparation, then the
+/// daemon (or, with `--init-only`, the preparation alone).
+fn run_kernel(
+    rt: &tokio::runtime::Runtime,
+    settings: Settings,
+    servers: Servers,
+) -> anyhow::Result<()> {
+    set_oom_score_adj(settings.oom_score_adj);
+    // A look at the node for kube-proxy's rules (a dozen iptables-save
+    // runs, about 0.1 s): beside the start rather than before it.
+    let _leftovers = (!settings.init_only && settings.service_proxy_name.is_none())
+        .then(|| JoinOnDrop(Some(std::thread::spawn(warn_about_kube_proxy_leftovers))));
+    let backend = settings.proxy_mode;
+    let plan_cfg = plan_config(&settings, backend)?;
+    let mut plane = Driver::new(
+        plan_cfg.clone(),
+        (backend.new)(&plan_cfg, &settings.mode_flags),
+    );
+    if !settings.init_only {
+        // A node that cannot run the mode at all: refused now, naming why,
+        // rather than a sync retried for ever.
+        plane
+            .preflight()
+            .with_context(|| format!("the {} mode cannot run on this node", backend.mode))?;
+    }
+    let needs = plane.node_requirements();
+    if settings.init_only {
+        prepare_only(&settings, &needs, backend);
+        return Ok(());
+    }
+    for module in &needs.modules {
+        if !std::path::Path::new("/sys/module").join(module).exists() {
+            tracing::warn!(
+                module,
+                mode = backend.mode,
+                "a kernel module this mode needs is not loaded"
+            );
+        }
+    }
+    let target = plane.with_conntrack_sysctls(conntrack_settings(&settings));
+    let once = settings.once;
+    let claim = Some(backend.mode);
+    rt.block_on(serve(
+        settings,
+        target,
+        servers,
+        once,
+        Some(plan_cfg),
+        Some(backend),
+        claim,
+    ))
+}
+
+/// kube-proxy's `--init-only`: what needs full privileges (the mode's sysctls, the
+/// conntrack ones), then exit; the proxy itself then runs with NET_ADMIN only (no
+/// rule is written here).
+fn prepare_only(
+    settings: &Settings,
+    needs: &svcproxy_dataplane::NodeRequirements,
+    backend: &'static Backend,
+) {
+    let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
+    let conntrack = svcproxy_dataplane::apply_conntrack_sysctls(&conntrack_settings(settings));
+    let warnings: Vec<_> = prepared
+        .warnings
+        .iter()
+        .chain(&conntrack.warnings)
+        .collect();
+    tracing::info!(
+        changed = ?prepared.changed.iter().chain(&conntrack.changed).collect::<Vec<_>>(),
+        warnings = warnings.len(),
+        mode = backend.mode,
+        "--init-only: node prepared; exiting"
+    );
 }
 
 /// Writes the process's OOM score adjustment (kube-proxy's `oomScoreAdj`): a failure
@@ -771,12 +801,7 @@ async fn serve<T: Target>(
     };
     // As upstream: unhealthy when an update waits longer than twice the sync period.
     let health = ProxyHealth::new(settings.sync_period.saturating_mul(2));
-    let metrics = match backend {
-        Some(b) => Metrics::for_backend(b),
-        None => Metrics::new(),
-    };
-    metrics.set_configz(&config::effective::configz_json(&settings));
-    metrics.register_data_plane(target.collectors());
+    let metrics = metrics_for(backend, &settings, &target);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut running = Running {
         tasks: spawn_http(healthz, metrics_listener, &health, &metrics, &stop_rx),
@@ -784,13 +809,7 @@ async fn serve<T: Target>(
         _manifest_watch: None,
     };
 
-    let mut state = ClusterState::new(StateConfig {
-        node_name: settings.node_name.clone(),
-        service_proxy_name: settings.service_proxy_name.clone(),
-        ignore_external_ips: !settings.feature_gates.service_external_ips(),
-        dns: settings.dns_bind.is_some(),
-        without_snapshots: !target.uses_snapshots(),
-    });
+    let mut state = new_state(&settings, &target);
     let mut runner_cfg = RunnerConfig::new(settings.min_sync_period, settings.sync_period);
     let (tx, rx) = event_channel(health.clone(), metrics.clone());
     if plan_cfg.as_ref().is_some_and(needs_host_addresses) || target.wants_host_addresses() {
@@ -822,33 +841,19 @@ async fn serve<T: Target>(
     if !started.initial_lists.is_empty() {
         runner_cfg.initial_sources = started.initial_lists;
     }
-    let health_checks = match plan_cfg {
-        Some(cfg) if servers.health_check_node_ports => Some((
-            // Everywhere until the first sync says where.
-            ServiceHealthServers::new(Listen::Everywhere, health.clone(), Some(metrics.clone())),
-            cfg,
-        )),
-        _ => None,
-    };
     let mut syncer = ProxySyncer {
+        health_checks: health_check_servers(plan_cfg, &servers, &health, &metrics),
         state,
         target,
         health,
         metrics,
-        health_checks,
         tallies: SnapshotTallies::default(),
         node_eligible: true,
         dns,
         received: 0,
-        owner: ownership
-            .zip(backend)
-            .map(|(ownership, backend)| OwnerGate {
-                ownership,
-                backend,
-                mode_flags: settings.mode_flags.clone(),
-                synced: false,
-                adoption_decided: false,
-            }),
+        owner: ownership.zip(backend).map(|(ownership, backend)| {
+            OwnerGate::new(ownership, backend, settings.mode_flags.clone())
+        }),
     };
     syncer.update_node_eligibility();
     // A one-shot tool (`snapshot`, `render`, `explain`, `--once`) has nothing to
@@ -858,25 +863,52 @@ async fn serve<T: Target>(
     } else {
         tracing::info!(node = %settings.node_name, "svcproxy started");
     }
-    let config_changed = async move {
-        match config_watch {
-            Some((path, initial)) => config_file_changed(path, initial).await,
-            None => std::future::pending().await,
-        }
+    let stopped_by = StopWhen {
+        signal: stop_signal,
+        config_watch,
     };
-    let result = tokio::select! {
-        r = runner::run(runner_cfg, &mut syncer, rx, once) => r,
-        _ = stop_signal => {
-            if syncer.target.leaves_rules() {
-                tracing::info!("shutting down; the rules stay in place");
-            } else {
-                tracing::info!("shutting down");
-            }
-            Ok(())
-        }
-        e = config_changed => Err(e),
+    let result = run_until_stopped(&mut syncer, runner_cfg, rx, once, stopped_by).await;
+    stop_all(&mut syncer, once, &stop_tx, running).await;
+    result
+}
+
+/// The process's metrics: kube-proxy's for the mode, the configuration, and the
+/// data plane's own.
+fn metrics_for<T: Target>(
+    backend: Option<&'static Backend>,
+    settings: &Settings,
+    target: &T,
+) -> Arc<Metrics> {
+    let metrics = match backend {
+        Some(b) => Metrics::for_backend(b),
+        None => Metrics::new(),
     };
-    hand_over(&mut syncer, once).await;
+    metrics.set_configz(&config::effective::configz_json(settings));
+    metrics.register_data_plane(target.collectors());
+    metrics
+}
+
+/// The cluster state as this process keeps it: for the proxy's snapshots, the
+/// cluster DNS, or both.
+fn new_state<T: Target>(settings: &Settings, target: &T) -> ClusterState {
+    ClusterState::new(StateConfig {
+        node_name: settings.node_name.clone(),
+        service_proxy_name: settings.service_proxy_name.clone(),
+        ignore_external_ips: !settings.feature_gates.service_external_ips(),
+        dns: settings.dns_bind.is_some(),
+        without_snapshots: !target.uses_snapshots(),
+    })
+}
+
+/// Stops in order: the node handed over (or the lock given up), the data plane
+/// (which lets its own connections finish), then the servers.
+async fn stop_all<T: Target>(
+    syncer: &mut ProxySyncer<T>,
+    once: bool,
+    stop_tx: &watch::Sender<bool>,
+    running: Running,
+) {
+    hand_over(syncer, once).await;
     // A data plane forwarding connections itself lets them finish first (the
     // health and metrics servers still answer meanwhile).
     tokio::task::block_in_place(|| syncer.target.shutdown());
@@ -885,7 +917,59 @@ async fn serve<T: Target>(
         servers.shutdown();
     }
     running.stop().await;
-    result
+}
+
+/// The servers of the services' healthCheckNodePorts, when the kernel is
+/// programmed (`plan_cfg`) and they are asked for, with the plan configuration that
+/// says where they listen.
+fn health_check_servers(
+    plan_cfg: Option<PlanConfig>,
+    servers: &Servers,
+    health: &Arc<ProxyHealth>,
+    metrics: &Arc<Metrics>,
+) -> Option<(ServiceHealthServers, PlanConfig)> {
+    let cfg = plan_cfg.filter(|_| servers.health_check_node_ports)?;
+    // Everywhere until the first sync says where.
+    let listen =
+        ServiceHealthServers::new(Listen::Everywhere, health.clone(), Some(metrics.clone()));
+    Some((listen, cfg))
+}
+
+/// What ends the sync loop besides its own end: a stop signal, or a change of the
+/// configuration file (`Some((path, its content at start))`), which kube-proxy
+/// answers by exiting to be restarted.
+struct StopWhen<F> {
+    signal: F,
+    config_watch: Option<(std::path::PathBuf, Option<Vec<u8>>)>,
+}
+
+/// Runs the sync loop until it ends (`once`), a stop signal, or a change of the
+/// configuration file (an error, as upstream: the process exits to be restarted).
+async fn run_until_stopped<T: Target>(
+    syncer: &mut ProxySyncer<T>,
+    runner_cfg: RunnerConfig,
+    rx: mpsc::Receiver<Event>,
+    once: bool,
+    stop: StopWhen<impl std::future::Future<Output = ()>>,
+) -> anyhow::Result<()> {
+    let config_changed = async move {
+        match stop.config_watch {
+            Some((path, initial)) => config_file_changed(path, initial).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = runner::run(runner_cfg, &mut *syncer, rx, once) => r,
+        _ = stop.signal => {
+            if syncer.target.leaves_rules() {
+                tracing::info!("shutting down; the rules stay in place");
+            } else {
+                tracing::info!("shutting down");
+            }
+            Ok(())
+        }
+        e = config_changed => Err(e),
+    }
 }
 
 /// The cluster DNS's catalog, shared with its server.
