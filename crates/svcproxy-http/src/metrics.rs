@@ -42,17 +42,10 @@ use super::{parse_rfc3339, unix_nanos};
 /// The metrics svcproxy exports.
 pub struct Metrics {
     registry: Registry,
-    sync_duration: HistogramVec,
-    sync_full_duration: HistogramVec,
-    sync_partial_duration: HistogramVec,
-    network_programming_duration: HistogramVec,
-    last_timestamp: GaugeVec,
-    last_queued_timestamp: GaugeVec,
-    endpoint_changes_pending: IntGauge,
-    endpoint_changes_total: IntCounter,
-    service_changes_pending: IntGauge,
-    service_changes_total: IntCounter,
-    no_local_endpoints: IntGaugeVec,
+    /// The sync loop's figures.
+    sync: SyncSeries,
+    /// UDP conntrack cleanup's figures.
+    conntrack: ConntrackSeries,
     /// What `/proxyMode` answers: the data plane's mode.
     proxy_mode: &'static str,
     /// The mode's failure counters, with upstream's names for that mode.
@@ -67,13 +60,8 @@ pub struct Metrics {
     /// list carries every slice's last change, however old (as upstream's
     /// `trackerStartTime`).
     started: SystemTime,
-    conntrack_cleanup_failures: IntCounter,
-    conntrack_entries_deleted: IntCounter,
     /// Upstream's iptables rule gauges, in the modes that count rules.
     iptables_rules: Option<(IntGaugeVec, IntGaugeVec)>,
-    /// Upstream's conntrack reconciler figures, per family cleaned.
-    conntrack_reconciler_deleted: IntCounterVec,
-    conntrack_reconciler_duration: HistogramVec,
     health_check_bind_failures: IntGauge,
     /// Service ports' claims on a destination another port holds (each logged).
     lost_claims: IntGauge,
@@ -83,6 +71,30 @@ pub struct Metrics {
     rest_client: svcproxy_sources::kube::client_metrics::RestClientMetrics,
     /// `/configz`'s body, set once the configuration is known.
     configz: std::sync::OnceLock<String>,
+}
+
+/// kube-proxy's figures of the sync loop.
+struct SyncSeries {
+    sync_duration: HistogramVec,
+    sync_full_duration: HistogramVec,
+    sync_partial_duration: HistogramVec,
+    network_programming_duration: HistogramVec,
+    last_timestamp: GaugeVec,
+    last_queued_timestamp: GaugeVec,
+    endpoint_changes_pending: IntGauge,
+    endpoint_changes_total: IntCounter,
+    service_changes_pending: IntGauge,
+    service_changes_total: IntCounter,
+    no_local_endpoints: IntGaugeVec,
+}
+
+/// The conntrack cleanup's figures: svcproxy's and kube-proxy's reconciler's.
+struct ConntrackSeries {
+    conntrack_cleanup_failures: IntCounter,
+    conntrack_entries_deleted: IntCounter,
+    /// Upstream's conntrack reconciler figures, per family cleaned.
+    conntrack_reconciler_deleted: IntCounterVec,
+    conntrack_reconciler_duration: HistogramVec,
 }
 
 /// The cluster DNS's counters as Prometheus counters: the server counts with
@@ -300,62 +312,8 @@ impl Metrics {
         let reg = Register(&r);
 
         let m = Metrics {
-            sync_duration: reg.histogram(
-                "kubeproxy_sync_proxy_rules_duration_seconds",
-                "SyncProxyRules latency in seconds",
-                sync_buckets(),
-            ),
-            sync_full_duration: reg.histogram(
-                "kubeproxy_sync_full_proxy_rules_duration_seconds",
-                "SyncProxyRules latency in seconds for full resyncs",
-                sync_buckets(),
-            ),
-            sync_partial_duration: reg.histogram(
-                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-                "SyncProxyRules latency in seconds for partial resyncs",
-                sync_buckets(),
-            ),
-            network_programming_duration: reg.histogram(
-                "kubeproxy_network_programming_duration_seconds",
-                "In Cluster Network Programming Latency in seconds",
-                network_programming_buckets(),
-            ),
-            last_timestamp: reg.gauge(
-                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-                "The last time proxy rules were successfully synced",
-            ),
-            last_queued_timestamp: reg.gauge(
-                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-                "The last time a sync of proxy rules was queued",
-            ),
-            endpoint_changes_pending: reg.int_gauge(
-                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-                alpha("Pending proxy rules Endpoint changes"),
-            ),
-            endpoint_changes_total: reg.counter(
-                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-                alpha("Cumulative proxy rules Endpoint changes"),
-            ),
-            service_changes_pending: reg.int_gauge(
-                "kubeproxy_sync_proxy_rules_service_changes_pending",
-                alpha("Pending proxy rules Service changes"),
-            ),
-            service_changes_total: reg.counter(
-                "kubeproxy_sync_proxy_rules_service_changes_total",
-                alpha("Cumulative proxy rules Service changes"),
-            ),
-            // A gauge despite the name, as upstream.
-            no_local_endpoints: register(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-                        alpha("Number of services with a Local traffic policy and no endpoints"),
-                    ),
-                    &[IP_FAMILY, "traffic_policy"],
-                )
-                .expect("valid gauge"),
-            ),
+            sync: SyncSeries::register(&reg),
+            conntrack: ConntrackSeries::register(&reg),
             proxy_mode: backend.mode,
             failures: backend
                 .failure_counters
@@ -379,14 +337,6 @@ impl Metrics {
             ),
             invalid_reported: Mutex::new(BTreeMap::new()),
             started,
-            conntrack_cleanup_failures: reg.counter(
-                "svcproxy_conntrack_cleanup_failures_total",
-                "Syncs whose UDP conntrack cleanup failed".to_string(),
-            ),
-            conntrack_entries_deleted: reg.counter(
-                "svcproxy_conntrack_entries_deleted_total",
-                "Stale UDP conntrack entries deleted".to_string(),
-            ),
             iptables_rules: backend.counts_rules.then(|| {
                 let vec = |name: &str, help: &str| {
                     register(
@@ -406,16 +356,6 @@ impl Metrics {
                     ),
                 )
             }),
-            conntrack_reconciler_deleted: reg.counter_vec(
-                "kubeproxy_conntrack_reconciler_deleted_entries_total",
-                alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
-                IP_FAMILY,
-            ),
-            conntrack_reconciler_duration: reg.histogram(
-                "kubeproxy_conntrack_reconciler_sync_duration_seconds",
-                "ReconcileConntrackFlowsLatency latency in seconds",
-                sync_buckets(),
-            ),
             health_check_bind_failures: reg.int_gauge(
                 "svcproxy_service_health_check_bind_failures",
                 "healthCheckNodePort servers that cannot currently listen on their port"
@@ -464,7 +404,8 @@ impl Metrics {
         for family in FAMILIES {
             let f = family.as_str();
             for policy in ["internal", "external"] {
-                self.no_local_endpoints
+                self.sync
+                    .no_local_endpoints
                     .with_label_values(&[f, policy])
                     .set(0);
             }
@@ -472,10 +413,10 @@ impl Metrics {
                 c.with_label_values(&[f]);
             }
             for h in [
-                &self.sync_duration,
-                &self.sync_full_duration,
-                &self.sync_partial_duration,
-                &self.network_programming_duration,
+                &self.sync.sync_duration,
+                &self.sync.sync_full_duration,
+                &self.sync.sync_partial_duration,
+                &self.sync.network_programming_duration,
             ] {
                 h.with_label_values(&[f]);
             }
@@ -527,15 +468,19 @@ impl Metrics {
         for (family, duration) in each {
             let secs = duration.as_secs_f64();
             let f = [family.as_str()];
-            self.sync_duration.with_label_values(&f).observe(secs);
+            self.sync.sync_duration.with_label_values(&f).observe(secs);
             if full {
-                self.sync_full_duration.with_label_values(&f).observe(secs);
+                self.sync
+                    .sync_full_duration
+                    .with_label_values(&f)
+                    .observe(secs);
             } else {
-                self.sync_partial_duration
+                self.sync
+                    .sync_partial_duration
                     .with_label_values(&f)
                     .observe(secs);
             }
-            self.last_timestamp.with_label_values(&f).set(now);
+            self.sync.last_timestamp.with_label_values(&f).set(now);
         }
     }
 
@@ -570,7 +515,8 @@ impl Metrics {
     /// A sync (of every family) was queued at `when`.
     pub fn queued(&self, when: SystemTime) {
         for family in FAMILIES {
-            self.last_queued_timestamp
+            self.sync
+                .last_queued_timestamp
                 .with_label_values(&[family.as_str()])
                 .set(unix_seconds(when));
         }
@@ -578,14 +524,14 @@ impl Metrics {
 
     /// Changes received but not yet synced.
     pub fn set_pending_changes(&self, services: usize, endpoints: usize) {
-        self.service_changes_pending.set(to_i64(services));
-        self.endpoint_changes_pending.set(to_i64(endpoints));
+        self.sync.service_changes_pending.set(to_i64(services));
+        self.sync.endpoint_changes_pending.set(to_i64(endpoints));
     }
 
     /// Changes taken into a sync (the cumulative counters).
     pub fn add_changes(&self, services: usize, endpoints: usize) {
-        self.service_changes_total.inc_by(services as u64);
-        self.endpoint_changes_total.inc_by(endpoints as u64);
+        self.sync.service_changes_total.inc_by(services as u64);
+        self.sync.endpoint_changes_total.inc_by(endpoints as u64);
     }
 
     /// Observes, for each `endpoints.kubernetes.io/last-change-trigger-time` of the
@@ -603,7 +549,8 @@ impl Metrics {
                 Some(at) if at < self.started => {}
                 Some(at) => {
                     let latency = (unix_nanos(now) - unix_nanos(at)) as f64 / 1e9;
-                    self.network_programming_duration
+                    self.sync
+                        .network_programming_duration
                         .with_label_values(&[family.as_str()])
                         .observe(latency);
                 }
@@ -619,10 +566,12 @@ impl Metrics {
     /// policy.
     pub fn set_no_local_endpoints(&self, family: IpFamily, internal: usize, external: usize) {
         let f = family.as_str();
-        self.no_local_endpoints
+        self.sync
+            .no_local_endpoints
             .with_label_values(&[f, "internal"])
             .set(to_i64(internal));
-        self.no_local_endpoints
+        self.sync
+            .no_local_endpoints
             .with_label_values(&[f, "external"])
             .set(to_i64(external));
     }
@@ -659,16 +608,20 @@ impl Metrics {
     /// One sync's UDP conntrack cleanup; each family it cleaned also under
     /// upstream's conntrack reconciler names.
     pub fn conntrack_cleanup(&self, report: &svcproxy_dataplane::ConntrackCleanupReport) {
-        self.conntrack_entries_deleted.inc_by(report.deleted as u64);
+        self.conntrack
+            .conntrack_entries_deleted
+            .inc_by(report.deleted as u64);
         if report.error.is_some() {
-            self.conntrack_cleanup_failures.inc();
+            self.conntrack.conntrack_cleanup_failures.inc();
         }
         for (family, done) in &report.families {
             let f = [family.as_str()];
-            self.conntrack_reconciler_deleted
+            self.conntrack
+                .conntrack_reconciler_deleted
                 .with_label_values(&f)
                 .inc_by(done.deleted as u64);
-            self.conntrack_reconciler_duration
+            self.conntrack
+                .conntrack_reconciler_duration
                 .with_label_values(&f)
                 .observe(done.duration.as_secs_f64());
         }
@@ -785,6 +738,94 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| anyhow::anyhow!("metrics server on {addr:?}: {e}"))
+}
+
+impl SyncSeries {
+    fn register(reg: &Register<'_>) -> Self {
+        SyncSeries {
+            sync_duration: reg.histogram(
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds",
+                sync_buckets(),
+            ),
+            sync_full_duration: reg.histogram(
+                "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for full resyncs",
+                sync_buckets(),
+            ),
+            sync_partial_duration: reg.histogram(
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for partial resyncs",
+                sync_buckets(),
+            ),
+            network_programming_duration: reg.histogram(
+                "kubeproxy_network_programming_duration_seconds",
+                "In Cluster Network Programming Latency in seconds",
+                network_programming_buckets(),
+            ),
+            last_timestamp: reg.gauge(
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                "The last time proxy rules were successfully synced",
+            ),
+            last_queued_timestamp: reg.gauge(
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of proxy rules was queued",
+            ),
+            endpoint_changes_pending: reg.int_gauge(
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                alpha("Pending proxy rules Endpoint changes"),
+            ),
+            endpoint_changes_total: reg.counter(
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                alpha("Cumulative proxy rules Endpoint changes"),
+            ),
+            service_changes_pending: reg.int_gauge(
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                alpha("Pending proxy rules Service changes"),
+            ),
+            service_changes_total: reg.counter(
+                "kubeproxy_sync_proxy_rules_service_changes_total",
+                alpha("Cumulative proxy rules Service changes"),
+            ),
+            // A gauge despite the name, as upstream.
+            no_local_endpoints: register(
+                reg.0,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                        alpha("Number of services with a Local traffic policy and no endpoints"),
+                    ),
+                    &[IP_FAMILY, "traffic_policy"],
+                )
+                .expect("valid gauge"),
+            ),
+        }
+    }
+}
+
+impl ConntrackSeries {
+    fn register(reg: &Register<'_>) -> Self {
+        ConntrackSeries {
+            conntrack_cleanup_failures: reg.counter(
+                "svcproxy_conntrack_cleanup_failures_total",
+                "Syncs whose UDP conntrack cleanup failed".to_string(),
+            ),
+            conntrack_entries_deleted: reg.counter(
+                "svcproxy_conntrack_entries_deleted_total",
+                "Stale UDP conntrack entries deleted".to_string(),
+            ),
+            conntrack_reconciler_deleted: reg.counter_vec(
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
+                IP_FAMILY,
+            ),
+            conntrack_reconciler_duration: reg.histogram(
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                "ReconcileConntrackFlowsLatency latency in seconds",
+                sync_buckets(),
+            ),
+        }
+    }
 }
 
 /// The metric constructors `Metrics::started_at` uses, each registering into one
