@@ -980,6 +980,25 @@ impl Kernel {
         }
         let mut w = Written::default();
         self.overflow = Overflow::default();
+        ops += self.write_all_lists(table, &mut w)?;
+        ops += self.write_all_fences(table, &mut w)?;
+        ops += self.write_all_entries(table, &mut w)?;
+        ops += self.write_all_addresses(table, &mut w)?;
+        match before {
+            Some(before) if !unknown => ops += self.remove_stale(&before, &w)?,
+            _ if unknown => ops += self.sweep(&w)?,
+            _ => {}
+        }
+        self.overflow.report(&self.sizes);
+        self.written = Some(w);
+        Ok(ops)
+    }
+
+    /// Every endpoint list under a fresh id: in one batch, else (no room for them
+    /// all) list by list, each whole or not at all (a list that does not fit
+    /// leaves its entries rejecting).
+    fn write_all_lists(&mut self, table: &Table, w: &mut Written) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
         let mut batch = ListBatch::default();
         let mut fresh = Vec::new();
         for (name, list) in &table.lists {
@@ -1013,7 +1032,16 @@ impl Kernel {
             }
             Err(e) => return Err(e),
         }
-        // The sources fenced entries admit, before the entries.
+        Ok(ops)
+    }
+
+    /// The sources fenced entries admit, and the pod CIDRs, before the entries.
+    fn write_all_fences(
+        &mut self,
+        table: &Table,
+        w: &mut Written,
+    ) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
         for (port, nets) in &table.firewalls {
             ops += self.write_firewall(port, nets, &[])?;
             w.firewalls.insert(port.id(), (port.clone(), nets.clone()));
@@ -1025,6 +1053,17 @@ impl Kernel {
             ops += 1;
             w.pod_cidrs.insert(*net);
         }
+        Ok(ops)
+    }
+
+    /// Every service entry: in one batch, then one by one those that fit when
+    /// the map has no room for the batch.
+    fn write_all_entries(
+        &mut self,
+        table: &Table,
+        w: &mut Written,
+    ) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
         let (mut keys, mut values, mut dests) = (Vec::new(), Vec::new(), Vec::new());
         for (dest, entry) in &table.entries {
             let (k, v) = encode(dest, entry, &w.lists);
@@ -1058,6 +1097,17 @@ impl Kernel {
             }
             w.entries.insert(*dests[i].0, (keys[i], values[i]));
         }
+        Ok(ops)
+    }
+
+    /// This node's addresses, the cluster IPs (to refuse their unexposed ports)
+    /// and the ServiceCIDRs.
+    fn write_all_addresses(
+        &mut self,
+        table: &Table,
+        w: &mut Written,
+    ) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
         for ip in &table.local_addrs {
             let k = local_key(ip);
             self.local
@@ -1085,37 +1135,35 @@ impl Kernel {
             ops += 1;
             w.guard.insert(*net);
         }
-        match before {
-            Some(before) if !unknown => {
-                let keys: BTreeSet<SvcKey> = w.entries.values().map(|(k, _)| *k).collect();
-                for (k, _) in before.entries.values().filter(|(k, _)| !keys.contains(k)) {
-                    ops += remove(&mut self.svc, k)?;
-                }
-                for k in before.local.iter().filter(|k| !w.local.contains(k)) {
-                    ops += remove(&mut self.local, k)?;
-                }
-                for (id, list) in before.lists.values() {
-                    ops += self.delete_list(*id, list)?;
-                }
-                for (id, (_, nets)) in &before.firewalls {
-                    let now = w.firewalls.get(id).map_or(&[][..], |(_, n)| n);
-                    ops += self.delete_firewall(*id, nets, now)?;
-                }
-                for net in before.pod_cidrs.difference(&w.pod_cidrs) {
-                    ops += removed(self.podnet.remove(&wire::podnet_key(net)), net)?;
-                }
-                for k in before.vips.difference(&w.vips) {
-                    ops += remove(&mut self.vip, k)?;
-                }
-                for net in before.guard.difference(&w.guard) {
-                    ops += removed(self.guard.remove(&wire::podnet_key(net)), net)?;
-                }
-            }
-            _ if unknown => ops += self.sweep(&w)?,
-            _ => {}
+        Ok(ops)
+    }
+
+    /// What the previous write held and this one does not.
+    fn remove_stale(&mut self, before: &Written, w: &Written) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
+        let keys: BTreeSet<SvcKey> = w.entries.values().map(|(k, _)| *k).collect();
+        for (k, _) in before.entries.values().filter(|(k, _)| !keys.contains(k)) {
+            ops += remove(&mut self.svc, k)?;
         }
-        self.overflow.report(&self.sizes);
-        self.written = Some(w);
+        for k in before.local.iter().filter(|k| !w.local.contains(k)) {
+            ops += remove(&mut self.local, k)?;
+        }
+        for (id, list) in before.lists.values() {
+            ops += self.delete_list(*id, list)?;
+        }
+        for (id, (_, nets)) in &before.firewalls {
+            let now = w.firewalls.get(id).map_or(&[][..], |(_, n)| n);
+            ops += self.delete_firewall(*id, nets, now)?;
+        }
+        for net in before.pod_cidrs.difference(&w.pod_cidrs) {
+            ops += removed(self.podnet.remove(&wire::podnet_key(net)), net)?;
+        }
+        for k in before.vips.difference(&w.vips) {
+            ops += remove(&mut self.vip, k)?;
+        }
+        for net in before.guard.difference(&w.guard) {
+            ops += removed(self.guard.remove(&wire::podnet_key(net)), net)?;
+        }
         Ok(ops)
     }
 
