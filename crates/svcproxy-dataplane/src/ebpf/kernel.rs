@@ -2042,17 +2042,6 @@ pub fn xdp_packets(pin_dir: &Path) -> Option<[u64; 3]> {
 pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
     use std::fmt::Write as _;
     let cfg: Array<MapData, Config> = open_pinned(pin_dir, "svcproxy_cfg")?;
-    let svc: HashMap<MapData, SvcKey, SvcVal> = open_pinned(pin_dir, "svcproxy_svc")?;
-    let slot: HashMap<MapData, SlotKey, Backend> = open_pinned(pin_dir, "svcproxy_slot")?;
-    let fw: LpmTrie<MapData, FwData, u8> = open_pinned(pin_dir, "svcproxy_fw")?;
-    let podnet: LpmTrie<MapData, PodnetData, u8> = open_pinned(pin_dir, "svcproxy_podnet")?;
-    let ifc: HashMap<MapData, u32, u32> = open_pinned(pin_dir, "svcproxy_ifc")?;
-    let local: HashMap<MapData, LocalKey, u8> = open_pinned(pin_dir, "svcproxy_local")?;
-    let vip: HashMap<MapData, LocalKey, u8> = open_pinned(pin_dir, "svcproxy_vip")?;
-    let guard: LpmTrie<MapData, PodnetData, u8> = open_pinned(pin_dir, "svcproxy_guard")?;
-    let aff: HashMap<MapData, wire::AffKey, wire::AffVal> = open_pinned(pin_dir, "svcproxy_aff")?;
-    let affip: HashMap<MapData, wire::AffIpKey, wire::AffVal> =
-        open_pinned(pin_dir, "svcproxy_affip")?;
     let mut out = String::new();
     let c = cfg
         .get(&0, 0)
@@ -2066,6 +2055,23 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         );
     }
     let mut lines = vec![marks_line(c.masquerade_mark, c.reject_mark)];
+    lines.extend(service_lines(pin_dir)?);
+    lines.extend(address_lines(pin_dir)?);
+    lines.extend(affinity_lines(pin_dir)?);
+    lines.extend(connection_lines(pin_dir));
+    lines.sort();
+    for l in lines {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Each service entry with its routes (the endpoints of each list).
+fn service_lines(pin_dir: &Path) -> Result<Vec<String>, DataPlaneError> {
+    let svc: HashMap<MapData, SvcKey, SvcVal> = open_pinned(pin_dir, "svcproxy_svc")?;
+    let slot: HashMap<MapData, SlotKey, Backend> = open_pinned(pin_dir, "svcproxy_slot")?;
+    let mut lines = Vec::new();
     let mut lists: BTreeMap<u32, BTreeMap<u32, SocketAddr>> = BTreeMap::new();
     for (k, be) in slot.iter().filter_map(Result::ok) {
         if let Some(a) = be.socket_addr() {
@@ -2093,6 +2099,19 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         let affinity = (v.affinity_secs > 0).then_some(v.affinity_secs);
         lines.push(service_line(&dest, &routes, affinity, v.fw_id));
     }
+    Ok(lines)
+}
+
+/// The sets of addresses and networks, the source ranges and the interfaces;
+/// what cannot be read, as problems.
+fn address_lines(pin_dir: &Path) -> Result<Vec<String>, DataPlaneError> {
+    let fw: LpmTrie<MapData, FwData, u8> = open_pinned(pin_dir, "svcproxy_fw")?;
+    let podnet: LpmTrie<MapData, PodnetData, u8> = open_pinned(pin_dir, "svcproxy_podnet")?;
+    let ifc: HashMap<MapData, u32, u32> = open_pinned(pin_dir, "svcproxy_ifc")?;
+    let local: HashMap<MapData, LocalKey, u8> = open_pinned(pin_dir, "svcproxy_local")?;
+    let vip: HashMap<MapData, LocalKey, u8> = open_pinned(pin_dir, "svcproxy_vip")?;
+    let guard: LpmTrie<MapData, PodnetData, u8> = open_pinned(pin_dir, "svcproxy_guard")?;
+    let mut lines = Vec::new();
     let mut problems = Vec::new();
     for (label, map) in [("local-address", &local), ("cluster-ip", &vip)] {
         let addrs = addrs_in(map, label, &mut problems);
@@ -2119,6 +2138,16 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         };
         lines.push(format!("interface {index} {what}"));
     }
+    Ok(lines)
+}
+
+/// The ClientIP affinities held, by client address (packets) and by socket
+/// namespace (connects), with their age.
+fn affinity_lines(pin_dir: &Path) -> Result<Vec<String>, DataPlaneError> {
+    let aff: HashMap<MapData, wire::AffKey, wire::AffVal> = open_pinned(pin_dir, "svcproxy_aff")?;
+    let affip: HashMap<MapData, wire::AffIpKey, wire::AffVal> =
+        open_pinned(pin_dir, "svcproxy_affip")?;
+    let mut lines = Vec::new();
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     let now_ns = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
     let age = |last: u64| now_ns.saturating_sub(last) / 1_000_000_000;
@@ -2149,6 +2178,12 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
             age(v.last_ns)
         ));
     }
+    Ok(lines)
+}
+
+/// The lc scheduler's live connections per endpoint.
+fn connection_lines(pin_dir: &Path) -> Vec<String> {
+    let mut lines = Vec::new();
     // The lc scheduler's live connections per endpoint (none before a release
     // that has the map).
     for (map, label) in [
@@ -2162,12 +2197,7 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
             }
         }
     }
-    lines.sort();
-    for l in lines {
-        out.push_str(&l);
-        out.push('\n');
-    }
-    Ok(out)
+    lines
 }
 
 /// The addresses a set of addresses (`svcproxy_local`, `svcproxy_vip`) holds;
