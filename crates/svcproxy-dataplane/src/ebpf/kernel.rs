@@ -1175,10 +1175,38 @@ impl Kernel {
         changes: &Changes,
         mut w: Written,
     ) -> Result<usize, DataPlaneError> {
-        let mut ops = 0usize;
         let overflow_before = self.overflow.clone();
         // Sources admitted before the entries that need them; those no longer
         // admitted go after.
+        let (mut ops, fenced) = self.write_changed_fences(table, changes, &mut w)?;
+        let (n, retired) = self.write_changed_lists(table, changes, &mut w)?;
+        ops += n;
+        ops += self.write_changed_entries(table, changes, &mut w)?;
+        ops += self.write_changed_addresses(table, changes, &mut w)?;
+        for (id, list) in &retired {
+            ops += self.delete_list(*id, list)?;
+        }
+        for (id, old) in fenced {
+            let now = w.firewalls.get(&id).map_or(&[][..], |(_, n)| n);
+            ops += self.delete_firewall(id, &old, now)?;
+        }
+        if self.overflow != overflow_before {
+            self.overflow.report(&self.sizes);
+        }
+        self.written = Some(w);
+        Ok(ops)
+    }
+
+    /// The changed ports' admitted sources, written; returns what each admitted
+    /// before, to be taken away once the entries no longer need it.
+    #[allow(clippy::type_complexity)]
+    fn write_changed_fences(
+        &mut self,
+        table: &Table,
+        changes: &Changes,
+        w: &mut Written,
+    ) -> Result<(usize, Vec<(u64, Vec<IpNet>)>), DataPlaneError> {
+        let mut ops = 0usize;
         let mut fenced: Vec<(u64, Vec<IpNet>)> = Vec::new();
         for port in &changes.firewalls {
             let id = port.id();
@@ -1190,6 +1218,18 @@ impl Kernel {
             }
             fenced.push((id, old));
         }
+        Ok((ops, fenced))
+    }
+
+    /// The changed endpoint lists, each under a fresh id; returns the lists they
+    /// replace, to be deleted once no entry names them.
+    fn write_changed_lists(
+        &mut self,
+        table: &Table,
+        changes: &Changes,
+        w: &mut Written,
+    ) -> Result<(usize, Vec<(u32, EndpointList)>), DataPlaneError> {
+        let mut ops = 0usize;
         let mut retired: Vec<(u32, EndpointList)> = Vec::new();
         for name in &changes.lists {
             let new = table.lists.get(name);
@@ -1216,6 +1256,17 @@ impl Kernel {
                 (None, None) => {}
             }
         }
+        Ok((ops, retired))
+    }
+
+    /// The changed service entries, written or removed.
+    fn write_changed_entries(
+        &mut self,
+        table: &Table,
+        changes: &Changes,
+        w: &mut Written,
+    ) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
         for dest in &changes.entries {
             match table.entries.get(dest) {
                 Some(entry) => {
@@ -1242,6 +1293,17 @@ impl Kernel {
                 }
             }
         }
+        Ok(ops)
+    }
+
+    /// This node's addresses, and the changed cluster IPs.
+    fn write_changed_addresses(
+        &mut self,
+        table: &Table,
+        changes: &Changes,
+        w: &mut Written,
+    ) -> Result<usize, DataPlaneError> {
+        let mut ops = 0usize;
         let local: BTreeSet<LocalKey> = table.local_addrs.iter().map(local_key).collect();
         for k in local.difference(&w.local) {
             self.local
@@ -1271,17 +1333,6 @@ impl Kernel {
                 _ => {}
             }
         }
-        for (id, list) in &retired {
-            ops += self.delete_list(*id, list)?;
-        }
-        for (id, old) in fenced {
-            let now = w.firewalls.get(&id).map_or(&[][..], |(_, n)| n);
-            ops += self.delete_firewall(id, &old, now)?;
-        }
-        if self.overflow != overflow_before {
-            self.overflow.report(&self.sizes);
-        }
-        self.written = Some(w);
         Ok(ops)
     }
 
