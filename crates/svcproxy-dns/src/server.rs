@@ -188,11 +188,7 @@ impl Handler {
             Transport::Tcp => &self.counters.tcp_queries,
         }
         .fetch_add(1, Ordering::Relaxed);
-        let limited = self.limiter.as_ref().is_some_and(|l| {
-            !l.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .allow(client, std::time::Instant::now())
-        });
+        let limited = self.over_limit(client);
         let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
         if let Some(cache) = cache
             .as_deref_mut()
@@ -213,35 +209,14 @@ impl Handler {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return Reply::Nothing;
         }
-        let mut limit = match transport {
-            Transport::Udp => 512,
-            Transport::Tcp => u16::MAX,
-        };
-        let mut edns = None;
-        if let Some(asked) = request.edns.as_ref() {
-            let payload = asked.max_payload().clamp(512, MAX_UDP_PAYLOAD);
-            let mut ours = Edns::new();
-            ours.set_max_payload(payload);
-            ours.set_version(0);
-            if transport == Transport::Udp {
-                limit = payload;
-            }
-            if asked.version() > 0 {
+        let (edns, limit) = match negotiate(&request, transport) {
+            Ok(ours) => ours,
+            Err((ours, limit)) => {
                 return self.error(&request, ResponseCode::BADVERS, Some(&ours), limit);
             }
-            edns = Some(ours);
-        }
+        };
         if limited {
-            self.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
-            // Over UDP an empty truncated answer, no bigger than the query (no
-            // amplification; a real client retries over TCP, limited too); over
-            // TCP, REFUSED.
-            if transport == Transport::Udp {
-                let mut metadata = Metadata::response_from_request(&request.metadata);
-                metadata.truncation = true;
-                return self.send(Parts::new(metadata, &request.queries), limit);
-            }
-            return self.error(&request, ResponseCode::Refused, edns.as_ref(), limit);
+            return self.refuse_over_limit(&request, transport, edns.as_ref(), limit);
         }
         if request.metadata.op_code != OpCode::Query {
             return self.error(&request, ResponseCode::NotImp, edns.as_ref(), limit);
@@ -272,24 +247,63 @@ impl Handler {
                 limit,
             });
         };
+        let reply = self.authoritative(&request, &answer, edns.as_ref(), limit);
+        if let (Some(cache), Reply::Send(response)) = (cache, &reply) {
+            cache.put(&catalog, bytes, client, response, answer.per_client);
+        }
+        reply
+    }
+
+    /// Whether `client` is over its rate limit (one query counted).
+    fn over_limit(&self, client: IpAddr) -> bool {
+        self.limiter.as_ref().is_some_and(|l| {
+            !l.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .allow(client, std::time::Instant::now())
+        })
+    }
+
+    /// A query over its client's rate limit: over UDP an empty truncated answer, no
+    /// bigger than the query (no amplification; a real client retries over TCP,
+    /// limited too); over TCP, REFUSED.
+    fn refuse_over_limit(
+        &self,
+        request: &Message,
+        transport: Transport,
+        edns: Option<&Edns>,
+        limit: u16,
+    ) -> Reply {
+        self.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+        if transport == Transport::Udp {
+            let mut metadata = Metadata::response_from_request(&request.metadata);
+            metadata.truncation = true;
+            return self.send(Parts::new(metadata, &request.queries), limit);
+        }
+        self.error(request, ResponseCode::Refused, edns, limit)
+    }
+
+    /// The catalog's answer, as the zone's authority.
+    fn authoritative(
+        &self,
+        request: &Message,
+        answer: &crate::catalog::Answer,
+        edns: Option<&Edns>,
+        limit: u16,
+    ) -> Reply {
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.authoritative = true;
         metadata.response_code = answer.code;
-        let reply = self.send(
+        self.send(
             Parts {
                 metadata,
                 queries: &request.queries,
                 answers: &answer.answers,
                 authorities: &answer.authority,
                 additionals: &answer.additionals,
-                edns: edns.as_ref(),
+                edns,
             },
             limit,
-        );
-        if let (Some(cache), Reply::Send(response)) = (cache, &reply) {
-            cache.put(&catalog, bytes, client, response, answer.per_client);
-        }
-        reply
+        )
     }
 
     /// The answer to a query for a name that is not the catalog's: the first
@@ -1046,6 +1060,31 @@ impl Drop for Dedicated {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }
+}
+
+/// The EDNS of the answer to `request` and the size the answer may take: 512
+/// bytes over UDP without EDNS, the client's payload size (within bounds) with
+/// it, any over TCP. `Err`: an EDNS version this server does not speak (BADVERS,
+/// with ours).
+fn negotiate(request: &Message, transport: Transport) -> Result<(Option<Edns>, u16), (Edns, u16)> {
+    let mut limit = match transport {
+        Transport::Udp => 512,
+        Transport::Tcp => u16::MAX,
+    };
+    let Some(asked) = request.edns.as_ref() else {
+        return Ok((None, limit));
+    };
+    let payload = asked.max_payload().clamp(512, MAX_UDP_PAYLOAD);
+    let mut ours = Edns::new();
+    ours.set_max_payload(payload);
+    ours.set_version(0);
+    if transport == Transport::Udp {
+        limit = payload;
+    }
+    if asked.version() > 0 {
+        return Err((ours, limit));
+    }
+    Ok((Some(ours), limit))
 }
 
 #[cfg(test)]
