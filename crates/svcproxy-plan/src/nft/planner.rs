@@ -142,6 +142,16 @@ pub struct ColdStart {
     pub links_per_commit: usize,
 }
 
+/// A plan's typed operations: none (a text plan), or emitted (a partial plan's
+/// own, else the whole tables', staged for a cold start when given).
+enum TypedOps {
+    None,
+    Emit {
+        cold: Option<ColdStart>,
+        partial: Vec<Op>,
+    },
+}
+
 impl Default for ColdStart {
     /// Measured at 100k services x 10 endpoints (docs/benchmarks.md): a
     /// transaction of 8192 objects or elements takes the kernel 40-90 ms; one
@@ -1425,17 +1435,7 @@ impl Planner {
     ) -> Plan {
         let cold = self.cold_start.take();
         self.generation += 1;
-        let in_step = self.intent_generation == Some(delta.from) && delta.to == intent.generation();
-        self.intent_generation = Some(intent.generation());
-        let skeleton_changed = self
-            .families
-            .iter()
-            .any(|fam| fam.skeleton_changes(intent.family(fam.family).node()));
-        let kind = match self.kernel {
-            Kernel::InSync if !(full || skeleton_changed || !in_step) => PlanKind::Partial,
-            Kernel::InSync | Kernel::Adopted => PlanKind::Resync,
-            Kernel::Unknown | Kernel::Pending(_) => PlanKind::Recreate,
-        };
+        let (kind, in_step) = self.plan_kind(intent, delta, full);
         // What the kernel holds right now, before the state moves on.
         let old_names: Vec<Names> = if kind == PlanKind::Resync {
             self.families.iter().map(FamilyState::names).collect()
@@ -1447,63 +1447,17 @@ impl Planner {
             replanned: delta.rebuilt,
             ..PlanStats::default()
         };
-        let mut script = String::new();
-        let mut partial = Vec::new();
-        for fam in &mut self.families {
-            let fi = intent.family(fam.family);
-            if !in_step {
-                fam.reset(fi);
-                continue;
-            }
-            let mut d = (kind == PlanKind::Partial).then(|| Delta::new(fam.family));
-            fam.apply(delta.family(fam.family), fi.node(), d.as_mut(), &mut stats);
-            if let Some(d) = d {
-                d.finish(&mut script, &mut partial);
-            }
-        }
+        let (mut script, partial) = self.advance(intent, delta, kind, in_step, &mut stats);
         let all_typed =
             kind == PlanKind::Partial || self.families.iter().all(|f| f.pod_cidrs().is_ok());
         let text = !all_typed || self.output != Output::Typed;
         let typed = all_typed && self.output != Output::Text;
-        let (mut emitted, mut added, mut deleted) = (0, 0, 0);
-        {
-            let mut step = |step: Step| {
-                match &step {
-                    Step::Op(op) => {
-                        emitted += 1;
-                        match op {
-                            Op::AddChain { .. } => added += 1,
-                            Op::DeleteChain { .. } => deleted += 1,
-                            _ => {}
-                        }
-                    }
-                    Step::Commit => {}
-                }
-                out(step);
-            };
-            match kind {
-                PlanKind::Partial => partial.into_iter().for_each(|op| step(Step::Op(op))),
-                PlanKind::Recreate if typed => {
-                    for fam in &self.families {
-                        step(Step::Op(Op::AddTable { family: fam.family }));
-                        step(Step::Op(Op::DeleteTable { family: fam.family }));
-                        let fi = intent.family(fam.family);
-                        match cold {
-                            Some(cold) => fam.staged_table_ops(fi, cold, &mut step),
-                            None => fam.table_ops(fi, &mut |op| step(Step::Op(op))),
-                        }
-                    }
-                }
-                PlanKind::Resync if typed => {
-                    for (fam, old) in self.families.iter().zip(&old_names) {
-                        let fi = intent.family(fam.family);
-                        Self::resync_ops(fam, fi, old, &mut |op| step(Step::Op(op)));
-                    }
-                }
-                _ => {}
-            }
-            step(Step::Commit);
-        }
+        let ops = if typed || kind == PlanKind::Partial {
+            TypedOps::Emit { cold, partial }
+        } else {
+            TypedOps::None
+        };
+        let (emitted, added, deleted) = self.emit_typed(intent, kind, ops, &old_names, out);
         match kind {
             PlanKind::Partial => {}
             PlanKind::Recreate if text => {
@@ -1535,6 +1489,98 @@ impl Planner {
             stats,
             generation: self.generation,
         }
+    }
+
+    /// What this plan is (partial, resync or recreate), and whether `delta` takes
+    /// the state from the intent it last planned (`in_step`).
+    fn plan_kind(&mut self, intent: &Intent, delta: &IntentDelta, full: bool) -> (PlanKind, bool) {
+        let in_step = self.intent_generation == Some(delta.from) && delta.to == intent.generation();
+        self.intent_generation = Some(intent.generation());
+        let skeleton_changed = self
+            .families
+            .iter()
+            .any(|fam| fam.skeleton_changes(intent.family(fam.family).node()));
+        let kind = match self.kernel {
+            Kernel::InSync if !(full || skeleton_changed || !in_step) => PlanKind::Partial,
+            Kernel::InSync | Kernel::Adopted => PlanKind::Resync,
+            Kernel::Unknown | Kernel::Pending(_) => PlanKind::Recreate,
+        };
+        (kind, in_step)
+    }
+
+    /// Moves each family's state to `intent` (by `delta`, or afresh when out of
+    /// step); for a partial plan, returns its script and its operations.
+    fn advance(
+        &mut self,
+        intent: &Intent,
+        delta: &IntentDelta,
+        kind: PlanKind,
+        in_step: bool,
+        stats: &mut PlanStats,
+    ) -> (String, Vec<Op>) {
+        let mut script = String::new();
+        let mut partial = Vec::new();
+        for fam in &mut self.families {
+            let fi = intent.family(fam.family);
+            if !in_step {
+                fam.reset(fi);
+                continue;
+            }
+            let mut d = (kind == PlanKind::Partial).then(|| Delta::new(fam.family));
+            fam.apply(delta.family(fam.family), fi.node(), d.as_mut(), stats);
+            if let Some(d) = d {
+                d.finish(&mut script, &mut partial);
+            }
+        }
+        (script, partial)
+    }
+
+    /// Hands the plan's typed operations to `out`, then a commit; returns the
+    /// operations, chains added and chains deleted counted.
+    fn emit_typed(
+        &self,
+        intent: &Intent,
+        kind: PlanKind,
+        ops: TypedOps,
+        old_names: &[Names],
+        out: &mut dyn FnMut(Step),
+    ) -> (usize, usize, usize) {
+        let (mut emitted, mut added, mut deleted) = (0, 0, 0);
+        let mut step = |step: Step| {
+            if let Step::Op(op) = &step {
+                emitted += 1;
+                match op {
+                    Op::AddChain { .. } => added += 1,
+                    Op::DeleteChain { .. } => deleted += 1,
+                    _ => {}
+                }
+            }
+            out(step);
+        };
+        if let TypedOps::Emit { cold, partial } = ops {
+            match kind {
+                PlanKind::Partial => partial.into_iter().for_each(|op| step(Step::Op(op))),
+                PlanKind::Recreate => {
+                    for fam in &self.families {
+                        step(Step::Op(Op::AddTable { family: fam.family }));
+                        step(Step::Op(Op::DeleteTable { family: fam.family }));
+                        let fi = intent.family(fam.family);
+                        match cold {
+                            Some(cold) => fam.staged_table_ops(fi, cold, &mut step),
+                            None => fam.table_ops(fi, &mut |op| step(Step::Op(op))),
+                        }
+                    }
+                }
+                PlanKind::Resync => {
+                    for (fam, old) in self.families.iter().zip(old_names) {
+                        let fi = intent.family(fam.family);
+                        Self::resync_ops(fam, fi, old, &mut |op| step(Step::Op(op)));
+                    }
+                }
+            }
+        }
+        step(Step::Commit);
+        (emitted, added, deleted)
     }
 
     fn write_resync(
