@@ -338,8 +338,17 @@ impl KubeProxyConfiguration {
     pub fn unsupported_fields(&self) -> Vec<String> {
         let mut out = Vec::new();
         let mut warn = |field: &str, why: &str| out.push(format!("{field}: {why}"));
-        let unsupported = "not supported by svcproxy; ignored";
+        self.unsupported_top_level(&mut warn);
+        self.unsupported_in_sections(&mut warn);
+        if let Some(log) = &self.logging {
+            unsupported_logging(log, &mut warn);
+        }
+        out
+    }
 
+    /// The top level's unsupported fields (profiling, Windows, removed ones).
+    fn unsupported_top_level(&self, warn: &mut dyn FnMut(&str, &str)) {
+        let unsupported = "not supported by svcproxy; ignored";
         if self.enable_profiling == Some(true) {
             warn("enableProfiling", unsupported);
         }
@@ -380,7 +389,11 @@ impl KubeProxyConfiguration {
                 );
             }
         }
+    }
 
+    /// The winkernel, ipvs and iptables sections' unsupported fields.
+    fn unsupported_in_sections(&self, warn: &mut dyn FnMut(&str, &str)) {
+        let unsupported = "not supported by svcproxy; ignored";
         if let Some(w) = &self.winkernel {
             for (name, set) in [
                 ("networkName", non_empty(&w.network_name)),
@@ -424,40 +437,40 @@ impl KubeProxyConfiguration {
                 warn("iptables.snatNodeInternalIP", unsupported);
             }
         }
+    }
+}
 
-        if let Some(log) = &self.logging {
-            let svc = "svcproxy logs through its own logger (only logging.verbosity and \
-                       logging.format are used); ignored";
-            let default_flush = |f: &FlushFrequency| match f {
-                FlushFrequency::Nanos(n) => *n == 0 || *n == 5_000_000_000,
-                FlushFrequency::Duration(d) => d.0.is_zero() || d.0.as_secs_f64() == 5.0,
+/// The logging section's unsupported fields: svcproxy logs through its own logger.
+fn unsupported_logging(log: &LoggingConfiguration, warn: &mut dyn FnMut(&str, &str)) {
+    let svc = "svcproxy logs through its own logger (only logging.verbosity and \
+                   logging.format are used); ignored";
+    let default_flush = |f: &FlushFrequency| match f {
+        FlushFrequency::Nanos(n) => *n == 0 || *n == 5_000_000_000,
+        FlushFrequency::Duration(d) => d.0.is_zero() || d.0.as_secs_f64() == 5.0,
+    };
+    if log
+        .flush_frequency
+        .as_ref()
+        .is_some_and(|f| !default_flush(f))
+    {
+        warn("logging.flushFrequency", svc);
+    }
+    if log.vmodule.as_ref().is_some_and(|v| !v.is_empty()) {
+        warn("logging.vmodule", svc);
+    }
+    if let Some(opts) = &log.options {
+        for (name, o) in [("text", &opts.text), ("json", &opts.json)] {
+            let Some(o) = o else { continue };
+            if o.split_stream == Some(true) {
+                warn(&format!("logging.options.{name}.splitStream"), svc);
+            }
+            let zero = |v: &serde_json::Value| {
+                v.is_null() || v.as_str() == Some("0") || v.as_f64() == Some(0.0)
             };
-            if log
-                .flush_frequency
-                .as_ref()
-                .is_some_and(|f| !default_flush(f))
-            {
-                warn("logging.flushFrequency", svc);
-            }
-            if log.vmodule.as_ref().is_some_and(|v| !v.is_empty()) {
-                warn("logging.vmodule", svc);
-            }
-            if let Some(opts) = &log.options {
-                for (name, o) in [("text", &opts.text), ("json", &opts.json)] {
-                    let Some(o) = o else { continue };
-                    if o.split_stream == Some(true) {
-                        warn(&format!("logging.options.{name}.splitStream"), svc);
-                    }
-                    let zero = |v: &serde_json::Value| {
-                        v.is_null() || v.as_str() == Some("0") || v.as_f64() == Some(0.0)
-                    };
-                    if o.info_buffer_size.as_ref().is_some_and(|v| !zero(v)) {
-                        warn(&format!("logging.options.{name}.infoBufferSize"), svc);
-                    }
-                }
+            if o.info_buffer_size.as_ref().is_some_and(|v| !zero(v)) {
+                warn(&format!("logging.options.{name}.infoBufferSize"), svc);
             }
         }
-        out
     }
 }
 
