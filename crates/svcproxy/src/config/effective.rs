@@ -20,35 +20,18 @@ use svcproxy_dataplane::ConfigSection;
 /// reads is set; the sync periods and masquerade settings in both the iptables and
 /// nftables sections, so the file reads the same whichever mode loads it).
 pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
-    let dur = |d: std::time::Duration| Some(GoDuration(d));
-    let zero_if_none = |d: Option<std::time::Duration>| dur(d.unwrap_or_default());
     let addr = |a: Option<std::net::SocketAddr>| Some(a.map(|a| a.to_string()).unwrap_or_default());
-    let i32_of = |n: u32| Some(i32::try_from(n).unwrap_or(i32::MAX));
     let (detect_local_mode, bridge, prefix) = match &settings.detect_local {
         DetectLocal::None | DetectLocal::ClusterCidr(_) => ("ClusterCIDR", "", ""),
         DetectLocal::NodeCidr => ("NodeCIDR", "", ""),
         DetectLocal::BridgeInterface(b) => ("BridgeInterface", b.as_str(), ""),
         DetectLocal::InterfaceNamePrefix(p) => ("InterfaceNamePrefix", "", p.as_str()),
     };
-    let c = &settings.conntrack;
-    let cc = &settings.client_connection;
     KubeProxyConfiguration {
         api_version: Some(API_VERSION.to_string()),
         kind: Some(KIND.to_string()),
         feature_gates: Some(settings.feature_gates.as_set().clone()),
-        client_connection: Some(ClientConnectionConfiguration {
-            kubeconfig: Some(
-                settings
-                    .kubeconfig
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-            ),
-            accept_content_types: Some(cc.accept_content_types.clone()),
-            content_type: Some(cc.content_type.clone()),
-            qps: Some(cc.qps),
-            burst: i32_of(cc.burst),
-        }),
+        client_connection: Some(client_connection(settings)),
         logging: Some(LoggingConfiguration {
             format: Some(settings.log_format.as_str().to_string()),
             verbosity: Some(settings.verbosity),
@@ -71,17 +54,8 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
             min_sync_period: dur(settings.min_sync_period),
         }),
         // The ipvs section where the mode reads it: its sync periods and scheduler.
-        ipvs: (settings.proxy_mode.defaults.config_section == ConfigSection::Ipvs).then(|| {
-            IPVSConfiguration {
-                sync_period: dur(settings.sync_period),
-                min_sync_period: dur(settings.min_sync_period),
-                scheduler: Some(settings.scheduler.as_str().to_string()),
-                tcp_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.tcp),
-                tcp_fin_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.tcp_fin),
-                udp_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.udp),
-                ..IPVSConfiguration::default()
-            }
-        }),
+        ipvs: (settings.proxy_mode.defaults.config_section == ConfigSection::Ipvs)
+            .then(|| ipvs(settings)),
         nftables: Some(NFTablesConfiguration {
             masquerade_bit: Some(i32::from(settings.masquerade_bit)),
             masquerade_all: Some(settings.masquerade_all),
@@ -102,28 +76,9 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
                 .collect::<Vec<_>>()
                 .join(","),
         ),
-        node_port_addresses: match &settings.nodeport_addresses {
-            NodePortAddresses::Primary => Some(vec!["primary".to_string()]),
-            // Only iptables mode's default, which an absent field gives back.
-            NodePortAddresses::All => None,
-            NodePortAddresses::Cidrs(c) => Some(c.iter().map(ToString::to_string).collect()),
-            NodePortAddresses::PrimaryAnd(c) => Some(
-                std::iter::once("primary".to_string())
-                    .chain(c.iter().map(ToString::to_string))
-                    .collect(),
-            ),
-        },
+        node_port_addresses: node_port_addresses(&settings.nodeport_addresses),
         oom_score_adj: Some(settings.oom_score_adj),
-        conntrack: Some(ConntrackConfiguration {
-            max_per_core: i32_of(c.max_per_core),
-            min: i32_of(c.min),
-            tcp_established_timeout: zero_if_none(c.tcp_established_timeout),
-            tcp_close_wait_timeout: zero_if_none(c.tcp_close_wait_timeout),
-            tcp_be_liberal: Some(c.tcp_be_liberal),
-            udp_timeout: zero_if_none(c.udp_timeout),
-            udp_stream_timeout: zero_if_none(c.udp_stream_timeout),
-            max: None,
-        }),
+        conntrack: Some(conntrack(settings)),
         config_sync_period: dur(settings.config_sync_period),
         port_range: Some(String::new()),
         windows_run_as_service: None,
@@ -131,6 +86,77 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
         min_sync_period: None,
         udp_idle_timeout: None,
         resource_container: None,
+    }
+}
+
+fn dur(d: std::time::Duration) -> Option<GoDuration> {
+    Some(GoDuration(d))
+}
+
+/// A duration unset as zero, as upstream writes it.
+fn zero_if_none(d: Option<std::time::Duration>) -> Option<GoDuration> {
+    dur(d.unwrap_or_default())
+}
+
+fn i32_of(n: u32) -> Option<i32> {
+    Some(i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+fn client_connection(settings: &Settings) -> ClientConnectionConfiguration {
+    let cc = &settings.client_connection;
+    ClientConnectionConfiguration {
+        kubeconfig: Some(
+            settings
+                .kubeconfig
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        ),
+        accept_content_types: Some(cc.accept_content_types.clone()),
+        content_type: Some(cc.content_type.clone()),
+        qps: Some(cc.qps),
+        burst: i32_of(cc.burst),
+    }
+}
+
+/// The ipvs section: its sync periods, scheduler and timeouts.
+fn ipvs(settings: &Settings) -> IPVSConfiguration {
+    IPVSConfiguration {
+        sync_period: dur(settings.sync_period),
+        min_sync_period: dur(settings.min_sync_period),
+        scheduler: Some(settings.scheduler.as_str().to_string()),
+        tcp_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.tcp),
+        tcp_fin_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.tcp_fin),
+        udp_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.udp),
+        ..IPVSConfiguration::default()
+    }
+}
+
+fn node_port_addresses(addresses: &NodePortAddresses) -> Option<Vec<String>> {
+    match addresses {
+        NodePortAddresses::Primary => Some(vec!["primary".to_string()]),
+        // Only iptables mode's default, which an absent field gives back.
+        NodePortAddresses::All => None,
+        NodePortAddresses::Cidrs(c) => Some(c.iter().map(ToString::to_string).collect()),
+        NodePortAddresses::PrimaryAnd(c) => Some(
+            std::iter::once("primary".to_string())
+                .chain(c.iter().map(ToString::to_string))
+                .collect(),
+        ),
+    }
+}
+
+fn conntrack(settings: &Settings) -> ConntrackConfiguration {
+    let c = &settings.conntrack;
+    ConntrackConfiguration {
+        max_per_core: i32_of(c.max_per_core),
+        min: i32_of(c.min),
+        tcp_established_timeout: zero_if_none(c.tcp_established_timeout),
+        tcp_close_wait_timeout: zero_if_none(c.tcp_close_wait_timeout),
+        tcp_be_liberal: Some(c.tcp_be_liberal),
+        udp_timeout: zero_if_none(c.udp_timeout),
+        udp_stream_timeout: zero_if_none(c.udp_stream_timeout),
+        max: None,
     }
 }
 
