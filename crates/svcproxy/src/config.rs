@@ -624,19 +624,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         parse_cluster_cidrs(flags.cluster_cidr.as_deref().unwrap_or("")),
         Vec::new(),
     );
-    let nodeport_items: Vec<String> = flags
-        .nodeport_addresses
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    let nodeport_addresses = errors.check(
-        "--nodeport-addresses",
-        parse_nodeport_addresses(&nodeport_items),
-        None,
-    );
+    let nodeport_addresses = flag_nodeport_addresses(flags, errors);
     let (sync_period, min_sync_period) = flag_sync_periods(flags, &mode, errors, warnings);
     let feature_gates = feature_gates(
         "--feature-gates",
@@ -710,6 +698,23 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
         oom_score_adj: flags.oom_score_adj,
         bind_address_hard_fail: flags.bind_address_hard_fail,
     }
+}
+
+/// `--nodeport-addresses`, a comma-separated list (`None`: unset).
+fn flag_nodeport_addresses(flags: &ProxyFlags, errors: &mut Errors) -> Option<NodePortAddresses> {
+    let items: Vec<String> = flags
+        .nodeport_addresses
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    errors.check(
+        "--nodeport-addresses",
+        parse_nodeport_addresses(&items),
+        None,
+    )
 }
 
 /// The sync period and the minimum one: kube-proxy's mode-specific names
