@@ -49,77 +49,31 @@ impl ManifestDir {
         }
         let listing = list_files(&self.root)?;
         let paths: Vec<&Path> = listing.files.iter().map(|(p, _)| p.as_path()).collect();
-        // A channel per file, taken in path order here while up to MAX_READERS
-        // threads parse the files in turn, each at most AHEAD objects ahead of it.
-        let (senders, receivers): (Vec<_>, Vec<_>) = paths
-            .iter()
-            .map(|_| mpsc::sync_channel::<Read>(AHEAD))
-            .unzip();
-        let senders: Vec<std::sync::Mutex<Option<mpsc::SyncSender<Read>>>> = senders
-            .into_iter()
-            .map(|s| std::sync::Mutex::new(Some(s)))
-            .collect();
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let readers = thread::available_parallelism()
-            .map_or(1, usize::from)
-            .clamp(1, MAX_READERS);
         let mut first = First::default();
-        thread::scope(|scope| {
-            for _ in 0..readers {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let (Some(path), Some(slot)) = (paths.get(i), senders.get(i)) else {
-                        return;
-                    };
-                    let Some(tx) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-                        continue;
-                    };
-                    let done = read_manifest_each(path, &mut |o| {
-                        let d = digest(&o.object);
-                        let _ = tx.send(Read::Object(o, d));
-                    });
-                    let _ = tx.send(Read::Done(done));
-                });
-            }
-            let reads = receivers.into_iter().enumerate().flat_map(|(i, rx)| {
-                // A file's objects, until its end (or its reader's, should it panic).
-                let mut ended = false;
-                std::iter::from_fn(move || {
-                    if ended {
-                        return None;
-                    }
-                    let read = rx.recv().ok()?;
-                    ended = matches!(read, Read::Done(_));
-                    Some((i, read))
-                })
-            });
-            for (i, read) in reads {
-                let (path, meta) = &listing.files[i];
-                match read {
-                    Read::Object(o, d) => first.object(path, o, d, sink),
-                    Read::Done(done) => {
-                        self.reads += 1;
-                        match done {
-                            Ok(errors) => {
-                                let stamp =
-                                    meta.as_ref().and_then(|m| Stamp::settled(m, self.settle));
-                                let path = first.done(path);
-                                if !errors.is_empty() {
-                                    let errors = errors.iter().map(|m| FileError::new(&path, m));
-                                    self.file_errors.insert(path.clone(), errors.collect());
-                                }
-                                if let Some(stamp) = stamp {
-                                    self.parsed.insert(path, stamp);
-                                }
+        read_in_order(&paths, &mut |i, read| {
+            let (path, meta) = &listing.files[i];
+            match read {
+                Read::Object(o, d) => first.object(path, o, d, sink),
+                Read::Done(done) => {
+                    self.reads += 1;
+                    match done {
+                        Ok(errors) => {
+                            let stamp = meta.as_ref().and_then(|m| Stamp::settled(m, self.settle));
+                            let path = first.done(path);
+                            if !errors.is_empty() {
+                                let errors = errors.iter().map(|m| FileError::new(&path, m));
+                                self.file_errors.insert(path.clone(), errors.collect());
                             }
-                            Err(message) => {
-                                first.take_back(sink);
-                                let path: Arc<Path> = Arc::from(path.as_path());
-                                let message =
-                                    format!("{message}; its previous objects stay in force");
-                                self.file_errors
-                                    .insert(path.clone(), vec![FileError::new(&path, message)]);
+                            if let Some(stamp) = stamp {
+                                self.parsed.insert(path, stamp);
                             }
+                        }
+                        Err(message) => {
+                            first.take_back(sink);
+                            let path: Arc<Path> = Arc::from(path.as_path());
+                            let message = format!("{message}; its previous objects stay in force");
+                            self.file_errors
+                                .insert(path.clone(), vec![FileError::new(&path, message)]);
                         }
                     }
                 }
@@ -137,6 +91,52 @@ impl ManifestDir {
         });
         Ok(self.finish(errors, Vec::new(), false))
     }
+}
+
+/// Each file's objects (then its end) to `take`, file after file in `paths`' order,
+/// while up to [`MAX_READERS`] threads parse the files in turn, each at most
+/// [`AHEAD`] objects ahead of `take` through a channel of the file's own.
+fn read_in_order(paths: &[&Path], take: &mut dyn FnMut(usize, Read)) {
+    let (senders, receivers): (Vec<_>, Vec<_>) = paths
+        .iter()
+        .map(|_| mpsc::sync_channel::<Read>(AHEAD))
+        .unzip();
+    let senders: Vec<std::sync::Mutex<Option<mpsc::SyncSender<Read>>>> = senders
+        .into_iter()
+        .map(|s| std::sync::Mutex::new(Some(s)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let readers = thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, MAX_READERS);
+    thread::scope(|scope| {
+        for _ in 0..readers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let (Some(path), Some(slot)) = (paths.get(i), senders.get(i)) else {
+                    return;
+                };
+                let Some(tx) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                    continue;
+                };
+                let done = read_manifest_each(path, &mut |o| {
+                    let d = digest(&o.object);
+                    let _ = tx.send(Read::Object(o, d));
+                });
+                let _ = tx.send(Read::Done(done));
+            });
+        }
+        for (i, rx) in receivers.into_iter().enumerate() {
+            // The file's objects, until its end (or its reader's, should it panic).
+            while let Ok(read) = rx.recv() {
+                let end = matches!(read, Read::Done(_));
+                take(i, read);
+                if end {
+                    break;
+                }
+            }
+        }
+    });
 }
 
 /// The first scan's record, file by file.
