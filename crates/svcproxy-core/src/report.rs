@@ -217,47 +217,10 @@ pub fn snapshot_table(
         "CLUSTER ENDPOINTS",
         "LOCAL ENDPOINTS",
     ];
-    let mut rows: Vec<([String; 7], String)> = Vec::new();
-    for snap in snapshots {
-        for v in snap.service_ports.values() {
-            let p = &v.port;
-            let mut addrs: Vec<String> = p
-                .cluster_ips
-                .iter()
-                .chain(p.external_ips.iter())
-                .map(|ip| fmt_addr(*ip, p.port))
-                .collect();
-            addrs.extend(p.load_balancer_vips().map(|ip| fmt_addr(ip, p.port)));
-            if let Some(np) = p.node_port {
-                addrs.push(format!("nodePort {np}"));
-            }
-            let eps = |e: &Option<Arc<[Endpoint]>>| match e {
-                None => "-".to_string(),
-                Some(v) if v.is_empty() => "(none)".to_string(),
-                Some(v) => v
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            };
-            rows.push((
-                [
-                    p.name.to_string(),
-                    p.name.protocol.to_string(),
-                    snap.family.to_string(),
-                    addrs.join(" "),
-                    format!(
-                        "{}/{}",
-                        p.external_traffic_policy.as_str(),
-                        p.internal_traffic_policy.as_str()
-                    ),
-                    eps(&v.selection.cluster_endpoints),
-                    eps(&v.selection.local_endpoints),
-                ],
-                v.selection.reason.to_string(),
-            ));
-        }
-    }
+    let mut rows: Vec<([String; 7], String)> = snapshots
+        .iter()
+        .flat_map(|snap| snap.service_ports.values().map(|v| table_row(snap, v)))
+        .collect();
     rows.sort_by(|a, b| (&a.0[0], &a.0[1], &a.0[2]).cmp(&(&b.0[0], &b.0[1], &b.0[2])));
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for (r, _) in &rows {
@@ -299,6 +262,46 @@ pub fn snapshot_table(
         }
     }
     out
+}
+
+/// One service port's row: its cells, and why its endpoints were chosen.
+fn table_row(snap: &NodeSnapshot, v: &ServicePortView) -> ([String; 7], String) {
+    let p = &v.port;
+    let mut addrs: Vec<String> = p
+        .cluster_ips
+        .iter()
+        .chain(p.external_ips.iter())
+        .map(|ip| fmt_addr(*ip, p.port))
+        .collect();
+    addrs.extend(p.load_balancer_vips().map(|ip| fmt_addr(ip, p.port)));
+    if let Some(np) = p.node_port {
+        addrs.push(format!("nodePort {np}"));
+    }
+    let eps = |e: &Option<Arc<[Endpoint]>>| match e {
+        None => "-".to_string(),
+        Some(v) if v.is_empty() => "(none)".to_string(),
+        Some(v) => v
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" "),
+    };
+    (
+        [
+            p.name.to_string(),
+            p.name.protocol.to_string(),
+            snap.family.to_string(),
+            addrs.join(" "),
+            format!(
+                "{}/{}",
+                p.external_traffic_policy.as_str(),
+                p.internal_traffic_policy.as_str()
+            ),
+            eps(&v.selection.cluster_endpoints),
+            eps(&v.selection.local_endpoints),
+        ],
+        v.selection.reason.to_string(),
+    )
 }
 
 fn fmt_addr(ip: std::net::IpAddr, port: u16) -> String {
