@@ -114,40 +114,8 @@ pub(super) fn list_files(root: &Path) -> anyhow::Result<Listing> {
             }
         };
         if meta.is_dir() {
-            if depth > MAX_DEPTH {
-                listing.errors.push(FileError::new(
-                    &path,
-                    format!("nested more than {MAX_DEPTH} directories deep; skipped"),
-                ));
-                continue;
-            }
-            match fs::canonicalize(&path) {
-                Ok(real) => {
-                    if !visited.insert(real) {
-                        tracing::debug!(path = %path.display(), "directory already read (symlink); skipped");
-                        continue;
-                    }
-                }
-                Err(e) => {
-                    listing.errors.push(FileError::new(
-                        &path,
-                        format!("cannot resolve directory: {e}"),
-                    ));
-                    listing.unreadable_dirs.push(path);
-                    continue;
-                }
-            }
-            match read_sorted_dir(&path) {
-                Ok(children) => {
-                    stack.extend(children.into_iter().rev().map(|(p, t)| (p, t, depth + 1)));
-                    listing.dirs.insert(path);
-                }
-                Err(e) => {
-                    listing
-                        .errors
-                        .push(FileError::new(&path, format!("cannot read directory: {e}")));
-                    listing.unreadable_dirs.push(path);
-                }
+            if let Some(children) = enter_dir(&mut listing, &mut visited, path, depth) {
+                stack.extend(children.into_iter().rev().map(|(p, t)| (p, t, depth + 1)));
             }
         } else if manifest_name {
             if meta.is_file() {
@@ -174,6 +142,52 @@ pub(super) fn list_files(root: &Path) -> anyhow::Result<Listing> {
     });
     listing.simple &= listing.files.len() == listed && listing.unreadable_dirs.is_empty();
     Ok(listing)
+}
+
+/// A directory met at `depth`: its entries in name order, unless it is too deep,
+/// already read (through a symlink) or unreadable (each said in `listing`).
+fn enter_dir(
+    listing: &mut Listing,
+    visited: &mut HashSet<PathBuf>,
+    path: PathBuf,
+    depth: usize,
+) -> Option<Vec<(PathBuf, Option<fs::FileType>)>> {
+    if depth > MAX_DEPTH {
+        listing.errors.push(FileError::new(
+            &path,
+            format!("nested more than {MAX_DEPTH} directories deep; skipped"),
+        ));
+        return None;
+    }
+    match fs::canonicalize(&path) {
+        Ok(real) => {
+            if !visited.insert(real) {
+                tracing::debug!(path = %path.display(), "directory already read (symlink); skipped");
+                return None;
+            }
+        }
+        Err(e) => {
+            listing.errors.push(FileError::new(
+                &path,
+                format!("cannot resolve directory: {e}"),
+            ));
+            listing.unreadable_dirs.push(path);
+            return None;
+        }
+    }
+    match read_sorted_dir(&path) {
+        Ok(children) => {
+            listing.dirs.insert(path);
+            Some(children)
+        }
+        Err(e) => {
+            listing
+                .errors
+                .push(FileError::new(&path, format!("cannot read directory: {e}")));
+            listing.unreadable_dirs.push(path);
+            None
+        }
+    }
 }
 
 /// A directory's entries in name order, each with its type when the directory
