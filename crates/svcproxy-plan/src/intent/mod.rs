@@ -180,6 +180,42 @@ impl FamilyIntent {
             .collect()
     }
 
+    /// Takes back what service `name`'s former intent claimed: its frontends and
+    /// its cluster IPs.
+    fn release(&mut self, name: &ServicePortName, old: &ServiceIntent) {
+        for f in &old.frontends {
+            if let Some(owners) = self.owners.get_mut(&f.key) {
+                owners.retain(|o| o.svc.name != *name);
+                if owners.is_empty() {
+                    self.owners.remove(&f.key);
+                }
+            }
+        }
+        for ip in old.cluster_ips() {
+            if let Some(n) = self.cluster_ips.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.cluster_ips.remove(&ip);
+                }
+            }
+        }
+    }
+
+    /// Records what a service intent claims: its frontends (in claim order) and
+    /// its cluster IPs.
+    fn claim(&mut self, new: &Arc<ServiceIntent>) {
+        for f in &new.frontends {
+            let owners = self.owners.entry(f.key).or_default();
+            let claim = Claim::new(f.kind, new);
+            if let Err(i) = owners.binary_search(&claim) {
+                owners.insert(i, claim);
+            }
+        }
+        for ip in new.cluster_ips() {
+            *self.cluster_ips.entry(ip).or_default() += 1;
+        }
+    }
+
     /// Moves this family to `node` and the given service intents (`None`: gone),
     /// recording what changed in `delta`.
     fn apply(
@@ -215,34 +251,10 @@ impl FamilyIntent {
                 None => self.services.remove(&name),
             };
             if let Some(old) = &old {
-                for f in &old.frontends {
-                    if let Some(owners) = self.owners.get_mut(&f.key) {
-                        owners.retain(|o| o.svc.name != name);
-                        if owners.is_empty() {
-                            self.owners.remove(&f.key);
-                        }
-                    }
-                }
-                for ip in old.cluster_ips() {
-                    if let Some(n) = self.cluster_ips.get_mut(&ip) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.cluster_ips.remove(&ip);
-                        }
-                    }
-                }
+                self.release(&name, old);
             }
             if let Some(new) = &new {
-                for f in &new.frontends {
-                    let owners = self.owners.entry(f.key).or_default();
-                    let claim = Claim::new(f.kind, new);
-                    if let Err(i) = owners.binary_search(&claim) {
-                        owners.insert(i, claim);
-                    }
-                }
-                for ip in new.cluster_ips() {
-                    *self.cluster_ips.entry(ip).or_default() += 1;
-                }
+                self.claim(new);
             }
             if old != new {
                 delta.services.push(ServiceChange {
