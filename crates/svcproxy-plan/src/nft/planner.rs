@@ -887,8 +887,14 @@ impl FamilyState {
         let Some(d) = delta else {
             return;
         };
-        // Endpoint maps come into use before the rules that use them, and go after
-        // the chains that used them.
+        self.delta_of_sets(d, stats);
+        self.delta_of_verdicts(fd, d, stats);
+    }
+
+    /// The endpoint maps and the hairpin set that came into use or went, into
+    /// `d`: endpoint maps come into use before the rules that use them, and go
+    /// after the chains that used them.
+    fn delta_of_sets(&mut self, d: &mut Delta, stats: &mut PlanStats) {
         let f = self.family;
         for (name, was, now) in self.endpoint_maps.settle() {
             match (was, now) {
@@ -916,6 +922,11 @@ impl FamilyState {
                 _ => {}
             }
         }
+    }
+
+    /// The frontends whose owner changed (their verdict map elements) and the
+    /// cluster IPs that came or went, into `d`.
+    fn delta_of_verdicts(&self, fd: &FamilyDelta, d: &mut Delta, stats: &mut PlanStats) {
         let rejects = self.localhost_rejects().to_vec();
         for change in &fd.frontends {
             let key = key_atoms(&change.key);
