@@ -256,26 +256,30 @@ fn nodeport_destinations(ctx: &NodeIntent, r: Rules) -> Vec<Vec<Match>> {
     dests
 }
 
+/// KEP-6032: a NodePort of a rejected protocol on loopback goes, by the map the
+/// planner fills from the NodePorts, to its protocol's counting reject chain,
+/// before DNAT. (A lookup in `service-nodeports` itself cannot do: the kernel
+/// checks a verdict map's chains against every chain that looks it up, and a
+/// filter chain may not reach their DNAT.) The rule, and its map into `rs`, when
+/// there are such NodePorts.
+fn localhost_rejects(ctx: &NodeIntent, r: Rules, rs: &mut Ruleset) -> Vec<TypedRule> {
+    if ctx.localhost_rejects.is_empty() {
+        return Vec::new();
+    }
+    rs.maps.insert(
+        MapId::LocalhostNodePortRejects.name().to_string(),
+        Map::verdict(MapId::LocalhostNodePortRejects.key_type(ctx.family)),
+    );
+    vec![r.rule(
+        vec![r.daddr_is(loopback(ctx.family), false)],
+        r.vmap(false, MapId::LocalhostNodePortRejects),
+    )]
+}
+
 /// The base chains on the netfilter hooks, each jumping to the chains below (and
 /// the localhost NodePort rejects' map, when there are any, into `rs`).
 fn hook_chains(ctx: &NodeIntent, r: Rules, rs: &mut Ruleset) -> Vec<(&'static str, Chain)> {
-    // KEP-6032: a NodePort of a rejected protocol on loopback goes, by the map the
-    // planner fills from the NodePorts, to its protocol's counting reject chain,
-    // before DNAT. (A lookup in `service-nodeports` itself cannot do: the kernel
-    // checks a verdict map's chains against every chain that looks it up, and a
-    // filter chain may not reach their DNAT.)
-    let localhost_rejects: Vec<TypedRule> = if ctx.localhost_rejects.is_empty() {
-        Vec::new()
-    } else {
-        rs.maps.insert(
-            MapId::LocalhostNodePortRejects.name().to_string(),
-            Map::verdict(MapId::LocalhostNodePortRejects.key_type(ctx.family)),
-        );
-        vec![r.rule(
-            vec![r.daddr_is(loopback(ctx.family), false)],
-            r.vmap(false, MapId::LocalhostNodePortRejects),
-        )]
-    };
+    let localhost_rejects = localhost_rejects(ctx, r, rs);
     let filter = |hook, priority, rules| base(ChainType::Filter, hook, priority, rules);
     let nat = |hook, priority, rules| base(ChainType::Nat, hook, priority, rules);
     vec![
