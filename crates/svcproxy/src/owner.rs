@@ -253,8 +253,7 @@ async fn run(
     let mut predecessor: Option<UnixStream> = None;
     // A bound name nobody answers on (being set up or torn down): retried briefly.
     let mut unanswered = 0u32;
-    let mut silent_logged = false;
-    let mut closed = 0u32;
+    let mut waiting = Waiting::default();
     loop {
         match bind(name) {
             Ok(listener) => {
@@ -290,28 +289,67 @@ async fn run(
             }
         };
         unanswered = 0;
-        match stand_by(stream, uid, &role, &mut commands).await {
+        let waited = stand_by(stream, uid, &role, &mut commands).await;
+        match waiting.after(waited, name, &role).await {
+            After::Retry => {}
+            After::Take(from) => predecessor = from,
+            After::Unlocked => break,
+            After::Stop => return,
+        }
+    }
+    run_unlocked(&role, commands, predecessor).await;
+}
+
+/// What a standby does once the owner's connection ends.
+enum After {
+    /// Try the lock again (no predecessor to tell).
+    Retry,
+    /// Take the lock, telling the predecessor (when it handed over) once synced.
+    Take(Option<UnixStream>),
+    /// Program the node without the lock.
+    Unlocked,
+    Stop,
+}
+
+/// A standby's memory across the owner's connections: how often it was turned
+/// away, whether a silent owner was said.
+#[derive(Default)]
+struct Waiting {
+    closed: u32,
+    silent_logged: bool,
+}
+
+impl Waiting {
+    async fn after(
+        &mut self,
+        waited: Waited,
+        name: &str,
+        role: &watch::Sender<Option<Role>>,
+    ) -> After {
+        match waited {
             Waited::HandedOver(s) => {
                 tracing::info!("the owner handed over: taking the lock");
-                predecessor = Some(s);
+                After::Take(Some(s))
             }
             Waited::OwnerGone => {
                 tracing::warn!("the owner is gone without a hand-over: taking the lock");
+                After::Take(None)
             }
             Waited::Closed => {
                 // An owner that keeps turning this one away (full of standbys): wait
                 // as a standby all the same, so that start-up goes on.
-                closed += 1;
-                if closed >= 20 && role.borrow().is_none() {
+                self.closed += 1;
+                if self.closed >= 20 && role.borrow().is_none() {
                     let _ = role.send(Some(Role::Standby {
                         owner_pid: 0,
                         owner_mode: "unknown".into(),
                     }));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                After::Retry
             }
             Waited::Silent(pid) => {
-                if !std::mem::replace(&mut silent_logged, true) {
+                if !std::mem::replace(&mut self.silent_logged, true) {
                     tracing::warn!(pid, lock = %format!("@{name}"), "the owner lock is held by a process of this user that does not answer (stopped, or overloaded): waiting for it");
                 }
                 if role.borrow().is_none() {
@@ -321,19 +359,27 @@ async fn run(
                     }));
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                After::Retry
             }
             Waited::NotSvcproxy(why) => {
                 tracing::error!(lock = %format!("@{name}"), "the owner lock is held by {why}, not by svcproxy: programming the node without it");
-                break;
+                After::Unlocked
             }
-            Waited::Stopping => return,
+            Waited::Stopping => After::Stop,
         }
     }
+}
+
+/// Programs the node without the lock: there is nobody to hand over to.
+async fn run_unlocked(
+    role: &watch::Sender<Option<Role>>,
+    mut commands: mpsc::Receiver<Command>,
+    mut predecessor: Option<UnixStream>,
+) {
     let _ = role.send(Some(Role::Owner {
         locked: false,
         handed_over: false,
     }));
-    // Without the lock there is nobody to hand over to.
     while let Some(c) = commands.recv().await {
         match c {
             Command::HandOver { reply, .. } => {
