@@ -219,6 +219,20 @@ impl<S: ScriptSink> NftDataPlane<S> {
     /// Reads the tables a full sync just wrote (a recreated table has a new handle).
     /// A family that cannot be read is left out of the drift check until the next
     /// full sync.
+    /// Whether this sync is a first one into a node without svcproxy's tables,
+    /// written in bounded steps (every other writer of the node's nftables waits
+    /// for one step at most); the tables being absent, no step replaces anything.
+    fn writes_in_steps(&mut self) -> bool {
+        self.cold_start.is_some()
+            && self.planner.will_recreate()
+            && IpFamily::BOTH.into_iter().all(|f| {
+                matches!(
+                    self.sink.table_state(f, TABLE_NAME),
+                    Ok(TableState::Missing)
+                )
+            })
+    }
+
     fn remember_tables(&mut self) {
         self.expected.clear();
         for family in IpFamily::BOTH {
@@ -306,6 +320,21 @@ fn table_drift(family: IpFamily, expected: TableState, now: TableState) -> Optio
     }
 }
 
+/// What a sync applied, for the debug log.
+fn log_applied(plan: &svcproxy_plan::nft::Plan, apply: Duration) {
+    tracing::debug!(
+        kind = ?plan.kind,
+        bytes = plan.script.len(),
+        chains = plan.stats.chains,
+        chains_written = plan.stats.chains_written,
+        chains_deleted = plan.stats.chains_deleted,
+        elements_added = plan.stats.elements_added,
+        elements_deleted = plan.stats.elements_deleted,
+        ?apply,
+        "nftables applied"
+    );
+}
+
 impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     fn mode(&self) -> &'static str {
         MODE
@@ -322,18 +351,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         let typed = self.writer == NftWriter::Netlink && self.sink.writes_typed();
         self.planner
             .set_output(if typed { Output::Typed } else { Output::Text });
-        // A first sync into a node without svcproxy's tables is written in
-        // bounded steps (every other writer of the node's nftables waits for one
-        // step at most); the tables being absent, no step replaces anything.
-        let staged = typed
-            && self.cold_start.is_some()
-            && self.planner.will_recreate()
-            && IpFamily::BOTH.into_iter().all(|f| {
-                matches!(
-                    self.sink.table_state(f, TABLE_NAME),
-                    Ok(TableState::Missing)
-                )
-            });
+        let staged = typed && self.writes_in_steps();
         self.planner
             .set_cold_start(staged.then_some(self.cold_start).flatten());
         // One batch per family: each family's table is its own transaction, as
@@ -392,17 +410,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         if plan.kind != PlanKind::Partial || self.expected.is_empty() {
             self.remember_tables();
         }
-        tracing::debug!(
-            kind = ?plan.kind,
-            bytes = plan.script.len(),
-            chains = plan.stats.chains,
-            chains_written = plan.stats.chains_written,
-            chains_deleted = plan.stats.chains_deleted,
-            elements_added = plan.stats.elements_added,
-            elements_deleted = plan.stats.elements_deleted,
-            apply = ?apply_duration,
-            "nftables applied"
-        );
+        log_applied(&plan, apply_duration);
         Ok(ApplyReport {
             kind: match plan.kind {
                 PlanKind::Recreate => SyncKind::Recreate,
