@@ -366,6 +366,43 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
     /// svcproxy's chains in the kernel now, per table, and the jumps from the built-in
     /// chains that are missing (from one `iptables-save` per table: `iptables -C` per
     /// jump would fetch the whole ruleset each time).
+    /// A full sync's restore of `family`, after a look at the kernel (someone may
+    /// have flushed the built-in chains, or left chains of ours behind): the
+    /// chains of ours no longer wanted, and the restore's input. The look's time
+    /// is added to `in_tools`.
+    #[allow(clippy::type_complexity)]
+    fn full_restore(
+        &mut self,
+        family: IpFamily,
+        rules: &ipt::FamilyRules,
+        kind: SyncKind,
+        in_tools: &mut Duration,
+    ) -> Result<(HashMap<TableId, Vec<String>>, String), DataPlaneError> {
+        if kind == SyncKind::Recreate {
+            if let Some(variant) = self.runner.variant() {
+                tracing::info!(%variant, ?family, "iptables mode: the host's iptables uses {variant}");
+            }
+        }
+        let t = Instant::now();
+        let state = self.kernel_state(family)?;
+        *in_tools += t.elapsed();
+        let stale: HashMap<TableId, Vec<String>> = TableId::ALL
+            .into_iter()
+            .map(|t| {
+                let now: HashSet<&str> = rules.table(t).chains().map(|(n, _)| n).collect();
+                let gone = state.chains.get(&t).map_or_else(Vec::new, |b| {
+                    b.iter()
+                        .filter(|c| !now.contains(c.as_str()))
+                        .cloned()
+                        .collect()
+                });
+                (t, gone)
+            })
+            .collect();
+        let input = rules.restore_with_jumps(&stale, &state.missing_jumps);
+        Ok((stale, input))
+    }
+
     fn kernel_state(&mut self, family: IpFamily) -> Result<KernelState, DataPlaneError> {
         let mut state = KernelState::default();
         for table in TableId::ALL {
@@ -438,35 +475,12 @@ impl<R: IptablesRunner> IptablesDataPlane<R> {
                 (SyncKind::Partial, stale, input)
             }
             known => {
-                if known.is_none() {
-                    if let Some(variant) = self.runner.variant() {
-                        tracing::info!(%variant, ?family, "iptables mode: the host's iptables uses {variant}");
-                    }
-                }
-                // A full sync looks at the kernel: someone may have flushed the
-                // built-in chains, or left chains of ours behind.
-                let t = Instant::now();
-                let state = self.kernel_state(family)?;
-                in_tools += t.elapsed();
                 let kind = if known.is_some() {
                     SyncKind::Resync
                 } else {
                     SyncKind::Recreate
                 };
-                let stale: HashMap<TableId, Vec<String>> = TableId::ALL
-                    .into_iter()
-                    .map(|t| {
-                        let now: HashSet<&str> = rules.table(t).chains().map(|(n, _)| n).collect();
-                        let gone = state.chains.get(&t).map_or_else(Vec::new, |b| {
-                            b.iter()
-                                .filter(|c| !now.contains(c.as_str()))
-                                .cloned()
-                                .collect()
-                        });
-                        (t, gone)
-                    })
-                    .collect();
-                let input = rules.restore_with_jumps(&stale, &state.missing_jumps);
+                let (stale, input) = self.full_restore(family, &rules, kind, &mut in_tools)?;
                 (kind, stale, input)
             }
         };
