@@ -345,18 +345,7 @@ pub fn run_command_with_env(
             buf
         });
         // Killing the group closes every copy of the pipes, which ends the threads.
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Ok(Some(status)),
-                Ok(None) if Instant::now() >= deadline => {
-                    kill_group(group);
-                    let _ = child.wait();
-                    break Ok(None);
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => break Err(e),
-            }
-        };
+        let status = wait_or_kill(&mut child, group, deadline);
         // Exited: a process it left in its group may still hold a pipe open.
         while !(writer.is_finished() && out_reader.is_finished() && err_reader.is_finished()) {
             if Instant::now() >= deadline {
@@ -398,6 +387,27 @@ pub fn run_command_with_env(
         source,
     })?;
     Ok(CommandOutput { stdout, stderr })
+}
+
+/// The child's exit status, or `None` once `deadline` passed and its group was
+/// killed.
+fn wait_or_kill(
+    child: &mut std::process::Child,
+    group: u32,
+    deadline: Instant,
+) -> io::Result<Option<std::process::ExitStatus>> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) if Instant::now() >= deadline => {
+                kill_group(group);
+                let _ = child.wait();
+                return Ok(None);
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// SIGKILL to every process of group `group` (gone already: nothing to do).
