@@ -81,13 +81,7 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
             if line == header {
                 stack.push(Block::Table);
             } else if let Some(rest) = line.strip_prefix(&add_element) {
-                // Elements the planner adds after the table's block.
-                if let Some((name, list)) = rest.split_once(" { ") {
-                    if let Some(inner) = list.strip_suffix('}') {
-                        let set = out.sets.entry(name.to_string()).or_default();
-                        set.items.extend(split_elements(inner));
-                    }
-                }
+                added_elements(&mut out, rest);
             }
             continue;
         }
@@ -144,6 +138,25 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
             _ => {}
         }
     }
+    settle_sets(&mut out);
+    resolve_numbered_maps(&mut out);
+    out
+}
+
+/// `add element ... NAME { ... }` after the table's block (what the planner adds
+/// there): the elements, into their set.
+fn added_elements(out: &mut Listing, rest: &str) {
+    if let Some((name, list)) = rest.split_once(" { ") {
+        if let Some(inner) = list.strip_suffix('}') {
+            let set = out.sets.entry(name.to_string()).or_default();
+            set.items.extend(split_elements(inner));
+        }
+    }
+}
+
+/// Each set's elements in order; a dynamic set's (filled by the packets, not
+/// by svcproxy) are not compared.
+fn settle_sets(out: &mut Listing) {
     for set in out.sets.values_mut() {
         let dynamic = set
             .declaration
@@ -154,8 +167,6 @@ pub fn nft_listing(text: &str, family: &str, table: &str) -> Listing {
         }
         set.items.sort();
     }
-    resolve_numbered_maps(&mut out);
-    out
 }
 
 /// `redirect to :PORT` for any port: the userspace proxy's sockets take their ports
