@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use svcproxy_core::model::{IpFamily, Protocol, ServicePortName};
-use svcproxy_plan::intent::{EndpointSetId, FrontendKey, ServiceIntent};
+use svcproxy_plan::intent::{EndpointSetId, FamilyIntent, FrontendKey, ServiceIntent};
 use svcproxy_plan::nft::CapturePorts;
 use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 use tokio::net::TcpListener;
@@ -399,6 +399,35 @@ impl UserspaceDataPlane {
 
     /// Brings the routes and UDP sockets to `intent`: from `delta`, or from the
     /// whole intent when `rebuild`.
+    /// The TCP frontends of `fam`: which service port a captured connection is for.
+    fn update_frontends(
+        &self,
+        table: &mut RouteTable,
+        fam: &FamilyIntent,
+        delta: &IntentDelta,
+        rebuild: bool,
+    ) {
+        let family = fam.family();
+        if rebuild {
+            table.vips.retain(|a, _| IpFamily::of(&a.ip()) != family);
+            table.nodeports.retain(|(f, _), _| *f != family);
+            for (svc, f) in fam.frontends() {
+                if self.scope.routes(&f.key) {
+                    insert_frontend(table, family, &f.key, &svc.name);
+                }
+            }
+        } else {
+            for change in &delta.family(family).frontends {
+                remove_frontend(table, family, &change.key);
+                if let Some(svc) = &change.after {
+                    if self.scope.routes(&change.key) {
+                        insert_frontend(table, family, &change.key, &svc.name);
+                    }
+                }
+            }
+        }
+    }
+
     fn update_routes(&mut self, intent: &Intent, delta: &IntentDelta, rebuild: bool) {
         let Some(engine) = self.engine.as_ref() else {
             return;
@@ -417,7 +446,7 @@ impl UserspaceDataPlane {
         for fam in intent.families() {
             let family = fam.family();
             let work: Vec<(ServicePortName, Option<Arc<ServiceIntent>>)> = if rebuild {
-                let mut gone: HashSet<ServicePortName> = table
+                let held: HashSet<ServicePortName> = table
                     .services
                     .keys()
                     .filter(|(f, _)| *f == family)
@@ -428,16 +457,7 @@ impl UserspaceDataPlane {
                             .map(|(_, n, _)| n.clone()),
                     )
                     .collect();
-                let mut work: Vec<_> = fam
-                    .services()
-                    .iter()
-                    .map(|(name, svc)| {
-                        gone.remove(name);
-                        (name.clone(), Some(svc.clone()))
-                    })
-                    .collect();
-                work.extend(gone.into_iter().map(|n| (n, None)));
-                work
+                rebuild_work(fam, held)
             } else {
                 delta
                     .family(family)
@@ -477,25 +497,7 @@ impl UserspaceDataPlane {
                     }
                 }
             }
-            // TCP frontends: which service port a captured connection is for.
-            if rebuild {
-                table.vips.retain(|a, _| IpFamily::of(&a.ip()) != family);
-                table.nodeports.retain(|(f, _), _| *f != family);
-                for (svc, f) in fam.frontends() {
-                    if self.scope.routes(&f.key) {
-                        insert_frontend(&mut table, family, &f.key, &svc.name);
-                    }
-                }
-            } else {
-                for change in &delta.family(family).frontends {
-                    remove_frontend(&mut table, family, &change.key);
-                    if let Some(svc) = &change.after {
-                        if self.scope.routes(&change.key) {
-                            insert_frontend(&mut table, family, &change.key, &svc.name);
-                        }
-                    }
-                }
-            }
+            self.update_frontends(&mut table, fam, delta, rebuild);
             if self.scope != Scope::All {
                 // Every frontend of this scope is a NodePort on loopback: its TCP
                 // routes and its UDP service ports are what it listens for.
@@ -512,6 +514,25 @@ impl UserspaceDataPlane {
             }
         }
     }
+}
+
+/// A rebuild's work for one family: every service port of `fam`, and those
+/// `held` now that it no longer has (gone).
+#[allow(clippy::type_complexity)]
+fn rebuild_work(
+    fam: &FamilyIntent,
+    mut held: HashSet<ServicePortName>,
+) -> Vec<(ServicePortName, Option<Arc<ServiceIntent>>)> {
+    let mut work: Vec<_> = fam
+        .services()
+        .iter()
+        .map(|(name, svc)| {
+            held.remove(name);
+            (name.clone(), Some(svc.clone()))
+        })
+        .collect();
+    work.extend(held.into_iter().map(|n| (n, None)));
+    work
 }
 
 /// Raises the soft limit on open files to the hard one: each proxied TCP
