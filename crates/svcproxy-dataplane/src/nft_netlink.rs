@@ -856,6 +856,27 @@ fn table_comment() -> Vec<u8> {
 /// Starts a message (`nlmsghdr` and `nfgenmsg`) of nf_tables type `kind`
 /// (`NFT_MSG_*`), or a batch control message (`NFNL_MSG_BATCH_*`) when `kind`
 /// is one; its length is filled in by [`end_message`]. Returns where it starts.
+/// The netlink message an operation is: its type, its flags and its family.
+fn message_kind(op: &Op) -> (u16, u16, IpFamily) {
+    match op {
+        Op::Element(e) if e.add => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, e.family),
+        Op::Element(e) => (NFT_MSG_DELSETELEM, 0, e.family),
+        Op::AddTable { family } => (NFT_MSG_NEWTABLE, NLM_F_CREATE, *family),
+        Op::DeleteTable { family } => (NFT_MSG_DELTABLE, 0, *family),
+        Op::FlushTable { family } => (NFT_MSG_DELRULE, 0, *family),
+        Op::AddChain { family, .. } => (NFT_MSG_NEWCHAIN, NLM_F_CREATE, *family),
+        Op::FlushChain { family, .. } => (NFT_MSG_DELRULE, 0, *family),
+        Op::DeleteChain { family, .. } => (NFT_MSG_DELCHAIN, 0, *family),
+        Op::AddSet { family, .. } | Op::AddMap { family, .. } => {
+            (NFT_MSG_NEWSET, NLM_F_CREATE, *family)
+        }
+        Op::FlushSet { family, .. } => (NFT_MSG_DELSETELEM, 0, *family),
+        Op::DeleteSet { family, .. } => (NFT_MSG_DELSET, 0, *family),
+        Op::AddRule { family, .. } => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, *family),
+        Op::AddIntervals { family, .. } => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, *family),
+    }
+}
+
 fn begin_message(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8) -> usize {
     let at = buf.len();
     let (msg_type, res_id) = if kind >= NFNL_MSG_BATCH_BEGIN {
@@ -956,23 +977,7 @@ impl BatchBuilder {
         self.roll();
         // The batch's begin is 1, its messages 2 and on.
         let seq = self.messages.len() as u32 + 2;
-        let (kind, flags, family) = match &op {
-            Op::Element(e) if e.add => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, e.family),
-            Op::Element(e) => (NFT_MSG_DELSETELEM, 0, e.family),
-            Op::AddTable { family } => (NFT_MSG_NEWTABLE, NLM_F_CREATE, *family),
-            Op::DeleteTable { family } => (NFT_MSG_DELTABLE, 0, *family),
-            Op::FlushTable { family } => (NFT_MSG_DELRULE, 0, *family),
-            Op::AddChain { family, .. } => (NFT_MSG_NEWCHAIN, NLM_F_CREATE, *family),
-            Op::FlushChain { family, .. } => (NFT_MSG_DELRULE, 0, *family),
-            Op::DeleteChain { family, .. } => (NFT_MSG_DELCHAIN, 0, *family),
-            Op::AddSet { family, .. } | Op::AddMap { family, .. } => {
-                (NFT_MSG_NEWSET, NLM_F_CREATE, *family)
-            }
-            Op::FlushSet { family, .. } => (NFT_MSG_DELSETELEM, 0, *family),
-            Op::DeleteSet { family, .. } => (NFT_MSG_DELSET, 0, *family),
-            Op::AddRule { family, .. } => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, *family),
-            Op::AddIntervals { family, .. } => (NFT_MSG_NEWSETELEM, NLM_F_CREATE, *family),
-        };
+        let (kind, flags, family) = message_kind(&op);
         let at = begin_message(
             &mut self.buf,
             kind,
