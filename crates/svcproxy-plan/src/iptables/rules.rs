@@ -207,17 +207,7 @@ impl TranslationCache {
             }
             let starts = [r.filter.chains.len(), r.nat.chains.len()];
             service_rules(&mut r, fam, svc, &Names::new(svc, order), detect.as_ref());
-            let mut chains = Vec::new();
-            let mut rules = [0; 2];
-            for (k, id) in TableId::ALL.into_iter().enumerate() {
-                let t = r.table(id);
-                for (c, owner) in t.chain_group.iter().enumerate().skip(starts[k]) {
-                    if *owner == Some(g as u32) {
-                        chains.push((id, t.chains[c].0.clone()));
-                        rules[k] += t.chains[c].1.len();
-                    }
-                }
-            }
+            let (chains, rules) = group_chains(&mut r, g, starts);
             let entry = Cached {
                 svc: svc.clone(),
                 owned: owned_keys(fam, svc).collect(),
@@ -233,8 +223,18 @@ impl TranslationCache {
             }
             self.groups.insert(svc.name.clone(), Arc::new(entry));
         }
-        // Service ports gone (every port has its entry: more entries than ports
-        // means some are stale).
+        self.forget_gone(fam, &mut replaced);
+        r.begin_group(None);
+        tail_rules(&mut r, fam, node);
+        r.replaced = replaced;
+        Some(r)
+    }
+}
+
+impl TranslationCache {
+    /// Forgets the service ports gone (every port has its entry: more entries
+    /// than ports means some are stale), their chains into `replaced`.
+    fn forget_gone(&mut self, fam: &FamilyIntent, replaced: &mut HashMap<TableId, Vec<String>>) {
         let services = fam.services();
         if self.groups.len() > services.len() {
             self.groups.retain(|name, c| {
@@ -247,11 +247,28 @@ impl TranslationCache {
                 keep
             });
         }
-        r.begin_group(None);
-        tail_rules(&mut r, fam, node);
-        r.replaced = replaced;
-        Some(r)
     }
+}
+
+/// The chains group `g` translated (those after `starts`, per table), and the
+/// rules in them per table.
+fn group_chains(
+    r: &mut FamilyRules,
+    g: usize,
+    starts: [usize; 2],
+) -> (Vec<(TableId, String)>, [usize; 2]) {
+    let mut chains = Vec::new();
+    let mut rules = [0; 2];
+    for (k, id) in TableId::ALL.into_iter().enumerate() {
+        let t = r.table(id);
+        for (c, owner) in t.chain_group.iter().enumerate().skip(starts[k]) {
+            if *owner == Some(g as u32) {
+                chains.push((id, t.chains[c].0.clone()));
+                rules[k] += t.chains[c].1.len();
+            }
+        }
+    }
+    (chains, rules)
 }
 
 /// A service port's place in the translation order: the 48 bits of its hash that
