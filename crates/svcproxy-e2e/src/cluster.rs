@@ -270,8 +270,14 @@ impl Cluster {
 
     fn wire(&self) -> Result<()> {
         let families = self.families();
-        let v6 = self.spec.dual_stack;
+        self.wire_sysctls()?;
+        self.wire_lan(&families)?;
+        self.wire_nodes(&families)?;
+        self.wire_pods(&families)?;
+        self.wire_ext(&families)
+    }
 
+    fn wire_sysctls(&self) -> Result<()> {
         // Sysctls first: interfaces created afterwards inherit `default`, so no address is
         // ever tentative (no DAD wait) and no host rp_filter setting leaks in (new
         // namespaces copy the root namespace's IPv4 settings).
@@ -307,14 +313,18 @@ impl Cluster {
                 ("net.bridge.bridge-nf-call-arptables", "0"),
             ],
         );
+        Ok(())
+    }
 
+    fn wire_lan(&self, families: &[Family]) -> Result<()> {
+        let v6 = self.spec.dual_stack;
         // LAN: a bridge with the router address and blackhole defaults, plus one veth per
         // node and one for ext, whose other ends are created directly in those namespaces.
         let mut lan = vec![
             "link set lo up".to_string(),
             "link add br0 type bridge forward_delay 0 mcast_snooping 0".into(),
         ];
-        for f in &families {
+        for f in families {
             lan.push(format!(
                 "addr add {}/{} dev br0{}",
                 plan::lan_router_ip(*f),
@@ -342,14 +352,17 @@ impl Cluster {
             lan.push(format!("link set {port} up"));
         }
         ip_batch(&self.lan, &lan)?;
+        Ok(())
+    }
 
+    fn wire_nodes(&self, families: &[Family]) -> Result<()> {
         // Nodes: LAN address, default via the LAN router (so node-originated traffic to
         // service IPs has a route before DNAT), routes to the other nodes' pod CIDRs, and a
         // veth per pod.
         let mut node_jobs = Vec::new();
         for (n, ns) in self.nodes.iter().enumerate() {
             let mut b = vec!["link set lo up".to_string()];
-            for f in &families {
+            for f in families {
                 b.push(format!(
                     "addr add {}/{} dev eth0{}",
                     plan::node_ip(n, *f),
@@ -358,7 +371,7 @@ impl Cluster {
                 ));
             }
             b.push("link set eth0 up".into());
-            for f in &families {
+            for f in families {
                 b.push(format!(
                     "route add {} via {}",
                     default_route(*f),
@@ -376,7 +389,7 @@ impl Cluster {
                 b.push(format!(
                     "link add p{p} type veth peer name eth0 netns {pod_ns}"
                 ));
-                for f in &families {
+                for f in families {
                     // The same gateway address on every pod veth: each pod sees one
                     // on-link gateway, and the node answers ARP / ND for it on each veth.
                     b.push(format!(
@@ -386,7 +399,7 @@ impl Cluster {
                     ));
                 }
                 b.push(format!("link set p{p} up"));
-                for f in &families {
+                for f in families {
                     b.push(format!(
                         "route add {} dev p{p}",
                         plan::host_cidr(plan::pod_ip(n, p, *f))
@@ -396,13 +409,16 @@ impl Cluster {
             node_jobs.push((ns.clone(), b));
         }
         parallel(node_jobs, |(ns, b)| ip_batch(&ns, &b))?;
+        Ok(())
+    }
 
+    fn wire_pods(&self, families: &[Family]) -> Result<()> {
         // Pods: one address per family, an on-link route to the gateway and a default via it.
         let mut pod_jobs = Vec::new();
         for (n, pods) in self.pods.iter().enumerate() {
             for (p, ns) in pods.iter().enumerate() {
                 let mut b = vec!["link set lo up".to_string()];
-                for f in &families {
+                for f in families {
                     b.push(format!(
                         "addr add {} dev eth0{}",
                         plan::host_cidr(plan::pod_ip(n, p, *f)),
@@ -410,7 +426,7 @@ impl Cluster {
                     ));
                 }
                 b.push("link set eth0 up".into());
-                for f in &families {
+                for f in families {
                     let gw = plan::pod_gateway(n, *f);
                     b.push(format!(
                         "route add {} dev eth0 scope link",
@@ -422,11 +438,14 @@ impl Cluster {
             }
         }
         parallel(pod_jobs, |(ns, b)| ip_batch(&ns, &b))?;
+        Ok(())
+    }
 
+    fn wire_ext(&self, families: &[Family]) -> Result<()> {
         // ext: two LAN addresses per family (the second for source-range tests), default
         // into the LAN router's blackhole, external / LB IPs via the chosen node.
         let mut b = vec!["link set lo up".to_string()];
-        for f in &families {
+        for f in families {
             b.push(format!(
                 "addr add {}/{} dev eth0{}",
                 plan::ext_ip(*f),
@@ -446,7 +465,7 @@ impl Cluster {
             ));
         }
         b.push("link set eth0 up".into());
-        for f in &families {
+        for f in families {
             b.push(format!(
                 "route add {} via {}",
                 default_route(*f),
