@@ -146,6 +146,7 @@ impl Entry {
             .filter(|e| host_of(e) == host)
             .map(|e| e.ip)
             .collect();
+        ips.sort();
         ips.dedup();
         ips
     }
@@ -160,12 +161,8 @@ impl Entry {
             let all = self.service.publish_not_ready_addresses;
             for slice in self.slices.iter() {
                 for p in slice.ports.iter().filter(|p| is(&p.name, p.protocol)) {
-                    for e in slice.endpoints.iter().filter(|e| e.ready || all) {
-                        let target = (p.port, Some(host_of(e).into_owned()));
-                        if !targets.contains(&target) {
-                            targets.push(target);
-                        }
-                    }
+                    let published = slice.endpoints.iter().filter(|e| e.ready || all);
+                    targets.extend(published.map(|e| (p.port, Some(host_of(e).into_owned()))));
                 }
             }
         } else if matches!(self.service.kind, ServiceKind::ClusterIp(_)) {
@@ -178,20 +175,21 @@ impl Entry {
             );
         }
         targets.sort();
+        targets.dedup();
         (!targets.is_empty()).then_some(targets)
     }
 
     /// Whether some SRV record of the service is over `protocol` (lowercase).
     fn has_protocol(&self, protocol: &str) -> bool {
         if self.headless() {
-            let has_endpoint = self.published().next().is_some();
-            has_endpoint
-                && self.slices.iter().any(|s| {
-                    !s.endpoints.is_empty()
-                        && s.ports
-                            .iter()
-                            .any(|p| !p.name.is_empty() && lower(p.protocol) == protocol)
-                })
+            // A slice with such a named port and an endpoint the DNS names.
+            let all = self.service.publish_not_ready_addresses;
+            self.slices.iter().any(|s| {
+                s.ports
+                    .iter()
+                    .any(|p| !p.name.is_empty() && lower(p.protocol) == protocol)
+                    && s.endpoints.iter().any(|e| e.ready || all)
+            })
         } else {
             self.service
                 .ports

@@ -721,3 +721,71 @@ fn a_central_server_finds_each_clients_node_from_its_pod_or_the_nodes() {
         Some("node-d")
     );
 }
+
+/// `_<proto>.<svc>` exists when some slice has a named port of that protocol and
+/// an endpoint the DNS names; not when the named port's endpoints are not ready
+/// and the ready ones sit in a slice without it.
+#[test]
+fn a_protocol_name_needs_a_named_endpoint_behind_such_a_port() {
+    let slice = |name: &str, ip: &str, ready: bool, ports: serde_json::Value| {
+        upsert(json!({
+            "kind": "EndpointSlice",
+            "metadata": {"namespace": "demo", "name": name,
+                         "labels": {"kubernetes.io/service-name": "half"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}}],
+            "ports": ports
+        }))
+    };
+    let mut updates = vec![
+        service(
+            "demo",
+            "half",
+            json!({"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}),
+        ),
+        slice(
+            "half-a",
+            "10.244.7.1",
+            false,
+            json!([{"name": "http", "protocol": "TCP", "port": 8080}]),
+        ),
+        slice("half-b", "10.244.7.2", true, json!([{"port": 9}])),
+    ];
+    let c = catalog(&updates);
+    assert_eq!(
+        ask(&c, "_tcp.half.demo.svc.cluster.local.", RecordType::SRV),
+        NXDOMAIN
+    );
+    assert_eq!(
+        ask(
+            &c,
+            "_http._tcp.half.demo.svc.cluster.local.",
+            RecordType::SRV
+        ),
+        NXDOMAIN
+    );
+    assert_eq!(
+        ask(&c, "half.demo.svc.cluster.local.", RecordType::A),
+        ok(&["A 10.244.7.2"])
+    );
+    // The named port's endpoint ready: both exist.
+    updates[1] = slice(
+        "half-a",
+        "10.244.7.1",
+        true,
+        json!([{"name": "http", "protocol": "TCP", "port": 8080}]),
+    );
+    let c = catalog(&updates);
+    assert_eq!(
+        ask(&c, "_tcp.half.demo.svc.cluster.local.", RecordType::SRV),
+        NODATA
+    );
+    assert_eq!(
+        ask(
+            &c,
+            "_http._tcp.half.demo.svc.cluster.local.",
+            RecordType::SRV
+        ),
+        ok(&["SRV 0 100 8080 10-244-7-1.half.demo.svc.cluster.local."])
+    );
+}
