@@ -406,6 +406,9 @@ fn bench_ebpf_connect() {
 /// - `ebpf`: tc programs on the node's interfaces DNAT to the endpoint and turn
 ///   the replies back, one fixed rule masquerades (externalTrafficPolicy
 ///   Cluster);
+/// - `ebpf-rr`, `ebpf-mh`, `ebpf-lc`: the ebpf row with the packet path's
+///   scheduler in place of the random choice (its cost per connection; `lc`
+///   counts each connection's flow in and out);
 /// - `nftables`: the mode's rules DNAT and masquerade in the node's namespace.
 ///
 /// Two figures each: new connections per second (`loadgen connect`, 8 threads)
@@ -502,7 +505,7 @@ fn bench_ebpf_nodeport_from_outside() {
     };
     // `BENCH_ROWS=ebpf` runs one row alone (for a profile of it).
     let only = std::env::var("BENCH_ROWS").unwrap_or_default();
-    let rows: Vec<&str> = ["floor", "ebpf", "nftables"]
+    let rows: Vec<&str> = ["floor", "ebpf", "ebpf-rr", "ebpf-mh", "ebpf-lc", "nftables"]
         .into_iter()
         .filter(|r| only.is_empty() || only.split(',').any(|o| o == *r))
         .collect();
@@ -511,11 +514,15 @@ fn bench_ebpf_nodeport_from_outside() {
         for (ri, row) in rows.iter().enumerate() {
             let (target, cleanup): (&str, Box<dyn FnOnce()>) = match *row {
                 "floor" => ("10.72.0.2:8080", Box::new(|| {})),
-                "ebpf" => {
-                    let mut d = Driver::without_conntrack(
-                        plan_config(),
-                        EbpfDataPlane::new(ebpf_options(&conf)),
-                    );
+                ebpf if ebpf.starts_with("ebpf") => {
+                    // `ebpf-<scheduler>`: the packet path's scheduler in place of
+                    // the random choice.
+                    let cfg = match ebpf.strip_prefix("ebpf-") {
+                        Some(scheduler) => scheduler_config(scheduler),
+                        None => plan_config(),
+                    };
+                    let mut d =
+                        Driver::without_conntrack(cfg, EbpfDataPlane::new(ebpf_options(&conf)));
                     netns::in_netns(&node, || d.sync(&snap, true))
                         .expect("netns")
                         .expect("ebpf sync");
