@@ -224,15 +224,11 @@ impl ClusterState {
                         self.delete(&key);
                     }
                 }
-                drop(incoming);
-                for (object, origin) in &objects {
+                for (object, origin) in objects {
                     if kinds.contains(&object.kind()) {
-                        self.upsert(object, Some(origin));
+                        self.upsert(&object, Some(&origin));
                     }
                 }
-                // Freed together, after: the model converted from them is not
-                // spread over the holes each freed object would leave.
-                drop(objects);
             }
             SourceUpdate::HostAddresses(mut ips) => {
                 ips.sort();
