@@ -1251,17 +1251,24 @@ fn slice_endpoint(
     let node_name = checked(
         ctx,
         field,
-        "nodeName",
+        ("nodeName", "node name"),
         ep.node_name.as_deref(),
         is_dns1123_subdomain,
     )
     .map(Arc::from);
-    let zone = checked(ctx, field, "zone", ep.zone.as_deref(), is_label_value).map(Arc::from);
+    let zone = checked(
+        ctx,
+        field,
+        ("zone", "zone"),
+        ep.zone.as_deref(),
+        is_label_value,
+    )
+    .map(Arc::from);
     // Checked either way (the API's rule), kept for the cluster DNS only.
     let hostname = checked(
         ctx,
         field,
-        "hostname",
+        ("hostname", "hostname"),
         ep.hostname.as_deref(),
         is_dns1123_label,
     )
@@ -1307,12 +1314,13 @@ fn slice_endpoint(
     })
 }
 
-/// An optional name field of an endpoint: `None` when unset or empty, and, with a
-/// problem, when `valid` refuses it.
+/// An optional name field of an endpoint (`(field name, what it is called in
+/// messages)`): `None` when unset or empty, and, with a problem, when `valid`
+/// refuses it.
 fn checked<'a>(
     ctx: &mut Ctx<'_>,
     field: &str,
-    name: &str,
+    (name, what): (&str, &str),
     value: Option<&'a str>,
     valid: fn(&str) -> bool,
 ) -> Option<&'a str> {
@@ -1320,10 +1328,6 @@ fn checked<'a>(
         None | Some("") => None,
         Some(v) if valid(v) => Some(v),
         Some(v) => {
-            let what = match name {
-                "nodeName" => "node name",
-                other => other,
-            };
             ctx.ignore(
                 format!("{field}.{name}"),
                 format!("invalid {what} {}", quote(v)),
