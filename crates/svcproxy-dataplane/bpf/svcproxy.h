@@ -184,6 +184,12 @@ struct podnet_key {
 #define CT_ORIGINAL 0
 #define CT_REPLY 1
 #define CT_MASQUERADED_REPLY 2
+// A connection the XDP program masqueraded itself (tc.c: snat_alloc), each
+// way: dir 3 its packets once sent to the endpoint (client to endpoint; the
+// value: the node's address and port they leave from), dir 4 the endpoint's
+// replies to that address and port (the value: the client).
+#define CT_SNAT 3
+#define CT_SNAT_REPLY 4
 
 struct ct_key {
 	__u32 saddr[4];
@@ -199,7 +205,7 @@ struct ct_key {
 struct ct_val {
 	__u32 addr[4];
 	__u16 port;
-	__u8 flags; // ROUTE_MASQUERADE, CT_CLOSING
+	__u8 flags; // ROUTE_MASQUERADE, CT_CLOSING, CT_BPF_SNAT
 	__u8 counted; // CT_ORIGINAL: the connection counts in svcproxy_conns
 	__u32 seen_s; // CT_ORIGINAL: when a packet of it last passed, in seconds
 	__u64 created_ns; // when the connection's endpoint was chosen
@@ -207,6 +213,12 @@ struct ct_val {
 
 // ct_val.flags: a FIN or RST of the connection passed.
 #define CT_CLOSING 0x80
+// CT_ORIGINAL's: the masquerade is svcproxy's own (its CT_SNAT entries), not
+// the kernel's conntrack's.
+#define CT_BPF_SNAT 0x02
+// decide()'s answer only, never stored: the packet's connection is new (its
+// endpoint chosen for this packet).
+#define CT_FRESH 0x40
 
 // The packet path's idle timeouts, in seconds (0: none; the LRU alone forgets):
 // kube-proxy's --ipvs-tcp-timeout, --ipvs-tcpfin-timeout, --ipvs-udp-timeout.

@@ -433,6 +433,226 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	return 1;
 }
 
+// svcproxy's own masquerade, for the connections the XDP program sends on
+// (the kernel's conntrack masquerades the rest, and never sees these): the
+// node's address toward the endpoint (the kernel's FIB says which, as the
+// masquerade would choose) and a port of svcproxy_snat's range, which lies
+// above the node's ip_local_port_range and outside the kernel masquerade's
+// (the fixed rule's `to :1-<lo - 1>`), so neither the node's sockets nor the
+// kernel ever use it. Each translation is remembered both ways in svcproxy_ct
+// (CT_SNAT, CT_SNAT_REPLY); a packet of the connection that meets the tc
+// program instead is marked with both marks, and the egress program, after
+// routing, gives it the same source. The endpoint's replies are turned back to
+// the client by the ingress program of whichever interface they arrive on.
+
+// svcproxy_snat's value: the ports (host order), hi 0 when svcproxy masquerades
+// nothing itself (no XDP, or no room above ip_local_port_range).
+struct snat_range {
+	__u16 lo;
+	__u16 hi;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, struct snat_range);
+} svcproxy_snat SEC(".maps");
+
+// How long a port stays a connection's after its last packet either way: the
+// kernel conntrack's timeouts (an established TCP connection's five days, a
+// closed one's TIME_WAIT, a UDP flow's stream), or --ipvs-tcp-timeout and
+// --ipvs-udp-timeout when given.
+#define SNAT_TCP_S (5U * 24 * 3600)
+#define SNAT_CLOSED_S 120
+#define SNAT_UDP_S 120
+// Ports tried at random for a new connection before it is left to the
+// kernel's masquerade.
+#define SNAT_TRIES 16
+
+static __always_inline int snat_reusable(const struct ct_val *e, int tcp)
+{
+	__u32 zero = 0;
+	struct timeouts *t = bpf_map_lookup_elem(&svcproxy_timeouts, &zero);
+	__u32 limit;
+	if (!tcp)
+		limit = t && t->udp ? t->udp : SNAT_UDP_S;
+	else if (e->flags & CT_CLOSING)
+		limit = SNAT_CLOSED_S;
+	else
+		limit = t && t->tcp ? t->tcp : SNAT_TCP_S;
+	return now_s() - e->seen_s > limit;
+}
+
+struct snat_try {
+	struct ct_key rk; // endpoint -> the node's address, the port tried
+	struct ct_val v;  // the client
+	__u16 lo;
+	__u16 span;
+	__u16 port; // network order; 0 while none is found
+	__u8 tcp;
+	__u8 pad;
+};
+
+// One port tried: free (or its connection long over, taken from it once: the
+// compare-and-swap on its creation time lets only one CPU have it).
+static long snat_step(__u32 i, void *data)
+{
+	struct snat_try *t = data;
+	if (!t->span)
+		return 1;
+	__u16 port = bpf_htons(t->lo + bpf_get_prandom_u32() % t->span);
+	t->rk.dport = port;
+	if (!bpf_map_update_elem(&svcproxy_ct, &t->rk, &t->v, BPF_NOEXIST)) {
+		t->port = port;
+		return 1;
+	}
+	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, &t->rk);
+	if (!e || !snat_reusable(e, t->tcp))
+		return 0;
+	__u64 was = e->created_ns;
+	if (__sync_val_compare_and_swap(&e->created_ns, was, t->v.created_ns) != was)
+		return 0;
+	addr_copy(e->addr, t->v.addr);
+	e->port = t->v.port;
+	e->flags = 0;
+	e->seen_s = t->v.seen_s;
+	t->port = port;
+	return 1;
+}
+
+// A port for the new connection `fk` (CT_SNAT's key: client to endpoint) from
+// the node's address `src`, both ways remembered; `out` the source it leaves
+// with. 0 when svcproxy masquerades nothing itself or no port was free.
+static __noinline int snat_alloc(const struct ct_key *fk, const __u32 *src, struct ct_val *out)
+{
+	__u32 zero = 0;
+	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
+	if (!r || !r->hi || r->hi < r->lo)
+		return 0;
+	struct snat_try t;
+	__builtin_memset(&t, 0, sizeof(t));
+	addr_copy(t.rk.saddr, fk->daddr);
+	addr_copy(t.rk.daddr, src);
+	t.rk.sport = fk->dport;
+	t.rk.proto = fk->proto;
+	t.rk.family = fk->family;
+	t.rk.dir = CT_SNAT_REPLY;
+	addr_copy(t.v.addr, fk->saddr);
+	t.v.port = fk->sport;
+	t.v.created_ns = bpf_ktime_get_ns();
+	t.v.seen_s = t.v.created_ns / 1000000000ULL;
+	t.lo = r->lo;
+	t.span = r->hi - r->lo + 1;
+	t.tcp = fk->proto == IPPROTO_TCP;
+	bpf_loop(SNAT_TRIES, snat_step, &t, 0);
+	if (!t.port)
+		return 0;
+	__builtin_memset(out, 0, sizeof(*out));
+	addr_copy(out->addr, src);
+	out->port = t.port;
+	out->created_ns = t.v.created_ns;
+	out->seen_s = t.v.seen_s;
+	return bpf_map_update_elem(&svcproxy_ct, fk, out, BPF_ANY) == 0;
+}
+
+// The source the connection `fk` (CT_SNAT's key) leaves with, into `out`; its
+// reply entry touched (a one-way flow keeps its port) and told of a FIN or RST
+// (`closing`). 0 when it has none: forgotten, or its port since given to
+// another connection (this one was idle past its time).
+static __noinline int snat_out(const struct ct_key *fk, int closing, struct ct_val *out)
+{
+	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, fk);
+	if (!e)
+		return 0;
+	*out = *e;
+	struct ct_key rk = {};
+	addr_copy(rk.saddr, fk->daddr);
+	addr_copy(rk.daddr, out->addr);
+	rk.sport = fk->dport;
+	rk.dport = out->port;
+	rk.proto = fk->proto;
+	rk.family = fk->family;
+	rk.dir = CT_SNAT_REPLY;
+	struct ct_val *back = bpf_map_lookup_elem(&svcproxy_ct, &rk);
+	if (!back || back->port != fk->sport || !addr_eq(back->addr, fk->saddr))
+		return 0;
+	touch(back);
+	if (closing)
+		back->flags |= CT_CLOSING;
+	return 1;
+}
+
+// An endpoint's reply to a connection svcproxy masqueraded: addressed to the
+// client again (the egress program then shows the service address as its
+// source, as for any reply). -1 when the packet is no such reply.
+static __noinline int snat_reply(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 zero = 0;
+	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
+	__u16 port = bpf_ntohs(p->dport);
+	if (!r || !r->hi || port < r->lo || port > r->hi)
+		return -1;
+	struct ct_key k;
+	ct_key_of(&k, p);
+	k.dir = CT_SNAT_REPLY;
+	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!e)
+		return -1;
+	struct ct_val to = *e;
+	touch(e);
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+		e->flags |= CT_CLOSING;
+	if (!rewrite(skb, p, 1, to.addr, to.port))
+		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
+// A connection svcproxy masqueraded whose masquerade is gone (the LRU forgot
+// it, or its port went to another connection after it idled past its time):
+// forgotten whole, so that its next packet meets no connection here (a UDP
+// flow starts again, a TCP segment meets the node's reset).
+static __always_inline void snat_lost(const struct ct_key *orig, __u8 family)
+{
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, orig);
+	if (ct)
+		release_flow(ct, family);
+	bpf_map_delete_elem(&svcproxy_ct, orig);
+}
+
+// Whether the connection svcproxy masqueraded that `p` (before translation to
+// `flow`'s endpoint) is of still has its masquerade; forgotten when not.
+static __noinline int snat_known(const struct pkt *p, const struct ct_val *flow)
+{
+	struct ct_key k;
+	ct_key_of(&k, p);
+	addr_copy(k.daddr, flow->addr);
+	k.dport = flow->port;
+	k.dir = CT_SNAT;
+	if (bpf_map_lookup_elem(&svcproxy_ct, &k))
+		return 1;
+	ct_key_of(&k, p);
+	snat_lost(&k, p->family);
+	return 0;
+}
+
+// A packet of a connection svcproxy masqueraded that met the tc program (both
+// marks set at ingress): after routing, the source it leaves with. Dropped when
+// the connection has none any more.
+static __noinline int snat_egress(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ct_key fk;
+	ct_key_of(&fk, p);
+	fk.dir = CT_SNAT;
+	struct ct_val nat;
+	int closing = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST));
+	if (!snat_out(&fk, closing, &nat) || !rewrite(skb, p, 0, nat.addr, nat.port))
+		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
 // ICMP errors (RFC 792, 4443) that quote a packet: destination unreachable
 // (packet too big and fragmentation needed included), time exceeded,
 // parameter problem.
@@ -453,84 +673,97 @@ static __always_inline __u16 csum_update(__u16 check, __u32 *from, __u32 *to, __
 	return (__u16)~c;
 }
 
-// An ICMP error about a packet of a connection translated here: the quoted
-// packet and the error's own address are translated as that connection's
-// packets are, so the client (or the endpoint) matches the error with its
-// socket (a refused UDP port, a path MTU), as the kernel's conntrack does for
-// the packet modes (nf_nat_icmp_reply_translation). On ingress the error is
-// about a reply (quoted: service address to client) and goes on to the
-// endpoint; on egress it is about the client's packet (quoted: client to
-// endpoint) and goes on to the client, from the service address.
-static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int ingress)
+// The packet an ICMP error quotes (icmp_quoted): where its header and its
+// TCP or UDP header are, its addresses, ports and protocol.
+struct icmp_quote {
+	__u32 in_off;
+	__u32 in_l4;
+	__u32 qs[4];
+	__u32 qd[4];
+	__u16 ports[2];
+	__u8 proto;
+	__u8 pad[3];
+};
+
+// Whether the ICMP packet `p` is an error that quotes a TCP or UDP packet,
+// into `q`.
+static __always_inline int icmp_quoted(struct __sk_buff *skb, const struct pkt *p,
+				       struct icmp_quote *q)
 {
 	__u8 type;
 	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
-		return TC_ACT_UNSPEC;
+		return 0;
 	if (p->family == FAMILY_V4 ? type != ICMP_ERR_UNREACH && type != ICMP_ERR_TIME &&
 					     type != ICMP_ERR_PARAM
 				   : type < ICMP6_ERR_FIRST || type > ICMP6_ERR_LAST)
-		return TC_ACT_UNSPEC;
-
+		return 0;
 	// The quoted packet: its header, and the first 8 bytes of its TCP or UDP
 	// header (all an ICMPv4 error must quote).
-	__u32 in_off = p->l4_off + 8, in_l4, addr_off, check_off = 0;
-	__u32 qs[4] = {}, qd[4] = {};
-	__u8 proto;
+	__builtin_memset(q, 0, sizeof(*q));
+	q->in_off = p->l4_off + 8;
 	if (p->family == FAMILY_V4) {
 		struct iphdr ip;
-		if (bpf_skb_load_bytes(skb, in_off, &ip, sizeof(ip)) < 0)
-			return TC_ACT_UNSPEC;
+		if (bpf_skb_load_bytes(skb, q->in_off, &ip, sizeof(ip)) < 0)
+			return 0;
 		if (ip.ihl < 5 || (ip.frag_off & bpf_htons(IP_OFFSET)))
-			return TC_ACT_UNSPEC;
-		proto = ip.protocol;
-		qs[0] = ip.saddr;
-		qd[0] = ip.daddr;
-		in_l4 = in_off + ip.ihl * 4;
-		addr_off = in_off + (ingress ? offsetof(struct iphdr, saddr)
-					     : offsetof(struct iphdr, daddr));
+			return 0;
+		q->proto = ip.protocol;
+		q->qs[0] = ip.saddr;
+		q->qd[0] = ip.daddr;
+		q->in_l4 = q->in_off + ip.ihl * 4;
 	} else {
 		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(skb, in_off, &ip6, sizeof(ip6)) < 0)
-			return TC_ACT_UNSPEC;
-		proto = ip6.nexthdr;
-		__builtin_memcpy(qs, &ip6.saddr, 16);
-		__builtin_memcpy(qd, &ip6.daddr, 16);
-		in_l4 = in_off + sizeof(ip6);
-		addr_off = in_off + (ingress ? offsetof(struct ipv6hdr, saddr)
-					     : offsetof(struct ipv6hdr, daddr));
+		if (bpf_skb_load_bytes(skb, q->in_off, &ip6, sizeof(ip6)) < 0)
+			return 0;
+		q->proto = ip6.nexthdr;
+		__builtin_memcpy(q->qs, &ip6.saddr, 16);
+		__builtin_memcpy(q->qd, &ip6.daddr, 16);
+		q->in_l4 = q->in_off + sizeof(ip6);
 	}
-	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-		return TC_ACT_UNSPEC;
+	if (q->proto != IPPROTO_TCP && q->proto != IPPROTO_UDP)
+		return 0;
+	if (q->in_l4 + 4 > p->end || bpf_skb_load_bytes(skb, q->in_l4, q->ports, 4) < 0)
+		return 0;
+	return 1;
+}
+
+// What icmp_translate changes: the quoted packet's source address and port
+// and the error's destination; the quoted destination and the error's source;
+// the quoted destination alone.
+#define ICMP_QUOTED_SRC 1
+#define ICMP_QUOTED_DST 0
+#define ICMP_QUOTED_DST_ONLY 2
+
+// Translates one side of an ICMP error (`side`, ICMP_QUOTED_*) to `to`'s
+// address and port. The quoted IPv4 header's checksum, the quoted TCP or UDP
+// checksum (when quoted) and the ICMP checksum follow.
+static __noinline int icmp_translate(struct __sk_buff *skb, const struct pkt *p,
+				     const struct icmp_quote *q, int side, const struct ct_val *to)
+{
+	int src = side == ICMP_QUOTED_SRC;
+	__u32 in_off = q->in_off, in_l4 = q->in_l4, check_off = 0;
+	__u32 addr_off;
+	if (p->family == FAMILY_V4)
+		addr_off = in_off + (src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
+	else
+		addr_off = in_off +
+			   (src ? offsetof(struct ipv6hdr, saddr) : offsetof(struct ipv6hdr, daddr));
 	// old/new: the quoted address [0-3], ports [4], the IPv4 header's
 	// ttl/protocol/checksum word [5], the word with the quoted checksum [6].
 	__u32 old[8] = {}, new[8] = {};
-	if (in_l4 + 4 > p->end || bpf_skb_load_bytes(skb, in_l4, &old[4], 4) < 0)
+	// The address as the packet holds it now (read, not chosen between q's
+	// two: a pointer offset by a register is refused without CAP_PERFMON).
+	if (bpf_skb_load_bytes(skb, in_l4, &old[4], 4) < 0 ||
+	    (p->family == FAMILY_V4 ? bpf_skb_load_bytes(skb, addr_off, old, 4)
+				    : bpf_skb_load_bytes(skb, addr_off, old, 16)) < 0)
 		return TC_ACT_UNSPEC;
-	__u16 ports[2];
-	__builtin_memcpy(ports, &old[4], 4);
-
-	// The quoted packet turned round is the connection's own, this way.
-	struct ct_key k = {};
-	addr_copy(k.saddr, qd);
-	addr_copy(k.daddr, qs);
-	k.sport = ports[1];
-	k.dport = ports[0];
-	k.proto = proto;
-	k.family = p->family;
-	k.dir = ingress ? CT_ORIGINAL : CT_REPLY;
-	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
-	if (!ct)
-		return TC_ACT_UNSPEC;
-	struct ct_val to = *ct;
-
-	addr_copy(old, ingress ? qs : qd);
-	addr_copy(new, to.addr);
+	addr_copy(new, to->addr);
 	__u16 half[2];
 	__builtin_memcpy(half, &old[4], 4);
-	if (ingress)
-		half[0] = to.port;
+	if (src)
+		half[0] = to->port;
 	else
-		half[1] = to.port;
+		half[1] = to->port;
 	__builtin_memcpy(&new[4], half, 4);
 	if (p->family == FAMILY_V4) {
 		// The quoted header's checksum, the second half of its word.
@@ -542,10 +775,10 @@ static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int
 	}
 	// The quoted TCP or UDP checksum, when quoted (UDP's 0: none): the first
 	// half of TCP's word at 16, the second of UDP's at 4.
-	__u32 word_off = in_l4 + (proto == IPPROTO_TCP ? 16 : 4);
+	__u32 word_off = in_l4 + (q->proto == IPPROTO_TCP ? 16 : 4);
 	if (word_off + 4 <= p->end && bpf_skb_load_bytes(skb, word_off, &old[6], 4) == 0) {
 		__builtin_memcpy(half, &old[6], 4);
-		if (proto == IPPROTO_TCP) {
+		if (q->proto == IPPROTO_TCP) {
 			half[0] = csum_update(half[0], old, new, 20);
 			check_off = word_off;
 		} else if (half[1]) {
@@ -566,11 +799,61 @@ static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int
 	    (check_off && bpf_skb_store_bytes(skb, check_off, &new[6], 4, 0)) ||
 	    bpf_skb_store_bytes(skb, p->csum_off, &icmp_check, 2, 0))
 		return TC_ACT_SHOT;
-	// The error's own address: to the endpoint (ingress), from the service
-	// address (egress).
-	if (!rewrite(skb, p, ingress, to.addr, 0))
+	if (side != ICMP_QUOTED_DST_ONLY && !rewrite(skb, p, src, to->addr, 0))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
+}
+
+// An ICMP error about a packet of a connection translated here: the quoted
+// packet and the error's own address are translated as that connection's
+// packets are, so the client (or the endpoint) matches the error with its
+// socket (a refused UDP port, a path MTU), as the kernel's conntrack does for
+// the packet modes (nf_nat_icmp_reply_translation). On ingress the error is
+// about a reply (quoted: service address to client) and goes on to the
+// endpoint, or about a packet svcproxy masqueraded (quoted: the node's address
+// to the endpoint) and goes on to the client; on egress it is about the
+// client's packet (quoted: client to endpoint) and goes on to the client, from
+// the service address.
+static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int ingress)
+{
+	struct icmp_quote q;
+	if (!icmp_quoted(skb, p, &q))
+		return TC_ACT_UNSPEC;
+	// The quoted packet turned round is the connection's own, this way.
+	struct ct_key k = {};
+	addr_copy(k.saddr, q.qd);
+	addr_copy(k.daddr, q.qs);
+	k.sport = q.ports[1];
+	k.dport = q.ports[0];
+	k.proto = q.proto;
+	k.family = p->family;
+	k.dir = ingress ? CT_ORIGINAL : CT_REPLY;
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!ct && ingress) {
+		k.dir = CT_SNAT_REPLY;
+		ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	}
+	if (!ct)
+		return TC_ACT_UNSPEC;
+	struct ct_val to = *ct;
+	int verdict = icmp_translate(skb, p, &q, ingress ? ICMP_QUOTED_SRC : ICMP_QUOTED_DST, &to);
+	if (verdict != TC_ACT_UNSPEC || !ingress || !(to.flags & CT_BPF_SNAT))
+		return verdict;
+	// The endpoint knows the client by the node's address and port svcproxy
+	// masqueraded it to: the quoted destination. The error keeps its source (a
+	// packet from one of the node's own addresses would not be forwarded; the
+	// endpoint's kernel matches an error by what it quotes). The key and the
+	// value reused: the stack is short.
+	addr_copy(k.saddr, q.qd);
+	addr_copy(k.daddr, to.addr);
+	k.sport = q.ports[1];
+	k.dport = to.port;
+	k.dir = CT_SNAT;
+	struct ct_val *nat = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!nat)
+		return verdict;
+	to = *nat;
+	return icmp_translate(skb, p, &q, ICMP_QUOTED_DST_ONLY, &to);
 }
 
 // What becomes of a packet arriving from outside this host's sockets: the
@@ -664,6 +947,7 @@ static __noinline int decide(void *ctx, const struct pkt *p, __u32 ifindex,
 				return VERDICT_REJECT;
 			if (!choose(p, svc, rt, flow))
 				return VERDICT_PASS;
+			flow->flags |= CT_FRESH;
 		}
 	}
 	return VERDICT_FORWARD;
@@ -680,6 +964,9 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	struct config *cfg = config();
 	if (!cfg)
 		return TC_ACT_UNSPEC;
+	int back = snat_reply(skb, &p);
+	if (back >= 0)
+		return back;
 	struct ct_val flow;
 	switch (decide(skb, &p, skb->ingress_ifindex, &flow)) {
 	case VERDICT_FORWARD:
@@ -692,10 +979,60 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
-	if (flow.flags & ROUTE_MASQUERADE)
-		skb->mark |= cfg->masquerade_mark;
+	// Masqueraded by svcproxy (both marks: the egress program gives the
+	// source), or by the kernel (the fixed rule).
+	__u32 marks = 0;
+	if (flow.flags & CT_BPF_SNAT) {
+		if (!snat_known(&p, &flow))
+			return TC_ACT_SHOT;
+		marks = cfg->masquerade_mark | cfg->reject_mark;
+	} else if (flow.flags & ROUTE_MASQUERADE) {
+		marks = cfg->masquerade_mark;
+	}
+	skb->mark |= marks;
 	// A packet half rewritten (a helper failed) would carry a wrong checksum.
 	if (!rewrite(skb, &p, 1, flow.addr, flow.port))
+		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
+// An endpoint's reply on its way out: the service address shown as its
+// source, its connection touched (noinline: its own stack frame, apart from
+// the ICMP path's).
+static __noinline int reply_egress(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ct_key k;
+	ct_key_of(&k, p);
+	k.dir = CT_REPLY;
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!ct)
+		return TC_ACT_UNSPEC;
+	struct ct_val back = *ct;
+	int closing = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST));
+	// A reply keeps its connection from idling out: the client's side of it (its
+	// original entry) is touched at most once a second, and told of a FIN or
+	// RST, which the lc scheduler's count is given back at.
+	__u32 now = now_s();
+	if (closing || ct->seen_s != now) {
+		ct->seen_s = now;
+		struct ct_key ok = {};
+		addr_copy(ok.saddr, p->daddr);
+		addr_copy(ok.daddr, back.addr);
+		ok.sport = p->dport;
+		ok.dport = back.port;
+		ok.proto = p->proto;
+		ok.family = p->family;
+		ok.dir = CT_ORIGINAL;
+		struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
+		if (orig) {
+			touch(orig);
+			if (closing) {
+				release_flow(orig, p->family);
+				orig->flags |= CT_CLOSING;
+			}
+		}
+	}
+	if (!rewrite(skb, p, 0, back.addr, back.port))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
 }
@@ -704,11 +1041,21 @@ SEC("classifier")
 int svcproxy_tc_egress(struct __sk_buff *skb)
 {
 	struct pkt p;
-	if (!parse(skb, &p))
+	int parsed = parse(skb, &p);
+	struct config *cfg = config();
+	__u32 both = cfg ? cfg->masquerade_mark | cfg->reject_mark : 0;
+	if (both && (skb->mark & both) == both) {
+		// A packet of a connection svcproxy masqueraded. One the node
+		// fragmented on the way (longer than the MTU, and allowed to be
+		// fragmented) cannot be given its source: dropped, rather than
+		// leaving with the client's.
+		skb->mark &= ~both;
+		return parsed ? snat_egress(skb, &p) : TC_ACT_SHOT;
+	}
+	if (!parsed)
 		return TC_ACT_UNSPEC;
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
 		return icmp_error(skb, &p, 0);
-	struct config *cfg = config();
 	if (cfg && (skb->mark & cfg->masquerade_mark)) {
 		// Masqueraded by the fixed rule (postrouting is behind us): the mark
 		// has done its work and leaves with the packet no further. A UDP
@@ -718,40 +1065,7 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 		if (p.proto == IPPROTO_UDP)
 			expect_masqueraded_reply(&p);
 	}
-	struct ct_key k;
-	ct_key_of(&k, &p);
-	k.dir = CT_REPLY;
-	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
-	if (!ct)
-		return TC_ACT_UNSPEC;
-	struct ct_val back = *ct;
-	int closing = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST));
-	// A reply keeps its connection from idling out: the client's side of it (its
-	// original entry) is touched at most once a second, and told of a FIN or
-	// RST, which the lc scheduler's count is given back at.
-	__u32 now = now_s();
-	if (closing || ct->seen_s != now) {
-		ct->seen_s = now;
-		struct ct_key ok = {};
-		addr_copy(ok.saddr, p.daddr);
-		addr_copy(ok.daddr, back.addr);
-		ok.sport = p.dport;
-		ok.dport = back.port;
-		ok.proto = p.proto;
-		ok.family = p.family;
-		ok.dir = CT_ORIGINAL;
-		struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
-		if (orig) {
-			touch(orig);
-			if (closing) {
-				release_flow(orig, p.family);
-				orig->flags |= CT_CLOSING;
-			}
-		}
-	}
-	if (!rewrite(skb, &p, 0, back.addr, back.port))
-		return TC_ACT_SHOT;
-	return TC_ACT_UNSPEC;
+	return reply_egress(skb, &p);
 }
 
 // The XDP fast path (--ebpf-xdp=native): on the node's interfaces from
@@ -918,6 +1232,10 @@ static __always_inline int partial_csum(const struct pkt *p)
 struct xdp_fwd {
 	__u32 addr[4];
 	__u16 port;
+	// The source it leaves with: the client's, or the node's address and port
+	// svcproxy masqueraded it to.
+	__u16 sport;
+	__u32 saddr[4];
 	__u8 dmac[ETH_ALEN];
 	__u8 smac[ETH_ALEN];
 	// What the translation adds to the IPv4 header's checksum, and to the
@@ -948,14 +1266,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__type(key, struct ct_key);
 	__type(value, struct xdp_fwd);
-} svcproxy_xdp_fwd SEC(".maps");
+} svcproxy_xdp_nat SEC(".maps");
 
 // Where a packet of `flow` goes from XDP, into `out`: 1 when the kernel's
 // routing says where (a neighbour known, forwarding on, the MTU enough, the
 // TTL left) and that interface takes redirected frames; 0 (the stack's way)
 // otherwise.
-static __always_inline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
-				     const struct ct_val *flow, struct xdp_fwd *out)
+static __noinline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
+			       const struct ct_val *flow, int want_src, struct xdp_fwd *out)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -983,7 +1301,8 @@ static __always_inline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
 		addr_copy(fib.ipv6_src, p->saddr);
 		addr_copy(fib.ipv6_dst, flow->addr);
 	}
-	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), want_src ? BPF_FIB_LOOKUP_SRC : 0) !=
+	    BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
 	__u32 index = fib.ifindex;
 	__u32 *mtu = bpf_map_lookup_elem(&svcproxy_xdp_tx, &index);
@@ -996,13 +1315,31 @@ static __always_inline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
 	__builtin_memcpy(out->dmac, fib.dmac, ETH_ALEN);
 	__builtin_memcpy(out->smac, fib.smac, ETH_ALEN);
 	out->ifindex = index;
-	// The old destination's words taken away (added complemented), the new
-	// one's added.
-	__u32 old[4] = { ~p->daddr[0], ~p->daddr[1], ~p->daddr[2], ~p->daddr[3] };
-	__u64 l3 = csum_words(old, p->family) + csum_words(flow->addr, p->family);
-	out->l3_delta = csum_fold(l3);
-	out->l4_delta = csum_fold(l3 + (__u16)~p->dport + flow->port);
+	// The source: the client's, or (want_src) the node's address the kernel
+	// would give a packet leaving that way (its port is svcproxy's choice).
+	addr_copy(out->saddr, p->saddr);
+	out->sport = p->sport;
+	if (want_src) {
+		if (p->family == FAMILY_V4) {
+			out->saddr[0] = fib.ipv4_src;
+		} else {
+			addr_copy(out->saddr, fib.ipv6_src);
+		}
+	}
 	return 1;
+}
+
+// What the translation of `p` to `fwd`'s addresses and ports adds to the
+// checksums: the old addresses' words taken away (added complemented), the new
+// ones' added.
+static __always_inline void xdp_deltas(const struct pkt *p, struct xdp_fwd *fwd)
+{
+	__u32 od[4] = { ~p->daddr[0], ~p->daddr[1], ~p->daddr[2], ~p->daddr[3] };
+	__u32 os[4] = { ~p->saddr[0], ~p->saddr[1], ~p->saddr[2], ~p->saddr[3] };
+	__u64 l3 = csum_words(od, p->family) + csum_words(fwd->addr, p->family) +
+		   csum_words(os, p->family) + csum_words(fwd->saddr, p->family);
+	fwd->l3_delta = csum_fold(l3);
+	fwd->l4_delta = csum_fold(l3 + (__u16)~p->dport + fwd->port + (__u16)~p->sport + fwd->sport);
 }
 
 // The TCP or UDP header's checksum and destination port at `l4`, as `fwd`
@@ -1019,6 +1356,7 @@ static __always_inline int xdp_send_l4(const struct pkt *p, void *l4, void *end,
 		opaque(check);
 		*check = csum_apply(*check, fwd->l4_delta);
 		th->dest = fwd->port;
+		th->source = fwd->sport;
 	} else {
 		struct udphdr *uh = l4;
 		if ((void *)(uh + 1) > end)
@@ -1032,6 +1370,7 @@ static __always_inline int xdp_send_l4(const struct pkt *p, void *l4, void *end,
 			*check = c ? c : 0xffff;
 		}
 		uh->dest = fwd->port;
+		uh->source = fwd->sport;
 	}
 	return 1;
 }
@@ -1059,6 +1398,7 @@ static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
 		ip->check = csum_apply(ip->check, csum_fold((__u64)fwd->l3_delta + ttl_delta));
 		ip->ttl--;
 		ip->daddr = fwd->addr[0];
+		ip->saddr = fwd->saddr[0];
 	} else {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > end || ip6->hop_limit <= 1)
@@ -1068,6 +1408,7 @@ static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
 		if (!xdp_send_l4(p, l4, end, fwd))
 			return XDP_PASS;
 		__builtin_memcpy(&ip6->daddr, fwd->addr, 16);
+		__builtin_memcpy(&ip6->saddr, fwd->saddr, 16);
 		ip6->hop_limit--;
 	}
 	__builtin_memcpy(eth->h_dest, fwd->dmac, ETH_ALEN);
@@ -1077,27 +1418,77 @@ static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
 	return bpf_redirect(fwd->ifindex, 0);
 }
 
+// The source a connection's packet leaves with from XDP, into `fwd`: the
+// client's (no masquerade); the one svcproxy masqueraded the connection to; or,
+// for a new connection, a port taken now (snat_alloc) from the address
+// xdp_route found. 1 when the packet may go; 0 when it is the stack's (the
+// kernel's conntrack masquerades the connection: it began there, or no port was
+// free); -1 when it is to be dropped (its masquerade forgotten: the connection
+// is over).
+static __always_inline int xdp_source(const struct pkt *p, const struct ct_val *flow,
+				      struct xdp_fwd *fwd)
+{
+	if (!(flow->flags & ROUTE_MASQUERADE))
+		return 1;
+	struct ct_key fk;
+	ct_key_of(&fk, p);
+	addr_copy(fk.daddr, flow->addr);
+	fk.dport = flow->port;
+	fk.dir = CT_SNAT;
+	struct ct_val nat;
+	if (flow->flags & CT_BPF_SNAT) {
+		int closing = p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST);
+		if (!snat_out(&fk, closing, &nat))
+			return -1;
+	} else if (!(flow->flags & CT_FRESH) || !snat_alloc(&fk, fwd->saddr, &nat)) {
+		return 0;
+	} else {
+		// The connection is svcproxy's to masquerade from now on, whichever
+		// program meets its packets.
+		struct ct_key k;
+		ct_key_of(&k, p);
+		struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+		if (!ct)
+			return 0;
+		ct->flags |= CT_BPF_SNAT;
+	}
+	addr_copy(fwd->saddr, nat.addr);
+	fwd->sport = nat.port;
+	return 1;
+}
+
 // The end of a decision the XDP program made (noinline: its own stack frame,
 // apart from decide's): a connection to forward goes from XDP when
-// xdp_route finds the way, and is cached; all else goes to the stack. Only a
-// packet whose checksum is whole comes here.
+// xdp_route finds the way and its source is known (xdp_source), and is
+// cached; all else goes to the stack. Only a packet whose checksum is whole
+// comes here.
 static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p,
 				 const struct ct_val *flow, __u32 generation)
 {
 	struct xdp_fwd fwd;
 	struct ct_key k;
 	ct_key_of(&k, p);
-	// A masquerade is the kernel's conntrack's: tc marks the packet. A
-	// connection that goes the stack's way now is forgotten here (its endpoint
-	// may be a new one: a port used again after a FIN).
-	if ((flow->flags & ROUTE_MASQUERADE) || partial_csum(p) ||
-	    !xdp_route(ctx, p, flow, &fwd)) {
-		bpf_map_delete_elem(&svcproxy_xdp_fwd, &k);
+	// A connection that goes the stack's way now is forgotten here (its
+	// endpoint may be a new one: a port used again after a FIN). One the
+	// kernel's conntrack masquerades stays the stack's.
+	int masq = flow->flags & ROUTE_MASQUERADE;
+	int fresh = masq && (flow->flags & CT_FRESH);
+	int source = 0;
+	if ((!masq || fresh || (flow->flags & CT_BPF_SNAT)) && !partial_csum(p) &&
+	    xdp_route(ctx, p, flow, fresh, &fwd))
+		source = xdp_source(p, flow, &fwd);
+	if (source <= 0) {
+		bpf_map_delete_elem(&svcproxy_xdp_nat, &k);
+		if (source < 0) {
+			snat_lost(&k, p->family);
+			return xdp_count(XDP_STAT_DROP, XDP_DROP);
+		}
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
 	}
+	xdp_deltas(p, &fwd);
 	fwd.generation = generation;
 	fwd.jiffies = bpf_jiffies64();
-	bpf_map_update_elem(&svcproxy_xdp_fwd, &k, &fwd, BPF_ANY);
+	bpf_map_update_elem(&svcproxy_xdp_nat, &k, &fwd, BPF_ANY);
 	return xdp_sent(xdp_send(ctx, p, &fwd));
 }
 
@@ -1108,7 +1499,7 @@ static __noinline int xdp_cached(struct xdp_md *ctx, const struct pkt *p, __u32 
 {
 	struct ct_key k;
 	ct_key_of(&k, p);
-	struct xdp_fwd *f = bpf_map_lookup_elem(&svcproxy_xdp_fwd, &k);
+	struct xdp_fwd *f = bpf_map_lookup_elem(&svcproxy_xdp_nat, &k);
 	if (!f || f->generation != generation || bpf_jiffies64() - f->jiffies >= FWD_FRESH_JIFFIES)
 		return -1;
 	__u32 l3_len = p->l4_len + (p->family == FAMILY_V4 ? sizeof(struct iphdr)

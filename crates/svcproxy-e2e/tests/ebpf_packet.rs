@@ -365,9 +365,14 @@ fn run(test: &str, xdp: XdpMode) {
     // pod-a0's side of its veth takes redirected frames (an XDP program there),
     // and the external client's packets carry whole checksums, as from a wire
     // (a veth leaves them partial, and XDP leaves such packets to the stack).
+    // So does the LAN's side of node-a's link, which node-b's endpoint is
+    // reached by (node-a sends those back out of eth0, masqueraded).
     let _pod_xdp = (xdp == XdpMode::Native).then(|| {
         cluster.exec_ok(Host::Ext, &["ethtool", "-K", "eth0", "tx", "off"]);
-        TestXdp::attach(cluster.ns(Host::Pod(0, 0)), "eth0", "bench_pass").expect("pod XDP")
+        [
+            TestXdp::attach(cluster.ns(Host::Pod(0, 0)), "eth0", "bench_pass").expect("pod XDP"),
+            TestXdp::attach(cluster.ns(Host::Lan), "n-a", "bench_pass").expect("LAN XDP"),
+        ]
     });
     // The node's external interface named, as a CIDR --detect-local-mode needs
     // (the pods' veths are not told apart by it).
@@ -400,13 +405,48 @@ fn run(test: &str, xdp: XdpMode) {
         let ext = plan::ext_ip(f);
         for (proto, port) in [(Proto::Tcp, 30080), (Proto::Udp, 30090)] {
             let target = SocketAddr::new(node, port);
+            let before = svcproxy_dataplane::ebpf::kernel::xdp_packets(&conf.pin_dir());
             let a = probe(Host::Ext, proto, target, 30);
+            let after = svcproxy_dataplane::ebpf::kernel::xdp_packets(&conf.pin_dir());
             check(
                 format!(
                     "{proto} {target} from outside (Cluster policy) reaches both nodes' endpoints"
                 ),
                 seen(&a) == both,
                 format!("{:?}", seen(&a)),
+            );
+            // The masquerade: the kernel's through tc (the client's own port,
+            // below 61000, kept), svcproxy's own through XDP (a port above the
+            // node's ip_local_port_range, 32768-60999 in a new namespace), the
+            // packets sent on from XDP. (Through XDP, the first connections to
+            // an endpoint whose neighbour is not known yet take the stack's way,
+            // and the kernel's masquerade.)
+            let ours = a
+                .iter()
+                .filter(|x| x.client_seen().is_some_and(|c| c.port() >= 61000))
+                .count();
+            let by_xdp = xdp == XdpMode::Native;
+            check(
+                format!(
+                    "{proto} {target}: masqueraded by {}",
+                    if by_xdp {
+                        "the XDP program"
+                    } else {
+                        "the kernel"
+                    }
+                ),
+                if by_xdp {
+                    ours >= a.len() * 2 / 3
+                        && after
+                            .zip(before)
+                            .is_some_and(|(a, b)| a[0] >= b[0] + ours as u64)
+                } else {
+                    ours == 0
+                },
+                format!(
+                    "{:?} xdp {before:?} then {after:?}",
+                    a.iter().map(|x| x.client_seen()).collect::<Vec<_>>()
+                ),
             );
             let peers: BTreeSet<Option<SocketAddr>> = a.iter().map(|x| x.peer).collect();
             check(

@@ -101,7 +101,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 const XDP_PROGRAM: &str = "svcproxy_xdp";
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 24] = [
+pub const MAPS: [&str; 25] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -125,7 +125,8 @@ pub const MAPS: [&str; 24] = [
     "svcproxy_timeouts",
     "svcproxy_xdp_tx",
     "svcproxy_xdp_stats",
-    "svcproxy_xdp_fwd",
+    "svcproxy_xdp_nat",
+    "svcproxy_snat",
 ];
 
 /// The socket programs, compiled by build.rs (empty when clang was missing).
@@ -276,6 +277,43 @@ fn write_timeouts(tc: &mut Ebpf, t: &super::IdleTimeouts) -> Result<(), DataPlan
             0,
         )
         .map_err(|e| kernel_err("writing svcproxy_timeouts", e))
+}
+
+/// The ports svcproxy's own masquerade takes (the XDP fast path's; none
+/// without it): those above the node's `ip_local_port_range` up to 65535, so
+/// that no socket of the node uses them (the fixed rule keeps the kernel's
+/// masquerade out of them too). None, said in the log, when fewer than 1024
+/// are left there: the kernel's conntrack then masquerades every connection,
+/// and the XDP program leaves those connections to the stack.
+pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
+    if xdp != XdpMode::Native {
+        return None;
+    }
+    let path = "/proc/sys/net/ipv4/ip_local_port_range";
+    let range = std::fs::read_to_string(path).ok();
+    let high = range
+        .as_deref()
+        .and_then(|r| r.split_whitespace().nth(1))
+        .and_then(|h| h.parse::<u16>().ok());
+    match high {
+        Some(high) if high <= 65535 - 1024 => Some((high + 1, 65535)),
+        _ => {
+            tracing::warn!(
+                ip_local_port_range = range.as_deref().map(str::trim).unwrap_or("unreadable"),
+                "no room above the node's ip_local_port_range for svcproxy's own masquerade \
+                 (1024 ports wanted below 65536): the XDP fast path leaves masqueraded \
+                 connections (externalTrafficPolicy: Cluster) to the kernel's"
+            );
+            None
+        }
+    }
+}
+
+fn write_snat(tc: &mut Ebpf, ports: Option<(u16, u16)>) -> Result<(), DataPlaneError> {
+    let mut map: Array<MapData, wire::SnatRange> = take(tc, "svcproxy_snat")?;
+    let (lo, hi) = ports.unwrap_or((0, 0));
+    map.set(0, wire::SnatRange { lo, hi, pad: 0 }, 0)
+        .map_err(|e| kernel_err("writing svcproxy_snat", e))
 }
 
 /// Loads every program once (the kernel verifies it) with small maps pinned in a
@@ -477,6 +515,8 @@ pub struct Kernel {
     unknown_keys: bool,
     /// What did not fit at the last write.
     pub overflow: Overflow,
+    /// The ports svcproxy's own masquerade takes ([`snat_ports`]).
+    pub snat: Option<(u16, u16)>,
     sizes: super::MapSizes,
     /// Held so the programs stay loaded while the process runs (the packet
     /// programs also to be attached to interfaces that appear).
@@ -518,6 +558,8 @@ impl Kernel {
 
         attach_socket_programs(&mut ebpf, &cgroup_dir, cgroup, pin_dir)?;
         write_timeouts(&mut tc, &opts.timeouts)?;
+        let snat = snat_ports(opts.xdp);
+        write_snat(&mut tc, snat)?;
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
         let svc: HashMap<MapData, SvcKey, SvcVal> = take(&mut ebpf, "svcproxy_svc")?;
@@ -553,6 +595,7 @@ impl Kernel {
             written: None,
             unknown_keys: reused,
             overflow: Overflow::default(),
+            snat,
             sizes: opts.sizes,
             _ebpf: ebpf,
             tc,

@@ -271,7 +271,7 @@ pub struct EbpfDataPlane {
     /// forward by each delta.
     table: Option<Table>,
     /// The marks the companion nftables rules were last written with.
-    companion: Option<(u32, u32)>,
+    companion: Option<(u32, u32, Option<u16>)>,
     /// The SCTP limit was logged.
     sctp_warned: bool,
     /// What the metrics read.
@@ -360,10 +360,14 @@ impl DataPlane for EbpfDataPlane {
         let changes = changes.filter(|_| !first);
         // The fixed companion rules, with the marks of the moment, before the
         // programs set those marks.
-        let marks = (table.masquerade_mark, table.reject_mark);
+        let marks = (
+            table.masquerade_mark,
+            table.reject_mark,
+            kernel.snat.map(|(lo, _)| lo),
+        );
         if changes.is_none() || self.companion != Some(marks) {
             self.companion = None;
-            NftCommand::default().run(&companion_rules(marks.0, marks.1))?;
+            NftCommand::default().run(&companion_rules(marks.0, marks.1, marks.2))?;
             self.companion = Some(marks);
         }
         let written = kernel.write(table, changes.as_ref());

@@ -331,6 +331,16 @@ pub struct Timeouts {
     pub pad: u32,
 }
 
+/// `svcproxy_snat`'s value: the ports (host order) svcproxy's own masquerade
+/// takes (the XDP fast path's), `hi` 0 for none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatRange {
+    pub lo: u16,
+    pub hi: u16,
+    pub pad: u32,
+}
+
 /// `svcproxy_fw`'s key data (an LPM trie): a fenced service port's id, then an
 /// admitted source prefix; the prefix length counts the id's 64 bits.
 #[repr(C)]
@@ -450,6 +460,7 @@ mod pod {
     unsafe impl aya::Pod for PodnetData {}
     unsafe impl aya::Pod for MhKey {}
     unsafe impl aya::Pod for Timeouts {}
+    unsafe impl aya::Pod for SnatRange {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtVal {}
     unsafe impl aya::Pod for MhVal {}

@@ -228,26 +228,40 @@ pub fn reject_mark(masquerade_mark: u32) -> u32 {
 /// masqueraded (the kernel's conntrack owns its source port and turns its
 /// replies back before they reach the egress program); a packet marked for
 /// reject gets a TCP reset or an ICMP port unreachable, which a tc program
-/// cannot send. The masquerade mark is left on the packet: the egress program,
-/// after postrouting, reads it (a masqueraded UDP flow's replies may come to a
+/// cannot send. Both marks together are neither: a connection svcproxy
+/// masquerades itself (the XDP fast path's), whose source the egress program
+/// gives. With `snat_ports` (the ports svcproxy's own masquerade takes, from
+/// its first to 65535), the kernel's masquerade keeps out of them. The
+/// masquerade mark is left on the packet: the egress program, after
+/// postrouting, reads it (a masqueraded UDP flow's replies may come to a
 /// NodePort's port, and must be left to the kernel) and clears it. The script
 /// replaces the table whole.
-pub fn companion_rules(masquerade_mark: u32, reject_mark: u32) -> String {
+pub fn companion_rules(masquerade_mark: u32, reject_mark: u32, snat_ports: Option<u16>) -> String {
+    let both = masquerade_mark | reject_mark;
+    let ports = match snat_ports {
+        Some(first) if first > 1 => format!(
+            "\t\tmeta mark & {both:#x} == {m:#x} meta l4proto {{ tcp, udp }} masquerade to :1-{}\n",
+            first - 1,
+            m = masquerade_mark
+        ),
+        _ => String::new(),
+    };
     format!(
         "table inet {t}\n\
          delete table inet {t}\n\
          table inet {t} {{\n\
          \tchain nat-postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tmeta mark & {m:#x} == {m:#x} masquerade\n\
+         {ports}\
+         \t\tmeta mark & {both:#x} == {m:#x} masquerade\n\
          \t}}\n\
          \tchain filter-input {{\n\
          \t\ttype filter hook input priority filter - 5; policy accept;\n\
-         \t\tmeta mark & {r:#x} == {r:#x} jump reject-marked\n\
+         \t\tmeta mark & {both:#x} == {r:#x} jump reject-marked\n\
          \t}}\n\
          \tchain filter-forward {{\n\
          \t\ttype filter hook forward priority filter - 5; policy accept;\n\
-         \t\tmeta mark & {r:#x} == {r:#x} jump reject-marked\n\
+         \t\tmeta mark & {both:#x} == {r:#x} jump reject-marked\n\
          \t}}\n\
          \tchain reject-marked {{\n\
          \t\tmeta l4proto tcp reject with tcp reset\n\
