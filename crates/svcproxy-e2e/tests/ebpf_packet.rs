@@ -73,7 +73,7 @@ fn manifests() -> String {
             q(plan::node_ip(n, Family::V6)),
         );
     }
-    let services: [ServiceRow; 7] = [
+    let services: [ServiceRow; 8] = [
         (
             "web",
             10,
@@ -154,6 +154,18 @@ fn manifests() -> String {
             30086,
             30096,
             8082,
+            &[0],
+        ),
+        // A test socket behind a narrow link (node-a's side of pod-a0's veth
+        // has MTU 1280), masqueraded from outside.
+        (
+            "narrow",
+            17,
+            "NodePort",
+            String::new(),
+            30087,
+            30097,
+            8083,
             &[0],
         ),
     ];
@@ -266,6 +278,72 @@ fn error_about_a_reply(
     }
 }
 
+/// The external client sends 64 KiB over TCP to `target`, whose endpoint is a
+/// socket on port 8083 of pod-a0, behind node-a's side of its veth with MTU
+/// 1280: the client's full-sized segments meet the node's "fragmentation
+/// needed" (IPv6: "packet too big"), which must reach the client translated
+/// (it quotes the client's packet sent to the service address) for it to send
+/// smaller ones. `Ok` with the peer the endpoint saw, once all the bytes came.
+fn upload_through_a_narrow_link(
+    cluster: &Cluster,
+    f: Family,
+    target: SocketAddr,
+) -> Result<SocketAddr, String> {
+    use std::io::{Read, Write};
+    const SIZE: usize = 64 * 1024;
+    let any: IpAddr = match f {
+        Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
+        Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let listener = in_netns(cluster.ns(Host::Pod(0, 0)), || {
+        std::net::TcpListener::bind((any, 8083))
+    })
+    .map_err(|e| format!("{e:#}"))?
+    .map_err(|e| format!("bind in pod-a0: {e}"))?;
+    let server = std::thread::spawn(move || -> Result<(SocketAddr, usize), String> {
+        let (mut conn, peer) = listener.accept().map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        conn.read_to_end(&mut got)
+            .map_err(|e| format!("reading from {peer}: {e}"))?;
+        conn.write_all(format!("{}\n", got.len()).as_bytes())
+            .map_err(|e| e.to_string())?;
+        Ok((peer, got.len()))
+    });
+    let sent = in_netns(cluster.ns(Host::Ext), || {
+        std::net::TcpStream::connect_timeout(&target, Duration::from_secs(3))
+    })
+    .map_err(|e| format!("{e:#}"))
+    .and_then(|c| c.map_err(|e| format!("connect {target}: {e}")))
+    .and_then(|mut c| {
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        c.write_all(&vec![b'x'; SIZE])
+            .map_err(|e| format!("write: {e}"))?;
+        c.shutdown(std::net::Shutdown::Write)
+            .map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        c.read_to_string(&mut answer)
+            .map_err(|e| format!("read: {e}"))?;
+        Ok(answer)
+    });
+    if sent.is_err() {
+        // The server may wait for a connection that never came: a connection
+        // to it from here ends its accept().
+        let _ = in_netns(cluster.ns(Host::Pod(0, 0)), || {
+            std::net::TcpStream::connect((plan::pod_ip(0, 0, f), 8083))
+        });
+    }
+    let served = server.join().map_err(|_| "server panicked".to_string())?;
+    let answer = sent?;
+    let (peer, n) = served?;
+    if n != SIZE || answer.trim() != SIZE.to_string() {
+        return Err(format!("{n} bytes arrived, the client heard {answer:?}"));
+    }
+    Ok(peer)
+}
+
 /// A process on node-a talks UDP to the external client from the node's address
 /// and port 30090, which is also a NodePort: the client's answer is a reply
 /// (conntrack would say so), and must reach that socket, not an endpoint.
@@ -374,6 +452,8 @@ fn run(test: &str, xdp: XdpMode) {
             TestXdp::attach(cluster.ns(Host::Lan), "n-a", "bench_pass").expect("LAN XDP"),
         ]
     });
+    // A narrow link: node-a's side of pod-a0's veth (upload_through_a_narrow_link).
+    cluster.exec_ok(Host::Node(0), &["ip", "link", "set", "p0", "mtu", "1280"]);
     // The node's external interface named, as a CIDR --detect-local-mode needs
     // (the pods' veths are not told apart by it).
     let options = EbpfOptions {
@@ -559,6 +639,25 @@ fn run(test: &str, xdp: XdpMode) {
                 "{:?} {peers:?}",
                 a.iter().map(|x| &x.result).collect::<Vec<_>>()
             ),
+        );
+
+        // A path MTU learnt through the masquerade: svcproxy's own through XDP
+        // (a segment too long for the XDP program takes the stack's way, and
+        // the egress program gives it the connection's source), the kernel's
+        // through tc.
+        let target = SocketAddr::new(node, 30087);
+        let got = upload_through_a_narrow_link(&cluster, f, target);
+        check(
+            format!("TCP {target}: 64 KiB from outside through a link of MTU 1280"),
+            got.as_ref()
+                .is_ok_and(|peer| (peer.port() >= 61000) == (xdp == XdpMode::Native)),
+            format!("{got:?}"),
+        );
+        let cached = cluster.exec_ok(Host::Ext, &["ip", "route", "get", &node.to_string()]);
+        check(
+            format!("the client learnt the path MTU to {node} from the translated error"),
+            cached.contains("mtu 1280"),
+            cached,
         );
 
         let got = reply_to_a_node_socket_on_a_node_port(&cluster, f);
