@@ -9,7 +9,11 @@
 //!   service and the connection, translates and redirects;
 //! - `tc`: the ebpf mode with the XDP path off: the packets meet the stack, and
 //!   the tc program translates them;
-//! - `nftables`: the mode's rules DNAT them in the node's namespace.
+//! - `nftables`: the mode's rules DNAT them in the node's namespace;
+//! - `xdp-cluster`, `tc-cluster`, `nftables-cluster`: the same three for a
+//!   NodePort with `externalTrafficPolicy: Cluster` (the same endpoint), whose
+//!   packets are masqueraded too: by the XDP program itself, by the kernel's
+//!   conntrack (the fixed rule) after the tc program, by the mode's rules.
 //!
 //! The packets come from a generator in the client's namespace
 //! (`BPF_PROG_RUN` in live-frames mode, `bench_gen`): 64-byte IPv4 UDP
@@ -43,6 +47,8 @@ use svcproxy_testkit::netns::{self, NsSet};
 
 const ENDPOINT: Ipv4Addr = BACKEND;
 const NODE_PORT: u16 = 30090;
+/// The Cluster policy's NodePort (the same endpoint).
+const CLUSTER_NODE_PORT: u16 = 30091;
 const TARGET_PORT: u16 = 8080;
 
 fn plan_config() -> PlanConfig {
@@ -54,7 +60,7 @@ fn plan_config() -> PlanConfig {
 
 fn state() -> ClusterState {
     let yaml = format!(
-        "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nspec: {{podCIDRs: [10.72.0.0/24]}}\nstatus:\n  addresses: [{{type: InternalIP, address: {NODE}}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: bench}}\nspec:\n  type: NodePort\n  externalTrafficPolicy: Local\n  clusterIP: 198.19.0.1\n  ports: [{{name: echo, port: 90, protocol: UDP, targetPort: {TARGET_PORT}, nodePort: {NODE_PORT}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: bench, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: echo, port: {TARGET_PORT}, protocol: UDP}}]\nendpoints:\n- {{addresses: [{ENDPOINT}], nodeName: node-a}}\n"
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nspec: {{podCIDRs: [10.72.0.0/24]}}\nstatus:\n  addresses: [{{type: InternalIP, address: {NODE}}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: bench}}\nspec:\n  type: NodePort\n  externalTrafficPolicy: Local\n  clusterIP: 198.19.0.1\n  ports: [{{name: echo, port: 90, protocol: UDP, targetPort: {TARGET_PORT}, nodePort: {NODE_PORT}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: bench, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: echo, port: {TARGET_PORT}, protocol: UDP}}]\nendpoints:\n- {{addresses: [{ENDPOINT}], nodeName: node-a}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: wide, namespace: bench}}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.2\n  ports: [{{name: echo, port: 90, protocol: UDP, targetPort: {TARGET_PORT}, nodePort: {CLUSTER_NODE_PORT}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: wide-1, namespace: bench, labels: {{kubernetes.io/service-name: wide}}}}\naddressType: IPv4\nports: [{{name: echo, port: {TARGET_PORT}, protocol: UDP}}]\nendpoints:\n- {{addresses: [{ENDPOINT}], nodeName: node-a}}\n"
     );
     let mut st = ClusterState::new(StateConfig {
         node_name: "node-a".to_string(),
@@ -117,15 +123,29 @@ fn bench_xdp_nodeport_pps() {
         (CLIENT, 40000),
         (NODE, NODE_PORT),
     );
+    let cluster_frame = udp_frame(
+        mac(&node, "eth0").expect("node MAC"),
+        mac(&ext, "eth0").expect("client MAC"),
+        (CLIENT, 40000),
+        (NODE, CLUSTER_NODE_PORT),
+    );
     let mut generator = Generator::new(&ext, "eth0", frame, flows).expect("generator");
     let snap = state().snapshot();
     let conf = Confinement::new().expect("cgroup and bpffs");
 
     let only = std::env::var("BENCH_ROWS").unwrap_or_default();
-    let rows: Vec<&str> = ["floor", "xdp", "tc", "nftables"]
-        .into_iter()
-        .filter(|r| only.is_empty() || only.split(',').any(|o| o == *r))
-        .collect();
+    let rows: Vec<&str> = [
+        "floor",
+        "xdp",
+        "tc",
+        "nftables",
+        "xdp-cluster",
+        "tc-cluster",
+        "nftables-cluster",
+    ]
+    .into_iter()
+    .filter(|r| only.is_empty() || only.split(',').any(|o| o == *r))
+    .collect();
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
     let mut delivered: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
     for _ in 0..repeat {
@@ -142,7 +162,11 @@ fn bench_xdp_nodeport_pps() {
                 d
             };
             let pass = || TestXdp::attach(&node, "eth0", "bench_pass").expect("bench_pass");
-            let setup = match *row {
+            let (mode, frame) = match row.strip_suffix("-cluster") {
+                Some(mode) => (mode, &cluster_frame),
+                None => (*row, &frame),
+            };
+            let setup = match mode {
                 "floor" => Row::Floor(
                     TestXdp::floor(&node, "eth0", "p0", (ENDPOINT, TARGET_PORT), endpoint_mac)
                         .expect("floor"),
@@ -163,10 +187,10 @@ fn bench_xdp_nodeport_pps() {
                 }
             };
             // Warm: the connections (or conntrack entries) of every flow exist.
-            generator.run(flows * 4, &frame).expect("warm-up");
+            generator.run(flows * 4, frame).expect("warm-up");
             std::thread::sleep(Duration::from_millis(200));
             let before = sink.count().expect("sink count");
-            let took = generator.run(frames, &frame).expect("generator");
+            let took = generator.run(frames, frame).expect("generator");
             std::thread::sleep(Duration::from_millis(200));
             let got = sink.count().expect("sink count") - before;
             results[ri].push(got as f64 / took.as_secs_f64());
@@ -188,7 +212,7 @@ fn bench_xdp_nodeport_pps() {
     }
     let floor = median(results[0].clone());
     println!(
-        "\nUDP NodePort from outside (Local policy), {frames} frames of 64 bytes over {flows} flows, {repeat} runs each (median):"
+        "\nUDP NodePort from outside (Local policy; -cluster: Cluster policy, masqueraded), {frames} frames of 64 bytes over {flows} flows, {repeat} runs each (median):"
     );
     println!("| row | packets/s | x floor | delivered |");
     println!("|---|---|---|---|");
