@@ -129,6 +129,11 @@ pub const MAPS: [&str; 25] = [
     "svcproxy_snat",
 ];
 
+/// Maps an earlier release pinned whose layout changed under a new name: their
+/// pins are removed at start and by cleanup (a program still using one keeps it
+/// until that program goes).
+const RETIRED_MAPS: [&str; 1] = ["svcproxy_xdp_fwd"];
+
 /// The socket programs, compiled by build.rs (empty when clang was missing).
 static SOCK_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sock.o"));
 /// The packet programs, likewise.
@@ -540,6 +545,9 @@ impl Kernel {
         let cgroup_dir = File::open(cgroup)
             .map_err(|e| kernel_err(format!("opening cgroup {}", cgroup.display()), e))?;
         let (mut ebpf, mut tc) = load_programs(opts)?;
+        for name in RETIRED_MAPS {
+            let _ = std::fs::remove_file(pin_dir.join(name));
+        }
 
         let cookie = netns_cookie()?;
         let xdp_tx: HashMap<MapData, u32, u32> = take(&mut tc, "svcproxy_xdp_tx")?;
@@ -2533,7 +2541,7 @@ pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
                 .map_err(|e| kernel_err(format!("unpinning {}", pin.display()), e))?;
         }
     }
-    for name in MAPS {
+    for name in MAPS.iter().chain(&RETIRED_MAPS) {
         let pin = pin_dir.join(name);
         match std::fs::remove_file(&pin) {
             Ok(()) => {}
