@@ -216,6 +216,12 @@ struct ct_val {
 // CT_ORIGINAL's: the masquerade is svcproxy's own (its CT_SNAT entries), not
 // the kernel's conntrack's.
 #define CT_BPF_SNAT 0x02
+// CT_SNAT_REPLY's: a reply of the connection came (until then its port is held
+// as briefly as conntrack holds an unanswered connection).
+#define CT_REPLIED 0x04
+// CT_REPLY's: the connection's first packet was sent on from XDP (the kernel's
+// conntrack never saw it): its replies are kept from the conntrack too.
+#define CT_XDP 0x08
 // decide()'s answer only, never stored: the packet's connection is new (its
 // endpoint chosen for this packet).
 #define CT_FRESH 0x40

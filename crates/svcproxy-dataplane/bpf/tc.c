@@ -446,12 +446,14 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 // the client by the ingress program of whichever interface they arrive on.
 
 // svcproxy_snat's value: the ports (host order), hi 0 when svcproxy masquerades
-// nothing itself (no XDP, or no room above ip_local_port_range).
+// nothing itself (no room above ip_local_port_range); and whether the XDP
+// program runs (SNAT_XDP).
 struct snat_range {
 	__u16 lo;
 	__u16 hi;
-	__u32 pad;
+	__u32 flags;
 };
+#define SNAT_XDP 1
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -462,28 +464,35 @@ struct {
 } svcproxy_snat SEC(".maps");
 
 // How long a port stays a connection's after its last packet either way: the
-// kernel conntrack's timeouts (an established TCP connection's five days, a
-// closed one's TIME_WAIT, a UDP flow's stream), or --ipvs-tcp-timeout and
-// --ipvs-udp-timeout when given.
+// kernel conntrack's timeouts (a TCP connection's five days once answered, two
+// minutes before (SYN_SENT) and once closed (TIME_WAIT); a UDP flow's two
+// minutes once answered, 30 s before), or --ipvs-tcp-timeout and
+// --ipvs-udp-timeout when given, for answered connections.
 #define SNAT_TCP_S (5U * 24 * 3600)
 #define SNAT_CLOSED_S 120
+#define SNAT_UNANSWERED_TCP_S 120
 #define SNAT_UDP_S 120
+#define SNAT_UNANSWERED_UDP_S 30
 // Ports tried at random for a new connection before it is left to the
 // kernel's masquerade.
 #define SNAT_TRIES 16
 
-static __always_inline int snat_reusable(const struct ct_val *e, int tcp)
+// Whether a reply entry whose flags and last packet (seen_s) are these has
+// outlived its connection.
+static __always_inline int snat_reusable(__u8 flags, __u32 seen_s, int tcp)
 {
 	__u32 zero = 0;
 	struct timeouts *t = bpf_map_lookup_elem(&svcproxy_timeouts, &zero);
 	__u32 limit;
-	if (!tcp)
+	if (!(flags & CT_REPLIED))
+		limit = tcp ? SNAT_UNANSWERED_TCP_S : SNAT_UNANSWERED_UDP_S;
+	else if (!tcp)
 		limit = t && t->udp ? t->udp : SNAT_UDP_S;
-	else if (e->flags & CT_CLOSING)
+	else if (flags & CT_CLOSING)
 		limit = SNAT_CLOSED_S;
 	else
 		limit = t && t->tcp ? t->tcp : SNAT_TCP_S;
-	return now_s() - e->seen_s > limit;
+	return now_s() - seen_s > limit;
 }
 
 struct snat_try {
@@ -496,8 +505,13 @@ struct snat_try {
 	__u8 pad;
 };
 
-// One port tried: free (or its connection long over, taken from it once: the
-// compare-and-swap on its creation time lets only one CPU have it).
+// A reply entry's port, flags, counted and seen_s, as one 64-bit word (ct_val's
+// bytes 16-23, little-endian): what a takeover compares and swaps.
+#define CT_WORD(port, flags, seen_s) \
+	((__u64)(port) | ((__u64)(flags) << 16) | ((__u64)(seen_s) << 32))
+
+// One port tried: free, or its connection long over (the compare-and-swap of
+// the word that says so, last packet included, lets only one CPU take it).
 static long snat_step(__u32 i, void *data)
 {
 	struct snat_try *t = data;
@@ -510,15 +524,17 @@ static long snat_step(__u32 i, void *data)
 		return 1;
 	}
 	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, &t->rk);
-	if (!e || !snat_reusable(e, t->tcp))
+	if (!e)
 		return 0;
-	__u64 was = e->created_ns;
-	if (__sync_val_compare_and_swap(&e->created_ns, was, t->v.created_ns) != was)
+	__u64 *word = (__u64 *)&e->port;
+	__u64 was = *word;
+	if (!snat_reusable((__u8)(was >> 16), (__u32)(was >> 32), t->tcp))
+		return 0;
+	__u64 mine = CT_WORD(t->v.port, 0, t->v.seen_s);
+	if (__sync_val_compare_and_swap(word, was, mine) != was)
 		return 0;
 	addr_copy(e->addr, t->v.addr);
-	e->port = t->v.port;
-	e->flags = 0;
-	e->seen_s = t->v.seen_s;
+	e->created_ns = t->v.created_ns;
 	t->port = port;
 	return 1;
 }
@@ -555,7 +571,11 @@ static __noinline int snat_alloc(const struct ct_key *fk, const __u32 *src, stru
 	out->port = t.port;
 	out->created_ns = t.v.created_ns;
 	out->seen_s = t.v.seen_s;
-	return bpf_map_update_elem(&svcproxy_ct, fk, out, BPF_ANY) == 0;
+	if (bpf_map_update_elem(&svcproxy_ct, fk, out, BPF_ANY) == 0)
+		return 1;
+	t.rk.dport = t.port;
+	bpf_map_delete_elem(&svcproxy_ct, &t.rk);
+	return 0;
 }
 
 // The source the connection `fk` (CT_SNAT's key) leaves with, into `out`; its
@@ -585,28 +605,48 @@ static __noinline int snat_out(const struct ct_key *fk, int closing, struct ct_v
 	return 1;
 }
 
+// snat_reply's answer for a packet that is no such reply (TC_ACT_UNSPEC is -1).
+#define NOT_SNAT_REPLY -2
+
+// Both marks: a packet of a connection svcproxy masquerades itself. The fixed
+// rules leave it alone but for one, in raw prerouting: the kernel's conntrack
+// does not track it (its other way, sent on from XDP, is never seen: tracked,
+// a reply would be a new flow for the node's other NAT rules, a CNI's
+// masquerade of pods' traffic to outside among them).
+static __always_inline void mark_snat(struct __sk_buff *skb)
+{
+	struct config *cfg = config();
+	if (cfg)
+		skb->mark |= cfg->masquerade_mark | cfg->reject_mark;
+}
+
 // An endpoint's reply to a connection svcproxy masqueraded: addressed to the
-// client again (the egress program then shows the service address as its
-// source, as for any reply). -1 when the packet is no such reply.
+// client again, marked (the egress program then shows the service address as
+// its source, as for any reply). NOT_SNAT_REPLY when the packet is no such
+// reply.
 static __noinline int snat_reply(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 zero = 0;
 	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
 	__u16 port = bpf_ntohs(p->dport);
 	if (!r || !r->hi || port < r->lo || port > r->hi)
-		return -1;
+		return NOT_SNAT_REPLY;
 	struct ct_key k;
 	ct_key_of(&k, p);
 	k.dir = CT_SNAT_REPLY;
 	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, &k);
 	if (!e)
-		return -1;
+		return NOT_SNAT_REPLY;
 	struct ct_val to = *e;
 	touch(e);
+	__u8 flags = CT_REPLIED;
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
-		e->flags |= CT_CLOSING;
+		flags |= CT_CLOSING;
+	if ((e->flags & flags) != flags)
+		e->flags |= flags;
 	if (!rewrite(skb, p, 1, to.addr, to.port))
 		return TC_ACT_SHOT;
+	mark_snat(skb);
 	return TC_ACT_UNSPEC;
 }
 
@@ -623,7 +663,8 @@ static __always_inline void snat_lost(const struct ct_key *orig, __u8 family)
 }
 
 // Whether the connection svcproxy masqueraded that `p` (before translation to
-// `flow`'s endpoint) is of still has its masquerade; forgotten when not.
+// `flow`'s endpoint) is of still has its masquerade (snat_out); forgotten when
+// not.
 static __noinline int snat_known(const struct pkt *p, const struct ct_val *flow)
 {
 	struct ct_key k;
@@ -631,21 +672,45 @@ static __noinline int snat_known(const struct pkt *p, const struct ct_val *flow)
 	addr_copy(k.daddr, flow->addr);
 	k.dport = flow->port;
 	k.dir = CT_SNAT;
-	if (bpf_map_lookup_elem(&svcproxy_ct, &k))
+	struct ct_val nat;
+	if (snat_out(&k, 0, &nat))
 		return 1;
 	ct_key_of(&k, p);
 	snat_lost(&k, p->family);
 	return 0;
 }
 
-// A packet of a connection svcproxy masqueraded that met the tc program (both
-// marks set at ingress): after routing, the source it leaves with. Dropped when
-// the connection has none any more.
+// A reply of a connection the XDP program sent on from its first packet, not
+// masqueraded (the Local policy's): marked as svcproxy's own masquerade's
+// replies are, for the same reason (the kernel's conntrack never saw the
+// connection, and must not take its replies for a new flow of their own).
+static __noinline int xdp_reply(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 zero = 0;
+	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
+	if (!r || !(r->flags & SNAT_XDP) || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP))
+		return TC_ACT_UNSPEC;
+	struct ct_key k;
+	ct_key_of(&k, p);
+	k.dir = CT_REPLY;
+	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (ct && (ct->flags & CT_XDP))
+		mark_snat(skb);
+	return TC_ACT_UNSPEC;
+}
+
+// A packet of a connection svcproxy masqueraded that met the tc program on
+// its way to the endpoint (both marks set at ingress): after routing, the
+// source it leaves with. Dropped when the connection has none any more;
+// NOT_SNAT_REPLY (sic: no such connection this way) when the packet is no
+// packet to an endpoint of such a connection (a reply, marked as well).
 static __noinline int snat_egress(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct ct_key fk;
 	ct_key_of(&fk, p);
 	fk.dir = CT_SNAT;
+	if (!bpf_map_lookup_elem(&svcproxy_ct, &fk))
+		return NOT_SNAT_REPLY;
 	struct ct_val nat;
 	int closing = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST));
 	if (!snat_out(&fk, closing, &nat) || !rewrite(skb, p, 0, nat.addr, nat.port))
@@ -829,16 +894,27 @@ static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int
 	k.family = p->family;
 	k.dir = ingress ? CT_ORIGINAL : CT_REPLY;
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
-	if (!ct && ingress) {
-		k.dir = CT_SNAT_REPLY;
+	if (!ct) {
+		// About a packet svcproxy masqueraded (ingress: from the endpoint's
+		// side, quoting the node's address and port), or about a reply to
+		// such a connection that the node itself answers with an error on
+		// its way to the client (egress: the endpoint knows the client by the
+		// node's address and port).
+		k.dir = ingress ? CT_SNAT_REPLY : CT_SNAT;
 		ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+		if (!ct)
+			return TC_ACT_UNSPEC;
+		struct ct_val by = *ct;
+		if (ingress)
+			mark_snat(skb);
+		return icmp_translate(skb, p, &q, ingress ? ICMP_QUOTED_SRC : ICMP_QUOTED_DST_ONLY,
+				      &by);
 	}
-	if (!ct)
-		return TC_ACT_UNSPEC;
 	struct ct_val to = *ct;
 	int verdict = icmp_translate(skb, p, &q, ingress ? ICMP_QUOTED_SRC : ICMP_QUOTED_DST, &to);
 	if (verdict != TC_ACT_UNSPEC || !ingress || !(to.flags & CT_BPF_SNAT))
 		return verdict;
+	mark_snat(skb);
 	// The endpoint knows the client by the node's address and port svcproxy
 	// masqueraded it to: the quoted destination. The error keeps its source (a
 	// packet from one of the node's own addresses would not be forwarded; the
@@ -965,7 +1041,7 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	if (!cfg)
 		return TC_ACT_UNSPEC;
 	int back = snat_reply(skb, &p);
-	if (back >= 0)
+	if (back != NOT_SNAT_REPLY)
 		return back;
 	struct ct_val flow;
 	switch (decide(skb, &p, skb->ingress_ifindex, &flow)) {
@@ -977,7 +1053,7 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 		skb->mark |= cfg->reject_mark;
 		return TC_ACT_UNSPEC;
 	default:
-		return TC_ACT_UNSPEC;
+		return xdp_reply(skb, &p);
 	}
 	// Masqueraded by svcproxy (both marks: the egress program gives the
 	// source), or by the kernel (the fixed rule).
@@ -999,14 +1075,17 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 // An endpoint's reply on its way out: the service address shown as its
 // source, its connection touched (noinline: its own stack frame, apart from
 // the ICMP path's).
-static __noinline int reply_egress(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int reply_egress(struct __sk_buff *skb, const struct pkt *p, int ours)
 {
 	struct ct_key k;
 	ct_key_of(&k, p);
 	k.dir = CT_REPLY;
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
 	if (!ct)
-		return TC_ACT_UNSPEC;
+		// A packet marked as svcproxy's own masquerade's that is no packet of
+		// such a connection any more: dropped rather than sent with the
+		// client's address (to the endpoint) or the endpoint's (to the client).
+		return ours ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	struct ct_val back = *ct;
 	int closing = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST));
 	// A reply keeps its connection from idling out: the client's side of it (its
@@ -1044,18 +1123,23 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 	int parsed = parse(skb, &p);
 	struct config *cfg = config();
 	__u32 both = cfg ? cfg->masquerade_mark | cfg->reject_mark : 0;
-	if (both && (skb->mark & both) == both) {
-		// A packet of a connection svcproxy masqueraded. One the node
-		// fragmented on the way (longer than the MTU, and allowed to be
-		// fragmented) cannot be given its source: dropped, rather than
-		// leaving with the client's.
+	// A packet of a connection svcproxy masquerades itself (both marks): the
+	// marks leave with it no further. One the node fragmented on the way
+	// (longer than the MTU, and allowed to be fragmented) cannot be given its
+	// source: dropped, rather than leaving with the client's.
+	int ours = both && (skb->mark & both) == both;
+	if (ours)
 		skb->mark &= ~both;
-		return parsed ? snat_egress(skb, &p) : TC_ACT_SHOT;
-	}
 	if (!parsed)
-		return TC_ACT_UNSPEC;
+		return ours ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	if (p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6)
 		return icmp_error(skb, &p, 0);
+	if (ours) {
+		int verdict = snat_egress(skb, &p);
+		if (verdict != NOT_SNAT_REPLY)
+			return verdict;
+		return reply_egress(skb, &p, 1);
+	}
 	if (cfg && (skb->mark & cfg->masquerade_mark)) {
 		// Masqueraded by the fixed rule (postrouting is behind us): the mark
 		// has done its work and leaves with the packet no further. A UDP
@@ -1065,7 +1149,7 @@ int svcproxy_tc_egress(struct __sk_buff *skb)
 		if (p.proto == IPPROTO_UDP)
 			expect_masqueraded_reply(&p);
 	}
-	return reply_egress(skb, &p);
+	return reply_egress(skb, &p, 0);
 }
 
 // The XDP fast path (--ebpf-xdp=native): on the node's interfaces from
@@ -1206,6 +1290,19 @@ static __always_inline __u64 csum_words(const __u32 *addr, __u8 family)
 	return sum;
 }
 
+// The sum of an address's 16-bit words complemented (taken away).
+static __always_inline __u64 csum_words_not(const __u32 *addr, __u8 family)
+{
+	__u32 w = ~addr[0];
+	__u64 sum = (w & 0xffff) + (w >> 16);
+	if (family == FAMILY_V6)
+		for (int i = 1; i < 4; i++) {
+			w = ~addr[i];
+			sum += (w & 0xffff) + (w >> 16);
+		}
+	return sum;
+}
+
 // A checksum `check` after a change whose one's-complement difference is
 // `delta` (RFC 1624: HC' = ~(~HC + ~m + m')).
 static __always_inline __u16 csum_apply(__u16 check, __u16 delta)
@@ -1334,10 +1431,8 @@ static __noinline int xdp_route(struct xdp_md *ctx, const struct pkt *p,
 // ones' added.
 static __always_inline void xdp_deltas(const struct pkt *p, struct xdp_fwd *fwd)
 {
-	__u32 od[4] = { ~p->daddr[0], ~p->daddr[1], ~p->daddr[2], ~p->daddr[3] };
-	__u32 os[4] = { ~p->saddr[0], ~p->saddr[1], ~p->saddr[2], ~p->saddr[3] };
-	__u64 l3 = csum_words(od, p->family) + csum_words(fwd->addr, p->family) +
-		   csum_words(os, p->family) + csum_words(fwd->saddr, p->family);
+	__u64 l3 = csum_words_not(p->daddr, p->family) + csum_words(fwd->addr, p->family) +
+		   csum_words_not(p->saddr, p->family) + csum_words(fwd->saddr, p->family);
 	fwd->l3_delta = csum_fold(l3);
 	fwd->l4_delta = csum_fold(l3 + (__u16)~p->dport + fwd->port + (__u16)~p->sport + fwd->sport);
 }
@@ -1426,7 +1521,7 @@ static __always_inline int xdp_send(struct xdp_md *ctx, const struct pkt *p,
 // free); -1 when it is to be dropped (its masquerade forgotten: the connection
 // is over).
 static __always_inline int xdp_source(const struct pkt *p, const struct ct_val *flow,
-				      struct xdp_fwd *fwd)
+				      const struct ct_key *k, struct xdp_fwd *fwd)
 {
 	if (!(flow->flags & ROUTE_MASQUERADE))
 		return 1;
@@ -1440,21 +1535,35 @@ static __always_inline int xdp_source(const struct pkt *p, const struct ct_val *
 		int closing = p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST);
 		if (!snat_out(&fk, closing, &nat))
 			return -1;
-	} else if (!(flow->flags & CT_FRESH) || !snat_alloc(&fk, fwd->saddr, &nat)) {
-		return 0;
 	} else {
-		// The connection is svcproxy's to masquerade from now on, whichever
-		// program meets its packets.
-		struct ct_key k;
-		ct_key_of(&k, p);
-		struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
-		if (!ct)
+		if (!(flow->flags & CT_FRESH))
+			return 0;
+		// The connection (`k`, its key) is svcproxy's to masquerade from now
+		// on, whichever program meets its packets.
+		struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, k);
+		if (!ct || !snat_alloc(&fk, fwd->saddr, &nat))
 			return 0;
 		ct->flags |= CT_BPF_SNAT;
 	}
 	addr_copy(fwd->saddr, nat.addr);
 	fwd->sport = nat.port;
 	return 1;
+}
+
+// A new connection goes from XDP: its reply entry says so (xdp_reply).
+static __noinline void xdp_fresh(const struct pkt *p, const struct ct_val *flow)
+{
+	struct ct_key rk = {};
+	addr_copy(rk.saddr, flow->addr);
+	addr_copy(rk.daddr, p->saddr);
+	rk.sport = flow->port;
+	rk.dport = p->sport;
+	rk.proto = p->proto;
+	rk.family = p->family;
+	rk.dir = CT_REPLY;
+	struct ct_val *back = bpf_map_lookup_elem(&svcproxy_ct, &rk);
+	if (back)
+		back->flags |= CT_XDP;
 }
 
 // The end of a decision the XDP program made (noinline: its own stack frame,
@@ -1476,7 +1585,7 @@ static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p,
 	int source = 0;
 	if ((!masq || fresh || (flow->flags & CT_BPF_SNAT)) && !partial_csum(p) &&
 	    xdp_route(ctx, p, flow, fresh, &fwd))
-		source = xdp_source(p, flow, &fwd);
+		source = xdp_source(p, flow, &k, &fwd);
 	if (source <= 0) {
 		bpf_map_delete_elem(&svcproxy_xdp_nat, &k);
 		if (source < 0) {
@@ -1485,6 +1594,8 @@ static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p,
 		}
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
 	}
+	if (flow->flags & CT_FRESH)
+		xdp_fresh(p, flow);
 	xdp_deltas(p, &fwd);
 	fwd.generation = generation;
 	fwd.jiffies = bpf_jiffies64();

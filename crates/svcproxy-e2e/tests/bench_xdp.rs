@@ -193,6 +193,16 @@ fn bench_xdp_nodeport_pps() {
             let took = generator.run(frames, frame).expect("generator");
             std::thread::sleep(Duration::from_millis(200));
             let got = sink.count().expect("sink count") - before;
+            if mode == "xdp" {
+                // The XDP program sent them on itself (masqueraded, in the
+                // Cluster row), not the stack.
+                let sent = svcproxy_dataplane::ebpf::kernel::xdp_packets(&conf.pin_dir())
+                    .map_or(0, |[forwarded, _, _]| forwarded);
+                assert!(
+                    sent >= u64::from(frames),
+                    "{row}: the XDP program forwarded {sent} of {frames}"
+                );
+            }
             results[ri].push(got as f64 / took.as_secs_f64());
             delivered[ri].push(got as f64 / f64::from(frames));
             match setup {

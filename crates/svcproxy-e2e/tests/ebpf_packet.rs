@@ -240,15 +240,15 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 
 /// An endpoint socket (port 8082 of `backend`) answers a datagram from outside
 /// sent to `target`; the client has gone by then, so its node answers the reply
-/// with an ICMP port unreachable. `Ok` when that error reaches the endpoint's
-/// connected socket as ECONNREFUSED (its quoted packet translated back to the
-/// endpoint's own addresses).
+/// with an ICMP port unreachable. `Ok` with the client as the endpoint saw it
+/// when that error reaches the endpoint's connected socket as ECONNREFUSED (its
+/// quoted packet translated back to the endpoint's own addresses).
 fn error_about_a_reply(
     cluster: &Cluster,
     backend: Host,
     f: Family,
     target: SocketAddr,
-) -> Result<(), String> {
+) -> Result<SocketAddr, String> {
     let any: IpAddr = match f {
         Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
         Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
@@ -273,7 +273,7 @@ fn error_about_a_reply(
     server.connect(from).map_err(|e| e.to_string())?;
     server.send(b"reply\n").map_err(|e| format!("reply: {e}"))?;
     match server.recv(&mut buf) {
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(from),
         other => Err(format!("the endpoint (peer {from}) saw {other:?}")),
     }
 }
@@ -454,6 +454,21 @@ fn run(test: &str, xdp: XdpMode) {
     });
     // A narrow link: node-a's side of pod-a0's veth (upload_through_a_narrow_link).
     cluster.exec_ok(Host::Node(0), &["ip", "link", "set", "p0", "mtu", "1280"]);
+    // A CNI's masquerade of the pods' traffic to outside the cluster (flannel's,
+    // kindnet's): replies the kernel's conntrack takes for new flows would be
+    // masqueraded by it, and reach the client from the wrong address.
+    cluster
+        .nft(
+            Host::Node(0),
+            &format!(
+                "table inet cni-like {{\n\tchain postrouting {{\n\t\ttype nat hook postrouting \
+                 priority srcnat + 10; policy accept;\n\t\tip saddr {v4} ip daddr != {v4} \
+                 masquerade\n\t\tip6 saddr {v6} ip6 daddr != {v6} masquerade\n\t}}\n}}\n",
+                v4 = plan::cluster_cidr(Family::V4),
+                v6 = plan::cluster_cidr(Family::V6),
+            ),
+        )
+        .expect("the CNI-like masquerade");
     // The node's external interface named, as a CIDR --detect-local-mode needs
     // (the pods' veths are not told apart by it).
     let options = EbpfOptions {
@@ -660,6 +675,27 @@ fn run(test: &str, xdp: XdpMode) {
             cached,
         );
 
+        // A client whose own port is in svcproxy's masquerade's range: the
+        // kernel's masquerade (through tc) gives it another port below the
+        // range (the fixed rule's `to :1-60999`), svcproxy's (through XDP) one
+        // of its own.
+        let spec = ProbeSpec::new(Proto::Udp, SocketAddr::new(node, 30090))
+            .count(3)
+            .timeout(Duration::from_millis(1500))
+            .source_port(62000);
+        let a = cluster.probe_spec(Host::Ext, &spec);
+        let ports: Vec<Option<u16>> = a
+            .iter()
+            .map(|x| x.client_seen().map(|c| c.port()))
+            .collect();
+        check(
+            "UDP from client port 62000: masqueraded to a port of the right range".to_string(),
+            ports
+                .iter()
+                .all(|p| p.is_some_and(|p| (p >= 61000) == (xdp == XdpMode::Native))),
+            format!("{ports:?}"),
+        );
+
         let got = reply_to_a_node_socket_on_a_node_port(&cluster, f);
         check(
             "a reply to a node's own UDP socket on a NodePort's port reaches it".to_string(),
@@ -669,12 +705,16 @@ fn run(test: &str, xdp: XdpMode) {
 
         // And the other way: the client's port unreachable about a reply reaches
         // the endpoint's socket, masqueraded (the other node's endpoint) or not.
+        // Masqueraded through XDP: by svcproxy (the endpoint knows the client
+        // by a port above ip_local_port_range).
         for (backend, port) in [(Host::Pod(1, 0), 30095), (Host::Pod(0, 0), 30096)] {
             let target = SocketAddr::new(node, port);
             let got = error_about_a_reply(&cluster, backend, f, target);
+            let masqueraded_here = backend == Host::Pod(1, 0) && xdp == XdpMode::Native;
             check(
                 format!("UDP {target}: the client's port unreachable reaches {backend:?}'s socket"),
-                got.is_ok(),
+                got.as_ref()
+                    .is_ok_and(|from| (from.port() >= 61000) == masqueraded_here),
                 format!("{got:?}"),
             );
         }

@@ -284,16 +284,15 @@ fn write_timeouts(tc: &mut Ebpf, t: &super::IdleTimeouts) -> Result<(), DataPlan
         .map_err(|e| kernel_err("writing svcproxy_timeouts", e))
 }
 
-/// The ports svcproxy's own masquerade takes (the XDP fast path's; none
-/// without it): those above the node's `ip_local_port_range` up to 65535, so
-/// that no socket of the node uses them (the fixed rule keeps the kernel's
-/// masquerade out of them too). None, said in the log, when fewer than 1024
-/// are left there: the kernel's conntrack then masquerades every connection,
-/// and the XDP program leaves those connections to the stack.
-pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
-    if xdp != XdpMode::Native {
-        return None;
-    }
+/// The ports svcproxy's own masquerade takes (the XDP fast path's): those
+/// above the node's `ip_local_port_range` up to 65535, so that no socket of the
+/// node uses them (the fixed rule keeps the kernel's masquerade out of them
+/// too). Set without XDP as well, so that a restart with XDP off still turns
+/// back the replies of the connections masqueraded before. None, said in the
+/// log, when fewer than 1024 are left there: the kernel's conntrack then
+/// masquerades every connection, and the XDP program leaves those connections
+/// to the stack.
+pub fn snat_ports() -> Option<(u16, u16)> {
     let path = "/proc/sys/net/ipv4/ip_local_port_range";
     let range = std::fs::read_to_string(path).ok();
     let high = range
@@ -314,10 +313,19 @@ pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
     }
 }
 
-fn write_snat(tc: &mut Ebpf, ports: Option<(u16, u16)>) -> Result<(), DataPlaneError> {
+fn write_snat(
+    tc: &mut Ebpf,
+    ports: Option<(u16, u16)>,
+    xdp: XdpMode,
+) -> Result<(), DataPlaneError> {
     let mut map: Array<MapData, wire::SnatRange> = take(tc, "svcproxy_snat")?;
     let (lo, hi) = ports.unwrap_or((0, 0));
-    map.set(0, wire::SnatRange { lo, hi, pad: 0 }, 0)
+    let flags = if xdp == XdpMode::Native {
+        wire::SNAT_XDP
+    } else {
+        0
+    };
+    map.set(0, wire::SnatRange { lo, hi, flags }, 0)
         .map_err(|e| kernel_err("writing svcproxy_snat", e))
 }
 
@@ -566,8 +574,8 @@ impl Kernel {
 
         attach_socket_programs(&mut ebpf, &cgroup_dir, cgroup, pin_dir)?;
         write_timeouts(&mut tc, &opts.timeouts)?;
-        let snat = snat_ports(opts.xdp);
-        write_snat(&mut tc, snat)?;
+        let snat = snat_ports();
+        write_snat(&mut tc, snat, opts.xdp)?;
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
         let svc: HashMap<MapData, SvcKey, SvcVal> = take(&mut ebpf, "svcproxy_svc")?;

@@ -297,7 +297,8 @@ pub struct CtKey {
     pub dport: u16,
     pub proto: u8,
     pub family: u8,
-    /// `CT_ORIGINAL` (0), `CT_REPLY`, `CT_MASQUERADED_REPLY`.
+    /// `CT_ORIGINAL` (0), `CT_REPLY`, `CT_MASQUERADED_REPLY`, `CT_SNAT`, `CT_SNAT_REPLY`
+    /// (bpf/svcproxy.h).
     pub dir: u8,
     pub pad: u8,
 }
@@ -332,14 +333,18 @@ pub struct Timeouts {
 }
 
 /// `svcproxy_snat`'s value: the ports (host order) svcproxy's own masquerade
-/// takes (the XDP fast path's), `hi` 0 for none.
+/// takes (the XDP fast path's), `hi` 0 for none; `flags` [`SNAT_XDP`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnatRange {
     pub lo: u16,
     pub hi: u16,
-    pub pad: u32,
+    pub flags: u32,
 }
+
+/// `SnatRange::flags`: the XDP program runs (the replies of the connections
+/// it sent on are kept from the kernel's conntrack).
+pub const SNAT_XDP: u32 = 1;
 
 /// `svcproxy_fw`'s key data (an LPM trie): a fenced service port's id, then an
 /// admitted source prefix; the prefix length counts the id's 64 bits.

@@ -228,9 +228,11 @@ pub fn reject_mark(masquerade_mark: u32) -> u32 {
 /// masqueraded (the kernel's conntrack owns its source port and turns its
 /// replies back before they reach the egress program); a packet marked for
 /// reject gets a TCP reset or an ICMP port unreachable, which a tc program
-/// cannot send. Both marks together are neither: a connection svcproxy
-/// masquerades itself (the XDP fast path's), whose source the egress program
-/// gives. With `snat_ports` (the ports svcproxy's own masquerade takes, from
+/// cannot send. Both marks together are neither: a packet of a connection
+/// svcproxy masquerades itself (the XDP fast path's), whose source the egress
+/// program gives, and which the kernel's conntrack does not track (raw
+/// prerouting: its other way is never seen, and a tracked reply would be a new
+/// flow for the node's other NAT rules). With `snat_ports` (the ports svcproxy's own masquerade takes, from
 /// its first to 65535), the kernel's masquerade keeps out of them. The
 /// masquerade mark is left on the packet: the egress program, after
 /// postrouting, reads it (a masqueraded UDP flow's replies may come to a
@@ -250,6 +252,10 @@ pub fn companion_rules(masquerade_mark: u32, reject_mark: u32, snat_ports: Optio
         "table inet {t}\n\
          delete table inet {t}\n\
          table inet {t} {{\n\
+         \tchain raw-prerouting {{\n\
+         \t\ttype filter hook prerouting priority raw; policy accept;\n\
+         \t\tmeta mark & {both:#x} == {both:#x} notrack\n\
+         \t}}\n\
          \tchain nat-postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
          {ports}\
