@@ -455,6 +455,25 @@ struct snat_range {
 };
 #define SNAT_XDP 1
 
+// Ports svcproxy's masquerade took for new connections, and the new connections
+// that found none free (left to the kernel's masquerade), per CPU.
+#define SNAT_STAT_TAKEN 0
+#define SNAT_STAT_EXHAUSTED 1
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u64);
+} svcproxy_snat_stats SEC(".maps");
+
+static __always_inline void snat_count(__u32 stat)
+{
+	__u64 *n = bpf_map_lookup_elem(&svcproxy_snat_stats, &stat);
+	if (n)
+		*n += 1;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -564,15 +583,19 @@ static __noinline int snat_alloc(const struct ct_key *fk, const __u32 *src, stru
 	t.span = r->hi - r->lo + 1;
 	t.tcp = fk->proto == IPPROTO_TCP;
 	bpf_loop(SNAT_TRIES, snat_step, &t, 0);
-	if (!t.port)
+	if (!t.port) {
+		snat_count(SNAT_STAT_EXHAUSTED);
 		return 0;
+	}
 	__builtin_memset(out, 0, sizeof(*out));
 	addr_copy(out->addr, src);
 	out->port = t.port;
 	out->created_ns = t.v.created_ns;
 	out->seen_s = t.v.seen_s;
-	if (bpf_map_update_elem(&svcproxy_ct, fk, out, BPF_ANY) == 0)
+	if (bpf_map_update_elem(&svcproxy_ct, fk, out, BPF_ANY) == 0) {
+		snat_count(SNAT_STAT_TAKEN);
 		return 1;
+	}
 	t.rk.dport = t.port;
 	bpf_map_delete_elem(&svcproxy_ct, &t.rk);
 	return 0;

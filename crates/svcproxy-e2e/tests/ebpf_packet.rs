@@ -743,6 +743,12 @@ fn run(test: &str, xdp: XdpMode) {
             counts.is_some_and(|[forwarded, dropped, _]| forwarded > 0 && dropped > 0),
             format!("{counts:?}"),
         );
+        let ports = svcproxy_dataplane::ebpf::kernel::masquerade_ports(&conf.pin_dir());
+        check(
+            "the masquerade's counters: ports taken, none exhausted".to_string(),
+            ports.is_some_and(|[taken, exhausted]| taken >= 60 && exhausted == 0),
+            format!("{ports:?}"),
+        );
     }
 
     let intent = build_intent(&snap.v4, &snap.v6, &plan_config());

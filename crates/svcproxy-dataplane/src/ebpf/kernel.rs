@@ -101,7 +101,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
 const XDP_PROGRAM: &str = "svcproxy_xdp";
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 25] = [
+pub const MAPS: [&str; 26] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -127,6 +127,7 @@ pub const MAPS: [&str; 25] = [
     "svcproxy_xdp_stats",
     "svcproxy_xdp_nat",
     "svcproxy_snat",
+    "svcproxy_snat_stats",
 ];
 
 /// Maps an earlier release pinned whose layout changed under a new name: their
@@ -2134,10 +2135,22 @@ where
 /// dropped, and left to the stack (the tc programs); zeros when it never ran,
 /// `None` when the programs' maps are not pinned in `pin_dir`.
 pub fn xdp_packets(pin_dir: &Path) -> Option<[u64; 3]> {
-    let data = MapData::from_pin(pin_dir.join("svcproxy_xdp_stats")).ok()?;
+    per_cpu_sums(pin_dir, "svcproxy_xdp_stats")
+}
+
+/// svcproxy's own masquerade so far, summed over CPUs: ports taken for new
+/// connections, and new connections that found none free (left to the kernel's
+/// masquerade); `None` when the map is not pinned.
+pub fn masquerade_ports(pin_dir: &Path) -> Option<[u64; 2]> {
+    per_cpu_sums(pin_dir, "svcproxy_snat_stats")
+}
+
+/// The first `N` counters of a pinned per-CPU array, summed over CPUs.
+fn per_cpu_sums<const N: usize>(pin_dir: &Path, map: &str) -> Option<[u64; N]> {
+    let data = MapData::from_pin(pin_dir.join(map)).ok()?;
     let stats: aya::maps::PerCpuArray<MapData, u64> =
         aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).ok()?;
-    let mut out = [0u64; 3];
+    let mut out = [0u64; N];
     for (i, n) in out.iter_mut().enumerate() {
         *n = stats.get(&(i as u32), 0).ok()?.iter().sum();
     }

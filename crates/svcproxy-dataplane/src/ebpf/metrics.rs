@@ -11,7 +11,10 @@
 //! - `svcproxy_ebpf_map_write_failures_total`: writes of the maps that failed;
 //! - `svcproxy_ebpf_xdp_packets_total{verdict}`: packets the XDP fast path
 //!   (`--ebpf-xdp=native`) `forwarded` to an endpoint itself, `dropped`, or
-//!   `passed` to the stack, read from its counters at each scrape.
+//!   `passed` to the stack, read from its counters at each scrape;
+//! - `svcproxy_ebpf_masquerade_ports_total{result}`: svcproxy's own masquerade
+//!   (the XDP fast path's): ports `taken` for new connections, and new
+//!   connections that found none free (`exhausted`: left to the kernel's).
 
 use std::sync::{Arc, Mutex};
 
@@ -45,6 +48,17 @@ fn xdp_family() -> IntCounterVec {
             "Packets the XDP fast path forwarded to an endpoint, dropped, or passed to the stack (ebpf mode, --ebpf-xdp=native).",
         ),
         &["verdict"],
+    )
+    .expect("valid")
+}
+
+fn masquerade_family() -> IntCounterVec {
+    IntCounterVec::new(
+        Opts::new(
+            "svcproxy_ebpf_masquerade_ports_total",
+            "Ports svcproxy's own masquerade took for new connections (taken), and new connections that found none free and were left to the kernel's masquerade (exhausted) (ebpf mode, --ebpf-xdp=native).",
+        ),
+        &["result"],
     )
     .expect("valid")
 }
@@ -84,8 +98,17 @@ impl EbpfCollector {
     pub fn new(stats: Arc<Mutex<MapStats>>, pin_dir: std::path::PathBuf) -> Self {
         let (a, b, c, d, e) = families();
         let f = xdp_family();
+        let g = masquerade_family();
         let mut descs = Vec::new();
-        for m in [a.desc(), b.desc(), c.desc(), d.desc(), e.desc(), f.desc()] {
+        for m in [
+            a.desc(),
+            b.desc(),
+            c.desc(),
+            d.desc(),
+            e.desc(),
+            f.desc(),
+            g.desc(),
+        ] {
             descs.extend(m.into_iter().cloned());
         }
         EbpfCollector {
@@ -130,6 +153,13 @@ impl Collector for EbpfCollector {
                 xdp.with_label_values(&[verdict]).inc_by(n);
             }
             out.extend(xdp.collect());
+        }
+        if let Some(counts) = super::kernel::masquerade_ports(&self.pin_dir) {
+            let ports = masquerade_family();
+            for (result, n) in ["taken", "exhausted"].iter().zip(counts) {
+                ports.with_label_values(&[result]).inc_by(n);
+            }
+            out.extend(ports.collect());
         }
         out
     }
