@@ -1626,6 +1626,63 @@ static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p,
 	return xdp_sent(xdp_send(ctx, p, &fwd));
 }
 
+// An endpoint's reply to a connection svcproxy masqueraded, arriving on an
+// interface the XDP program runs on (another node's endpoint): sent on to the
+// client from here as the tc programs would (addressed to the client again,
+// from the service address), and cached as a connection's packets are. A FIN
+// or RST, a partial checksum, or no way known goes to the stack's tc programs,
+// which do the same. -1 when the packet is no such reply (noinline: its own
+// stack frame).
+static __noinline int xdp_snat_reply(struct xdp_md *ctx, const struct pkt *p, __u32 generation)
+{
+	__u32 zero = 0;
+	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
+	__u16 port = bpf_ntohs(p->dport);
+	if (!r || !r->hi || port < r->lo || port > r->hi)
+		return -1;
+	struct ct_key k;
+	ct_key_of(&k, p);
+	k.dir = CT_SNAT_REPLY;
+	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!e)
+		return -1;
+	if ((p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) || partial_csum(p))
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	// The client (its address and port, as a flow's endpoint for xdp_route),
+	// then the service address it knows the connection by.
+	struct ct_val client = *e;
+	touch(e);
+	if (!(e->flags & CT_REPLIED))
+		e->flags |= CT_REPLIED;
+	addr_copy(k.daddr, client.addr);
+	k.dport = client.port;
+	k.dir = CT_REPLY;
+	struct ct_val *back = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	struct xdp_fwd fwd;
+	if (!back || !xdp_route(ctx, p, &client, 0, &fwd))
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	addr_copy(fwd.saddr, back->addr);
+	fwd.sport = back->port;
+	// The client's side of the connection is touched, as the egress program
+	// touches it for the replies it sees.
+	struct ct_key ok = {};
+	addr_copy(ok.saddr, client.addr);
+	addr_copy(ok.daddr, back->addr);
+	ok.sport = client.port;
+	ok.dport = back->port;
+	ok.proto = p->proto;
+	ok.family = p->family;
+	struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
+	if (orig)
+		touch(orig);
+	xdp_deltas(p, &fwd);
+	fwd.generation = generation;
+	fwd.jiffies = bpf_jiffies64();
+	ct_key_of(&k, p);
+	bpf_map_update_elem(&svcproxy_xdp_nat, &k, &fwd, BPF_ANY);
+	return xdp_sent(xdp_send(ctx, p, &fwd));
+}
+
 // A connection's packet the XDP program sent on lately, the maps unchanged
 // since, no longer than the way's MTU: sent on the same way (noinline: its
 // key's stack is its own). -1 when there is none.
@@ -1659,6 +1716,9 @@ int svcproxy_xdp(struct xdp_md *ctx)
 		if (action >= 0)
 			return action;
 	}
+	int action = xdp_snat_reply(ctx, &p, generation);
+	if (action >= 0)
+		return action;
 	struct ct_val flow;
 	switch (decide(ctx, &p, ctx->ingress_ifindex, &flow)) {
 	case VERDICT_FORWARD:
