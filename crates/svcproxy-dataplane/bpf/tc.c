@@ -526,6 +526,7 @@ struct snat_try {
 
 // A reply entry's port, flags, counted and seen_s, as one 64-bit word (ct_val's
 // bytes 16-23, little-endian): what a takeover compares and swaps.
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "CT_WORD is little-endian");
 #define CT_WORD(port, flags, seen_s) \
 	((__u64)(port) | ((__u64)(flags) << 16) | ((__u64)(seen_s) << 32))
 
@@ -631,11 +632,12 @@ static __noinline int snat_out(const struct ct_key *fk, int closing, struct ct_v
 // snat_reply's answer for a packet that is no such reply (TC_ACT_UNSPEC is -1).
 #define NOT_SNAT_REPLY -2
 
-// Both marks: a packet of a connection svcproxy masquerades itself. The fixed
+// Both marks: a packet of a connection svcproxy masquerades itself, or a
+// reply (or an ICMP error) of a connection the XDP program sent on. The fixed
 // rules leave it alone but for one, in raw prerouting: the kernel's conntrack
-// does not track it (its other way, sent on from XDP, is never seen: tracked,
-// a reply would be a new flow for the node's other NAT rules, a CNI's
-// masquerade of pods' traffic to outside among them).
+// does not track it (its connection's other way, sent on from XDP, is never
+// seen: tracked, a reply would be a new flow for the node's other NAT rules, a
+// CNI's masquerade of pods' traffic to outside among them).
 static __always_inline void mark_snat(struct __sk_buff *skb)
 {
 	struct config *cfg = config();
@@ -917,6 +919,18 @@ static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int
 	k.family = p->family;
 	k.dir = ingress ? CT_ORIGINAL : CT_REPLY;
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!ct && ingress) {
+		// The endpoint's error about the client's packet (quoted: client to
+		// endpoint) of a connection the XDP program sent on: kept from the
+		// conntrack as its replies are (the egress program translates it).
+		k.dir = CT_REPLY;
+		struct ct_val *back = bpf_map_lookup_elem(&svcproxy_ct, &k);
+		if (back) {
+			if (back->flags & CT_XDP)
+				mark_snat(skb);
+			return TC_ACT_UNSPEC;
+		}
+	}
 	if (!ct) {
 		// About a packet svcproxy masqueraded (ingress: from the endpoint's
 		// side, quoting the node's address and port), or about a reply to
@@ -935,8 +949,21 @@ static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int
 	}
 	struct ct_val to = *ct;
 	int verdict = icmp_translate(skb, p, &q, ingress ? ICMP_QUOTED_SRC : ICMP_QUOTED_DST, &to);
-	if (verdict != TC_ACT_UNSPEC || !ingress || !(to.flags & CT_BPF_SNAT))
+	if (verdict != TC_ACT_UNSPEC || !ingress)
 		return verdict;
+	if (!(to.flags & CT_BPF_SNAT)) {
+		// The client's error about a reply of a connection the XDP program
+		// sent on without masquerade: kept from the conntrack too.
+		addr_copy(k.saddr, to.addr);
+		addr_copy(k.daddr, q.qd);
+		k.sport = to.port;
+		k.dport = q.ports[1];
+		k.dir = CT_REPLY;
+		struct ct_val *back = bpf_map_lookup_elem(&svcproxy_ct, &k);
+		if (back && (back->flags & CT_XDP))
+			mark_snat(skb);
+		return verdict;
+	}
 	mark_snat(skb);
 	// The endpoint knows the client by the node's address and port svcproxy
 	// masqueraded it to: the quoted destination. The error keeps its source (a

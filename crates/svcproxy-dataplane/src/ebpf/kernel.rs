@@ -293,7 +293,7 @@ fn write_timeouts(tc: &mut Ebpf, t: &super::IdleTimeouts) -> Result<(), DataPlan
 /// log, when fewer than 1024 are left there: the kernel's conntrack then
 /// masquerades every connection, and the XDP program leaves those connections
 /// to the stack.
-pub fn snat_ports() -> Option<(u16, u16)> {
+pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
     let path = "/proc/sys/net/ipv4/ip_local_port_range";
     let range = std::fs::read_to_string(path).ok();
     let high = range
@@ -302,6 +302,7 @@ pub fn snat_ports() -> Option<(u16, u16)> {
         .and_then(|h| h.parse::<u16>().ok());
     match high {
         Some(high) if high <= 65535 - 1024 => Some((high + 1, 65535)),
+        _ if xdp != XdpMode::Native => None,
         _ => {
             tracing::warn!(
                 ip_local_port_range = range.as_deref().map(str::trim).unwrap_or("unreadable"),
@@ -575,7 +576,7 @@ impl Kernel {
 
         attach_socket_programs(&mut ebpf, &cgroup_dir, cgroup, pin_dir)?;
         write_timeouts(&mut tc, &opts.timeouts)?;
-        let snat = snat_ports();
+        let snat = snat_ports(opts.xdp);
         write_snat(&mut tc, snat, opts.xdp)?;
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;

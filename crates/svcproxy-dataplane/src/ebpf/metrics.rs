@@ -10,7 +10,8 @@
 //!   for their endpoints);
 //! - `svcproxy_ebpf_map_write_failures_total`: writes of the maps that failed;
 //! - `svcproxy_ebpf_xdp_packets_total{verdict}`: packets the XDP fast path
-//!   (`--ebpf-xdp=native`) `forwarded` to an endpoint itself, `dropped`, or
+//!   (`--ebpf-xdp=native`) `forwarded` itself (to an endpoint, or a reply of a
+//!   connection it masqueraded to its client), `dropped`, or
 //!   `passed` to the stack, read from its counters at each scrape;
 //! - `svcproxy_ebpf_masquerade_ports_total{result}`: svcproxy's own masquerade
 //!   (the XDP fast path's): ports `taken` for new connections, and new
@@ -45,7 +46,7 @@ fn xdp_family() -> IntCounterVec {
     IntCounterVec::new(
         Opts::new(
             "svcproxy_ebpf_xdp_packets_total",
-            "Packets the XDP fast path forwarded to an endpoint, dropped, or passed to the stack (ebpf mode, --ebpf-xdp=native).",
+            "Packets the XDP fast path forwarded itself (to an endpoint, or a reply to its client), dropped, or passed to the stack (ebpf mode, --ebpf-xdp=native).",
         ),
         &["verdict"],
     )

@@ -230,9 +230,10 @@ pub fn reject_mark(masquerade_mark: u32) -> u32 {
 /// reject gets a TCP reset or an ICMP port unreachable, which a tc program
 /// cannot send. Both marks together are neither: a packet of a connection
 /// svcproxy masquerades itself (the XDP fast path's), whose source the egress
-/// program gives, and which the kernel's conntrack does not track (raw
-/// prerouting: its other way is never seen, and a tracked reply would be a new
-/// flow for the node's other NAT rules). With `snat_ports` (the ports svcproxy's own masquerade takes, from
+/// program gives, or a reply of a connection the XDP program sent on; the
+/// kernel's conntrack does not track them (raw prerouting: their connection's
+/// other way is never seen, and a tracked reply would be a new flow for the
+/// node's other NAT rules). With `snat_ports` (the ports svcproxy's own masquerade takes, from
 /// its first to 65535), the kernel's masquerade keeps out of them. The
 /// masquerade mark is left on the packet: the egress program, after
 /// postrouting, reads it (a masqueraded UDP flow's replies may come to a
@@ -240,9 +241,12 @@ pub fn reject_mark(masquerade_mark: u32) -> u32 {
 /// replaces the table whole.
 pub fn companion_rules(masquerade_mark: u32, reject_mark: u32, snat_ports: Option<u16>) -> String {
     let both = masquerade_mark | reject_mark;
+    // A client's port at or above 1024 stays there (the unranged masquerade
+    // keeps a privileged port privileged, and never goes as high).
     let ports = match snat_ports {
-        Some(first) if first > 1 => format!(
-            "\t\tmeta mark & {both:#x} == {m:#x} meta l4proto {{ tcp, udp }} masquerade to :1-{}\n",
+        Some(first) if first > 1024 => format!(
+            "\t\tmeta mark & {both:#x} == {m:#x} meta l4proto {{ tcp, udp }} th sport >= 1024 \
+             masquerade to :1024-{}\n",
             first - 1,
             m = masquerade_mark
         ),
