@@ -254,15 +254,23 @@ static __always_inline int from_pod(__u32 ifindex, const struct pkt *p)
 	return bpf_map_lookup_elem(&svcproxy_podnet, &k) != 0;
 }
 
-static __always_inline void ct_key_of(struct ct_key *k, const struct pkt *p)
+// A connection's key from its parts (ports in network order; dir CT_*).
+static __always_inline void ct_key_make(struct ct_key *k, const __u32 *saddr, const __u32 *daddr,
+					__u16 sport, __u16 dport, __u8 proto, __u8 family, __u8 dir)
 {
 	__builtin_memset(k, 0, sizeof(*k));
-	addr_copy(k->saddr, p->saddr);
-	addr_copy(k->daddr, p->daddr);
-	k->sport = p->sport;
-	k->dport = p->dport;
-	k->proto = p->proto;
-	k->family = p->family;
+	addr_copy(k->saddr, saddr);
+	addr_copy(k->daddr, daddr);
+	k->sport = sport;
+	k->dport = dport;
+	k->proto = proto;
+	k->family = family;
+	k->dir = dir;
+}
+
+static __always_inline void ct_key_of(struct ct_key *k, const struct pkt *p)
+{
+	ct_key_make(k, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family, CT_ORIGINAL);
 }
 
 // A UDP datagram that answers one of this node's own connected sockets (a
@@ -313,14 +321,9 @@ static __always_inline int answers_local_socket(void *ctx, const struct pkt *p)
 // masquerade): from its destination to its new source.
 static __always_inline void expect_masqueraded_reply(const struct pkt *p)
 {
-	struct ct_key k = {};
-	addr_copy(k.saddr, p->daddr);
-	addr_copy(k.daddr, p->saddr);
-	k.sport = p->dport;
-	k.dport = p->sport;
-	k.proto = p->proto;
-	k.family = p->family;
-	k.dir = CT_MASQUERADED_REPLY;
+	struct ct_key k;
+	ct_key_make(&k, p->daddr, p->saddr, p->dport, p->sport, p->proto,
+		    p->family, CT_MASQUERADED_REPLY);
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_val *seen = bpf_map_lookup_elem(&svcproxy_ct, &k);
 	if (seen && now - seen->created_ns < MASQUERADED_RENEW_NS)
@@ -417,14 +420,9 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	struct ct_key k;
 	ct_key_of(&k, p);
 	bpf_map_update_elem(&svcproxy_ct, &k, out, BPF_ANY);
-	struct ct_key rk = {};
-	addr_copy(rk.saddr, be.addr);
-	addr_copy(rk.daddr, p->saddr);
-	rk.sport = be.port;
-	rk.dport = p->sport;
-	rk.proto = p->proto;
-	rk.family = p->family;
-	rk.dir = CT_REPLY;
+	struct ct_key rk;
+	ct_key_make(&rk, be.addr, p->saddr, be.port, p->sport, p->proto,
+		    p->family, CT_REPLY);
 	struct ct_val rv = {};
 	addr_copy(rv.addr, p->daddr);
 	rv.port = p->dport;
@@ -612,14 +610,9 @@ static __noinline int snat_out(const struct ct_key *fk, int closing, struct ct_v
 	if (!e)
 		return 0;
 	*out = *e;
-	struct ct_key rk = {};
-	addr_copy(rk.saddr, fk->daddr);
-	addr_copy(rk.daddr, out->addr);
-	rk.sport = fk->dport;
-	rk.dport = out->port;
-	rk.proto = fk->proto;
-	rk.family = fk->family;
-	rk.dir = CT_SNAT_REPLY;
+	struct ct_key rk;
+	ct_key_make(&rk, fk->daddr, out->addr, fk->dport, out->port, fk->proto,
+		    fk->family, CT_SNAT_REPLY);
 	struct ct_val *back = bpf_map_lookup_elem(&svcproxy_ct, &rk);
 	if (!back || back->port != fk->sport || !addr_eq(back->addr, fk->saddr))
 		return 0;
@@ -910,14 +903,9 @@ static __noinline int icmp_error(struct __sk_buff *skb, const struct pkt *p, int
 	if (!icmp_quoted(skb, p, &q))
 		return TC_ACT_UNSPEC;
 	// The quoted packet turned round is the connection's own, this way.
-	struct ct_key k = {};
-	addr_copy(k.saddr, q.qd);
-	addr_copy(k.daddr, q.qs);
-	k.sport = q.ports[1];
-	k.dport = q.ports[0];
-	k.proto = q.proto;
-	k.family = p->family;
-	k.dir = ingress ? CT_ORIGINAL : CT_REPLY;
+	struct ct_key k;
+	ct_key_make(&k, q.qd, q.qs, q.ports[1], q.ports[0], q.proto,
+		    p->family, ingress ? CT_ORIGINAL : CT_REPLY);
 	struct ct_val *ct = bpf_map_lookup_elem(&svcproxy_ct, &k);
 	if (!ct && ingress) {
 		// The endpoint's error about the client's packet (quoted: client to
@@ -1144,14 +1132,9 @@ static __noinline int reply_egress(struct __sk_buff *skb, const struct pkt *p, i
 	__u32 now = now_s();
 	if (closing || ct->seen_s != now) {
 		ct->seen_s = now;
-		struct ct_key ok = {};
-		addr_copy(ok.saddr, p->daddr);
-		addr_copy(ok.daddr, back.addr);
-		ok.sport = p->dport;
-		ok.dport = back.port;
-		ok.proto = p->proto;
-		ok.family = p->family;
-		ok.dir = CT_ORIGINAL;
+		struct ct_key ok;
+		ct_key_make(&ok, p->daddr, back.addr, p->dport, back.port, p->proto,
+			    p->family, CT_ORIGINAL);
 		struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
 		if (orig) {
 			touch(orig);
@@ -1603,14 +1586,9 @@ static __always_inline int xdp_source(const struct pkt *p, const struct ct_val *
 // A new connection goes from XDP: its reply entry says so (xdp_reply).
 static __noinline void xdp_fresh(const struct pkt *p, const struct ct_val *flow)
 {
-	struct ct_key rk = {};
-	addr_copy(rk.saddr, flow->addr);
-	addr_copy(rk.daddr, p->saddr);
-	rk.sport = flow->port;
-	rk.dport = p->sport;
-	rk.proto = p->proto;
-	rk.family = p->family;
-	rk.dir = CT_REPLY;
+	struct ct_key rk;
+	ct_key_make(&rk, flow->addr, p->saddr, flow->port, p->sport, p->proto,
+		    p->family, CT_REPLY);
 	struct ct_val *back = bpf_map_lookup_elem(&svcproxy_ct, &rk);
 	if (back)
 		back->flags |= CT_XDP;
@@ -1692,13 +1670,9 @@ static __noinline int xdp_snat_reply(struct xdp_md *ctx, const struct pkt *p, __
 	fwd.sport = back->port;
 	// The client's side of the connection is touched, as the egress program
 	// touches it for the replies it sees.
-	struct ct_key ok = {};
-	addr_copy(ok.saddr, client.addr);
-	addr_copy(ok.daddr, back->addr);
-	ok.sport = client.port;
-	ok.dport = back->port;
-	ok.proto = p->proto;
-	ok.family = p->family;
+	struct ct_key ok;
+	ct_key_make(&ok, client.addr, back->addr, client.port, back->port, p->proto,
+		    p->family, CT_ORIGINAL);
 	struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
 	if (orig)
 		touch(orig);
