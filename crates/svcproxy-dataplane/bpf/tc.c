@@ -436,8 +436,8 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 // node's address toward the endpoint (the kernel's FIB says which, as the
 // masquerade would choose) and a port of svcproxy_snat's range, which lies
 // above the node's ip_local_port_range and outside the kernel masquerade's
-// (the fixed rule's `to :1-<lo - 1>`), so neither the node's sockets nor the
-// kernel ever use it. Each translation is remembered both ways in svcproxy_ct
+// (the fixed rule's `to :1024-<lo - 1>`), so neither the node's sockets nor
+// the kernel ever use it. Each translation is remembered both ways in svcproxy_ct
 // (CT_SNAT, CT_SNAT_REPLY); a packet of the connection that meets the tc
 // program instead is marked with both marks, and the egress program, after
 // routing, gives it the same source. The endpoint's replies are turned back to
