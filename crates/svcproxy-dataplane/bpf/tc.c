@@ -686,10 +686,7 @@ static __always_inline void snat_lost(const struct ct_key *orig, __u8 family)
 static __noinline int snat_known(const struct pkt *p, const struct ct_val *flow)
 {
 	struct ct_key k;
-	ct_key_of(&k, p);
-	addr_copy(k.daddr, flow->addr);
-	k.dport = flow->port;
-	k.dir = CT_SNAT;
+	ct_key_make(&k, p->saddr, flow->addr, p->sport, flow->port, p->proto, p->family, CT_SNAT);
 	struct ct_val nat;
 	if (snat_out(&k, 0, &nat))
 		return 1;
@@ -1559,10 +1556,7 @@ static __always_inline int xdp_source(const struct pkt *p, const struct ct_val *
 	if (!(flow->flags & ROUTE_MASQUERADE))
 		return 1;
 	struct ct_key fk;
-	ct_key_of(&fk, p);
-	addr_copy(fk.daddr, flow->addr);
-	fk.dport = flow->port;
-	fk.dir = CT_SNAT;
+	ct_key_make(&fk, p->saddr, flow->addr, p->sport, flow->port, p->proto, p->family, CT_SNAT);
 	struct ct_val nat;
 	if (flow->flags & CT_BPF_SNAT) {
 		int closing = p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST);
