@@ -156,6 +156,23 @@ const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
 /// Where a bpffs is mounted when none is (the kernel's conventional place).
 const BPFFS_HOME: &str = "/sys/fs/bpf";
 
+/// The running kernel's release (`uname -r`).
+fn kernel_release() -> String {
+    rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The major and minor version of a kernel release such as `6.12.48+deb13-amd64`;
+/// None when it does not start with them.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 /// What the mode needs before anything is loaded: the programs built, a kernel
 /// with tcx (6.6+: the packet programs' links), `cgroup` a cgroup v2
 /// directory, and `pin_dir`'s parent on a bpffs, one mounted at `/sys/fs/bpf`
@@ -167,14 +184,8 @@ pub fn preflight(cgroup: &Path, pin_dir: &Path) -> Result<(), DataPlaneError> {
             "svcproxy was built without clang; run scripts/install-deps.sh and build again",
         ));
     }
-    let uname = rustix::system::uname();
-    let release = uname.release().to_string_lossy().into_owned();
-    let version: Vec<u32> = release
-        .split(|c: char| !c.is_ascii_digit())
-        .take(2)
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    if version.len() == 2 && (version[0], version[1]) < (6, 6) {
+    let release = kernel_release();
+    if kernel_version(&release).is_some_and(|v| v < (6, 6)) {
         return Err(kernel_err(
             format!("kernel {release}"),
             "the ebpf mode needs tcx links for its packet programs (Linux 6.6 or later)",
@@ -300,6 +311,20 @@ pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
         .as_deref()
         .and_then(|r| r.split_whitespace().nth(1))
         .and_then(|h| h.parse::<u16>().ok());
+    if xdp == XdpMode::Native {
+        let release = kernel_release();
+        if kernel_version(&release).is_some_and(|v| v < (6, 7)) {
+            // The program asks the FIB for the source address with
+            // BPF_FIB_LOOKUP_SRC (6.7); an older kernel refuses the lookup, and
+            // the program then passes the connection to the stack.
+            tracing::warn!(
+                kernel = %release,
+                "the kernel predates BPF_FIB_LOOKUP_SRC (Linux 6.7), unless its vendor \
+                 backported it: the XDP fast path then leaves masqueraded connections \
+                 (externalTrafficPolicy: Cluster) to the kernel's conntrack"
+            );
+        }
+    }
     match high {
         Some(high) if high <= 65535 - 1024 => Some((high + 1, 65535)),
         _ if xdp != XdpMode::Native => None,
@@ -2610,6 +2635,20 @@ pub fn cgroup2_root() -> Option<PathBuf> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn kernel_versions_are_read_from_releases() {
+        assert_eq!(kernel_version("6.12.48+deb13-amd64"), Some((6, 12)));
+        assert_eq!(kernel_version("6.6.0"), Some((6, 6)));
+        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(kernel_version("6.18.44-fc-v657"), Some((6, 18)));
+        assert_eq!(kernel_version("4.18.0-513.el8.x86_64"), Some((4, 18)));
+        assert!(kernel_version("6.6.0").is_some_and(|v| v < (6, 7)));
+        assert!(kernel_version("6.10.0").is_some_and(|v| v >= (6, 7)));
+        assert_eq!(kernel_version("6"), None);
+        assert_eq!(kernel_version(""), None);
+        assert_eq!(kernel_version("linux-6.6"), None);
+    }
 
     fn flow(
         client_port: u16,
