@@ -3,7 +3,8 @@
 //! a SIGKILL the data path stays, and `svcproxy cleanup` removes every pin and the
 //! fixed rules, while a cleanup or an svcproxy run from another network
 //! namespace leaves them alone; full maps leave out what does not fit, say so in the log and the
-//! metrics, and everything else is served.
+//! metrics, and everything else is served; the masquerade's ports follow the namespace's
+//! `ip_local_port_range`, and a later overlap is said.
 //!
 //! Safety: svcproxy runs only inside network namespaces the test creates (its
 //! packet programs attach to their interfaces), its socket programs attach to a
@@ -116,6 +117,51 @@ impl World {
         .collect()
     }
 
+    /// svcproxy started in the namespace with `extra` arguments, once it has
+    /// written its maps; None (said as SKIP) when this machine cannot run the
+    /// mode.
+    fn start(&self, test: &str, extra: &[&str]) -> Option<NsProcess> {
+        let pins = self.conf.pin_dir();
+        let mut args = self.args(self.conf.cgroup(), &pins);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let proxy =
+            NsProcess::spawn(&self.ns.name, &argv, "svcproxy", self.logs.path()).expect("spawn");
+        let start = Instant::now();
+        while generation(&pins) == 0
+            && proxy.is_running()
+            && start.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if generation(&pins) == 0 {
+            let logs = proxy.logs();
+            if logs.contains("cannot run on this node") {
+                netns::skip(
+                    test,
+                    &format!("this machine cannot run the ebpf mode: {logs}"),
+                );
+                return None;
+            }
+            panic!("svcproxy never wrote its maps:\n{logs}");
+        }
+        Some(proxy)
+    }
+
+    /// `svcproxy cleanup` of the test's pins in the namespace: what failed.
+    fn cleanup(&self) -> Option<String> {
+        let pins = self.conf.pin_dir().to_string_lossy().into_owned();
+        let bin = svcproxy_bin().to_string_lossy().into_owned();
+        let out = self.run(&[bin, "cleanup".into(), "--ebpf-bpffs".into(), pins]);
+        (!out.status.success()).then(|| {
+            format!(
+                "cleanup: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
     /// Runs svcproxy to its end in the namespace.
     fn run(&self, args: &[String]) -> std::process::Output {
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -196,25 +242,9 @@ fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
     let test = "after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin";
     let Some(w) = World::new(test) else { return };
     let pins = w.conf.pin_dir();
-    let args = w.args(w.conf.cgroup(), &pins);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let proxy = NsProcess::spawn(&w.ns.name, &argv, "svcproxy", w.logs.path()).expect("spawn");
-    let start = Instant::now();
-    while generation(&pins) == 0 && proxy.is_running() && start.elapsed() < Duration::from_secs(30)
-    {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if generation(&pins) == 0 {
-        let logs = proxy.logs();
-        if logs.contains("cannot run on this node") {
-            netns::skip(
-                test,
-                &format!("this machine cannot run the ebpf mode: {logs}"),
-            );
-            return;
-        }
-        panic!("svcproxy never wrote its maps:\n{logs}");
-    }
+    let Some(proxy) = w.start(test, &[]) else {
+        return;
+    };
     proxy.kill();
 
     let mut failures = Vec::new();
@@ -280,19 +310,7 @@ fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
         }
     }
 
-    let mut args = vec![
-        svcproxy_bin().to_string_lossy().into_owned(),
-        "cleanup".into(),
-    ];
-    args.extend(["--ebpf-bpffs".into(), pins.to_string_lossy().into_owned()]);
-    let out = w.run(&args);
-    if !out.status.success() {
-        failures.push(format!(
-            "cleanup: {} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    failures.extend(w.cleanup());
     if pins.exists() {
         let left: Vec<String> = std::fs::read_dir(&pins)
             .map(|d| {
@@ -311,6 +329,63 @@ fn after_a_kill_the_data_path_stays_and_cleanup_removes_every_pin() {
 }
 
 /// Six cluster IPs (198.19.0.1-6:80), each with one endpoint, 198.18.1.10:8080.
+/// The node's `ip_local_port_range`, written in the test's namespace (the
+/// setting is a network namespace's own).
+fn set_local_port_range(ns: &str, range: &str) {
+    in_netns(ns, || {
+        std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", range)
+    })
+    .expect("netns")
+    .expect("ip_local_port_range written");
+}
+
+/// svcproxy's own masquerade takes the ports above the namespace's
+/// `ip_local_port_range`, read at start (the fixed rule keeps the kernel's
+/// masquerade below them); when the range later grows into them, the log says
+/// so, once.
+#[test]
+fn the_masquerade_ports_lie_above_the_local_port_range_and_a_later_overlap_is_said() {
+    let test = "the_masquerade_ports_lie_above_the_local_port_range_and_a_later_overlap_is_said";
+    let Some(w) = World::new(test) else { return };
+    // Not Linux's default: the range is read from the node, not assumed.
+    set_local_port_range(&w.ns.name, "32768 59999");
+    let Some(proxy) = w.start(test, &["--sync-period", "1s"]) else {
+        return;
+    };
+    let overlap = "now reaches into the ports svcproxy's own masquerade took at start";
+    let mut failures = Vec::new();
+    let rules =
+        w.ns.run_ok(&["nft", "list", "table", "inet", "svcproxy-ebpf"], None)
+            .expect("nft");
+    if !rules.contains("masquerade to :1024-59999") {
+        failures.push(format!(
+            "the kernel's masquerade should keep below 60000:\n{rules}"
+        ));
+    }
+    // A range that still ends below the masquerade's ports is no news.
+    set_local_port_range(&w.ns.name, "30000 59999");
+    std::thread::sleep(Duration::from_millis(2500));
+    if proxy.stderr().contains(overlap) {
+        failures.push("an unchanged high end was said to overlap".into());
+    }
+    set_local_port_range(&w.ns.name, "32768 60500");
+    let start = Instant::now();
+    while !proxy.stderr().contains(overlap) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    match proxy.stderr().matches(overlap).count() {
+        1 => {}
+        n => failures.push(format!(
+            "the overlap should be said once within 10 s, was said {n} times:\n{}",
+            proxy.logs()
+        )),
+    }
+    proxy.kill();
+    failures.extend(w.cleanup());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 fn six_services() -> ClusterState {
     let mut docs = vec![MANIFESTS
         .split("---")

@@ -305,12 +305,8 @@ fn write_timeouts(tc: &mut Ebpf, t: &super::IdleTimeouts) -> Result<(), DataPlan
 /// masquerades every connection, and the XDP program leaves those connections
 /// to the stack.
 pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
-    let path = "/proc/sys/net/ipv4/ip_local_port_range";
-    let range = std::fs::read_to_string(path).ok();
-    let high = range
-        .as_deref()
-        .and_then(|r| r.split_whitespace().nth(1))
-        .and_then(|h| h.parse::<u16>().ok());
+    let range = local_port_range();
+    let high = range.as_deref().and_then(range_high);
     if xdp == XdpMode::Native {
         let release = kernel_release();
         if kernel_version(&release).is_some_and(|v| v < (6, 7)) {
@@ -338,6 +334,16 @@ pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
             None
         }
     }
+}
+
+/// The node's `ip_local_port_range`, as the kernel prints it.
+fn local_port_range() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()
+}
+
+/// The high end of an `ip_local_port_range` ("32768\t60999").
+fn range_high(range: &str) -> Option<u16> {
+    range.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn write_snat(
@@ -557,6 +563,8 @@ pub struct Kernel {
     pub overflow: Overflow,
     /// The ports svcproxy's own masquerade takes ([`snat_ports`]).
     pub snat: Option<(u16, u16)>,
+    /// The node's sockets were found to reach into those ports (said once).
+    snat_overlap_said: bool,
     sizes: super::MapSizes,
     /// Held so the programs stay loaded while the process runs (the packet
     /// programs also to be attached to interfaces that appear).
@@ -639,10 +647,40 @@ impl Kernel {
             unknown_keys: reused,
             overflow: Overflow::default(),
             snat,
+            snat_overlap_said: false,
             sizes: opts.sizes,
             _ebpf: ebpf,
             tc,
         })
+    }
+}
+
+impl Kernel {
+    /// Says once when the node's `ip_local_port_range` has grown, since start,
+    /// into the ports svcproxy's own masquerade takes: its sockets may then take
+    /// a port a masqueraded connection holds. The range is read at start only
+    /// (the replies of connections already masqueraded are recognised by it), so
+    /// what mends this is a restart of svcproxy.
+    pub fn check_port_range(&mut self) {
+        let Some((lo, _)) = self.snat else { return };
+        if self.snat_overlap_said {
+            return;
+        }
+        let range = local_port_range();
+        if range
+            .as_deref()
+            .and_then(range_high)
+            .is_some_and(|h| h >= lo)
+        {
+            tracing::warn!(
+                ip_local_port_range = range.as_deref().map(str::trim).unwrap_or_default(),
+                masquerade_ports = %format!("{lo}-65535"),
+                "the node's ip_local_port_range now reaches into the ports svcproxy's own \
+                 masquerade took at start: the node's sockets and masqueraded connections \
+                 may meet on one port; restart svcproxy to take the ports above the new range"
+            );
+            self.snat_overlap_said = true;
+        }
     }
 }
 
@@ -2648,6 +2686,15 @@ mod tests {
         assert_eq!(kernel_version("6"), None);
         assert_eq!(kernel_version(""), None);
         assert_eq!(kernel_version("linux-6.6"), None);
+    }
+
+    #[test]
+    fn the_port_range_high_end_is_read_as_the_kernel_prints_it() {
+        assert_eq!(range_high("32768\t60999\n"), Some(60999));
+        assert_eq!(range_high("1024 65535"), Some(65535));
+        assert_eq!(range_high("32768"), None);
+        assert_eq!(range_high("32768\t70000\n"), None);
+        assert_eq!(range_high(""), None);
     }
 
     fn flow(

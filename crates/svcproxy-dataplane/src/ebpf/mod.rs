@@ -357,6 +357,7 @@ impl DataPlane for EbpfDataPlane {
             self.kernel = Some(Kernel::open(&self.opts)?);
         }
         let kernel = self.kernel.as_mut().expect("opened above");
+        kernel.check_port_range();
         let changes = changes.filter(|_| !first);
         // The fixed companion rules, with the marks of the moment, before the
         // programs set those marks.
