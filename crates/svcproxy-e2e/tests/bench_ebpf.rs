@@ -414,6 +414,9 @@ fn bench_ebpf_connect() {
 /// Two figures each: new connections per second (`loadgen connect`, 8 threads)
 /// and requests per second on 8 open connections (`loadgen rr`), each as a ratio
 /// to the first row's. `BENCH_ROWS=ebpf` runs that row alone.
+/// `BENCH_ENDPOINTS=N` (1 to 250, default 1) gives the service N endpoints, all
+/// addresses of the one backend (the floor connects to the first): what `lc`
+/// compares per new connection, against the random choice's one draw.
 #[test]
 #[ignore]
 fn bench_ebpf_nodeport_from_outside() {
@@ -431,17 +434,28 @@ fn bench_ebpf_nodeport_from_outside() {
         .expect("svcproxy-loadgen")
         .to_string_lossy()
         .into_owned();
+    let endpoints = env("BENCH_ENDPOINTS", 1).clamp(1, 250);
+    let addrs: Vec<String> = (0..endpoints)
+        .map(|i| format!("10.72.0.{}", i + 2))
+        .collect();
+    if endpoints > 1 {
+        netns::ip_batch(
+            &backend,
+            &addrs[1..]
+                .iter()
+                .map(|a| format!("addr add {a}/24 dev eth0"))
+                .collect::<Vec<_>>(),
+        )
+        .expect("the backend's addresses");
+    }
+    let listen = addrs
+        .iter()
+        .map(|a| format!("{a}:8080"))
+        .collect::<Vec<_>>()
+        .join(",");
     let server = NsProcess::spawn(
         &backend,
-        &[
-            "taskset",
-            "-c",
-            "1",
-            &lg,
-            "serve",
-            "--listen",
-            "10.72.0.2:8080",
-        ],
+        &["taskset", "-c", "1", &lg, "serve", "--listen", &listen],
         "server",
         logs.path(),
     )
@@ -450,7 +464,11 @@ fn bench_ebpf_nodeport_from_outside() {
         .wait_for_stdout("ready", Duration::from_secs(10))
         .expect("server ready");
 
-    let yaml = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec: {podCIDRs: [10.72.0.0/24]}\nstatus:\n  addresses: [{type: InternalIP, address: 10.71.0.1}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: bench}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.1\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: bench, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n- {addresses: [10.72.0.2], nodeName: node-a}\n";
+    let yaml = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec: {podCIDRs: [10.72.0.0/24]}\nstatus:\n  addresses: [{type: InternalIP, address: 10.71.0.1}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: bench}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.1\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: bench, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n";
+    let mut yaml = yaml.to_string();
+    for a in &addrs {
+        yaml.push_str(&format!("- {{addresses: [{a}], nodeName: node-a}}\n"));
+    }
     let mut st = ClusterState::new(StateConfig {
         node_name: "node-a".to_string(),
         service_proxy_name: None,
@@ -458,7 +476,7 @@ fn bench_ebpf_nodeport_from_outside() {
         dns: false,
         without_snapshots: false,
     });
-    for object in svcproxy_testkit::objects::parse(yaml) {
+    for object in svcproxy_testkit::objects::parse(&yaml) {
         st.apply(SourceUpdate::Upsert {
             object,
             origin: "bench".to_string(),
@@ -554,7 +572,7 @@ fn bench_ebpf_nodeport_from_outside() {
         }
     }
     let floor = (median(results[0].0.clone()), median(results[0].1.clone()));
-    println!("\nNodePort from outside, {repeat} runs each (median):");
+    println!("\nNodePort from outside, {endpoints} endpoint(s), {repeat} runs each (median):");
     println!("| row | conn/s | x floor | req/s (8 open connections) | x floor |");
     println!("|---|---|---|---|---|");
     for (ri, row) in rows.iter().enumerate() {
