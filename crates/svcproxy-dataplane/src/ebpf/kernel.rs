@@ -303,7 +303,8 @@ fn write_timeouts(tc: &mut Ebpf, t: &super::IdleTimeouts) -> Result<(), DataPlan
 /// back the replies of the connections masqueraded before. None, said in the
 /// log, when fewer than 1024 are left there: the kernel's conntrack then
 /// masquerades every connection, and the XDP program leaves those connections
-/// to the stack.
+/// to the stack. With XDP, a kernel too old for the program's source-address
+/// lookup is said in the log too. Read once per process.
 pub fn snat_ports(xdp: XdpMode) -> Option<(u16, u16)> {
     let range = local_port_range();
     let high = range.as_deref().and_then(range_high);
@@ -344,6 +345,17 @@ fn local_port_range() -> Option<String> {
 /// The high end of an `ip_local_port_range` ("32768\t60999").
 fn range_high(range: &str) -> Option<u16> {
     range.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The node's `ip_local_port_range` now, when it reaches into the masquerade's
+/// ports from `lo` on (None when it does not, or cannot be read).
+pub fn local_range_overlapping(lo: u16) -> Option<String> {
+    local_port_range().filter(|r| overlaps(r, lo))
+}
+
+/// `range` (an `ip_local_port_range`) reaches port `lo`.
+fn overlaps(range: &str, lo: u16) -> bool {
+    range_high(range).is_some_and(|h| h >= lo)
 }
 
 fn write_snat(
@@ -563,8 +575,6 @@ pub struct Kernel {
     pub overflow: Overflow,
     /// The ports svcproxy's own masquerade takes ([`snat_ports`]).
     pub snat: Option<(u16, u16)>,
-    /// The node's sockets were found to reach into those ports (said once).
-    snat_overlap_said: bool,
     sizes: super::MapSizes,
     /// Held so the programs stay loaded while the process runs (the packet
     /// programs also to be attached to interfaces that appear).
@@ -575,7 +585,9 @@ pub struct Kernel {
 impl Kernel {
     /// Loads the programs, opens (or creates) the pinned maps under `pin_dir` and
     /// attaches the programs to `cgroup`, releasing any earlier process's links.
-    pub fn open(opts: &EbpfOptions) -> Result<Kernel, DataPlaneError> {
+    /// `snat`: the ports svcproxy's own masquerade takes ([`snat_ports`], read
+    /// once per process: a reload of the programs keeps them).
+    pub fn open(opts: &EbpfOptions, snat: Option<(u16, u16)>) -> Result<Kernel, DataPlaneError> {
         let (cgroup, pin_dir, host_only) = (&opts.cgroup, &opts.pin_dir, opts.host_namespace_only);
         if SOCK_OBJECT.is_empty() || TC_OBJECT.is_empty() {
             return Err(kernel_err(
@@ -609,7 +621,6 @@ impl Kernel {
 
         attach_socket_programs(&mut ebpf, &cgroup_dir, cgroup, pin_dir)?;
         write_timeouts(&mut tc, &opts.timeouts)?;
-        let snat = snat_ports(opts.xdp);
         write_snat(&mut tc, snat, opts.xdp)?;
 
         let slot: HashMap<MapData, SlotKey, Backend> = take(&mut ebpf, "svcproxy_slot")?;
@@ -647,40 +658,10 @@ impl Kernel {
             unknown_keys: reused,
             overflow: Overflow::default(),
             snat,
-            snat_overlap_said: false,
             sizes: opts.sizes,
             _ebpf: ebpf,
             tc,
         })
-    }
-}
-
-impl Kernel {
-    /// Says once when the node's `ip_local_port_range` has grown, since start,
-    /// into the ports svcproxy's own masquerade takes: its sockets may then take
-    /// a port a masqueraded connection holds. The range is read at start only
-    /// (the replies of connections already masqueraded are recognised by it), so
-    /// what mends this is a restart of svcproxy.
-    pub fn check_port_range(&mut self) {
-        let Some((lo, _)) = self.snat else { return };
-        if self.snat_overlap_said {
-            return;
-        }
-        let range = local_port_range();
-        if range
-            .as_deref()
-            .and_then(range_high)
-            .is_some_and(|h| h >= lo)
-        {
-            tracing::warn!(
-                ip_local_port_range = range.as_deref().map(str::trim).unwrap_or_default(),
-                masquerade_ports = %format!("{lo}-65535"),
-                "the node's ip_local_port_range now reaches into the ports svcproxy's own \
-                 masquerade took at start: the node's sockets and masqueraded connections \
-                 may meet on one port; restart svcproxy to take the ports above the new range"
-            );
-            self.snat_overlap_said = true;
-        }
     }
 }
 
@@ -2695,6 +2676,14 @@ mod tests {
         assert_eq!(range_high("32768"), None);
         assert_eq!(range_high("32768\t70000\n"), None);
         assert_eq!(range_high(""), None);
+    }
+
+    #[test]
+    fn a_range_overlaps_the_masquerade_from_its_first_port_on() {
+        assert!(!overlaps("32768\t60999\n", 61000));
+        assert!(overlaps("32768\t61000\n", 61000));
+        assert!(overlaps("1024 65535", 61000));
+        assert!(!overlaps("unreadable", 61000));
     }
 
     fn flow(

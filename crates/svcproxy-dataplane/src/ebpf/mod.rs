@@ -274,11 +274,42 @@ pub struct EbpfDataPlane {
     companion: Option<(u32, u32, Option<u16>)>,
     /// The SCTP limit was logged.
     sctp_warned: bool,
+    /// The ports svcproxy's own masquerade takes, read from the node once (at
+    /// the first load of the programs; a reload keeps them, since the replies
+    /// of connections masqueraded before are recognised by them).
+    snat: Option<Option<(u16, u16)>>,
+    /// The node's `ip_local_port_range` was found to reach into them (said once).
+    snat_overlap_said: bool,
     /// What the metrics read.
     stats: std::sync::Arc<std::sync::Mutex<metrics::MapStats>>,
 }
 
 impl EbpfDataPlane {
+    /// Says once when the node's `ip_local_port_range` has grown, since the
+    /// masquerade's ports were read, into them: the node's sockets may then take
+    /// a port a masqueraded connection holds. Only with XDP, the one path that
+    /// takes those ports. The ports stay (the replies of connections masqueraded
+    /// already are recognised by them): a restart of svcproxy takes the ports
+    /// above the new range.
+    fn check_port_range(&mut self) {
+        let Some(Some((lo, _))) = self.snat else {
+            return;
+        };
+        if self.snat_overlap_said || self.opts.xdp != XdpMode::Native {
+            return;
+        }
+        if let Some(range) = kernel::local_range_overlapping(lo) {
+            tracing::warn!(
+                ip_local_port_range = range.trim(),
+                masquerade_ports = %format!("{lo}-65535"),
+                "the node's ip_local_port_range now reaches into the ports svcproxy's own \
+                 masquerade took at start: the node's sockets and masqueraded connections \
+                 may meet on one port; restart svcproxy to take the ports above the new range"
+            );
+            self.snat_overlap_said = true;
+        }
+    }
+
     /// The same data plane, answering `/proxyMode` as `mode` (the registry's
     /// ipvs mode).
     pub fn named(mut self, mode: &'static str) -> EbpfDataPlane {
@@ -294,6 +325,8 @@ impl EbpfDataPlane {
             table: None,
             companion: None,
             sctp_warned: false,
+            snat: None,
+            snat_overlap_said: false,
             stats: Default::default(),
         }
     }
@@ -330,6 +363,7 @@ impl DataPlane for EbpfDataPlane {
         delta: &IntentDelta,
         full: bool,
     ) -> Result<ApplyReport, DataPlaneError> {
+        self.check_port_range();
         let addrs = Self::host_addrs(intent);
         // The table follows the intent whether or not the write succeeds (the
         // delta is from the previous intent, applied or not); a failed write
@@ -354,10 +388,11 @@ impl DataPlane for EbpfDataPlane {
         let start = Instant::now();
         let first = self.kernel.is_none();
         if first {
-            self.kernel = Some(Kernel::open(&self.opts)?);
+            let xdp = self.opts.xdp;
+            let snat = *self.snat.get_or_insert_with(|| kernel::snat_ports(xdp));
+            self.kernel = Some(Kernel::open(&self.opts, snat)?);
         }
         let kernel = self.kernel.as_mut().expect("opened above");
-        kernel.check_port_range();
         let changes = changes.filter(|_| !first);
         // The fixed companion rules, with the marks of the moment, before the
         // programs set those marks.
