@@ -464,8 +464,7 @@ fn bench_ebpf_nodeport_from_outside() {
         .wait_for_stdout("ready", Duration::from_secs(10))
         .expect("server ready");
 
-    let yaml = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec: {podCIDRs: [10.72.0.0/24]}\nstatus:\n  addresses: [{type: InternalIP, address: 10.71.0.1}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: bench}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.1\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: bench, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n";
-    let mut yaml = yaml.to_string();
+    let mut yaml = String::from("apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec: {podCIDRs: [10.72.0.0/24]}\nstatus:\n  addresses: [{type: InternalIP, address: 10.71.0.1}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: bench}\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.1\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: bench, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n");
     for a in &addrs {
         yaml.push_str(&format!("- {{addresses: [{a}], nodeName: node-a}}\n"));
     }

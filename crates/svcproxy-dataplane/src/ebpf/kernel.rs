@@ -573,8 +573,6 @@ pub struct Kernel {
     unknown_keys: bool,
     /// What did not fit at the last write.
     pub overflow: Overflow,
-    /// The ports svcproxy's own masquerade takes ([`snat_ports`]).
-    pub snat: Option<(u16, u16)>,
     sizes: super::MapSizes,
     /// Held so the programs stay loaded while the process runs (the packet
     /// programs also to be attached to interfaces that appear).
@@ -657,7 +655,6 @@ impl Kernel {
             written: None,
             unknown_keys: reused,
             overflow: Overflow::default(),
-            snat,
             sizes: opts.sizes,
             _ebpf: ebpf,
             tc,

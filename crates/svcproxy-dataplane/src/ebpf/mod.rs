@@ -399,7 +399,7 @@ impl DataPlane for EbpfDataPlane {
         let marks = (
             table.masquerade_mark,
             table.reject_mark,
-            kernel.snat.map(|(lo, _)| lo),
+            self.snat.flatten().map(|(lo, _)| lo),
         );
         if changes.is_none() || self.companion != Some(marks) {
             self.companion = None;
