@@ -339,7 +339,8 @@ fn set_local_port_range(test: &str, ns: &str, range: &str) -> bool {
     match written {
         Ok(()) => true,
         Err(e)
-            if e.raw_os_error() == Some(30) || e.kind() == std::io::ErrorKind::PermissionDenied =>
+            if e.raw_os_error() == Some(libc::EROFS)
+                || e.kind() == std::io::ErrorKind::PermissionDenied =>
         {
             netns::skip(test, &format!("cannot set ip_local_port_range: {e}"));
             false
@@ -394,7 +395,7 @@ fn the_masquerade_ports_lie_above_the_local_port_range_and_a_later_overlap_is_sa
     }
     // A range that still ends below the masquerade's ports is no news, at the
     // next two syncs.
-    set_local_port_range(test, &w.ns.name, "30001 59999");
+    set_local_port_range(test, &w.ns.name, "30000 59999");
     let before = syncs(&proxy);
     if !wait_for_syncs(&proxy, before, 2, Duration::from_secs(20)) {
         failures.push(format!("no periodic syncs:\n{}", proxy.logs()));
