@@ -16,14 +16,14 @@ use svcproxy_core::model::IpFamily;
 use svcproxy_core::state::SnapshotUpdate;
 use svcproxy_plan::{build_intent, Conflict, IntentBuilder, PlanConfig};
 
-use crate::backend::{DataPlane, NodeRequirements, SyncKind};
-use crate::conntrack::{
+use crate::error::DataPlaneError;
+use crate::kernel::conntrack::ConntrackSettings;
+use crate::kernel::conntrack::NetlinkConntrack;
+use crate::kernel::conntrack::{
     cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, ConntrackFilter, NoConntrackCleanup,
     StaleUdpFlows,
 };
-use crate::conntrack_sysctl::ConntrackSettings;
-use crate::ctnetlink::NetlinkConntrack;
-use crate::error::DataPlaneError;
+use crate::seam::{DataPlane, NodeRequirements, SyncKind};
 
 /// The most failed conntrack filters kept for a retry.
 const MAX_CONNTRACK_RETRY: usize = 10_000;
@@ -51,7 +51,7 @@ pub struct SyncReport {
     /// the sync).
     pub conntrack: ConntrackCleanupReport,
     /// The data plane's rule counts, if it counts rules.
-    pub rules: Vec<crate::backend::RuleCount>,
+    pub rules: Vec<crate::seam::RuleCount>,
 }
 
 /// One data plane with the shared logic around it: the intent, conflicts, and
@@ -233,7 +233,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         let adopted =
             std::mem::take(&mut self.first) && self.adoption_allowed && self.adopt(&delta);
         let mut applied = if adopted {
-            crate::backend::ApplyReport {
+            crate::seam::ApplyReport {
                 kind: SyncKind::Adopted,
                 apply_duration: Duration::ZERO,
                 family_apply: Vec::new(),

@@ -1,68 +1,60 @@
 //! svcproxy-dataplane: the only code that touches the kernel.
 //!
-//! - [`DataPlane`] is the seam every mode implements: sync (full or partial, from
-//!   the intent and its delta), render, cleanup of exactly its own objects, and
-//!   what the node needs. [`resolve_mode`] is the factory keyed on
-//!   `--proxy-mode`; [`BACKENDS`] lists the implemented modes, and [`ModeFlags`]
-//!   their own flags.
-//! - [`Driver`] is what every mode shares around a sync: it decides the intent
-//!   ([`svcproxy_plan::IntentBuilder`]), hands it to the data plane, logs
-//!   destination conflicts, and after each successful apply deletes the UDP
-//!   conntrack entries the change left stale: [`cleanup_filters`] decides which,
-//!   purely, and a [`ConntrackCleaner`] deletes them — [`NetlinkConntrack`] over
-//!   ctnetlink, [`RecordingCleaner`] in tests.
-//! - [`prepare_node`] writes the sysctls a data plane needs, and
-//!   [`apply_conntrack_sysctls`] the conntrack table size and timeouts from the
-//!   configuration.
+//! - [`seam`]: the [`DataPlane`] trait every mode implements (sync, full or
+//!   partial, from the intent and its delta; render; cleanup of exactly its own
+//!   objects; what the node needs), what a sync reports, and what a mode declares
+//!   of itself ([`ModeInfo`]).
+//! - [`registry`]: [`BACKENDS`], the only code that knows which modes exist;
+//!   [`resolve_mode`] turns `--proxy-mode` into a [`Backend`], whose data plane
+//!   is made from the typed [`ModeOptions`].
+//! - One folder per mode: [`nftables`], [`iptables`], [`userspace`], [`ebpf`]
+//!   (with kube-proxy's ipvs mode as its schedulers' entry, [`ebpf::ipvs`]). No
+//!   mode imports another's folder; the registry composes them where one mode
+//!   uses another's (the userspace proxy's capture is the nftables table).
+//! - [`kernel`]: the plumbing the modes share and that uses none of them:
+//!   commands, netfilter's netlink, nftables tables, conntrack, sysctls, host
+//!   addresses.
 //!
-//! The nftables mode writes through a [`ScriptSink`]: [`NftCommand`] runs the real
-//! `nft` (optionally behind a command prefix such as `ip netns exec NAME`);
-//! [`RecordingSink`] records scripts and fails on request, so the commit/abandon
-//! logic is tested without a kernel.
+//! Which intent to apply, conflicts, the hand-over's seal and which conntrack
+//! entries a change leaves stale are decided above this crate, by the sync's
+//! orchestration (`svcproxy-sync`).
 
-mod backend;
-mod conntrack;
-mod conntrack_sysctl;
-mod ctnetlink;
 pub mod ebpf;
 mod error;
-mod host_addrs;
 pub mod iptables;
-mod ipvs;
-pub mod kube_proxy;
-pub mod listing;
-mod localhost_rejects;
-pub mod nft;
-mod nft_netlink;
-mod nftables_mode;
-mod xdp_features;
-pub use nft_netlink::{Batch, BatchBuilder, BatchStats};
-mod driver;
-mod nft_table;
-mod node;
-mod sink;
+pub mod kernel;
+pub mod nftables;
+pub mod registry;
+pub mod seam;
 pub mod userspace;
 
-pub use backend::{
-    cleanup_all, cleanup_other_modes, ignored_flag_warnings, resolve_mode, Alias, ApplyReport,
-    Backend, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind, KernelObjects,
-    LocalhostDefault, ModeChoice, ModeDefaults, ModeFlags, NodePortDefault, NodeRequirements,
-    RuleCount, SyncKind, BACKENDS, DEFAULT_MODE, DEFAULT_MODE_WARNING,
-};
-pub use conntrack::{
-    cleanup_filters, ip_protocol, CleanupStats, ConntrackCleaner, ConntrackCleanupReport,
-    ConntrackEntry, ConntrackError, ConntrackFilter, FamilyCleanup, NoConntrackCleanup,
-    RecordingCleaner, StaleUdpFlows, IPS_DST_NAT,
-};
-pub use conntrack_sysctl::{
-    apply_conntrack_sysctls, apply_conntrack_sysctls_at, online_cpus, ConntrackSettings,
-};
-pub use ctnetlink::{NetlinkConntrack, DEFAULT_CONNTRACK_TIMEOUT};
+mod driver;
+
 pub use driver::{Driver, SyncReport};
-pub use ebpf::{EbpfDataPlane, EbpfOptions, IdleTimeouts};
+pub use ebpf::{EbpfDataPlane, EbpfOptions, IdleTimeouts, MapSizes, XdpMode};
 pub use error::{is_permission_error, DataPlaneError, STDERR_LIMIT};
-pub use host_addrs::{host_addresses, AddressChanges};
-pub use nft::NftDataPlane;
-pub use nft_table::TableState;
-pub use node::{prepare_node, prepare_node_at, required_sysctls, NodePreparation, Sysctl};
-pub use sink::{run_command, CommandOutput, NftCommand, RecordingSink, ScriptSink};
+pub use kernel::command::{run_command, CommandOutput};
+pub use kernel::conntrack::{
+    apply_conntrack_sysctls, apply_conntrack_sysctls_at, cleanup_filters, ip_protocol, online_cpus,
+    CleanupStats, ConntrackCleaner, ConntrackCleanupReport, ConntrackEntry, ConntrackFilter,
+    ConntrackSettings, FamilyCleanup, NetlinkConntrack, NetlinkError, NoConntrackCleanup,
+    RecordingCleaner, StaleUdpFlows, DEFAULT_CONNTRACK_TIMEOUT, IPS_DST_NAT,
+};
+pub use kernel::host_addrs::{host_addresses, AddressChanges};
+pub use kernel::nft::{
+    Batch, BatchBuilder, BatchStats, NftCommand, RecordingSink, ScriptSink, TableState,
+};
+pub use kernel::sysctl::{
+    prepare_node, prepare_node_at, required_sysctls, NodePreparation, Sysctl,
+};
+pub use nftables::{NftDataPlane, NftWriter, NftablesOptions};
+pub use registry::{
+    cleanup_all, cleanup_other_modes, resolve_mode, Backend, ModeChoice, ModeOptions, BACKENDS,
+    DEFAULT_MODE, DEFAULT_MODE_WARNING,
+};
+pub use seam::{
+    Alias, ApplyReport, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind,
+    KernelObjects, LocalhostDefault, ModeDefaults, ModeInfo, NodePortDefault, NodeRequirements,
+    RuleCount, SyncKind,
+};
+pub use userspace::{parse_port_range, Scheduler as UserspaceScheduler, UserspaceConfig};

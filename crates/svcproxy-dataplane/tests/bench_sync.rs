@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
-use svcproxy_dataplane::nft::NftWriter;
+use svcproxy_dataplane::nftables::NftWriter;
 use svcproxy_dataplane::{Driver, NftCommand, NftDataPlane};
 
 fn env(name: &str) -> Option<usize> {

@@ -14,8 +14,8 @@ use std::process::Command;
 use common::netns::Netns;
 use common::*;
 use svcproxy_core::model::IpFamily;
-use svcproxy_dataplane::nft::NftWriter;
-use svcproxy_dataplane::nft::{cleanup, cleanup_with};
+use svcproxy_dataplane::nftables::NftWriter;
+use svcproxy_dataplane::nftables::{cleanup, cleanup_with};
 use svcproxy_dataplane::Batch;
 use svcproxy_dataplane::TableState;
 use svcproxy_dataplane::{DataPlaneError, Driver, NftCommand, NftDataPlane, ScriptSink, SyncKind};
@@ -245,11 +245,11 @@ fn cleanup_removes_only_svcproxy_tables() {
 
 /// Both tables of a namespace, as `nft_listing` reads them (elements sorted:
 /// the kernel lists a hash set in its own order).
-fn listings(ns: &Netns) -> Vec<svcproxy_dataplane::listing::Listing> {
+fn listings(ns: &Netns) -> Vec<svcproxy_dataplane::kernel::listing::Listing> {
     ["ip", "ip6"]
         .iter()
         .map(|f| {
-            svcproxy_dataplane::listing::nft_listing(
+            svcproxy_dataplane::kernel::listing::nft_listing(
                 &ns.nft(&["list", "table", f, "svcproxy"]),
                 f,
                 "svcproxy",
@@ -263,11 +263,11 @@ fn same_tables(a: &Netns, b: &Netns, step: &str) {
         .iter()
         .zip(listings(a).iter().zip(&listings(b)))
     {
-        let d = svcproxy_dataplane::listing::differences(
+        let d = svcproxy_dataplane::kernel::listing::differences(
             f,
             x,
             y,
-            svcproxy_dataplane::listing::Compared::Rules,
+            svcproxy_dataplane::kernel::listing::Compared::Rules,
         );
         assert!(d.is_empty(), "{step}: the writers' tables differ: {d:#?}");
         assert_eq!(x, y, "{step}: {f}");

@@ -162,11 +162,11 @@ fn render_is_the_first_sync_script_and_touches_nothing() {
 #[test]
 fn cleanup_applies_the_cleanup_script() {
     let mut sink = RecordingSink::new();
-    svcproxy_dataplane::nft::cleanup_with(&mut sink).expect("cleanup");
+    svcproxy_dataplane::nftables::cleanup_with(&mut sink).expect("cleanup");
     assert_eq!(sink.applied, [svcproxy_plan::nft::cleanup_script()]);
     sink.fail_next("Error: nope");
     assert_eq!(
-        svcproxy_dataplane::nft::cleanup_with(&mut sink)
+        svcproxy_dataplane::nftables::cleanup_with(&mut sink)
             .unwrap_err()
             .stderr(),
         Some("Error: nope")

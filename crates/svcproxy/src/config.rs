@@ -17,6 +17,7 @@ pub mod effective;
 pub mod file;
 pub mod flags;
 pub mod gates;
+pub mod mode_flags;
 
 /// The kube-proxy release whose semantics, flags, config file, feature gates and
 /// metrics svcproxy follows (its API types are k8s-openapi's `v1_37`); what of it
@@ -116,8 +117,9 @@ pub struct Settings {
     /// `--dns-upstream`: `None` for /etc/resolv.conf's nameservers, `Some([])` for
     /// none (`--dns-upstream none`: names outside the cluster domain are refused).
     pub dns_upstreams: Option<Vec<SocketAddr>>,
-    /// The data planes' own flags (checked), handed to the mode's data plane.
-    pub mode_flags: svcproxy_dataplane::ModeFlags,
+    /// The modes' own options, from svcproxy's flags and the configuration,
+    /// handed to the mode's data plane.
+    pub mode_options: svcproxy_dataplane::ModeOptions,
 }
 
 /// kube-proxy's `--logging-format` / `logging.format`.
@@ -348,20 +350,18 @@ fn resolve_with(
     let idle_timeouts = idle_timeouts(modeled.proxy_mode, &modeled.ipvs_timeouts, &mut warnings);
     let (verbosity, log_format) = logging(flags, &modeled, explicitly_set)?;
     warnings.extend(flags.ignored.warnings());
-    warnings.extend(svcproxy_dataplane::ignored_flag_warnings(
+    warnings.extend(mode_flags::ignored_flag_warnings(
         modeled.proxy_mode,
         explicitly_set,
     ));
-    let mode_errors = flags.mode.check();
-    if !mode_errors.is_empty() {
-        let mut errors = Errors::default();
-        mode_errors.into_iter().for_each(|e| errors.push(e));
-        errors.finish("flags")?;
-    }
+    let mode_options = flags
+        .mode
+        .options(idle_timeouts)
+        .map_err(|e| Errors(e).finish("flags").expect_err("an error each"))?;
     let resolved = Resolved {
         node_name,
         scheduler,
-        idle_timeouts,
+        mode_options,
         verbosity,
         log_format,
     };
@@ -470,7 +470,7 @@ fn logging(
 struct Resolved {
     node_name: String,
     scheduler: Scheduler,
-    idle_timeouts: svcproxy_dataplane::IdleTimeouts,
+    mode_options: svcproxy_dataplane::ModeOptions,
     verbosity: u32,
     log_format: LogFormat,
 }
@@ -538,11 +538,7 @@ fn assemble(flags: &ProxyFlags, modeled: Modeled, r: Resolved) -> Settings {
             .write_config_to
             .clone()
             .filter(|p| !p.as_os_str().is_empty()),
-        mode_flags: {
-            let mut m = flags.mode.clone();
-            m.ebpf.timeouts = r.idle_timeouts;
-            m
-        },
+        mode_options: r.mode_options,
     }
 }
 

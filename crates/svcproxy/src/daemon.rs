@@ -233,7 +233,7 @@ struct OwnerGate {
     /// The mode it programs.
     backend: &'static Backend,
     /// The modes' flags (where another mode's objects are, for their cleanup).
-    mode_flags: svcproxy_dataplane::ModeFlags,
+    mode_options: svcproxy_dataplane::ModeOptions,
     /// The first sync as owner has succeeded (and the predecessor was told).
     synced: bool,
     /// Whether the first sync may adopt sealed rules was decided (once).
@@ -244,12 +244,12 @@ impl OwnerGate {
     fn new(
         ownership: Ownership,
         backend: &'static Backend,
-        mode_flags: svcproxy_dataplane::ModeFlags,
+        mode_options: svcproxy_dataplane::ModeOptions,
     ) -> Self {
         OwnerGate {
             ownership,
             backend,
-            mode_flags,
+            mode_options,
             synced: false,
             adoption_decided: false,
         }
@@ -413,7 +413,7 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                     // Another kind of mode ran here before (a mode switch): its rules
                     // go, now that this mode's are in (as kube-proxy at start).
                     for (mode, e) in
-                        svcproxy_dataplane::cleanup_other_modes(gate.backend, &gate.mode_flags)
+                        svcproxy_dataplane::cleanup_other_modes(gate.backend, &gate.mode_options)
                     {
                         tracing::warn!(mode, error = %e, "cannot remove the objects the {mode} mode left");
                     }
@@ -519,7 +519,7 @@ fn run_target(
         Output::Explain { packet, json, live } => {
             let backend = settings.proxy_mode;
             let cfg = plan_config(&settings, backend)?;
-            let live = live.then(|| (backend.new)(&cfg, &settings.mode_flags));
+            let live = live.then(|| (backend.new)(&cfg, &settings.mode_options));
             let target = Checked {
                 inner: ExplainPrinter {
                     cfg: cfg.clone(),
@@ -543,7 +543,7 @@ fn run_target(
         Output::Render => {
             let backend = settings.proxy_mode;
             let plan_cfg = plan_config(&settings, backend)?;
-            let plane = (backend.new)(&plan_cfg, &settings.mode_flags);
+            let plane = (backend.new)(&plan_cfg, &settings.mode_options);
             let target = Checked {
                 inner: RenderPrinter(Driver::without_conntrack(plan_cfg.clone(), plane)),
                 input_errors: input_errors.clone(),
@@ -577,7 +577,7 @@ fn run_kernel(
     let plan_cfg = plan_config(&settings, backend)?;
     let mut plane = Driver::new(
         plan_cfg.clone(),
-        (backend.new)(&plan_cfg, &settings.mode_flags),
+        (backend.new)(&plan_cfg, &settings.mode_options),
     );
     if !settings.init_only {
         // A node that cannot run the mode at all: refused now, naming why,
@@ -852,7 +852,7 @@ async fn serve<T: Target>(
         dns,
         received: 0,
         owner: ownership.zip(backend).map(|(ownership, backend)| {
-            OwnerGate::new(ownership, backend, settings.mode_flags.clone())
+            OwnerGate::new(ownership, backend, settings.mode_options.clone())
         }),
     };
     syncer.update_node_eligibility();
@@ -1285,7 +1285,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 /// `kube-proxy --cleanup` does, unless kube-proxy still runs (it would put them back
 /// at its next sync, and both would answer for the same Services).
 pub fn cleanup_kube_proxy() -> anyhow::Result<()> {
-    use svcproxy_dataplane::kube_proxy;
+    use svcproxy_dataplane::kernel::kube_proxy;
     if let Some(pid) = kube_proxy::kube_proxy_running() {
         bail!(
             "kube-proxy is running (PID {pid}): stop it first (scale its DaemonSet off \
@@ -1342,11 +1342,11 @@ impl Drop for JoinOnDrop {
 /// answer for the same Services as svcproxy's (stale once kube-proxy is stopped), so
 /// say so and how to remove them.
 fn warn_about_kube_proxy_leftovers() {
-    let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
+    let found = svcproxy_dataplane::kernel::kube_proxy::find_leftovers(&[]);
     if found.is_empty() {
         return;
     }
-    let running = svcproxy_dataplane::kube_proxy::kube_proxy_running();
+    let running = svcproxy_dataplane::kernel::kube_proxy::kube_proxy_running();
     tracing::warn!(
         iptables = ?found.iptables.keys().collect::<Vec<_>>(),
         nftables = ?found.nft_tables,
@@ -1359,10 +1359,10 @@ fn warn_about_kube_proxy_leftovers() {
 }
 
 /// Removes what every svcproxy mode created (each mode's own objects, and only
-/// those, where `flags` say they are: the ebpf mode's pin directory). Every mode
+/// those, where `options` say they are: the ebpf mode's pin directory). Every mode
 /// is tried; the first failure is returned.
-pub fn cleanup(flags: &svcproxy_dataplane::ModeFlags) -> anyhow::Result<()> {
-    let failures = svcproxy_dataplane::cleanup_all(&PlanConfig::default(), flags);
+pub fn cleanup(options: &svcproxy_dataplane::ModeOptions) -> anyhow::Result<()> {
+    let failures = svcproxy_dataplane::cleanup_all(&PlanConfig::default(), options);
     for b in svcproxy_dataplane::BACKENDS {
         match failures.iter().find(|(mode, _)| *mode == b.mode) {
             Some((mode, e)) => tracing::error!(mode, error = %e, "cleanup failed"),

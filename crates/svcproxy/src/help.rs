@@ -69,7 +69,7 @@ const OTHER_FLAGS: &str = "Every other flag of 'svcproxy --help' is accepted and
 pub fn shape(cmd: Command) -> Command {
     let mut modes: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
     for b in svcproxy_dataplane::BACKENDS {
-        for arg in (b.flags)(Command::new(b.mode)).get_arguments() {
+        for arg in crate::config::mode_flags::backend_flags(b).get_arguments() {
             modes
                 .entry(arg.get_id().to_string())
                 .or_default()
@@ -219,7 +219,7 @@ mod tests {
     fn a_mode_s_flags_are_under_its_heading_and_only_in_the_daemon_s_help() {
         let cmd = cli();
         for b in svcproxy_dataplane::BACKENDS {
-            for arg in (b.flags)(Command::new(b.mode)).get_arguments() {
+            for arg in crate::config::mode_flags::backend_flags(b).get_arguments() {
                 let id = arg.get_id().as_str();
                 let h = cmd
                     .get_arguments()

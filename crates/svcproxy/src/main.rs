@@ -173,10 +173,10 @@ fn run(
             kube_proxy: true, ..
         }) => daemon::cleanup_kube_proxy().map(|()| daemon::Finished::Clean),
         Some(Command::Cleanup { .. }) => {
-            daemon::cleanup(&settings.mode_flags).map(|()| daemon::Finished::Clean)
+            daemon::cleanup(&settings.mode_options).map(|()| daemon::Finished::Clean)
         }
         None if settings.cleanup => {
-            daemon::cleanup(&settings.mode_flags).map(|()| daemon::Finished::Clean)
+            daemon::cleanup(&settings.mode_options).map(|()| daemon::Finished::Clean)
         }
         None => {
             let servers = Servers {

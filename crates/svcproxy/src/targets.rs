@@ -352,7 +352,7 @@ impl Target for ExplainPrinter {
             let compared = plane
                 .compare(&intent)
                 .map_err(|e| anyhow::anyhow!("reading the kernel's rules (--live): {e}"))?;
-            let found = svcproxy_dataplane::kube_proxy::find_leftovers(&[]);
+            let found = svcproxy_dataplane::kernel::kube_proxy::find_leftovers(&[]);
             let mut leftovers: Vec<String> = found
                 .iptables
                 .iter()

@@ -37,19 +37,25 @@ fn code_lines(text: &str) -> impl Iterator<Item = (usize, String)> + '_ {
         })
 }
 
-/// The data plane crate's modules that implement a data plane (backend modules).
+/// The data plane crate's modules that implement a data plane (backend modules):
+/// the folders (or files) some file of which implements [`DataPlane`].
 fn backend_modules() -> Vec<String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../svcproxy-dataplane/src");
     let mut modules = Vec::new();
     for entry in std::fs::read_dir(&src).unwrap() {
         let path = entry.unwrap().path();
-        let (name, file) = if path.is_dir() {
-            (path.file_name().unwrap().to_owned(), path.join("mod.rs"))
+        let (name, files) = if path.is_dir() {
+            let mut files = Vec::new();
+            rust_files(&path, &mut files);
+            (path.file_name().unwrap().to_owned(), files)
         } else {
-            (path.file_stem().unwrap().to_owned(), path.clone())
+            (path.file_stem().unwrap().to_owned(), vec![path.clone()])
         };
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        if text.contains("impl DataPlane for") || text.contains("DataPlane for ") {
+        let implements = files.iter().any(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            text.contains("impl DataPlane for") || text.contains("DataPlane for ")
+        });
+        if implements {
             modules.push(name.to_string_lossy().into_owned());
         }
     }
@@ -123,7 +129,7 @@ fn registered_names() -> Vec<&'static str> {
 #[test]
 fn the_binary_names_no_backend_and_branches_on_no_mode() {
     let modules = backend_modules();
-    for m in ["nft", "iptables", "userspace"] {
+    for m in ["nftables", "iptables", "userspace", "ebpf"] {
         assert!(
             modules.iter().any(|x| x == m),
             "{m} not found among {modules:?}"
@@ -174,8 +180,8 @@ fn the_guard_sees_what_it_looks_for() {
         r#"    if settings.proxy_mode.mode == "userspace" {"#,
         r#"        "iptables" => NodePortAddresses::All,"#,
         "use svcproxy_dataplane::userspace::Stats;",
-        "use svcproxy_dataplane::{Backend, nft};",
-        "use svcproxy_dataplane::{\n    iptables::BACKEND,\n    DataPlane,\n};",
+        "use svcproxy_dataplane::{Backend, nftables};",
+        "use svcproxy_dataplane::{\n    iptables::INFO,\n    DataPlane,\n};",
         "    let p = NftDataPlane::new();",
         "fn f(x: Box<UserspaceDataPlane>) {}",
     ] {

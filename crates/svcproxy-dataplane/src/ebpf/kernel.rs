@@ -791,7 +791,7 @@ impl Kernel {
     /// that goes while it is being attached is skipped (the next write sees it
     /// gone). Returns the number of map writes and attachments.
     pub fn attach_interfaces(&mut self, table: &Table) -> Result<usize, DataPlaneError> {
-        let links = crate::host_addrs::ether_links()
+        let links = crate::kernel::host_addrs::ether_links()
             .map_err(|e| kernel_err("listing the node's interfaces", e))?;
         let mut ops = 0;
         let present: BTreeMap<u32, String> =
@@ -933,7 +933,7 @@ impl Kernel {
     /// generation moves). Returns the number of map writes.
     fn write_xdp_targets(&mut self, mtus: &BTreeMap<u32, u32>) -> Result<usize, DataPlaneError> {
         let targets: BTreeMap<u32, u32> = if self.xdp_links.values().any(|a| *a) {
-            match crate::xdp_features::redirect_targets() {
+            match crate::kernel::xdp_features::redirect_targets() {
                 Ok(t) => t
                     .into_iter()
                     .filter_map(|i| mtus.get(&i).filter(|m| **m > 0).map(|m| (i, *m)))
@@ -2567,7 +2567,7 @@ fn release_pin(pin_dir: &Path, name: &str) -> Result<(), DataPlaneError> {
 
 /// Whether interface `index` still has `name`.
 fn still_there(index: u32, name: &str) -> bool {
-    crate::host_addrs::ether_links()
+    crate::kernel::host_addrs::ether_links()
         .is_ok_and(|l| l.iter().any(|l| l.index == index && l.name == name))
 }
 

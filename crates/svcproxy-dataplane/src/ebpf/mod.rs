@@ -23,6 +23,7 @@
 //! (`svcproxy-e2e/tests/ebpf_packet.rs`).
 
 mod batch;
+pub mod ipvs;
 pub mod kernel;
 mod metrics;
 pub mod wire;
@@ -35,22 +36,21 @@ use svcproxy_core::model::Protocol;
 use svcproxy_plan::intent::NodePortDestinations;
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
-use crate::backend::{
-    ApplyReport, Backend, Comparison, ConfigSection, DataPlane, KernelObjects, LocalhostDefault,
-    ModeDefaults, NodePortDefault, NodeRequirements, SyncKind,
-};
 use crate::error::DataPlaneError;
-use crate::sink::{NftCommand, ScriptSink};
+use crate::kernel::nft::{NftCommand, ScriptSink};
+use crate::seam::{
+    ApplyReport, Comparison, ConfigSection, DataPlane, KernelObjects, LocalhostDefault,
+    ModeDefaults, ModeInfo, NodePortDefault, NodeRequirements, SyncKind,
+};
 use kernel::Kernel;
-use svcproxy_core::go_syntax::parse_go_bool;
 use svcproxy_plan::ebpf::{companion_rules, Table, COMPANION_TABLE};
 
 /// Deletes the companion rules' table; none is no error.
 fn remove_companion() -> Result<(), DataPlaneError> {
     // Asked over netlink first: nothing to remove needs no `nft` at all.
     if matches!(
-        crate::nft_table::inet_table_state(COMPANION_TABLE),
-        Ok(crate::nft_table::TableState::Missing)
+        crate::kernel::nft::inet_table_state(COMPANION_TABLE),
+        Ok(crate::kernel::nft::TableState::Missing)
     ) {
         return Ok(());
     }
@@ -62,8 +62,11 @@ fn remove_companion() -> Result<(), DataPlaneError> {
 /// The `--proxy-mode` name.
 pub const MODE: &str = "ebpf";
 
+/// The flag group of the ebpf and ipvs modes' own flags (`--ebpf-*`).
+pub const FLAGS: &str = "ebpf";
+
 /// The ebpf mode in the registry.
-pub const BACKEND: Backend = Backend {
+pub const INFO: ModeInfo = ModeInfo {
     mode: MODE,
     aliases: &[],
     gate: None,
@@ -73,72 +76,12 @@ pub const BACKEND: Backend = Backend {
         nodeport_addresses: NodePortDefault::Primary,
         localhost_nodeports: LocalhostDefault::Off,
     },
-    flags: <EbpfFlags as clap::Args>::augment_args,
+    flag_groups: &[FLAGS],
     failure_counters: &[],
     counts_rules: false,
     objects: KernelObjects::EbpfMaps,
     semantics: svcproxy_plan::ebpf::SEMANTICS,
-    new: |_, flags| Box::new(EbpfDataPlane::new(flags.ebpf.options())),
 };
-
-/// The ebpf mode's flags, as the command line gives them.
-#[derive(clap::Args, Clone, Debug, PartialEq)]
-pub struct EbpfFlags {
-    /// ebpf and ipvs modes: the cgroup (v2) whose processes' sockets are translated at connect(), every cgroup below it included; unset: the cgroup v2 root, wherever it is mounted (svcproxy only).
-    #[arg(long, value_name = "PATH", help_heading = "svcproxy")]
-    pub ebpf_cgroup: Option<PathBuf>,
-
-    /// ebpf and ipvs modes: the directory svcproxy owns for its pinned maps and links; its parent must be on a bpffs (svcproxy only).
-    #[arg(
-        long,
-        value_name = "DIR",
-        default_value = "/sys/fs/bpf/svcproxy",
-        help_heading = "svcproxy"
-    )]
-    pub ebpf_bpffs: PathBuf,
-
-    /// ebpf and ipvs modes: translate at connect() only the host's own processes' sockets; pods' connections keep the service address and meet the packet path, for service meshes that must see it (as Cilium's socketLB.hostNamespaceOnly) (svcproxy only).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value = "false", default_missing_value = "true",
-          value_parser = parse_go_bool, action = clap::ArgAction::Set, help_heading = "svcproxy")]
-    pub ebpf_host_namespace_only: bool,
-
-    /// ebpf and ipvs modes: service addresses the maps hold (each cluster, external and load-balancer IP and NodePort address, per port) (svcproxy only).
-    #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.services, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
-    pub ebpf_map_size_services: u32,
-
-    /// ebpf and ipvs modes: endpoint slots the maps hold; a full sync needs room for twice the endpoints of every list it writes (the old lists stay until the entries have moved) (svcproxy only).
-    #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.endpoints, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
-    pub ebpf_map_size_endpoints: u32,
-
-    /// ebpf and ipvs modes: connections the packet path remembers, each way (an LRU: the least recently used go first) (svcproxy only).
-    #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.connections, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
-    pub ebpf_map_size_connections: u32,
-
-    /// ebpf and ipvs modes: the XDP fast path for NodePort, external-IP and load-balancer traffic from outside. `native` attaches it to every interface that is not a pod's whose driver runs native XDP (veth does; the others keep the tc path alone): drops are made there, and a connection needing no masquerade is sent on to its endpoint there when the kernel says the endpoint's interface takes redirected frames. Those packets skip the netfilter forward hook and any tc program on that interface, so leave it `off` (the default) where a NetworkPolicy is enforced there (svcproxy only).
-    #[arg(
-        long,
-        value_enum,
-        value_name = "MODE",
-        default_value = "off",
-        help_heading = "svcproxy"
-    )]
-    pub ebpf_xdp: XdpMode,
-
-    /// ebpf and ipvs modes, with --ebpf-xdp=native: the interfaces the XDP program goes on, by name (default: every interface that is not a pod's). Name the node's external interfaces where --detect-local-mode is a CIDR mode: svcproxy cannot tell pods' veths then, and an XDP program on a veth turns off its pod's segmentation offload (svcproxy only).
-    #[arg(
-        long,
-        value_name = "NAME[,NAME]",
-        value_delimiter = ',',
-        help_heading = "svcproxy"
-    )]
-    pub ebpf_xdp_interfaces: Vec<String>,
-
-    /// The idle timeouts, set by the configuration (ipvs mode's
-    /// `--ipvs-*-timeout` flags and `ipvs.*Timeout` fields), not a flag here.
-    #[arg(skip)]
-    pub timeouts: IdleTimeouts,
-}
 
 /// Where build.rs left the XDP benchmark's and tests' own programs
 /// (`bpf/bench.c`: a frame generator, a bare-redirect floor, a pass and a
@@ -146,7 +89,7 @@ pub struct EbpfFlags {
 pub const BENCH_OBJECT: &str = concat!(env!("OUT_DIR"), "/bench.o");
 
 /// `--ebpf-xdp`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum XdpMode {
     /// No XDP program: the tc programs meet every packet.
     #[default]
@@ -188,25 +131,6 @@ impl MapSizes {
 impl Default for MapSizes {
     fn default() -> Self {
         MapSizes::DEFAULT
-    }
-}
-
-impl EbpfFlags {
-    pub fn options(&self) -> EbpfOptions {
-        let defaults = EbpfOptions::host_defaults();
-        EbpfOptions {
-            cgroup: self.ebpf_cgroup.clone().unwrap_or(defaults.cgroup),
-            pin_dir: self.ebpf_bpffs.clone(),
-            host_namespace_only: self.ebpf_host_namespace_only,
-            xdp: self.ebpf_xdp,
-            xdp_interfaces: self.ebpf_xdp_interfaces.clone(),
-            sizes: MapSizes {
-                services: self.ebpf_map_size_services,
-                endpoints: self.ebpf_map_size_endpoints,
-                connections: self.ebpf_map_size_connections,
-            },
-            timeouts: self.timeouts,
-        }
     }
 }
 
@@ -341,7 +265,7 @@ impl EbpfDataPlane {
         if !all_local {
             return Vec::new();
         }
-        crate::host_addrs::host_addresses().unwrap_or_else(|e| {
+        crate::kernel::host_addrs::host_addresses().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot list the host's addresses for NodePorts");
             Vec::new()
         })

@@ -49,21 +49,19 @@ use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 use tokio::net::TcpListener;
 
 pub use metrics::UserspaceCollector;
-pub use options::{parse_port_range, Scheduler, UserspaceConfig, UserspaceFlags};
+pub use options::{parse_port_range, Scheduler, UserspaceConfig};
 pub use tcp::{
     serve_tcp, Options, Pool, PortBook, PortCounters, RouteTable, Routes, Sets, Stats,
     MAX_PORT_SERIES,
 };
 pub use udp::{bind_wildcard, UdpFrontend};
 
-use crate::backend::{
-    ApplyReport, Backend, Comparison, ConfigSection, DataPlane, LocalhostDefault, ModeDefaults,
-    NodePortDefault, NodeRequirements,
-};
-use crate::conntrack::ConntrackFilter;
 use crate::error::DataPlaneError;
-use crate::nft::NftDataPlane;
-use crate::sink::NftCommand;
+use crate::kernel::conntrack::ConntrackFilter;
+use crate::seam::{
+    ApplyReport, Comparison, ConfigSection, DataPlane, KernelObjects, LocalhostDefault,
+    ModeDefaults, ModeInfo, NodePortDefault, NodeRequirements,
+};
 
 /// The userspace mode's behaviour where modes differ: NodePorts answer on
 /// 127.0.0.1 (the proxy connects from the node; no `route_localnet` needed), and
@@ -76,9 +74,16 @@ pub const SEMANTICS: ModeSemantics = ModeSemantics {
     schedulers: false,
 };
 
+/// The `--proxy-mode` name.
+pub const MODE: &str = "userspace";
+
+/// The flag group of the userspace proxy's own flags (`--userspace-*`,
+/// `--proxy-port-range`, `--udp-timeout`).
+pub const FLAGS: &str = "userspace";
+
 /// The userspace mode in the registry.
-pub const BACKEND: Backend = Backend {
-    mode: "userspace",
+pub const INFO: ModeInfo = ModeInfo {
+    mode: MODE,
     aliases: &[],
     gate: None,
     defaults: ModeDefaults {
@@ -88,14 +93,19 @@ pub const BACKEND: Backend = Backend {
         nodeport_addresses: NodePortDefault::AllLocal,
         localhost_nodeports: LocalhostDefault::IptablesSetting,
     },
-    flags: <UserspaceFlags as clap::Args>::augment_args,
+    flag_groups: &[FLAGS],
     // Upstream's userspace proxy had no failure counters of its own.
     failure_counters: &[],
     counts_rules: false,
-    objects: crate::backend::KernelObjects::NftablesTables,
+    objects: KernelObjects::NftablesTables,
     semantics: SEMANTICS,
-    new: |cfg, flags| Box::new(UserspaceDataPlane::new(cfg, flags.userspace_config())),
 };
+
+/// The table the proxy captures with, made by whoever composes the mode (the
+/// registry: the nftables mode's tables): each endpoint set's chain redirecting
+/// to the proxy's socket for it once `capture` names them, and DNATing as usual
+/// before (`None`). The same configuration the proxy was made for.
+pub type CaptureTable = fn(&PlanConfig, Option<Arc<dyn CapturePorts>>) -> Box<dyn DataPlane>;
 
 const SETS: [EndpointSetId; 2] = [EndpointSetId::Cluster, EndpointSetId::Local];
 
@@ -262,7 +272,10 @@ pub struct UserspaceDataPlane {
     cfg: UserspaceConfig,
     scope: Scope,
     families: Vec<IpFamily>,
-    nft: NftDataPlane<NftCommand>,
+    /// The capture's table ([`CaptureTable`]).
+    nft: Box<dyn DataPlane>,
+    /// How to make it.
+    table: CaptureTable,
     engine: Option<Engine>,
     stats: Arc<Stats>,
     cursor: PortCursor,
@@ -279,13 +292,17 @@ pub struct UserspaceDataPlane {
 }
 
 impl UserspaceDataPlane {
-    pub fn new(cfg: &PlanConfig, options: UserspaceConfig) -> Self {
-        Self::with_scope(cfg, options, Scope::All)
+    pub fn new(cfg: &PlanConfig, options: UserspaceConfig, table: CaptureTable) -> Self {
+        Self::with_scope(cfg, options, Scope::All, table)
     }
 
     /// The nftables mode serving NodePorts on loopback through the proxy (see the
     /// module's doc), in the families where `cfg` serves them.
-    pub fn localhost_nodeports(cfg: &PlanConfig, options: UserspaceConfig) -> Self {
+    pub fn localhost_nodeports(
+        cfg: &PlanConfig,
+        options: UserspaceConfig,
+        table: CaptureTable,
+    ) -> Self {
         Self::with_scope(
             cfg,
             options,
@@ -294,10 +311,16 @@ impl UserspaceDataPlane {
                 v6: cfg.serves_localhost_nodeports(IpFamily::V6),
                 udp: cfg.localhost_nodeports_serve_udp(),
             },
+            table,
         )
     }
 
-    fn with_scope(cfg: &PlanConfig, options: UserspaceConfig, scope: Scope) -> Self {
+    fn with_scope(
+        cfg: &PlanConfig,
+        options: UserspaceConfig,
+        scope: Scope,
+        table: CaptureTable,
+    ) -> Self {
         let enabled: Vec<IpFamily> = IpFamily::BOTH
             .into_iter()
             .filter(|f| cfg.family_enabled(*f))
@@ -307,7 +330,8 @@ impl UserspaceDataPlane {
             cfg: options,
             scope,
             families: scope.families(&enabled),
-            nft: NftDataPlane::new(),
+            nft: table(cfg, None),
+            table,
             engine: None,
             stats: Arc::new(Stats::default()),
             generation: None,
@@ -387,7 +411,7 @@ impl UserspaceDataPlane {
             udp: Mutex::new(HashMap::new()),
         });
         let capture: Arc<dyn CapturePorts> = ports.clone();
-        self.nft = NftDataPlane::with_capture(NftCommand::default(), Some(capture));
+        self.nft = (self.table)(&self.plan_cfg, Some(capture));
         self.engine = Some(Engine {
             runtime: Some(runtime),
             routes,
@@ -756,8 +780,9 @@ fn remove_frontend(table: &mut RouteTable, family: IpFamily, key: &FrontendKey) 
 impl DataPlane for UserspaceDataPlane {
     fn mode(&self) -> &'static str {
         match self.scope {
-            Scope::All => BACKEND.mode,
-            Scope::LoopbackNodePorts { .. } => crate::nft::MODE,
+            Scope::All => MODE,
+            // The nftables mode's, whose table this is.
+            Scope::LoopbackNodePorts { .. } => self.nft.mode(),
         }
     }
 
@@ -784,7 +809,7 @@ impl DataPlane for UserspaceDataPlane {
         }
         let port = self.cfg.port_range.map_or(0, |(lo, _)| lo);
         let capture: Arc<dyn CapturePorts> = Arc::new(RenderPorts(self.scope, port));
-        let script = svcproxy_plan::nft::render_full_with(intent, Some(capture));
+        let script = (self.table)(&self.plan_cfg, Some(capture)).render(intent);
         let what = match self.scope {
             Scope::All => "userspace mode: each endpoint set's chain redirects",
             Scope::LoopbackNodePorts { .. } => {
@@ -819,7 +844,7 @@ impl DataPlane for UserspaceDataPlane {
         }
         let port = self.cfg.port_range.map_or(0, |(lo, _)| lo);
         let capture: Arc<dyn CapturePorts> = Arc::new(RenderPorts(self.scope, port));
-        NftDataPlane::with_capture(NftCommand::default(), Some(capture)).compare(intent)
+        (self.table)(&self.plan_cfg, Some(capture)).compare(intent)
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
@@ -830,7 +855,8 @@ impl DataPlane for UserspaceDataPlane {
                 self.stats.clone(),
                 [v4, v6],
             )));
-            all.extend(crate::localhost_rejects::collector(&self.plan_cfg));
+            // The table's own: the reject counters of NodePorts on loopback.
+            all.extend(self.nft.collectors());
         }
         all
     }

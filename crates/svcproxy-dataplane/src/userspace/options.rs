@@ -1,10 +1,8 @@
-//! The userspace mode's own options: its flags ([`UserspaceFlags`], part of
-//! [`crate::ModeFlags`]) and what they resolve to ([`UserspaceConfig`]). The
-//! nftables mode reads them too for its loopback forwarder (localhost NodePorts).
+//! The userspace mode's own options ([`UserspaceConfig`]), which the binary
+//! resolves from its flags (kube-proxy's port range syntax: [`parse_port_range`]).
+//! The nftables mode's loopback forwarder (localhost NodePorts) reads them too.
 
 use std::time::Duration;
-
-use svcproxy_core::go_syntax::{parse_duration_arg, parse_go_bool};
 
 /// How the userspace proxy chooses an endpoint for a new connection
 /// (`--userspace-scheduler`).
@@ -53,75 +51,6 @@ impl Default for UserspaceConfig {
             shutdown_timeout: Duration::from_secs(25),
             zero_copy: true,
         }
-    }
-}
-
-/// The userspace mode's flags, as the command line gives them.
-#[derive(clap::Args, Clone, Debug, PartialEq)]
-pub struct UserspaceFlags {
-    /// userspace mode only: the ports the proxy's own sockets take, BEGIN-END, BEGIN+OFFSET or PORT (inclusive); empty or 0: the kernel chooses, as kube-proxy's userspace proxy.
-    #[arg(long, value_name = "RANGE", help_heading = "kube-proxy")]
-    pub proxy_port_range: Option<String>,
-
-    /// userspace mode only: how long an idle UDP flow keeps its upstream socket, greater than 0 (kube-proxy's userspace default).
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration_arg, help_heading = "kube-proxy")]
-    pub udp_timeout: Duration,
-
-    /// userspace mode only: how an endpoint is chosen for a new connection, rr (round-robin) or lc (least active connections) (svcproxy only).
-    #[arg(long, value_name = "rr|lc", default_value = "rr", value_parser = ["rr", "lc"], help_heading = "svcproxy")]
-    pub userspace_scheduler: String,
-
-    /// userspace mode only: how long an endpoint may take to accept a connection before the next is tried; 1s by default, the TCP initial retransmission timeout: an endpoint that has not answered the SYN by then has lost it or is gone (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
-    pub userspace_connect_timeout: Duration,
-
-    /// userspace mode only: connections to an endpoint that left its service are closed this long after it left; 0s keeps them to their end (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
-    pub userspace_drain_timeout: Duration,
-
-    /// userspace mode only: at SIGTERM the proxy stops accepting and lets open connections finish for at most this long; 25s by default, within a pod's default 30s grace period (svcproxy only).
-    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration_arg, help_heading = "svcproxy")]
-    pub userspace_shutdown_timeout: Duration,
-
-    /// userspace mode only: move TCP bytes between a client and its endpoint with splice(2), never through the proxy's memory; false copies them through a buffer (svcproxy only).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value = "true", default_missing_value = "true",
-          value_parser = parse_go_bool, action = clap::ArgAction::Set, help_heading = "svcproxy")]
-    pub userspace_zero_copy: bool,
-}
-
-impl UserspaceFlags {
-    /// The proxy's settings, or every invalid value (as `--flag: why`).
-    pub fn config(&self) -> Result<UserspaceConfig, Vec<String>> {
-        let mut errors = Vec::new();
-        if self.udp_timeout.is_zero() {
-            errors.push("--udp-timeout: must be greater than 0".to_string());
-        }
-        if self.userspace_connect_timeout.is_zero() {
-            errors.push("--userspace-connect-timeout: must be greater than 0".to_string());
-        }
-        let port_range = match &self.proxy_port_range {
-            Some(r) => parse_port_range(r).unwrap_or_else(|e| {
-                errors.push(format!("--proxy-port-range: {e}"));
-                None
-            }),
-            None => None,
-        };
-        if !errors.is_empty() {
-            return Err(errors);
-        }
-        Ok(UserspaceConfig {
-            scheduler: match self.userspace_scheduler.as_str() {
-                "lc" => Scheduler::LeastConnections,
-                _ => Scheduler::RoundRobin,
-            },
-            connect_timeout: self.userspace_connect_timeout,
-            drain_timeout: self.userspace_drain_timeout,
-            udp_timeout: self.udp_timeout,
-            port_range,
-            shutdown_timeout: self.userspace_shutdown_timeout,
-            zero_copy: self.userspace_zero_copy,
-        })
     }
 }
 

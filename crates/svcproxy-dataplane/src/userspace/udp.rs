@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::tcp::{Endpoint, Pool, PortCounters, Stats};
-use crate::conntrack::ConntrackFilter;
+use crate::kernel::conntrack::ConntrackFilter;
 
 /// Clients with an open flow per socket at most; a datagram from a new client past
 /// it is dropped (the client retries once a flow idles out).

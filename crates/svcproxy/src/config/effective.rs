@@ -125,9 +125,9 @@ fn ipvs(settings: &Settings) -> IPVSConfiguration {
         sync_period: dur(settings.sync_period),
         min_sync_period: dur(settings.min_sync_period),
         scheduler: Some(settings.scheduler.as_str().to_string()),
-        tcp_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.tcp),
-        tcp_fin_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.tcp_fin),
-        udp_timeout: zero_if_none(settings.mode_flags.ebpf.timeouts.udp),
+        tcp_timeout: zero_if_none(settings.mode_options.ebpf.timeouts.tcp),
+        tcp_fin_timeout: zero_if_none(settings.mode_options.ebpf.timeouts.tcp_fin),
+        udp_timeout: zero_if_none(settings.mode_options.ebpf.timeouts.udp),
         ..IPVSConfiguration::default()
     }
 }

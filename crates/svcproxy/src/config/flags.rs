@@ -361,7 +361,7 @@ pub struct ProxyFlags {
 
     // The data planes' own flags (each mode declares its group).
     #[command(flatten)]
-    pub mode: svcproxy_dataplane::ModeFlags,
+    pub mode: super::mode_flags::ModeFlags,
 
     #[command(flatten)]
     pub ignored: IgnoredFlags,

@@ -310,14 +310,14 @@ fn ipvs_idle_timeouts_reach_the_data_plane_in_ipvs_mode() {
         "--ipvs-udp-timeout=5m",
     ]);
     assert!(w.is_empty(), "{w:?}");
-    let t = s.mode_flags.ebpf.timeouts;
+    let t = s.mode_options.ebpf.timeouts;
     assert_eq!(t.tcp, Some(Duration::from_secs(900)));
     assert_eq!(t.tcp_fin, None, "0: leave as is");
     assert_eq!(t.udp, Some(Duration::from_secs(300)));
     let f = write_config(&format!(
         "{HEAD}mode: ipvs\nipvs:\n  tcpFinTimeout: 30s\n  udpTimeout: 0s\n"
     ));
-    let t = ok(&[&config_arg(&f)]).0.mode_flags.ebpf.timeouts;
+    let t = ok(&[&config_arg(&f)]).0.mode_options.ebpf.timeouts;
     assert_eq!(
         (t.tcp, t.tcp_fin, t.udp),
         (None, Some(Duration::from_secs(30)), None)
@@ -326,7 +326,7 @@ fn ipvs_idle_timeouts_reach_the_data_plane_in_ipvs_mode() {
     assert!(yaml.contains("tcpFinTimeout: 30s"), "{yaml}");
     // Outside ipvs mode: ignored, each with one warning.
     let (s, w) = ok(&["--proxy-mode=ebpf", "--ipvs-udp-timeout=5m"]);
-    assert_eq!(s.mode_flags.ebpf.timeouts, Default::default());
+    assert_eq!(s.mode_options.ebpf.timeouts, Default::default());
     assert!(
         warned(&w, "--ipvs-udp-timeout: ignored in ebpf mode"),
         "{w:?}"
@@ -944,7 +944,7 @@ fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
         "--userspace-drain-timeout=30s",
     ]);
     assert_eq!(s.proxy_mode.mode, "userspace");
-    let u = s.mode_flags.userspace_config();
+    let u = s.mode_options.userspace.clone();
     assert_eq!(u.port_range, Some((40000, 40099)));
     assert_eq!(u.udp_timeout, Duration::from_secs(2));
     assert_eq!(u.scheduler, Scheduler::LeastConnections);
@@ -955,7 +955,7 @@ fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
     assert!(w.is_empty(), "{w:?}");
     // Defaults: kube-proxy's 250ms UDP timeout, round-robin, 1s, keep.
     let (d, _) = ok(&["--proxy-mode=userspace"]);
-    assert_eq!(d.mode_flags.userspace_config(), UserspaceConfig::default());
+    assert_eq!(d.mode_options.userspace.clone(), UserspaceConfig::default());
     // In another mode: one warning per flag given.
     let (_, w) = ok(&[
         "--proxy-mode=nftables",

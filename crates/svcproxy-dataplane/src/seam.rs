@@ -1,17 +1,13 @@
-//! The seam between the shared sync logic and each data plane: the [`DataPlane`]
-//! trait, and the registry of backends keyed on `--proxy-mode`.
+//! The seam between the sync's orchestration and each data plane: the
+//! [`DataPlane`] trait with what a sync reports ([`ApplyReport`], [`SyncKind`],
+//! [`RuleCount`], [`Comparison`]) and what a mode declares of itself
+//! ([`ModeInfo`]: its names, its defaults where kube-proxy's modes differ, its
+//! flag groups, counters and [`ModeSemantics`]).
 //!
-//! Entry points: [`resolve_mode`] (a `--proxy-mode` value to its [`Backend`], aliases
-//! included), [`BACKENDS`] and [`ModeFlags`]. A backend translates the intent
-//! ([`svcproxy_plan::intent`]) into its kernel objects and applies them; it decides
-//! nothing about traffic. The registry is the only code that knows which modes
-//! exist: each entry declares its names, its defaults where kube-proxy's modes
-//! differ ([`ModeDefaults`]), its [`ModeSemantics`], its own flags and metrics. The
-//! binary resolves `--proxy-mode` here and names no backend.
-//!
-//! Adding a mode is one module implementing [`DataPlane`] and exporting a
-//! [`Backend`], one entry in [`BACKENDS`], and, if it has flags of its own, one
-//! field in [`ModeFlags`].
+//! A data plane translates the intent ([`svcproxy_plan::intent`]) into its kernel
+//! objects and applies them; it decides nothing about traffic. Every mode's folder
+//! imports this module and nothing of another mode; the registry
+//! ([`crate::registry`]) is the one module that imports the modes.
 
 use std::time::Duration;
 
@@ -19,9 +15,9 @@ use svcproxy_core::model::IpFamily;
 
 use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 
-use crate::conntrack::ConntrackFilter;
 use crate::error::DataPlaneError;
-use crate::node::Sysctl;
+use crate::kernel::conntrack::ConntrackFilter;
+use crate::kernel::sysctl::Sysctl;
 
 /// How a sync was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -350,50 +346,6 @@ pub struct Alias {
     pub gate: Option<&'static str>,
 }
 
-/// A registered data plane.
-/// A registered data plane.
-#[derive(Clone, Copy)]
-pub struct Backend {
-    /// The `--proxy-mode` name.
-    pub mode: &'static str,
-    /// Other names `--proxy-mode` accepts for this mode.
-    pub aliases: &'static [Alias],
-    /// The kube-proxy feature gate without which kube-proxy refuses the mode's
-    /// name (`KubeProxyIPVS` for `ipvs`); the binary refuses it the same way.
-    pub gate: Option<&'static str>,
-    /// Defaults where kube-proxy's modes differ.
-    pub defaults: ModeDefaults,
-    /// Adds the mode's own flags (its group of [`ModeFlags`]) to a command: how the
-    /// other modes know to warn that they are ignored there.
-    pub flags: fn(clap::Command) -> clap::Command,
-    /// The mode's failure counters, named as upstream names them for that mode.
-    pub failure_counters: &'static [FailureCounter],
-    /// The mode reports [`RuleCount`]s (upstream's iptables rule gauges).
-    pub counts_rules: bool,
-    /// The kind of kernel objects it writes: a mode writing another kind removes
-    /// this one's ([`cleanup_other_modes`]).
-    pub objects: KernelObjects,
-    /// Where this mode behaves differently from the others, as upstream's same mode
-    /// does; folded into the configuration before the intent is built.
-    pub semantics: ModeSemantics,
-    /// A data plane programming the current network namespace, with the mode's
-    /// own options from `flags` (checked at start: [`ModeFlags::check`]).
-    pub new: fn(&PlanConfig, &ModeFlags) -> Box<dyn DataPlane>,
-}
-
-impl std::fmt::Debug for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Backend").field("mode", &self.mode).finish()
-    }
-}
-
-/// Backends are told apart by their mode name.
-impl PartialEq for Backend {
-    fn eq(&self, other: &Self) -> bool {
-        self.mode == other.mode
-    }
-}
-
 /// The kind of kernel objects a mode writes. Modes of one kind share them (each
 /// mode's first sync replaces what another of its kind left); a mode of another kind
 /// removes them once it has synced, as kube-proxy removes its iptables rules when it
@@ -408,180 +360,40 @@ pub enum KernelObjects {
     EbpfMaps,
 }
 
-/// Removes what modes writing another kind of objects than `current` left in this
-/// network namespace (a mode switch, by a rolling update or a restart with another
-/// `--proxy-mode`); returns the failures. One cleanup per kind.
-pub fn cleanup_other_modes(
-    current: &Backend,
-    flags: &ModeFlags,
-) -> Vec<(&'static str, DataPlaneError)> {
-    let mut done = vec![current.objects];
-    let mut failures = Vec::new();
-    for b in BACKENDS {
-        if done.contains(&b.objects) {
-            continue;
-        }
-        done.push(b.objects);
-        if let Err(e) = (b.new)(&PlanConfig::default(), flags).cleanup() {
-            failures.push((b.mode, e));
-        }
-    }
-    failures
-}
-
-/// Every implemented mode. The factory: a new backend is one line here.
-pub const BACKENDS: &[Backend] = &[
-    crate::nftables_mode::BACKEND,
-    crate::iptables::BACKEND,
-    crate::userspace::BACKEND,
-    crate::ebpf::BACKEND,
-    crate::ipvs::BACKEND,
-];
-
-/// The mode an empty `--proxy-mode` (and no `mode:` in the config file) runs.
-pub const DEFAULT_MODE: &str = crate::iptables::MODE;
-
-/// Logged when no mode is set, as kube-proxy 1.37 warns (KEP-5343): the unset mode
-/// is iptables there, and its default will change to nftables.
-pub const DEFAULT_MODE_WARNING: &str = "no proxy mode set: running iptables, the default \
-     of kube-proxy 1.37 on Linux; that default will change to nftables in a future \
-     release, so set the mode explicitly (--proxy-mode, or mode: in the config file)";
-
-/// The data planes' own flags, each mode's group declared in its module. The
-/// binary flattens this into its command line without naming a mode.
-#[derive(clap::Args, Clone, Debug, PartialEq)]
-pub struct ModeFlags {
-    #[command(flatten)]
-    pub nftables: crate::nft::NftablesFlags,
-    #[command(flatten)]
-    pub userspace: crate::userspace::UserspaceFlags,
-    #[command(flatten)]
-    pub ebpf: crate::ebpf::EbpfFlags,
-}
-
-impl Default for ModeFlags {
-    /// Every flag at its default, as an empty command line gives them.
-    fn default() -> Self {
-        use clap::{Args, FromArgMatches};
-        let cmd = ModeFlags::augment_args(clap::Command::new("defaults"));
-        let matches = cmd.get_matches_from(["defaults"]);
-        ModeFlags::from_arg_matches(&matches).expect("the defaults parse")
-    }
-}
-
-impl ModeFlags {
-    /// Checks every mode's flags (whichever mode runs, as kube-proxy validates
-    /// every flag): each invalid value as `--flag: why`.
-    pub fn check(&self) -> Vec<String> {
-        self.userspace.config().err().unwrap_or_default()
-    }
-
-    /// The userspace proxy's options (the userspace mode's, and the nftables
-    /// mode's loopback forwarder's); the defaults if the flags are invalid, which
-    /// [`ModeFlags::check`] refuses at start.
-    pub fn userspace_config(&self) -> crate::userspace::UserspaceConfig {
-        self.userspace.config().unwrap_or_else(|errors| {
-            tracing::error!(?errors, "invalid userspace proxy flags; using the defaults");
-            crate::userspace::UserspaceConfig::default()
-        })
-    }
-}
-
-/// What `--proxy-mode` resolved to.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ModeChoice {
-    pub backend: &'static Backend,
-    /// The name as given (empty: unset).
-    pub asked: &'static str,
-    /// The section the sync periods come from.
-    pub sync_section: ConfigSection,
-    /// Why the mode that runs is not the one asked for, if it is not.
-    pub warning: Option<&'static str>,
-    /// The feature gate the name asked for needs on ([`Alias::gate`]).
+/// What a mode declares of itself: everything the registry and the binary need
+/// to know of it but how to make its data plane ([`crate::registry::Backend`]
+/// adds that).
+#[derive(Clone, Copy)]
+pub struct ModeInfo {
+    /// The `--proxy-mode` name.
+    pub mode: &'static str,
+    /// Other names `--proxy-mode` accepts for this mode.
+    pub aliases: &'static [Alias],
+    /// The kube-proxy feature gate without which kube-proxy refuses the mode's
+    /// name (`KubeProxyIPVS` for `ipvs`); the binary refuses it the same way.
     pub gate: Option<&'static str>,
+    /// Defaults where kube-proxy's modes differ.
+    pub defaults: ModeDefaults,
+    /// The groups of svcproxy's own flags the mode reads (the binary declares each
+    /// group's flags, and warns that a group's flags are ignored in a mode that
+    /// does not read it).
+    pub flag_groups: &'static [&'static str],
+    /// The mode's failure counters, named as upstream names them for that mode.
+    pub failure_counters: &'static [FailureCounter],
+    /// The mode reports [`RuleCount`]s (upstream's iptables rule gauges).
+    pub counts_rules: bool,
+    /// The kind of kernel objects it writes: a mode writing another kind removes
+    /// this one's ([`crate::registry::cleanup_other_modes`]).
+    pub objects: KernelObjects,
+    /// Where this mode behaves differently from the others, as upstream's same mode
+    /// does; folded into the configuration before the intent is built.
+    pub semantics: ModeSemantics,
 }
 
-impl ModeChoice {
-    /// The name the user gave, or the default mode's when none was.
-    pub fn name(&self) -> &'static str {
-        if self.asked.is_empty() {
-            self.backend.mode
-        } else {
-            self.asked
-        }
+impl std::fmt::Debug for ModeInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModeInfo")
+            .field("mode", &self.mode)
+            .finish()
     }
-}
-
-/// The mode `--proxy-mode NAME` (or `mode: NAME`) runs: a registered mode, an alias
-/// of one, or empty for [`DEFAULT_MODE`]. An unknown name is refused naming the
-/// registered modes.
-pub fn resolve_mode(name: &str) -> Result<ModeChoice, String> {
-    let asked = if name.is_empty() { DEFAULT_MODE } else { name };
-    for b in BACKENDS {
-        if b.mode == asked {
-            return Ok(ModeChoice {
-                backend: b,
-                asked: if name.is_empty() { "" } else { b.mode },
-                sync_section: b.defaults.config_section,
-                warning: name.is_empty().then_some(DEFAULT_MODE_WARNING),
-                gate: b.gate,
-            });
-        }
-        if let Some(a) = b.aliases.iter().find(|a| a.name == asked) {
-            return Ok(ModeChoice {
-                backend: b,
-                asked: a.name,
-                sync_section: a.sync_section,
-                warning: Some(a.warning),
-                gate: a.gate,
-            });
-        }
-    }
-    let modes: Vec<&str> = BACKENDS.iter().map(|b| b.mode).collect();
-    Err(format!(
-        "unknown proxy mode {name:?}: must be {}, or empty ({DEFAULT_MODE})",
-        modes.join(", ")
-    ))
-}
-
-/// One warning for each flag of another mode given on the command line
-/// (`explicitly_set(id)`, by clap id) that `active` does not read.
-pub fn ignored_flag_warnings(
-    active: &Backend,
-    explicitly_set: &dyn Fn(&str) -> bool,
-) -> Vec<String> {
-    let ids = |b: &Backend| -> Vec<(String, String)> {
-        (b.flags)(clap::Command::new(b.mode))
-            .get_arguments()
-            .map(|a| {
-                let long = a.get_long().unwrap_or_default();
-                (a.get_id().to_string(), format!("--{long}"))
-            })
-            .collect()
-    };
-    let own = ids(active);
-    let mut warnings = Vec::new();
-    for b in BACKENDS.iter().filter(|b| *b != active) {
-        for (id, flag) in ids(b) {
-            if explicitly_set(&id) && !own.iter().any(|(o, _)| *o == id) {
-                warnings.push(format!(
-                    "{flag}: ignored in {} mode ({} mode only)",
-                    active.mode, b.mode
-                ));
-            }
-        }
-    }
-    warnings
-}
-
-/// Runs every backend's cleanup (`svcproxy cleanup`): each removes its own objects
-/// and nothing else. Returns each mode's failure.
-pub fn cleanup_all(cfg: &PlanConfig, flags: &ModeFlags) -> Vec<(&'static str, DataPlaneError)> {
-    let mut failures = Vec::new();
-    for b in BACKENDS {
-        if let Err(e) = (b.new)(cfg, flags).cleanup() {
-            failures.push((b.mode, e));
-        }
-    }
-    failures
 }

@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::node::NodePreparation;
+use crate::kernel::sysctl::NodePreparation;
 
 /// The conntrack settings to apply; zero / `None` / `false` leave the kernel's value.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -18,9 +18,9 @@ use netlink_packet_netfilter::{
 };
 use svcproxy_core::model::IpFamily;
 
-use crate::conntrack::ConntrackError;
-use crate::ctnetlink::{
-    encode, encode_with, open_socket, recv_datagram, send_request, DEFAULT_CONNTRACK_TIMEOUT,
+use crate::kernel::netfilter::{
+    encode, encode_with, open_socket, recv_datagram, send_request, split_datagram, NetlinkError,
+    DEFAULT_CONNTRACK_TIMEOUT,
 };
 
 const ENOENT: i32 = 2;
@@ -86,9 +86,9 @@ enum Reply {
     Other,
 }
 
-fn parse(msg: &[u8]) -> Result<Reply, ConntrackError> {
+fn parse(msg: &[u8]) -> Result<Reply, NetlinkError> {
     let parsed = NetlinkMessage::<NetfilterMessage>::deserialize(msg)
-        .map_err(|e| ConntrackError::Protocol(format!("an nftables reply did not parse: {e}")))?;
+        .map_err(|e| NetlinkError::Protocol(format!("an nftables reply did not parse: {e}")))?;
     Ok(match parsed.payload {
         NetlinkPayload::Error(e) => Reply::Ack(e.raw_code()),
         NetlinkPayload::InnerMessage(nf) => match nf.inner {
@@ -103,7 +103,7 @@ fn parse(msg: &[u8]) -> Result<Reply, ConntrackError> {
                     }
                 }
                 let handle = handle.ok_or_else(|| {
-                    ConntrackError::Protocol("an nftables table without a handle".into())
+                    NetlinkError::Protocol("an nftables table without a handle".into())
                 })?;
                 Reply::Table(TableState::Present { handle, dormant })
             }
@@ -120,13 +120,13 @@ pub fn table_state(
     netns: Option<&Path>,
     family: IpFamily,
     name: &str,
-) -> Result<TableState, ConntrackError> {
+) -> Result<TableState, NetlinkError> {
     let what = format!("table {family} {name}");
     state_from(ask(netns, &request(1, family, name), &what)?, family)
 }
 
 /// Table `name` of the `inet` family, in the calling thread's network namespace.
-pub fn inet_table_state(name: &str) -> Result<TableState, ConntrackError> {
+pub fn inet_table_state(name: &str) -> Result<TableState, NetlinkError> {
     let what = format!("table inet {name}");
     state_from(ask(None, &inet_request(1, name), &what)?, "inet")
 }
@@ -134,12 +134,12 @@ pub fn inet_table_state(name: &str) -> Result<TableState, ConntrackError> {
 fn state_from(
     found: Option<Reply>,
     family: impl std::fmt::Display,
-) -> Result<TableState, ConntrackError> {
+) -> Result<TableState, NetlinkError> {
     Ok(match found {
         Some(Reply::Table(t)) => t,
         None => TableState::Missing,
         Some(_) => {
-            return Err(ConntrackError::Protocol(format!(
+            return Err(NetlinkError::Protocol(format!(
                 "the kernel acknowledged the {family} table request without the table"
             )))
         }
@@ -153,7 +153,7 @@ pub fn chain_exists(
     family: IpFamily,
     table: &str,
     chain: &str,
-) -> Result<bool, ConntrackError> {
+) -> Result<bool, NetlinkError> {
     let what = format!("chain {family} {table} {chain}");
     let found = ask(netns, &chain_request(1, family, table, chain), &what)?;
     Ok(found == Some(Reply::Chain))
@@ -162,7 +162,7 @@ pub fn chain_exists(
 /// Sends one `GET` request (sequence number 1) and reads its answer: the object's
 /// message (the last one seen) at the acknowledgement, `None` when the kernel says
 /// it does not exist.
-fn ask(netns: Option<&Path>, req: &[u8], what: &str) -> Result<Option<Reply>, ConntrackError> {
+fn ask(netns: Option<&Path>, req: &[u8], what: &str) -> Result<Option<Reply>, NetlinkError> {
     let sock = open_socket(netns, DEFAULT_CONNTRACK_TIMEOUT)?;
     let seq = 1;
     send_request(&sock, req, "the nftables request")?;
@@ -170,7 +170,7 @@ fn ask(netns: Option<&Path>, req: &[u8], what: &str) -> Result<Option<Reply>, Co
     let mut found = None;
     loop {
         recv_datagram(&sock, &mut buf)?;
-        for (s, msg) in crate::ctnetlink::split_datagram(&buf)? {
+        for (s, msg) in split_datagram(&buf)? {
             if s != seq {
                 continue;
             }
@@ -178,14 +178,14 @@ fn ask(netns: Option<&Path>, req: &[u8], what: &str) -> Result<Option<Reply>, Co
                 Reply::Other => {}
                 Reply::Ack(0) => {
                     return Ok(Some(found.ok_or_else(|| {
-                        ConntrackError::Protocol(format!(
+                        NetlinkError::Protocol(format!(
                             "the kernel acknowledged the request for {what} without it"
                         ))
                     })?))
                 }
                 Reply::Ack(code) if code.saturating_abs() == ENOENT => return Ok(None),
                 Reply::Ack(code) => {
-                    return Err(ConntrackError::Kernel {
+                    return Err(NetlinkError::Kernel {
                         context: format!("asking for {what}"),
                         source: io::Error::from_raw_os_error(code.saturating_abs()),
                     })

@@ -3,7 +3,7 @@
 //! family and sync, through whichever backend (`nf_tables` or `legacy`) the host's
 //! `iptables` is.
 //!
-//! Entry points: [`BACKEND`], [`IptablesDataPlane`]. A full sync (the first, the first
+//! Entry points: [`INFO`], [`IptablesDataPlane`]. A full sync (the first, the first
 //! after a failure, a requested resync at most every [`FULL_SYNC_PERIOD`], a node-wide
 //! change) reads the kernel with one
 //! `iptables-save` per table, then in one restore rewrites every svcproxy chain, deletes
@@ -19,20 +19,22 @@ use svcproxy_core::model::IpFamily;
 use svcproxy_plan::iptables::{self as ipt, is_ours, TableId, JUMPS};
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
-use crate::backend::{
-    ApplyReport, Backend, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind,
-    LocalhostDefault, ModeDefaults, NodePortDefault, NodeRequirements, RuleCount, SyncKind,
-};
 use crate::error::DataPlaneError;
-use crate::listing::{self, Compared};
-use crate::node::required_sysctls;
-use crate::sink::{run_command, run_command_with_env, scratch_argv};
+use crate::kernel::command::{run_command, run_command_with_env, scratch_argv};
+use crate::kernel::listing::{self, Compared};
+use crate::kernel::sysctl::required_sysctls;
+use crate::kernel::xtables::legacy_table_names;
+use crate::seam::{
+    ApplyReport, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind, KernelObjects,
+    LocalhostDefault, ModeDefaults, ModeInfo, NodePortDefault, NodeRequirements, RuleCount,
+    SyncKind,
+};
 
 /// The `--proxy-mode` name.
 pub const MODE: &str = "iptables";
 
 /// The iptables mode in the registry, with upstream iptables mode's counters.
-pub const BACKEND: Backend = Backend {
+pub const INFO: ModeInfo = ModeInfo {
     mode: MODE,
     aliases: &[],
     gate: None,
@@ -43,9 +45,9 @@ pub const BACKEND: Backend = Backend {
         nodeport_addresses: NodePortDefault::AllLocal,
         localhost_nodeports: LocalhostDefault::IptablesSetting,
     },
-    flags: |cmd| cmd,
+    flag_groups: &[],
     counts_rules: true,
-    objects: crate::backend::KernelObjects::IptablesChains,
+    objects: KernelObjects::IptablesChains,
     failure_counters: &[
         FailureCounter {
             kind: FailureKind::Sync,
@@ -59,7 +61,6 @@ pub const BACKEND: Backend = Backend {
         },
     ],
     semantics: svcproxy_plan::iptables::SEMANTICS,
-    new: |_, _| Box::new(IptablesDataPlane::new(IptablesCommands::default())),
 };
 
 /// What one family's sync did.
@@ -124,21 +125,6 @@ pub trait IptablesRunner: Send {
             command: "unshare --net iptables-restore".into(),
             source: std::io::Error::other("this iptables stand-in has no scratch namespace"),
         })
-    }
-}
-
-/// The legacy iptables tables of `family` in the calling thread's network
-/// namespace (the kernel's list, one name a line); empty when the module is not
-/// loaded, `None` when it cannot be read.
-pub(crate) fn legacy_table_names(family: IpFamily) -> Option<String> {
-    let path = match family {
-        IpFamily::V4 => "/proc/thread-self/net/ip_tables_names",
-        IpFamily::V6 => "/proc/thread-self/net/ip6_tables_names",
-    };
-    match std::fs::read_to_string(path) {
-        Ok(names) => Some(names),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(String::new()),
-        Err(_) => None,
     }
 }
 
@@ -240,8 +226,8 @@ impl IptablesRunner for IptablesCommands {
                 .chain(["mangle"])
                 .all(|t| {
                     matches!(
-                        crate::nft_table::table_state(None, family, t),
-                        Ok(crate::nft_table::TableState::Missing)
+                        crate::kernel::nft::table_state(None, family, t),
+                        Ok(crate::kernel::nft::TableState::Missing)
                     )
                 })
     }
@@ -569,7 +555,7 @@ fn digest(rules: &[String]) -> u64 {
 
 impl<R: IptablesRunner> DataPlane for IptablesDataPlane<R> {
     fn mode(&self) -> &'static str {
-        BACKEND.mode
+        MODE
     }
 
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {

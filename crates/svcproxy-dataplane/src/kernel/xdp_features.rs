@@ -16,7 +16,7 @@ use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
 use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 use netlink_sys::protocols::NETLINK_GENERIC;
 
-use crate::host_addrs::exchange;
+use crate::kernel::host_addrs::exchange;
 
 const NETDEV_CMD_DEV_GET: u8 = 1;
 const NETDEV_A_DEV_IFINDEX: u16 = 1;

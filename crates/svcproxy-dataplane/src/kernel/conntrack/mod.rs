@@ -22,17 +22,18 @@ use svcproxy_core::model::{IpFamily, Protocol, ServicePort};
 use svcproxy_core::snapshot::NodeSnapshot;
 use svcproxy_core::state::SnapshotUpdate;
 
+pub use crate::kernel::netfilter::{ip_protocol, NetlinkError};
+
+pub mod ctnetlink;
+pub mod sysctl;
+
+pub use ctnetlink::{NetlinkConntrack, DEFAULT_CONNTRACK_TIMEOUT};
+pub use sysctl::{
+    apply_conntrack_sysctls, apply_conntrack_sysctls_at, online_cpus, ConntrackSettings,
+};
+
 /// `IPS_DST_NAT` in a conntrack entry's status: the flow's destination was NATed.
 pub const IPS_DST_NAT: u32 = 1 << 5;
-
-/// IP protocol numbers, as conntrack spells protocols.
-pub fn ip_protocol(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => 6,
-        Protocol::Udp => 17,
-        Protocol::Sctp => 132,
-    }
-}
 
 /// Which conntrack entries to delete: every field that is set must match. Ports
 /// and addresses are those of the original direction's destination (what the
@@ -145,55 +146,31 @@ pub struct FamilyCleanup {
     pub duration: Duration,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConntrackError {
-    /// The netlink socket could not be opened or used.
-    #[error("conntrack netlink: {context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The kernel refused a request.
-    #[error("conntrack netlink: {context}: kernel error: {source}")]
-    Kernel {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The kernel's answer made no sense.
-    #[error("conntrack netlink: {0}")]
-    Protocol(String),
-    /// A fake cleaner told to fail.
-    #[error("conntrack cleanup failed: {0}")]
-    Fake(String),
-}
-
 /// Deletes the conntrack entries some filters match.
 pub trait ConntrackCleaner {
     /// Deletes every entry matching at least one of `filters` (which may be empty:
     /// then nothing is looked at). Entries no filter matches are never touched.
-    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError>;
+    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, NetlinkError>;
 
     /// Deletes every entry `stale` calls stale (the first sync's reconciliation of the
     /// whole table with the rules just applied).
-    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError>;
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, NetlinkError>;
 }
 
 impl<C: ConntrackCleaner + ?Sized> ConntrackCleaner for &mut C {
-    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
+    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, NetlinkError> {
         (**self).delete(filters)
     }
-    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, NetlinkError> {
         (**self).delete_stale(stale)
     }
 }
 
 impl<C: ConntrackCleaner + ?Sized> ConntrackCleaner for Box<C> {
-    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
+    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, NetlinkError> {
         (**self).delete(filters)
     }
-    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, NetlinkError> {
         (**self).delete_stale(stale)
     }
 }
@@ -299,10 +276,10 @@ impl StaleUdpFlows {
 pub struct NoConntrackCleanup;
 
 impl ConntrackCleaner for NoConntrackCleanup {
-    fn delete(&mut self, _filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
+    fn delete(&mut self, _filters: &[ConntrackFilter]) -> Result<CleanupStats, NetlinkError> {
         Ok(CleanupStats::default())
     }
-    fn delete_stale(&mut self, _stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+    fn delete_stale(&mut self, _stale: &StaleUdpFlows) -> Result<CleanupStats, NetlinkError> {
         Ok(CleanupStats::default())
     }
 }
@@ -347,21 +324,21 @@ impl RecordingCleaner {
 }
 
 impl ConntrackCleaner for RecordingCleaner {
-    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
+    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, NetlinkError> {
         if filters.is_empty() {
             return Ok(CleanupStats::default());
         }
         self.calls.push(filters.to_vec());
         if let Some(message) = self.failures.pop_front() {
-            return Err(ConntrackError::Fake(message));
+            return Err(NetlinkError::Fake(message));
         }
         Ok(self.remove_where(|e| filters.iter().any(|f| f.matches(e))))
     }
 
-    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, NetlinkError> {
         self.reconciliations += 1;
         if let Some(message) = self.failures.pop_front() {
-            return Err(ConntrackError::Fake(message));
+            return Err(NetlinkError::Fake(message));
         }
         Ok(self.remove_where(|e| stale.is_stale(e)))
     }

@@ -20,7 +20,7 @@ use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_plan::nft::{family_keyword, localhost_reject_chain, TABLE_NAME};
 use svcproxy_plan::PlanConfig;
 
-use crate::sink::{NftCommand, ScriptSink};
+use crate::kernel::nft::{NftCommand, ScriptSink};
 
 const NAME: &str = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
 const HELP: &str = "[ALPHA] Number of packets rejected on localhost NodePorts. UDP and SCTP \

@@ -14,29 +14,27 @@
 //! [`NetlinkConntrack::in_netns`], which is entered by a short-lived helper thread so
 //! the caller's own namespace never changes.
 
-use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use netlink_packet_core::{
-    DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP,
-    NLM_F_REQUEST,
+    DefaultNla, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use netlink_packet_netfilter::conntrack::{
     ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol as CtProtocol, Tuple,
 };
-use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
-};
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
+use netlink_sys::Socket;
 use svcproxy_core::model::IpFamily;
 
-use crate::conntrack::{
-    CleanupStats, ConntrackCleaner, ConntrackEntry, ConntrackError, ConntrackFilter, FamilyCleanup,
+use super::{
+    CleanupStats, ConntrackCleaner, ConntrackEntry, ConntrackFilter, FamilyCleanup, NetlinkError,
     StaleUdpFlows,
+};
+pub use crate::kernel::netfilter::DEFAULT_CONNTRACK_TIMEOUT;
+use crate::kernel::netfilter::{
+    encode, next_seq, open_socket, recv_datagram, send_request, split_datagram,
 };
 
 const CTA_ID: u16 = 12;
@@ -44,16 +42,10 @@ const CTA_ZONE: u16 = 18;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 const ENOENT: i32 = 2;
-/// `recv(2)` flag: return the real datagram length even when it was cut.
-const MSG_TRUNC: i32 = 0x20;
 /// Larger than any dump datagram the kernel builds (at most 32 KiB).
 const RECV_BUFFER: usize = 64 * 1024;
 /// Deletes sent before their acknowledgements are read.
 const DELETE_BATCH: usize = 64;
-const NLMSG_HEADER: usize = 16;
-
-/// How long one receive may wait for the kernel before the operation fails.
-pub const DEFAULT_CONNTRACK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The kernel's conntrack table, over ctnetlink.
 pub struct NetlinkConntrack {
@@ -105,10 +97,7 @@ impl NetlinkConntrack {
     }
 
     /// Every entry of `family`, and how many dump messages could not be parsed.
-    pub fn dump(
-        &mut self,
-        family: IpFamily,
-    ) -> Result<(Vec<ConntrackEntry>, usize), ConntrackError> {
+    pub fn dump(&mut self, family: IpFamily) -> Result<(Vec<ConntrackEntry>, usize), NetlinkError> {
         let dumped = self.with_socket(|sock, seq| dump_on(sock, seq, family, |_| true))?;
         Ok((dumped.kept, dumped.unparsed))
     }
@@ -118,7 +107,7 @@ impl NetlinkConntrack {
     pub fn delete_entries(
         &mut self,
         entries: &[ConntrackEntry],
-    ) -> Result<(usize, usize), ConntrackError> {
+    ) -> Result<(usize, usize), NetlinkError> {
         self.with_socket(|sock, seq| delete_on(sock, seq, entries))
     }
 
@@ -126,8 +115,8 @@ impl NetlinkConntrack {
     /// starts clean (no stale replies in its queue).
     fn with_socket<T>(
         &mut self,
-        op: impl FnOnce(&Socket, &mut u32) -> Result<T, ConntrackError>,
-    ) -> Result<T, ConntrackError> {
+        op: impl FnOnce(&Socket, &mut u32) -> Result<T, NetlinkError>,
+    ) -> Result<T, NetlinkError> {
         if self.socket.is_none() {
             self.socket = Some(open_socket(self.netns.as_deref(), self.timeout)?);
         }
@@ -149,7 +138,7 @@ impl NetlinkConntrack {
         family: IpFamily,
         doomed: impl Fn(&ConntrackEntry) -> bool,
         stats: &mut CleanupStats,
-    ) -> Result<(), ConntrackError> {
+    ) -> Result<(), NetlinkError> {
         let start = Instant::now();
         let dumped = self.with_socket(|sock, seq| dump_on(sock, seq, family, &doomed))?;
         stats.scanned += dumped.scanned;
@@ -173,7 +162,7 @@ impl NetlinkConntrack {
 }
 
 impl ConntrackCleaner for NetlinkConntrack {
-    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, ConntrackError> {
+    fn delete(&mut self, filters: &[ConntrackFilter]) -> Result<CleanupStats, NetlinkError> {
         let mut stats = CleanupStats::default();
         for family in IpFamily::BOTH {
             let mine: Vec<&ConntrackFilter> =
@@ -185,123 +174,13 @@ impl ConntrackCleaner for NetlinkConntrack {
         Ok(stats)
     }
 
-    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, ConntrackError> {
+    fn delete_stale(&mut self, stale: &StaleUdpFlows) -> Result<CleanupStats, NetlinkError> {
         let mut stats = CleanupStats::default();
         for family in stale.families() {
             self.clean_family(family, |e| stale.is_stale(e), &mut stats)?;
         }
         Ok(stats)
     }
-}
-
-fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> ConntrackError {
-    let context = context.into();
-    move |source| ConntrackError::Io { context, source }
-}
-
-/// A connected ctnetlink socket in `netns` (or the calling thread's namespace).
-pub(crate) fn open_socket(
-    netns: Option<&Path>,
-    timeout: Duration,
-) -> Result<Socket, ConntrackError> {
-    let Some(path) = netns else {
-        return new_socket(timeout);
-    };
-    let ns = File::open(path).map_err(io_err(format!("opening {}", path.display())))?;
-    // setns(2) moves only the calling thread: a throwaway thread enters the
-    // namespace, opens the socket (which stays in that namespace for its life) and
-    // ends, leaving every other thread where it was.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            rustix::thread::move_into_link_name_space(
-                ns.as_fd(),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )
-            .map_err(|e| io_err(format!("entering {}", path.display()))(e.into()))?;
-            // Belt and braces: never open the socket anywhere but in `netns`.
-            let want = ns.metadata().map_err(io_err("stat of the namespace"))?;
-            let have = std::fs::metadata("/proc/thread-self/ns/net")
-                .map_err(io_err("stat of /proc/thread-self/ns/net"))?;
-            if (want.dev(), want.ino()) != (have.dev(), have.ino()) {
-                return Err(ConntrackError::Protocol(format!(
-                    "did not end up in network namespace {}",
-                    path.display()
-                )));
-            }
-            new_socket(timeout)
-        })
-        .join()
-        .unwrap_or_else(|_| {
-            Err(ConntrackError::Protocol(
-                "namespace helper thread panicked".into(),
-            ))
-        })
-    })
-}
-
-fn new_socket(timeout: Duration) -> Result<Socket, ConntrackError> {
-    let mut sock =
-        Socket::new(NETLINK_NETFILTER).map_err(io_err("opening a NETLINK_NETFILTER socket"))?;
-    sock.bind_auto()
-        .map_err(io_err("binding the netlink socket"))?;
-    sock.connect(&SocketAddr::new(0, 0))
-        .map_err(io_err("connecting the netlink socket"))?;
-    rustix::net::sockopt::set_socket_timeout(
-        &sock,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(timeout),
-    )
-    .map_err(|e| io_err("setting the receive timeout")(e.into()))?;
-    Ok(sock)
-}
-
-fn nf_family(family: IpFamily) -> NetfilterProtoFamily {
-    match family {
-        IpFamily::V4 => NetfilterProtoFamily::IPv4,
-        IpFamily::V6 => NetfilterProtoFamily::IPv6,
-    }
-}
-
-fn next_seq(seq: &mut u32) -> u32 {
-    *seq = seq.wrapping_add(1).max(1);
-    *seq
-}
-
-/// One `NETLINK_NETFILTER` request: header flags, sequence number, and a payload of
-/// any netfilter subsystem (ctnetlink's, nftables').
-pub(crate) fn encode(
-    flags: u16,
-    seq: u32,
-    family: IpFamily,
-    msg: impl Into<NetfilterMessageInner>,
-) -> Vec<u8> {
-    encode_with(
-        flags,
-        seq,
-        NetfilterHeader::new(nf_family(family), 0, 0),
-        msg,
-    )
-}
-
-/// [`encode`] with a netfilter header of the caller's (an nf_tables batch's
-/// begin and end name their subsystem in it; an `inet` table's request).
-pub(crate) fn encode_with(
-    flags: u16,
-    seq: u32,
-    nf_header: NetfilterHeader,
-    msg: impl Into<NetfilterMessageInner>,
-) -> Vec<u8> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(nf_header, msg)),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    buf
 }
 
 /// `IPCTNL_MSG_CT_GET` dump of one family.
@@ -363,35 +242,8 @@ pub(crate) enum Reply {
     Other,
 }
 
-/// Splits a datagram into netlink messages: `(sequence number, message)` each. A
-/// length that runs past the datagram ends it with an error (no resync is possible).
-pub(crate) fn split_datagram(buf: &[u8]) -> Result<Vec<(u32, &[u8])>, ConntrackError> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while !rest.is_empty() {
-        if rest.len() < NLMSG_HEADER {
-            return Err(ConntrackError::Protocol(format!(
-                "{} stray bytes after the last netlink message",
-                rest.len()
-            )));
-        }
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-        if len < NLMSG_HEADER || len > rest.len() {
-            return Err(ConntrackError::Protocol(format!(
-                "netlink message length {len} with {} bytes left",
-                rest.len()
-            )));
-        }
-        out.push((seq, &rest[..len]));
-        let aligned = (len + 3) & !3;
-        rest = rest.get(aligned..).unwrap_or_default();
-    }
-    Ok(out)
-}
-
 /// [`split_datagram`], each message read as a ctnetlink [`Reply`].
-pub(crate) fn parse_datagram(buf: &[u8]) -> Result<Vec<(u32, Reply)>, ConntrackError> {
+pub(crate) fn parse_datagram(buf: &[u8]) -> Result<Vec<(u32, Reply)>, NetlinkError> {
     Ok(split_datagram(buf)?
         .into_iter()
         .map(|(seq, msg)| (seq, parse_message(msg)))
@@ -514,42 +366,6 @@ fn entry_from_attrs(family: IpFamily, attrs: &[ConntrackAttribute]) -> Option<Co
         .then_some(entry)
 }
 
-pub(crate) fn recv_datagram(sock: &Socket, buf: &mut Vec<u8>) -> Result<(), ConntrackError> {
-    loop {
-        buf.clear();
-        match sock.recv(buf, MSG_TRUNC) {
-            Ok(n) if n > buf.len() => {
-                return Err(ConntrackError::Protocol(format!(
-                    "a {n}-byte netlink datagram did not fit in {} bytes",
-                    buf.capacity()
-                )))
-            }
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Err(ConntrackError::Io {
-                    context: "waiting for the kernel (timed out)".into(),
-                    source: e,
-                })
-            }
-            Err(e) => return Err(io_err("receiving from the kernel")(e)),
-        }
-    }
-}
-
-pub(crate) fn send_request(sock: &Socket, buf: &[u8], what: &str) -> Result<(), ConntrackError> {
-    let n = sock
-        .send(buf, 0)
-        .map_err(io_err(format!("sending {what}")))?;
-    if n != buf.len() {
-        return Err(ConntrackError::Protocol(format!(
-            "sent {n} of {} bytes of {what}",
-            buf.len()
-        )));
-    }
-    Ok(())
-}
-
 /// What one dump found.
 struct Dumped {
     /// The entries `keep` accepted.
@@ -565,7 +381,7 @@ fn dump_on(
     seq: &mut u32,
     family: IpFamily,
     keep: impl Fn(&ConntrackEntry) -> bool,
-) -> Result<Dumped, ConntrackError> {
+) -> Result<Dumped, NetlinkError> {
     let seq = next_seq(seq);
     send_request(sock, &dump_request(seq, family), "the dump request")?;
     let mut buf = Vec::with_capacity(RECV_BUFFER);
@@ -592,7 +408,7 @@ fn dump_on(
                 Reply::Done => return Ok(out),
                 Reply::Ack(0) => {}
                 Reply::Ack(code) => {
-                    return Err(ConntrackError::Kernel {
+                    return Err(NetlinkError::Kernel {
                         context: format!("dumping the {family} table"),
                         source: io::Error::from_raw_os_error(code.saturating_abs()),
                     })
@@ -606,9 +422,9 @@ fn delete_on(
     sock: &Socket,
     seq: &mut u32,
     entries: &[ConntrackEntry],
-) -> Result<(usize, usize), ConntrackError> {
+) -> Result<(usize, usize), NetlinkError> {
     let (mut deleted, mut vanished) = (0, 0);
-    let mut first_error: Option<ConntrackError> = None;
+    let mut first_error: Option<NetlinkError> = None;
     let mut buf = Vec::with_capacity(RECV_BUFFER);
     for batch in entries.chunks(DELETE_BATCH) {
         let mut pending = std::collections::BTreeMap::new();
@@ -632,7 +448,7 @@ fn delete_on(
                     c => {
                         let source = io::Error::from_raw_os_error(c.saturating_abs());
                         tracing::warn!(?entry, error = %source, "cannot delete conntrack entry");
-                        first_error.get_or_insert(ConntrackError::Kernel {
+                        first_error.get_or_insert(NetlinkError::Kernel {
                             context: format!(
                                 "deleting {} {}:{} -> {}:{}",
                                 entry.protocol,
@@ -657,6 +473,7 @@ fn delete_on(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::netfilter::NLMSG_HEADER;
     use netlink_packet_core::{Emitable, NLMSG_DONE, NLMSG_ERROR};
 
     fn ip(s: &str) -> std::net::IpAddr {

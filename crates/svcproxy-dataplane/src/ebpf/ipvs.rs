@@ -1,22 +1,22 @@
 //! The ipvs mode: kube-proxy's `--proxy-mode ipvs` run on the eBPF data plane
 //! ([`crate::ebpf`]), which carries IPVS's schedulers (`--ipvs-scheduler`,
 //! decided per service port in the intent, executed by the programs) without the
-//! kernel's IP_VS. Where upstream's ipvs mode behaves differently from its
-//! nftables mode, this entry says so: NodePorts on every local address by
-//! default and never on loopback, the `ipvs` section of the config file and the
-//! `--ipvs-*` sync periods, and the `KubeProxyIPVS` gate. Entry point:
-//! [`BACKEND`].
+//! kernel's IP_VS: the eBPF plane's schedulers' entry. Where upstream's ipvs mode
+//! behaves differently from its nftables mode, this entry says so: NodePorts on
+//! every local address by default and never on loopback, the `ipvs` section of
+//! the config file and the `--ipvs-*` sync periods, and the `KubeProxyIPVS`
+//! gate. Entry point: [`INFO`]; the registry makes its data plane as the ebpf
+//! mode's, named `ipvs` ([`super::EbpfDataPlane::named`]).
 
-use crate::backend::{
-    Backend, ConfigSection, KernelObjects, LocalhostDefault, ModeDefaults, NodePortDefault,
+use crate::seam::{
+    ConfigSection, KernelObjects, LocalhostDefault, ModeDefaults, ModeInfo, NodePortDefault,
 };
-use crate::ebpf::{EbpfDataPlane, EbpfFlags};
 
 /// The `--proxy-mode` name.
 pub const MODE: &str = "ipvs";
 
 /// The ipvs mode in the registry.
-pub const BACKEND: Backend = Backend {
+pub const INFO: ModeInfo = ModeInfo {
     mode: MODE,
     aliases: &[],
     gate: Some("KubeProxyIPVS"),
@@ -28,10 +28,9 @@ pub const BACKEND: Backend = Backend {
         localhost_nodeports: LocalhostDefault::Off,
     },
     // The ebpf mode's flags: the same data plane.
-    flags: <EbpfFlags as clap::Args>::augment_args,
+    flag_groups: &[super::FLAGS],
     failure_counters: &[],
     counts_rules: false,
     objects: KernelObjects::EbpfMaps,
     semantics: svcproxy_plan::ebpf::SEMANTICS,
-    new: |_, flags| Box::new(EbpfDataPlane::new(flags.ebpf.options()).named(MODE)),
 };

@@ -43,9 +43,10 @@ use svcproxy_plan::nft::{BaseChain, ChainType, Hook, Map, MapType, Set, TABLE_NA
 
 use netlink_sys::Socket;
 
-use crate::conntrack::{ip_protocol, ConntrackError};
-use crate::ctnetlink::{open_socket, recv_datagram, split_datagram};
-use crate::DataPlaneError;
+use crate::error::DataPlaneError;
+use crate::kernel::netfilter::{
+    ip_protocol, open_socket, recv_datagram, split_datagram, NetlinkError,
+};
 
 /// nfnetlink's subsystem id of nf_tables (a batch's `res_id`).
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -1130,7 +1131,7 @@ impl Batch {
 
     /// Sends the batch on `sock` and waits for the kernel's verdict: the last
     /// message's acknowledgement, after the errors of any that failed.
-    fn send_on(&self, sock: &Socket) -> Result<Duration, ConntrackError> {
+    fn send_on(&self, sock: &Socket) -> Result<Duration, NetlinkError> {
         let start = std::time::Instant::now();
         // One sendmsg: the kernel takes the chunks as one datagram.
         let iov: Vec<std::io::IoSlice> = self
@@ -1144,19 +1145,19 @@ impl Batch {
             &mut rustix::net::SendAncillaryBuffer::default(),
             rustix::net::SendFlags::empty(),
         )
-        .map_err(|e| ConntrackError::Io {
+        .map_err(|e| NetlinkError::Io {
             context: "sending the nftables batch".into(),
             source: e.into(),
         })?;
         if sent != self.len() {
-            return Err(ConntrackError::Protocol(format!(
+            return Err(NetlinkError::Protocol(format!(
                 "sent {sent} of {} bytes of the nftables batch",
                 self.len()
             )));
         }
         let commit = start.elapsed();
         let last = self.messages.last().map(|m| m.seq);
-        let mut failure: Option<ConntrackError> = None;
+        let mut failure: Option<NetlinkError> = None;
         let mut buf = Vec::with_capacity(64 * 1024);
         loop {
             recv_datagram(sock, &mut buf)?;
@@ -1172,7 +1173,7 @@ impl Batch {
                         Some(what) => format!("the kernel refused `{what}`"),
                         None => "the kernel refused the nftables transaction".to_string(),
                     };
-                    failure = Some(ConntrackError::Kernel {
+                    failure = Some(NetlinkError::Kernel {
                         context,
                         source: io::Error::from_raw_os_error(code.saturating_abs()),
                     });
@@ -1230,7 +1231,7 @@ pub struct BatchStats {
 /// Writes batches over one netlink socket, opened at the first batch in the
 /// namespace it is told, and kept.
 #[derive(Default)]
-pub(crate) struct NetlinkWriter {
+pub struct NetlinkWriter {
     sock: Option<(Option<PathBuf>, Socket)>,
     /// The last batch sent.
     pub last: Option<BatchStats>,
@@ -1275,7 +1276,7 @@ impl NetlinkWriter {
             Err(_) => self.sock = None,
         }
         result.map(|_| ()).map_err(|e| match e {
-            ConntrackError::Kernel { context, source } => DataPlaneError::Rejected {
+            NetlinkError::Kernel { context, source } => DataPlaneError::Rejected {
                 command: "nftables netlink batch".into(),
                 status: format!("errno {}", source.raw_os_error().unwrap_or(0)),
                 stderr: format!("{context}: {source}"),
@@ -1293,7 +1294,7 @@ impl NetlinkWriter {
         netns: Option<&Path>,
         timeout: Duration,
         len: usize,
-    ) -> Result<&Socket, ConntrackError> {
+    ) -> Result<&Socket, NetlinkError> {
         if self
             .sock
             .as_ref()
@@ -1310,7 +1311,7 @@ impl NetlinkWriter {
         if want > self.sndbuf && len > DEFAULT_SNDBUF {
             // Past net.core.wmem_max: CAP_NET_ADMIN's SO_SNDBUFFORCE, as `nft` does.
             rustix::net::sockopt::set_socket_send_buffer_size_force(sock, want).map_err(|e| {
-                ConntrackError::Io {
+                NetlinkError::Io {
                     context: format!("setting a {want}-byte send buffer"),
                     source: e.into(),
                 }
@@ -1331,10 +1332,10 @@ impl std::fmt::Debug for NetlinkWriter {
 
 /// `Some(code)` for an acknowledgement or error (`0`: success), `None` for any
 /// other message.
-fn ack_code(msg: &[u8]) -> Result<Option<i32>, ConntrackError> {
+fn ack_code(msg: &[u8]) -> Result<Option<i32>, NetlinkError> {
     use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
     let parsed = NetlinkMessage::<NetfilterMessage>::deserialize(msg)
-        .map_err(|e| ConntrackError::Protocol(format!("an nftables reply did not parse: {e}")))?;
+        .map_err(|e| NetlinkError::Protocol(format!("an nftables reply did not parse: {e}")))?;
     Ok(match parsed.payload {
         NetlinkPayload::Error(e) => Some(e.raw_code()),
         _ => None,

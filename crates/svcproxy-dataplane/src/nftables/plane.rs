@@ -19,73 +19,12 @@ use svcproxy_plan::nft::{
 };
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
-use crate::backend::{
-    ApplyReport, Comparison, DataPlane, FailureCounter, FailureKind, NodeRequirements, SyncKind,
-};
+use super::NftWriter;
 use crate::error::DataPlaneError;
-use crate::listing::{self, Compared};
-use crate::nft_netlink::BatchBuilder;
-use crate::nft_table::TableState;
-use crate::node::required_sysctls;
-use crate::sink::{NftCommand, ScriptSink};
-
-/// The nftables mode's name (its registry entry, which composes this data plane
-/// with the loopback forwarder, is [`crate::nftables_mode`]).
-pub const MODE: &str = "nftables";
-
-/// The nftables mode's failure counters, named as upstream names them.
-pub const FAILURE_COUNTERS: &[FailureCounter] = &[
-    FailureCounter {
-        kind: FailureKind::Sync,
-        name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
-        help: "Cumulative proxy nftables sync failures",
-    },
-    // Stale chains go in the same transaction as the sync, so a failed
-    // cleanup shows as a failed sync and this stays 0 (as upstream names it).
-    FailureCounter {
-        kind: FailureKind::Cleanup,
-        name: "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
-        help: "Cumulative proxy nftables cleanup failures",
-    },
-];
-
-/// How the nftables data plane writes its changes to the kernel.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NftWriter {
-    /// Every sync is one nf_tables batch over netlink when every statement of its
-    /// plan has a typed form (see [`svcproxy_plan::nft::typed`]); otherwise through
-    /// `nft -f`.
-    #[default]
-    Netlink,
-    /// Every sync through `nft -f` (the fallback).
-    Text,
-}
-
-/// The nftables mode's own flags.
-#[derive(clap::Args, Clone, Debug, PartialEq)]
-pub struct NftablesFlags {
-    /// nftables mode only: how changes reach the kernel. 'netlink' (the default): a partial sync of elements and plain service chains (an endpoint moved, a ClusterIP service added or deleted) is one nf_tables batch over netlink, every other sync one nft -f transaction; 'text': every sync through nft -f (svcproxy only).
-    #[arg(long, value_name = "netlink|text", default_value = "netlink", value_parser = ["netlink", "text"], help_heading = "svcproxy")]
-    pub nft_writer: String,
-    /// nftables mode only: how a first sync writes the tables when the node has none of svcproxy's (a node's first start). 'steps' (the default): the skeleton and the API server's and cluster DNS's Services first, then the rest in bounded transactions, so that no other nftables writer waits for the whole table; 'single': one transaction per family, as kube-proxy (svcproxy only).
-    #[arg(long, value_name = "steps|single", default_value = "steps", value_parser = ["steps", "single"], help_heading = "svcproxy")]
-    pub nft_cold_start: String,
-}
-
-impl NftablesFlags {
-    /// `--nft-cold-start`.
-    pub fn cold_start(&self) -> Option<ColdStart> {
-        (self.nft_cold_start != "single").then(ColdStart::default)
-    }
-
-    /// `--nft-writer`.
-    pub fn writer(&self) -> NftWriter {
-        match self.nft_writer.as_str() {
-            "text" => NftWriter::Text,
-            _ => NftWriter::Netlink,
-        }
-    }
-}
+use crate::kernel::listing::{self, Compared};
+use crate::kernel::nft::{BatchBuilder, NftCommand, ScriptSink, TableState};
+use crate::kernel::sysctl::required_sysctls;
+use crate::seam::{ApplyReport, Comparison, DataPlane, NodeRequirements, SyncKind};
 
 /// svcproxy's nftables tables (`ip svcproxy`, `ip6 svcproxy`), written through a
 /// [`ScriptSink`]: the real `nft` ([`NftCommand`], optionally behind a netns
@@ -337,7 +276,7 @@ fn log_applied(plan: &svcproxy_plan::nft::Plan, apply: Duration) {
 
 impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     fn mode(&self) -> &'static str {
-        MODE
+        super::MODE
     }
 
     fn sync(
@@ -532,7 +471,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         self.cfg
             .as_ref()
-            .and_then(crate::localhost_rejects::collector)
+            .and_then(super::localhost_rejects::collector)
             .into_iter()
             .collect()
     }

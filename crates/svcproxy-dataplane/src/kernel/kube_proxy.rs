@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::error::DataPlaneError;
-use crate::sink::run_command;
+use crate::kernel::command::run_command;
 
 /// Built-in chains of the tables kube-proxy writes.
 const BUILTIN: &[&str] = &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
@@ -253,7 +253,7 @@ fn run(
 /// `/proc/net/ip{,6}_tables_names` (read where the tools run).
 fn legacy_table_exists(prefix: &[String], tool: &str, table: &str) -> bool {
     let list = if prefix.is_empty() {
-        crate::iptables::legacy_table_names(tool_family(tool))
+        crate::kernel::xtables::legacy_table_names(tool_family(tool))
     } else {
         let names = if tool.starts_with("ip6") {
             "/proc/net/ip6_tables_names"
@@ -283,8 +283,8 @@ fn nft_backed_table_missing(prefix: &[String], tool: &str, table: &str) -> bool 
         return false;
     }
     matches!(
-        crate::nft_table::table_state(None, tool_family(tool), table),
-        Ok(crate::nft_table::TableState::Missing)
+        crate::kernel::nft::table::table_state(None, tool_family(tool), table),
+        Ok(crate::kernel::nft::table::TableState::Missing)
     )
 }
 
@@ -292,9 +292,9 @@ fn nft_backed_table_missing(prefix: &[String], tool: &str, table: &str) -> bool 
 fn nft_table_exists(prefix: &[String], family: &str) -> Result<bool, DataPlaneError> {
     if prefix.is_empty() {
         // Over netlink in this thread's namespace; `nft` only when it cannot tell.
-        match crate::nft_table::table_state(None, tool_family(family), "kube-proxy") {
-            Ok(crate::nft_table::TableState::Missing) => return Ok(false),
-            Ok(crate::nft_table::TableState::Present { .. }) => return Ok(true),
+        match crate::kernel::nft::table::table_state(None, tool_family(family), "kube-proxy") {
+            Ok(crate::kernel::nft::table::TableState::Missing) => return Ok(false),
+            Ok(crate::kernel::nft::table::TableState::Present { .. }) => return Ok(true),
             Err(_) => {}
         }
     }
