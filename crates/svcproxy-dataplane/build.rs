@@ -17,10 +17,10 @@ fn main() {
     // asm/types.h lives in the multiarch include directory on Debian.
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let multiarch = format!("/usr/include/{arch}-linux-gnu");
-    println!("cargo:rerun-if-changed=bpf/svcproxy.h");
+    // Every source and header under bpf/ (cargo scans a directory whole).
+    println!("cargo:rerun-if-changed=bpf");
     for name in PROGRAMS {
         let src = format!("bpf/{name}.c");
-        println!("cargo:rerun-if-changed={src}");
         let obj = out.join(format!("{name}.o"));
         let result = Command::new(&clang)
             // The default instruction set: the rr scheduler's fetch-and-add
