@@ -175,7 +175,7 @@ static __always_inline __u32 hash_u64(__u32 h, __u64 v)
 }
 
 // Gives back one count of the endpoint at (addr, port, family) in `counts`:
-// the release of a socket's (sock.c) or a packet-path connection's (tc.c).
+// the release of a socket's (sock.c) or a packet-path connection's (ct.h).
 static __always_inline void count_release(void *counts, const __u32 *addr, __u16 port,
 					  __u8 family)
 {
