@@ -8,15 +8,54 @@
 // The programs decide nothing: every verdict, endpoint list and affinity timeout
 // is written into the maps by svcproxy from its intent (see
 // crates/svcproxy-dataplane/src/ebpf/). They only look up, pick (as the route's
-// scheduler says, or the client's remembered endpoint) and rewrite. The maps' layouts are in
-// svcproxy.h, mirrored by src/ebpf/wire.rs.
+// scheduler says, or the client's remembered endpoint) and rewrite. The maps'
+// layouts are in lib/maps.h and lib/sched.h (this file's own maps' below),
+// mirrored by src/ebpf/wire.rs.
 
-#include "svcproxy.h"
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/sched.h"
+#include "lib/service.h"
 #include <bpf/bpf_endian.h>
 
+#define ECONNREFUSED 111
+#define ETIMEDOUT 110
 #define SOL_SOCKET 1
 #define SOCK_STREAM 1
 #define SO_MARK 36
+
+// A socket's translated peer: the endpoint it was sent to, by socket cookie.
+struct rev_key {
+	__u64 cookie;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+struct rev_val {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+// A connected socket's service address and endpoint, in the socket's own
+// storage (freed with it, never evicted).
+struct sock_peer {
+	__u32 vip[4];
+	__u16 vport;
+	__u8 family; // the endpoint's (FAMILY_*)
+	__u8 counted; // the connection counts in svcproxy_conns until released
+	__u32 be[4];
+	__u16 beport;
+	__u16 pad2;
+};
+
+// An unconnected UDP socket's flow to one service address, so its datagrams
+// stay with one endpoint as conntrack keeps a flow.
+struct flow_key {
+	__u64 cookie;
+	struct svc_key svc;
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -41,7 +80,6 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, struct backend);
 } svcproxy_flow SEC(".maps");
-
 
 // An IPv6 socket names an IPv4 address as ::ffff:a.b.c.d (IPv4-mapped): the
 // maps key it as the IPv4 address it is.
