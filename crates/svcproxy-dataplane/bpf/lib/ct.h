@@ -22,7 +22,7 @@
 #define CT_ORIGINAL 0
 #define CT_REPLY 1
 #define CT_MASQUERADED_REPLY 2
-// A connection the XDP program masqueraded itself (nat.h: snat_alloc), each
+// A connection the XDP program masqueraded itself (xdp.c: snat_alloc), each
 // way: dir 3 its packets once sent to the endpoint (client to endpoint; the
 // value: the node's address and port they leave from), dir 4 the endpoint's
 // replies to that address and port (the value: the client).

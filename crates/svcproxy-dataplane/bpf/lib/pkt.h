@@ -3,7 +3,7 @@
 // A packet as the packet programs see it (struct pkt): a socket buffer's
 // headers parsed (parse), and its addresses and ports rewritten with the
 // checksums that cover them (rewrite). The XDP program parses and rewrites a
-// frame its own way (parse_xdp, xdp_send).
+// frame its own way (parse_xdp, xdp_send in xdp.c).
 
 #ifndef SVCPROXY_LIB_PKT_H
 #define SVCPROXY_LIB_PKT_H

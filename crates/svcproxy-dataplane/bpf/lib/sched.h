@@ -4,7 +4,7 @@
 // list (pick), for the socket programs and the packet path alike, and the maps
 // they keep (svcproxy_rr's turns, svcproxy_mh's Maglev tables, the live
 // connections of svcproxy_conns and svcproxy_flows). Each path hashes its own
-// input (sched_hash).
+// input (sched_hash: the sockets' in sock.c, the packets' in decide.h).
 
 #ifndef SVCPROXY_LIB_SCHED_H
 #define SVCPROXY_LIB_SCHED_H
