@@ -214,8 +214,6 @@ static __always_inline int refuse(int err)
 	return 0;
 }
 
-// Translates the destination of ctx to an endpoint. `datagram`: an unconnected
-// socket's sendmsg (its flow keeps one endpoint per service address).
 // A connected socket that is not translated (again) must not show a service
 // address it was translated to earlier.
 static __always_inline void forget_peer(struct bpf_sock_addr *ctx)
@@ -228,6 +226,12 @@ static __always_inline void forget_peer(struct bpf_sock_addr *ctx)
 	}
 }
 
+// Translates the destination of ctx to an endpoint. `datagram`: an unconnected
+// socket's sendmsg (its flow keeps one endpoint per service address).
+// Over 80 lines: one socket call's translation from the lookup to the rewrite,
+// each step using what the earlier ones found (the service, the route of the
+// call's origin, the endpoint, the socket's cookie); kept in one piece, as the
+// verifier has always seen it.
 static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int datagram)
 {
 	struct svc_key key;

@@ -194,6 +194,11 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 #define VERDICT_REJECT 2
 #define VERDICT_FORWARD 3
 
+// Over 80 lines: one packet's whole decision (a known connection kept, closed or
+// forgotten idle; for a new one the service, the guard, the route, the fence and
+// the endpoint), its branches sharing the entry found. Kept in one piece: it is
+// a subprogram of its own (noinline), and a cut would change what the verifier
+// sees.
 static __noinline int decide(void *ctx, const struct pkt *p, __u32 ifindex,
 			    struct ct_val *flow)
 {
