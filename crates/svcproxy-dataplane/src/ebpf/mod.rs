@@ -10,7 +10,7 @@
 //!
 //! - [`svcproxy_plan::ebpf`]: the intent as map contents (pure), `render`'s
 //!   text, and the fixed rules;
-//! - [`wire`]: the maps' binary layouts, mirrored from `bpf/svcproxy.h`;
+//! - [`wire`]: the maps' binary layouts, mirrored from `bpf/lib/*.h`;
 //! - [`kernel`]: loading, attaching, pinning, and writing the maps.
 //!
 //! Every verdict comes from the intent

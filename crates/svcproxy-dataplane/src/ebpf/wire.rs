@@ -1,4 +1,4 @@
-//! The BPF maps' keys and values, laid out as `bpf/svcproxy.h` declares them (change
+//! The BPF maps' keys and values, laid out as `bpf/lib/*.h` declares them (change
 //! both together; `layouts_match_the_c_structs` checks the sizes), and their
 //! encoding from the table's types.
 
@@ -298,7 +298,7 @@ pub struct CtKey {
     pub proto: u8,
     pub family: u8,
     /// `CT_ORIGINAL` (0), `CT_REPLY`, `CT_MASQUERADED_REPLY`, `CT_SNAT`, `CT_SNAT_REPLY`
-    /// (bpf/svcproxy.h).
+    /// (bpf/lib/ct.h).
     pub dir: u8,
     pub pad: u8,
 }
@@ -477,7 +477,7 @@ mod tests {
 
     #[test]
     fn layouts_match_the_c_structs() {
-        // Sizes as clang lays out bpf/svcproxy.h's structs.
+        // Sizes as clang lays out the structs of bpf/lib/*.h.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<Route>(), 12);
         assert_eq!(std::mem::size_of::<SvcVal>(), 72);

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 
 /// The table sizes, indexed by what the maps store (`route.mh_size`): primes
 /// near powers of two, as IPVS's and Cilium's Maglev tables. Change only with
-/// the C (`mh_cells()` in `bpf/svcproxy.h`).
+/// the C (`mh_cells()` in `bpf/lib/sched.h`).
 pub const SIZES: [u32; 9] = [251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521];
 
 /// Cells per endpoint the smallest fitting table aims for: the paper's M ≥ 100 N
