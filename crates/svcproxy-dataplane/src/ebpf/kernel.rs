@@ -97,7 +97,7 @@ const TC_PROGRAMS: [(&str, TcAttachType, &str); 2] = [
     ("svcproxy_tc_egress", TcAttachType::Egress, "egress"),
 ];
 
-/// The XDP fast path's program (`--ebpf-xdp=native`), in `bpf/tc.c`.
+/// The XDP fast path's program (`--ebpf-xdp=native`), in `bpf/xdp.c`.
 const XDP_PROGRAM: &str = "svcproxy_xdp";
 
 /// The maps, by the names pinned.
@@ -139,6 +139,8 @@ const RETIRED_MAPS: [&str; 1] = ["svcproxy_xdp_fwd"];
 static SOCK_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sock.o"));
 /// The packet programs, likewise.
 static TC_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tc.o"));
+/// The XDP program, likewise (its maps are the packet programs', by their pins).
+static XDP_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp.o"));
 
 /// `statfs(2)`'s magic number of a bpffs.
 const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
@@ -578,6 +580,8 @@ pub struct Kernel {
     /// programs also to be attached to interfaces that appear).
     _ebpf: Ebpf,
     tc: Ebpf,
+    /// The XDP program's object, loaded with `--ebpf-xdp=native` alone.
+    xdp_ebpf: Option<Ebpf>,
 }
 
 impl Kernel {
@@ -597,7 +601,7 @@ impl Kernel {
         let reused = MAPS.iter().any(|m| pin_dir.join(m).exists());
         let cgroup_dir = File::open(cgroup)
             .map_err(|e| kernel_err(format!("opening cgroup {}", cgroup.display()), e))?;
-        let (mut ebpf, mut tc) = load_programs(opts)?;
+        let (mut ebpf, mut tc, xdp_ebpf) = load_programs(opts)?;
         for name in RETIRED_MAPS {
             let _ = std::fs::remove_file(pin_dir.join(name));
         }
@@ -658,6 +662,7 @@ impl Kernel {
             sizes: opts.sizes,
             _ebpf: ebpf,
             tc,
+            xdp_ebpf,
         })
     }
 }
@@ -709,7 +714,7 @@ fn prepare_pin_dir(opts: &EbpfOptions) -> Result<(), DataPlaneError> {
 /// The socket programs and the packet programs (the XDP program too with
 /// `--ebpf-xdp=native`) loaded, their maps opened or created under the pin
 /// directory at the flags' sizes.
-fn load_programs(opts: &EbpfOptions) -> Result<(Ebpf, Ebpf), DataPlaneError> {
+fn load_programs(opts: &EbpfOptions) -> Result<(Ebpf, Ebpf, Option<Ebpf>), DataPlaneError> {
     let pin_dir = &opts.pin_dir;
     let loader = || {
         let mut l = EbpfLoader::new();
@@ -732,12 +737,19 @@ fn load_programs(opts: &EbpfOptions) -> Result<(Ebpf, Ebpf), DataPlaneError> {
         prog.load()
             .map_err(|e| kernel_err(format!("loading {name}"), verifier(e)))?;
     }
+    // The XDP program, its maps the same pinned maps.
+    let mut xdp = None;
     if opts.xdp == XdpMode::Native {
-        let prog: &mut Xdp = program(&mut tc, XDP_PROGRAM)?;
+        let xdp = xdp.insert(
+            loader()
+                .load(XDP_OBJECT)
+                .map_err(|e| kernel_err("loading the XDP program", e))?,
+        );
+        let prog: &mut Xdp = program(xdp, XDP_PROGRAM)?;
         prog.load()
             .map_err(|e| kernel_err(format!("loading {XDP_PROGRAM}"), verifier(e)))?;
     }
-    Ok((ebpf, tc))
+    Ok((ebpf, tc, xdp))
 }
 
 /// The first list id to give: past every id in use, the entries' included (a
@@ -909,7 +921,11 @@ impl Kernel {
     /// updated, never detached), pinned as `xdp-<index>`.
     fn attach_xdp(&mut self, index: u32, name: &str) -> Result<(), DataPlaneError> {
         let pin = self.pin_dir.join(format!("xdp-{index}"));
-        let prog: &mut Xdp = program(&mut self.tc, XDP_PROGRAM)?;
+        let xdp = self
+            .xdp_ebpf
+            .as_mut()
+            .ok_or_else(|| kernel_err(XDP_PROGRAM, "not loaded (--ebpf-xdp is not native)"))?;
+        let prog: &mut Xdp = program(xdp, XDP_PROGRAM)?;
         let id = match PinnedLink::from_pin(&pin) {
             Ok(old) => {
                 let old = XdpLink::try_from(FdLink::from(old))
