@@ -28,17 +28,14 @@ pub mod registry;
 pub mod seam;
 pub mod userspace;
 
-mod driver;
-
-pub use driver::{Driver, SyncReport};
 pub use ebpf::{EbpfDataPlane, EbpfOptions, IdleTimeouts, MapSizes, XdpMode};
 pub use error::{is_permission_error, DataPlaneError, STDERR_LIMIT};
 pub use kernel::command::{run_command, CommandOutput};
 pub use kernel::conntrack::{
-    apply_conntrack_sysctls, apply_conntrack_sysctls_at, cleanup_filters, ip_protocol, online_cpus,
-    CleanupStats, ConntrackCleaner, ConntrackCleanupReport, ConntrackEntry, ConntrackFilter,
-    ConntrackSettings, FamilyCleanup, NetlinkConntrack, NetlinkError, NoConntrackCleanup,
-    RecordingCleaner, StaleUdpFlows, DEFAULT_CONNTRACK_TIMEOUT, IPS_DST_NAT,
+    apply_conntrack_sysctls, apply_conntrack_sysctls_at, ip_protocol, online_cpus, CleanupStats,
+    ConntrackCleaner, ConntrackCleanupReport, ConntrackEntry, ConntrackFilter, ConntrackSettings,
+    FamilyCleanup, NetlinkConntrack, NetlinkError, NoConntrackCleanup, RecordingCleaner,
+    StaleUdpFlows, DEFAULT_CONNTRACK_TIMEOUT, IPS_DST_NAT,
 };
 pub use kernel::host_addrs::{host_addresses, AddressChanges};
 pub use kernel::nft::{

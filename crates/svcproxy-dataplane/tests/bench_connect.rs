@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::netns::Netns;
 use common::*;
-use svcproxy_dataplane::{Driver, NftCommand, NftDataPlane};
+use svcproxy_dataplane::{NftCommand, NftDataPlane};
 
 fn env(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -82,7 +82,7 @@ fn measure(n: usize, m: usize, connects: usize) -> (f64, f64, f64) {
     let mut state = cluster(&[]);
     upsert(&mut state, &services_yaml(0, n, m));
     let update = snapshot(&mut state);
-    let mut plane = Driver::without_conntrack(
+    let mut plane = Syncer::new(
         plan_config(),
         NftDataPlane::with_sink(
             NftCommand::from_argv(

@@ -42,7 +42,7 @@ use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
 use svcproxy_dataplane::nftables::NftWriter;
-use svcproxy_dataplane::{Driver, NftCommand, NftDataPlane};
+use svcproxy_dataplane::{NftCommand, NftDataPlane};
 
 fn env(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -191,7 +191,7 @@ fn run(n: usize, m: usize) {
     };
     let commands = IptablesCommands::with_prefix(netns_exec(&ipt_ns.name));
     let commands = if legacy { commands.legacy() } else { commands };
-    let mut ipt = Driver::without_conntrack(cfg, IptablesDataPlane::new(commands));
+    let mut ipt = Syncer::new(cfg, IptablesDataPlane::new(commands));
     let t = Instant::now();
     match ipt.sync(&base, true) {
         Ok(full) => {
@@ -349,7 +349,7 @@ fn run(n: usize, m: usize) {
     upsert(&mut state, &services_yaml(0, n, m));
     let base = snapshot(&mut state);
     let plane = |ns: &Netns, writer: NftWriter| {
-        Driver::without_conntrack(
+        Syncer::new(
             plan_config(),
             NftDataPlane::with_sink(
                 NftCommand::from_argv({
@@ -539,16 +539,14 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
         println!("  ebpf: cannot create a network namespace here");
         return;
     };
-    let inside = |f: &mut (dyn FnMut() -> Result<
-        svcproxy_dataplane::SyncReport,
-        svcproxy_dataplane::DataPlaneError,
-    > + Send)| {
+    let inside = |f: &mut (dyn FnMut() -> Result<common::Synced, svcproxy_dataplane::DataPlaneError>
+                            + Send)| {
         svcproxy_testkit::netns::in_netns(&ns.name, f).expect("entering the plane's namespace")
     };
     let mut state = cluster(&[]);
     upsert(&mut state, &services_yaml(0, n, m));
     let base = snapshot(&mut state);
-    let mut d = Driver::without_conntrack(
+    let mut d = Syncer::new(
         plan_config(),
         svcproxy_dataplane::EbpfDataPlane::new(svcproxy_dataplane::EbpfOptions {
             cgroup: conf.cgroup().to_path_buf(),

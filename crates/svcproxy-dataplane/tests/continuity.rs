@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::netns::Netns;
 use common::*;
-use svcproxy_dataplane::{Driver, NftCommand, NftDataPlane, SyncKind};
+use svcproxy_dataplane::{NftCommand, NftDataPlane, SyncKind};
 
 const SERVICES: usize = 10_000;
 /// Endpoints of every service but the one the connection goes to.
@@ -82,7 +82,7 @@ fn established_connections_flow_through_full_syncs_of_10k_services() {
         &(services_yaml(0, 1, 1).replacen("[10.0.0.1]", "[10.77.0.1]", 1)
             + &services_yaml(1, SERVICES, ENDPOINTS)),
     );
-    let mut dp = Driver::without_conntrack(
+    let mut dp = Syncer::new(
         plan_config(),
         NftDataPlane::with_sink(
             NftCommand::from_argv(["ip", "netns", "exec", &ns.name, "nft"]).in_netns(&path),

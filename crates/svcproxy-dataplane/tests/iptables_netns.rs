@@ -13,7 +13,7 @@ mod common;
 use common::netns::Netns;
 use common::*;
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
-use svcproxy_dataplane::{DataPlane, DataPlaneError, Driver, NoConntrackCleanup, SyncKind};
+use svcproxy_dataplane::{DataPlane, DataPlaneError, SyncKind};
 use svcproxy_plan::iptables::SEMANTICS;
 
 const TOOLS: &[&str] = &["iptables", "ip6tables", "iptables-restore", "iptables-save"];
@@ -55,7 +55,7 @@ fn kernel_rules(ns: &Netns, tool: &str, table: &str) -> (usize, usize) {
 
 /// The report's (total, written) for a family and table.
 fn counted(
-    report: &svcproxy_dataplane::SyncReport,
+    report: &common::Synced,
     family: svcproxy_core::model::IpFamily,
     table: &str,
 ) -> (usize, usize) {
@@ -67,8 +67,8 @@ fn counted(
     (c.total, c.written)
 }
 
-fn proxier(ns: &Netns) -> Driver<IptablesDataPlane, NoConntrackCleanup> {
-    Driver::without_conntrack(
+fn proxier(ns: &Netns) -> Syncer<IptablesDataPlane> {
+    Syncer::new(
         SEMANTICS.apply(plan_config()),
         IptablesDataPlane::new(ns.commands()),
     )
@@ -306,7 +306,7 @@ fn syncs_partial_syncs_failures_restarts_and_cleanup() {
 fn a_missing_tool_is_an_error_that_names_it() {
     let mut dp = IptablesDataPlane::new(IptablesCommands::with_prefix(["/nonexistent/svcproxy"]));
     let mut state = cluster(&[WEB]);
-    let mut p = Driver::without_conntrack(SEMANTICS.apply(plan_config()), dp);
+    let mut p = Syncer::new(SEMANTICS.apply(plan_config()), dp);
     let err = p.sync(&snapshot(&mut state), true).unwrap_err();
     assert!(matches!(err, DataPlaneError::Spawn { .. }), "{err:?}");
     assert!(err.to_string().contains("/nonexistent/svcproxy"), "{err}");

@@ -18,7 +18,7 @@ use svcproxy_dataplane::nftables::NftWriter;
 use svcproxy_dataplane::nftables::{cleanup, cleanup_with};
 use svcproxy_dataplane::Batch;
 use svcproxy_dataplane::TableState;
-use svcproxy_dataplane::{DataPlaneError, Driver, NftCommand, NftDataPlane, ScriptSink, SyncKind};
+use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, ScriptSink, SyncKind};
 use svcproxy_plan::nft::ColdStart;
 
 /// What these tests do inside their namespace.
@@ -63,8 +63,7 @@ fn the_drift_check_reads_the_namespaces_tables_over_netlink() {
         return;
     };
     let mut state = cluster(&[WEB, DB]);
-    let mut dp =
-        Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
+    let mut dp = Syncer::new(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
     dp.sync(&snapshot(&mut state), true).expect("full sync");
     assert_eq!(dp.drift().unwrap(), None);
     for (by_hand, said) in [
@@ -99,7 +98,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     let mut state = cluster(&[WEB, DB]);
     // Through `nft -f` (its errors are checked below; the netlink writer's in
     // `the_netlink_and_text_writers_leave_the_same_tables`).
-    let mut dp = Driver::without_conntrack(
+    let mut dp = Syncer::new(
         plan_config(),
         NftDataPlane::with_sink(ns.nft_command()).with_writer(NftWriter::Text),
     );
@@ -201,7 +200,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     // A missing binary cannot even start. (The text writer: the netlink writer
     // needs no binary, and this command names no namespace, so it would write to
     // this process's own.)
-    let err = Driver::without_conntrack(
+    let err = Syncer::new(
         plan_config(),
         NftDataPlane::with_sink(NftCommand::new("/nonexistent/nft")).with_writer(NftWriter::Text),
     )
@@ -222,8 +221,7 @@ fn cleanup_removes_only_svcproxy_tables() {
     ns.nft(&["add chain inet other input { type filter hook input priority 0 ; policy accept ; }"]);
     ns.nft(&["add table ip svcproxy-other"]);
     let mut state = cluster(&[WEB, DB]);
-    let mut dp =
-        Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
+    let mut dp = Syncer::new(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
     dp.sync(&snapshot(&mut state), false).expect("sync");
     let tables = ns.nft(&["list", "tables"]);
     assert!(tables.contains("table ip svcproxy\n"), "{tables}");
@@ -342,9 +340,8 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     };
     let b = create("the_netlink_and_text_writers", "text").expect("a second namespace");
     let mut state = cluster(&[WEB, DB]);
-    let mut net =
-        Driver::without_conntrack(plan_config(), NftDataPlane::with_sink(a.nft_command()));
-    let mut txt = Driver::without_conntrack(
+    let mut net = Syncer::new(plan_config(), NftDataPlane::with_sink(a.nft_command()));
+    let mut txt = Syncer::new(
         plan_config(),
         NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
     );
@@ -557,8 +554,8 @@ fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
             NftCommand::new("/nonexistent/svcproxy-test/nft")
                 .in_netns(format!("/run/netns/{}", ns.name))
         };
-        let mut net = Driver::without_conntrack(cfg.clone(), NftDataPlane::with_sink(no_nft(&a)));
-        let mut txt = Driver::without_conntrack(
+        let mut net = Syncer::new(cfg.clone(), NftDataPlane::with_sink(no_nft(&a)));
+        let mut txt = Syncer::new(
             cfg.clone(),
             NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
         );
@@ -566,7 +563,7 @@ fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
             objects_per_commit: 1,
             links_per_commit: 1,
         };
-        let mut steps = Driver::without_conntrack(
+        let mut steps = Syncer::new(
             cfg,
             NftDataPlane::with_sink(Counting {
                 inner: no_nft(&c),
@@ -652,9 +649,8 @@ fn masquerade_marks_are_written_as_nft_writes_them() {
         };
         let b = create("masquerade_marks", &format!("{tag}-text")).expect("a second namespace");
         let path = format!("/run/netns/{}", a.name);
-        let mut net =
-            Driver::without_conntrack(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
-        let mut txt = Driver::without_conntrack(
+        let mut net = Syncer::new(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
+        let mut txt = Syncer::new(
             cfg,
             NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
         );

@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
 use svcproxy_core::state::{ClusterState, StateConfig};
 use svcproxy_dataplane::iptables::{IptablesCommands, IptablesDataPlane};
-use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane, NftCommand, NftDataPlane};
+use svcproxy_dataplane::{DataPlane, EbpfDataPlane, NftCommand, NftDataPlane};
 use svcproxy_e2e::nodeport_bench::{env, median};
 use svcproxy_e2e::{ebpf_options, loadgen_bin, Confinement, NsProcess};
 use svcproxy_plan::{LocalDetection, PlanConfig};
+use svcproxy_sync::Driver;
 use svcproxy_testkit::netns::{self, NsSet};
 
 const VIP: &str = "198.19.0.1:80";

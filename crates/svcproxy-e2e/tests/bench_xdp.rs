@@ -37,12 +37,13 @@ use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::state::{ClusterState, StateConfig};
 use svcproxy_dataplane::ebpf::XdpMode;
 use svcproxy_dataplane::{
-    DataPlane, Driver, EbpfDataPlane, EbpfOptions, NftCommand, NftDataPlane, NoConntrackCleanup,
+    DataPlane, EbpfDataPlane, EbpfOptions, NftCommand, NftDataPlane, NoConntrackCleanup,
 };
 use svcproxy_e2e::nodeport_bench::{self, env, median, BACKEND, CLIENT, NODE};
 use svcproxy_e2e::xdp::{mac, udp_frame, Generator, TestXdp};
 use svcproxy_e2e::{ebpf_options, Confinement};
 use svcproxy_plan::{LocalDetection, PlanConfig};
+use svcproxy_sync::Driver;
 use svcproxy_testkit::netns::{self, NsSet};
 
 const ENDPOINT: Ipv4Addr = BACKEND;

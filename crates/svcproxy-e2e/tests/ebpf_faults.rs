@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 
 use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::ebpf::MapSizes;
-use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
+use svcproxy_dataplane::{DataPlane, EbpfDataPlane};
 use svcproxy_e2e::probe::ProbeLine;
 use svcproxy_e2e::{ebpf_options, echo_bin, svcproxy_bin, Attempt, Confinement, NsProcess};
 use svcproxy_plan::{LocalDetection, PlanConfig};
+use svcproxy_sync::Driver;
 use svcproxy_testkit::netns::{self, in_netns, Netns};
 
 const MANIFESTS: &str = r#"
@@ -354,7 +355,7 @@ fn syncs(proxy: &NsProcess) -> usize {
     proxy
         .stderr()
         .lines()
-        .filter(|l| l.contains("svcproxy_dataplane::driver: synced"))
+        .filter(|l| l.contains("svcproxy_sync::driver: synced"))
         .count()
 }
 

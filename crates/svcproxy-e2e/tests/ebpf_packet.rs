@@ -31,13 +31,14 @@ use std::time::Duration;
 
 use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::ebpf::XdpMode;
-use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane, EbpfOptions};
+use svcproxy_dataplane::{DataPlane, EbpfDataPlane, EbpfOptions};
 use svcproxy_e2e::plan::{self, Family};
 use svcproxy_e2e::xdp::TestXdp;
 use svcproxy_e2e::{
     ebpf_options, Attempt, BackendPorts, Cluster, ClusterSpec, Confinement, Host, ProbeSpec, Proto,
 };
 use svcproxy_plan::{build_intent, LocalDetection, PlanConfig};
+use svcproxy_sync::Driver;
 use svcproxy_testkit::netns::{self, in_netns};
 
 fn q(ip: IpAddr) -> String {

@@ -25,10 +25,11 @@ use std::time::Duration;
 use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::ebpf::kernel;
-use svcproxy_dataplane::{DataPlane, Driver, EbpfDataPlane};
+use svcproxy_dataplane::{DataPlane, EbpfDataPlane};
 use svcproxy_e2e::probe::ProbeLine;
 use svcproxy_e2e::{ebpf_options, echo_bin, Attempt, Confinement, NsProcess};
 use svcproxy_plan::{build_intent, LocalDetection, PlanConfig};
+use svcproxy_sync::Driver;
 use svcproxy_testkit::netns::{self, Netns};
 
 const NODE: &str = r#"

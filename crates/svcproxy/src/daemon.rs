@@ -1,5 +1,5 @@
 //! Running the proxy: a source, the state, the sync loop ([`crate::runner`]), a
-//! sync target ([`crate::targets`]), and the HTTP servers around them.
+//! sync target ([`svcproxy_sync::Target`]), and the HTTP servers around them.
 //!
 //! Entry points: [`run`] (the daemon, `--once`, and the `snapshot`/`render`/`explain`
 //! tools, which share everything but the target), [`plan_config`] and [`cleanup`].
@@ -18,22 +18,22 @@ use svcproxy_core::model::IpFamily;
 use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::snapshot::SnapshotTallies;
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
-use svcproxy_dataplane::{Backend, Driver};
+use svcproxy_dataplane::Backend;
 use svcproxy_plan::intent::{nodeport_destinations, NodePortDestinations};
 use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
+use svcproxy_sync::print::{ExplainPrinter, RenderPrinter, SnapshotPrinter};
+use svcproxy_sync::Driver;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, DetectLocal, Settings};
 use crate::owner::{HandOver, Ownership, Role};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
-use crate::targets::{
-    Checked, DnsOnly, ExplainPrinter, RenderPrinter, SnapshotPrinter, SyncDone, Target,
-};
 use svcproxy_http::health::ProxyHealth;
 use svcproxy_http::metrics::Metrics;
 use svcproxy_http::service_health::{Listen, ServiceHealthServers};
 use svcproxy_sources::kube::{self as kube_source, KubeSourceConfig};
 use svcproxy_sources::manifests::ManifestDir;
+use svcproxy_sync::{Checked, DnsOnly, SyncDone, Target};
 
 /// What each sync does with the snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -545,7 +545,10 @@ fn run_target(
             let plan_cfg = plan_config(&settings, backend)?;
             let plane = (backend.new)(&plan_cfg, &settings.mode_options);
             let target = Checked {
-                inner: RenderPrinter(Driver::without_conntrack(plan_cfg.clone(), plane)),
+                inner: RenderPrinter {
+                    cfg: plan_cfg.clone(),
+                    plane,
+                },
                 input_errors: input_errors.clone(),
             };
             rt.block_on(serve(

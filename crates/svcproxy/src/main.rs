@@ -3,7 +3,7 @@
 //! The binary wires the layers together: flags and config file ([`config`]), sources
 //! ([`sources`]) feeding the pure [`svcproxy_core::state::ClusterState`], the sync
 //! loop ([`runner`]), and [`daemon`], which starts them with the HTTP servers and
-//! hands each sync's snapshot to a [`targets::Target`]: the kernel (the mode's data
+//! hands each sync's snapshot to a [`svcproxy_sync::Target`]: the kernel (the mode's data
 //! plane, resolved through the registry in `svcproxy_dataplane`) or a tool's
 //! output. Subcommands are tools that read the same inputs without touching the
 //! kernel (`snapshot`, `render`, `explain`) or that remove what svcproxy created
@@ -17,8 +17,6 @@ mod help;
 
 mod owner;
 mod runner;
-
-mod targets;
 
 use std::process::ExitCode;
 
@@ -270,8 +268,8 @@ fn error_text(e: &anyhow::Error) -> String {
 /// tools' words for it) and the system's.
 pub(crate) fn permission_denied(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        c.downcast_ref::<targets::SyncError>()
-            .is_some_and(targets::SyncError::permission_denied)
+        c.downcast_ref::<svcproxy_sync::SyncError>()
+            .is_some_and(svcproxy_sync::SyncError::permission_denied)
             || c.downcast_ref::<svcproxy_dataplane::DataPlaneError>()
                 .is_some_and(svcproxy_dataplane::DataPlaneError::permission_denied)
             || c.downcast_ref::<std::io::Error>()

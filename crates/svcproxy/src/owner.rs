@@ -50,7 +50,7 @@ pub enum Role {
         /// be taken: the node is programmed without it.
         locked: bool,
         /// The predecessor handed over just now (it sealed its rules first: see
-        /// `svcproxy_dataplane::Driver::seal`); false for the first owner and after
+        /// `svcproxy_sync::Driver::seal`); false for the first owner and after
         /// an owner died.
         handed_over: bool,
     },

@@ -13,8 +13,9 @@ use std::fmt::Write as _;
 use svcproxy_core::model::{IpFamily, Protocol, ServiceName, ServicePortName};
 use svcproxy_core::objects::{Kind, ObjectKey, SourceUpdate};
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
+use svcproxy_dataplane::{DataPlane, DataPlaneError, RuleCount, SyncKind};
 use svcproxy_plan::names::service_port_hash;
-use svcproxy_plan::{LocalDetection, PlanConfig};
+use svcproxy_plan::{build_intent, Conflict, IntentBuilder, LocalDetection, PlanConfig};
 
 pub const CLUSTER: &str = r#"
 apiVersion: v1
@@ -209,4 +210,72 @@ pub fn services_yaml(from: usize, to: usize, m: usize) -> String {
         }
     }
     y
+}
+
+/// A data plane fed snapshots as the sync's orchestration feeds it: the intent
+/// kept from sync to sync ([`IntentBuilder`]) and its delta handed to
+/// [`DataPlane::sync`]. Nothing else of `svcproxy-sync`'s `Driver` (conntrack
+/// cleanup, adoption, seals), which these tests do not need, and which depends on
+/// this crate.
+pub struct Syncer<P> {
+    cfg: PlanConfig,
+    intents: IntentBuilder,
+    plane: P,
+}
+
+/// What one successful sync did, as these tests look at it.
+#[derive(Debug)]
+pub struct Synced {
+    pub kind: SyncKind,
+    pub apply_duration: std::time::Duration,
+    pub script_bytes: usize,
+    pub rules: Vec<RuleCount>,
+    /// Every destination conflict in the intent.
+    pub conflicts: Vec<Conflict>,
+    /// Service port intents decided again.
+    pub replanned: usize,
+}
+
+impl<P: DataPlane> Syncer<P> {
+    pub fn new(cfg: PlanConfig, plane: P) -> Self {
+        Syncer {
+            cfg,
+            intents: IntentBuilder::new(),
+            plane,
+        }
+    }
+
+    /// The intent brought to `update`, and the data plane to the intent.
+    pub fn sync(&mut self, update: &SnapshotUpdate, full: bool) -> Result<Synced, DataPlaneError> {
+        let delta = self
+            .intents
+            .update(&update.v4, &update.v6, &self.cfg, &update.changed);
+        let applied = self.plane.sync(self.intents.intent(), &delta, full)?;
+        Ok(Synced {
+            kind: applied.kind,
+            apply_duration: applied.apply_duration,
+            script_bytes: applied.script_bytes,
+            rules: applied.rules,
+            conflicts: self.intents.intent().conflicts(),
+            replanned: delta.rebuilt,
+        })
+    }
+
+    /// What a first sync of `update` would apply (the data plane's `render`).
+    pub fn render(&self, update: &SnapshotUpdate) -> String {
+        self.plane
+            .render(&build_intent(&update.v4, &update.v6, &self.cfg))
+    }
+
+    pub fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
+        self.plane.drift()
+    }
+
+    pub fn plane(&self) -> &P {
+        &self.plane
+    }
+
+    pub fn plane_mut(&mut self) -> &mut P {
+        &mut self.plane
+    }
 }

@@ -1,26 +1,19 @@
-//! UDP conntrack cleanup: which entries to delete after a sync, and who deletes them.
+//! Conntrack entries deleted, and the kernel's conntrack settings written.
 //!
-//! UDP has no teardown, so a conntrack entry keeps sending a flow's packets where its
-//! first packet went: to an endpoint that is gone (the classic DNS black hole), or
-//! into a REJECT cached from when the service had no endpoints. After each successful
-//! apply, [`cleanup_filters`] compares the previously applied snapshot with the new
-//! one (a pure function, as upstream's `deleteStaleServiceConntrackEntries` /
-//! `deleteStaleEndpointConntrackEntries`) and yields precise [`ConntrackFilter`]s; a
+//! Which entries a sync leaves stale is decided above this crate, by the sync's
+//! orchestration, as [`ConntrackFilter`]s (or, at the first sync, as
+//! [`StaleUdpFlows`]: every UDP frontend with the endpoints it may reach); a
 //! [`ConntrackCleaner`] deletes the entries they match. [`NetlinkConntrack`]
-//! (`crate::ctnetlink`) talks to the kernel; [`RecordingCleaner`] is a fake table for
-//! tests; [`NoConntrackCleanup`] does nothing.
-//!
-//! [`NetlinkConntrack`]: crate::NetlinkConntrack
+//! ([`ctnetlink`]) talks to the kernel; [`RecordingCleaner`] is a fake table for
+//! tests; [`NoConntrackCleanup`] does nothing. [`sysctl`] writes the table's size
+//! and timeouts.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use svcproxy_core::model::{IpFamily, Protocol, ServicePort};
-use svcproxy_core::snapshot::NodeSnapshot;
-use svcproxy_core::state::SnapshotUpdate;
+use svcproxy_core::model::{IpFamily, Protocol};
 
 pub use crate::kernel::netfilter::{ip_protocol, NetlinkError};
 
@@ -200,33 +193,22 @@ pub struct StaleUdpFlows {
 }
 
 impl StaleUdpFlows {
-    /// The UDP frontends of `update` and their endpoints.
-    pub fn from_snapshot(update: &SnapshotUpdate) -> Self {
-        let mut out = StaleUdpFlows::default();
-        for family in IpFamily::BOTH {
-            for (name, view) in &update.family(family).service_ports {
-                if name.protocol != Protocol::Udp {
-                    continue;
-                }
-                let flows = FrontendFlows {
-                    endpoints: view
-                        .selection
-                        .all_reachable()
-                        .iter()
-                        .map(|e| (e.ip, e.port))
-                        .collect(),
-                    active: view.selection.has_any_endpoints,
-                };
-                let port = &view.port;
-                for ip in service_ips(port, family) {
-                    out.by_ip.insert((family, ip, port.port), flows.clone());
-                }
-                if let Some(np) = port.node_port {
-                    out.by_node_port.insert((family, np), flows);
-                }
-            }
-        }
-        out
+    /// Adds a UDP frontend: a service IP and port (`ip` given), or a NodePort on
+    /// any address (`None`), whose flows may go to `endpoints`, and which has
+    /// usable endpoints at all when `active`.
+    pub fn add_frontend(
+        &mut self,
+        family: IpFamily,
+        ip: Option<IpAddr>,
+        port: u16,
+        endpoints: BTreeSet<(IpAddr, u16)>,
+        active: bool,
+    ) {
+        let flows = FrontendFlows { endpoints, active };
+        match ip {
+            Some(ip) => self.by_ip.insert((family, ip, port), flows),
+            None => self.by_node_port.insert((family, port), flows),
+        };
     }
 
     /// Whether there is any UDP frontend (else the table need not be read).
@@ -366,7 +348,7 @@ impl RecordingCleaner {
     }
 }
 
-/// What conntrack cleanup did after one sync (part of [`SyncReport`](crate::SyncReport)).
+/// What conntrack cleanup did after one sync (part of the sync's report, `svcproxy_sync::SyncReport`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ConntrackCleanupReport {
     /// The filters computed for this sync (empty when nothing needed cleaning, and
@@ -384,217 +366,18 @@ pub struct ConntrackCleanupReport {
     pub duration: Duration,
 }
 
-/// The conntrack entries to delete after the kernel went from `previous` to `next`
-/// (both families), sorted and without duplicates. Only UDP service ports count.
-///
-/// * An endpoint that some traffic could reach before
-///   ([`Selection::all_reachable`](svcproxy_core::selection::Selection::all_reachable))
-///   and cannot now: DNATed entries from each of the port's cluster, external and
-///   load-balancer (VIP mode) IPs and port to that endpoint's address and port, and
-///   DNATed entries to the NodePort (any destination address) answered by it.
-/// * A port that had no usable endpoint (or did not exist) and now has some: entries
-///   to each of its IPs and port, and to its NodePort, that were not DNATed — a
-///   REJECT (or a miss) cached in conntrack.
-pub fn cleanup_filters(previous: &SnapshotUpdate, next: &SnapshotUpdate) -> Vec<ConntrackFilter> {
-    let mut out = BTreeSet::new();
-    for family in IpFamily::BOTH {
-        family_filters(previous.family(family), next.family(family), &mut out);
-    }
-    out.into_iter().collect()
-}
-
-fn family_filters(prev: &NodeSnapshot, next: &NodeSnapshot, out: &mut BTreeSet<ConntrackFilter>) {
-    let family = next.family;
-    // What differs between the two maps, skipping the chunks they share: the cost
-    // follows the change, not the number of services.
-    let pairs = next
-        .service_ports
-        .diff(&prev.service_ports, |a, b| !Arc::ptr_eq(a, b));
-    for (name, old, new) in pairs {
-        if name.protocol != Protocol::Udp {
-            continue;
-        }
-        // Removed endpoints: the entries were made through the old port's addresses.
-        if let Some(old) = old {
-            let now: BTreeSet<(IpAddr, u16)> = new
-                .map(|v| {
-                    v.selection
-                        .all_reachable()
-                        .iter()
-                        .map(|e| (e.ip, e.port))
-                        .collect()
-                })
-                .unwrap_or_default();
-            for ep in old.selection.all_reachable() {
-                if now.contains(&(ep.ip, ep.port)) {
-                    continue;
-                }
-                let base = ConntrackFilter {
-                    family,
-                    protocol: Protocol::Udp,
-                    orig_dst: None,
-                    orig_dport: None,
-                    reply_src: Some(ep.ip),
-                    reply_sport: Some(ep.port),
-                    dst_nat: Some(true),
-                };
-                push_port_filters(&old.port, family, &base, out);
-            }
-        }
-        // Newly active: what was rejected before may be cached.
-        if let Some(new) = new {
-            let was_active = old.is_some_and(|v| v.selection.has_any_endpoints);
-            if new.selection.has_any_endpoints && !was_active {
-                let base = ConntrackFilter {
-                    family,
-                    protocol: Protocol::Udp,
-                    orig_dst: None,
-                    orig_dport: None,
-                    reply_src: None,
-                    reply_sport: None,
-                    dst_nat: Some(false),
-                };
-                push_port_filters(&new.port, family, &base, out);
-            }
-        }
-    }
-}
-
-/// The addresses of `port` in `family` whose flows svcproxy NATs: cluster IPs, external
-/// IPs and load-balancer (VIP mode) IPs.
-fn service_ips(port: &ServicePort, family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
-    port.cluster_ips
-        .iter()
-        .chain(port.external_ips.iter())
-        .copied()
-        .chain(port.load_balancer_vips())
-        .filter(move |ip| IpFamily::of(ip) == family)
-}
-
-/// `base` once per destination of `port`: each service IP with the service port, and
-/// the NodePort on any address.
-fn push_port_filters(
-    port: &ServicePort,
-    family: IpFamily,
-    base: &ConntrackFilter,
-    out: &mut BTreeSet<ConntrackFilter>,
-) {
-    for ip in service_ips(port, family) {
-        out.insert(ConntrackFilter {
-            orig_dst: Some(ip),
-            orig_dport: Some(port.port),
-            ..base.clone()
-        });
-    }
-    if let Some(node_port) = port.node_port {
-        out.insert(ConntrackFilter {
-            orig_dst: None,
-            orig_dport: Some(node_port),
-            ..base.clone()
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use svcproxy_core::model::{
-        Endpoint, EndpointInfo, IpMode, LoadBalancerIngress, ServiceName, ServicePortName,
-        ServiceType, TrafficPolicy,
-    };
-    use svcproxy_core::selection::Selection;
-    use svcproxy_core::snapshot::ServicePortView;
 
-    // Address plan: node-a; service VIPs 198.19.0.x, external 203.0.113.x, endpoints
-    // 198.18.<node>.<n>, v6 2001:db8::/32.
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     const DNS_VIP: &str = "198.19.0.10";
     const EXT: &str = "203.0.113.10";
-    const LB: &str = "203.0.113.11";
-    const LB_PROXY: &str = "203.0.113.12";
     const EP_A: &str = "198.18.1.10";
     const EP_B: &str = "198.18.2.10";
-
-    fn port(name: &str, protocol: Protocol) -> ServicePort {
-        ServicePort {
-            name: ServicePortName::new(ServiceName::new("kube-system", name), "dns", protocol),
-            service_type: ServiceType::LoadBalancer,
-            cluster_ips: vec![ip(DNS_VIP)].into(),
-            port: 53,
-            node_port: Some(30053),
-            external_ips: vec![ip(EXT)].into(),
-            load_balancer_ingress: vec![
-                LoadBalancerIngress {
-                    ip: ip(LB),
-                    ip_mode: IpMode::Vip,
-                },
-                LoadBalancerIngress {
-                    ip: ip(LB_PROXY),
-                    ip_mode: IpMode::Proxy,
-                },
-            ]
-            .into(),
-            load_balancer_source_ranges: None,
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            session_affinity_timeout: None,
-            health_check_node_port: None,
-            traffic_distribution: None,
-            topology_mode: None,
-            topology_keys: None,
-            scheduler: None,
-            endpoint_weights: None,
-        }
-    }
-
-    fn ep(addr: &str, port: u16) -> Endpoint {
-        Endpoint {
-            ip: ip(addr),
-            port,
-            info: Arc::new(EndpointInfo {
-                node_name: Some("node-b".into()),
-                ready: true,
-                serving: true,
-                ..EndpointInfo::default()
-            }),
-        }
-    }
-
-    fn view(port: &ServicePort, eps: &[Endpoint], usable: bool) -> Arc<ServicePortView> {
-        Arc::new(ServicePortView {
-            port: Arc::new(port.clone()),
-            endpoints: eps.into(),
-            selection: Selection {
-                cluster_endpoints: Some(eps.into()),
-                local_endpoints: None,
-                has_any_endpoints: usable,
-                reason: "".into(),
-            },
-        })
-    }
-
-    fn update(views: &[Arc<ServicePortView>]) -> SnapshotUpdate {
-        let mut v4 = NodeSnapshot::empty("node-a", IpFamily::V4);
-        let mut v6 = NodeSnapshot::empty("node-a", IpFamily::V6);
-        for v in views {
-            let snap = match IpFamily::of(&v.port.cluster_ips[0]) {
-                IpFamily::V4 => &mut v4,
-                IpFamily::V6 => &mut v6,
-            };
-            snap.service_ports.insert(v.port.name.clone(), v.clone());
-        }
-        SnapshotUpdate {
-            v4: Arc::new(v4),
-            v6: Arc::new(v6),
-            changed: BTreeSet::new(),
-            service_changes: 0,
-            endpoint_changes: 0,
-            trigger_times: vec![],
-        }
-    }
 
     fn removed(dst: Option<&str>, dport: u16, ep: &str, eport: u16) -> ConntrackFilter {
         ConntrackFilter {
@@ -618,119 +401,6 @@ mod tests {
             reply_sport: None,
             dst_nat: Some(false),
         }
-    }
-
-    #[test]
-    fn a_removed_udp_endpoint_is_cleaned_on_every_vip_and_the_node_port() {
-        let p = port("dns", Protocol::Udp);
-        let before = update(&[view(&p, &[ep(EP_A, 8080), ep(EP_B, 8080)], true)]);
-        let after = update(&[view(&p, &[ep(EP_B, 8080)], true)]);
-        let got = cleanup_filters(&before, &after);
-        let mut want = vec![
-            removed(Some(DNS_VIP), 53, EP_A, 8080),
-            removed(Some(EXT), 53, EP_A, 8080),
-            removed(Some(LB), 53, EP_A, 8080),
-            removed(None, 30053, EP_A, 8080),
-        ];
-        want.sort();
-        assert_eq!(got, want);
-        // ipMode Proxy IPs are not the proxy's: never cleaned.
-        assert!(got.iter().all(|f| f.orig_dst != Some(ip(LB_PROXY))));
-    }
-
-    #[test]
-    fn an_endpoint_that_changed_port_is_removed_at_its_old_port() {
-        let p = port("dns", Protocol::Udp);
-        let before = update(&[view(&p, &[ep(EP_A, 8080)], true)]);
-        let after = update(&[view(&p, &[ep(EP_A, 9090)], true)]);
-        let got = cleanup_filters(&before, &after);
-        assert!(
-            got.contains(&removed(Some(DNS_VIP), 53, EP_A, 8080)),
-            "{got:?}"
-        );
-        assert!(got.iter().all(|f| f.reply_sport != Some(9090)), "{got:?}");
-    }
-
-    #[test]
-    fn a_deleted_udp_service_cleans_all_its_endpoints() {
-        let p = port("dns", Protocol::Udp);
-        let before = update(&[view(&p, &[ep(EP_A, 8080), ep(EP_B, 8080)], true)]);
-        let got = cleanup_filters(&before, &update(&[]));
-        assert_eq!(got.len(), 8, "{got:?}");
-        assert!(got.iter().all(|f| f.dst_nat == Some(true)));
-    }
-
-    #[test]
-    fn tcp_and_sctp_are_never_cleaned() {
-        for proto in [Protocol::Tcp, Protocol::Sctp] {
-            let p = port("web", proto);
-            let before = update(&[view(&p, &[ep(EP_A, 8080)], true)]);
-            let after = update(&[view(&p, &[], false)]);
-            assert!(cleanup_filters(&before, &after).is_empty());
-            assert!(cleanup_filters(&after, &before).is_empty());
-        }
-    }
-
-    #[test]
-    fn an_unchanged_view_costs_nothing() {
-        let v = view(&port("dns", Protocol::Udp), &[ep(EP_A, 8080)], true);
-        assert!(cleanup_filters(&update(std::slice::from_ref(&v)), &update(&[v])).is_empty());
-        // Equal but not the same Arc: compared, and still nothing.
-        let p = port("dns", Protocol::Udp);
-        let a = update(&[view(&p, &[ep(EP_A, 8080)], true)]);
-        let b = update(&[view(&p, &[ep(EP_A, 8080)], true)]);
-        assert!(cleanup_filters(&a, &b).is_empty());
-    }
-
-    #[test]
-    fn a_service_going_from_no_endpoints_to_some_cleans_cached_rejects() {
-        let p = port("dns", Protocol::Udp);
-        let before = update(&[view(&p, &[], false)]);
-        let after = update(&[view(&p, &[ep(EP_A, 8080)], true)]);
-        let mut want = vec![
-            activated(Some(DNS_VIP), 53),
-            activated(Some(EXT), 53),
-            activated(Some(LB), 53),
-            activated(None, 30053),
-        ];
-        want.sort();
-        assert_eq!(cleanup_filters(&before, &after), want);
-        // A new service that comes with endpoints counts as newly active too.
-        assert_eq!(cleanup_filters(&update(&[]), &after), want);
-        // Some endpoints to other endpoints: not newly active.
-        let other = update(&[view(&p, &[ep(EP_B, 8080)], true)]);
-        assert!(cleanup_filters(&other, &after)
-            .iter()
-            .all(|f| f.dst_nat == Some(true)));
-    }
-
-    #[test]
-    fn endpoints_no_longer_selected_by_topology_count_as_removed() {
-        let p = port("dns", Protocol::Udp);
-        let before = view(&p, &[ep(EP_A, 8080), ep(EP_B, 8080)], true);
-        // Same endpoints listed, but selection now keeps only EP_B for this node.
-        let mut narrowed = (*before).clone();
-        narrowed.selection.cluster_endpoints = Some(Arc::from([ep(EP_B, 8080)]));
-        let got = cleanup_filters(&update(&[before]), &update(&[Arc::new(narrowed)]));
-        assert_eq!(got.len(), 4);
-        assert!(got.iter().all(|f| f.reply_src == Some(ip(EP_A))));
-    }
-
-    #[test]
-    fn families_are_cleaned_on_their_own() {
-        let mut p6 = port("dns", Protocol::Udp);
-        p6.cluster_ips = vec![ip("2001:db8:ffff::10")].into();
-        p6.external_ips = vec![].into();
-        p6.load_balancer_ingress = vec![].into();
-        let e6 = ep("2001:db8:2::10", 8080);
-        let before = update(&[view(&p6, std::slice::from_ref(&e6), true)]);
-        let after = update(&[view(&p6, &[], false)]);
-        let got = cleanup_filters(&before, &after);
-        assert_eq!(got.len(), 2, "{got:?}");
-        assert!(got.iter().all(|f| f.family == IpFamily::V6));
-        assert!(got
-            .iter()
-            .any(|f| f.orig_dst == Some(ip("2001:db8:ffff::10"))));
     }
 
     fn entry(dst: &str, dport: u16, reply_src: &str, sport: u16, dnat: bool) -> ConntrackEntry {

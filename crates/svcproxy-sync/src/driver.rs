@@ -6,24 +6,24 @@
 //! next sync) and, once, writes the configured conntrack sysctls.
 //!
 //! The path from the sync loop to the kernel: the binary's runner (`runner.rs`:
-//! when to sync) → its syncer (state → snapshot, metrics, health) → [`Driver::sync`]
-//! → [`DataPlane::sync`].
+//! when to sync) → its syncer (state → snapshot, metrics, health) → the kernel's
+//! [`Target`](crate::Target), [`Driver::sync`] → [`Intents::update`] →
+//! [`DataPlane::sync`] → conntrack cleanup from the intent's change
+//! ([`UdpChanges`]).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use svcproxy_core::model::IpFamily;
 use svcproxy_core::state::SnapshotUpdate;
-use svcproxy_plan::{build_intent, Conflict, IntentBuilder, PlanConfig};
-
-use crate::error::DataPlaneError;
-use crate::kernel::conntrack::ConntrackSettings;
-use crate::kernel::conntrack::NetlinkConntrack;
-use crate::kernel::conntrack::{
-    cleanup_filters, ConntrackCleaner, ConntrackCleanupReport, ConntrackFilter, NoConntrackCleanup,
-    StaleUdpFlows,
+use svcproxy_dataplane::{
+    apply_conntrack_sysctls, ApplyReport, ConntrackCleaner, ConntrackCleanupReport,
+    ConntrackFilter, ConntrackSettings, DataPlane, DataPlaneError, NetlinkConntrack,
+    NoConntrackCleanup, NodeRequirements, RuleCount, SyncKind,
 };
-use crate::seam::{DataPlane, NodeRequirements, SyncKind};
+use svcproxy_plan::{Conflict, IntentDelta, PlanConfig};
+
+use crate::conntrack::{stale_udp_flows, UdpChanges};
+use crate::intents::Intents;
 
 /// The most failed conntrack filters kept for a retry.
 const MAX_CONNTRACK_RETRY: usize = 10_000;
@@ -51,25 +51,23 @@ pub struct SyncReport {
     /// the sync).
     pub conntrack: ConntrackCleanupReport,
     /// The data plane's rule counts, if it counts rules.
-    pub rules: Vec<crate::seam::RuleCount>,
+    pub rules: Vec<RuleCount>,
 }
 
 /// One data plane with the shared logic around it: the intent, conflicts, and
-/// conntrack cleanup against the last snapshot applied.
+/// conntrack cleanup after the intent's change.
 pub struct Driver<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
-    cfg: PlanConfig,
-    intents: IntentBuilder,
+    intents: Intents,
     plane: P,
     cleaner: C,
-    /// The snapshot the kernel holds (the last one applied successfully).
-    applied: Option<SnapshotUpdate>,
+    /// The UDP service ports changed since the last successful apply.
+    udp_changes: UdpChanges,
+    /// A sync has succeeded: the next cleanup follows the intent's change (the
+    /// first compares the kernel's entries with the intent instead).
+    applied_once: bool,
     /// Conntrack filters whose deletion failed, tried again with the next cleanup: a
     /// UDP client that keeps sending keeps its stale entry alive forever otherwise.
     conntrack_retry: Vec<ConntrackFilter>,
-    /// The conflicts last logged, by family and destination.
-    logged_conflicts: BTreeMap<(IpFamily, String), Conflict>,
-    /// The ServiceCIDRs last logged as refused (both families).
-    logged_refused_cidrs: Vec<(ipnet::IpNet, std::net::IpAddr)>,
     /// The configuration's conntrack sysctls, written once after the first
     /// successful sync: by then the NAT rules have loaded `nf_conntrack` (whose
     /// files they are), and nothing is written by an instance that fails at start
@@ -121,18 +119,13 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     /// [`NetlinkConntrack`] in the plane's namespace, or a
     /// [`RecordingCleaner`](crate::RecordingCleaner)).
     pub fn with_cleaner(cfg: PlanConfig, plane: P, cleaner: C) -> Self {
-        if let Err(e) = cfg.validate() {
-            tracing::warn!(error = %e, "invalid data plane configuration; using the default");
-        }
         Driver {
-            cfg,
-            intents: IntentBuilder::new(),
+            intents: Intents::new(cfg),
             plane,
             cleaner,
-            applied: None,
+            udp_changes: UdpChanges::default(),
+            applied_once: false,
             conntrack_retry: Vec::new(),
-            logged_conflicts: BTreeMap::new(),
-            logged_refused_cidrs: Vec::new(),
             conntrack_sysctls: None,
             drift_check_failing: false,
             first: true,
@@ -165,7 +158,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     }
 
     pub fn config(&self) -> &PlanConfig {
-        &self.cfg
+        self.intents.config()
     }
 
     /// Why the kernel no longer holds what the last sync wrote, if it does not
@@ -196,7 +189,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
 
     /// What the node needs for this data plane.
     pub fn node_requirements(&self) -> NodeRequirements {
-        self.plane.node_requirements(&self.cfg)
+        self.plane.node_requirements(self.intents.config())
     }
 
     /// See [`DataPlane::preflight`].
@@ -224,16 +217,12 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         full: bool,
     ) -> Result<SyncReport, DataPlaneError> {
         let start = Instant::now();
-        let delta = self
-            .intents
-            .update(&update.v4, &update.v6, &self.cfg, &update.changed);
-        let conflicts = self.intents.intent().conflicts();
-        self.log_conflicts(&conflicts);
-        self.log_refused_service_cidrs();
+        let (delta, conflicts) = self.intents.update(update);
+        self.udp_changes.record(&delta);
         let adopted =
             std::mem::take(&mut self.first) && self.adoption_allowed && self.adopt(&delta);
         let mut applied = if adopted {
-            crate::seam::ApplyReport {
+            ApplyReport {
                 kind: SyncKind::Adopted,
                 apply_duration: Duration::ZERO,
                 family_apply: Vec::new(),
@@ -246,9 +235,9 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             self.plane.sync(self.intents.intent(), &delta, full)?
         };
         self.in_sync = true;
-        let conntrack = self.clean_conntrack(update, std::mem::take(&mut applied.stale_flows));
+        let conntrack = self.clean_conntrack(std::mem::take(&mut applied.stale_flows));
         if let Some(wanted) = self.conntrack_sysctls.take() {
-            let report = crate::apply_conntrack_sysctls(&wanted);
+            let report = apply_conntrack_sysctls(&wanted);
             if !report.changed.is_empty() {
                 tracing::info!(changed = ?report.changed, "conntrack settings applied");
             }
@@ -258,7 +247,11 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             kind: applied.kind,
             duration,
             apply_duration: applied.apply_duration,
-            family_durations: family_durations(&self.cfg, duration, &applied.family_apply),
+            family_durations: family_durations(
+                self.intents.config(),
+                duration,
+                &applied.family_apply,
+            ),
             script_bytes: applied.script_bytes,
             replanned: delta.rebuilt,
             conflicts,
@@ -289,7 +282,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     /// The first sync: takes the kernel's objects as they are if the predecessor
     /// sealed them with this sync's own seal ([`DataPlane::adopt`]). A failure to
     /// look is logged and the sync writes as usual.
-    fn adopt(&mut self, delta: &svcproxy_plan::IntentDelta) -> bool {
+    fn adopt(&mut self, delta: &IntentDelta) -> bool {
         match self.plane.sealed() {
             Ok(true) => {}
             Ok(false) => return false,
@@ -340,15 +333,11 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     }
 
     /// The first sync's cleanup: nothing to compare with, so the kernel's UDP entries
-    /// are compared with `update` ([`StaleUdpFlows`]): a flow stuck on an endpoint
-    /// that went away while svcproxy was down is deleted. A failure is logged and not
-    /// retried (the next syncs compare snapshots again).
-    fn reconcile_conntrack(
-        &mut self,
-        update: &SnapshotUpdate,
-        start: Instant,
-    ) -> ConntrackCleanupReport {
-        let stale = StaleUdpFlows::from_snapshot(update);
+    /// are compared with the intent ([`stale_udp_flows`]): a flow stuck on an
+    /// endpoint that went away while svcproxy was down is deleted. A failure is
+    /// logged and not retried (the next syncs follow the intent's change again).
+    fn reconcile_conntrack(&mut self, start: Instant) -> ConntrackCleanupReport {
+        let stale = stale_udp_flows(self.intents.intent());
         if stale.is_empty() {
             return ConntrackCleanupReport::default();
         }
@@ -379,29 +368,16 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         report
     }
 
-    /// Deletes the conntrack entries the move from the applied snapshot to `update`
-    /// made stale, and remembers `update` as applied.
-    /// `plane_stale` are the entries the data plane itself found stale.
-    fn clean_conntrack(
-        &mut self,
-        update: &SnapshotUpdate,
-        mut plane_stale: Vec<ConntrackFilter>,
-    ) -> ConntrackCleanupReport {
+    /// Deletes the conntrack entries the intent's change since the last successful
+    /// apply made stale. `plane_stale` are the entries the data plane itself found
+    /// stale.
+    fn clean_conntrack(&mut self, mut plane_stale: Vec<ConntrackFilter>) -> ConntrackCleanupReport {
         let start = Instant::now();
-        // Only the snapshots matter; `changed` can be large.
-        let applied = SnapshotUpdate {
-            v4: update.v4.clone(),
-            v6: update.v6.clone(),
-            changed: Default::default(),
-            service_changes: 0,
-            endpoint_changes: 0,
-            trigger_times: Vec::new(),
-        };
-        let previous = self.applied.replace(applied);
-        let Some(previous) = previous else {
-            return self.reconcile_conntrack(update, start);
-        };
-        let mut filters = cleanup_filters(&previous, update);
+        if !std::mem::replace(&mut self.applied_once, true) {
+            self.udp_changes.clear();
+            return self.reconcile_conntrack(start);
+        }
+        let mut filters = self.udp_changes.take_filters();
         if !self.conntrack_retry.is_empty() || !plane_stale.is_empty() {
             filters.append(&mut plane_stale);
             filters.append(&mut self.conntrack_retry);
@@ -462,70 +438,9 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     /// (`svcproxy render`), from a fresh intent: neither the kernel nor this
     /// driver's state is touched.
     pub fn render(&self, update: &SnapshotUpdate) -> String {
-        self.plane
-            .render(&build_intent(&update.v4, &update.v6, &self.cfg))
-    }
-
-    /// Logs an error for each ServiceCIDR the intent refuses (it holds a node
-    /// address) when the set changes, and notes when none is left.
-    fn log_refused_service_cidrs(&mut self) {
-        let current: Vec<(ipnet::IpNet, std::net::IpAddr)> = self
-            .intents
-            .intent()
-            .families()
-            .filter_map(|f| f.node())
-            .flat_map(|n| n.refused_service_cidrs.iter().copied())
-            .collect();
-        if current == self.logged_refused_cidrs {
-            return;
-        }
-        for (cidr, ip) in &current {
-            if !self.logged_refused_cidrs.contains(&(*cidr, *ip)) {
-                tracing::error!(
-                    %cidr,
-                    node_address = %ip,
-                    "a ServiceCIDR holds an address of this node: its unallocated addresses are not dropped (that would cut the node's own traffic); fix the ServiceCIDR"
-                );
-            }
-        }
-        if current.is_empty() {
-            tracing::info!("no ServiceCIDR holds an address of this node any more");
-        }
-        self.logged_refused_cidrs = current;
-    }
-
-    /// Warns about each conflict that is new or changed since the last plan, and
-    /// notes those that went away.
-    fn log_conflicts(&mut self, conflicts: &[Conflict]) {
-        let current: BTreeMap<(IpFamily, String), Conflict> = conflicts
-            .iter()
-            .map(|c| ((c.family, c.destination.clone()), c.clone()))
-            .collect();
-        if current == self.logged_conflicts {
-            return;
-        }
-        for (key, c) in &current {
-            if self.logged_conflicts.get(key) != Some(c) {
-                let ignored: Vec<String> = c.ignored.iter().map(ToString::to_string).collect();
-                tracing::warn!(
-                    family = %c.family,
-                    destination = %c.destination,
-                    kept = %c.kept,
-                    ignored = %ignored.join(", "),
-                    "several service ports claim one destination; a cluster IP wins, then the first port by name"
-                );
-            }
-        }
-        for (key, c) in &self.logged_conflicts {
-            if !current.contains_key(key) {
-                tracing::info!(
-                    family = %c.family,
-                    destination = %c.destination,
-                    "destination conflict resolved"
-                );
-            }
-        }
-        self.logged_conflicts = current;
+        let mut fresh = Intents::new(self.intents.config().clone());
+        fresh.update(update);
+        self.plane.render(fresh.intent())
     }
 }
 

@@ -5,14 +5,16 @@
 //! Address plan: as `common` (node-a, pods 198.18.<n>.0/24, services 198.19.0.0/16,
 //! external IPs 203.0.113.0/24); the DNS service below is 198.19.0.53.
 
+// The data plane's test cluster (YAML through the real `ClusterState`).
+#[path = "../../svcproxy-dataplane/tests/common/mod.rs"]
 mod common;
 
 use common::*;
 use svcproxy_core::model::{IpFamily, Protocol};
 use svcproxy_dataplane::{
-    ConntrackEntry, ConntrackFilter, Driver, NftDataPlane, RecordingCleaner, RecordingSink,
-    IPS_DST_NAT,
+    ConntrackEntry, ConntrackFilter, NftDataPlane, RecordingCleaner, RecordingSink, IPS_DST_NAT,
 };
+use svcproxy_sync::Driver;
 
 /// dns: 198.19.0.53:53/UDP (+ external IP 203.0.113.53, NodePort 30053) → :5353.
 const DNS: &str = r#"
