@@ -223,6 +223,20 @@ pub fn holds_loopback(cidr: &IpNet) -> bool {
         || cidr.contains(&IpAddr::from(std::net::Ipv6Addr::LOCALHOST))
 }
 
+impl NodePortAddresses {
+    /// Loopback is named: a CIDR other than a `/0` takes it in (the `localhost`
+    /// keyword is 127.0.0.0/8 and ::1/128), as upstream's `ContainsExplicitLoopback`
+    /// ([`holds_loopback`]).
+    pub fn names_loopback(&self) -> bool {
+        match self {
+            NodePortAddresses::Primary | NodePortAddresses::AllLocal => false,
+            NodePortAddresses::Cidrs(cidrs) | NodePortAddresses::PrimaryAnd(cidrs) => cidrs
+                .iter()
+                .any(|c| c.prefix_len() > 0 && holds_loopback(c)),
+        }
+    }
+}
+
 impl PlanConfig {
     /// Checks what the types cannot. The planner never fails: given an invalid
     /// masquerade bit it uses the default one.

@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use svcproxy_core::model::Scheduler;
-use svcproxy_dataplane::{ConfigSection, LocalhostDefault, NodePortDefault};
+use svcproxy_dataplane::{ConfigSection, ConntrackSettings, LocalhostDefault, NodePortDefault};
+use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
 
 use duration::{format_go_duration, GoDuration};
 pub use file::KubeProxyConfiguration;
@@ -49,25 +50,20 @@ pub struct Settings {
     pub node_name: String,
     /// The data plane `--proxy-mode` names, from the registry.
     pub proxy_mode: &'static svcproxy_dataplane::Backend,
-    /// The scheduler of every Service without its own (`--scheduler`, and
-    /// `--ipvs-scheduler` / `ipvs.scheduler` in ipvs mode); random in the modes
-    /// that execute no scheduler.
-    pub scheduler: Scheduler,
+    /// What the data plane's plan needs beyond the snapshot, resolved once from
+    /// the flags or the file and the mode's semantics: masquerading, local-traffic
+    /// detection, NodePort addresses and loopback, the scheduler, the families.
+    pub plan: PlanConfig,
     /// kube-proxy's `bindAddress`: an override for the node's primary IP. Unspecified
     /// (0.0.0.0 or ::) means "from the Node object"; its family still hints the
     /// primary IP family.
     pub bind_address: IpAddr,
     /// Pod CIDRs: empty, one, or one per IP family.
     pub cluster_cidrs: Vec<IpNet>,
-    pub nodeport_addresses: NodePortAddresses,
-    pub masquerade_all: bool,
-    /// Bit (0-31) of the packet mark that flags packets for SNAT.
-    pub masquerade_bit: u8,
     /// iptables mode, IPv4 only: NodePorts also answer on 127.0.0.1
-    /// (`--iptables-localhost-nodeports`, `iptables.localhostNodePorts`).
-    pub localhost_nodeports: bool,
-    /// `--nodeport-localhost`, when given (see [`Settings::serves_localhost_nodeports`]).
-    pub nodeport_localhost: Option<bool>,
+    /// (`--iptables-localhost-nodeports`, `iptables.localhostNodePorts`), as
+    /// given (what it means for this mode is in [`Settings::plan`]).
+    pub iptables_localhost_nodeports: bool,
     /// `None`: health check server disabled.
     pub healthz_bind: Option<SocketAddr>,
     /// `None`: metrics server disabled.
@@ -82,11 +78,11 @@ pub struct Settings {
     pub master: Option<String>,
     pub client_connection: ClientConnection,
     pub cleanup: bool,
-    pub detect_local: DetectLocal,
     /// Warnings about how rules would be written (how local traffic is told
     /// apart): for the commands that write or show rules, not for `svcproxy dns`.
     pub rule_warnings: Vec<String>,
-    pub conntrack: Conntrack,
+    /// The node's conntrack settings, written after the first sync.
+    pub conntrack: ConntrackSettings,
     /// The `--config` file the settings came from, if any (to watch it for changes, as
     /// kube-proxy exits when its config file changes).
     pub config_file: Option<PathBuf>,
@@ -147,99 +143,48 @@ impl LogFormat {
     }
 }
 
-impl Settings {
-    /// Whether NodePorts are asked for on loopback: `--nodeport-localhost` when
-    /// given; else the iptables setting in the iptables and userspace modes (on by
-    /// default, as upstream's iptables mode), and in nftables mode only with the
-    /// `KubeProxyNFTablesLocalhostNodePorts` gate on and loopback named in
-    /// `--nodeport-addresses` (as upstream's 1.37). Where and how they are then
-    /// served is the mode's ([`svcproxy_plan::PlanConfig::serves_localhost_nodeports`]).
-    pub fn serves_localhost_nodeports(&self) -> bool {
-        self.nodeport_localhost
-            .unwrap_or(match self.proxy_mode.defaults.localhost_nodeports {
-                LocalhostDefault::Off => false,
-                LocalhostDefault::IptablesSetting => self.localhost_nodeports,
-                LocalhostDefault::WhenGatedAndNamed(gate) => {
-                    self.feature_gates.enabled(gate) && self.nodeport_addresses.names_loopback()
-                }
+/// Whether NodePorts are asked for on loopback: `--nodeport-localhost` when given;
+/// else the iptables setting in the iptables and userspace modes (on by default, as
+/// upstream's iptables mode), and in nftables mode only with the
+/// `KubeProxyNFTablesLocalhostNodePorts` gate on and loopback named in
+/// `--nodeport-addresses` (as upstream's 1.37). Where and how they are then served
+/// is the mode's ([`PlanConfig::serves_localhost_nodeports`]).
+fn asks_localhost_nodeports(
+    mode: &svcproxy_dataplane::Backend,
+    gates: &FeatureGates,
+    nodeport_localhost: Option<bool>,
+    iptables_setting: bool,
+    addresses: &NodePortAddresses,
+) -> bool {
+    nodeport_localhost.unwrap_or(match mode.defaults.localhost_nodeports {
+        LocalhostDefault::Off => false,
+        LocalhostDefault::IptablesSetting => iptables_setting,
+        LocalhostDefault::WhenGatedAndNamed(gate) => {
+            gates.enabled(gate) && addresses.names_loopback()
+        }
+    })
+}
+
+/// KEP-6032's gate in a mode that follows it (kube-proxy 1.37's nftables mode):
+/// `Some` with the gate on. NodePorts on loopback not served are then rejected;
+/// served ones are TCP only, as upstream's, unless svcproxy's own
+/// `--nodeport-localhost` asked for them (its forwarder relays UDP too).
+fn localhost_gate(
+    mode: &svcproxy_dataplane::Backend,
+    gates: &FeatureGates,
+    nodeport_localhost: Option<bool>,
+) -> Option<svcproxy_plan::LocalhostGate> {
+    match mode.defaults.localhost_nodeports {
+        LocalhostDefault::WhenGatedAndNamed(gate) if gates.enabled(gate) => {
+            Some(svcproxy_plan::LocalhostGate {
+                tcp_only: nodeport_localhost.is_none(),
             })
-    }
-}
-
-impl Settings {
-    /// KEP-6032's gate in a mode that follows it (kube-proxy 1.37's nftables mode):
-    /// `Some` with the gate on. NodePorts on loopback not served are then rejected;
-    /// served ones are TCP only, as upstream's, unless svcproxy's own
-    /// `--nodeport-localhost` asked for them (its forwarder relays UDP too).
-    pub fn localhost_gate(&self) -> Option<svcproxy_plan::LocalhostGate> {
-        match self.proxy_mode.defaults.localhost_nodeports {
-            LocalhostDefault::WhenGatedAndNamed(gate) if self.feature_gates.enabled(gate) => {
-                Some(svcproxy_plan::LocalhostGate {
-                    tcp_only: self.nodeport_localhost.is_none(),
-                })
-            }
-            _ => None,
         }
+        _ => None,
     }
-}
-
-impl NodePortAddresses {
-    /// Loopback is named: a CIDR other than a `/0` takes it in (the `localhost`
-    /// keyword is 127.0.0.0/8 and ::1/128), as upstream's `ContainsExplicitLoopback`,
-    /// by the plan's own test ([`svcproxy_plan::holds_loopback`]).
-    pub fn names_loopback(&self) -> bool {
-        match self {
-            NodePortAddresses::Primary | NodePortAddresses::All => false,
-            NodePortAddresses::Cidrs(cidrs) | NodePortAddresses::PrimaryAnd(cidrs) => cidrs
-                .iter()
-                .any(|c| c.prefix_len() > 0 && svcproxy_plan::holds_loopback(c)),
-        }
-    }
-}
-
-/// Which node IPs accept NodePort connections.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// The Node object's primary IP(s), one per family (`primary`; nftables' default).
-    Primary,
-    /// Every local IP (iptables' default when unset).
-    All,
-    /// Local IPs within these ranges (never empty).
-    Cidrs(Vec<IpNet>),
-    /// The primary IP(s) and the local IPs within these ranges (never empty):
-    /// `primary` listed with CIDRs or other keywords (kube-proxy 1.37).
-    PrimaryAnd(Vec<IpNet>),
-}
-
-/// How pod-originated ("local") traffic is recognised.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DetectLocal {
-    /// No local detection (ClusterCIDR mode without a cluster CIDR, as upstream).
-    None,
-    /// Source IP within the cluster CIDR(s), at most one per family.
-    ClusterCidr(Vec<IpNet>),
-    /// Source IP within the Node object's `spec.podCIDRs` (known only at run time).
-    NodeCidr,
-    /// Arriving through this bridge interface.
-    BridgeInterface(String),
-    /// Arriving through an interface whose name starts with this prefix.
-    InterfaceNamePrefix(String),
 }
 
 pub use svcproxy_sources::ClientConnection;
-
-/// Conntrack sysctls to apply. `None` timeouts and a zero `max_per_core` mean "leave
-/// the kernel's value as it is", as kube-proxy's 0.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Conntrack {
-    pub max_per_core: u32,
-    pub min: u32,
-    pub tcp_established_timeout: Option<Duration>,
-    pub tcp_close_wait_timeout: Option<Duration>,
-    pub tcp_be_liberal: bool,
-    pub udp_timeout: Option<Duration>,
-    pub udp_stream_timeout: Option<Duration>,
-}
 
 const HEALTHZ_PORT: u16 = 10256;
 const METRICS_PORT: u16 = 10249;
@@ -289,9 +234,9 @@ struct Modeled {
     config_sync_period: Duration,
     kubeconfig: Option<PathBuf>,
     client_connection: ClientConnection,
-    detect_local: DetectLocal,
+    detect_local: LocalDetection,
     rule_warnings: Vec<String>,
-    conntrack: Conntrack,
+    conntrack: ConntrackSettings,
     hostname_override: Option<String>,
     verbosity: Option<u32>,
     log_format: Option<LogFormat>,
@@ -479,24 +424,15 @@ struct Resolved {
 /// flags.
 fn assemble(flags: &ProxyFlags, modeled: Modeled, r: Resolved) -> Settings {
     let dns_clients_node = flags.dns_node_local.then(|| r.node_name.clone());
-    let nodeport_addresses = modeled.nodeport_addresses.unwrap_or(
-        match modeled.proxy_mode.defaults.nodeport_addresses {
-            NodePortDefault::Primary => NodePortAddresses::Primary,
-            NodePortDefault::AllLocal => NodePortAddresses::All,
-        },
-    );
+    let plan = plan_config(flags, &modeled, r.scheduler);
     Settings {
         feature_gates: modeled.feature_gates,
         node_name: r.node_name,
         proxy_mode: modeled.proxy_mode,
-        scheduler: r.scheduler,
+        plan,
         bind_address: modeled.bind_address,
         cluster_cidrs: modeled.cluster_cidrs,
-        nodeport_addresses,
-        masquerade_all: modeled.masquerade_all,
-        masquerade_bit: modeled.masquerade_bit,
-        localhost_nodeports: modeled.localhost_nodeports,
-        nodeport_localhost: flags.nodeport_localhost,
+        iptables_localhost_nodeports: modeled.localhost_nodeports,
         healthz_bind: modeled.healthz_bind,
         metrics_bind: modeled.metrics_bind,
         min_sync_period: modeled.min_sync_period,
@@ -506,7 +442,6 @@ fn assemble(flags: &ProxyFlags, modeled: Modeled, r: Resolved) -> Settings {
         master: flags.master.clone().filter(|m| !m.is_empty()),
         client_connection: modeled.client_connection,
         cleanup: flags.cleanup,
-        detect_local: modeled.detect_local,
         rule_warnings: modeled.rule_warnings,
         conntrack: modeled.conntrack,
         config_file: flags.config.clone(),
@@ -540,6 +475,45 @@ fn assemble(flags: &ProxyFlags, modeled: Modeled, r: Resolved) -> Settings {
             .filter(|p| !p.as_os_str().is_empty()),
         mode_options: r.mode_options,
     }
+}
+
+/// The plan's configuration: the modeled fields the plan reads, the mode's
+/// defaults where they were not given, and the mode's semantics folded in
+/// ([`svcproxy_plan::ModeSemantics::apply`]).
+fn plan_config(flags: &ProxyFlags, modeled: &Modeled, scheduler: Scheduler) -> PlanConfig {
+    let mode = modeled.proxy_mode;
+    let nodeport_addresses =
+        modeled
+            .nodeport_addresses
+            .clone()
+            .unwrap_or(match mode.defaults.nodeport_addresses {
+                NodePortDefault::Primary => NodePortAddresses::Primary,
+                NodePortDefault::AllLocal => NodePortAddresses::AllLocal,
+            });
+    let gates = &modeled.feature_gates;
+    let plan = PlanConfig {
+        masquerade_all: modeled.masquerade_all,
+        masquerade_bit: modeled.masquerade_bit,
+        local_detection: modeled.detect_local.clone(),
+        node_ips: if modeled.bind_address.is_unspecified() {
+            Vec::new()
+        } else {
+            vec![modeled.bind_address]
+        },
+        localhost_nodeports: asks_localhost_nodeports(
+            mode,
+            gates,
+            flags.nodeport_localhost,
+            modeled.localhost_nodeports,
+            &nodeport_addresses,
+        ),
+        localhost_gate: localhost_gate(mode, gates, flags.nodeport_localhost),
+        nodeport_addresses,
+        conntrack_tcp_be_liberal: modeled.conntrack.tcp_be_liberal,
+        scheduler,
+        ..PlanConfig::default()
+    };
+    mode.semantics.apply(plan)
 }
 
 /// The node's scheduler: in ipvs mode `--ipvs-scheduler` (or `ipvs.scheduler`)
@@ -647,7 +621,7 @@ fn from_flags(flags: &ProxyFlags, errors: &mut Errors, warnings: &mut Vec<String
             ),
             &mut rule_warnings,
         ),
-        DetectLocal::None,
+        LocalDetection::None,
     );
     let (healthz_bind, metrics_bind) = flag_servers(flags, errors);
     Modeled {
@@ -791,9 +765,9 @@ fn flag_servers(
 }
 
 /// The conntrack settings the flags give (0: leave the kernel's).
-fn flag_conntrack(flags: &ProxyFlags) -> Conntrack {
+fn flag_conntrack(flags: &ProxyFlags) -> ConntrackSettings {
     let nonzero = |d: Duration| Some(d).filter(|d| !d.is_zero());
-    Conntrack {
+    ConntrackSettings {
         max_per_core: flags.conntrack_max_per_core,
         min: flags.conntrack_min,
         tcp_established_timeout: nonzero(flags.conntrack_tcp_timeout_established),
@@ -1112,7 +1086,7 @@ fn file_client_connection(
 }
 
 /// The node's conntrack settings (`conntrack`).
-fn file_conntrack(file: &KubeProxyConfiguration, errors: &mut Errors) -> Conntrack {
+fn file_conntrack(file: &KubeProxyConfiguration, errors: &mut Errors) -> ConntrackSettings {
     let ct = file.conntrack.clone().unwrap_or_default();
     let mut count = |field: &str, v: Option<i32>, default: u32| match v {
         None => default,
@@ -1128,7 +1102,7 @@ fn file_conntrack(file: &KubeProxyConfiguration, errors: &mut Errors) -> Conntra
     let tcp_timeout = |d: Option<GoDuration>, default: Duration| {
         Some(d.map_or(default, |d| d.0)).filter(|d| !d.is_zero())
     };
-    Conntrack {
+    ConntrackSettings {
         max_per_core,
         min,
         tcp_established_timeout: tcp_timeout(
@@ -1148,7 +1122,7 @@ fn file_detect_local(
     cluster_cidrs: &[IpNet],
     errors: &mut Errors,
     rule_warnings: &mut Vec<String>,
-) -> DetectLocal {
+) -> LocalDetection {
     let dl = file.detect_local.clone().unwrap_or_default();
     errors.check(
         "detectLocalMode",
@@ -1164,7 +1138,7 @@ fn file_detect_local(
             ),
             rule_warnings,
         ),
-        DetectLocal::None,
+        LocalDetection::None,
     )
 }
 
@@ -1315,7 +1289,7 @@ fn detect_local(
     prefix: &str,
     (bridge_field, prefix_field, cidr_field): (&str, &str, &str),
     warnings: &mut Vec<String>,
-) -> Result<DetectLocal, String> {
+) -> Result<LocalDetection, String> {
     match mode {
         "" | "ClusterCIDR" => {
             if cluster_cidrs.is_empty() {
@@ -1323,26 +1297,29 @@ fn detect_local(
                     "detect-local-mode is ClusterCIDR but {cidr_field} is not set: no traffic is \
                      treated as local (as kube-proxy)"
                 ));
-                Ok(DetectLocal::None)
+                Ok(LocalDetection::None)
             } else {
-                Ok(DetectLocal::ClusterCidr(cluster_cidrs.to_vec()))
+                Ok(LocalDetection::ClusterCidr(cluster_cidrs.to_vec()))
             }
         }
-        "NodeCIDR" => Ok(DetectLocal::NodeCidr),
+        // The node's spec.podCIDRs, from the snapshot.
+        "NodeCIDR" => Ok(LocalDetection::NodeCidr(Vec::new())),
         "BridgeInterface" => {
             let name = bridge.trim();
             if name.is_empty() {
                 return Err(format!("BridgeInterface requires {bridge_field}"));
             }
             validate_interface_name(name).map_err(|e| format!("{bridge_field}: {e}"))?;
-            Ok(DetectLocal::BridgeInterface(name.to_string()))
+            let name = InterfaceName::parse(name).map_err(|e| format!("{bridge_field}: {e}"))?;
+            Ok(LocalDetection::BridgeInterface(name))
         }
         "InterfaceNamePrefix" => {
             let p = prefix.trim();
             if p.is_empty() {
                 return Err(format!("InterfaceNamePrefix requires {prefix_field}"));
             }
-            Ok(DetectLocal::InterfaceNamePrefix(p.to_string()))
+            let p = InterfaceName::parse(p).map_err(|e| format!("{prefix_field}: {e}"))?;
+            Ok(LocalDetection::InterfaceNamePrefix(p))
         }
         _ => Err(format!(
             "unknown mode {mode:?}: must be ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix"

@@ -2,7 +2,7 @@
 //! sync target ([`svcproxy_sync::Target`]), and the HTTP servers around them.
 //!
 //! Entry points: [`run`] (the daemon, `--once`, and the `snapshot`/`render`/`explain`
-//! tools, which share everything but the target), [`plan_config`] and [`cleanup`].
+//! tools, which share everything but the target), and [`cleanup`].
 //! The data plane comes from the registry (`Settings::proxy_mode`); nothing here
 //! knows which modes exist. Sources hand
 //! updates to the runner over a channel; the runner owns the state and the target, so
@@ -20,12 +20,12 @@ use svcproxy_core::snapshot::SnapshotTallies;
 use svcproxy_core::state::{ClusterState, SnapshotUpdate, StateConfig};
 use svcproxy_dataplane::Backend;
 use svcproxy_plan::intent::{nodeport_destinations, NodePortDestinations};
-use svcproxy_plan::{InterfaceName, LocalDetection, NodePortAddresses, PlanConfig};
+use svcproxy_plan::{NodePortAddresses, PlanConfig};
 use svcproxy_sync::print::{ExplainPrinter, RenderPrinter, SnapshotPrinter};
 use svcproxy_sync::Driver;
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{self, DetectLocal, Settings};
+use crate::config::{self, Settings};
 use crate::owner::{HandOver, Ownership, Role};
 use crate::runner::{self, Event, RunnerConfig, Syncer};
 use svcproxy_http::health::ProxyHealth;
@@ -64,49 +64,6 @@ pub struct Servers {
     pub metrics: Option<SocketAddr>,
     /// healthCheckNodePort servers (only when programming the kernel).
     pub health_check_node_ports: bool,
-}
-
-/// The planner's configuration from the resolved settings.
-/// The plan configuration for `settings`, as `backend`'s mode runs it.
-pub fn plan_config(settings: &Settings, backend: &Backend) -> anyhow::Result<PlanConfig> {
-    let local_detection = match &settings.detect_local {
-        DetectLocal::None => LocalDetection::None,
-        DetectLocal::ClusterCidr(c) => LocalDetection::ClusterCidr(c.clone()),
-        DetectLocal::NodeCidr => LocalDetection::NodeCidr(Vec::new()),
-        DetectLocal::BridgeInterface(i) => LocalDetection::BridgeInterface(
-            InterfaceName::parse(i).context("--pod-bridge-interface")?,
-        ),
-        DetectLocal::InterfaceNamePrefix(i) => LocalDetection::InterfaceNamePrefix(
-            InterfaceName::parse(i).context("--pod-interface-name-prefix")?,
-        ),
-    };
-    let nodeport_addresses = match &settings.nodeport_addresses {
-        config::NodePortAddresses::Primary => NodePortAddresses::Primary,
-        config::NodePortAddresses::All => NodePortAddresses::AllLocal,
-        config::NodePortAddresses::Cidrs(cidrs) => NodePortAddresses::Cidrs(cidrs.clone()),
-        config::NodePortAddresses::PrimaryAnd(cidrs) => {
-            NodePortAddresses::PrimaryAnd(cidrs.clone())
-        }
-    };
-    let cfg = PlanConfig {
-        masquerade_all: settings.masquerade_all,
-        masquerade_bit: settings.masquerade_bit,
-        local_detection,
-        node_ips: if settings.bind_address.is_unspecified() {
-            Vec::new()
-        } else {
-            vec![settings.bind_address]
-        },
-        nodeport_addresses,
-        localhost_nodeports: settings.serves_localhost_nodeports(),
-        localhost_gate: settings.localhost_gate(),
-        conntrack_tcp_be_liberal: settings.conntrack.tcp_be_liberal,
-        scheduler: settings.scheduler,
-        ..PlanConfig::default()
-    };
-    let cfg = backend.semantics.apply(cfg);
-    cfg.validate()?;
-    Ok(cfg)
 }
 
 /// Whether the plan needs this host's own addresses: `--nodeport-addresses` CIDRs
@@ -514,11 +471,11 @@ fn run_target(
                 },
                 input_errors: input_errors.clone(),
             };
-            rt.block_on(serve(settings, target, servers, !watch, None, None, None))
+            rt.block_on(serve(Serving::printer(settings, servers, target, !watch)))
         }
         Output::Explain { packet, json, live } => {
             let backend = settings.proxy_mode;
-            let cfg = plan_config(&settings, backend)?;
+            let cfg = settings.plan.clone();
             let live = live.then(|| (backend.new)(&cfg, &settings.mode_options));
             let target = Checked {
                 inner: ExplainPrinter {
@@ -529,20 +486,15 @@ fn run_target(
                 },
                 input_errors: input_errors.clone(),
             };
-            rt.block_on(serve(
-                settings,
-                target,
-                servers,
-                true,
-                Some(cfg),
-                None,
-                None,
-            ))
+            rt.block_on(serve(Serving {
+                plan: Some(cfg),
+                ..Serving::printer(settings, servers, target, true)
+            }))
         }
-        Output::Dns => rt.block_on(serve(settings, DnsOnly, servers, false, None, None, None)),
+        Output::Dns => rt.block_on(serve(Serving::printer(settings, servers, DnsOnly, false))),
         Output::Render => {
             let backend = settings.proxy_mode;
-            let plan_cfg = plan_config(&settings, backend)?;
+            let plan_cfg = settings.plan.clone();
             let plane = (backend.new)(&plan_cfg, &settings.mode_options);
             let target = Checked {
                 inner: RenderPrinter {
@@ -551,15 +503,11 @@ fn run_target(
                 },
                 input_errors: input_errors.clone(),
             };
-            rt.block_on(serve(
-                settings,
-                target,
-                servers,
-                true,
-                Some(plan_cfg),
-                Some(backend),
-                None,
-            ))
+            rt.block_on(serve(Serving {
+                plan: Some(plan_cfg),
+                backend: Some(backend),
+                ..Serving::printer(settings, servers, target, true)
+            }))
         }
     }
 }
@@ -577,7 +525,7 @@ fn run_kernel(
     let _leftovers = (!settings.init_only && settings.service_proxy_name.is_none())
         .then(|| JoinOnDrop(Some(std::thread::spawn(warn_about_kube_proxy_leftovers))));
     let backend = settings.proxy_mode;
-    let plan_cfg = plan_config(&settings, backend)?;
+    let plan_cfg = settings.plan.clone();
     let mut plane = Driver::new(
         plan_cfg.clone(),
         (backend.new)(&plan_cfg, &settings.mode_options),
@@ -603,18 +551,14 @@ fn run_kernel(
             );
         }
     }
-    let target = plane.with_conntrack_sysctls(conntrack_settings(&settings));
-    let once = settings.once;
-    let claim = Some(backend.mode);
-    rt.block_on(serve(
-        settings,
-        target,
-        servers,
-        once,
-        Some(plan_cfg),
-        Some(backend),
-        claim,
-    ))
+    let target = plane.with_conntrack_sysctls(settings.conntrack.clone());
+    rt.block_on(serve(Serving {
+        once: settings.once,
+        plan: Some(plan_cfg),
+        backend: Some(backend),
+        claim: Some(backend.mode),
+        ..Serving::printer(settings, servers, target, false)
+    }))
 }
 
 /// kube-proxy's `--init-only`: what needs full privileges (the mode's sysctls, the
@@ -626,7 +570,7 @@ fn prepare_only(
     backend: &'static Backend,
 ) {
     let prepared = svcproxy_dataplane::prepare_node(&needs.sysctls);
-    let conntrack = svcproxy_dataplane::apply_conntrack_sysctls(&conntrack_settings(settings));
+    let conntrack = svcproxy_dataplane::apply_conntrack_sysctls(&settings.conntrack.clone());
     let warnings: Vec<_> = prepared
         .warnings
         .iter()
@@ -767,31 +711,49 @@ fn health_check_listen(cfg: &PlanConfig, update: &SnapshotUpdate) -> Listen {
     }
 }
 
-fn conntrack_settings(settings: &Settings) -> svcproxy_dataplane::ConntrackSettings {
-    let c = &settings.conntrack;
-    svcproxy_dataplane::ConntrackSettings {
-        max_per_core: c.max_per_core,
-        min: c.min,
-        tcp_established_timeout: c.tcp_established_timeout,
-        tcp_close_wait_timeout: c.tcp_close_wait_timeout,
-        tcp_be_liberal: c.tcp_be_liberal,
-        udp_timeout: c.udp_timeout,
-        udp_stream_timeout: c.udp_stream_timeout,
+/// What one run serves: the settings and servers, where each sync's snapshot goes,
+/// and what comes with that target.
+struct Serving<T> {
+    settings: Settings,
+    servers: Servers,
+    target: T,
+    /// Sync (or print) once and end: `--once` and the one-shot tools.
+    once: bool,
+    /// The plan's configuration, for the targets that apply or render it (the
+    /// kernel, `render`, `explain`): where NodePorts and healthCheckNodePort servers
+    /// listen.
+    plan: Option<PlanConfig>,
+    /// The mode whose metrics are served (the kernel, `render`).
+    backend: Option<&'static Backend>,
+    /// Programs the node in this mode: only while owning it (`crate::owner`).
+    claim: Option<&'static str>,
+}
+
+impl<T: Target> Serving<T> {
+    /// A tool that prints what each sync's snapshot shows, programming nothing.
+    fn printer(settings: Settings, servers: Servers, target: T, once: bool) -> Self {
+        Serving {
+            settings,
+            servers,
+            target,
+            once,
+            plan: None,
+            backend: None,
+            claim: None,
+        }
     }
 }
 
-async fn serve<T: Target>(
-    settings: Settings,
-    target: T,
-    servers: Servers,
-    once: bool,
-    // The plan's configuration (for the kernel and `render`): where NodePorts and
-    // healthCheckNodePort servers listen.
-    plan_cfg: Option<PlanConfig>,
-    backend: Option<&'static Backend>,
-    // Programs the node in this mode: only while owning it (`crate::owner`).
-    claim: Option<&'static str>,
-) -> anyhow::Result<()> {
+async fn serve<T: Target>(what: Serving<T>) -> anyhow::Result<()> {
+    let Serving {
+        settings,
+        servers,
+        target,
+        once,
+        plan: plan_cfg,
+        backend,
+        claim,
+    } = what;
     // First of all: a SIGTERM from here on stops the process in order.
     let stop_signal = shutdown_signal();
     let ownership = claim_node(claim, once).await?;

@@ -13,19 +13,21 @@ use super::file::{
     IPTablesConfiguration, IPVSConfiguration, KubeProxyConfiguration, LoggingConfiguration,
     NFTablesConfiguration, API_VERSION, KIND,
 };
-use super::{DetectLocal, NodePortAddresses, Settings};
+use super::Settings;
 use svcproxy_dataplane::ConfigSection;
+use svcproxy_plan::{LocalDetection, NodePortAddresses};
 
 /// `settings` as a complete v1alpha1 `KubeProxyConfiguration` (every field svcproxy
 /// reads is set; the sync periods and masquerade settings in both the iptables and
 /// nftables sections, so the file reads the same whichever mode loads it).
 pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
     let addr = |a: Option<std::net::SocketAddr>| Some(a.map(|a| a.to_string()).unwrap_or_default());
-    let (detect_local_mode, bridge, prefix) = match &settings.detect_local {
-        DetectLocal::None | DetectLocal::ClusterCidr(_) => ("ClusterCIDR", "", ""),
-        DetectLocal::NodeCidr => ("NodeCIDR", "", ""),
-        DetectLocal::BridgeInterface(b) => ("BridgeInterface", b.as_str(), ""),
-        DetectLocal::InterfaceNamePrefix(p) => ("InterfaceNamePrefix", "", p.as_str()),
+    let plan = &settings.plan;
+    let (detect_local_mode, bridge, prefix) = match &plan.local_detection {
+        LocalDetection::None | LocalDetection::ClusterCidr(_) => ("ClusterCIDR", "", ""),
+        LocalDetection::NodeCidr(_) => ("NodeCIDR", "", ""),
+        LocalDetection::BridgeInterface(b) => ("BridgeInterface", b.as_str(), ""),
+        LocalDetection::InterfaceNamePrefix(p) => ("InterfaceNamePrefix", "", p.as_str()),
     };
     KubeProxyConfiguration {
         api_version: Some(API_VERSION.to_string()),
@@ -46,9 +48,9 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
         show_hidden_metrics_for_version: Some(String::new()),
         mode: Some(settings.proxy_mode.mode.to_string()),
         iptables: Some(IPTablesConfiguration {
-            masquerade_bit: Some(i32::from(settings.masquerade_bit)),
-            masquerade_all: Some(settings.masquerade_all),
-            localhost_node_ports: Some(settings.localhost_nodeports),
+            masquerade_bit: Some(i32::from(plan.masquerade_bit)),
+            masquerade_all: Some(plan.masquerade_all),
+            localhost_node_ports: Some(settings.iptables_localhost_nodeports),
             snat_node_internal_ip: None,
             sync_period: dur(settings.sync_period),
             min_sync_period: dur(settings.min_sync_period),
@@ -57,8 +59,8 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
         ipvs: (settings.proxy_mode.defaults.config_section == ConfigSection::Ipvs)
             .then(|| ipvs(settings)),
         nftables: Some(NFTablesConfiguration {
-            masquerade_bit: Some(i32::from(settings.masquerade_bit)),
-            masquerade_all: Some(settings.masquerade_all),
+            masquerade_bit: Some(i32::from(plan.masquerade_bit)),
+            masquerade_all: Some(plan.masquerade_all),
             sync_period: dur(settings.sync_period),
             min_sync_period: dur(settings.min_sync_period),
         }),
@@ -76,7 +78,7 @@ pub fn effective_config(settings: &Settings) -> KubeProxyConfiguration {
                 .collect::<Vec<_>>()
                 .join(","),
         ),
-        node_port_addresses: node_port_addresses(&settings.nodeport_addresses),
+        node_port_addresses: node_port_addresses(&plan.nodeport_addresses),
         oom_score_adj: Some(settings.oom_score_adj),
         conntrack: Some(conntrack(settings)),
         config_sync_period: dur(settings.config_sync_period),
@@ -124,7 +126,7 @@ fn ipvs(settings: &Settings) -> IPVSConfiguration {
     IPVSConfiguration {
         sync_period: dur(settings.sync_period),
         min_sync_period: dur(settings.min_sync_period),
-        scheduler: Some(settings.scheduler.as_str().to_string()),
+        scheduler: Some(settings.plan.scheduler.as_str().to_string()),
         tcp_timeout: zero_if_none(settings.mode_options.ebpf.timeouts.tcp),
         tcp_fin_timeout: zero_if_none(settings.mode_options.ebpf.timeouts.tcp_fin),
         udp_timeout: zero_if_none(settings.mode_options.ebpf.timeouts.udp),
@@ -136,7 +138,7 @@ fn node_port_addresses(addresses: &NodePortAddresses) -> Option<Vec<String>> {
     match addresses {
         NodePortAddresses::Primary => Some(vec!["primary".to_string()]),
         // Only iptables mode's default, which an absent field gives back.
-        NodePortAddresses::All => None,
+        NodePortAddresses::AllLocal => None,
         NodePortAddresses::Cidrs(c) => Some(c.iter().map(ToString::to_string).collect()),
         NodePortAddresses::PrimaryAnd(c) => Some(
             std::iter::once("primary".to_string())

@@ -59,16 +59,16 @@ fn flags_only_defaults() {
     // kube-proxy 1.37: an unset mode is iptables, with a warning that the default
     // will change (KEP-5343).
     assert_eq!(s.proxy_mode.mode, "iptables");
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
+    assert_eq!(s.plan.nodeport_addresses, NodePortAddresses::AllLocal);
     assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
     assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
     assert_eq!(s.sync_period, Duration::from_secs(30));
     assert_eq!(s.min_sync_period, Duration::from_secs(1));
-    assert_eq!(s.masquerade_bit, 14);
-    assert_eq!(s.detect_local, DetectLocal::None);
+    assert_eq!(s.plan.masquerade_bit, 14);
+    assert_eq!(s.plan.local_detection, LocalDetection::None);
     assert_eq!(
         s.conntrack,
-        Conntrack {
+        ConntrackSettings {
             max_per_core: 32768,
             min: 131072,
             tcp_established_timeout: Some(Duration::from_secs(86400)),
@@ -122,13 +122,13 @@ fn flags_only_values() {
         vec![net("10.244.0.0/16"), net("fd00:10:244::/56")]
     );
     assert_eq!(
-        s.detect_local,
-        DetectLocal::ClusterCidr(s.cluster_cidrs.clone())
+        s.plan.local_detection,
+        LocalDetection::ClusterCidr(s.cluster_cidrs.clone())
     );
     assert_eq!(s.node_name, "node-1");
     assert_eq!(
-        s.nodeport_addresses,
-        NodePortAddresses::All,
+        s.plan.nodeport_addresses,
+        NodePortAddresses::AllLocal,
         "iptables default"
     );
     assert_eq!(s.healthz_bind, None, "empty disables");
@@ -150,10 +150,10 @@ fn flags_only_values() {
 #[test]
 fn nodeport_addresses_flag() {
     let (s, _) = ok(&["--nodeport-addresses=primary"]);
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.plan.nodeport_addresses, NodePortAddresses::Primary);
     let (s, _) = ok(&["--nodeport-addresses=10.0.0.5/8,fd00::/64"]);
     assert_eq!(
-        s.nodeport_addresses,
+        s.plan.nodeport_addresses,
         NodePortAddresses::Cidrs(vec![net("10.0.0.0/8"), net("fd00::/64")])
     );
     let e = err(&["--nodeport-addresses=10.0.0.0/8,bogus"]);
@@ -164,22 +164,22 @@ fn nodeport_addresses_flag() {
     // kube-proxy 1.37: keywords in any combination with each other and CIDRs.
     let (s, _) = ok(&["--nodeport-addresses=primary,10.0.0.0/8"]);
     assert_eq!(
-        s.nodeport_addresses,
+        s.plan.nodeport_addresses,
         NodePortAddresses::PrimaryAnd(vec![net("10.0.0.0/8")])
     );
     let (s, _) = ok(&["--nodeport-addresses=primary,localhost"]);
     assert_eq!(
-        s.nodeport_addresses,
+        s.plan.nodeport_addresses,
         NodePortAddresses::PrimaryAnd(vec![net("127.0.0.0/8"), net("::1/128")])
     );
     let (s, _) = ok(&["--nodeport-addresses=all"]);
     assert_eq!(
-        s.nodeport_addresses,
+        s.plan.nodeport_addresses,
         NodePortAddresses::Cidrs(vec![net("0.0.0.0/0"), net("::/0")])
     );
     let (s, _) = ok(&["--nodeport-addresses=localhost,192.168.0.0/16"]);
     assert_eq!(
-        s.nodeport_addresses,
+        s.plan.nodeport_addresses,
         NodePortAddresses::Cidrs(vec![
             net("127.0.0.0/8"),
             net("::1/128"),
@@ -197,7 +197,7 @@ fn nodeport_addresses_flag() {
     ));
     let (s, _) = ok(&[&config_arg(&f)]);
     assert_eq!(
-        s.nodeport_addresses,
+        s.plan.nodeport_addresses,
         NodePortAddresses::PrimaryAnd(vec![net("10.0.0.0/8")])
     );
 }
@@ -235,7 +235,7 @@ fn detect_local_modes() {
     // The default, ClusterCIDR, without a CIDR: no detection, with a warning for
     // the commands that write rules only (not `svcproxy dns`).
     let (s, w) = ok(&[]);
-    assert_eq!(s.detect_local, DetectLocal::None);
+    assert_eq!(s.plan.local_detection, LocalDetection::None);
     assert!(
         warned(&s.rule_warnings, "--cluster-cidr is not set"),
         "{s:?}"
@@ -250,7 +250,7 @@ fn detect_local_modes() {
         s.rule_warnings
     );
     let (s, _) = ok(&["--detect-local-mode=NodeCIDR"]);
-    assert_eq!(s.detect_local, DetectLocal::NodeCidr);
+    assert_eq!(s.plan.local_detection, LocalDetection::NodeCidr(vec![]));
     assert!(
         s.rule_warnings
             .iter()
@@ -262,14 +262,17 @@ fn detect_local_modes() {
         "--detect-local-mode=BridgeInterface",
         "--pod-bridge-interface=cbr0",
     ]);
-    assert_eq!(s.detect_local, DetectLocal::BridgeInterface("cbr0".into()));
+    assert_eq!(
+        s.plan.local_detection,
+        LocalDetection::BridgeInterface(InterfaceName::parse("cbr0").unwrap())
+    );
     let (s, _) = ok(&[
         "--detect-local-mode=InterfaceNamePrefix",
         "--pod-interface-name-prefix=veth",
     ]);
     assert_eq!(
-        s.detect_local,
-        DetectLocal::InterfaceNamePrefix("veth".into())
+        s.plan.local_detection,
+        LocalDetection::InterfaceNamePrefix(InterfaceName::parse("veth").unwrap())
     );
     let e = err(&["--detect-local-mode=InterfaceNamePrefix"]);
     assert!(e.contains("requires --pod-interface-name-prefix"), "{e}");
@@ -293,8 +296,8 @@ fn proxy_mode_ipvs_runs_the_ebpf_data_plane_with_ipvs_defaults() {
     );
     assert!(w.is_empty(), "{w:?}");
     // Upstream's ipvs defaults: rr, NodePorts on every local address.
-    assert_eq!(s.scheduler, Scheduler::RoundRobin);
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
+    assert_eq!(s.plan.scheduler, Scheduler::RoundRobin);
+    assert_eq!(s.plan.nodeport_addresses, NodePortAddresses::AllLocal);
     // kube-proxy's Windows mode still falls back to nftables.
     let (s, w) = ok(&["--proxy-mode=kernelspace"]);
     assert_eq!(s.proxy_mode.mode, "nftables");
@@ -335,7 +338,7 @@ fn ipvs_idle_timeouts_reach_the_data_plane_in_ipvs_mode() {
 
 #[test]
 fn schedulers_by_mode() {
-    let sched = |args: &[&str]| ok(args).0.scheduler;
+    let sched = |args: &[&str]| ok(args).0.plan.scheduler;
     // ipvs mode: --ipvs-scheduler (empty: rr), then --scheduler.
     assert_eq!(
         sched(&["--proxy-mode=ipvs", "--ipvs-scheduler=mh"]),
@@ -360,7 +363,7 @@ fn schedulers_by_mode() {
         Scheduler::Maglev
     );
     let (s, w) = ok(&["--proxy-mode=ebpf", "--ipvs-scheduler=rr"]);
-    assert_eq!(s.scheduler, Scheduler::Random);
+    assert_eq!(s.plan.scheduler, Scheduler::Random);
     assert!(
         warned(&w, "--ipvs-scheduler: ignored in ebpf mode"),
         "{w:?}"
@@ -403,7 +406,7 @@ fn schedulers_by_mode() {
     assert!(yaml.contains("scheduler: sh"), "{yaml}");
     let f = write_config(&format!("{HEAD}mode: nftables\nipvs:\n  scheduler: sh\n"));
     let (s, w) = ok(&[&config_arg(&f)]);
-    assert_eq!(s.scheduler, Scheduler::Random);
+    assert_eq!(s.plan.scheduler, Scheduler::Random);
     assert!(
         warned(&w, "ipvs.scheduler: ignored in nftables mode"),
         "{w:?}"
@@ -421,16 +424,16 @@ fn kubeadm_config_file_resolves() {
     assert_eq!(s.proxy_mode.mode, "iptables");
     assert_eq!(s.cluster_cidrs, vec![net("10.244.0.0/16")]);
     assert_eq!(
-        s.detect_local,
-        DetectLocal::ClusterCidr(vec![net("10.244.0.0/16")])
+        s.plan.local_detection,
+        LocalDetection::ClusterCidr(vec![net("10.244.0.0/16")])
     );
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
+    assert_eq!(s.plan.nodeport_addresses, NodePortAddresses::AllLocal);
     assert_eq!(s.healthz_bind, Some("0.0.0.0:10256".parse().unwrap()));
     assert_eq!(s.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
     assert_eq!(s.sync_period, Duration::from_secs(30));
     assert_eq!(s.min_sync_period, Duration::from_secs(1));
     assert_eq!(s.config_sync_period, Duration::from_secs(900));
-    assert_eq!(s.masquerade_bit, 14);
+    assert_eq!(s.plan.masquerade_bit, 14);
     assert_eq!(s.conntrack.max_per_core, 32768);
     assert_eq!(s.conntrack.min, 131072);
     assert_eq!(
@@ -472,7 +475,7 @@ fn example_config_loads() {
         s.cluster_cidrs,
         vec![net("10.244.0.0/16"), net("fd00:10:244::/56")]
     );
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.plan.nodeport_addresses, NodePortAddresses::Primary);
     assert_eq!(s.verbosity, 2);
 }
 
@@ -496,7 +499,7 @@ fn file_wins_over_flags_and_says_so() {
     assert_eq!(s.sync_period, Duration::from_secs(10));
     // Not in the file: the file default, not the flag.
     assert_eq!(s.min_sync_period, Duration::from_secs(1));
-    assert!(s.masquerade_all);
+    assert!(s.plan.masquerade_all);
     assert_eq!(s.node_name, "from-file");
     // Flags outside the config still apply.
     assert_eq!(s.master.as_deref(), Some("https://api:6443"));
@@ -562,7 +565,7 @@ fn file_sync_periods_by_mode() {
     ));
     let (s, w) = ok(&[&config_arg(&f)]);
     assert_eq!(s.sync_period, Duration::from_secs(30));
-    assert!(!s.masquerade_all);
+    assert!(!s.plan.masquerade_all);
     assert!(
         warned(
             &w,
@@ -576,7 +579,7 @@ fn file_sync_periods_by_mode() {
     ));
     let (s, w) = ok(&[&config_arg(&f)]);
     assert_eq!(s.sync_period, Duration::from_secs(5));
-    assert!(s.masquerade_all);
+    assert!(s.plan.masquerade_all);
     assert!(w.is_empty(), "{w:?}");
 
     // Top-level periods (internal/v1alpha2 layout) win over the section.
@@ -603,7 +606,7 @@ fn file_sync_periods_by_mode() {
     let (s, w) = ok(&[&config_arg(&f)]);
     assert_eq!(s.proxy_mode.mode, "ipvs");
     assert_eq!(s.sync_period, Duration::from_secs(20));
-    assert_eq!(s.scheduler, Scheduler::RoundRobin);
+    assert_eq!(s.plan.scheduler, Scheduler::RoundRobin);
     assert!(w.is_empty(), "{w:?}");
 }
 
@@ -614,7 +617,7 @@ fn file_nodeport_addresses_and_bind_addresses() {
          healthzBindAddress: \"\"\nmetricsBindAddress: 0.0.0.0\n"
     ));
     let (s, _) = ok(&[&config_arg(&f)]);
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.plan.nodeport_addresses, NodePortAddresses::Primary);
     assert_eq!(s.bind_address, "::".parse::<IpAddr>().unwrap());
     // Empty in the file means the default for bindAddress's family.
     assert_eq!(s.healthz_bind, Some("[::]:10256".parse().unwrap()));
@@ -622,8 +625,8 @@ fn file_nodeport_addresses_and_bind_addresses() {
 
     let f = write_config(&format!("{HEAD}mode: iptables\n"));
     assert_eq!(
-        ok(&[&config_arg(&f)]).0.nodeport_addresses,
-        NodePortAddresses::All
+        ok(&[&config_arg(&f)]).0.plan.nodeport_addresses,
+        NodePortAddresses::AllLocal
     );
 }
 
@@ -951,7 +954,7 @@ fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
     assert_eq!(u.connect_timeout, Duration::from_millis(300));
     assert_eq!(u.drain_timeout, Duration::from_secs(30));
     // NodePorts on every local address, as the userspace proxy listened.
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
+    assert_eq!(s.plan.nodeport_addresses, NodePortAddresses::AllLocal);
     assert!(w.is_empty(), "{w:?}");
     // Defaults: kube-proxy's 250ms UDP timeout, round-robin, 1s, keep.
     let (d, _) = ok(&["--proxy-mode=userspace"]);
@@ -980,7 +983,7 @@ fn userspace_mode_takes_its_flags_and_other_modes_warn_about_them() {
 
 #[test]
 fn localhost_nodeports_by_mode_and_flag() {
-    let served = |args: &[&str]| ok(args).0.serves_localhost_nodeports();
+    let served = |args: &[&str]| ok(args).0.plan.localhost_nodeports;
     // Upstream's defaults: iptables (and the userspace mode) on, nftables never.
     assert!(served(&["--proxy-mode=iptables"]));
     assert!(served(&["--proxy-mode=userspace"]));
@@ -1013,7 +1016,7 @@ fn localhost_nodeports_by_mode_and_flag() {
     ]));
     // The effective configuration keeps upstream's own field as it was set.
     let (s, _) = ok(&["--nodeport-localhost"]);
-    assert!(s.localhost_nodeports);
+    assert!(s.iptables_localhost_nodeports);
 }
 
 #[test]
@@ -1092,7 +1095,7 @@ fn nftables_localhost_nodeports_follow_their_gate_and_the_addresses_named() {
     let served = |args: &[&str]| {
         let mut all = vec!["--proxy-mode=nftables"];
         all.extend_from_slice(args);
-        ok(&all).0.serves_localhost_nodeports()
+        ok(&all).0.plan.localhost_nodeports
     };
     let gate = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true";
     // Gate off (its default): never, whatever the addresses say.
@@ -1123,7 +1126,7 @@ fn nftables_localhost_nodeports_follow_their_gate_and_the_addresses_named() {
         gate,
         "--nodeport-addresses=localhost",
     ]);
-    assert!(!s.serves_localhost_nodeports());
+    assert!(!s.plan.localhost_nodeports);
 }
 
 #[test]
@@ -1133,11 +1136,11 @@ fn ipvs_reads_the_iptables_section_s_masquerade_settings_as_upstream() {
          nftables:\n  masqueradeAll: false\n"
     ));
     let (s, _) = ok(&[&config_arg(&f)]);
-    assert!(s.masquerade_all);
-    assert_eq!(s.masquerade_bit, 13);
+    assert!(s.plan.masquerade_all);
+    assert_eq!(s.plan.masquerade_bit, 13);
     let f = write_config(&format!(
         "{HEAD}mode: nftables\niptables:\n  masqueradeAll: true\nnftables:\n  masqueradeAll: false\n"
     ));
     let (s, _) = ok(&[&config_arg(&f)]);
-    assert!(!s.masquerade_all);
+    assert!(!s.plan.masquerade_all);
 }
