@@ -1,7 +1,7 @@
 //! Go's value syntax, as kube-proxy's flags and config file use it: durations
 //! (`time.ParseDuration` / `Duration.String`: `1h2m3.5s`, `500ms`, `10us`, `0`) and
 //! booleans (`strconv.ParseBool`). Here rather than in the binary because each data
-//! plane declares its own flags (`svcproxy_dataplane::ModeFlags`) in this syntax.
+//! plane's own flags (the binary's `config::mode_flags`) are written in this syntax.
 //!
 //! Entry points: [`parse_go_duration`] (non-negative, to a [`Duration`]),
 //! [`parse_go_duration_nanos`] (signed, exactly Go's accepted set and range),

@@ -146,7 +146,7 @@ pub trait DataPlane: Send {
     /// kernel's modes leave their rules in force and do nothing.
     fn shutdown(&mut self) {}
 
-    /// At a hand-over (the owner stopping, [`crate::Driver::seal`]): marks the
+    /// At a hand-over (the owner stopping, `svcproxy_sync::Driver::seal`): marks the
     /// kernel's objects as holding exactly what the last sync wrote, `seal` naming
     /// that content, so that a successor whose first sync would write the same
     /// takes them as they are ([`DataPlane::adopt`]). Says whether it did; only

@@ -117,7 +117,7 @@ impl<P: DataPlane> Driver<P, NoConntrackCleanup> {
 impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     /// `plane`, cleaning stale UDP conntrack entries with `cleaner` (e.g. a
     /// [`NetlinkConntrack`] in the plane's namespace, or a
-    /// [`RecordingCleaner`](crate::RecordingCleaner)).
+    /// [`RecordingCleaner`](svcproxy_dataplane::RecordingCleaner)).
     pub fn with_cleaner(cfg: PlanConfig, plane: P, cleaner: C) -> Self {
         Driver {
             intents: Intents::new(cfg),
@@ -205,12 +205,12 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     /// family's previous rules stay in force, unless its own write went through
     /// before another family's failed (see [`DataPlane::sync`]).
     ///
-    /// After a successful apply, the UDP conntrack entries made stale by the change
-    /// from the previously applied snapshot are deleted
-    /// ([`cleanup_filters`](crate::cleanup_filters)); a failure there is logged and
-    /// reported in [`SyncReport::conntrack`], never an error of the sync. The first
-    /// sync has nothing to compare with: it compares the kernel's UDP entries with
-    /// the rules it applied instead ([`StaleUdpFlows`]).
+    /// After a successful apply, the UDP conntrack entries made stale by the
+    /// intent's change since the last successful apply are deleted
+    /// ([`UdpChanges`]); a failure there is logged and reported in
+    /// [`SyncReport::conntrack`], never an error of the sync. The first sync has
+    /// nothing to compare with: it compares the kernel's UDP entries with the
+    /// intent it applied instead ([`stale_udp_flows`](crate::conntrack::stale_udp_flows)).
     pub fn sync(
         &mut self,
         update: &SnapshotUpdate,

@@ -13,7 +13,7 @@
 //! - [`conntrack`]: which UDP entries a change leaves stale, from the intent's
 //!   change ([`UdpChanges`]) or, at the first sync, from the intent itself;
 //! - [`Target`]: where a sync's snapshot goes: the kernel ([`Driver`]) or a
-//!   one-shot tool's printer ([`print`]: `snapshot`, `explain`, `render`).
+//!   one-shot tool's printer ([`print`](mod@print): `snapshot`, `explain`, `render`).
 //!
 //! The binary's runner decides when to sync; the data plane crate only touches
 //! the kernel.

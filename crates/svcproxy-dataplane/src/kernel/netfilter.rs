@@ -1,7 +1,7 @@
 //! `NETLINK_NETFILTER` plumbing shared by conntrack cleanup ([`super::conntrack`])
 //! and the nftables writers and probes ([`super::nft`]): a socket opened in a
-//! network namespace without moving the caller ([`open_socket`]), requests
-//! encoded with `netlink-packet-netfilter`'s types ([`encode`]), datagrams sent,
+//! network namespace without moving the caller (`open_socket`), requests
+//! encoded with `netlink-packet-netfilter`'s types (`encode`), datagrams sent,
 //! received and split into messages, and the error they all report
 //! ([`NetlinkError`]).
 

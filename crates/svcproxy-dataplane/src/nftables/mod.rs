@@ -2,7 +2,7 @@
 //! and `ip6 svcproxy`, translated by [`svcproxy_plan::nft`] and written as one
 //! atomic transaction per family and sync.
 //!
-//! - [`plane`]: [`NftDataPlane`], the planner kept from sync to sync and the
+//! - `plane`: [`NftDataPlane`], the planner kept from sync to sync and the
 //!   writes (an nf_tables batch over netlink, or `nft -f`), the drift check, the
 //!   hand-over's seal, and `explain --live`'s comparison;
 //! - [`localhost_rejects`]: kube-proxy 1.37's counter of NodePorts on loopback

@@ -4,7 +4,7 @@
 //!
 //! Entry points: [`KubeProxyConfiguration::load`] / [`KubeProxyConfiguration::parse`],
 //! then [`KubeProxyConfiguration::unsupported_fields`]. Turning the file into settings
-//! (defaults, mode-dependent sections, validation) is `config.rs`'s job.
+//! (defaults, mode-dependent sections, validation) is the parent module's job.
 //!
 //! Every field is an `Option` so that "absent or `null`" is distinguishable from a
 //! value: upstream defaults absent and zero values alike, but svcproxy warns only about
