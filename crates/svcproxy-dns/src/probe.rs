@@ -56,8 +56,8 @@ pub fn udp_from(
 
 /// Sends `q` over TCP (length-prefixed, RFC 1035 4.2.2); the answer.
 pub fn tcp(server: SocketAddr, q: &[u8], timeout: Duration) -> io::Result<Message> {
-    let s = TcpStream::connect_timeout(&server, timeout)?;
-    tcp_on(s, q, timeout)
+    let mut s = TcpStream::connect_timeout(&server, timeout)?;
+    tcp_on(&mut s, q, timeout)
 }
 
 /// A TCP connection to `server` from `local` (an address of this host; port 0:
@@ -84,11 +84,11 @@ pub fn tcp_from(
     q: &[u8],
     timeout: Duration,
 ) -> io::Result<Message> {
-    tcp_on(connect_from(local, server, timeout)?, q, timeout)
+    tcp_on(&mut connect_from(local, server, timeout)?, q, timeout)
 }
 
-/// `q` over the connection `s`; the answer.
-fn tcp_on(mut s: TcpStream, q: &[u8], timeout: Duration) -> io::Result<Message> {
+/// `q` over the open connection `s` (which stays open for the next); the answer.
+pub fn tcp_on(s: &mut TcpStream, q: &[u8], timeout: Duration) -> io::Result<Message> {
     s.set_read_timeout(Some(timeout))?;
     let len = u16::try_from(q.len()).map_err(io::Error::other)?;
     s.write_all(&len.to_be_bytes())?;

@@ -461,17 +461,22 @@ fn idle_tcp_connections_cannot_exhaust_the_server() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(open <= 1024, "{open} open");
     assert!(shed >= 3000 - 1024, "{shed} shed");
-    // One address holds at most its share: past it, a connection is closed at once.
+    // One address holds at most its share: past it, its own idlest connection is
+    // closed to make room for the newest, which is answered.
     let mut mine = Vec::new();
     for _ in 0..100 {
         mine.push(probe::connect_from(from("127.0.0.3".into()), dns.addr, WAIT).unwrap());
     }
     std::thread::sleep(Duration::from_millis(300));
-    let refused = dns
+    let shed_own = dns
         .counters
         .tcp_over_client_limit
         .load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(refused, 100 - 64, "connections past one client's 64");
+    assert_eq!(shed_own, 100 - 64, "connections past one client's 64");
+    let newest = mine.last_mut().unwrap();
+    assert_eq!(addresses(&probe::tcp_on(newest, &q, WAIT).unwrap()), ["10.96.0.10"]);
+    // The oldest were the ones closed.
+    assert!(probe::tcp_on(&mut mine[0], &q, Duration::from_secs(2)).is_err());
     // Another client is answered meanwhile.
     assert_eq!(
         addresses(&probe::tcp_from(from("127.0.0.4".into()), dns.addr, &q, WAIT).unwrap()),
@@ -479,4 +484,58 @@ fn idle_tcp_connections_cannot_exhaust_the_server() {
     );
     drop(idle);
     drop(mine);
+}
+
+/// An aggregator (NodeLocal DNSCache, a node's pods behind one masqueraded
+/// address) is one address with many connections: 1,500 idle ones from one
+/// address, then a new query from that same address, answered within a second
+/// (its own idlest connections make room, not the newcomer carrying the query).
+#[test]
+fn one_address_s_new_query_is_answered_past_its_idle_connections() {
+    let dns = start(&headless(2));
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    let aggregator: SocketAddr = "127.0.0.5:0".parse().unwrap();
+    let mut idle = Vec::new();
+    for i in 0..1500 {
+        match probe::connect_from(aggregator, dns.addr, WAIT) {
+            Ok(s) => idle.push(s),
+            Err(e) => panic!("idle connection {i}: {e}"),
+        }
+    }
+    let started = std::time::Instant::now();
+    let m = probe::tcp_from(aggregator, dns.addr, &q, WAIT)
+        .unwrap_or_else(|e| panic!("a query past 1,500 idle connections of its address: {e}"));
+    assert_eq!(addresses(&m), ["10.96.0.10"]);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "the query took {took:?}");
+    let open = dns
+        .counters
+        .tcp_open
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(open <= 64, "{open} open for one address");
+    drop(idle);
+}
+
+/// An address using its whole share, 64 connections each carrying queries, keeps
+/// every one of them answered.
+#[test]
+fn one_address_s_busy_connections_keep_being_answered() {
+    let dns = start(&headless(2));
+    let q = query("web.demo.svc.cluster.local.", RecordType::A, None);
+    let client: SocketAddr = "127.0.0.6:0".parse().unwrap();
+    let mut busy: Vec<_> = (0..64)
+        .map(|_| probe::connect_from(client, dns.addr, WAIT).unwrap())
+        .collect();
+    for round in 0..3 {
+        for (i, s) in busy.iter_mut().enumerate() {
+            let m = probe::tcp_on(s, &q, WAIT)
+                .unwrap_or_else(|e| panic!("round {round}, connection {i}: {e}"));
+            assert_eq!(addresses(&m), ["10.96.0.10"]);
+        }
+    }
+    let shed = dns
+        .counters
+        .tcp_over_client_limit
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(shed, 0, "none of the 64 was closed");
 }

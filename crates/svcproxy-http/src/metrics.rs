@@ -162,8 +162,9 @@ impl DnsCollector {
             .expect("valid gauge"),
             tcp_closed: vec(
                 "svcproxy_dns_tcp_connections_shed_total",
-                "DNS TCP connections closed to protect the others: client_limit (past a client \
-                 address's share), idlest (the idlest, to make room at the server's cap)",
+                "DNS TCP connections closed to protect the others: client_limit (a client \
+                 address's idlest, when it opens one past its share), idlest (the idlest, to \
+                 make room at the server's cap)",
                 "reason",
             ),
             syncing: Mutex::new(()),

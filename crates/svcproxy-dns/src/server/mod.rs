@@ -52,7 +52,7 @@ const TCP_IDLE: Duration = Duration::from_secs(10);
 /// client holding idle connections cannot keep others out.
 const MAX_TCP_CONNECTIONS: usize = 1024;
 /// TCP connections one client address may hold at once; a further one from it is
-/// closed as soon as it is accepted.
+/// taken, and that client's idlest connection closed to make room.
 const MAX_TCP_PER_CLIENT: usize = 64;
 /// The TCP listen backlog (the kernel caps it at `net.core.somaxconn`): room for a
 /// burst of connections while the accept loop catches up.
@@ -94,8 +94,8 @@ pub struct Counters {
     pub dropped: AtomicU64,
     /// TCP connections open now.
     pub tcp_open: AtomicU64,
-    /// TCP connections closed at once because their client held
-    /// [`MAX_TCP_PER_CLIENT`] already.
+    /// TCP connections closed, their client's idlest first, because their client
+    /// opened one more past [`MAX_TCP_PER_CLIENT`].
     pub tcp_over_client_limit: AtomicU64,
     /// TCP connections closed, the idlest first, to make room for a new one at
     /// [`MAX_TCP_CONNECTIONS`].

@@ -1,5 +1,6 @@
-//! TCP: the accept loop, the table of open connections (per-client limit,
-//! the idlest shed at the cap), and one connection's queries in order.
+//! TCP: the accept loop, the table of open connections (at a client's limit its
+//! own idlest shed, at the server's cap the idlest of all), and one connection's
+//! queries in order.
 //!
 //! Entry point: [`serve_tcp`].
 
@@ -42,25 +43,24 @@ impl TcpConnections {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A new connection from `client`: its entry, or `None` when the client holds
-    /// [`MAX_TCP_PER_CLIENT`] already. At [`MAX_TCP_CONNECTIONS`] the idlest
-    /// connection open is told to close, and leaves the table at once.
-    fn admit(&self, client: IpAddr) -> Option<(u64, Arc<TcpConn>)> {
+    /// A new connection from `client`: always taken, its entry returned. When the
+    /// client holds [`MAX_TCP_PER_CLIENT`] already, its own idlest connection is
+    /// told to close: the newcomer is the one carrying a query, and an aggregator
+    /// (NodeLocal DNSCache, a node's pods behind one masqueraded address) is one
+    /// address with many connections. Else, at [`MAX_TCP_CONNECTIONS`], the idlest
+    /// connection open is. Either leaves the table at once.
+    fn admit(&self, client: IpAddr) -> (u64, Arc<TcpConn>) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let held = t.per_client.get(&client).copied().unwrap_or(0);
         if held >= MAX_TCP_PER_CLIENT {
-            self.counters
-                .tcp_over_client_limit
-                .fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        if t.open.len() >= MAX_TCP_CONNECTIONS {
-            let idlest = t
-                .open
-                .iter()
-                .min_by_key(|(_, (_, c))| c.last_active.load(Ordering::Relaxed))
-                .map(|(id, _)| *id);
-            if let Some(id) = idlest {
+            if let Some(id) = Self::idlest(&t, Some(client)) {
+                Self::forget(&mut t, id);
+                self.counters
+                    .tcp_over_client_limit
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        } else if t.open.len() >= MAX_TCP_CONNECTIONS {
+            if let Some(id) = Self::idlest(&t, None) {
                 Self::forget(&mut t, id);
                 self.counters.tcp_shed.fetch_add(1, Ordering::Relaxed);
             }
@@ -76,7 +76,16 @@ impl TcpConnections {
         self.counters
             .tcp_open
             .store(t.open.len() as u64, Ordering::Relaxed);
-        Some((id, conn))
+        (id, conn)
+    }
+
+    /// The connection that did nothing for the longest: of `client`'s, or of all.
+    fn idlest(t: &TcpTable, client: Option<IpAddr>) -> Option<u64> {
+        t.open
+            .iter()
+            .filter(|(_, (c, _))| client.is_none_or(|client| *c == client))
+            .min_by_key(|(_, (_, conn))| conn.last_active.load(Ordering::Relaxed))
+            .map(|(id, _)| *id)
     }
 
     /// The connection `id` ended (whether or not it was told to).
@@ -102,7 +111,7 @@ impl TcpConnections {
 }
 
 /// Accepts TCP connections until `stop`: every one is taken (see
-/// [`TcpConnections::admit`] for which are closed at once, and which to make room).
+/// [`TcpConnections::admit`] for which are closed to make room).
 pub(super) async fn serve_tcp(
     listener: tokio::net::TcpListener,
     handler: Arc<Handler>,
@@ -116,10 +125,7 @@ pub(super) async fn serve_tcp(
         };
         match accepted {
             Ok((stream, peer)) => {
-                let Some((id, conn)) = connections.admit(peer.ip()) else {
-                    drop(stream);
-                    continue;
-                };
+                let (id, conn) = connections.admit(peer.ip());
                 let (handler, connections) = (handler.clone(), connections.clone());
                 tokio::spawn(async move {
                     tcp_connection(stream, peer, &handler, &conn, &connections).await;
