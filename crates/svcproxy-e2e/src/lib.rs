@@ -92,6 +92,27 @@ pub fn sctp_available_or_skip() -> bool {
     }
 }
 
+/// Whether this machine can run the eBPF data plane of `opts` in network
+/// namespace `ns`, as the mode's own preflight says at start (the kernel's program
+/// types, helpers, file systems); otherwise the skip rule, naming what is missing.
+/// A test that passes this and then fails to sync has found a bug, not a machine
+/// that cannot run it: its sync errors are failures, never skips.
+pub fn ebpf_runs_here(test: &str, ns: &str, opts: &svcproxy_dataplane::EbpfOptions) -> bool {
+    use svcproxy_dataplane::DataPlane as _;
+    let mut plane = svcproxy_dataplane::EbpfDataPlane::new(opts.clone());
+    match svcproxy_testkit::netns::in_netns(ns, || plane.preflight()) {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            svcproxy_testkit::netns::skip(
+                test,
+                &format!("this machine cannot run the ebpf mode: {e}"),
+            );
+            false
+        }
+        Err(e) => panic!("{test}: entering {ns}: {e}"),
+    }
+}
+
 /// The eBPF data plane confined to `c`'s cgroup and bpffs.
 pub fn ebpf_options(c: &Confinement) -> svcproxy_dataplane::EbpfOptions {
     svcproxy_dataplane::EbpfOptions {

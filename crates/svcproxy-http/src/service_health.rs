@@ -610,7 +610,10 @@ mod tests {
     #[tokio::test]
     async fn an_ipv6_wildcard_leaves_ipv4_addresses_to_their_own_listeners() {
         if std::net::TcpListener::bind((Ipv6Addr::LOCALHOST, 0)).is_err() {
-            eprintln!("SKIP: this host has no IPv6");
+            svcproxy_testkit::netns::skip(
+                "an_ipv6_wildcard_leaves_ipv4_addresses_to_their_own_listeners",
+                "this host has no IPv6",
+            );
             return;
         }
         let (health, _clock) = synced_health();

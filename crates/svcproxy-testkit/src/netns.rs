@@ -397,14 +397,29 @@ fn forbids_skipping(var: impl Fn(&str) -> Option<String>) -> bool {
         .any(|v| var(v).is_some_and(|s| !s.is_empty() && s != "0" && s != "false"))
 }
 
+/// Environment variable naming a file each skip is also written to, one line
+/// each: the suite's summary counts them (`scripts/test.sh`), since a passing
+/// test's output is not shown.
+pub const SKIP_LOG_ENV: &str = "SVCPROXY_SKIP_LOG";
+
 /// The one skip rule. A test that cannot run (`why`) prints `SKIP <test>: <why>` and
 /// should return; under `CI` / `SVCPROXY_E2E_REQUIRED` it panics instead, because CI must
-/// really run it.
+/// really run it. Each skip is also a line of [`SKIP_LOG_ENV`]'s file, when set.
 pub fn skip(test: &str, why: &str) {
     if skipping_forbidden() {
         panic!("{test}: cannot run ({why}) and CI / {REQUIRE_ENV} forbids skipping");
     }
     eprintln!("SKIP {test}: {why}");
+    if let Some(path) = std::env::var_os(SKIP_LOG_ENV) {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "SKIP {test}: {why}");
+        }
+    }
 }
 
 /// `true` when a test needing root and `tools` can run; otherwise [`skip`] and `false`.
