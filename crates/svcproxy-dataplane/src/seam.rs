@@ -360,6 +360,24 @@ pub enum KernelObjects {
     EbpfMaps,
 }
 
+impl KernelObjects {
+    /// What they are, for people (`svcproxy cleanup --help`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            KernelObjects::NftablesTables => {
+                "svcproxy's nftables tables (ip svcproxy, ip6 svcproxy)"
+            }
+            KernelObjects::IptablesChains => {
+                "svcproxy's iptables chains (SVCPROXY-*, SVP-*) and the jumps to them"
+            }
+            KernelObjects::EbpfMaps => {
+                "the eBPF programs' links and maps pinned under --ebpf-bpffs, and the \
+                 nftables table inet svcproxy-ebpf"
+            }
+        }
+    }
+}
+
 /// What a mode declares of itself: everything the registry and the binary need
 /// to know of it but how to make its data plane ([`crate::registry::Backend`]
 /// adds that).

@@ -474,7 +474,10 @@ fn idle_tcp_connections_cannot_exhaust_the_server() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(shed_own, 100 - 64, "connections past one client's 64");
     let newest = mine.last_mut().unwrap();
-    assert_eq!(addresses(&probe::tcp_on(newest, &q, WAIT).unwrap()), ["10.96.0.10"]);
+    assert_eq!(
+        addresses(&probe::tcp_on(newest, &q, WAIT).unwrap()),
+        ["10.96.0.10"]
+    );
     // The oldest were the ones closed.
     assert!(probe::tcp_on(&mut mine[0], &q, Duration::from_secs(2)).is_err());
     // Another client is answered meanwhile.

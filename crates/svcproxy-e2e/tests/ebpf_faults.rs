@@ -1,5 +1,6 @@
 //! Faults of the eBPF mode (issue 38): a node that cannot run it is refused at
-//! start with what is missing named; a missing bpffs at its home is mounted; after
+//! start with what is missing named; a missing bpffs at its home is mounted, and a
+//! bpffs named itself holds svcproxy's own directory; after
 //! a SIGKILL the data path stays, and `svcproxy cleanup` removes every pin and the
 //! fixed rules, while a cleanup or an svcproxy run from another network
 //! namespace leaves them alone; full maps leave out what does not fit, say so in the log and the
@@ -19,7 +20,9 @@ use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::ebpf::MapSizes;
 use svcproxy_dataplane::{DataPlane, EbpfDataPlane};
 use svcproxy_e2e::probe::ProbeLine;
-use svcproxy_e2e::{ebpf_options, echo_bin, svcproxy_bin, Attempt, Confinement, NsProcess};
+use svcproxy_e2e::{
+    ebpf_options, ebpf_runs_here, echo_bin, svcproxy_bin, Attempt, Confinement, NsProcess,
+};
 use svcproxy_plan::{LocalDetection, PlanConfig};
 use svcproxy_sync::Driver;
 use svcproxy_testkit::netns::{self, in_netns, Netns};
@@ -236,6 +239,61 @@ fn a_missing_bpffs_at_its_home_is_mounted() {
         "{} {stderr}",
         out.status
     );
+}
+
+/// `--ebpf-bpffs` naming a bpffs itself (its mount point, Cilium's habit, or
+/// `/sys/fs/bpf` where none is mounted yet) pins into svcproxy's own `svcproxy/`
+/// inside it, and `cleanup` with the same flag removes that directory alone.
+#[test]
+fn a_bpffs_itself_is_taken_as_where_svcproxy_s_directory_goes() {
+    let test = "a_bpffs_itself_is_taken_as_where_svcproxy_s_directory_goes";
+    let Some(w) = World::new(test) else { return };
+    let mut failures = Vec::new();
+    // The kernel's conventional place, unmounted inside `ip netns exec`'s own
+    // mount namespace: mounted, and svcproxy's directory made inside it.
+    let mut args = w.args(w.conf.cgroup(), Path::new("/sys/fs/bpf"));
+    args.push("--once".into());
+    let out = w.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        failures.push(format!("--ebpf-bpffs /sys/fs/bpf was refused: {stderr}"));
+    }
+    // The test's own bpffs, by its mount point.
+    let root = w.conf.pin_dir().parent().expect("the bpffs").to_path_buf();
+    std::fs::create_dir(root.join("someone-else")).expect("a directory of another's");
+    let mut args = w.args(w.conf.cgroup(), &root);
+    args.push("--once".into());
+    let out = w.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        failures.push(format!(
+            "--ebpf-bpffs at a bpffs's mount point was refused: {stderr}"
+        ));
+    }
+    let dump = svcproxy_dataplane::ebpf::kernel::dump(&root.join("svcproxy")).unwrap_or_default();
+    if !dump.contains("service 198.19.0.10 80/tcp") {
+        failures.push(format!(
+            "the pins should be in {}/svcproxy:\n{dump}",
+            root.display()
+        ));
+    }
+    let bin = svcproxy_bin().to_string_lossy().into_owned();
+    let root_arg = root.to_string_lossy().into_owned();
+    let out = w.run(&[bin, "cleanup".into(), "--ebpf-bpffs".into(), root_arg]);
+    if !out.status.success() {
+        failures.push(format!(
+            "cleanup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    if root.join("svcproxy").exists() {
+        failures.push("cleanup left svcproxy's directory".into());
+    }
+    if !root.join("someone-else").exists() {
+        failures.push("cleanup removed a directory that was not svcproxy's".into());
+    }
+    let _ = std::fs::remove_dir(root.join("someone-else"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
@@ -531,14 +589,11 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
         services: 4,
         ..MapSizes::DEFAULT
     };
+    if !ebpf_runs_here(test, &w.ns.name, &opts) {
+        return;
+    }
     let mut driver = Driver::without_conntrack(cfg.clone(), EbpfDataPlane::new(opts));
     let synced = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns");
-    if let Err(e) = &synced {
-        if e.to_string().contains("cannot") {
-            netns::skip(test, &format!("cannot load the eBPF programs: {e}"));
-            return;
-        }
-    }
     if let Err(e) = synced {
         failures.push(format!("a full service map fails the sync: {e}"));
     }
@@ -646,10 +701,13 @@ fn a_bridges_ports_are_its_pods_interfaces() {
     };
     let mut st = six_services();
     let snap = st.snapshot();
-    let mut driver = Driver::without_conntrack(cfg, EbpfDataPlane::new(ebpf_options(&w.conf)));
-    if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
-        netns::skip(test, &format!("cannot load the eBPF programs: {e}"));
+    let opts = ebpf_options(&w.conf);
+    if !ebpf_runs_here(test, &w.ns.name, &opts) {
         return;
+    }
+    let mut driver = Driver::without_conntrack(cfg, EbpfDataPlane::new(opts));
+    if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
+        panic!("the first sync failed: {e}");
     }
     let dump = svcproxy_dataplane::ebpf::kernel::dump(&w.conf.pin_dir()).expect("dump");
     let mut failures = Vec::new();

@@ -141,7 +141,7 @@ pub(crate) enum Command {
     },
     /// Remove everything svcproxy created in the kernel, and exit.
     ///
-    /// Every mode's objects: its nftables tables and iptables chains; nothing else.
+    /// Every mode's objects, and nothing else (the list follows from the modes).
     #[command(args_override_self = true)]
     Cleanup {
         /// Remove kube-proxy's leftovers instead (its iptables chains, its `kube-proxy`

@@ -95,7 +95,10 @@ pub fn shape(cmd: Command) -> Command {
         };
         brief(a)
     };
-    let mut cmd = cmd.mut_args(place).mut_subcommands(|sc| sc.mut_args(place));
+    let mut cmd = cmd
+        .mut_args(place)
+        .mut_subcommands(|sc| sc.mut_args(place))
+        .mut_subcommand("cleanup", |sc| sc.long_about(cleanup_about()));
     for (name, shown) in SUBCOMMANDS {
         cmd = cmd.mut_subcommand(name, |sc| {
             sc.mut_args(|a| {
@@ -116,6 +119,24 @@ pub fn shape(cmd: Command) -> Command {
         });
     }
     cmd
+}
+
+/// `svcproxy cleanup --help`: every kind of object the modes write, from the
+/// registry, so that a new mode's objects are named without an edit here.
+fn cleanup_about() -> String {
+    let mut kinds = Vec::new();
+    for b in svcproxy_dataplane::BACKENDS {
+        if !kinds.contains(&b.objects) {
+            kinds.push(b.objects);
+        }
+    }
+    let kinds: Vec<&str> = kinds.into_iter().map(|k| k.describe()).collect();
+    let text = format!(
+        "Remove everything svcproxy created in the kernel, and exit.\n\n\
+         Every mode's objects, where the flags say they are, and nothing else: {}.",
+        kinds.join("; ")
+    );
+    text
 }
 
 /// `-h` shows each flag's first sentence, `--help` all of it (clap adds "see more

@@ -93,6 +93,18 @@ fn each_subcommand_shows_only_the_flags_it_uses() {
     for shown in ["--kube-proxy", "--config", "--v"] {
         assert!(lists(&cleanup, shown), "cleanup --help lacks {shown}");
     }
+    // It names every kind of object it removes, the eBPF pins among them.
+    for named in [
+        "nftables tables",
+        "iptables chains",
+        "pinned under --ebpf-bpffs",
+        "inet svcproxy-ebpf",
+    ] {
+        assert!(
+            cleanup.contains(named),
+            "cleanup --help does not name {named}:\n{cleanup}"
+        );
+    }
     let cases: &[(&str, &[&str], &[&str])] = &[
         (
             "snapshot",

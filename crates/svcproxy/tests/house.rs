@@ -62,7 +62,10 @@ fn no_production_source_file_is_over_a_thousand_lines() {
             }
         }
     }
-    assert!(seen > 100, "the workspace's sources were not found ({seen})");
+    assert!(
+        seen > 100,
+        "the workspace's sources were not found ({seen})"
+    );
     assert!(
         long.is_empty(),
         "production files over {MAX_LINES} lines (before #[cfg(test)]):\n{}",
@@ -131,7 +134,10 @@ fn no_bpf_function_is_over_eighty_lines_without_saying_why() {
 fn the_bpf_guard_finds_a_long_function_and_accepts_a_why() {
     let body = "\tx++;\n".repeat(90);
     let bare = format!("static int f(void)\n{{\n{body}}}\n");
-    assert_eq!(long_functions_without_a_why(&bare), [("static int f".to_string(), 93)]);
+    assert_eq!(
+        long_functions_without_a_why(&bare),
+        [("static int f".to_string(), 93)]
+    );
     let why = format!("// Over 80 lines: one decision, kept whole for the verifier.\n{bare}");
     assert!(long_functions_without_a_why(&why).is_empty());
     let short = "static int g(int a,\n\t     int b)\n{\n\treturn a + b;\n}\n";

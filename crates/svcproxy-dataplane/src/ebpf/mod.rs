@@ -241,7 +241,11 @@ impl EbpfDataPlane {
         self
     }
 
-    pub fn new(opts: EbpfOptions) -> EbpfDataPlane {
+    /// The data plane of `opts`; an `--ebpf-bpffs` naming a bpffs itself (its
+    /// mount point, or `/sys/fs/bpf` before one is mounted there) is taken to
+    /// mean svcproxy's own directory inside it ([`kernel::own_pin_dir`]).
+    pub fn new(mut opts: EbpfOptions) -> EbpfDataPlane {
+        opts.pin_dir = kernel::own_pin_dir(&opts.pin_dir);
         EbpfDataPlane {
             mode: MODE,
             opts,

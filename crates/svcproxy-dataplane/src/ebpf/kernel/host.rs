@@ -1,7 +1,7 @@
 //! What the node offers the mode, asked of the kernel: its release
 //! ([`kernel_release`], [`kernel_version`]), where the cgroup v2 hierarchy is
 //! mounted ([`cgroup2_root`]), whether a directory is on a bpffs
-//! ([`on_bpffs`]), and the cookie of this network namespace ([`netns_cookie`]),
+//! ([`on_bpffs`]) and which svcproxy pins into ([`own_pin_dir`]), and the cookie of this network namespace ([`netns_cookie`]),
 //! the pins' owner.
 
 use std::path::{Path, PathBuf};
@@ -38,6 +38,21 @@ pub(super) fn kernel_version(release: &str) -> Option<(u32, u32)> {
 /// Whether `dir` is on a bpffs.
 pub fn on_bpffs(dir: &Path) -> bool {
     rustix::fs::statfs(dir).is_ok_and(|s| s.f_type as u64 == BPF_FS_MAGIC)
+}
+
+/// The directory svcproxy pins into for `--ebpf-bpffs DIR`: `DIR` itself when it
+/// lies inside a bpffs, and `DIR/svcproxy` when `DIR` is a bpffs (its mount point,
+/// as Cilium's `--bpf-root` takes it) or the kernel's conventional place for one
+/// (`/sys/fs/bpf`, which preflight mounts when nothing is): svcproxy owns a
+/// directory of its own, never a whole bpffs.
+pub fn own_pin_dir(dir: &Path) -> PathBuf {
+    let parent = dir.parent().unwrap_or(dir);
+    let is_root = dir == Path::new(BPFFS_HOME) || (on_bpffs(dir) && !on_bpffs(parent));
+    if is_root {
+        dir.join("svcproxy")
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`), as

@@ -124,7 +124,9 @@ pub fn preflight(cgroup: &Path, pin_dir: &Path) -> Result<(), DataPlaneError> {
             return Err(kernel_err(
                 format!("--ebpf-bpffs {}", pin_dir.display()),
                 format!(
-                    "{} is not on a bpffs: mount one (mount -t bpf bpf DIR) or point \
+                    "{} is not on a bpffs: --ebpf-bpffs names a bpffs (svcproxy then pins \
+                     into its own svcproxy/ inside it) or a directory inside one, such as \
+                     /sys/fs/bpf/svcproxy; mount one (mount -t bpf bpf DIR) or point \
                      --ebpf-bpffs into one",
                     parent.display()
                 ),

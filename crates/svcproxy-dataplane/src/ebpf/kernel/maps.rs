@@ -60,7 +60,8 @@ pub(super) fn prepare_pin_dir(opts: &EbpfOptions) -> Result<(), DataPlaneError> 
         return Err(kernel_err(
             format!("pin directory {}", pin_dir.display()),
             format!(
-                "{} is not on a bpffs (mount -t bpf bpf DIR)",
+                "{} is not on a bpffs (mount -t bpf bpf DIR, or name a directory inside \
+                 one with --ebpf-bpffs, such as /sys/fs/bpf/svcproxy)",
                 parent.display()
             ),
         ));
