@@ -39,6 +39,33 @@ pub const ANNOTATION_SCHEDULER: &str = "svcproxy.io/scheduler";
 pub const ANNOTATION_ENDPOINT_WEIGHTS: &str = "svcproxy.io/endpoint-weights";
 /// The largest endpoint weight.
 pub const MAX_ENDPOINT_WEIGHT: u8 = 255;
+/// svcproxy's per-Service Maglev table size (cells), one of
+/// [`MAGLEV_TABLE_SIZES`]; the node's (`--maglev-table-size`) when absent.
+pub const ANNOTATION_MAGLEV_TABLE_SIZE: &str = "svcproxy.io/maglev-table-size";
+/// The Maglev table sizes a service may have: primes near powers of two, as
+/// Cilium's (`--bpf-lb-maglev-table-size`). A table keeps its size whatever its
+/// endpoints, so that an endpoint added or removed moves few flows.
+pub const MAGLEV_TABLE_SIZES: [u32; 10] =
+    [251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071];
+/// The Maglev table size of a service that names none, unless the node's flag
+/// says otherwise: Cilium's default.
+pub const DEFAULT_MAGLEV_TABLE_SIZE: u32 = 16381;
+
+/// `raw` as a Maglev table size: one of [`MAGLEV_TABLE_SIZES`].
+pub fn parse_maglev_table_size(raw: &str) -> Result<u32, String> {
+    let n: u32 = raw
+        .trim()
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a number"))?;
+    if MAGLEV_TABLE_SIZES.contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{n} is not one of the Maglev table sizes ({})",
+            MAGLEV_TABLE_SIZES.map(|m| m.to_string()).join(", ")
+        ))
+    }
+}
 /// EndpointSlice annotation with the time the endpoints last changed.
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
@@ -460,6 +487,8 @@ pub struct ServicePort {
     /// `svcproxy.io/endpoint-weights`, in the annotation's order; `None`: every
     /// endpoint weighs 1.
     pub endpoint_weights: Option<Arc<[(WeightKey, u8)]>>,
+    /// `svcproxy.io/maglev-table-size`; `None`: the node's.
+    pub maglev_table_size: Option<u32>,
 }
 
 impl ServicePort {
@@ -742,6 +771,7 @@ pub(crate) fn test_port(
         topology_keys: None,
         scheduler: None,
         endpoint_weights: None,
+        maglev_table_size: None,
     }
 }
 

@@ -135,6 +135,7 @@ fn cluster_ip_port() -> ServicePort {
         topology_keys: None,
         scheduler: None,
         endpoint_weights: None,
+        maglev_table_size: None,
     }
 }
 

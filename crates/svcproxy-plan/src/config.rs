@@ -135,6 +135,11 @@ pub struct PlanConfig {
     /// The mode executes schedulers (set by [`ModeSemantics::apply`]); where it
     /// does not, every choice is random whatever the Service or `scheduler` say.
     pub schedulers: bool,
+    /// The Maglev table size (cells) of every service port without its own
+    /// (`svcproxy.io/maglev-table-size`): `--maglev-table-size`, one of
+    /// [`MAGLEV_TABLE_SIZES`](svcproxy_core::model::MAGLEV_TABLE_SIZES). Every node
+    /// of a cluster should have the same, so that they make the same choice.
+    pub maglev_table_size: u32,
     /// Program the IPv4 table.
     pub ipv4: bool,
     /// Program the IPv6 table.
@@ -157,6 +162,7 @@ impl Default for PlanConfig {
             drop_invalid_forwarded: false,
             scheduler: Scheduler::Random,
             schedulers: false,
+            maglev_table_size: svcproxy_core::model::DEFAULT_MAGLEV_TABLE_SIZE,
             ipv4: true,
             ipv6: true,
         }

@@ -70,6 +70,7 @@ fn snapshot(ns: &str, name: &str, port: &str, node: &str) -> NodeSnapshot {
         topology_keys: None,
         scheduler: None,
         endpoint_weights: None,
+        maglev_table_size: None,
     };
     let view = ServicePortView {
         port: Arc::new(sp),

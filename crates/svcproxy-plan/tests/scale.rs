@@ -64,6 +64,7 @@ fn view(i: usize, endpoints: usize) -> (ServicePortName, Arc<ServicePortView>) {
         topology_keys: None,
         scheduler: None,
         endpoint_weights: None,
+        maglev_table_size: None,
     };
     let v = ServicePortView {
         port: Arc::new(port),

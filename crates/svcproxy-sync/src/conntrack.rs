@@ -249,6 +249,7 @@ mod tests {
             topology_keys: None,
             scheduler: None,
             endpoint_weights: None,
+            maglev_table_size: None,
         }
     }
 

@@ -525,6 +525,7 @@ fn plan_config(flags: &ProxyFlags, modeled: &Modeled, scheduler: Scheduler) -> P
         nodeport_addresses,
         conntrack_tcp_be_liberal: modeled.conntrack.tcp_be_liberal,
         scheduler,
+        maglev_table_size: flags.maglev_table_size,
         ..PlanConfig::default()
     };
     mode.semantics.apply(plan)

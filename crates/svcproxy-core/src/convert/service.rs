@@ -5,6 +5,7 @@
 
 use super::service_addresses::{parse_ip_list, parse_lb_ingress, parse_source_ranges};
 use super::service_policy::{
+    maglev_table_size,
     affinity_timeout, endpoint_weights, health_check_node_port, parse_policy, scheduler,
     topology_keys, traffic_distribution,
 };
@@ -164,6 +165,7 @@ fn port_template(
     );
 
     let scheduler = scheduler(ctx, annotations);
+    let maglev_table_size = maglev_table_size(ctx, annotations);
     let endpoint_weights: Option<Arc<[(WeightKey, u8)]>> =
         endpoint_weights(ctx, annotations).map(Into::into);
 
@@ -185,6 +187,7 @@ fn port_template(
         topology_keys: topology_keys.map(Into::into),
         scheduler,
         endpoint_weights,
+        maglev_table_size,
     }
 }
 

@@ -84,6 +84,25 @@ pub(super) fn scheduler(
     }
 }
 
+/// `svcproxy.io/maglev-table-size`: the Service's Maglev table size; one that is
+/// not one of the sizes is ignored (the node's applies).
+pub(super) fn maglev_table_size(
+    ctx: &mut Ctx<'_>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<u32> {
+    let raw = annotations.get(ANNOTATION_MAGLEV_TABLE_SIZE)?;
+    match parse_maglev_table_size(raw) {
+        Ok(n) => Some(n),
+        Err(why) => {
+            ctx.ignore(
+                format!("metadata.annotations[{ANNOTATION_MAGLEV_TABLE_SIZE}]"),
+                format!("{why}; the node's size applies"),
+            );
+            None
+        }
+    }
+}
+
 /// The most entries `svcproxy.io/endpoint-weights` may have.
 const MAX_ENDPOINT_WEIGHTS: usize = 1024;
 

@@ -136,8 +136,10 @@ static __always_inline __u32 mh_cells(__u8 size)
 		return 16381;
 	case 7:
 		return 32749;
-	default:
+	case 8:
 		return 65521;
+	default:
+		return 131071;
 	}
 }
 
@@ -281,7 +283,10 @@ static __always_inline const struct backend *pick(const struct route *rt, __u32 
 			.list = rt->list,
 			.count = rt->count,
 			.sched = rt->sched,
-			.start = rt->count > LC_SCAN ? bpf_get_prandom_u32() % rt->count : 0,
+			// From a random slot: a tie goes to the first scanned, and
+			// from slot 0 short connections one at a time (every count
+			// 0) would all land on one endpoint, on every node.
+			.start = bpf_get_prandom_u32() % rt->count,
 			.least = 0x7fffffffffffffffLL,
 		};
 		bpf_loop(rt->count < LC_SCAN ? rt->count : LC_SCAN, lc_step, &scan, 0);

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use aya::maps::lpm_trie::Key as LpmKey;
 use ipnet::IpNet;
 use svcproxy_core::model::{IpFamily, Protocol, Scheduler};
-use svcproxy_plan::ebpf::maglev;
+use svcproxy_plan::ebpf::{maglev, EndpointList};
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
@@ -33,16 +33,20 @@ pub const SCHED_SED: u8 = 7;
 pub const SCHED_NQ: u8 = 8;
 pub const SCHED_WRR: u8 = 9;
 
-/// The byte the programs know `scheduler` by; Maglev's also says its table's
-/// size (`None`: the list is too long for any table, and is chosen from at
-/// random).
-pub fn sched_bytes(scheduler: Scheduler, endpoints: usize) -> (u8, u8) {
-    match scheduler {
+/// The byte the programs know `list`'s scheduler by; Maglev's also says its
+/// table's size, as an index of [`maglev::SIZES`] (a list longer than its table
+/// is chosen from at random).
+pub fn sched_bytes(list: &EndpointList) -> (u8, u8) {
+    match list.scheduler {
         Scheduler::Random => (SCHED_RANDOM, 0),
         Scheduler::RoundRobin => (SCHED_RR, 0),
         Scheduler::SourceHash => (SCHED_SH, 0),
         Scheduler::DestinationHash => (SCHED_DH, 0),
-        Scheduler::Maglev => match maglev::size_for(endpoints) {
+        Scheduler::Maglev => match list
+            .maglev_table_size
+            .filter(|&cells| maglev::fits(list.endpoints.len(), cells))
+            .and_then(maglev::size_index)
+        {
             Some(size) => (SCHED_MH, size),
             None => (SCHED_RANDOM, 0),
         },

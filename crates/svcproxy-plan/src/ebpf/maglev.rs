@@ -15,11 +15,7 @@ use std::net::SocketAddr;
 /// The table sizes, indexed by what the maps store (`route.mh_size`): primes
 /// near powers of two, as IPVS's and Cilium's Maglev tables. Change only with
 /// the C (`mh_cells()` in `bpf/lib/sched.h`).
-pub const SIZES: [u32; 9] = [251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521];
-
-/// Cells per endpoint the smallest fitting table aims for: the paper's M ≥ 100 N
-/// keeps every endpoint within about 1% of its share.
-pub const CELLS_PER_ENDPOINT: u32 = 100;
+pub const SIZES: [u32; 10] = svcproxy_core::model::MAGLEV_TABLE_SIZES;
 
 /// Cells per entry of the maps' table (`svcproxy_mh`): a table of M cells is
 /// `ceil(M / CHUNK)` entries.
@@ -34,22 +30,34 @@ pub struct Table {
     pub cells: Vec<u16>,
 }
 
-/// The table size for `n` endpoints: the smallest of [`SIZES`] with
-/// [`CELLS_PER_ENDPOINT`] cells per endpoint, else the largest; `None` when even
-/// that has fewer cells than endpoints (the list is then chosen from at random).
-pub fn size_for(n: usize) -> Option<u8> {
-    let want = (n as u64).saturating_mul(u64::from(CELLS_PER_ENDPOINT));
-    let i = SIZES
-        .iter()
-        .position(|&m| u64::from(m) >= want)
-        .unwrap_or(SIZES.len() - 1);
-    (n >= 1 && n <= SIZES[i] as usize).then_some(i as u8)
+/// The index in [`SIZES`] of a table of `cells` cells; `None` when it is not
+/// one of them.
+pub fn size_index(cells: u32) -> Option<u8> {
+    SIZES.iter().position(|&m| m == cells).map(|i| i as u8)
 }
 
-/// The table for `endpoints` (in the list's order); `None` as [`size_for`].
-pub fn table(endpoints: &[SocketAddr]) -> Option<Table> {
-    let size = size_for(endpoints.len())?;
-    let m = u64::from(SIZES[size as usize]);
+/// Whether a list of `n` slots has a table of `cells` cells: one of [`SIZES`],
+/// with a cell for every slot, each slot named in 16 bits (a longer list is
+/// chosen from at random).
+pub fn fits(n: usize, cells: u32) -> bool {
+    size_index(cells).is_some() && n >= 1 && n <= cells as usize && n <= 1 << 16
+}
+
+/// The table of `cells` cells for `endpoints` (in the list's order, a weighted
+/// endpoint once per slot it holds); `None` when they do not fit ([`fits`]).
+///
+/// The size is the service's, whatever the number of endpoints: an endpoint
+/// added or removed then takes or gives up only about its share of the cells,
+/// as IPVS's `mh` and Cilium keep it (a size that followed the count would move
+/// almost every flow when the count crossed a size). Each round every slot takes
+/// its next preferred free cell, so an endpoint holding k slots gets about k
+/// shares.
+pub fn table(endpoints: &[SocketAddr], cells: u32) -> Option<Table> {
+    if !fits(endpoints.len(), cells) {
+        return None;
+    }
+    let size = size_index(cells)?;
+    let m = u64::from(cells);
     // Filled in address order, whatever the list's order, so that the table
     // depends on the endpoints alone.
     let mut order: Vec<usize> = (0..endpoints.len()).collect();
@@ -63,7 +71,7 @@ pub fn table(endpoints: &[SocketAddr]) -> Option<Table> {
             (offset, skip)
         })
         .collect();
-    let mut cells: Vec<Option<u16>> = vec![None; m as usize];
+    let mut table: Vec<Option<u16>> = vec![None; m as usize];
     let mut next = vec![0u64; order.len()];
     let mut filled = 0u64;
     'fill: loop {
@@ -73,11 +81,11 @@ pub fn table(endpoints: &[SocketAddr]) -> Option<Table> {
             let cell = loop {
                 let c = ((offset + next[k] * skip) % m) as usize;
                 next[k] += 1;
-                if cells[c].is_none() {
+                if table[c].is_none() {
                     break c;
                 }
             };
-            cells[cell] = Some(order[k] as u16);
+            table[cell] = Some(order[k] as u16);
             filled += 1;
             if filled == m {
                 break 'fill;
@@ -86,7 +94,7 @@ pub fn table(endpoints: &[SocketAddr]) -> Option<Table> {
     }
     Some(Table {
         size,
-        cells: cells.into_iter().map(|c| c.unwrap_or(0)).collect(),
+        cells: table.into_iter().map(|c| c.unwrap_or(0)).collect(),
     })
 }
 
@@ -118,26 +126,27 @@ mod tests {
             .collect()
     }
 
+    const M: u32 = svcproxy_core::model::DEFAULT_MAGLEV_TABLE_SIZE;
+
     #[test]
-    fn sizes_are_prime_and_fit_the_endpoints() {
+    fn sizes_are_prime_and_a_list_fits_one_with_a_cell_per_slot() {
         for m in SIZES {
             assert!((2..m).take_while(|d| d * d <= m).all(|d| m % d != 0), "{m}");
         }
-        assert_eq!(size_for(0), None);
-        assert_eq!(SIZES[size_for(1).unwrap() as usize], 251);
-        assert_eq!(SIZES[size_for(3).unwrap() as usize], 509);
-        assert_eq!(SIZES[size_for(100).unwrap() as usize], 16381);
-        // Past 655 endpoints the largest table, with fewer cells each.
-        assert_eq!(SIZES[size_for(5000).unwrap() as usize], 65521);
-        assert_eq!(size_for(65521), Some(8));
-        assert_eq!(size_for(65522), None);
+        assert_eq!(size_index(16381), Some(6));
+        assert_eq!(size_index(131071), Some(9));
+        assert_eq!(size_index(16384), None);
+        assert!(fits(1, 251) && fits(251, 251));
+        assert!(!fits(0, 251) && !fits(252, 251) && !fits(10, 1000));
+        assert!(table(&endpoints(300), 251).is_none());
     }
 
     #[test]
     fn every_endpoint_holds_about_its_share() {
         for n in [1, 2, 3, 7, 10, 64] {
-            let t = table(&endpoints(n)).unwrap();
+            let t = table(&endpoints(n), M).unwrap();
             let m = t.cells.len();
+            assert_eq!(m, M as usize);
             let mut counts = vec![0usize; n];
             for &c in &t.cells {
                 counts[c as usize] += 1;
@@ -154,12 +163,29 @@ mod tests {
     }
 
     #[test]
-    fn the_table_depends_on_the_endpoints_alone() {
+    fn an_endpoint_in_k_slots_holds_about_k_shares() {
+        // Weights 1, 2, 3: the list holds them in 1, 2, 3 slots.
+        let e = endpoints(3);
+        let slots = [e[0], e[1], e[1], e[2], e[2], e[2]];
+        let t = table(&slots, M).unwrap();
+        let mut counts = [0usize; 3];
+        for &c in &t.cells {
+            counts[e.iter().position(|x| *x == slots[c as usize]).unwrap()] += 1;
+        }
+        let share = f64::from(M) / 6.0;
+        for (i, &c) in counts.iter().enumerate() {
+            let want = share * (i + 1) as f64;
+            assert!((c as f64 - want).abs() <= 3.0, "weight {}: {c} cells, {want} wanted", i + 1);
+        }
+    }
+
+    #[test]
+    fn the_table_depends_on_the_endpoints_and_its_size_alone() {
         let eps = endpoints(5);
-        let a = table(&eps).unwrap();
+        let a = table(&eps, 509).unwrap();
         let mut reversed = eps.clone();
         reversed.reverse();
-        let b = table(&reversed).unwrap();
+        let b = table(&reversed, 509).unwrap();
         // The same endpoint in every cell, whatever the list's order.
         for (ca, cb) in a.cells.iter().zip(&b.cells) {
             assert_eq!(eps[*ca as usize], reversed[*cb as usize]);
@@ -169,32 +195,44 @@ mod tests {
         assert_eq!(a.cells[..8], [1, 2, 1, 2, 1, 4, 4, 4]);
     }
 
+    /// The cells of `before`'s table whose endpoint is still there but changed
+    /// in `after`'s, as a share of the cells of the endpoints still there.
+    fn moved_of_the_others(before: &[SocketAddr], after: &[SocketAddr], cells: u32) -> f64 {
+        let (a, b) = (table(before, cells).unwrap(), table(after, cells).unwrap());
+        let (mut others, mut moved) = (0usize, 0usize);
+        for (x, y) in a.cells.iter().zip(&b.cells) {
+            let (x, y) = (before[*x as usize], after[*y as usize]);
+            if after.contains(&x) {
+                others += 1;
+                if x != y {
+                    moved += 1;
+                }
+            }
+        }
+        moved as f64 / others as f64
+    }
+
     #[test]
-    fn removing_one_of_n_endpoints_moves_about_one_nth_of_the_cells() {
-        for n in [4, 10, 32] {
+    fn removing_one_of_n_endpoints_moves_at_most_one_nth_and_two_percent_of_the_others() {
+        for n in 2..=100 {
             let before = endpoints(n);
             let gone = before[n / 2];
             let after: Vec<SocketAddr> = before.iter().copied().filter(|e| *e != gone).collect();
-            let (a, b) = (table(&before).unwrap(), table(&after).unwrap());
-            // The same size for N and N-1 here; moved: cells whose endpoint
-            // changed although it is still there.
-            assert_eq!(a.cells.len(), b.cells.len());
-            let moved = a
-                .cells
-                .iter()
-                .zip(&b.cells)
-                .filter(|(x, y)| {
-                    let (x, y) = (before[**x as usize], after[**y as usize]);
-                    x != gone && x != y
-                })
-                .count();
-            let m = a.cells.len() as f64;
-            // The removed endpoint's cells (1/N) must move; of the others, the
-            // paper measures a few percent.
+            let moved = moved_of_the_others(&before, &after, M);
             assert!(
-                moved as f64 / m < 0.05,
-                "n={n}: {moved} of {m} cells moved needlessly"
+                moved <= 1.0 / n as f64 + 0.02,
+                "n={n}: {:.1}% of the other endpoints' cells moved",
+                moved * 100.0
             );
         }
+    }
+
+    #[test]
+    fn a_count_crossing_what_used_to_be_a_size_boundary_keeps_the_flows() {
+        // 6 to 5 endpoints: a table sized from the count went from 1021 cells to
+        // 509 and kept 17% of the surviving flows; one size keeps nearly all.
+        let before = endpoints(6);
+        let after = &before[..5];
+        assert!(moved_of_the_others(&before, after, M) < 0.05);
     }
 }

@@ -82,6 +82,9 @@ pub struct EndpointList {
     pub remembered: bool,
     /// How the programs choose among them (the service port's).
     pub scheduler: Scheduler,
+    /// Maglev's table size (cells), when `scheduler` is Maglev
+    /// ([`ServiceIntent::maglev_table_size`]).
+    pub maglev_table_size: Option<u32>,
     /// Each slot's endpoint weight, for the weighted schedulers; empty: every
     /// one weighs 1 (a weighted list holds each endpoint in as many slots as
     /// its weight: [`weights::schedule`]).
@@ -557,6 +560,7 @@ impl Table {
                         endpoints,
                         remembered: svc.affinity_timeout.is_some() || svc.protocol == Protocol::Udp,
                         scheduler: svc.scheduler,
+                        maglev_table_size: svc.maglev_table_size,
                         weights,
                     };
                     self.lists.insert(name.clone(), list);
@@ -643,9 +647,10 @@ impl Table {
                 })
                 .collect();
             let remembered = if list.remembered { " (remembered)" } else { "" };
-            let scheduler = match list.scheduler {
-                Scheduler::Random => String::new(),
-                s => format!(" [{s}]"),
+            let scheduler = match (list.scheduler, list.maglev_table_size) {
+                (Scheduler::Random, _) => String::new(),
+                (s, Some(cells)) => format!(" [{s} {cells}]"),
+                (s, None) => format!(" [{s}]"),
             };
             let _ = writeln!(
                 out,

@@ -75,6 +75,9 @@ pub struct NodeIntent {
     /// The scheduler of a service port that names none, when the mode executes
     /// schedulers ([`PlanConfig::schedulers`]); `None`: every choice is random.
     pub scheduler: Option<Scheduler>,
+    /// The Maglev table size of a service port that names none
+    /// ([`PlanConfig::maglev_table_size`]).
+    pub maglev_table_size: u32,
 }
 
 impl NodeIntent {
@@ -116,6 +119,7 @@ impl NodeIntent {
             guard_service_ips: cfg.guard_service_ips,
             drop_invalid_forwarded: cfg.drop_invalid_forwarded && !cfg.conntrack_tcp_be_liberal,
             scheduler: cfg.schedulers.then_some(cfg.scheduler),
+            maglev_table_size: cfg.maglev_table_size,
         }
     }
 }

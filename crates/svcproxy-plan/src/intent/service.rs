@@ -253,6 +253,10 @@ pub struct ServiceIntent {
     /// Service's `svcproxy.io/scheduler`, else the node's, where the mode
     /// executes schedulers; random where it does not.
     pub scheduler: Scheduler,
+    /// Maglev's table size (cells) when `scheduler` is Maglev: the Service's
+    /// `svcproxy.io/maglev-table-size`, else the node's. One size whatever the
+    /// endpoints, so that one endpoint more or less moves few flows.
+    pub maglev_table_size: Option<u32>,
     /// Each endpoint's weight (`svcproxy.io/endpoint-weights`), by index into
     /// `endpoints`, where the scheduler weighs endpoints; empty: every one
     /// weighs 1.
@@ -324,6 +328,8 @@ impl ServiceIntent {
         let scheduler = node
             .scheduler
             .map_or(Scheduler::Random, |default| p.scheduler.unwrap_or(default));
+        let maglev_table_size = (scheduler == Scheduler::Maglev)
+            .then(|| p.maglev_table_size.unwrap_or(node.maglev_table_size));
         let weights = if node.scheduler.is_some() && scheduler.weighted() {
             weights(view, &endpoints)
         } else {
@@ -337,6 +343,7 @@ impl ServiceIntent {
             endpoints,
             affinity_timeout: p.session_affinity_timeout.map(|t| t.max(1)),
             scheduler,
+            maglev_table_size,
             weights,
             internal: routes.internal,
             external: routes.external,

@@ -302,6 +302,11 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "NAME", help_heading = heading::ADDRESSES)]
     pub scheduler: Option<String>,
 
+    /// The Maglev table's size (cells) of every Service scheduled by 'mh' without its own svcproxy.io/maglev-table-size annotation: one of the primes 251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071, at least 100 times the largest endpoint count for an even spread (Maglev's rule). The size stays whatever the endpoints, so that one endpoint more or less moves few flows; give every node the same, so that they choose alike. ebpf and ipvs modes (svcproxy only).
+    #[arg(long, value_name = "CELLS", default_value_t = svcproxy_core::model::DEFAULT_MAGLEV_TABLE_SIZE,
+          value_parser = |s: &str| svcproxy_core::model::parse_maglev_table_size(s), help_heading = heading::ADDRESSES)]
+    pub maglev_table_size: u32,
+
     /// Answer each client address at most this many DNS queries per second (over UDP the rest get an empty truncated answer, over TCP REFUSED); 0: no limit (svcproxy only).
     #[arg(
         long,

@@ -271,7 +271,7 @@ pub fn expected_lines(table: &Table) -> BTreeSet<String> {
                 wire::ACT_FORWARD,
                 &l.endpoints,
                 masquerade,
-                wire::sched_bytes(l.scheduler, l.endpoints.len()).0,
+                wire::sched_bytes(l).0,
             ),
             None => route_text(wire::ACT_REJECT, &[], false, 0),
         },

@@ -30,10 +30,11 @@ pub(super) struct ListBatch {
 
 impl ListBatch {
     pub(super) fn add(&mut self, id: u32, list: &EndpointList) {
-        match wire::sched_bytes(list.scheduler, list.endpoints.len()).0 {
-            wire::SCHED_RR | wire::SCHED_WRR => self.turns.push(id),
-            wire::SCHED_MH => {
-                if let Some(table) = maglev::table(&list.endpoints) {
+        match wire::sched_bytes(list) {
+            (wire::SCHED_RR | wire::SCHED_WRR, _) => self.turns.push(id),
+            (wire::SCHED_MH, size) => {
+                let cells = maglev::SIZES[usize::from(size)];
+                if let Some(table) = maglev::table(&list.endpoints, cells) {
                     for (k, v) in wire::mh_entries(id, &table) {
                         self.mh_keys.push(k);
                         self.mh_vals.push(v);
@@ -137,7 +138,7 @@ impl Kernel {
                 ops += remove(&mut self.member, &MemberKey::of(id, &Backend::of(*ep)))?;
             }
         }
-        match wire::sched_bytes(list.scheduler, list.endpoints.len()) {
+        match wire::sched_bytes(list) {
             (wire::SCHED_RR | wire::SCHED_WRR, _) => ops += remove(&mut self.rr, &id)?,
             (wire::SCHED_MH, size) => {
                 for chunk in 0..wire::mh_chunks(size) {

@@ -569,7 +569,7 @@ fn encode(
                     wire::ACT_FORWARD,
                     *id,
                     list.endpoints.len() as u32,
-                    wire::sched_bytes(list.scheduler, list.endpoints.len()),
+                    wire::sched_bytes(list),
                 ),
                 None => (wire::ACT_REJECT, 0, 0, (0, 0)),
             },
