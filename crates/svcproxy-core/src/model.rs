@@ -45,8 +45,9 @@ pub const ANNOTATION_MAGLEV_TABLE_SIZE: &str = "svcproxy.io/maglev-table-size";
 /// The Maglev table sizes a service may have: primes near powers of two, as
 /// Cilium's (`--bpf-lb-maglev-table-size`). A table keeps its size whatever its
 /// endpoints, so that an endpoint added or removed moves few flows.
-pub const MAGLEV_TABLE_SIZES: [u32; 10] =
-    [251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071];
+pub const MAGLEV_TABLE_SIZES: [u32; 10] = [
+    251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071,
+];
 /// The Maglev table size of a service that names none, unless the node's flag
 /// says otherwise: Cilium's default.
 pub const DEFAULT_MAGLEV_TABLE_SIZE: u32 = 16381;

@@ -463,15 +463,44 @@ fn least_connection_sends_new_connections_away_from_an_endpoint_holding_long_one
         )
     });
     // Nothing open: every endpoint ties at 0, and a tie goes to the first of a
-    // scan from a random slot, so short connections one at a time spread (from
-    // slot 0 they all met one endpoint, on every node).
-    let seq = answers(&env, Host::Node(NODE_A), vip, 12);
-    let mut met: Vec<&String> = seq.iter().filter(|b| *b != "-").collect();
-    met.sort();
-    met.dedup();
-    ck.check(met.len() >= 2, || {
-        format!("12 connections one at a time, all counts 0, met only {met:?}: {seq:?}")
-    });
+    // scan from a random slot, so short connections one at a time (each made
+    // once every count is back to 0) spread; from slot 0 they all met one
+    // endpoint, on every node.
+    let counts_at_zero = || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let state = env.mode.dump(&env.c, NODE_A);
+            let busy = state.lines().any(|l| {
+                (l.starts_with("connections ") || l.starts_with("packet-connections "))
+                    && !l.ends_with(" 0")
+            });
+            if !busy {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    for (what, from, target) in [
+        ("node-a's", Host::Node(NODE_A), vip),
+        (
+            "the external client's (NodePort)",
+            Host::Ext,
+            sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT),
+        ),
+    ] {
+        let mut seq = Vec::new();
+        for _ in 0..12 {
+            counts_at_zero();
+            seq.extend(answers(&env, from, target, 1));
+        }
+        eprintln!("[schedulers] lc: {what} 12 connections one at a time: {seq:?}");
+        let mut met: Vec<&String> = seq.iter().filter(|b| *b != "-").collect();
+        met.sort();
+        met.dedup();
+        ck.check(met.len() >= 2, || {
+            format!("{what} 12 connections one at a time, all counts 0, met only {met:?}: {seq:?}")
+        });
+    }
     ck.finish(&env);
 }
 

@@ -5,9 +5,8 @@
 
 use super::service_addresses::{parse_ip_list, parse_lb_ingress, parse_source_ranges};
 use super::service_policy::{
-    maglev_table_size,
-    affinity_timeout, endpoint_weights, health_check_node_port, parse_policy, scheduler,
-    topology_keys, traffic_distribution,
+    affinity_timeout, endpoint_weights, health_check_node_port, maglev_table_size, parse_policy,
+    scheduler, topology_keys, traffic_distribution,
 };
 use super::validation::{check_namespaced_name, forbidden_service_ip, meta_key, parse_ip};
 use super::*;

@@ -175,7 +175,11 @@ mod tests {
         let share = f64::from(M) / 6.0;
         for (i, &c) in counts.iter().enumerate() {
             let want = share * (i + 1) as f64;
-            assert!((c as f64 - want).abs() <= 3.0, "weight {}: {c} cells, {want} wanted", i + 1);
+            assert!(
+                (c as f64 - want).abs() <= 3.0,
+                "weight {}: {c} cells, {want} wanted",
+                i + 1
+            );
         }
     }
 

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use super::Kernel;
 use crate::ebpf::wire::{self, LocalKey, MhKey, PodnetData, SvcKey, SvcVal};
 use svcproxy_plan::ebpf::{
-    Dest, EndpointList, Entry, ListName, PacketRoute, PortName, Route, Table,
+    maglev, Dest, EndpointList, Entry, ListName, PacketRoute, PortName, Route, Table,
 };
 
 impl Kernel {
@@ -236,6 +236,8 @@ impl ReadBack<'_> {
             endpoints: list,
             remembered: member_count > 0,
             scheduler,
+            maglev_table_size: (r.sched == wire::SCHED_MH)
+                .then(|| maglev::SIZES[usize::from(r.mh_size).min(maglev::SIZES.len() - 1)]),
             weights: self.lists.weights.get(&r.list).cloned().unwrap_or_default(),
         };
         match self.names.get(&r.list) {
