@@ -2652,6 +2652,46 @@ spec:
 }
 
 #[test]
+fn a_services_maglev_table_size_is_read_and_one_that_is_no_size_ignored() {
+    let sized = |name: &str, ip: &str, value: &str| {
+        service(&format!(
+            r#"
+metadata:
+  name: {name}
+  namespace: default
+  annotations: {{svcproxy.io/scheduler: mh, svcproxy.io/maglev-table-size: "{value}"}}
+spec:
+  clusterIP: {ip}
+  ports: [{{name: http, port: 80}}]
+"#
+        ))
+    };
+    let mut st = baseline_state();
+    upsert(&mut st, sized("big", "10.96.0.93", "131071"));
+    upsert(&mut st, sized("odd", "10.96.0.94", "16384"));
+    upsert(&mut st, sized("huge", "10.96.0.95", "99999999999999999999"));
+    for name in ["odd", "huge"] {
+        expect_problem(
+            &st,
+            &key(Kind::Service, "default", name),
+            "metadata.annotations[svcproxy.io/maglev-table-size]",
+            Ignored,
+        );
+    }
+    let update = st.snapshot();
+    assert_baseline_works(&update);
+    let size = |name: &str| {
+        must_view(&update.v4, &tcp("default", name, "http"))
+            .port
+            .maglev_table_size
+    };
+    assert_eq!(size("big"), Some(131071));
+    // Served, with the node's size.
+    assert_eq!(size("odd"), None);
+    assert_eq!(size("huge"), None);
+}
+
+#[test]
 fn endpoint_weights_are_read_and_a_malformed_list_ignored_whole() {
     let weighted = |name: &str, ip: &str, value: &str| {
         service(&format!(

@@ -757,14 +757,20 @@ fn connections_translated_at_the_socket_follow_the_same_routes() {
 #[test]
 fn the_scheduler_is_the_services_else_the_nodes_where_the_mode_runs_schedulers() {
     let yaml = format!(
-        "{}\n---\n{}",
+        "{}\n---\n{}\n---\n{}",
         service("plain", 140, "", &[ready(LOCAL_POD, "node-a")]),
         service("maglev", 141, "", &[ready(LOCAL_POD, "node-a")]).replace(
             "metadata: {name: maglev, namespace: demo}",
             "metadata: {name: maglev, namespace: demo, annotations: {svcproxy.io/scheduler: mh}}",
         ),
+        service("big", 142, "", &[ready(LOCAL_POD, "node-a")]).replace(
+            "metadata: {name: big, namespace: demo}",
+            "metadata: {name: big, namespace: demo, annotations: {svcproxy.io/scheduler: mh, \
+             svcproxy.io/maglev-table-size: '131071'}}",
+        ),
     );
     let sched = |i: &Intent, n: u8| at(i, vip(&format!("198.19.0.{n}"), 80)).0.scheduler;
+    let cells = |i: &Intent, n: u8| at(i, vip(&format!("198.19.0.{n}"), 80)).0.maglev_table_size;
     // A mode that runs schedulers (ebpf, ipvs): the node's, or the Service's own.
     let i = intent_with(&yaml, |c| {
         c.schedulers = true;
@@ -773,14 +779,25 @@ fn the_scheduler_is_the_services_else_the_nodes_where_the_mode_runs_schedulers()
     assert_eq!(sched(&i, 140), Scheduler::RoundRobin);
     assert_eq!(sched(&i, 141), Scheduler::Maglev);
     assert!(
-        svcproxy_plan::intent::describe(&i).contains("; scheduler mh"),
+        svcproxy_plan::intent::describe(&i).contains("; scheduler mh (16381 cells)"),
         "{}",
         svcproxy_plan::intent::describe(&i)
     );
+    // Maglev's table: the node's size, or the Service's own; none for the others.
+    assert_eq!(cells(&i, 140), None);
+    assert_eq!(cells(&i, 141), Some(16381));
+    assert_eq!(cells(&i, 142), Some(131071));
+    let i = intent_with(&yaml, |c| {
+        c.schedulers = true;
+        c.scheduler = Scheduler::Maglev;
+        c.maglev_table_size = 4093;
+    });
+    assert_eq!((cells(&i, 140), cells(&i, 142)), (Some(4093), Some(131071)));
     // A mode that chooses at random whatever a Service says.
     let i = intent_with(&yaml, |c| c.scheduler = Scheduler::RoundRobin);
     assert_eq!(sched(&i, 140), Scheduler::Random);
     assert_eq!(sched(&i, 141), Scheduler::Random);
+    assert_eq!(cells(&i, 142), None);
     assert!(!svcproxy_plan::intent::describe(&i).contains("scheduler"));
 }
 

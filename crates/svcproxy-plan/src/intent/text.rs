@@ -152,9 +152,10 @@ fn family(out: &mut String, fam: &FamilyIntent) {
             .affinity_timeout
             .map(|t| format!("; ClientIP affinity {t}s"))
             .unwrap_or_default();
-        let scheduler = match svc.scheduler {
-            Scheduler::Random => String::new(),
-            s => format!("; scheduler {s}"),
+        let scheduler = match (svc.scheduler, svc.maglev_table_size) {
+            (Scheduler::Random, _) => String::new(),
+            (s, Some(cells)) => format!("; scheduler {s} ({cells} cells)"),
+            (s, None) => format!("; scheduler {s}"),
         };
         let scheduler = if svc.weights.is_empty() {
             scheduler
