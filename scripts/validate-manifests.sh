@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline, so that a typo in a manifest fails CI:
 #
-# - every Kubernetes object in deploy/*.yaml, and in each directory below deploy/ that
-#   has a kustomization.yaml (deploy/dns/*), (multi-document YAML) strictly against the
+# - every Kubernetes object in deploy/, and in each directory below deploy/ that has a
+#   kustomization.yaml (deploy/base, deploy/dns/*), (multi-document YAML) strictly against the
 #   API's JSON schemas bundled in kubernetes-validate (PyPI): unknown or misspelt
 #   fields, wrong types, and an apiVersion/kind the API does not have all fail. Checked
 #   against the newest Kubernetes version the package bundles and against 1.30, the
 #   oldest this deploy/ supports;
 # - duplicate keys (YAML silently keeps the last one);
-# - kustomization.yaml: known fields only, lists exactly the manifests in deploy/, and
-#   its image override names the image the DaemonSet uses;
+# - kustomization.yaml: known fields only, lists exactly the manifests in its directory,
+#   and its image override names the image the DaemonSet uses;
+# - an overlay (deploy/ebpf, deploy/ipvs: a base with a Component's and its own JSON
+#   patches) as what it builds: this script applies the patches itself and validates
+#   every resulting object strictly; where kubectl is installed, its kustomize must
+#   build the same objects;
 # - the Prometheus Operator's objects (deploy/monitoring: ServiceMonitor,
 #   PrometheusRule) against its schemas, from @kubernetes-models/prometheus-operator
 #   (npm): its validators check types, enums and required fields, and TypeScript's
@@ -97,7 +101,98 @@ kustomization = None
 images = set()
 files = sorted(p for p in deploy.iterdir() if p.suffix in (".yaml", ".yml"))
 unparsed = False
+
+
+def kustomization_of(d):
+    """The kustomization (or component) of directory `d`, parsed; None without one."""
+    for name in ("kustomization.yaml", "kustomization.yml"):
+        if (d / name).is_file():
+            docs = list(yaml.load_all((d / name).read_text(), Loader=StrictLoader))
+            return docs[0] if len(docs) == 1 and isinstance(docs[0], dict) else {}
+    return None
+
+
+def patch_paths(k):
+    return [p["path"] for p in (k or {}).get("patches") or [] if isinstance(p, dict) and "path" in p]
+
+
+def json_patch(doc, ops, where):
+    """`doc` with the RFC 6902 operations `ops` (add, replace, remove) applied."""
+    import copy
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        kind = op["op"]
+        if kind not in ("add", "replace", "remove"):
+            raise ValueError(f"{where}: unsupported operation {kind!r}")
+        if isinstance(parent, list):
+            i = len(parent) if last == "-" else int(last)
+            if kind == "add":
+                parent.insert(i, op["value"])
+            elif kind == "replace":
+                parent[i] = op["value"]
+            else:
+                del parent[i]
+        else:
+            if kind in ("replace", "remove") and last not in parent:
+                raise ValueError(f"{where}: {op['path']} does not exist")
+            if kind == "remove":
+                del parent[last]
+            else:
+                parent[last] = op["value"]
+    return doc
+
+
+def apply_patches(d, k, objs):
+    for p in (k or {}).get("patches") or []:
+        target = p.get("target") or {}
+        ops = yaml.load((d / p["path"]).read_text(), Loader=StrictLoader)
+        if not isinstance(ops, list) or not all(isinstance(o, dict) and "op" in o and "path" in o for o in ops):
+            raise ValueError(f"{d / p['path']}: not a JSON patch (a list of operations with op and path)")
+        hits = 0
+        for i, o in enumerate(objs):
+            if o.get("kind") == target.get("kind") and (o.get("metadata") or {}).get("name") == target.get("name"):
+                objs[i] = json_patch(o, ops, str(d / p["path"]))
+                hits += 1
+        if hits != 1:
+            raise ValueError(f"{d / p['path']}: its target {target} matched {hits} objects, not one")
+    return objs
+
+
+def render(d):
+    """The objects kustomize builds from directory `d` (resources, components,
+    patches, images: what deploy/ uses of it)."""
+    k = kustomization_of(d) or {}
+    objs = []
+    for r in k.get("resources") or []:
+        if (d / r).is_dir():
+            objs += render(d / r)
+        else:
+            objs += [x for x in yaml.load_all((d / r).read_text(), Loader=StrictLoader) if x]
+    for c in k.get("components") or []:
+        objs = apply_patches(d / c, kustomization_of(d / c), objs)
+    objs = apply_patches(d, k, objs)
+    for img in k.get("images") or []:
+        for o in objs:
+            pod = ((o.get("spec") or {}).get("template") or {}).get("spec") or {}
+            for c in pod.get("containers") or []:
+                name, _, tag = c["image"].partition(":")
+                if name == img["name"]:
+                    c["image"] = f"{img.get('newName', name)}:{img.get('newTag', tag)}"
+    return objs
+
+
+own = kustomization_of(deploy)
+# JSON patches (RFC 6902) the kustomization applies are checked as patches below,
+# and their results as objects, not as objects themselves.
+patch_files = set(patch_paths(own))
 for path in files:
+    if path.name in patch_files:
+        continue
     is_kustomization = path.name in ("kustomization.yaml", "kustomization.yml")
     if not is_kustomization:
         manifests.append(path.name)
@@ -163,10 +258,18 @@ elif kustomization is not None:
                  "nameSuffix", "buildMetadata"}
         for key in sorted(set(k) - known):
             errors.append(f"{path}: unknown field {key!r}")
-        if (k.get("apiVersion"), k.get("kind")) != ("kustomize.config.k8s.io/v1beta1", "Kustomization"):
-            errors.append(f"{path}: expected apiVersion kustomize.config.k8s.io/v1beta1, kind Kustomization")
+        if (k.get("apiVersion"), k.get("kind")) not in (
+            ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+            ("kustomize.config.k8s.io/v1alpha1", "Component"),
+        ):
+            errors.append(f"{path}: expected a Kustomization (kustomize.config.k8s.io/v1beta1) "
+                          "or a Component (kustomize.config.k8s.io/v1alpha1)")
         manifests = [m for m in manifests if m not in tool_configs]
         listed = k.get("resources") or []
+        for c in k.get("components") or []:
+            comp = kustomization_of(deploy / c)
+            if comp is None or comp.get("kind") != "Component":
+                errors.append(f"{path}: component {c!r} is not a directory with a Component")
         # An overlay names its base directory (which must have a kustomization);
         # the base's images may be overridden here.
         bases = [r for r in listed if (deploy / r).is_dir()]
@@ -174,16 +277,18 @@ elif kustomization is not None:
             if not (deploy / base / "kustomization.yaml").is_file():
                 errors.append(f"{path}: resource {base!r} is a directory without a kustomization.yaml")
                 continue
-            for bp in sorted((deploy / base).glob("*.yaml")):
-                for bd in yaml.load_all(bp.read_text(), Loader=StrictLoader):
-                    pod = (((bd or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
-                    for c in pod.get("containers") or []:
-                        if isinstance(c, dict) and isinstance(c.get("image"), str):
-                            images.add(c["image"].split("@")[0].rsplit(":", 1)[0])
+            for bd in render(deploy / base):
+                pod = (((bd or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+                for c in pod.get("containers") or []:
+                    if isinstance(c, dict) and isinstance(c.get("image"), str):
+                        images.add(c["image"].split("@")[0].rsplit(":", 1)[0])
         for r in sorted(set(listed) - set(manifests) - set(bases)):
             errors.append(f"{path}: resource {r!r} is not a manifest in {deploy}/")
         for r in sorted(set(manifests) - set(listed)):
             errors.append(f"{path}: {r} is not listed in resources")
+        for pp in patch_paths(k):
+            if not (deploy / pp).is_file():
+                errors.append(f"{path}: patch {pp!r} is not a file in {deploy}/")
         for img in k.get("images") or []:
             for key in sorted(set(img) - {"name", "newName", "newTag", "digest"}):
                 errors.append(f"{path}: images: unknown field {key!r}")
@@ -191,6 +296,45 @@ elif kustomization is not None:
                 errors.append(f"{path}: images: {img.get('name')!r} is not an image the manifests use ({', '.join(sorted(images))})")
         if not any(e.startswith(f"{path}:") for e in errors):
             print(f"ok {path}")
+
+
+
+# An overlay (a base with patches or components) is validated as what it builds:
+# every object after the patches, strictly, as the manifests above; and where
+# kubectl is installed, its kustomize must build the same.
+if own is not None and own.get("kind") == "Kustomization" and (own.get("patches") or own.get("components")):
+    try:
+        built = render(deploy)
+    except (ValueError, KeyError, IndexError, yaml.YAMLError) as e:
+        errors.append(f"{deploy}: cannot build: {e}")
+        built = []
+    for doc in built:
+        what = f"{deploy} (built): {doc.get('kind')} {(doc.get('metadata') or {}).get('name')}"
+        before = len(errors)
+        for version in versions:
+            try:
+                kv.validate(doc, version, strict=True)
+                checked += 1
+            except kv.ValidationError as e:
+                errors.append(f"{what}: Kubernetes {e.version}: "
+                              f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}")
+            except kv.SchemaNotFoundError as e:
+                errors.append(f"{what}: Kubernetes {version} has no {e.kind} in {e.api_version}")
+        if len(errors) == before:
+            print(f"ok {what} (Kubernetes {', '.join(versions)})")
+    import shutil
+    import subprocess
+    if built and shutil.which("kubectl"):
+        out = subprocess.run(["kubectl", "kustomize", str(deploy)], capture_output=True, text=True)
+        if out.returncode != 0:
+            errors.append(f"{deploy}: kubectl kustomize failed: {out.stderr.strip()}")
+        else:
+            theirs = [x for x in yaml.safe_load_all(out.stdout) if x]
+            key = lambda o: (o.get("kind"), (o.get("metadata") or {}).get("name"))
+            if sorted(theirs, key=key) != sorted(built, key=key):
+                errors.append(f"{deploy}: kubectl kustomize builds other objects than this check")
+            else:
+                print(f"ok {deploy}: kubectl kustomize builds the same objects")
 
 for e in errors:
     print(f"ERROR {e}", file=sys.stderr)
@@ -202,7 +346,7 @@ PY
 # deploy/ itself (the proxy), every kustomization below it (the cluster DNS's
 # node-local and central shapes, the monitoring objects), and the kind example's
 # overlay of deploy/, each checked as a whole.
-dirs=(deploy examples/kind)
+dirs=(deploy examples/kind examples/kind/ebpf)
 while IFS= read -r d; do dirs+=("$d"); done < <(find deploy -mindepth 2 -name kustomization.yaml -printf '%h\n' | sort)
 deferred=$(mktemp -d)
 trap 'rm -rf "$deferred"' EXIT

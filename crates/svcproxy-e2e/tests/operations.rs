@@ -424,7 +424,7 @@ fn rules_taken_away_by_hand_are_put_back_and_healthz_says_so_meanwhile(mode: Mod
 /// (`allowPrivilegeEscalation: false`). The OOM score adjustment is -997, as the
 /// kubelet sets it for a `system-node-critical` pod, where the machine lets the test
 /// lower it (it needs CAP_SYS_RESOURCE), and `--oom-score-adj` is the value the
-/// process has, as deploy/configmap.yaml's -997 is in a real pod. A write to the root
+/// process has, as deploy/base/configmap.yaml's -997 is in a real pod. A write to the root
 /// filesystem is checked to fail first. Not emulated: seccomp's RuntimeDefault profile (svcproxy makes no
 /// syscall outside it: no namespace, mount, module or BPF calls).
 const CONTAINER: &str = r#"set -e
@@ -441,7 +441,7 @@ if touch /.svcproxy-rw-probe 2>/dev/null; then echo "root filesystem" "still wri
 exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all,$CAPS --no-new-privs "$@" --oom-score-adj="$(cat /proc/self/oom_score_adj)"
 "#;
 
-/// Issue 15's least-privilege proof: svcproxy as deploy/daemonset.yaml runs it (read-only
+/// Issue 15's least-privilege proof: svcproxy as deploy/base/daemonset.yaml (with components/ebpf in the ebpf and ipvs modes) runs it (read-only
 /// root filesystem, read-only /proc/sys, only NET_ADMIN and NET_RAW, no privilege
 /// escalation, the ConfigMap's conntrack settings that leave the node's alone) programs
 /// the node, serves real connections and /healthz, and its drift checks work. NET_RAW is
@@ -461,7 +461,7 @@ fn runs_with_only_the_daemonsets_privileges(mode: Mode) {
     };
     let mut ck = Checks::new("least-privilege");
     let bin = svcproxy_e2e::svcproxy_bin();
-    // The capabilities deploy/daemonset.yaml adds for the mode.
+    // The capabilities deploy/ adds for the mode (crates/svcproxy/tests/deploy.rs checks them).
     let caps = format!("CAPS={}", mode.capabilities());
     let mut argv: Vec<String> = [
         "env",
@@ -477,7 +477,7 @@ fn runs_with_only_the_daemonsets_privileges(mode: Mode) {
     .to_vec();
     argv.extend(mode.launch(&bin));
     argv.extend(env.proxy_args(NODE_A));
-    // deploy/configmap.yaml's settings that keep svcproxy off /proc/sys and its OOM
+    // deploy/base/configmap.yaml's settings that keep svcproxy off /proc/sys and its OOM
     // score, and what deploy/README.md says a mode needs in such a container.
     for flag in [
         "--conntrack-max-per-core=0",

@@ -845,7 +845,7 @@ fn failure_message(status: Option<u16>) -> &'static str {
     match status {
         Some(401 | 403) => {
             "the API server refuses this watch: check svcproxy's credentials and its \
-             ClusterRole (deploy/rbac.yaml); the last known state stays in force while it \
+             ClusterRole (deploy/base/rbac.yaml); the last known state stays in force while it \
              retries with backoff"
         }
         _ => {

@@ -281,7 +281,7 @@ pub(crate) fn permission_denied(e: &anyhow::Error) -> bool {
 fn permission_hint(e: &anyhow::Error) -> Option<&'static str> {
     permission_denied(e).then_some(
         "svcproxy programs the kernel: run it as root, or with the capabilities the \
-         DaemonSet grants (NET_ADMIN and NET_RAW; deploy/daemonset.yaml)",
+         DaemonSet grants (NET_ADMIN and NET_RAW, and BPF in the ebpf and ipvs modes; deploy/)",
     )
 }
 

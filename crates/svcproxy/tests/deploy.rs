@@ -1,11 +1,14 @@
-//! The manifests in `deploy/` against svcproxy itself.
+//! The manifests in `deploy/` against svcproxy itself, in each of its shapes: `deploy/`
+//! (nftables mode, the objects of `deploy/base`), `deploy/ebpf` and `deploy/ipvs` (the
+//! same with the eBPF data plane's component and their own configuration, built here
+//! by applying their JSON patches as kustomize does).
 //!
 //! `scripts/validate-manifests.sh` checks them against the Kubernetes API schemas, but
 //! those do not cover the KubeProxyConfiguration embedded in the ConfigMap, nor whether
 //! the DaemonSet agrees with it. Here: the embedded config goes through the real binary
 //! (strict parsing, resolution, a full render) without a warning, and the DaemonSet
 //! mounts it where `--config` looks, probes the port `healthzBindAddress` binds, and
-//! runs with the identity and privileges the rest of deploy/ sets up.
+//! runs with the identity and least privileges the mode needs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,39 +20,119 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Every object in deploy/*.yaml (multi-document), with the file it came from.
-fn objects() -> Vec<(String, Value)> {
-    let dir = repo().join("deploy");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .filter(|p| p.file_stem().is_none_or(|s| s != "kustomization"))
-        .collect();
-    files.sort();
-    let mut out = Vec::new();
-    for path in files {
-        let text = std::fs::read_to_string(&path).unwrap();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        for doc in yaml_serde::Deserializer::from_str(&text) {
-            let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
-            if !v.is_null() {
-                out.push((name.clone(), v));
-            }
-        }
-    }
-    out
+/// deploy/'s shapes: the directory `kubectl apply -k` takes, and the mode its
+/// configuration runs.
+const SHAPES: [(&str, &str); 3] = [
+    ("deploy", "nftables"),
+    ("deploy/ebpf", "ebpf"),
+    ("deploy/ipvs", "ipvs"),
+];
+
+/// Every document of a YAML file (multi-document), nulls left out.
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    yaml_serde::Deserializer::from_str(&text)
+        .map(|doc| {
+            Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
 }
 
-/// The one object of `kind` in deploy/.
-fn the(kind: &str) -> Value {
-    let found: Vec<Value> = objects()
+/// `doc` with the RFC 6902 operations `ops` (add, replace, remove) applied, as
+/// kustomize applies a JSON patch.
+fn json_patch(doc: &mut Value, ops: &Value, what: &str) {
+    for op in seq(ops, what) {
+        let path = str_of(&op["path"], "a patch's path");
+        let parts: Vec<String> = path
+            .split('/')
+            .skip(1)
+            .map(|p| p.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        let (last, init) = parts.split_last().expect("a path below the root");
+        let mut parent = &mut *doc;
+        for p in init {
+            parent = match parent {
+                Value::Sequence(s) => &mut s[p.parse::<usize>().unwrap()],
+                v => v
+                    .get_mut(p.as_str())
+                    .unwrap_or_else(|| panic!("{what}: {path}: no {p:?}")),
+            };
+        }
+        let value = op["value"].clone();
+        match (str_of(&op["op"], "a patch's op"), parent) {
+            ("add", Value::Sequence(s)) if last == "-" => s.push(value),
+            ("add", Value::Sequence(s)) => s.insert(last.parse().unwrap(), value),
+            ("replace", Value::Sequence(s)) => s[last.parse::<usize>().unwrap()] = value,
+            ("remove", Value::Sequence(s)) => {
+                s.remove(last.parse().unwrap());
+            }
+            ("add" | "replace", Value::Mapping(m)) => {
+                m.insert(Value::String(last.clone()), value);
+            }
+            ("remove", Value::Mapping(m)) => {
+                m.remove(last.as_str());
+            }
+            (o, v) => panic!("{what}: {path}: cannot {o} in {v:?}"),
+        }
+    }
+}
+
+/// A kustomization's (or component's) JSON patches applied to `objects`: each
+/// patch to the one object its target names.
+fn apply_patches(dir: &Path, objects: &mut [Value]) {
+    let k = documents(&dir.join("kustomization.yaml")).remove(0);
+    for p in k["patches"].as_sequence().into_iter().flatten() {
+        let file = dir.join(str_of(&p["path"], "patches[].path"));
+        let ops = documents(&file).remove(0);
+        let targets: Vec<&mut Value> = objects
+            .iter_mut()
+            .filter(|o| o["kind"] == p["target"]["kind"] && o["metadata"]["name"] == p["target"]["name"])
+            .collect();
+        assert_eq!(targets.len(), 1, "{}: one target", file.display());
+        for t in targets {
+            json_patch(t, &ops, &file.display().to_string());
+        }
+    }
+}
+
+/// Every object `kubectl apply -k DIR` applies (`dir` relative to the repository):
+/// its resources (files, or directories built alike), then its components'
+/// patches and its own.
+fn objects_of(dir: &str) -> Vec<Value> {
+    let dir = repo().join(dir);
+    let k = documents(&dir.join("kustomization.yaml")).remove(0);
+    let mut objects = Vec::new();
+    for r in strings(&k["resources"], "resources") {
+        let path = dir.join(&r);
+        if path.is_dir() {
+            let rel = path.strip_prefix(repo()).unwrap().to_string_lossy().into_owned();
+            objects.extend(objects_of(&rel));
+        } else {
+            objects.extend(documents(&path));
+        }
+    }
+    for c in k["components"].as_sequence().into_iter().flatten() {
+        apply_patches(&dir.join(str_of(c, "components[]")), &mut objects);
+    }
+    apply_patches(&dir, &mut objects);
+    objects
+}
+
+/// The one object of `kind` that `shape` applies.
+fn the_in(shape: &str, kind: &str) -> Value {
+    let found: Vec<Value> = objects_of(shape)
         .into_iter()
-        .filter(|(_, v)| v["kind"] == kind)
-        .map(|(_, v)| v)
+        .filter(|v| v["kind"] == kind)
         .collect();
-    assert_eq!(found.len(), 1, "expected one {kind} in deploy/");
+    assert_eq!(found.len(), 1, "expected one {kind} in {shape}");
     found.into_iter().next().unwrap()
+}
+
+/// The one object of `kind` in deploy/ (nftables mode).
+fn the(kind: &str) -> Value {
+    the_in("deploy", kind)
 }
 
 fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
@@ -99,7 +182,7 @@ fn flag(c: &Value, name: &str) -> Option<String> {
 
 /// The ConfigMap key the DaemonSet's `--config` reads, with the ConfigMap: the path
 /// must be inside a read-only mount of a volume built from that ConfigMap.
-fn mounted_config(ds: &Value) -> (Value, String) {
+fn mounted_config(shape: &str, ds: &Value) -> (Value, String) {
     let c = container(ds);
     let config = flag(c, "config").expect("the DaemonSet passes no --config");
     let config = Path::new(&config);
@@ -117,10 +200,10 @@ fn mounted_config(ds: &Value) -> (Value, String) {
             .find(|v| v["name"] == *vol_name)
             .unwrap_or_else(|| panic!("volumeMount {vol_name:?} has no volume"));
         let cm_name = str_of(&vol["configMap"]["name"], "volume's configMap.name");
-        let cm = the("ConfigMap");
+        let cm = the_in(shape, "ConfigMap");
         assert_eq!(
             cm["metadata"]["name"], cm_name,
-            "the config volume names ConfigMap {cm_name:?}, deploy/ has another"
+            "the config volume names ConfigMap {cm_name:?}, {shape} has another"
         );
         // A volume with `items` maps keys to paths; without, each key is a file.
         let key = match vol["configMap"]["items"].as_sequence() {
@@ -147,9 +230,9 @@ fn mounted_config(ds: &Value) -> (Value, String) {
     );
 }
 
-/// The embedded KubeProxyConfiguration's text.
-fn config_text() -> String {
-    let (cm, key) = mounted_config(&the("DaemonSet"));
+/// The embedded KubeProxyConfiguration's text, as `shape` applies it.
+fn config_text(shape: &str) -> String {
+    let (cm, key) = mounted_config(shape, &the_in(shape, "DaemonSet"));
     str_of(&cm["data"][key.as_str()], "config").to_string()
 }
 
@@ -171,50 +254,87 @@ fn healthz_bind(config: &Value) -> (String, u16) {
 
 #[test]
 fn configmap_config_is_accepted_by_svcproxy_without_warnings() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("config.yaml");
-    std::fs::write(&file, config_text()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
-        .current_dir(repo())
-        .arg("render")
-        .arg("--config")
-        .arg(&file)
-        .args(["--hostname-override", "node-a"])
-        .args(["--manifests", "examples/cluster"])
-        // The verbosity the config asks for, not the developer's.
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "svcproxy render with deploy/'s config failed ({}):\n{stderr}",
-        out.status
-    );
-    let complaints: Vec<&str> = stderr
-        .lines()
-        .filter(|l| {
-            let l = l.to_lowercase();
-            l.contains("warn") || l.contains("unknown") || l.contains("ignor")
-        })
-        .collect();
-    assert!(
-        complaints.is_empty(),
-        "svcproxy complains about deploy/'s config:\n{}",
-        complaints.join("\n")
-    );
-    assert!(
-        stdout.contains("table ip svcproxy"),
-        "render printed no ruleset:\n{stdout}"
-    );
+    for (shape, mode) in SHAPES {
+        let text = config_text(shape);
+        let config: Value = yaml_serde::from_str(&text).unwrap();
+        assert_eq!(config["mode"], mode, "{shape}'s configuration runs {mode} mode");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_svcproxy"))
+            .current_dir(repo())
+            .arg("render")
+            .arg("--config")
+            .arg(&file)
+            .args(["--hostname-override", "node-a"])
+            .args(["--manifests", "examples/cluster"])
+            // The verbosity the config asks for, not the developer's.
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "svcproxy render with {shape}'s config failed ({}):\n{stderr}",
+            out.status
+        );
+        let complaints: Vec<&str> = stderr
+            .lines()
+            .filter(|l| {
+                let l = l.to_lowercase();
+                l.contains("warn") || l.contains("unknown") || l.contains("ignor")
+            })
+            .collect();
+        assert!(
+            complaints.is_empty(),
+            "svcproxy complains about {shape}'s config:\n{}",
+            complaints.join("\n")
+        );
+        // The mode's own render: nftables' ruleset, the eBPF maps' contents (with
+        // ipvs mode's round robin).
+        let rendered = match mode {
+            "nftables" => stdout.contains("table ip svcproxy"),
+            "ipvs" => stdout.contains("service ") && stdout.contains(" [rr]"),
+            _ => stdout.contains("service 198.19.0.10:80/tcp"),
+        };
+        assert!(rendered, "{shape}: render printed no {mode} plan:\n{stdout}");
+    }
+}
+
+/// ebpf's and ipvs's configurations are deploy/'s but for what their mode reads:
+/// the mode, and in ipvs mode the iptables and ipvs sections (upstream's ipvs mode
+/// reads its masquerade settings and sync periods there) in place of nftables'.
+#[test]
+fn the_modes_configurations_differ_from_deploys_only_where_their_mode_reads() {
+    let strip = |shape: &str| -> Value {
+        let mut v: Value = yaml_serde::from_str(&config_text(shape)).unwrap();
+        let m = v.as_mapping_mut().unwrap();
+        for key in ["mode", "nftables", "iptables", "ipvs"] {
+            m.remove(key);
+        }
+        v
+    };
+    let base = strip("deploy");
+    for (shape, _) in &SHAPES[1..] {
+        assert_eq!(strip(shape), base, "{shape}'s configuration drifted from deploy/'s");
+    }
+    let ipvs: Value = yaml_serde::from_str(&config_text("deploy/ipvs")).unwrap();
+    let nft: Value = yaml_serde::from_str(&config_text("deploy")).unwrap();
+    for key in ["masqueradeAll", "masqueradeBit"] {
+        assert_eq!(ipvs["iptables"][key], nft["nftables"][key], "ipvs mode's {key}");
+    }
+    for key in ["syncPeriod", "minSyncPeriod"] {
+        assert_eq!(ipvs["ipvs"][key], nft["nftables"][key], "ipvs mode's {key}");
+    }
 }
 
 #[test]
 fn configmap_config_leaves_conntrack_sysctls_alone() {
     // Without privileges /proc/sys is read-only in the container: a config that asks
     // for conntrack tuning would fail (or warn) on every start.
-    let config: Value = yaml_serde::from_str(&config_text()).unwrap();
+    for (shape, _) in SHAPES {
+    let config: Value = yaml_serde::from_str(&config_text(shape)).unwrap();
     let ct = &config["conntrack"];
     assert_eq!(ct["maxPerCore"], 0, "conntrack.maxPerCore must be 0");
     for field in [
@@ -229,13 +349,20 @@ fn configmap_config_leaves_conntrack_sysctls_alone() {
         ct["tcpBeLiberal"], true,
         "conntrack.tcpBeLiberal writes a sysctl"
     );
+    }
 }
 
 #[test]
 fn daemonset_agrees_with_configmap() {
-    let ds = the("DaemonSet");
+    for (shape, _) in SHAPES {
+        daemonset_agrees_with_configmap_in(shape);
+    }
+}
+
+fn daemonset_agrees_with_configmap_in(shape: &str) {
+    let ds = the_in(shape, "DaemonSet");
     let c = container(&ds);
-    let config: Value = yaml_serde::from_str(&config_text()).unwrap();
+    let config: Value = yaml_serde::from_str(&config_text(shape)).unwrap();
 
     // The node name from the downward API.
     assert_eq!(
@@ -353,6 +480,7 @@ fn daemonset_runs_as_its_service_account_with_only_network_privileges() {
     for v in seq(&pod["volumes"], "volumes") {
         assert!(v["hostPath"].is_null(), "no host paths are needed: {v:?}");
     }
+    ebpf_shapes_add_only_what_the_data_plane_needs(&ds);
 
     // The ServiceAccount exists and is what the ClusterRoleBinding binds.
     let sa_name = str_of(&pod["serviceAccountName"], "serviceAccountName");
@@ -518,5 +646,51 @@ fn dns_shapes_start_and_agree_with_their_rbac_and_probes() {
             })
             .collect();
         assert!(complaints.is_empty(), "{shape}:\n{}", complaints.join("\n"));
+    }
+}
+
+/// The eBPF data plane's shapes (deploy/ebpf, deploy/ipvs): `base`'s DaemonSet with
+/// the BPF capability and nothing else (what operations.rs's least-privilege run of
+/// the ebpf and ipvs modes grants: `Mode::capabilities`), the host's bpffs holding
+/// `--ebpf-bpffs`, the host's cgroup v2 hierarchy at `--ebpf-cgroup` (read-only),
+/// and no XDP unless asked for.
+fn ebpf_shapes_add_only_what_the_data_plane_needs(base: &Value) {
+    for (shape, _) in &SHAPES[1..] {
+        let ds = the_in(shape, "DaemonSet");
+        let c = container(&ds);
+        let sc = &c["securityContext"];
+        let mut add = strings(&sc["capabilities"]["add"], "capabilities.add");
+        add.sort();
+        assert_eq!(add, ["BPF", "NET_ADMIN", "NET_RAW"], "{shape}");
+        for key in ["privileged", "readOnlyRootFilesystem", "allowPrivilegeEscalation", "seccompProfile", "runAsUser"] {
+            assert_eq!(sc[key], container(base)["securityContext"][key], "{shape}: securityContext.{key}");
+        }
+        let pod = &ds["spec"]["template"]["spec"];
+        let host_mount = |flag_value: &str, host: &str| -> Value {
+            let m = seq(&c["volumeMounts"], "volumeMounts")
+                .iter()
+                .find(|m| Path::new(flag_value).starts_with(str_of(&m["mountPath"], "mountPath")) && m["mountPath"] != "/etc/svcproxy")
+                .unwrap_or_else(|| panic!("{shape}: {flag_value} is not inside a volumeMount"));
+            let v = seq(&pod["volumes"], "volumes")
+                .iter()
+                .find(|v| v["name"] == m["name"])
+                .unwrap_or_else(|| panic!("{shape}: no volume {:?}", m["name"]));
+            assert_eq!(v["hostPath"]["path"], host, "{shape}: {flag_value}'s volume");
+            m.clone()
+        };
+        let bpffs = flag(c, "ebpf-bpffs").expect("--ebpf-bpffs");
+        let m = host_mount(&bpffs, "/sys/fs/bpf");
+        assert_ne!(m["readOnly"], true, "{shape}: the pins are written");
+        assert_ne!(Path::new(&bpffs), Path::new(str_of(&m["mountPath"], "mountPath")), "{shape}: svcproxy pins into a directory of its own");
+        let cgroup = flag(c, "ebpf-cgroup").expect("--ebpf-cgroup");
+        let m = host_mount(&cgroup, "/sys/fs/cgroup");
+        assert_eq!(m["readOnly"], true, "{shape}: the cgroup hierarchy is only attached to");
+        assert_eq!(cgroup, str_of(&m["mountPath"], "mountPath"), "{shape}: the root of the host's hierarchy");
+        assert_eq!(flag(c, "ebpf-xdp"), None, "{shape}: XDP is off unless asked for");
+        let host_paths = seq(&pod["volumes"], "volumes")
+            .iter()
+            .filter(|v| !v["hostPath"].is_null())
+            .count();
+        assert_eq!(host_paths, 2, "{shape}: the bpffs and the cgroup hierarchy only");
     }
 }

@@ -654,8 +654,9 @@ impl Mode {
     }
 
     /// The capabilities the DaemonSet's container keeps for this mode (setpriv's
-    /// spelling): deploy/daemonset.yaml's `NET_ADMIN` and `NET_RAW`, and `BPF` for
-    /// the ebpf mode's maps and programs, as deploy/README.md says.
+    /// spelling): deploy/base/daemonset.yaml's `NET_ADMIN` and `NET_RAW`, and `BPF`
+    /// for the ebpf and ipvs modes' maps and programs, as deploy/components/ebpf adds
+    /// it (crates/svcproxy/tests/deploy.rs checks the manifests grant exactly these).
     #[allow(dead_code)] // operations.rs's least-privilege test only
     pub fn capabilities(self) -> &'static str {
         match self {
