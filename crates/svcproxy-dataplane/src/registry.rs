@@ -156,10 +156,10 @@ pub mod flag_groups {
 /// The mode an empty `--proxy-mode` (and no `mode:` in the config file) runs.
 pub const DEFAULT_MODE: &str = iptables::MODE;
 
-/// Logged when no mode is set, as kube-proxy 1.37 warns (KEP-5343): the unset mode
-/// is iptables there, and its default will change to nftables.
+/// Logged when no mode is set, as kube-proxy warns from 1.37 (KEP-5343): the unset
+/// mode is iptables there, and its default will change to nftables.
 pub const DEFAULT_MODE_WARNING: &str = "no proxy mode set: running iptables, the default \
-     of kube-proxy 1.37 on Linux; that default will change to nftables in a future \
+     of kube-proxy 1.38 on Linux; that default will change to nftables in a future \
      release, so set the mode explicitly (--proxy-mode, or mode: in the config file)";
 
 /// What `--proxy-mode` resolved to.

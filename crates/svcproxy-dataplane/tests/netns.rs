@@ -328,6 +328,36 @@ fn clusterip(name: &str, family: &str, ip: &str, endpoints: &[&str]) -> String {
     y
 }
 
+/// With kube-proxy 1.38's default gate (KEP-6032), NodePorts on loopback are
+/// rejected and counted in chains of their own: both writers write the same rules
+/// there (the TCP reset with its `meta l4proto tcp`, which `nft` adds by itself).
+#[test]
+fn the_writers_agree_on_the_localhost_nodeport_reject_chains() {
+    let Some(a) = create("the_writers_agree_on_the_localhost", "netlink") else {
+        return;
+    };
+    let b = create("the_writers_agree_on_the_localhost", "text").expect("a second namespace");
+    let cfg = svcproxy_plan::PlanConfig {
+        localhost_gate: Some(svcproxy_plan::LocalhostGate { tcp_only: true }),
+        ..plan_config()
+    };
+    let mut state = cluster(&[WEB, DB]);
+    let mut net = Syncer::new(cfg.clone(), NftDataPlane::with_sink(a.nft_command()));
+    let mut txt = Syncer::new(
+        cfg,
+        NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
+    );
+    let snap = snapshot(&mut state);
+    net.sync(&snap, false).expect("netlink");
+    txt.sync(&snap, false).expect("text");
+    has(
+        &a.table(),
+        "localhost-nodeport-reject-tcp",
+        "the gate's chains",
+    );
+    same_tables(&a, &b, "localhost NodePort rejects");
+}
+
 /// The netlink writer (every sync as one nf_tables batch) and the
 /// `nft -f` writer leave the same tables after every step; the netlink one
 /// really writes those syncs itself (with no `nft` at all they still apply); a

@@ -1155,18 +1155,41 @@ fn nftables_mode_serves_localhost_nodeports_with_kube_proxy_s_gate() {
 /// still answers.
 #[test]
 fn nftables_mode_rejects_unserved_localhost_nodeports_with_kube_proxy_s_gate() {
+    nftables_localhost_rejects(
+        "nftables-localhost-nodeports-rejected",
+        &["--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true"],
+        true,
+    );
+}
+
+/// kube-proxy 1.38 turns KEP-6032's gate on by default (k/k#142490): a DaemonSet
+/// that sets no gate gets the rejects and their counters; setting the gate false
+/// keeps 1.37's default, with no reject chain and no counter.
+#[test]
+fn nftables_mode_rejects_localhost_nodeports_by_default_as_kube_proxy_1_38() {
+    nftables_localhost_rejects("nftables-localhost-nodeports-1-38", &[], true);
+    nftables_localhost_rejects(
+        "nftables-localhost-nodeports-1-37",
+        &["--feature-gates=KubeProxyNFTablesLocalhostNodePorts=false"],
+        false,
+    );
+}
+
+/// NodePorts on loopback with `flags`: refused either way (nothing serves them),
+/// and, when `rejects`, by svcproxy's rules, counted.
+fn nftables_localhost_rejects(name: &'static str, flags: &[&str], rejects: bool) {
     let svc = Svc::dual("lhr", 47)
         .node_port()
         .port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT).node_port(30611))
         .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT).node_port(30612));
     let spec = EnvSpec {
-        flags: vec!["--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true".into()],
+        flags: flags.iter().map(|f| f.to_string()).collect(),
         ..EnvSpec::default()
     };
     let Some(env) = Env::start(Mode::Nftables, spec, &[(&fname(&svc), file(&svc, &[A0]))]) else {
         return;
     };
-    let mut ck = Checks::new("nftables-localhost-nodeports-rejected");
+    let mut ck = Checks::new(name);
     for f in Family::BOTH {
         let loopback: IpAddr = match f {
             Family::V4 => "127.0.0.1".parse().unwrap(),
@@ -1184,11 +1207,30 @@ fn nftables_mode_rejects_unserved_localhost_nodeports_with_kube_proxy_s_gate() {
     for f in ["IPv4", "IPv6"] {
         for p in ["TCP", "UDP"] {
             let n = rejected(&metrics, f, p);
-            ck.check(n.is_some_and(|n| n >= 2), || {
-                format!("{f} {p} rejections counted: {n:?}, want at least the 2 probes")
-            });
+            if rejects {
+                ck.check(n.is_some_and(|n| n >= 2), || {
+                    format!("{f} {p} rejections counted: {n:?}, want at least the 2 probes")
+                });
+            } else {
+                ck.check(n.is_none(), || {
+                    format!("{f} {p} rejections counted ({n:?}) with the gate off")
+                });
+            }
         }
     }
+    let table = env.c.exec_ok(
+        Host::Node(NODE_A),
+        &["nft", "list", "table", "ip", "svcproxy"],
+    );
+    ck.check(
+        table.contains("localhost-nodeport-reject") == rejects,
+        || {
+            format!(
+                "reject chains {}: {table}",
+                if rejects { "missing" } else { "present" }
+            )
+        },
+    );
     ck.finish(&env);
 }
 

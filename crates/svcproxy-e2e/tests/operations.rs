@@ -635,7 +635,7 @@ fn healthz_livez_metrics_address_in_use_and_sigterm(mode: Mode) {
         configz["kubeproxy.config.k8s.io"]["mode"] == mode.name()
             && configz["kubeproxy.config.k8s.io"]["hostnameOverride"]
                 == plan::node_name(NODE_A).as_str()
-            && configz["svcproxy"]["kubeProxyCompatibility"] == "v1.37",
+            && configz["svcproxy"]["kubeProxyCompatibility"] == "v1.38",
         || format!("/configz: {z:?}"),
     );
     for name in [

@@ -32,7 +32,7 @@ mod parse;
 /// The kube-proxy release whose semantics, flags, config file, feature gates and
 /// metrics svcproxy follows (its API types are k8s-openapi's `v1_37`); what of it
 /// differs is in docs/configuration.md. `--version` and `/configz` report it.
-pub const KUBE_PROXY_RELEASE: &str = "v1.37";
+pub const KUBE_PROXY_RELEASE: &str = "v1.38";
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

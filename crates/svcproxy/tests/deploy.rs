@@ -30,12 +30,10 @@ const SHAPES: [(&str, &str); 3] = [
 
 /// Every document of a YAML file (multi-document), nulls left out.
 fn documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     yaml_serde::Deserializer::from_str(&text)
-        .map(|doc| {
-            Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        })
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
         .filter(|v| !v.is_null())
         .collect()
 }
@@ -88,7 +86,9 @@ fn apply_patches(dir: &Path, objects: &mut [Value]) {
         let ops = documents(&file).remove(0);
         let targets: Vec<&mut Value> = objects
             .iter_mut()
-            .filter(|o| o["kind"] == p["target"]["kind"] && o["metadata"]["name"] == p["target"]["name"])
+            .filter(|o| {
+                o["kind"] == p["target"]["kind"] && o["metadata"]["name"] == p["target"]["name"]
+            })
             .collect();
         assert_eq!(targets.len(), 1, "{}: one target", file.display());
         for t in targets {
@@ -107,7 +107,11 @@ fn objects_of(dir: &str) -> Vec<Value> {
     for r in strings(&k["resources"], "resources") {
         let path = dir.join(&r);
         if path.is_dir() {
-            let rel = path.strip_prefix(repo()).unwrap().to_string_lossy().into_owned();
+            let rel = path
+                .strip_prefix(repo())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             objects.extend(objects_of(&rel));
         } else {
             objects.extend(documents(&path));
@@ -257,7 +261,10 @@ fn configmap_config_is_accepted_by_svcproxy_without_warnings() {
     for (shape, mode) in SHAPES {
         let text = config_text(shape);
         let config: Value = yaml_serde::from_str(&text).unwrap();
-        assert_eq!(config["mode"], mode, "{shape}'s configuration runs {mode} mode");
+        assert_eq!(
+            config["mode"], mode,
+            "{shape}'s configuration runs {mode} mode"
+        );
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config.yaml");
         std::fs::write(&file, text).unwrap();
@@ -298,7 +305,10 @@ fn configmap_config_is_accepted_by_svcproxy_without_warnings() {
             "ipvs" => stdout.contains("service ") && stdout.contains(" [rr]"),
             _ => stdout.contains("service 198.19.0.10:80/tcp"),
         };
-        assert!(rendered, "{shape}: render printed no {mode} plan:\n{stdout}");
+        assert!(
+            rendered,
+            "{shape}: render printed no {mode} plan:\n{stdout}"
+        );
     }
 }
 
@@ -317,12 +327,19 @@ fn the_modes_configurations_differ_from_deploys_only_where_their_mode_reads() {
     };
     let base = strip("deploy");
     for (shape, _) in &SHAPES[1..] {
-        assert_eq!(strip(shape), base, "{shape}'s configuration drifted from deploy/'s");
+        assert_eq!(
+            strip(shape),
+            base,
+            "{shape}'s configuration drifted from deploy/'s"
+        );
     }
     let ipvs: Value = yaml_serde::from_str(&config_text("deploy/ipvs")).unwrap();
     let nft: Value = yaml_serde::from_str(&config_text("deploy")).unwrap();
     for key in ["masqueradeAll", "masqueradeBit"] {
-        assert_eq!(ipvs["iptables"][key], nft["nftables"][key], "ipvs mode's {key}");
+        assert_eq!(
+            ipvs["iptables"][key], nft["nftables"][key],
+            "ipvs mode's {key}"
+        );
     }
     for key in ["syncPeriod", "minSyncPeriod"] {
         assert_eq!(ipvs["ipvs"][key], nft["nftables"][key], "ipvs mode's {key}");
@@ -334,21 +351,21 @@ fn configmap_config_leaves_conntrack_sysctls_alone() {
     // Without privileges /proc/sys is read-only in the container: a config that asks
     // for conntrack tuning would fail (or warn) on every start.
     for (shape, _) in SHAPES {
-    let config: Value = yaml_serde::from_str(&config_text(shape)).unwrap();
-    let ct = &config["conntrack"];
-    assert_eq!(ct["maxPerCore"], 0, "conntrack.maxPerCore must be 0");
-    for field in [
-        "tcpEstablishedTimeout",
-        "tcpCloseWaitTimeout",
-        "udpTimeout",
-        "udpStreamTimeout",
-    ] {
-        assert_eq!(ct[field], "0s", "conntrack.{field} must be 0s");
-    }
-    assert_ne!(
-        ct["tcpBeLiberal"], true,
-        "conntrack.tcpBeLiberal writes a sysctl"
-    );
+        let config: Value = yaml_serde::from_str(&config_text(shape)).unwrap();
+        let ct = &config["conntrack"];
+        assert_eq!(ct["maxPerCore"], 0, "conntrack.maxPerCore must be 0");
+        for field in [
+            "tcpEstablishedTimeout",
+            "tcpCloseWaitTimeout",
+            "udpTimeout",
+            "udpStreamTimeout",
+        ] {
+            assert_eq!(ct[field], "0s", "conntrack.{field} must be 0s");
+        }
+        assert_ne!(
+            ct["tcpBeLiberal"], true,
+            "conntrack.tcpBeLiberal writes a sysctl"
+        );
     }
 }
 
@@ -662,35 +679,69 @@ fn ebpf_shapes_add_only_what_the_data_plane_needs(base: &Value) {
         let mut add = strings(&sc["capabilities"]["add"], "capabilities.add");
         add.sort();
         assert_eq!(add, ["BPF", "NET_ADMIN", "NET_RAW"], "{shape}");
-        for key in ["privileged", "readOnlyRootFilesystem", "allowPrivilegeEscalation", "seccompProfile", "runAsUser"] {
-            assert_eq!(sc[key], container(base)["securityContext"][key], "{shape}: securityContext.{key}");
+        for key in [
+            "privileged",
+            "readOnlyRootFilesystem",
+            "allowPrivilegeEscalation",
+            "seccompProfile",
+            "runAsUser",
+        ] {
+            assert_eq!(
+                sc[key],
+                container(base)["securityContext"][key],
+                "{shape}: securityContext.{key}"
+            );
         }
         let pod = &ds["spec"]["template"]["spec"];
         let host_mount = |flag_value: &str, host: &str| -> Value {
             let m = seq(&c["volumeMounts"], "volumeMounts")
                 .iter()
-                .find(|m| Path::new(flag_value).starts_with(str_of(&m["mountPath"], "mountPath")) && m["mountPath"] != "/etc/svcproxy")
+                .find(|m| {
+                    Path::new(flag_value).starts_with(str_of(&m["mountPath"], "mountPath"))
+                        && m["mountPath"] != "/etc/svcproxy"
+                })
                 .unwrap_or_else(|| panic!("{shape}: {flag_value} is not inside a volumeMount"));
             let v = seq(&pod["volumes"], "volumes")
                 .iter()
                 .find(|v| v["name"] == m["name"])
                 .unwrap_or_else(|| panic!("{shape}: no volume {:?}", m["name"]));
-            assert_eq!(v["hostPath"]["path"], host, "{shape}: {flag_value}'s volume");
+            assert_eq!(
+                v["hostPath"]["path"], host,
+                "{shape}: {flag_value}'s volume"
+            );
             m.clone()
         };
         let bpffs = flag(c, "ebpf-bpffs").expect("--ebpf-bpffs");
         let m = host_mount(&bpffs, "/sys/fs/bpf");
         assert_ne!(m["readOnly"], true, "{shape}: the pins are written");
-        assert_ne!(Path::new(&bpffs), Path::new(str_of(&m["mountPath"], "mountPath")), "{shape}: svcproxy pins into a directory of its own");
+        assert_ne!(
+            Path::new(&bpffs),
+            Path::new(str_of(&m["mountPath"], "mountPath")),
+            "{shape}: svcproxy pins into a directory of its own"
+        );
         let cgroup = flag(c, "ebpf-cgroup").expect("--ebpf-cgroup");
         let m = host_mount(&cgroup, "/sys/fs/cgroup");
-        assert_eq!(m["readOnly"], true, "{shape}: the cgroup hierarchy is only attached to");
-        assert_eq!(cgroup, str_of(&m["mountPath"], "mountPath"), "{shape}: the root of the host's hierarchy");
-        assert_eq!(flag(c, "ebpf-xdp"), None, "{shape}: XDP is off unless asked for");
+        assert_eq!(
+            m["readOnly"], true,
+            "{shape}: the cgroup hierarchy is only attached to"
+        );
+        assert_eq!(
+            cgroup,
+            str_of(&m["mountPath"], "mountPath"),
+            "{shape}: the root of the host's hierarchy"
+        );
+        assert_eq!(
+            flag(c, "ebpf-xdp"),
+            None,
+            "{shape}: XDP is off unless asked for"
+        );
         let host_paths = seq(&pod["volumes"], "volumes")
             .iter()
             .filter(|v| !v["hostPath"].is_null())
             .count();
-        assert_eq!(host_paths, 2, "{shape}: the bpffs and the cgroup hierarchy only");
+        assert_eq!(
+            host_paths, 2,
+            "{shape}: the bpffs and the cgroup hierarchy only"
+        );
     }
 }

@@ -142,14 +142,19 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
         rs.chains.insert(name.to_string(), chain);
     }
     for &p in &ctx.localhost_rejects {
+        // A TCP reset needs the protocol matched: `nft` adds `meta l4proto tcp` to
+        // the text by itself, and the netlink writer must write the same rule.
+        let tcp = p == Protocol::Tcp;
+        let matches = if tcp {
+            vec![Match::L4Proto(Protocol::Tcp)]
+        } else {
+            Vec::new()
+        };
         rs.chains.insert(
             localhost_reject_chain(p),
-            regular(vec![r.rule(
-                Vec::new(),
-                Action::CountedReject {
-                    tcp_reset: p == Protocol::Tcp,
-                },
-            )]),
+            regular(vec![
+                r.rule(matches, Action::CountedReject { tcp_reset: tcp })
+            ]),
         );
     }
     rs

@@ -1,5 +1,5 @@
-//! Feature gates, as kube-proxy 1.37 takes them (`--feature-gates`, the config
-//! file's `featureGates`): every gate of Kubernetes 1.37 is known (kube-proxy links
+//! Feature gates, as kube-proxy 1.38 takes them (`--feature-gates`, the config
+//! file's `featureGates`): every gate of Kubernetes 1.38 is known (kube-proxy links
 //! the whole `pkg/features` set, so a kubelet's gate is accepted too), a name it does
 //! not know is refused, a locked gate set against its lock is refused, and a GA or
 //! deprecated gate set is accepted with a warning. `AllAlpha` and `AllBeta` set every
@@ -9,13 +9,15 @@
 //! named accessors; every other gate is accepted and has no effect here (the list, and
 //! why, is in docs/configuration.md).
 //!
-//! The table (`kube_feature_gates_1_37.tsv`) holds each gate's default, stage and
-//! lock at 1.37, read off upstream's sources (its header names them).
+//! The table (`kube_feature_gates_1_38.tsv`) holds each gate's default, stage and
+//! lock at 1.38: 1.37's, read off upstream's sources, with the changes 1.38's release
+//! notes name (its header lists both). A gate whose default changed keeps 1.37's
+//! behaviour when set to it (`KubeProxyNFTablesLocalhostNodePorts=false`).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-/// A gate's stage at 1.37.
+/// A gate's stage at 1.38.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
     Alpha,
@@ -32,7 +34,7 @@ pub struct GateSpec {
     pub locked: bool,
 }
 
-const TABLE: &str = include_str!("kube_feature_gates_1_37.tsv");
+const TABLE: &str = include_str!("kube_feature_gates_1_38.tsv");
 
 /// The gates that change what svcproxy does (`KubeProxyIPVS` and
 /// `KubeProxyNFTablesLocalhostNodePorts` are named by the registry's nftables entry).
@@ -44,7 +46,7 @@ const ALLOW_SERVICE_EXTERNAL_IPS: &str = "AllowServiceExternalIPs";
 const ALL_ALPHA: &str = "AllAlpha";
 const ALL_BETA: &str = "AllBeta";
 
-/// Every gate kube-proxy 1.37 knows, by name.
+/// Every gate kube-proxy 1.38 knows, by name.
 pub fn known() -> &'static BTreeMap<&'static str, GateSpec> {
     static KNOWN: OnceLock<BTreeMap<&'static str, GateSpec>> = OnceLock::new();
     KNOWN.get_or_init(|| {
@@ -54,7 +56,7 @@ pub fn known() -> &'static BTreeMap<&'static str, GateSpec> {
             .map(|l| {
                 let cols: Vec<&'static str> = l.split('\t').collect();
                 let [name, default, stage, locked] = cols[..] else {
-                    panic!("kube_feature_gates_1_37.tsv: bad row {l:?}");
+                    panic!("kube_feature_gates_1_38.tsv: bad row {l:?}");
                 };
                 let spec = GateSpec {
                     name,
@@ -64,7 +66,7 @@ pub fn known() -> &'static BTreeMap<&'static str, GateSpec> {
                         "Beta" => Stage::Beta,
                         "GA" => Stage::Ga,
                         "Deprecated" => Stage::Deprecated,
-                        other => panic!("kube_feature_gates_1_37.tsv: stage {other:?}"),
+                        other => panic!("kube_feature_gates_1_38.tsv: stage {other:?}"),
                     },
                     locked: locked == "true",
                 };
@@ -192,11 +194,15 @@ mod tests {
             (ipvs.default, ipvs.stage, ipvs.locked),
             (true, Stage::Deprecated, false)
         );
+        // Beta and on by default from 1.38 (k/k#142490); false keeps 1.37's.
         let lh = k[NFTABLES_LOCALHOST_NODEPORTS];
         assert_eq!(
             (lh.default, lh.stage, lh.locked),
-            (false, Stage::Alpha, false)
+            (true, Stage::Beta, false)
         );
+        // Removed in 1.38: refused as unknown; GA in 1.38: locked on.
+        assert!(!k.contains_key("PodSchedulingReadiness"));
+        assert!(k["HPAGeneration"].locked && k["HPAGeneration"].default);
         let ext = k[ALLOW_SERVICE_EXTERNAL_IPS];
         assert_eq!((ext.default, ext.stage), (true, Stage::Ga));
         assert!(k["NFTablesProxyMode"].locked);
@@ -235,17 +241,17 @@ mod tests {
     }
 
     #[test]
-    fn a_gate_set_by_name_wins_over_all_alpha_which_wins_over_the_default() {
-        let (g, w) = FeatureGates::new(&set(&[("AllAlpha", true)])).unwrap();
+    fn a_gate_set_by_name_wins_over_all_beta_which_wins_over_the_default() {
+        let (g, w) = FeatureGates::new(&set(&[("AllBeta", false)])).unwrap();
         assert!(w.is_empty());
-        assert!(g.enabled(NFTABLES_LOCALHOST_NODEPORTS));
-        assert!(g.enabled(KUBE_PROXY_IPVS), "a deprecated gate is not alpha");
+        assert!(!g.enabled(NFTABLES_LOCALHOST_NODEPORTS));
+        assert!(g.enabled(KUBE_PROXY_IPVS), "a deprecated gate is not beta");
         let (g, _) = FeatureGates::new(&set(&[
-            ("AllAlpha", true),
-            (NFTABLES_LOCALHOST_NODEPORTS, false),
+            ("AllBeta", false),
+            (NFTABLES_LOCALHOST_NODEPORTS, true),
         ]))
         .unwrap();
-        assert!(!g.enabled(NFTABLES_LOCALHOST_NODEPORTS));
+        assert!(g.enabled(NFTABLES_LOCALHOST_NODEPORTS));
         let (g, w) = FeatureGates::new(&set(&[(KUBE_PROXY_IPVS, false)])).unwrap();
         assert!(!g.enabled(KUBE_PROXY_IPVS));
         assert!(
@@ -254,7 +260,7 @@ mod tests {
         );
         let g = FeatureGates::default();
         assert!(g.enabled(KUBE_PROXY_IPVS));
-        assert!(g.service_external_ips() && !g.enabled(NFTABLES_LOCALHOST_NODEPORTS));
+        assert!(g.service_external_ips() && g.enabled(NFTABLES_LOCALHOST_NODEPORTS));
         // A kubelet's gate is known to kube-proxy too.
         assert!(FeatureGates::new(&set(&[("InPlacePodVerticalScaling", true)])).is_ok());
     }

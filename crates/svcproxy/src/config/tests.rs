@@ -1098,16 +1098,27 @@ fn nftables_localhost_nodeports_follow_their_gate_and_the_addresses_named() {
         ok(&all).0.plan.localhost_nodeports
     };
     let gate = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true";
-    // Gate off (its default): never, whatever the addresses say.
-    assert!(!served(&["--nodeport-addresses=primary,localhost"]));
-    // Gate on: when loopback is named.
+    // Gate off (1.37's default, still selectable): never, whatever the addresses say.
+    let off = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=false";
+    assert!(!served(&[off, "--nodeport-addresses=primary,localhost"]));
+    // Gate on (1.38's default): when loopback is named.
+    assert!(served(&["--nodeport-addresses=primary,localhost"]));
     assert!(served(&[gate, "--nodeport-addresses=primary,localhost"]));
     assert!(served(&[gate, "--nodeport-addresses=127.0.0.1/32"]));
     assert!(served(&[gate, "--nodeport-addresses=::1/128"]));
     assert!(served(&[
-        "--feature-gates=AllAlpha=true",
+        "--feature-gates=AllBeta=true",
         "--nodeport-addresses=localhost"
     ]));
+    // Its rejects follow the gate: on by default (every protocol on loopback when
+    // loopback is not named), none with 1.37's default.
+    let gated = |args: &[&str]| {
+        let mut all = vec!["--proxy-mode=nftables"];
+        all.extend_from_slice(args);
+        ok(&all).0.plan.localhost_gate.is_some()
+    };
+    assert!(gated(&[]));
+    assert!(!gated(&[off]));
     // ... and not otherwise: the default (primary), `all`, a /0, other CIDRs.
     assert!(!served(&[gate]));
     assert!(!served(&[gate, "--nodeport-addresses=all"]));
