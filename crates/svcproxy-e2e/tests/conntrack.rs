@@ -33,6 +33,7 @@ per_kernel_mode!(
     after_an_endpoint_is_replaced_the_same_udp_flow_reaches_the_new_one,
     after_a_restart_the_first_sync_clears_a_flow_stuck_on_a_removed_endpoint,
     a_restart_keeps_an_established_tcp_connection_and_a_udp_flow,
+    a_flow_that_began_before_the_rules_is_rejected_once_its_service_has_no_endpoints,
 );
 
 /// The tests every data plane shares, the userspace proxy's included
@@ -63,8 +64,12 @@ fn dns() -> Svc {
 }
 
 fn dns_file(endpoint: Host) -> String {
+    dns_file_of(&[endpoint])
+}
+
+fn dns_file_of(endpoints: &[Host]) -> String {
     let svc = dns();
-    svc_file(&svc, &[Slice::of(&svc, Family::V4, &[endpoint])])
+    svc_file(&svc, &[Slice::of(&svc, Family::V4, endpoints)])
 }
 
 fn pod_ip(h: Host) -> std::net::IpAddr {
@@ -386,6 +391,102 @@ fn after_a_restart_the_first_sync_clears_a_flow_stuck_on_a_removed_endpoint(mode
     eprintln!(
         "[conntrack] restart: flow on pod-b1 {:?} after the restart: {}",
         restarted.elapsed(),
+        summary(&attempts(&client))
+    );
+    ck.finish(&env);
+}
+
+/// A UDP responder on `argv[1]`:53 answering as the echo backends do, as "stray".
+const STRAY_RESPONDER: &str = r#"
+import json, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 53))
+print("listening", flush=True)
+while True:
+    _, peer = s.recvfrom(2048)
+    reply = {"backend": "stray", "ip": sys.argv[1], "port": 53,
+             "client": "%s:%d" % peer, "proto": "udp"}
+    s.sendto((json.dumps(reply) + "\n").encode(), peer)
+"#;
+
+/// kube-proxy 1.38 (k/k#139629): a UDP service port with no usable endpoint loses
+/// every conntrack entry to its service IPs, whoever answered and whether or not it
+/// was NATed. Before svcproxy runs, the cluster IP is routed, un-NATed, to a pod that
+/// holds the address itself and answers (what another proxy or a stale route left;
+/// a table of another owner has node-a track connections). That flow is established,
+/// so the reject for a service without endpoints, which like upstream's sees only a
+/// flow's new packets, never sees it: only deleting the entry makes its next packet
+/// new, and refused. (Before, such an entry was kept, and the flow went on reaching
+/// the stray pod for as long as the client sent.) The ebpf modes translate each new
+/// socket at connect(), before any packet: refused there whatever conntrack holds.
+fn a_flow_that_began_before_the_rules_is_rejected_once_its_service_has_no_endpoints(mode: Mode) {
+    let spec = EnvSpec {
+        start_proxies: false,
+        ..EnvSpec::default()
+    };
+    let Some(env) = Env::start(mode, spec, &[(FILE, dns_file_of(&[]))]) else {
+        return;
+    };
+    let mut ck = Checks::new("conntrack of a service without endpoints");
+    let vip = dns().cluster_ip(Family::V4).to_string();
+    let tracking = "table inet other-owner {\n chain forward {\n  type filter hook forward \
+                    priority 0; policy accept;\n  ct state established counter accept\n }\n}\n";
+    env.c
+        .nft(Host::Node(NODE_A), tracking)
+        .expect("a table that tracks connections");
+    let host_route = format!("{vip}/32");
+    let node_b = plan::node_ip(1, Family::V4).to_string();
+    env.c
+        .exec_ok(A, &["ip", "addr", "add", &host_route, "dev", "lo"]);
+    env.c.exec_ok(
+        Host::Node(1),
+        &["ip", "route", "add", &host_route, "dev", "p0"],
+    );
+    env.c.exec_ok(
+        Host::Node(NODE_A),
+        &["ip", "route", "add", &host_route, "via", &node_b],
+    );
+    let stray = env
+        .c
+        .spawn(A, "stray", &["python3", "-c", STRAY_RESPONDER, &vip])
+        .expect("start the stray responder");
+    let start = Instant::now();
+    while !stray.stdout().contains("listening") && start.elapsed() < ANSWER {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = start_client(&env);
+    let (before, ok) = wait_attempts(&client, 0, Duration::from_secs(5), settled_on("stray", 3));
+    ck.check(ok, || {
+        format!(
+            "before svcproxy runs the flow must reach the stray pod: {}",
+            summary(&before)
+        )
+    });
+    let mark = attempts(&client).len();
+    let mut args = env.proxy_args(NODE_A);
+    args.push("--once".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let synced = Instant::now();
+    let out = env.run_svcproxy(NODE_A, &args);
+    let logs = String::from_utf8_lossy(&out.stderr).into_owned();
+    ck.check(out.status.success(), || {
+        format!("svcproxy --once failed: {logs}")
+    });
+    let (after, refused) = wait_attempts(&client, mark, MOVE_DEADLINE, settled_on("refused", 3));
+    ck.check(refused, || {
+        format!(
+            "once svcproxy synced the service without endpoints, the flow must be refused \
+             within {MOVE_DEADLINE:?}; got {}",
+            summary(&after)
+        )
+    });
+    ck.check(
+        !mode.flows_in_kernel_conntrack() || logs.contains("deleted stale UDP conntrack entries"),
+        || format!("svcproxy must report the deletion:\n{logs}"),
+    );
+    eprintln!(
+        "[conntrack] {mode:?}: refused {:?} after the sync started: {}",
+        synced.elapsed(),
         summary(&attempts(&client))
     );
     ck.finish(&env);

@@ -78,15 +78,21 @@ impl UdpChanges {
 }
 
 /// The conntrack entries to delete after a UDP service port went from `before`
-/// to `after` (`None`: absent), added to `out`:
+/// to `after` (`None`: absent), added to `out`, as kube-proxy 1.38 does:
 ///
+/// * The port deleted (k/k#141371), or left with no usable endpoint
+///   (k/k#139629): every entry to each of its service IPs and port, whoever
+///   answered and whether or not it was DNATed (a flow another proxy made, a
+///   miss cached before the rules were in). Not its NodePort: that matches on the
+///   port alone, whatever the address.
 /// * An endpoint that some traffic could reach before (the union of the
-///   endpoint sets) and cannot now: DNATed entries from each of the port's
-///   service-IP frontends to that endpoint's address and port, and DNATed
-///   entries to its NodePort (any destination address) answered by it.
+///   endpoint sets) and cannot now: DNATed entries to its NodePort (any
+///   destination address) answered by it, and, unless the whole port's entries go
+///   anyway, from each of the port's service IPs to that endpoint's address and
+///   port.
 /// * A port that had no usable endpoint (or did not exist) and now has some:
-///   entries to each of its frontends that were not DNATed — a REJECT (or a
-///   miss) cached in conntrack.
+///   entries to each of its frontends that were not DNATed — a REJECT (or a miss)
+///   cached in conntrack.
 pub fn filters_of_change(
     family: IpFamily,
     before: Option<&ServiceIntent>,
@@ -96,21 +102,42 @@ pub fn filters_of_change(
     if before == after {
         return;
     }
+    let udp =
+        |orig_dst, orig_dport, reply: Option<std::net::SocketAddr>, dst_nat| ConntrackFilter {
+            family,
+            protocol: Protocol::Udp,
+            orig_dst,
+            orig_dport: Some(orig_dport),
+            reply_src: reply.map(|r| r.ip()),
+            reply_sport: reply.map(|r| r.port()),
+            dst_nat,
+        };
+    let all_gone = after.is_none_or(|a| !a.has_any_endpoints);
+    if all_gone {
+        for svc in [before, after].into_iter().flatten() {
+            for f in svc.frontends.iter() {
+                if let FrontendKey::Vip { ip, port, .. } = f.key {
+                    out.insert(udp(Some(ip), port, None, None));
+                }
+            }
+        }
+    }
     if let Some(old) = before {
         let now: BTreeSet<std::net::SocketAddr> = after
             .map(|a| a.endpoints.iter().collect())
             .unwrap_or_default();
         for ep in old.endpoints.iter().filter(|ep| !now.contains(ep)) {
-            let base = ConntrackFilter {
-                family,
-                protocol: Protocol::Udp,
-                orig_dst: None,
-                orig_dport: None,
-                reply_src: Some(ep.ip()),
-                reply_sport: Some(ep.port()),
-                dst_nat: Some(true),
-            };
-            push_frontend_filters(old, &base, out);
+            for f in old.frontends.iter() {
+                match f.key {
+                    FrontendKey::NodePort { port, .. } => {
+                        out.insert(udp(None, port, Some(ep), Some(true)));
+                    }
+                    FrontendKey::Vip { ip, port, .. } if !all_gone => {
+                        out.insert(udp(Some(ip), port, Some(ep), Some(true)));
+                    }
+                    FrontendKey::Vip { .. } => {}
+                }
+            }
         }
     }
     if let Some(new) = after {
@@ -170,13 +197,7 @@ pub fn stale_udp_flows(intent: &Intent) -> StaleUdpFlows {
                 svc.endpoints.iter().map(|e| (e.ip(), e.port())).collect();
             for f in svc.frontends.iter() {
                 let (ip, port) = frontend_destination(&f.key);
-                out.add_frontend(
-                    fam.family(),
-                    ip,
-                    port,
-                    endpoints.clone(),
-                    svc.has_any_endpoints,
-                );
+                out.add_frontend(fam.family(), ip, port, endpoints.clone());
             }
         }
     }
@@ -323,6 +344,18 @@ mod tests {
         }
     }
 
+    fn every_entry(dst: &str, dport: u16) -> ConntrackFilter {
+        ConntrackFilter {
+            family: IpFamily::V4,
+            protocol: Protocol::Udp,
+            orig_dst: Some(ip(dst)),
+            orig_dport: Some(dport),
+            reply_src: None,
+            reply_sport: None,
+            dst_nat: None,
+        }
+    }
+
     #[test]
     fn a_removed_udp_endpoint_is_cleaned_on_every_vip_and_the_node_port() {
         let p = port("dns", Protocol::Udp);
@@ -359,8 +392,36 @@ mod tests {
         let p = port("dns", Protocol::Udp);
         let before = update(&[view(&p, &[ep(EP_A, 8080), ep(EP_B, 8080)], true)]);
         let got = cleanup_filters(&before, &update(&[]));
-        assert_eq!(got.len(), 8, "{got:?}");
-        assert!(got.iter().all(|f| f.dst_nat == Some(true)));
+        // Every entry to each service IP (k/k#141371), whoever answered; on the
+        // NodePort, which matches any address, only those DNATed to an endpoint.
+        let mut want = vec![
+            every_entry(DNS_VIP, 53),
+            every_entry(EXT, 53),
+            every_entry(LB, 53),
+            removed(None, 30053, EP_A, 8080),
+            removed(None, 30053, EP_B, 8080),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_udp_service_left_without_endpoints_cleans_every_entry_to_its_ips() {
+        let p = port("dns", Protocol::Udp);
+        let before = update(&[view(&p, &[ep(EP_A, 8080)], true)]);
+        let after = update(&[view(&p, &[], false)]);
+        let mut want = vec![
+            every_entry(DNS_VIP, 53),
+            every_entry(EXT, 53),
+            every_entry(LB, 53),
+            removed(None, 30053, EP_A, 8080),
+        ];
+        want.sort();
+        assert_eq!(cleanup_filters(&before, &after), want);
+        // Endpoints listed but none usable here counts the same (k/k#139629).
+        let unusable = update(&[view(&p, &[ep(EP_A, 8080)], false)]);
+        let got = cleanup_filters(&before, &unusable);
+        assert!(got.contains(&every_entry(DNS_VIP, 53)), "{got:?}");
     }
 
     #[test]

@@ -276,15 +276,18 @@ fn the_first_sync_deletes_flows_stuck_on_endpoints_that_went_away_meanwhile() {
     assert_eq!(dp.cleaner().reconciliations, 1);
 }
 
-/// With no endpoints at all, a DNATed flow is stale (its endpoint is gone) but an
-/// un-NATed one is not a cached reject to clear: the service still rejects.
+/// With no endpoints at all, every flow to the service IP goes, as kube-proxy 1.38
+/// (k/k#139629): a DNATed one (its endpoint is gone) and an un-NATed one (a flow
+/// another proxy made, or a miss from before the rules: the service rejects now).
+/// A flow to an address the snapshot does not serve stays.
 #[test]
-fn a_first_sync_without_endpoints_keeps_what_the_reject_would_answer() {
+fn a_first_sync_without_endpoints_deletes_every_flow_to_the_service_ip() {
     let to_gone = flow("198.19.0.53", 53, "198.18.2.10", 5353, true);
-    let rejected = flow("198.19.0.53", 53, "198.19.0.53", 53, false);
+    let not_nated = flow("198.19.0.53", 53, "198.19.0.53", 53, false);
+    let elsewhere = flow("198.19.9.9", 53, "198.19.9.9", 53, false);
     let mut state = cluster(&[DNS, &dns_slice(&[])]);
-    let mut dp = plane(vec![to_gone.clone(), rejected.clone()]);
+    let mut dp = plane(vec![to_gone.clone(), not_nated.clone(), elsewhere.clone()]);
     dp.sync(&snapshot(&mut state), false).expect("first sync");
-    assert_eq!(dp.cleaner().deleted, [to_gone]);
-    assert_eq!(dp.cleaner().entries, [rejected]);
+    assert_eq!(dp.cleaner().deleted, [to_gone, not_nated]);
+    assert_eq!(dp.cleaner().entries, [elsewhere]);
 }

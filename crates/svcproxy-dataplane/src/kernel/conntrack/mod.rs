@@ -168,22 +168,20 @@ impl<C: ConntrackCleaner + ?Sized> ConntrackCleaner for Box<C> {
     }
 }
 
-/// Where a UDP frontend's flows may go: the endpoints its rules reach, and whether it
-/// has any (with none, its traffic is rejected or dropped, not DNATed).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct FrontendFlows {
-    endpoints: BTreeSet<(IpAddr, u16)>,
-    active: bool,
-}
+/// Where a UDP frontend's flows may go: the endpoints its rules reach (none: its
+/// traffic is rejected or dropped, not DNATed).
+type FrontendFlows = BTreeSet<(IpAddr, u16)>;
 
 /// The first sync's conntrack reconciliation, as upstream's `CleanStaleEntries`: after
 /// a restart there is no previous snapshot, so instead of comparing snapshots the
 /// kernel's UDP entries are compared with the rules just applied. An entry is stale
 /// when it was DNATed, through one of this snapshot's UDP frontends (a service IP and
 /// port, or a NodePort), to an endpoint that frontend no longer reaches (it vanished,
-/// or stopped being selected, while svcproxy was down); or when it was not DNATed, to
-/// a service IP and port that now has endpoints (a REJECT cached from when it had
-/// none). Entries to addresses this snapshot does not serve are never touched.
+/// or stopped being selected, while svcproxy was down, or the frontend has none); or
+/// when it was not DNATed, to a service IP and port (a miss cached before the rules
+/// were in, a flow another proxy made: with endpoints it should reach one, without
+/// it should be rejected; kube-proxy 1.38 deletes both). Entries to addresses this
+/// snapshot does not serve are never touched.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StaleUdpFlows {
     /// (family, service IP, port) → where its flows may go.
@@ -194,20 +192,18 @@ pub struct StaleUdpFlows {
 
 impl StaleUdpFlows {
     /// Adds a UDP frontend: a service IP and port (`ip` given), or a NodePort on
-    /// any address (`None`), whose flows may go to `endpoints`, and which has
-    /// usable endpoints at all when `active`.
+    /// any address (`None`), whose flows may go to `endpoints` (none: it has no
+    /// usable endpoint).
     pub fn add_frontend(
         &mut self,
         family: IpFamily,
         ip: Option<IpAddr>,
         port: u16,
         endpoints: BTreeSet<(IpAddr, u16)>,
-        active: bool,
     ) {
-        let flows = FrontendFlows { endpoints, active };
         match ip {
-            Some(ip) => self.by_ip.insert((family, ip, port), flows),
-            None => self.by_node_port.insert((family, port), flows),
+            Some(ip) => self.by_ip.insert((family, ip, port), endpoints),
+            None => self.by_node_port.insert((family, port), endpoints),
         };
     }
 
@@ -237,16 +233,12 @@ impl StaleUdpFlows {
         let dnat = entry.status & IPS_DST_NAT != 0;
         let reply = entry.reply_sport.map(|p| (entry.reply_src, p));
         if let Some(f) = self.by_ip.get(&(entry.family, entry.orig_dst, dport)) {
-            return if dnat {
-                reply.is_none_or(|r| !f.endpoints.contains(&r))
-            } else {
-                f.active
-            };
+            return !dnat || reply.is_none_or(|r| !f.contains(&r));
         }
         // A NodePort answers on node addresses svcproxy does not list here: only its
         // DNATed flows are recognisable as the service's.
         match self.by_node_port.get(&(entry.family, dport)) {
-            Some(f) if dnat => reply.is_none_or(|r| !f.endpoints.contains(&r)),
+            Some(f) if dnat => reply.is_none_or(|r| !f.contains(&r)),
             _ => false,
         }
     }
