@@ -5,8 +5,11 @@
 //! Entry points: [`apply_conntrack_sysctls`] (the real `/proc/sys` and `/sys`, in the
 //! calling process's network namespace) and [`apply_conntrack_sysctls_at`] (any roots
 //! and CPU count, for tests). As upstream: the table size is
-//! `max(maxPerCore × CPUs, min)` when `maxPerCore > 0` (0 leaves it alone),
-//! `nf_conntrack_max` is written only when it differs, and the hash table
+//! `max(maxPerCore × CPUs, min)` when `maxPerCore > 0` (0 leaves it alone), except
+//! that a `maxPerCore × CPUs` above 1,048,576 gives 1,048,576 (kube-proxy 1.36,
+//! k/k#137002); `nf_conntrack_max` is written only when it is smaller (kube-proxy
+//! 1.38, k/k#142035: a table someone made larger is theirs, and a container that may
+//! not write the file has nothing to fail on), and the hash table
 //! (`/sys/module/nf_conntrack/parameters/hashsize`, global and writable only from the
 //! initial namespace) is raised to a quarter of it when smaller. Timeouts are written
 //! when set (whole seconds). Nothing here is fatal: a container without a writable
@@ -38,12 +41,21 @@ pub struct ConntrackSettings {
     pub udp_stream_timeout: Option<Duration>,
 }
 
+/// The most `max_per_core × CPUs` gives, as upstream's cap (k/k#137002); `min` may
+/// still ask for more when the scaled size is below the cap.
+pub const SCALED_TABLE_SIZE_CAP: u64 = 1_048_576;
+
 impl ConntrackSettings {
-    /// The table size to set, if any: `max(max_per_core × cpus, min)`.
+    /// The table size wanted, if any: `max_per_core × cpus` capped at
+    /// [`SCALED_TABLE_SIZE_CAP`], and when not capped at least `min`.
     pub fn table_size(&self, cpus: usize) -> Option<u64> {
         (self.max_per_core > 0).then(|| {
             let scaled = u64::from(self.max_per_core).saturating_mul(cpus.max(1) as u64);
-            scaled.max(u64::from(self.min))
+            if scaled > SCALED_TABLE_SIZE_CAP {
+                SCALED_TABLE_SIZE_CAP
+            } else {
+                scaled.max(u64::from(self.min))
+            }
         })
     }
 }
@@ -68,17 +80,19 @@ pub fn apply_conntrack_sysctls_at(
     settings: &ConntrackSettings,
 ) -> NodePreparation {
     let mut out = NodePreparation::default();
-    if let Some(max) = settings.table_size(cpus) {
-        let written = set(
-            &mut out,
-            proc_sys,
-            "net.netfilter.nf_conntrack_max",
-            max,
-            "the conntrack table size",
-        );
-        if written {
-            raise_hashsize(&mut out, sys, max / 4);
+    let max_path = proc_sys.join("net/netfilter/nf_conntrack_max");
+    match (settings.table_size(cpus), read_int(&max_path)) {
+        (None, _) => {}
+        (Some(max), Some(current)) if current > max => {
+            tracing::info!(
+                nf_conntrack_max = current,
+                wanted = max,
+                "the conntrack table is already larger than svcproxy's size: left as it is"
+            );
+            out.unchanged
+                .push(format!("net.netfilter.nf_conntrack_max={current}"));
         }
+        (Some(max), _) => grow_table(&mut out, proc_sys, sys, max),
     }
     let timeouts = [
         (
@@ -127,6 +141,21 @@ pub fn apply_conntrack_sysctls_at(
         );
     }
     out
+}
+
+/// Sets `nf_conntrack_max` to `max` and, once it has it, raises the hash table to a
+/// quarter of it.
+fn grow_table(out: &mut NodePreparation, proc_sys: &Path, sys: &Path, max: u64) {
+    let written = set(
+        out,
+        proc_sys,
+        "net.netfilter.nf_conntrack_max",
+        max,
+        "the conntrack table size",
+    );
+    if written {
+        raise_hashsize(out, sys, max / 4);
+    }
 }
 
 fn warn(out: &mut NodePreparation, warning: String) {
@@ -327,10 +356,47 @@ mod tests {
         assert_eq!(again.unchanged.len(), 2);
         // 2 CPUs: 65536 < min, so min; hashsize 131072 is already larger.
         let r = roots("131072");
+        std::fs::write(r.proc_sys.join("net/netfilter/nf_conntrack_max"), "65536\n").unwrap();
         let done = apply_conntrack_sysctls_at(&r.proc_sys, &r.sys, 2, &s);
         assert_eq!(done.changed, ["net.netfilter.nf_conntrack_max=131072"]);
         assert_eq!(done.unchanged, ["nf_conntrack hashsize=131072"]);
         assert_eq!(r.hashsize(), "131072");
+    }
+
+    #[test]
+    fn a_larger_table_is_never_lowered() {
+        // The kernel's 262144 is more than 2 × 32768 and min 131072 ask for: left
+        // as it is, and nothing written (kube-proxy 1.38, k/k#142035).
+        let r = roots("65536");
+        let s = ConntrackSettings {
+            max_per_core: 32768,
+            min: 131072,
+            ..ConntrackSettings::default()
+        };
+        let done = apply_conntrack_sysctls_at(&r.proc_sys, &r.sys, 2, &s);
+        assert!(done.changed.is_empty(), "{done:?}");
+        assert!(done.warnings.is_empty(), "{done:?}");
+        assert_eq!(done.unchanged, ["net.netfilter.nf_conntrack_max=262144"]);
+        assert_eq!(r.read("nf_conntrack_max"), "262144");
+        assert_eq!(r.hashsize(), "65536");
+    }
+
+    #[test]
+    fn the_scaled_size_is_capped_at_a_mebi_entries_as_upstream() {
+        let s = |per_core: u32, min: u32| ConntrackSettings {
+            max_per_core: per_core,
+            min,
+            ..ConntrackSettings::default()
+        };
+        // 512 CPUs × 32768 = 16 Mi: capped.
+        assert_eq!(s(32768, 131072).table_size(512), Some(1_048_576));
+        // Exactly at the cap: kept; just above: capped.
+        assert_eq!(s(32768, 0).table_size(32), Some(1_048_576));
+        assert_eq!(s(32769, 0).table_size(32), Some(1_048_576));
+        // Below the cap, min still wins when larger, even above the cap.
+        assert_eq!(s(1000, 2_000_000).table_size(4), Some(2_000_000));
+        // Above the cap, the cap wins over min (upstream returns it first).
+        assert_eq!(s(32768, 2_000_000).table_size(64), Some(1_048_576));
     }
 
     #[test]
@@ -409,6 +475,7 @@ mod tests {
         assert!(done.warnings[1].contains("nf_conntrack_udp_timeout=60"));
         // The table was resized but hashsize cannot be read: a warning.
         let r = roots("1");
+        std::fs::write(r.proc_sys.join("net/netfilter/nf_conntrack_max"), "1000\n").unwrap();
         std::fs::remove_file(r.sys.join(HASHSIZE)).unwrap();
         let done = apply_conntrack_sysctls_at(&r.proc_sys, &r.sys, 2, &s);
         assert!(done
@@ -429,6 +496,7 @@ mod tests {
         let hs = r.sys.join(HASHSIZE);
         std::fs::remove_file(&hs).unwrap();
         std::fs::create_dir(&hs).unwrap();
+        std::fs::write(r.proc_sys.join("net/netfilter/nf_conntrack_max"), "64\n").unwrap();
         let s = ConntrackSettings {
             max_per_core: 100,
             ..ConntrackSettings::default()
