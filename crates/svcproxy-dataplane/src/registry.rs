@@ -156,11 +156,12 @@ pub mod flag_groups {
 /// The mode an empty `--proxy-mode` (and no `mode:` in the config file) runs.
 pub const DEFAULT_MODE: &str = iptables::MODE;
 
-/// Logged when no mode is set, as kube-proxy warns from 1.37 (KEP-5343): the unset
-/// mode is iptables there, and its default will change to nftables.
+/// Logged (and posted as a Warning Event on the Node) when no mode is set, as
+/// kube-proxy warns from 1.37 (KEP-5343, k/k#139957): the unset mode is iptables
+/// there, and its default will change to nftables in 1.40.
 pub const DEFAULT_MODE_WARNING: &str = "no proxy mode set: running iptables, the default \
-     of kube-proxy 1.38 on Linux; that default will change to nftables in a future \
-     release, so set the mode explicitly (--proxy-mode, or mode: in the config file)";
+     of kube-proxy 1.38 on Linux; that default will change to nftables in kube-proxy \
+     1.40, so set the mode explicitly (--proxy-mode, or mode: in the config file)";
 
 /// What `--proxy-mode` resolved to.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -329,37 +329,77 @@ const STARTUP_EVENT_FOR: Duration = Duration::from_secs(600);
 const STARTUP_EVENT_RETRY: (Duration, Duration) =
     (Duration::from_millis(500), Duration::from_secs(60));
 
-/// Emits the start-up Event on this node's object, as kube-proxy does: best effort,
-/// retried with backoff for [`STARTUP_EVENT_FOR`]; a failure is logged, never fatal.
-pub async fn record_startup_event(client: Client, node_name: String) {
+/// A Warning Event about this proxy's configuration, posted on its Node with the
+/// start-up Event (kube-proxy's defaulted-mode and deprecated-mode warnings).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeWarning {
+    /// The Event's reason, one CamelCase word.
+    pub reason: &'static str,
+    /// What the Event's action was (upstream's mode warnings say `ProxyModeCheck`).
+    pub action: &'static str,
+    /// The message, as logged.
+    pub note: String,
+}
+
+/// Emits the start-up Event on this node's object, as kube-proxy does, then each of
+/// `warnings` as a Warning Event: best effort, each retried with backoff until
+/// [`STARTUP_EVENT_FOR`] after the start; a failure is logged, never fatal.
+pub async fn record_startup_event(client: Client, node_name: String, warnings: Vec<NodeWarning>) {
     let deadline = Instant::now() + STARTUP_EVENT_FOR;
-    let mut delay = STARTUP_EVENT_RETRY.0;
-    loop {
-        match try_startup_event(client.clone(), &node_name).await {
-            Ok(()) => {
-                tracing::debug!(node = node_name, "recorded the start-up event");
-                return;
+    let starting = KubeEvent {
+        type_: EventType::Normal,
+        reason: "Starting".into(),
+        note: Some("Starting svcproxy.".into()),
+        action: "StartSvcproxy".into(),
+        secondary: None,
+    };
+    let events = std::iter::once(starting).chain(warnings.into_iter().map(|w| KubeEvent {
+        type_: EventType::Warning,
+        reason: w.reason.into(),
+        note: Some(w.note),
+        action: w.action.into(),
+        secondary: None,
+    }));
+    let mut reference = None;
+    for event in events {
+        let mut delay = STARTUP_EVENT_RETRY.0;
+        loop {
+            if reference.is_none() {
+                reference = Some(node_reference(&client, &node_name).await);
             }
-            Err(err) if Instant::now() + delay < deadline => {
-                tracing::debug!(error = %err, retry_in = ?delay, "recording the start-up event");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(STARTUP_EVENT_RETRY.1);
-            }
-            Err(err) => {
-                tracing::warn!(
-                    error = %err,
-                    node = node_name,
-                    "could not record the start-up event on this node's object"
-                );
-                return;
+            let regarding = reference.as_ref().expect("set above");
+            match publish(client.clone(), &node_name, &event, regarding).await {
+                Ok(()) => {
+                    tracing::debug!(node = node_name, reason = event.reason, "recorded an event");
+                    break;
+                }
+                Err(err) if Instant::now() + delay < deadline => {
+                    tracing::debug!(error = %err, retry_in = ?delay, reason = event.reason,
+                        "recording an event on this node's object");
+                    // The Node may appear meanwhile: read its UID again.
+                    if reference.as_ref().is_some_and(|r| r.uid.is_none()) {
+                        reference = None;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(STARTUP_EVENT_RETRY.1);
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        error = %err,
+                        node = node_name,
+                        reason = event.reason,
+                        "could not record an event on this node's object"
+                    );
+                    return;
+                }
             }
         }
     }
 }
 
-async fn try_startup_event(client: Client, node_name: &str) -> Result<(), kube::Error> {
-    // kube-proxy refers to the node by name (it uses the name as UID); the real UID
-    // is better when we can read it.
+/// This node's object as an Event's subject. kube-proxy refers to the node by name
+/// (it uses the name as UID); the real UID is better when it can be read.
+async fn node_reference(client: &Client, node_name: &str) -> ObjectReference {
     let uid = match Api::<Node>::all(client.clone())
         .get_metadata_opt(node_name)
         .await
@@ -371,26 +411,27 @@ async fn try_startup_event(client: Client, node_name: &str) -> Result<(), kube::
             None
         }
     };
-    let reference = ObjectReference {
+    ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
         name: Some(node_name.into()),
         uid,
         ..ObjectReference::default()
-    };
+    }
+}
+
+async fn publish(
+    client: Client,
+    node_name: &str,
+    event: &KubeEvent,
+    regarding: &ObjectReference,
+) -> Result<(), kube::Error> {
     let reporter = Reporter {
         controller: "svcproxy".into(),
         instance: Some(format!("svcproxy-{node_name}")),
     };
-    let event = KubeEvent {
-        type_: EventType::Normal,
-        reason: "Starting".into(),
-        note: Some("Starting svcproxy.".into()),
-        action: "StartSvcproxy".into(),
-        secondary: None,
-    };
     Recorder::new(client, reporter)
-        .publish(&event, &reference)
+        .publish(event, regarding)
         .await
 }
 

@@ -95,6 +95,9 @@ pub struct Settings {
     /// Warnings about how rules would be written (how local traffic is told
     /// apart): for the commands that write or show rules, not for `svcproxy dns`.
     pub rule_warnings: Vec<String>,
+    /// No mode was set (iptables runs): warned about in the log and, with the API
+    /// source, by a Warning Event on this node, as kube-proxy 1.37 (KEP-5343).
+    pub mode_defaulted: bool,
     /// The node's conntrack settings, written after the first sync.
     pub conntrack: ConntrackSettings,
     /// The `--config` file the settings came from, if any (to watch it for changes, as
@@ -250,6 +253,7 @@ struct Modeled {
     client_connection: ClientConnection,
     detect_local: LocalDetection,
     rule_warnings: Vec<String>,
+    mode_defaulted: bool,
     conntrack: ConntrackSettings,
     hostname_override: Option<String>,
     verbosity: Option<u32>,
@@ -457,6 +461,7 @@ fn assemble(flags: &ProxyFlags, modeled: Modeled, r: Resolved) -> Settings {
         client_connection: modeled.client_connection,
         cleanup: flags.cleanup,
         rule_warnings: modeled.rule_warnings,
+        mode_defaulted: modeled.mode_defaulted,
         conntrack: modeled.conntrack,
         config_file: flags.config.clone(),
         manifests: flags.manifests.clone(),

@@ -67,6 +67,7 @@ pub(super) fn from_file(
         client_connection,
         detect_local,
         rule_warnings,
+        mode_defaulted: mode.asked.is_empty(),
         conntrack: file_conntrack(file, errors),
         hostname_override: file.hostname_override.clone().filter(|h| !h.is_empty()),
         verbosity: file.logging.as_ref().and_then(|l| l.verbosity),

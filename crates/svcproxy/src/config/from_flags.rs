@@ -89,6 +89,7 @@ pub(super) fn from_flags(
         },
         detect_local,
         rule_warnings,
+        mode_defaulted: mode.asked.is_empty(),
         conntrack: flag_conntrack(flags),
         hostname_override: None,
         verbosity: None,

@@ -90,11 +90,22 @@ fn flags_only_defaults() {
         s.rule_warnings
     );
     assert!(warned(&s.rule_warnings, "--cluster-cidr is not set"));
+    assert!(
+        s.mode_defaulted,
+        "the defaulted mode posts its Warning Event"
+    );
     let (s, _) = ok(&["--proxy-mode=nftables"]);
     assert!(
         !warned(&s.rule_warnings, "no proxy mode set"),
         "an explicit mode is not warned about"
     );
+    assert!(!s.mode_defaulted);
+    // The file alike: no `mode:` is defaulted, `mode: iptables` is not.
+    for (text, defaulted) in [("", true), ("mode: iptables\n", false)] {
+        let f = write_config(&format!("{HEAD}{text}"));
+        let (s, _) = ok(&["--config", f.path().to_str().unwrap()]);
+        assert_eq!(s.mode_defaulted, defaulted, "{text:?}");
+    }
 }
 
 #[test]
@@ -923,6 +934,7 @@ fn the_effective_config_round_trips_through_the_file_format() {
         };
         assert_eq!(unset(&got.rule_warnings), unset(&want.rule_warnings));
         got.rule_warnings = want.rule_warnings.clone();
+        got.mode_defaulted = want.mode_defaulted;
         assert_eq!(got, want, "{args:?}:\n{yaml}");
     }
     // /configz serves the same object under its API group.

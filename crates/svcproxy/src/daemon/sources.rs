@@ -187,6 +187,11 @@ pub(super) struct StartedSource {
     pub(super) initial_lists: Vec<&'static str>,
 }
 
+/// The reason of the Warning Event a defaulted mode posts on the Node (upstream's
+/// own could not be read; its IPVS deprecation Event says `IPVSDeprecation` with the
+/// action `ProxyModeCheck`, and this one follows that shape).
+pub(super) const MODE_DEFAULTED_REASON: &str = "ProxyModeDefaulted";
+
 /// Starts the source of Services, EndpointSlices and Nodes: a manifests directory
 /// is read here (its initial list applied to `state`, when the target keeps one,
 /// before the first sync) and then watched; the API source lists and watches on a
@@ -237,9 +242,20 @@ pub(super) async fn start_source(
             }
             if servers.health_check_node_ports {
                 // The daemon announces itself on its Node, as kube-proxy does.
+                // With a Warning Event when no mode was set, as kube-proxy 1.37.
+                let warnings = settings
+                    .mode_defaulted
+                    .then(|| kube_source::NodeWarning {
+                        reason: MODE_DEFAULTED_REASON,
+                        action: "ProxyModeCheck",
+                        note: svcproxy_dataplane::DEFAULT_MODE_WARNING.to_string(),
+                    })
+                    .into_iter()
+                    .collect();
                 tokio::spawn(kube_source::record_startup_event(
                     client.clone(),
                     cfg.node_name.clone(),
+                    warnings,
                 ));
             }
             started.task = Some(tokio::spawn(kube_source::run(client, cfg, tx)));

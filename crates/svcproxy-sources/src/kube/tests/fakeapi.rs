@@ -660,7 +660,7 @@ async fn the_startup_event_is_posted_on_this_node() {
     let mut c = cfg(None);
     c.kubeconfig = Some(path);
     let client = client(&c).await.unwrap();
-    record_startup_event(client, NODE.to_string()).await;
+    record_startup_event(client, NODE.to_string(), vec![]).await;
     let events = server.events();
     assert_eq!(events.len(), 1, "{events:#?}");
     let ev = &events[0];
@@ -668,6 +668,34 @@ async fn the_startup_event_is_posted_on_this_node() {
     assert_eq!(ev["note"], "Starting svcproxy.");
     assert_eq!(ev["type"], "Normal");
     assert_eq!(ev["reportingController"], "svcproxy");
+    assert_eq!(ev["regarding"]["kind"], "Node");
+    assert_eq!(ev["regarding"]["name"], NODE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_warning_follows_the_startup_event_as_a_warning_event() {
+    let server = FakeApiServer::start().await.unwrap();
+    seed(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, server.kubeconfig_yaml()).unwrap();
+    let mut c = cfg(None);
+    c.kubeconfig = Some(path);
+    let client = client(&c).await.unwrap();
+    let warning = NodeWarning {
+        reason: "ProxyModeDefaulted",
+        action: "ProxyModeCheck",
+        note: "no proxy mode set: running iptables".into(),
+    };
+    record_startup_event(client, NODE.to_string(), vec![warning]).await;
+    let events = server.events();
+    assert_eq!(events.len(), 2, "{events:#?}");
+    assert_eq!(events[0]["reason"], "Starting");
+    let ev = &events[1];
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["reason"], "ProxyModeDefaulted");
+    assert_eq!(ev["action"], "ProxyModeCheck");
+    assert_eq!(ev["note"], "no proxy mode set: running iptables");
     assert_eq!(ev["regarding"]["kind"], "Node");
     assert_eq!(ev["regarding"]["name"], NODE);
 }
@@ -683,7 +711,7 @@ async fn the_startup_event_is_retried_until_the_server_answers() {
     let mut c = cfg(None);
     c.kubeconfig = Some(path);
     let client = client(&c).await.unwrap();
-    let task = tokio::spawn(record_startup_event(client, NODE.to_string()));
+    let task = tokio::spawn(record_startup_event(client, NODE.to_string(), vec![]));
     // Down for the first tries (0, 0.5, 1.5 s...).
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(!task.is_finished(), "gave up while the server was down");
