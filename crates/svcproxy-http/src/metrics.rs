@@ -39,6 +39,10 @@ use tokio::net::TcpListener;
 
 use super::{parse_rfc3339, unix_nanos};
 
+mod lifecycle;
+use lifecycle::LifecycleSeries;
+pub use lifecycle::{Ownership, OwnershipHow};
+
 /// The metrics svcproxy exports.
 pub struct Metrics {
     registry: Registry,
@@ -71,6 +75,8 @@ pub struct Metrics {
     rest_client: svcproxy_sources::kube::client_metrics::RestClientMetrics,
     /// `/configz`'s body, set once the configuration is known.
     configz: std::sync::OnceLock<String>,
+    /// svcproxy's own: sync steps, start-up, ownership.
+    lifecycle: LifecycleSeries,
 }
 
 /// kube-proxy's figures of the sync loop.
@@ -382,6 +388,7 @@ impl Metrics {
                 rc
             },
             configz: std::sync::OnceLock::new(),
+            lifecycle: LifecycleSeries::register(&r),
             registry: r,
         };
         m.register_process();
@@ -483,6 +490,24 @@ impl Metrics {
             }
             self.sync.last_timestamp.with_label_values(&f).set(now);
         }
+    }
+
+    /// A successful kernel sync's time, step by step.
+    pub fn observe_sync_steps(&self, steps: &svcproxy_sync::SyncSteps) {
+        self.lifecycle.observe_steps(steps);
+    }
+
+    /// A start-up step (`listed`, `programmed`) reached now.
+    pub fn startup_step(&self, step: &str) {
+        let since = SystemTime::now()
+            .duration_since(self.started)
+            .unwrap_or_default();
+        self.lifecycle.startup_step(step, since);
+    }
+
+    /// How this process came to program the node, once its first sync is in.
+    pub fn set_ownership(&self, ownership: &Ownership) {
+        self.lifecycle.set_ownership(ownership);
     }
 
     /// A failed attempt to apply the rules (`partial`: a partial sync's, which the

@@ -52,6 +52,35 @@ pub struct SyncReport {
     pub conntrack: ConntrackCleanupReport,
     /// The data plane's rule counts, if it counts rules.
     pub rules: Vec<RuleCount>,
+    /// Where the time went.
+    pub steps: SyncSteps,
+}
+
+/// One sync's time, step by step (`svcproxy_sync_step_duration_seconds{step}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncSteps {
+    /// Bringing the intent up to the snapshot: the changed service ports decided
+    /// again (endpoints, drop or reject, masquerade).
+    pub decide: Duration,
+    /// The data plane's translation of the intent's change into its kernel objects
+    /// (its sync less its writes).
+    pub translate: Duration,
+    /// Its writes to the kernel (zero when the first sync adopted sealed objects).
+    pub apply: Duration,
+    /// UDP conntrack cleanup after the apply.
+    pub conntrack: Duration,
+}
+
+impl SyncSteps {
+    /// The steps with their metric label.
+    pub fn labelled(&self) -> [(&'static str, Duration); 4] {
+        [
+            ("decide", self.decide),
+            ("translate", self.translate),
+            ("apply", self.apply),
+            ("conntrack", self.conntrack),
+        ]
+    }
 }
 
 /// One data plane with the shared logic around it: the intent, conflicts, and
@@ -219,6 +248,8 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         let start = Instant::now();
         let (delta, conflicts) = self.intents.update(update);
         self.udp_changes.record(&delta);
+        let decided = start.elapsed();
+        let plane_start = Instant::now();
         let adopted =
             std::mem::take(&mut self.first) && self.adoption_allowed && self.adopt(&delta);
         let mut applied = if adopted {
@@ -234,8 +265,15 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             self.in_sync = false;
             self.plane.sync(self.intents.intent(), &delta, full)?
         };
+        let planed = plane_start.elapsed();
         self.in_sync = true;
         let conntrack = self.clean_conntrack(std::mem::take(&mut applied.stale_flows));
+        let steps = SyncSteps {
+            decide: decided,
+            translate: planed.saturating_sub(applied.apply_duration),
+            apply: applied.apply_duration,
+            conntrack: conntrack.duration,
+        };
         if let Some(wanted) = self.conntrack_sysctls.take() {
             let report = apply_conntrack_sysctls(&wanted);
             if !report.changed.is_empty() {
@@ -257,6 +295,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             conflicts,
             conntrack,
             rules: applied.rules,
+            steps,
         };
         tracing::info!(
             mode = self.plane.mode(),

@@ -27,6 +27,6 @@ pub mod print;
 mod target;
 
 pub use conntrack::UdpChanges;
-pub use driver::{seal_of, Driver, SyncReport};
+pub use driver::{seal_of, Driver, SyncReport, SyncSteps};
 pub use intents::Intents;
 pub use target::{Checked, DnsOnly, SyncDone, SyncError, Target};

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use svcproxy_core::state::{ClusterState, SnapshotUpdate};
-use svcproxy_dataplane::{ConntrackCleanupReport, DataPlaneError, RuleCount};
+use svcproxy_dataplane::{ConntrackCleanupReport, DataPlaneError, RuleCount, SyncKind};
 
 use crate::Driver;
 
@@ -113,6 +113,10 @@ pub struct SyncDone {
     pub rules: Vec<RuleCount>,
     /// Claims on destinations that other service ports hold (kernel only).
     pub lost_claims: Option<usize>,
+    /// Where the time went (kernel only).
+    pub steps: Option<crate::SyncSteps>,
+    /// The sync took a predecessor's sealed objects as they were, writing nothing.
+    pub adopted: bool,
 }
 
 impl SyncDone {
@@ -125,6 +129,8 @@ impl SyncDone {
             conntrack: None,
             rules: Vec::new(),
             lost_claims: None,
+            steps: None,
+            adopted: false,
         }
     }
 }
@@ -236,6 +242,8 @@ impl Target for Driver {
             conntrack: Some(report.conntrack),
             rules: report.rules,
             lost_claims: Some(report.conflicts.iter().map(|c| c.ignored.len()).sum()),
+            steps: Some(report.steps),
+            adopted: report.kind == SyncKind::Adopted,
         })
     }
 

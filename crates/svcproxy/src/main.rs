@@ -28,7 +28,17 @@ use cli::{parse_from, print_version, Cli, Command, ExplainFormat, Format, Proto}
 use config::explicitly_set_in;
 use daemon::{Output, Servers};
 
+/// When this process started (set first thing in `main`): what the start-up
+/// metrics count from.
+static STARTED: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
+
+/// When this process started (now, for a caller that is not `main`'s).
+pub(crate) fn process_started() -> std::time::SystemTime {
+    *STARTED.get_or_init(std::time::SystemTime::now)
+}
+
 fn main() -> ExitCode {
+    process_started();
     limit_malloc_arenas();
     // As pflag: repeated list flags add up, any other repeated flag's last value
     // wins (a DaemonSet's args patched by appending must start unchanged).

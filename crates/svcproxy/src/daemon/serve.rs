@@ -132,6 +132,7 @@ pub(super) async fn serve<T: Target>(what: Serving<T>) -> anyhow::Result<()> {
         node_eligible: true,
         dns,
         received: 0,
+        listed: false,
         owner: ownership.zip(backend).map(|(ownership, backend)| {
             OwnerGate::new(ownership, backend, settings.mode_options.clone())
         }),
@@ -160,9 +161,15 @@ pub(super) fn metrics_for<T: Target>(
     settings: &Settings,
     target: &T,
 ) -> Arc<Metrics> {
+    let started = crate::process_started();
     let metrics = match backend {
-        Some(b) => Metrics::for_backend(b),
-        None => Metrics::new(),
+        Some(b) => Metrics::started_at(started, b),
+        None => Metrics::started_at(
+            started,
+            svcproxy_dataplane::resolve_mode("")
+                .expect("the default mode")
+                .backend,
+        ),
     };
     metrics.set_configz(&config::effective::configz_json(settings));
     metrics.register_data_plane(target.collectors());

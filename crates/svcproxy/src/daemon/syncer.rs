@@ -4,6 +4,7 @@
 //! ([`OwnerGate`]) and the hand-over at the end ([`hand_over`]).
 
 use super::*;
+use std::time::Instant;
 
 pub(super) struct ProxySyncer<T> {
     pub(super) state: ClusterState,
@@ -21,6 +22,8 @@ pub(super) struct ProxySyncer<T> {
     /// Update events applied so far (what a sync now covers, in `forward_events`'
     /// numbering).
     pub(super) received: u64,
+    /// Whether every source had listed by now (the first sync was asked for).
+    pub(super) listed: bool,
     /// Whether this process owns the node (programming the kernel only).
     pub(super) owner: Option<OwnerGate>,
 }
@@ -36,6 +39,10 @@ pub(super) struct OwnerGate {
     pub(super) synced: bool,
     /// Whether the first sync may adopt sealed rules was decided (once).
     pub(super) adoption_decided: bool,
+    /// When this process was first seen waiting as a standby, and first seen owning
+    /// the node (the ownership metrics).
+    standby_since: Option<Instant>,
+    owner_since: Option<Instant>,
 }
 
 impl OwnerGate {
@@ -50,6 +57,33 @@ impl OwnerGate {
             mode_options,
             synced: false,
             adoption_decided: false,
+            standby_since: None,
+            owner_since: None,
+        }
+    }
+
+    /// How this process came to own the node, its first sync as owner just done
+    /// (`adopted`: that sync took the predecessor's sealed objects).
+    fn ownership(&self, adopted: bool) -> svcproxy_http::metrics::Ownership {
+        use svcproxy_http::metrics::OwnershipHow;
+        let now = Instant::now();
+        let owner_since = self.owner_since.unwrap_or(now);
+        let how = match self.ownership.current() {
+            Role::Owner { locked: false, .. } => OwnershipHow::Unlocked,
+            Role::Owner {
+                handed_over: true, ..
+            } => OwnershipHow::HandedOver,
+            _ if self.standby_since.is_some() => OwnershipHow::TookOver,
+            _ => OwnershipHow::First,
+        };
+        svcproxy_http::metrics::Ownership {
+            how,
+            standby: self
+                .standby_since
+                .map(|s| owner_since.saturating_duration_since(s))
+                .unwrap_or_default(),
+            take_over: now.saturating_duration_since(owner_since),
+            adopted,
         }
     }
 
@@ -84,6 +118,9 @@ impl<T: Target> ProxySyncer<T> {
         self.health.updated_through(self.received);
         self.metrics
             .observe_sync(done.full, done.duration, &done.families);
+        if let Some(steps) = &done.steps {
+            self.metrics.observe_sync_steps(steps);
+        }
         self.metrics
             .observe_network_programming(&update.trigger_times, now);
         self.tallies.update([&update.v4, &update.v6]);
@@ -163,6 +200,9 @@ impl<T: Target> Syncer for ProxySyncer<T> {
     }
 
     fn sync(&mut self, full: bool) -> anyhow::Result<()> {
+        if !std::mem::replace(&mut self.listed, true) {
+            self.metrics.startup_step("listed");
+        }
         // The runner syncs once every source has listed: the catalog is complete.
         if let Some(dns) = &self.dns {
             let mut catalog = dns.write().unwrap_or_else(|e| e.into_inner());
@@ -174,6 +214,16 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         }
         // A warm standby keeps its state (applied as updates arrive) and writes
         // nothing: "synced" as far as its own state goes.
+        if let Some(gate) = self.owner.as_mut() {
+            match gate.standby_for() {
+                Some(_) => {
+                    gate.standby_since.get_or_insert_with(Instant::now);
+                }
+                None => {
+                    gate.owner_since.get_or_insert_with(Instant::now);
+                }
+            }
+        }
         if let Some(owner_pid) = self.owner.as_ref().and_then(OwnerGate::standby_for) {
             self.health.set_standby(Some(owner_pid));
             self.health.updated_through(self.received);
@@ -209,6 +259,8 @@ impl<T: Target> Syncer for ProxySyncer<T> {
                 self.after_sync(&update, &done);
                 if let Some(gate) = self.owner.as_mut().filter(|g| !g.synced) {
                     gate.synced = true;
+                    self.metrics.set_ownership(&gate.ownership(done.adopted));
+                    self.metrics.startup_step("programmed");
                     gate.ownership.synced();
                     self.health.set_standby(None);
                     // Another kind of mode ran here before (a mode switch): its rules
