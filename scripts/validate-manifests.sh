@@ -289,6 +289,21 @@ elif kustomization is not None:
         for pp in patch_paths(k):
             if not (deploy / pp).is_file():
                 errors.append(f"{path}: patch {pp!r} is not a file in {deploy}/")
+        # Generated ConfigMaps (the Grafana dashboard): each file exists, and a JSON
+        # one parses.
+        for gen in k.get("configMapGenerator") or []:
+            for key in sorted(set(gen) - {"name", "namespace", "files", "literals", "envs", "behavior", "options"}):
+                errors.append(f"{path}: configMapGenerator: unknown field {key!r}")
+            for f in gen.get("files") or []:
+                src = deploy / str(f).split("=", 1)[-1]
+                if not src.is_file():
+                    errors.append(f"{path}: configMapGenerator {gen.get('name')!r}: {f!r} is not a file in {deploy}/")
+                elif src.suffix == ".json":
+                    import json
+                    try:
+                        json.loads(src.read_text())
+                    except ValueError as e:
+                        errors.append(f"{path}: {src.name}: not JSON: {e}")
         for img in k.get("images") or []:
             for key in sorted(set(img) - {"name", "newName", "newTag", "digest"}):
                 errors.append(f"{path}: images: unknown field {key!r}")

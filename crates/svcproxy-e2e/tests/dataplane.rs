@@ -2466,20 +2466,6 @@ fn live_differences(env: &Env, node: usize) -> (usize, String) {
     (diffs, shown)
 }
 
-/// Waits (bounded) until `proc`'s log (stderr) contains `needle`; says whether it did.
-fn wait_log(proc: &svcproxy_e2e::NsProcess, needle: &str, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if proc.stderr().contains(needle) {
-            return true;
-        }
-        if Instant::now() >= deadline || proc.exit_status().is_some() {
-            return proc.stderr().contains(needle);
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Issue 38, item 1: a rolling update with `maxSurge` runs two svcproxy processes on
 /// a node. The second waits as a warm standby (writing nothing: the owner sees no
 /// drift, `/healthz` answers for both), takes over at the owner's SIGTERM under a

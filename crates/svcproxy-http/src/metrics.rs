@@ -513,6 +513,7 @@ impl Metrics {
     /// A failed attempt to apply the rules (`partial`: a partial sync's, which the
     /// modes counting those apart count again).
     pub fn sync_failed(&self, partial: bool) {
+        self.lifecycle.sync_failed();
         self.count_failure(FailureKind::Sync);
         if partial {
             self.count_failure(FailureKind::PartialSync);

@@ -2032,3 +2032,17 @@ impl Checks {
         );
     }
 }
+
+/// Waits (bounded) until `proc`'s log (stderr) contains `needle`; says whether it did.
+pub fn wait_log(proc: &svcproxy_e2e::NsProcess, needle: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if proc.stderr().contains(needle) {
+            return true;
+        }
+        if Instant::now() >= deadline || proc.exit_status().is_some() {
+            return proc.stderr().contains(needle);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -5,6 +5,8 @@
 //! - `svcproxy_sync_step_duration_seconds{step}` (histogram, the sync buckets):
 //!   each successful kernel sync's `decide`, `translate`, `apply` and `conntrack`
 //!   steps ([`svcproxy_sync::SyncSteps`]);
+//! - `svcproxy_sync_failures_total`: failed syncs, in every mode (kube-proxy's
+//!   failure counters are per mode, and the ebpf and ipvs modes have none);
 //! - `svcproxy_startup_duration_seconds{step}` (gauge, seconds from the process's
 //!   start): `listed` when every source had listed (the first sync may run),
 //!   `programmed` when the first sync as the node's owner was in the kernel;
@@ -25,7 +27,9 @@
 
 use std::time::Duration;
 
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use super::{register, sync_buckets};
 
@@ -70,6 +74,7 @@ pub struct Ownership {
 
 pub(super) struct LifecycleSeries {
     steps: HistogramVec,
+    failures: IntCounter,
     startup: GaugeVec,
     ownership: IntGaugeVec,
     ownership_duration: GaugeVec,
@@ -92,6 +97,15 @@ impl LifecycleSeries {
                     &["step"],
                 )
                 .expect("valid histogram"),
+            ),
+            failures: register(
+                r,
+                IntCounter::new(
+                    "svcproxy_sync_failures_total",
+                    "Syncs that failed to bring the kernel to the snapshot (the previous \
+                     rules stay in force; retried with backoff), in every mode",
+                )
+                .expect("valid counter"),
             ),
             startup: register(
                 r,
@@ -154,6 +168,10 @@ impl LifecycleSeries {
                 .with_label_values(&[step])
                 .observe(d.as_secs_f64());
         }
+    }
+
+    pub(super) fn sync_failed(&self) {
+        self.failures.inc();
     }
 
     pub(super) fn startup_step(&self, step: &str, since_start: Duration) {
@@ -261,5 +279,17 @@ mod tests {
             Some(0.25)
         );
         assert_eq!(value(&text, "svcproxy_first_sync_adopted"), Some(1.0));
+        // A failed sync counts in every mode, ebpf's (which has no kube-proxy
+        // counter) included.
+        let ebpf = Metrics::for_backend(svcproxy_dataplane::resolve_mode("ebpf").unwrap().backend);
+        assert_eq!(
+            value(&ebpf.render(), "svcproxy_sync_failures_total"),
+            Some(0.0)
+        );
+        ebpf.sync_failed(false);
+        assert_eq!(
+            value(&ebpf.render(), "svcproxy_sync_failures_total"),
+            Some(1.0)
+        );
     }
 }

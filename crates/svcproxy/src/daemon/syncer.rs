@@ -51,13 +51,15 @@ impl OwnerGate {
         backend: &'static Backend,
         mode_options: svcproxy_dataplane::ModeOptions,
     ) -> Self {
+        // A standby from its claim on (it may own the node before its first sync).
+        let standby_since = (!ownership.current().is_owner()).then(Instant::now);
         OwnerGate {
             ownership,
             backend,
             mode_options,
             synced: false,
             adoption_decided: false,
-            standby_since: None,
+            standby_since,
             owner_since: None,
         }
     }
