@@ -343,7 +343,8 @@ pub struct NodeWarning {
 
 /// Emits the start-up Event on this node's object, as kube-proxy does, then each of
 /// `warnings` as a Warning Event: best effort, each retried with backoff until
-/// [`STARTUP_EVENT_FOR`] after the start; a failure is logged, never fatal.
+/// [`STARTUP_EVENT_FOR`] after the start (then tried once); a failure is logged,
+/// never fatal.
 pub async fn record_startup_event(client: Client, node_name: String, warnings: Vec<NodeWarning>) {
     let deadline = Instant::now() + STARTUP_EVENT_FOR;
     let starting = KubeEvent {
@@ -390,7 +391,8 @@ pub async fn record_startup_event(client: Client, node_name: String, warnings: V
                         reason = event.reason,
                         "could not record an event on this node's object"
                     );
-                    return;
+                    // Past the deadline each remaining event gets one try.
+                    break;
                 }
             }
         }

@@ -67,11 +67,26 @@ impl UdpChanges {
     }
 
     /// The filters of every change since the last successful apply, sorted and
-    /// without duplicates; the changes are forgotten.
-    pub fn take_filters(&mut self) -> Vec<ConntrackFilter> {
+    /// without duplicates; the changes are forgotten. `applied` is the intent that
+    /// apply put in: a frontend another service port holds there (two ports
+    /// claiming one address and port: the conflict's winner) is that port's, and no
+    /// change of the other touches its flows.
+    pub fn take_filters(&mut self, applied: &Intent) -> Vec<ConntrackFilter> {
         let mut out = BTreeSet::new();
-        for ((family, _), c) in std::mem::take(&mut self.pending) {
-            filters_of_change(family, c.before.as_deref(), c.after.as_deref(), &mut out);
+        for ((family, name), c) in std::mem::take(&mut self.pending) {
+            let fam = applied.family(family);
+            let other_owner = |key: &FrontendKey| {
+                fam.owner(key)
+                    .filter(|o| o.name != name)
+                    .map(|o| o.as_ref())
+            };
+            filters_of_change(
+                family,
+                c.before.as_deref(),
+                c.after.as_deref(),
+                &other_owner,
+                &mut out,
+            );
         }
         out.into_iter().collect()
     }
@@ -93,10 +108,16 @@ impl UdpChanges {
 /// * A port that had no usable endpoint (or did not exist) and now has some:
 ///   entries to each of its frontends that were not DNATed — a REJECT (or a miss)
 ///   cached in conntrack.
-pub fn filters_of_change(
+///
+/// A frontend that `other_owner` says another service port holds now (two ports
+/// claiming one address and port) is that port's: none of its flows goes as a
+/// whole, and of the entries DNATed to this port's removed endpoints only those to
+/// endpoints the owner does not have.
+pub fn filters_of_change<'a>(
     family: IpFamily,
     before: Option<&ServiceIntent>,
     after: Option<&ServiceIntent>,
+    other_owner: &dyn Fn(&FrontendKey) -> Option<&'a ServiceIntent>,
     out: &mut BTreeSet<ConntrackFilter>,
 ) {
     if before == after {
@@ -113,10 +134,17 @@ pub fn filters_of_change(
             dst_nat,
         };
     let all_gone = after.is_none_or(|a| !a.has_any_endpoints);
+    let mine = |svc: &'_ ServiceIntent| {
+        svc.frontends
+            .iter()
+            .filter(|f| other_owner(&f.key).is_none())
+            .map(|f| f.key)
+            .collect::<Vec<FrontendKey>>()
+    };
     if all_gone {
         for svc in [before, after].into_iter().flatten() {
-            for f in svc.frontends.iter() {
-                if let FrontendKey::Vip { ip, port, .. } = f.key {
+            for key in mine(svc) {
+                if let FrontendKey::Vip { ip, port, .. } = key {
                     out.insert(udp(Some(ip), port, None, None));
                 }
             }
@@ -128,11 +156,15 @@ pub fn filters_of_change(
             .unwrap_or_default();
         for ep in old.endpoints.iter().filter(|ep| !now.contains(ep)) {
             for f in old.frontends.iter() {
+                let owner = other_owner(&f.key);
+                if owner.is_some_and(|o| o.endpoints.iter().any(|e| e == ep)) {
+                    continue;
+                }
                 match f.key {
                     FrontendKey::NodePort { port, .. } => {
                         out.insert(udp(None, port, Some(ep), Some(true)));
                     }
-                    FrontendKey::Vip { ip, port, .. } if !all_gone => {
+                    FrontendKey::Vip { ip, port, .. } if !all_gone || owner.is_some() => {
                         out.insert(udp(Some(ip), port, Some(ep), Some(true)));
                     }
                     FrontendKey::Vip { .. } => {}
@@ -143,34 +175,12 @@ pub fn filters_of_change(
     if let Some(new) = after {
         let was_active = before.is_some_and(|b| b.has_any_endpoints);
         if new.has_any_endpoints && !was_active {
-            let base = ConntrackFilter {
-                family,
-                protocol: Protocol::Udp,
-                orig_dst: None,
-                orig_dport: None,
-                reply_src: None,
-                reply_sport: None,
-                dst_nat: Some(false),
-            };
-            push_frontend_filters(new, &base, out);
+            // Each service IP with the service port, and the NodePort on any address.
+            for key in mine(new) {
+                let (orig_dst, port) = frontend_destination(&key);
+                out.insert(udp(orig_dst, port, None, Some(false)));
+            }
         }
-    }
-}
-
-/// `base` once per frontend of `svc`: each service IP with the service port, and
-/// the NodePort on any address.
-fn push_frontend_filters(
-    svc: &ServiceIntent,
-    base: &ConntrackFilter,
-    out: &mut BTreeSet<ConntrackFilter>,
-) {
-    for f in svc.frontends.iter() {
-        let (orig_dst, port) = frontend_destination(&f.key);
-        out.insert(ConntrackFilter {
-            orig_dst,
-            orig_dport: Some(port),
-            ..base.clone()
-        });
     }
 }
 
@@ -195,7 +205,12 @@ pub fn stale_udp_flows(intent: &Intent) -> StaleUdpFlows {
             }
             let endpoints: BTreeSet<(IpAddr, u16)> =
                 svc.endpoints.iter().map(|e| (e.ip(), e.port())).collect();
-            for f in svc.frontends.iter() {
+            // A frontend another port won is that port's (its own endpoints).
+            let owned = svc.frontends.iter().filter(|f| {
+                fam.owner(&f.key)
+                    .is_none_or(|o| std::sync::Arc::ptr_eq(o, svc) || o.name == svc.name)
+            });
+            for f in owned {
                 let (ip, port) = frontend_destination(&f.key);
                 out.add_frontend(fam.family(), ip, port, endpoints.clone());
             }
@@ -225,7 +240,7 @@ mod tests {
         intents.update(&previous.v4, &previous.v6, &cfg, &BTreeSet::new());
         let mut changes = UdpChanges::default();
         changes.record(&intents.update(&next.v4, &next.v6, &cfg, &BTreeSet::new()));
-        changes.take_filters()
+        changes.take_filters(intents.intent())
     }
 
     // Address plan: node-a; service VIPs 198.19.0.x, external 203.0.113.x, endpoints
@@ -422,6 +437,112 @@ mod tests {
         let unusable = update(&[view(&p, &[ep(EP_A, 8080)], false)]);
         let got = cleanup_filters(&before, &unusable);
         assert!(got.contains(&every_entry(DNS_VIP, 53)), "{got:?}");
+    }
+
+    /// Two UDP ports claiming the same addresses, ports and NodePort (a conflict the
+    /// intent resolves for one of them): the name of the port holding the cluster
+    /// IP in `update`.
+    fn holder(update: &SnapshotUpdate) -> String {
+        let mut intents = IntentBuilder::new();
+        intents.update(
+            &update.v4,
+            &update.v6,
+            &PlanConfig::default(),
+            &BTreeSet::new(),
+        );
+        let key = FrontendKey::Vip {
+            ip: ip(DNS_VIP),
+            protocol: Protocol::Udp,
+            port: 53,
+        };
+        let owner = intents.intent().family(IpFamily::V4).owner(&key).cloned();
+        owner.expect("an owner").name.service.name.to_string()
+    }
+
+    #[test]
+    fn a_port_that_lost_its_claims_never_cleans_the_holder_s_flows() {
+        let a = port("dns", Protocol::Udp);
+        let b = port("dns-copy", Protocol::Udp);
+        let both = update(&[
+            view(&a, &[ep(EP_A, 8080)], true),
+            view(&b, &[ep(EP_B, 8080)], true),
+        ]);
+        let (winner, loser) = if holder(&both) == "dns" {
+            ((&a, EP_A), (&b, EP_B))
+        } else {
+            ((&b, EP_B), (&a, EP_A))
+        };
+        // The loser deleted, or left without endpoints: the holder keeps every flow
+        // (only the loser's own endpoint's DNATed entries could go, and it has none
+        // on these addresses).
+        let winner_only = update(&[view(winner.0, &[ep(winner.1, 8080)], true)]);
+        let loser_empty = update(&[
+            view(winner.0, &[ep(winner.1, 8080)], true),
+            view(loser.0, &[], false),
+        ]);
+        for after in [&winner_only, &loser_empty] {
+            let got = cleanup_filters(&both, after);
+            assert!(
+                got.iter()
+                    .all(|f| f.reply_src == Some(ip(loser.1)) && f.dst_nat == Some(true)),
+                "{got:?}"
+            );
+        }
+        // The holder deleted: the other port holds the addresses now; the entries
+        // DNATed to the old holder's endpoint go, nothing as a whole.
+        let loser_only = update(&[view(loser.0, &[ep(loser.1, 8080)], true)]);
+        let got = cleanup_filters(&both, &loser_only);
+        assert!(
+            got.contains(&removed(Some(DNS_VIP), 53, winner.1, 8080)),
+            "{got:?}"
+        );
+        assert!(
+            got.iter().all(|f| f.reply_src == Some(ip(winner.1))),
+            "{got:?}"
+        );
+        // Both with the same endpoint: the new holder's flows to it stay.
+        let same = update(&[
+            view(winner.0, &[ep(EP_A, 8080)], true),
+            view(loser.0, &[ep(EP_A, 8080)], true),
+        ]);
+        let loser_same = update(&[view(loser.0, &[ep(EP_A, 8080)], true)]);
+        assert_eq!(cleanup_filters(&same, &loser_same), vec![]);
+    }
+
+    #[test]
+    fn the_first_sync_compares_a_contested_address_with_its_holder_s_endpoints() {
+        let a = port("dns", Protocol::Udp);
+        let b = port("dns-copy", Protocol::Udp);
+        let both = update(&[
+            view(&a, &[ep(EP_A, 8080)], true),
+            view(&b, &[ep(EP_B, 8080)], true),
+        ]);
+        let (winner, loser) = if holder(&both) == "dns" {
+            (EP_A, EP_B)
+        } else {
+            (EP_B, EP_A)
+        };
+        let mut intents = IntentBuilder::new();
+        intents.update(&both.v4, &both.v6, &PlanConfig::default(), &BTreeSet::new());
+        let stale = stale_udp_flows(intents.intent());
+        let flow = |to: &str| svcproxy_dataplane::ConntrackEntry {
+            family: IpFamily::V4,
+            protocol: 17,
+            orig_src: ip("198.18.1.99"),
+            orig_dst: ip(DNS_VIP),
+            orig_sport: Some(40000),
+            orig_dport: Some(53),
+            reply_src: ip(to),
+            reply_dst: ip("198.18.1.99"),
+            reply_sport: Some(8080),
+            reply_dport: Some(40000),
+            status: svcproxy_dataplane::IPS_DST_NAT,
+            zone: 0,
+            id: None,
+        };
+        // The holder's flow is live whichever port was listed last.
+        assert!(!stale.is_stale(&flow(winner)));
+        assert!(stale.is_stale(&flow(loser)));
     }
 
     #[test]

@@ -416,7 +416,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             self.udp_changes.clear();
             return self.reconcile_conntrack(start);
         }
-        let mut filters = self.udp_changes.take_filters();
+        let mut filters = self.udp_changes.take_filters(self.intents.intent());
         if !self.conntrack_retry.is_empty() || !plane_stale.is_empty() {
             filters.append(&mut plane_stale);
             filters.append(&mut self.conntrack_retry);

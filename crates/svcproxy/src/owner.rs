@@ -89,6 +89,9 @@ enum Command {
 pub struct Ownership {
     role: watch::Receiver<Role>,
     commands: mpsc::Sender<Command>,
+    /// When the claim found another owner (this process a standby from then on,
+    /// until it owns the node).
+    standby_since: Option<std::time::Instant>,
 }
 
 impl Ownership {
@@ -106,7 +109,9 @@ impl Ownership {
         tokio::spawn(run(name, mode, role_tx, rx));
         let _ = role.wait_for(Option::is_some).await;
         // Re-publish without the Option: the task only ever sets Some.
-        let (tx, out) = watch::channel(role.borrow().clone().expect("role set"));
+        let first = role.borrow().clone().expect("role set");
+        let standby_since = (!first.is_owner()).then(std::time::Instant::now);
+        let (tx, out) = watch::channel(first);
         tokio::spawn(async move {
             while role.changed().await.is_ok() {
                 let now = role.borrow().clone();
@@ -120,7 +125,14 @@ impl Ownership {
         Ownership {
             role: out,
             commands,
+            standby_since,
         }
+    }
+
+    /// When the claim found another owner, if it did: this process waited as a
+    /// standby from then (whatever its role is now).
+    pub fn standby_since(&self) -> Option<std::time::Instant> {
+        self.standby_since
     }
 
     /// The current role, and its changes.

@@ -51,8 +51,8 @@ impl OwnerGate {
         backend: &'static Backend,
         mode_options: svcproxy_dataplane::ModeOptions,
     ) -> Self {
-        // A standby from its claim on (it may own the node before its first sync).
-        let standby_since = (!ownership.current().is_owner()).then(Instant::now);
+        // A standby from its claim on (it may own the node before this runs).
+        let standby_since = ownership.standby_since();
         OwnerGate {
             ownership,
             backend,
