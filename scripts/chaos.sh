@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The chaos runs (not part of CI), in a two-node cluster of network namespaces where
 # 12 services' endpoints change every 50-250 ms, for SECONDS seconds in MODE
-# (nftables, iptables or userspace):
+# (nftables, iptables, iptables-legacy, userspace, ebpf or ipvs), while a pod of
+# node-a connects to the services all along:
 #   kill       node-a's svcproxy is killed with SIGKILL at random moments (every
-#              1-5 s) and started again;
+#              1-5 s) and started again (its kernel objects forward meanwhile);
 #   hand-over  a new svcproxy (two binaries, alternately) starts beside node-a's at
-#              random moments, stands by, and takes over at the owner's SIGTERM,
-#              while a pod of node-a connects to the services all along.
+#              random moments, stands by, and takes over at the owner's SIGTERM.
 # After each disruption `explain --live` must find the kernel equal to the plan and
-# every service must answer from its current endpoints (and, for hand-over, every
-# connection of the stream must have been answered). Prints the counts; exits
-# non-zero on any mismatch or failure.
+# every service must answer from its current endpoints, and every connection of the
+# stream must have been answered. Prints the counts; exits non-zero on any mismatch
+# or failure.
 #   ./scripts/chaos.sh [SECONDS] [MODE] [kill|hand-over]   (as root; CHAOS_SEED=N
 #   repeats a run)
 set -euo pipefail

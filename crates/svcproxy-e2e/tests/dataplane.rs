@@ -3138,8 +3138,12 @@ impl Chaos {
     fn start() -> Option<(Chaos, Env)> {
         let mode = match std::env::var("CHAOS_MODE").as_deref() {
             Ok("iptables") => Mode::Iptables,
+            Ok("iptables-legacy") => Mode::IptablesLegacy,
             Ok("userspace") => Mode::Userspace,
-            _ => Mode::Nftables,
+            Ok("ebpf") => Mode::Ebpf,
+            Ok("ipvs") => Mode::Ipvs,
+            Ok("nftables") | Err(_) => Mode::Nftables,
+            Ok(other) => panic!("CHAOS_MODE={other}: not a mode this run knows"),
         };
         let number = |var: &str, default: u64| {
             std::env::var(var)
@@ -3202,6 +3206,14 @@ impl Chaos {
         }
     }
 
+    /// Every cluster IP and port, both families.
+    fn cluster_ips(&self) -> Vec<SocketAddr> {
+        self.services
+            .iter()
+            .flat_map(|s| Family::BOTH.map(|f| sa(s.cluster_ip(f), 80)))
+            .collect()
+    }
+
     /// After a disruption (the churn paused): node-a's kernel equal to the plan, and
     /// every service answering a pod of node-a from its current endpoints.
     fn check(&mut self, env: &Env, ck: &mut Checks, what: &str) {
@@ -3242,10 +3254,12 @@ impl Chaos {
 
 /// For `CHAOS_SECONDS` (default 120), in `CHAOS_MODE` (default nftables): 12 services'
 /// endpoints change every 50-250 ms while node-a's svcproxy is killed with SIGKILL at
-/// random moments (every 1-5 s) and started again. After each restart's first sync,
-/// with the churn paused, `explain --live` must find node-a's kernel equal to the plan
-/// and every service must answer a pod of node-a from its current endpoints. Prints
-/// the counts; fails on any mismatch or failed probe.
+/// random moments (every 1-5 s) and started again, and a pod of node-a connects to
+/// the services all along (each connection must be answered, but in userspace mode,
+/// whose proxy is the process). After each restart's own first sync, with the churn
+/// paused, `explain --live` must find node-a's kernel equal to the plan and every
+/// service must answer a pod of node-a from its current endpoints. Prints the counts;
+/// fails on any mismatch or failed probe.
 #[test]
 #[ignore]
 fn chaos_kill_9_under_endpoint_churn() {
@@ -3256,30 +3270,87 @@ fn chaos_kill_9_under_endpoint_churn() {
     let deadline = Instant::now() + Duration::from_secs(chaos.seconds);
     let mut ck = Checks::new("chaos");
     let mut restarts = 0;
-    while Instant::now() < deadline {
-        chaos.churn(&env);
-        // SIGKILL node-a's proxy mid-whatever and start it again.
-        let at = env.proxy_index(NODE_A);
-        env.proxies[at].kill();
-        env.proxies.remove(at);
-        let proc = env.spawn_svcproxy(&bin, NODE_A, &[]);
-        env.proxies.push(proc);
-        restarts += 1;
-        env.wait_synced(NODE_A);
-        chaos.check(&env, &mut ck, &format!("restart {restarts}"));
-    }
+    let mut slowest = Duration::ZERO;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let cluster_ips = chaos.cluster_ips();
+    // Node-a's proxy, out of `env` while the stream borrows it.
+    let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
+    let attempts = thread::scope(|scope| {
+        let env_ref = &env;
+        let stream = scope.spawn(|| connect_all_along(env_ref, &cluster_ips, &stop));
+        while Instant::now() < deadline {
+            chaos.churn(&env);
+            // SIGKILL node-a's proxy mid-whatever and start it again; the kernel's
+            // objects stay (and keep forwarding) while it is down.
+            owner.kill();
+            let t = Instant::now();
+            let proc = env.spawn_svcproxy(&bin, NODE_A, &[]);
+            // Its own first sync (the kernel's objects are there already).
+            let synced = wait_log(&proc, "svcproxy_sync::driver: synced", SYNC_DEADLINE);
+            slowest = slowest.max(t.elapsed());
+            ck.check(synced, || {
+                format!("restart {restarts}: no sync\n{}", proc.logs())
+            });
+            owner = proc;
+            restarts += 1;
+            chaos.check(&env, &mut ck, &format!("restart {restarts}"));
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stream.join().expect("the stream")
+    });
+    env.proxies.push(owner);
+    // The userspace mode's proxy is the process: while it is down its capture
+    // refuses (counted, not a failure of the run).
+    let failed = if chaos.mode.forwards_without_the_process() {
+        failed_connections(&mut ck, &attempts)
+    } else {
+        attempts.iter().filter(|a| a.backend().is_none()).count()
+    };
     eprintln!(
-        "[chaos] {}: {} s: {restarts} SIGKILL restarts, {} endpoint changes, \
-         {} kernel/plan mismatches after a restart, {} probes after a restart, \
-         {} failed",
+        "[chaos] {}: {} s: {restarts} SIGKILL restarts (the slowest start to its first sync \
+         {slowest:?}), {} endpoint changes, {} connections during the run with {failed} \
+         failed, {} kernel/plan mismatches after a restart, {} probes after a restart, {} \
+         failed",
         chaos.mode.label(),
         chaos.seconds,
         chaos.changes,
+        attempts.len(),
         chaos.mismatches,
         chaos.probes,
         chaos.failed
     );
     ck.finish(&env);
+}
+
+/// Connections from pod-a1 (a pod of node-a) all along, one cluster IP after another,
+/// until `stop`.
+fn connect_all_along(
+    env: &Env,
+    cluster_ips: &[SocketAddr],
+    stop: &std::sync::atomic::AtomicBool,
+) -> Vec<svcproxy_e2e::Attempt> {
+    let mut all = Vec::new();
+    let mut i = 0;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let target = cluster_ips[i % cluster_ips.len()];
+        all.extend(env.probe(A1, Proto::Tcp, target, 3, ANSWER));
+        i += 1;
+    }
+    all
+}
+
+/// Every connection of the stream must have been answered: the failed ones (checked).
+fn failed_connections(ck: &mut Checks, attempts: &[svcproxy_e2e::Attempt]) -> usize {
+    let failed: Vec<_> = attempts.iter().filter(|a| a.backend().is_none()).collect();
+    ck.check(failed.is_empty(), || {
+        format!(
+            "{} of {} connections failed: {:?}",
+            failed.len(),
+            attempts.len(),
+            svcproxy_e2e::tally(attempts)
+        )
+    });
+    failed.len()
 }
 
 /// The same churn, with rolling upgrades instead of kills: at random moments (every
@@ -3304,28 +3375,13 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
     let mut ck = Checks::new("chaos-hand-over");
     let (mut hand_overs, mut adopted, mut slowest) = (0, 0, Duration::ZERO);
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let cluster_ips: Vec<SocketAddr> = chaos
-        .services
-        .iter()
-        .flat_map(|s| Family::BOTH.map(|f| sa(s.cluster_ip(f), 80)))
-        .collect();
+    let cluster_ips = chaos.cluster_ips();
     // Node-a's owner, out of `env` while the stream borrows it.
     let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
     let env = env;
     let attempts = thread::scope(|scope| {
-        // Connections all along from pod-a1 (a pod of node-a), one service after
-        // another.
         let env_ref = &env;
-        let stream = scope.spawn(|| {
-            let mut all = Vec::new();
-            let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let target = cluster_ips[i % cluster_ips.len()];
-                all.extend(env_ref.probe(A1, Proto::Tcp, target, 3, ANSWER));
-                i += 1;
-            }
-            all
-        });
+        let stream = scope.spawn(|| connect_all_along(env_ref, &cluster_ips, &stop));
         while Instant::now() < deadline {
             chaos.churn(&env);
             // Every other time the owner is given a second to sync the last change
@@ -3364,15 +3420,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
     if !ck.is_ok() {
         eprintln!("[chaos] node-a's last owner:\n{}", owner.logs());
     }
-    let failed: Vec<_> = attempts.iter().filter(|a| a.backend().is_none()).collect();
-    ck.check(failed.is_empty(), || {
-        format!(
-            "{} of {} connections failed: {:?}",
-            failed.len(),
-            attempts.len(),
-            svcproxy_e2e::tally(&attempts)
-        )
-    });
+    let failed = failed_connections(&mut ck, &attempts);
     eprintln!(
         "[chaos] {}: {} s: {hand_overs} hand-overs ({adopted} adopted the sealed rules, \
          the slowest SIGTERM-to-exit {slowest:?}), {} endpoint changes, {} connections \
@@ -3382,7 +3430,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
         chaos.seconds,
         chaos.changes,
         attempts.len(),
-        failed.len(),
+        failed,
         chaos.mismatches,
         chaos.probes,
         chaos.failed
