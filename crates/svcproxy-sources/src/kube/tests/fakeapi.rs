@@ -650,8 +650,9 @@ async fn other_nodes_come_as_metadata_and_this_node_in_full_but_trimmed() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_startup_event_is_posted_on_this_node() {
+/// A seeded fake API server and a client of it (through a kubeconfig in the
+/// returned directory, which must live as long as the client is used).
+async fn seeded_server_and_client() -> (FakeApiServer, tempfile::TempDir, Client) {
     let server = FakeApiServer::start().await.unwrap();
     seed(&server);
     let dir = tempfile::tempdir().unwrap();
@@ -660,6 +661,12 @@ async fn the_startup_event_is_posted_on_this_node() {
     let mut c = cfg(None);
     c.kubeconfig = Some(path);
     let client = client(&c).await.unwrap();
+    (server, dir, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_event_is_posted_on_this_node() {
+    let (server, _dir, client) = seeded_server_and_client().await;
     record_startup_event(client, NODE.to_string(), vec![]).await;
     let events = server.events();
     assert_eq!(events.len(), 1, "{events:#?}");
@@ -674,14 +681,7 @@ async fn the_startup_event_is_posted_on_this_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configuration_warning_follows_the_startup_event_as_a_warning_event() {
-    let server = FakeApiServer::start().await.unwrap();
-    seed(&server);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kubeconfig");
-    std::fs::write(&path, server.kubeconfig_yaml()).unwrap();
-    let mut c = cfg(None);
-    c.kubeconfig = Some(path);
-    let client = client(&c).await.unwrap();
+    let (server, _dir, client) = seeded_server_and_client().await;
     let warning = NodeWarning {
         reason: "ProxyModeDefaulted",
         action: "ProxyModeCheck",
