@@ -3273,20 +3273,23 @@ fn chaos_kill_9_under_endpoint_churn() {
     let mut slowest = Duration::ZERO;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let cluster_ips = chaos.cluster_ips();
+    let timeline = Timeline::new();
     // Node-a's proxy, out of `env` while the stream borrows it.
     let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
-    let attempts = thread::scope(|scope| {
+    let streamed = thread::scope(|scope| {
         let env_ref = &env;
-        let stream = scope.spawn(|| connect_all_along(env_ref, &cluster_ips, &stop));
+        let stream = scope.spawn(|| connect_all_along(env_ref, &cluster_ips, &stop, &timeline));
         while Instant::now() < deadline {
             chaos.churn(&env);
             // SIGKILL node-a's proxy mid-whatever and start it again; the kernel's
             // objects stay (and keep forwarding) while it is down.
             owner.kill();
+            timeline.note(format!("restart {}: SIGKILL", restarts + 1));
             let t = Instant::now();
             let proc = env.spawn_svcproxy(&bin, NODE_A, &[]);
             // Its own first sync (the kernel's objects are there already).
             let synced = wait_log(&proc, "svcproxy_sync::driver: synced", SYNC_DEADLINE);
+            timeline.note(format!("restart {}: first sync seen", restarts + 1));
             slowest = slowest.max(t.elapsed());
             ck.check(synced, || {
                 format!("restart {restarts}: no sync\n{}", proc.logs())
@@ -3302,9 +3305,12 @@ fn chaos_kill_9_under_endpoint_churn() {
     // The userspace mode's proxy is the process: while it is down its capture
     // refuses (counted, not a failure of the run).
     let failed = if chaos.mode.forwards_without_the_process() {
-        failed_connections(&mut ck, &attempts)
+        failed_connections(&mut ck, &streamed, &timeline)
     } else {
-        attempts.iter().filter(|a| a.backend().is_none()).count()
+        streamed
+            .iter()
+            .filter(|s| s.attempt.backend().is_none())
+            .count()
     };
     eprintln!(
         "[chaos] {}: {} s: {restarts} SIGKILL restarts (the slowest start to its first sync \
@@ -3314,12 +3320,54 @@ fn chaos_kill_9_under_endpoint_churn() {
         chaos.mode.label(),
         chaos.seconds,
         chaos.changes,
-        attempts.len(),
+        streamed.len(),
         chaos.mismatches,
         chaos.probes,
         chaos.failed
     );
     ck.finish(&env);
+}
+
+/// What happened when during a chaos run (restarts, hand-overs, first syncs), to
+/// place a failed connection of the stream among them.
+struct Timeline {
+    start: Instant,
+    events: std::sync::Mutex<Vec<(Duration, String)>>,
+}
+
+impl Timeline {
+    fn new() -> Timeline {
+        Timeline {
+            start: Instant::now(),
+            events: Default::default(),
+        }
+    }
+
+    fn note(&self, what: impl Into<String>) {
+        let at = self.start.elapsed();
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((at, what.into()));
+    }
+
+    /// The events within two seconds before `at` and one after, as text.
+    fn around(&self, at: Duration) -> String {
+        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let near: Vec<String> = events
+            .iter()
+            .filter(|(t, _)| *t + Duration::from_secs(2) >= at && *t <= at + Duration::from_secs(1))
+            .map(|(t, w)| format!("{:.3}s {w}", t.as_secs_f64()))
+            .collect();
+        near.join("; ")
+    }
+}
+
+/// One connection of the stream: when its probe began, to where, and how it went.
+struct Streamed {
+    at: Duration,
+    target: SocketAddr,
+    attempt: svcproxy_e2e::Attempt,
 }
 
 /// Connections from pod-a1 (a pod of node-a) all along, one cluster IP after another,
@@ -3328,26 +3376,57 @@ fn connect_all_along(
     env: &Env,
     cluster_ips: &[SocketAddr],
     stop: &std::sync::atomic::AtomicBool,
-) -> Vec<svcproxy_e2e::Attempt> {
+    timeline: &Timeline,
+) -> Vec<Streamed> {
     let mut all = Vec::new();
     let mut i = 0;
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         let target = cluster_ips[i % cluster_ips.len()];
-        all.extend(env.probe(A1, Proto::Tcp, target, 3, ANSWER));
+        let at = timeline.start.elapsed();
+        all.extend(
+            env.probe(A1, Proto::Tcp, target, 3, ANSWER)
+                .into_iter()
+                .map(|attempt| Streamed {
+                    at,
+                    target,
+                    attempt,
+                }),
+        );
         i += 1;
     }
     all
 }
 
-/// Every connection of the stream must have been answered: the failed ones (checked).
-fn failed_connections(ck: &mut Checks, attempts: &[svcproxy_e2e::Attempt]) -> usize {
-    let failed: Vec<_> = attempts.iter().filter(|a| a.backend().is_none()).collect();
+/// Every connection of the stream must have been answered: the failed ones
+/// (checked), each placed among the run's events.
+fn failed_connections(ck: &mut Checks, streamed: &[Streamed], timeline: &Timeline) -> usize {
+    let failed: Vec<&Streamed> = streamed
+        .iter()
+        .filter(|s| s.attempt.backend().is_none())
+        .collect();
+    let attempts: Vec<svcproxy_e2e::Attempt> = streamed.iter().map(|s| s.attempt.clone()).collect();
     ck.check(failed.is_empty(), || {
+        let each: Vec<String> = failed
+            .iter()
+            .map(|s| {
+                format!(
+                    "at {:.3}s to {} ({:?} after {:?}, local {:?}, peer {:?}); around it: {}",
+                    s.at.as_secs_f64(),
+                    s.target,
+                    s.attempt.result,
+                    s.attempt.elapsed,
+                    s.attempt.local,
+                    s.attempt.peer,
+                    timeline.around(s.at)
+                )
+            })
+            .collect();
         format!(
-            "{} of {} connections failed: {:?}",
+            "{} of {} connections failed: {:?}\n{}",
             failed.len(),
-            attempts.len(),
-            svcproxy_e2e::tally(attempts)
+            streamed.len(),
+            svcproxy_e2e::tally(&attempts),
+            each.join("\n")
         )
     });
     failed.len()
@@ -3376,12 +3455,13 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
     let (mut hand_overs, mut adopted, mut slowest) = (0, 0, Duration::ZERO);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let cluster_ips = chaos.cluster_ips();
+    let timeline = Timeline::new();
     // Node-a's owner, out of `env` while the stream borrows it.
     let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
     let env = env;
-    let attempts = thread::scope(|scope| {
+    let streamed = thread::scope(|scope| {
         let env_ref = &env;
-        let stream = scope.spawn(|| connect_all_along(env_ref, &cluster_ips, &stop));
+        let stream = scope.spawn(|| connect_all_along(env_ref, &cluster_ips, &stop, &timeline));
         while Instant::now() < deadline {
             chaos.churn(&env);
             // Every other time the owner is given a second to sync the last change
@@ -3398,8 +3478,10 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
                 });
                 break;
             }
+            timeline.note(format!("hand-over {}: SIGTERM", hand_overs + 1));
             let t = Instant::now();
             let status = owner.terminate(Duration::from_secs(30));
+            timeline.note(format!("hand-over {}: the old owner gone", hand_overs + 1));
             slowest = slowest.max(t.elapsed());
             ck.check(status.is_some_and(|s| s.success()), || {
                 format!("hand-over {hand_overs}: the old owner at SIGTERM: {status:?}")
@@ -3420,7 +3502,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
     if !ck.is_ok() {
         eprintln!("[chaos] node-a's last owner:\n{}", owner.logs());
     }
-    let failed = failed_connections(&mut ck, &attempts);
+    let failed = failed_connections(&mut ck, &streamed, &timeline);
     eprintln!(
         "[chaos] {}: {} s: {hand_overs} hand-overs ({adopted} adopted the sealed rules, \
          the slowest SIGTERM-to-exit {slowest:?}), {} endpoint changes, {} connections \
@@ -3429,7 +3511,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
         chaos.mode.label(),
         chaos.seconds,
         chaos.changes,
-        attempts.len(),
+        streamed.len(),
         failed,
         chaos.mismatches,
         chaos.probes,

@@ -43,7 +43,7 @@ use crate::seam::{
     ModeDefaults, ModeInfo, NodePortDefault, NodeRequirements, SyncKind,
 };
 use kernel::Kernel;
-use svcproxy_plan::ebpf::{companion_rules, Table, COMPANION_TABLE};
+use svcproxy_plan::ebpf::{companion_rules, Changes, Table, COMPANION_TABLE};
 
 /// Deletes the companion rules' table; none is no error.
 fn remove_companion() -> Result<(), DataPlaneError> {
@@ -206,6 +206,9 @@ pub struct EbpfDataPlane {
     snat_overlap_said: bool,
     /// What the metrics read.
     stats: std::sync::Arc<std::sync::Mutex<metrics::MapStats>>,
+    /// This process sealed the maps for a successor: its next write removes
+    /// the seal (the maps then no longer hold what it vouched for).
+    sealed_here: bool,
 }
 
 impl EbpfDataPlane {
@@ -256,6 +259,7 @@ impl EbpfDataPlane {
             snat: None,
             snat_overlap_said: false,
             stats: Default::default(),
+            sealed_here: false,
         }
     }
 
@@ -278,6 +282,83 @@ impl EbpfDataPlane {
     fn table(intent: &Intent) -> Table {
         Table::build(intent, &Self::host_addrs(intent))
     }
+
+    /// The programs loaded and the maps opened, unless they are already.
+    fn open_kernel(&mut self) -> Result<&mut Kernel, DataPlaneError> {
+        if self.kernel.is_none() {
+            let xdp = self.opts.xdp;
+            let snat = *self.snat.get_or_insert_with(|| kernel::snat_ports(xdp));
+            self.kernel = Some(Kernel::open(&self.opts, snat)?);
+        }
+        Ok(self.kernel.as_mut().expect("opened above"))
+    }
+
+    /// The fixed companion rules, with the marks of the moment (before the
+    /// programs set those marks), unless they were written with them already
+    /// and `changed_only`.
+    fn write_companion(&mut self, table: &Table, changed_only: bool) -> Result<(), DataPlaneError> {
+        let marks = (
+            table.masquerade_mark,
+            table.reject_mark,
+            self.snat.flatten().map(|(lo, _)| lo),
+        );
+        if changed_only && self.companion == Some(marks) {
+            return Ok(());
+        }
+        self.companion = None;
+        NftCommand::default().run(&companion_rules(marks.0, marks.1, marks.2))?;
+        self.companion = Some(marks);
+        Ok(())
+    }
+
+    /// `table` written into the open maps, whole or by its `changes`, after the
+    /// companion rules; returns the map writes and deletions.
+    fn write_table(
+        &mut self,
+        table: &Table,
+        changes: Option<&Changes>,
+    ) -> Result<usize, DataPlaneError> {
+        self.write_companion(table, changes.is_some())?;
+        // A seal vouches for what the maps hold: a full write (a predecessor's
+        // seal not adopted) or any write after this process sealed removes it.
+        if changes.is_none() || self.sealed_here {
+            kernel::unseal(&self.opts.pin_dir)?;
+            self.sealed_here = false;
+        }
+        let kernel = self.kernel.as_mut().expect("opened before");
+        let written = kernel.write(table, changes);
+        self.note_stats(written.is_err());
+        written
+    }
+
+    /// What the metrics read, after a write (`failed`: it did not succeed).
+    fn note_stats(&self, failed: bool) {
+        let Some(kernel) = self.kernel.as_ref() else {
+            return;
+        };
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.fill = kernel.fill();
+        stats.sizes = self.opts.sizes;
+        stats.overflow = kernel.overflow.clone();
+        stats.failed_writes += u64::from(failed);
+    }
+
+    /// The packet path's live-connection counts brought back to its
+    /// connections, where a list counts them (lc).
+    fn reconcile_lc(&mut self) {
+        let (Some(kernel), Some(table)) = (self.kernel.as_mut(), self.table.as_ref()) else {
+            return;
+        };
+        if table
+            .lists
+            .values()
+            .any(|l| l.scheduler.counts_connections())
+        {
+            if let Err(e) = kernel.reconcile_flows() {
+                tracing::warn!(error = %e, "the packet path's connection counts (lc) were not reconciled; the next sync tries again");
+            }
+        }
+    }
 }
 
 impl DataPlane for EbpfDataPlane {
@@ -292,6 +373,7 @@ impl DataPlane for EbpfDataPlane {
         full: bool,
     ) -> Result<ApplyReport, DataPlaneError> {
         self.check_port_range();
+        let never_synced = self.table.is_none();
         let addrs = Self::host_addrs(intent);
         // The table follows the intent whether or not the write succeeds (the
         // delta is from the previous intent, applied or not); a failed write
@@ -315,44 +397,14 @@ impl DataPlane for EbpfDataPlane {
         }
         let start = Instant::now();
         let first = self.kernel.is_none();
-        if first {
-            let xdp = self.opts.xdp;
-            let snat = *self.snat.get_or_insert_with(|| kernel::snat_ports(xdp));
-            self.kernel = Some(Kernel::open(&self.opts, snat)?);
-        }
-        let kernel = self.kernel.as_mut().expect("opened above");
+        self.open_kernel()?;
         let changes = changes.filter(|_| !first);
-        // The fixed companion rules, with the marks of the moment, before the
-        // programs set those marks.
-        let marks = (
-            table.masquerade_mark,
-            table.reject_mark,
-            self.snat.flatten().map(|(lo, _)| lo),
-        );
-        if changes.is_none() || self.companion != Some(marks) {
-            self.companion = None;
-            NftCommand::default().run(&companion_rules(marks.0, marks.1, marks.2))?;
-            self.companion = Some(marks);
-        }
-        let written = kernel.write(table, changes.as_ref());
-        {
-            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            stats.fill = kernel.fill();
-            stats.sizes = self.opts.sizes;
-            stats.overflow = kernel.overflow.clone();
-            stats.failed_writes += u64::from(written.is_err());
-        }
+        let table = self.table.take().expect("set above");
+        let written = self.write_table(&table, changes.as_ref());
+        self.table = Some(table);
         let ops = written?;
-        if table
-            .lists
-            .values()
-            .any(|l| l.scheduler.counts_connections())
-        {
-            if let Err(e) = kernel.reconcile_flows() {
-                tracing::warn!(error = %e, "the packet path's connection counts (lc) were not reconciled; the next sync tries again");
-            }
-        }
-        let kind = if first {
+        self.reconcile_lc();
+        let kind = if first || never_synced {
             SyncKind::Recreate
         } else if changes.is_none() {
             SyncKind::Resync
@@ -373,6 +425,48 @@ impl DataPlane for EbpfDataPlane {
 
     fn render(&self, intent: &Intent) -> String {
         Self::table(intent).render()
+    }
+
+    fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {
+        // Only maps this process's last write brought to its table, with the
+        // companion rules in place.
+        let in_step = self.kernel.as_ref().is_some_and(Kernel::in_step);
+        if !in_step || self.companion.is_none() || self.table.is_none() {
+            return Ok(false);
+        }
+        kernel::write_seal(&self.opts.pin_dir, seal)?;
+        self.sealed_here = true;
+        Ok(true)
+    }
+
+    fn sealed(&mut self) -> Result<bool, DataPlaneError> {
+        Ok(!kernel::seals(&self.opts.pin_dir).is_empty())
+    }
+
+    fn adopt(
+        &mut self,
+        intent: &Intent,
+        _delta: &IntentDelta,
+        seal: &str,
+    ) -> Result<bool, DataPlaneError> {
+        if !kernel::seals(&self.opts.pin_dir).iter().any(|s| s == seal) {
+            return Ok(false);
+        }
+        // This process's programs are loaded and attached as at any start
+        // (beside the predecessor's, whose links are then released); the maps
+        // are taken as they are if they hold exactly this sync's table.
+        let table = Self::table(intent);
+        if !self.open_kernel()?.adopt(&table)? {
+            return Ok(false);
+        }
+        // The two fixed rules, rewritten in one transaction (the same rules,
+        // unless the node's port range moved since the predecessor read it).
+        self.write_companion(&table, false)?;
+        kernel::unseal(&self.opts.pin_dir)?;
+        self.table = Some(table);
+        self.note_stats(false);
+        self.reconcile_lc();
+        Ok(true)
     }
 
     fn cleanup(&mut self) -> Result<(), DataPlaneError> {

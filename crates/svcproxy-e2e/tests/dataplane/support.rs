@@ -297,11 +297,12 @@ impl Mode {
         self != Mode::Userspace
     }
 
-    /// Whether a successor takes the rules a stopping owner sealed as they are
-    /// (issue 38): the kernel's modes whose rules do not point at the process.
+    /// Whether a successor takes the rules (the eBPF data plane's maps) a
+    /// stopping owner sealed as they are (issues 38 and 56): the kernel's modes,
+    /// whose rules do not point at the process.
     #[allow(dead_code)] // dataplane.rs only
     pub fn adopts_sealed_rules(self) -> bool {
-        !matches!(self, Mode::Userspace | Mode::Ebpf | Mode::Ipvs)
+        self != Mode::Userspace
     }
 
     /// Whether the kernel holds per-endpoint objects (endpoint chains, affinity

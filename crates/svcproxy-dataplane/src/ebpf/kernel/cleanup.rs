@@ -54,6 +54,7 @@ pub fn cleanup(pin_dir: &Path) -> Result<(), DataPlaneError> {
             Err(e) => return Err(kernel_err(format!("unpinning {}", pin.display()), e)),
         }
     }
+    super::seal::unseal(pin_dir)?;
     match std::fs::remove_dir(pin_dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -60,6 +60,9 @@ pub fn dump(pin_dir: &Path) -> Result<String, DataPlaneError> {
         .map_err(|e| kernel_err("reading svcproxy_cfg", e))?;
     let _ = writeln!(out, "generation {}", c.generation);
     let _ = writeln!(out, "host-only {}", c.host_only);
+    for seal in super::seal::seals(pin_dir) {
+        let _ = writeln!(out, "sealed {seal}");
+    }
     if let Some([forwarded, dropped, passed]) = xdp_packets(pin_dir) {
         let _ = writeln!(
             out,

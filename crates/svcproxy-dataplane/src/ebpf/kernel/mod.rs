@@ -41,6 +41,8 @@
 //! - `masquerade`: the ports svcproxy's own masquerade takes ([`snat_ports`]);
 //! - `host`: what the node offers (the kernel's release, cgroup v2, bpffs, the
 //!   network namespace's cookie);
+//! - `seal`: a hand-over's seal, and the maps adopted as they are
+//!   ([`Kernel::adopt`]);
 //! - `cleanup`: everything pinned removed ([`cleanup`]).
 
 mod attach;
@@ -55,6 +57,7 @@ mod maps;
 mod masquerade;
 mod overflow;
 mod readback;
+mod seal;
 mod write;
 
 use std::collections::BTreeMap;
@@ -89,6 +92,7 @@ pub use load::preflight;
 pub use maps::MAPS;
 pub use masquerade::{local_range_overlapping, snat_ports};
 pub use overflow::Overflow;
+pub use seal::{seals, unseal, write_seal};
 
 type HashMap2<K, V> = std::collections::HashMap<K, V>;
 

@@ -24,17 +24,17 @@ use svcproxy_plan::ebpf::{Changes, Dest, EndpointList, Entry, ListName, PortName
 #[derive(Default)]
 pub(super) struct Written {
     pub(super) lists: HashMap2<ListName, (u32, EndpointList)>,
-    entries: HashMap2<Dest, (SvcKey, SvcVal)>,
-    local: BTreeSet<LocalKey>,
+    pub(super) entries: HashMap2<Dest, (SvcKey, SvcVal)>,
+    pub(super) local: BTreeSet<LocalKey>,
     /// The guard's cluster IPs and ServiceCIDRs.
-    vips: BTreeSet<LocalKey>,
-    guard: BTreeSet<IpNet>,
+    pub(super) vips: BTreeSet<LocalKey>,
+    pub(super) guard: BTreeSet<IpNet>,
     /// Each fenced port's admitted sources, by the port's id.
     pub(super) firewalls: BTreeMap<u64, (PortName, Vec<IpNet>)>,
-    pod_cidrs: BTreeSet<IpNet>,
+    pub(super) pod_cidrs: BTreeSet<IpNet>,
 }
 
-fn local_key(ip: &std::net::IpAddr) -> LocalKey {
+pub(super) fn local_key(ip: &std::net::IpAddr) -> LocalKey {
     LocalKey {
         addr: wire::addr_words(Some(*ip)),
         family: wire::family_byte(svcproxy_core::model::IpFamily::of(ip)),
@@ -551,7 +551,7 @@ impl Kernel {
     }
 }
 
-fn encode(
+pub(super) fn encode(
     dest: &Dest,
     entry: &Entry,
     lists: &HashMap2<ListName, (u32, EndpointList)>,
