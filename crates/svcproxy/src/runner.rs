@@ -85,6 +85,12 @@ pub trait Syncer {
     fn check_drift(&mut self) -> bool {
         false
     }
+    /// Whether this process has synced as the node's owner already: a take-over
+    /// announced after that sync (the owner handed over while this process was
+    /// still listing) asks for nothing more.
+    fn synced_as_owner(&self) -> bool {
+        false
+    }
 }
 
 pub use svcproxy_sources::Event;
@@ -299,6 +305,10 @@ impl Schedule {
                     self.relisting.push((name, Instant::now()));
                 }
             }
+            // Announced after this process's first sync as owner already came
+            // (full, or an adoption of the sealed rules): a second full one would
+            // only rewrite what that sync took or wrote.
+            Event::TookOver if syncer.synced_as_owner() => {}
             Event::TookOver => {
                 self.pending = true;
                 self.force_full = true;
@@ -341,6 +351,8 @@ pub(crate) mod tests {
         checks: Vec<Duration>,
         /// The next check finds drift.
         drift_next: bool,
+        /// The syncer has synced as the node's owner (from its first sync on).
+        owner_from_start: bool,
     }
 
     struct FakeSyncer {
@@ -365,6 +377,10 @@ pub(crate) mod tests {
             let mut log = self.log.lock().unwrap();
             log.checks.push(self.start.elapsed());
             std::mem::take(&mut log.drift_next)
+        }
+        fn synced_as_owner(&self) -> bool {
+            let log = self.log.lock().unwrap();
+            log.owner_from_start && !log.syncs.is_empty()
         }
     }
 
@@ -451,6 +467,20 @@ pub(crate) mod tests {
             log.lock().unwrap().syncs,
             vec![(secs(0.0), true), (secs(1.0), true)]
         );
+    }
+
+    /// The owner handed over while this process was still listing: its first
+    /// sync was already the owner's (full, or an adoption), and the take-over
+    /// announced after it brings no second full sync.
+    #[tokio::test(start_paused = true)]
+    async fn a_take_over_announced_after_the_first_owner_sync_asks_for_nothing() {
+        let cfg = RunnerConfig::new(secs(10.0), secs(30.0));
+        let (log, tx, _) = start(cfg, 0);
+        log.lock().unwrap().owner_from_start = true;
+        tokio::time::sleep(secs(1.0)).await;
+        tx.send(Event::TookOver).await.unwrap();
+        tokio::time::sleep(secs(0.1)).await;
+        assert_eq!(log.lock().unwrap().syncs, vec![(secs(0.0), true)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -177,6 +177,10 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         self.update_node_eligibility();
     }
 
+    fn synced_as_owner(&self) -> bool {
+        self.owner.as_ref().is_some_and(|g| g.synced)
+    }
+
     fn check_drift(&mut self) -> bool {
         // A standby has written nothing, and must not: the owner checks its own.
         if self
