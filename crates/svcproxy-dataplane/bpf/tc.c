@@ -121,6 +121,150 @@ static __noinline int snat_egress(struct __sk_buff *skb, const struct pkt *p)
 	return TC_ACT_UNSPEC;
 }
 
+// Client ports remapped where two connections would be one tuple at their
+// endpoint (one client port, two service addresses, one endpoint): choose
+// (decide.h) marks a new connection whose translated tuple's reply entry names
+// another service address (CT_REMAP_WANTED), and remap_new, here, decides.
+
+// How long an endpoint is taken to hold a connection's tuple after its last
+// packet, when nothing says it is still open: TIME_WAIT's 60 s, with the
+// margin conntrack gives it (its TIME_WAIT lasts 120 s).
+#define REMAP_HELD_S 120
+// Ports tried at random for a remapped client port.
+#define REMAP_TRIES 16
+
+// Whether the reply entry `held`, found under a new connection's translated
+// tuple (`p` before translation), is another connection's still: one to
+// another service address (the same client port toward the same endpoint),
+// open, or closed within REMAP_HELD_S. The endpoint would take the new
+// connection's packets for that one's: a SYN meeting an open or TIME_WAIT
+// socket is answered with that connection's ACK. The kernel modes' conntrack
+// gives the second connection another source port; so does svcproxy (remap).
+static __always_inline int held_by_other(const struct ct_val *held, const struct pkt *p)
+{
+	if (held->port == p->dport && addr_eq(held->addr, p->daddr))
+		return 0;
+	__u32 last = held->seen_s;
+	__u32 born = held->created_ns / 1000000000ULL;
+	if (born > last)
+		last = born;
+	if (now_s() - last <= REMAP_HELD_S)
+		return 1;
+	if (held->flags & CT_REMAPPED)
+		return 0;
+	// Quiet for longer: held while that connection is open here.
+	struct ct_key ok;
+	ct_key_make(&ok, p->saddr, held->addr, p->sport, held->port, p->proto, p->family,
+		    CT_ORIGINAL);
+	struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
+	return orig && !(orig->flags & CT_CLOSING) && !idle_expired(orig, p->proto == IPPROTO_TCP);
+}
+
+struct remap_try {
+	struct ct_key rk; // endpoint -> client, the port tried
+	struct ct_val v;  // the service address (the reply entry)
+	__u16 lo;
+	__u16 span;
+	__u16 port; // network order; 0 while none is found
+	__u16 pad;
+};
+
+// One client port tried: its reply entry made, unless another connection has
+// it (one quiet past REMAP_HELD_S gives it up). 1 when taken.
+static __always_inline int remap_step(struct remap_try *t)
+{
+	__u16 port = bpf_htons(t->lo + bpf_get_prandom_u32() % t->span);
+	t->rk.dport = port;
+	if (!bpf_map_update_elem(&svcproxy_ct, &t->rk, &t->v, BPF_NOEXIST)) {
+		t->port = port;
+		return 1;
+	}
+	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, &t->rk);
+	if (!e)
+		return 0;
+	__u32 last = e->seen_s;
+	__u32 born = e->created_ns / 1000000000ULL;
+	if (born > last)
+		last = born;
+	if (now_s() - last <= REMAP_HELD_S)
+		return 0;
+	if (bpf_map_update_elem(&svcproxy_ct, &t->rk, &t->v, BPF_EXIST))
+		return 0;
+	t->port = port;
+	return 1;
+}
+
+// A new connection whose translated tuple's reply entry names another service
+// address (CT_REMAP_WANTED, from choose; `p` before translation, `flow` its
+// endpoint): if that entry is another connection's still (held_by_other), its
+// client port is remapped to a port of svcproxy_snat's range (above the node's
+// ip_local_port_range, which the kernel's masquerade leaves alone), its reply
+// entry made under that port and both ports remembered (svcproxy_remap); else,
+// or when svcproxy has no such range or no port was free, its reply entry is
+// made as for any new connection (it then shares the tuple, as before). 0 when
+// the packet cannot go (its connection was forgotten meanwhile). noinline, with
+// one frame for all: decide's is full.
+static __noinline int remap_new(const struct pkt *p, struct ct_val *flow)
+{
+	struct ct_key k;
+	ct_key_of(&k, p);
+	struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &k);
+	if (!orig)
+		return 0;
+	struct remap_try t;
+	__builtin_memset(&t, 0, sizeof(t));
+	ct_key_make(&t.rk, flow->addr, p->saddr, flow->port, p->sport, p->proto, p->family,
+		    CT_REPLY);
+	addr_copy(t.v.addr, p->daddr);
+	t.v.port = p->dport;
+	t.v.created_ns = flow->created_ns;
+	__u8 flags = flow->flags & ~CT_REMAP_WANTED;
+	__u32 zero = 0;
+	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
+	struct ct_val *held = bpf_map_lookup_elem(&svcproxy_ct, &t.rk);
+	if (held && r && r->hi && r->hi >= r->lo && held_by_other(held, p)) {
+		t.v.flags = CT_REMAPPED;
+		t.lo = r->lo;
+		t.span = r->hi - r->lo + 1;
+		// A plain bounded loop: a bpf_loop callback's frame would add to this
+		// one's, past the 512 bytes a call chain may take.
+		for (int i = 0; i < REMAP_TRIES; i++)
+			if (remap_step(&t))
+				break;
+	}
+	if (t.port) {
+		struct remap_val v = { .port = t.port };
+		if (bpf_map_update_elem(&svcproxy_remap, &k, &v, BPF_ANY))
+			t.port = 0;
+		v.port = p->sport;
+		if (t.port && bpf_map_update_elem(&svcproxy_remap, &t.rk, &v, BPF_ANY))
+			t.port = 0;
+		if (!t.port)
+			bpf_map_delete_elem(&svcproxy_ct, &t.rk);
+	}
+	if (t.port) {
+		flags |= CT_REMAPPED;
+	} else {
+		t.rk.dport = p->sport;
+		t.v.flags = 0;
+		bpf_map_update_elem(&svcproxy_ct, &t.rk, &t.v, BPF_ANY);
+	}
+	orig->flags = (orig->flags & ~CT_REMAP_WANTED) | (flags & CT_REMAPPED);
+	flow->flags = flags;
+	return 1;
+}
+
+// A packet of a connection whose client port is remapped (remap):
+// its source port toward the endpoint. 0 when the remap is forgotten (the
+// packet is then dropped, not sent as the other connection's).
+static __noinline int remap_out(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ct_key k;
+	ct_key_of(&k, p);
+	struct remap_val *r = bpf_map_lookup_elem(&svcproxy_remap, &k);
+	return r && rewrite_port(skb, p, 0, r->port);
+}
+
 SEC("classifier")
 int svcproxy_tc_ingress(struct __sk_buff *skb)
 {
@@ -147,6 +291,8 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	default:
 		return xdp_reply(skb, &p);
 	}
+	if ((flow.flags & CT_REMAP_WANTED) && !remap_new(&p, &flow))
+		return TC_ACT_SHOT;
 	// Masqueraded by svcproxy (both marks: the egress program gives the
 	// source), or by the kernel (the fixed rule).
 	__u32 marks = 0;
@@ -160,6 +306,8 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	skb->mark |= marks;
 	// A packet half rewritten (a helper failed) would carry a wrong checksum.
 	if (!rewrite(skb, &p, 1, flow.addr, flow.port))
+		return TC_ACT_SHOT;
+	if ((flow.flags & CT_REMAPPED) && !remap_out(skb, &p))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
 }
@@ -179,6 +327,14 @@ static __noinline int reply_egress(struct __sk_buff *skb, const struct pkt *p, i
 		// client's address (to the endpoint) or the endpoint's (to the client).
 		return ours ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	struct ct_val back = *ct;
+	// A remapped connection's replies go back to the client's own port.
+	__u16 client_port = p->dport;
+	if (back.flags & CT_REMAPPED) {
+		struct remap_val *r = bpf_map_lookup_elem(&svcproxy_remap, &k);
+		if (!r)
+			return TC_ACT_SHOT;
+		client_port = r->port;
+	}
 	int closing = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST));
 	// A reply keeps its connection from idling out: the client's side of it (its
 	// original entry) is touched at most once a second, and told of a FIN or
@@ -187,7 +343,7 @@ static __noinline int reply_egress(struct __sk_buff *skb, const struct pkt *p, i
 	if (closing || ct->seen_s != now) {
 		ct->seen_s = now;
 		struct ct_key ok;
-		ct_key_make(&ok, p->daddr, back.addr, p->dport, back.port, p->proto,
+		ct_key_make(&ok, p->daddr, back.addr, client_port, back.port, p->proto,
 			    p->family, CT_ORIGINAL);
 		struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
 		if (orig) {
@@ -198,7 +354,7 @@ static __noinline int reply_egress(struct __sk_buff *skb, const struct pkt *p, i
 			}
 		}
 	}
-	if (!rewrite(skb, p, 0, back.addr, back.port))
+	if (!rewrite(skb, p, 0, back.addr, back.port) || !rewrite_port(skb, p, 1, client_port))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
 }

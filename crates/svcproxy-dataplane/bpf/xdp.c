@@ -492,7 +492,10 @@ static __noinline int xdp_finish(struct xdp_md *ctx, const struct pkt *p,
 	int masq = flow->flags & ROUTE_MASQUERADE;
 	int fresh = masq && (flow->flags & CT_FRESH);
 	int source = 0;
-	if ((!masq || fresh || (flow->flags & CT_BPF_SNAT)) && !partial_csum(p) &&
+	// A connection whose client port is remapped is the tc programs' (they
+	// give it the port both ways).
+	int remapped = flow->flags & (CT_REMAPPED | CT_REMAP_WANTED);
+	if (!remapped && (!masq || fresh || (flow->flags & CT_BPF_SNAT)) && !partial_csum(p) &&
 	    xdp_route(ctx, p, flow, fresh, &fwd))
 		source = xdp_source(p, flow, &k, &fwd);
 	if (source <= 0) {

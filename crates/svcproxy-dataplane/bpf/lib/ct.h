@@ -3,9 +3,10 @@
 // The packet path's connection table (svcproxy_ct): its keys and values, one
 // entry each way of a connection (CT_*), a key from its parts or a packet
 // (ct_key_make, ct_key_of), the idle timeouts (svcproxy_timeouts: idle_expired,
-// touch), the end of a connection the lc scheduler counted (release_flow), and
-// the replies a UDP flow that the kernel masqueraded expects
-// (expect_masqueraded_reply, masqueraded_reply).
+// touch), the end of a connection the lc scheduler counted (release_flow), the
+// replies a UDP flow that the kernel masqueraded expects
+// (expect_masqueraded_reply, masqueraded_reply), and the client ports remapped
+// where two connections would meet as one at their endpoint (svcproxy_remap).
 
 #ifndef SVCPROXY_LIB_CT_H
 #define SVCPROXY_LIB_CT_H
@@ -63,6 +64,15 @@ struct ct_val {
 // decide()'s answer only, never stored: the packet's connection is new (its
 // endpoint chosen for this packet).
 #define CT_FRESH 0x40
+// CT_ORIGINAL's and CT_REPLY's: the connection's client port is remapped on
+// its way to the endpoint (its translated tuple was another connection's: one
+// client port, two service addresses, one endpoint); svcproxy_remap holds the
+// other port of each entry.
+#define CT_REMAPPED 0x10
+// CT_ORIGINAL's, between the choice of an endpoint and the tc ingress program
+// (decide.h: remap_new): the translated tuple's reply entry names another
+// service address; the new connection's own reply entry is not made yet.
+#define CT_REMAP_WANTED 0x20
 
 // The packet path's idle timeouts, in seconds (0: none; the LRU alone forgets):
 // kube-proxy's --ipvs-tcp-timeout, --ipvs-tcpfin-timeout, --ipvs-udp-timeout.
@@ -115,6 +125,22 @@ struct {
 	__type(key, struct ct_key);
 	__type(value, struct ct_val);
 } svcproxy_ct SEC(".maps");
+
+// A remapped connection's other port (network order), by the key of its entry
+// in svcproxy_ct: for CT_ORIGINAL the port its packets leave with toward the
+// endpoint, for CT_REPLY the client's own port its replies are given back.
+struct remap_val {
+	__u16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct ct_key);
+	__type(value, struct remap_val);
+} svcproxy_remap SEC(".maps");
 
 // A connection's key from its parts (ports in network order; dir CT_*).
 static __always_inline void ct_key_make(struct ct_key *k, const __u32 *saddr, const __u32 *daddr,

@@ -4,7 +4,9 @@
 // XDP program share, and what it asks: whether a packet comes from this node's
 // pods (from_pod), whether it answers one of the node's own sockets
 // (answers_local_socket), and a new connection's endpoint, as its route's
-// scheduler chooses from the packet (sched_hash, choose).
+// scheduler chooses from the packet (sched_hash, choose), marked where its
+// translated tuple's reply entry names another service address (the tc
+// ingress program then remaps its client port: tc.c, remap_new).
 
 #ifndef SVCPROXY_LIB_DECIDE_H
 #define SVCPROXY_LIB_DECIDE_H
@@ -169,9 +171,11 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 		out->counted = 1;
 	}
 
-	struct ct_key k;
-	ct_key_of(&k, p);
-	bpf_map_update_elem(&svcproxy_ct, &k, out, BPF_ANY);
+	// The reply entry first (no reply comes before the packet goes on), so
+	// that its key and the original's share the stack. The translated tuple's
+	// reply entry naming another service address: the tc ingress program
+	// decides whether the client port is remapped (tc.c, remap_new), and makes
+	// this connection's reply entry.
 	struct ct_key rk;
 	ct_key_make(&rk, be.addr, p->saddr, be.port, p->sport, p->proto,
 		    p->family, CT_REPLY);
@@ -179,7 +183,14 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	addr_copy(rv.addr, p->daddr);
 	rv.port = p->dport;
 	rv.created_ns = out->created_ns;
-	bpf_map_update_elem(&svcproxy_ct, &rk, &rv, BPF_ANY);
+	struct ct_val *held = bpf_map_lookup_elem(&svcproxy_ct, &rk);
+	if (held && !(held->port == p->dport && addr_eq(held->addr, p->daddr)))
+		out->flags |= CT_REMAP_WANTED;
+	else
+		bpf_map_update_elem(&svcproxy_ct, &rk, &rv, BPF_ANY);
+	struct ct_key k;
+	ct_key_of(&k, p);
+	bpf_map_update_elem(&svcproxy_ct, &k, out, BPF_ANY);
 	return 1;
 }
 

@@ -14,8 +14,12 @@
 //
 // Here is what both programs use: the maps, the source a connection leaves
 // with (snat_out), a masquerade lost (snat_lost), the marks (mark_snat). The XDP
-// program alone takes a port (snat_alloc, in xdp.c); the tc programs' own steps
-// (snat_reply, snat_known, snat_egress) are in tc.c.
+// program alone takes a port to masquerade (snat_alloc, in xdp.c); the tc
+// programs' own steps (snat_reply, snat_known, snat_egress) are in tc.c. The
+// range serves one more purpose there: a client port remapped where two
+// connections would be one tuple at their endpoint (tc.c: remap_new; its reply
+// entries are keyed by the client's own address, never the node's, so the two
+// uses never meet).
 
 #ifndef SVCPROXY_LIB_NAT_H
 #define SVCPROXY_LIB_NAT_H

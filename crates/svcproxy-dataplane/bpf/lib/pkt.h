@@ -152,4 +152,19 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 	return 1;
 }
 
+// The packet's source port (dst 0) or destination port (dst 1) rewritten, with
+// the checksum that covers it; its addresses left as they are.
+static __always_inline int rewrite_port(struct __sk_buff *skb, const struct pkt *p, int dst,
+					__u16 port)
+{
+	__u16 old_port = dst ? p->dport : p->sport;
+	if (port == old_port)
+		return 1;
+	if (bpf_l4_csum_replace(skb, p->csum_off, old_port, port, sizeof(__u16) | p->csum_flags))
+		return 0;
+	__u32 port_off = p->l4_off +
+			 (dst ? offsetof(struct udphdr, dest) : offsetof(struct udphdr, source));
+	return !bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0);
+}
+
 #endif

@@ -16,7 +16,7 @@ use crate::ebpf::EbpfOptions;
 use crate::error::DataPlaneError;
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 26] = [
+pub const MAPS: [&str; 27] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -43,6 +43,7 @@ pub const MAPS: [&str; 26] = [
     "svcproxy_xdp_nat",
     "svcproxy_snat",
     "svcproxy_snat_stats",
+    "svcproxy_remap",
 ];
 
 /// Maps an earlier release pinned whose layout changed under a new name: their

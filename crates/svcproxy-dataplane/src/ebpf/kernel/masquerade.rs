@@ -1,7 +1,8 @@
-//! svcproxy's own masquerade (the XDP fast path's): the ports it takes, above
-//! the node's `ip_local_port_range` ([`snat_ports`]), written for the programs
-//! at open ([`write_snat`]), and the node's range checked against them later
-//! ([`local_range_overlapping`]).
+//! svcproxy's own masquerade (the XDP fast path's, and the client ports the tc
+//! programs remap where two connections would be one tuple at their endpoint):
+//! the ports it takes, above the node's `ip_local_port_range` ([`snat_ports`]),
+//! written for the programs at open ([`write_snat`]), and the node's range
+//! checked against them later ([`local_range_overlapping`]).
 
 use aya::maps::{Array, MapData};
 use aya::Ebpf;
