@@ -2478,6 +2478,165 @@ fn live_differences(env: &Env, node: usize) -> (usize, String) {
     (diffs, shown)
 }
 
+/// Issue 56, item 2: established TCP connections carrying data and a UDP flow keep
+/// flowing across a SIGKILL of node-a's svcproxy and its restart, then across a
+/// hand-over to a new process: from pod-a1 to a cluster IP (both families) and from
+/// outside to a NodePort of node-a (which the XDP fast path, where on, masquerades
+/// itself), two connections each echoing a 64-byte request every 20 ms, every echo
+/// within 2 s; and a datagram every 250 ms from one client port, every one answered.
+/// The endpoint is on node-b. In the eBPF data plane the connections live in its
+/// maps (svcproxy_ct, the masquerade's ports) and the programs stay attached while no
+/// process runs; in the other kernel modes conntrack holds them. Each kernel mode,
+/// the eBPF ones with and without XDP.
+#[test]
+fn connections_carry_data_across_a_kill_and_a_hand_over() {
+    let cases: [(Mode, &[&str]); 6] = [
+        (Mode::Ebpf, &[]),
+        (Mode::Ebpf, &["--ebpf-xdp=native"]),
+        (Mode::Ipvs, &[]),
+        (Mode::Ipvs, &["--ebpf-xdp=native"]),
+        (Mode::Nftables, &[]),
+        (Mode::Iptables, &[]),
+    ];
+    for (mode, flags) in cases {
+        carry_across_restarts(mode, flags);
+    }
+}
+
+fn carry_across_restarts(mode: Mode, flags: &[&str]) {
+    const PORT: u16 = 9100;
+    const NODE_PORT: u16 = 30160;
+    let svc = Svc::dual("steady", 160)
+        .node_port()
+        .port(SvcPort::new("echo", Proto::Tcp, 80, PORT).node_port(NODE_PORT))
+        .port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT));
+    let slices: Vec<Slice> = Family::BOTH
+        .iter()
+        .map(|f| {
+            Slice::with_ports(
+                &svc,
+                &format!("steady-{}", family_name(*f).to_ascii_lowercase()),
+                *f,
+                &[
+                    ("echo", Proto::Tcp, PORT),
+                    ("dns", Proto::Udp, BACKEND_PORT),
+                ],
+                vec![Ep::pod(B0, *f)],
+            )
+        })
+        .collect();
+    let Some(mut env) = Env::start(
+        mode,
+        EnvSpec {
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+            ..EnvSpec::default()
+        },
+        &[(&fname(&svc), svc_file(&svc, &slices))],
+    ) else {
+        return;
+    };
+    let what = format!("{} {}", mode.label(), flags.join(" "));
+    let mut ck = Checks::new("carry");
+    let load = svcproxy_e2e::loadgen_bin().expect("svcproxy-loadgen");
+    let load = load.to_string_lossy();
+    let listen = Family::BOTH
+        .map(|f| sa(pod_ip(B0, f), PORT).to_string())
+        .join(",");
+    let server = env
+        .c
+        .spawn(B0, "loadgen", &[&load, "serve", "--listen", &listen])
+        .expect("start the echo server");
+    server
+        .wait_for_stdout("ready", ANSWER * 10)
+        .expect("the echo server is ready");
+    let clients: Vec<(Host, SocketAddr)> = vec![
+        (A1, sa(svc.cluster_ip(Family::V4), 80)),
+        (A1, sa(svc.cluster_ip(Family::V6), 80)),
+        (Host::Ext, sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT)),
+    ];
+    let streams: Vec<(String, svcproxy_e2e::NsProcess)> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, (from, target))| {
+            let target = target.to_string();
+            let argv = [
+                &*load,
+                "rr",
+                "--target",
+                &target,
+                "--concurrency",
+                "2",
+                "--seconds",
+                "9",
+                "--interval-ms",
+                "20",
+            ];
+            let p = env
+                .c
+                .spawn(*from, &format!("rr-{i}"), &argv)
+                .expect("start a client");
+            (format!("{} -> {target}", env.c.name(*from)), p)
+        })
+        .collect();
+    let bin = svcproxy_e2e::bins::svcproxy_bin();
+    let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
+    let udp = sa(svc.cluster_ip(Family::V4), 53);
+    let datagrams = thread::scope(|scope| {
+        let env_ref = &env;
+        let flow = scope.spawn(move || {
+            let spec = ProbeSpec::new(Proto::Udp, udp)
+                .count(34)
+                .timeout(ANSWER)
+                .interval(Duration::from_millis(250))
+                .source_port(43053);
+            env_ref.c.probe_spec(A1, &spec)
+        });
+        thread::sleep(Duration::from_secs(2));
+        owner.kill();
+        let restarted = env.spawn_svcproxy(&bin, NODE_A, &[]);
+        ck.check(
+            wait_log(&restarted, "svcproxy_sync::driver: synced", SYNC_DEADLINE),
+            || format!("{what}: no sync after the restart\n{}", restarted.logs()),
+        );
+        thread::sleep(Duration::from_millis(1500));
+        let new = env.spawn_svcproxy(&bin, NODE_A, &[]);
+        ck.check(
+            wait_log(&new, "waiting as a warm standby", SYNC_DEADLINE),
+            || format!("{what}: no standby\n{}", new.logs()),
+        );
+        let status = restarted.terminate(Duration::from_secs(30));
+        ck.check(status.is_some_and(|s| s.success()), || {
+            format!("{what}: the owner at SIGTERM: {status:?}")
+        });
+        ck.check(wait_log(&new, "took over", Duration::from_secs(5)), || {
+            format!("{what}: the standby never took over\n{}", new.logs())
+        });
+        owner = new;
+        flow.join().expect("the UDP flow")
+    });
+    env.proxies.push(owner);
+    for (name, p) in &streams {
+        let status = p.wait(Duration::from_secs(30));
+        let out = p.stdout();
+        ck.check(
+            status.as_ref().is_ok_and(|s| s.success()) && out.contains("\"count\""),
+            || {
+                format!(
+                    "{what}: {name}: every echo within 2 s: {status:?}\n{}",
+                    p.logs()
+                )
+            },
+        );
+        eprintln!("[dataplane] carry {what}: {name}: {}", out.trim());
+    }
+    ck.answered_by(
+        &format!("{what}: pod-a1's UDP flow from port 43053 to {udp}"),
+        &datagrams,
+        &["pod-b0"],
+    );
+    ck.finish(&env);
+}
+
 /// One client port, two service addresses, one endpoint: two connections there.
 /// The endpoint closes first (as HTTP servers do), so it still holds the first
 /// connection's tuple in TIME_WAIT when the second comes from the same client port

@@ -8,9 +8,11 @@
 //! - `connect --target ADDR --concurrency C --seconds S`: C threads each making new
 //!   connections in turn (connect, one 32-byte request echoed, close); prints
 //!   connections per second and the p50/p99 of one whole connection.
-//! - `rr --target ADDR --concurrency C --seconds S`: C connections in `E` mode, each
-//!   sending a 64-byte request and waiting for its echo in turn; prints requests
-//!   per second and the p50/p99 request latency.
+//! - `rr --target ADDR --concurrency C --seconds S [--interval-ms M]`: C
+//!   connections in `E` mode, each sending a 64-byte request and waiting for its
+//!   echo (2 s at most) in turn, pausing M ms after each; prints requests per
+//!   second and the p50/p99 request latency, or fails at the first echo missing
+//!   (the fault tests' connections that must live through a restart).
 //! - `transfer --target ADDR --bytes N`: one `E` connection; sends N bytes of a
 //!   checkable pattern while reading the echo, then shuts down its writing (a
 //!   half-close) and reads the echo to its end; every byte is checked. Prints the
@@ -77,6 +79,9 @@ enum Cmd {
         concurrency: usize,
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
+        /// A pause after each echo (0: none, as fast as they come).
+        #[arg(long, default_value_t = 0)]
+        interval_ms: u64,
     },
 }
 
@@ -97,7 +102,13 @@ fn main() -> Result<()> {
             target,
             concurrency,
             seconds,
-        } => rr(target, concurrency, Duration::from_secs_f64(seconds)),
+            interval_ms,
+        } => rr(
+            target,
+            concurrency,
+            Duration::from_secs_f64(seconds),
+            Duration::from_millis(interval_ms),
+        ),
         Cmd::Transfer { target, bytes } => transfer(target, bytes),
     }
 }
@@ -269,7 +280,7 @@ fn connect(target: SocketAddr, concurrency: usize, time: Duration) -> Result<()>
     Ok(())
 }
 
-fn rr(target: SocketAddr, concurrency: usize, time: Duration) -> Result<()> {
+fn rr(target: SocketAddr, concurrency: usize, time: Duration, interval: Duration) -> Result<()> {
     let start = Instant::now();
     let results = on_threads(concurrency, time, move |deadline, stop| {
         let mut s = TcpStream::connect(target).context("connecting")?;
@@ -282,8 +293,12 @@ fn rr(target: SocketAddr, concurrency: usize, time: Duration) -> Result<()> {
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
             let t = Instant::now();
             s.write_all(&req)?;
-            s.read_exact(&mut buf)?;
+            s.read_exact(&mut buf)
+                .with_context(|| format!("request {}: no echo", lat.len() + 1))?;
             lat.push(t.elapsed());
+            if !interval.is_zero() {
+                thread::sleep(interval);
+            }
         }
         Ok(lat)
     })?;
