@@ -17,10 +17,17 @@
 # and its least-squares slope (MiB per hour) over the whole churn and over its second
 # half, with the samples in WORKDIR (kept with --keep).
 #
+# In the ebpf and ipvs modes svcproxy gets a cgroup and a bpffs of the script's own
+# (removed at the end, with svcproxy's pins), and the entries of its maps are counted
+# in the kernel (bpftool) after the first sync and again after the churn: every map
+# must come back to its count (no leaked lists, scheduler state, lc counts, service
+# or reverse entries), reported per map.
+#
 # Usage: scripts/soak.sh [--source api|manifests|both] [--services N]
 #          [--endpoints-per-service M] [--nodes K] [--rate R] [--duration SECS]
-#          [--sample SECS] [--mode nftables|iptables] [--keep] [--no-build]
-# Needs root, ip, nft (or iptables), curl. Linux only (/proc).
+#          [--sample SECS] [--mode nftables|iptables|ebpf|ipvs] [--keep] [--no-build]
+# Needs root, ip, nft (or iptables), curl; bpftool and python3 in the ebpf and ipvs
+# modes. Linux only (/proc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,7 +68,10 @@ case "$source_sel" in api) sources=(api) ;; manifests) sources=(manifests) ;; bo
     *) echo "--source: api, manifests or both" >&2; exit 2 ;; esac
 case "$mode" in nftables) failures_metric=kubeproxy_sync_proxy_rules_nftables_sync_failures_total ;;
     iptables) failures_metric=kubeproxy_sync_proxy_rules_iptables_restore_failures_total ;;
-    *) echo "--mode: nftables or iptables" >&2; exit 2 ;; esac
+    ebpf|ipvs) failures_metric=svcproxy_sync_failures_total ;;
+    *) echo "--mode: nftables, iptables, ebpf or ipvs" >&2; exit 2 ;; esac
+ebpf=0
+case "$mode" in ebpf|ipvs) ebpf=1 ;; esac
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces)" >&2; exit 1; }
 
 if [ "$build" = 1 ]; then
@@ -74,11 +84,14 @@ fakeapi=$(realpath "$target_dir/release/svcproxy-fakeapi")
 work=$(mktemp -d "${TMPDIR:-/tmp}/svcproxy-soak.XXXXXX")
 pids=()
 netns=
+cgroot=
 cleanup() {
     local pid
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    ebpf_teardown
     [ -z "$netns" ] || ip netns delete "$netns" 2>/dev/null || true
+    [ -z "$cgroot" ] || { umount "$cgroot" 2>/dev/null || true; }
     if [ "$keep" = 1 ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -140,6 +153,43 @@ slope() {
                else printf "%.2f", (n * sxy - sx * sy) / d / 1024 * 3600 }' "$1"
 }
 
+# The ebpf and ipvs modes' own cgroup and bpffs: a cgroup v2 hierarchy mounted
+# under the work directory (`ip netns exec` hides /sys/fs/cgroup) with a child of
+# the script's, and a bpffs mounted there too; never the host's.
+ebpf_dirs=
+ebpf_setup() {
+    [ "$ebpf" = 1 ] || return 0
+    if [ -z "$cgroot" ]; then
+        cgroot=$work/cgroup2
+        mkdir -p "$cgroot"
+        mount -t cgroup2 none "$cgroot"
+    fi
+    local dir=$1
+    mkdir -p "$cgroot/svcproxy-soak-$$" "$dir/bpffs"
+    mount -t bpf bpf "$dir/bpffs"
+    ebpf_dirs=$dir
+    mode_args=(--ebpf-cgroup "$cgroot/svcproxy-soak-$$" --ebpf-bpffs "$dir/bpffs/svcproxy")
+}
+ebpf_teardown() {
+    [ -n "$ebpf_dirs" ] || return 0
+    local dir=$ebpf_dirs
+    ebpf_dirs=
+    [ -z "$netns" ] || ip netns exec "$netns" "$svcproxy" cleanup --proxy-mode "$mode" \
+        "${mode_args[@]}" >/dev/null 2>&1 || true
+    umount "$dir/bpffs" 2>/dev/null || true
+    rmdir "$cgroot/svcproxy-soak-$$" 2>/dev/null || true
+}
+# map_counts DIR OUT: each pinned map's entries in the kernel, "name count" lines.
+map_counts() {
+    local pin
+    : >"$2"
+    for pin in "$1"/bpffs/svcproxy/svcproxy_*; do
+        [ -f "$pin" ] || continue
+        printf '%s %s\n' "$(basename "$pin")" "$(bpftool -j map dump pinned "$pin" 2>/dev/null |
+            python3 -c 'import json, sys; print(len(json.load(sys.stdin)))' 2>/dev/null || echo '?')" >>"$2"
+    done
+}
+
 run() {
     local src=$1 dir=$work/$1
     mkdir -p "$dir"
@@ -167,7 +217,9 @@ run() {
         sed -nE 's/.*"address":"([^"]*)","type":"InternalIP".*/\1/p; t; s/.*"type":"InternalIP","address":"([^"]*)".*/\1/p' |
         head -n 1 || true)
     [ -z "$node_ip" ] || ip -n "$netns" addr add "$node_ip/32" dev lo
-    ip netns exec "$netns" "$svcproxy" "${source_args[@]}" --proxy-mode "$mode" \
+    mode_args=()
+    ebpf_setup "$dir"
+    ip netns exec "$netns" "$svcproxy" "${source_args[@]}" --proxy-mode "$mode" "${mode_args[@]}" \
         --hostname-override "$hostname" --healthz-bind-address 127.0.0.1:10256 \
         --metrics-bind-address 127.0.0.1:10249 >"$dir/svcproxy.out" 2>"$dir/svcproxy.err" &
     local proxy=$!
@@ -176,6 +228,7 @@ run() {
         sh -c "ip netns exec $netns curl -sf -o /dev/null http://127.0.0.1:10256/healthz"
     sleep 5
     ip netns exec "$netns" curl -sf http://127.0.0.1:10249/metrics >"$dir/metrics.before"
+    [ "$ebpf" = 0 ] || map_counts "$dir" "$dir/maps.before"
     kill -USR1 "$api"
     local start=$SECONDS last_sample=-"$sample" not_ok=0 checks=0 code
     : >"$dir/rss"
@@ -198,6 +251,16 @@ run() {
     sleep 5
     echo "$((SECONDS - start)) $(rss_kib "$proxy")" >>"$dir/rss"
     ip netns exec "$netns" curl -sf http://127.0.0.1:10249/metrics >"$dir/metrics"
+    local maps=-
+    if [ "$ebpf" = 1 ]; then
+        map_counts "$dir" "$dir/maps.after"
+        # Every map back to its count after the first sync; those that are not, named.
+        maps=$(join "$dir/maps.before" "$dir/maps.after" |
+            awk '$2 != $3 { printf "%s%s %s->%s", sep, $1, $2, $3; sep = ", " }
+                 END { if (NR && !sep) printf "all %d equal", NR }')
+        echo "[$src] map entries after the first sync, and after the churn:" >&2
+        join "$dir/maps.before" "$dir/maps.after" | column -t >&2
+    fi
     local made
     made=$(sed -n 's/.*churn done: \([0-9]*\) changes.*/\1/p' "$dir/fakeapi.err")
     local syncs failures p50 p99 count
@@ -213,12 +276,13 @@ run() {
     rss_start=$(awk 'NR == 1 { printf "%.1f", $2 / 1024 }' "$dir/rss")
     rss_end=$(awk 'END { printf "%.1f", $2 / 1024 }' "$dir/rss")
     rss_peak=$(awk '$2 > m { m = $2 } END { printf "%.1f", m / 1024 }' "$dir/rss")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$src" "${made:-?}" "$count" "$syncs" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$src" "${made:-?}" "$count" "$syncs" \
         "$failures" "$p50" "$p99" "$not_ok/$checks" "$rss_start" "$rss_end" "$rss_peak" \
-        "$(slope "$dir/rss")" "$(slope "$dir/rss" $((duration / 2)))" >>"$work/results"
+        "$(slope "$dir/rss")" "$(slope "$dir/rss" $((duration / 2)))" "$maps" >>"$work/results"
     kill "$proxy" "$api" 2>/dev/null || true
     wait "$proxy" "$api" 2>/dev/null || true
     pids=()
+    ebpf_teardown
     ip netns delete "$netns"
     netns=
 }
@@ -228,6 +292,6 @@ for s in "${sources[@]}"; do run "$s"; done
 echo
 echo "svcproxy soak ($mode): $services services x $endpoints endpoints, $nodes nodes; $rate endpoint changes/s for ${duration}s"
 {
-    printf 'source\tchanges\tlatencies\tsyncs\tsync failures\tp50 s\tp99 s\thealthz not 200\tRSS start MiB\tRSS end MiB\tRSS peak MiB\tRSS slope MiB/h\t2nd half MiB/h\n'
+    printf 'source\tchanges\tlatencies\tsyncs\tsync failures\tp50 s\tp99 s\thealthz not 200\tRSS start MiB\tRSS end MiB\tRSS peak MiB\tRSS slope MiB/h\t2nd half MiB/h\tmap entries\n'
     cat "$work/results"
 } | column -t -s "$(printf '\t')"

@@ -126,6 +126,26 @@ static __noinline int snat_egress(struct __sk_buff *skb, const struct pkt *p)
 // (decide.h) marks a new connection whose translated tuple's reply entry names
 // another service address (CT_REMAP_WANTED), and remap_new, here, decides.
 
+// New connections whose translated tuple another connection held: given another
+// client port (REMAP_STAT_REMAPPED), or left to share the tuple for want of a
+// range or a free port (REMAP_STAT_SHARED), per CPU.
+#define REMAP_STAT_REMAPPED 0
+#define REMAP_STAT_SHARED 1
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u32);
+	__type(value, __u64);
+} svcproxy_remap_stats SEC(".maps");
+
+static __always_inline void remap_count(__u32 stat)
+{
+	__u64 *n = bpf_map_lookup_elem(&svcproxy_remap_stats, &stat);
+	if (n)
+		*n += 1;
+}
+
 // How long an endpoint is taken to hold a connection's tuple after its last
 // packet, when nothing says it is still open: TIME_WAIT's 60 s, with the
 // margin conntrack gives it (its TIME_WAIT lasts 120 s).
@@ -222,7 +242,8 @@ static __noinline int remap_new(const struct pkt *p, struct ct_val *flow)
 	__u32 zero = 0;
 	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
 	struct ct_val *held = bpf_map_lookup_elem(&svcproxy_ct, &t.rk);
-	if (held && r && r->hi && r->hi >= r->lo && held_by_other(held, p)) {
+	int wanted = held && held_by_other(held, p);
+	if (wanted && r && r->hi && r->hi >= r->lo) {
 		t.v.flags = CT_REMAPPED;
 		t.lo = r->lo;
 		t.span = r->hi - r->lo + 1;
@@ -242,6 +263,8 @@ static __noinline int remap_new(const struct pkt *p, struct ct_val *flow)
 		if (!t.port)
 			bpf_map_delete_elem(&svcproxy_ct, &t.rk);
 	}
+	if (wanted)
+		remap_count(t.port ? REMAP_STAT_REMAPPED : REMAP_STAT_SHARED);
 	if (t.port) {
 		flags |= CT_REMAPPED;
 	} else {

@@ -2709,6 +2709,19 @@ fn a_client_port_used_toward_two_services_of_one_endpoint_is_answered_both_times
             }
         }
     }
+    // The eBPF data plane counts what it remapped: each second connection.
+    if let Some((_, pins)) = env.c.node_confinement(NODE_A) {
+        let pins = svcproxy_dataplane::ebpf::kernel::own_pin_dir(&pins);
+        let counts = svcproxy_dataplane::ebpf::kernel::remapped_client_ports(&pins);
+        ck.check(
+            counts.is_some_and(|[remapped, shared]| remapped >= 32 && shared == 0),
+            || {
+                format!(
+                    "node-a's remap counters (remapped, shared): {counts:?}, want 32 or more, 0"
+                )
+            },
+        );
+    }
     ck.finish(&env);
 }
 

@@ -15,7 +15,11 @@
 //!   `passed` to the stack, read from its counters at each scrape;
 //! - `svcproxy_ebpf_masquerade_ports_total{result}`: svcproxy's own masquerade
 //!   (the XDP fast path's): ports `taken` for new connections, and new
-//!   connections that found none free (`exhausted`: left to the kernel's).
+//!   connections that found none free (`exhausted`: left to the kernel's);
+//! - `svcproxy_ebpf_client_ports_remapped_total{result}`: new connections of the
+//!   packet path whose translated tuple another connection held at the endpoint
+//!   (one client port, two service addresses): given another client port
+//!   (`remapped`), or left to share the tuple for want of a free port (`shared`).
 
 use std::sync::{Arc, Mutex};
 
@@ -64,6 +68,17 @@ fn masquerade_family() -> IntCounterVec {
     .expect("valid")
 }
 
+fn remap_family() -> IntCounterVec {
+    IntCounterVec::new(
+        Opts::new(
+            "svcproxy_ebpf_client_ports_remapped_total",
+            "New connections of the packet path whose translated tuple another connection held at the endpoint: given another client port (remapped), or left to share the tuple for want of a free port (shared) (ebpf mode).",
+        ),
+        &["result"],
+    )
+    .expect("valid")
+}
+
 fn gauges(name: &str, help: &str) -> IntGaugeVec {
     IntGaugeVec::new(Opts::new(name, help), &["map"]).expect("valid")
 }
@@ -100,6 +115,7 @@ impl EbpfCollector {
         let (a, b, c, d, e) = families();
         let f = xdp_family();
         let g = masquerade_family();
+        let h = remap_family();
         let mut descs = Vec::new();
         for m in [
             a.desc(),
@@ -109,6 +125,7 @@ impl EbpfCollector {
             e.desc(),
             f.desc(),
             g.desc(),
+            h.desc(),
         ] {
             descs.extend(m.into_iter().cloned());
         }
@@ -161,6 +178,13 @@ impl Collector for EbpfCollector {
                 ports.with_label_values(&[result]).inc_by(n);
             }
             out.extend(ports.collect());
+        }
+        if let Some(counts) = super::kernel::remapped_client_ports(&self.pin_dir) {
+            let remaps = remap_family();
+            for (result, n) in ["remapped", "shared"].iter().zip(counts) {
+                remaps.with_label_values(&[result]).inc_by(n);
+            }
+            out.extend(remaps.collect());
         }
         out
     }

@@ -34,6 +34,12 @@ pub fn masquerade_ports(pin_dir: &Path) -> Option<[u64; 2]> {
     per_cpu_sums(pin_dir, "svcproxy_snat_stats")
 }
 
+/// The new connections of the packet path whose translated tuple another
+/// connection held: given another client port, and left to share it.
+pub fn remapped_client_ports(pin_dir: &Path) -> Option<[u64; 2]> {
+    per_cpu_sums(pin_dir, "svcproxy_remap_stats")
+}
+
 /// The first `N` counters of a pinned per-CPU array, summed over CPUs.
 fn per_cpu_sums<const N: usize>(pin_dir: &Path, map: &str) -> Option<[u64; N]> {
     let data = MapData::from_pin(pin_dir.join(map)).ok()?;

@@ -16,7 +16,7 @@ use crate::ebpf::EbpfOptions;
 use crate::error::DataPlaneError;
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 27] = [
+pub const MAPS: [&str; 28] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -44,6 +44,7 @@ pub const MAPS: [&str; 27] = [
     "svcproxy_snat",
     "svcproxy_snat_stats",
     "svcproxy_remap",
+    "svcproxy_remap_stats",
 ];
 
 /// Maps an earlier release pinned whose layout changed under a new name: their
