@@ -153,31 +153,37 @@ static __always_inline void remap_count(__u32 stat)
 // Ports tried at random for a remapped client port.
 #define REMAP_TRIES 16
 
-// Whether the reply entry `held`, found under a new connection's translated
-// tuple (`p` before translation), is another connection's still: one to
-// another service address (the same client port toward the same endpoint),
-// open, or closed within REMAP_HELD_S. The endpoint would take the new
-// connection's packets for that one's: a SYN meeting an open or TIME_WAIT
-// socket is answered with that connection's ACK. The kernel modes' conntrack
-// gives the second connection another source port; so does svcproxy (remap).
-static __always_inline int held_by_other(const struct ct_val *held, const struct pkt *p)
+// Whether the reply entry `e` under `rk` (endpoint to client, the client's
+// port as the endpoint sees it) is a connection's still: its original entry
+// (client to service address; through svcproxy_remap for a remapped one) open
+// (TCP: no FIN or RST passed, not idle past its timeout), or its last packet
+// either way within REMAP_HELD_S (a closed TCP connection's TIME_WAIT; a UDP
+// flow's conntrack timeout). The endpoint would take a new connection's
+// packets on that tuple for that one's: a SYN meeting an open or TIME_WAIT
+// socket is answered with that connection's ACK.
+static __always_inline int reply_in_use(const struct ct_key *rk, const struct ct_val *e)
 {
-	if (held->port == p->dport && addr_eq(held->addr, p->daddr))
-		return 0;
-	__u32 last = held->seen_s;
-	__u32 born = held->created_ns / 1000000000ULL;
+	__u32 last = e->seen_s;
+	__u32 born = e->created_ns / 1000000000ULL;
 	if (born > last)
 		last = born;
-	if (now_s() - last <= REMAP_HELD_S)
-		return 1;
-	if (held->flags & CT_REMAPPED)
-		return 0;
-	// Quiet for longer: held while that connection is open here.
+	__u16 client_port = rk->dport;
+	if (e->flags & CT_REMAPPED) {
+		struct remap_val *r = bpf_map_lookup_elem(&svcproxy_remap, rk);
+		if (r)
+			client_port = r->port;
+	}
 	struct ct_key ok;
-	ct_key_make(&ok, p->saddr, held->addr, p->sport, held->port, p->proto, p->family,
+	ct_key_make(&ok, rk->daddr, e->addr, client_port, e->port, rk->proto, rk->family,
 		    CT_ORIGINAL);
-	struct ct_val *orig = bpf_map_lookup_elem(&svcproxy_ct, &ok);
-	return orig && !(orig->flags & CT_CLOSING) && !idle_expired(orig, p->proto == IPPROTO_TCP);
+	struct ct_val *o = bpf_map_lookup_elem(&svcproxy_ct, &ok);
+	if (o) {
+		if (o->seen_s > last)
+			last = o->seen_s;
+		if (rk->proto == IPPROTO_TCP && !(o->flags & CT_CLOSING) && !idle_expired(o, 1))
+			return 1;
+	}
+	return now_s() - last <= REMAP_HELD_S;
 }
 
 struct remap_try {
@@ -190,7 +196,7 @@ struct remap_try {
 };
 
 // One client port tried: its reply entry made, unless another connection has
-// it (one quiet past REMAP_HELD_S gives it up). 1 when taken.
+// it still (reply_in_use; one over gives it up). 1 when taken.
 static __always_inline int remap_step(struct remap_try *t)
 {
 	__u16 port = bpf_htons(t->lo + bpf_get_prandom_u32() % t->span);
@@ -200,13 +206,7 @@ static __always_inline int remap_step(struct remap_try *t)
 		return 1;
 	}
 	struct ct_val *e = bpf_map_lookup_elem(&svcproxy_ct, &t->rk);
-	if (!e)
-		return 0;
-	__u32 last = e->seen_s;
-	__u32 born = e->created_ns / 1000000000ULL;
-	if (born > last)
-		last = born;
-	if (now_s() - last <= REMAP_HELD_S)
+	if (!e || reply_in_use(&t->rk, e))
 		return 0;
 	if (bpf_map_update_elem(&svcproxy_ct, &t->rk, &t->v, BPF_EXIST))
 		return 0;
@@ -214,9 +214,9 @@ static __always_inline int remap_step(struct remap_try *t)
 	return 1;
 }
 
-// A new connection whose translated tuple's reply entry names another service
-// address (CT_REMAP_WANTED, from choose; `p` before translation, `flow` its
-// endpoint): if that entry is another connection's still (held_by_other), its
+// A new connection whose translated tuple's reply entry is another
+// connection's (CT_REMAP_WANTED, from choose; `p` before translation, `flow` its
+// endpoint): if that connection is still in use (reply_in_use), its
 // client port is remapped to a port of svcproxy_snat's range (above the node's
 // ip_local_port_range, which the kernel's masquerade leaves alone), its reply
 // entry made under that port and both ports remembered (svcproxy_remap); else,
@@ -242,7 +242,7 @@ static __noinline int remap_new(const struct pkt *p, struct ct_val *flow)
 	__u32 zero = 0;
 	struct snat_range *r = bpf_map_lookup_elem(&svcproxy_snat, &zero);
 	struct ct_val *held = bpf_map_lookup_elem(&svcproxy_ct, &t.rk);
-	int wanted = held && held_by_other(held, p);
+	int wanted = held && reply_in_use(&t.rk, held);
 	if (wanted && r && r->hi && r->hi >= r->lo) {
 		t.v.flags = CT_REMAPPED;
 		t.lo = r->lo;

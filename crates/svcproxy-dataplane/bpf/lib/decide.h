@@ -173,9 +173,9 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 
 	// The reply entry first (no reply comes before the packet goes on), so
 	// that its key and the original's share the stack. The translated tuple's
-	// reply entry naming another service address: the tc ingress program
-	// decides whether the client port is remapped (tc.c, remap_new), and makes
-	// this connection's reply entry.
+	// reply entry another connection's (another service address, or a remapped
+	// connection's): the tc ingress program decides whether the client port is
+	// remapped (tc.c, remap_new), and makes this connection's reply entry.
 	struct ct_key rk;
 	ct_key_make(&rk, be.addr, p->saddr, be.port, p->sport, p->proto,
 		    p->family, CT_REPLY);
@@ -183,11 +183,17 @@ static __always_inline int choose(const struct pkt *p, const struct svc_val *svc
 	addr_copy(rv.addr, p->daddr);
 	rv.port = p->dport;
 	rv.created_ns = out->created_ns;
-	struct ct_val *held = bpf_map_lookup_elem(&svcproxy_ct, &rk);
-	if (held && !(held->port == p->dport && addr_eq(held->addr, p->daddr)))
-		out->flags |= CT_REMAP_WANTED;
-	else
-		bpf_map_update_elem(&svcproxy_ct, &rk, &rv, BPF_ANY);
+	// Made only where none is (two first packets on two CPUs cannot both take
+	// the tuple); one there already is this connection's old one (the same
+	// client port to the same service address, not remapped), or another's.
+	if (bpf_map_update_elem(&svcproxy_ct, &rk, &rv, BPF_NOEXIST)) {
+		struct ct_val *held = bpf_map_lookup_elem(&svcproxy_ct, &rk);
+		if (held && (!(held->port == p->dport && addr_eq(held->addr, p->daddr)) ||
+			     (held->flags & CT_REMAPPED)))
+			out->flags |= CT_REMAP_WANTED;
+		else
+			bpf_map_update_elem(&svcproxy_ct, &rk, &rv, BPF_ANY);
+	}
 	struct ct_key k;
 	ct_key_of(&k, p);
 	bpf_map_update_elem(&svcproxy_ct, &k, out, BPF_ANY);

@@ -116,14 +116,17 @@ impl MapSizes {
         connections: 262_144,
     };
 
-    /// Each sized map's name and size.
-    pub fn by_map(&self) -> [(&'static str, u32); 5] {
+    /// Each sized map's name and size: `svcproxy_remap` (two entries for each
+    /// connection whose client port is remapped, a rare event) a quarter of
+    /// `svcproxy_ct`'s, at least 1024.
+    pub fn by_map(&self) -> [(&'static str, u32); 6] {
         [
             ("svcproxy_svc", self.services),
             ("svcproxy_vip", self.services),
             ("svcproxy_slot", self.endpoints),
             ("svcproxy_member", self.endpoints),
             ("svcproxy_ct", self.connections),
+            ("svcproxy_remap", (self.connections / 4).max(1024)),
         ]
     }
 }

@@ -98,9 +98,16 @@ impl Kernel {
             self.written = None;
             return Ok(false);
         }
+        // Until both are done the maps may hold what nobody recorded: a failure
+        // leaves the next write a full one that sweeps.
+        let done = self
+            .attach_interfaces(table)
+            .and_then(|_| self.drop_unnamed_lists());
+        if let Err(e) = done {
+            self.written = None;
+            return Err(e);
+        }
         self.unknown_keys = false;
-        self.attach_interfaces(table)?;
-        self.drop_unnamed_lists()?;
         Ok(true)
     }
 
@@ -137,7 +144,14 @@ impl Kernel {
             }
         }
         for (dest, entry) in &table.entries {
-            w.entries.insert(*dest, encode(dest, entry, &w.lists));
+            let (key, value) = encode(dest, entry, &w.lists);
+            // Every field as this process would write it (the affinity's id,
+            // the source ranges' id, the schedulers' bytes), not only what the
+            // read-back below renders.
+            if self.svc.get(&key, 0).ok() != Some(value) {
+                return None;
+            }
+            w.entries.insert(*dest, (key, value));
         }
         w.local = table.local_addrs.iter().map(local_key).collect();
         w.vips = table.cluster_ips.keys().map(local_key).collect();
