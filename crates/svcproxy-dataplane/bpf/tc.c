@@ -141,9 +141,7 @@ struct {
 
 static __always_inline void remap_count(__u32 stat)
 {
-	__u64 *n = bpf_map_lookup_elem(&svcproxy_remap_stats, &stat);
-	if (n)
-		*n += 1;
+	count_in(&svcproxy_remap_stats, stat);
 }
 
 // How long an endpoint is taken to hold a connection's tuple after its last

@@ -22,9 +22,7 @@
 
 static __always_inline int xdp_count(__u32 stat, int action)
 {
-	__u64 *n = bpf_map_lookup_elem(&svcproxy_xdp_stats, &stat);
-	if (n)
-		*n += 1;
+	count_in(&svcproxy_xdp_stats, stat);
 	return action;
 }
 

@@ -2537,18 +2537,8 @@ fn carry_across_restarts(mode: Mode, flags: &[&str]) {
     };
     let what = format!("{} {}", mode.label(), flags.join(" "));
     let mut ck = Checks::new("carry");
-    let load = svcproxy_e2e::loadgen_bin().expect("svcproxy-loadgen");
+    let (load, _server) = loadgen_server(&env, B0, PORT);
     let load = load.to_string_lossy();
-    let listen = Family::BOTH
-        .map(|f| sa(pod_ip(B0, f), PORT).to_string())
-        .join(",");
-    let server = env
-        .c
-        .spawn(B0, "loadgen", &[&load, "serve", "--listen", &listen])
-        .expect("start the echo server");
-    server
-        .wait_for_stdout("ready", ANSWER * 10)
-        .expect("the echo server is ready");
     let clients: Vec<(Host, SocketAddr)> = vec![
         (A1, sa(svc.cluster_ip(Family::V4), 80)),
         (A1, sa(svc.cluster_ip(Family::V6), 80)),
@@ -3190,6 +3180,31 @@ fn the_userspace_proxy_retries_a_dead_endpoint_counts_it_and_drains_at_sigterm()
     ck.finish(&env);
 }
 
+/// `svcproxy-loadgen serve` in `pod` on `port` of both its families, ready; with
+/// the binary's path, for the clients.
+fn loadgen_server(
+    env: &Env,
+    pod: Host,
+    port: u16,
+) -> (std::path::PathBuf, svcproxy_e2e::NsProcess) {
+    let load = svcproxy_e2e::loadgen_bin().expect("svcproxy-loadgen");
+    let listen = Family::BOTH
+        .map(|f| sa(pod_ip(pod, f), port).to_string())
+        .join(",");
+    let server = env
+        .c
+        .spawn(
+            pod,
+            "loadgen",
+            &[&load.to_string_lossy(), "serve", "--listen", &listen],
+        )
+        .expect("start the echo server");
+    server
+        .wait_for_stdout("ready", ANSWER * 10)
+        .expect("the echo server is ready");
+    (load, server)
+}
+
 /// 1 GiB to an echoing pod and back through the userspace proxy (1 GiB each way,
 /// relayed with splice), every byte checked by the client, which half-closes
 /// after sending: the echo still comes back in full, so the proxy passed the
@@ -3220,18 +3235,8 @@ fn the_userspace_proxy_carries_a_gibibyte_each_way_intact() {
         return;
     };
     let mut ck = Checks::new("userspace-gibibyte");
-    let load = svcproxy_e2e::loadgen_bin().expect("svcproxy-loadgen");
+    let (load, _server) = loadgen_server(&env, B0, PORT);
     let load = load.to_string_lossy();
-    let listen = Family::BOTH
-        .map(|f| sa(pod_ip(B0, f), PORT).to_string())
-        .join(",");
-    let server = env
-        .c
-        .spawn(B0, "loadgen", &[&load, "serve", "--listen", &listen])
-        .expect("start the echo server");
-    server
-        .wait_for_stdout("ready", ANSWER * 10)
-        .expect("the echo server is ready");
     for f in Family::BOTH {
         let target = sa(svc.cluster_ip(f), 80).to_string();
         let out = env.c.exec(

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (BSD-2-Clause OR GPL-2.0)
 //
 // What every program of svcproxy's starts from: the kernel's BPF definitions,
-// the address families as the maps name them, and the addresses' helpers.
+// the address families as the maps name them, the addresses' helpers, and a
+// per-CPU counter's increment.
 
 #ifndef SVCPROXY_LIB_COMMON_H
 #define SVCPROXY_LIB_COMMON_H
@@ -23,6 +24,15 @@ static __always_inline void addr_copy(__u32 *to, const __u32 *from)
 	to[1] = from[1];
 	to[2] = from[2];
 	to[3] = from[3];
+}
+
+// Counter `stat` of the per-CPU array `map` (svcproxy's statistics maps)
+// incremented.
+static __always_inline void count_in(void *map, __u32 stat)
+{
+	__u64 *n = bpf_map_lookup_elem(map, &stat);
+	if (n)
+		*n += 1;
 }
 
 #endif

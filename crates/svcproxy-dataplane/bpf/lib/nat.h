@@ -51,9 +51,7 @@ struct {
 
 static __always_inline void snat_count(__u32 stat)
 {
-	__u64 *n = bpf_map_lookup_elem(&svcproxy_snat_stats, &stat);
-	if (n)
-		*n += 1;
+	count_in(&svcproxy_snat_stats, stat);
 }
 
 struct {
