@@ -116,9 +116,12 @@ impl Kernel {
     /// ids for one list.
     fn recorded(&self, table: &Table) -> Option<Written> {
         let mut ids: HashMap2<ListName, u32> = HashMap2::new();
+        // Each entry's value as the maps hold it, read once, in the table's order.
+        let mut held = Vec::with_capacity(table.entries.len());
         for (dest, entry) in &table.entries {
             let (key, _) = encode(dest, entry, &Default::default());
             let have = self.svc.get(&key, 0).ok()?;
+            held.push(have);
             let routes = [
                 (&entry.pod, have.pod),
                 (&entry.host, have.host),
@@ -143,12 +146,12 @@ impl Kernel {
                 w.lists.insert(name.clone(), (*id, list.clone()));
             }
         }
-        for (dest, entry) in &table.entries {
+        for ((dest, entry), have) in table.entries.iter().zip(held) {
             let (key, value) = encode(dest, entry, &w.lists);
             // Every field as this process would write it (the affinity's id,
             // the source ranges' id, the schedulers' bytes), not only what the
             // read-back below renders.
-            if self.svc.get(&key, 0).ok() != Some(value) {
+            if have != value {
                 return None;
             }
             w.entries.insert(*dest, (key, value));
