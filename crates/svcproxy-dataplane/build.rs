@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: &[&str] = &["sock", "tc", "xdp", "bench"];
+const PROGRAMS: &[&str] = &["sock", "tc", "xdp", "bench", "evict"];
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));

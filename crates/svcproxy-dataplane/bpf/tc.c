@@ -286,6 +286,26 @@ static __noinline int remap_out(struct __sk_buff *skb, const struct pkt *p)
 	return r && rewrite_port(skb, p, 0, r->port);
 }
 
+// A retransmitted SYN of a connection whose reply entry went: made again. A
+// full map's LRU may take an entry made moments before (a CPU short of free
+// entries takes them from another's newest), and without it the endpoint's
+// SYN-ACK leaves untranslated, for this SYN and every retransmission after it
+// (the original entry, still there, keeps them on this path).
+static __noinline int keep_reply(const struct pkt *p, const struct ct_val *flow)
+{
+	struct ct_key rk;
+	ct_key_make(&rk, flow->addr, p->saddr, flow->port, p->sport, p->proto, p->family,
+		    CT_REPLY);
+	if (bpf_map_lookup_elem(&svcproxy_ct, &rk))
+		return 0;
+	struct ct_val rv = {};
+	addr_copy(rv.addr, p->daddr);
+	rv.port = p->dport;
+	rv.created_ns = flow->created_ns;
+	bpf_map_update_elem(&svcproxy_ct, &rk, &rv, BPF_NOEXIST);
+	return 1;
+}
+
 SEC("classifier")
 int svcproxy_tc_ingress(struct __sk_buff *skb)
 {
@@ -314,6 +334,10 @@ int svcproxy_tc_ingress(struct __sk_buff *skb)
 	}
 	if ((flow.flags & CT_REMAP_WANTED) && !remap_new(&p, &flow))
 		return TC_ACT_SHOT;
+	if (p.proto == IPPROTO_TCP &&
+	    (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+	    !(flow.flags & (CT_FRESH | CT_REMAPPED | CT_BPF_SNAT)))
+		keep_reply(&p, &flow);
 	// Masqueraded by svcproxy (both marks: the egress program gives the
 	// source), or by the kernel (the fixed rule).
 	__u32 marks = 0;

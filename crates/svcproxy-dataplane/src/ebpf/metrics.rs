@@ -2,8 +2,11 @@
 //! left: how full the maps svcproxy fills are, what did not fit, and how many
 //! writes failed.
 //!
-//! - `svcproxy_ebpf_map_entries{map}`: keys svcproxy holds in the map;
-//! - `svcproxy_ebpf_map_max_entries{map}`: the map's size (the flags');
+//! - `svcproxy_ebpf_map_entries{map}`: keys svcproxy holds in the map, and the
+//!   entries each LRU map holds (counted from its pin at each scrape: the
+//!   programs fill those);
+//! - `svcproxy_ebpf_map_max_entries{map}`: the map's size (the flags', and the
+//!   LRU maps' as the kernel has them);
 //! - `svcproxy_ebpf_map_overflow_keys{map}`: keys that did not fit (0 when all did);
 //! - `svcproxy_ebpf_unprogrammed_service_ports`: service ports not served as planned
 //!   for want of room (their addresses untranslated, or refused for want of room
@@ -19,7 +22,10 @@
 //! - `svcproxy_ebpf_client_ports_remapped_total{result}`: new connections of the
 //!   packet path whose translated tuple another connection held at the endpoint
 //!   (one client port, two service addresses): given another client port
-//!   (`remapped`), or left to share the tuple for want of a free port (`shared`).
+//!   (`remapped`), or left to share the tuple for want of a free port (`shared`);
+//! - `svcproxy_ebpf_map_evictions_total{map}`: live entries each LRU map evicted
+//!   to make room, counted by a tracing program since this process started
+//!   (absent where it cannot run: see `kernel::Evictions`).
 
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +43,8 @@ pub struct MapStats {
     pub sizes: MapSizes,
     pub overflow: Overflow,
     pub failed_writes: u64,
+    /// The LRU maps' eviction counter, where it runs.
+    pub evictions: Option<Arc<super::kernel::Evictions>>,
 }
 
 pub struct EbpfCollector {
@@ -79,6 +87,17 @@ fn remap_family() -> IntCounterVec {
     .expect("valid")
 }
 
+fn evictions_family() -> IntCounterVec {
+    IntCounterVec::new(
+        Opts::new(
+            "svcproxy_ebpf_map_evictions_total",
+            "Live entries each LRU BPF map evicted to make room (state lost while still in use: a connection's endpoint, a reply's source, a session's endpoint), since svcproxy started (ebpf mode).",
+        ),
+        &["map"],
+    )
+    .expect("valid")
+}
+
 fn gauges(name: &str, help: &str) -> IntGaugeVec {
     IntGaugeVec::new(Opts::new(name, help), &["map"]).expect("valid")
 }
@@ -116,6 +135,7 @@ impl EbpfCollector {
         let f = xdp_family();
         let g = masquerade_family();
         let h = remap_family();
+        let i = evictions_family();
         let mut descs = Vec::new();
         for m in [
             a.desc(),
@@ -126,6 +146,7 @@ impl EbpfCollector {
             f.desc(),
             g.desc(),
             h.desc(),
+            i.desc(),
         ] {
             descs.extend(m.into_iter().cloned());
         }
@@ -154,7 +175,19 @@ impl Collector for EbpfCollector {
             overflow.with_label_values(&[map]).set(over as i64);
         }
         ports.set(s.overflow.ports.len() as i64);
+
         failures.inc_by(s.failed_writes);
+        let evictions = s.evictions.clone();
+        let opened = !s.fill.is_empty();
+        drop(s);
+        // The LRU maps, once the maps exist (counted with the lock let go: a
+        // sync need not wait for it).
+        if opened {
+            for (map, n, size) in super::kernel::lru_fill(&self.pin_dir) {
+                entries.with_label_values(&[map]).set(n as i64);
+                max.with_label_values(&[map]).set(i64::from(size));
+            }
+        }
         // A family without samples (nothing written yet) is left out.
         let mut out: Vec<MetricFamily> = entries
             .collect()
@@ -185,6 +218,13 @@ impl Collector for EbpfCollector {
                 remaps.with_label_values(&[result]).inc_by(n);
             }
             out.extend(remaps.collect());
+        }
+        if let Some(e) = evictions {
+            let family = evictions_family();
+            for (map, n) in e.counts() {
+                family.with_label_values(&[map]).inc_by(n);
+            }
+            out.extend(family.collect());
         }
         out
     }

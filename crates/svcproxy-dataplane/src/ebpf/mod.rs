@@ -212,6 +212,9 @@ pub struct EbpfDataPlane {
     /// This process sealed the maps for a successor: its next write removes
     /// the seal (the maps then no longer hold what it vouched for).
     sealed_here: bool,
+    /// The LRU maps' eviction counter: `None` until the maps are first opened,
+    /// then whether it could be started.
+    evictions: Option<Option<std::sync::Arc<kernel::Evictions>>>,
 }
 
 impl EbpfDataPlane {
@@ -263,6 +266,7 @@ impl EbpfDataPlane {
             snat_overlap_said: false,
             stats: Default::default(),
             sealed_here: false,
+            evictions: None,
         }
     }
 
@@ -292,8 +296,34 @@ impl EbpfDataPlane {
             let xdp = self.opts.xdp;
             let snat = *self.snat.get_or_insert_with(|| kernel::snat_ports(xdp));
             self.kernel = Some(Kernel::open(&self.opts, snat)?);
+            self.count_evictions();
         }
         Ok(self.kernel.as_mut().expect("opened above"))
+    }
+
+    /// The LRU maps just opened counted by the eviction counter, started the
+    /// first time (without it, the mode runs on and the log says why, once).
+    fn count_evictions(&mut self) {
+        match &self.evictions {
+            None => {
+                let started = match kernel::Evictions::start(&self.opts.pin_dir) {
+                    Ok(e) => Some(std::sync::Arc::new(e)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the LRU maps' evictions are not counted (svcproxy_ebpf_map_evictions_total is absent): the counter is a tracing program, which needs CAP_PERFMON and a kernel with BPF trampolines; everything else works");
+                        None
+                    }
+                };
+                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                stats.evictions = started.clone();
+                self.evictions = Some(started);
+            }
+            Some(Some(e)) => {
+                if let Err(e) = e.watch(&self.opts.pin_dir) {
+                    tracing::warn!(error = %e, "the LRU maps made afresh are not counted for evictions");
+                }
+            }
+            Some(None) => {}
+        }
     }
 
     /// The fixed companion rules, with the marks of the moment (before the

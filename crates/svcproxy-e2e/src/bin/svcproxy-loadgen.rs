@@ -13,6 +13,11 @@
 //!   echo (2 s at most) in turn, pausing M ms after each; prints requests per
 //!   second and the p50/p99 request latency, or fails at the first echo missing
 //!   (the fault tests' connections that must live through a restart).
+//! - `hold --target ADDR --connections N --pause-secs P`: opens N `E`
+//!   connections, each answering one echo, and prints `open`; after P seconds
+//!   (idle) sends one request on each and waits up to 3 s in all for the echoes.
+//!   Prints how many opened, and how many answered after the pause (the
+//!   map-pressure tests' idle connections).
 //! - `transfer --target ADDR --bytes N`: one `E` connection; sends N bytes of a
 //!   checkable pattern while reading the echo, then shuts down its writing (a
 //!   half-close) and reads the echo to its end; every byte is checked. Prints the
@@ -71,6 +76,15 @@ enum Cmd {
         #[arg(long)]
         bytes: u64,
     },
+    /// N connections opened, left idle, then each asked once more.
+    Hold {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long)]
+        connections: usize,
+        #[arg(long, default_value_t = 5.0)]
+        pause_secs: f64,
+    },
     /// Small requests on open connections: rate and latency.
     Rr {
         #[arg(long)]
@@ -110,6 +124,11 @@ fn main() -> Result<()> {
             Duration::from_millis(interval_ms),
         ),
         Cmd::Transfer { target, bytes } => transfer(target, bytes),
+        Cmd::Hold {
+            target,
+            connections,
+            pause_secs,
+        } => hold(target, connections, Duration::from_secs_f64(pause_secs)),
     }
 }
 
@@ -256,7 +275,7 @@ fn connect(target: SocketAddr, concurrency: usize, time: Duration) -> Result<()>
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
             let t = Instant::now();
             let ok = (|| -> std::io::Result<()> {
-                let mut s = TcpStream::connect(target)?;
+                let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
                 s.set_nodelay(true)?;
                 s.set_read_timeout(Some(Duration::from_secs(2)))?;
                 s.write_all(&req)?;
@@ -305,6 +324,55 @@ fn rr(target: SocketAddr, concurrency: usize, time: Duration, interval: Duration
     let secs = start.elapsed().as_secs_f64();
     let lat = results.into_iter().flatten().collect();
     report("rr", concurrency, secs, lat, 0);
+    Ok(())
+}
+
+fn hold(target: SocketAddr, n: usize, pause: Duration) -> Result<()> {
+    let req = [0x42u8; 16];
+    let mut buf = [0u8; 16];
+    let mut open = Vec::new();
+    for _ in 0..n {
+        let ok = (|| -> std::io::Result<TcpStream> {
+            let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(b"E")?;
+            s.write_all(&req)?;
+            s.read_exact(&mut buf)?;
+            Ok(s)
+        })();
+        if let Ok(s) = ok {
+            open.push(s);
+        }
+    }
+    println!("open {}", open.len());
+    std::io::stdout().flush()?;
+    thread::sleep(pause);
+    // Every connection asked at once; the echoes awaited together.
+    let mut asked: Vec<Option<TcpStream>> = open
+        .into_iter()
+        .map(|mut s| s.write_all(&req).ok().map(|_| s))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut answered = 0usize;
+    for s in asked.iter_mut().flatten() {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        s.set_read_timeout(Some(left))?;
+        if s.read_exact(&mut buf).is_ok() && buf == req {
+            answered += 1;
+        }
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "test": "hold",
+            "asked": n,
+            "opened": asked.len(),
+            "answered": answered,
+        })
+    );
     Ok(())
 }
 

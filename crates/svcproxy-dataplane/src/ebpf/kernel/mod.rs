@@ -37,6 +37,7 @@
 //! - `dump`: the pinned maps as text ([`dump`], [`expected_lines`]) and their
 //!   counters;
 //! - `drift`: the links that should be pinned and are not ([`missing_links`]);
+//! - `evictions`: the LRU maps' fill ([`lru_fill`]) and evictions ([`Evictions`]);
 //! - `flows`: the packet path's idle timeouts and live-connection counts;
 //! - `masquerade`: the ports svcproxy's own masquerade takes ([`snat_ports`]);
 //! - `host`: what the node offers (the kernel's release, cgroup v2, bpffs, the
@@ -49,6 +50,7 @@ mod attach;
 mod cleanup;
 mod drift;
 mod dump;
+mod evictions;
 mod flows;
 mod host;
 mod lists;
@@ -87,6 +89,7 @@ use write::Written;
 pub use cleanup::cleanup;
 pub use drift::{missing_links, pinned};
 pub use dump::{dump, expected_lines, masquerade_ports, remapped_client_ports, xdp_packets};
+pub use evictions::{lru_fill, Evictions, LRU_MAPS};
 pub use host::{cgroup2_root, on_bpffs, own_pin_dir};
 pub use load::preflight;
 pub use maps::MAPS;
