@@ -624,7 +624,7 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
         endpoints: 3,
         ..MapSizes::DEFAULT
     };
-    let mut driver = Driver::without_conntrack(cfg, EbpfDataPlane::new(opts));
+    let mut driver = Driver::without_conntrack(cfg.clone(), EbpfDataPlane::new(opts));
     if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
         failures.push(format!("a full endpoint map fails the sync: {e}"));
     }
@@ -642,6 +642,43 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
     let metrics = text_of(driver.plane_mut().collectors());
     if !metrics.contains("svcproxy_ebpf_map_overflow_keys{map=\"svcproxy_slot\"} 3") {
         failures.push(format!("metrics lack the endpoint overflow:\n{metrics}"));
+    }
+    w.run_cleanup(&mut driver);
+
+    // Room for exactly the six lists (one endpoint each): a full sync at the
+    // edge writes what it can under fresh ids and keeps the others' ids (their
+    // endpoints unchanged), so every address stays served, sync after sync.
+    let mut opts = ebpf_options(&w.conf);
+    opts.sizes = MapSizes {
+        endpoints: 6,
+        ..MapSizes::DEFAULT
+    };
+    let mut driver = Driver::without_conntrack(cfg, EbpfDataPlane::new(opts));
+    for round in 1..=3 {
+        if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
+            failures.push(format!(
+                "full sync {round} at the edge of the slot map: {e}"
+            ));
+        }
+        let answered = (1..=6)
+            .filter(|n| probe(&format!("198.19.0.{n}:80")).backend() == Some("pod-a"))
+            .count();
+        if answered != 6 {
+            failures.push(format!(
+                "full sync {round} at the edge of the slot map: {answered} of 6 answered"
+            ));
+        }
+        let metrics = text_of(driver.plane_mut().collectors());
+        for want in [
+            "svcproxy_ebpf_map_entries{map=\"svcproxy_slot\"} 6",
+            "svcproxy_ebpf_unprogrammed_service_ports 0",
+        ] {
+            if !metrics.contains(want) {
+                failures.push(format!(
+                    "full sync {round}: metrics lack {want:?}:\n{metrics}"
+                ));
+            }
+        }
     }
     w.run_cleanup(&mut driver);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -213,7 +213,7 @@ pub struct EbpfFlags {
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.services, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_services: u32,
 
-    /// ebpf and ipvs modes: endpoint slots the maps hold; a full sync needs room for twice the endpoints of every list it writes (the old lists stay until the entries have moved) (svcproxy only).
+    /// ebpf and ipvs modes: endpoint slots the maps hold (a full sync writes each list beside its old copy where there is room, and keeps an unchanged list's old copy where there is none) (svcproxy only).
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.endpoints, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_endpoints: u32,
 

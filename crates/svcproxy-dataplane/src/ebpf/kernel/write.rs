@@ -83,7 +83,10 @@ impl Kernel {
         }
         let mut w = Written::default();
         self.overflow = Overflow::default();
-        ops += self.write_all_lists(table, &mut w)?;
+        // A list that finds no room beside the old ones keeps its old id when its
+        // endpoints are unchanged (only with a record of what the maps hold).
+        let known = before.as_ref().filter(|_| !unknown);
+        ops += self.write_all_lists(table, known, &mut w)?;
         ops += self.write_all_fences(table, &mut w)?;
         ops += self.write_all_entries(table, &mut w)?;
         ops += self.write_all_addresses(table, &mut w)?;
@@ -98,9 +101,17 @@ impl Kernel {
     }
 
     /// Every endpoint list under a fresh id: in one batch, else (no room for them
-    /// all) list by list, each whole or not at all (a list that does not fit
-    /// leaves its entries rejecting).
-    fn write_all_lists(&mut self, table: &Table, w: &mut Written) -> Result<usize, DataPlaneError> {
+    /// all) list by list, each whole or not at all. A list that does not fit
+    /// keeps the id it had when `before` records it there with the same
+    /// endpoints: a full sync needs room only for the lists that changed, not
+    /// for a second copy of every list. Any other list that does not fit leaves
+    /// its entries rejecting.
+    fn write_all_lists(
+        &mut self,
+        table: &Table,
+        before: Option<&Written>,
+        w: &mut Written,
+    ) -> Result<usize, DataPlaneError> {
         let mut ops = 0usize;
         let mut batch = ListBatch::default();
         let mut fresh = Vec::new();
@@ -126,8 +137,18 @@ impl Kernel {
                             w.lists.insert(name.clone(), (id, list.clone()));
                         }
                         Err(DataPlaneError::MapFull { map, .. }) => {
-                            self.delete_list(id, list)?;
-                            self.overflow.note(map, list.endpoints.len(), &name.service);
+                            ops += self.delete_list(id, list)?;
+                            let kept = before
+                                .and_then(|b| b.lists.get(name))
+                                .filter(|(_, old)| old == list);
+                            match kept {
+                                Some((old_id, _)) => {
+                                    w.lists.insert(name.clone(), (*old_id, list.clone()));
+                                }
+                                None => {
+                                    self.overflow.note(map, list.endpoints.len(), &name.service)
+                                }
+                            }
                         }
                         Err(e) => return Err(e),
                     }
@@ -251,7 +272,9 @@ impl Kernel {
         for k in before.local.iter().filter(|k| !w.local.contains(k)) {
             ops += remove(&mut self.local, k)?;
         }
-        for (id, list) in before.lists.values() {
+        // (A list kept under its id, for want of room for a fresh copy, stays.)
+        let kept: BTreeSet<u32> = w.lists.values().map(|(id, _)| *id).collect();
+        for (id, list) in before.lists.values().filter(|(id, _)| !kept.contains(id)) {
             ops += self.delete_list(*id, list)?;
         }
         for (id, (_, nets)) in &before.firewalls {
