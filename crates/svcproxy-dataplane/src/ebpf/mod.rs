@@ -98,15 +98,23 @@ pub enum XdpMode {
     Native,
 }
 
-/// The sizes of the maps that grow with the cluster (`max_entries`).
+/// The sizes of the maps that grow with the cluster (`max_entries`): four
+/// flags, and every other map that grows derived from one of them
+/// ([`MapSizes::by_map`]). The maps bounded by one node's own things keep a
+/// fixed size (docs/ebpf.md, "Maps").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapSizes {
-    /// `svcproxy_svc`.
+    /// `svcproxy_svc` and `svcproxy_vip`; `svcproxy_rr` (a round-robin list per
+    /// service address at most) and `svcproxy_fw` (a quarter: the source ranges
+    /// of fenced ports) derive from it.
     pub services: u32,
     /// `svcproxy_slot` (and `svcproxy_member`, the same).
     pub endpoints: u32,
-    /// `svcproxy_ct`.
+    /// `svcproxy_ct`; the other LRU maps (a quarter each) derive from it.
     pub connections: u32,
+    /// `svcproxy_mh`: Maglev table entries of 256 cells (a table of the default
+    /// 16,381 cells takes 64).
+    pub maglev: u32,
 }
 
 impl MapSizes {
@@ -114,20 +122,39 @@ impl MapSizes {
         services: 262_144,
         endpoints: 2_097_152,
         connections: 262_144,
+        maglev: 262_144,
     };
 
-    /// Each sized map's name and size: `svcproxy_remap` (two entries for each
-    /// connection whose client port is remapped, a rare event) a quarter of
-    /// `svcproxy_ct`'s, at least 1024.
-    pub fn by_map(&self) -> [(&'static str, u32); 6] {
-        [
+    /// Each sized map's name and size. The LRU maps besides `svcproxy_ct`
+    /// (remapped client ports, unconnected UDP sockets' flows and replies,
+    /// affinity, live-connection counts, the XDP cache) are a quarter of
+    /// `svcproxy_ct`'s, at least 1024: each holds an entry for some of the
+    /// connections, or of their clients or endpoints.
+    pub fn by_map(&self) -> Vec<(&'static str, u32)> {
+        let quarter = |n: u32| (n / 4).max(1024);
+        let mut maps = vec![
             ("svcproxy_svc", self.services),
             ("svcproxy_vip", self.services),
+            ("svcproxy_rr", self.services),
+            ("svcproxy_fw", quarter(self.services)),
             ("svcproxy_slot", self.endpoints),
             ("svcproxy_member", self.endpoints),
+            ("svcproxy_mh", self.maglev),
             ("svcproxy_ct", self.connections),
-            ("svcproxy_remap", (self.connections / 4).max(1024)),
-        ]
+        ];
+        for lru in [
+            "svcproxy_remap",
+            "svcproxy_rev",
+            "svcproxy_flow",
+            "svcproxy_aff",
+            "svcproxy_affip",
+            "svcproxy_conns",
+            "svcproxy_flows",
+            "svcproxy_xdp_nat",
+        ] {
+            maps.push((lru, quarter(self.connections)));
+        }
+        maps
     }
 }
 
@@ -638,4 +665,86 @@ pub fn table_differences(want: &Table, have: &Table) -> Vec<String> {
         out.push(format!("extra: {l}"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel::{LRU_MAPS, MAPS};
+    use super::MapSizes;
+
+    /// The maps of a fixed size, each bounded by one node's own things or one
+    /// entry (docs/ebpf.md, "Maps"); every other map is sized by a flag.
+    const FIXED: [&str; 12] = [
+        "svcproxy_local",
+        "svcproxy_podnet",
+        "svcproxy_ifc",
+        "svcproxy_guard",
+        "svcproxy_xdp_tx",
+        "svcproxy_peer",
+        "svcproxy_cfg",
+        "svcproxy_timeouts",
+        "svcproxy_xdp_stats",
+        "svcproxy_snat",
+        "svcproxy_snat_stats",
+        "svcproxy_remap_stats",
+    ];
+
+    #[test]
+    fn every_map_is_sized_by_a_flag_or_fixed_by_nature() {
+        let sized: Vec<&str> = MapSizes::DEFAULT.by_map().iter().map(|m| m.0).collect();
+        for map in MAPS {
+            assert!(
+                sized.contains(&map) != FIXED.contains(&map),
+                "{map}: sized by a flag, or fixed, not both nor neither"
+            );
+        }
+        for map in LRU_MAPS {
+            assert!(
+                sized.contains(&map),
+                "{map}: an LRU map grows with the connections"
+            );
+        }
+    }
+
+    #[test]
+    fn the_default_sizes_are_the_last_release_s_so_an_upgrade_remakes_no_map() {
+        let want = [
+            ("svcproxy_svc", 262_144),
+            ("svcproxy_vip", 262_144),
+            ("svcproxy_rr", 262_144),
+            ("svcproxy_fw", 65_536),
+            ("svcproxy_slot", 2_097_152),
+            ("svcproxy_member", 2_097_152),
+            ("svcproxy_mh", 262_144),
+            ("svcproxy_ct", 262_144),
+            ("svcproxy_remap", 65_536),
+            ("svcproxy_rev", 65_536),
+            ("svcproxy_flow", 65_536),
+            ("svcproxy_aff", 65_536),
+            ("svcproxy_affip", 65_536),
+            ("svcproxy_conns", 65_536),
+            ("svcproxy_flows", 65_536),
+            ("svcproxy_xdp_nat", 65_536),
+        ];
+        assert_eq!(MapSizes::DEFAULT.by_map(), want.to_vec());
+        // Derived maps follow their flag, and never go below 1024.
+        let small = MapSizes {
+            services: 8,
+            endpoints: 8,
+            connections: 8,
+            maglev: 8,
+        };
+        for (map, size) in small.by_map() {
+            let floor = if ["svcproxy_fw"].contains(&map) || LRU_MAPS.contains(&map) {
+                if map == "svcproxy_ct" {
+                    8
+                } else {
+                    1024
+                }
+            } else {
+                8
+            };
+            assert_eq!(size, floor, "{map}");
+        }
+    }
 }

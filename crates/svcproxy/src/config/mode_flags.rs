@@ -209,7 +209,7 @@ pub struct EbpfFlags {
           value_parser = parse_go_bool, action = clap::ArgAction::Set, help_heading = "svcproxy")]
     pub ebpf_host_namespace_only: bool,
 
-    /// ebpf and ipvs modes: service addresses the maps hold (each cluster, external and load-balancer IP and NodePort address, per port) (svcproxy only).
+    /// ebpf and ipvs modes: service addresses the maps hold (each cluster, external and load-balancer IP and NodePort address, per port), and round-robin lists; loadBalancerSourceRanges' prefixes a quarter of it (svcproxy only).
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.services, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_services: u32,
 
@@ -217,9 +217,13 @@ pub struct EbpfFlags {
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.endpoints, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_endpoints: u32,
 
-    /// ebpf and ipvs modes: connections the packet path remembers, each way (an LRU: the least recently used go first) (svcproxy only).
+    /// ebpf and ipvs modes: connections the packet path remembers, each way (an LRU: the least recently used go first); the other LRU maps are a quarter of it each (svcproxy only).
     #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.connections, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
     pub ebpf_map_size_connections: u32,
+
+    /// ebpf and ipvs modes: Maglev table entries the maps hold, of 256 cells each (a table of the default 16381 cells takes 64; the mh scheduler's) (svcproxy only).
+    #[arg(long, value_name = "N", default_value_t = MapSizes::DEFAULT.maglev, value_parser = clap::value_parser!(u32).range(1..), help_heading = "svcproxy")]
+    pub ebpf_map_size_maglev: u32,
 
     /// ebpf and ipvs modes: the XDP fast path for NodePort, external-IP and load-balancer traffic from outside. `native` attaches it to every interface that is not a pod's whose driver runs native XDP (veth does; the others keep the tc path alone): drops are made there, and a connection needing no masquerade is sent on to its endpoint there when the kernel says the endpoint's interface takes redirected frames. Those packets skip the netfilter forward hook and any tc program on that interface, so leave it `off` (the default) where a NetworkPolicy is enforced there (svcproxy only).
     #[arg(
@@ -267,6 +271,7 @@ impl EbpfFlags {
                 services: self.ebpf_map_size_services,
                 endpoints: self.ebpf_map_size_endpoints,
                 connections: self.ebpf_map_size_connections,
+                maglev: self.ebpf_map_size_maglev,
             },
             timeouts,
         }

@@ -34,7 +34,7 @@ impl Overflow {
             sizes = ?sizes.by_map(),
             service_ports = self.ports.len(),
             first = ?first,
-            "BPF maps are full: these service ports are not served as planned (their addresses not translated, or refused for want of room for their endpoints); everything else is; raise --ebpf-map-size-services / --ebpf-map-size-endpoints (svcproxy_rr and svcproxy_mh, the schedulers' state, hold 262,144 entries each, a Maglev list up to 256 of them: fewer or smaller endpoint weights, or fewer mh services, make room)"
+            "BPF maps are full: these service ports are not served as planned (their addresses not translated, or refused for want of room for their endpoints); everything else is; raise the flag of the full map: --ebpf-map-size-services (svcproxy_svc, svcproxy_vip, svcproxy_rr), --ebpf-map-size-endpoints (svcproxy_slot, svcproxy_member), --ebpf-map-size-maglev (svcproxy_mh: a Maglev table of the default 16381 cells takes 64 entries)"
         );
     }
 }
