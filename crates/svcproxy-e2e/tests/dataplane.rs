@@ -2679,7 +2679,11 @@ fn connection_map_pressure(mode: Mode, flags: &[&str]) {
     let (load, _server) = loadgen_server(&env, B0, PORT);
     let load = load.to_string_lossy();
     let target = sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT).to_string();
-    let before = map_evictions(&node_a_metrics(&env), "svcproxy_ct");
+    let before = series(
+        &node_a_metrics(&env),
+        "svcproxy_ebpf_map_evictions_total",
+        "svcproxy_ct",
+    );
     let held = env
         .c
         .spawn(
@@ -2720,7 +2724,7 @@ fn connection_map_pressure(mode: Mode, flags: &[&str]) {
     let held_status = held.wait(Duration::from_secs(30));
     let held_out = held.stdout();
     let metrics = node_a_metrics(&env);
-    let after = map_evictions(&metrics, "svcproxy_ct");
+    let after = series(&metrics, "svcproxy_ebpf_map_evictions_total", "svcproxy_ct");
     eprintln!(
         "[dataplane] ct pressure {what}: {opened:?}; churn {}; held {}; evictions {before:?} -> {after:?}",
         churn_out.trim(),
@@ -2753,8 +2757,8 @@ fn connection_map_pressure(mode: Mode, flags: &[&str]) {
     // The map full: its fill, counted from the pin, near its size (an LRU map
     // evicts before it is quite full: each CPU keeps some free entries of its
     // own).
-    let fill = gauge(&metrics, "svcproxy_ebpf_map_entries", "svcproxy_ct");
-    let size = gauge(&metrics, "svcproxy_ebpf_map_max_entries", "svcproxy_ct");
+    let fill = series(&metrics, "svcproxy_ebpf_map_entries", "svcproxy_ct");
+    let size = series(&metrics, "svcproxy_ebpf_map_max_entries", "svcproxy_ct");
     ck.check(
         size == Some(1024) && fill.is_some_and(|n| (700..=1024).contains(&n)),
         || {
@@ -2802,18 +2806,9 @@ fn tracing_programs() -> bool {
         .unwrap_or(false)
 }
 
-/// Gauge `name` of `map`, from `metrics`.
-fn gauge(metrics: &str, name: &str, map: &str) -> Option<u64> {
+/// Series `name` of `map` (a gauge or a counter), from `metrics`.
+fn series(metrics: &str, name: &str, map: &str) -> Option<u64> {
     let series = format!("{name}{{map=\"{map}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// `svcproxy_ebpf_map_evictions_total` of `map`, from `metrics`.
-fn map_evictions(metrics: &str, map: &str) -> Option<u64> {
-    let series = format!("svcproxy_ebpf_map_evictions_total{{map=\"{map}\"}} ");
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(&series))

@@ -142,16 +142,7 @@ impl MapSizes {
             ("svcproxy_mh", self.maglev),
             ("svcproxy_ct", self.connections),
         ];
-        for lru in [
-            "svcproxy_remap",
-            "svcproxy_rev",
-            "svcproxy_flow",
-            "svcproxy_aff",
-            "svcproxy_affip",
-            "svcproxy_conns",
-            "svcproxy_flows",
-            "svcproxy_xdp_nat",
-        ] {
+        for lru in kernel::LRU_MAPS.into_iter().filter(|m| *m != "svcproxy_ct") {
             maps.push((lru, quarter(self.connections)));
         }
         maps
