@@ -3,8 +3,9 @@
 // The LRU maps' evictions, counted per map: an fexit program on the kernel
 // function an LRU hash map calls to take back an entry it evicts to make room
 // (kernel/bpf/hashtab.c, htab_lru_map_delete_node; it returns true when the
-// entry was still in the map, i.e. when live state was lost). A deletion by a
-// program or by svcproxy goes another way (htab_lru_map_delete_elem) and is
+// entry was still in the map, not one deleted already). The entry may have been
+// a live connection's or one long closed: the kernel cannot tell. A deletion by
+// a program or by svcproxy goes another way (htab_lru_map_delete_elem) and is
 // not counted.
 //
 // The program runs for every LRU map of the kernel: it counts only the maps

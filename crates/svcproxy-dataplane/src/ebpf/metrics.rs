@@ -23,8 +23,9 @@
 //!   packet path whose translated tuple another connection held at the endpoint
 //!   (one client port, two service addresses): given another client port
 //!   (`remapped`), or left to share the tuple for want of a free port (`shared`);
-//! - `svcproxy_ebpf_map_evictions_total{map}`: live entries each LRU map evicted
-//!   to make room, counted by a tracing program since this process started
+//! - `svcproxy_ebpf_map_evictions_total{map}`: entries each LRU map evicted to
+//!   make room (live or long closed), counted by a tracing program since this
+//!   process started
 //!   (absent where it cannot run: see `kernel::Evictions`).
 
 use std::sync::{Arc, Mutex};
@@ -91,7 +92,7 @@ fn evictions_family() -> IntCounterVec {
     IntCounterVec::new(
         Opts::new(
             "svcproxy_ebpf_map_evictions_total",
-            "Live entries each LRU BPF map evicted to make room (state lost while still in use: a connection's endpoint, a reply's source, a session's endpoint), since svcproxy started (ebpf mode).",
+            "Entries each LRU BPF map evicted to make room, since svcproxy started: a live connection's, a reply's source, a session's endpoint, or one of a connection long closed (ebpf mode, where the kernel runs tracing programs).",
         ),
         &["map"],
     )

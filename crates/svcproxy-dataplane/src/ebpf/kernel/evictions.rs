@@ -3,9 +3,11 @@
 //! their evictions counted per map ([`Evictions`]): `bpf/evict.c`, an
 //! fexit program on the kernel function an LRU hash map calls when it evicts a
 //! live entry to make room, counts the evictions of the maps whose ids this
-//! process gives it (its own, by their pins). An eviction is state lost while
-//! still wanted: a connection's endpoint or masquerade, an unconnected UDP
-//! reply's source, a session's endpoint, a live-connection count.
+//! process gives it (its own, by their pins). An evicted entry may still have
+//! been wanted (a live connection's endpoint or masquerade, an unconnected UDP
+//! reply's source, a session's endpoint, a live-connection count), or be one an
+//! LRU map keeps until it needs the room (a connection long closed): the kernel
+//! cannot tell them apart, so a steady rate of evictions is the signal, not one.
 //!
 //! Optional: a tracing program needs `CAP_PERFMON` (beside `CAP_BPF`) and a
 //! kernel with BPF trampolines. Without them the mode runs as before, the
