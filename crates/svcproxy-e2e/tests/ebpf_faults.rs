@@ -653,7 +653,7 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
         endpoints: 6,
         ..MapSizes::DEFAULT
     };
-    let mut driver = Driver::without_conntrack(cfg, EbpfDataPlane::new(opts));
+    let mut driver = Driver::without_conntrack(cfg.clone(), EbpfDataPlane::new(opts));
     for round in 1..=3 {
         if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
             failures.push(format!(
@@ -678,6 +678,49 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
                     "full sync {round}: metrics lack {want:?}:\n{metrics}"
                 ));
             }
+        }
+    }
+    w.run_cleanup(&mut driver);
+
+    // The Maglev tables (mh, as ipvs mode's --ipvs-scheduler mh): room for three
+    // tables of the default 16,381 cells (64 entries each) of six. Three lists
+    // are written whole and served; the three others refuse, counted.
+    let mut opts = ebpf_options(&w.conf);
+    opts.sizes = MapSizes {
+        maglev: 3 * 64,
+        ..MapSizes::DEFAULT
+    };
+    let mh = PlanConfig {
+        scheduler: svcproxy_core::model::Scheduler::parse("mh").expect("mh"),
+        schedulers: true,
+        ..cfg
+    };
+    let mut driver = Driver::without_conntrack(mh, EbpfDataPlane::new(opts));
+    if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
+        failures.push(format!("a full Maglev map fails the sync: {e}"));
+    }
+    let refused = (1..=6)
+        .filter(|n| probe(&format!("198.19.0.{n}:80")).is_refused())
+        .count();
+    let answered = (1..=6)
+        .filter(|n| probe(&format!("198.19.0.{n}:80")).backend() == Some("pod-a"))
+        .count();
+    if (answered, refused) != (3, 3) {
+        failures.push(format!(
+            "three Maglev lists fit and are served, three refuse: answered {answered}, \
+             refused {refused}"
+        ));
+    }
+    let metrics = text_of(driver.plane_mut().collectors());
+    for want in [
+        "svcproxy_ebpf_map_overflow_keys{map=\"svcproxy_mh\"} 3",
+        "svcproxy_ebpf_map_max_entries{map=\"svcproxy_mh\"} 192",
+        "svcproxy_ebpf_unprogrammed_service_ports 3",
+    ] {
+        if !metrics.contains(want) {
+            failures.push(format!(
+                "a full Maglev map: metrics lack {want:?}:\n{metrics}"
+            ));
         }
     }
     w.run_cleanup(&mut driver);
