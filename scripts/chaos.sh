@@ -9,17 +9,23 @@
 #              random moments, stands by, and takes over at the owner's SIGTERM.
 # After each disruption `explain --live` must find the kernel equal to the plan and
 # every service must answer from its current endpoints, and every connection of the
-# stream must have been answered. Prints the counts; exits non-zero on any mismatch
-# or failure.
-#   ./scripts/chaos.sh [SECONDS] [MODE] [kill|hand-over]   (as root; CHAOS_SEED=N
-#   repeats a run)
+# stream must have been answered. SOURCE `api` has node-a's svcproxy read a fake
+# API server in node-a's namespace (--kubeconfig), each change applied to it, rather
+# than the manifests. Prints the counts; exits non-zero on any mismatch or failure.
+#   ./scripts/chaos.sh [SECONDS] [MODE] [kill|hand-over] [manifests|api]   (as root;
+#   CHAOS_SEED=N repeats a run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CHAOS_SECONDS=${1:-120} CHAOS_MODE=${2:-nftables}
+usage="usage: $0 [SECONDS] [MODE] [kill|hand-over] [manifests|api]"
+export CHAOS_SECONDS=${1:-120} CHAOS_MODE=${2:-nftables} CHAOS_SOURCE=${4:-manifests}
 case ${3:-kill} in
   kill) test=chaos_kill_9_under_endpoint_churn ;;
   hand-over) test=chaos_rolling_hand_overs_under_endpoint_churn ;;
-  *) echo "usage: $0 [SECONDS] [MODE] [kill|hand-over]" >&2; exit 2 ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+case $CHAOS_SOURCE in
+  manifests|api) ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac
 cargo build --locked -p svcproxy -p svcproxy-e2e --bins
 exec cargo test --locked -p svcproxy-e2e --test dataplane -- --ignored \

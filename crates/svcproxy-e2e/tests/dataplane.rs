@@ -3710,10 +3710,73 @@ endpoints:
 // The chaos run (not part of the suite: `scripts/chaos.sh`)
 // -----------------------------------------------------------------------------------------
 
+/// `CHAOS_SOURCE=api`: node-a's svcproxy reads a fake API server in node-a's
+/// namespace (`--kubeconfig`) rather than the manifests. Each change of the churn
+/// goes to it as well as to the files (node-b's source, and `explain`'s).
+struct ApiSource {
+    server: svcproxy_fakeapi::FakeApiServer,
+    kubeconfig: tempfile::NamedTempFile,
+    /// The server's tasks run on it (after the server in the drop order).
+    _rt: tokio::runtime::Runtime,
+}
+
+impl ApiSource {
+    /// The server started in node-a's namespace, holding every object of the
+    /// manifests.
+    fn start(env: &Env) -> ApiSource {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        // Its listening socket made in node-a's namespace, where svcproxy reaches it.
+        let server = svcproxy_testkit::netns::in_netns(env.c.ns(Host::Node(NODE_A)), || {
+            rt.block_on(svcproxy_fakeapi::FakeApiServer::start())
+        })
+        .expect("node-a's namespace")
+        .expect("the fake API server");
+        let kubeconfig = tempfile::NamedTempFile::new().expect("a kubeconfig file");
+        std::fs::write(kubeconfig.path(), server.kubeconfig_yaml()).expect("the kubeconfig");
+        let api = ApiSource {
+            server,
+            kubeconfig,
+            _rt: rt,
+        };
+        let dir = std::fs::read_dir(env.manifests.path()).expect("the manifests");
+        for entry in dir.flatten() {
+            if !entry.file_name().to_string_lossy().starts_with('.') {
+                api.apply(&std::fs::read_to_string(entry.path()).expect("a manifest"));
+            }
+        }
+        api
+    }
+
+    /// Every object of the YAML `text` that svcproxy watches, created or updated.
+    fn apply(&self, text: &str) {
+        for doc in text.split("\n---") {
+            let obj: serde_json::Value = yaml_serde::from_str(doc).expect("a YAML document");
+            let watched = ["Service", "EndpointSlice", "Node", "ServiceCIDR"];
+            if obj["kind"].as_str().is_some_and(|k| watched.contains(&k)) {
+                self.server.apply(obj);
+            }
+        }
+    }
+
+    /// svcproxy's flags for it.
+    fn flags(&self) -> Vec<String> {
+        vec![
+            "--kubeconfig".into(),
+            self.kubeconfig.path().to_string_lossy().into_owned(),
+        ]
+    }
+}
+
 /// The chaos runs' shared part: 12 services in a two-node cluster, their endpoints
 /// changed at random (never to none) by a small deterministic generator
 /// (`CHAOS_SEED`), and the checks after each disruption.
 struct Chaos {
+    /// `CHAOS_SOURCE=api`: node-a reads the API; otherwise the manifests.
+    api: Option<ApiSource>,
     mode: Mode,
     seconds: u64,
     services: Vec<Svc>,
@@ -3763,8 +3826,29 @@ impl Chaos {
             .collect();
         let files: Vec<(&str, String)> =
             files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let env = Env::start(mode, EnvSpec::default(), &files)?;
+        let mut env = Env::start(mode, EnvSpec::default(), &files)?;
+        let api = match std::env::var("CHAOS_SOURCE").as_deref() {
+            Ok("api") => {
+                // node-a's svcproxy started again on the API.
+                let api = ApiSource::start(&env);
+                let first = env.proxies.remove(env.proxy_index(NODE_A));
+                first.kill();
+                let bin = svcproxy_e2e::bins::svcproxy_bin();
+                let proc = env.spawn_svcproxy(&bin, NODE_A, &api.flags());
+                assert!(
+                    wait_log(&proc, "svcproxy_sync::driver: synced", SYNC_DEADLINE)
+                        && proc.stderr().contains("svcproxy_sources::kube: list complete"),
+                    "node-a's svcproxy on the API source never synced from it\n{}",
+                    proc.logs()
+                );
+                env.proxies.push(proc);
+                Some(api)
+            }
+            Ok("manifests") | Err(_) => None,
+            Ok(other) => panic!("CHAOS_SOURCE={other}: api or manifests"),
+        };
         let chaos = Chaos {
+            api,
             mode,
             seconds: number("CHAOS_SECONDS", 120),
             current: vec![(0..4).collect(); services.len()],
@@ -3795,10 +3879,27 @@ impl Chaos {
             self.current[s] = (0..4).filter(|p| mask & (1 << p) != 0).collect();
             let chosen: Vec<Host> = self.current[s].iter().map(|&p| Self::PODS[p]).collect();
             let svc = &self.services[s];
-            env.write(&fname(svc), &file(svc, &chosen));
+            let text = file(svc, &chosen);
+            env.write(&fname(svc), &text);
+            if let Some(api) = &self.api {
+                api.apply(&text);
+            }
             self.changes += 1;
             let pause = 50 + self.next(200);
             thread::sleep(Duration::from_millis(pause));
+        }
+    }
+
+    /// node-a's svcproxy's flags for its source (none: the manifests).
+    fn source_flags(&self) -> Vec<String> {
+        self.api.as_ref().map(ApiSource::flags).unwrap_or_default()
+    }
+
+    /// What the run is, for its report: the mode, and the API source.
+    fn label(&self) -> String {
+        match self.api {
+            Some(_) => format!("{} (API source)", self.mode.label()),
+            None => self.mode.label().to_string(),
         }
     }
 
@@ -3869,6 +3970,7 @@ fn chaos_kill_9_under_endpoint_churn() {
     let mut slowest = Duration::ZERO;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let cluster_ips = chaos.cluster_ips();
+    let source = chaos.source_flags();
     let timeline = Timeline::new();
     // Node-a's proxy, out of `env` while the stream borrows it.
     let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
@@ -3882,7 +3984,7 @@ fn chaos_kill_9_under_endpoint_churn() {
             owner.kill();
             timeline.note(format!("restart {}: SIGKILL", restarts + 1));
             let t = Instant::now();
-            let proc = env.spawn_svcproxy(&bin, NODE_A, &[]);
+            let proc = env.spawn_svcproxy(&bin, NODE_A, &source);
             // Its own first sync (the kernel's objects are there already).
             let synced = wait_log(&proc, "svcproxy_sync::driver: synced", SYNC_DEADLINE);
             timeline.note(format!("restart {}: first sync seen", restarts + 1));
@@ -3913,7 +4015,7 @@ fn chaos_kill_9_under_endpoint_churn() {
          {slowest:?}), {} endpoint changes, {} connections during the run with {failed} \
          failed, {} kernel/plan mismatches after a restart, {} probes after a restart, {} \
          failed",
-        chaos.mode.label(),
+        chaos.label(),
         chaos.seconds,
         chaos.changes,
         streamed.len(),
@@ -4051,6 +4153,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
     let (mut hand_overs, mut adopted, mut slowest) = (0, 0, Duration::ZERO);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let cluster_ips = chaos.cluster_ips();
+    let source = chaos.source_flags();
     let timeline = Timeline::new();
     // Node-a's owner, out of `env` while the stream borrows it.
     let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
@@ -4067,7 +4170,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
                 thread::sleep(Duration::from_secs(1));
             }
             let bin = &bins[hand_overs % 2];
-            let new = env.spawn_svcproxy(bin, NODE_A, &[]);
+            let new = env.spawn_svcproxy(bin, NODE_A, &source);
             if !wait_log(&new, "waiting as a warm standby", SYNC_DEADLINE) {
                 ck.check(false, || {
                     format!("hand-over {hand_overs}: no standby\n{}", new.logs())
@@ -4104,7 +4207,7 @@ fn chaos_rolling_hand_overs_under_endpoint_churn() {
          the slowest SIGTERM-to-exit {slowest:?}), {} endpoint changes, {} connections \
          during the run with {} failed, {} kernel/plan mismatches after a hand-over, {} \
          probes after a hand-over, {} failed",
-        chaos.mode.label(),
+        chaos.label(),
         chaos.seconds,
         chaos.changes,
         streamed.len(),

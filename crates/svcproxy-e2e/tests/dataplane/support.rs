@@ -1620,7 +1620,8 @@ impl Env {
     }
 
     /// Starts a long-running svcproxy in `node` (not waiting for it to sync). A
-    /// `--min-sync-period` in `flags` replaces the default `0s`.
+    /// `--min-sync-period` in `flags` replaces the default `0s`, and a
+    /// `--kubeconfig` the manifests.
     pub fn spawn_svcproxy(&self, bin: &Path, node: usize, flags: &[String]) -> NsProcess {
         let launch = self.mode.launch(bin);
         let mut args = self.proxy_args(node);
@@ -1628,6 +1629,14 @@ impl Env {
         // the environment's.
         if flags.iter().any(|f| f.starts_with("--proxy-mode")) {
             args.drain(0..2);
+        }
+        // A test's own `--kubeconfig` (the API source) replaces the manifests.
+        if flags.iter().any(|f| f == "--kubeconfig") {
+            let at = args
+                .iter()
+                .position(|a| a == "--manifests")
+                .expect("the manifests source");
+            args.drain(at..at + 2);
         }
         if flags.iter().any(|f| f == "--min-sync-period") {
             let at = args
