@@ -191,6 +191,9 @@ pub struct Cluster {
     /// Per node, the cgroup its processes start in and its data plane's pin
     /// directory ([`Cluster::confine_node`]).
     node_cgroups: Mutex<Vec<Option<(PathBuf, PathBuf)>>>,
+    /// Pods' processes start in their node's cgroup too
+    /// ([`Cluster::translate_pods_at_connect`]).
+    pods_at_connect: std::sync::atomic::AtomicBool,
     // Last: its Drop runs after ours has killed the processes.
     nsset: NsSet,
 }
@@ -246,6 +249,7 @@ impl Cluster {
             log_dir: Some(log_dir),
             sctp_mode: OnceLock::new(),
             node_cgroups: Mutex::new(Vec::new()),
+            pods_at_connect: std::sync::atomic::AtomicBool::new(false),
             nsset,
         };
         // On error `cluster` drops here and removes what was built so far.
@@ -579,6 +583,15 @@ impl Cluster {
         cgroups[node] = Some((cgroup, pin_dir));
     }
 
+    /// From now on, the processes started in a pod of a confined node start in
+    /// that node's cgroup as well, as a DaemonSet's `--ebpf-cgroup` (the cgroup
+    /// v2 root) holds every pod: the ebpf mode translates their sockets at
+    /// connect(), where otherwise their connections take the packet path.
+    pub fn translate_pods_at_connect(&self) {
+        self.pods_at_connect
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// The nodes' indexes.
     pub fn nodes_indexes(&self) -> std::ops::Range<usize> {
         0..self.nodes.len()
@@ -598,6 +611,13 @@ impl Cluster {
     fn command(&self, host: Host, argv: &[&str]) -> std::process::Command {
         let cgroup = match host {
             Host::Node(n) => self.node_confinement(n).map(|(cg, _)| cg),
+            Host::Pod(n, _)
+                if self
+                    .pods_at_connect
+                    .load(std::sync::atomic::Ordering::SeqCst) =>
+            {
+                self.node_confinement(n).map(|(cg, _)| cg)
+            }
             _ => None,
         };
         match cgroup {

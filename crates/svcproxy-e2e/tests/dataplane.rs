@@ -718,12 +718,29 @@ fn preserves_or_masquerades_the_client_ip_exactly_where_needed(mode: Mode) {
 }
 
 fn masquerade_all_snats_pod_traffic_to_cluster_ips(mode: Mode) {
+    masquerade_all(mode, false);
+}
+
+/// Issue 52 item 4: in the eBPF modes, with the pods' sockets translated at
+/// connect() (as in a cluster: the DaemonSet's cgroup holds every pod), a pod's
+/// connection to a cluster IP under `--masquerade-all` is left to the packet path,
+/// which masquerades it as upstream does: the endpoint sees the node's address.
+/// (Translated at the socket, it kept the pod's: tried.)
+#[test]
+fn masquerade_all_snats_pod_connections_the_ebpf_modes_would_translate_at_connect() {
+    for mode in [Mode::Ebpf, Mode::Ipvs] {
+        masquerade_all(mode, true);
+    }
+}
+
+fn masquerade_all(mode: Mode, pods_at_connect: bool) {
     let local = tcp_only(Svc::dual("to-local", 43), None);
     let remote = tcp_only(Svc::dual("to-remote", 44), None);
     let Some(env) = Env::start(
         mode,
         EnvSpec {
             flags: vec!["--masquerade-all".into()],
+            pods_at_connect,
             ..EnvSpec::default()
         },
         &[
@@ -3837,7 +3854,9 @@ impl Chaos {
                 let proc = env.spawn_svcproxy(&bin, NODE_A, &api.flags());
                 assert!(
                     wait_log(&proc, "svcproxy_sync::driver: synced", SYNC_DEADLINE)
-                        && proc.stderr().contains("svcproxy_sources::kube: list complete"),
+                        && proc
+                            .stderr()
+                            .contains("svcproxy_sources::kube: list complete"),
                     "node-a's svcproxy on the API source never synced from it\n{}",
                     proc.logs()
                 );

@@ -1347,6 +1347,10 @@ pub struct EnvSpec {
     pub flags: Vec<String>,
     /// Start a long-running svcproxy in each node (and wait for its first sync).
     pub start_proxies: bool,
+    /// The ebpf data plane translates the pods' sockets at connect() (their
+    /// processes start in their node's cgroup), as in a cluster; otherwise the
+    /// pods' connections take the packet path.
+    pub pods_at_connect: bool,
 }
 
 impl Default for EnvSpec {
@@ -1356,6 +1360,7 @@ impl Default for EnvSpec {
             zones: ["zone-1", "zone-1"],
             flags: Vec::new(),
             start_proxies: true,
+            pods_at_connect: false,
         }
     }
 }
@@ -1441,6 +1446,9 @@ impl Env {
             .tempdir()
             .expect("manifests dir");
         let confinement = confine_for(mode, &c);
+        if spec.pods_at_connect && confinement.is_some() {
+            c.translate_pods_at_connect();
+        }
         let mut env = Env {
             mode,
             proxies: Vec::new(),

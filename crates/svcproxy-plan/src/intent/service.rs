@@ -415,7 +415,11 @@ impl ServiceIntent {
     /// connect()): by a process of a pod (`Origin::Pod`) or of the host. The same
     /// rules as for its packets, read for a source that is this node's own:
     ///
-    /// - a cluster IP forwards along the internal route;
+    /// - a cluster IP forwards along the internal route; with `--masquerade-all`
+    ///   a pod's connection is left to the packet path, which masquerades it (a
+    ///   socket translated at connect() keeps the pod's address, where upstream
+    ///   gives the endpoint the node's; the host's connections have a node
+    ///   address already);
     /// - an external frontend takes the Local policy's short circuits (pods and the
     ///   host to the cluster set) where the intent has them, else the route's rest;
     /// - a load-balancer IP with loadBalancerSourceRanges admits the host only when
@@ -429,6 +433,9 @@ impl ServiceIntent {
             Action::Forward => {}
         }
         if frontend.kind == FrontendKind::ClusterIp {
+            if origin == Origin::Pod && self.internal.masquerade == Masquerade::Always {
+                return SocketVerdict::Untranslated;
+            }
             return SocketVerdict::Forward(self.internal.set);
         }
         if frontend.firewall {
