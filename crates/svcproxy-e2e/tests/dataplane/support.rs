@@ -1446,7 +1446,10 @@ impl Env {
             .tempdir()
             .expect("manifests dir");
         let confinement = confine_for(mode, &c);
-        if spec.pods_at_connect && confinement.is_some() {
+        // SVCPROXY_E2E_PODS_AT_CONNECT=1: every test so (docs/testing.md).
+        let pods_at_connect =
+            spec.pods_at_connect || std::env::var_os("SVCPROXY_E2E_PODS_AT_CONNECT").is_some();
+        if pods_at_connect && confinement.is_some() {
             c.translate_pods_at_connect();
         }
         let mut env = Env {
