@@ -324,11 +324,17 @@ impl EbpfDataPlane {
     fn count_evictions(&mut self) {
         match &self.evictions {
             None => {
-                let started = match kernel::Evictions::start(&self.opts.pin_dir) {
-                    Ok(e) => Some(std::sync::Arc::new(e)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the LRU maps' evictions are not counted (svcproxy_ebpf_map_evictions_total is absent): the counter is a tracing program, which needs CAP_PERFMON and a kernel with BPF trampolines; everything else works");
-                        None
+                let started = if !kernel::may_trace() {
+                    // Not tried: the DaemonSet of deploy/ does not grant it.
+                    tracing::info!("the LRU maps' evictions are not counted (svcproxy_ebpf_map_evictions_total is absent): the counter is a tracing program, which needs CAP_PERFMON; everything else works");
+                    None
+                } else {
+                    match kernel::Evictions::start(&self.opts.pin_dir) {
+                        Ok(e) => Some(std::sync::Arc::new(e)),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the LRU maps' evictions are not counted (svcproxy_ebpf_map_evictions_total is absent): the counter is a tracing program, which this kernel refuses (it needs BPF trampolines: `bpftool feature probe kernel` says whether program_type tracing is available); everything else works");
+                            None
+                        }
                     }
                 };
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());

@@ -89,7 +89,7 @@ use write::Written;
 pub use cleanup::cleanup;
 pub use drift::{missing_links, pinned};
 pub use dump::{dump, expected_lines, masquerade_ports, remapped_client_ports, xdp_packets};
-pub use evictions::{lru_fill, Evictions, LRU_MAPS};
+pub use evictions::{lru_fill, may_trace, Evictions, LRU_MAPS};
 pub use host::{cgroup2_root, on_bpffs, own_pin_dir};
 pub use load::preflight;
 pub use maps::MAPS;
