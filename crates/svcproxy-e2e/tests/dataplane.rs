@@ -3854,9 +3854,9 @@ impl Chaos {
                 let proc = env.spawn_svcproxy(&bin, NODE_A, &api.flags());
                 assert!(
                     wait_log(&proc, "svcproxy_sync::driver: synced", SYNC_DEADLINE)
-                        && proc
-                            .stderr()
-                            .contains("svcproxy_sources::kube: list complete"),
+                        && proc.stderr().lines().any(|l| {
+                            l.contains("waiting for the initial lists") && l.contains("own-node")
+                        }),
                     "node-a's svcproxy on the API source never synced from it\n{}",
                     proc.logs()
                 );
