@@ -164,6 +164,14 @@ static __always_inline int bound_source(struct bpf_sock_addr *ctx, int family, _
 	return (src[0] | src[1] | src[2] | src[3]) != 0;
 }
 
+// `addr` (of `family`, the maps' form) is a loopback address.
+static __always_inline int loopback(__u8 family, const __u32 *addr)
+{
+	if (family == FAMILY_V4)
+		return (bpf_ntohl(addr[0]) >> 24) == 127;
+	return !addr[0] && !addr[1] && !addr[2] && addr[3] == bpf_htonl(1);
+}
+
 // The hashing schedulers' input for a connection: the client (sh: its network
 // namespace, a pod's, or the source a host's stream socket bound), the service
 // address (dh), the socket (mh: a flow, whose source port is not chosen yet).
@@ -262,17 +270,20 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 
 	// A host socket bound to a source address before connecting: that source
 	// is known, so it meets loadBalancerSourceRanges as its packets would, and
-	// the connection is masqueraded as the packet modes masquerade the host's
-	// (its bound address may be one the endpoint cannot answer, such as a
-	// load-balancer IP). Not for an unconnected UDP socket's datagrams: its
-	// mark would stay on every later datagram, to any destination.
+	// the connection is masqueraded where the packet modes masquerade the
+	// node's packets from that source (the route's flags: the intent's), and
+	// always from a loopback address, which no endpoint elsewhere can answer.
+	// Not for an unconnected UDP socket's datagrams: its mark would stay on
+	// every later datagram, to any destination.
 	int bound_masquerade = 0;
 	if (from_host && !datagram && rt->action == ACT_FORWARD && cfg) {
 		__u32 src[4] = {};
 		if (bound_source(ctx, family, src)) {
 			if (svc->fw_id && !admitted(svc, key.family, src))
 				return refuse(ETIMEDOUT);
-			bound_masquerade = 1;
+			bound_masquerade = (rt->flags & ROUTE_MASQUERADE) || loopback(key.family, src) ||
+					   ((rt->flags & ROUTE_MASQUERADE_UNLESS_POD) &&
+					    !pod_source(key.family, src));
 		}
 	}
 

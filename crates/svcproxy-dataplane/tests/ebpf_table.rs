@@ -51,11 +51,11 @@ fn table(cfg: svcproxy_plan::PlanConfig, host: &[&str]) -> String {
 fn the_table_names_every_socket_address_with_its_routes() {
     let text = table(plan_config(), &["127.0.0.1", "198.18.0.1", "10.9.9.9"]);
     let want = "\
-service 198.18.0.1:30040/tcp pod: forward IPv4 demo/np:http/TCP cluster host: forward IPv4 demo/np:http/TCP cluster packet-pod: forward IPv4 demo/np:http/TCP cluster packet-other: drop affinity: 10800s
-service 198.19.0.10:80/tcp pod: forward IPv4 demo/web:http/TCP cluster host: forward IPv4 demo/web:http/TCP cluster packet-pod: forward IPv4 demo/web:http/TCP cluster packet-other: forward IPv4 demo/web:http/TCP cluster masquerade
-service 198.19.0.20:5432/tcp pod: forward IPv4 demo/db:pg/TCP cluster host: forward IPv4 demo/db:pg/TCP cluster packet-pod: forward IPv4 demo/db:pg/TCP cluster packet-other: forward IPv4 demo/db:pg/TCP cluster masquerade
-service 198.19.0.40:80/tcp pod: forward IPv4 demo/np:http/TCP cluster host: forward IPv4 demo/np:http/TCP cluster packet-pod: forward IPv4 demo/np:http/TCP cluster packet-other: forward IPv4 demo/np:http/TCP cluster masquerade affinity: 10800s
-service 203.0.113.20:5432/tcp pod: forward IPv4 demo/db:pg/TCP cluster host: forward IPv4 demo/db:pg/TCP cluster packet-pod: forward IPv4 demo/db:pg/TCP cluster masquerade packet-other: forward IPv4 demo/db:pg/TCP cluster masquerade
+service 198.18.0.1:30040/tcp pod: forward IPv4 demo/np:http/TCP cluster host: forward IPv4 demo/np:http/TCP cluster bound-masquerade packet-pod: forward IPv4 demo/np:http/TCP cluster packet-other: drop affinity: 10800s
+service 198.19.0.10:80/tcp pod: forward IPv4 demo/web:http/TCP cluster host: forward IPv4 demo/web:http/TCP cluster bound-masquerade-unless-pod packet-pod: forward IPv4 demo/web:http/TCP cluster packet-other: forward IPv4 demo/web:http/TCP cluster masquerade
+service 198.19.0.20:5432/tcp pod: forward IPv4 demo/db:pg/TCP cluster host: forward IPv4 demo/db:pg/TCP cluster bound-masquerade-unless-pod packet-pod: forward IPv4 demo/db:pg/TCP cluster packet-other: forward IPv4 demo/db:pg/TCP cluster masquerade
+service 198.19.0.40:80/tcp pod: forward IPv4 demo/np:http/TCP cluster host: forward IPv4 demo/np:http/TCP cluster bound-masquerade-unless-pod packet-pod: forward IPv4 demo/np:http/TCP cluster packet-other: forward IPv4 demo/np:http/TCP cluster masquerade affinity: 10800s
+service 203.0.113.20:5432/tcp pod: forward IPv4 demo/db:pg/TCP cluster host: forward IPv4 demo/db:pg/TCP cluster bound-masquerade packet-pod: forward IPv4 demo/db:pg/TCP cluster masquerade packet-other: forward IPv4 demo/db:pg/TCP cluster masquerade
 pod-cidr 198.18.1.0/24
 pod-cidr 2001:db8:1::/64
 marks masquerade 0x4000 reject 0x8000

@@ -54,6 +54,7 @@ per_mode!(
     rejects_without_endpoints_and_drops_local_policies_without_local_endpoints,
     preserves_or_masquerades_the_client_ip_exactly_where_needed,
     masquerade_all_snats_pod_traffic_to_cluster_ips,
+    a_node_socket_bound_to_an_address_is_masqueraded_where_upstream_masquerades_the_node,
     local_traffic_detection_modes_decide_masquerading,
     nodeport_addresses_select_the_node_ips,
     localhost_is_not_reachable_from_outside_the_node,
@@ -730,6 +731,64 @@ fn masquerade_all_snats_pod_traffic_to_cluster_ips(mode: Mode) {
 fn masquerade_all_snats_pod_connections_the_ebpf_modes_would_translate_at_connect() {
     for mode in [Mode::Ebpf, Mode::Ipvs] {
         masquerade_all(mode, true);
+    }
+}
+
+/// Issue 52 item 4: the node's own connection to a cluster IP from a socket bound
+/// to one of its addresses is masqueraded exactly where upstream's rules
+/// masquerade the node's packets from that source. Bound to its address on the
+/// pods' side (inside the cluster CIDR, which the default detector takes for a
+/// pod's source), it is not masqueraded: the endpoint on node-b sees that address.
+/// Under `--masquerade-all` it is: the endpoint sees node-a's own. The eBPF modes
+/// translate the socket at connect() (node-a's processes are in its cgroup) and
+/// masqueraded every bound socket before (tried); the userspace proxy connects
+/// from a socket of its own, which the kernel gives node-a's address.
+fn a_node_socket_bound_to_an_address_is_masqueraded_where_upstream_masquerades_the_node(
+    mode: Mode,
+) {
+    let remote = tcp_only(Svc::dual("bound", 49), None);
+    for masquerade_all in [false, true] {
+        let flags = if masquerade_all {
+            vec!["--masquerade-all".to_string()]
+        } else {
+            Vec::new()
+        };
+        let Some(env) = Env::start(
+            mode,
+            EnvSpec {
+                flags,
+                ..EnvSpec::default()
+            },
+            &[(&fname(&remote), file(&remote, &[B0]))],
+        ) else {
+            return;
+        };
+        let mut ck = Checks::new("bound-source");
+        for f in Family::BOTH {
+            let source = plan::pod_gateway(NODE_A, f);
+            let spec = ProbeSpec::new(Proto::Tcp, sa(remote.cluster_ip(f), 80))
+                .count(2)
+                .timeout(ANSWER)
+                .source_ip(source);
+            let got = env.c.probe_spec(Host::Node(NODE_A), &spec);
+            let what = format!(
+                "{} node-a bound to {source} -> cluster IP -> pod-b0{}",
+                family_name(f),
+                if masquerade_all {
+                    " (--masquerade-all)"
+                } else {
+                    ""
+                }
+            );
+            ck.answered_by(&what, &got, &["pod-b0"]);
+            let want = if masquerade_all || mode == Mode::Userspace {
+                plan::node_ip(NODE_A, f)
+            } else {
+                source
+            };
+            ck.client_is(&what, &got, want);
+        }
+        ck.finish(&env);
     }
 }
 

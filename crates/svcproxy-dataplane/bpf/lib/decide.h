@@ -26,15 +26,6 @@
 #define SYN_RETRY_NS (60ULL * 1000000000ULL)
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1024);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__type(key, struct podnet_key);
-	__type(value, __u8);
-} svcproxy_podnet SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -63,11 +54,7 @@ static __always_inline int from_pod(__u32 ifindex, const struct pkt *p)
 	__u32 *flags = bpf_map_lookup_elem(&svcproxy_ifc, &ifindex);
 	if (flags && (*flags & IFC_PODS))
 		return 1;
-	struct podnet_key k = {};
-	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
-	k.family = p->family;
-	addr_copy(k.addr, p->saddr);
-	return bpf_map_lookup_elem(&svcproxy_podnet, &k) != 0;
+	return pod_source(p->family, p->saddr);
 }
 
 // A UDP datagram that answers one of this node's own connected sockets (a

@@ -16,8 +16,11 @@
 #define ACT_REJECT 2
 #define ACT_PASS 3
 
-// A route's flags.
+// A route's flags. A host socket's route (a socket bound to a source
+// address): masquerade it, or masquerade it unless that source is among the
+// pods' (svcproxy_podnet), as the packet modes masquerade the node's packets.
 #define ROUTE_MASQUERADE 1
+#define ROUTE_MASQUERADE_UNLESS_POD 2
 
 // A service address: a VIP (cluster, external or load-balancer IP), a node
 // address with a NodePort, or (addr all zero) a NodePort on every local address.
@@ -195,6 +198,27 @@ struct {
 	__type(key, struct podnet_key);
 	__type(value, __u8);
 } svcproxy_guard SEC(".maps");
+
+// This node's pods' CIDRs (--detect-local-mode ClusterCIDR / NodeCIDR): the
+// packet path's detector, and a bound host socket's (sock.c).
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, struct podnet_key);
+	__type(value, __u8);
+} svcproxy_podnet SEC(".maps");
+
+// `addr` (of `family`) is among this node's pods' CIDRs.
+static __always_inline int pod_source(__u8 family, const __u32 *addr)
+{
+	struct podnet_key k = {};
+	k.prefixlen = 32 + (family == FAMILY_V4 ? 32 : 128);
+	k.family = family;
+	addr_copy(k.addr, addr);
+	return bpf_map_lookup_elem(&svcproxy_podnet, &k) != 0;
+}
 
 static __always_inline struct config *config(void)
 {

@@ -20,6 +20,8 @@ pub const ACT_PASS: u8 = 3;
 
 /// A route's flags (`ROUTE_*` in the C): the connection is masqueraded.
 pub const ROUTE_MASQUERADE: u8 = 1;
+/// A host socket's route: masquerade a bound source unless it is a pod's (maps.h).
+pub const ROUTE_MASQUERADE_UNLESS_POD: u8 = 2;
 
 /// A route's scheduler (`SCHED_*` in the C).
 pub const SCHED_RANDOM: u8 = 0;

@@ -20,6 +20,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 
+pub use crate::intent::Masquerade;
 use crate::intent::{
     EndpointSetId, Frontend, FrontendKey, LocalTraffic, NodeIntent, NodePortDestinations, Origin,
     PacketOrigin, ServiceIntent, SocketVerdict,
@@ -141,6 +142,9 @@ pub struct Entry {
     pub pod: Route,
     /// ... from one of the host's processes.
     pub host: Route,
+    /// ... masqueraded when the host's socket is bound to a source address
+    /// ([`ServiceIntent::host_masquerade`]).
+    pub host_masquerade: Masquerade,
     /// A packet from one of this node's pods.
     pub packet_pod: PacketRoute,
     /// A packet from anywhere else.
@@ -529,6 +533,7 @@ impl Table {
         Entry {
             pod: self.route(svc, svc.socket_verdict(frontend, Origin::Pod)),
             host: self.route(svc, svc.socket_verdict(frontend, Origin::Host)),
+            host_masquerade: svc.host_masquerade(frontend),
             packet_pod,
             packet_other,
             affinity: svc
@@ -590,9 +595,16 @@ impl Table {
             format!("{}{masq}", route(&p.route))
         };
         for (dest, e) in &self.entries {
+            let host_masq = match (&e.host, e.host_masquerade) {
+                (Route::Forward(_), Masquerade::Always) => " bound-masquerade",
+                (Route::Forward(_), Masquerade::UnlessFromLocalPod) => {
+                    " bound-masquerade-unless-pod"
+                }
+                _ => "",
+            };
             let _ = write!(
                 out,
-                "service {dest} pod: {} host: {} packet-pod: {} packet-other: {}",
+                "service {dest} pod: {} host: {}{host_masq} packet-pod: {} packet-other: {}",
                 route(&e.pod),
                 route(&e.host),
                 packet(&e.packet_pod),

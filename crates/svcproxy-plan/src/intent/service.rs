@@ -462,6 +462,35 @@ impl ServiceIntent {
         }
     }
 
+    /// Whether a connection of the host's own to `frontend` from a socket bound
+    /// to a source address is masqueraded, as the packet modes masquerade the
+    /// node's packets: a cluster IP as its internal route says for a source that
+    /// may or may not be a pod's (`UnlessFromLocalPod`: unless the bound source
+    /// is among the pods' CIDRs); an external frontend always where its route
+    /// masquerades, or the Local policy's host short circuit does. (An unbound
+    /// socket's source is the node's own, the kernel's choice: a masquerade
+    /// would give it the same.)
+    pub fn host_masquerade(&self, frontend: &Frontend) -> Masquerade {
+        if frontend.action != Action::Forward {
+            return Masquerade::Never;
+        }
+        if frontend.kind == FrontendKind::ClusterIp {
+            return self.internal.masquerade;
+        }
+        let masquerade = self.external.is_some_and(|ext| {
+            if ext.host_to_cluster {
+                ext.host_masquerade
+            } else {
+                ext.masquerade
+            }
+        });
+        if masquerade {
+            Masquerade::Always
+        } else {
+            Masquerade::Never
+        }
+    }
+
     /// What a new connection's first packet to `frontend` meets when it was not
     /// translated at a socket (it comes from another host, or from a pod whose
     /// sockets are left to the packet path), read from the same routes as the

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use super::Kernel;
 use crate::ebpf::wire::{self, LocalKey, MhKey, PodnetData, SvcKey, SvcVal};
 use svcproxy_plan::ebpf::{
-    maglev, Dest, EndpointList, Entry, ListName, PacketRoute, PortName, Route, Table,
+    maglev, Dest, EndpointList, Entry, ListName, Masquerade, PacketRoute, PortName, Route, Table,
 };
 
 impl Kernel {
@@ -186,6 +186,13 @@ impl ReadBack<'_> {
         Entry {
             pod: self.route(&v.pod, t, problems),
             host: self.route(&v.host, t, problems),
+            host_masquerade: if v.host.flags & wire::ROUTE_MASQUERADE != 0 {
+                Masquerade::Always
+            } else if v.host.flags & wire::ROUTE_MASQUERADE_UNLESS_POD != 0 {
+                Masquerade::UnlessFromLocalPod
+            } else {
+                Masquerade::Never
+            },
             packet_pod,
             packet_other,
             affinity: (v.affinity_secs > 0).then_some((v.affinity_id, v.affinity_secs)),

@@ -17,7 +17,9 @@ use super::{kernel_err, HashMap2, Kernel};
 use crate::ebpf::batch;
 use crate::ebpf::wire::{self, Config, FwData, LocalKey, PodnetData, SvcKey, SvcVal};
 use crate::error::DataPlaneError;
-use svcproxy_plan::ebpf::{Changes, Dest, EndpointList, Entry, ListName, PortName, Route, Table};
+use svcproxy_plan::ebpf::{
+    Changes, Dest, EndpointList, Entry, ListName, Masquerade, PortName, Route, Table,
+};
 
 /// The maps as last written: each list's id and contents, and each entry's key
 /// and encoded value.
@@ -585,7 +587,7 @@ pub(super) fn encode(
         proto: wire::proto_byte(dest.protocol),
         family: wire::family_byte(dest.family),
     };
-    let route = |r: &Route, masquerade: bool| {
+    let route = |r: &Route, flags: u8| {
         let (action, list, count, (sched, mh_size)) = match r {
             Route::Forward(name) => match lists.get(name) {
                 Some((id, list)) => (
@@ -604,8 +606,8 @@ pub(super) fn encode(
             list,
             count,
             action,
-            flags: if masquerade && action == wire::ACT_FORWARD {
-                wire::ROUTE_MASQUERADE
+            flags: if action == wire::ACT_FORWARD {
+                flags
             } else {
                 0
             },
@@ -613,14 +615,25 @@ pub(super) fn encode(
             mh_size,
         }
     };
+    let masq = |m: bool| if m { wire::ROUTE_MASQUERADE } else { 0 };
     let (affinity_id, affinity_secs) = entry.affinity.unwrap_or((0, 0));
     (
         key,
         SvcVal {
-            pod: route(&entry.pod, false),
-            host: route(&entry.host, false),
-            pkt_pod: route(&entry.packet_pod.route, entry.packet_pod.masquerade),
-            pkt_other: route(&entry.packet_other.route, entry.packet_other.masquerade),
+            pod: route(&entry.pod, 0),
+            host: route(
+                &entry.host,
+                match entry.host_masquerade {
+                    Masquerade::Never => 0,
+                    Masquerade::Always => wire::ROUTE_MASQUERADE,
+                    Masquerade::UnlessFromLocalPod => wire::ROUTE_MASQUERADE_UNLESS_POD,
+                },
+            ),
+            pkt_pod: route(&entry.packet_pod.route, masq(entry.packet_pod.masquerade)),
+            pkt_other: route(
+                &entry.packet_other.route,
+                masq(entry.packet_other.masquerade),
+            ),
             affinity_id,
             fw_id: entry.firewall.as_ref().map_or(0, PortName::id),
             affinity_secs,
