@@ -834,3 +834,44 @@ fn endpoint_weights_by_address_then_node_where_the_scheduler_weighs() {
     let i = intent(&yaml);
     assert!(at(&i, vip("198.19.0.142", 80)).0.weights.is_empty());
 }
+
+/// A host socket bound to a source address (the eBPF modes' connect()) is
+/// masqueraded as the packet modes masquerade the node's packets from it: a
+/// cluster IP unless the source is a pod's (with a detector), always under
+/// `--masquerade-all`, never without a detector; an external address under the
+/// Cluster policy, and under Local the host's short circuit.
+#[test]
+fn a_bound_host_socket_is_masqueraded_as_the_nodes_packets_are() {
+    let yaml = [
+        service("web", 10, "", &[ready(REMOTE_POD, "node-b")]),
+        service(
+            "np",
+            11,
+            "  type: NodePort",
+            &[ready(REMOTE_POD, "node-b")],
+        ),
+        service(
+            "lb",
+            30,
+            "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32030\nstatus:\n  loadBalancer:\n    ingress:\n    - {ip: 203.0.113.30}",
+            &[ready(LOCAL_POD, "node-a"), ready(REMOTE_POD, "node-b")],
+        ),
+    ]
+    .join("---\n");
+    let host = |i: &Intent, key| {
+        let (svc, f) = at(i, key);
+        svc.host_masquerade(&f)
+    };
+    let i = intent(&yaml);
+    assert_eq!(
+        host(&i, vip("198.19.0.10", 80)),
+        Masquerade::UnlessFromLocalPod
+    );
+    assert_eq!(host(&i, node_port(30011)), Masquerade::Always);
+    assert_eq!(host(&i, vip("203.0.113.30", 80)), Masquerade::Always);
+    let all = intent_with(&yaml, |c| c.masquerade_all = true);
+    assert_eq!(host(&all, vip("198.19.0.10", 80)), Masquerade::Always);
+    let blind = intent_with(&yaml, |c| c.local_detection = LocalDetection::None);
+    assert_eq!(host(&blind, vip("198.19.0.10", 80)), Masquerade::Never);
+    assert_eq!(host(&blind, node_port(30011)), Masquerade::Always);
+}
