@@ -2722,21 +2722,7 @@ fn a_connection_map_filled_past_its_size_serves_new_connections_and_counts_its_e
 fn connection_map_pressure(mode: Mode, flags: &[&str]) {
     const PORT: u16 = 9100;
     const NODE_PORT: u16 = 30161;
-    let svc = Svc::dual("full", 161)
-        .node_port()
-        .port(SvcPort::new("echo", Proto::Tcp, 80, PORT).node_port(NODE_PORT));
-    let slices: Vec<Slice> = Family::BOTH
-        .iter()
-        .map(|f| {
-            Slice::with_ports(
-                &svc,
-                &format!("full-{}", family_name(*f).to_ascii_lowercase()),
-                *f,
-                &[("echo", Proto::Tcp, PORT)],
-                vec![Ep::pod(B0, *f)],
-            )
-        })
-        .collect();
+    let (svc, slices) = b0_echo_service("full", 161, PORT, NODE_PORT);
     let mut all_flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
     all_flags.extend(["--ebpf-map-size-connections".into(), "1024".into()]);
     let Some(env) = Env::start(
@@ -2777,25 +2763,7 @@ fn connection_map_pressure(mode: Mode, flags: &[&str]) {
         )
         .expect("start the idle connections");
     let opened = held.wait_for_stdout("open ", Duration::from_secs(30));
-    let churn = env
-        .c
-        .spawn(
-            Host::Ext,
-            "churn",
-            &[
-                &*load,
-                "connect",
-                "--target",
-                &target,
-                "--concurrency",
-                "2",
-                "--seconds",
-                "4",
-            ],
-        )
-        .expect("start the new connections");
-    let churned = churn.wait(Duration::from_secs(30));
-    let churn_out = churn.stdout();
+    let (churned, churn_out) = churn_from_ext(&env, &load, &target, 4);
     let held_status = held.wait(Duration::from_secs(30));
     let held_out = held.stdout();
     let metrics = node_a_metrics(&env);
@@ -2805,13 +2773,7 @@ fn connection_map_pressure(mode: Mode, flags: &[&str]) {
         churn_out.trim(),
         held_out.trim()
     );
-    let json = |out: &str| -> serde_json::Value {
-        out.lines()
-            .rev()
-            .find_map(|l| serde_json::from_str(l).ok())
-            .unwrap_or_default()
-    };
-    let (churn, held) = (json(&churn_out), json(&held_out));
+    let (churn, held) = (report_of(&churn_out), report_of(&held_out));
     let field = |v: &serde_json::Value, k: &str| v[k].as_u64();
     // Every new connection served: the LRU makes room, and a SYN retransmitted
     // after its connection's reply entry went (the LRU may take an entry just
@@ -2901,21 +2863,7 @@ fn masquerade_ports_run_out_under_live_traffic_and_connections_go_on_through_the
 fn masquerade_port_pressure(mode: Mode) {
     const PORT: u16 = 9100;
     const NODE_PORT: u16 = 30162;
-    let svc = Svc::dual("snat", 162)
-        .node_port()
-        .port(SvcPort::new("echo", Proto::Tcp, 80, PORT).node_port(NODE_PORT));
-    let slices: Vec<Slice> = Family::BOTH
-        .iter()
-        .map(|f| {
-            Slice::with_ports(
-                &svc,
-                &format!("snat-{}", family_name(*f).to_ascii_lowercase()),
-                *f,
-                &[("echo", Proto::Tcp, PORT)],
-                vec![Ep::pod(B0, *f)],
-            )
-        })
-        .collect();
+    let (svc, slices) = b0_echo_service("snat", 162, PORT, NODE_PORT);
     let Some(mut env) = Env::start(
         mode,
         EnvSpec {
@@ -2965,36 +2913,14 @@ fn masquerade_port_pressure(mode: Mode) {
             .and_then(|p| svcproxy_dataplane::ebpf::kernel::masquerade_ports(p))
     };
     let before = ports();
-    let churn = env
-        .c
-        .spawn(
-            Host::Ext,
-            "churn",
-            &[
-                &*load,
-                "connect",
-                "--target",
-                &target,
-                "--concurrency",
-                "2",
-                "--seconds",
-                "3",
-            ],
-        )
-        .expect("start the new connections");
-    let churned = churn.wait(Duration::from_secs(30));
-    let out = churn.stdout();
+    let (churned, out) = churn_from_ext(&env, &load, &target, 3);
     let after = ports();
     let metrics = node_a_metrics(&env);
     eprintln!(
         "[dataplane] masquerade-port pressure {what}: {}; ports (taken, exhausted) {before:?} -> {after:?}",
         out.trim()
     );
-    let churn: serde_json::Value = out
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
+    let churn = report_of(&out);
     let count = churn["count"].as_u64().unwrap_or(0);
     ck.check(
         churned.is_ok_and(|s| s.success()) && churn["errors"].as_u64() == Some(0) && count > 2_000,
@@ -3029,6 +2955,62 @@ fn masquerade_port_pressure(mode: Mode) {
         || format!("{what}: the exhausted connections in node-a's metrics\n{metrics}"),
     );
     ck.finish(&env);
+}
+
+/// A dual-stack NodePort Service `name` (number `n`) whose TCP port 80 (NodePort
+/// `node_port`) goes to `port` of pod-b0 (a loadgen server there), and its slices.
+fn b0_echo_service(name: &str, n: u16, port: u16, node_port: u16) -> (Svc, Vec<Slice>) {
+    let svc = Svc::dual(name, n)
+        .node_port()
+        .port(SvcPort::new("echo", Proto::Tcp, 80, port).node_port(node_port));
+    let slices = Family::BOTH
+        .iter()
+        .map(|f| {
+            Slice::with_ports(
+                &svc,
+                &format!("{name}-{}", family_name(*f).to_ascii_lowercase()),
+                *f,
+                &[("echo", Proto::Tcp, port)],
+                vec![Ep::pod(B0, *f)],
+            )
+        })
+        .collect();
+    (svc, slices)
+}
+
+/// `seconds` of new connections from `ext` to `target` (`loadgen connect`, two
+/// threads): how it exited, and what it printed.
+fn churn_from_ext(
+    env: &Env,
+    load: &str,
+    target: &str,
+    seconds: u32,
+) -> (anyhow::Result<std::process::ExitStatus>, String) {
+    let seconds = seconds.to_string();
+    let argv = [
+        load,
+        "connect",
+        "--target",
+        target,
+        "--concurrency",
+        "2",
+        "--seconds",
+        &seconds,
+    ];
+    let churn = env
+        .c
+        .spawn(Host::Ext, "churn", &argv)
+        .expect("start the new connections");
+    let status = churn.wait(Duration::from_secs(30));
+    (status, churn.stdout())
+}
+
+/// A loadgen client's report: the last JSON line it printed (null if none).
+fn report_of(out: &str) -> serde_json::Value {
+    out.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default()
 }
 
 /// Series `name` of `map` (a gauge or a counter), from `metrics`.

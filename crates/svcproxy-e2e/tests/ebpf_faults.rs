@@ -575,6 +575,19 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
             .unwrap_or_else(|err| panic!("probe line {line:?}: {err}"))
             .into()
     };
+    // The six addresses probed once each: how many pod-a answered, how many refused.
+    let tally = || {
+        let attempts: Vec<Attempt> = (1..=6)
+            .map(|n| probe(&format!("198.19.0.{n}:80")))
+            .collect();
+        (
+            attempts
+                .iter()
+                .filter(|a| a.backend() == Some("pod-a"))
+                .count(),
+            attempts.iter().filter(|a| a.is_refused()).count(),
+        )
+    };
     let cfg = PlanConfig {
         local_detection: LocalDetection::NodeCidr(Vec::new()),
         ..PlanConfig::default()
@@ -628,12 +641,7 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
     if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
         failures.push(format!("a full endpoint map fails the sync: {e}"));
     }
-    let refused = (1..=6)
-        .filter(|n| probe(&format!("198.19.0.{n}:80")).is_refused())
-        .count();
-    let answered = (1..=6)
-        .filter(|n| probe(&format!("198.19.0.{n}:80")).backend() == Some("pod-a"))
-        .count();
+    let (answered, refused) = tally();
     if (answered, refused) != (3, 3) {
         failures.push(format!(
             "three lists fit and are served, three refuse: answered {answered}, refused {refused}"
@@ -660,9 +668,7 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
                 "full sync {round} at the edge of the slot map: {e}"
             ));
         }
-        let answered = (1..=6)
-            .filter(|n| probe(&format!("198.19.0.{n}:80")).backend() == Some("pod-a"))
-            .count();
+        let (answered, _) = tally();
         if answered != 6 {
             failures.push(format!(
                 "full sync {round} at the edge of the slot map: {answered} of 6 answered"
@@ -699,12 +705,7 @@ fn full_maps_leave_out_what_does_not_fit_say_so_and_serve_the_rest() {
     if let Err(e) = in_netns(&w.ns.name, || driver.sync(&snap, true)).expect("netns") {
         failures.push(format!("a full Maglev map fails the sync: {e}"));
     }
-    let refused = (1..=6)
-        .filter(|n| probe(&format!("198.19.0.{n}:80")).is_refused())
-        .count();
-    let answered = (1..=6)
-        .filter(|n| probe(&format!("198.19.0.{n}:80")).backend() == Some("pod-a"))
-        .count();
+    let (answered, refused) = tally();
     if (answered, refused) != (3, 3) {
         failures.push(format!(
             "three Maglev lists fit and are served, three refuse: answered {answered}, \

@@ -1641,20 +1641,19 @@ impl Env {
         if flags.iter().any(|f| f.starts_with("--proxy-mode")) {
             args.drain(0..2);
         }
-        // A test's own `--kubeconfig` (the API source) replaces the manifests.
-        if flags.iter().any(|f| f == "--kubeconfig") {
-            let at = args
-                .iter()
-                .position(|a| a == "--manifests")
-                .expect("the manifests source");
-            args.drain(at..at + 2);
-        }
-        if flags.iter().any(|f| f == "--min-sync-period") {
-            let at = args
-                .iter()
-                .position(|a| a == "--min-sync-period")
-                .expect("a default");
-            args.drain(at..at + 2);
+        // A test's own `--kubeconfig` (the API source) replaces the manifests, and
+        // its `--min-sync-period` the default: the environment's flag and value go.
+        for (theirs, ours) in [
+            ("--kubeconfig", "--manifests"),
+            ("--min-sync-period", "--min-sync-period"),
+        ] {
+            if flags.iter().any(|f| f == theirs) {
+                let at = args
+                    .iter()
+                    .position(|a| a == ours)
+                    .expect("the environment's flag");
+                args.drain(at..at + 2);
+            }
         }
         let mut argv: Vec<&str> = launch.iter().map(String::as_str).collect();
         argv.extend(args.iter().map(String::as_str));
