@@ -23,6 +23,7 @@
 #define SOL_SOCKET 1
 #define SOCK_STREAM 1
 #define SO_MARK 36
+#define IPPROTO_UDP 17
 
 // A socket's translated peer: the endpoint it was sent to, by socket cookie.
 struct rev_key {
@@ -49,6 +50,17 @@ struct sock_peer {
 	__u16 beport;
 	__u16 pad2;
 };
+
+// A connected UDP socket's translation (its svcproxy_peer storage, copied), by
+// socket cookie: svcproxy finds here the sockets to destroy when their endpoint
+// leaves (sock_diag lists a UDP socket's cookie, not its storage).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__type(key, __u64);
+	__type(value, struct sock_peer);
+} svcproxy_udpsock SEC(".maps");
 
 // An unconnected UDP socket's flow to one service address, so its datagrams
 // stay with one endpoint as conntrack keeps a flow.
@@ -231,6 +243,10 @@ static __always_inline void forget_peer(struct bpf_sock_addr *ctx)
 	if (p) {
 		release_count(p);
 		p->beport = 0;
+		if (ctx->protocol == IPPROTO_UDP) {
+			__u64 cookie = bpf_get_socket_cookie(ctx);
+			bpf_map_delete_elem(&svcproxy_udpsock, &cookie);
+		}
 	}
 }
 
@@ -388,6 +404,10 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family, int 
 			p->be[2] = chosen.addr[2];
 			p->be[3] = chosen.addr[3];
 			p->beport = chosen.port;
+			if (ctx->protocol == IPPROTO_UDP) {
+				__u64 sc = bpf_get_socket_cookie(ctx);
+				bpf_map_update_elem(&svcproxy_udpsock, &sc, p, BPF_ANY);
+			}
 		}
 	}
 
@@ -478,8 +498,13 @@ SEC("cgroup/sock_release")
 int svcproxy_release(struct bpf_sock *sk)
 {
 	struct sock_peer *p = bpf_sk_storage_get(&svcproxy_peer, sk, 0, 0);
-	if (p)
+	if (p) {
 		release_count(p);
+		if (sk->protocol == IPPROTO_UDP) {
+			__u64 cookie = bpf_get_socket_cookie(sk);
+			bpf_map_delete_elem(&svcproxy_udpsock, &cookie);
+		}
+	}
 	return 1;
 }
 

@@ -34,7 +34,7 @@ pub use kernel::command::{run_command, CommandOutput};
 pub use kernel::conntrack::{
     apply_conntrack_sysctls, apply_conntrack_sysctls_at, ip_protocol, online_cpus, CleanupStats,
     ConntrackCleaner, ConntrackCleanupReport, ConntrackEntry, ConntrackFilter, ConntrackSettings,
-    FamilyCleanup, NetlinkConntrack, NetlinkError, NoConntrackCleanup, RecordingCleaner,
+    FamilyCleanup, NetlinkConntrack, NetlinkError, NoConntrackCleanup, RecordingCleaner, StaleUdp,
     StaleUdpFlows, DEFAULT_CONNTRACK_TIMEOUT, IPS_DST_NAT,
 };
 pub use kernel::host_addrs::{host_addresses, AddressChanges};

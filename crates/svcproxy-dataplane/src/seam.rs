@@ -16,7 +16,7 @@ use svcproxy_core::model::IpFamily;
 use svcproxy_plan::{Intent, IntentDelta, ModeSemantics, PlanConfig};
 
 use crate::error::DataPlaneError;
-use crate::kernel::conntrack::ConntrackFilter;
+use crate::kernel::conntrack::{ConntrackFilter, StaleUdp};
 use crate::kernel::sysctl::Sysctl;
 
 /// How a sync was applied.
@@ -146,6 +146,18 @@ pub trait DataPlane: Send {
     /// kernel's modes leave their rules in force and do nothing.
     fn shutdown(&mut self) {}
 
+    /// After a successful apply, the UDP flows it left stale (the decision the
+    /// conntrack cleanup acts on, made once above the data planes): a mode that
+    /// holds such flows outside conntrack closes them, and says how many it
+    /// closed. The eBPF modes destroy the connected UDP sockets they translated
+    /// at connect() to an endpoint the flow may no longer reach, so that a
+    /// resolver's next call fails and it retries on a fresh socket. None by
+    /// default: the kernel's modes' flows are conntrack's.
+    fn close_stale_udp(&mut self, stale: &StaleUdp<'_>) -> Result<usize, DataPlaneError> {
+        let _ = stale;
+        Ok(0)
+    }
+
     /// At a hand-over (the owner stopping, `svcproxy_sync::Driver::seal`): marks the
     /// kernel's objects as holding exactly what the last sync wrote, `seal` naming
     /// that content, so that a successor whose first sync would write the same
@@ -237,6 +249,10 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
 
     fn shutdown(&mut self) {
         (**self).shutdown()
+    }
+
+    fn close_stale_udp(&mut self, stale: &StaleUdp<'_>) -> Result<usize, DataPlaneError> {
+        (**self).close_stale_udp(stale)
     }
 
     fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {

@@ -304,11 +304,15 @@ pub struct ProbeConfig {
     /// UDP: send with `sendto(2)` from an unconnected socket and take the reply
     /// with `recvfrom(2)`, instead of connecting.
     pub unconnected: bool,
+    /// UDP: one connected socket kept across attempts (a new one after an
+    /// error other than a timeout).
+    pub keep_socket: bool,
 }
 
 /// Runs `count` attempts, calling `emit` with each line as soon as it is known.
 pub fn probe(cfg: &ProbeConfig, mut emit: impl FnMut(&ProbeLine)) {
     let sctp_mode = cfg.sctp_mode.unwrap_or_else(SctpMode::detect);
+    let mut kept: Option<UdpSocket> = None;
     for n in 0..cfg.count {
         if n > 0 && !cfg.interval.is_zero() {
             thread::sleep(cfg.interval);
@@ -317,6 +321,7 @@ pub fn probe(cfg: &ProbeConfig, mut emit: impl FnMut(&ProbeLine)) {
         let mut peer = None;
         let (outcome, local) = match cfg.proto {
             Proto::Tcp => stream_attempt(cfg, Protocol::TCP, &mut peer),
+            Proto::Udp if cfg.keep_socket => kept_udp_attempt(cfg, &mut kept, &mut peer),
             Proto::Udp => udp_attempt(cfg, &mut peer),
             Proto::Sctp => match sctp_mode {
                 SctpMode::Kernel => stream_attempt(cfg, Protocol::from(132), &mut peer),
@@ -462,6 +467,48 @@ fn udp_attempt(cfg: &ProbeConfig, peer: &mut Option<SocketAddr>) -> Attempted {
         let n = sock.recv(&mut buf)?;
         parse_reply(&buf[..n])
     })();
+    (result, local)
+}
+
+/// An attempt on the connected socket `kept` holds (opened first if none): the
+/// socket is given up after an error other than a timeout, so the next attempt
+/// opens another, as a resolver does.
+fn kept_udp_attempt(
+    cfg: &ProbeConfig,
+    kept: &mut Option<UdpSocket>,
+    peer: &mut Option<SocketAddr>,
+) -> Attempted {
+    if kept.is_none() {
+        let bind: SocketAddr = match cfg.target {
+            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        match UdpSocket::bind(bind).and_then(|s| {
+            s.connect(cfg.target)?;
+            s.set_read_timeout(Some(cfg.timeout))?;
+            Ok(s)
+        }) {
+            Ok(s) => *kept = Some(s),
+            Err(e) => return (Err(e), None),
+        }
+    }
+    let sock = kept.as_ref().expect("opened above");
+    let local = sock.local_addr().ok();
+    *peer = sock.peer_addr().ok();
+    let result = (|| {
+        sock.send(b"svcproxy-echo probe\n")?;
+        let mut buf = [0u8; 2048];
+        let n = sock.recv(&mut buf)?;
+        parse_reply(&buf[..n])
+    })();
+    if let Err(e) = &result {
+        if !matches!(
+            e.kind(),
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+        ) {
+            *kept = None;
+        }
+    }
     (result, local)
 }
 

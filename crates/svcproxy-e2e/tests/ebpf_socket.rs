@@ -26,7 +26,7 @@ use svcproxy_core::objects::SourceUpdate;
 use svcproxy_core::state::ClusterState;
 use svcproxy_dataplane::ebpf::kernel;
 use svcproxy_dataplane::{DataPlane, EbpfDataPlane};
-use svcproxy_e2e::probe::ProbeLine;
+use svcproxy_e2e::probe::{ProbeLine, ProbeResult};
 use svcproxy_e2e::{ebpf_options, ebpf_runs_here, echo_bin, Attempt, Confinement, NsProcess};
 use svcproxy_plan::{build_intent, LocalDetection, PlanConfig};
 use svcproxy_sync::Driver;
@@ -104,31 +104,35 @@ endpoints:
 /// `svc`'s endpoints: pod-a at .10 (port 8080) and, with `with_b`, pod-b at .11
 /// (port 8081), both on this node, in both families.
 fn both_pods(svc: &str, with_b: bool) -> Vec<String> {
-    let mut v = vec![
-        slice(
+    pods(svc, true, with_b)
+}
+
+/// `svc`'s endpoints: pod-a at .10 (port 8080) with `with_a`, pod-b at .11 (port
+/// 8081) with `with_b`, both on this node, in both families.
+fn pods(svc: &str, with_a: bool, with_b: bool) -> Vec<String> {
+    let mut v = Vec::new();
+    for (pod, with, port, v4, v6) in [
+        ("a", with_a, 8080, "198.18.1.10", "2001:db8:1::10"),
+        ("b", with_b, 8081, "198.18.1.11", "2001:db8:1::11"),
+    ] {
+        let (a4, a6): (&[&str], &[&str]) = if with { (&[v4], &[v6]) } else { (&[], &[]) };
+        v.push(slice(
             svc,
-            &format!("{svc}-a4"),
+            &format!("{svc}-{pod}4"),
             false,
-            8080,
+            port,
             "node-a",
-            &["198.18.1.10"],
-        ),
-        slice(
+            a4,
+        ));
+        v.push(slice(
             svc,
-            &format!("{svc}-a6"),
+            &format!("{svc}-{pod}6"),
             true,
-            8080,
+            port,
             "node-a",
-            &["2001:db8:1::10"],
-        ),
-    ];
-    let (b4, b6): (&[&str], &[&str]) = if with_b {
-        (&["198.18.1.11"], &["2001:db8:1::11"])
-    } else {
-        (&[], &[])
-    };
-    v.push(slice(svc, &format!("{svc}-b4"), false, 8081, "node-a", b4));
-    v.push(slice(svc, &format!("{svc}-b6"), true, 8081, "node-a", b6));
+            a6,
+        ));
+    }
     v
 }
 
@@ -520,4 +524,199 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
     );
     let _ = &w.logs;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A probe kept running in the test's cgroup (`--keep-socket`: one connected UDP
+/// socket, a new one after an error), its lines read as they come.
+struct KeptClient {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<Attempt>,
+}
+
+impl KeptClient {
+    fn start(w: &World, target: &str) -> KeptClient {
+        use std::io::BufRead;
+        let echo = w.echo.to_string_lossy();
+        let argv = [
+            "ip",
+            "netns",
+            "exec",
+            &w.ns.name,
+            &echo,
+            "probe",
+            "--proto",
+            "udp",
+            "--target",
+            target,
+            "--keep-socket",
+            // Bounded: 300 attempts 50 ms apart at most.
+            "--count",
+            "300",
+            "--interval-ms",
+            "50",
+            "--timeout-ms",
+            "500",
+        ];
+        let mut child = w
+            .conf
+            .command(&argv)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("probe started");
+        let out = child.stdout.take().expect("piped");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let a: Attempt = serde_json::from_str::<ProbeLine>(&l)
+                    .unwrap_or_else(|e| panic!("probe line {l:?}: {e}"))
+                    .into();
+                if tx.send(a).is_err() {
+                    return;
+                }
+            }
+        });
+        KeptClient { child, lines }
+    }
+
+    /// The next attempt's outcome (a panic after 5 s without one).
+    fn next(&self) -> Attempt {
+        self.lines
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the probe answers within 5 s")
+    }
+
+    /// Attempts until one satisfies `done` (at most `max`), all returned.
+    fn until(&self, max: usize, done: impl Fn(&Attempt) -> bool) -> Vec<Attempt> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let a = self.next();
+            let stop = done(&a);
+            out.push(a);
+            if stop {
+                break;
+            }
+        }
+        out
+    }
+}
+
+impl Drop for KeptClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A connected UDP socket translated at connect() follows its endpoint: when
+/// the endpoint leaves the service, the sync destroys the socket (the client's
+/// call fails and a new socket reaches an endpoint that is there), and when the
+/// last endpoint goes, the same; never an answer from an endpoint that left once
+/// the sync is done. IPv4 and IPv6. `host`: the clients are the node's own
+/// processes (the data plane runs in their namespace); else a pod's (the plane
+/// runs in a namespace of its own and enters theirs).
+fn connected_udp_sockets_follow_their_endpoints(test: &str, host: bool) {
+    let Some(w) = World::new(test) else { return };
+    let plane_ns = if host { &w.ns.name } else { &w.plane.name };
+    let opts = ebpf_options(&w.conf);
+    if !ebpf_runs_here(test, plane_ns, &opts) {
+        return;
+    }
+    let mut st = state(&manifests(true));
+    let mut driver = Driver::without_conntrack(plan_config(), EbpfDataPlane::new(opts));
+    let mut sync = |st: &mut ClusterState, docs: Vec<String>| {
+        for doc in docs {
+            for object in svcproxy_testkit::objects::parse(&doc) {
+                st.apply(SourceUpdate::Upsert {
+                    object,
+                    origin: "test".to_string(),
+                });
+            }
+        }
+        let snap = st.snapshot();
+        netns::in_netns(plane_ns, || driver.sync(&snap, false))
+            .expect("entering the plane's namespace")
+            .expect("sync");
+    };
+    sync(&mut st, Vec::new());
+    let mut failures = Vec::new();
+    let pod_of = |a: &Attempt| a.backend().map(str::to_string);
+    for target in ["198.19.0.10:90", "[2001:db8:ffff::10]:90"] {
+        sync(&mut st, pods("web", true, true));
+        let client = KeptClient::start(&w, target);
+        let first = client.until(20, |a| a.backend().is_some());
+        let Some(left) = first.last().and_then(pod_of) else {
+            failures.push(format!("{target}: no answer at first: {first:?}"));
+            continue;
+        };
+        let stays = if left == "pod-a" { "pod-b" } else { "pod-a" };
+        let local = first.last().and_then(|a| a.local);
+        // The socket's endpoint leaves.
+        sync(&mut st, pods("web", stays == "pod-a", stays == "pod-b"));
+        // The first attempt may have been answered while the sync ran.
+        let after = client.until(20, |a| a.backend() == Some(stays));
+        let moved = after.last().filter(|a| a.backend() == Some(stays));
+        if moved.is_none()
+            || after
+                .iter()
+                .skip(1)
+                .any(|a| a.backend() == Some(left.as_str()))
+        {
+            failures.push(format!(
+                "{target}: after {left} left, the socket went on with {left} or never reached {stays}: {after:?}"
+            ));
+        }
+        let failed_call = |a: &Attempt| matches!(a.result, ProbeResult::Other(_));
+        if !after.iter().any(failed_call) || moved.and_then(|a| a.local) == local {
+            failures.push(format!(
+                "{target}: the socket on {left} was not destroyed (no failed call, or the same socket {local:?}): {after:?}"
+            ));
+        }
+        // The last endpoint goes.
+        sync(&mut st, pods("web", false, false));
+        let last = client.until(20, Attempt::is_refused);
+        if !last.last().is_some_and(Attempt::is_refused)
+            || !last.iter().any(failed_call)
+            || last.iter().skip(1).any(|a| a.backend().is_some())
+        {
+            failures.push(format!(
+                "{target}: after the last endpoint went, the socket was answered, not destroyed, or new ones not refused: {last:?}"
+            ));
+        }
+    }
+    let destroyed: f64 = driver
+        .plane_mut()
+        .collectors()
+        .iter()
+        .flat_map(|c| c.collect())
+        .filter(|f| f.name() == "svcproxy_ebpf_udp_sockets_destroyed_total")
+        .flat_map(|f| {
+            f.get_metric()
+                .iter()
+                .map(|m| m.get_counter().get_value())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    if destroyed < 4.0 {
+        failures.push(format!(
+            "svcproxy_ebpf_udp_sockets_destroyed_total is {destroyed}, not at least 4"
+        ));
+    }
+    assert!(failures.is_empty(), "{test}:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn a_pods_connected_udp_socket_is_destroyed_when_its_endpoint_leaves() {
+    connected_udp_sockets_follow_their_endpoints(
+        "a_pods_connected_udp_socket_is_destroyed_when_its_endpoint_leaves",
+        false,
+    );
+}
+
+#[test]
+fn a_node_processs_connected_udp_socket_is_destroyed_when_its_endpoint_leaves() {
+    connected_udp_sockets_follow_their_endpoints(
+        "a_node_processs_connected_udp_socket_is_destroyed_when_its_endpoint_leaves",
+        true,
+    );
 }

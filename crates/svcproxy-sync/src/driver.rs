@@ -18,7 +18,7 @@ use svcproxy_core::state::SnapshotUpdate;
 use svcproxy_dataplane::{
     apply_conntrack_sysctls, ApplyReport, ConntrackCleaner, ConntrackCleanupReport,
     ConntrackFilter, ConntrackSettings, DataPlane, DataPlaneError, NetlinkConntrack,
-    NoConntrackCleanup, NodeRequirements, RuleCount, SyncKind,
+    NoConntrackCleanup, NodeRequirements, RuleCount, StaleUdp, SyncKind,
 };
 use svcproxy_plan::{Conflict, IntentDelta, PlanConfig};
 
@@ -395,6 +395,9 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
                 }
             }
         };
+        report.closed = self
+            .close_stale_udp(&StaleUdp::Reconcile(&stale))
+            .unwrap_or(0);
         report.duration = start.elapsed();
         if report.deleted > 0 {
             tracing::info!(
@@ -405,6 +408,25 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             );
         }
         report
+    }
+
+    /// Has the data plane close the flows it holds itself that `stale` names
+    /// (logged, with the count; a failure is a warning, never the sync's error).
+    fn close_stale_udp(&mut self, stale: &StaleUdp<'_>) -> Result<usize, ()> {
+        match self.plane.close_stale_udp(stale) {
+            Ok(0) => Ok(0),
+            Ok(n) => {
+                tracing::info!(
+                    closed = n,
+                    "closed connected UDP sockets whose endpoint their service no longer reaches"
+                );
+                Ok(n)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "closing the stale UDP flows the data plane holds failed; retrying with the next sync");
+                Err(())
+            }
+        }
     }
 
     /// Deletes the conntrack entries the intent's change since the last successful
@@ -453,6 +475,14 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
                 }
             }
         };
+        match self.close_stale_udp(&StaleUdp::Changed(&filters)) {
+            Ok(n) => report.closed = n,
+            // Again with the next sync, as a failed conntrack cleanup.
+            Err(()) if self.conntrack_retry.is_empty() => {
+                self.conntrack_retry = filters.iter().take(MAX_CONNTRACK_RETRY).cloned().collect();
+            }
+            Err(()) => {}
+        }
         report.filters = filters;
         report.duration = start.elapsed();
         if report.deleted > 0 {

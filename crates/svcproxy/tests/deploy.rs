@@ -745,3 +745,54 @@ fn ebpf_shapes_add_only_what_the_data_plane_needs(base: &Value) {
         );
     }
 }
+
+/// components/ebpf-pod-sockets, added to an ebpf shape, adds `SYS_ADMIN` and the
+/// host's `/run/netns` (read-only, the runtime's later mounts propagated), and
+/// nothing else.
+#[test]
+fn the_pod_sockets_component_adds_sys_admin_and_the_named_namespaces_only() {
+    let mut objects = objects_of("deploy/ebpf");
+    let before = objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .cloned()
+        .expect("a DaemonSet");
+    apply_patches(
+        &repo().join("deploy/components/ebpf-pod-sockets"),
+        &mut objects,
+    );
+    let ds = objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .expect("a DaemonSet");
+    let c = container(ds);
+    let mut add = strings(&c["securityContext"]["capabilities"]["add"], "add");
+    add.sort();
+    assert_eq!(add, ["BPF", "NET_ADMIN", "NET_RAW", "SYS_ADMIN"]);
+    let mounts = seq(&c["volumeMounts"], "volumeMounts");
+    assert_eq!(
+        mounts.len(),
+        seq(&container(&before)["volumeMounts"], "m").len() + 1
+    );
+    let m = mounts
+        .iter()
+        .find(|m| m["mountPath"] == "/run/netns")
+        .expect("/run/netns mounted");
+    assert_eq!(m["readOnly"], true);
+    assert_eq!(m["mountPropagation"], "HostToContainer");
+    let pod = &ds["spec"]["template"]["spec"];
+    let v = seq(&pod["volumes"], "volumes")
+        .iter()
+        .find(|v| v["name"] == m["name"])
+        .expect("its volume");
+    assert_eq!(v["hostPath"]["path"], "/run/netns");
+    let mut rest = ds.clone();
+    let mut was = before.clone();
+    for o in [&mut rest, &mut was] {
+        let spec = &mut o["spec"]["template"]["spec"];
+        spec["volumes"] = Value::Null;
+        spec["containers"][0]["volumeMounts"] = Value::Null;
+        spec["containers"][0]["securityContext"]["capabilities"]["add"] = Value::Null;
+    }
+    assert_eq!(rest, was, "nothing else changes");
+}

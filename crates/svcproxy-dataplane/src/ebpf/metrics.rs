@@ -46,6 +46,8 @@ pub struct MapStats {
     pub failed_writes: u64,
     /// The LRU maps' eviction counter, where it runs.
     pub evictions: Option<Arc<super::kernel::Evictions>>,
+    /// Connected UDP sockets destroyed because their endpoint left, since start.
+    pub destroyed_sockets: u64,
 }
 
 pub struct EbpfCollector {
@@ -99,6 +101,14 @@ fn evictions_family() -> IntCounterVec {
     .expect("valid")
 }
 
+fn destroyed_family() -> IntCounter {
+    IntCounter::new(
+        "svcproxy_ebpf_udp_sockets_destroyed_total",
+        "Connected UDP sockets translated at connect() that svcproxy destroyed because their service no longer reaches their endpoint (the endpoint left, or the service port went), so that the client's next call fails and it retries on a fresh socket (ebpf mode).",
+    )
+    .expect("valid")
+}
+
 fn gauges(name: &str, help: &str) -> IntGaugeVec {
     IntGaugeVec::new(Opts::new(name, help), &["map"]).expect("valid")
 }
@@ -137,6 +147,7 @@ impl EbpfCollector {
         let g = masquerade_family();
         let h = remap_family();
         let i = evictions_family();
+        let j = destroyed_family();
         let mut descs = Vec::new();
         for m in [
             a.desc(),
@@ -148,6 +159,7 @@ impl EbpfCollector {
             g.desc(),
             h.desc(),
             i.desc(),
+            j.desc(),
         ] {
             descs.extend(m.into_iter().cloned());
         }
@@ -178,6 +190,8 @@ impl Collector for EbpfCollector {
         ports.set(s.overflow.ports.len() as i64);
 
         failures.inc_by(s.failed_writes);
+        let destroyed = destroyed_family();
+        destroyed.inc_by(s.destroyed_sockets);
         let evictions = s.evictions.clone();
         let opened = !s.fill.is_empty();
         drop(s);
@@ -199,6 +213,7 @@ impl Collector for EbpfCollector {
         out.extend(overflow.collect());
         out.extend(ports.collect());
         out.extend(failures.collect());
+        out.extend(destroyed.collect());
         if let Some(counts) = super::kernel::xdp_packets(&self.pin_dir) {
             let xdp = xdp_family();
             for (verdict, n) in ["forwarded", "dropped", "passed"].iter().zip(counts) {

@@ -37,6 +37,7 @@ use svcproxy_plan::intent::NodePortDestinations;
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
 use crate::error::DataPlaneError;
+use crate::kernel::conntrack::StaleUdp;
 use crate::kernel::nft::{NftCommand, ScriptSink};
 use crate::seam::{
     ApplyReport, Comparison, ConfigSection, DataPlane, KernelObjects, LocalhostDefault,
@@ -233,6 +234,9 @@ pub struct EbpfDataPlane {
     /// The LRU maps' eviction counter: `None` until the maps are first opened,
     /// then whether it could be started.
     evictions: Option<Option<std::sync::Arc<kernel::Evictions>>>,
+    /// Pods' connected UDP sockets cannot be destroyed (no `CAP_SYS_ADMIN`):
+    /// said once.
+    pods_sockets_said: bool,
 }
 
 impl EbpfDataPlane {
@@ -285,6 +289,7 @@ impl EbpfDataPlane {
             stats: Default::default(),
             sealed_here: false,
             evictions: None,
+            pods_sockets_said: false,
         }
     }
 
@@ -482,6 +487,30 @@ impl DataPlane for EbpfDataPlane {
 
     fn render(&self, intent: &Intent) -> String {
         Self::table(intent).render()
+    }
+
+    fn close_stale_udp(&mut self, stale: &StaleUdp<'_>) -> Result<usize, DataPlaneError> {
+        if self.kernel.is_none() {
+            return Ok(0);
+        }
+        // Pods' sockets are translated unless --ebpf-host-namespace-only; their
+        // namespaces can be entered only with CAP_SYS_ADMIN.
+        let pods = !self.opts.host_namespace_only;
+        let others = pods && kernel::may_enter_namespaces();
+        if pods && !others && !std::mem::replace(&mut self.pods_sockets_said, true) {
+            tracing::info!("connected UDP sockets of pods stay on an endpoint that left until they close: destroying them takes entering the pods' network namespaces, which needs CAP_SYS_ADMIN (and /run/netns, where the runtime names them); the node's own are destroyed");
+        }
+        let n = kernel::close_stale(&self.opts.pin_dir, stale, others).map_err(|reason| {
+            DataPlaneError::Kernel {
+                what: "destroying stale connected UDP sockets".into(),
+                reason,
+            }
+        })?;
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .destroyed_sockets += n as u64;
+        Ok(n)
     }
 
     fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {
@@ -722,6 +751,7 @@ mod tests {
             ("svcproxy_conns", 65_536),
             ("svcproxy_flows", 65_536),
             ("svcproxy_xdp_nat", 65_536),
+            ("svcproxy_udpsock", 65_536),
         ];
         assert_eq!(MapSizes::DEFAULT.by_map(), want.to_vec());
         // Derived maps follow their flag, and never go below 1024.

@@ -451,6 +451,21 @@ pub struct AffVal {
     pub last_ns: u64,
 }
 
+/// A connected socket's translation (`struct sock_peer` in sock.c): the service
+/// address and port, the endpoint's family, whether it counts a connection, the
+/// endpoint and its port (0: the socket connected again, untranslated).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockPeer {
+    pub vip: [u32; 4],
+    pub vport: u16,
+    pub family: u8,
+    pub counted: u8,
+    pub be: [u32; 4],
+    pub beport: u16,
+    pub pad: u16,
+}
+
 // SAFETY: each is `repr(C)`, `Copy`, made of integers only, with every padding
 // byte an explicit field: any bit pattern is a valid value. aya reads and writes
 // map keys and values through this trait; there is no other way to use its maps.
@@ -475,6 +490,7 @@ mod pod {
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtVal {}
     unsafe impl aya::Pod for MhVal {}
+    unsafe impl aya::Pod for SockPeer {}
 }
 
 #[cfg(test)]
@@ -485,6 +501,7 @@ mod tests {
     fn layouts_match_the_c_structs() {
         // Sizes as clang lays out the structs of bpf/lib/*.h.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
+        assert_eq!(std::mem::size_of::<SockPeer>(), 40);
         assert_eq!(std::mem::size_of::<Route>(), 12);
         assert_eq!(std::mem::size_of::<SvcVal>(), 72);
         assert_eq!(std::mem::size_of::<LpmKey<FwData>>(), 28);

@@ -72,6 +72,10 @@ enum Cmd {
         /// UDP: sendto() from an unconnected socket instead of connecting.
         #[arg(long)]
         unconnected: bool,
+        /// UDP: one connected socket for every attempt, as a resolver keeps one;
+        /// after an error other than a timeout, the next attempt opens a new one.
+        #[arg(long, conflicts_with = "unconnected")]
+        keep_socket: bool,
     },
     /// One DNS query over UDP (or TCP); prints the answer as one JSON line: the
     /// response code and the answer section's data, sorted.
@@ -119,6 +123,7 @@ fn main() -> anyhow::Result<()> {
             interval_ms,
             sctp_mode,
             unconnected,
+            keep_socket,
         } => {
             let cfg = ProbeConfig {
                 proto,
@@ -130,6 +135,7 @@ fn main() -> anyhow::Result<()> {
                 interval: Duration::from_millis(interval_ms),
                 sctp_mode: Some(sctp_mode),
                 unconnected,
+                keep_socket,
             };
             echo::probe(&cfg, |line| {
                 use std::io::Write;

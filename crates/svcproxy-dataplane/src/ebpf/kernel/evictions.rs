@@ -35,7 +35,7 @@ const HOOK: &str = "htab_lru_map_delete_node";
 
 /// The LRU maps, by the names pinned: the maps whose entries the kernel may
 /// evict.
-pub const LRU_MAPS: [&str; 9] = [
+pub const LRU_MAPS: [&str; 10] = [
     "svcproxy_ct",
     "svcproxy_remap",
     "svcproxy_rev",
@@ -45,6 +45,7 @@ pub const LRU_MAPS: [&str; 9] = [
     "svcproxy_conns",
     "svcproxy_flows",
     "svcproxy_xdp_nat",
+    "svcproxy_udpsock",
 ];
 
 /// Each LRU map pinned in `pin_dir`: its entries now and its size. A map that

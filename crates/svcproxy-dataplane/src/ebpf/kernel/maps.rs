@@ -16,7 +16,7 @@ use crate::ebpf::EbpfOptions;
 use crate::error::DataPlaneError;
 
 /// The maps, by the names pinned.
-pub const MAPS: [&str; 28] = [
+pub const MAPS: [&str; 29] = [
     "svcproxy_svc",
     "svcproxy_slot",
     "svcproxy_member",
@@ -45,6 +45,7 @@ pub const MAPS: [&str; 28] = [
     "svcproxy_snat_stats",
     "svcproxy_remap",
     "svcproxy_remap_stats",
+    "svcproxy_udpsock",
 ];
 
 /// Maps an earlier release pinned whose layout changed under a new name: their
@@ -134,7 +135,7 @@ where
         MapData::from_pin(&pin).map_err(|e| kernel_err(format!("opening {}", pin.display()), e))?;
     let map = match name {
         "svcproxy_cfg" => aya::maps::Map::Array(data),
-        "svcproxy_aff" | "svcproxy_affip" => aya::maps::Map::LruHashMap(data),
+        "svcproxy_aff" | "svcproxy_affip" | "svcproxy_udpsock" => aya::maps::Map::LruHashMap(data),
         "svcproxy_fw" | "svcproxy_podnet" | "svcproxy_guard" => aya::maps::Map::LpmTrie(data),
         _ => aya::maps::Map::HashMap(data),
     };

@@ -60,6 +60,7 @@ mod masquerade;
 mod overflow;
 mod readback;
 mod seal;
+mod sockets;
 mod write;
 
 use std::collections::BTreeMap;
@@ -96,6 +97,7 @@ pub use maps::MAPS;
 pub use masquerade::{local_range_overlapping, snat_ports};
 pub use overflow::Overflow;
 pub use seal::{seals, unseal, write_seal};
+pub use sockets::{close_stale, may_enter_namespaces};
 
 type HashMap2<K, V> = std::collections::HashMap<K, V>;
 

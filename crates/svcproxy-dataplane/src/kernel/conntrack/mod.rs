@@ -244,6 +244,28 @@ impl StaleUdpFlows {
     }
 }
 
+/// The UDP flows a sync left stale, as the driver found them: the filters of
+/// the intent's change since the last successful apply, or, at the first sync,
+/// every UDP frontend with the endpoints it may reach. The same decision serves
+/// conntrack's entries and a data plane's own flows
+/// ([`DataPlane::close_stale_udp`](crate::DataPlane::close_stale_udp)), each
+/// shown as the conntrack entry it would be.
+#[derive(Clone, Copy, Debug)]
+pub enum StaleUdp<'a> {
+    Changed(&'a [ConntrackFilter]),
+    Reconcile(&'a StaleUdpFlows),
+}
+
+impl StaleUdp<'_> {
+    /// Whether `entry` is one of the stale flows.
+    pub fn is_stale(&self, entry: &ConntrackEntry) -> bool {
+        match self {
+            StaleUdp::Changed(filters) => filters.iter().any(|f| f.matches(entry)),
+            StaleUdp::Reconcile(flows) => flows.is_stale(entry),
+        }
+    }
+}
+
 /// A cleaner that deletes nothing: for data planes whose rules are applied somewhere
 /// other than the caller's network namespace, or nowhere (tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -354,6 +376,9 @@ pub struct ConntrackCleanupReport {
     pub families: BTreeMap<IpFamily, FamilyCleanup>,
     /// Why cleanup failed, if it did (the sync itself still succeeded).
     pub error: Option<String>,
+    /// Flows the data plane held itself and closed for the same filters
+    /// ([`DataPlane::close_stale_udp`](crate::DataPlane::close_stale_udp)).
+    pub closed: usize,
     /// Computing the filters and deleting.
     pub duration: Duration,
 }
