@@ -2702,6 +2702,155 @@ fn carry_across_restarts(mode: Mode, flags: &[&str]) {
     ck.finish(&env);
 }
 
+/// Issue 56, item 2: `svcproxy cleanup` while connections flow. The eBPF data
+/// plane's programs and maps go, so the connections translated by its packet path
+/// cannot go on (the kernel modes' go on: conntrack holds their translation). They
+/// must end cleanly: each client's next request fails (at once: reset or aborted),
+/// and no packet reaches a client half-translated, that is from the endpoint's own
+/// address instead of the service's (counted by a rule in each client's
+/// namespace, before and after). Clients: pod-a1 to a cluster IP in both families
+/// (its sockets are on node-a), and `ext` to a NodePort of node-a; the endpoint on
+/// node-b, each stream echoing 64 bytes every 20 ms. ebpf and ipvs modes, with and
+/// without the XDP fast path.
+#[test]
+fn a_cleanup_while_connections_flow_ends_them_cleanly() {
+    let cases: [(Mode, &[&str]); 4] = [
+        (Mode::Ebpf, &[]),
+        (Mode::Ebpf, &["--ebpf-xdp=native"]),
+        (Mode::Ipvs, &[]),
+        (Mode::Ipvs, &["--ebpf-xdp=native"]),
+    ];
+    for (mode, flags) in cases {
+        cleanup_under_traffic(mode, flags);
+    }
+}
+
+fn cleanup_under_traffic(mode: Mode, flags: &[&str]) {
+    const PORT: u16 = 9100;
+    const NODE_PORT: u16 = 30162;
+    let (svc, slices) = b0_echo_service("ending", 162, PORT, NODE_PORT);
+    let Some(mut env) = Env::start(
+        mode,
+        EnvSpec {
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+            ..EnvSpec::default()
+        },
+        &[(&fname(&svc), svc_file(&svc, &slices))],
+    ) else {
+        return;
+    };
+    let what = format!("{} {}", mode.label(), flags.join(" "));
+    let mut ck = Checks::new("cleanup-traffic");
+    // Packets from the endpoint's own address and port, as each client sees them.
+    let half = format!(
+        "table inet halfcheck {{\n chain pre {{\n  type filter hook prerouting priority -300;\n  \
+         ip saddr {} tcp sport {PORT} counter\n  ip6 saddr {} tcp sport {PORT} counter\n }}\n}}\n",
+        env.c.ip(B0, Family::V4),
+        env.c.ip(B0, Family::V6)
+    );
+    for host in [A1, Host::Ext] {
+        env.c.nft(host, &half).expect("the counting rules");
+    }
+    let half_seen = |host: Host| -> u64 {
+        let listing = env
+            .c
+            .nft(host, "list table inet halfcheck")
+            .unwrap_or_default();
+        listing
+            .split("packets ")
+            .skip(1)
+            .filter_map(|t| t.split_whitespace().next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let (load, _server) = loadgen_server(&env, B0, PORT);
+    let load = load.to_string_lossy();
+    let clients: Vec<(Host, SocketAddr)> = vec![
+        (A1, sa(svc.cluster_ip(Family::V4), 80)),
+        (A1, sa(svc.cluster_ip(Family::V6), 80)),
+        (Host::Ext, sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT)),
+    ];
+    let streams: Vec<(String, svcproxy_e2e::NsProcess)> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, (from, target))| {
+            let target = target.to_string();
+            let argv = [
+                &*load,
+                "rr",
+                "--target",
+                &target,
+                "--concurrency",
+                "1",
+                "--seconds",
+                "12",
+                "--interval-ms",
+                "20",
+            ];
+            let p = env
+                .c
+                .spawn(*from, &format!("rr-{i}"), &argv)
+                .expect("start a client");
+            (format!("{} -> {target}", env.c.name(*from)), p)
+        })
+        .collect();
+    // The operator's order: the DaemonSet's pod goes (SIGTERM leaves the data
+    // path running), then `svcproxy cleanup` runs on the node.
+    thread::sleep(Duration::from_secs(1));
+    let owner = env.proxies.remove(env.proxy_index(NODE_A));
+    let status = owner.terminate(Duration::from_secs(30));
+    ck.check(status.is_some_and(|s| s.success()), || {
+        format!("{what}: node-a's svcproxy at SIGTERM: {status:?}")
+    });
+    thread::sleep(Duration::from_secs(1));
+    let before = (half_seen(A1), half_seen(Host::Ext));
+    ck.check(before == (0, 0), || {
+        format!("{what}: packets from the endpoint's own address before the cleanup: {before:?}")
+    });
+    let mut args = vec!["cleanup".to_string()];
+    args.extend(confinement_args(&env.c, NODE_A));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cleaned = Instant::now();
+    let out = env.run_svcproxy(NODE_A, &args);
+    ck.check(out.status.success(), || {
+        format!(
+            "{what}: svcproxy cleanup: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    for (name, p) in &streams {
+        let status = p.wait(Duration::from_secs(30));
+        let ended = cleaned.elapsed();
+        let err = p.stderr();
+        eprintln!(
+            "[dataplane] cleanup under traffic {what}: {name}: {status:?} after {ended:?}: {}",
+            err.trim()
+        );
+        // Ended by the cleanup, at once, with the kernel's word for it.
+        ck.check(
+            status.as_ref().is_ok_and(|s| !s.success())
+                && ended < Duration::from_secs(3)
+                && ["reset", "abort", "Broken pipe"]
+                    .iter()
+                    .any(|w| err.contains(w)),
+            || format!("{what}: {name}: not ended cleanly by the cleanup: {status:?} after {ended:?}\n{}", p.logs()),
+        );
+    }
+    // Late packets of the endpoint (its retransmissions) would come now.
+    thread::sleep(Duration::from_secs(2));
+    let after = (half_seen(A1), half_seen(Host::Ext));
+    ck.check(after == (0, 0), || {
+        format!("{what}: packets from the endpoint's own address reached the clients after the cleanup (pod-a1, ext): {after:?}")
+    });
+    ck.check(env.nothing_programmed(NODE_A), || {
+        format!(
+            "{what}: after the cleanup node-a still has: {}",
+            env.ruleset(NODE_A)
+        )
+    });
+    ck.finish(&env);
+}
+
 /// Issue 56 item 3, issue 52 item 5: the eBPF connection map filled past its size
 /// under live traffic. node-a's `svcproxy_ct` holds 1,024 entries (two a
 /// connection); 150 connections from `ext` to a NodePort are opened and left idle

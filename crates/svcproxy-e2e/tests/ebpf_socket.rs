@@ -530,7 +530,9 @@ fn sockets_in_the_cgroup_reach_endpoints_and_see_the_service_address() {
 /// socket, a new one after an error), its lines read as they come.
 struct KeptClient {
     child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<Attempt>,
+    /// Each attempt with when its line was read (as it was printed: the reader
+    /// waits on the pipe).
+    lines: std::sync::mpsc::Receiver<(std::time::Instant, Attempt)>,
 }
 
 impl KeptClient {
@@ -571,7 +573,7 @@ impl KeptClient {
                 let a: Attempt = serde_json::from_str::<ProbeLine>(&l)
                     .unwrap_or_else(|e| panic!("probe line {l:?}: {e}"))
                     .into();
-                if tx.send(a).is_err() {
+                if tx.send((std::time::Instant::now(), a)).is_err() {
                     return;
                 }
             }
@@ -580,18 +582,22 @@ impl KeptClient {
     }
 
     /// The next attempt's outcome (a panic after 5 s without one).
-    fn next(&self) -> Attempt {
+    fn next(&self) -> (std::time::Instant, Attempt) {
         self.lines
             .recv_timeout(Duration::from_secs(5))
             .expect("the probe answers within 5 s")
     }
 
     /// Attempts until one satisfies `done` (at most `max`), all returned.
-    fn until(&self, max: usize, done: impl Fn(&Attempt) -> bool) -> Vec<Attempt> {
+    fn until(
+        &self,
+        max: usize,
+        done: impl Fn(&Attempt) -> bool,
+    ) -> Vec<(std::time::Instant, Attempt)> {
         let mut out = Vec::new();
         while out.len() < max {
             let a = self.next();
-            let stop = done(&a);
+            let stop = done(&a.1);
             out.push(a);
             if stop {
                 break;
@@ -645,28 +651,34 @@ fn connected_udp_sockets_follow_their_endpoints(test: &str, host: bool) {
         sync(&mut st, pods("web", true, true));
         let client = KeptClient::start(&w, target);
         let first = client.until(20, |a| a.backend().is_some());
-        let Some(left) = first.last().and_then(pod_of) else {
+        let Some(left) = first.last().and_then(|(_, a)| pod_of(a)) else {
             failures.push(format!("{target}: no answer at first: {first:?}"));
             continue;
         };
         let stays = if left == "pod-a" { "pod-b" } else { "pod-a" };
-        let local = first.last().and_then(|a| a.local);
-        // The socket's endpoint leaves.
+        let local = first.last().and_then(|(_, a)| a.local);
+        // The socket's endpoint leaves. Attempts read while the sync ran may be
+        // answered by it; of those read after, one (in flight) at most.
         sync(&mut st, pods("web", stays == "pod-a", stays == "pod-b"));
-        // The first attempt may have been answered while the sync ran.
-        let after = client.until(20, |a| a.backend() == Some(stays));
-        let moved = after.last().filter(|a| a.backend() == Some(stays));
-        if moved.is_none()
-            || after
-                .iter()
+        let synced = std::time::Instant::now();
+        let after = client.until(40, |a| a.backend() == Some(stays));
+        let late = |v: &[(std::time::Instant, Attempt)], pod: &str| {
+            v.iter()
+                .filter(|(t, _)| *t > synced)
                 .skip(1)
-                .any(|a| a.backend() == Some(left.as_str()))
-        {
+                .any(|(_, a)| a.backend() == Some(pod))
+        };
+        let moved = after
+            .last()
+            .map(|(_, a)| a)
+            .filter(|a| a.backend() == Some(stays));
+        if moved.is_none() || late(&after, &left) {
             failures.push(format!(
                 "{target}: after {left} left, the socket went on with {left} or never reached {stays}: {after:?}"
             ));
         }
-        let failed_call = |a: &Attempt| matches!(a.result, ProbeResult::Other(_));
+        let failed_call =
+            |(_, a): &(std::time::Instant, Attempt)| matches!(a.result, ProbeResult::Other(_));
         if !after.iter().any(failed_call) || moved.and_then(|a| a.local) == local {
             failures.push(format!(
                 "{target}: the socket on {left} was not destroyed (no failed call, or the same socket {local:?}): {after:?}"
@@ -674,10 +686,16 @@ fn connected_udp_sockets_follow_their_endpoints(test: &str, host: bool) {
         }
         // The last endpoint goes.
         sync(&mut st, pods("web", false, false));
-        let last = client.until(20, Attempt::is_refused);
-        if !last.last().is_some_and(Attempt::is_refused)
+        let synced = std::time::Instant::now();
+        let last = client.until(40, Attempt::is_refused);
+        let late_answer = last
+            .iter()
+            .filter(|(t, _)| *t > synced)
+            .skip(1)
+            .any(|(_, a)| a.backend().is_some());
+        if !last.last().is_some_and(|(_, a)| a.is_refused())
             || !last.iter().any(failed_call)
-            || last.iter().skip(1).any(|a| a.backend().is_some())
+            || late_answer
         {
             failures.push(format!(
                 "{target}: after the last endpoint went, the socket was answered, not destroyed, or new ones not refused: {last:?}"

@@ -395,9 +395,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
                 }
             }
         };
-        report.closed = self
-            .close_stale_udp(&StaleUdp::Reconcile(&stale))
-            .unwrap_or(0);
+        report.closed = self.close_stale_udp(&StaleUdp::Reconcile(&stale));
         report.duration = start.elapsed();
         if report.deleted > 0 {
             tracing::info!(
@@ -410,21 +408,23 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         report
     }
 
-    /// Has the data plane close the flows it holds itself that `stale` names
-    /// (logged, with the count; a failure is a warning, never the sync's error).
-    fn close_stale_udp(&mut self, stale: &StaleUdp<'_>) -> Result<usize, ()> {
+    /// Has the data plane close the flows it holds itself that `stale` names:
+    /// how many it closed (logged; a failure is a warning, never the sync's
+    /// error, and not retried: by the next sync the endpoint may be back, and
+    /// the flow good again).
+    fn close_stale_udp(&mut self, stale: &StaleUdp<'_>) -> usize {
         match self.plane.close_stale_udp(stale) {
-            Ok(0) => Ok(0),
+            Ok(0) => 0,
             Ok(n) => {
                 tracing::info!(
                     closed = n,
                     "closed connected UDP sockets whose endpoint their service no longer reaches"
                 );
-                Ok(n)
+                n
             }
             Err(e) => {
-                tracing::warn!(error = %e, "closing the stale UDP flows the data plane holds failed; retrying with the next sync");
-                Err(())
+                tracing::warn!(error = %e, "closing the stale UDP flows the data plane holds failed; they keep their endpoint until they close");
+                0
             }
         }
     }
@@ -475,14 +475,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
                 }
             }
         };
-        match self.close_stale_udp(&StaleUdp::Changed(&filters)) {
-            Ok(n) => report.closed = n,
-            // Again with the next sync, as a failed conntrack cleanup.
-            Err(()) if self.conntrack_retry.is_empty() => {
-                self.conntrack_retry = filters.iter().take(MAX_CONNTRACK_RETRY).cloned().collect();
-            }
-            Err(()) => {}
-        }
+        report.closed = self.close_stale_udp(&StaleUdp::Changed(&filters));
         report.filters = filters;
         report.duration = start.elapsed();
         if report.deleted > 0 {

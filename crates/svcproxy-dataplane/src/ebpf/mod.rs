@@ -237,6 +237,10 @@ pub struct EbpfDataPlane {
     /// Pods' connected UDP sockets cannot be destroyed (no `CAP_SYS_ADMIN`):
     /// said once.
     pods_sockets_said: bool,
+    /// Stale sockets were not found where svcproxy can look: said once.
+    unfound_said: bool,
+    /// The kernel refuses to list or destroy sockets for good: not tried again.
+    sockets_refused: bool,
 }
 
 impl EbpfDataPlane {
@@ -290,6 +294,8 @@ impl EbpfDataPlane {
             sealed_here: false,
             evictions: None,
             pods_sockets_said: false,
+            unfound_said: false,
+            sockets_refused: false,
         }
     }
 
@@ -490,7 +496,7 @@ impl DataPlane for EbpfDataPlane {
     }
 
     fn close_stale_udp(&mut self, stale: &StaleUdp<'_>) -> Result<usize, DataPlaneError> {
-        if self.kernel.is_none() {
+        if self.kernel.is_none() || self.sockets_refused {
             return Ok(0);
         }
         // Pods' sockets are translated unless --ebpf-host-namespace-only; their
@@ -500,17 +506,37 @@ impl DataPlane for EbpfDataPlane {
         if pods && !others && !std::mem::replace(&mut self.pods_sockets_said, true) {
             tracing::info!("connected UDP sockets of pods stay on an endpoint that left until they close: destroying them takes entering the pods' network namespaces, which needs CAP_SYS_ADMIN (and /run/netns, where the runtime names them); the node's own are destroyed");
         }
-        let n = kernel::close_stale(&self.opts.pin_dir, stale, others).map_err(|reason| {
-            DataPlaneError::Kernel {
-                what: "destroying stale connected UDP sockets".into(),
-                reason,
+        // A NodePort's stale flows are those to this node's addresses (asked
+        // only if a translation might be one).
+        let node = std::cell::OnceCell::new();
+        let node_address = |ip: IpAddr| {
+            ip.is_loopback()
+                || node
+                    .get_or_init(|| crate::kernel::host_addrs::host_addresses().unwrap_or_default())
+                    .contains(&ip)
+        };
+        let closed = match kernel::close_stale(&self.opts.pin_dir, stale, others, &node_address) {
+            Ok(c) => c,
+            Err(e) if e.permanent => {
+                self.sockets_refused = true;
+                tracing::warn!(error = %e, "connected UDP sockets whose endpoint left cannot be destroyed on this node (the kernel needs CONFIG_INET_DIAG_DESTROY and CONFIG_INET_UDP_DIAG, and svcproxy CAP_NET_ADMIN): they keep their endpoint until they close; not tried again");
+                return Ok(0);
             }
-        })?;
+            Err(e) => {
+                return Err(DataPlaneError::Kernel {
+                    what: "destroying stale connected UDP sockets".into(),
+                    reason: e.to_string(),
+                })
+            }
+        };
+        if closed.unfound > 0 && others && !std::mem::replace(&mut self.unfound_said, true) {
+            tracing::info!(unfound = closed.unfound, "connected UDP sockets whose endpoint left were not found in any network namespace svcproxy can name (/run/netns, and the processes it sees in /proc): they keep their endpoint until they close (said once)");
+        }
         self.stats
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .destroyed_sockets += n as u64;
-        Ok(n)
+            .destroyed_sockets += closed.destroyed as u64;
+        Ok(closed.destroyed)
     }
 
     fn seal(&mut self, seal: &str) -> Result<bool, DataPlaneError> {

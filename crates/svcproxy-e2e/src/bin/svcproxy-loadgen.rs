@@ -195,7 +195,13 @@ fn on_threads<T: Send + 'static>(
             thread::spawn(move || work(deadline, &stop))
         })
         .collect();
-    thread::sleep(time);
+    // Until the time is up, or every thread has ended (an error ends one early:
+    // the process then says so at once).
+    while Instant::now() < deadline && !handles.iter().all(|h| h.is_finished()) {
+        thread::sleep(
+            Duration::from_millis(10).min(deadline.saturating_duration_since(Instant::now())),
+        );
+    }
     stop.store(true, Ordering::Relaxed);
     handles
         .into_iter()

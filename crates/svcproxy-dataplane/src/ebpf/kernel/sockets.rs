@@ -11,9 +11,11 @@
 //! nothing else is done. Else `sock_diag` (`NETLINK_SOCK_DIAG`) lists the
 //! connected UDP sockets (state `TCP_ESTABLISHED`) with their cookies, and those
 //! still connected to the stale endpoint are destroyed with `SOCK_DESTROY`
-//! (`CONFIG_INET_DIAG_DESTROY`): the next call fails with `ECONNABORTED`, and the
-//! socket is no longer connected. (sock_diag reports a socket's BPF storage for
-//! TCP only: hence the map.)
+//! (`CONFIG_INET_DIAG_DESTROY`): a waiting or the next `recv` fails with
+//! `ECONNABORTED`, and the socket is no longer connected. (sock_diag reports a
+//! socket's BPF storage for TCP only: hence the map.) At a cleanup, the packet
+//! path's connections whose clients are this node's sockets are ended the same
+//! way ([`end_local_clients`]).
 //!
 //! Where: a listing sees one network namespace. The data plane's own is looked
 //! at first; the pods' (every namespace named in `/run/netns` and every
@@ -48,6 +50,7 @@ const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
+const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 /// A connected UDP socket's state.
 const TCP_ESTABLISHED: u32 = 1;
@@ -119,6 +122,8 @@ impl Peer {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Diag {
     family: u8,
+    /// The listing's protocol (the reply does not say it).
+    proto: u8,
     id: [u8; SOCKID],
 }
 
@@ -134,8 +139,17 @@ impl Diag {
 
     /// The socket's remote address and port (an IPv4-mapped one as IPv4).
     fn remote(&self) -> std::net::SocketAddr {
-        let port = u16::from_be_bytes([self.id[2], self.id[3]]);
-        let addr: [u8; 16] = self.id[20..36].try_into().expect("16");
+        self.address(2, 20)
+    }
+
+    /// The socket's local address and port (an IPv4-mapped one as IPv4).
+    fn local(&self) -> std::net::SocketAddr {
+        self.address(0, 4)
+    }
+
+    fn address(&self, port_at: usize, addr_at: usize) -> std::net::SocketAddr {
+        let port = u16::from_be_bytes([self.id[port_at], self.id[port_at + 1]]);
+        let addr: [u8; 16] = self.id[addr_at..addr_at + 16].try_into().expect("16");
         let ip = if self.family == AF_INET {
             std::net::IpAddr::from([addr[0], addr[1], addr[2], addr[3]])
         } else {
@@ -151,23 +165,27 @@ impl Diag {
 fn stale_peers(
     entries: impl Iterator<Item = (u64, wire::SockPeer)>,
     stale: &StaleUdp<'_>,
+    node_address: &dyn Fn(std::net::IpAddr) -> bool,
 ) -> HashMap<u64, Peer> {
     let any = std::net::IpAddr::from([0u8, 0, 0, 0]);
     entries
         .filter_map(|(cookie, p)| Some((cookie, Peer::of(&p)?)))
-        .filter(|(_, p)| stale.is_stale(&p.as_entry(any)))
+        .filter(|(_, p)| stale.is_stale_held(&p.as_entry(any), node_address))
         .collect()
 }
 
 /// The sockets of a listing to destroy: those whose cookie `doomed` holds,
-/// still connected to the endpoint it names.
-fn to_destroy(sockets: Vec<Diag>, doomed: &HashMap<u64, Peer>) -> Vec<Diag> {
+/// still connected to the endpoint it names. Every listed cookie it holds is
+/// found: taken out of `peers`, and its translation to be forgotten.
+fn pick(sockets: Vec<Diag>, doomed: &mut Doomed) -> Vec<Diag> {
     sockets
         .into_iter()
         .filter(|d| {
-            doomed
-                .get(&d.cookie())
-                .is_some_and(|p| d.remote() == p.endpoint)
+            let Some(peer) = doomed.peers.remove(&d.cookie()) else {
+                return false;
+            };
+            doomed.forget.push(d.cookie());
+            d.remote() == peer.endpoint
         })
         .collect()
 }
@@ -186,14 +204,14 @@ fn finish(mut out: Vec<u8>) -> Vec<u8> {
     out
 }
 
-fn request(out: &mut Vec<u8>, family: u8, states: u32, id: &[u8; SOCKID]) {
-    out.extend_from_slice(&[family, IPPROTO_UDP, 0, 0]);
+fn request(out: &mut Vec<u8>, family: u8, proto: u8, states: u32, id: &[u8; SOCKID]) {
+    out.extend_from_slice(&[family, proto, 0, 0]);
     out.extend_from_slice(&states.to_ne_bytes());
     out.extend_from_slice(id);
 }
 
-/// A listing of `family`'s connected UDP sockets.
-fn dump_request(family: u8, seq: u32) -> Vec<u8> {
+/// A listing of `family`'s `proto` sockets in `states` (a mask of `1 << state`).
+fn dump_request(family: u8, proto: u8, states: u32, seq: u32) -> Vec<u8> {
     let mut out = Vec::with_capacity(NLMSG_HEADER + REQ);
     header(
         &mut out,
@@ -201,16 +219,16 @@ fn dump_request(family: u8, seq: u32) -> Vec<u8> {
         NLM_F_REQUEST | NLM_F_DUMP,
         seq,
     );
-    request(&mut out, family, 1 << TCP_ESTABLISHED, &[0; SOCKID]);
+    request(&mut out, family, proto, states, &[0; SOCKID]);
     finish(out)
 }
 
 /// `SOCK_DESTROY` of the socket `id` names (its cookie included: a socket that
 /// reused the tuple since the dump is not the one destroyed).
-fn destroy_request(family: u8, id: &[u8; SOCKID], seq: u32) -> Vec<u8> {
+fn destroy_request(d: &Diag, seq: u32) -> Vec<u8> {
     let mut out = Vec::with_capacity(NLMSG_HEADER + REQ);
     header(&mut out, SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, seq);
-    request(&mut out, family, u32::MAX, id);
+    request(&mut out, d.family, d.proto, u32::MAX, &d.id);
     finish(out)
 }
 
@@ -227,12 +245,19 @@ fn parse_message(msg: &[u8]) -> Reply {
     let kind = u16::from_ne_bytes([msg[4], msg[5]]);
     let body = &msg[NLMSG_HEADER.min(msg.len())..];
     match kind {
+        // A dump that failed ends with its error in the end's payload.
+        NLMSG_DONE
+            if body.len() >= 4 && i32::from_ne_bytes(body[..4].try_into().expect("4")) < 0 =>
+        {
+            Reply::Error(i32::from_ne_bytes(body[..4].try_into().expect("4")))
+        }
         NLMSG_DONE => Reply::Done,
         NLMSG_ERROR if body.len() >= 4 => {
             Reply::Error(i32::from_ne_bytes(body[..4].try_into().expect("4")))
         }
         SOCK_DIAG_BY_FAMILY if body.len() >= MSG => Reply::Socket(Box::new(Diag {
             family: body[0],
+            proto: 0,
             id: body[4..4 + SOCKID].try_into().expect("48"),
         })),
         _ => Reply::Other,
@@ -241,6 +266,39 @@ fn parse_message(msg: &[u8]) -> Reply {
 
 fn io(context: &str, e: impl std::fmt::Display) -> String {
     format!("{context}: {e}")
+}
+
+/// Why sockets could not be listed or destroyed; `permanent` when this kernel
+/// or these privileges will never allow it (`EOPNOTSUPP`: no
+/// `CONFIG_INET_DIAG_DESTROY`; `ENOENT` from a listing: no diag module for the
+/// protocol; `EPERM`).
+#[derive(Debug)]
+pub struct SockError {
+    pub message: String,
+    pub permanent: bool,
+}
+
+impl std::fmt::Display for SockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for SockError {
+    fn from(message: String) -> SockError {
+        SockError {
+            message,
+            permanent: false,
+        }
+    }
+}
+
+/// The kernel's refusal `errno` (positive) while `what`.
+fn refused(what: &str, errno: i32) -> SockError {
+    SockError {
+        message: io(what, std::io::Error::from_raw_os_error(errno)),
+        permanent: matches!(errno, libc::EOPNOTSUPP | libc::EPERM | libc::ENOENT),
+    }
 }
 
 /// A sock_diag socket in the calling thread's network namespace.
@@ -260,14 +318,12 @@ fn open() -> Result<Socket, String> {
 
 /// The replies to one request, until its end (a dump's `NLMSG_DONE`, an ack).
 fn exchange(sock: &Socket, req: &[u8], dump: bool) -> Result<Vec<Reply>, String> {
-    sock.send(req, 0)
-        .map_err(|e| io("sending to sock_diag", e))?;
+    crate::kernel::netfilter::send_request(sock, req, "a sock_diag request")
+        .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     let mut buf = Vec::with_capacity(64 * 1024);
     loop {
-        buf.clear();
-        sock.recv(&mut buf, 0)
-            .map_err(|e| io("receiving from sock_diag", e))?;
+        crate::kernel::netfilter::recv_datagram(sock, &mut buf).map_err(|e| e.to_string())?;
         let messages = crate::kernel::netfilter::split_datagram(&buf).map_err(|e| e.to_string())?;
         for (_, msg) in messages {
             match parse_message(msg) {
@@ -289,45 +345,62 @@ fn exchange(sock: &Socket, req: &[u8], dump: bool) -> Result<Vec<Reply>, String>
     }
 }
 
-/// Destroys the sockets of the calling thread's namespace that `doomed` names
-/// (those destroyed, or closed meanwhile, are taken out of it): how many were
-/// destroyed.
-fn close_here(doomed: &mut HashMap<u64, Peer>) -> Result<usize, String> {
-    let sock = open()?;
-    let mut closed = 0;
-    let mut seq = 0u32;
+/// The `proto` sockets of the calling thread's namespace in `states`, both
+/// families (`seq` counts the requests).
+fn list(sock: &Socket, proto: u8, states: u32, seq: &mut u32) -> Result<Vec<Diag>, SockError> {
+    let mut sockets = Vec::new();
     for family in [AF_INET, AF_INET6] {
-        seq += 1;
-        let mut sockets = Vec::new();
-        for r in exchange(&sock, &dump_request(family, seq), true)? {
+        *seq += 1;
+        for r in exchange(sock, &dump_request(family, proto, states, *seq), true)? {
             match r {
-                Reply::Socket(d) => sockets.push(*d),
-                // A kernel without IPv6 has no AF_INET6 sockets to list.
-                Reply::Error(e) if e < 0 && family == AF_INET6 => {}
-                Reply::Error(e) if e < 0 => {
-                    return Err(io(
-                        "listing connected UDP sockets",
-                        std::io::Error::from_raw_os_error(-e),
-                    ))
+                Reply::Socket(mut d) => {
+                    d.proto = proto;
+                    sockets.push(*d);
                 }
+                // No diag module for the protocol: ENOENT.
+                Reply::Error(e) if e < 0 => return Err(refused("listing sockets", -e)),
                 _ => {}
             }
         }
-        for d in to_destroy(sockets, doomed) {
-            seq += 1;
-            match exchange(&sock, &destroy_request(d.family, &d.id, seq), false)?.first() {
-                Some(Reply::Error(0)) => closed += 1,
-                // Closed by its owner since the listing.
-                Some(Reply::Error(e)) if -e == libc::ENOENT => {}
-                Some(Reply::Error(e)) => {
-                    return Err(io(
-                        &format!("destroying a UDP socket connected to {}", d.remote()),
-                        std::io::Error::from_raw_os_error(-e),
-                    ))
-                }
-                _ => {}
-            }
-            doomed.remove(&d.cookie());
+    }
+    Ok(sockets)
+}
+
+/// Destroys the socket `d` names: whether it was (not: closed since the listing).
+fn destroy(sock: &Socket, d: &Diag, seq: &mut u32) -> Result<bool, SockError> {
+    *seq += 1;
+    match exchange(sock, &destroy_request(d, *seq), false)?.first() {
+        Some(Reply::Error(0)) => Ok(true),
+        Some(Reply::Error(e)) if -e == libc::ENOENT => Ok(false),
+        Some(Reply::Error(e)) => Err(refused(
+            &format!("destroying the socket connected to {}", d.remote()),
+            -*e,
+        )),
+        _ => Ok(false),
+    }
+}
+
+/// The stale translations still to find, and what was done of them.
+#[derive(Debug, Default)]
+struct Doomed {
+    peers: HashMap<u64, Peer>,
+    /// Cookies to take out of the map: sockets destroyed, or found connected
+    /// elsewhere (a socket lives in one namespace: it is not looked for again).
+    forget: Vec<u64>,
+    destroyed: usize,
+}
+
+/// Destroys the connected UDP sockets of the calling thread's namespace that
+/// `doomed` names: how many were destroyed.
+fn close_here(doomed: &mut Doomed) -> Result<usize, SockError> {
+    let sock = open()?;
+    let mut seq = 0u32;
+    let mut closed = 0;
+    let sockets = list(&sock, IPPROTO_UDP, 1 << TCP_ESTABLISHED, &mut seq)?;
+    for d in pick(sockets, doomed) {
+        if destroy(&sock, &d, &mut seq)? {
+            closed += 1;
+            doomed.destroyed += 1;
         }
     }
     Ok(closed)
@@ -339,8 +412,9 @@ fn ns_id(path: &Path) -> Option<(u64, u64)> {
 }
 
 /// Every other network namespace this process can name: those in `/run/netns`
-/// (where container runtimes keep pods'), then each process's, once each.
-fn other_namespaces() -> Vec<PathBuf> {
+/// (where container runtimes keep pods'), then each process's, once each, as
+/// they are needed.
+fn other_namespaces() -> impl Iterator<Item = PathBuf> {
     let own = ns_id(Path::new("/proc/thread-self/ns/net"));
     let mut seen = std::collections::BTreeSet::new();
     seen.extend(own);
@@ -362,13 +436,16 @@ fn other_namespaces() -> Vec<PathBuf> {
         .map(|e| e.path().join("ns/net"));
     named
         .chain(procs)
-        .filter(|p| ns_id(p).is_some_and(|id| seen.insert(id)))
-        .collect()
+        .filter(move |p| ns_id(p).is_some_and(|id| seen.insert(id)))
 }
 
-/// [`close_here`] inside the namespace at `path`, from a throwaway thread
+/// `here` run inside the namespace at `path`, from a throwaway thread
 /// (setns(2) moves only the calling thread).
-fn close_in(path: &Path, doomed: &mut HashMap<u64, Peer>) -> Result<usize, String> {
+fn run_in<S: Send>(
+    path: &Path,
+    state: &mut S,
+    here: &(impl Fn(&mut S, bool) -> Result<usize, SockError> + Sync),
+) -> Result<usize, SockError> {
     let ns = File::open(path).map_err(|e| io(&format!("opening {}", path.display()), e))?;
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -377,11 +454,37 @@ fn close_in(path: &Path, doomed: &mut HashMap<u64, Peer>) -> Result<usize, Strin
                 Some(rustix::thread::LinkNameSpaceType::Network),
             )
             .map_err(|e| io(&format!("entering {}", path.display()), e))?;
-            close_here(doomed)
+            here(state, false)
         })
         .join()
-        .unwrap_or_else(|_| Err("the namespace thread panicked".into()))
+        .unwrap_or_else(|_| Err(String::from("the namespace thread panicked").into()))
     })
+}
+
+/// `here` run in this thread's network namespace (told it is: `true`), then, with
+/// `others`, in every other one this process can name while `done` says there is
+/// more to do. A
+/// namespace that cannot be entered or listed (gone since it was named) is
+/// skipped; this namespace's failure is the error. The sum of `here`'s counts.
+fn each_namespace<S: Send>(
+    state: &mut S,
+    others: bool,
+    here: impl Fn(&mut S, bool) -> Result<usize, SockError> + Sync,
+    done: impl Fn(&S) -> bool,
+) -> Result<usize, SockError> {
+    let mut n = here(state, true)?;
+    if others {
+        for path in other_namespaces() {
+            if done(state) {
+                break;
+            }
+            match run_in(&path, state, &here) {
+                Ok(k) => n += k,
+                Err(e) => tracing::debug!(error = %e, "sockets of a namespace not looked at"),
+            }
+        }
+    }
+    Ok(n)
 }
 
 /// Whether this process may enter other network namespaces: `CAP_SYS_ADMIN`
@@ -395,34 +498,106 @@ pub fn may_enter_namespaces() -> bool {
         .is_some_and(|caps| caps & (1 << 21) != 0)
 }
 
+/// What [`close_stale`] did: sockets destroyed, and stale translations whose
+/// socket was found nowhere this process can look.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Closed {
+    pub destroyed: usize,
+    pub unfound: usize,
+}
+
 /// Destroys every connected UDP socket whose translation (in the cookie map
-/// `svcproxy_udpsock` of `pin_dir`) `stale` calls stale: in this thread's network
-/// namespace, and with `others`, in every other one this process can name, until
-/// none is left to find. A namespace that cannot be entered or listed (gone since
-/// it was named) is skipped; this namespace's failure is the error. Returns how
-/// many were destroyed.
-pub fn close_stale(pin_dir: &Path, stale: &StaleUdp<'_>, others: bool) -> Result<usize, String> {
-    let map: aya::maps::HashMap<aya::maps::MapData, u64, wire::SockPeer> =
+/// `svcproxy_udpsock` of `pin_dir`) `stale` calls stale (a NodePort's, only to
+/// one of `node_address`): in this thread's network namespace, and with
+/// `others`, in every other one this process can name, until none is left to
+/// find. The translations of the sockets found are taken out of the map.
+pub fn close_stale(
+    pin_dir: &Path,
+    stale: &StaleUdp<'_>,
+    others: bool,
+    node_address: &dyn Fn(std::net::IpAddr) -> bool,
+) -> Result<Closed, SockError> {
+    let mut map: aya::maps::HashMap<aya::maps::MapData, u64, wire::SockPeer> =
         super::maps::open_pinned(pin_dir, "svcproxy_udpsock").map_err(|e| e.to_string())?;
-    let mut doomed = stale_peers(map.iter().filter_map(Result::ok), stale);
-    if doomed.is_empty() {
-        return Ok(0);
+    let mut doomed = Doomed {
+        peers: stale_peers(map.iter().filter_map(Result::ok), stale, node_address),
+        ..Doomed::default()
+    };
+    if doomed.peers.is_empty() {
+        return Ok(Closed::default());
     }
-    let mut closed = close_here(&mut doomed)?;
-    if others {
-        for path in other_namespaces() {
-            if doomed.is_empty() {
-                break;
+    let result = each_namespace(
+        &mut doomed,
+        others,
+        |d, _| close_here(d),
+        |d| d.peers.is_empty(),
+    );
+    for cookie in &doomed.forget {
+        // Gone already: released meanwhile.
+        let _ = map.remove(cookie);
+    }
+    result?;
+    Ok(Closed {
+        destroyed: doomed.destroyed,
+        unfound: doomed.peers.len(),
+    })
+}
+
+/// A connection of the packet path, by its client's socket: protocol, the
+/// client's address and port, the service address and port it sent to.
+pub type ClientFlow = (u8, std::net::SocketAddr, std::net::SocketAddr);
+
+/// A TCP socket's states with a peer (all but `LISTEN`, `TIME_WAIT`, `CLOSE`).
+const TCP_CONNECTED: u32 =
+    (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 8) | (1 << 9) | (1 << 11);
+
+/// The packet path's connections to end, and where their clients may be.
+pub struct Ending {
+    pub flows: std::collections::HashSet<ClientFlow>,
+    /// This node's pods' networks (`svcproxy_podnet`): in another namespace than
+    /// svcproxy's, only a client socket with an address of them is this node's
+    /// (a namespace of another host's, seen from here, is not).
+    pub pod_nets: Vec<ipnet::IpNet>,
+}
+
+/// Destroys the TCP sockets, and the connected UDP sockets, of the calling
+/// thread's namespace that are the clients of `ending`'s flows (taken out of
+/// them): how many. `own`: svcproxy's namespace, whose sockets are the node's;
+/// elsewhere only pods' are. A TCP socket destroyed resets its connection,
+/// toward the endpoint too while the programs still translate its packets.
+fn end_here(ending: &mut Ending, own: bool) -> Result<usize, SockError> {
+    let sock = open()?;
+    let mut seq = 0u32;
+    let mut ended = 0;
+    for (proto, states) in [
+        (IPPROTO_TCP, TCP_CONNECTED),
+        (IPPROTO_UDP, 1 << TCP_ESTABLISHED),
+    ] {
+        for d in list(&sock, proto, states, &mut seq)? {
+            let local = d.local();
+            if !own && !ending.pod_nets.iter().any(|n| n.contains(&local.ip())) {
+                continue;
             }
-            match close_in(&path, &mut doomed) {
-                Ok(n) => closed += n,
-                Err(e) => {
-                    tracing::debug!(error = %e, "connected UDP sockets of a namespace not looked at")
-                }
+            if ending.flows.remove(&(proto, local, d.remote())) {
+                ended += usize::from(destroy(&sock, &d, &mut seq)?);
             }
         }
     }
-    Ok(closed)
+    Ok(ended)
+}
+
+/// Ends the packet path's connections whose clients are this node's sockets (in
+/// this namespace, and with `others` in every one this process can name, its
+/// pods'), before the programs go: each is destroyed, so its application sees
+/// the connection aborted at once rather than its next packet leaving
+/// untranslated. `ending.flows` keeps the rest (clients elsewhere). Returns how
+/// many were ended.
+pub fn end_local_clients(ending: &mut Ending, others: bool) -> Result<usize, SockError> {
+    if ending.flows.is_empty() {
+        return Ok(0);
+    }
+    let others = others && !ending.pod_nets.is_empty();
+    each_namespace(ending, others, end_here, |e| e.flows.is_empty())
 }
 
 #[cfg(test)]
@@ -506,7 +681,7 @@ mod tests {
 
     #[test]
     fn the_requests_are_the_kernels_structures() {
-        let req = dump_request(AF_INET6, 3);
+        let req = dump_request(AF_INET6, IPPROTO_UDP, 1 << TCP_ESTABLISHED, 3);
         assert_eq!(req.len(), NLMSG_HEADER + REQ);
         assert_eq!(
             u32::from_ne_bytes(req[..4].try_into().unwrap()) as usize,
@@ -520,10 +695,18 @@ mod tests {
         assert_eq!(&req[16..20], &[AF_INET6, IPPROTO_UDP, 0, 0]);
         // Connected sockets only (TCP_ESTABLISHED).
         assert_eq!(u32::from_ne_bytes(req[20..24].try_into().unwrap()), 2);
-        let d = destroy_request(AF_INET, &[1; SOCKID], 4);
+        let d = destroy_request(
+            &Diag {
+                family: AF_INET,
+                proto: IPPROTO_TCP,
+                id: [1; SOCKID],
+            },
+            4,
+        );
         assert_eq!(d.len(), NLMSG_HEADER + REQ);
         assert_eq!(u16::from_ne_bytes([d[4], d[5]]), SOCK_DESTROY);
         assert_eq!(u16::from_ne_bytes([d[6], d[7]]), NLM_F_REQUEST | NLM_F_ACK);
+        assert_eq!(&d[16..18], &[AF_INET, IPPROTO_TCP]);
         assert_eq!(&d[24..], &[1; SOCKID]);
     }
 
@@ -548,27 +731,49 @@ mod tests {
         };
         let gone = [filter("198.19.0.10", 53, Some("198.18.1.10:5353"))];
         assert_eq!(
-            cookies(&stale_peers(entries(), &StaleUdp::Changed(&gone))),
+            cookies(&stale_peers(entries(), &StaleUdp::Changed(&gone), &|_| {
+                false
+            })),
             [1]
         );
         // The whole port gone (no endpoint left).
         let port = [filter("198.19.0.10", 53, None)];
         assert_eq!(
-            cookies(&stale_peers(entries(), &StaleUdp::Changed(&port))),
+            cookies(&stale_peers(entries(), &StaleUdp::Changed(&port), &|_| {
+                false
+            })),
             [1, 2]
         );
         // Entries not DNATed (a cached REJECT) are no socket's.
         let mut cached = filter("198.19.0.10", 53, None);
         cached.dst_nat = Some(false);
-        assert!(stale_peers(entries(), &StaleUdp::Changed(&[cached])).is_empty());
+        assert!(stale_peers(entries(), &StaleUdp::Changed(&[cached]), &|_| false).is_empty());
         let gone6 = [filter(
             "2001:db8:ffff::10",
             53,
             Some("[2001:db8:1::10]:5353"),
         )];
         assert_eq!(
-            cookies(&stale_peers(entries(), &StaleUdp::Changed(&gone6))),
+            cookies(&stale_peers(entries(), &StaleUdp::Changed(&gone6), &|_| {
+                false
+            })),
             [4]
+        );
+        // A NodePort's filter (any address, the NodePort's port) takes a
+        // translation to a node address only, not another service's with that port.
+        let node_port = [ConntrackFilter {
+            orig_dst: None,
+            ..filter("198.19.0.10", 53, Some("198.18.1.10:5353"))
+        }];
+        let nodes = |ip: std::net::IpAddr| ip == "198.19.0.10".parse::<std::net::IpAddr>().unwrap();
+        assert!(stale_peers(entries(), &StaleUdp::Changed(&node_port), &|_| false).is_empty());
+        assert_eq!(
+            cookies(&stale_peers(
+                entries(),
+                &StaleUdp::Changed(&node_port),
+                &nodes
+            )),
+            [1]
         );
         // The first sync: each frontend's endpoints now; one it does not list is stale.
         let ep = |s: &str| -> (std::net::IpAddr, u16) {
@@ -588,28 +793,39 @@ mod tests {
             );
         }
         assert_eq!(
-            cookies(&stale_peers(entries(), &StaleUdp::Reconcile(&flows))),
+            cookies(&stale_peers(
+                entries(),
+                &StaleUdp::Reconcile(&flows),
+                &|_| false
+            )),
             [1]
         );
     }
 
     #[test]
     fn only_a_socket_still_connected_where_its_translation_says_is_destroyed() {
-        let doomed: HashMap<u64, Peer> = [
-            (
-                7,
-                Peer::of(&peer("198.19.0.10:53", "198.18.1.10:5353")).unwrap(),
-            ),
-            (
-                8,
-                Peer::of(&peer("198.19.0.10:53", "198.18.1.10:5353")).unwrap(),
-            ),
-            (
-                9,
-                Peer::of(&peer("[2001:db8:ffff::10]:53", "[2001:db8:1::10]:5353")).unwrap(),
-            ),
-        ]
-        .into();
+        let mut doomed = Doomed {
+            peers: [
+                (
+                    7,
+                    Peer::of(&peer("198.19.0.10:53", "198.18.1.10:5353")).unwrap(),
+                ),
+                (
+                    8,
+                    Peer::of(&peer("198.19.0.10:53", "198.18.1.10:5353")).unwrap(),
+                ),
+                (
+                    9,
+                    Peer::of(&peer("[2001:db8:ffff::10]:53", "[2001:db8:1::10]:5353")).unwrap(),
+                ),
+                (
+                    11,
+                    Peer::of(&peer("198.19.0.10:53", "198.18.1.10:5353")).unwrap(),
+                ),
+            ]
+            .into(),
+            ..Doomed::default()
+        };
         let sockets = vec![
             socket(&diag_message(
                 AF_INET,
@@ -617,7 +833,7 @@ mod tests {
                 "198.18.1.10:5353",
                 7,
             )),
-            // Connected elsewhere since.
+            // Connected elsewhere since: found, not destroyed, forgotten.
             socket(&diag_message(
                 AF_INET,
                 "198.18.0.1:40001",
@@ -645,20 +861,23 @@ mod tests {
                 9 | 1 << 32,
             )),
         ];
-        let chosen: Vec<(u64, u16)> = to_destroy(sockets, &doomed)
+        let chosen: Vec<(u64, u16)> = pick(sockets, &mut doomed)
             .iter()
-            .map(|d| (d.cookie(), d.remote().port()))
+            .map(|d| (d.cookie(), d.local().port()))
             .collect();
-        assert_eq!(chosen, [(7, 5353), (9, 5353)]);
+        assert_eq!(chosen, [(7, 40000), (9, 40003)]);
+        assert_eq!(doomed.forget, [7, 8, 9]);
+        // Still to find (another namespace's).
+        assert_eq!(doomed.peers.keys().copied().collect::<Vec<u64>>(), [11]);
         // An IPv6 socket connected to an IPv4 endpoint: its IPv4-mapped peer.
         let mapped = socket(&diag_message(
             AF_INET6,
             "198.18.0.1:40000",
             "198.18.1.10:5353",
-            7,
+            11,
         ));
         assert_eq!(mapped.remote(), "198.18.1.10:5353".parse().unwrap());
-        assert_eq!(to_destroy(vec![mapped], &doomed).len(), 1);
+        assert_eq!(pick(vec![mapped], &mut doomed).len(), 1);
     }
 
     #[test]
@@ -672,6 +891,11 @@ mod tests {
         err.extend_from_slice(&(-libc::EPERM).to_ne_bytes());
         err.extend_from_slice(&[0; 16]);
         assert_eq!(parse_message(&finish(err)), Reply::Error(-libc::EPERM));
+        // A dump that failed says so in its end.
+        let mut failed = Vec::new();
+        header(&mut failed, NLMSG_DONE, 2, 1);
+        failed.extend_from_slice(&(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(parse_message(&finish(failed)), Reply::Error(-libc::ENOENT));
         // A truncated socket message is not a socket.
         let mut short = diag_message(AF_INET, "198.18.0.1:1", "198.18.1.10:2", 1);
         short.truncate(NLMSG_HEADER + MSG - 1);

@@ -264,6 +264,30 @@ impl StaleUdp<'_> {
             StaleUdp::Reconcile(flows) => flows.is_stale(entry),
         }
     }
+
+    /// [`is_stale`](Self::is_stale) for a flow its application holds (a
+    /// translated socket, as the conntrack entry it would be): a NodePort's flows
+    /// (any destination address, with the NodePort's port) are only those to one
+    /// of the node's addresses (`node_address`), not another service's whose port
+    /// happens to be the same. Deleting a conntrack entry of a flow still good
+    /// goes unseen; destroying a socket does not.
+    pub fn is_stale_held(
+        &self,
+        entry: &ConntrackEntry,
+        node_address: &dyn Fn(IpAddr) -> bool,
+    ) -> bool {
+        match self {
+            StaleUdp::Changed(filters) => filters.iter().any(|f| {
+                f.matches(entry) && (f.orig_dst.is_some() || node_address(entry.orig_dst))
+            }),
+            StaleUdp::Reconcile(flows) => {
+                let known = entry
+                    .orig_dport
+                    .is_some_and(|p| flows.by_ip.contains_key(&(entry.family, entry.orig_dst, p)));
+                (known || node_address(entry.orig_dst)) && flows.is_stale(entry)
+            }
+        }
+    }
 }
 
 /// A cleaner that deletes nothing: for data planes whose rules are applied somewhere
