@@ -2983,15 +2983,6 @@ fn connection_map_pressure(mode: Mode, flags: &[&str]) {
     ck.finish(&env);
 }
 
-/// Whether this kernel runs tracing programs (fentry/fexit), as bpftool probes it.
-fn tracing_programs() -> bool {
-    std::process::Command::new("bpftool")
-        .args(["feature", "probe", "kernel"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("program_type tracing is available"))
-        .unwrap_or(false)
-}
-
 /// Issue 56 item 3: svcproxy's own masquerade (the XDP fast path's) out of ports
 /// under live traffic. node-a's `ip_local_port_range` ends at 64511, which leaves
 /// svcproxy the least it takes, 1,024 ports (64512-65535); each stays a

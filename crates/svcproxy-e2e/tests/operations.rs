@@ -449,13 +449,17 @@ exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all,$CAPS --no-
 /// `iptables-nft` use netlink alone.
 fn runs_with_only_the_daemonsets_privileges(mode: Mode) {
     let web = Svc::dual("web", 140).port(SvcPort::new("http", Proto::Tcp, 80, BACKEND_PORT));
+    let dns = Svc::dual("dns", 141).port(SvcPort::new("dns", Proto::Udp, 53, BACKEND_PORT));
     let Some(mut env) = Env::start(
         mode,
         EnvSpec {
             start_proxies: false,
             ..EnvSpec::default()
         },
-        &[("svc-web.yaml", lb_file(&web, &[A0]))],
+        &[
+            ("svc-web.yaml", lb_file(&web, &[A0])),
+            ("svc-dns.yaml", lb_file(&dns, &[A0, B0])),
+        ],
     ) else {
         return;
     };
@@ -506,6 +510,7 @@ fn runs_with_only_the_daemonsets_privileges(mode: Mode) {
         let got = env.probe(Host::Pod(NODE_A, 1), Proto::Tcp, vip, 1, ANSWER);
         ck.answered_by(&format!("{f:?} pod-a1 -> cluster IP"), &got, &["pod-a0"]);
     }
+    connected_udp_leaves_with_its_endpoint(&env, &dns, &mut ck);
     // Past the first drift checks (every 5 s).
     thread::sleep(Duration::from_secs(6));
     let healthy = healthz_until(&env, 200, Duration::from_secs(10));
@@ -529,6 +534,109 @@ fn runs_with_only_the_daemonsets_privileges(mode: Mode) {
         });
     }
     ck.finish(&env);
+}
+
+/// A connected UDP socket of node-a's own (a resolver's, to a cluster IP) is never
+/// answered by an endpoint that left once the sync is done: the kernel modes
+/// delete its conntrack entry (the same socket reaches the endpoint that stays),
+/// the eBPF modes destroy the socket translated at connect() (a call fails, and
+/// the client's new socket reaches the endpoint that stays). Under the
+/// DaemonSet's privileges: its log must show no permission error after.
+fn connected_udp_leaves_with_its_endpoint(env: &Env, dns: &Svc, ck: &mut Checks) {
+    let echo = svcproxy_e2e::bins::echo_bin().expect("svcproxy-echo");
+    let echo = echo.to_string_lossy();
+    let target = sa(dns.cluster_ip(Family::V4), 53).to_string();
+    let argv = [
+        &*echo,
+        "probe",
+        "--proto",
+        "udp",
+        "--target",
+        &target,
+        "--keep-socket",
+        "--count",
+        "300",
+        "--interval-ms",
+        "50",
+        "--timeout-ms",
+        "500",
+    ];
+    let client = env
+        .c
+        .spawn(Host::Node(NODE_A), "udp-client", &argv)
+        .expect("start the UDP client");
+    let lines = || -> Vec<serde_json::Value> {
+        client
+            .stdout()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let backend = |v: &serde_json::Value| v["reply"]["backend"].as_str().map(str::to_string);
+    let wait = |what: &str, f: &dyn Fn() -> bool| -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("[operations] gave up waiting for {what}");
+        false
+    };
+    wait("a first answer", &|| {
+        lines().iter().any(|l| backend(l).is_some())
+    });
+    let Some(left) = lines().iter().find_map(backend) else {
+        ck.check(false, || {
+            format!("{target}: no answer at first: {}", client.logs())
+        });
+        return;
+    };
+    let stays = if left == "pod-a0" { B0 } else { A0 };
+    let stays_name = env.c.name(stays).to_string();
+    let proxy = &env.proxies[env.proxy_index(NODE_A)];
+    let syncs =
+        |p: &svcproxy_e2e::NsProcess| p.logs().matches("svcproxy_sync::driver: synced").count();
+    let before = syncs(proxy);
+    env.write("svc-dns.yaml", &lb_file(dns, &[stays]));
+    let synced = wait("the sync of the endpoint's leaving", &|| {
+        syncs(proxy) > before
+    });
+    let at_sync = lines().len();
+    let moved = wait("an answer from the endpoint that stays", &|| {
+        lines()
+            .iter()
+            .skip(at_sync)
+            .any(|l| backend(l).as_deref() == Some(&stays_name))
+    });
+    let seen = lines();
+    // One attempt may have been in flight when the sync was seen done.
+    let late: Vec<String> = seen
+        .iter()
+        .skip(at_sync + 1)
+        .filter_map(backend)
+        .filter(|b| *b == left)
+        .collect();
+    ck.check(synced && moved && late.is_empty(), || {
+        format!(
+            "{}: a connected UDP socket to {target} on {left}, which left: answered by it {} times after the sync, reached {stays_name}: {moved}\n{}",
+            env.mode.label(),
+            late.len(),
+            client.stdout()
+        )
+    });
+    if matches!(env.mode, Mode::Ebpf | Mode::Ipvs) {
+        let destroyed = seen.iter().any(|l| l["result"] == "error");
+        ck.check(destroyed, || {
+            format!(
+                "{}: the socket on {left} was not destroyed (no failed call)\n{}",
+                env.mode.label(),
+                client.stdout()
+            )
+        });
+    }
+    client.kill();
 }
 
 /// Whether this process holds CAP_SYS_RESOURCE (bit 24 of its effective set).

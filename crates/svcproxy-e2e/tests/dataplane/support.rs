@@ -2066,3 +2066,13 @@ pub fn wait_log(proc: &svcproxy_e2e::NsProcess, needle: &str, timeout: Duration)
         thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Whether this kernel runs tracing programs (fentry/fexit), as bpftool probes it:
+/// where it does not, the LRU maps' eviction counter cannot run.
+pub fn tracing_programs() -> bool {
+    std::process::Command::new("bpftool")
+        .args(["feature", "probe", "kernel"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("program_type tracing is available"))
+        .unwrap_or(false)
+}
