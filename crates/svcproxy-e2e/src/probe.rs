@@ -184,6 +184,28 @@ pub fn tally(attempts: &[Attempt]) -> BTreeMap<String, usize> {
     counts
 }
 
+/// `svcproxy-echo probe`'s arguments (after the binary) for a resolver-like UDP
+/// client of `target`: one connected socket kept across attempts, a new one
+/// after an error; 300 attempts 50 ms apart at most, each waiting 500 ms.
+pub fn kept_udp_probe_args(target: &str) -> Vec<String> {
+    [
+        "probe",
+        "--proto",
+        "udp",
+        "--target",
+        target,
+        "--keep-socket",
+        "--count",
+        "300",
+        "--interval-ms",
+        "50",
+        "--timeout-ms",
+        "500",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2578,6 +2578,50 @@ fn connections_carry_data_across_a_kill_and_a_hand_over() {
     }
 }
 
+/// Echo streams (`loadgen rr`, 64 bytes every 20 ms, `concurrency` connections
+/// each, for `seconds`) from pod-a1 to `svc`'s cluster IPs (port 80) in both
+/// families and from `ext` to its NodePort on node-a: each stream's name and
+/// process.
+fn rr_streams(
+    env: &Env,
+    svc: &Svc,
+    node_port: u16,
+    load: &str,
+    concurrency: u32,
+    seconds: u32,
+) -> Vec<(String, svcproxy_e2e::NsProcess)> {
+    let clients: Vec<(Host, SocketAddr)> = vec![
+        (A1, sa(svc.cluster_ip(Family::V4), 80)),
+        (A1, sa(svc.cluster_ip(Family::V6), 80)),
+        (Host::Ext, sa(plan::node_ip(NODE_A, Family::V4), node_port)),
+    ];
+    let (concurrency, seconds) = (concurrency.to_string(), seconds.to_string());
+    clients
+        .iter()
+        .enumerate()
+        .map(|(i, (from, target))| {
+            let target = target.to_string();
+            let argv = [
+                load,
+                "rr",
+                "--target",
+                &target,
+                "--concurrency",
+                &concurrency,
+                "--seconds",
+                &seconds,
+                "--interval-ms",
+                "20",
+            ];
+            let p = env
+                .c
+                .spawn(*from, &format!("rr-{i}"), &argv)
+                .expect("start a client");
+            (format!("{} -> {target}", env.c.name(*from)), p)
+        })
+        .collect()
+}
+
 fn carry_across_restarts(mode: Mode, flags: &[&str]) {
     const PORT: u16 = 9100;
     const NODE_PORT: u16 = 30160;
@@ -2614,35 +2658,7 @@ fn carry_across_restarts(mode: Mode, flags: &[&str]) {
     let mut ck = Checks::new("carry");
     let (load, _server) = loadgen_server(&env, B0, PORT);
     let load = load.to_string_lossy();
-    let clients: Vec<(Host, SocketAddr)> = vec![
-        (A1, sa(svc.cluster_ip(Family::V4), 80)),
-        (A1, sa(svc.cluster_ip(Family::V6), 80)),
-        (Host::Ext, sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT)),
-    ];
-    let streams: Vec<(String, svcproxy_e2e::NsProcess)> = clients
-        .iter()
-        .enumerate()
-        .map(|(i, (from, target))| {
-            let target = target.to_string();
-            let argv = [
-                &*load,
-                "rr",
-                "--target",
-                &target,
-                "--concurrency",
-                "2",
-                "--seconds",
-                "9",
-                "--interval-ms",
-                "20",
-            ];
-            let p = env
-                .c
-                .spawn(*from, &format!("rr-{i}"), &argv)
-                .expect("start a client");
-            (format!("{} -> {target}", env.c.name(*from)), p)
-        })
-        .collect();
+    let streams = rr_streams(&env, &svc, NODE_PORT, &load, 2, 9);
     let bin = svcproxy_e2e::bins::svcproxy_bin();
     let mut owner = env.proxies.remove(env.proxy_index(NODE_A));
     let udp = sa(svc.cluster_ip(Family::V4), 53);
@@ -2764,35 +2780,7 @@ fn cleanup_under_traffic(mode: Mode, flags: &[&str]) {
     };
     let (load, _server) = loadgen_server(&env, B0, PORT);
     let load = load.to_string_lossy();
-    let clients: Vec<(Host, SocketAddr)> = vec![
-        (A1, sa(svc.cluster_ip(Family::V4), 80)),
-        (A1, sa(svc.cluster_ip(Family::V6), 80)),
-        (Host::Ext, sa(plan::node_ip(NODE_A, Family::V4), NODE_PORT)),
-    ];
-    let streams: Vec<(String, svcproxy_e2e::NsProcess)> = clients
-        .iter()
-        .enumerate()
-        .map(|(i, (from, target))| {
-            let target = target.to_string();
-            let argv = [
-                &*load,
-                "rr",
-                "--target",
-                &target,
-                "--concurrency",
-                "1",
-                "--seconds",
-                "12",
-                "--interval-ms",
-                "20",
-            ];
-            let p = env
-                .c
-                .spawn(*from, &format!("rr-{i}"), &argv)
-                .expect("start a client");
-            (format!("{} -> {target}", env.c.name(*from)), p)
-        })
-        .collect();
+    let streams = rr_streams(&env, &svc, NODE_PORT, &load, 1, 12);
     // The operator's order: the DaemonSet's pod goes (SIGTERM leaves the data
     // path running), then `svcproxy cleanup` runs on the node.
     thread::sleep(Duration::from_secs(1));

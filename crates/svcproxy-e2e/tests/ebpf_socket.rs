@@ -539,26 +539,9 @@ impl KeptClient {
     fn start(w: &World, target: &str) -> KeptClient {
         use std::io::BufRead;
         let echo = w.echo.to_string_lossy();
-        let argv = [
-            "ip",
-            "netns",
-            "exec",
-            &w.ns.name,
-            &echo,
-            "probe",
-            "--proto",
-            "udp",
-            "--target",
-            target,
-            "--keep-socket",
-            // Bounded: 300 attempts 50 ms apart at most.
-            "--count",
-            "300",
-            "--interval-ms",
-            "50",
-            "--timeout-ms",
-            "500",
-        ];
+        let mut argv = vec!["ip", "netns", "exec", &w.ns.name, &echo];
+        let args = svcproxy_e2e::probe::kept_udp_probe_args(target);
+        argv.extend(args.iter().map(String::as_str));
         let mut child = w
             .conf
             .command(&argv)

@@ -546,21 +546,9 @@ fn connected_udp_leaves_with_its_endpoint(env: &Env, dns: &Svc, ck: &mut Checks)
     let echo = svcproxy_e2e::bins::echo_bin().expect("svcproxy-echo");
     let echo = echo.to_string_lossy();
     let target = sa(dns.cluster_ip(Family::V4), 53).to_string();
-    let argv = [
-        &*echo,
-        "probe",
-        "--proto",
-        "udp",
-        "--target",
-        &target,
-        "--keep-socket",
-        "--count",
-        "300",
-        "--interval-ms",
-        "50",
-        "--timeout-ms",
-        "500",
-    ];
+    let args = svcproxy_e2e::probe::kept_udp_probe_args(&target);
+    let mut argv = vec![&*echo];
+    argv.extend(args.iter().map(String::as_str));
     let client = env
         .c
         .spawn(Host::Node(NODE_A), "udp-client", &argv)

@@ -93,12 +93,7 @@ impl std::fmt::Debug for Evictions {
 /// Whether this process may load tracing programs: `CAP_PERFMON` (38), or
 /// `CAP_SYS_ADMIN` (21) which implies it, among its effective capabilities.
 pub fn may_trace() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 38 | 1 << 21) != 0)
+    super::host::has_any_capability(1 << 38 | 1 << 21)
 }
 
 impl Evictions {

@@ -97,6 +97,17 @@ pub fn cgroup2_root() -> Option<PathBuf> {
     })
 }
 
+/// Whether any of the capabilities `mask` names (bit `1 << CAP_*`) is among this
+/// process's effective ones.
+pub(super) fn has_any_capability(mask: u64) -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & mask != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -490,12 +490,7 @@ fn each_namespace<S: Send>(
 /// Whether this process may enter other network namespaces: `CAP_SYS_ADMIN`
 /// (21) among its effective capabilities.
 pub fn may_enter_namespaces() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 21) != 0)
+    super::host::has_any_capability(1 << 21)
 }
 
 /// What [`close_stale`] did: sockets destroyed, and stale translations whose
