@@ -63,7 +63,8 @@ const REQ: usize = 8 + SOCKID;
 /// `struct inet_diag_msg`: family, state, timer, retrans, the id, then five u32.
 const MSG: usize = 4 + SOCKID + 20;
 
-/// A connected socket's translation, from its `svcproxy_peer` storage.
+/// A connected UDP socket's translation, as `svcproxy_udpsock` keeps it (a copy
+/// of the socket's `svcproxy_peer` storage).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peer {
     pub family: IpFamily,
