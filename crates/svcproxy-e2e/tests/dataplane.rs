@@ -2578,6 +2578,19 @@ fn connections_carry_data_across_a_kill_and_a_hand_over() {
     }
 }
 
+/// The two-node environment in `mode` with node svcproxy's extra `flags`, serving
+/// `svc` with `slices` (`None`: the machine cannot run it, as [`Env::start`]).
+fn start_with_flags(mode: Mode, flags: &[String], svc: &Svc, slices: &[Slice]) -> Option<Env> {
+    Env::start(
+        mode,
+        EnvSpec {
+            flags: flags.to_vec(),
+            ..EnvSpec::default()
+        },
+        &[(&fname(svc), svc_file(svc, slices))],
+    )
+}
+
 /// Echo streams (`loadgen rr`, 64 bytes every 20 ms, `concurrency` connections
 /// each, for `seconds`) from pod-a1 to `svc`'s cluster IPs (port 80) in both
 /// families and from `ext` to its NodePort on node-a: each stream's name and
@@ -2644,14 +2657,8 @@ fn carry_across_restarts(mode: Mode, flags: &[&str]) {
             )
         })
         .collect();
-    let Some(mut env) = Env::start(
-        mode,
-        EnvSpec {
-            flags: flags.iter().map(|f| f.to_string()).collect(),
-            ..EnvSpec::default()
-        },
-        &[(&fname(&svc), svc_file(&svc, &slices))],
-    ) else {
+    let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+    let Some(mut env) = start_with_flags(mode, &flags, &svc, &slices) else {
         return;
     };
     let what = format!("{} {}", mode.label(), flags.join(" "));
@@ -2745,14 +2752,8 @@ fn cleanup_under_traffic(mode: Mode, flags: &[&str]) {
     const PORT: u16 = 9100;
     const NODE_PORT: u16 = 30162;
     let (svc, slices) = b0_echo_service("ending", 162, PORT, NODE_PORT);
-    let Some(mut env) = Env::start(
-        mode,
-        EnvSpec {
-            flags: flags.iter().map(|f| f.to_string()).collect(),
-            ..EnvSpec::default()
-        },
-        &[(&fname(&svc), svc_file(&svc, &slices))],
-    ) else {
+    let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+    let Some(mut env) = start_with_flags(mode, &flags, &svc, &slices) else {
         return;
     };
     let what = format!("{} {}", mode.label(), flags.join(" "));
@@ -2862,14 +2863,7 @@ fn connection_map_pressure(mode: Mode, flags: &[&str]) {
     let (svc, slices) = b0_echo_service("full", 161, PORT, NODE_PORT);
     let mut all_flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
     all_flags.extend(["--ebpf-map-size-connections".into(), "1024".into()]);
-    let Some(env) = Env::start(
-        mode,
-        EnvSpec {
-            flags: all_flags,
-            ..EnvSpec::default()
-        },
-        &[(&fname(&svc), svc_file(&svc, &slices))],
-    ) else {
+    let Some(env) = start_with_flags(mode, &all_flags, &svc, &slices) else {
         return;
     };
     let what = format!("{} {}", mode.label(), flags.join(" "));
