@@ -98,8 +98,13 @@ impl Peer {
     }
 
     /// The conntrack entry this socket's flow would be in the kernel modes: to
-    /// the service address, answered by the endpoint, DNATed.
-    pub fn as_entry(&self, local: std::net::IpAddr) -> ConntrackEntry {
+    /// the service address, answered by the endpoint, DNATed. (Its client's
+    /// address and port are no filter's concern: left unspecified.)
+    pub fn as_entry(&self) -> ConntrackEntry {
+        let local = match self.family {
+            IpFamily::V4 => std::net::IpAddr::from([0u8; 4]),
+            IpFamily::V6 => std::net::IpAddr::from([0u8; 16]),
+        };
         ConntrackEntry {
             family: self.family,
             protocol: IPPROTO_UDP,
@@ -168,10 +173,9 @@ fn stale_peers(
     stale: &StaleUdp<'_>,
     node_address: &dyn Fn(std::net::IpAddr) -> bool,
 ) -> HashMap<u64, Peer> {
-    let any = std::net::IpAddr::from([0u8, 0, 0, 0]);
     entries
         .filter_map(|(cookie, p)| Some((cookie, Peer::of(&p)?)))
-        .filter(|(_, p)| stale.is_stale_held(&p.as_entry(any), node_address))
+        .filter(|(_, p)| stale.is_stale_held(&p.as_entry(), node_address))
         .collect()
 }
 
