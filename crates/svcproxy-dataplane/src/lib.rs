@@ -52,6 +52,6 @@ pub use registry::{
 pub use seam::{
     Alias, ApplyReport, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind,
     KernelObjects, LocalhostDefault, ModeDefaults, ModeInfo, NodePortDefault, NodeRequirements,
-    RuleCount, SyncKind,
+    RuleCount, SyncKind, LARGE_CLUSTER_ENDPOINTS,
 };
 pub use userspace::{parse_port_range, Scheduler as UserspaceScheduler, UserspaceConfig};

@@ -416,6 +416,11 @@ pub struct ModeInfo {
     pub failure_counters: &'static [FailureCounter],
     /// The mode reports [`RuleCount`]s (upstream's iptables rule gauges).
     pub counts_rules: bool,
+    /// Upstream's "large cluster mode": with more endpoints than this in one
+    /// family, the periodic full sync is skipped (kubernetes#138571); a full sync
+    /// still follows a start, a failure, a drift and a node-wide change. `None`:
+    /// the mode full-syncs every hour whatever the size.
+    pub large_cluster_endpoints: Option<usize>,
     /// The kind of kernel objects it writes: a mode writing another kind removes
     /// this one's ([`crate::registry::cleanup_other_modes`]).
     pub objects: KernelObjects,
@@ -423,6 +428,12 @@ pub struct ModeInfo {
     /// does; folded into the configuration before the intent is built.
     pub semantics: ModeSemantics,
 }
+
+/// Upstream's `largeClusterEndpointsThreshold`: above this many endpoints a mode
+/// that declares it ([`ModeInfo::large_cluster_endpoints`]) stops the periodic full
+/// sync, which then holds the kernel's rule lock for seconds to rewrite what is
+/// already there.
+pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
 
 impl std::fmt::Debug for ModeInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -111,6 +111,8 @@ pub struct Driver<P = Box<dyn DataPlane>, C = NetlinkConntrack> {
     adoption_allowed: bool,
     /// The last sync succeeded: the kernel holds the intent (what a seal vouches for).
     in_sync: bool,
+    /// The mode's [`ModeInfo::large_cluster_endpoints`](svcproxy_dataplane::ModeInfo::large_cluster_endpoints).
+    large_cluster_endpoints: Option<usize>,
 }
 
 /// What a seal names: the mode and the full text its first sync of an intent
@@ -160,6 +162,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
             first: true,
             adoption_allowed: false,
             in_sync: false,
+            large_cluster_endpoints: None,
         }
     }
 
@@ -168,6 +171,30 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     pub fn with_conntrack_sysctls(mut self, settings: ConntrackSettings) -> Self {
         self.conntrack_sysctls = Some(settings);
         self
+    }
+
+    /// Above `threshold` endpoints in one family the cluster is large
+    /// ([`Driver::large_cluster`]): the mode's
+    /// [`ModeInfo::large_cluster_endpoints`](svcproxy_dataplane::ModeInfo::large_cluster_endpoints).
+    pub fn with_large_cluster(mut self, threshold: Option<usize>) -> Self {
+        self.large_cluster_endpoints = threshold;
+        self
+    }
+
+    /// Upstream's large cluster mode: the intent last built holds more endpoints
+    /// in one family (every service port's, counted once per port as upstream
+    /// counts them) than the mode's threshold. Never, for a mode without one.
+    pub fn large_cluster(&self) -> bool {
+        let Some(threshold) = self.large_cluster_endpoints else {
+            return false;
+        };
+        self.intents.intent().families().any(|f| {
+            f.services()
+                .values()
+                .map(|s| s.endpoints.len())
+                .sum::<usize>()
+                > threshold
+        })
     }
 
     pub fn plane(&self) -> &P {

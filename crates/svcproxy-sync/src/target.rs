@@ -97,6 +97,12 @@ pub trait Target {
 
     /// Writes the kernel settings the mode needs (once this process owns the node).
     fn prepare_node(&mut self) {}
+
+    /// Whether the periodic full sync is skipped: upstream's large cluster mode
+    /// ([`Driver::large_cluster`]).
+    fn skips_periodic_full_sync(&self) -> bool {
+        false
+    }
 }
 
 /// What a target reports of a successful sync.
@@ -204,6 +210,10 @@ impl Target for DnsOnly {
 impl Target for Driver {
     fn leaves_rules(&self) -> bool {
         true
+    }
+
+    fn skips_periodic_full_sync(&self) -> bool {
+        self.large_cluster()
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {

@@ -5,7 +5,9 @@
 //! is partial (only what changed, often nothing) unless [`FULL_SYNC_PERIOD`] has
 //! passed since the last full one, as upstream (rewriting every rule each
 //! `sync_period` costs seconds at 10k services and disturbs traffic; drift is caught
-//! by the cheap check instead); a failed sync is retried with exponential backoff
+//! by the cheap check instead), and not at all in a large cluster where the mode
+//! follows upstream's large cluster mode ([`Syncer::skips_periodic_full_sync`]);
+//! a failed sync is retried with exponential backoff
 //! (and the retry is a full sync, since the kernel state is then unknown) while the
 //! last good rules stay in force.
 //! While a source re-lists ([`Event::Relisting`] to [`Event::Ready`]) syncs wait, so
@@ -91,6 +93,11 @@ pub trait Syncer {
     fn synced_as_owner(&self) -> bool {
         false
     }
+    /// Whether the periodic full sync is skipped now (upstream's large cluster
+    /// mode): asked only when one is due by time.
+    fn skips_periodic_full_sync(&self) -> bool {
+        false
+    }
 }
 
 pub use svcproxy_sources::Event;
@@ -121,7 +128,7 @@ pub async fn run<S: Syncer>(
             continue;
         }
         if due <= now {
-            let full = schedule.full(now, &cfg);
+            let full = schedule.full(now, &cfg, syncer);
             match blocking(|| syncer.sync(full)) {
                 Ok(()) => {
                     schedule.synced(now, full);
@@ -206,6 +213,8 @@ struct Schedule {
     /// Sources re-listing, and since when.
     relisting: Vec<(&'static str, Instant)>,
     hold_expired_logged: bool,
+    /// The syncer last said it skips the periodic full sync (logged on change).
+    skipping_full: bool,
 }
 
 impl Schedule {
@@ -220,6 +229,7 @@ impl Schedule {
             retry_at: None,
             relisting: Vec::new(),
             hold_expired_logged: false,
+            skipping_full: false,
         }
     }
 
@@ -250,9 +260,26 @@ impl Schedule {
         due
     }
 
-    /// Whether the sync due at `now` must be full.
-    fn full(&self, now: Instant, cfg: &RunnerConfig) -> bool {
-        self.force_full || now >= self.last_full + cfg.full_sync_period
+    /// Whether the sync due at `now` must be full: a start, a failure or a drift
+    /// asked for one, or `full_sync_period` has passed since the last and the
+    /// syncer does not skip the periodic one.
+    fn full<S: Syncer>(&mut self, now: Instant, cfg: &RunnerConfig, syncer: &S) -> bool {
+        if self.force_full {
+            return true;
+        }
+        if now < self.last_full + cfg.full_sync_period {
+            return false;
+        }
+        let skip = syncer.skips_periodic_full_sync();
+        if skip != self.skipping_full {
+            self.skipping_full = skip;
+            if skip {
+                tracing::info!(period = ?cfg.full_sync_period, "large cluster: the periodic full sync is skipped, as upstream's large cluster mode; starts, failures, drifts and node-wide changes still rewrite everything");
+            } else {
+                tracing::info!("no longer a large cluster: the periodic full sync resumes");
+            }
+        }
+        !skip
     }
 
     /// The kernel lost what was written: a full sync, at once.
@@ -353,6 +380,8 @@ pub(crate) mod tests {
         drift_next: bool,
         /// The syncer has synced as the node's owner (from its first sync on).
         owner_from_start: bool,
+        /// The syncer skips the periodic full sync (a large cluster).
+        large: bool,
     }
 
     struct FakeSyncer {
@@ -381,6 +410,9 @@ pub(crate) mod tests {
         fn synced_as_owner(&self) -> bool {
             let log = self.log.lock().unwrap();
             log.owner_from_start && !log.syncs.is_empty()
+        }
+        fn skips_periodic_full_sync(&self) -> bool {
+            self.log.lock().unwrap().large
         }
     }
 
@@ -522,6 +554,43 @@ pub(crate) mod tests {
         let syncs = log.lock().unwrap().syncs.clone();
         let full: Vec<Duration> = syncs.iter().filter(|s| s.1).map(|s| s.0).collect();
         assert_eq!(full, [secs(0.0), secs(3605.0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_cluster_skips_the_hourly_full_sync_but_not_a_repair() {
+        let cfg = RunnerConfig::new(secs(1.0), secs(30.0));
+        let (log, _tx, _) = start(cfg, 0);
+        log.lock().unwrap().large = true;
+        tokio::time::sleep(secs(2.0 * 3600.0 + 10.0)).await;
+        {
+            let log = log.lock().unwrap();
+            let full: Vec<Duration> = log.syncs.iter().filter(|s| s.1).map(|s| s.0).collect();
+            // Only the first sync was full; the periodic syncs went on, partial.
+            assert_eq!(full, [secs(0.0)]);
+            assert_eq!(log.syncs.len(), 2 * 120 + 1);
+        }
+        // A drift still brings a full sync at once.
+        log.lock().unwrap().drift_next = true;
+        tokio::time::sleep(secs(6.0)).await;
+        let last = *log.lock().unwrap().syncs.last().unwrap();
+        assert!(last.1, "the repair is full: {last:?}");
+        // Back under the threshold, the overdue full sync comes with the next sync.
+        log.lock().unwrap().large = false;
+        log.lock().unwrap().syncs.clear();
+        tokio::time::sleep(secs(3600.0 + 40.0)).await;
+        let full: Vec<Duration> = log
+            .lock()
+            .unwrap()
+            .syncs
+            .iter()
+            .filter(|s| s.1)
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(
+            full.len(),
+            1,
+            "one periodic full sync an hour after the repair: {full:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -31,6 +31,7 @@ pub const INFO: ModeInfo = ModeInfo {
     flag_groups: &[super::FLAGS],
     failure_counters: &[],
     counts_rules: false,
+    large_cluster_endpoints: None,
     objects: KernelObjects::EbpfMaps,
     semantics: svcproxy_plan::ebpf::SEMANTICS,
 };

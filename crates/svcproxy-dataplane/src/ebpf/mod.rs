@@ -80,6 +80,7 @@ pub const INFO: ModeInfo = ModeInfo {
     flag_groups: &[FLAGS],
     failure_counters: &[],
     counts_rules: false,
+    large_cluster_endpoints: None,
     objects: KernelObjects::EbpfMaps,
     semantics: svcproxy_plan::ebpf::SEMANTICS,
 };

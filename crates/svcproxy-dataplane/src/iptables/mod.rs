@@ -27,7 +27,7 @@ use crate::kernel::xtables::legacy_table_names;
 use crate::seam::{
     ApplyReport, Comparison, ConfigSection, DataPlane, FailureCounter, FailureKind, KernelObjects,
     LocalhostDefault, ModeDefaults, ModeInfo, NodePortDefault, NodeRequirements, RuleCount,
-    SyncKind,
+    SyncKind, LARGE_CLUSTER_ENDPOINTS,
 };
 
 /// The `--proxy-mode` name.
@@ -47,6 +47,7 @@ pub const INFO: ModeInfo = ModeInfo {
     },
     flag_groups: &[],
     counts_rules: true,
+    large_cluster_endpoints: Some(LARGE_CLUSTER_ENDPOINTS),
     objects: KernelObjects::IptablesChains,
     failure_counters: &[
         FailureCounter {

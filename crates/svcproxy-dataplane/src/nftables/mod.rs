@@ -23,7 +23,7 @@ use svcproxy_plan::nft::ColdStart;
 
 use crate::seam::{
     Alias, ConfigSection, FailureCounter, FailureKind, KernelObjects, LocalhostDefault,
-    ModeDefaults, ModeInfo, NodePortDefault,
+    ModeDefaults, ModeInfo, NodePortDefault, LARGE_CLUSTER_ENDPOINTS,
 };
 
 /// The nftables mode's name.
@@ -53,6 +53,7 @@ pub const INFO: ModeInfo = ModeInfo {
     },
     flag_groups: &[FLAGS],
     counts_rules: false,
+    large_cluster_endpoints: Some(LARGE_CLUSTER_ENDPOINTS),
     objects: KernelObjects::NftablesTables,
     failure_counters: FAILURE_COUNTERS,
     semantics: svcproxy_plan::nft::SEMANTICS,

@@ -97,6 +97,7 @@ pub const INFO: ModeInfo = ModeInfo {
     // Upstream's userspace proxy had no failure counters of its own.
     failure_counters: &[],
     counts_rules: false,
+    large_cluster_endpoints: None,
     objects: KernelObjects::NftablesTables,
     semantics: SEMANTICS,
 };

@@ -188,7 +188,8 @@ fn run_kernel(
     let mut plane = Driver::new(
         plan_cfg.clone(),
         (backend.new)(&plan_cfg, &settings.mode_options),
-    );
+    )
+    .with_large_cluster(backend.large_cluster_endpoints);
     if !settings.init_only {
         // A node that cannot run the mode at all: refused now, naming why,
         // rather than a sync retried for ever.

@@ -181,6 +181,10 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         self.owner.as_ref().is_some_and(|g| g.synced)
     }
 
+    fn skips_periodic_full_sync(&self) -> bool {
+        self.target.skips_periodic_full_sync()
+    }
+
     fn check_drift(&mut self) -> bool {
         // A standby has written nothing, and must not: the owner checks its own.
         if self
