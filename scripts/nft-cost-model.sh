@@ -4,9 +4,11 @@
 # layout (docs/benchmarks.md, "What a commit costs the kernel").
 #
 #   scripts/nft-cost-model.sh [--sizes "30000 100000"] [--repeat 5] [--bin PATH]
+#                             [--cluster-cidr CIDR]
 #
 # As root. For each size: scripts/gen-cluster.py's cluster (N ClusterIP Services x
-# 10 endpoints), `svcproxy render` of it loaded with `nft -f` into a throwaway
+# 10 endpoints), `svcproxy render` of it (with --cluster-cidr, each Service's chain
+# has its masquerade rule, as in a cluster whose pods are told by CIDR) loaded with `nft -f` into a throwaway
 # network namespace, plus one fixed "flat" dispatch (a set of service addresses and
 # one rule DNATing through a map keyed by address . protocol . port . random slot),
 # then each kind of change below committed REPEAT times on its own, each time with
@@ -30,12 +32,14 @@ cd "$(dirname "$0")/.."
 sizes="30000"
 repeat=5
 bin=target/release/svcproxy
+cidr=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --sizes) sizes=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
-    *) echo "usage: $0 [--sizes \"N ...\"] [--repeat K] [--bin PATH]" >&2; exit 2 ;;
+    --cluster-cidr) cidr=(--cluster-cidr "$2"); shift 2 ;;
+    *) echo "usage: $0 [--sizes \"N ...\"] [--repeat K] [--bin PATH] [--cluster-cidr CIDR]" >&2; exit 2 ;;
     esac
 done
 [ -x "$bin" ] || { echo "no $bin: cargo build --release (or --bin PATH)" >&2; exit 1; }
@@ -65,7 +69,7 @@ for n in $sizes; do
     mkdir -p "$dir"
     python3 scripts/gen-cluster.py "$dir" "$n"
     "$bin" render --proxy-mode nftables --manifests "$dir" --hostname-override node-1 \
-        >"$work/rules.nft" 2>/dev/null
+        "${cidr[@]}" >"$work/rules.nft" 2>/dev/null
     ip netns delete "$ns" 2>/dev/null || true
     ip netns add "$ns"
     start=$(date +%s%N)
