@@ -79,6 +79,15 @@ fn the_drift_check_reads_the_namespaces_tables_over_netlink() {
             "delete table ip svcproxy\nadd table ip svcproxy",
             "table ip svcproxy was deleted and created again by someone else",
         ),
+        // The table's handle stays; the dispatch chain's use count tells.
+        (
+            "flush table ip svcproxy",
+            "chain services of table ip svcproxy lost rules or the jumps to it (0 of",
+        ),
+        (
+            "flush chain ip6 svcproxy nat-output",
+            "chain services of table ip6 svcproxy lost rules or the jumps to it",
+        ),
     ] {
         ns.nft(&[by_hand]);
         let drift = dp.drift().unwrap().expect("a drift");

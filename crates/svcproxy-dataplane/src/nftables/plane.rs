@@ -15,7 +15,7 @@ use svcproxy_core::model::IpFamily;
 
 use svcproxy_plan::nft::{
     cleanup_script, render_full_with, typed::Op, CapturePorts, ColdStart, Output, PlanKind,
-    Planner, Step, TABLE_NAME,
+    Planner, Step, SERVICES_CHAIN, TABLE_NAME,
 };
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
@@ -35,6 +35,10 @@ pub struct NftDataPlane<S = NftCommand> {
     /// Each family's table as the last successful full sync left it (what the drift
     /// check compares with); empty before it and after a failure.
     expected: BTreeMap<IpFamily, TableState>,
+    /// Per family in `expected`, the `services` chain's use count the last full
+    /// sync left (its rules and the base chains' jumps to it): lower now means the
+    /// table or a base chain was flushed, which leaves the table's handle as it was.
+    dispatch_uses: BTreeMap<IpFamily, u32>,
     /// The userspace mode's capture (set chains redirect to its sockets).
     capture: Option<Arc<dyn CapturePorts>>,
     /// `--nft-writer`: whether a plan whose every statement is typed goes to the
@@ -73,6 +77,7 @@ impl<S: ScriptSink> NftDataPlane<S> {
             planner: Planner::with_capture(capture.clone()),
             sink,
             expected: BTreeMap::new(),
+            dispatch_uses: BTreeMap::new(),
             capture,
             writer: NftWriter::default(),
             cfg: None,
@@ -174,10 +179,18 @@ impl<S: ScriptSink> NftDataPlane<S> {
 
     fn remember_tables(&mut self) {
         self.expected.clear();
+        self.dispatch_uses.clear();
         for family in IpFamily::BOTH {
             match self.sink.table_state(family, TABLE_NAME) {
                 Ok(state) => {
                     self.expected.insert(family, state);
+                    // A sink that cannot ask (a recorder) leaves this check out.
+                    if let (TableState::Present { .. }, Ok(Some(n))) = (
+                        state,
+                        self.sink.chain_use(family, TABLE_NAME, SERVICES_CHAIN),
+                    ) {
+                        self.dispatch_uses.insert(family, n);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(%family, error = %e, "cannot read svcproxy's nftables table; its drift check waits for the next full sync")
@@ -256,6 +269,22 @@ fn table_drift(family: IpFamily, expected: TableState, now: TableState) -> Optio
         _ => Some(format!(
             "{table} was deleted and created again by someone else"
         )),
+    }
+}
+
+/// Why the `services` chain, used `expected` times after the last full sync, is
+/// not as that sync left it (`now`), if it is not.
+fn dispatch_drift(family: IpFamily, expected: u32, now: Option<u32>) -> Option<String> {
+    let chain = format!(
+        "chain {SERVICES_CHAIN} of table {} {TABLE_NAME}",
+        svcproxy_plan::nft::family_keyword(family)
+    );
+    match now {
+        None => Some(format!("{chain} was deleted")),
+        Some(n) if n < expected => Some(format!(
+            "{chain} lost rules or the jumps to it ({n} of {expected} left: the table or a base chain was flushed)"
+        )),
+        Some(_) => None,
     }
 }
 
@@ -388,7 +417,12 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             self.expected.iter().map(|(f, s)| (*f, *s)).collect();
         for (family, want) in expected {
             let now = self.sink.table_state(family, TABLE_NAME)?;
-            found.extend(table_drift(family, want, now));
+            if let Some(drift) = table_drift(family, want, now) {
+                found.push(drift);
+            } else if let Some(&uses) = self.dispatch_uses.get(&family) {
+                let now = self.sink.chain_use(family, TABLE_NAME, SERVICES_CHAIN)?;
+                found.extend(dispatch_drift(family, uses, now));
+            }
         }
         if found.is_empty() {
             return Ok(None);

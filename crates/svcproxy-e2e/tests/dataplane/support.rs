@@ -671,7 +671,9 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's drift test only
     pub fn breakages(self) -> &'static [&'static str] {
         match self {
-            Mode::Nftables | Mode::Userspace => &["tables deleted", "tables dormant"],
+            Mode::Nftables | Mode::Userspace => {
+                &["tables deleted", "tables dormant", "tables flushed"]
+            }
             Mode::Iptables | Mode::IptablesLegacy => &["every table flushed"],
             Mode::Ebpf | Mode::Ipvs => &["links unpinned"],
         }
@@ -697,6 +699,15 @@ impl Mode {
                 )
                 .expect("make the tables dormant");
                 "was made dormant"
+            }
+            (Mode::Nftables | Mode::Userspace, "tables flushed") => {
+                // Every rule gone, the tables and their handles kept.
+                c.nft(
+                    Host::Node(node),
+                    "flush table ip svcproxy\nflush table ip6 svcproxy\n",
+                )
+                .expect("flush the tables");
+                "lost rules or the jumps to it"
             }
             (Mode::Iptables | Mode::IptablesLegacy, "every table flushed") => {
                 // What a firewall reload does: every rule and user chain gone.

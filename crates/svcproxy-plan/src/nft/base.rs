@@ -73,7 +73,8 @@ pub(crate) fn endpoint_map_decl(family: IpFamily, protocol: Protocol) -> Map {
 /// DNATed back to its own source is masqueraded (the hairpin), one rule for all.
 pub(crate) const HAIRPIN_SET: &str = "hairpin-endpoints";
 
-const SERVICES_CHAIN: &str = "services";
+/// The dispatch chain both NAT base chains jump to.
+pub const SERVICES_CHAIN: &str = "services";
 const MASQUERADING_CHAIN: &str = "masquerading";
 const FIREWALL_CHECK_CHAIN: &str = "firewall-check";
 const SERVICE_ENDPOINTS_CHECK_CHAIN: &str = "service-endpoints-check";

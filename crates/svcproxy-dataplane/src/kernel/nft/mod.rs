@@ -16,4 +16,4 @@ pub mod table;
 
 pub use netlink::{Batch, BatchBuilder, BatchStats, NetlinkWriter};
 pub use sink::{NftCommand, RecordingSink, ScriptSink};
-pub use table::{chain_exists, inet_table_state, table_state, TableState};
+pub use table::{chain_exists, chain_use, inet_table_state, table_state, TableState};

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use svcproxy_core::model::IpFamily;
 
 use super::netlink::{Batch, NetlinkWriter};
-use super::table::{chain_exists, table_state, TableState};
+use super::table::{chain_exists, chain_use, table_state, TableState};
 use crate::error::{bounded_text, DataPlaneError, STDERR_LIMIT};
 use crate::kernel::command::{run_command, scratch_argv};
 
@@ -46,6 +46,21 @@ pub trait ScriptSink {
         table: &str,
         chain: &str,
     ) -> Result<bool, DataPlaneError> {
+        Err(DataPlaneError::Io {
+            command: format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}"),
+            source: io::Error::other("this nft stand-in cannot ask for a chain"),
+        })
+    }
+
+    /// Chain `chain` of table `table` of `family`'s use count (its rules and the
+    /// references to it; `None`: no such chain). A sink that cannot ask says so
+    /// with an error.
+    fn chain_use(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<Option<u32>, DataPlaneError> {
         Err(DataPlaneError::Io {
             command: format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}"),
             source: io::Error::other("this nft stand-in cannot ask for a chain"),
@@ -99,6 +114,15 @@ impl<S: ScriptSink + ?Sized> ScriptSink for &mut S {
         (**self).chain_exists(family, table, chain)
     }
 
+    fn chain_use(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<Option<u32>, DataPlaneError> {
+        (**self).chain_use(family, table, chain)
+    }
+
     fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
         (**self).list(args)
     }
@@ -132,6 +156,15 @@ impl<S: ScriptSink + ?Sized> ScriptSink for Box<S> {
         chain: &str,
     ) -> Result<bool, DataPlaneError> {
         (**self).chain_exists(family, table, chain)
+    }
+
+    fn chain_use(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<Option<u32>, DataPlaneError> {
+        (**self).chain_use(family, table, chain)
     }
 
     fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
@@ -315,6 +348,26 @@ impl ScriptSink for NftCommand {
             });
         }
         chain_exists(self.netns.as_deref(), family, table, chain).map_err(|e| DataPlaneError::Io {
+            command,
+            source: io::Error::other(e.to_string()),
+        })
+    }
+
+    fn chain_use(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<Option<u32>, DataPlaneError> {
+        let command = format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}");
+        // Over netlink only where `nft` itself writes (see `writes_typed`).
+        if !self.writes_typed() {
+            return Err(DataPlaneError::Io {
+                command,
+                source: io::Error::other("the namespace nft writes to is not named"),
+            });
+        }
+        chain_use(self.netns.as_deref(), family, table, chain).map_err(|e| DataPlaneError::Io {
             command,
             source: io::Error::other(e.to_string()),
         })

@@ -80,7 +80,8 @@ fn chain_request(seq: u32, family: IpFamily, table: &str, chain: &str) -> Vec<u8
 #[derive(Debug, PartialEq, Eq)]
 enum Reply {
     Table(TableState),
-    Chain,
+    /// A chain, with its use count (rules in it and references to it).
+    Chain(Option<u32>),
     /// `0` for success, else a negative errno.
     Ack(i32),
     Other,
@@ -107,7 +108,12 @@ fn parse(msg: &[u8]) -> Result<Reply, NetlinkError> {
                 })?;
                 Reply::Table(TableState::Present { handle, dormant })
             }
-            NetfilterMessageInner::NfTables(NfTablesMessage::NewChain(_)) => Reply::Chain,
+            NetfilterMessageInner::NfTables(NfTablesMessage::NewChain(c)) => {
+                Reply::Chain(c.attributes.iter().find_map(|a| match a {
+                    ChainAttribute::Use(n) => Some(*n),
+                    _ => None,
+                }))
+            }
             _ => Reply::Other,
         },
         _ => Reply::Other,
@@ -156,7 +162,26 @@ pub fn chain_exists(
 ) -> Result<bool, NetlinkError> {
     let what = format!("chain {family} {table} {chain}");
     let found = ask(netns, &chain_request(1, family, table, chain), &what)?;
-    Ok(found == Some(Reply::Chain))
+    Ok(matches!(found, Some(Reply::Chain(_))))
+}
+
+/// Chain `chain` of table `table` of `family`'s use count as the kernel keeps it:
+/// the rules in the chain and the jumps, gotos and verdict map elements that lead
+/// to it (a flushed table leaves its chains at 0). `None`: no such chain.
+pub fn chain_use(
+    netns: Option<&Path>,
+    family: IpFamily,
+    table: &str,
+    chain: &str,
+) -> Result<Option<u32>, NetlinkError> {
+    let what = format!("chain {family} {table} {chain}");
+    match ask(netns, &chain_request(1, family, table, chain), &what)? {
+        Some(Reply::Chain(Some(n))) => Ok(Some(n)),
+        Some(Reply::Chain(None)) => Err(NetlinkError::Protocol(format!(
+            "the kernel described {what} without its use count"
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// Sends one `GET` request (sequence number 1) and reads its answer: the object's
