@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one nf_tables commit costs the kernel, by what it changes, on a table of
 # svcproxy's nftables layout at scale: the cost model behind the nftables mode's
-# layout (docs/benchmarks.md, "What a commit costs the kernel").
+# layout (docs/benchmarks.md, "What one commit costs the kernel").
 #
 #   scripts/nft-cost-model.sh [--sizes "30000 100000"] [--repeat 5] [--bin PATH]
 #                             [--cluster-cidr CIDR]
@@ -33,13 +33,18 @@ sizes="30000"
 repeat=5
 bin=target/release/svcproxy
 cidr=()
+usage() {
+    echo "usage: $0 [--sizes \"N ...\"] [--repeat K] [--bin PATH] [--cluster-cidr CIDR]" >&2
+    exit 2
+}
 while [ $# -gt 0 ]; do
     case "$1" in
+    --sizes | --repeat | --bin | --cluster-cidr) [ $# -ge 2 ] || usage ;;&
     --sizes) sizes=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --cluster-cidr) cidr=(--cluster-cidr "$2"); shift 2 ;;
-    *) echo "usage: $0 [--sizes \"N ...\"] [--repeat K] [--bin PATH] [--cluster-cidr CIDR]" >&2; exit 2 ;;
+    *) usage ;;
     esac
 done
 [ -x "$bin" ] || { echo "no $bin: cargo build --release (or --bin PATH)" >&2; exit 1; }
@@ -54,7 +59,8 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # The kernel's time for the transaction in FILE: the longest netlink sendmsg.
 commit_ms() {
@@ -69,16 +75,16 @@ for n in $sizes; do
     mkdir -p "$dir"
     python3 scripts/gen-cluster.py "$dir" "$n"
     "$bin" render --proxy-mode nftables --manifests "$dir" --hostname-override node-1 \
-        "${cidr[@]}" >"$work/rules.nft" 2>/dev/null
+        ${cidr[@]+"${cidr[@]}"} >"$work/rules.nft"
     ip netns delete "$ns" 2>/dev/null || true
     ip netns add "$ns"
     start=$(date +%s%N)
     ip netns exec "$ns" nft -f "$work/rules.nft"
     load=$(( ($(date +%s%N) - start) / 1000000 ))
     # The flat dispatch, and names the changes reuse.
-    python3 - "$work" "$n" "$repeat" <<'EOF'
+    python3 - "$work" "$n" "$repeat" "${cidr[1]-}" <<'EOF'
 import re, sys
-work, n, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+work, n, repeat, cidr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 rules = open(f"{work}/rules.nft").read()
 emap = re.search(r"map (endpoint-dnat-tcp-[0-9a-f]+) ", rules).group(1)
 chain = re.search(r"chain (service-[0-9a-f]+) ", rules).group(1)
@@ -100,8 +106,8 @@ for r in range(repeat):
         "chain-plain": f"add chain ip svcproxy cost-plain-{r}\nadd rule ip svcproxy cost-plain-{r} ip daddr 10.253.{r}.1 counter\n",
         "chain-dnat": f"add chain ip svcproxy cost-dnat-{r}\nadd rule ip svcproxy cost-dnat-{r} meta l4proto tcp dnat ip to 10.250.{r}.1 . 8080\n".replace(" . 8080", ":8080"),
         "service": f"add chain ip svcproxy cost-svc-{r}\n"
-        f"add rule ip svcproxy cost-svc-{r} ip daddr 10.254.{r}.1 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n"
-        f"add rule ip svcproxy cost-svc-{r} meta l4proto tcp dnat ip to numgen random mod 10 offset {key + 100} map @{emap}\n"
+        + (f"add rule ip svcproxy cost-svc-{r} ip daddr 10.254.{r}.1 tcp dport 80 ip saddr != {cidr} jump mark-for-masquerade\n" if cidr else "")
+        + f"add rule ip svcproxy cost-svc-{r} meta l4proto tcp dnat ip to numgen random mod 10 offset {key + 100} map @{emap}\n"
         f"add element ip svcproxy {emap} {{ "
         + ", ".join(f"{key + 100 + k} : 10.250.{r}.{k + 1} . 8080" for k in range(10))
         + f" }}\nadd element ip svcproxy service-ips {{ 10.254.{r}.1 . tcp . 80 : goto cost-svc-{r} }}\n",

@@ -128,6 +128,14 @@ pub trait DataPlane: Send {
     /// asked.
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError>;
 
+    /// Whether [`DataPlane::drift`] watches all it can of what the last full sync
+    /// wrote (a table that could not be read after it is not watched). A mode
+    /// that skips the periodic full sync in a large cluster does so only while
+    /// this holds: that sync is what repairs what the check does not watch.
+    fn drift_armed(&self) -> bool {
+        true
+    }
+
     /// How the kernel's rules differ from what a full sync of `intent` would write
     /// (`svcproxy explain --live`): chains and sets missing or extra, rules and
     /// elements lacking or added (or, when the plan cannot be listed in the
@@ -237,6 +245,10 @@ impl<T: DataPlane + ?Sized> DataPlane for Box<T> {
 
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
         (**self).drift()
+    }
+
+    fn drift_armed(&self) -> bool {
+        (**self).drift_armed()
     }
 
     fn compare(&mut self, intent: &Intent) -> Result<Comparison, DataPlaneError> {

@@ -18,7 +18,9 @@ use svcproxy_dataplane::nftables::NftWriter;
 use svcproxy_dataplane::nftables::{cleanup, cleanup_with};
 use svcproxy_dataplane::Batch;
 use svcproxy_dataplane::TableState;
-use svcproxy_dataplane::{DataPlaneError, NftCommand, NftDataPlane, ScriptSink, SyncKind};
+use svcproxy_dataplane::{
+    DataPlane, DataPlaneError, NftCommand, NftDataPlane, ScriptSink, SyncKind,
+};
 use svcproxy_plan::nft::ColdStart;
 
 /// What these tests do inside their namespace.
@@ -66,6 +68,10 @@ fn the_drift_check_reads_the_namespaces_tables_over_netlink() {
     let mut dp = Syncer::new(plan_config(), NftDataPlane::with_sink(ns.nft_command()));
     dp.sync(&snapshot(&mut state), true).expect("full sync");
     assert_eq!(dp.drift().unwrap(), None);
+    assert!(
+        dp.plane().drift_armed(),
+        "both tables and their chains read"
+    );
     for (by_hand, said) in [
         (
             "add table ip svcproxy { flags dormant; }",
@@ -97,6 +103,18 @@ fn the_drift_check_reads_the_namespaces_tables_over_netlink() {
         assert_eq!(dp.drift().unwrap(), None, "{by_hand}: repaired");
         has(&ns.table(), ": 198.18.1.10 . 8080", "repaired");
     }
+    // svcproxy's own syncs, partial and full, leave nothing the check calls drift.
+    upsert(&mut state, WEB_MOVED);
+    let report = dp.sync(&snapshot(&mut state), false).expect("partial");
+    assert_eq!(report.kind, SyncKind::Partial);
+    assert_eq!(dp.drift().unwrap(), None, "after a partial sync");
+    dp.sync(&snapshot(&mut state), true).expect("full");
+    assert_eq!(
+        dp.drift().unwrap(),
+        None,
+        "after a full sync over the tables"
+    );
+    assert!(dp.plane().drift_armed());
 }
 
 #[test]

@@ -23,6 +23,43 @@ fn every_scenario_renders_its_golden_ruleset() {
     }
 }
 
+/// The drift check watches every base chain a scenario's skeleton has
+/// (`DRIFT_WATCHED_CHAINS`), and the dispatch chain.
+#[test]
+fn the_drift_check_watches_every_base_chain() {
+    let watched = svcproxy_plan::nft::DRIFT_WATCHED_CHAINS;
+    let mut seen = std::collections::BTreeSet::new();
+    for case in cases() {
+        let mut sc = Scenario::load(&case);
+        let up = sc.snapshot();
+        let text = render_full(&up.v4, &up.v6, &sc.cfg);
+        let lines: Vec<&str> = text.lines().collect();
+        for w in lines.windows(2) {
+            let (Some(name), true) = (
+                w[0].trim()
+                    .strip_prefix("chain ")
+                    .and_then(|n| n.strip_suffix(" {")),
+                w[1].contains(" hook "),
+            ) else {
+                continue;
+            };
+            assert!(
+                watched.contains(&name),
+                "{case:?}: base chain {name} is not watched"
+            );
+            seen.insert(name.to_string());
+        }
+        assert!(text.contains(&format!("chain {} {{", svcproxy_plan::nft::SERVICES_CHAIN)));
+    }
+    // Every watched base chain is one some scenario has.
+    for name in &watched[1..] {
+        assert!(
+            seen.contains(*name),
+            "{name} is watched but no scenario has it"
+        );
+    }
+}
+
 #[test]
 fn rendering_is_deterministic_and_matches_the_first_sync() {
     for case in cases() {

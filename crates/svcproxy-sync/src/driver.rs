@@ -184,6 +184,7 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
     /// Upstream's large cluster mode: the intent last built holds more endpoints
     /// in one family (every service port's, counted once per port as upstream
     /// counts them) than the mode's threshold. Never, for a mode without one.
+    /// Stops counting past the threshold.
     pub fn large_cluster(&self) -> bool {
         let Some(threshold) = self.large_cluster_endpoints else {
             return false;
@@ -191,10 +192,23 @@ impl<P: DataPlane, C: ConntrackCleaner> Driver<P, C> {
         self.intents.intent().families().any(|f| {
             f.services()
                 .values()
-                .map(|s| s.endpoints.len())
-                .sum::<usize>()
-                > threshold
+                .try_fold(0usize, |sum, s| {
+                    let sum = sum + s.endpoints.len();
+                    if sum > threshold {
+                        None
+                    } else {
+                        Some(sum)
+                    }
+                })
+                .is_none()
         })
+    }
+
+    /// Whether the periodic full sync is skipped: a large cluster
+    /// ([`Driver::large_cluster`]) whose drift check works and watches all it can
+    /// ([`DataPlane::drift_armed`]); otherwise that sync is what repairs.
+    pub fn skips_periodic_full_sync(&self) -> bool {
+        self.large_cluster() && !self.drift_check_failing && self.plane.drift_armed()
     }
 
     pub fn plane(&self) -> &P {

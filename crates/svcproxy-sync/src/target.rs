@@ -185,6 +185,10 @@ impl<T: Target> Target for Checked<T> {
     fn shutdown(&mut self) {
         self.inner.shutdown()
     }
+
+    fn skips_periodic_full_sync(&self) -> bool {
+        self.inner.skips_periodic_full_sync()
+    }
 }
 
 /// `svcproxy dns`: no snapshot is used; the catalog reads the state's model.
@@ -213,7 +217,7 @@ impl Target for Driver {
     }
 
     fn skips_periodic_full_sync(&self) -> bool {
-        self.large_cluster()
+        Driver::skips_periodic_full_sync(self)
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {

@@ -574,22 +574,22 @@ pub(crate) mod tests {
         tokio::time::sleep(secs(6.0)).await;
         let last = *log.lock().unwrap().syncs.last().unwrap();
         assert!(last.1, "the repair is full: {last:?}");
-        // Back under the threshold, the overdue full sync comes with the next sync.
+        // An hour after the repair the periodic full sync is due, and skipped.
+        log.lock().unwrap().syncs.clear();
+        tokio::time::sleep(secs(3600.0 + 60.0)).await;
+        assert!(
+            log.lock().unwrap().syncs.iter().all(|s| !s.1),
+            "still skipped"
+        );
+        // Back under the threshold, the overdue full sync is the next sync.
         log.lock().unwrap().large = false;
         log.lock().unwrap().syncs.clear();
-        tokio::time::sleep(secs(3600.0 + 40.0)).await;
-        let full: Vec<Duration> = log
-            .lock()
-            .unwrap()
-            .syncs
-            .iter()
-            .filter(|s| s.1)
-            .map(|s| s.0)
-            .collect();
-        assert_eq!(
-            full.len(),
-            1,
-            "one periodic full sync an hour after the repair: {full:?}"
+        tokio::time::sleep(secs(31.0)).await;
+        let syncs = log.lock().unwrap().syncs.clone();
+        assert_eq!(syncs.len(), 1, "{syncs:?}");
+        assert!(
+            syncs[0].1,
+            "the first sync back under the threshold is full: {syncs:?}"
         );
     }
 

@@ -15,7 +15,7 @@ use svcproxy_core::model::IpFamily;
 
 use svcproxy_plan::nft::{
     cleanup_script, render_full_with, typed::Op, CapturePorts, ColdStart, Output, PlanKind,
-    Planner, Step, SERVICES_CHAIN, TABLE_NAME,
+    Planner, Step, DRIFT_WATCHED_CHAINS, TABLE_NAME,
 };
 use svcproxy_plan::{Intent, IntentDelta, PlanConfig};
 
@@ -35,10 +35,11 @@ pub struct NftDataPlane<S = NftCommand> {
     /// Each family's table as the last successful full sync left it (what the drift
     /// check compares with); empty before it and after a failure.
     expected: BTreeMap<IpFamily, TableState>,
-    /// Per family in `expected`, the `services` chain's use count the last full
-    /// sync left (its rules and the base chains' jumps to it): lower now means the
-    /// table or a base chain was flushed, which leaves the table's handle as it was.
-    dispatch_uses: BTreeMap<IpFamily, u32>,
+    /// Per family in `expected`, the use counts the last full sync left of the
+    /// chains the drift check watches ([`DRIFT_WATCHED_CHAINS`]: their rules and
+    /// the jumps to them): lower now means the table or a base chain was flushed,
+    /// which leaves the table's handle as it was.
+    watched_uses: BTreeMap<IpFamily, Vec<(&'static str, u32)>>,
     /// The userspace mode's capture (set chains redirect to its sockets).
     capture: Option<Arc<dyn CapturePorts>>,
     /// `--nft-writer`: whether a plan whose every statement is typed goes to the
@@ -77,7 +78,7 @@ impl<S: ScriptSink> NftDataPlane<S> {
             planner: Planner::with_capture(capture.clone()),
             sink,
             expected: BTreeMap::new(),
-            dispatch_uses: BTreeMap::new(),
+            watched_uses: BTreeMap::new(),
             capture,
             writer: NftWriter::default(),
             cfg: None,
@@ -178,18 +179,22 @@ impl<S: ScriptSink> NftDataPlane<S> {
     }
 
     fn remember_tables(&mut self) {
-        self.expected.clear();
-        self.dispatch_uses.clear();
+        self.forget_tables();
         for family in IpFamily::BOTH {
             match self.sink.table_state(family, TABLE_NAME) {
                 Ok(state) => {
                     self.expected.insert(family, state);
-                    // A sink that cannot ask (a recorder) leaves this check out.
-                    if let (TableState::Present { .. }, Ok(Some(n))) = (
-                        state,
-                        self.sink.chain_use(family, TABLE_NAME, SERVICES_CHAIN),
-                    ) {
-                        self.dispatch_uses.insert(family, n);
+                    if matches!(state, TableState::Present { .. }) {
+                        match self.watched_uses(family) {
+                            Ok(uses) => {
+                                self.watched_uses.insert(family, uses);
+                            }
+                            // A recorder cannot ask; a kernel that would not answer
+                            // leaves the drift check unarmed (see `drift_armed`).
+                            Err(e) => {
+                                tracing::debug!(%family, error = %e, "cannot read the use counts of svcproxy's nftables chains")
+                            }
+                        }
                     }
                 }
                 Err(e) => {
@@ -197,6 +202,26 @@ impl<S: ScriptSink> NftDataPlane<S> {
                 }
             }
         }
+    }
+
+    /// What the kernel holds as the last full sync left it: nothing known.
+    fn forget_tables(&mut self) {
+        self.expected.clear();
+        self.watched_uses.clear();
+    }
+
+    /// The use count of each watched chain of `family`'s table that exists.
+    fn watched_uses(
+        &mut self,
+        family: IpFamily,
+    ) -> Result<Vec<(&'static str, u32)>, DataPlaneError> {
+        let mut uses = Vec::new();
+        for &chain in DRIFT_WATCHED_CHAINS {
+            if let Some(n) = self.sink.chain_use(family, TABLE_NAME, chain)? {
+                uses.push((chain, n));
+            }
+        }
+        Ok(uses)
     }
 }
 
@@ -272,11 +297,11 @@ fn table_drift(family: IpFamily, expected: TableState, now: TableState) -> Optio
     }
 }
 
-/// Why the `services` chain, used `expected` times after the last full sync, is
+/// Why watched chain `chain`, used `expected` times after the last full sync, is
 /// not as that sync left it (`now`), if it is not.
-fn dispatch_drift(family: IpFamily, expected: u32, now: Option<u32>) -> Option<String> {
+fn chain_drift(family: IpFamily, chain: &str, expected: u32, now: Option<u32>) -> Option<String> {
     let chain = format!(
-        "chain {SERVICES_CHAIN} of table {} {TABLE_NAME}",
+        "chain {chain} of table {} {TABLE_NAME}",
         svcproxy_plan::nft::family_keyword(family)
     );
     match now {
@@ -371,7 +396,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             Ok(()) => self.planner.commit(&plan),
             Err(e) => {
                 self.planner.abandon();
-                self.expected.clear();
+                self.forget_tables();
                 return Err(e);
             }
         }
@@ -411,6 +436,18 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         self.sink.apply(&cleanup_script())
     }
 
+    fn drift_armed(&self) -> bool {
+        // Both families read after the last full sync, and each table there
+        // with its chains' use counts.
+        IpFamily::BOTH
+            .into_iter()
+            .all(|f| match self.expected.get(&f) {
+                Some(TableState::Present { .. }) => self.watched_uses.contains_key(&f),
+                Some(TableState::Missing) => true,
+                None => false,
+            })
+    }
+
     fn drift(&mut self) -> Result<Option<String>, DataPlaneError> {
         let mut found = Vec::new();
         let expected: Vec<(IpFamily, TableState)> =
@@ -419,9 +456,11 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             let now = self.sink.table_state(family, TABLE_NAME)?;
             if let Some(drift) = table_drift(family, want, now) {
                 found.push(drift);
-            } else if let Some(&uses) = self.dispatch_uses.get(&family) {
-                let now = self.sink.chain_use(family, TABLE_NAME, SERVICES_CHAIN)?;
-                found.extend(dispatch_drift(family, uses, now));
+            } else if let Some(uses) = self.watched_uses.get(&family).cloned() {
+                for (chain, was) in uses {
+                    let now = self.sink.chain_use(family, TABLE_NAME, chain)?;
+                    found.extend(chain_drift(family, chain, was, now));
+                }
             }
         }
         if found.is_empty() {
@@ -430,7 +469,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         // The kernel no longer holds the last plan: the next one recreates the
         // tables (which also wakes a dormant one).
         self.planner.abandon();
-        self.expected.clear();
+        self.forget_tables();
         Ok(Some(found.join("; ")))
     }
 
@@ -494,7 +533,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
         let chains = [SEALED_CHAIN.to_string(), chain];
         if let Err(e) = self.write_chains(&programmed, &chains, true) {
             self.planner.abandon();
-            self.expected.clear();
+            self.forget_tables();
             return Err(e);
         }
         self.planner.adopt(&plan);

@@ -75,6 +75,22 @@ pub(crate) const HAIRPIN_SET: &str = "hairpin-endpoints";
 
 /// The dispatch chain both NAT base chains jump to.
 pub const SERVICES_CHAIN: &str = "services";
+
+/// The chains whose use count (their rules, and the jumps to them) the nftables
+/// mode's drift check compares with what the last full sync left: every base chain
+/// of the skeleton, and the dispatch chain. A flushed table or base chain keeps the
+/// table's handle but lowers these.
+pub const DRIFT_WATCHED_CHAINS: &[&str] = &[
+    SERVICES_CHAIN,
+    "filter-prerouting",
+    "filter-input",
+    "filter-forward",
+    "filter-output",
+    "filter-output-post-dnat",
+    "nat-prerouting",
+    "nat-output",
+    "nat-postrouting",
+];
 const MASQUERADING_CHAIN: &str = "masquerading";
 const FIREWALL_CHECK_CHAIN: &str = "firewall-check";
 const SERVICE_ENDPOINTS_CHECK_CHAIN: &str = "service-endpoints-check";

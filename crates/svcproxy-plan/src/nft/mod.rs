@@ -44,7 +44,7 @@
 mod base;
 mod common;
 pub mod decl;
-pub use base::{localhost_reject_chain, SERVICES_CHAIN};
+pub use base::{localhost_reject_chain, DRIFT_WATCHED_CHAINS, SERVICES_CHAIN};
 pub mod elements;
 mod planner;
 pub mod ruleset;
