@@ -684,30 +684,26 @@ impl Mode {
     #[allow(dead_code)] // operations.rs's drift test only
     pub fn break_rules(self, c: &Cluster, node: usize, how: &str) -> &'static str {
         match (self, how) {
-            (Mode::Nftables | Mode::Userspace, "tables deleted") => {
-                c.nft(
-                    Host::Node(node),
-                    "delete table ip svcproxy\ndelete table ip6 svcproxy\n",
-                )
-                .expect("delete the tables");
-                "was deleted"
-            }
-            (Mode::Nftables | Mode::Userspace, "tables dormant") => {
-                c.nft(
-                    Host::Node(node),
-                    "add table ip svcproxy { flags dormant; }\nadd table ip6 svcproxy { flags dormant; }\n",
-                )
-                .expect("make the tables dormant");
-                "was made dormant"
-            }
-            (Mode::Nftables | Mode::Userspace, "tables flushed") => {
-                // Every rule gone, the tables and their handles kept.
-                c.nft(
-                    Host::Node(node),
-                    "flush table ip svcproxy\nflush table ip6 svcproxy\n",
-                )
-                .expect("flush the tables");
-                "lost rules or the jumps to it"
+            (Mode::Nftables | Mode::Userspace, _) => {
+                // Each family's table: deleted; made dormant; every rule gone, the
+                // table and its handle kept. Then what the drift check says.
+                let (each, said) = match how {
+                    "tables deleted" => ("delete table {} svcproxy\n", "was deleted"),
+                    "tables dormant" => (
+                        "add table {} svcproxy { flags dormant; }\n",
+                        "was made dormant",
+                    ),
+                    "tables flushed" => {
+                        ("flush table {} svcproxy\n", "lost rules or the jumps to it")
+                    }
+                    _ => panic!("{self:?} cannot break its rules by {how:?}"),
+                };
+                let script: String = ["ip", "ip6"]
+                    .iter()
+                    .map(|family| each.replace("{}", family))
+                    .collect();
+                c.nft(Host::Node(node), &script).expect(how);
+                said
             }
             (Mode::Iptables | Mode::IptablesLegacy, "every table flushed") => {
                 // What a firewall reload does: every rule and user chain gone.

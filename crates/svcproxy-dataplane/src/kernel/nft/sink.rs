@@ -228,6 +228,33 @@ impl Default for NftCommand {
 }
 
 impl NftCommand {
+    /// `ask` about chain `chain` over netlink (`NFT_MSG_GETCHAIN`), only where
+    /// `nft` itself writes (see `writes_typed`).
+    fn ask_chain<T>(
+        &self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+        ask: fn(
+            Option<&std::path::Path>,
+            IpFamily,
+            &str,
+            &str,
+        ) -> Result<T, crate::kernel::netfilter::NetlinkError>,
+    ) -> Result<T, DataPlaneError> {
+        let command = format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}");
+        if !self.writes_typed() {
+            return Err(DataPlaneError::Io {
+                command,
+                source: io::Error::other("the namespace nft writes to is not named"),
+            });
+        }
+        ask(self.netns.as_deref(), family, table, chain).map_err(|e| DataPlaneError::Io {
+            command,
+            source: io::Error::other(e.to_string()),
+        })
+    }
+
     /// The `nft` binary at `program` (a path, or a name looked up in `PATH`).
     pub fn new(program: impl Into<String>) -> Self {
         NftCommand {
@@ -339,18 +366,7 @@ impl ScriptSink for NftCommand {
         table: &str,
         chain: &str,
     ) -> Result<bool, DataPlaneError> {
-        let command = format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}");
-        // Over netlink only where `nft` itself writes (see `writes_typed`).
-        if !self.writes_typed() {
-            return Err(DataPlaneError::Io {
-                command,
-                source: io::Error::other("the namespace nft writes to is not named"),
-            });
-        }
-        chain_exists(self.netns.as_deref(), family, table, chain).map_err(|e| DataPlaneError::Io {
-            command,
-            source: io::Error::other(e.to_string()),
-        })
+        self.ask_chain(family, table, chain, chain_exists)
     }
 
     fn chain_use(
@@ -359,18 +375,7 @@ impl ScriptSink for NftCommand {
         table: &str,
         chain: &str,
     ) -> Result<Option<u32>, DataPlaneError> {
-        let command = format!("netlink NFT_MSG_GETCHAIN {family} {table} {chain}");
-        // Over netlink only where `nft` itself writes (see `writes_typed`).
-        if !self.writes_typed() {
-            return Err(DataPlaneError::Io {
-                command,
-                source: io::Error::other("the namespace nft writes to is not named"),
-            });
-        }
-        chain_use(self.netns.as_deref(), family, table, chain).map_err(|e| DataPlaneError::Io {
-            command,
-            source: io::Error::other(e.to_string()),
-        })
+        self.ask_chain(family, table, chain, chain_use)
     }
 
     fn list(&mut self, args: &[&str]) -> Result<Option<String>, DataPlaneError> {
