@@ -98,8 +98,8 @@ pub trait Target {
     /// Writes the kernel settings the mode needs (once this process owns the node).
     fn prepare_node(&mut self) {}
 
-    /// Whether the periodic full sync is skipped: upstream's large cluster mode
-    /// ([`Driver::large_cluster`]).
+    /// Whether the periodic full sync is skipped: upstream's large cluster mode,
+    /// while the drift check is armed ([`Driver::skips_periodic_full_sync`]).
     fn skips_periodic_full_sync(&self) -> bool {
         false
     }
