@@ -137,16 +137,17 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     assert_eq!(report.kind, SyncKind::Recreate);
     assert!(report.script_bytes > 0);
     let t = ns.table();
-    // (web's two endpoints are elements of the endpoint map, `KEY : ADDRESS .
-    // PORT`; db's one endpoint is DNATed directly.)
+    // (web, a cluster IP port alone, has no chain: its two endpoints are elements
+    // of the cluster IP map, `VIP . PROTO . PORT . K : ADDRESS . PORT`, and its
+    // port one of the set of its endpoint count. db's external IP takes chains,
+    // and its one endpoint is DNATed directly.)
     for needle in [
-        "198.19.0.10 . tcp . 80 : goto ".to_string(),
+        "198.19.0.10 . tcp . 80 . 0 : 198.18.1.10 . 8080".to_string(),
+        "198.19.0.10 . tcp . 80 . 1 : 198.18.2.10 . 8080".to_string(),
+        "@clusterip-tcp-2 dnat ip to".to_string(),
         "198.19.0.20 . tcp . 5432 : goto ".to_string(),
         "203.0.113.20 . tcp . 5432 : goto ".to_string(),
-        ": 198.18.1.10 . 8080".to_string(),
-        ": 198.18.2.10 . 8080".to_string(),
         "dnat to 198.18.2.20:5432".to_string(),
-        format!("chain {web}"),
         format!("chain {db}"),
     ] {
         has(&t, &needle, "full sync");
@@ -171,7 +172,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
     lacks(&t, "198.19.0.20", "db deleted");
     lacks(&t, "203.0.113.20", "db deleted");
     lacks(&t, &db, "db deleted");
-    has(&t, &format!("chain {web}"), "db deleted");
+    has(&t, "198.19.0.10 . tcp . 80 . 0 : ", "db deleted");
 
     // nft rejects a transaction (the kernel no longer holds what the planner
     // believes): nothing of it applies, the error carries nft's stderr, and the next
@@ -181,7 +182,7 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
         "element",
         "ip",
         "svcproxy",
-        "service-ips",
+        "clusterip-tcp-2",
         "{ 198.19.0.10 . tcp . 80 }",
     ]);
     delete_service(&mut state, "web");
@@ -190,11 +191,11 @@ fn syncs_show_in_the_kernel_and_failures_recover() {
         panic!("expected a rejection, got {err:?}");
     };
     assert!(stderr.contains("Error: Could not process rule"), "{err}");
-    assert!(stderr.contains("service-ips"), "{err}");
+    assert!(stderr.contains("clusterip-tcp-2"), "{err}");
     assert!(err.to_string().contains("ip netns exec"), "{err}");
     has(
         &ns.table(),
-        &format!("chain {web}"),
+        "198.19.0.10 . tcp . 80 . 0 : ",
         "rejected (rolled back)",
     );
     let report = dp.sync(&snapshot(&mut state), false).expect("recreate");
@@ -436,9 +437,9 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     );
     txt.sync(&snap, false).expect("text");
     same_tables(&a, &b, "endpoint moved, netlink only");
-    // Typed rules too: a ClusterIP service with one endpoint (a chain, its
-    // masquerade mark and DNAT, elements) comes and goes without nft, in both
-    // families.
+    // Typed rules too: a ClusterIP service with one endpoint (served without a
+    // chain: the set and rule of its endpoint count, elements) comes and goes
+    // without nft, in both families.
     for (name, family, ip, ep) in SOLOS {
         upsert(&mut state, &clusterip(name, family, ip, &[ep]));
         let snap = snapshot(&mut state);
@@ -475,8 +476,8 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
         .map(str::trim)
         .filter_map(|l| l.strip_prefix("map "))
         .map(|l| l.split(' ').next().unwrap())
-        .find(|m| m.starts_with("endpoint-dnat-tcp-"))
-        .expect("the endpoint map")
+        .find(|m| *m == "clusterip-dnat-tcp")
+        .expect("the cluster IP endpoint map")
         .to_string();
     a.nft(&[
         "delete",
@@ -500,11 +501,13 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     lacks(&a.table(), "198.18.2.10 . 8080", "refused");
     let report = net.sync(&snapshot(&mut state), false).expect("recreate");
     assert_eq!(report.kind, SyncKind::Recreate);
-    txt.sync(&snapshot(&mut state), false).expect("text");
+    // A full sync on the other side too: a partial sync leaves the rule of an
+    // endpoint count no longer in use (solo's) until the next full one.
+    txt.sync(&snapshot(&mut state), true).expect("text");
     same_tables(&a, &b, "recreated after the refusal");
 
-    // Endpoint maps in IPv6, and a set whose count changes (its chain rewritten:
-    // the masquerade mark and the map lookup over more keys).
+    // Endpoint maps in IPv6, and a set whose count changes (its port moves to
+    // the set of the new count, its map elements follow).
     upsert(
         &mut state,
         &clusterip(
@@ -524,12 +527,13 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
             &["2001:db8:2::50", "2001:db8:2::51", "2001:db8:2::52"],
         ),
     );
-    // (Without nft: the rewritten chains and the elements go over netlink.)
+    // (Without nft: the new count's set and rule and the elements go over
+    // netlink.)
     *net.plane_mut().sink_mut() = NftCommand::new("/nonexistent/svcproxy-test/nft").in_netns(&path);
     assert_eq!(both!("web6 grown"), SyncKind::Partial);
     has(
         &a.nft(&["list", "table", "ip6", "svcproxy"]),
-        "dnat ip6 to numgen random mod 3",
+        "@clusterip-tcp-3 dnat ip6 to ip6 daddr . meta l4proto . tcp dport . numgen random mod 3 map @clusterip-dnat-tcp",
         "web6 grown",
     );
     upsert(
@@ -689,17 +693,16 @@ fn masquerade_marks_are_written_as_nft_writes_them() {
         masquerade_all: true,
         ..plan_config()
     };
-    for (tag, cfg, needle) in [
+    // (Where: the rule of the skeleton; the cluster IP port's element of the
+    // masquerade set.)
+    for (tag, cfg, within, needle) in [
         (
             "masked",
             masked,
+            "chain services {",
             "ip saddr != 198.18.0.0/20 jump mark-for-masquerade",
         ),
-        (
-            "all",
-            all,
-            "ip daddr 198.19.0.40 tcp dport 80 jump mark-for-masquerade",
-        ),
+        ("all", all, "set clusterip-masq {", "198.19.0.40 . tcp . 80"),
     ] {
         let Some(a) = create("masquerade_marks", &format!("{tag}-netlink")) else {
             return;
@@ -724,6 +727,12 @@ fn masquerade_marks_are_written_as_nft_writes_them() {
             txt.sync(&snap, false).expect("text");
         }
         same_tables(&a, &b, tag);
-        has(&a.nft(&["list", "table", "ip", "svcproxy"]), needle, tag);
+        let listed = a.nft(&["list", "table", "ip", "svcproxy"]);
+        let block = listed
+            .split(within)
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .unwrap_or_else(|| panic!("{tag}: {within} missing:\n{listed}"));
+        has(block, needle, tag);
     }
 }

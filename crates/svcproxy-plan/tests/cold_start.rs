@@ -14,7 +14,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::*;
-use svcproxy_plan::nft::elements::{ElemValue, ElemVerdict};
+use svcproxy_plan::intent::FrontendKey;
+use svcproxy_plan::nft::elements::{Atom, ElemValue, ElemVerdict};
 use svcproxy_plan::nft::typed::{Action, Op};
 use svcproxy_plan::nft::{ColdStart, PlanKind, Planner, Step};
 
@@ -151,12 +152,10 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
             // No other Service is linked before every service port's rules and
             // endpoint elements are in (a linked Service's endpoints are there).
             let first_link = staged.iter().position(|step| {
-                step.iter().any(|op| match op {
-                    Op::Element(e) if e.set == "service-ips" => {
-                        !["default/kubernetes", "kube-system/kube-dns"]
-                            .contains(&chain_service(&whole[0], links_to(op).unwrap()).as_str())
-                    }
-                    _ => false,
+                step.iter().any(|op| {
+                    linked_service(&intent, &whole[0], op).is_some_and(|service| {
+                        !["default/kubernetes", "kube-system/kube-dns"].contains(&service.as_str())
+                    })
                 })
             });
             if let Some(l) = first_link {
@@ -164,7 +163,10 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
                     for op in step {
                         let late = match op {
                             Op::AddRule { .. } => true,
-                            Op::Element(e) => e.set.starts_with("endpoint-dnat"),
+                            Op::Element(e) => {
+                                e.set.starts_with("endpoint-dnat")
+                                    || e.set.starts_with("clusterip-dnat")
+                            }
                             _ => false,
                         };
                         assert!(
@@ -175,12 +177,11 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
                 }
             }
             // The first step of IPv4: the Services needed first, linked.
-            let first: Vec<String> = staged[0].iter().map(|op| format!("{op:?}")).collect();
-            for needle in ["198.19.0.1", "198.19.0.254"] {
+            for needle in ["default/kubernetes", "kube-system/kube-dns"] {
                 assert!(
-                    first
+                    staged[0]
                         .iter()
-                        .any(|o| o.contains("service-ips") && o.contains(needle)),
+                        .any(|op| linked_service(&intent, &whole[0], op).as_deref() == Some(needle)),
                     "{what}: {needle} linked in the first step"
                 );
             }
@@ -188,15 +189,10 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
             let mut service_step = std::collections::BTreeMap::new();
             for (i, step) in staged.iter().enumerate() {
                 for op in step {
-                    if let Op::Element(e) = op {
-                        if e.set == "service-ips" {
-                            if let Some(ElemValue::Verdict(ElemVerdict::Goto(chain))) = &e.value {
-                                let service = chain_service(&whole[0], chain);
-                                let key = (e.family, service.clone());
-                                let at = service_step.entry(key).or_insert(i);
-                                assert_eq!(*at, i, "{what}: {service} linked in two steps");
-                            }
-                        }
+                    if let Some(service) = linked_service(&intent, &whole[0], op) {
+                        let key = (op.family(), service.clone());
+                        let at = service_step.entry(key).or_insert(i);
+                        assert_eq!(*at, i, "{what}: {service} linked in two steps");
                     }
                 }
             }
@@ -221,6 +217,40 @@ fn a_cold_start_in_steps_writes_the_whole_table_each_step_whole() {
             }
         }
     }
+}
+
+/// The Service (`namespace/name`) a statement links, if it links one: the owner
+/// of a `service-ips` element's chain, or of a cluster IP port put in a
+/// `clusterip-PROTO-N` set (a port served without a chain of its own).
+fn linked_service(intent: &svcproxy_plan::Intent, whole: &[Op], op: &Op) -> Option<String> {
+    let Op::Element(e) = op else {
+        return None;
+    };
+    if !e.add {
+        return None;
+    }
+    if e.set == "service-ips" {
+        return match &e.value {
+            Some(ElemValue::Verdict(ElemVerdict::Goto(chain))) => Some(chain_service(whole, chain)),
+            _ => None,
+        };
+    }
+    let counted = e
+        .set
+        .strip_prefix("clusterip-")
+        .and_then(|rest| rest.split_once('-'))
+        .is_some_and(|(proto, n)| {
+            ["tcp", "udp", "sctp"].contains(&proto) && n.parse::<u32>().is_ok()
+        });
+    if !counted {
+        return None;
+    }
+    let [Atom::Ip(ip), Atom::Proto(protocol), Atom::Port(port)] = e.key[..] else {
+        panic!("a cluster IP port's key: {e:?}");
+    };
+    let key = FrontendKey::Vip { ip, protocol, port };
+    let (owner, _) = intent.family(e.family).frontend(&key)?;
+    Some(owner.name.service.to_string())
 }
 
 /// The Service (`namespace/name`) whose chain `chain` is, from the chain's

@@ -173,7 +173,7 @@ fn changing_one_service_touches_only_its_chains_and_elements() {
 }
 
 #[test]
-fn a_new_service_adds_its_chains_and_elements_only() {
+fn a_new_cluster_ip_port_adds_data_elements_only() {
     let (mut sc, mut planner) = synced("clusterip-basic");
     sc.upsert_yaml(
         r#"
@@ -208,18 +208,53 @@ endpoints:
         "{}",
         plan.script
     );
-    let service_chain = format!("service-{:016x}", service_port_hash(IpFamily::V4, &new));
-    let elements: Vec<&str> = plan
-        .script
-        .lines()
-        .filter(|l| l.contains("element"))
-        .collect();
+    // A cluster IP port of one endpoint: served without a chain. The table
+    // serves no TCP port of one endpoint yet: the set and rule of that count
+    // come first (the one statement the kernel validates table-wide).
     assert_eq!(
-        elements,
-        vec![
-            format!("add element ip svcproxy service-ips {{ 198.19.0.99 . tcp . 80 : goto {service_chain} }}"),
-            "add element ip svcproxy cluster-ips { 198.19.0.99 }".to_string(),
-        ]
+        plan.script,
+        "add set ip svcproxy clusterip-tcp-1 { type ipv4_addr . inet_proto . inet_service ; }\n\
+         add rule ip svcproxy services ip daddr . meta l4proto . th dport @clusterip-tcp-1 meta l4proto tcp dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 1 map @clusterip-dnat-tcp\n\
+         add element ip svcproxy clusterip-dnat-tcp { 198.19.0.99 . tcp . 80 . 0 : 198.18.2.99 . 8080 }\n\
+         add element ip svcproxy clusterip-masq-nonlocal { 198.19.0.99 . tcp . 80 }\n\
+         add element ip svcproxy clusterip-tcp-1 { 198.19.0.99 . tcp . 80 }\n\
+         add element ip svcproxy cluster-ips { 198.19.0.99 }\n"
+    );
+    planner.commit(&plan);
+
+    // The next such port is data elements only.
+    sc.upsert_yaml(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: next, namespace: demo}
+spec:
+  clusterIP: 198.19.0.98
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: next-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: next}
+addressType: IPv4
+ports:
+- {name: http, port: 8080}
+endpoints:
+- {addresses: [198.18.2.98], nodeName: node-b}
+"#,
+    );
+    let up = sc.snapshot();
+    let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
+    assert_eq!(plan.kind, PlanKind::Partial);
+    assert_eq!(
+        plan.script,
+        "add element ip svcproxy clusterip-dnat-tcp { 198.19.0.98 . tcp . 80 . 0 : 198.18.2.98 . 8080 }\n\
+         add element ip svcproxy clusterip-masq-nonlocal { 198.19.0.98 . tcp . 80 }\n\
+         add element ip svcproxy clusterip-tcp-1 { 198.19.0.98 . tcp . 80 }\n\
+         add element ip svcproxy cluster-ips { 198.19.0.98 }\n"
     );
     assert!(!plan.script.contains("flush"), "{}", plan.script);
     assert!(!plan.script.contains("delete"), "{}", plan.script);
@@ -524,22 +559,21 @@ fn conflicting_destinations_go_to_the_first_claimant_and_pass_on_when_it_goes() 
 fn configuration_and_skeleton_changes_are_planned() {
     let (mut sc, mut planner) = synced("clusterip-basic");
     let up = sc.snapshot();
-    // A setting that only per-service chains depend on: every service port is
-    // planned again and the chains that differ are rewritten in place.
+    // A setting that only service ports depend on: every service port is
+    // planned again, and those served without a chain move to the other
+    // masquerade set (no chain to rewrite).
     let mut cfg = sc.cfg.clone();
     cfg.masquerade_all = true;
     let plan = planner.plan(&up.v4, &up.v6, &cfg, false, &up.changed);
     assert_eq!(plan.kind, PlanKind::Partial);
     assert_eq!(plan.stats.replanned, 2);
     assert_eq!(
-        lines_starting(&plan.script, "flush chain").len(),
-        2,
-        "{}",
-        plan.script
+        plan.script,
+        "delete element ip svcproxy clusterip-masq-nonlocal { 198.19.0.10 . tcp . 80 }\n\
+         delete element ip svcproxy clusterip-masq-nonlocal { 198.19.0.10 . udp . 53 }\n\
+         add element ip svcproxy clusterip-masq { 198.19.0.10 . tcp . 80 }\n\
+         add element ip svcproxy clusterip-masq { 198.19.0.10 . udp . 53 }\n"
     );
-    assert!(plan
-        .script
-        .contains("add rule ip svcproxy service-a34f54c5750b9992 ip daddr 198.19.0.10 tcp dport 80 jump mark-for-masquerade\n"));
     planner.commit(&plan);
 
     // One the skeleton depends on (the masquerade mark) resyncs the whole table.

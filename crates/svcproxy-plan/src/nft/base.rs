@@ -33,6 +33,7 @@ use crate::names::protocol_keyword;
 
 use super::common::{MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 use super::ruleset::{BaseChain, Chain, ChainType, Field, Hook, Map, MapType, Ruleset, Set};
+use super::service::Detect;
 use super::typed::{Action, Addr, CtState, Match, TypedRule};
 
 pub(crate) const CLUSTER_IPS_SET: &str = "cluster-ips";
@@ -67,6 +68,56 @@ pub(crate) fn endpoint_map_decl(family: IpFamily, protocol: Protocol) -> Map {
         map_type: MapType::Endpoints { family, protocol },
         elements: Vec::new(),
     }
+}
+
+/// A cluster IP port is served without a chain of its own when nothing but the
+/// choice of endpoint and its masquerade is needed (see
+/// `service::cluster_layout`): linking or unlinking it is then data elements
+/// only, which the kernel does not validate table-wide (see the module `nft`).
+///
+/// Its destination `VIP . PROTO . PORT` goes in the set of its protocol and
+/// endpoint count N (`clusterip-tcp-3`), whose one rule in `services` DNATs to
+/// `numgen random mod N` of the elements `VIP . PROTO . PORT . 0..N-1` of the
+/// protocol's map (`clusterip-dnat-tcp`). The sets and their rules exist per
+/// count in use: a partial sync adds one when a count first appears (that rule
+/// is validated once), and only a full sync removes the unused.
+pub(crate) fn clusterip_set(protocol: Protocol, n: u32) -> String {
+    format!("clusterip-{}-{n}", protocol_keyword(protocol))
+}
+
+/// The cluster IP endpoint map of a protocol (see [`clusterip_set`]).
+pub(crate) fn clusterip_dnat_map(protocol: Protocol) -> String {
+    format!("clusterip-dnat-{}", protocol_keyword(protocol))
+}
+
+/// The cluster IP ports whose every connection is masqueraded
+/// (`--masquerade-all`), and those masqueraded unless from this node's pods.
+pub(crate) const CLUSTERIP_MASQ_SET: &str = "clusterip-masq";
+pub(crate) const CLUSTERIP_MASQ_NONLOCAL_SET: &str = "clusterip-masq-nonlocal";
+
+const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+/// A set of cluster IP ports, `VIP . PROTO . PORT`.
+pub(crate) fn clusterip_port_set(family: IpFamily) -> Set {
+    address_set(
+        vec![Field::Addr(family), Field::Proto, Field::Port],
+        Vec::new(),
+    )
+}
+
+/// The rule serving the cluster IP ports of `protocol` with `n` endpoints.
+pub(crate) fn clusterip_rule(family: IpFamily, protocol: Protocol, n: u32) -> TypedRule {
+    TypedRule::new(
+        family,
+        vec![
+            Match::TupleInSet(clusterip_set(protocol, n)),
+            Match::L4Proto(protocol),
+        ],
+        Action::TupleDnat {
+            n,
+            map: clusterip_dnat_map(protocol),
+        },
+    )
 }
 
 /// `A . A` for every endpoint address `A` that may be this node's own: a connection
@@ -152,7 +203,7 @@ pub(crate) fn base_ruleset(ctx: &NodeIntent) -> Ruleset {
     let nodeport_dests = nodeport_destinations(ctx, r);
     let chains = hook_chains(ctx, r, &mut rs)
         .into_iter()
-        .chain(dispatch_chains(r, &nodeport_dests))
+        .chain(dispatch_chains(ctx, r, &nodeport_dests))
         .chain(check_chains(ctx, r, &nodeport_dests))
         .chain(masquerade_chains(ctx, r));
     for (name, chain) in chains {
@@ -252,6 +303,18 @@ fn shared_sets(ctx: &NodeIntent, rs: &mut Ruleset) {
         HAIRPIN_SET.to_string(),
         address_set(vec![addr, addr], Vec::new()),
     );
+    for set in [CLUSTERIP_MASQ_SET, CLUSTERIP_MASQ_NONLOCAL_SET] {
+        rs.sets.insert(set.to_string(), clusterip_port_set(family));
+    }
+    for protocol in PROTOCOLS {
+        rs.maps.insert(
+            clusterip_dnat_map(protocol),
+            Map {
+                map_type: MapType::ClusterEndpoints { family, protocol },
+                elements: Vec::new(),
+            },
+        );
+    }
 }
 
 /// The destinations NodePort lookups apply to, one rule's matches each.
@@ -388,9 +451,25 @@ fn hook_chains(ctx: &NodeIntent, r: Rules, rs: &mut Ruleset) -> Vec<(&'static st
     ]
 }
 
-/// `services`: the service addresses, then the NodePorts, each by its verdict map.
-fn dispatch_chains(r: Rules, nodeport_dests: &[Vec<Match>]) -> Vec<(&'static str, Chain)> {
-    let mut rules = vec![r.rule(Vec::new(), r.vmap(true, MapId::ServiceIps))];
+/// `services`: the masquerade of cluster IP ports served without a chain, then
+/// the service addresses and the NodePorts, each by its verdict map (the planner
+/// appends the rules serving those cluster IP ports, see [`clusterip_set`]).
+fn dispatch_chains(
+    ctx: &NodeIntent,
+    r: Rules,
+    nodeport_dests: &[Vec<Match>],
+) -> Vec<(&'static str, Chain)> {
+    let masq = |set: &str, mut matches: Vec<Match>| {
+        matches.insert(0, Match::TupleInSet(set.to_string()));
+        r.rule(matches, jump(MARK_MASQ_CHAIN))
+    };
+    let mut rules = vec![masq(CLUSTERIP_MASQ_SET, Vec::new())];
+    // Without a way to tell this node's pods, nothing is masqueraded "unless
+    // from a local pod" (as in a service's own chain).
+    if let Some(detect) = Detect::new(ctx) {
+        rules.push(masq(CLUSTERIP_MASQ_NONLOCAL_SET, vec![detect.if_not_local]));
+    }
+    rules.push(r.rule(Vec::new(), r.vmap(true, MapId::ServiceIps)));
     for dest in nodeport_dests {
         rules.push(r.rule(dest.clone(), r.vmap(false, MapId::ServiceNodePorts)));
     }

@@ -121,6 +121,13 @@ pub enum MapType {
         family: IpFamily,
         protocol: Protocol,
     },
+    /// The cluster IP endpoint map of a protocol: `typeof F daddr . meta l4proto .
+    /// th dport . numgen random mod 1 : F daddr . P dport`, the endpoints of each
+    /// cluster IP port under their number (see `base::CLUSTERIP_DNAT_MAPS`).
+    ClusterEndpoints {
+        family: IpFamily,
+        protocol: Protocol,
+    },
 }
 
 /// A named map: a verdict map, or a data map (the endpoints' addresses).
@@ -147,6 +154,13 @@ impl Map {
                 family_keyword(*family),
                 protocol_keyword(*protocol)
             ),
+            MapType::ClusterEndpoints { family, protocol } => {
+                let ipx = family_keyword(*family);
+                format!(
+                    "typeof {ipx} daddr . meta l4proto . th dport . numgen random mod 1 : {ipx} daddr . {} dport",
+                    protocol_keyword(*protocol)
+                )
+            }
         }
     }
 }

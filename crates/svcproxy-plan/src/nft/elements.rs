@@ -18,12 +18,12 @@ use crate::names::protocol_keyword;
 use super::decl::{family_keyword, TABLE_NAME};
 
 /// One field of an element's key or value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Atom {
     Ip(IpAddr),
     Proto(Protocol),
     Port(u16),
-    /// An endpoint map's key.
+    /// An endpoint map's key, or the last field of a cluster IP endpoint map's.
     Num(u32),
 }
 

@@ -7,6 +7,13 @@
 //! thousands of endpoints. Nothing here decides: which set, drop or reject, what
 //! is masqueraded come from the intent.
 //!
+//! A cluster IP port that needs no more than the choice of endpoint and its
+//! masquerade ([`cluster_layout`]: no external route, no affinity, no capture)
+//! has none of these objects: its frontends are elements of the skeleton's
+//! cluster IP sets and map ([`cluster_elems`], see `base::clusterip_set`), so
+//! linking, moving or unlinking it adds no `goto` the kernel validates
+//! table-wide.
+//!
 //! What each object does (upstream nftables mode, adapted):
 //! - `service-H`: the cluster set: masquerade mark for cluster-IP traffic that
 //!   needs it, then the choice of endpoint. Without affinity that is one rule,
@@ -56,7 +63,10 @@ use crate::names::{
 };
 
 use super::base::endpoint_map;
-use super::base::{localhost_reject_chain, loopback};
+use super::base::{
+    clusterip_dnat_map, clusterip_set, localhost_reject_chain, loopback,
+    CLUSTERIP_MASQ_NONLOCAL_SET, CLUSTERIP_MASQ_SET,
+};
 pub(crate) use super::common::{MapId, MARK_MASQ_CHAIN, POD_CIDRS_SET, REJECT_CHAIN};
 use super::elements::{Atom, ElemVerdict};
 use super::ruleset::{Chain, Field, Ruleset, Set};
@@ -171,6 +181,85 @@ impl Verdict {
     }
 }
 
+/// The endpoint count of a service port served without a chain of its own
+/// (see the module), `None` when it needs its chains: it has an external route,
+/// a firewall or session affinity, its internal set has no endpoint, or a
+/// userspace capture takes its connections (`chainless`: the planner has no
+/// such capture).
+pub(crate) fn cluster_layout(svc: &ServiceIntent, chainless: bool) -> Option<u32> {
+    let plain = chainless
+        && svc.external.is_none()
+        && svc.firewall.is_none()
+        && svc.affinity_timeout.is_none()
+        && svc
+            .frontends
+            .iter()
+            .all(|f| f.kind == FrontendKind::ClusterIp);
+    let n = svc.set_len(svc.internal.set);
+    (plain && n > 0).then_some(n as u32)
+}
+
+/// An element of a set or data map of the skeleton.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DataElem {
+    pub set: String,
+    pub key: Vec<Atom>,
+    pub value: Option<Vec<Atom>>,
+}
+
+/// What a frontend served without a chain puts in the skeleton's cluster IP
+/// sets ([`cluster_layout`]; nothing for any other frontend): its destination in
+/// the set of its endpoint count and, when masqueraded, in a masquerade set
+/// (`links`, which make it live), and its endpoints in its protocol's map
+/// (`dnats`: `VIP . PROTO . PORT . k` for the k-th endpoint).
+pub(crate) fn cluster_elems(
+    svc: &ServiceIntent,
+    key: &FrontendKey,
+    chainless: bool,
+    links: &mut dyn FnMut(DataElem),
+    dnats: &mut dyn FnMut(DataElem),
+) {
+    let Some(n) = cluster_layout(svc, chainless) else {
+        return;
+    };
+    let Some(f) = svc.frontend(key) else {
+        return;
+    };
+    if f.action != Action::Forward || f.kind != FrontendKind::ClusterIp {
+        return;
+    }
+    let atoms = key_atoms(key);
+    links(DataElem {
+        set: clusterip_set(svc.protocol, n),
+        key: atoms.clone(),
+        value: None,
+    });
+    let masq = match svc.internal.masquerade {
+        Masquerade::Always => Some(CLUSTERIP_MASQ_SET),
+        Masquerade::UnlessFromLocalPod => Some(CLUSTERIP_MASQ_NONLOCAL_SET),
+        Masquerade::Never => None,
+    };
+    if let Some(set) = masq {
+        links(DataElem {
+            set: set.to_string(),
+            key: atoms.clone(),
+            value: None,
+        });
+    }
+    let map = clusterip_dnat_map(svc.protocol);
+    let eps = &svc.endpoints;
+    for (k, i) in eps.members(svc.internal.set).enumerate() {
+        let mut key = atoms.clone();
+        key.push(Atom::Num(k as u32));
+        let ep = eps.get(i as usize);
+        dnats(DataElem {
+            set: map.clone(),
+            key,
+            value: Some(vec![Atom::Ip(ep.ip()), Atom::Port(ep.port())]),
+        });
+    }
+}
+
 /// One element a claim puts in one map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Elem {
@@ -178,14 +267,16 @@ pub(crate) struct Elem {
     pub verdict: Verdict,
 }
 
-/// The elements the frontend at `key` of `svc` puts in the shared maps (`hash`:
-/// the port's [`service_port_hash`]; `localhost_rejects`: the node's
-/// [`NodeIntent::localhost_rejects`](crate::intent::NodeIntent::localhost_rejects)).
+/// The elements the frontend at `key` of `svc` puts in the shared verdict maps
+/// (`hash`: the port's [`service_port_hash`]; `localhost_rejects`: the node's
+/// [`NodeIntent::localhost_rejects`](crate::intent::NodeIntent::localhost_rejects);
+/// `chainless`: see [`cluster_layout`], whose frontends are in no verdict map).
 pub(crate) fn elems(
     svc: &ServiceIntent,
     hash: u64,
     key: &FrontendKey,
     localhost_rejects: &[Protocol],
+    chainless: bool,
 ) -> Vec<Elem> {
     let Some(f) = svc.frontend(key) else {
         return Vec::new();
@@ -201,6 +292,7 @@ pub(crate) fn elems(
     };
     let mut out = Vec::new();
     match (f.action, f.kind.is_external()) {
+        (Action::Forward, false) if cluster_layout(svc, chainless).is_some() => {}
         (Action::Forward, false) => out.push(Elem {
             map: map_ok,
             verdict: name_of(set_prefix(svc.internal.set)),
@@ -269,6 +361,8 @@ pub(crate) struct Fragment {
     capture: Option<[Option<u16>; 2]>,
     /// The capture takes only connections to loopback.
     capture_loopback_only: bool,
+    /// Served without a chain of its own: its endpoint count ([`cluster_layout`]).
+    pub chainless: Option<u32>,
 }
 
 fn set_slot(set: EndpointSetId) -> usize {
@@ -288,10 +382,12 @@ impl Fragment {
                 .map(|set| intent.set_indices(set).and_then(|_| c.port(&intent, set)))
         });
         let capture_loopback_only = capture_ports.is_some_and(|c| c.loopback_only());
+        let chainless = cluster_layout(&intent, capture.is_none() || capture_loopback_only);
         let hasher = EndpointHasher::new(family, &intent.name);
         // Affinity is the only per-endpoint state (the hairpin is one shared
         // rule, see the module); the userspace capture has no per-endpoint object.
         let endpoints = match intent.affinity_timeout {
+            _ if chainless.is_some() => Vec::new(),
             Some(t) if capture.is_none() || capture_loopback_only => intent
                 .endpoints
                 .iter()
@@ -309,6 +405,7 @@ impl Fragment {
             blocks: [None, None],
             capture,
             capture_loopback_only,
+            chainless,
         }
     }
 
@@ -317,7 +414,7 @@ impl Fragment {
     /// (affinity, a userspace capture, a single endpoint DNATed directly).
     pub fn dispatch_sizes(&self) -> [usize; 2] {
         let full_capture = self.capture.is_some() && !self.capture_loopback_only;
-        if full_capture || self.intent.affinity_timeout.is_some() {
+        if full_capture || self.intent.affinity_timeout.is_some() || self.chainless.is_some() {
             return [0, 0];
         }
         [EndpointSetId::Cluster, EndpointSetId::Local].map(|set| match self.intent.set_len(set) {
@@ -372,6 +469,9 @@ impl Fragment {
     pub fn objects(&self, detect: Option<&Detect>) -> Ruleset {
         let svc = &*self.intent;
         let mut rs = Ruleset::new(svc.family);
+        if self.chainless.is_some() {
+            return rs;
+        }
         for set in [EndpointSetId::Cluster, EndpointSetId::Local] {
             if let Some(list) = svc.set_indices(set) {
                 rs.chains.insert(
@@ -615,6 +715,9 @@ impl Fragment {
     pub fn object_names(&self) -> (Vec<String>, Vec<String>) {
         let svc = &*self.intent;
         let mut chains = Vec::with_capacity(self.chain_count());
+        if self.chainless.is_some() {
+            return (chains, Vec::new());
+        }
         for (present, prefix) in [
             (svc.has_set(EndpointSetId::Cluster), Prefix::Service),
             (svc.has_set(EndpointSetId::Local), Prefix::Local),
@@ -638,6 +741,9 @@ impl Fragment {
     /// Number of chains this fragment owns (for statistics).
     pub fn chain_count(&self) -> usize {
         let svc = &*self.intent;
+        if self.chainless.is_some() {
+            return 0;
+        }
         svc.has_set(EndpointSetId::Cluster) as usize
             + svc.has_set(EndpointSetId::Local) as usize
             + svc.external.is_some() as usize

@@ -75,6 +75,9 @@ pub enum Match {
     Iifname { name: String, negate: bool },
     /// `numgen random mod N == 0`.
     NumgenZero(u32),
+    /// `F daddr . meta l4proto . th dport @SET`: the destination is a service port
+    /// in `SET`.
+    TupleInSet(String),
 }
 
 /// What a rule does when its matches hold.
@@ -115,6 +118,13 @@ pub enum Action {
     },
     /// `redirect to :PORT`.
     Redirect(u16),
+    /// `dnat F to F daddr . meta l4proto . th dport . numgen random mod N map @MAP`:
+    /// one of the N endpoints the map holds for the destination's service port
+    /// (after a match on the protocol, which the port's type needs).
+    TupleDnat {
+        n: u32,
+        map: String,
+    },
 }
 
 /// One rule of svcproxy's table.
@@ -183,6 +193,9 @@ impl TypedRule {
                     write!(out, "iifname {}\"{name}\" ", neq(*negate))
                 }
                 Match::NumgenZero(n) => write!(out, "numgen random mod {n} == 0 "),
+                Match::TupleInSet(set) => {
+                    write!(out, "{ipx} daddr . meta l4proto . th dport @{set} ")
+                }
             };
         }
         let _ = match &self.action {
@@ -215,6 +228,10 @@ impl TypedRule {
                 "dnat {ipx} to numgen random mod {n} offset {offset} map @{map}"
             ),
             Action::Redirect(port) => write!(out, "redirect to :{port}"),
+            Action::TupleDnat { n, map } => write!(
+                out,
+                "dnat {ipx} to {ipx} daddr . meta l4proto . th dport . numgen random mod {n} map @{map}"
+            ),
         };
         out
     }
@@ -395,6 +412,20 @@ mod tests {
             (
                 TypedRule::new(v4, Vec::new(), Action::UpdateSaddr("affinity-1".into())),
                 "update @affinity-1 { ip saddr }",
+            ),
+            (
+                TypedRule::new(
+                    IpFamily::V6,
+                    vec![
+                        Match::TupleInSet("clusterip-tcp-3".into()),
+                        Match::L4Proto(Protocol::Tcp),
+                    ],
+                    Action::TupleDnat {
+                        n: 3,
+                        map: "clusterip-dnat-tcp".into(),
+                    },
+                ),
+                "ip6 daddr . meta l4proto . th dport @clusterip-tcp-3 meta l4proto tcp dnat ip6 to ip6 daddr . meta l4proto . th dport . numgen random mod 3 map @clusterip-dnat-tcp",
             ),
         ];
         for (rule, text) in cases {

@@ -111,6 +111,7 @@ impl<'a> Staging<'a> {
             self.endpoints(frag, out);
             self.hairpins(&mut frag.hairpin_ips(), out);
             if let Some(svc) = self.fam.service(name) {
+                self.cluster_dnats(svc, out);
                 self.link(svc, out);
             }
         }
@@ -142,6 +143,11 @@ impl<'a> Staging<'a> {
         }
         for frag in by_map.values().flatten().copied().filter(rest) {
             self.pending += self.endpoints(frag, out);
+            self.commit_at(limit, out);
+        }
+        let fam = self.fam;
+        for (_, svc) in fam.services().iter().filter(|(n, _)| !needed_first(n)) {
+            self.pending += self.cluster_dnats(svc, out);
             self.commit_at(limit, out);
         }
         for frag in state.entries.values().filter(rest) {
@@ -204,6 +210,32 @@ impl<'a> Staging<'a> {
         n
     }
 
+    /// The cluster IP map's elements of the frontends a service port owns (see
+    /// [`Staging::link`]); their number.
+    fn cluster_dnats(&self, svc: &Arc<ServiceIntent>, out: &mut dyn FnMut(Step)) -> usize {
+        let f = self.state.family;
+        let mut n = 0;
+        for frontend in svc.frontends.iter().filter(|f| self.owns(svc, &f.key)) {
+            cluster_elems(
+                svc,
+                &frontend.key,
+                self.state.chainless,
+                &mut |_| {},
+                &mut |e| {
+                    n += 1;
+                    out(Step::Op(data_elem(f, e)));
+                },
+            );
+        }
+        n
+    }
+
+    /// Whether `svc` owns the frontend at `key`: only the owner of a contested
+    /// frontend links it.
+    fn owns(&self, svc: &Arc<ServiceIntent>, key: &FrontendKey) -> bool {
+        matches!(self.fam.frontend(key), Some((owner, _)) if Arc::ptr_eq(owner, svc))
+    }
+
     /// The hairpin elements of `ips` not written yet; their number.
     fn hairpins(
         &mut self,
@@ -232,20 +264,27 @@ impl<'a> Staging<'a> {
             }
         }
         let hash = state.port_hash(svc);
-        for frontend in svc.frontends.iter() {
-            // Only the owner of a contested frontend links it.
-            match self.fam.frontend(&frontend.key) {
-                Some((owner, _)) if Arc::ptr_eq(owner, svc) => {}
-                _ => continue,
-            }
-            for e in elems(svc, hash, &frontend.key, state.localhost_rejects()) {
+        let f = state.family;
+        for frontend in svc.frontends.iter().filter(|f| self.owns(svc, &f.key)) {
+            let key = &frontend.key;
+            for e in elems(svc, hash, key, state.localhost_rejects(), state.chainless) {
                 n += 1;
                 out(self.elem(
                     e.map.name(),
-                    key_atoms(&frontend.key),
+                    key_atoms(key),
                     Some(ElemValue::Verdict(e.verdict.elem())),
                 ));
             }
+            cluster_elems(
+                svc,
+                key,
+                state.chainless,
+                &mut |e| {
+                    n += 1;
+                    out(Step::Op(data_elem(f, e)));
+                },
+                &mut |_| {},
+            );
         }
         n
     }

@@ -79,6 +79,14 @@ pub(super) struct FamilyState {
     pub(super) hairpin: Shared<IpAddr, ()>,
     /// The endpoint maps in use (with their protocol), counted per fragment.
     pub(super) endpoint_maps: Shared<String, Protocol>,
+    /// Cluster IP ports may be served without a chain (no userspace capture
+    /// takes them): see [`cluster_layout`].
+    pub(super) chainless: bool,
+    /// The protocol and endpoint count of each `clusterip-P-N` set and its rule
+    /// in `services`, in the order the kernel holds the rules: those in use at
+    /// the last full plan, then those partial plans added (see
+    /// `base::clusterip_set`).
+    pub(super) cluster_rules: Vec<(Protocol, u32)>,
 }
 
 /// The elements the owner of a frontend puts in the maps.
@@ -86,6 +94,7 @@ fn owner_elems(
     owner: &Option<Arc<crate::intent::ServiceIntent>>,
     key: &crate::intent::FrontendKey,
     localhost_rejects: &[Protocol],
+    chainless: bool,
 ) -> Vec<Elem> {
     owner
         .as_ref()
@@ -95,19 +104,43 @@ fn owner_elems(
                 service_port_hash(svc.family, &svc.name),
                 key,
                 localhost_rejects,
+                chainless,
             )
         })
         .unwrap_or_default()
 }
 
+/// The elements the owner of a frontend puts in the cluster IP sets and maps
+/// ([`cluster_elems`]), by set and key.
+fn owner_cluster_elems(
+    owner: &Option<Arc<crate::intent::ServiceIntent>>,
+    key: &crate::intent::FrontendKey,
+    chainless: bool,
+) -> BTreeMap<(String, Vec<Atom>), Option<Vec<Atom>>> {
+    let (mut links, mut dnats) = (Vec::new(), Vec::new());
+    if let Some(svc) = owner {
+        cluster_elems(svc, key, chainless, &mut |e| links.push(e), &mut |e| {
+            dnats.push(e)
+        });
+    }
+    links
+        .into_iter()
+        .chain(dnats)
+        .map(|e| ((e.set, e.key), e.value))
+        .collect()
+}
+
 impl FamilyState {
     pub(super) fn new(family: IpFamily, capture: Option<Arc<dyn CapturePorts>>) -> Self {
+        let chainless = capture.as_ref().is_none_or(|c| c.loopback_only());
         FamilyState {
             family,
             node: None,
             detect: None,
             entries: BTreeMap::new(),
             chain_total: 0,
+            chainless,
+            cluster_rules: Vec::new(),
             capture,
             slots: Slots::new(),
             hairpin: Shared::default(),
@@ -210,14 +243,54 @@ impl FamilyState {
             }
             if let Some(new) = new {
                 self.chain_total += new.chain_count();
+                if let (Some(d), Some(n)) = (delta.as_deref_mut(), new.chainless) {
+                    self.add_cluster_rule(new.intent.protocol, n, d);
+                }
                 self.entries.insert(change.name.clone(), new);
             }
         }
         let Some(d) = delta else {
+            // A full plan follows: it writes the rules of the counts in use.
+            self.cluster_rules = self.cluster_rules_in_use();
             return;
         };
         self.delta_of_sets(d, stats);
         self.delta_of_verdicts(fd, d, stats);
+    }
+
+    /// The rule serving cluster IP ports of `protocol` with `n` endpoints, and its
+    /// set, into `d` if the kernel does not have them yet (the rule is appended to
+    /// `services`; it stays until a full plan, see `base::clusterip_set`).
+    fn add_cluster_rule(&mut self, protocol: Protocol, n: u32, d: &mut Delta) {
+        if self.cluster_rules.contains(&(protocol, n)) {
+            return;
+        }
+        let f = self.family;
+        let name = clusterip_set(protocol, n);
+        let set = clusterip_port_set(f);
+        d.declare
+            .typed(&stmt::add_set(f, &name, &set), add_set(f, &name, &set));
+        let rule = clusterip_rule(f, protocol, n);
+        d.rules.typed(
+            &stmt::add_rule(f, SERVICES_CHAIN, &rule.text()),
+            Op::AddRule {
+                family: f,
+                chain: SERVICES_CHAIN.to_string(),
+                rule,
+            },
+        );
+        self.cluster_rules.push((protocol, n));
+    }
+
+    /// The protocol and endpoint count of every service port served without a
+    /// chain, in order.
+    pub(super) fn cluster_rules_in_use(&self) -> Vec<(Protocol, u32)> {
+        let in_use: BTreeSet<(Protocol, u32)> = self
+            .entries
+            .values()
+            .filter_map(|f| Some((f.intent.protocol, f.chainless?)))
+            .collect();
+        in_use.into_iter().collect()
     }
 
     /// The endpoint maps and the hairpin set that came into use or went, into
@@ -257,10 +330,11 @@ impl FamilyState {
     /// cluster IPs that came or went, into `d`.
     fn delta_of_verdicts(&self, fd: &FamilyDelta, d: &mut Delta, stats: &mut PlanStats) {
         let rejects = self.localhost_rejects().to_vec();
+        let chainless = self.chainless;
         for change in &fd.frontends {
             let key = key_atoms(&change.key);
-            let before = owner_elems(&change.before, &change.key, &rejects);
-            let after = owner_elems(&change.after, &change.key, &rejects);
+            let before = owner_elems(&change.before, &change.key, &rejects, chainless);
+            let after = owner_elems(&change.after, &change.key, &rejects, chainless);
             for b in &before {
                 if !after.contains(b) {
                     d.element(false, b.map.name(), key.clone(), None);
@@ -275,6 +349,22 @@ impl FamilyState {
                         key.clone(),
                         Some(ElemValue::Verdict(a.verdict.elem())),
                     );
+                    stats.elements_added += 1;
+                }
+            }
+            // The cluster IP sets and map: an element whose value stays is left
+            // alone, one whose value changes is deleted and added again.
+            let before = owner_cluster_elems(&change.before, &change.key, chainless);
+            let after = owner_cluster_elems(&change.after, &change.key, chainless);
+            for ((set, k), v) in &before {
+                if after.get(&(set.clone(), k.clone())) != Some(v) {
+                    d.element(false, set, k.clone(), None);
+                    stats.elements_deleted += 1;
+                }
+            }
+            for ((set, k), v) in &after {
+                if before.get(&(set.clone(), k.clone())) != Some(v) {
+                    d.element(true, set, k.clone(), v.clone().map(ElemValue::Data));
                     stats.elements_added += 1;
                 }
             }
@@ -326,5 +416,6 @@ impl FamilyState {
         // A full plan follows: nothing to report element by element.
         self.hairpin.settle();
         self.endpoint_maps.settle();
+        self.cluster_rules = self.cluster_rules_in_use();
     }
 }

@@ -50,7 +50,8 @@ use crate::intent::{
 use crate::names::service_port_hash;
 
 use super::base::{
-    base_ruleset, endpoint_map_decl, loopback, CLUSTER_IPS_SET, HAIRPIN_SET, NODEPORT_IPS_SET,
+    base_ruleset, clusterip_dnat_map, clusterip_port_set, clusterip_rule, clusterip_set,
+    endpoint_map_decl, loopback, CLUSTER_IPS_SET, HAIRPIN_SET, NODEPORT_IPS_SET, SERVICES_CHAIN,
 };
 use super::elements::{concat, concat_text, Atom, ElemOp, ElemValue};
 use super::ruleset::{
@@ -58,7 +59,8 @@ use super::ruleset::{
     TABLE_NAME,
 };
 use super::service::{
-    elems, key_atoms, key_text, CapturePorts, Detect, Elem, Fragment, POD_CIDRS_SET,
+    cluster_elems, elems, key_atoms, key_text, CapturePorts, DataElem, Detect, Elem, Fragment,
+    POD_CIDRS_SET,
 };
 use super::slots::Slots;
 use super::typed::{disjoint_prefixes, Action as RuleAction, Addr, Match, Op, TypedRule};

@@ -73,3 +73,8 @@ pub(super) fn dnat_value(ep: &SocketAddr) -> Vec<Atom> {
 pub(super) fn hairpin_elem(ip: IpAddr) -> Vec<Atom> {
     vec![Atom::Ip(ip), Atom::Ip(ip)]
 }
+
+/// An element of a cluster IP set or map ([`DataElem`]) added.
+pub(super) fn data_elem(family: IpFamily, e: DataElem) -> Op {
+    add_element(family, &e.set, e.key, e.value.map(ElemValue::Data))
+}

@@ -31,7 +31,7 @@ pub(super) struct Delta {
     family: IpFamily,
     pub(super) declare: Section,
     flush: Section,
-    rules: Section,
+    pub(super) rules: Section,
     delete_elements: Section,
     add_elements: Section,
     flush_stale: Section,

@@ -27,7 +27,29 @@ impl FamilyState {
                 );
             }
         }
+        // The cluster IP ports served without a chain: a set and a rule per
+        // protocol and endpoint count, after the skeleton's own rules.
+        for &(protocol, n) in &self.cluster_rules {
+            rs.sets
+                .insert(clusterip_set(protocol, n), clusterip_port_set(self.family));
+            if let Some(chain) = rs.chains.get_mut(SERVICES_CHAIN) {
+                chain.rules.push(clusterip_rule(self.family, protocol, n));
+            }
+        }
         rs
+    }
+
+    /// Each frontend's elements of the cluster IP sets (`links`) and map
+    /// (`dnats`), as [`cluster_elems`] makes them, from its owner.
+    pub(super) fn cluster_elems(
+        &self,
+        fam: &FamilyIntent,
+        links: &mut dyn FnMut(DataElem),
+        dnats: &mut dyn FnMut(DataElem),
+    ) {
+        for (svc, frontend) in fam.frontends() {
+            cluster_elems(svc, &frontend.key, self.chainless, links, dnats);
+        }
     }
 
     /// The shared objects with their elements filled in.
@@ -51,6 +73,17 @@ impl FamilyState {
                 }
             }
         }
+        // The cluster IP map's elements are written after the rules (see
+        // `write_table`).
+        self.cluster_elems(
+            fam,
+            &mut |e| {
+                if let Some(set) = rs.sets.get_mut(&e.set) {
+                    set.elements.push(concat_text(&e.key));
+                }
+            },
+            &mut |_| {},
+        );
         rs
     }
 
@@ -67,6 +100,7 @@ impl FamilyState {
                     self.port_hash(svc),
                     &frontend.key,
                     self.localhost_rejects(),
+                    self.chainless,
                 ),
             )
         })
@@ -153,6 +187,32 @@ impl FamilyState {
                     concat(out, &dnat_value(ep));
                 });
             }
+            if !first {
+                out.push_str(" }\n");
+            }
+        }
+        // The same for the cluster IP maps, one statement per map.
+        for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+            let name = clusterip_dnat_map(protocol);
+            let mut first = true;
+            self.cluster_elems(fam, &mut |_| {}, &mut |e| {
+                if e.set != name {
+                    return;
+                }
+                if first {
+                    let _ = write!(
+                        out,
+                        "add element {} {TABLE_NAME} {name} {{ ",
+                        family_keyword(self.family)
+                    );
+                    first = false;
+                } else {
+                    out.push_str(", ");
+                }
+                concat(out, &e.key);
+                out.push_str(" : ");
+                concat(out, e.value.as_deref().unwrap_or_default());
+            });
             if !first {
                 out.push_str(" }\n");
             }
@@ -248,12 +308,14 @@ impl FamilyState {
                 ));
             }
         }
+        self.cluster_elems(fam, &mut |e| out(data_elem(f, e)), &mut |_| {});
         for rule in rules {
             out(rule);
         }
         for frag in by_map.into_values().flatten() {
             self.dnat_ops(frag, out);
         }
+        self.cluster_elems(fam, &mut |_| {}, &mut |e| out(data_elem(f, e)));
     }
 
     /// The fragments that use an endpoint map, by map.
@@ -272,6 +334,12 @@ impl FamilyState {
         for frag in self.entries.values() {
             rs.extend(frag.objects(self.detect.as_ref()));
         }
+        self.cluster_elems(fam, &mut |_| {}, &mut |e| {
+            if let Some(map) = rs.maps.get_mut(&e.set) {
+                let value = concat_text(e.value.as_deref().unwrap_or_default());
+                map.elements.push((concat_text(&e.key), value));
+            }
+        });
         let mut elements = self.endpoint_map_elements();
         for (name, protocol) in self.endpoint_maps.iter() {
             rs.maps.insert(
@@ -300,6 +368,9 @@ impl FamilyState {
         );
         names.maps.extend(shared.maps.into_keys());
         names.maps.extend(self.endpoint_maps.keys().cloned());
+        for &(protocol, n) in &self.cluster_rules {
+            names.sets.insert(clusterip_set(protocol, n), false);
+        }
         for frag in self.entries.values() {
             let (chains, sets) = frag.object_names();
             names.chains.extend(chains);

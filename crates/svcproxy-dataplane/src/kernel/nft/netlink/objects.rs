@@ -46,6 +46,9 @@ const BYTEORDER_HOST: u32 = 1;
 const BYTEORDER_BIG: u32 = 2;
 /// nft's expression ids in a `typeof` description.
 const EXPR_PAYLOAD: u32 = 7;
+const EXPR_META: u32 = 9;
+/// NFT_META_L4PROTO.
+const META_L4PROTO: u32 = 16;
 const EXPR_CONCAT: u32 = 13;
 const EXPR_NUMGEN: u32 = 23;
 
@@ -99,36 +102,87 @@ fn payload_typeof(proto: u32, field: u32) -> Vec<u8> {
     out
 }
 
-/// An endpoint map's user data: `typeof numgen random mod 1 : F daddr . P dport`.
-fn endpoints_udata(family: IpFamily, protocol: Protocol) -> Vec<u8> {
-    let mut out = Vec::new();
-    udata_u32(&mut out, UDATA_KEYBYTEORDER, BYTEORDER_HOST);
-    udata_u32(&mut out, UDATA_DATABYTEORDER, 0);
+/// `typeof numgen random mod 1`.
+fn numgen_typeof() -> Vec<u8> {
     let mut numgen = Vec::new();
     udata_u32(&mut numgen, 0, 1); // NFT_NG_RANDOM
     udata_u32(&mut numgen, 1, 1); // mod 1
     udata_u32(&mut numgen, 2, 0); // offset 0
-    let mut key = Vec::new();
-    udata_u32(&mut key, 0, EXPR_NUMGEN);
-    udata(&mut key, 1, &numgen);
-    udata(&mut out, UDATA_KEY_TYPEOF, &key);
-    // nft's protocol ids (ip, ip6; tcp, udp, sctp) and field ids (daddr, dport).
-    let daddr = match family {
+    let mut out = Vec::new();
+    udata_u32(&mut out, 0, EXPR_NUMGEN);
+    udata(&mut out, 1, &numgen);
+    out
+}
+
+/// `typeof F daddr` (nft's protocol ids for ip and ip6, and their daddr fields).
+fn daddr_typeof(family: IpFamily) -> Vec<u8> {
+    match family {
         IpFamily::V4 => payload_typeof(12, 12),
         IpFamily::V6 => payload_typeof(13, 9),
-    };
+    }
+}
+
+/// `typeof` of a concatenation of the `fields` (each a `typeof` description).
+fn concat_of(fields: &[Vec<u8>]) -> Vec<u8> {
+    let mut inner = Vec::new();
+    for (i, field) in fields.iter().enumerate() {
+        udata(&mut inner, i as u8, field);
+    }
+    let mut out = Vec::new();
+    udata_u32(&mut out, 0, EXPR_CONCAT);
+    udata(&mut out, 1, &inner);
+    out
+}
+
+/// A cluster IP endpoint map's user data: `typeof F daddr . meta l4proto . th
+/// dport . numgen random mod 1 : F daddr . P dport`.
+fn cluster_endpoints_udata(family: IpFamily, protocol: Protocol) -> Vec<u8> {
+    let mut out = Vec::new();
+    udata_u32(&mut out, UDATA_KEYBYTEORDER, 0);
+    udata_u32(&mut out, UDATA_DATABYTEORDER, 0);
+    let mut l4proto = Vec::new();
+    udata_u32(&mut l4proto, 0, META_L4PROTO);
+    let mut meta = Vec::new();
+    udata_u32(&mut meta, 0, EXPR_META);
+    udata(&mut meta, 1, &l4proto);
+    // nft's protocol id of `th` (the transport header, whichever it is).
+    let key = concat_of(&[
+        daddr_typeof(family),
+        meta,
+        payload_typeof(11, 2),
+        numgen_typeof(),
+    ]);
+    udata(&mut out, UDATA_KEY_TYPEOF, &key);
+    udata(
+        &mut out,
+        UDATA_DATA_TYPEOF,
+        &endpoint_typeof(family, protocol),
+    );
+    udata_u32(&mut out, UDATA_DATA_INTERVAL, 0);
+    out
+}
+
+/// `typeof F daddr . P dport`: an endpoint map's value.
+fn endpoint_typeof(family: IpFamily, protocol: Protocol) -> Vec<u8> {
     let l4 = match protocol {
         Protocol::Tcp => 8,
         Protocol::Udp => 6,
         Protocol::Sctp => 10,
     };
-    let mut fields = Vec::new();
-    udata(&mut fields, 0, &daddr);
-    udata(&mut fields, 1, &payload_typeof(l4, 2));
-    let mut data = Vec::new();
-    udata_u32(&mut data, 0, EXPR_CONCAT);
-    udata(&mut data, 1, &fields);
-    udata(&mut out, UDATA_DATA_TYPEOF, &data);
+    concat_of(&[daddr_typeof(family), payload_typeof(l4, 2)])
+}
+
+/// An endpoint map's user data: `typeof numgen random mod 1 : F daddr . P dport`.
+fn endpoints_udata(family: IpFamily, protocol: Protocol) -> Vec<u8> {
+    let mut out = Vec::new();
+    udata_u32(&mut out, UDATA_KEYBYTEORDER, BYTEORDER_HOST);
+    udata_u32(&mut out, UDATA_DATABYTEORDER, 0);
+    udata(&mut out, UDATA_KEY_TYPEOF, &numgen_typeof());
+    udata(
+        &mut out,
+        UDATA_DATA_TYPEOF,
+        &endpoint_typeof(family, protocol),
+    );
     udata_u32(&mut out, UDATA_DATA_INTERVAL, 0);
     out
 }
@@ -198,6 +252,18 @@ impl SetSpec {
                 data: Some(key_type(&[Field::Addr(*family), Field::Port])),
                 timeout_ms: None,
                 udata: endpoints_udata(*family, *protocol),
+            },
+            MapType::ClusterEndpoints { family, protocol } => SetSpec {
+                flags: SET_MAP,
+                // F daddr . meta l4proto . th dport . numgen's integer (nft's
+                // "integer" type, 4).
+                key: {
+                    let (id, len) = key_type(&[Field::Addr(*family), Field::Proto, Field::Port]);
+                    ((id << 6) | 4, len + 4)
+                },
+                data: Some(key_type(&[Field::Addr(*family), Field::Port])),
+                timeout_ms: None,
+                udata: cluster_endpoints_udata(*family, *protocol),
             },
         }
     }

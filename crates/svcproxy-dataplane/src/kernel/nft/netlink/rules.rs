@@ -269,10 +269,24 @@ fn match_expressions(w: &mut W, family: IpFamily, m: &Match) {
             }
         }
         Match::NumgenZero(n) => {
-            numgen(w, *n, 0);
+            numgen(w, REG_1, *n, 0);
             cmp(w, CMP_EQ, &[0; 4]);
         }
+        Match::TupleInSet(set) => {
+            service_port(w, family);
+            lookup(w, set, REG_1, None, false);
+        }
     }
+}
+
+/// `F daddr . meta l4proto . th dport` loaded as a concatenation from reg 1; the
+/// offset after it.
+fn service_port(w: &mut W, family: IpFamily) -> u32 {
+    let (offset, len) = addr_at(family, Addr::Daddr);
+    payload(w, 1, offset, len, REG_1);
+    meta(w, META_L4PROTO, reg_at(len));
+    payload(w, 2, 2, 2, reg_at(len + 4));
+    len + 8
 }
 
 /// `ct load KEY => reg 1`.
@@ -283,11 +297,11 @@ fn ct(w: &mut W, key: u32) {
     });
 }
 
-/// `numgen reg 1 = random mod N offset B`.
-fn numgen(w: &mut W, n: u32, offset: u32) {
+/// `numgen reg DREG = random mod N offset B`.
+fn numgen(w: &mut W, dreg: u32, n: u32, offset: u32) {
     // NFTA_NG_DREG, _MODULUS, _TYPE (NFT_NG_RANDOM), _OFFSET.
     expr(w, "numgen", |w| {
-        w.be32(1, REG_1);
+        w.be32(1, dreg);
         w.be32(2, n);
         w.be32(3, 1);
         w.be32(4, offset);
@@ -313,14 +327,12 @@ fn action_expressions(w: &mut W, family: IpFamily, action: &Action) {
         Action::Return => verdict(w, NFT_RETURN, None),
         Action::Drop => verdict(w, NF_DROP, None),
         Action::Vmap { daddr, map } => {
-            let mut at = 0;
             if *daddr {
-                let (offset, len) = addr_at(family, Addr::Daddr);
-                payload(w, 1, offset, len, REG_1);
-                at = len;
+                service_port(w, family);
+            } else {
+                meta(w, META_L4PROTO, REG_1);
+                payload(w, 2, 2, 2, reg_at(4));
             }
-            meta(w, META_L4PROTO, reg_at(at));
-            payload(w, 2, 2, 2, reg_at(at + 4));
             lookup(w, map, REG_1, Some(REG_VERDICT), false);
         }
         Action::MarkOr(mark) => set_mark(w, !mark, *mark),
@@ -349,9 +361,15 @@ fn action_expressions(w: &mut W, family: IpFamily, action: &Action) {
             dnat(w, family, REG_2);
         }
         Action::MapDnat { n, offset, map } => {
-            numgen(w, *n, *offset);
+            numgen(w, REG_1, *n, *offset);
             lookup(w, map, REG_1, Some(REG_1), false);
             // The value is address . port: the port follows the address.
+            dnat(w, family, reg_at(addr_len(family)));
+        }
+        Action::TupleDnat { n, map } => {
+            let at = service_port(w, family);
+            numgen(w, reg_at(at), *n, 0);
+            lookup(w, map, REG_1, Some(REG_1), false);
             dnat(w, family, reg_at(addr_len(family)));
         }
         Action::Redirect(port) => {
