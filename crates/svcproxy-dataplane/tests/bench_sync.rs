@@ -1,6 +1,7 @@
 //! Sync benchmark (ignored by default: a benchmark, not a timed test). For N services
 //! × M endpoints (env `BENCH_SERVICES`, default 1000 and 10000; `BENCH_ENDPOINTS`,
-//! default 10) it runs, each in a fresh network namespace and in the same run:
+//! default 10) it runs, each in a fresh network namespace and in the same run (the
+//! two iptables floors and iptables mode not with `BENCH_SKIP_IPTABLES=1`):
 //!
 //! - the floor: `iptables-restore --noflush` of as many bare rules as the iptables
 //!   mode's full restore holds (`-A BENCH-n -j RETURN`, in as many chains);
@@ -130,57 +131,6 @@ fn run(n: usize, m: usize) {
     upsert(&mut state, &services_yaml(0, n, m));
     let base = snapshot(&mut state);
 
-    let legacy = std::env::var("BENCH_IPTABLES").is_ok_and(|v| v == "legacy");
-    let cfg = svcproxy_plan::iptables::SEMANTICS.apply(plan_config());
-    // The rule count of iptables mode's full restore (v4), for the floor.
-    let intent = svcproxy_plan::build_intent(&base.v4, &base.v6, &cfg);
-    let rules =
-        svcproxy_plan::iptables::rules(&intent, svcproxy_core::model::IpFamily::V4).expect("v4");
-    let (chains, rule_count) = (
-        rules.nat.chains().count() + rules.filter.chains().count(),
-        rules.nat.rule_count() + rules.filter.rule_count(),
-    );
-    // Upstream's shape: a chain of two rules (hairpin mark, DNAT) per endpoint.
-    let inline: usize = intent
-        .family(svcproxy_core::model::IpFamily::V4)
-        .services()
-        .values()
-        .filter(|s| s.affinity_timeout.is_none())
-        .map(|s| {
-            (0..s.endpoints.len())
-                .filter(|&i| !s.endpoints.hairpin(i))
-                .count()
-        })
-        .sum();
-    let (up_chains, up_rules) = (chains + inline, rule_count + 2 * inline);
-    drop((rules, intent));
-    let restore = if legacy {
-        "iptables-legacy-restore"
-    } else {
-        "iptables-restore"
-    };
-    let (floor_time, floor_err) = restore_floor(&floor_ns.name, restore, chains, rule_count);
-    drop(floor_ns);
-    settle();
-    let up_ns = Netns::create("bench_sync", "bench-floor-up", &tools).expect("netns");
-    let (up_time, up_err) = restore_floor(&up_ns.name, restore, up_chains, up_rules);
-    drop(up_ns);
-    settle();
-    println!(
-        "{n} services x {m} endpoints ({rule_count} iptables rules in {chains} chains, v4; {}):\n\
-         \x20 floor: {restore} of {rule_count} bare rules in {chains} chains {:>9.1} ms{floor_err}\n\
-         \x20 floor, upstream's shape: {up_rules} bare rules in {up_chains} chains {:>9.1} ms{up_err}",
-        if legacy {
-            "legacy"
-        } else {
-            "the host's iptables"
-        },
-        ms(floor_time),
-        ms(up_time),
-    );
-
-    // iptables mode.
-    let ipt_ns = Netns::create("bench_sync", "bench-ipt", &tools).expect("netns");
     let rss_log = std::env::temp_dir().join(format!("bench_sync-rss-{}", std::process::id()));
     let _ = std::fs::write(&rss_log, "");
     let time = peak_rss_prefix(&rss_log).unwrap_or_default();
@@ -189,92 +139,147 @@ fn run(n: usize, m: usize) {
         argv.extend(["ip", "netns", "exec", ns].map(String::from));
         argv
     };
-    let commands = IptablesCommands::with_prefix(netns_exec(&ipt_ns.name));
-    let commands = if legacy { commands.legacy() } else { commands };
-    let mut ipt = Syncer::new(cfg, IptablesDataPlane::new(commands));
-    let t = Instant::now();
-    match ipt.sync(&base, true) {
-        Ok(full) => {
-            let ipt_full = t.elapsed();
-            println!(
-                "  iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor, {:.2} x upstream-shape floor; target <= 1.5; {} bytes; in the tools {:.1} ms; tools' peak RSS {})",
-                ms(ipt_full),
-                ipt_full.as_secs_f64() / floor_time.as_secs_f64(),
-                ipt_full.as_secs_f64() / up_time.as_secs_f64(),
-                full.script_bytes,
-                ms(full.apply_duration),
-                take_peak_rss(&rss_log),
-            );
-            let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
-                ipt.sync(snap, false)
-                    .map(|r| {
-                        format!(
-                            "{:?} {} bytes, tools {:.1} ms",
-                            r.kind,
-                            r.script_bytes,
-                            ms(r.apply_duration)
-                        )
-                    })
-                    .map_err(|e| e.to_string())
-            };
-            let (med, max, notes) = single_changes(
-                &mut state,
-                changes,
-                |k| services_yaml(n + k, n + k + 1, m),
-                &mut sync,
-            );
-            println!(
-                "  iptables mode: one service added, median / max    {:>9.1} / {:.1} ms  (target < 100 ms at 10k; {}; tools' peak RSS {})",
-                ms(med),
-                ms(max),
-                notes.first().cloned().unwrap_or_default(),
-                take_peak_rss(&rss_log),
-            );
-            let (med, max, notes) = single_changes(
-                &mut state,
-                changes,
-                |k| endpoint_moved(k * 97 % n, m, k),
-                &mut sync,
-            );
-            println!(
-                "  iptables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms  ({})",
-                ms(med),
-                ms(max),
-                notes.first().cloned().unwrap_or_default(),
-            );
-            // The kernel's own price of any commit to this table: one bare rule
-            // added to a chain nothing jumps to (then flushed again). The kernel
-            // validates every chain reachable from the base chains at each commit
-            // that adds a rule, whatever the rule.
-            let mut commit = Vec::new();
-            for _ in 0..changes {
-                let t = Instant::now();
-                let _ = restore_in(
-                    &ipt_ns.name,
-                    restore,
-                    "*nat\n:SVCPROXY-CANARY - [0:0]\n-A SVCPROXY-CANARY -j RETURN\nCOMMIT\n",
+    // BENCH_SKIP_IPTABLES=1: only nftables (and ebpf) at sizes where iptables
+    // mode would take minutes.
+    if !std::env::var("BENCH_SKIP_IPTABLES").is_ok_and(|v| v == "1") {
+        let legacy = std::env::var("BENCH_IPTABLES").is_ok_and(|v| v == "legacy");
+        let cfg = svcproxy_plan::iptables::SEMANTICS.apply(plan_config());
+        // The rule count of iptables mode's full restore (v4), for the floor.
+        let intent = svcproxy_plan::build_intent(&base.v4, &base.v6, &cfg);
+        let rules = svcproxy_plan::iptables::rules(&intent, svcproxy_core::model::IpFamily::V4)
+            .expect("v4");
+        let (chains, rule_count) = (
+            rules.nat.chains().count() + rules.filter.chains().count(),
+            rules.nat.rule_count() + rules.filter.rule_count(),
+        );
+        // Upstream's shape: a chain of two rules (hairpin mark, DNAT) per endpoint.
+        let inline: usize = intent
+            .family(svcproxy_core::model::IpFamily::V4)
+            .services()
+            .values()
+            .filter(|s| s.affinity_timeout.is_none())
+            .map(|s| {
+                (0..s.endpoints.len())
+                    .filter(|&i| !s.endpoints.hairpin(i))
+                    .count()
+            })
+            .sum();
+        let (up_chains, up_rules) = (chains + inline, rule_count + 2 * inline);
+        drop((rules, intent));
+        let restore = if legacy {
+            "iptables-legacy-restore"
+        } else {
+            "iptables-restore"
+        };
+        let (floor_time, floor_err) = restore_floor(&floor_ns.name, restore, chains, rule_count);
+        drop(floor_ns);
+        settle();
+        let up_ns = Netns::create("bench_sync", "bench-floor-up", &tools).expect("netns");
+        let (up_time, up_err) = restore_floor(&up_ns.name, restore, up_chains, up_rules);
+        drop(up_ns);
+        settle();
+        println!(
+            "{n} services x {m} endpoints ({rule_count} iptables rules in {chains} chains, v4; {}):\n\
+             \x20 floor: {restore} of {rule_count} bare rules in {chains} chains {:>9.1} ms{floor_err}\n\
+             \x20 floor, upstream's shape: {up_rules} bare rules in {up_chains} chains {:>9.1} ms{up_err}",
+            if legacy {
+                "legacy"
+            } else {
+                "the host's iptables"
+            },
+            ms(floor_time),
+            ms(up_time),
+        );
+
+        // iptables mode.
+        let ipt_ns = Netns::create("bench_sync", "bench-ipt", &tools).expect("netns");
+        let commands = IptablesCommands::with_prefix(netns_exec(&ipt_ns.name));
+        let commands = if legacy { commands.legacy() } else { commands };
+        let mut ipt = Syncer::new(cfg, IptablesDataPlane::new(commands));
+        let t = Instant::now();
+        match ipt.sync(&base, true) {
+            Ok(full) => {
+                let ipt_full = t.elapsed();
+                println!(
+                    "  iptables mode: full sync (both families)          {:>9.1} ms  ({:.2} x floor, {:.2} x upstream-shape floor; target <= 1.5; {} bytes; in the tools {:.1} ms; tools' peak RSS {})",
+                    ms(ipt_full),
+                    ipt_full.as_secs_f64() / floor_time.as_secs_f64(),
+                    ipt_full.as_secs_f64() / up_time.as_secs_f64(),
+                    full.script_bytes,
+                    ms(full.apply_duration),
+                    take_peak_rss(&rss_log),
                 );
-                commit.push(t.elapsed());
-                let _ = restore_in(
-                    &ipt_ns.name,
-                    restore,
-                    "*nat\n:SVCPROXY-CANARY - [0:0]\nCOMMIT\n",
+                let mut sync = |snap: &svcproxy_core::state::SnapshotUpdate| {
+                    ipt.sync(snap, false)
+                        .map(|r| {
+                            format!(
+                                "{:?} {} bytes, tools {:.1} ms",
+                                r.kind,
+                                r.script_bytes,
+                                ms(r.apply_duration)
+                            )
+                        })
+                        .map_err(|e| e.to_string())
+                };
+                let (med, max, notes) = single_changes(
+                    &mut state,
+                    changes,
+                    |k| services_yaml(n + k, n + k + 1, m),
+                    &mut sync,
+                );
+                println!(
+                    "  iptables mode: one service added, median / max    {:>9.1} / {:.1} ms  (target < 100 ms at 10k; {}; tools' peak RSS {})",
+                    ms(med),
+                    ms(max),
+                    notes.first().cloned().unwrap_or_default(),
+                    take_peak_rss(&rss_log),
+                );
+                let (med, max, notes) = single_changes(
+                    &mut state,
+                    changes,
+                    |k| endpoint_moved(k * 97 % n, m, k),
+                    &mut sync,
+                );
+                println!(
+                    "  iptables mode: one endpoint moved, median / max   {:>9.1} / {:.1} ms  ({})",
+                    ms(med),
+                    ms(max),
+                    notes.first().cloned().unwrap_or_default(),
+                );
+                // The kernel's own price of any commit to this table: one bare rule
+                // added to a chain nothing jumps to (then flushed again). The kernel
+                // validates every chain reachable from the base chains at each commit
+                // that adds a rule, whatever the rule.
+                let mut commit = Vec::new();
+                for _ in 0..changes {
+                    let t = Instant::now();
+                    let _ = restore_in(
+                        &ipt_ns.name,
+                        restore,
+                        "*nat\n:SVCPROXY-CANARY - [0:0]\n-A SVCPROXY-CANARY -j RETURN\nCOMMIT\n",
+                    );
+                    commit.push(t.elapsed());
+                    let _ = restore_in(
+                        &ipt_ns.name,
+                        restore,
+                        "*nat\n:SVCPROXY-CANARY - [0:0]\nCOMMIT\n",
+                    );
+                }
+                commit.sort();
+                println!(
+                    "  the commit floor: {restore} of one bare rule into this table, median {:>6.1} ms",
+                    ms(commit[commit.len() / 2]),
                 );
             }
-            commit.sort();
-            println!(
-                "  the commit floor: {restore} of one bare rule into this table, median {:>6.1} ms",
-                ms(commit[commit.len() / 2]),
-            );
+            Err(e) => println!(
+                "  iptables mode: full sync FAILED after {:?}: {e}",
+                t.elapsed()
+            ),
         }
-        Err(e) => println!(
-            "  iptables mode: full sync FAILED after {:?}: {e}",
-            t.elapsed()
-        ),
+        drop(ipt);
+        drop(ipt_ns);
+        settle();
     }
-    drop(ipt);
-    drop(ipt_ns);
-    settle();
 
     if std::env::var("BENCH_SKIP_NFT").is_ok_and(|v| v == "1") {
         let _ = std::fs::remove_file(&rss_log);

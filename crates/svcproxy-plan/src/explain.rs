@@ -804,13 +804,26 @@ fn no_endpoints(svc: &ServiceIntent, policy: &str) -> String {
 
 /// The hex hashes in the names of `svc`'s chains and sets: the service port's (its
 /// first 12 digits, which iptables names carry), each endpoint's, and each
-/// endpoint's affinity set's.
+/// endpoint's affinity set's; and, for a port nftables serves without a chain of
+/// its own, its cluster IP ports as elements are listed (`` `VIP . PROTO . PORT` ``,
+/// and its endpoints' `` `VIP . PROTO . PORT . K : ...` ``).
 fn object_ids(svc: &ServiceIntent) -> Vec<String> {
     let own = format!(
         "{:016x}",
         crate::names::service_port_hash(svc.family, &svc.name)
     );
     let mut ids = vec![own[..12].to_string()];
+    for f in svc.frontends.iter() {
+        if let (FrontendKind::ClusterIp, FrontendKey::Vip { ip, protocol, port }) = (f.kind, f.key)
+        {
+            let key = format!(
+                "{ip} . {} . {port}",
+                crate::names::protocol_keyword(protocol)
+            );
+            ids.push(format!("`{key}`"));
+            ids.push(format!("`{key} . "));
+        }
+    }
     let hasher = crate::names::EndpointHasher::new(svc.family, &svc.name);
     for e in svc.endpoints.iter() {
         ids.push(format!("{:016x}", hasher.endpoint(e.ip(), e.port())));

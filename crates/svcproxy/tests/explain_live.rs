@@ -2,8 +2,9 @@
 //! per mode: after `svcproxy --once` programmed the example cluster, the kernel holds
 //! what the plan writes, compared rule by rule; a rule deleted by hand in one
 //! service port's endpoint chain, or rewritten in place, is reported, as that
-//! service port's, and only there; someone else's rule that sees packets first is
-//! reported apart.
+//! service port's, and only there (in nftables mode also for a port served
+//! without a chain, whose endpoints are elements of the cluster IP map); someone
+//! else's rule that sees packets first is reported apart.
 //!
 //! Without root (or `ip`/`nft`/`iptables`) the tests print SKIP and pass, unless `CI`
 //! is set, in which case they fail.
@@ -333,6 +334,60 @@ fn the_kernel_is_compared_rule_by_rule_with_the_plan(mode: Mode) {
             "{ahead}"
         ),
     }
+    if mode.name == "nftables" {
+        a_chainless_ports_element_is_its_own(&ns, &mode);
+    }
+}
+
+/// nftables serves demo/cache (a cluster IP port alone) without a chain: one of
+/// its endpoints deleted by hand from the cluster IP map is a difference of
+/// demo/cache's, an element, and not demo/web's.
+fn a_chainless_ports_element_is_its_own(ns: &Netns, mode: &Mode) {
+    let out = svcproxy(ns, mode, &["--once"]);
+    assert!(out.status.success());
+    let listing = ns
+        .run_ok(
+            &["nft", "list", "map", "ip", "svcproxy", "clusterip-dnat-tcp"],
+            None,
+        )
+        .expect("nft list map");
+    let key = listing
+        .split(['{', ',', '}', '\n'])
+        .map(str::trim)
+        .find_map(|e| e.strip_suffix(" : 198.18.18.22 . 6379"))
+        .unwrap_or_else(|| panic!("demo/cache's endpoint in the cluster IP map:\n{listing}"))
+        .to_string();
+    assert!(key.starts_with("198.19.0.21 . tcp . 6379 . "), "{key}");
+    ns.run_ok(
+        &[
+            "nft",
+            "delete",
+            "element",
+            "ip",
+            "svcproxy",
+            "clusterip-dnat-tcp",
+            &format!("{{ {key} }}"),
+        ],
+        None,
+    )
+    .expect("nft delete element");
+    let v = explain_live(ns, mode, "198.19.0.21:6379");
+    let k = &v["kernel"];
+    let diffs = k["differences"].as_array().unwrap();
+    assert_eq!(diffs.len(), 1, "{k:#}");
+    let diff = diffs[0].as_str().unwrap();
+    assert!(
+        diff.contains("set/map clusterip-dnat-tcp lacks the plan's element")
+            && diff.contains(&format!("`{key} : 198.18.18.22 . 6379`")),
+        "{k:#}"
+    );
+    assert_eq!(k["thisServicePort"], k["differences"], "{k:#}");
+    let v = explain_live(ns, mode, "198.19.0.10:80");
+    assert_eq!(v["kernel"]["differences"].as_array().unwrap().len(), 1);
+    assert!(v["kernel"]["thisServicePort"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }
 
 #[test]

@@ -315,14 +315,15 @@ impl Mode {
     /// Whether an endpoint of a service without affinity has its own kernel object
     /// on a node (an endpoint that is `local` to it, or on another node): the
     /// iptables modes give a chain to endpoints that may be the node's own (the
-    /// hairpin); the nftables mode puts the endpoints of a set of two or more in
-    /// its endpoint maps (counted as objects) and DNATs a lone one directly; the
-    /// userspace mode has none.
+    /// hairpin); the nftables mode serves a cluster IP port alone without a chain,
+    /// each of its endpoints (a lone one too) an element of the cluster IP map
+    /// (counted as objects); the userspace mode has none.
     #[allow(dead_code)] // dataplane.rs only
     pub fn has_endpoint_object(self, local: bool) -> bool {
         match self {
             Mode::Iptables | Mode::IptablesLegacy => local,
-            Mode::Nftables | Mode::Userspace => false,
+            Mode::Nftables => true,
+            Mode::Userspace => false,
             // Every endpoint of a list is a slot of the list.
             Mode::Ebpf | Mode::Ipvs => true,
         }
@@ -574,20 +575,44 @@ impl Mode {
                     .filter_map(|name| name.strip_prefix(prefix))
                     .filter(|hash| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
                     .count();
-                if kind == ServiceObject::Service {
-                    return chains;
-                }
-                // The endpoint maps' elements (`KEY : ADDRESS . PORT`), after each
-                // map's `typeof ... : ...` line, up to the map's closing brace.
+                // A cluster IP port served without a chain: an element `VIP .
+                // PROTO . PORT` of its count's `clusterip-PROTO-N` set, and its
+                // endpoints elements of the cluster IP maps (`VIP . PROTO . PORT
+                // . K : ADDRESS . PORT`); others' endpoints are elements of the
+                // endpoint maps (`KEY : ADDRESS . PORT`). Each block from its
+                // declaration line to its closing brace.
+                let counted_set = |name: &str| {
+                    name.strip_prefix("clusterip-")
+                        .and_then(|r| r.split_once('-'))
+                        .is_some_and(|(p, n)| {
+                            ["tcp", "udp", "sctp"].contains(&p) && n.parse::<u32>().is_ok()
+                        })
+                };
                 let mut elements = 0;
-                let mut in_map = false;
+                let mut block: Option<bool> = None;
                 for line in text.lines().map(str::trim) {
-                    if line.starts_with("map endpoint-dnat-") {
-                        in_map = true;
-                    } else if in_map && line == "}" {
-                        in_map = false;
-                    } else if in_map && !line.starts_with("typeof ") {
-                        elements += line.matches(" : ").count();
+                    if let Some(rest) = line
+                        .strip_prefix("map ")
+                        .or_else(|| line.strip_prefix("set "))
+                    {
+                        let name = rest.split_whitespace().next().unwrap_or("");
+                        block = match kind {
+                            ServiceObject::Service => counted_set(name).then_some(false),
+                            ServiceObject::Endpoint => (name.starts_with("endpoint-dnat-")
+                                || name.starts_with("clusterip-dnat-"))
+                            .then_some(true),
+                        };
+                    } else if block.is_some() && line == "}" {
+                        block = None;
+                    } else if let Some(map) = block {
+                        if line.starts_with("typeof ") || line.starts_with("type ") {
+                            continue;
+                        }
+                        elements += if map {
+                            line.matches(" : ").count()
+                        } else {
+                            line.matches(" . ").count() / 2
+                        };
                     }
                 }
                 chains + elements

@@ -6,6 +6,13 @@
 //! [`Planner::commit`] or [`Planner::abandon`]. [`render_full`] prints what a first
 //! sync applies (`svcproxy render`); [`cleanup_script`] removes the tables.
 //!
+//! A cluster IP port that needs nothing but the choice of endpoint and its
+//! masquerade (most ports of a cluster) has no chain: its `VIP . PROTO . PORT` is
+//! an element of the set of its protocol and endpoint count, whose rule DNATs
+//! through one map keyed `VIP . PROTO . PORT . K` (see `base::clusterip_set` and
+//! `service::cluster_layout`), so linking, moving or unlinking it is data
+//! elements only. Every other port keeps the shape below.
+//!
 //! The shape follows upstream kube-proxy's nftables mode: O(1) dispatch through
 //! verdict maps keyed on `daddr . meta l4proto . th dport` (service IPs) and
 //! `meta l4proto . th dport` (NodePorts), per-service chains named by hashes (the
@@ -39,7 +46,12 @@
 //!
 //! So a service added or moved at O(change) can only be data elements (and then
 //! its cost is the chain walk above, which only fewer chains lower), and a
-//! service's own chain costs every writer of the node 50 ns at every commit.
+//! service's own chain costs every writer of the node 50 ns at every commit:
+//! hence the chainless cluster IP ports above. A rule that binds a data map
+//! walks the map's elements (`nf_tables_bind_set`), so the rules of a new
+//! endpoint count are written before the cluster IP map's elements in a full
+//! sync; in a partial one that walk (and one table-wide validation) is paid once
+//! per count.
 
 mod base;
 mod common;
