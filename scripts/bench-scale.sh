@@ -6,6 +6,10 @@
 # creates and deletes:
 # - the floor: `nft -f` of the ruleset svcproxy renders for that cluster (what the
 #   kernel needs to load the same rules, with nothing parsed before);
+# - the data floor: `nft -f` of a table holding only the same data, as plain as it
+#   gets (a verdict map of the service ports, each to an empty chain of its own,
+#   and one map of every endpoint under a number; the floor of cargo test
+#   --release -p svcproxy-dataplane --test bench_sync);
 # - `svcproxy --proxy-mode MODE --manifests DIR --once` for each mode (wall time
 #   from exec to exit, which is after the rules are in; peak RSS); the ebpf mode
 #   confined to a cgroup and a bpffs of this script's own, removed at the end;
@@ -164,8 +168,28 @@ for n in $sizes; do
         >"$work/rules.nft" 2>/dev/null
     echo "== $n services x 10 endpoints: $(du -sh "$dir" | cut -f1) of YAML," \
         "$(wc -c <"$work/rules.nft") bytes of rules" >&2
+    python3 - "$n" >"$work/data.nft" <<'PY'
+import sys
+n, eps = int(sys.argv[1]), 10
+out = sys.stdout
+out.write("table ip bench {\n map vips { type ipv4_addr . inet_proto . inet_service : verdict; }\n"
+          " map eps { typeof numgen random mod 1 : ip daddr . tcp dport; }\n}\n")
+for i in range(n):
+    out.write(f"add chain ip bench s{i}\n")
+def vip(i):
+    return f"10.{96 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}"
+for start in range(0, n, 10000):
+    out.write("add element ip bench vips { " + ", ".join(
+        f"{vip(i)} . tcp . 80 : goto s{i}" for i in range(start, min(n, start + 10000))) + " }\n")
+for start in range(0, n * eps, 10000):
+    out.write("add element ip bench eps { " + ", ".join(
+        f"{k} : 10.{100 + (k // eps) % 100}.{(k // eps // 100) % 256}.{k % eps + 1} . 8080"
+        for k in range(start, min(n * eps, start + 10000))) + " }\n")
+PY
     for r in $(seq "$rounds"); do
         line=$(run floor nft -f "$work/rules.nft")
+        echo "$n round $r $line" | tee -a "$results"
+        line=$(run data-floor nft -f "$work/data.nft")
         echo "$n round $r $line" | tee -a "$results"
         for m in $modes; do
             extra=()
@@ -197,15 +221,17 @@ for n in $sizes; do
 done
 
 echo
-echo "| services x 10 endpoints | row | median wall s | x floor | median peak RSS MiB |"
-echo "|---|---|---|---|---|"
+echo "| services x 10 endpoints | row | median wall s | x floor | x data floor | median peak RSS MiB |"
+echo "|---|---|---|---|---|---|"
 for n in $sizes; do
     floor=$(awk -v n="$n" '$1 == n && $4 == "floor" { print $5 }' "$results" | median)
-    for label in floor $modes; do
+    data=$(awk -v n="$n" '$1 == n && $4 == "data-floor" { print $5 }' "$results" | median)
+    for label in floor data-floor $modes; do
         secs=$(awk -v n="$n" -v l="$label" '$1 == n && $4 == l { print $5 }' "$results" | median)
         mib=$(awk -v n="$n" -v l="$label" '$1 == n && $4 == l { print $6 }' "$results" | median)
         ratio=$(awk -v a="$secs" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')
-        echo "| $n | $label | $secs | $ratio | $mib |"
+        dratio=$(awk -v a="$secs" -v b="$data" 'BEGIN { printf "%.2f", a / b }')
+        echo "| $n | $label | $secs | $ratio | $dratio | $mib |"
     done
 done
 if [ "$probe" = 1 ]; then
