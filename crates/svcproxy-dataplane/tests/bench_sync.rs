@@ -128,7 +128,13 @@ fn run(n: usize, m: usize) {
     };
     let changes = env("BENCH_CHANGES").unwrap_or(5);
     let mut state = cluster(&[]);
-    upsert(&mut state, &services_yaml(0, n, m));
+    // In pieces: the test harness reads at most 100,000 documents a YAML.
+    for start in (0..n).step_by(20_000) {
+        upsert(
+            &mut state,
+            &services_yaml(start, (start + 20_000).min(n), m),
+        );
+    }
     let base = snapshot(&mut state);
 
     let rss_log = std::env::temp_dir().join(format!("bench_sync-rss-{}", std::process::id()));
@@ -300,14 +306,13 @@ fn run(n: usize, m: usize) {
     for i in 0..n {
         let _ = write!(
             floor,
-            "{}198.19.{}.{} . tcp . 80 : goto s{i}",
+            "{}{} . tcp . 80 : goto s{i}",
             if first {
                 "add element ip bench vips { "
             } else {
                 ", "
             },
-            i / 250,
-            i % 250 + 1
+            bench_vip(i),
         );
         first = false;
     }
@@ -351,7 +356,13 @@ fn run(n: usize, m: usize) {
     // nftables mode, from the same services as iptables mode started with: first
     // through `nft -f` (`--nft-writer=text`), then as it runs by default (netlink).
     let mut state = cluster(&[]);
-    upsert(&mut state, &services_yaml(0, n, m));
+    // In pieces: the test harness reads at most 100,000 documents a YAML.
+    for start in (0..n).step_by(20_000) {
+        upsert(
+            &mut state,
+            &services_yaml(start, (start + 20_000).min(n), m),
+        );
+    }
     let base = snapshot(&mut state);
     let plane = |ns: &Netns, writer: NftWriter| {
         Syncer::new(
@@ -549,7 +560,13 @@ fn ebpf(n: usize, m: usize, changes: usize, nft_floor: Duration) {
         svcproxy_testkit::netns::in_netns(&ns.name, f).expect("entering the plane's namespace")
     };
     let mut state = cluster(&[]);
-    upsert(&mut state, &services_yaml(0, n, m));
+    // In pieces: the test harness reads at most 100,000 documents a YAML.
+    for start in (0..n).step_by(20_000) {
+        upsert(
+            &mut state,
+            &services_yaml(start, (start + 20_000).min(n), m),
+        );
+    }
     let base = snapshot(&mut state);
     let mut d = Syncer::new(
         plan_config(),

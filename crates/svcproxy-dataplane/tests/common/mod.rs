@@ -193,7 +193,7 @@ pub fn lacks(text: &str, needle: &str, step: &str) {
 pub fn services_yaml(from: usize, to: usize, m: usize) -> String {
     let mut y = String::new();
     for i in from..to {
-        let ip = format!("198.19.{}.{}", i / 250, i % 250 + 1);
+        let ip = bench_vip(i);
         let _ = write!(
             y,
             "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\nspec:\n  clusterIP: {ip}\n  ports:\n  - {{name: http, port: 80, targetPort: 8080}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc-{i}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080}}\nendpoints:\n"
@@ -210,6 +210,12 @@ pub fn services_yaml(from: usize, to: usize, m: usize) -> String {
         }
     }
     y
+}
+
+/// The cluster IP of [`services_yaml`]'s `i`-th Service: 198.19.0.1 on, 64,000
+/// to a /16 (198.20.0.1 after 198.19.255.250).
+pub fn bench_vip(i: usize) -> String {
+    format!("198.{}.{}.{}", 19 + i / 64_000, i / 250 % 256, i % 250 + 1)
 }
 
 /// A data plane fed snapshots as the sync's orchestration feeds it: the intent
