@@ -25,6 +25,12 @@
 #   service        a service as the nftables mode adds one: chain, 2 rules, 10
 #                  endpoint elements, the verdict map element
 #
+# The table measured is the layout before chainless cluster IP ports (a chain per
+# service port, endpoint maps numbered): since d2f3e82 `svcproxy render` serves
+# these ClusterIP Services without chains, so pass --bin of a build before it
+# (`git worktree add /tmp/old d2f3e82~1 && cargo build --release` there). The
+# "data-flat" row is what the chainless layout pays per service added.
+#
 # Only the namespace is touched; it is deleted at the end, even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,8 +92,12 @@ for n in $sizes; do
 import re, sys
 work, n, repeat, cidr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 rules = open(f"{work}/rules.nft").read()
-emap = re.search(r"map (endpoint-dnat-tcp-[0-9a-f]+) ", rules).group(1)
-chain = re.search(r"chain (service-[0-9a-f]+) ", rules).group(1)
+emap = re.search(r"map (endpoint-dnat-tcp-[0-9a-f]+) ", rules)
+chain = re.search(r"chain (service-[0-9a-f]+) ", rules)
+if not emap or not chain:
+    sys.exit("nft-cost-model: the rendered table has no service chain or endpoint map "
+             "(chainless cluster IP ports): --bin a build before d2f3e82")
+emap, chain = emap.group(1), chain.group(1)
 open(f"{work}/flat.nft", "w").write(
     "add map ip svcproxy flat-dnat { typeof ip daddr . meta l4proto . th dport . numgen random mod 10 : ip daddr . tcp dport ; }\n"
     "add set ip svcproxy flat-10 { type ipv4_addr . inet_proto . inet_service ; }\n"
