@@ -169,53 +169,24 @@ impl FamilyState {
         // checks a new rule against every element of its map, and a new element
         // against every rule using its map (see `base::ENDPOINT_MAP_SHARDS`).
         // Streamed: no element is held as text but in `out`.
+        let family = self.family;
         for (name, frags) in self.fragments_by_endpoint_map() {
-            let mut first = true;
+            let mut statement = ElementStatement::new(out, family, &name);
             for frag in frags {
-                frag.dnat_elements(|k, ep| {
-                    if first {
-                        let _ = write!(
-                            out,
-                            "add element {} {TABLE_NAME} {name} {{ ",
-                            family_keyword(self.family)
-                        );
-                        first = false;
-                    } else {
-                        out.push_str(", ");
-                    }
-                    let _ = write!(out, "{k} : ");
-                    concat(out, &dnat_value(ep));
-                });
+                frag.dnat_elements(|k, ep| statement.push(&[Atom::Num(k)], &dnat_value(ep)));
             }
-            if !first {
-                out.push_str(" }\n");
-            }
+            statement.finish();
         }
         // The same for the cluster IP maps, one statement per map.
         for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
             let name = clusterip_dnat_map(protocol);
-            let mut first = true;
+            let mut statement = ElementStatement::new(out, family, &name);
             self.cluster_elems(fam, &mut |_| {}, &mut |e| {
-                if e.set != name {
-                    return;
+                if e.set == name {
+                    statement.push(&e.key, e.value.as_deref().unwrap_or_default());
                 }
-                if first {
-                    let _ = write!(
-                        out,
-                        "add element {} {TABLE_NAME} {name} {{ ",
-                        family_keyword(self.family)
-                    );
-                    first = false;
-                } else {
-                    out.push_str(", ");
-                }
-                concat(out, &e.key);
-                out.push_str(" : ");
-                concat(out, e.value.as_deref().unwrap_or_default());
             });
-            if !first {
-                out.push_str(" }\n");
-            }
+            statement.finish();
         }
         chains
     }
@@ -377,5 +348,48 @@ impl FamilyState {
             names.sets.extend(sets.into_iter().map(|s| (s, true)));
         }
         names
+    }
+}
+
+/// One `add element F svcproxy MAP { KEY : VALUE, ... }` statement, written as its
+/// elements come; nothing when none came.
+struct ElementStatement<'a> {
+    out: &'a mut String,
+    family: IpFamily,
+    map: &'a str,
+    first: bool,
+}
+
+impl<'a> ElementStatement<'a> {
+    fn new(out: &'a mut String, family: IpFamily, map: &'a str) -> Self {
+        ElementStatement {
+            out,
+            family,
+            map,
+            first: true,
+        }
+    }
+
+    fn push(&mut self, key: &[Atom], value: &[Atom]) {
+        if self.first {
+            let _ = write!(
+                self.out,
+                "add element {} {TABLE_NAME} {} {{ ",
+                family_keyword(self.family),
+                self.map
+            );
+            self.first = false;
+        } else {
+            self.out.push_str(", ");
+        }
+        concat(self.out, key);
+        self.out.push_str(" : ");
+        concat(self.out, value);
+    }
+
+    fn finish(self) {
+        if !self.first {
+            self.out.push_str(" }\n");
+        }
     }
 }

@@ -137,9 +137,6 @@ fn concat_of(fields: &[Vec<u8>]) -> Vec<u8> {
 /// A cluster IP endpoint map's user data: `typeof F daddr . meta l4proto . th
 /// dport . numgen random mod 1 : F daddr . P dport`.
 fn cluster_endpoints_udata(family: IpFamily, protocol: Protocol) -> Vec<u8> {
-    let mut out = Vec::new();
-    udata_u32(&mut out, UDATA_KEYBYTEORDER, 0);
-    udata_u32(&mut out, UDATA_DATABYTEORDER, 0);
     let mut l4proto = Vec::new();
     udata_u32(&mut l4proto, 0, META_L4PROTO);
     let mut meta = Vec::new();
@@ -152,14 +149,7 @@ fn cluster_endpoints_udata(family: IpFamily, protocol: Protocol) -> Vec<u8> {
         payload_typeof(11, 2),
         numgen_typeof(),
     ]);
-    udata(&mut out, UDATA_KEY_TYPEOF, &key);
-    udata(
-        &mut out,
-        UDATA_DATA_TYPEOF,
-        &endpoint_typeof(family, protocol),
-    );
-    udata_u32(&mut out, UDATA_DATA_INTERVAL, 0);
-    out
+    dnat_map_udata(0, &key, family, protocol)
 }
 
 /// `typeof F daddr . P dport`: an endpoint map's value.
@@ -174,10 +164,16 @@ fn endpoint_typeof(family: IpFamily, protocol: Protocol) -> Vec<u8> {
 
 /// An endpoint map's user data: `typeof numgen random mod 1 : F daddr . P dport`.
 fn endpoints_udata(family: IpFamily, protocol: Protocol) -> Vec<u8> {
+    dnat_map_udata(BYTEORDER_HOST, &numgen_typeof(), family, protocol)
+}
+
+/// The user data of a map to endpoints (`F daddr . P dport`), keyed by `key` (its
+/// `typeof` description, in `key_byteorder`).
+fn dnat_map_udata(key_byteorder: u32, key: &[u8], family: IpFamily, protocol: Protocol) -> Vec<u8> {
     let mut out = Vec::new();
-    udata_u32(&mut out, UDATA_KEYBYTEORDER, BYTEORDER_HOST);
+    udata_u32(&mut out, UDATA_KEYBYTEORDER, key_byteorder);
     udata_u32(&mut out, UDATA_DATABYTEORDER, 0);
-    udata(&mut out, UDATA_KEY_TYPEOF, &numgen_typeof());
+    udata(&mut out, UDATA_KEY_TYPEOF, key);
     udata(
         &mut out,
         UDATA_DATA_TYPEOF,
