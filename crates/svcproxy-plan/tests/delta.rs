@@ -619,3 +619,68 @@ fn the_cleanup_script_deletes_only_svcproxy_tables() {
          delete table ip6 svcproxy\n"
     );
 }
+
+#[test]
+fn a_cluster_ip_port_taking_affinity_moves_between_the_layouts() {
+    let (mut sc, mut planner) = synced("clusterip-basic");
+    let with_affinity = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  clusterIP: 198.19.0.10
+  sessionAffinity: ClientIP
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
+"#;
+    sc.upsert_yaml(with_affinity);
+    let up = sc.snapshot();
+    let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
+    assert_eq!(plan.kind, PlanKind::Partial);
+    let s = &plan.script;
+    // Affinity needs chains: out of the cluster IP sets and map, into service-ips.
+    let http = spn("demo", "web", "http", Protocol::Tcp);
+    let chain = format!("service-{:016x}", service_port_hash(IpFamily::V4, &http));
+    for line in [
+        "delete element ip svcproxy clusterip-tcp-2 { 198.19.0.10 . tcp . 80 }".to_string(),
+        "delete element ip svcproxy clusterip-udp-2 { 198.19.0.10 . udp . 53 }".to_string(),
+        "delete element ip svcproxy clusterip-masq-nonlocal { 198.19.0.10 . tcp . 80 }".to_string(),
+        "delete element ip svcproxy clusterip-dnat-tcp { 198.19.0.10 . tcp . 80 . 0 }".to_string(),
+        "delete element ip svcproxy clusterip-dnat-tcp { 198.19.0.10 . tcp . 80 . 1 }".to_string(),
+        format!("add element ip svcproxy service-ips {{ 198.19.0.10 . tcp . 80 : goto {chain} }}"),
+        format!("add chain ip svcproxy {chain}"),
+    ] {
+        assert!(s.lines().any(|l| l.starts_with(&line)), "{line}:\n{s}");
+    }
+    assert!(
+        lines_starting(s, "add element ip svcproxy clusterip-").is_empty(),
+        "{s}"
+    );
+    // Deleted before added: the elements a port leaves go first.
+    let last_delete = lines_starting(s, "delete element").last().unwrap().0;
+    let first_add = lines_starting(s, "add element").first().unwrap().0;
+    assert!(last_delete < first_add, "{s}");
+    planner.commit(&plan);
+
+    // And back: its chains go, its elements come back.
+    sc.upsert_yaml(&with_affinity.replace("  sessionAffinity: ClientIP\n", ""));
+    let up = sc.snapshot();
+    let plan = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &up.changed);
+    assert_eq!(plan.kind, PlanKind::Partial);
+    let s = &plan.script;
+    for line in [
+        "delete element ip svcproxy service-ips { 198.19.0.10 . tcp . 80 }".to_string(),
+        format!("delete chain ip svcproxy {chain}"),
+        "add element ip svcproxy clusterip-tcp-2 { 198.19.0.10 . tcp . 80 }".to_string(),
+        "add element ip svcproxy clusterip-dnat-tcp { 198.19.0.10 . tcp . 80 . 1 : 198.18.2.10 . 8080 }"
+            .to_string(),
+    ] {
+        assert!(s.lines().any(|l| l.starts_with(&line)), "{line}:\n{s}");
+    }
+    // The counts' sets and rules stayed: nothing to add but elements.
+    assert!(!s.contains("add rule"), "{s}");
+    planner.commit(&plan);
+    let again = planner.plan(&up.v4, &up.v6, &sc.cfg, false, &BTreeSet::new());
+    assert!(again.is_empty(), "{}", again.script);
+}
