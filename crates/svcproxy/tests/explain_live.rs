@@ -90,6 +90,46 @@ enum Edit {
     Rewrite,
 }
 
+/// The map of `ip svcproxy` holding the element whose value ends the way
+/// `suffix` (` : VALUE`) says, and that element's key.
+fn map_element(ns: &Netns, suffix: &str) -> (String, String) {
+    let listing = ns
+        .run_ok(&["nft", "list", "table", "ip", "svcproxy"], None)
+        .expect("nft list");
+    let mut map = "";
+    let mut found = None;
+    for line in listing.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("map ") {
+            map = rest.split_whitespace().next().unwrap_or("");
+        }
+        if let Some(key) = line
+            .split(['{', ',', '}'])
+            .map(str::trim)
+            .find_map(|e| e.strip_suffix(suffix))
+        {
+            found = Some((map.to_string(), key.to_string()));
+        }
+    }
+    found.unwrap_or_else(|| panic!("an element `KEY{suffix}`:\n{listing}"))
+}
+
+/// Deletes the element `key` of `map` of `ip svcproxy` by hand.
+fn delete_element(ns: &Netns, map: &str, key: &str) {
+    ns.run_ok(
+        &[
+            "nft",
+            "delete",
+            "element",
+            "ip",
+            "svcproxy",
+            map,
+            &format!("{{ {key} }}"),
+        ],
+        None,
+    )
+    .expect("nft delete element");
+}
+
 /// Edits, by hand, what DNATs to 198.18.18.10:8080 (one of demo/web's
 /// endpoints): iptables, its rule; nftables, the endpoint's element of the
 /// endpoint map (the comparison shows it as the rule choosing from the map
@@ -100,43 +140,11 @@ fn edit_an_endpoint_rule(ns: &Netns, mode: &Mode, edit: Edit) {
             // The endpoint is an element of the TCP endpoint map, `K : 198.18.18.10 .
             // 8080`, which the service chain's rule `... numgen random mod N offset B
             // map @endpoint-dnat-tcp` chooses from (B <= K < B + N).
-            let listing = ns
-                .run_ok(&["nft", "-a", "list", "table", "ip", "svcproxy"], None)
-                .expect("nft list");
-            let mut map = "";
-            let mut found = None;
-            for line in listing.lines() {
-                let line = line.trim();
-                if let Some(rest) = line.strip_prefix("map ") {
-                    map = rest.split_whitespace().next().unwrap_or("");
-                }
-                if let Some(key) = line
-                    .split(['{', ',', '}'])
-                    .map(str::trim)
-                    .find_map(|e| e.strip_suffix(" : 198.18.18.10 . 8080"))
-                {
-                    found = Some((map.to_string(), key.to_string()));
-                }
-            }
-            let (map, key) = found.expect("the endpoint's element");
+            let (map, key) = map_element(ns, " : 198.18.18.10 . 8080");
             assert!(map.starts_with("endpoint-dnat-tcp-"), "{map}");
             let map = map.as_str();
             match edit {
-                Edit::Delete => {
-                    ns.run_ok(
-                        &[
-                            "nft",
-                            "delete",
-                            "element",
-                            "ip",
-                            "svcproxy",
-                            map,
-                            &format!("{{ {key} }}"),
-                        ],
-                        None,
-                    )
-                    .expect("nft delete element");
-                }
+                Edit::Delete => delete_element(ns, map, &key),
                 Edit::Rewrite => {
                     let script = format!(
                         "delete element ip svcproxy {map} {{ {key} }}\n\
@@ -345,32 +353,10 @@ fn the_kernel_is_compared_rule_by_rule_with_the_plan(mode: Mode) {
 fn a_chainless_ports_element_is_its_own(ns: &Netns, mode: &Mode) {
     let out = svcproxy(ns, mode, &["--once"]);
     assert!(out.status.success());
-    let listing = ns
-        .run_ok(
-            &["nft", "list", "map", "ip", "svcproxy", "clusterip-dnat-tcp"],
-            None,
-        )
-        .expect("nft list map");
-    let key = listing
-        .split(['{', ',', '}', '\n'])
-        .map(str::trim)
-        .find_map(|e| e.strip_suffix(" : 198.18.18.22 . 6379"))
-        .unwrap_or_else(|| panic!("demo/cache's endpoint in the cluster IP map:\n{listing}"))
-        .to_string();
+    let (map, key) = map_element(ns, " : 198.18.18.22 . 6379");
+    assert_eq!(map, "clusterip-dnat-tcp");
     assert!(key.starts_with("198.19.0.21 . tcp . 6379 . "), "{key}");
-    ns.run_ok(
-        &[
-            "nft",
-            "delete",
-            "element",
-            "ip",
-            "svcproxy",
-            "clusterip-dnat-tcp",
-            &format!("{{ {key} }}"),
-        ],
-        None,
-    )
-    .expect("nft delete element");
+    delete_element(ns, &map, &key);
     let v = explain_live(ns, mode, "198.19.0.21:6379");
     let k = &v["kernel"];
     let diffs = k["differences"].as_array().unwrap();
