@@ -560,10 +560,12 @@ fn the_netlink_and_text_writers_leave_the_same_tables() {
     both!("web6 deleted");
 }
 
-/// A sink that counts the transactions it writes.
+/// A sink that counts the transactions it writes, and refuses the one numbered
+/// `fail_at` (counted from 1) without writing it.
 struct Counting<S> {
     inner: S,
     batches: usize,
+    fail_at: Option<usize>,
 }
 
 impl<S: ScriptSink> ScriptSink for Counting<S> {
@@ -572,6 +574,12 @@ impl<S: ScriptSink> ScriptSink for Counting<S> {
     }
     fn apply_batch(&mut self, batch: Batch, script: &str) -> Result<(), DataPlaneError> {
         self.batches += 1;
+        if self.fail_at == Some(self.batches) {
+            return Err(DataPlaneError::Io {
+                command: "a refused transaction".to_string(),
+                source: std::io::Error::other("refused by the test"),
+            });
+        }
         self.inner.apply_batch(batch, script)
     }
     fn writes_typed(&self) -> bool {
@@ -629,6 +637,7 @@ fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
             NftDataPlane::with_sink(Counting {
                 inner: no_nft(&c),
                 batches: 0,
+                fail_at: None,
             })
             .with_cold_start(Some(tiny)),
         );
@@ -674,6 +683,65 @@ fn full_syncs_over_netlink_leave_the_tables_nft_leaves() {
         txt.sync(&snap, true).expect("text resync");
         same_tables(&a, &b, &format!("{case}: resync"));
     }
+}
+
+/// A cold start whose step the kernel refuses stops there: the sync fails, no
+/// later step is written (the steps are planned on one thread and written on
+/// another, in order), what the earlier steps wrote stays, and the next sync
+/// recreates the tables whole.
+#[test]
+fn a_cold_start_stops_at_the_step_the_kernel_refuses() {
+    let sc = svcproxy_testkit::scenario::Scenario::load("session-affinity");
+    let Some(a) = create("cold_start_refused", "steps") else {
+        return;
+    };
+    let b = create("cold_start_refused", "text").expect("a second namespace");
+    let cfg = sc.config.to_plan_config();
+    let tiny = ColdStart {
+        objects_per_commit: 1,
+        links_per_commit: 1,
+    };
+    let mut state = sc.state();
+    let snap = snapshot(&mut state);
+    let mut txt = Syncer::new(
+        cfg.clone(),
+        NftDataPlane::with_sink(b.nft_command()).with_writer(NftWriter::Text),
+    );
+    txt.sync(&snap, false).expect("text writer");
+    let mut steps = Syncer::new(
+        cfg,
+        NftDataPlane::with_sink(Counting {
+            inner: a.nft_command(),
+            batches: 0,
+            fail_at: Some(3),
+        })
+        .with_cold_start(Some(tiny)),
+    );
+    let e = steps
+        .sync(&snap, false)
+        .expect_err("the third step is refused");
+    assert!(e.to_string().contains("refused by the test"), "{e}");
+    assert_eq!(
+        steps.plane().sink().batches,
+        3,
+        "no step after the refused one"
+    );
+    // The first two steps are in: the table exists, but is not whole.
+    let partial = a.nft(&["list", "table", "ip", "svcproxy"]);
+    assert!(partial.contains("chain services"), "{partial}");
+    assert_ne!(partial, b.nft(&["list", "table", "ip", "svcproxy"]));
+    steps.plane_mut().sink_mut().fail_at = None;
+    steps.plane_mut().sink_mut().batches = 0;
+    let snap = snapshot(&mut state);
+    assert_eq!(
+        steps.sync(&snap, false).expect("the next sync").kind,
+        SyncKind::Recreate
+    );
+    assert!(
+        steps.plane().sink().batches <= 2,
+        "over a table: one transaction per family"
+    );
+    same_tables(&a, &b, "after the refused cold start");
 }
 
 /// The typed masquerade marks are the rules `nft` writes for the same text: with a
