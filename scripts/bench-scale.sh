@@ -19,11 +19,14 @@
 #   (`--nft-cold-start single`) and in steps (the default), each with another
 #   nftables writer beside it (scripts/nft-writer-probe.py, a transaction every
 #   5 ms in the same namespace): the longest it waited, and its 99th percentile.
+# - with --baseline PATH, another build (an earlier commit's) run the same way
+#   right after each mode's run, in the same rounds: rows `baseline-MODE`.
 # Prints each run, then per size and mode the median and its ratio to the floor's
 # median of the same run.
 #
 #   scripts/bench-scale.sh [--sizes "10000 100000"] [--modes "nftables ebpf"]
 #                          [--rounds 3] [--daemon] [--probe] [--bin PATH]
+#                          [--baseline PATH]
 # As root (namespaces, nft, BPF); needs python3, nft, ip, /usr/bin/time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,7 @@ rounds=3
 daemon=0
 probe=0
 bin=
+baseline=
 while [ $# -gt 0 ]; do
     case "$1" in
         --sizes) sizes=$2; shift 2 ;;
@@ -42,7 +46,8 @@ while [ $# -gt 0 ]; do
         --daemon) daemon=1; shift ;;
         --probe) probe=1; shift ;;
         --bin) bin=$2; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --baseline) baseline=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -88,8 +93,16 @@ if [[ " $modes " == *" ebpf "* ]]; then
     mount -t bpf bpf "$bpffs"
 fi
 
+# The previous run's tables are flushed (synchronously) before its namespace is
+# deleted, and the kernel is given a second to free the rest: a namespace's
+# cleanup runs in a kernel worker after `ip netns delete` returns, and at 100k
+# Services it overlapped the next run's first seconds.
 fresh_ns() {
-    ip netns delete "$ns" 2>/dev/null || true
+    if ip netns exec "$ns" true 2>/dev/null; then
+        ip netns exec "$ns" nft flush ruleset 2>/dev/null || true
+        ip netns delete "$ns"
+        sleep 1
+    fi
     ip netns add "$ns"
     ip -n "$ns" link set lo up
 }
@@ -202,6 +215,14 @@ PY
             if [ "$m" = ebpf ]; then
                 ip netns exec "$ns" "$bin" cleanup "${extra[@]}" >/dev/null 2>&1
             fi
+            if [ -n "$baseline" ]; then
+                line=$(run "baseline-$m" "$baseline" --proxy-mode "$m" --manifests "$dir" \
+                    --hostname-override node-1 --once "${extra[@]}")
+                echo "$n round $r $line" | tee -a "$results"
+                if [ "$m" = ebpf ]; then
+                    ip netns exec "$ns" "$baseline" cleanup "${extra[@]}" >/dev/null 2>&1
+                fi
+            fi
         done
     done
     if [ "$probe" = 1 ]; then
@@ -226,7 +247,11 @@ echo "|---|---|---|---|---|---|"
 for n in $sizes; do
     floor=$(awk -v n="$n" '$1 == n && $4 == "floor" { print $5 }' "$results" | median)
     data=$(awk -v n="$n" '$1 == n && $4 == "data-floor" { print $5 }' "$results" | median)
-    for label in floor data-floor $modes; do
+    labels="floor data-floor $modes"
+    if [ -n "$baseline" ]; then
+        for m in $modes; do labels="$labels baseline-$m"; done
+    fi
+    for label in $labels; do
         secs=$(awk -v n="$n" -v l="$label" '$1 == n && $4 == l { print $5 }' "$results" | median)
         mib=$(awk -v n="$n" -v l="$label" '$1 == n && $4 == l { print $6 }' "$results" | median)
         ratio=$(awk -v a="$secs" -v b="$floor" 'BEGIN { printf "%.2f", a / b }')
