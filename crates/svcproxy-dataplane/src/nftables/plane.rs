@@ -280,8 +280,9 @@ impl Steps {
     }
 }
 
-/// Transactions sent ahead: the planner encodes the next step while the kernel
-/// commits this one. One, so that at most two steps' encoded statements are held.
+/// Transactions waiting for the writer: the planner encodes the next step while
+/// the kernel commits this one. One, so that at most three steps' encoded
+/// statements are held (the one in the kernel, one waiting, one being encoded).
 const STEPS_AHEAD: usize = 1;
 
 /// A cold start's steps, planned on this thread and sent to the kernel by another
