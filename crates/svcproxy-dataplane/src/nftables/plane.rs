@@ -280,6 +280,11 @@ impl Steps {
     }
 }
 
+/// `op` into its family's batch (v4 first, as [`Steps`] counts them).
+fn push_op(batches: &mut [BatchBuilder; 2], op: Op) {
+    batches[usize::from(op.family() == IpFamily::V6)].push(op);
+}
+
 /// Transactions waiting for the writer: the planner encodes the next step while
 /// the kernel commits this one. One, so that at most three steps' encoded
 /// statements are held (the one in the kernel, one waiting, one being encoded).
@@ -313,7 +318,7 @@ fn plan_and_send_in_steps<S: ScriptSink + Send>(
             })?;
         let mut batches = [BatchBuilder::new(), BatchBuilder::new()];
         let plan = plan(planner, &mut |step| match step {
-            Step::Op(op) => batches[usize::from(op.family() == IpFamily::V6)].push(op),
+            Step::Op(op) => push_op(&mut batches, op),
             Step::Commit => {
                 for (i, b) in batches.iter_mut().enumerate() {
                     // A closed channel: the writer is gone (a panic), which the
@@ -416,9 +421,7 @@ impl<S: ScriptSink + Send> DataPlane for NftDataPlane<S> {
             let plan = self
                 .planner
                 .plan_steps_into(intent, delta, full, &mut |step| match step {
-                    Step::Op(op) if typed => {
-                        batches[usize::from(op.family() == IpFamily::V6)].push(op)
-                    }
+                    Step::Op(op) if typed => push_op(&mut batches, op),
                     Step::Op(_) | Step::Commit => {}
                 });
             (plan, batches)
