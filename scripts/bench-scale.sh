@@ -21,12 +21,16 @@
 #   5 ms in the same namespace): the longest it waited, and its 99th percentile.
 # - with --baseline PATH, another build (an earlier commit's) run the same way
 #   right after each mode's run, in the same rounds: rows `baseline-MODE`.
+# - with --affinity K, the same cluster with one Service in K given ClientIP
+#   session affinity (K = 50 is fakeapi's 2% mix), each mode (and baseline) run on
+#   it right after the plain cluster, in the same rounds: rows `MODE+aff`, and a
+#   table of their ratio to the same mode without affinity.
 # Prints each run, then per size and mode the median and its ratio to the floor's
 # median of the same run.
 #
 #   scripts/bench-scale.sh [--sizes "10000 100000"] [--modes "nftables ebpf"]
 #                          [--rounds 3] [--daemon] [--probe] [--bin PATH]
-#                          [--baseline PATH]
+#                          [--baseline PATH] [--affinity K]
 # As root (namespaces, nft, BPF); needs python3, nft, ip, /usr/bin/time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +42,7 @@ daemon=0
 probe=0
 bin=
 baseline=
+affinity=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --sizes) sizes=$2; shift 2 ;;
@@ -47,6 +52,7 @@ while [ $# -gt 0 ]; do
         --probe) probe=1; shift ;;
         --bin) bin=$2; shift 2 ;;
         --baseline) baseline=$2; shift 2 ;;
+        --affinity) affinity=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
@@ -177,6 +183,10 @@ for n in $sizes; do
     dir=$work/cluster-$n
     mkdir -p "$dir"
     python3 scripts/gen-cluster.py "$dir" "$n"
+    if [ "$affinity" != 0 ]; then
+        mkdir -p "$dir-aff"
+        python3 scripts/gen-cluster.py "$dir-aff" "$n" 10 "$affinity"
+    fi
     "$bin" render --proxy-mode nftables --manifests "$dir" --hostname-override node-1 \
         >"$work/rules.nft" 2>/dev/null
     echo "== $n services x 10 endpoints: $(du -sh "$dir" | cut -f1) of YAML," \
@@ -209,20 +219,23 @@ PY
             if [ "$m" = ebpf ]; then
                 extra=(--ebpf-cgroup "$cgroup" --ebpf-bpffs "$bpffs/pins")
             fi
-            line=$(run "$m" "$bin" --proxy-mode "$m" --manifests "$dir" \
-                --hostname-override node-1 --once "${extra[@]}")
-            echo "$n round $r $line" | tee -a "$results"
-            if [ "$m" = ebpf ]; then
-                ip netns exec "$ns" "$bin" cleanup "${extra[@]}" >/dev/null 2>&1
-            fi
-            if [ -n "$baseline" ]; then
-                line=$(run "baseline-$m" "$baseline" --proxy-mode "$m" --manifests "$dir" \
-                    --hostname-override node-1 --once "${extra[@]}")
-                echo "$n round $r $line" | tee -a "$results"
-                if [ "$m" = ebpf ]; then
-                    ip netns exec "$ns" "$baseline" cleanup "${extra[@]}" >/dev/null 2>&1
-                fi
-            fi
+            variants=("$m:$dir")
+            [ "$affinity" = 0 ] || variants+=("$m+aff:$dir-aff")
+            for v in "${variants[@]}"; do
+                label=${v%%:*}
+                cluster=${v#*:}
+                builds=("$label:$bin")
+                [ -z "$baseline" ] || builds+=("baseline-$label:$baseline")
+                for b in "${builds[@]}"; do
+                    exe=${b#*:}
+                    line=$(run "${b%%:*}" "$exe" --proxy-mode "$m" --manifests "$cluster" \
+                        --hostname-override node-1 --once "${extra[@]}")
+                    echo "$n round $r $line" | tee -a "$results"
+                    if [ "$m" = ebpf ]; then
+                        ip netns exec "$ns" "$exe" cleanup "${extra[@]}" >/dev/null 2>&1
+                    fi
+                done
+            done
         done
     done
     if [ "$probe" = 1 ]; then
@@ -238,7 +251,7 @@ PY
         line=$(daemon_rss "$dir")
         echo "$n $line (MiB: after the first sync, 5 s later, peak)" | tee -a "$results"
     fi
-    rm -rf "$dir"
+    rm -rf "$dir" "$dir-aff"
 done
 
 echo
@@ -247,9 +260,16 @@ echo "|---|---|---|---|---|---|"
 for n in $sizes; do
     floor=$(awk -v n="$n" '$1 == n && $4 == "floor" { print $5 }' "$results" | median)
     data=$(awk -v n="$n" '$1 == n && $4 == "data-floor" { print $5 }' "$results" | median)
-    labels="floor data-floor $modes"
+    labels="floor data-floor"
+    for m in $modes; do
+        labels="$labels $m"
+        [ "$affinity" = 0 ] || labels="$labels $m+aff"
+    done
     if [ -n "$baseline" ]; then
-        for m in $modes; do labels="$labels baseline-$m"; done
+        for m in $modes; do
+            labels="$labels baseline-$m"
+            [ "$affinity" = 0 ] || labels="$labels baseline-$m+aff"
+        done
     fi
     for label in $labels; do
         secs=$(awk -v n="$n" -v l="$label" '$1 == n && $4 == l { print $5 }' "$results" | median)
@@ -259,6 +279,21 @@ for n in $sizes; do
         echo "| $n | $label | $secs | $ratio | $dratio | $mib |"
     done
 done
+if [ "$affinity" != 0 ]; then
+    echo
+    echo "| services x 10 endpoints | build and mode | no affinity, median s | 1 in $affinity with affinity, median s | ratio |"
+    echo "|---|---|---|---|---|"
+    for n in $sizes; do
+        for m in $modes; do
+            for pre in "" ${baseline:+baseline-}; do
+                plain=$(awk -v n="$n" -v l="$pre$m" '$1 == n && $4 == l { print $5 }' "$results" | median)
+                aff=$(awk -v n="$n" -v l="$pre$m+aff" '$1 == n && $4 == l { print $5 }' "$results" | median)
+                ratio=$(awk -v a="$aff" -v b="$plain" 'BEGIN { printf "%.2f", a / b }')
+                echo "| $n | $pre$m | $plain | $aff | $ratio |"
+            done
+        done
+    done
+fi
 if [ "$probe" = 1 ]; then
     echo
     echo "| services x 10 endpoints | nftables cold start | median wall s | another writer's longest wait, ms (median of rounds) | its p99, ms |"

@@ -4,11 +4,16 @@ Services (10.96.0.0/16, up to 65,536; beyond, 10.97... and on) with ENDPOINTS
 ready endpoints each (one EndpointSlice per Service), 100 Services to a file, and
 10 Nodes (node-0 .. node-9, three zones), as block-style YAML.
 
-    scripts/gen-cluster.py DIR SERVICES [ENDPOINTS]   (default 10 endpoints)
+    scripts/gen-cluster.py DIR SERVICES [ENDPOINTS] [AFFINITY_EVERY]
+
+ENDPOINTS defaults to 10. With AFFINITY_EVERY = K > 0, one Service in K (those
+with i % K == 7 % K, as fakeapi's mix at K = 50, i.e. 2%) has ClientIP session
+affinity with upstream's default timeout.
 """
 import sys
 d, n = sys.argv[1], int(sys.argv[2])
 eps_per = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+aff_every = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 per = 100
 def service(i):
     a, b = (i >> 8) & 255, i & 255
@@ -34,6 +39,11 @@ spec:
     protocol: TCP
     port: 80
     targetPort: 8080
+""" + (AFFINITY if aff_every and i % aff_every == 7 % aff_every else "")
+AFFINITY = """  sessionAffinity: ClientIP
+  sessionAffinityConfig:
+    clientIP:
+      timeoutSeconds: 10800
 """
 def endpoint(i, e):
     return f"""- addresses:
