@@ -109,25 +109,25 @@ impl<K: Ord, V> ChunkedMap<K, V> {
         self.get(key).is_some()
     }
 
-    /// The entries from `start` (included) on, in key order.
-    pub fn range_from<Q>(&self, start: &Q) -> Iter<'_, K, V>
+    /// The entries from `start` (included) on, in key order. Not counted ahead:
+    /// counting the entries before `start` visits every chunk before it, and a
+    /// snapshot built from nothing asks once per service, at the end of the map
+    /// it is filling (quadratic in the services).
+    pub fn range_from<Q>(&self, start: &Q) -> impl Iterator<Item = (&K, &V)> + '_
     where
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        let Some((i, at)) = self.find(start) else {
-            return self.iter();
+        let (i, j) = match self.find(start) {
+            Some((i, Ok(j) | Err(j))) => (i, j),
+            None => (0, 0),
         };
-        let j = match at {
-            Ok(j) | Err(j) => j,
-        };
-        let skipped: usize = self.chunks[..i].iter().map(|c| c.len()).sum::<usize>() + j;
-        Iter {
-            chunks: self.chunks[i + 1..].iter(),
-            current: self.chunks[i][j..].iter(),
-            back: [].iter(),
-            left: self.len - skipped,
-        }
+        let first = self.chunks.get(i).map_or(&[][..], |c| &c[j..]);
+        let rest = self.chunks.get(i + 1..).unwrap_or_default();
+        first
+            .iter()
+            .chain(rest.iter().flat_map(|c| c.iter()))
+            .map(|(k, v)| (k, v))
     }
 }
 
@@ -450,7 +450,6 @@ mod tests {
                     .range_from(&start)
                     .map(|(k, v)| (*k, *v))
                     .eq(b.range(start..).map(|(k, v)| (*k, *v))));
-                assert_eq!(m.range_from(&start).len(), b.range(start..).count());
             }
         }
         same(&m, &b);

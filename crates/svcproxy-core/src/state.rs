@@ -581,11 +581,13 @@ impl ClusterState {
         }
 
         let mut trigger_times = Vec::new();
-        let mut affected: BTreeSet<ServiceName> = BTreeSet::new();
-        affected.extend(service_changes.iter().map(|c| c.key.clone()));
+        // Gathered, then sorted once: at a cold start every name comes up two or
+        // three times (its Service, its slices, the full rebuild), and an insert
+        // into an ordered set per mention compared names far more often.
+        let mut names: Vec<ServiceName> = service_changes.iter().map(|c| c.key.clone()).collect();
         for c in &slice_changes {
             for s in c.previous.iter().chain(c.current.iter()) {
-                affected.insert(s.service.clone());
+                names.push(s.service.clone());
             }
             if let Some(slice) = &c.current {
                 if let Some(t) = &slice.last_change_trigger_time {
@@ -596,10 +598,17 @@ impl ClusterState {
         let full =
             self.last.is_none() || node_changes.iter().any(|c| c.key == self.config.node_name);
         if full {
-            affected.extend(self.services.keys().cloned());
-        } else if node_changes.iter().any(|c| {
-            c.previous.as_ref().map(|n| &n.labels) != c.current.as_ref().map(|n| &n.labels)
-        }) {
+            names.extend(self.services.keys().cloned());
+        }
+        names.sort_unstable();
+        names.dedup();
+        // From sorted input an ordered set is built in one pass.
+        let mut affected: BTreeSet<ServiceName> = names.into_iter().collect();
+        if !full
+            && node_changes.iter().any(|c| {
+                c.previous.as_ref().map(|n| &n.labels) != c.current.as_ref().map(|n| &n.labels)
+            })
+        {
             // Other nodes' labels only matter to services with topology keys.
             affected.extend(
                 self.services
@@ -610,7 +619,8 @@ impl ClusterState {
         }
         self.warn_unmatched_slice_ports(&affected);
 
-        let mut changed = BTreeSet::new();
+        // Gathered as built, in name order per family, and made a set once.
+        let mut changed = Vec::new();
         let (prev_v4, prev_v6) = match &self.last {
             Some((a, b)) => (Some(a.clone()), Some(b.clone())),
             None => (None, None),
@@ -623,7 +633,7 @@ impl ClusterState {
         SnapshotUpdate {
             v4,
             v6,
-            changed,
+            changed: changed.into_iter().collect(),
             service_changes: service_changes.len(),
             endpoint_changes: slice_changes.len(),
             trigger_times,
@@ -635,7 +645,7 @@ impl ClusterState {
         family: IpFamily,
         previous: Option<&NodeSnapshot>,
         affected: &BTreeSet<ServiceName>,
-        changed: &mut BTreeSet<ServicePortName>,
+        changed: &mut Vec<ServicePortName>,
     ) -> NodeSnapshot {
         let mut ports = previous
             .map(|p| p.service_ports.clone())
@@ -674,7 +684,7 @@ impl ClusterState {
                     let view = match old_views.remove(&port.name) {
                         Some(old) if *old == view => old,
                         _ => {
-                            changed.insert(port.name.clone());
+                            changed.push(port.name.clone());
                             Arc::new(view)
                         }
                     };
