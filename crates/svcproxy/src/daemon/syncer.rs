@@ -260,7 +260,13 @@ impl<T: Target> Syncer for ProxySyncer<T> {
         }
         // The snapshot is always complete; `changed` only lets the planner skip work.
         // After a failed apply the data plane re-plans everything regardless.
+        let begun = std::time::Instant::now();
         let update = self.state.snapshot();
+        tracing::debug!(
+            ms = begun.elapsed().as_secs_f64() * 1e3,
+            changed = update.changed.len(),
+            "snapshot built"
+        );
         self.metrics
             .add_changes(update.service_changes, update.endpoint_changes);
         self.metrics.set_pending_changes(0, 0);
