@@ -151,6 +151,13 @@ pub(super) async fn serve<T: Target>(what: Serving<T>) -> anyhow::Result<()> {
     };
     let result = run_until_stopped(&mut syncer, runner_cfg, rx, once, stopped_by).await;
     stop_all(&mut syncer, once, &stop_tx, running).await;
+    if once {
+        // The process ends with this run: the cluster's state and its last
+        // snapshot go with it rather than being freed object by object first
+        // (0.3 s at 100k Services x 10 endpoints). Plain data: nothing is lost.
+        let ProxySyncer { state, tallies, .. } = syncer;
+        std::mem::forget((state, tallies));
+    }
     result
 }
 

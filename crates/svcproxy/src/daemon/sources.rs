@@ -192,6 +192,15 @@ pub(super) struct StartedSource {
 /// action `ProxyModeCheck`, and this one follows that shape).
 pub(super) const MODE_DEFAULTED_REASON: &str = "ProxyModeDefaulted";
 
+/// Drops `value` on a thread of its own, off the caller's path: for a large
+/// structure the process no longer needs. Without a thread it is dropped here
+/// (with the closure `spawn` could not run).
+fn free_beside<V: Send + 'static>(value: V) {
+    let _ = std::thread::Builder::new()
+        .name("free".into())
+        .spawn(move || drop(value));
+}
+
 /// Starts the source of Services, EndpointSlices and Nodes: a manifests directory
 /// is read here (its initial list applied to `state`, when the target keeps one,
 /// before the first sync) and then watched; the API source lists and watches on a
@@ -222,7 +231,11 @@ pub(super) async fn start_source(
                 state.apply(problems);
             }
             follow_dns(dns, state);
-            if !once {
+            if once {
+                // Not read again: its record of every file is freed beside the
+                // first sync rather than before it (0.2 s at 100k Services).
+                free_beside(dir);
+            } else {
                 let period = settings.manifests_rescan_period;
                 started.watch = Some(svcproxy_sources::manifests::watch(
                     dir,
