@@ -57,6 +57,9 @@ while [ $# -gt 0 ]; do
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
+case "$affinity" in
+    ''|*[!0-9]*) echo "--affinity takes a whole number (0: none), not '$affinity'" >&2; exit 2 ;;
+esac
 if [ -z "$bin" ]; then
     cargo build --release --locked -p svcproxy >&2
     bin=target/release/svcproxy
